@@ -1,0 +1,33 @@
+# Two set-up commands on a fresh machine: `make demo` and `make test`.
+# Both create .venv if missing and install PORT (building the C kernels) with torch pinned by constraints.txt.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+KERNEL_SRC := $(wildcard kernels/src/*.c kernels/include/*.h)
+STAMP := $(VENV)/.port-installed
+
+.PHONY: install demo test test-asan bench clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(VENV)/bin/python pyproject.toml setup.py constraints.txt $(KERNEL_SRC)
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/port demo
+
+test: install
+	$(PY) -m pytest -q tests
+
+bench: install
+	$(PY) bench/kernels.py --quick
+
+clean:
+	rm -rf build kernels/build port/*.so *.egg-info

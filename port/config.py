@@ -1,0 +1,377 @@
+"""YAML configs -> frozen, typed objects (pydantic, extra="forbid").
+
+Two kinds of file:
+* experiment configs (``configs/*.yaml``): model, input, batch, data, device, budget, optimizer, solver, train;
+* device descriptions (``configs/devices/*.yaml``): memory, accelerators, hand-off costs, optional storage.
+
+Every error names the file, the dotted key, the bad value and what is allowed. Sizes accept ``64MB``
+(10^6), ``1.5GiB`` (2^30) or plain bytes.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = ROOT / "configs"
+DEVICE_DIR = CONFIG_DIR / "devices"
+DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+SIZE_HELP = "a size such as 64MB, 1.5GiB, 512KiB or a number of bytes"
+
+
+def parse_size(value: Any) -> int:
+    """'64MB' -> 64_000_000, '1.5GiB' -> 1610612736, 4096 -> 4096. Raises ValueError with the allowed forms."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected {SIZE_HELP}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a size must be >= 0, expected {SIZE_HELP}")
+        return value
+    if isinstance(value, float):
+        if value < 0 or not math.isfinite(value):
+            raise ValueError(f"expected {SIZE_HELP}")
+        return int(value)
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m and m.group(2).lower() in _UNITS:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ValueError(f"expected {SIZE_HELP}")
+
+
+def format_size(n: int | float) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _size_field(v: Any) -> Optional[int]:
+    if v is None:
+        return None
+    return parse_size(v)
+
+
+# ---------------------------------------------------------------------------------------------
+# device descriptions
+# ---------------------------------------------------------------------------------------------
+class AcceleratorConfig(_Strict):
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    kind: Literal["cpu", "gpu", "npu"]
+    backend: Literal["c", "torch-cpu", "torch-cuda", "torch-mps", "modeled"]
+    threads: int = Field(default=1, ge=1)
+    peak_gflops: float = Field(gt=0)            # for the roofline model
+    mem_gbps: float = Field(gt=0)               # memory bandwidth, GB/s
+    memory_cap: Optional[int] = None            # bytes this engine may use (None: the device memory)
+    unsupported_ops: tuple[str, ...] = ()       # op kinds it cannot run (e.g. "max_pool2d")
+    launch_overhead_us: float = Field(default=0.0, ge=0)
+    power_w: Optional[float] = Field(default=None, gt=0)       # typical active power of this engine
+    idle_power_w: Optional[float] = Field(default=None, ge=0)  # idle power (energy estimates)
+    efficiency: dict[str, float] = Field(default_factory=dict)  # per op kind, from calibration (0..1]
+    # present-or-skip: an optional accelerator whose requirement is not met on this machine is dropped
+    # by load_device (with a note in DeviceConfig.skipped) instead of failing.
+    optional: bool = False
+    requires: Optional[Literal["cuda", "mps", "c-kernels"]] = None
+
+    _cap = field_validator("memory_cap", mode="before")(classmethod(lambda cls, v: _size_field(v)))
+
+    @field_validator("efficiency")
+    @classmethod
+    def _eff_range(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: x for k, x in v.items() if not (0 < x <= 1.5)}
+        if bad:
+            raise ValueError(f"efficiency values must be in (0, 1.5]; bad: {bad}")
+        return v
+
+
+class HandoffConfig(_Strict):
+    src: str
+    dst: str
+    latency_us: float = Field(ge=0)
+    gbps: float = Field(gt=0)                   # .inf for zero-copy (shared buffers)
+
+
+class StorageConfig(_Strict):
+    bandwidth_gbps: float = Field(gt=0)
+    latency_ms: float = Field(ge=0)
+    capacity: Optional[int] = None
+
+    _cap = field_validator("capacity", mode="before")(classmethod(lambda cls, v: _size_field(v)))
+
+
+class DeviceConfig(_Strict):
+    name: str
+    description: str = ""
+    memory: int                                 # bytes available to training (unified memory)
+    accelerators: tuple[AcceleratorConfig, ...] = Field(min_length=1)
+    handoff: tuple[HandoffConfig, ...] = ()
+    storage: Optional[StorageConfig] = None
+    modeled: bool = False                       # True: a description of hardware that is not this machine
+    skipped: tuple[str, ...] = ()               # filled by load_device: "<id>: <why>" for dropped optional engines
+
+    _mem = field_validator("memory", mode="before")(classmethod(lambda cls, v: parse_size(v)))
+
+    @model_validator(mode="after")
+    def _check_ids(self) -> "DeviceConfig":
+        ids = [a.id for a in self.accelerators]
+        dup = {i for i in ids if ids.count(i) > 1}
+        if dup:
+            raise ValueError(f"accelerator ids must be unique; repeated: {sorted(dup)}")
+        for h in self.handoff:
+            for end in (h.src, h.dst):
+                if end not in ids:
+                    raise ValueError(f"handoff names accelerator {end!r}, which is not one of {ids}")
+        for a in self.accelerators:
+            if a.memory_cap is not None and a.memory_cap > self.memory:
+                raise ValueError(f"accelerator {a.id!r}: memory_cap {a.memory_cap} exceeds the device memory "
+                                 f"{self.memory}")
+        return self
+
+    def accelerator(self, aid: str) -> AcceleratorConfig:
+        for a in self.accelerators:
+            if a.id == aid:
+                return a
+        raise KeyError(f"device {self.name!r} has no accelerator {aid!r}; it has {[a.id for a in self.accelerators]}")
+
+
+def requirement_met(req: Optional[str]) -> tuple[bool, str]:
+    """(met, why not) for an accelerator's ``requires``; imports torch only when it must."""
+    import os
+    if req is None:
+        return True, ""
+    if req == "cuda":
+        if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia")):
+            return False, "no NVIDIA GPU on this machine"
+        import torch
+        return (True, "") if torch.cuda.is_available() else (False, "torch reports no usable CUDA device")
+    if req == "mps":
+        import sys
+        if sys.platform != "darwin":
+            return False, "MPS needs Apple silicon (macOS)"
+        import torch
+        return (True, "") if torch.backends.mps.is_available() else (False, "torch reports MPS unavailable")
+    if req == "c-kernels":
+        try:
+            from . import _native
+            _native.load()
+            return True, ""
+        except Exception as e:  # noqa: BLE001 - any load failure means "not present"
+            return False, f"PORT C kernels not loadable ({type(e).__name__}: {e})"
+    return False, f"unknown requirement {req!r}"
+
+
+def drop_absent(dev: DeviceConfig) -> DeviceConfig:
+    """Drop optional accelerators whose ``requires`` is not met here (and hand-offs naming them)."""
+    keep, notes = [], list(dev.skipped)
+    for a in dev.accelerators:
+        if a.optional:
+            ok, why = requirement_met(a.requires)
+            if not ok:
+                notes.append(f"{a.id}: skipped ({why})")
+                continue
+        keep.append(a)
+    if len(keep) == len(dev.accelerators):
+        return dev
+    if not keep:
+        raise ConfigError(f"device {dev.name!r}: every accelerator is optional and absent: {'; '.join(notes)}")
+    ids = {a.id for a in keep}
+    hand = tuple(h for h in dev.handoff if h.src in ids and h.dst in ids)
+    return dev.model_copy(update={"accelerators": tuple(keep), "handoff": hand, "skipped": tuple(notes)})
+
+
+# ---------------------------------------------------------------------------------------------
+# experiment configs
+# ---------------------------------------------------------------------------------------------
+class ModelConfig(_Strict):
+    name: str                                   # zoo name or 'package.module:factory'
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class DataConfig(_Strict):
+    kind: Literal["synthetic", "digits"] = "synthetic"
+    num_samples: int = Field(default=512, ge=1)
+    test_fraction: float = Field(default=0.2, ge=0, lt=1)
+    seed: int = 0
+
+
+class OptimizerConfig(_Strict):
+    name: Literal["sgd", "sgd_momentum", "adamw"] = "sgd_momentum"
+    lr: float = Field(default=0.05, gt=0)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    nesterov: bool = False
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(default=1e-8, gt=0)
+
+
+class SolverConfig(_Strict):
+    name: Literal["highs", "cbc", "scip", "cpsat", "greedy", "single", "chen_sqrt"] = "highs"
+    time_limit_s: float = Field(default=30.0, gt=0)
+    gap: float = Field(default=0.01, ge=0, lt=1)
+
+
+class TrainConfig(_Strict):
+    steps: int = Field(default=100, ge=0)
+    epochs: Optional[int] = Field(default=None, ge=1)
+    micro_batch: Optional[int] = Field(default=None, ge=1)
+    trainable: Optional[tuple[str, ...]] = None
+    checkpoint_every: int = Field(default=50, ge=1)
+    eval_every: int = Field(default=0, ge=0)
+    seed: int = 0
+    threads: Optional[int] = Field(default=None, ge=1)
+
+
+class ExperimentConfig(_Strict):
+    name: str
+    model: ModelConfig
+    input_shape: tuple[int, ...] = Field(min_length=1)   # per sample, e.g. [3, 32, 32]
+    num_classes: int = Field(default=10, ge=2)
+    batch_size: int = Field(default=8, ge=1)
+    data: DataConfig = DataConfig()
+    device: str = "host"                        # name in configs/devices/ or a path to a device YAML
+    budget: Optional[int] = None                # memory budget in bytes (None: the device's memory)
+    optimizer: OptimizerConfig = OptimizerConfig()
+    solver: SolverConfig = SolverConfig()
+    train: TrainConfig = TrainConfig()
+
+    _budget = field_validator("budget", mode="before")(classmethod(lambda cls, v: _size_field(v)))
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_str(cls, v: Any) -> Any:
+        return {"name": v} if isinstance(v, str) else v
+
+    @field_validator("input_shape")
+    @classmethod
+    def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(d <= 0 for d in v):
+            raise ValueError("every dimension must be a positive integer, e.g. [3, 32, 32]")
+        return v
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------------------------
+def _format_errors(path: Path | str, err: ValidationError, data: Any) -> str:
+    lines = []
+    for e in err.errors(include_url=False):
+        loc = ".".join(str(p) for p in e["loc"]) or "<top level>"
+        msg = e["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        if e["type"] == "extra_forbidden":
+            parent = e["loc"][:-1]
+            allowed = _allowed_keys(err, parent)
+            msg = f"unknown key (typo?); allowed keys here: {allowed}" if allowed else "unknown key (typo?)"
+            lines.append(f"{path}: key '{loc}': {msg}")
+            continue
+        if e["type"] == "missing":
+            lines.append(f"{path}: key '{loc}' is required but missing")
+            continue
+        val = e.get("input")
+        lines.append(f"{path}: key '{loc}': {msg} (got {val!r})")
+    return "\n".join(lines)
+
+
+def _allowed_keys(err: ValidationError, parent: tuple) -> str:
+    model = _MODEL_FOR_ERROR.get(err.title)
+    if model is None:
+        return ""
+    for p in parent:
+        if isinstance(p, int):
+            continue
+        field = model.model_fields.get(str(p))
+        if field is None:
+            return ""
+        ann = field.annotation
+        inner = getattr(ann, "__args__", None)
+        cand = [a for a in (inner or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not cand:
+            return ""
+        model = cand[0]
+    return ", ".join(model.model_fields)
+
+
+_MODEL_FOR_ERROR: dict[str, type[BaseModel]] = {"ExperimentConfig": ExperimentConfig, "DeviceConfig": DeviceConfig}
+
+
+def _read_yaml(path: Path) -> Any:
+    import yaml
+    if not path.exists():
+        raise ConfigError(f"{path}: file not found. Give a path to a YAML file (e.g. configs/default.yaml).")
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory; give a YAML file.")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def load_device(name_or_path: str | Path, present_only: bool = True) -> DeviceConfig:
+    """A device by name (configs/devices/<name>.yaml) or by path.
+
+    present_only: drop ``optional`` accelerators whose ``requires`` is not met on this machine (noted in
+    ``DeviceConfig.skipped``); False keeps the description as written (schema checks, modeled use)."""
+    p = Path(name_or_path)
+    if not p.suffix and not p.exists():
+        p = DEVICE_DIR / f"{name_or_path}.yaml"
+        if not p.exists():
+            known = sorted(q.stem for q in DEVICE_DIR.glob("*.yaml"))
+            raise ConfigError(f"device '{name_or_path}': no file {p}; known devices: {', '.join(known)}")
+    data = _read_yaml(p)
+    try:
+        dev = DeviceConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(p, e, data)) from None
+    return drop_absent(dev) if present_only else dev
+
+
+def device_names() -> list[str]:
+    """Names of the shipped device descriptions (configs/devices/*.yaml)."""
+    return sorted(q.stem for q in DEVICE_DIR.glob("*.yaml"))
+
+
+def load_experiment(path: str | Path) -> ExperimentConfig:
+    p = Path(path)
+    data = _read_yaml(p)
+    try:
+        cfg = ExperimentConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(p, e, data)) from None
+    return cfg
+
+
+def resolve_device(cfg: ExperimentConfig, config_path: str | Path | None = None) -> DeviceConfig:
+    """The experiment's device; a relative path is taken relative to the config file."""
+    dev = cfg.device
+    if config_path is not None and ("/" in dev or dev.endswith((".yaml", ".yml"))):
+        cand = Path(config_path).parent / dev
+        if cand.exists():
+            return load_device(cand)
+    try:
+        return load_device(dev)
+    except ConfigError as e:
+        where = f"{config_path}: key 'device': " if config_path else ""
+        raise ConfigError(f"{where}{e}") from None
+
+
+def dump_experiment(cfg: ExperimentConfig) -> dict:
+    return cfg.model_dump(mode="json")

@@ -1,0 +1,118 @@
+"""Roofline cost model for accelerators that are not present (and a prior for those that are).
+
+latency = max(flops / (peak * efficiency), bytes / bandwidth) + launch overhead
+
+``efficiency`` is per op kind (calibrated by ``port profile --calibrate`` on present accelerators and stored
+in the device YAML); the defaults below are conservative figures for GEMM-bound and elementwise work.
+Workspace estimates follow the C kernels' documented needs (im2col buffer for one sample and group;
+a tile's worth for patch variants); measured entries replace them with the kernel's own query.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+
+from . import variants as V
+from .config import AcceleratorConfig, DeviceConfig
+from .types import Graph, HandoffCost, Op, OpCost, Profile, numel
+
+DEFAULT_EFFICIENCY = {
+    "conv2d": 0.55, "conv2d.grad_input": 0.45, "conv2d.grad_weight": 0.45,
+    "linear": 0.5, "linear.grad_input": 0.45, "linear.grad_weight": 0.45,
+}
+ELEMENTWISE_EFFICIENCY = 0.5   # fraction of bandwidth reached by elementwise kernels
+VARIANT_FACTOR = {"plain": 1.0, "inplace": 0.95, "fused": 0.8, "direct": 1.0, "patch4": 1.35, "patch8": 1.12}
+ZERO_COST_KINDS = ("reshape", "reshape.grad_input", "add.grad_input")
+
+
+def im2col_workspace_bytes(graph: Graph, op: Op, variant: str) -> int:
+    """Scratch bytes of a conv2d-family op with this variant (one sample, one group at a time)."""
+    fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
+    x = graph.tensors[fwd.inputs[0]]
+    y = graph.tensors[fwd.outputs[0]]
+    kh, kw = fwd.attr("kernel")
+    g = fwd.attr("groups")
+    cin_g = x.shape[1] // g
+    if variant == "direct":
+        return 0
+    tile = V.patch_tile(variant)
+    if tile is not None:
+        return 4 * cin_g * kh * kw * tile * tile
+    return 4 * cin_g * kh * kw * y.shape[2] * y.shape[3]
+
+
+def workspace_bytes(graph: Graph, op: Op, variant: str) -> int:
+    if op.kind in V.CONV_KINDS:
+        return im2col_workspace_bytes(graph, op, variant)
+    return 0
+
+
+def roofline_ms(graph: Graph, op: Op, acc: AcceleratorConfig, variant: str) -> float:
+    if op.kind in ZERO_COST_KINDS or variant == "fused" and op.kind != "conv2d":
+        return 0.0
+    base_kind = op.kind if op.kind in DEFAULT_EFFICIENCY else op.kind.split(".")[0]
+    eff = acc.efficiency.get(op.kind, acc.efficiency.get(base_kind, DEFAULT_EFFICIENCY.get(op.kind, 0.0)))
+    compute_ms = 0.0
+    if op.flops:
+        eff = eff or 0.4
+        compute_ms = op.flops / (acc.peak_gflops * 1e9 * eff) * 1e3
+    vec_ms = op.vector_flops / (acc.peak_gflops * 1e9 * 0.25) * 1e3 if op.vector_flops else 0.0
+    moved = op.bytes_moved
+    if op.kind in V.CONV_KINDS and variant not in ("direct",):
+        moved += 2 * workspace_bytes(graph, op, "plain") * graph.tensors[(graph.ops[op.forward_op] if op.forward_op is not None else op).inputs[0]].shape[0]
+    mem_ms = moved / (acc.mem_gbps * 1e9 * ELEMENTWISE_EFFICIENCY) * 1e3
+    t = max(compute_ms, vec_ms, mem_ms) * VARIANT_FACTOR.get(variant, 1.0)
+    return t + acc.launch_overhead_us * 1e-3
+
+
+def modeled_entries(graph: Graph, device: DeviceConfig, accelerators: tuple[str, ...] | None = None) -> list[OpCost]:
+    out: dict[tuple[str, str, str], OpCost] = {}
+    for acc in device.accelerators:
+        if accelerators is not None and acc.id not in accelerators:
+            continue
+        backend = "c" if acc.backend == "modeled" else acc.backend
+        for op in graph.ops:
+            if op.kind.split(".")[0] in acc.unsupported_ops or op.kind in acc.unsupported_ops:
+                continue
+            sig = graph.signature(op)
+            for var in V.variants(graph, op, backend):
+                key = (sig, acc.id, var)
+                if key in out:
+                    continue
+                out[key] = OpCost(sig, acc.id, var, roofline_ms(graph, op, acc, var), 0.0,
+                                  workspace_bytes(graph, op, var), 0, False, 0)
+    return [out[k] for k in sorted(out)]
+
+
+def modeled_handoff(device: DeviceConfig) -> list[HandoffCost]:
+    out = []
+    for h in device.handoff:
+        bpm = math.inf if math.isinf(h.gbps) else h.gbps * 1e9 / 1e3
+        out.append(HandoffCost(h.src, h.dst, h.latency_us * 1e-3, bpm, False))
+    ids = [a.id for a in device.accelerators]
+    have = {(h.src, h.dst) for h in out}
+    for a in ids:  # undeclared pairs: a copy through memory at the slower engine's bandwidth
+        for b in ids:
+            if a != b and (a, b) not in have:
+                bw = min(device.accelerator(a).mem_gbps, device.accelerator(b).mem_gbps)
+                out.append(HandoffCost(a, b, 0.01, bw * 1e9 / 1e3 / 2, False))
+    return sorted(out, key=lambda h: (h.src, h.dst))
+
+
+def modeled_profile(graph: Graph, device: DeviceConfig) -> Profile:
+    """A fully modeled Profile of ``graph`` on ``device`` (every accelerator, every legal variant)."""
+    caps = tuple((a.id, a.memory_cap) for a in device.accelerators if a.memory_cap is not None)
+    storage = ()
+    if device.storage is not None:
+        storage = (("bandwidth_gbps", device.storage.bandwidth_gbps), ("latency_ms", device.storage.latency_ms))
+    return Profile(
+        device=device.name,
+        accelerators=tuple(a.id for a in device.accelerators),
+        entries=tuple(modeled_entries(graph, device)),
+        handoff=tuple(modeled_handoff(device)),
+        threads=0,
+        host=(("kind", "modeled"), ("date", datetime.date.today().isoformat())),
+        memory_bytes=device.memory,
+        accelerator_caps=caps,
+        storage=storage,
+    )

@@ -1,0 +1,36 @@
+"""PORT's exceptions. Every user-facing error says what is wrong, where, and how to fix it."""
+
+
+class PortError(Exception):
+    """Base class of PORT's errors (the CLI maps them to exit code 2: bad input)."""
+
+
+class PortTraceError(PortError, ValueError):
+    """The model cannot be traced into a training graph."""
+
+
+class ConfigError(PortError, ValueError):
+    """A YAML config is invalid: the message names the file, the dotted key, the value and what is allowed."""
+
+
+class ProfileError(PortError, ValueError):
+    """A profile file is missing, corrupt, truncated or made for another device/graph."""
+
+
+class PlanError(PortError, ValueError):
+    """A plan file is invalid or does not belong to this graph/profile."""
+
+
+class InfeasibleBudgetError(PortError):
+    """No plan fits the memory budget; carries the smallest feasible budget and the peak's tensors."""
+
+    def __init__(self, message: str, budget_bytes: int, min_feasible_bytes: int | None,
+                 peak_tensors: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.budget_bytes = budget_bytes
+        self.min_feasible_bytes = min_feasible_bytes
+        self.peak_tensors = peak_tensors
+
+
+class ProgramError(PortError, ValueError):
+    """A lowered program is inconsistent (out-of-arena offsets, overlapping live tensors, read before write)."""

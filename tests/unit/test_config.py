@@ -1,0 +1,143 @@
+"""Config loading: every error names the file, the dotted key, the value and what is allowed."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from port import config as C
+from port.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str, name="exp.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+BASE = """
+name: t
+model: resnet8
+input_shape: [3, 32, 32]
+batch_size: 8
+"""
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("64MB", 64_000_000), ("1.5GiB", int(1.5 * 2**30)), ("512KiB", 512 * 1024), (4096, 4096),
+    ("4096", 4096), ("2 GB", 2_000_000_000), ("1e3KB", 1_000_000),
+])
+def test_parse_size(text, expected):
+    assert C.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["64XB", "MB", "-5", -5, "1.2.3GB", True, None])
+def test_parse_size_rejects(bad):
+    with pytest.raises(ValueError, match="64MB"):
+        C.parse_size(bad)
+
+
+def test_every_shipped_config_loads():
+    paths = sorted((ROOT / "configs").glob("*.yaml"))
+    assert len(paths) >= 8
+    for p in paths:
+        cfg = C.load_experiment(p)
+        assert cfg.batch_size >= 1
+        C.resolve_device(cfg, p)
+
+
+def test_zoo_has_a_config_per_model():
+    from port import models
+    shipped = {C.load_experiment(p).model.name for p in (ROOT / "configs").glob("*.yaml")}
+    assert {n for n in models.names() if n != "resnet50"} <= shipped
+
+
+def test_typo_key_is_an_error_with_allowed_keys(tmp_path):
+    p = write(tmp_path, BASE + "optimizer: {name: sgd, lrr: 0.1}\n")
+    with pytest.raises(ConfigError) as e:
+        C.load_experiment(p)
+    msg = str(e.value)
+    assert str(p) in msg and "optimizer.lrr" in msg and "unknown key" in msg and "lr" in msg
+
+
+def test_top_level_typo(tmp_path):
+    p = write(tmp_path, BASE + "bacth_size: 4\n")
+    with pytest.raises(ConfigError, match=r"key 'bacth_size': unknown key .*allowed keys here: name, model"):
+        C.load_experiment(p)
+
+
+def test_bad_size_names_key_value_and_forms(tmp_path):
+    p = write(tmp_path, BASE + "budget: 64XB\n")
+    with pytest.raises(ConfigError) as e:
+        C.load_experiment(p)
+    msg = str(e.value)
+    assert "key 'budget'" in msg and "'64XB'" in msg and "1.5GiB" in msg and str(p) in msg
+
+
+def test_wrong_type_names_key_and_value(tmp_path):
+    p = write(tmp_path, BASE.replace("batch_size: 8", "batch_size: many"))
+    with pytest.raises(ConfigError) as e:
+        C.load_experiment(p)
+    assert "key 'batch_size'" in str(e.value) and "'many'" in str(e.value) and "integer" in str(e.value)
+
+
+def test_bad_enum_lists_allowed(tmp_path):
+    p = write(tmp_path, BASE + "solver: {name: gurobi}\n")
+    with pytest.raises(ConfigError) as e:
+        C.load_experiment(p)
+    assert "solver.name" in str(e.value) and "highs" in str(e.value) and "'gurobi'" in str(e.value)
+
+
+def test_missing_required_key(tmp_path):
+    p = write(tmp_path, "name: t\ninput_shape: [3]\n")
+    with pytest.raises(ConfigError, match=r"key 'model' is required"):
+        C.load_experiment(p)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match=r"nope\.yaml: file not found"):
+        C.load_experiment("nope.yaml")
+
+
+def test_not_yaml_and_not_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        C.load_experiment(write(tmp_path, "a: [1, 2\n"))
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        C.load_experiment(write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_negative_shape(tmp_path):
+    p = write(tmp_path, BASE.replace("[3, 32, 32]", "[3, -1, 32]"))
+    with pytest.raises(ConfigError, match=r"key 'input_shape'.*positive"):
+        C.load_experiment(p)
+
+
+def test_configs_are_frozen():
+    cfg = C.load_experiment(ROOT / "configs" / "default.yaml")
+    with pytest.raises(Exception):
+        cfg.batch_size = 3
+
+
+def test_device_typo_and_unknown_device(tmp_path):
+    p = write(tmp_path, "name: d\nmemory: 1GB\naccelerators:\n  - {id: cpu, kind: cpu, backend: c, peak_gflop: 10, mem_gbps: 5}\n", "d.yaml")
+    with pytest.raises(ConfigError) as e:
+        C.load_device(p)
+    assert "accelerators.0.peak_gflop" in str(e.value) and "peak_gflops" in str(e.value)
+    with pytest.raises(ConfigError, match="known devices: .*host"):
+        C.load_device("no-such-device")
+
+
+def test_device_handoff_must_name_known_accelerators(tmp_path):
+    p = write(tmp_path, "name: d\nmemory: 1GB\naccelerators:\n  - {id: cpu, kind: cpu, backend: c, peak_gflops: 10, mem_gbps: 5}\n"
+                        "handoff:\n  - {src: cpu, dst: gpu, latency_us: 1, gbps: 1}\n", "d.yaml")
+    with pytest.raises(ConfigError, match="'gpu'"):
+        C.load_device(p)
+
+
+def test_host_device():
+    d = C.load_device("host")
+    ids = [a.id for a in d.accelerators]
+    assert "cpu-c" in ids and "cpu-torch" in ids
+    assert d.memory > 2**30

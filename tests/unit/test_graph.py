@@ -1,0 +1,233 @@
+"""The training graph against PyTorch's own accounting, on every zoo model."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import port
+from port import models
+from port.errors import PortTraceError
+from port.types import PHASES
+from reference import flop_counts, saved_activation_bytes
+
+ZOO = models.names()
+BATCH = 3
+
+
+def _model(name, **kw):
+    if name in ("mlp", "mobilenetv2"):
+        kw.setdefault("dropout", 0.0)  # compared separately: PORT keeps a 1-byte mask, torch a float mask
+    return models.get(name, seed=0, **kw)
+
+
+def _x(name, batch=BATCH):
+    return torch.randn(batch, *models.INPUT_SHAPES[name], generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    return {n: port.trace(_model(n), _x(n), name=n) for n in ZOO}
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_flops_match_flopcountermode(name, graphs):
+    g = graphs[name]
+    fwd, bwd = flop_counts(_model(name), _x(name))
+    t = g.totals()
+    assert t["forward_flops"] == pytest.approx(fwd, rel=0.01)
+    assert t["backward_flops"] == pytest.approx(bwd, rel=0.01)
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_saved_bytes_match_autograd(name, graphs):
+    g = graphs[name]
+    ref = saved_activation_bytes(_model(name), _x(name))
+    assert g.totals()["naive_peak_activation_bytes"] == pytest.approx(ref, rel=0.05)
+
+
+def test_dropout_mask_is_one_byte_per_element():
+    # torch's CPU dropout saves a float32 mask; PORT's kernels keep a uint8 mask: exactly 3 bytes/element less
+    m = models.get("mlp", seed=0, dropout=0.5, hidden=(32,))
+    x = _x("mlp")
+    g = port.trace(m, x)
+    ref = saved_activation_bytes(m, x)
+    masks = [t for t in g.tensors if t.name.endswith(":mask")]
+    assert len(masks) == 1 and masks[0].dtype == "uint8"
+    # (autograd also saves nll_loss's 4-byte total_weight scalar)
+    assert ref - g.totals()["naive_peak_activation_bytes"] - 3 * masks[0].numel in (0, 4)
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_shapes_match_a_real_forward_pass(name, graphs):
+    g = graphs[name]
+    m = _model(name)
+    seen = {}
+    for path, mod in m.named_modules():
+        if len(list(mod.children())) == 0 and not isinstance(mod, nn.Identity):
+            mod.register_forward_hook(lambda mod, i, o, p=path: seen.__setitem__(p, tuple(o.shape)))
+    logits = m(_x(name))
+    fwd = {o.name: o for o in g.ops_in("forward")}
+    assert seen, "no leaf modules"
+    for path, shape in seen.items():
+        if isinstance(m.get_submodule(path), nn.Dropout):
+            pass
+        assert g.tensor(fwd[path].outputs[0]).shape == shape, path
+    assert g.tensor(g.logits_id).shape == tuple(logits.shape)
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_graph_structure(name, graphs):
+    g = graphs[name]
+    m = _model(name)
+    # phases in execution order
+    order = [PHASES.index(o.phase) for o in g.ops]
+    assert order == sorted(order)
+    # every read is of a tensor written earlier or alive from the start
+    written = {t.id for t in g.tensors if t.role in ("input", "label", "parameter", "buffer")}
+    for o in g.ops:
+        for t in o.inputs:
+            assert t in written or g.tensor(t).role == "optimizer_state", (o.name, g.tensor(t).name)
+        written.update(o.outputs)
+    # one update per parameter tensor; one weight-gradient op per layer with parameters
+    n_params = len(list(m.parameters()))
+    assert len(g.ops_in("update")) == n_params
+    layers_with_params = {p.rsplit(".", 1)[0] for p, _ in m.named_parameters()}
+    assert {o.layer for o in g.ops if o.kind.endswith(".grad_weight")} == layers_with_params
+    # every forward op with a gradient path has an input-gradient op, except the first layer's
+    grad_in = {o.forward_op for o in g.ops if o.kind.endswith(".grad_input")}
+    first = g.ops_in("forward")[0]
+    assert first.id not in grad_in
+    assert all(o.id in grad_in for o in g.ops_in("forward")[1:]), "missing grad_input"
+    # each gradient tensor written once
+    prods = [t for o in g.ops if o.phase == "backward" for t in o.outputs]
+    assert len(prods) == len(set(prods))
+    # optimizer state: momentum = one buffer per parameter
+    assert g.totals()["optimizer_bytes"] == g.totals()["param_bytes"]
+
+
+def test_op_counts_resnet18(graphs):
+    g = graphs["resnet18"]
+    kinds = [o.kind for o in g.ops_in("forward")]
+    assert kinds.count("conv2d") == 20 and kinds.count("batch_norm2d") == 20
+    assert kinds.count("relu") == 17 and kinds.count("add") == 8 and kinds.count("linear") == 1
+    assert len(g.ops_in("update")) == 62
+    assert sum(1 for o in g.ops if o.kind == "grad_accumulate") == 8  # one per residual fork
+
+
+def test_identical_layers_share_a_signature(graphs):
+    g = graphs["resnet18"]
+    a, b = g.op("layer1.0.conv1"), g.op("layer1.1.conv1")
+    assert g.signature(a) == g.signature(b)
+    assert g.signature(a) != g.signature(g.op("layer2.0.conv1"))
+
+
+def test_graph_is_immutable_and_deterministic(graphs):
+    g = graphs["resnet8"]
+    with pytest.raises(Exception):
+        g.ops[0].name = "x"  # frozen
+    again = port.trace(_model("resnet8"), _x("resnet8"), name="resnet8")
+    assert again.digest() == g.digest()
+
+
+def test_optimizer_state_sizes():
+    m, x = _model("mlp"), _x("mlp")
+    p = port.trace(m, x, optimizer="sgd").totals()
+    a = port.trace(m, x, optimizer="adamw").totals()
+    assert p["optimizer_bytes"] == 0 and a["optimizer_bytes"] == 2 * a["param_bytes"]
+
+
+# ---- sparse update: frozen layers ------------------------------------------------------------
+def test_frozen_layers_are_pruned():
+    m, x = _model("resnet8"), _x("resnet8")
+    full = port.trace(m, x)
+    g = port.trace(m, x, trainable=["layer3", "fc"])
+    trained = {g.tensor(t).name for o in g.ops_in("update") for t in o.inputs[:1]}
+    assert trained and all(n.startswith(("layer3.", "fc.")) for n in trained)
+    assert all(o.layer.startswith(("layer3", "fc")) for o in g.ops if o.kind.endswith(".grad_weight"))
+    # no gradient flows into layers before layer3: nothing there needs one
+    assert not any(o.layer.startswith(("layer1", "layer2", "conv1", "bn1")) for o in g.ops if o.phase == "backward")
+    # activations needed only by pruned weight gradients are not saved
+    t, tf = g.totals(), full.totals()
+    assert t["naive_peak_activation_bytes"] < 0.5 * tf["naive_peak_activation_bytes"]
+    assert t["grad_bytes"] < tf["grad_bytes"] and t["param_bytes"] == tf["param_bytes"]
+
+
+def test_only_classifier_trainable_saves_only_its_input():
+    m, x = _model("resnet8"), _x("resnet8")
+    g = port.trace(m, x, trainable=["fc"])
+    roots = [g.tensor(r) for r in g.saved_activation_roots()]
+    names = sorted(r.name for r in roots)
+    # the fc input (a view of the pooled features), the loss's probabilities and labels
+    assert names == ["labels", "loss:probs", "pool:out"]
+
+
+def test_requires_grad_false_freezes_and_frozen_bn_uses_running_stats():
+    m, x = _model("digits_cnn"), _x("digits_cnn")
+    for mod in list(m.modules())[:7]:
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.eval()
+        for p in mod.parameters(recurse=False):
+            p.requires_grad_(False)
+    g = port.trace(m, x)
+    bn0 = g.op("1")
+    assert bn0.attr("training") is False and len(bn0.outputs) == 1  # no batch statistics
+    assert not any(o.layer in ("0", "1", "3", "4") for o in g.ops if o.kind.endswith(".grad_weight"))
+    assert g.op("8").attr("training") is True
+
+
+# ---- clear errors ----------------------------------------------------------------------------
+class _Gelu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 4), nn.GELU())
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+class _Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.fc(x)
+        return -self.fc(x)
+
+
+class _Sigmoid(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(4, 4))
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(torch.sigmoid(self.inner(x)))
+
+
+def test_unsupported_module_names_path_op_and_list():
+    with pytest.raises(PortTraceError) as e:
+        port.trace(_Gelu(), torch.randn(2, 4))
+    msg = str(e.value)
+    assert "'body.1'" in msg and "GELU" in msg and "conv2d" in msg and "batch_norm2d" in msg
+
+
+def test_unsupported_function_names_op():
+    with pytest.raises(PortTraceError) as e:
+        port.trace(_Sigmoid(), torch.randn(2, 4))
+    assert "sigmoid" in str(e.value) and "Supported ops" in str(e.value)
+
+
+def test_data_dependent_control_flow_is_a_clear_error():
+    with pytest.raises(PortTraceError) as e:
+        port.trace(_Branchy(), torch.randn(2, 4))
+    msg = str(e.value)
+    assert "control flow" in msg and "_Branchy" in msg and "Traceback" not in msg
+
+
+def test_bad_logits_shape():
+    with pytest.raises(PortTraceError, match=r"logits \[N, classes\]"):
+        port.trace(nn.Sequential(nn.Conv2d(1, 2, 3)), torch.randn(2, 1, 5, 5))
