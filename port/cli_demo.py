@@ -16,8 +16,8 @@ def register(app: typer.Typer) -> None:
         g, title = build_graph(DEFAULT_CONFIG, None, None, None, None, None)
         print_report(graph_report(g), title)
         try:
-            from .cli_train import run_train
+            from .cli_train import run_training
         except ImportError:
             typer.echo("(training is not available in this build)")
             return
-        run_train(DEFAULT_CONFIG)
+        run_training(DEFAULT_CONFIG)

@@ -244,12 +244,32 @@ class ExperimentConfig(_Strict):
     batch_size: int = Field(default=8, ge=1)
     data: DataConfig = DataConfig()
     device: str = "host"                        # name in configs/devices/ or a path to a device YAML
-    budget: Optional[int] = None                # memory budget in bytes (None: the device's memory)
+    budget: Optional[Union[int, str]] = None    # bytes, or "NN%" of the naive peak (None: the device's memory)
     optimizer: OptimizerConfig = OptimizerConfig()
     solver: SolverConfig = SolverConfig()
     train: TrainConfig = TrainConfig()
 
-    _budget = field_validator("budget", mode="before")(classmethod(lambda cls, v: _size_field(v)))
+    @field_validator("budget", mode="before")
+    @classmethod
+    def _budget(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().endswith("%"):
+            try:
+                pct = float(v.strip()[:-1])
+            except ValueError:
+                pct = -1.0
+            if not 0 < pct <= 1000:
+                raise ValueError(f"a percentage budget must be in (0%, 1000%]; or give {SIZE_HELP}")
+            return f"{pct:g}%"
+        return _size_field(v)
+
+    def budget_bytes(self, naive_peak_bytes: int, device_memory_bytes: int) -> int:
+        """The budget in bytes: a size, a percentage of ``naive_peak_bytes`` (the keep-everything plan's
+        peak, i.e. what PyTorch eager holds), or the device's memory when unset."""
+        if self.budget is None:
+            return device_memory_bytes
+        if isinstance(self.budget, str):
+            return int(naive_peak_bytes * float(self.budget[:-1]) / 100)
+        return int(self.budget)
 
     @field_validator("model", mode="before")
     @classmethod

@@ -20,6 +20,7 @@ DEFAULT_EFFICIENCY = {
     "conv2d": 0.55, "conv2d.grad_input": 0.45, "conv2d.grad_weight": 0.45,
     "linear": 0.5, "linear.grad_input": 0.45, "linear.grad_weight": 0.45,
 }
+# elementwise, pooling, normalisation, loss, update: the bound is bytes / bandwidth or vector FLOPs
 ELEMENTWISE_EFFICIENCY = 0.5   # fraction of bandwidth reached by elementwise kernels
 VARIANT_FACTOR = {"plain": 1.0, "inplace": 0.95, "fused": 0.8, "direct": 1.0, "patch4": 1.35, "patch8": 1.12}
 ZERO_COST_KINDS = ("reshape", "reshape.grad_input", "add.grad_input")
@@ -47,25 +48,50 @@ def workspace_bytes(graph: Graph, op: Op, variant: str) -> int:
     return 0
 
 
-def roofline_ms(graph: Graph, op: Op, acc: AcceleratorConfig, variant: str) -> float:
+VECTOR_FRACTION = 0.25          # elementwise arithmetic reaches ~1/4 of the FMA peak
+
+
+def efficiency_for(acc: AcceleratorConfig, kind: str, efficiency: dict[str, float] | None = None) -> float:
+    """Efficiency of ``kind`` on ``acc``: an explicit map, then the accelerator's (calibrated) map, then the
+    defaults (by exact kind, then by base kind), then the elementwise default."""
+    base = kind.split(".")[0]
+    for m in (efficiency or {}, acc.efficiency, DEFAULT_EFFICIENCY):
+        if kind in m:
+            return m[kind]
+        if base in m and m is not DEFAULT_EFFICIENCY:
+            return m[base]
+    return DEFAULT_EFFICIENCY.get(base, ELEMENTWISE_EFFICIENCY)
+
+
+def ideal_ms(graph: Graph, op: Op, acc: AcceleratorConfig, variant: str) -> float:
+    """The roofline bound at efficiency 1: max(FLOPs / peak, vector FLOPs / (peak/4), bytes / bandwidth)."""
     if op.kind in ZERO_COST_KINDS or variant == "fused" and op.kind != "conv2d":
         return 0.0
-    base_kind = op.kind if op.kind in DEFAULT_EFFICIENCY else op.kind.split(".")[0]
-    eff = acc.efficiency.get(op.kind, acc.efficiency.get(base_kind, DEFAULT_EFFICIENCY.get(op.kind, 0.0)))
-    compute_ms = 0.0
-    if op.flops:
-        eff = eff or 0.4
-        compute_ms = op.flops / (acc.peak_gflops * 1e9 * eff) * 1e3
-    vec_ms = op.vector_flops / (acc.peak_gflops * 1e9 * 0.25) * 1e3 if op.vector_flops else 0.0
+    peak = acc.peak_gflops * 1e9
+    compute_ms = op.flops / peak * 1e3 if op.flops else 0.0
+    vec_ms = op.vector_flops / (peak * VECTOR_FRACTION) * 1e3 if op.vector_flops else 0.0
     moved = op.bytes_moved
-    if op.kind in V.CONV_KINDS and variant not in ("direct",):
-        moved += 2 * workspace_bytes(graph, op, "plain") * graph.tensors[(graph.ops[op.forward_op] if op.forward_op is not None else op).inputs[0]].shape[0]
-    mem_ms = moved / (acc.mem_gbps * 1e9 * ELEMENTWISE_EFFICIENCY) * 1e3
-    t = max(compute_ms, vec_ms, mem_ms) * VARIANT_FACTOR.get(variant, 1.0)
-    return t + acc.launch_overhead_us * 1e-3
+    if op.kind in V.CONV_KINDS and variant != "direct":
+        fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
+        moved += 2 * workspace_bytes(graph, op, "plain") * graph.tensors[fwd.inputs[0]].shape[0]
+    mem_ms = moved / (acc.mem_gbps * 1e9) * 1e3
+    return max(compute_ms, vec_ms, mem_ms) * VARIANT_FACTOR.get(variant, 1.0)
 
 
-def modeled_entries(graph: Graph, device: DeviceConfig, accelerators: tuple[str, ...] | None = None) -> list[OpCost]:
+def roofline_ms(graph: Graph, op: Op, acc: AcceleratorConfig, variant: str,
+                efficiency: dict[str, float] | None = None) -> float:
+    """max(FLOPs / peak, bytes / bandwidth) / efficiency(kind) + launch overhead (0 for views and
+    ops folded into a fused kernel)."""
+    ideal = ideal_ms(graph, op, acc, variant)
+    if ideal == 0.0 and (op.kind in ZERO_COST_KINDS or variant == "fused" and op.kind != "conv2d"):
+        return 0.0
+    return ideal / efficiency_for(acc, op.kind, efficiency) + acc.launch_overhead_us * 1e-3
+
+
+def modeled_entries(graph: Graph, device: DeviceConfig, accelerators: tuple[str, ...] | None = None,
+                    efficiency: dict[str, dict[str, float]] | None = None) -> list[OpCost]:
+    """Roofline entries for every (signature, accelerator, legal variant); ``efficiency`` maps
+    accelerator id -> {kind: efficiency} and overrides the device description's maps."""
     out: dict[tuple[str, str, str], OpCost] = {}
     for acc in device.accelerators:
         if accelerators is not None and acc.id not in accelerators:
@@ -79,7 +105,8 @@ def modeled_entries(graph: Graph, device: DeviceConfig, accelerators: tuple[str,
                 key = (sig, acc.id, var)
                 if key in out:
                     continue
-                out[key] = OpCost(sig, acc.id, var, roofline_ms(graph, op, acc, var), 0.0,
+                eff = (efficiency or {}).get(acc.id)
+                out[key] = OpCost(sig, acc.id, var, roofline_ms(graph, op, acc, var, eff), 0.0,
                                   workspace_bytes(graph, op, var), 0, False, 0)
     return [out[k] for k in sorted(out)]
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     "resnet8": (3, 32, 32), "resnet18": (3, 32, 32), "vgg11": (3, 32, 32), "vgg16": (3, 32, 32),
-    "mobilenetv2": (3, 32, 32), "digits_cnn": (1, 8, 8), "mlp": (64,), "resnet50": (3, 32, 32),
+    "mobilenetv2": (3, 32, 32), "digits_cnn": (1, 8, 8), "mlp": (64,), "resnet50": (3, 32, 32), "resnet101": (3, 32, 32),
 }
 
 
@@ -227,6 +227,7 @@ ZOO: dict[str, Callable[..., Any]] = {
     "resnet8": lambda **kw: resnet_cifar((1, 1, 1), (16, 32, 64), **kw),
     "resnet18": lambda **kw: resnet_cifar((2, 2, 2, 2), (64, 128, 256, 512), **kw),
     "resnet50": lambda **kw: resnet_cifar((3, 4, 6, 3), (64, 128, 256, 512), bottleneck=True, **kw),
+    "resnet101": lambda **kw: resnet_cifar((3, 4, 23, 3), (64, 128, 256, 512), bottleneck=True, **kw),
     "vgg11": lambda **kw: vgg_cifar(VGG_CFG["vgg11"], **kw),
     "vgg16": lambda **kw: vgg_cifar(VGG_CFG["vgg16"], **kw),
     "mobilenetv2": mobilenetv2_cifar,

@@ -359,8 +359,15 @@ class Plan:
 
     ops: one decision per graph op, in op-id order.
     recompute: ids of saved activation tensors that are dropped after the forward pass and recomputed
-      (by re-running their producer op on its planned accelerator) right before their first backward use.
+      (by re-running their producer op on its planned accelerator) during the backward pass.
+    recompute_at: the recompute schedule, ((forward op id to re-run, id of the op before which it runs), ...)
+      sorted by (step, op id). Empty means each recomputed producer runs right before the first backward op
+      that reads one of its outputs (port.simulate.recompute_times). Chains: a producer may be re-run earlier
+      than its own first use because a later-recomputed consumer needs it.
     paged: ids of saved activation tensors written to storage after the forward pass and read back before use.
+    early_updates: ids of update ops run as soon as their gradient is complete (in-place gradient update, as
+      in the Tiny Training Engine) instead of after the whole backward pass; their gradient buffer then lives
+      only between its producer and the update. Not legal with micro-batching (gradients must accumulate).
     """
 
     graph_digest: str
@@ -368,7 +375,9 @@ class Plan:
     budget_bytes: int
     ops: tuple[OpDecision, ...]
     recompute: tuple[int, ...] = ()
+    recompute_at: tuple[tuple[int, int], ...] = ()
     paged: tuple[int, ...] = ()
+    early_updates: tuple[int, ...] = ()
     solver: str = "default"
     status: str = "feasible"              # optimal | feasible | infeasible | timeout
     objective_ms: float = 0.0             # the solver's objective

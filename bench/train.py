@@ -1,0 +1,406 @@
+"""Training benchmark (issue 4): PORT's Trainer (C kernels, static arena) against PyTorch eager.
+
+    python bench/train.py --quick      # ResNet-18, VGG-11, MobileNetV2 at batch 1 and 8 (< 6 min)
+    python bench/train.py              # ... at batch 1, 8 and 32 (< 25 min)
+    options: --models resnet18,vgg11 --batches 1,8 --steps N --warmup N --no-write
+
+Every (model, batch, implementation) runs in a FRESH subprocess (``--worker``), measured the same way:
+
+  * same model (``port.models.get(name, seed=0)``, train mode), same data (seeded random x [B,3,32,32] and
+    labels), SGD lr 0.01 momentum 0.9 (torch.optim.SGD defaults otherwise: foreach off on CPU,
+    zero_grad(set_to_none=True)); PORT: ``Trainer(model, x, optimizer=SGD(0.01, momentum=0.9), backend="c")``.
+  * threads: ``torch.set_num_threads(2)`` and ``port.kernels.set_num_threads(2)`` in both (``--threads N`` to
+    change); the kernel-thread count actually in force after set-up (``port.kernels.get_num_threads()``: the
+    backend may override it) and torch's are recorded.
+  * step time: median of ``--steps`` timed steps after ``--warmup`` untimed ones (time.perf_counter around
+    one full step: torch = zero_grad + forward + loss + backward + opt.step + loss.item(); PORT = trainer.step).
+  * memory (Linux /proc/self/status):
+      pre   = VmRSS after imports, model construction and data creation, before the optimizer/Trainer
+              is built (gc.collect() first);
+      setup = VmRSS after the optimizer/Trainer is built (PORT: trace + plan + lower + arena allocation);
+      then the high-water mark is reset to the current RSS by writing "5" to /proc/self/clear_refs (if the
+      kernel refuses, a 1 ms VmRSS sampling thread runs instead; the method used is recorded);
+      peak  = VmHWM after warm-up + timed steps.
+    "RSS growth" = peak - pre: everything the training set-up and the steps added to the process. For PyTorch
+    this is gradients + momentum buffers + activations + autograd/allocator overhead (the weights are in
+    ``pre``); for PORT it is the arena (a second copy of the weights, gradients, momentum, buffers and
+    scratch) + the traced graph/program objects + anything allocated per step.
+    "Beyond weights/grads/optimizer state" = RSS growth - (persistent bytes allocated after ``pre``):
+    PyTorch: growth - 2 x parameter bytes (grads + momentum); PORT: growth - the arena's persistent bytes.
+    For PORT the planned figure (arena scratch bytes) is reported beside it.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# bench/ holds a profile.py that would shadow the stdlib module torch._dynamo imports: bench/ goes last
+sys.path[:] = [str(ROOT)] + [q for q in sys.path if Path(q or ".").resolve() != ROOT / "bench"] + [str(ROOT / "bench")]
+
+MODELS = ("resnet18", "vgg11", "mobilenetv2")
+LABEL = {"resnet18": "ResNet-18", "vgg11": "VGG-11", "mobilenetv2": "MobileNetV2"}
+MB = 1e6
+
+
+# ----------------------------------------------------------------------------- worker (fresh process)
+def _status() -> dict[str, int]:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                k, v = line.split(":")
+                out[k] = int(v.split()[0]) * 1024
+    return out
+
+
+class _Sampler:
+    """Fallback peak-RSS meter when /proc/self/clear_refs cannot reset VmHWM."""
+
+    def __init__(self) -> None:
+        self.peak = _status()["VmRSS"]
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, _status()["VmRSS"])
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._t.join()
+        return max(self.peak, _status()["VmRSS"])
+
+
+def worker(impl: str, name: str, batch: int, steps: int, warmup: int, threads: int, trim: bool) -> dict:
+    import torch
+    torch.set_num_threads(threads)
+    import torch.nn.functional as F
+    from port import models
+    from port import kernels as K
+    K.set_num_threads(threads)      # kernel OpenMP pool (+ torch intra-op): same call in both workers
+    from port.optim import SGD as PortSGD
+    from port.trainer import Trainer
+    # the same heavy imports in both workers before the baseline: torch.optim's first construction imports
+    # torch._dynamo (~70 MB RSS), port's tracer/lowering/backends import on first Trainer
+    import torch._dynamo  # noqa: F401
+    import torch.fx  # noqa: F401
+    import port.backends.c  # noqa: F401
+    import port.graph  # noqa: F401
+    import port.lower  # noqa: F401
+
+    model = models.get(name, seed=0)
+    model.train()
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(batch, *models.INPUT_SHAPES[name], generator=g)
+    y = torch.randint(0, 10, (batch,), generator=g)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
+    gc.collect()
+    pre = _status()["VmRSS"]
+
+    t0 = time.perf_counter()
+    if impl == "torch":
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+        def step() -> float:
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss.item()
+        report = None
+    else:
+        tr = Trainer(model, x, optimizer=PortSGD(0.01, momentum=0.9), backend="c")
+
+        def step() -> float:
+            return tr.step(x, y)
+        report = tr.memory_report()
+    setup_s = time.perf_counter() - t0
+    gc.collect()
+    if trim:                         # --trim: hand freed heap back to the OS after set-up (glibc)
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    setup = _status()["VmRSS"]
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        method, sampler = "clear_refs", None
+        if _status()["VmHWM"] > setup + (4 << 20):       # reset did not take
+            raise OSError("VmHWM not reset")
+    except OSError:
+        method, sampler = "sampler", _Sampler()
+
+    # driver protocol (stdin/stdout, one JSON line each): "step" -> {"t": wall s, "c": CPU s, "loss": ...};
+    # "done" -> the final record. The driver alternates steps between the PyTorch and the PORT worker.
+    out = sys.stdout
+    out.write(json.dumps({"ready": True, "setup_s": setup_s}) + "\n")
+    out.flush()
+    losses = []
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "step":
+            t, c = time.perf_counter(), time.process_time()
+            loss = step()
+            t, c = time.perf_counter() - t, time.process_time() - c
+            losses.append(loss)
+            out.write(json.dumps({"t": t, "c": c, "loss": loss}) + "\n")
+            out.flush()
+        elif cmd == "done":
+            break
+    st = _status()
+    peak = st["VmHWM"] if sampler is None else sampler.stop()
+    return {"impl": impl, "model": name, "batch": batch, "steps_run": len(losses),
+            "setup_s": setup_s, "pre": pre, "setup": setup, "peak": peak,
+            "end": st["VmRSS"], "method": method, "param_bytes": param_bytes, "buffer_bytes": buffer_bytes,
+            "torch_threads": torch.get_num_threads(), "trim": trim, "kernel_threads": K.get_num_threads(),
+            "report": report, "loss_first": losses[0] if losses else None,
+            "loss_last": losses[-1] if losses else None}
+
+
+class Worker:
+    """A fresh worker process for one implementation, driven step by step."""
+
+    def __init__(self, impl: str, name: str, batch: int, threads: int, trim: bool, timeout: float):
+        self.impl, self.name, self.batch, self.timeout = impl, name, batch, timeout
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", impl, name, str(batch), "0", "0",
+               str(threads), str(int(trim))]
+        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=env, cwd=str(ROOT))
+        self.error: str | None = None
+        self._read()                                       # "ready"
+
+    def _read(self) -> dict | None:
+        if self.error:
+            return None
+        while True:
+            line = self.p.stdout.readline()
+            if not line:
+                self.p.wait()
+                tail = self.p.stderr.read().strip().splitlines()[-1:] or ["?"]
+                self.error = f"rc={self.p.returncode}: {tail[0][:200]}"
+                return None
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def _send(self, cmd: str) -> dict | None:
+        if self.error:
+            return None
+        try:
+            self.p.stdin.write(cmd + "\n")
+            self.p.stdin.flush()
+        except BrokenPipeError:
+            pass
+        return self._read()
+
+    def step(self) -> dict | None:
+        return self._send("step")
+
+    def finish(self) -> dict:
+        r = self._send("done")
+        try:
+            self.p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+        if r is None:
+            return {"impl": self.impl, "model": self.name, "batch": self.batch, "error": self.error}
+        return r
+
+
+def measure(name: str, batch: int, steps: int, warmup: int, threads: int, trim: bool,
+            first: str, max_s: float) -> tuple[dict, dict]:
+    """Set both workers up (one after the other), then alternate single steps between them (the one that goes
+    first alternates every round), ``warmup`` untimed rounds then ``steps`` timed ones (fewer if the timed
+    rounds pass ``max_s`` seconds, at least 3)."""
+    order = (first, "port" if first == "torch" else "torch")
+    W = {impl: Worker(impl, name, batch, threads, trim, timeout=600) for impl in order}
+    rec: dict[str, list] = {"torch": [], "port": []}
+    t0 = time.time()
+    for r in range(warmup + steps):
+        if r >= warmup + 3 and time.time() - t0 > max_s:
+            break
+        for impl in (order if r % 2 == 0 else order[::-1]):
+            o = W[impl].step()
+            if o is not None and r >= warmup:
+                rec[impl].append(o)
+        if r == warmup - 1:
+            t0 = time.time()
+    res = {}
+    for impl in order:
+        d = W[impl].finish()
+        if "error" not in d:
+            ts = [o["t"] for o in rec[impl]]
+            d.update(times=ts, median_s=statistics.median(ts) if ts else float("nan"),
+                     cpu_median_s=statistics.median([o["c"] for o in rec[impl]]) if ts else float("nan"))
+        res[impl] = d
+    if "error" not in res["torch"] and "error" not in res["port"]:
+        pr = [p / t for p, t in zip(res["port"]["times"], res["torch"]["times"])]
+        res["port"]["paired_ratio"] = statistics.median(pr)
+    return res["torch"], res["port"]
+
+
+# ----------------------------------------------------------------------------- driver
+def _fmt(v: float | None, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _gmean(xs: list[float]) -> float | None:
+    import math
+    xs = [v for v in xs if v is not None and v > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def derive(t: dict, p: dict) -> dict:
+    """Ratios for one (model, batch) from the torch run t and the PORT run p."""
+    d = {"model": t["model"], "batch": t["batch"]}
+    d["t_ms"] = t["median_s"] * 1e3 if "error" not in t else None
+    d["p_ms"] = p["median_s"] * 1e3 if "error" not in p else None
+    d["time_ratio"] = d["p_ms"] / d["t_ms"] if d["p_ms"] and d["t_ms"] else None
+    d["paired"] = p.get("paired_ratio")
+    d["n"] = len(p.get("times", []))
+    d["t_err"], d["p_err"] = t.get("error"), p.get("error")
+    if "error" not in t:
+        d["t_growth"] = t["peak"] - t["pre"]
+        d["t_beyond"] = d["t_growth"] - 2 * t["param_bytes"]           # minus grads + momentum
+        d["threads"] = t["torch_threads"]
+    if "error" not in p:
+        r = p["report"]
+        d["p_growth"] = p["peak"] - p["pre"]
+        d["p_setup_growth"] = p["setup"] - p["pre"]
+        d["p_step_growth"] = p["peak"] - p["setup"]
+        d["persist"], d["scratch"], d["arena"] = r["persistent_bytes"], r["scratch_bytes"], r["arena_bytes"]
+        d["p_beyond"] = d["p_growth"] - r["persistent_bytes"]
+        d["growth_vs_plan"] = d["p_growth"] / r["arena_bytes"]
+        d["kthreads"] = p["kernel_threads"]
+        d["pthreads"] = p["torch_threads"]
+        d["method"] = p["method"]
+    if "error" not in t and "error" not in p:
+        d["beyond_ratio_rss"] = d["p_beyond"] / d["t_beyond"] if d["t_beyond"] > 0 else None
+        d["beyond_ratio_plan"] = d["scratch"] / d["t_beyond"] if d["t_beyond"] > 0 else None
+        d["loss0"] = (t["loss_first"], p["loss_first"])
+    return d
+
+
+def table(rows: list[dict]) -> str:
+    h = ("| model | batch | PyTorch ms | PORT ms | time PORT/PT (paired) | threads torch/kernel | PT RSS growth MB "
+         "| PORT RSS growth MB (setup + steps) | PORT arena MB persistent + scratch | PT beyond W/G/O MB "
+         "| PORT beyond W/G/O MB RSS / plan | beyond ratio RSS / plan | PORT growth / arena | loss0 PT / PORT |")
+    out = [h, "|" + "---|" * h.count(" | ") + "---|"]
+    for d in rows:
+        if d.get("t_err") or d.get("p_err"):
+            out.append(f"| {LABEL[d['model']]} | {d['batch']} | {_fmt(d['t_ms'], '.1f')} | {_fmt(d['p_ms'], '.1f')} "
+                       f"| error: {d.get('t_err') or ''} {d.get('p_err') or ''} |")
+            continue
+        out.append(
+            f"| {LABEL[d['model']]} | {d['batch']} | {d['t_ms']:.1f} | {d['p_ms']:.1f} | {d['time_ratio']:.2f} ({_fmt(d['paired'])}) "
+            f"| {d['threads']}/{d['kthreads']} | {d['t_growth'] / MB:.0f} "
+            f"| {d['p_growth'] / MB:.0f} ({d['p_setup_growth'] / MB:.0f} + {d['p_step_growth'] / MB:.1f}) "
+            f"| {d['persist'] / MB:.0f} + {d['scratch'] / MB:.1f} | {d['t_beyond'] / MB:.0f} "
+            f"| {d['p_beyond'] / MB:.0f} / {d['scratch'] / MB:.1f} "
+            f"| {_fmt(d['beyond_ratio_rss'])} / {_fmt(d['beyond_ratio_plan'])} | {d['growth_vs_plan']:.2f} "
+            f"| {d['loss0'][0]:.4f} / {d['loss0'][1]:.4f} |")
+    return "\n".join(out)
+
+
+def headline(rows: list[dict]) -> str:
+    ok = [d for d in rows if not d.get("t_err") and not d.get("p_err")]
+    parts = []
+    for b, tgt in ((1, 0.7), (8, 1.0), (32, None)):
+        rs = [d["time_ratio"] for d in ok if d["batch"] == b]
+        if rs:
+            g = _gmean(rs)
+            parts.append(f"step PORT/PT b{b} {g:.2f}x" + (f" (target <= {tgt}: {'met' if max(rs) <= tgt else 'NOT met'})"
+                                                          if tgt else ""))
+    br = [d["beyond_ratio_rss"] for d in ok if d.get("beyond_ratio_rss") is not None]
+    bp = [d["beyond_ratio_plan"] for d in ok if d.get("beyond_ratio_plan") is not None]
+    if br:
+        parts.append(f"beyond-W/G/O mem PORT/PT max {max(br):.2f}x RSS, {max(bp):.2f}x plan "
+                     f"(target <= 0.5: RSS {'met' if max(br) <= 0.5 else 'NOT met'}, "
+                     f"plan {'met' if max(bp) <= 0.5 else 'NOT met'})")
+    gv = [d["growth_vs_plan"] for d in ok]
+    if gv:
+        parts.append(f"PORT RSS growth/arena {min(gv):.2f}-{max(gv):.2f} "
+                     f"(target 0.9-1.1: {'met' if min(gv) >= 0.9 and max(gv) <= 1.1 else 'NOT met'})")
+    kt = sorted({d["kthreads"] for d in ok})
+    parts.append(f"kernel threads {'/'.join(map(str, kt))}")
+    errs = len(rows) - len(ok)
+    if errs:
+        parts.append(f"{errs} config(s) failed")
+    return "train: " + "; ".join(parts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--batches", default=None)
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--warmup", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=2, help="torch + kernel threads in both (default 2)")
+    ap.add_argument("--trim", action="store_true",
+                    help="malloc_trim(0) after set-up in both workers (diagnostic; implies --no-write)")
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--worker", nargs=7, metavar=("IMPL", "MODEL", "BATCH", "STEPS", "WARMUP", "THREADS", "TRIM"))
+    a = ap.parse_args()
+    if a.worker:
+        impl, name, b, s, w, th, tm = a.worker
+        print(json.dumps(worker(impl, name, int(b), int(s), int(w), int(th), bool(int(tm)))), flush=True)
+        return
+    if a.trim or a.threads != 2:
+        a.no_write = True
+
+    names = [m for m in a.models.split(",") if m]
+    batches = [int(b) for b in (a.batches or ("1,8" if a.quick else "1,8,32")).split(",")]
+    steps = a.steps or (8 if a.quick else 20)
+    warmup = a.warmup or 2
+    max_s = 40.0 if a.quick else 120.0       # cap on the timed rounds of one (model, batch)
+    t_start = time.time()
+    load0 = os.getloadavg()
+    rows, raw = [], []
+    for b in batches:
+        for i, name in enumerate(names):
+            # alternate which implementation runs first, so slow drift in machine load hits both
+            first = "torch" if (i + b) % 2 == 0 else "port"
+            t, p = measure(name, b, steps, warmup, a.threads, a.trim, first, max_s=max_s)
+            raw += [t, p]
+            d = derive(t, p)
+            rows.append(d)
+            print(f"{LABEL[name]:12s} b{b:<3d} PT {_fmt(d['t_ms'], '.1f')} ms  PORT {_fmt(d['p_ms'], '.1f')} ms  "
+                  f"ratio {_fmt(d['time_ratio'])}  PT growth {_fmt(d.get('t_growth', 0) / MB, '.0f')} MB  "
+                  f"PORT growth {_fmt(d.get('p_growth', 0) / MB, '.0f')} MB (arena "
+                  f"{_fmt(d.get('arena', 0) / MB, '.0f')} MB)  {d.get('t_err') or ''}{d.get('p_err') or ''}",
+                  flush=True)
+    wall = time.time() - t_start
+    load1 = os.getloadavg()
+    tab = table(rows)
+    head = headline(rows)
+    kt = sorted({d["kthreads"] for d in rows if "kthreads" in d})
+    method = sorted({d["method"] for d in rows if "method" in d})
+    notes = f"""`python bench/train.py{' --quick' if a.quick else ''}` ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()}-vCPU host shared with other jobs: load average {load0[0]:.1f} at start, {load1[0]:.1f} at end; {wall:.0f} s total). Every (model, batch, implementation) in a fresh subprocess; the PyTorch and the PORT worker of one (model, batch) are set up one after the other, then driven in alternating single steps (who goes first alternates each round) so machine-load drift hits both: {warmup} warm-up rounds + up to {steps} timed rounds (at least 3; capped at {max_s:.0f} s per configuration); median step time, their ratio, and in brackets the median of the per-round PORT/PyTorch ratios. Same model (seed 0, train mode), same random data, SGD lr 0.01 momentum 0.9 (PyTorch: torch.optim.SGD, zero_grad(set_to_none=True)). torch.set_num_threads(2) and port.kernels.set_num_threads(2) in both; PORT's C kernels ran with {'/'.join(map(str, kt))} thread(s) (read back with port.kernels.get_num_threads() after set-up).
+
+{tab}
+
+How memory is measured (/proc/self/status): `pre` = VmRSS after imports + model + data, before the optimizer/Trainer is built; VmHWM is then reset ({', '.join(method)}: writing "5" to /proc/self/clear_refs after set-up) and `peak` = VmHWM after all steps. RSS growth = peak - pre (for PORT split into set-up = trace + lower + arena, and the steps). "Beyond W/G/O" = RSS growth minus the persistent bytes allocated after `pre`: PyTorch 2 x parameter bytes (grads + momentum; its weights are in `pre`), PORT the arena's persistent part (its own copy of weights, grads, momentum, BN buffers; the torch module's weights stay in `pre`). "plan" = PORT's planned scratch (activations + workspace) from memory_report(). PORT growth / arena: RSS growth over the planned arena bytes (target 0.9-1.1). loss0 = first-step loss (same model, same data: should agree; MobileNetV2 has dropout, whose masks differ).
+"""
+    with open(os.path.join(os.environ.get("TMPDIR", "/tmp"), "port_bench_train.json"), "w") as f:
+        json.dump(raw, f)
+    print()
+    print(tab)
+    if not a.no_write:
+        from _results import write_section
+        write_section("Training", notes + "\n" + head + "\n")
+    print(head)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,338 @@
+/*
+ * port_kernels.h -- the public C ABI of the PORT kernel library.
+ *
+ * Conventions (apply to every kernel below):
+ *  - Flat C ABI, `port_` prefix, every kernel returns a port_status.
+ *  - Argument order: OUTPUTS first, then INPUTS, then PARAMS, then WORKSPACE
+ *    (pointer + size in bytes).
+ *  - Caller-owned memory: kernels never allocate, print or exit.  A kernel
+ *    that needs scratch memory has a `*_workspace_bytes()` query; passing a
+ *    smaller workspace returns PORT_ERR_WORKSPACE.
+ *  - Activations are float32, NCHW, contiguous.  Labels are int64.  Max-pool
+ *    indices are int64 flat indices into the H*W plane of the input (same as
+ *    PyTorch).  Dropout masks are uint8, one byte per element (1 = kept).
+ *  - Gradient semantics:
+ *      * WEIGHT gradients (dw, db, dgamma, dbeta) ACCUMULATE:  dw += ...
+ *        (patch execution / micro-batching rely on this; zero them yourself
+ *        at the start of a step).
+ *      * INPUT gradients (dx) OVERWRITE: dx = ...
+ *  - Aliasing: outputs must not overlap inputs, except where a kernel states
+ *    "may alias" (in-place variants).  Aliasing is then allowed only as exact
+ *    equality of the two pointers.
+ *  - Threads: kernels use OpenMP (port_set_num_threads) and BLAS.
+ *  - "Saved:" lines list what the backward of a kernel needs from forward.
+ */
+#ifndef PORT_KERNELS_H
+#define PORT_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define PORT_API __declspec(dllexport)
+#else
+#define PORT_API __attribute__((visibility("default")))
+#endif
+
+#define PORT_ABI_VERSION 1
+
+typedef enum {
+    PORT_OK = 0,
+    PORT_ERR_NULL = 1,        /* a required pointer is NULL               */
+    PORT_ERR_SHAPE = 2,       /* non-positive / inconsistent dimensions   */
+    PORT_ERR_ARG = 3,         /* bad scalar argument (p, eps, label, ...) */
+    PORT_ERR_WORKSPACE = 4,   /* workspace too small                      */
+    PORT_ERR_UNSUPPORTED = 5, /* algorithm not applicable to these params */
+    PORT_ERR_ALIAS = 6        /* forbidden aliasing of output and input   */
+} port_status;
+
+/* ------------------------------------------------------------------ */
+/* Library-wide                                                        */
+/* ------------------------------------------------------------------ */
+PORT_API const char *port_status_string(int status);
+PORT_API int port_abi_version(void);
+/* OpenMP threads of the kernels AND the BLAS threads. */
+PORT_API void port_set_num_threads(int n);
+PORT_API int port_get_num_threads(void);
+/* 1 if the vendored GEMM runs AVX-512 code on this CPU (runtime dispatch). */
+PORT_API int port_cpu_has_avx512(void);
+
+/* GEMM backend: PORT_GEMM_BLAS (OpenBLAS CBLAS) or PORT_GEMM_VENDORED
+ * (portable blocked SGEMM in this library; also the test oracle). */
+#define PORT_GEMM_BLAS 0
+#define PORT_GEMM_VENDORED 1
+PORT_API port_status port_set_gemm_backend(int backend);
+PORT_API int port_get_gemm_backend(void);
+
+/* Row-major C[m,n] = alpha * op(A)[m,k] op(B)[k,n] + beta * C.
+ * trans_a / trans_b: 0 = no transpose, 1 = transpose. */
+PORT_API port_status port_sgemm(float *c, const float *a, const float *b,
+                                int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                                float alpha, float beta, int64_t lda, int64_t ldb, int64_t ldc);
+
+/* ------------------------------------------------------------------ */
+/* Convolution 2D (dilation 1).  x[n,c_in,h,w], w[c_out,c_in/groups,kh,kw],
+ * b[c_out] (may be NULL), y[n,c_out,h_out,w_out].
+ * Saved for backward: x and w (input grad needs only w).                */
+/* ------------------------------------------------------------------ */
+typedef struct {
+    int64_t n, c_in, h, w, c_out, kh, kw, stride_h, stride_w, pad_h, pad_w, groups;
+} port_conv2d_params;
+
+/* algorithms */
+#define PORT_CONV_AUTO 0   /* direct for depthwise / 1x1-s1-p0, else im2col */
+#define PORT_CONV_IM2COL 1 /* im2col + GEMM, any params                      */
+#define PORT_CONV_DIRECT 2 /* depthwise (groups==c_in==c_out) or 1x1 s1 p0  */
+
+PORT_API int64_t port_conv2d_out_h(const port_conv2d_params *p);
+PORT_API int64_t port_conv2d_out_w(const port_conv2d_params *p);
+PORT_API port_status port_conv2d_check(const port_conv2d_params *p);
+/* Workspace (bytes) shared by forward / backward_input / backward_weight. */
+PORT_API size_t port_conv2d_workspace_bytes(const port_conv2d_params *p, int algo);
+
+PORT_API port_status port_conv2d_forward(float *y, const float *x, const float *w, const float *b,
+                                         const port_conv2d_params *p, int algo,
+                                         void *ws, size_t ws_bytes);
+/* dx = conv_transpose(dy, w)   (overwrites dx) */
+PORT_API port_status port_conv2d_backward_input(float *dx, const float *dy, const float *w,
+                                                const port_conv2d_params *p, int algo,
+                                                void *ws, size_t ws_bytes);
+/* dw += corr(x, dy); db += sum(dy) (db may be NULL) */
+PORT_API port_status port_conv2d_backward_weight(float *dw, float *db, const float *dy,
+                                                 const float *x, const port_conv2d_params *p,
+                                                 int algo, void *ws, size_t ws_bytes);
+
+/* Patch-based (spatially tiled) convolution: the output is computed in
+ * tiles of tile_h x tile_w output pixels; im2col is done per tile with its
+ * input halo, so the workspace scales with the tile, not the image.
+ * Results equal the whole-tensor kernels (fp32 rounding aside). */
+PORT_API size_t port_conv2d_patch_workspace_bytes(const port_conv2d_params *p, int64_t tile_h,
+                                                  int64_t tile_w);
+PORT_API port_status port_conv2d_patch_forward(float *y, const float *x, const float *w,
+                                               const float *b, const port_conv2d_params *p,
+                                               int64_t tile_h, int64_t tile_w, void *ws,
+                                               size_t ws_bytes);
+PORT_API port_status port_conv2d_patch_backward_input(float *dx, const float *dy, const float *w,
+                                                      const port_conv2d_params *p, int64_t tile_h,
+                                                      int64_t tile_w, void *ws, size_t ws_bytes);
+PORT_API port_status port_conv2d_patch_backward_weight(float *dw, float *db, const float *dy,
+                                                       const float *x,
+                                                       const port_conv2d_params *p,
+                                                       int64_t tile_h, int64_t tile_w, void *ws,
+                                                       size_t ws_bytes);
+
+/* ------------------------------------------------------------------ */
+/* Batch norm 2D over x[n,c,h,w]; gamma/beta/means/vars are [c].        */
+/* ------------------------------------------------------------------ */
+typedef struct {
+    int64_t n, c, h, w;
+    float eps;
+    float momentum; /* running = (1-momentum)*running + momentum*batch */
+} port_batchnorm_params;
+
+/* Training: batch statistics (biased variance to normalise), writes
+ * save_mean[c], save_invstd[c] = 1/sqrt(var+eps); updates running_mean and
+ * running_var (UNBIASED variance, like PyTorch) unless they are NULL.
+ * y MAY ALIAS x (in-place BN).
+ * Saved: x, save_mean, save_invstd (or, in-place: y, gamma, beta, save_invstd). */
+PORT_API port_status port_batchnorm2d_forward_train(float *y, float *save_mean, float *save_invstd,
+                                                    float *running_mean, float *running_var,
+                                                    const float *x, const float *gamma,
+                                                    const float *beta,
+                                                    const port_batchnorm_params *p);
+/* Frozen / eval: normalise with running stats.  y MAY ALIAS x. Saved: x (only
+ * for dgamma) and running stats. */
+PORT_API port_status port_batchnorm2d_forward_eval(float *y, const float *x, const float *gamma,
+                                                   const float *beta,
+                                                   const float *running_mean,
+                                                   const float *running_var,
+                                                   const port_batchnorm_params *p);
+/* Training backward. dx MAY ALIAS dy. */
+PORT_API port_status port_batchnorm2d_backward_input(float *dx, const float *dy, const float *x,
+                                                     const float *gamma, const float *save_mean,
+                                                     const float *save_invstd,
+                                                     const port_batchnorm_params *p);
+/* dgamma += sum(dy*xhat), dbeta += sum(dy) (either may be NULL) */
+PORT_API port_status port_batchnorm2d_backward_weight(float *dgamma, float *dbeta, const float *dy,
+                                                      const float *x, const float *save_mean,
+                                                      const float *save_invstd,
+                                                      const port_batchnorm_params *p);
+/* In-place BN backward: xhat is reconstructed as (y - beta) / gamma.
+ * REQUIRES gamma[c] != 0 for every channel (PORT_ERR_ARG otherwise).
+ * dx MAY ALIAS dy. */
+PORT_API port_status port_batchnorm2d_backward_input_from_output(
+    float *dx, const float *dy, const float *y, const float *gamma, const float *beta,
+    const float *save_invstd, const port_batchnorm_params *p);
+PORT_API port_status port_batchnorm2d_backward_weight_from_output(
+    float *dgamma, float *dbeta, const float *dy, const float *y, const float *gamma,
+    const float *beta, const port_batchnorm_params *p);
+/* Frozen BN backward: dx = dy * gamma / sqrt(running_var + eps). dx MAY ALIAS dy. */
+PORT_API port_status port_batchnorm2d_backward_input_eval(float *dx, const float *dy,
+                                                          const float *gamma,
+                                                          const float *running_var,
+                                                          const port_batchnorm_params *p);
+PORT_API port_status port_batchnorm2d_backward_weight_eval(float *dgamma, float *dbeta,
+                                                           const float *dy, const float *x,
+                                                           const float *running_mean,
+                                                           const float *running_var,
+                                                           const port_batchnorm_params *p);
+
+/* ------------------------------------------------------------------ */
+/* Element-wise (count = number of elements)                             */
+/* ------------------------------------------------------------------ */
+/* y MAY ALIAS x.  Saved: y (the output) only. */
+PORT_API port_status port_relu_forward(float *y, const float *x, int64_t count);
+/* dx = dy * (y > 0).  dx MAY ALIAS dy. */
+PORT_API port_status port_relu_backward(float *dx, const float *dy, const float *y, int64_t count);
+/* y = min(max(x,0),6). y MAY ALIAS x.  Saved: y. */
+PORT_API port_status port_relu6_forward(float *y, const float *x, int64_t count);
+/* dx = dy * (0 < y < 6).  dx MAY ALIAS dy. */
+PORT_API port_status port_relu6_backward(float *dx, const float *dy, const float *y,
+                                         int64_t count);
+/* y = x * relu6(x+3)/6.  y must NOT alias x (backward needs x). Saved: x. */
+PORT_API port_status port_hardswish_forward(float *y, const float *x, int64_t count);
+/* dx MAY ALIAS dy. */
+PORT_API port_status port_hardswish_backward(float *dx, const float *dy, const float *x,
+                                             int64_t count);
+/* y = a + b; y MAY ALIAS a or b.  Backward is the identity (no kernel). */
+PORT_API port_status port_add(float *y, const float *a, const float *b, int64_t count);
+/* a += b */
+PORT_API port_status port_accumulate(float *a, const float *b, int64_t count);
+
+/* Dropout: element i is kept iff hash(seed, i) >= p (counter-based RNG:
+ * reproducible and independent of the thread count); y = x*mask/(1-p).
+ * p in [0,1); y MAY ALIAS x.  Saved: mask (uint8 per element). */
+PORT_API port_status port_dropout_forward(float *y, uint8_t *mask, const float *x, int64_t count,
+                                          float p, uint64_t seed);
+/* dx = dy*mask/(1-p).  dx MAY ALIAS dy. */
+PORT_API port_status port_dropout_backward(float *dx, const float *dy, const uint8_t *mask,
+                                           int64_t count, float p);
+
+/* ------------------------------------------------------------------ */
+/* Pooling                                                               */
+/* ------------------------------------------------------------------ */
+typedef struct {
+    int64_t n, c, h, w, kh, kw, stride_h, stride_w, pad_h, pad_w;
+} port_pool2d_params;
+
+PORT_API int64_t port_pool2d_out_h(const port_pool2d_params *p);
+PORT_API int64_t port_pool2d_out_w(const port_pool2d_params *p);
+/* Max pool (padding = -inf). indices: int64 flat index in the input H*W
+ * plane.  Saved: indices only. */
+PORT_API port_status port_maxpool2d_forward(float *y, int64_t *indices, const float *x,
+                                            const port_pool2d_params *p);
+PORT_API port_status port_maxpool2d_backward_input(float *dx, const float *dy,
+                                                   const int64_t *indices,
+                                                   const port_pool2d_params *p);
+/* Average pool, count_include_pad=True, ceil_mode=False.  Saved: nothing. */
+PORT_API port_status port_avgpool2d_forward(float *y, const float *x, const port_pool2d_params *p);
+PORT_API port_status port_avgpool2d_backward_input(float *dx, const float *dy,
+                                                   const port_pool2d_params *p);
+/* Global average pool x[n,c,h,w] -> y[n,c].  Saved: nothing. */
+PORT_API port_status port_global_avgpool_forward(float *y, const float *x, int64_t n, int64_t c,
+                                                 int64_t hw);
+PORT_API port_status port_global_avgpool_backward_input(float *dx, const float *dy, int64_t n,
+                                                        int64_t c, int64_t hw);
+
+/* ------------------------------------------------------------------ */
+/* Linear: y[n,out] = x[n,in] W[out,in]^T + b[out] (b may be NULL).      */
+/* Saved: x (weight grad), W (input grad).                               */
+/* ------------------------------------------------------------------ */
+typedef struct {
+    int64_t n, in_features, out_features;
+} port_linear_params;
+
+PORT_API port_status port_linear_forward(float *y, const float *x, const float *w, const float *b,
+                                         const port_linear_params *p);
+PORT_API port_status port_linear_backward_input(float *dx, const float *dy, const float *w,
+                                                const port_linear_params *p);
+/* dw += dy^T x, db += sum_n dy (db may be NULL) */
+PORT_API port_status port_linear_backward_weight(float *dw, float *db, const float *dy,
+                                                 const float *x, const port_linear_params *p);
+
+/* ------------------------------------------------------------------ */
+/* Softmax cross-entropy, mean reduction, optional label smoothing.
+ * logits[n,k], labels[n] int64 in [0,k).  Forward writes loss[0] and
+ * probs[n,k] (softmax, saved for backward).  Matches
+ * torch.nn.functional.cross_entropy(label_smoothing=ls).                 */
+/* ------------------------------------------------------------------ */
+PORT_API port_status port_softmax_xent_forward(float *loss, float *probs, const float *logits,
+                                               const int64_t *labels, int64_t n, int64_t k,
+                                               float label_smoothing);
+/* dlogits = grad_loss[0] * (probs - target) / n.  dlogits MAY ALIAS probs. */
+PORT_API port_status port_softmax_xent_backward(float *dlogits, const float *probs,
+                                                const int64_t *labels, const float *grad_loss,
+                                                int64_t n, int64_t k, float label_smoothing);
+
+/* ------------------------------------------------------------------ */
+/* Optimizers (in place, match torch.optim single-tensor implementations)  */
+/* ------------------------------------------------------------------ */
+/* torch.optim.SGD.  momentum_buf may be NULL iff momentum == 0.
+ * first_step != 0: the momentum buffer is initialised to the (decayed)
+ * gradient, as PyTorch does on its first step. */
+PORT_API port_status port_sgd_step(float *param, float *momentum_buf, const float *grad,
+                                   int64_t count, double lr, double momentum, double dampening,
+                                   double weight_decay, int nesterov, int first_step);
+/* torch.optim.AdamW (foreach=False, amsgrad=False, maximize=False).
+ * step = step count AFTER increment (1 on the first call). */
+PORT_API port_status port_adamw_step(float *param, float *exp_avg, float *exp_avg_sq,
+                                     const float *grad, int64_t count, double lr, double beta1,
+                                     double beta2, double eps, double weight_decay, int64_t step);
+
+/* ------------------------------------------------------------------ */
+/* Fused conv2d + batch norm + ReLU                                      */
+/* ------------------------------------------------------------------ */
+/* Training: z = conv(x, w) (no conv bias), batch statistics of z
+ * (save_mean, save_invstd, running stats updated unless NULL), then
+ * y = relu(gamma*(z-mean)*invstd + beta) in one pass over z.
+ * Saved: x, w, z, save_mean, save_invstd, gamma, beta.
+ * Workspace: port_conv2d_workspace_bytes(p, algo). */
+PORT_API port_status port_conv2d_bn_relu_forward_train(
+    float *y, float *z, float *save_mean, float *save_invstd, float *running_mean,
+    float *running_var, const float *x, const float *w, const float *gamma, const float *beta,
+    const port_conv2d_params *p, float eps, float momentum, int algo, void *ws, size_t ws_bytes);
+/* Backward: recomputes xhat and the relu mask from z, stats, gamma, beta.
+ * dx overwritten (may be NULL to skip), dw/dgamma/dbeta accumulate.
+ * Workspace: port_conv2d_bn_relu_backward_workspace_bytes(p, algo). */
+PORT_API size_t port_conv2d_bn_relu_backward_workspace_bytes(const port_conv2d_params *p,
+                                                              int algo);
+PORT_API port_status port_conv2d_bn_relu_backward(
+    float *dx, float *dw, float *dgamma, float *dbeta, const float *dy, const float *x,
+    const float *w, const float *z, const float *gamma, const float *beta,
+    const float *save_mean, const float *save_invstd, const port_conv2d_params *p, int algo,
+    void *ws, size_t ws_bytes);
+
+/* Frozen BN folding: s = gamma/sqrt(running_var+eps);
+ * w_fold[co,...] = w[co,...]*s[co]; b_fold = beta + (b - running_mean)*s
+ * (b may be NULL = 0).  w has c_out * (c_in/groups*kh*kw) elements. */
+PORT_API port_status port_conv2d_bn_fold(float *w_fold, float *b_fold, const float *w,
+                                         const float *b, const float *gamma, const float *beta,
+                                         const float *running_mean, const float *running_var,
+                                         const port_conv2d_params *p, float eps);
+/* y = relu(conv(x, w_fold) + b_fold) (relu only if relu != 0).
+ * Saved: x, y (and the unfolded w, gamma, beta, running_var for backward).
+ * Workspace: port_conv2d_workspace_bytes(p, algo). */
+PORT_API port_status port_conv2d_bn_relu_forward_frozen(float *y, const float *x,
+                                                        const float *w_fold, const float *b_fold,
+                                                        const port_conv2d_params *p, int relu,
+                                                        int algo, void *ws, size_t ws_bytes);
+/* Backward of the frozen fused op, consistent with the unfused sequence
+ * conv(w, b=None) -> frozen BN -> relu:  g = dy * (y > 0) (if relu);
+ * dbeta += sum g; dgamma += sum g*(y-beta)/gamma (REQUIRES gamma != 0);
+ * dz = g * gamma/sqrt(var+eps); dw += corr(x, dz); dx = conv_t(dz, w).
+ * dx/dw/dgamma/dbeta may each be NULL to skip.
+ * Workspace: port_conv2d_bn_relu_backward_workspace_bytes(p, algo). */
+PORT_API port_status port_conv2d_bn_relu_backward_frozen(
+    float *dx, float *dw, float *dgamma, float *dbeta, const float *dy, const float *x,
+    const float *y, const float *w, const float *gamma, const float *beta,
+    const float *running_var, const port_conv2d_params *p, float eps, int relu, int algo,
+    void *ws, size_t ws_bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PORT_KERNELS_H */

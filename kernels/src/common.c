@@ -1,0 +1,144 @@
+/* Library-wide entry points: status strings, threads, GEMM backend. */
+#include "internal.h"
+#include <limits.h>
+
+#ifdef PORT_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+static int g_gemm_backend =
+#ifdef PORT_HAVE_OPENBLAS
+    PORT_GEMM_BLAS;
+#else
+    PORT_GEMM_VENDORED;
+#endif
+
+const char *port_status_string(int status) {
+    switch (status) {
+    case PORT_OK: return "ok";
+    case PORT_ERR_NULL: return "a required pointer argument is NULL";
+    case PORT_ERR_SHAPE: return "invalid or inconsistent shape parameters";
+    case PORT_ERR_ARG: return "invalid scalar argument";
+    case PORT_ERR_WORKSPACE: return "workspace too small (query the *_workspace_bytes function)";
+    case PORT_ERR_UNSUPPORTED: return "algorithm not supported for these parameters";
+    case PORT_ERR_ALIAS: return "output aliases an input where this is not allowed";
+    default: return "unknown status";
+    }
+}
+
+int port_abi_version(void) { return PORT_ABI_VERSION; }
+
+/* One thread pool: the OpenMP runtime (shared with torch when both are in the
+ * process; see port/_native.py).  OpenBLAS always runs single-threaded -- its
+ * own pthread pool would spin against the OpenMP workers -- and port__gemm
+ * splits large GEMMs over the OpenMP threads itself. */
+#ifdef PORT_HAVE_OPENBLAS
+__attribute__((constructor)) static void port__blas_single_threaded(void) {
+    scipy_openblas_set_num_threads(1);
+}
+#endif
+
+void port_set_num_threads(int n) {
+    if (n < 1) n = 1;
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#endif
+#ifdef PORT_HAVE_OPENBLAS
+    scipy_openblas_set_num_threads(1);
+#endif
+}
+
+int port_get_num_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+int port_cpu_has_avx512(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") ? 1 : 0;
+#else
+    return 0;
+#endif
+}
+
+port_status port_set_gemm_backend(int backend) {
+    if (backend == PORT_GEMM_VENDORED) { g_gemm_backend = backend; return PORT_OK; }
+#ifdef PORT_HAVE_OPENBLAS
+    if (backend == PORT_GEMM_BLAS) { g_gemm_backend = backend; return PORT_OK; }
+    return PORT_ERR_ARG;
+#else
+    return backend == PORT_GEMM_BLAS ? PORT_ERR_UNSUPPORTED : PORT_ERR_ARG;
+#endif
+}
+
+int port_get_gemm_backend(void) { return g_gemm_backend; }
+
+void port__gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    if (m <= 0 || n <= 0) return;
+#ifdef PORT_HAVE_OPENBLAS
+    if (g_gemm_backend == PORT_GEMM_BLAS) {
+        if (k <= 0) { /* BLAS would still scale C; do it explicitly */
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t j = 0; j < n; j++)
+                    c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+            return;
+        }
+        int nt = 1;
+#ifdef _OPENMP
+        /* Split the GEMM into per-thread row or column blocks, each one
+         * single-threaded sgemm.  Not when already inside a parallel region
+         * (callers parallelising at a coarser level) or for small GEMMs. */
+        if (!omp_in_parallel() && (double)m * (double)n * (double)k >= PORT_GEMM_PAR_MIN)
+            nt = omp_get_max_threads();
+#endif
+        /* Block sizes: multiples of 16 columns / 8 rows; split the larger dim. */
+        int split_n = n >= m;
+        int64_t dim = split_n ? n : m, q = split_n ? 16 : 8;
+        int64_t nb = ((dim + nt - 1) / nt + q - 1) / q * q;
+        if (nt > 1 && dim >= 2 * q) {
+            int64_t nblk = (dim + nb - 1) / nb;
+#pragma omp parallel for schedule(static) num_threads(nt)
+            for (int64_t t = 0; t < nblk; t++) {
+                int64_t o = t * nb, len = PORT_MIN(nb, dim - o);
+                const float *a0 = a, *b0 = b;
+                float *c0 = c;
+                if (split_n) { b0 = tb ? b + o * ldb : b + o; c0 = c + o; }
+                else { a0 = ta ? a + o : a + o * lda; c0 = c + o * ldc; }
+                scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                                  tb ? CblasTrans : CblasNoTrans, (blasint)(split_n ? m : len),
+                                  (blasint)(split_n ? len : n), (blasint)k, alpha, a0,
+                                  (blasint)lda, b0, (blasint)ldb, beta, c0, (blasint)ldc);
+            }
+            return;
+        }
+        scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                          tb ? CblasTrans : CblasNoTrans, (blasint)m, (blasint)n, (blasint)k,
+                          alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+        return;
+    }
+#endif
+    port__sgemm_vendored(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+port_status port_sgemm(float *c, const float *a, const float *b, int trans_a, int trans_b,
+                       int64_t m, int64_t n, int64_t k, float alpha, float beta, int64_t lda,
+                       int64_t ldb, int64_t ldc) {
+    PORT_NOTNULL(c);
+    PORT_CHECK(m >= 0 && n >= 0 && k >= 0, PORT_ERR_SHAPE);
+    PORT_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX, PORT_ERR_SHAPE);
+    PORT_CHECK(trans_a == 0 || trans_a == 1, PORT_ERR_ARG);
+    PORT_CHECK(trans_b == 0 || trans_b == 1, PORT_ERR_ARG);
+    if (m == 0 || n == 0) return PORT_OK;
+    if (k > 0) { PORT_NOTNULL(a); PORT_NOTNULL(b); }
+    PORT_CHECK(ldc >= n, PORT_ERR_SHAPE);
+    PORT_CHECK(lda >= PORT_MAX(1, trans_a ? m : k), PORT_ERR_SHAPE);
+    PORT_CHECK(ldb >= PORT_MAX(1, trans_b ? k : n), PORT_ERR_SHAPE);
+    PORT_CHECK(lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX, PORT_ERR_SHAPE);
+    port__gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return PORT_OK;
+}

@@ -1,0 +1,573 @@
+/* conv2d: im2col + GEMM (any groups/stride/padding), direct depthwise,
+ * direct 1x1 (GEMM straight on NCHW), and the patch-based (tiled) variant. */
+#include "internal.h"
+#include <limits.h>
+
+static inline int64_t cdiv(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+static inline int64_t fdiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+int64_t port_conv2d_out_h(const port_conv2d_params *p) {
+    if (!p || p->stride_h < 1) return -1;
+    return (p->h + 2 * p->pad_h - p->kh) / p->stride_h + 1;
+}
+int64_t port_conv2d_out_w(const port_conv2d_params *p) {
+    if (!p || p->stride_w < 1) return -1;
+    return (p->w + 2 * p->pad_w - p->kw) / p->stride_w + 1;
+}
+
+port_status port_conv2d_check(const port_conv2d_params *p) {
+    PORT_NOTNULL(p);
+    PORT_CHECK(p->n > 0 && p->c_in > 0 && p->h > 0 && p->w > 0 && p->c_out > 0 && p->kh > 0 &&
+                   p->kw > 0 && p->groups > 0,
+               PORT_ERR_SHAPE);
+    PORT_CHECK(p->stride_h > 0 && p->stride_w > 0 && p->pad_h >= 0 && p->pad_w >= 0,
+               PORT_ERR_ARG);
+    PORT_CHECK(p->c_in % p->groups == 0 && p->c_out % p->groups == 0, PORT_ERR_SHAPE);
+    PORT_CHECK(p->h + 2 * p->pad_h >= p->kh && p->w + 2 * p->pad_w >= p->kw, PORT_ERR_SHAPE);
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
+    int64_t K = p->c_in / p->groups * p->kh * p->kw;
+    PORT_CHECK(ho * wo <= INT_MAX && K <= INT_MAX && p->h * p->w <= INT_MAX, PORT_ERR_SHAPE);
+    PORT_CHECK((double)K * (double)(ho * wo) < (double)INT64_MAX / 8, PORT_ERR_SHAPE);
+    return PORT_OK;
+}
+
+int port__conv_is_depthwise(const port_conv2d_params *p) {
+    return p->groups == p->c_in && p->groups == p->c_out;
+}
+int port__conv_is_pointwise(const port_conv2d_params *p) {
+    return p->kh == 1 && p->kw == 1 && p->stride_h == 1 && p->stride_w == 1 && p->pad_h == 0 &&
+           p->pad_w == 0;
+}
+
+int port__conv_resolve_algo(const port_conv2d_params *p, int algo) {
+    switch (algo) {
+    case PORT_CONV_AUTO:
+        return (port__conv_is_depthwise(p) || port__conv_is_pointwise(p)) ? PORT_CONV_DIRECT
+                                                                          : PORT_CONV_IM2COL;
+    case PORT_CONV_IM2COL: return PORT_CONV_IM2COL;
+    case PORT_CONV_DIRECT:
+        return (port__conv_is_depthwise(p) || port__conv_is_pointwise(p)) ? PORT_CONV_DIRECT : -1;
+    default: return -1;
+    }
+}
+
+size_t port_conv2d_workspace_bytes(const port_conv2d_params *p, int algo) {
+    if (port_conv2d_check(p) != PORT_OK) return 0;
+    int a = port__conv_resolve_algo(p, algo);
+    if (a != PORT_CONV_IM2COL) return 0;
+    int64_t K = p->c_in / p->groups * p->kh * p->kw;
+    return (size_t)(K * port_conv2d_out_h(p) * port_conv2d_out_w(p)) * sizeof(float);
+}
+
+port_status port__conv_validate(const port_conv2d_params *p, int *algo, void *ws,
+                                size_t ws_bytes) {
+    port_status st = port_conv2d_check(p);
+    if (st != PORT_OK) return st;
+    if (algo == NULL) return PORT_ERR_NULL;
+    int a = port__conv_resolve_algo(p, *algo);
+    if (a < 0) return *algo == PORT_CONV_DIRECT ? PORT_ERR_UNSUPPORTED : PORT_ERR_ARG;
+    size_t need = port_conv2d_workspace_bytes(p, a);
+    if (ws_bytes < need || (need > 0 && ws == NULL)) return PORT_ERR_WORKSPACE;
+    *algo = a;
+    return PORT_OK;
+}
+
+/* ---------------- im2col / col2im over an output tile ---------------- */
+static inline void valid_cols(int64_t *lo, int64_t *hi, int64_t w, int64_t sw, int64_t pw,
+                              int64_t kj, int64_t ow0, int64_t tw) {
+    int64_t l = cdiv(pw - kj, sw) - ow0;
+    int64_t h = fdiv(w - 1 + pw - kj, sw) - ow0 + 1;
+    l = PORT_MAX(l, 0);
+    h = PORT_MIN(h, tw);
+    if (h < l) h = l;
+    *lo = l;
+    *hi = h;
+}
+
+void port__im2col_tile(float *cols, const float *x, int64_t cin, int64_t h, int64_t w, int64_t kh,
+                       int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t oh0,
+                       int64_t th, int64_t ow0, int64_t tw) {
+    int64_t K = cin * kh * kw, T = th * tw;
+#pragma omp parallel for schedule(static) if (K * T > PORT_PAR_MIN)
+    for (int64_t r = 0; r < K; r++) {
+        int64_t kj = r % kw, ki = (r / kw) % kh, ci = r / (kw * kh);
+        const float *xc = x + ci * h * w;
+        float *dst = cols + r * T;
+        int64_t lo, hi;
+        valid_cols(&lo, &hi, w, sw, pw, kj, ow0, tw);
+        for (int64_t oy = 0; oy < th; oy++) {
+            int64_t ih = (oh0 + oy) * sh - ph + ki;
+            float *d = dst + oy * tw;
+            if (ih < 0 || ih >= h) {
+                memset(d, 0, (size_t)tw * sizeof(float));
+                continue;
+            }
+            const float *xr = xc + ih * w - pw + kj;
+            for (int64_t ox = 0; ox < lo; ox++) d[ox] = 0.0f;
+            if (sw == 1) {
+                if (hi > lo) memcpy(d + lo, xr + ow0 + lo, (size_t)(hi - lo) * sizeof(float));
+            } else {
+                for (int64_t ox = lo; ox < hi; ox++) d[ox] = xr[(ow0 + ox) * sw];
+            }
+            for (int64_t ox = hi; ox < tw; ox++) d[ox] = 0.0f;
+        }
+    }
+}
+
+void port__col2im_tile(float *dx, const float *cols, int64_t cin, int64_t h, int64_t w,
+                       int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+                       int64_t oh0, int64_t th, int64_t ow0, int64_t tw) {
+    int64_t T = th * tw;
+#pragma omp parallel for schedule(static) if (cin * kh * kw * T > PORT_PAR_MIN && cin > 1)
+    for (int64_t ci = 0; ci < cin; ci++) {
+        float *dxc = dx + ci * h * w;
+        for (int64_t ki = 0; ki < kh; ki++) {
+            for (int64_t kj = 0; kj < kw; kj++) {
+                const float *src = cols + ((ci * kh + ki) * kw + kj) * T;
+                int64_t lo, hi;
+                valid_cols(&lo, &hi, w, sw, pw, kj, ow0, tw);
+                for (int64_t oy = 0; oy < th; oy++) {
+                    int64_t ih = (oh0 + oy) * sh - ph + ki;
+                    if (ih < 0 || ih >= h) continue;
+                    float *dr = dxc + ih * w - pw + kj;
+                    const float *s = src + oy * tw;
+                    if (sw == 1) {
+                        for (int64_t ox = lo; ox < hi; ox++) dr[ow0 + ox] += s[ox];
+                    } else {
+                        for (int64_t ox = lo; ox < hi; ox++) dr[(ow0 + ox) * sw] += s[ox];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* ---------------- depthwise direct ---------------- */
+static void dw_fwd(float *y, const float *x, const float *w, const float *b,
+                   const port_conv2d_params *p) {
+    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, sh = p->stride_h, sw = p->stride_w;
+    int64_t ph = p->pad_h, pw = p->pad_w, C = p->c_in;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
+#pragma omp parallel for schedule(static) if (p->n * C * ho * wo * kh * kw > PORT_PAR_MIN)
+    for (int64_t nc = 0; nc < p->n * C; nc++) {
+        int64_t c = nc % C;
+        const float *xp = x + nc * H * W;
+        const float *wk = w + c * kh * kw;
+        float *yp = y + nc * ho * wo;
+        float bias = b ? b[c] : 0.0f;
+        for (int64_t oh = 0; oh < ho; oh++) {
+            float *yr = yp + oh * wo;
+            for (int64_t ow = 0; ow < wo; ow++) yr[ow] = bias;
+            for (int64_t ki = 0; ki < kh; ki++) {
+                int64_t ih = oh * sh - ph + ki;
+                if (ih < 0 || ih >= H) continue;
+                for (int64_t kj = 0; kj < kw; kj++) {
+                    int64_t lo, hi;
+                    valid_cols(&lo, &hi, W, sw, pw, kj, 0, wo);
+                    const float *xr = xp + ih * W - pw + kj;
+                    float wv = wk[ki * kw + kj];
+                    if (sw == 1)
+                        for (int64_t ow = lo; ow < hi; ow++) yr[ow] += wv * xr[ow];
+                    else
+                        for (int64_t ow = lo; ow < hi; ow++) yr[ow] += wv * xr[ow * sw];
+                }
+            }
+        }
+    }
+}
+
+static void dw_bwd_in(float *dx, const float *dy, const float *w, const port_conv2d_params *p) {
+    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, sh = p->stride_h, sw = p->stride_w;
+    int64_t ph = p->pad_h, pw = p->pad_w, C = p->c_in;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
+#pragma omp parallel for schedule(static) if (p->n * C * ho * wo * kh * kw > PORT_PAR_MIN)
+    for (int64_t nc = 0; nc < p->n * C; nc++) {
+        int64_t c = nc % C;
+        float *dxp = dx + nc * H * W;
+        const float *wk = w + c * kh * kw;
+        const float *dyp = dy + nc * ho * wo;
+        memset(dxp, 0, (size_t)(H * W) * sizeof(float));
+        for (int64_t oh = 0; oh < ho; oh++) {
+            const float *dyr = dyp + oh * wo;
+            for (int64_t ki = 0; ki < kh; ki++) {
+                int64_t ih = oh * sh - ph + ki;
+                if (ih < 0 || ih >= H) continue;
+                for (int64_t kj = 0; kj < kw; kj++) {
+                    int64_t lo, hi;
+                    valid_cols(&lo, &hi, W, sw, pw, kj, 0, wo);
+                    float *dxr = dxp + ih * W - pw + kj;
+                    float wv = wk[ki * kw + kj];
+                    if (sw == 1)
+                        for (int64_t ow = lo; ow < hi; ow++) dxr[ow] += wv * dyr[ow];
+                    else
+                        for (int64_t ow = lo; ow < hi; ow++) dxr[ow * sw] += wv * dyr[ow];
+                }
+            }
+        }
+    }
+}
+
+static void dw_bwd_w(float *dw, float *db, const float *dy, const float *x,
+                     const port_conv2d_params *p) {
+    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, sh = p->stride_h, sw = p->stride_w;
+    int64_t ph = p->pad_h, pw = p->pad_w, C = p->c_in;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
+#pragma omp parallel for schedule(static) if (p->n * C * ho * wo * kh * kw > PORT_PAR_MIN)
+    for (int64_t c = 0; c < C; c++) {
+        float *dwk = dw + c * kh * kw;
+        double bsum = 0.0;
+        for (int64_t n = 0; n < p->n; n++) {
+            const float *xp = x + (n * C + c) * H * W;
+            const float *dyp = dy + (n * C + c) * ho * wo;
+            if (db)
+                for (int64_t i = 0; i < ho * wo; i++) bsum += dyp[i];
+            for (int64_t ki = 0; ki < kh; ki++) {
+                for (int64_t kj = 0; kj < kw; kj++) {
+                    int64_t lo, hi;
+                    valid_cols(&lo, &hi, W, sw, pw, kj, 0, wo);
+                    float acc = 0.0f;
+                    for (int64_t oh = 0; oh < ho; oh++) {
+                        int64_t ih = oh * sh - ph + ki;
+                        if (ih < 0 || ih >= H) continue;
+                        const float *xr = xp + ih * W - pw + kj;
+                        const float *dyr = dyp + oh * wo;
+                        if (sw == 1)
+                            for (int64_t ow = lo; ow < hi; ow++) acc += dyr[ow] * xr[ow];
+                        else
+                            for (int64_t ow = lo; ow < hi; ow++) acc += dyr[ow] * xr[ow * sw];
+                    }
+                    dwk[ki * kw + kj] += acc;
+                }
+            }
+        }
+        if (db) db[c] += (float)bsum;
+    }
+}
+
+/* ---------------- generic drivers ---------------- */
+static void bias_grad(float *db, const float *dy, int64_t n, int64_t cout, int64_t P) {
+#pragma omp parallel for schedule(static) if (n * cout * P > PORT_PAR_MIN)
+    for (int64_t co = 0; co < cout; co++) {
+        double s = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *d = dy + (i * cout + co) * P;
+            float fs = 0.0f;
+            for (int64_t q = 0; q < P; q++) fs += d[q];
+            s += fs;
+        }
+        db[co] += (float)s;
+    }
+}
+
+void port__conv_fwd(float *y, const float *x, const float *w, const float *b,
+                    const port_conv2d_params *p, int algo, float *ws) {
+    if (algo == PORT_CONV_DIRECT && port__conv_is_depthwise(p) && !port__conv_is_pointwise(p)) {
+        dw_fwd(y, x, w, b, p);
+        return;
+    }
+    int64_t G = p->groups, cig = p->c_in / G, cog = p->c_out / G;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), P = ho * wo;
+    int64_t K = cig * p->kh * p->kw, HW = p->h * p->w;
+    int direct = algo == PORT_CONV_DIRECT; /* pointwise here */
+    for (int64_t n = 0; n < p->n; n++) {
+        for (int64_t g = 0; g < G; g++) {
+            const float *xg = x + (n * p->c_in + g * cig) * HW;
+            float *yg = y + (n * p->c_out + g * cog) * P;
+            const float *B = xg;
+            if (!direct) {
+                port__im2col_tile(ws, xg, cig, p->h, p->w, p->kh, p->kw, p->stride_h,
+                                  p->stride_w, p->pad_h, p->pad_w, 0, ho, 0, wo);
+                B = ws;
+            }
+            float beta = 0.0f;
+            if (b) {
+                for (int64_t co = 0; co < cog; co++) {
+                    float bv = b[g * cog + co];
+                    float *yr = yg + co * P;
+                    for (int64_t q = 0; q < P; q++) yr[q] = bv;
+                }
+                beta = 1.0f;
+            }
+            port__gemm(0, 0, cog, P, K, 1.0f, w + g * cog * K, K, B, P, beta, yg, P);
+        }
+    }
+}
+
+void port__conv_bwd_in(float *dx, const float *dy, const float *w, const port_conv2d_params *p,
+                       int algo, float *ws) {
+    if (algo == PORT_CONV_DIRECT && port__conv_is_depthwise(p) && !port__conv_is_pointwise(p)) {
+        dw_bwd_in(dx, dy, w, p);
+        return;
+    }
+    int64_t G = p->groups, cig = p->c_in / G, cog = p->c_out / G;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), P = ho * wo;
+    int64_t K = cig * p->kh * p->kw, HW = p->h * p->w;
+    int direct = algo == PORT_CONV_DIRECT;
+    for (int64_t n = 0; n < p->n; n++) {
+        if (!direct) memset(dx + n * p->c_in * HW, 0, (size_t)(p->c_in * HW) * sizeof(float));
+        for (int64_t g = 0; g < G; g++) {
+            float *dxg = dx + (n * p->c_in + g * cig) * HW;
+            const float *dyg = dy + (n * p->c_out + g * cog) * P;
+            if (direct) {
+                port__gemm(1, 0, K, P, cog, 1.0f, w + g * cog * K, K, dyg, P, 0.0f, dxg, P);
+            } else {
+                port__gemm(1, 0, K, P, cog, 1.0f, w + g * cog * K, K, dyg, P, 0.0f, ws, P);
+                port__col2im_tile(dxg, ws, cig, p->h, p->w, p->kh, p->kw, p->stride_h,
+                                  p->stride_w, p->pad_h, p->pad_w, 0, ho, 0, wo);
+            }
+        }
+    }
+}
+
+void port__conv_bwd_w(float *dw, float *db, const float *dy, const float *x,
+                      const port_conv2d_params *p, int algo, float *ws) {
+    if (algo == PORT_CONV_DIRECT && port__conv_is_depthwise(p) && !port__conv_is_pointwise(p)) {
+        dw_bwd_w(dw, db, dy, x, p);
+        return;
+    }
+    int64_t G = p->groups, cig = p->c_in / G, cog = p->c_out / G;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), P = ho * wo;
+    int64_t K = cig * p->kh * p->kw, HW = p->h * p->w;
+    int direct = algo == PORT_CONV_DIRECT;
+    for (int64_t n = 0; n < p->n; n++) {
+        for (int64_t g = 0; g < G; g++) {
+            const float *xg = x + (n * p->c_in + g * cig) * HW;
+            const float *dyg = dy + (n * p->c_out + g * cog) * P;
+            const float *B = xg;
+            if (!direct) {
+                port__im2col_tile(ws, xg, cig, p->h, p->w, p->kh, p->kw, p->stride_h,
+                                  p->stride_w, p->pad_h, p->pad_w, 0, ho, 0, wo);
+                B = ws;
+            }
+            port__gemm(0, 1, cog, K, P, 1.0f, dyg, P, B, P, 1.0f, dw + g * cog * K, K);
+        }
+    }
+    if (db) bias_grad(db, dy, p->n, p->c_out, P);
+}
+
+/* ---------------- public whole-tensor API ---------------- */
+static size_t conv_wbytes(const port_conv2d_params *p) {
+    return (size_t)(p->c_out * (p->c_in / p->groups) * p->kh * p->kw) * sizeof(float);
+}
+static size_t conv_xbytes(const port_conv2d_params *p) {
+    return (size_t)(p->n * p->c_in * p->h * p->w) * sizeof(float);
+}
+static size_t conv_ybytes(const port_conv2d_params *p) {
+    return (size_t)(p->n * p->c_out * port_conv2d_out_h(p) * port_conv2d_out_w(p)) *
+           sizeof(float);
+}
+
+port_status port_conv2d_forward(float *y, const float *x, const float *w, const float *b,
+                                const port_conv2d_params *p, int algo, void *ws,
+                                size_t ws_bytes) {
+    port_status st = port__conv_validate(p, &algo, ws, ws_bytes);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(y); PORT_NOTNULL(x); PORT_NOTNULL(w);
+    size_t yb = conv_ybytes(p);
+    PORT_CHECK(!port__ranges_overlap(y, yb, x, conv_xbytes(p)) &&
+                   !port__ranges_overlap(y, yb, w, conv_wbytes(p)) &&
+                   !port__ranges_overlap(y, yb, b, (size_t)p->c_out * sizeof(float)) &&
+                   !port__ranges_overlap(y, yb, ws, ws_bytes),
+               PORT_ERR_ALIAS);
+    port__conv_fwd(y, x, w, b, p, algo, (float *)ws);
+    return PORT_OK;
+}
+
+port_status port_conv2d_backward_input(float *dx, const float *dy, const float *w,
+                                       const port_conv2d_params *p, int algo, void *ws,
+                                       size_t ws_bytes) {
+    port_status st = port__conv_validate(p, &algo, ws, ws_bytes);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(dx); PORT_NOTNULL(dy); PORT_NOTNULL(w);
+    size_t xb = conv_xbytes(p);
+    PORT_CHECK(!port__ranges_overlap(dx, xb, dy, conv_ybytes(p)) &&
+                   !port__ranges_overlap(dx, xb, w, conv_wbytes(p)) &&
+                   !port__ranges_overlap(dx, xb, ws, ws_bytes),
+               PORT_ERR_ALIAS);
+    port__conv_bwd_in(dx, dy, w, p, algo, (float *)ws);
+    return PORT_OK;
+}
+
+port_status port_conv2d_backward_weight(float *dw, float *db, const float *dy, const float *x,
+                                        const port_conv2d_params *p, int algo, void *ws,
+                                        size_t ws_bytes) {
+    port_status st = port__conv_validate(p, &algo, ws, ws_bytes);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(dw); PORT_NOTNULL(dy); PORT_NOTNULL(x);
+    size_t wb = conv_wbytes(p);
+    PORT_CHECK(!port__ranges_overlap(dw, wb, dy, conv_ybytes(p)) &&
+                   !port__ranges_overlap(dw, wb, x, conv_xbytes(p)) &&
+                   !port__ranges_overlap(dw, wb, ws, ws_bytes) &&
+                   !port__ranges_overlap(dw, wb, db, (size_t)p->c_out * sizeof(float)),
+               PORT_ERR_ALIAS);
+    port__conv_bwd_w(dw, db, dy, x, p, algo, (float *)ws);
+    return PORT_OK;
+}
+
+/* ---------------- patch-based (tiled) conv ---------------- */
+static void tile_dims(const port_conv2d_params *p, int64_t *th, int64_t *tw) {
+    *th = PORT_MIN(*th, port_conv2d_out_h(p));
+    *tw = PORT_MIN(*tw, port_conv2d_out_w(p));
+}
+
+size_t port_conv2d_patch_workspace_bytes(const port_conv2d_params *p, int64_t tile_h,
+                                         int64_t tile_w) {
+    if (port_conv2d_check(p) != PORT_OK || tile_h < 1 || tile_w < 1) return 0;
+    tile_dims(p, &tile_h, &tile_w);
+    int64_t K = p->c_in / p->groups * p->kh * p->kw, T = tile_h * tile_w;
+    /* Full-width tiles are contiguous row bands of y/dy: GEMM reads/writes
+     * them in place (ld = H_out*W_out), so no output-tile buffer is needed. */
+    int64_t tmp = tile_w == port_conv2d_out_w(p) ? 0 : p->c_out / p->groups;
+    return (size_t)((K + tmp) * T) * sizeof(float);
+}
+
+static port_status patch_validate(const port_conv2d_params *p, int64_t *th, int64_t *tw,
+                                  void *ws, size_t ws_bytes) {
+    port_status st = port_conv2d_check(p);
+    if (st != PORT_OK) return st;
+    PORT_CHECK(*th >= 1 && *tw >= 1, PORT_ERR_ARG);
+    size_t need = port_conv2d_patch_workspace_bytes(p, *th, *tw);
+    PORT_CHECK(ws != NULL && ws_bytes >= need, PORT_ERR_WORKSPACE);
+    tile_dims(p, th, tw);
+    return PORT_OK;
+}
+
+port_status port_conv2d_patch_forward(float *y, const float *x, const float *w, const float *b,
+                                      const port_conv2d_params *p, int64_t tile_h,
+                                      int64_t tile_w, void *ws, size_t ws_bytes) {
+    port_status st = patch_validate(p, &tile_h, &tile_w, ws, ws_bytes);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(y); PORT_NOTNULL(x); PORT_NOTNULL(w);
+    size_t yb = conv_ybytes(p);
+    PORT_CHECK(!port__ranges_overlap(y, yb, x, conv_xbytes(p)) &&
+                   !port__ranges_overlap(y, yb, w, conv_wbytes(p)) &&
+                   !port__ranges_overlap(y, yb, ws, ws_bytes),
+               PORT_ERR_ALIAS);
+    int64_t G = p->groups, cig = p->c_in / G, cog = p->c_out / G;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), P = ho * wo;
+    int64_t K = cig * p->kh * p->kw, HW = p->h * p->w;
+    float *cols = (float *)ws;
+    for (int64_t n = 0; n < p->n; n++)
+        for (int64_t g = 0; g < G; g++) {
+            const float *xg = x + (n * p->c_in + g * cig) * HW;
+            float *yg = y + (n * p->c_out + g * cog) * P;
+            for (int64_t oh0 = 0; oh0 < ho; oh0 += tile_h)
+                for (int64_t ow0 = 0; ow0 < wo; ow0 += tile_w) {
+                    int64_t th = PORT_MIN(tile_h, ho - oh0), tw = PORT_MIN(tile_w, wo - ow0);
+                    int64_t T = th * tw;
+                    float *tmp = cols + K * T;
+                    port__im2col_tile(cols, xg, cig, p->h, p->w, p->kh, p->kw, p->stride_h,
+                                      p->stride_w, p->pad_h, p->pad_w, oh0, th, ow0, tw);
+                    if (tw == wo) { /* band of full rows: write y directly */
+                        float *yb = yg + oh0 * wo, beta = 0.0f;
+                        if (b) {
+                            for (int64_t co = 0; co < cog; co++)
+                                for (int64_t q = 0; q < T; q++) yb[co * P + q] = b[g * cog + co];
+                            beta = 1.0f;
+                        }
+                        port__gemm(0, 0, cog, T, K, 1.0f, w + g * cog * K, K, cols, T, beta, yb, P);
+                        continue;
+                    }
+                    port__gemm(0, 0, cog, T, K, 1.0f, w + g * cog * K, K, cols, T, 0.0f, tmp, T);
+                    for (int64_t co = 0; co < cog; co++) {
+                        float bv = b ? b[g * cog + co] : 0.0f;
+                        for (int64_t oy = 0; oy < th; oy++) {
+                            float *yr = yg + co * P + (oh0 + oy) * wo + ow0;
+                            const float *tr = tmp + co * T + oy * tw;
+                            for (int64_t ox = 0; ox < tw; ox++) yr[ox] = tr[ox] + bv;
+                        }
+                    }
+                }
+        }
+    return PORT_OK;
+}
+
+static void gather_tile(float *tmp, const float *src, int64_t cog, int64_t P, int64_t wo,
+                        int64_t oh0, int64_t th, int64_t ow0, int64_t tw) {
+    for (int64_t co = 0; co < cog; co++)
+        for (int64_t oy = 0; oy < th; oy++)
+            memcpy(tmp + co * th * tw + oy * tw, src + co * P + (oh0 + oy) * wo + ow0,
+                   (size_t)tw * sizeof(float));
+}
+
+port_status port_conv2d_patch_backward_input(float *dx, const float *dy, const float *w,
+                                             const port_conv2d_params *p, int64_t tile_h,
+                                             int64_t tile_w, void *ws, size_t ws_bytes) {
+    port_status st = patch_validate(p, &tile_h, &tile_w, ws, ws_bytes);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(dx); PORT_NOTNULL(dy); PORT_NOTNULL(w);
+    size_t xb = conv_xbytes(p);
+    PORT_CHECK(!port__ranges_overlap(dx, xb, dy, conv_ybytes(p)) &&
+                   !port__ranges_overlap(dx, xb, w, conv_wbytes(p)) &&
+                   !port__ranges_overlap(dx, xb, ws, ws_bytes),
+               PORT_ERR_ALIAS);
+    int64_t G = p->groups, cig = p->c_in / G, cog = p->c_out / G;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), P = ho * wo;
+    int64_t K = cig * p->kh * p->kw, HW = p->h * p->w;
+    float *cols = (float *)ws;
+    memset(dx, 0, xb);
+    for (int64_t n = 0; n < p->n; n++)
+        for (int64_t g = 0; g < G; g++) {
+            float *dxg = dx + (n * p->c_in + g * cig) * HW;
+            const float *dyg = dy + (n * p->c_out + g * cog) * P;
+            for (int64_t oh0 = 0; oh0 < ho; oh0 += tile_h)
+                for (int64_t ow0 = 0; ow0 < wo; ow0 += tile_w) {
+                    int64_t th = PORT_MIN(tile_h, ho - oh0), tw = PORT_MIN(tile_w, wo - ow0);
+                    int64_t T = th * tw;
+                    float *tmp = cols + K * T;
+                    const float *dyt = dyg + oh0 * wo;
+                    int64_t ld = P;
+                    if (tw != wo) {
+                        gather_tile(tmp, dyg, cog, P, wo, oh0, th, ow0, tw);
+                        dyt = tmp;
+                        ld = T;
+                    }
+                    port__gemm(1, 0, K, T, cog, 1.0f, w + g * cog * K, K, dyt, ld, 0.0f, cols, T);
+                    port__col2im_tile(dxg, cols, cig, p->h, p->w, p->kh, p->kw, p->stride_h,
+                                      p->stride_w, p->pad_h, p->pad_w, oh0, th, ow0, tw);
+                }
+        }
+    return PORT_OK;
+}
+
+port_status port_conv2d_patch_backward_weight(float *dw, float *db, const float *dy,
+                                              const float *x, const port_conv2d_params *p,
+                                              int64_t tile_h, int64_t tile_w, void *ws,
+                                              size_t ws_bytes) {
+    port_status st = patch_validate(p, &tile_h, &tile_w, ws, ws_bytes);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(dw); PORT_NOTNULL(dy); PORT_NOTNULL(x);
+    size_t wb = conv_wbytes(p);
+    PORT_CHECK(!port__ranges_overlap(dw, wb, dy, conv_ybytes(p)) &&
+                   !port__ranges_overlap(dw, wb, x, conv_xbytes(p)) &&
+                   !port__ranges_overlap(dw, wb, ws, ws_bytes) &&
+                   !port__ranges_overlap(dw, wb, db, (size_t)p->c_out * sizeof(float)),
+               PORT_ERR_ALIAS);
+    int64_t G = p->groups, cig = p->c_in / G, cog = p->c_out / G;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), P = ho * wo;
+    int64_t K = cig * p->kh * p->kw, HW = p->h * p->w;
+    float *cols = (float *)ws;
+    for (int64_t n = 0; n < p->n; n++)
+        for (int64_t g = 0; g < G; g++) {
+            const float *xg = x + (n * p->c_in + g * cig) * HW;
+            const float *dyg = dy + (n * p->c_out + g * cog) * P;
+            for (int64_t oh0 = 0; oh0 < ho; oh0 += tile_h)
+                for (int64_t ow0 = 0; ow0 < wo; ow0 += tile_w) {
+                    int64_t th = PORT_MIN(tile_h, ho - oh0), tw = PORT_MIN(tile_w, wo - ow0);
+                    int64_t T = th * tw;
+                    float *tmp = cols + K * T;
+                    const float *dyt = dyg + oh0 * wo;
+                    int64_t ld = P;
+                    if (tw != wo) {
+                        gather_tile(tmp, dyg, cog, P, wo, oh0, th, ow0, tw);
+                        dyt = tmp;
+                        ld = T;
+                    }
+                    port__im2col_tile(cols, xg, cig, p->h, p->w, p->kh, p->kw, p->stride_h,
+                                      p->stride_w, p->pad_h, p->pad_w, oh0, th, ow0, tw);
+                    port__gemm(0, 1, cog, K, T, 1.0f, dyt, ld, cols, T, 1.0f, dw + g * cog * K, K);
+                }
+        }
+    if (db) bias_grad(db, dy, p->n, p->c_out, P);
+    return PORT_OK;
+}

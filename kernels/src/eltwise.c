@@ -1,0 +1,121 @@
+/* Element-wise kernels: relu, relu6, hardswish, add, accumulate, dropout. */
+#include "internal.h"
+
+#define ELT_CHECK(out, in, count) \
+    PORT_NOTNULL(out);            \
+    PORT_NOTNULL(in);             \
+    PORT_CHECK((count) >= 0, PORT_ERR_SHAPE)
+
+/* Small counts run a plain loop: entering an OpenMP region (even with a
+ * false if-clause) costs more than the whole kernel on tiny tensors. */
+#define ELT_LOOP(body)                                                     \
+    do {                                                                   \
+        if (count > PORT_PAR_MIN) {                                        \
+            _Pragma("omp parallel for simd schedule(static)")              \
+            for (int64_t i = 0; i < count; i++) { body }                   \
+        } else {                                                           \
+            _Pragma("omp simd")                                            \
+            for (int64_t i = 0; i < count; i++) { body }                   \
+        }                                                                  \
+    } while (0)
+
+port_status port_relu_forward(float *y, const float *x, int64_t count) {
+    ELT_CHECK(y, x, count);
+    ELT_LOOP(y[i] = x[i] > 0.0f ? x[i] : 0.0f;);
+    return PORT_OK;
+}
+
+port_status port_relu_backward(float *dx, const float *dy, const float *y, int64_t count) {
+    ELT_CHECK(dx, dy, count);
+    PORT_NOTNULL(y);
+    ELT_LOOP(dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;);
+    return PORT_OK;
+}
+
+port_status port_relu6_forward(float *y, const float *x, int64_t count) {
+    ELT_CHECK(y, x, count);
+    ELT_LOOP(
+        float v = x[i] > 0.0f ? x[i] : 0.0f;
+        y[i] = v < 6.0f ? v : 6.0f;
+    );
+    return PORT_OK;
+}
+
+port_status port_relu6_backward(float *dx, const float *dy, const float *y, int64_t count) {
+    ELT_CHECK(dx, dy, count);
+    PORT_NOTNULL(y);
+    ELT_LOOP(dx[i] = (y[i] > 0.0f && y[i] < 6.0f) ? dy[i] : 0.0f;);
+    return PORT_OK;
+}
+
+port_status port_hardswish_forward(float *y, const float *x, int64_t count) {
+    ELT_CHECK(y, x, count);
+    PORT_CHECK(y != x, PORT_ERR_ALIAS);
+    ELT_LOOP(
+        float v = x[i] + 3.0f;
+        v = v > 0.0f ? v : 0.0f;
+        v = v < 6.0f ? v : 6.0f;
+        y[i] = x[i] * v / 6.0f;
+    );
+    return PORT_OK;
+}
+
+port_status port_hardswish_backward(float *dx, const float *dy, const float *x, int64_t count) {
+    ELT_CHECK(dx, dy, count);
+    PORT_NOTNULL(x);
+    ELT_LOOP(
+        float v = x[i];
+        /* same boundaries as PyTorch: 0 for x <= -3, dy for x >= 3 */
+        dx[i] = v <= -3.0f ? 0.0f : (v < 3.0f ? dy[i] * (v / 3.0f + 0.5f) : dy[i]);
+    );
+    return PORT_OK;
+}
+
+port_status port_add(float *y, const float *a, const float *b, int64_t count) {
+    ELT_CHECK(y, a, count);
+    PORT_NOTNULL(b);
+    ELT_LOOP(y[i] = a[i] + b[i];);
+    return PORT_OK;
+}
+
+port_status port_accumulate(float *a, const float *b, int64_t count) {
+    ELT_CHECK(a, b, count);
+    ELT_LOOP(a[i] += b[i];);
+    return PORT_OK;
+}
+
+/* Counter-based RNG: splitmix64 finaliser of (seed, index). */
+static inline uint64_t mix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+port_status port_dropout_forward(float *y, uint8_t *mask, const float *x, int64_t count, float p,
+                                 uint64_t seed) {
+    ELT_CHECK(y, x, count);
+    PORT_NOTNULL(mask);
+    PORT_CHECK(p >= 0.0f && p < 1.0f, PORT_ERR_ARG);
+    float scale = (float)(1.0 / (1.0 - (double)p));
+    uint64_t s = mix64(seed);
+#pragma omp parallel for schedule(static) if (count > PORT_PAR_MIN)
+    for (int64_t i = 0; i < count; i++) {
+        uint64_t h = mix64(s ^ mix64((uint64_t)i));
+        float u = (float)(h >> 40) * (1.0f / 16777216.0f); /* [0,1), 24 bits */
+        uint8_t keep = u >= p;
+        mask[i] = keep;
+        y[i] = keep ? x[i] * scale : 0.0f;
+    }
+    return PORT_OK;
+}
+
+port_status port_dropout_backward(float *dx, const float *dy, const uint8_t *mask,
+                                  int64_t count, float p) {
+    ELT_CHECK(dx, dy, count);
+    PORT_NOTNULL(mask);
+    PORT_CHECK(p >= 0.0f && p < 1.0f, PORT_ERR_ARG);
+    float scale = (float)(1.0 / (1.0 - (double)p));
+    ELT_LOOP(dx[i] = mask[i] ? dy[i] * scale : 0.0f;);
+    return PORT_OK;
+}

@@ -1,0 +1,291 @@
+/* Batch norm 2d: training (batch stats) and frozen (running stats). */
+#include "internal.h"
+#include <math.h>
+
+static port_status bn_check(const port_batchnorm_params *p) {
+    PORT_NOTNULL(p);
+    PORT_CHECK(p->n > 0 && p->c > 0 && p->h > 0 && p->w > 0, PORT_ERR_SHAPE);
+    PORT_CHECK(p->eps > 0.0f && isfinite(p->eps), PORT_ERR_ARG);
+    PORT_CHECK(p->momentum >= 0.0f && p->momentum <= 1.0f, PORT_ERR_ARG);
+    return PORT_OK;
+}
+
+void port__bn_train_forward(float *y, float *save_mean, float *save_invstd, float *running_mean,
+                            float *running_var, const float *x, const float *gamma,
+                            const float *beta, int64_t n, int64_t c, int64_t hw, float eps,
+                            float momentum, int relu) {
+    int64_t M = n * hw;
+#pragma omp parallel for schedule(static) if (M * c > PORT_PAR_MIN)
+    for (int64_t ch = 0; ch < c; ch++) {
+        double s = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *xp = x + (i * c + ch) * hw;
+            float fs = 0.0f;
+            for (int64_t q = 0; q < hw; q++) fs += xp[q];
+            s += fs;
+        }
+        double mean = s / (double)M;
+        float fm = (float)mean;
+        double v = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *xp = x + (i * c + ch) * hw;
+            float fv = 0.0f;
+            for (int64_t q = 0; q < hw; q++) {
+                float d = xp[q] - fm;
+                fv += d * d;
+            }
+            v += fv;
+        }
+        double var = v / (double)M;
+        float invstd = (float)(1.0 / sqrt(var + (double)eps));
+        save_mean[ch] = fm;
+        save_invstd[ch] = invstd;
+        if (running_mean)
+            running_mean[ch] = (1.0f - momentum) * running_mean[ch] + momentum * fm;
+        if (running_var)
+            running_var[ch] = (1.0f - momentum) * running_var[ch] +
+                              momentum * (float)(var * (double)M / (double)(M - 1));
+        float g = gamma ? gamma[ch] : 1.0f, b = beta ? beta[ch] : 0.0f;
+        float scale = g * invstd;
+        for (int64_t i = 0; i < n; i++) {
+            const float *xp = x + (i * c + ch) * hw;
+            float *yp = y + (i * c + ch) * hw;
+            if (relu) {
+                for (int64_t q = 0; q < hw; q++) {
+                    float t = (xp[q] - fm) * scale + b;
+                    yp[q] = t > 0.0f ? t : 0.0f;
+                }
+            } else {
+                for (int64_t q = 0; q < hw; q++) yp[q] = (xp[q] - fm) * scale + b;
+            }
+        }
+    }
+}
+
+void port__bn_train_backward(float *dx, float *dgamma, float *dbeta, const float *dy,
+                             const float *x, const float *gamma, const float *beta,
+                             const float *mean, const float *invstd, int64_t n, int64_t c,
+                             int64_t hw, int relu) {
+    int64_t M = n * hw;
+#pragma omp parallel for schedule(static) if (M * c > PORT_PAR_MIN)
+    for (int64_t ch = 0; ch < c; ch++) {
+        float m = mean[ch], is = invstd[ch];
+        float g = gamma ? gamma[ch] : 1.0f, b = beta ? beta[ch] : 0.0f;
+        double sdy = 0.0, sdyx = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *xp = x + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
+            float a = 0.0f, bb = 0.0f;
+            if (relu) {
+                for (int64_t q = 0; q < hw; q++) {
+                    float xh = (xp[q] - m) * is;
+                    float d = (xh * g + b) > 0.0f ? dp[q] : 0.0f;
+                    a += d;
+                    bb += d * xh;
+                }
+            } else {
+                for (int64_t q = 0; q < hw; q++) {
+                    a += dp[q];
+                    bb += dp[q] * (xp[q] - m) * is;
+                }
+            }
+            sdy += a;
+            sdyx += bb;
+        }
+        if (dgamma) dgamma[ch] += (float)sdyx;
+        if (dbeta) dbeta[ch] += (float)sdy;
+        if (!dx) continue;
+        float k = g * is, mdy = (float)(sdy / (double)M), mdyx = (float)(sdyx / (double)M);
+        for (int64_t i = 0; i < n; i++) {
+            const float *xp = x + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
+            float *dxp = dx + (i * c + ch) * hw;
+            for (int64_t q = 0; q < hw; q++) {
+                float xh = (xp[q] - m) * is;
+                float d = dp[q];
+                if (relu && !((xh * g + b) > 0.0f)) d = 0.0f;
+                dxp[q] = k * (d - mdy - xh * mdyx);
+            }
+        }
+    }
+}
+
+port_status port_batchnorm2d_forward_train(float *y, float *save_mean, float *save_invstd,
+                                           float *running_mean, float *running_var,
+                                           const float *x, const float *gamma, const float *beta,
+                                           const port_batchnorm_params *p) {
+    port_status st = bn_check(p);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(y); PORT_NOTNULL(x); PORT_NOTNULL(save_mean); PORT_NOTNULL(save_invstd);
+    PORT_CHECK(p->n * p->h * p->w > 1, PORT_ERR_SHAPE); /* like PyTorch */
+    port__bn_train_forward(y, save_mean, save_invstd, running_mean, running_var, x, gamma, beta,
+                           p->n, p->c, p->h * p->w, p->eps, p->momentum, 0);
+    return PORT_OK;
+}
+
+port_status port_batchnorm2d_forward_eval(float *y, const float *x, const float *gamma,
+                                          const float *beta, const float *running_mean,
+                                          const float *running_var,
+                                          const port_batchnorm_params *p) {
+    port_status st = bn_check(p);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(y); PORT_NOTNULL(x); PORT_NOTNULL(running_mean); PORT_NOTNULL(running_var);
+    int64_t n = p->n, c = p->c, hw = p->h * p->w;
+#pragma omp parallel for schedule(static) if (n * c * hw > PORT_PAR_MIN)
+    for (int64_t nc = 0; nc < n * c; nc++) {
+        int64_t ch = nc % c;
+        float is = (float)(1.0 / sqrt((double)running_var[ch] + (double)p->eps));
+        float scale = (gamma ? gamma[ch] : 1.0f) * is, m = running_mean[ch];
+        float b = beta ? beta[ch] : 0.0f;
+        const float *xp = x + nc * hw;
+        float *yp = y + nc * hw;
+        for (int64_t q = 0; q < hw; q++) yp[q] = (xp[q] - m) * scale + b;
+    }
+    return PORT_OK;
+}
+
+port_status port_batchnorm2d_backward_input(float *dx, const float *dy, const float *x,
+                                            const float *gamma, const float *save_mean,
+                                            const float *save_invstd,
+                                            const port_batchnorm_params *p) {
+    port_status st = bn_check(p);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(dx); PORT_NOTNULL(dy); PORT_NOTNULL(x); PORT_NOTNULL(save_mean);
+    PORT_NOTNULL(save_invstd);
+    PORT_CHECK(dx != x, PORT_ERR_ALIAS);
+    port__bn_train_backward(dx, NULL, NULL, dy, x, gamma, NULL, save_mean, save_invstd, p->n,
+                            p->c, p->h * p->w, 0);
+    return PORT_OK;
+}
+
+port_status port_batchnorm2d_backward_weight(float *dgamma, float *dbeta, const float *dy,
+                                             const float *x, const float *save_mean,
+                                             const float *save_invstd,
+                                             const port_batchnorm_params *p) {
+    port_status st = bn_check(p);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(dy); PORT_NOTNULL(x); PORT_NOTNULL(save_mean); PORT_NOTNULL(save_invstd);
+    if (!dgamma && !dbeta) return PORT_OK;
+    port__bn_train_backward(NULL, dgamma, dbeta, dy, x, NULL, NULL, save_mean, save_invstd, p->n,
+                            p->c, p->h * p->w, 0);
+    return PORT_OK;
+}
+
+static port_status check_gamma_nonzero(const float *gamma, int64_t c) {
+    PORT_NOTNULL(gamma);
+    for (int64_t i = 0; i < c; i++) PORT_CHECK(gamma[i] != 0.0f, PORT_ERR_ARG);
+    return PORT_OK;
+}
+
+port_status port_batchnorm2d_backward_input_from_output(float *dx, const float *dy,
+                                                        const float *y, const float *gamma,
+                                                        const float *beta,
+                                                        const float *save_invstd,
+                                                        const port_batchnorm_params *p) {
+    port_status st = bn_check(p);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(dx); PORT_NOTNULL(dy); PORT_NOTNULL(y); PORT_NOTNULL(beta);
+    PORT_NOTNULL(save_invstd);
+    st = check_gamma_nonzero(gamma, p->c);
+    if (st != PORT_OK) return st;
+    PORT_CHECK(dx != y, PORT_ERR_ALIAS);
+    int64_t n = p->n, c = p->c, hw = p->h * p->w, M = n * hw;
+#pragma omp parallel for schedule(static) if (M * c > PORT_PAR_MIN)
+    for (int64_t ch = 0; ch < c; ch++) {
+        float g = gamma[ch], b = beta[ch], rg = 1.0f / g, is = save_invstd[ch];
+        double sdy = 0.0, sdyx = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *yp = y + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
+            float a = 0.0f, bb = 0.0f;
+            for (int64_t q = 0; q < hw; q++) {
+                a += dp[q];
+                bb += dp[q] * ((yp[q] - b) * rg);
+            }
+            sdy += a;
+            sdyx += bb;
+        }
+        float k = g * is, mdy = (float)(sdy / (double)M), mdyx = (float)(sdyx / (double)M);
+        for (int64_t i = 0; i < n; i++) {
+            const float *yp = y + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
+            float *dxp = dx + (i * c + ch) * hw;
+            for (int64_t q = 0; q < hw; q++) dxp[q] = k * (dp[q] - mdy - ((yp[q] - b) * rg) * mdyx);
+        }
+    }
+    return PORT_OK;
+}
+
+port_status port_batchnorm2d_backward_weight_from_output(float *dgamma, float *dbeta,
+                                                         const float *dy, const float *y,
+                                                         const float *gamma, const float *beta,
+                                                         const port_batchnorm_params *p) {
+    port_status st = bn_check(p);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(dy); PORT_NOTNULL(y); PORT_NOTNULL(beta);
+    st = check_gamma_nonzero(gamma, p->c);
+    if (st != PORT_OK) return st;
+    int64_t n = p->n, c = p->c, hw = p->h * p->w;
+#pragma omp parallel for schedule(static) if (n * hw * c > PORT_PAR_MIN)
+    for (int64_t ch = 0; ch < c; ch++) {
+        float b = beta[ch], rg = 1.0f / gamma[ch];
+        double sdy = 0.0, sdyx = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *yp = y + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
+            float a = 0.0f, bb = 0.0f;
+            for (int64_t q = 0; q < hw; q++) {
+                a += dp[q];
+                bb += dp[q] * ((yp[q] - b) * rg);
+            }
+            sdy += a;
+            sdyx += bb;
+        }
+        if (dgamma) dgamma[ch] += (float)sdyx;
+        if (dbeta) dbeta[ch] += (float)sdy;
+    }
+    return PORT_OK;
+}
+
+port_status port_batchnorm2d_backward_input_eval(float *dx, const float *dy, const float *gamma,
+                                                 const float *running_var,
+                                                 const port_batchnorm_params *p) {
+    port_status st = bn_check(p);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(dx); PORT_NOTNULL(dy); PORT_NOTNULL(running_var);
+    int64_t n = p->n, c = p->c, hw = p->h * p->w;
+#pragma omp parallel for schedule(static) if (n * c * hw > PORT_PAR_MIN)
+    for (int64_t nc = 0; nc < n * c; nc++) {
+        int64_t ch = nc % c;
+        float k = (gamma ? gamma[ch] : 1.0f) *
+                  (float)(1.0 / sqrt((double)running_var[ch] + (double)p->eps));
+        const float *dp = dy + nc * hw;
+        float *dxp = dx + nc * hw;
+        for (int64_t q = 0; q < hw; q++) dxp[q] = dp[q] * k;
+    }
+    return PORT_OK;
+}
+
+port_status port_batchnorm2d_backward_weight_eval(float *dgamma, float *dbeta, const float *dy,
+                                                  const float *x, const float *running_mean,
+                                                  const float *running_var,
+                                                  const port_batchnorm_params *p) {
+    port_status st = bn_check(p);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(dy); PORT_NOTNULL(x); PORT_NOTNULL(running_mean); PORT_NOTNULL(running_var);
+    int64_t n = p->n, c = p->c, hw = p->h * p->w;
+#pragma omp parallel for schedule(static) if (n * hw * c > PORT_PAR_MIN)
+    for (int64_t ch = 0; ch < c; ch++) {
+        float m = running_mean[ch];
+        float is = (float)(1.0 / sqrt((double)running_var[ch] + (double)p->eps));
+        double sdy = 0.0, sdyx = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *xp = x + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
+            float a = 0.0f, bb = 0.0f;
+            for (int64_t q = 0; q < hw; q++) {
+                a += dp[q];
+                bb += dp[q] * (xp[q] - m) * is;
+            }
+            sdy += a;
+            sdyx += bb;
+        }
+        if (dgamma) dgamma[ch] += (float)sdyx;
+        if (dbeta) dbeta[ch] += (float)sdy;
+    }
+    return PORT_OK;
+}

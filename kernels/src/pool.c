@@ -1,0 +1,163 @@
+/* Pooling: max (with int64 indices), average (count_include_pad), global avg. */
+#include "internal.h"
+#include <math.h>
+
+int64_t port_pool2d_out_h(const port_pool2d_params *p) {
+    if (!p || p->stride_h < 1) return -1;
+    return (p->h + 2 * p->pad_h - p->kh) / p->stride_h + 1;
+}
+int64_t port_pool2d_out_w(const port_pool2d_params *p) {
+    if (!p || p->stride_w < 1) return -1;
+    return (p->w + 2 * p->pad_w - p->kw) / p->stride_w + 1;
+}
+
+static port_status pool_check(const port_pool2d_params *p) {
+    PORT_NOTNULL(p);
+    PORT_CHECK(p->n > 0 && p->c > 0 && p->h > 0 && p->w > 0 && p->kh > 0 && p->kw > 0,
+               PORT_ERR_SHAPE);
+    PORT_CHECK(p->stride_h > 0 && p->stride_w > 0 && p->pad_h >= 0 && p->pad_w >= 0,
+               PORT_ERR_ARG);
+    /* PyTorch: pad must be at most half the kernel size */
+    PORT_CHECK(2 * p->pad_h <= p->kh && 2 * p->pad_w <= p->kw, PORT_ERR_ARG);
+    PORT_CHECK(p->h + 2 * p->pad_h >= p->kh && p->w + 2 * p->pad_w >= p->kw, PORT_ERR_SHAPE);
+    return PORT_OK;
+}
+
+port_status port_maxpool2d_forward(float *y, int64_t *indices, const float *x,
+                                   const port_pool2d_params *p) {
+    port_status st = pool_check(p);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(y); PORT_NOTNULL(indices); PORT_NOTNULL(x);
+    int64_t H = p->h, W = p->w, ho = port_pool2d_out_h(p), wo = port_pool2d_out_w(p);
+#pragma omp parallel for schedule(static) if (p->n * p->c * ho * wo * p->kh * p->kw > PORT_PAR_MIN)
+    for (int64_t nc = 0; nc < p->n * p->c; nc++) {
+        const float *xp = x + nc * H * W;
+        float *yp = y + nc * ho * wo;
+        int64_t *ip = indices + nc * ho * wo;
+        for (int64_t oh = 0; oh < ho; oh++) {
+            int64_t h0 = oh * p->stride_h - p->pad_h;
+            int64_t hs = PORT_MAX(h0, 0), he = PORT_MIN(h0 + p->kh, H);
+            for (int64_t ow = 0; ow < wo; ow++) {
+                int64_t w0 = ow * p->stride_w - p->pad_w;
+                int64_t ws = PORT_MAX(w0, 0), we = PORT_MIN(w0 + p->kw, W);
+                float best = -INFINITY;
+                int64_t bi = hs * W + ws;
+                for (int64_t ih = hs; ih < he; ih++)
+                    for (int64_t iw = ws; iw < we; iw++) {
+                        float v = xp[ih * W + iw];
+                        if (v > best || isnan(v)) {
+                            best = v;
+                            bi = ih * W + iw;
+                            if (isnan(v)) goto done;
+                        }
+                    }
+            done:
+                yp[oh * wo + ow] = best;
+                ip[oh * wo + ow] = bi;
+            }
+        }
+    }
+    return PORT_OK;
+}
+
+port_status port_maxpool2d_backward_input(float *dx, const float *dy, const int64_t *indices,
+                                          const port_pool2d_params *p) {
+    port_status st = pool_check(p);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(dx); PORT_NOTNULL(dy); PORT_NOTNULL(indices);
+    int64_t HW = p->h * p->w, P = port_pool2d_out_h(p) * port_pool2d_out_w(p);
+    int bad = 0;
+#pragma omp parallel for schedule(static) if (p->n * p->c * HW > PORT_PAR_MIN) reduction(|: bad)
+    for (int64_t nc = 0; nc < p->n * p->c; nc++) {
+        float *dxp = dx + nc * HW;
+        const float *dyp = dy + nc * P;
+        const int64_t *ip = indices + nc * P;
+        memset(dxp, 0, (size_t)HW * sizeof(float));
+        for (int64_t q = 0; q < P; q++) {
+            int64_t i = ip[q];
+            if (i < 0 || i >= HW) { bad = 1; continue; }
+            dxp[i] += dyp[q];
+        }
+    }
+    return bad ? PORT_ERR_ARG : PORT_OK;
+}
+
+port_status port_avgpool2d_forward(float *y, const float *x, const port_pool2d_params *p) {
+    port_status st = pool_check(p);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(y); PORT_NOTNULL(x);
+    int64_t H = p->h, W = p->w, ho = port_pool2d_out_h(p), wo = port_pool2d_out_w(p);
+    float inv = 1.0f / (float)(p->kh * p->kw);
+#pragma omp parallel for schedule(static) if (p->n * p->c * ho * wo * p->kh * p->kw > PORT_PAR_MIN)
+    for (int64_t nc = 0; nc < p->n * p->c; nc++) {
+        const float *xp = x + nc * H * W;
+        float *yp = y + nc * ho * wo;
+        for (int64_t oh = 0; oh < ho; oh++) {
+            int64_t h0 = oh * p->stride_h - p->pad_h;
+            int64_t hs = PORT_MAX(h0, 0), he = PORT_MIN(h0 + p->kh, H);
+            for (int64_t ow = 0; ow < wo; ow++) {
+                int64_t w0 = ow * p->stride_w - p->pad_w;
+                int64_t ws = PORT_MAX(w0, 0), we = PORT_MIN(w0 + p->kw, W);
+                float s = 0.0f;
+                for (int64_t ih = hs; ih < he; ih++)
+                    for (int64_t iw = ws; iw < we; iw++) s += xp[ih * W + iw];
+                yp[oh * wo + ow] = s * inv;
+            }
+        }
+    }
+    return PORT_OK;
+}
+
+port_status port_avgpool2d_backward_input(float *dx, const float *dy,
+                                          const port_pool2d_params *p) {
+    port_status st = pool_check(p);
+    if (st != PORT_OK) return st;
+    PORT_NOTNULL(dx); PORT_NOTNULL(dy);
+    int64_t H = p->h, W = p->w, ho = port_pool2d_out_h(p), wo = port_pool2d_out_w(p);
+    float inv = 1.0f / (float)(p->kh * p->kw);
+#pragma omp parallel for schedule(static) if (p->n * p->c * ho * wo * p->kh * p->kw > PORT_PAR_MIN)
+    for (int64_t nc = 0; nc < p->n * p->c; nc++) {
+        float *dxp = dx + nc * H * W;
+        const float *dyp = dy + nc * ho * wo;
+        memset(dxp, 0, (size_t)(H * W) * sizeof(float));
+        for (int64_t oh = 0; oh < ho; oh++) {
+            int64_t h0 = oh * p->stride_h - p->pad_h;
+            int64_t hs = PORT_MAX(h0, 0), he = PORT_MIN(h0 + p->kh, H);
+            for (int64_t ow = 0; ow < wo; ow++) {
+                int64_t w0 = ow * p->stride_w - p->pad_w;
+                int64_t ws = PORT_MAX(w0, 0), we = PORT_MIN(w0 + p->kw, W);
+                float g = dyp[oh * wo + ow] * inv;
+                for (int64_t ih = hs; ih < he; ih++)
+                    for (int64_t iw = ws; iw < we; iw++) dxp[ih * W + iw] += g;
+            }
+        }
+    }
+    return PORT_OK;
+}
+
+port_status port_global_avgpool_forward(float *y, const float *x, int64_t n, int64_t c,
+                                        int64_t hw) {
+    PORT_NOTNULL(y); PORT_NOTNULL(x);
+    PORT_CHECK(n > 0 && c > 0 && hw > 0, PORT_ERR_SHAPE);
+#pragma omp parallel for schedule(static) if (n * c * hw > PORT_PAR_MIN)
+    for (int64_t nc = 0; nc < n * c; nc++) {
+        const float *xp = x + nc * hw;
+        float s = 0.0f;
+        for (int64_t q = 0; q < hw; q++) s += xp[q];
+        y[nc] = s / (float)hw;
+    }
+    return PORT_OK;
+}
+
+port_status port_global_avgpool_backward_input(float *dx, const float *dy, int64_t n, int64_t c,
+                                               int64_t hw) {
+    PORT_NOTNULL(dx); PORT_NOTNULL(dy);
+    PORT_CHECK(n > 0 && c > 0 && hw > 0, PORT_ERR_SHAPE);
+#pragma omp parallel for schedule(static) if (n * c * hw > PORT_PAR_MIN)
+    for (int64_t nc = 0; nc < n * c; nc++) {
+        float g = dy[nc] / (float)hw;
+        float *dxp = dx + nc * hw;
+        for (int64_t q = 0; q < hw; q++) dxp[q] = g;
+    }
+    return PORT_OK;
+}

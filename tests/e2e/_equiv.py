@@ -1,0 +1,112 @@
+"""Shared helpers: train the same model copy with PORT and with PyTorch eager, compare step by step."""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+import port.models as M
+from port.optim import SGD, AdamW
+from port.trainer import Trainer
+
+RTOL = 1e-4
+TENSOR_RTOL = 1e-2
+
+
+def data(name: str, batch: int, steps: int, seed: int = 0, classes: int = 10):
+    """A few fixed batches (repeated), labels from a random linear teacher: a smooth, learnable problem."""
+    g = torch.Generator().manual_seed(seed)
+    shape = M.INPUT_SHAPES[name]
+    xs = [torch.randn(batch, *shape, generator=g) for _ in range(4)]
+    teacher = torch.randn(int(torch.tensor(shape).prod()), classes, generator=g)
+    ys = [(x.flatten(1) @ teacher).argmax(1) for x in xs]
+    return [(xs[i % 4], ys[i % 4]) for i in range(steps)]
+
+
+def torch_opt(kind: str, params, lr: float):
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-4, foreach=False)
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, foreach=False)
+
+
+def port_opt(kind: str, lr: float):
+    if kind == "sgd":
+        return SGD(lr, momentum=0.9, weight_decay=1e-4)
+    return AdamW(lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float) -> float:
+    """||a - b|| / max(||b||, floor): relative, with a floor so tensors that start at zero (biases) are
+    measured against the scale of the layer's weights rather than their own tiny norm."""
+    return float((a - b).norm() / max(float(b.norm()), floor))
+
+
+def check_weights(sd: dict, rsd: dict, rtol: float = RTOL, tensor_rtol: float = TENSOR_RTOL) -> None:
+    """Final weights: the relative error of all parameters together within ``rtol``, and of every single
+    tensor (parameters and running stats) within ``tensor_rtol``.
+
+    Why two levels: two correct float32 implementations differ by ~1e-7 per op; over 20 steps of a CNN with
+    ~10^6 ReLU inputs per step a few inputs lie within that noise of 0 and flip their mask, which moves a
+    small tensor (a BN bias that started at 0) by ~1e-4..1e-3 relative in one step while the model as a whole
+    stays within ~1e-6. A wrong kernel, a missed update or a wrong hyper-parameter moves the whole model by
+    far more than 1e-4 (tests/e2e/test_trainer_equiv.py::test_comparator_catches_drift proves it)."""
+    keys = [k for k in sd if not k.endswith(("running_mean", "running_var"))]
+    num = sum(float((sd[k] - rsd[k]).pow(2).sum()) for k in keys) ** 0.5
+    den = sum(float(rsd[k].pow(2).sum()) for k in keys) ** 0.5
+    assert num <= rtol * den, f"weights: global relative error {num / den:.3e} > {rtol}"
+    wscale = max(float(v.norm()) for k, v in rsd.items() if k.endswith("weight")) * 1e-2
+    for k, v in sd.items():
+        e = rel_err(v, rsd[k], 1.0 if k.endswith("running_var") else wscale)
+        assert e <= tensor_rtol, f"{k}: relative error {e:.3e} > {tensor_rtol}"
+
+
+def compare(model, batches, opt: str = "sgd", lr: float | None = None, backend: str = "c", micro_batch=None,
+            trainable=None, freeze_torch=None, rtol: float = RTOL, weights: bool = True, plan=None):
+    """Train ``model`` (PORT) and a deep copy (PyTorch eager) on ``batches``; assert every step's loss and the
+    final weights and running stats agree within ``rtol``. ``plan``: run PORT under this Plan (or plan file).
+    Returns (port losses, torch losses, trainer)."""
+    lr = lr if lr is not None else (0.01 if opt == "sgd" else 1e-3)
+    ref = copy.deepcopy(model)
+    tr = Trainer(model, batches[0][0], optimizer=port_opt(opt, lr), backend=backend, micro_batch=micro_batch,
+                 trainable=trainable, plan=plan)
+    if freeze_torch is not None:
+        for n, p in ref.named_parameters():
+            p.requires_grad_(freeze_torch(n))
+    topt = torch_opt(opt, [p for p in ref.parameters() if p.requires_grad], lr)
+    pl, tl = [], []
+    for i, (x, y) in enumerate(batches):
+        lp = tr.step(x, y)
+        topt.zero_grad(set_to_none=True)
+        lt = F.cross_entropy(ref(x), y)
+        lt.backward()
+        topt.step()
+        pl.append(lp)
+        tl.append(float(lt.detach()))
+        assert abs(lp - tl[-1]) <= rtol * abs(tl[-1]) + 1e-6, \
+            f"step {i}: loss {lp} (PORT) vs {tl[-1]} (torch)"
+    if weights:
+        check_weights(tr.state_dict(), ref.state_dict(), rtol)
+    return pl, tl, tr
+
+
+def train_port(model, batches, plan=None, opt: str = "sgd", lr: float = 0.005, **kw):
+    """Train a deep copy of ``model`` with PORT under ``plan``; returns (losses, state_dict, trainer)."""
+    tr = Trainer(copy.deepcopy(model), batches[0][0], optimizer=port_opt(opt, lr), plan=plan, **kw)
+    losses = [tr.step(x, y) for x, y in batches]
+    return losses, tr.state_dict(), tr
+
+
+def assert_same_training(a, b, exact: bool = True, rtol: float = RTOL, weights: bool = True):
+    """Two PORT runs (losses, state_dict, ...) agree: bit for bit when ``exact``, else within ``rtol``."""
+    la, sa = a[0], a[1]
+    lb, sb = b[0], b[1]
+    if exact:
+        assert la == lb, f"losses differ: {la} vs {lb}"
+        for k in sa:
+            assert torch.equal(sa[k], sb[k]), f"{k} differs"
+    else:
+        for i, (x, y) in enumerate(zip(la, lb)):
+            assert abs(x - y) <= rtol * abs(y) + 1e-6, f"step {i}: loss {x} vs {y}"
+        if weights:
+            check_weights(sa, sb, rtol)

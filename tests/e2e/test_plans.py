@@ -1,0 +1,277 @@
+"""The executor runs ANY plan (issue 7): per-op backend and variant, recomputation (explicit recompute_at
+chains), patch variants, in-place batch norm, mixed C/torch backends, early updates. Under every plan the
+training run equals PyTorch's (resnet8: 1e-4; MobileNetV2 with training-mode BN at batch 2: against PORT's
+own keep-everything plan on the same backend, and against PyTorch with the looser float32 tolerance
+documented in test_trainer_equiv.py), and the lowered arena's peak equals port.simulate's prediction for the
+same plan within 2%.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+import port.models as M
+from port.config import load_device
+from port.costmodel import modeled_profile
+from port.errors import PlanError, PortError
+from port.graph import trace
+from port.lower import default_plan, lower, recompute_plan
+from port.program import Program
+from port.simulate import early_update_info, simulate
+from port.trainer import Trainer
+from port import variants as V
+from port.types import OpDecision, PHASE_UPDATE
+from _equiv import assert_same_training, compare, data, train_port
+
+LR = 0.005
+MODELS = {"resnet8": {}, "mobilenetv2": {"dropout": 0.0}}
+# MobileNetV2 steps cost ~10x resnet8's on the shared 2-core CI machine: 4 steps keep the file under 3 min
+STEPS = {"resnet8": 10, "mobilenetv2": 4}
+_KEEP_RUNS: dict = {}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def setup(request):
+    name = request.param
+    model = M.get(name, seed=0, **MODELS[name])
+    batches = data(name, 2, STEPS[name])
+    g = trace(model, batches[0][0], optimizer="sgd_momentum")
+    prof = modeled_profile(g, load_device("host"))
+    return name, model, batches, g, prof
+
+
+def keep_run(setup):
+    """PORT's own keep-everything run (cached per model)."""
+    name, model, batches, g, prof = setup
+    if name not in _KEEP_RUNS:
+        _KEEP_RUNS[name] = train_port(model, batches, keep_plan(g, prof), lr=LR)
+    return _KEEP_RUNS[name]
+
+
+# -- plan builders ------------------------------------------------------------------------------
+def keep_plan(g, prof):
+    """Keep everything, no fusion/in-place: the reference the recompute plans must match bit for bit."""
+    return replace(default_plan(g, "c", fuse=False, inplace=False), profile_digest=prof.digest())
+
+
+def patch_plan(g, prof):
+    ops = []
+    for o, d in zip(g.ops, default_plan(g, "c", fuse=False).ops):
+        legal = V.variants(g, o, "c")
+        ops.append(OpDecision(o.id, "cpu-c", "patch4" if "patch4" in legal else ("patch8" if "patch8" in legal
+                                                                                   else d.variant)))
+    return replace(keep_plan(g, prof), ops=tuple(ops))
+
+
+def mixed_plan(g, prof):
+    """Alternate cpu-c / cpu-torch op by op (in-place activations/adds where legal)."""
+    ops = []
+    for o in g.ops:
+        acc = "cpu-c" if o.id % 2 == 0 else "cpu-torch"
+        legal = V.variants(g, o, "c" if acc == "cpu-c" else "torch-cpu")
+        ops.append(OpDecision(o.id, acc, "inplace" if o.kind in ("relu", "relu6", "add") and "inplace" in legal
+                              else "plain"))
+    return replace(keep_plan(g, prof), ops=tuple(ops))
+
+
+def inplace_bn_plan(g, prof):
+    """Every legal batch norm in place (its backward then runs the *_from_output kernels), honouring
+    variants.inplace_conflicts (the activation after it stays out of place)."""
+    ops = list(keep_plan(g, prof).ops)
+    for o in g.ops:
+        if o.kind == "batch_norm2d" and "inplace" in V.variants(g, o, "c"):
+            ops[o.id] = OpDecision(o.id, "cpu-c", "inplace")
+    return replace(keep_plan(g, prof), ops=tuple(ops))
+
+
+def early_plan(g, base):
+    ups = []
+    for o in g.ops:
+        if o.phase == PHASE_UPDATE:
+            try:
+                early_update_info(g, o.id)
+                ups.append(o.id)
+            except PlanError:
+                pass
+    return replace(base, early_updates=tuple(ups))
+
+
+def _check_peak(plan, g, prof, tol=0.02):
+    sim = simulate(plan, g, prof)
+    prog = lower(g, plan)
+    assert abs(prog.peak_live_bytes - sim.peak_bytes) <= tol * sim.peak_bytes, \
+        f"program peak {prog.peak_live_bytes} vs simulator {sim.peak_bytes}"
+    assert abs(prog.arena_bytes - sim.peak_bytes) <= tol * sim.peak_bytes, \
+        f"arena {prog.arena_bytes} vs simulator {sim.peak_bytes}"
+    return sim, prog
+
+
+# -- equivalence --------------------------------------------------------------------------------
+def test_recompute_plan_bit_exact_and_peak(setup):
+    """Drop most saved activations (conv outputs, BN outputs and statistics, recomputed in chains from the
+    kept activations): verified by the simulator, lowered within 2% of its peak, lower peak than keeping
+    everything, and training is bit-for-bit the keep-everything run (recompute is deterministic, BN
+    re-runs do not touch the running statistics)."""
+    name, model, batches, g, prof = setup
+    keep = keep_plan(g, prof)
+    rc = recompute_plan(g, keep)
+    assert len(rc.recompute) >= 0.5 * len(g.saved_activation_roots()), (len(rc.recompute),
+                                                                         len(g.saved_activation_roots()))
+    assert rc.recompute_at
+    sim_k, prog_k = _check_peak(keep, g, prof)
+    sim_r, prog_r = _check_peak(rc, g, prof)
+    assert sim_r.peak_bytes < sim_k.peak_bytes and prog_r.arena_bytes < prog_k.arena_bytes
+    assert sum(1 for c in prog_r.calls if c.phase == "recompute") == len(rc.recompute_at)
+    a = keep_run(setup)
+    b = train_port(model, batches, rc, lr=LR)
+    assert_same_training(a, b, exact=True)
+
+
+def test_solved_plan_matches(setup):
+    """A plan from port.solve at a tight budget (recompute_at chains + early updates) runs, matches the
+    simulator's peak, and trains like the keep-everything plan."""
+    name, model, batches, g, prof = setup
+    from port.solve import solve
+    keep = keep_plan(g, prof)
+    sim_k = simulate(keep, g, prof)
+    budget = int(sim_k.static_bytes + 0.6 * (sim_k.peak_bytes - sim_k.static_bytes))
+    plan = solve(g, prof, budget, time_limit_s=8 if name == "resnet8" else 3, allow_early_updates=True)
+    assert plan.recompute and plan.early_updates
+    _check_peak(plan, g, prof)
+    a = keep_run(setup)
+    b = train_port(model, batches, plan, lr=LR)
+    # the solver may choose fusion / in-place BN / other variants: same math, other float rounding; for
+    # MobileNetV2 with training-mode BN at batch 2 that rounding grows to ~1e-2 within a few steps (see
+    # test_trainer_equiv.py::test_mobilenetv2_train_bn_close_to_pytorch): its documented 2e-2 bound
+    if name == "resnet8":
+        assert_same_training(a, b, exact=False, rtol=1e-4)
+    else:
+        assert_same_training(a, b, exact=False, rtol=2e-2, weights=False)
+
+
+@pytest.mark.parametrize("kind", ["keep", "recompute", "patch", "mixed", "inplace_bn", "early"])
+def test_plan_matches_pytorch(setup, kind):
+    name, model, batches, g, prof = setup
+    keep = keep_plan(g, prof)
+    plan = {"keep": lambda: keep, "recompute": lambda: recompute_plan(g, keep),
+            "patch": lambda: patch_plan(g, prof), "mixed": lambda: mixed_plan(g, prof),
+            "inplace_bn": lambda: inplace_bn_plan(g, prof),
+            "early": lambda: early_plan(g, recompute_plan(g, keep))}[kind]()
+    _check_peak(plan, g, prof)
+    if name == "resnet8":
+        compare(copy.deepcopy(model), batches, "sgd", lr=LR, plan=plan)
+        return
+    # MobileNetV2, training-mode BN at batch 2: float32 conditioning (see test_trainer_equiv.py) -> the
+    # colleague's documented tolerance against PyTorch, and tightly against PORT's own keep plan
+    if kind in ("recompute", "early"):
+        return   # bit-exact against keep (the tests above), and keep against PyTorch here
+    pl, tl, tr = compare(copy.deepcopy(model), batches, "sgd", lr=LR, plan=plan, rtol=2e-2, weights=False)
+    if kind != "keep":   # same kernels' math, other rounding order (torch vs C, patches, BN from output)
+        assert_same_training((pl, tr.state_dict()), keep_run(setup), exact=False, rtol=2e-3)
+
+
+def test_early_updates_equal_late_and_lower_peak(setup):
+    """SGD momentum: running each update as soon as its gradient is complete gives the same training bit for
+    bit, and the parameter gradients leave the persistent region (lower peak, as the simulator predicts)."""
+    name, model, batches, g, prof = setup
+    base = keep_plan(g, prof)
+    early = early_plan(g, base)
+    assert len(early.early_updates) > 0.8 * sum(1 for o in g.ops if o.phase == PHASE_UPDATE)
+    sim_l, prog_l = _check_peak(base, g, prof)
+    sim_e, prog_e = _check_peak(early, g, prof)
+    assert prog_e.arena_bytes < prog_l.arena_bytes and sim_e.peak_bytes < sim_l.peak_bytes
+    assert prog_e.persistent_bytes < prog_l.persistent_bytes
+    b = train_port(model, batches, early, lr=LR)
+    assert_same_training(keep_run(setup), b, exact=True)
+
+
+# -- API ----------------------------------------------------------------------------------------
+def test_profile_step_timings_and_timeline():
+    name = "resnet8"
+    model = M.get(name, seed=0)
+    batches = data(name, 2, 3)
+    g = trace(model, batches[0][0], optimizer="sgd_momentum")
+    prof = modeled_profile(g, load_device("host"))
+    plan = early_plan(g, recompute_plan(g, keep_plan(g, prof)))
+    a = Trainer(copy.deepcopy(model), batches[0][0], plan=plan)
+    b = Trainer(copy.deepcopy(model), batches[0][0], plan=plan)
+    la = [a.step(x, y) for x, y in batches]
+    r = [b.profile_step(x, y) for x, y in batches]
+    assert la == [x["loss"] for x in r]          # an instrumented step is a real step
+    rep = r[-1]
+    assert len(rep["calls"]) == len(b.program.calls) == len(rep["timeline"])
+    phases = {c["phase"] for c in rep["calls"]}
+    assert {"forward", "loss", "backward", "recompute", "update"} <= phases
+    assert all(c["ms"] >= 0 for c in rep["calls"]) and rep["total_ms"] > 0
+    assert sum(c["recompute"] for c in rep["calls"]) == len(plan.recompute_at)
+    assert rep["peak_bytes"] == b.program.peak_live_bytes
+    sim = simulate(plan, g, prof)
+    assert abs(rep["peak_bytes"] - sim.peak_bytes) <= 0.02 * sim.peak_bytes
+
+
+def test_trainer_plan_file_and_refusals(tmp_path):
+    from port.plan_io import save_plan
+    name = "resnet8"
+    model = M.get(name, seed=0)
+    batches = data(name, 4, 2)
+    g = trace(model, batches[0][0], optimizer="sgd_momentum")
+    prof = modeled_profile(g, load_device("host"))
+    plan = early_plan(g, recompute_plan(g, keep_plan(g, prof)))
+    save_plan(plan, tmp_path / "p.json", graph=g)
+    a = train_port(model, batches, plan, lr=LR)
+    b = train_port(model, batches, str(tmp_path / "p.json"), lr=LR)
+    assert_same_training(a, b, exact=True)
+    with pytest.raises(PortError, match="early updates"):
+        Trainer(copy.deepcopy(model), batches[0][0], plan=plan, micro_batch=2)
+    # plans that do not belong to the graph / name unknown variants or accelerators
+    with pytest.raises(PlanError, match="decisions"):
+        lower(g, replace(plan, ops=plan.ops[:-1]))
+    with pytest.raises(PlanError, match="another graph"):
+        lower(g, replace(plan, graph_digest="0" * 64))
+    bad = list(plan.ops)
+    bad[0] = OpDecision(0, "npu-x", "plain")
+    with pytest.raises(PlanError, match="no known backend"):
+        lower(g, replace(plan, ops=tuple(bad)))
+    bad[0] = OpDecision(0, "cpu-c", "winograd")
+    with pytest.raises(PlanError, match="not legal"):
+        lower(g, replace(plan, ops=tuple(bad)))
+    bad[0] = OpDecision(0, "cpu-torch", "patch4")
+    with pytest.raises(PlanError, match="not legal"):
+        lower(g, replace(plan, ops=tuple(bad)))
+    with pytest.raises(PlanError):
+        lower(g, replace(plan, recompute=(10 ** 6,)))
+    with pytest.raises(PlanError):
+        lower(g, replace(plan, early_updates=(0,)))
+    # inplace conflicts (BN in place + the relu reading its output in place)
+    conf = V.inplace_conflicts(g)
+    if conf:
+        ops = list(plan.ops)
+        for i in conf[0]:
+            ops[i] = OpDecision(i, "cpu-c", "inplace")
+        with pytest.raises(PlanError, match="inplace"):
+            lower(g, replace(plan, ops=tuple(ops)))
+
+
+def test_recompute_program_json_round_trip():
+    model = M.get("resnet8", seed=0)
+    x = torch.randn(2, *M.INPUT_SHAPES["resnet8"])
+    g = trace(model, x, optimizer="sgd_momentum")
+    prof = modeled_profile(g, load_device("host"))
+    plan = early_plan(g, recompute_plan(g, keep_plan(g, prof)))
+    prog = lower(g, plan)
+    back = Program.from_json(prog.to_json())
+    assert back == prog and back.live_until == prog.live_until
+
+
+def test_cuda_plans_skip_without_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here: torch-cuda plans and CPU<->GPU hand-off copies are not exercised")
+    model = M.get("resnet8", seed=0)
+    batches = data("resnet8", 2, 3)
+    g = trace(model, batches[0][0], optimizer="sgd_momentum")
+    plan = default_plan(g, "torch-cuda")
+    compare(copy.deepcopy(model), batches, "sgd", lr=LR, plan=plan, backend="torch-cuda")

@@ -1,0 +1,51 @@
+"""Shared helpers for the kernel tests.
+
+PORT_KERNELS_QUICK=1 reduces the parametrisation (used by `make test-asan`).
+"""
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from port import _native  # noqa: E402
+
+_native.configure_openmp_env()  # passive OpenMP wait policy, if torch is not imported yet
+
+import torch  # noqa: E402
+
+QUICK = os.environ.get("PORT_KERNELS_QUICK") == "1"
+
+
+def close(ours, ref, atol=1e-4, rtol=1e-4, what=""):
+    """|ours - ref| <= atol + rtol*|ref| elementwise (ref is the float64 reference)."""
+    ours = ours.detach().double()
+    ref = ref.detach().double()
+    assert ours.shape == ref.shape, f"{what}: shape {tuple(ours.shape)} vs {tuple(ref.shape)}"
+    err = (ours - ref).abs()
+    bound = atol + rtol * ref.abs()
+    bad = err > bound
+    assert not bad.any(), (f"{what}: max err {err.max().item():.3g}, "
+                           f"{int(bad.sum())} of {bad.numel()} elements out of tolerance")
+
+
+def quick_subset(cases, every):
+    """Every `every`-th case under QUICK, all otherwise."""
+    return cases[::every] if QUICK else cases
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture
+def K():
+    import port.kernels as kernels
+    kernels.set_gemm_backend("blas")
+    yield kernels
+    kernels.set_gemm_backend("blas")

@@ -1,0 +1,271 @@
+"""Binding <-> header consistency, error mapping, raw C status codes, workspace checks."""
+import ctypes
+import os
+import re
+
+import pytest
+import torch
+
+from conftest import ROOT
+
+HEADER = os.path.join(ROOT, "kernels", "include", "port_kernels.h")
+
+
+def _parse_header():
+    src = open(HEADER).read()
+    src = re.sub(r"/\*.*?\*/", "", src, flags=re.S)
+    src = re.sub(r"//[^\n]*", "", src)
+    decls = {}
+    for ret_name, args in re.findall(r"PORT_API\s+([^;(]+?)\s*\(([^;]*?)\)\s*;", src, flags=re.S):
+        ret_name = " ".join(ret_name.split())
+        m = re.match(r"(.*?)\s*\**\s*(\w+)$", ret_name)
+        name = m.group(2)
+        ret = ret_name[: -len(name)].strip()
+        norm = lambda t: re.sub(r"\s*\*\s*", "*", " ".join(t.split())).strip()  # noqa: E731
+        arglist = []
+        for a in args.split(","):
+            a = " ".join(a.split())
+            if not a or a == "void":
+                continue
+            arglist.append(norm(re.match(r"(.*?)(\w+)$", a).group(1)))
+        decls[name] = (norm(ret), tuple(arglist))
+    return decls
+
+
+def test_header_matches_binding_table(K):
+    decls = _parse_header()
+    table = {name: (ret, tuple(args)) for name, ret, args in K.SIGNATURES}
+    assert len(table) == len(K.SIGNATURES), "duplicate names in SIGNATURES"
+    assert set(decls) == set(table), (f"only in header: {sorted(set(decls) - set(table))}; "
+                                      f"only in binding: {sorted(set(table) - set(decls))}")
+    for name, (ret, args) in decls.items():
+        assert table[name][0] == ret, f"{name}: return type {table[name][0]} vs header {ret}"
+        assert len(table[name][1]) == len(args), f"{name}: arg count differs"
+        assert table[name][1] == args, f"{name}: arg types {table[name][1]} vs header {args}"
+        fn = getattr(K.raw, name)
+        assert len(fn.argtypes) == len(args)
+
+
+def test_param_structs_match_header(K):
+    src = open(HEADER).read()
+    for cname, cls in (("port_conv2d_params", K.Conv2dParams),
+                       ("port_batchnorm_params", K.BatchNormParams),
+                       ("port_pool2d_params", K.Pool2dParams),
+                       ("port_linear_params", K.LinearParams)):
+        body = re.search(r"typedef struct \{([^}]*)\}\s*" + cname + ";", src).group(1)
+        body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+        fields = []
+        for decl in body.split(";"):
+            decl = decl.strip()
+            if not decl:
+                continue
+            typ, names = decl.split(None, 1)
+            fields += [(n.strip(), typ) for n in names.split(",")]
+        names = {ctypes.c_int64: "int64_t", ctypes.c_float: "float"}
+        ours = [(f, names[t]) for f, t in cls._fields_]
+        assert ours == fields, cname
+
+
+def test_status_strings(K):
+    assert K.status_string(0) == "ok"
+    assert "workspace" in K.status_string(K.PORT_ERR_WORKSPACE)
+    assert K.raw.port_abi_version() == 1
+
+
+def test_raw_conv_status_codes(K):
+    P = K.Conv2dParams
+    x, w, y = torch.randn(1, 4, 5, 5), torch.randn(6, 2, 3, 3), torch.empty(1, 6, 5, 5)
+    ws = torch.empty(10_000, dtype=torch.uint8)
+    good = P(1, 4, 5, 5, 6, 3, 3, 1, 1, 1, 1, 2)
+    f = K.raw.port_conv2d_forward
+    args = lambda p, wsb=ws.numel(): (y.data_ptr(), x.data_ptr(), w.data_ptr(), None, p,  # noqa
+                                      K.CONV_IM2COL, ws.data_ptr(), wsb)
+    assert f(*args(good)) == K.PORT_OK
+    assert f(*args(P(1, 4, 5, 5, 6, 3, 3, 1, 1, 1, 1, 3))) == K.PORT_ERR_SHAPE  # groups
+    assert f(*args(P(1, 4, 5, 5, 6, 3, 3, 0, 1, 1, 1, 2))) == K.PORT_ERR_ARG  # stride 0
+    assert f(*args(P(0, 4, 5, 5, 6, 3, 3, 1, 1, 1, 1, 2))) == K.PORT_ERR_SHAPE  # n = 0
+    assert f(*args(P(1, 4, 1, 1, 6, 3, 3, 1, 1, 0, 0, 2))) == K.PORT_ERR_SHAPE  # kernel > input
+    need = K.raw.port_conv2d_workspace_bytes(good, K.CONV_IM2COL)
+    assert need == 2 * 9 * 25 * 4
+    assert f(*args(good, need)) == K.PORT_OK
+    assert f(*args(good, need - 1)) == K.PORT_ERR_WORKSPACE
+    assert f(y.data_ptr(), x.data_ptr(), w.data_ptr(), None, good, K.CONV_IM2COL, None,
+             need) == K.PORT_ERR_WORKSPACE
+    assert f(None, x.data_ptr(), w.data_ptr(), None, good, K.CONV_IM2COL, ws.data_ptr(),
+             need) == K.PORT_ERR_NULL
+    assert f(*args(good)[:5], K.CONV_DIRECT, ws.data_ptr(), need) == K.PORT_ERR_UNSUPPORTED
+    assert f(*args(good)[:5], 7, ws.data_ptr(), need) == K.PORT_ERR_ARG
+    # output aliasing its input is refused by C as well
+    xa = torch.randn(1, 4, 5, 5)
+    assert f(xa.data_ptr(), xa.data_ptr(), w.data_ptr(), None, P(1, 4, 5, 5, 4, 3, 3, 1, 1, 1, 1, 2),
+             K.CONV_IM2COL, ws.data_ptr(), ws.numel()) == K.PORT_ERR_ALIAS
+    # patch workspace
+    pw = K.raw.port_conv2d_patch_workspace_bytes(good, 2, 2)
+    assert pw == (18 + 3) * 4 * 4  # tile narrower than W_out: + output-tile buffer
+    assert K.raw.port_conv2d_patch_workspace_bytes(good, 2, 5) == 18 * 10 * 4  # full width
+    assert K.raw.port_conv2d_patch_forward(y.data_ptr(), x.data_ptr(), w.data_ptr(), None, good, 2,
+                                           2, ws.data_ptr(), pw - 4) == K.PORT_ERR_WORKSPACE
+    assert K.raw.port_conv2d_patch_forward(y.data_ptr(), x.data_ptr(), w.data_ptr(), None, good, 0,
+                                           2, ws.data_ptr(), pw) == K.PORT_ERR_ARG
+    # fused backward workspace
+    fb = K.raw.port_conv2d_bn_relu_backward_workspace_bytes(good, K.CONV_IM2COL)
+    assert fb >= need + y.numel() * 4
+
+
+def test_raw_other_status_codes(K):
+    t = torch.randn(10)
+    assert K.raw.port_relu_forward(t.data_ptr(), None, 10) == K.PORT_ERR_NULL
+    assert K.raw.port_relu_forward(t.data_ptr(), t.data_ptr(), -1) == K.PORT_ERR_SHAPE
+    m = torch.empty(10, dtype=torch.uint8)
+    assert K.raw.port_dropout_forward(t.data_ptr(), m.data_ptr(), t.data_ptr(), 10, 1.0,
+                                      0) == K.PORT_ERR_ARG
+    bn = K.BatchNormParams(1, 10, 1, 1, 1e-5, 0.1)
+    sm, si = torch.empty(10), torch.empty(10)
+    assert K.raw.port_batchnorm2d_forward_train(t.data_ptr(), sm.data_ptr(), si.data_ptr(), None,
+                                                None, t.data_ptr(), None, None,
+                                                bn) == K.PORT_ERR_SHAPE  # 1 value per channel
+    bn = K.BatchNormParams(2, 5, 1, 1, -1.0, 0.1)
+    assert K.raw.port_batchnorm2d_forward_train(t.data_ptr(), sm.data_ptr(), si.data_ptr(), None,
+                                                None, t.data_ptr(), None, None,
+                                                bn) == K.PORT_ERR_ARG  # eps < 0
+    lab = torch.tensor([0, 5], dtype=torch.int64)
+    loss, pr = torch.empty(1), torch.empty(2, 5)
+    assert K.raw.port_softmax_xent_forward(loss.data_ptr(), pr.data_ptr(), t.data_ptr(),
+                                           lab.data_ptr(), 2, 5, 0.0) == K.PORT_ERR_ARG
+    pp = K.Pool2dParams(1, 1, 4, 4, 2, 2, 2, 2, 2, 2)  # pad > kernel/2
+    assert K.raw.port_maxpool2d_forward(t.data_ptr(), t.data_ptr(), t.data_ptr(),
+                                        pp) == K.PORT_ERR_ARG
+    assert K.raw.port_sgd_step(t.data_ptr(), None, t.data_ptr(), 10, 0.1, 0.9, 0.0, 0.0, 0,
+                               1) == K.PORT_ERR_NULL
+    assert K.raw.port_adamw_step(t.data_ptr(), t.data_ptr(), t.data_ptr(), t.data_ptr(), 10, 0.1,
+                                 0.9, 0.999, 1e-8, 0.0, 0) == K.PORT_ERR_ARG
+    assert K.raw.port_set_gemm_backend(5) == K.PORT_ERR_ARG
+    assert K.raw.port_sgemm(t.data_ptr(), t.data_ptr(), t.data_ptr(), 0, 0, 2, 2, 2, 1.0, 0.0, 1,
+                            2, 2) == K.PORT_ERR_SHAPE  # lda < k
+
+
+def test_wrapper_errors(K):
+    x, w = torch.randn(2, 4, 5, 5), torch.randn(6, 4, 3, 3)
+    with pytest.raises(ValueError, match=r"^x: expected dtype torch.float32"):
+        K.conv2d_forward(x.double(), w)
+    with pytest.raises(ValueError, match=r"^x: must be contiguous"):
+        K.conv2d_forward(x.transpose(2, 3), w)
+    with pytest.raises(ValueError, match=r"^x: expected a 4-D tensor"):
+        K.conv2d_forward(x[0], w)
+    with pytest.raises(ValueError, match=r"^w: expected shape\[1\] == c_in/groups"):
+        K.conv2d_forward(x, torch.randn(6, 3, 3, 3))
+    with pytest.raises(ValueError, match=r"^groups"):
+        K.conv2d_forward(x, torch.randn(6, 4, 3, 3), groups=3)
+    with pytest.raises(ValueError, match=r"^b: expected shape \(6,\)"):
+        K.conv2d_forward(x, w, torch.randn(5))
+    with pytest.raises(ValueError, match=r"^dy: expected shape"):
+        K.conv2d_backward_input(torch.randn(2, 6, 4, 4), w, x.shape, padding=1)
+    with pytest.raises(ValueError, match=r"^algo"):
+        K.conv2d_forward(x, w, algo="winograd")
+    with pytest.raises(ValueError, match=r"^labels: expected dtype torch.int64"):
+        K.softmax_xent_forward(torch.randn(3, 4), torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"^mask: expected dtype torch.uint8"):
+        K.dropout_backward(torch.randn(4), torch.ones(4), 0.5)
+    with pytest.raises(ValueError, match=r"^x: expected a torch.Tensor"):
+        K.relu_forward([1.0, 2.0])
+    # aliasing: outputs overlapping inputs are refused unless it is a documented in-place variant
+    big = torch.randn(2 * 6 * 5 * 5 + 100)
+    xa = big[: x.numel()].view(x.shape)
+    with pytest.raises(ValueError, match=r"^out: output aliases x"):
+        K.conv2d_forward(xa, w, padding=1, out=big[10: 10 + 2 * 6 * 25].view(2, 6, 5, 5))
+    t = torch.randn(11)
+    with pytest.raises(ValueError, match=r"^out: output aliases x"):
+        K.relu_forward(t[0:10], out=t[1:11])  # overlapping but not identical
+    K.relu_forward(t[0:10], out=t[0:10])  # identical: the documented in-place variant
+    with pytest.raises(ValueError, match=r"^out: output aliases b"):
+        K.add(torch.randn(10), t[0:10], out=t[1:11])
+    xb = torch.randn(2, 4, 6, 6)
+    with pytest.raises(ValueError, match=r"^dw: output aliases x"):
+        K.conv2d_backward_weight(torch.randn(2, 6, 4, 4), xb, w.shape,
+                                 dw=xb.view(-1)[: w.numel()].view(w.shape))
+    with pytest.raises(ValueError, match=r"^out: output aliases x"):
+        K.hardswish_forward(t, out=t)  # hardswish backward needs x: no in-place forward
+    # C-side failure surfaces as an exception with the C message
+    with pytest.raises(K.WorkspaceError, match="workspace too small"):
+        K.conv2d_forward(x, w, padding=1, workspace=torch.empty(16, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="invalid scalar"):
+        K.check(K.PORT_ERR_ARG, "somewhere")
+
+
+def test_workspace_query_respected(K):
+    """The kernels never touch workspace bytes beyond the query (guard pattern survives)."""
+    x, w, b = torch.randn(2, 4, 9, 7), torch.randn(6, 2, 3, 3), torch.randn(6)
+    p = K.conv2d_params(x.shape, w.shape, 2, 1, 2)
+    need = K.conv2d_workspace_bytes(p, "im2col")
+    ws = torch.full((need + 64,), 0xAB, dtype=torch.uint8)
+    y = K.conv2d_forward(x, w, b, 2, 1, 2, algo="im2col", workspace=ws[:need])
+    K.conv2d_backward_input(torch.randn(y.shape), w, x.shape, 2, 1, 2, algo="im2col",
+                            workspace=ws[:need])
+    K.conv2d_backward_weight(torch.randn(y.shape), x, w.shape, 2, 1, 2, algo="im2col",
+                             workspace=ws[:need])
+    assert bool((ws[need:] == 0xAB).all())
+
+
+def test_set_num_threads(K):
+    K.set_num_threads(1)
+    assert K.get_num_threads() == 1 and torch.get_num_threads() == 1
+    K.set_num_threads(2)
+    assert K.get_num_threads() == 2 and torch.get_num_threads() == 2
+    with pytest.raises(ValueError):
+        K.set_num_threads(0)
+
+
+def test_gemm_backend_switch(K):
+    with K.gemm_backend("vendored"):
+        assert K.get_gemm_backend() == "vendored"
+    assert K.get_gemm_backend() == "blas"
+    with pytest.raises(ValueError, match="backend"):
+        K.set_gemm_backend("mkl")
+
+
+def test_one_openmp_pool_shared_with_torch(K):
+    """PORT's kernels and torch use the same OpenMP runtime: torch.set_num_threads acts on PORT too."""
+    prev = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert K.get_num_threads() == 1
+        torch.set_num_threads(2)
+        assert K.get_num_threads() == 2
+    finally:
+        K.set_num_threads(prev)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="Linux only")
+@pytest.mark.parametrize("torch_first", [True, False])
+def test_single_openmp_runtime_in_process(torch_first):
+    """Whatever the import order, exactly one OpenMP runtime is mapped and PORT resolves its symbols there."""
+    import subprocess
+    import sys
+    imports = "import torch; import port.kernels as K" if torch_first else "import port.kernels as K; import torch"
+    code = (f"{imports}\n"
+            "import re, torch.nn.functional as F\n"
+            "K.set_num_threads(2); x = torch.randn(2, 8, 16, 16); w = torch.randn(8, 8, 3, 3)\n"
+            "K.conv2d_forward(x, w, padding=1); F.conv2d(x, w, padding=1)\n"
+            "maps = {l.split()[-1] for l in open('/proc/self/maps') if re.search(r'/lib(gomp|iomp5|omp)[-.]', l)}\n"
+            "print(len(maps), K._native.openmp_runtime() is not None or bool(K._native.loaded_path()))\n")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "True"], out.stdout
+
+
+@pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
+@pytest.mark.parametrize("m,n,k", [(200, 77, 96), (37, 301, 128), (64, 64, 300)])
+def test_sgemm_split_over_threads(K, ta, tb, m, n, k):
+    """GEMMs above the split threshold (row or column blocks per OpenMP thread) equal the 1-thread result."""
+    a = torch.randn((k, m) if ta else (m, k))
+    b = torch.randn((n, k) if tb else (k, n))
+    ref = (a.T if ta else a).double() @ (b.T if tb else b).double()
+    prev = K.get_num_threads()
+    try:
+        for t in (1, 2, 3):
+            K.set_num_threads(t)
+            c = K.sgemm(a, b, trans_a=bool(ta), trans_b=bool(tb))
+            assert torch.allclose(c.double(), ref, atol=1e-3, rtol=1e-4), t
+    finally:
+        K.set_num_threads(prev)

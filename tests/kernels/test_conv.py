@@ -1,0 +1,163 @@
+"""conv2d (im2col/direct/patch, vendored GEMM) vs PyTorch float64 references."""
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import close, quick_subset
+
+# (n, c_in, c_out, h, w, k, stride, pad, groups)
+_CASES = []
+for n, (h, w), k, stride, pad, g in itertools.product((1, 3), ((7, 5), (9, 11)), (1, 3),
+                                                       (1, 2), (0, 1, 2), ("1", "2", "dw")):
+    c_in = 4
+    groups = {"1": 1, "2": 2, "dw": c_in}[g]
+    c_out = c_in if g == "dw" else 6
+    _CASES.append((n, c_in, c_out, h, w, k, stride, pad, groups))
+CASES = quick_subset(_CASES, 7)
+
+
+def _ids(c):
+    return "n{}_ci{}_co{}_{}x{}_k{}_s{}_p{}_g{}".format(*c)
+
+
+def _ref(x, w, b, stride, pad, groups, dy):
+    x64 = x.double().requires_grad_()
+    w64 = w.double().requires_grad_()
+    b64 = b.double().requires_grad_() if b is not None else None
+    y = F.conv2d(x64, w64, b64, stride, pad, 1, groups)
+    y.backward(dy.double())
+    return y.detach(), x64.grad, w64.grad, (b64.grad if b is not None else None)
+
+
+def _make(c, bias):
+    n, ci, co, h, w, k, s, p, g = c
+    x = torch.randn(n, ci, h, w)
+    wt = torch.randn(co, ci // g, k, k) * 0.5
+    b = torch.randn(co) if bias else None
+    ho, wo = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    dy = torch.randn(n, co, ho, wo)
+    return x, wt, b, dy
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("algo", ["im2col", "auto"])
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_conv2d_vs_torch(K, case, algo, bias):
+    n, ci, co, h, w, k, s, p, g = case
+    x, wt, b, dy = _make(case, bias)
+    y_ref, dx_ref, dw_ref, db_ref = _ref(x, wt, b, s, p, g, dy)
+    y = K.conv2d_forward(x, wt, b, s, p, g, algo=algo)
+    close(y, y_ref, what="y")
+    dx = K.conv2d_backward_input(dy, wt, x.shape, s, p, g, algo=algo)
+    close(dx, dx_ref, what="dx")
+    dw, db = K.conv2d_backward_weight(dy, x, wt.shape, s, p, g, bias=bias, algo=algo)
+    close(dw, dw_ref, what="dw")
+    if bias:
+        close(db, db_ref, what="db")
+
+
+DIRECT_CASES = quick_subset([c for c in _CASES if c[8] == c[1] == c[2] or
+                             (c[5] == 1 and c[6] == 1 and c[7] == 0)], 5)
+
+
+@pytest.mark.parametrize("case", DIRECT_CASES, ids=_ids)
+def test_im2col_equals_direct(K, case):
+    n, ci, co, h, w, k, s, p, g = case
+    x, wt, b, dy = _make(case, True)
+    args = (s, p, g)
+    close(K.conv2d_forward(x, wt, b, *args, algo="direct"),
+          K.conv2d_forward(x, wt, b, *args, algo="im2col"), 1e-5, 1e-5)
+    close(K.conv2d_backward_input(dy, wt, x.shape, *args, algo="direct"),
+          K.conv2d_backward_input(dy, wt, x.shape, *args, algo="im2col"), 1e-5, 1e-5)
+    dwd, dbd = K.conv2d_backward_weight(dy, x, wt.shape, *args, algo="direct")
+    dwi, dbi = K.conv2d_backward_weight(dy, x, wt.shape, *args, algo="im2col")
+    close(dwd, dwi, 1e-4, 1e-5)
+    close(dbd, dbi, 1e-4, 1e-5)
+
+
+def test_direct_unsupported(K):
+    x, wt = torch.randn(1, 4, 5, 5), torch.randn(6, 4, 3, 3)
+    with pytest.raises(NotImplementedError, match="not supported"):
+        K.conv2d_forward(x, wt, algo="direct")
+
+
+def test_weight_grad_accumulates(K):
+    x, wt, b, dy = _make((2, 4, 6, 7, 7, 3, 1, 1, 2), True)
+    dw1, db1 = K.conv2d_backward_weight(dy, x, wt.shape, 1, 1, 2)
+    dw2, db2 = K.conv2d_backward_weight(dy, x, wt.shape, 1, 1, 2, dw=dw1.clone(), db=db1.clone())
+    close(dw2, 2 * dw1, 1e-5, 1e-5)
+    close(db2, 2 * db1, 1e-5, 1e-5)
+    # micro-batching: two halves accumulate to the full-batch gradient
+    dwa, dba = K.conv2d_backward_weight(dy[:1].contiguous(), x[:1].contiguous(), wt.shape, 1, 1, 2)
+    K.conv2d_backward_weight(dy[1:].contiguous(), x[1:].contiguous(), wt.shape, 1, 1, 2, dw=dwa,
+                             db=dba)
+    close(dwa, dw1, 1e-4, 1e-5)
+    close(dba, db1, 1e-4, 1e-5)
+
+
+PATCH_CASES = quick_subset([(2, 4, 6, 9, 11, 3, 1, 1, 1), (1, 4, 6, 9, 11, 3, 2, 1, 2),
+                            (3, 4, 4, 7, 5, 3, 1, 2, 4), (1, 3, 5, 10, 10, 5, 2, 2, 1),
+                            (2, 4, 6, 7, 9, 1, 1, 0, 1), (1, 4, 6, 8, 8, 3, 2, 0, 1)], 2)
+
+
+@pytest.mark.parametrize("tile", [(1, 1), (2, 3), (4, 4), (3, 100)])
+@pytest.mark.parametrize("case", PATCH_CASES, ids=_ids)
+def test_patch_equals_whole(K, case, tile):
+    n, ci, co, h, w, k, s, p, g = case
+    x, wt, b, dy = _make(case, True)
+    args = (s, p, g)
+    close(K.conv2d_patch_forward(x, wt, b, *args, tile=tile),
+          K.conv2d_forward(x, wt, b, *args, algo="im2col"), 1e-5, 1e-5, "patch y")
+    close(K.conv2d_patch_backward_input(dy, wt, x.shape, *args, tile=tile),
+          K.conv2d_backward_input(dy, wt, x.shape, *args, algo="im2col"), 1e-5, 1e-5, "patch dx")
+    dwp, dbp = K.conv2d_patch_backward_weight(dy, x, wt.shape, *args, tile=tile)
+    dww, dbw = K.conv2d_backward_weight(dy, x, wt.shape, *args, algo="im2col")
+    close(dwp, dww, 1e-4, 1e-5, "patch dw")
+    close(dbp, dbw, 1e-4, 1e-5, "patch db")
+
+
+def test_patch_workspace_scales_with_tile(K):
+    p = K.conv2d_params((1, 16, 32, 32), (16, 16, 3, 3), 1, 1, 1)
+    whole = K.conv2d_workspace_bytes(p, "im2col")
+    assert whole == 16 * 9 * 32 * 32 * 4
+    tile = K.conv2d_patch_workspace_bytes(p, (8, 8))
+    assert tile == (16 * 9 + 16) * 64 * 4
+    assert tile * 8 <= whole
+
+
+@pytest.mark.parametrize("case", quick_subset(_CASES[::9], 3), ids=_ids)
+def test_vendored_gemm_conv_equals_blas(K, case):
+    x, wt, b, dy = _make(case, True)
+    n, ci, co, h, w, k, s, p, g = case
+    res = []
+    for backend in ("blas", "vendored"):
+        K.set_gemm_backend(backend)
+        y = K.conv2d_forward(x, wt, b, s, p, g, algo="im2col")
+        dx = K.conv2d_backward_input(dy, wt, x.shape, s, p, g, algo="im2col")
+        dw, db = K.conv2d_backward_weight(dy, x, wt.shape, s, p, g, algo="im2col")
+        res.append((y, dx, dw, db))
+    for a, b_ in zip(*res):
+        close(a, b_, 1e-4, 1e-5)
+
+
+GEMM_SHAPES = [(1, 1, 1), (7, 5, 3), (64, 33, 17), (130, 70, 300), (9, 257, 65), (300, 20, 520)]
+
+
+@pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("mnk", quick_subset(GEMM_SHAPES, 2))
+@pytest.mark.parametrize("backend", ["blas", "vendored"])
+def test_sgemm(K, backend, mnk, ta, tb):
+    m, n, k = mnk
+    a = torch.randn(k, m) if ta else torch.randn(m, k)
+    bm = torch.randn(n, k) if tb else torch.randn(k, n)
+    c0 = torch.randn(m, n)
+    ref = 0.5 * ((a.double().T if ta else a.double()) @ (bm.double().T if tb else bm.double())) \
+        + 2.0 * c0.double()
+    K.set_gemm_backend(backend)
+    c = K.sgemm(a, bm, bool(ta), bool(tb), alpha=0.5, beta=2.0, c=c0.clone())
+    close(c, ref, 1e-4, 1e-4)
+    # beta = 0 must ignore NaN in C
+    c = K.sgemm(a, bm, bool(ta), bool(tb), c=torch.full((m, n), float("nan")))
+    close(c, 2 * (ref - 2.0 * c0.double()), 1e-4, 1e-4)

@@ -1,0 +1,97 @@
+"""Arena planner and check_program: placement invariants and every refusal of a corrupt program."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import port
+import port.models as M
+from port.errors import ProgramError
+from port.lower import default_plan, lower
+from port.memory import assign_offsets, check_program, liveness
+from port.program import Program
+
+
+def _prog():
+    g = port.trace(M.get("digits_cnn", seed=0), torch.randn(4, 1, 8, 8))
+    return g, lower(g, default_plan(g, "c"))
+
+
+@pytest.mark.parametrize("strategy", ["best_fit", "first_fit"])
+def test_assign_offsets_no_overlap(strategy):
+    import random
+    rnd = random.Random(0)
+    items = []
+    for i in range(200):
+        a = rnd.randrange(100)
+        items.append((i, rnd.randrange(1, 5000), a, a + rnd.randrange(20)))
+    offs, high = assign_offsets(items, strategy)
+    for i, (k1, s1, a1, b1) in enumerate(items):
+        assert offs[k1] % 64 == 0
+        for k2, s2, a2, b2 in items[i + 1:]:
+            if a1 <= b2 and a2 <= b1:
+                assert offs[k1] + s1 <= offs[k2] or offs[k2] + s2 <= offs[k1]
+    peak = max(sum(-(-s // 64) * 64 for _, s, a, b in items if a <= t <= b) for t in range(120))
+    assert peak <= high <= 2 * peak
+
+
+def test_program_roundtrip_and_inplace_fusion():
+    g, p = _prog()
+    assert Program.from_json(p.to_json()) == p
+    check_program(p)
+    assert any(c.kernel == "conv2d_bn_relu" for c in p.calls)
+    # the in-place/fused outputs share their root; peak known before running
+    assert p.peak_live_bytes <= p.arena_bytes
+    assert p.persistent_bytes > 0 and p.zero_ranges
+
+
+def _edit_slot(p, name, **kw):
+    slots = tuple(dataclasses.replace(s, **kw) if s.name == name else s for s in p.slots)
+    return dataclasses.replace(p, slots=slots, _index={})
+
+
+def test_refuses_out_of_arena():
+    g, p = _prog()
+    s = next(s for s in p.slots if s.region == "scratch" and s.root == s.tensor)
+    with pytest.raises(ProgramError, match="outside"):
+        check_program(_edit_slot(p, s.name, offset=p.arena_bytes - 64))
+
+
+def test_refuses_overlap_of_live_tensors():
+    g, p = _prog()
+    live = liveness(p)
+    roots = [s for s in p.slots if s.region == "scratch" and s.root == s.tensor]
+    a, b = next((a, b) for a in roots for b in roots if a.tensor != b.tensor and a.nbytes >= b.nbytes
+                and live[a.tensor][0] <= live[b.tensor][1] and live[b.tensor][0] <= live[a.tensor][1])
+    with pytest.raises(ProgramError, match="overlap"):
+        check_program(_edit_slot(p, b.name, offset=a.offset))
+
+
+def test_refuses_read_before_write():
+    g, p = _prog()
+    calls = list(p.calls)
+    calls[0], calls[1] = dataclasses.replace(calls[1], index=0), dataclasses.replace(calls[0], index=1)
+    with pytest.raises(ProgramError, match="before any call writes it"):
+        check_program(dataclasses.replace(p, calls=tuple(calls)))
+
+
+def test_refuses_bad_workspace_and_size():
+    g, p = _prog()
+    i = next(c.index for c in p.calls if c.workspace_bytes)
+    calls = list(p.calls)
+    calls[i] = dataclasses.replace(calls[i], workspace_offset=p.arena_bytes)
+    with pytest.raises(ProgramError, match="workspace"):
+        check_program(dataclasses.replace(p, calls=tuple(calls)))
+    s = p.slots[-1]
+    with pytest.raises(ProgramError, match="nbytes"):
+        check_program(_edit_slot(p, s.name, nbytes=s.nbytes + 4))
+
+
+def test_executor_refuses_corrupt_program():
+    from port.executor import Executor
+    g, p = _prog()
+    s = next(s for s in p.slots if s.region == "scratch" and s.root == s.tensor)
+    with pytest.raises(ProgramError):
+        Executor(_edit_slot(p, s.name, offset=p.arena_bytes + 128))

@@ -1,0 +1,62 @@
+"""Plan files: round trip, digests, refusals."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from port import models
+from port.config import load_device
+from port.costmodel import modeled_profile
+from port.errors import PlanError
+from port.graph import trace
+from port.plan_io import load_plan, save_plan
+from port.solve import solve
+
+
+@pytest.fixture(scope="module")
+def setup():
+    g = trace(models.get("mlp", seed=0), torch.randn(8, 64), name="mlp")
+    p = modeled_profile(g, load_device("host"))
+    return g, p, solve(g, p, 10**9)
+
+
+def test_round_trip(setup, tmp_path):
+    g, p, plan = setup
+    f = save_plan(plan, tmp_path / "plan.json", g)
+    back = load_plan(f, g, p)
+    assert back == plan
+    d = json.loads(f.read_text())
+    assert d["ops"][0]["name"] == g.ops[0].name and d["version"] == 1
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_refuses_other_graph_and_profile(setup, tmp_path):
+    g, p, plan = setup
+    f = save_plan(plan, tmp_path / "plan.json", g)
+    g2 = trace(models.get("mlp", seed=0), torch.randn(16, 64), name="mlp")
+    with pytest.raises(PlanError, match="another graph"):
+        load_plan(f, g2)
+    p2 = modeled_profile(g, load_device("jetson-orin-nano"))
+    with pytest.raises(PlanError, match="another profile"):
+        load_plan(f, g, p2)
+
+
+def test_refuses_corrupt_truncated_wrong_version(setup, tmp_path):
+    g, p, plan = setup
+    f = save_plan(plan, tmp_path / "plan.json", g)
+    text = f.read_text()
+    (tmp_path / "t.json").write_text(text[: len(text) // 2])
+    with pytest.raises(PlanError, match="corrupt or truncated"):
+        load_plan(tmp_path / "t.json")
+    d = json.loads(text)
+    d["version"] = 99
+    (tmp_path / "v.json").write_text(json.dumps(d))
+    with pytest.raises(PlanError, match="version"):
+        load_plan(tmp_path / "v.json")
+    with pytest.raises(PlanError, match="no such plan"):
+        load_plan(tmp_path / "missing.json")
+    (tmp_path / "x.json").write_text("[1, 2]")
+    with pytest.raises(PlanError, match="not a PORT plan"):
+        load_plan(tmp_path / "x.json")

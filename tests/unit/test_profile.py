@@ -1,0 +1,213 @@
+"""Profiler: present backends measured, absent modeled, cache reuse, file refusal, merge, roofline."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import port
+from port import costmodel as CM
+from port.config import load_device
+from port.errors import ProfileError
+from port.models import get
+from port.profile import (calibrate, entry_keys, get_runner, load_profile, merge_profiles, profile,
+                          profile_with_report, save_profile)
+from port.profile.handoff import fit_latency_bandwidth
+from port.profile.runners import backend_available
+from port.types import Profile
+
+FAST = dict(blocks=2, block_ms=1.0, warmup_ms=0.5)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return port.trace(get("digits_cnn", seed=0), torch.randn(2, 1, 8, 8), optimizer="sgd_momentum")
+
+
+@pytest.fixture(scope="module")
+def host_profile(graph):
+    return profile_with_report(graph, "host", **FAST)
+
+
+def test_profile_covers_every_key_and_is_sane(graph, host_profile):
+    prof, rep = host_profile
+    dev = load_device("host")
+    keys = entry_keys(graph, dev)
+    assert {(e.signature, e.accelerator, e.variant) for e in prof.entries} == set(keys)
+    present = [a.id for a in dev.accelerators if backend_available(a.backend)[0]]
+    assert "cpu-torch" in present
+    for e in prof.entries:
+        assert e.latency_ms >= 0 and math.isfinite(e.latency_ms)
+        if e.accelerator in present:
+            assert e.measured and e.samples == FAST["blocks"]
+        else:
+            assert not e.measured
+    # real work takes positive time
+    for e in prof.entries:
+        if e.measured and e.signature.startswith('["conv2d"'):
+            assert e.latency_ms > 0
+    assert rep.failed == []
+    assert prof.threads >= 1 and ("threads.cpu-torch", str(load_device("host").accelerator("cpu-torch").threads)) in prof.host
+    assert {h.src for h in prof.handoff} >= set(present)
+    for h in prof.handoff:
+        if {h.src, h.dst} == {"cpu-c", "cpu-torch"} and "cpu-c" in present:
+            assert h.measured and h.bytes_per_ms == math.inf
+
+
+def test_c_workspace_equals_kernel_query(graph, host_profile):
+    prof, _ = host_profile
+    if not backend_available("c")[0]:
+        pytest.skip("C kernels not built: cpu-c entries are modeled")
+    import port.kernels as K
+    checked = 0
+    for op in graph.ops:
+        if op.kind != "conv2d":
+            continue
+        x, w = graph.tensors[op.inputs[0]].shape, graph.tensors[op.inputs[1]].shape
+        p = K.conv2d_params(x, w, op.attr("stride"), op.attr("padding"), op.attr("groups"))
+        e = prof.lookup(graph.signature(op), "cpu-c", "plain")
+        assert e.measured and e.workspace_bytes == K.conv2d_workspace_bytes(p, "im2col")
+        for t in (4, 8):
+            ep = prof.lookup(graph.signature(op), "cpu-c", f"patch{t}")
+            if ep is not None:
+                assert ep.workspace_bytes == K.conv2d_patch_workspace_bytes(p, (t, t))
+        checked += 1
+    assert checked
+
+
+def test_cache_reuse_measures_nothing_new(graph, host_profile, tmp_path):
+    prof, _ = host_profile
+    path = save_profile(prof, tmp_path / "p.json")
+    again, rep = profile_with_report(graph, "host", cache=path, **FAST)
+    assert rep.measured == 0 and rep.reused == sum(e.measured for e in prof.entries)
+    assert {e.signature: e.latency_ms for e in again.entries if e.measured} == \
+           {e.signature: e.latency_ms for e in prof.entries if e.measured}
+
+
+def test_budget_leaves_modeled_entries(graph):
+    prof, rep = profile_with_report(graph, "host", max_time_s=0.0, handoff=False, **FAST)
+    assert rep.measured == 0 and rep.budget_modeled > 0
+    assert not any(e.measured for e in prof.entries)
+
+
+def test_modeled_device_profile(graph):
+    prof = profile(graph, "iphone-15-pro")
+    assert prof.entries and not any(e.measured for e in prof.entries)
+    assert set(prof.accelerators) == {"cpu", "gpu", "ane"}
+    # the ANE cannot compute weight gradients
+    assert not any(e.accelerator == "ane" and e.signature.startswith('["conv2d.grad_weight"') for e in prof.entries)
+
+
+def test_roundtrip_and_refusals(graph, host_profile, tmp_path):
+    prof, _ = host_profile
+    p = save_profile(prof, tmp_path / "p.json")
+    q = load_profile(p, device="host")
+    assert q.entries == prof.entries and q.digest() == prof.digest()
+    with pytest.raises(ProfileError, match="not 'raspberry-pi-4b'"):
+        load_profile(p, device="raspberry-pi-4b")
+    text = p.read_text()
+    bad = tmp_path / "trunc.json"
+    bad.write_text(text[: len(text) // 2])
+    with pytest.raises(ProfileError, match="truncated or corrupt"):
+        load_profile(bad)
+    d = json.loads(text)
+    d["version"] = 999
+    bad.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match="version 999"):
+        load_profile(bad)
+    d = json.loads(text)
+    d["entries"][0]["latency_ms"] = 123.0
+    bad.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match="checksum"):
+        load_profile(bad)
+    d = json.loads(text)
+    d["entries"] = d["entries"][:3]
+    del d["sha256"]
+    bad.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match="num_entries"):
+        load_profile(bad)
+    d = json.loads(text)
+    del d["entries"][0]["variant"], d["sha256"]
+    bad.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match=r"entries\[0\].*'variant'"):
+        load_profile(bad)
+    bad.write_text("")
+    with pytest.raises(ProfileError, match="empty"):
+        load_profile(bad)
+    with pytest.raises(ProfileError, match="not found"):
+        load_profile(tmp_path / "none.json")
+    with pytest.raises(ProfileError, match="raspberry-pi-4b"):
+        profile_with_report(graph, "raspberry-pi-4b", cache=p)
+
+
+def test_merge(host_profile, tmp_path):
+    prof, _ = host_profile
+    e0 = prof.entries[0]
+    twice = Profile(prof.device, prof.accelerators,
+                    tuple(type(e)(**{**e.__dict__, "latency_ms": e.latency_ms * 3}) for e in prof.entries),
+                    prof.handoff, prof.threads, prof.host, prof.memory_bytes)
+    m = merge_profiles([prof, twice])
+    assert len(m.entries) == len(prof.entries)
+    me = m.lookup(e0.signature, e0.accelerator, e0.variant)
+    if e0.measured:
+        assert me.latency_ms == pytest.approx(e0.latency_ms * 2) and me.samples == 2 * e0.samples
+    other = Profile("other", prof.accelerators, prof.entries)
+    with pytest.raises(ProfileError, match="different devices"):
+        merge_profiles([prof, other])
+    assert merge_profiles([prof, other], device="host").device == "host"
+    a, b = save_profile(prof, tmp_path / "a.json"), save_profile(twice, tmp_path / "b.json")
+    assert merge_profiles([a, b]).entries == m.entries
+
+
+def test_roofline_monotonic(graph):
+    dev = load_device("raspberry-pi-4b")
+    acc = dev.accelerators[0]
+    g1 = port.trace(get("digits_cnn", seed=0, width=8), torch.randn(2, 1, 8, 8))
+    g2 = port.trace(get("digits_cnn", seed=0, width=32), torch.randn(8, 1, 8, 8))
+    for kind in ("conv2d", "conv2d.grad_weight", "linear", "batch_norm2d", "relu", "update"):
+        o1 = [o for o in g1.ops if o.kind == kind][0]
+        o2 = [o for o in g2.ops if o.kind == kind][0]
+        assert (o2.flops, o2.bytes_moved) >= (o1.flops, o1.bytes_moved)
+        assert CM.roofline_ms(g2, o2, acc, "plain") > CM.roofline_ms(g1, o1, acc, "plain") > 0
+    slow = acc.model_copy(update={"peak_gflops": acc.peak_gflops / 10, "mem_gbps": acc.mem_gbps / 10})
+    conv = [o for o in g2.ops if o.kind == "conv2d"][-1]
+    assert CM.roofline_ms(g2, conv, slow, "plain") > CM.roofline_ms(g2, conv, acc, "plain")
+
+
+def test_calibration_reduces_error(graph, host_profile):
+    prof, _ = host_profile
+    cal = calibrate(graph, load_device("host"), prof)
+    assert "cpu-torch" in cal.efficiency
+    for acc in cal.efficiency:
+        assert all(0 < v <= 1.5 for v in cal.efficiency[acc].values())
+        assert cal.error_after[acc] <= cal.error_before[acc] + 1e-9
+
+
+def test_handoff_fit():
+    lat, bpm = fit_latency_bandwidth([1000, 2000, 4000], [1.1, 1.2, 1.4])
+    assert lat == pytest.approx(1.0) and bpm == pytest.approx(10000)
+    assert fit_latency_bandwidth([1, 2], [1.0, 1.0])[1] == math.inf
+
+
+def test_runners_share_interface_and_leave_grad_mode(graph):
+    assert torch.is_grad_enabled()
+    r = get_runner("torch-cpu", graph, threads=1)
+    for op in graph.ops:
+        run = r.prepare(op)
+        run()
+        r.sync()
+        assert run.workspace_bytes == 0
+    assert torch.is_grad_enabled()
+    if not torch.cuda.is_available():
+        with pytest.raises(ProfileError, match="CUDA"):
+            get_runner("torch-cuda", graph)
+    with pytest.raises(ProfileError, match="modeled"):
+        get_runner("modeled", graph)
+
+
+def test_mlp_dropout_adamw_profile():
+    g = port.trace(get("mlp", seed=0), torch.randn(2, 64), optimizer="adamw")
+    prof, rep = profile_with_report(g, "host", handoff=False, **FAST)
+    assert rep.failed == [] and rep.measured > 0

@@ -1,0 +1,246 @@
+"""port.solve: ILP == brute force on reduced instances, >= baselines, backends agree, infeasible budgets,
+determinism. Small graphs only (fast)."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+
+import pytest
+import torch
+
+from port import models
+from port.config import load_device
+from port.costmodel import modeled_profile
+from port.errors import InfeasibleBudgetError, PlanError
+from port.graph import trace
+from port.simulate import simulate
+from port.solve import SOLVERS, solve
+from port.solve.instance import build_instance
+from port.types import HandoffCost, OpDecision, Plan
+
+
+@pytest.fixture(scope="module")
+def mlp_graph():
+    torch.manual_seed(0)
+    return trace(models.get("mlp", seed=0), torch.randn(256, 64), optimizer="sgd_momentum", name="mlp")
+
+
+@pytest.fixture(scope="module")
+def cnn_graph():
+    torch.manual_seed(0)
+    return trace(models.get("digits_cnn", seed=0), torch.randn(16, 1, 8, 8), optimizer="sgd_momentum", name="digits_cnn")
+
+
+def two_acc_profile(graph, free_ops, storage=True, seed=0, free_accs=("cpu-c", "cpu-torch")):
+    """host profile, costs perturbed; only the signatures of ``free_ops`` keep both accelerators and all
+    variants, every other signature keeps (cpu-c, plain); non-zero hand-off costs; optional storage."""
+    p = modeled_profile(graph, load_device("host"))
+    rng = random.Random(seed)
+    free = {graph.signature(graph.ops[i]) for i in free_ops}
+    ents = []
+    for e in p.entries:
+        if (e.signature in free and e.accelerator in free_accs) or (e.accelerator == "cpu-c" and e.variant == "plain"):
+            ents.append(dataclasses.replace(e, latency_ms=e.latency_ms * rng.uniform(0.5, 1.5) + 1e-3))
+    ho = (HandoffCost("cpu-c", "cpu-torch", 0.002, 2e6), HandoffCost("cpu-torch", "cpu-c", 0.003, 1e6))
+    st = (("bandwidth_gbps", 0.5), ("latency_ms", 0.004)) if storage else ()
+    return dataclasses.replace(p, entries=tuple(ents), handoff=ho, storage=st, _index={})
+
+
+def own_times(graph):
+    """Graph-only: forward op -> first backward reader of its owned outputs (None: pure), and the set of
+    those steps. Re-running a dropped op at any other step is dominated by re-running it at the next
+    such step (nothing reads it in between), so brute force enumerates only these."""
+    from port.simulate import owned_activation_outputs, recompute_times
+    cons = graph.consumers()
+    own = {}
+    for p in recompute_times(graph):
+        bw = [c for r in owned_activation_outputs(graph, p) for c in cons.get(r, ())
+              if graph.ops[c].phase in ("backward", "update")]
+        own[p] = min(bw) if bw else None
+    return own, sorted({t for t in own.values() if t is not None})
+
+
+def legal_early(graph):
+    from port.simulate import early_update_info
+    out = []
+    for o in graph.ops:
+        if o.phase == "update":
+            try:
+                early_update_info(graph, o.id)
+                out.append(o.id)
+            except PlanError:
+                pass
+    return tuple(out)
+
+
+def brute_force(graph, profile, budget, chain=True, early=True, peak=False):
+    """Min simulated step time (or, peak=True, min peak) over every option combination, every recompute
+    schedule (each recomputable op: kept, or re-run at one of the own-times <= its own; chain=False: the
+    legacy fixed-tau rule), every paging subset and early updates none/all (update ops have no workspace
+    here, so all-early dominates any subset in memory and costs no time)."""
+    from port.simulate import recompute_times, owned_activation_outputs
+    inst = build_instance(graph, profile)
+    assert all(o.ws == 0 for i, opts in enumerate(inst.options) for o in opts if graph.ops[i].phase == "update")
+    per_op = [[(o.acc, o.var) for o in opts] for opts in inst.options]
+    own, steps = own_times(graph)
+    cands = sorted(own)
+    pages = list(inst.page_roots)
+    if chain:
+        rc_choices = [[None] + [t for t in steps if own[p] is None or t <= own[p]] for p in cands]
+    else:
+        rc_choices = [[None, "tau"] for p in cands]
+    early_sets = [()] + ([legal_early(graph)] if early and legal_early(graph) else [])
+    best = None
+    bases = []
+    for combo in itertools.product(*per_op):
+        ops = tuple(OpDecision(i, a, v) for i, (a, v) in enumerate(combo))
+        try:
+            bases.append((simulate(Plan("", "", budget, ops), graph, profile).step_ms, ops))
+        except PlanError:
+            continue
+    bases.sort(key=lambda x: x[0])
+    for base_ms, ops in bases:
+        # recompute and paging only add time, early updates none: prune by the keep-everything time
+        if not peak and best is not None and base_ms >= best - 1e-12:
+            break
+        for sched in itertools.product(*rc_choices):
+            rcp = [(p, t) for p, t in zip(cands, sched) if t is not None]
+            rec = tuple(sorted(r for p, _ in rcp for r in owned_activation_outputs(graph, p)))
+            at = tuple(sorted(rcp, key=lambda x: (x[1], x[0]))) if chain else ()
+            for mask in range(1 << len(pages)):
+                pag = tuple(sorted(pages[k] for k in range(len(pages)) if mask >> k & 1))
+                for ea in early_sets:
+                    plan = Plan("", "", budget, ops, recompute=rec, recompute_at=at, paged=pag, early_updates=ea)
+                    try:
+                        s = simulate(plan, graph, profile)
+                    except PlanError:
+                        continue
+                    if peak:
+                        if best is None or s.peak_bytes < best:
+                            best = s.peak_bytes
+                    elif s.peak_bytes <= budget and (best is None or s.step_ms < best - 1e-12):
+                        best = s.step_ms
+    return best
+
+
+def naive_peak(graph, profile):
+    return SOLVERS["single"](graph, profile, 10**15, accelerator=profile.accelerators[0]).predicted_peak_bytes
+
+
+@pytest.mark.parametrize("frac", [1.0, 0.8, 0.6])
+def test_ilp_equals_brute_force_mlp(mlp_graph, frac):
+    g = mlp_graph
+    prof = two_acc_profile(g, free_ops=[0, 1, 3])
+    inst = build_instance(g, prof)
+    assert len(inst.rc_times) + len(inst.page_roots) <= 10
+    B = int(naive_peak(g, prof) * frac)
+    bf = brute_force(g, prof, B)
+    if bf is None:
+        with pytest.raises(InfeasibleBudgetError):
+            solve(g, prof, B, gap=0.0)
+        return
+    p = solve(g, prof, B, gap=0.0, time_limit_s=30)
+    assert p.status == "optimal"
+    assert p.predicted_peak_bytes <= B
+    assert p.predicted_step_ms == pytest.approx(bf, rel=1e-6, abs=1e-9)
+    # objective = step time + EPS_EARLY_MS per early update
+    from port.solve.formulation import EPS_EARLY_MS
+    assert p.objective_ms == pytest.approx(p.predicted_step_ms + EPS_EARLY_MS * len(p.early_updates), rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("frac", [1.0, 0.85])
+def test_ilp_equals_brute_force_cnn_variants(cnn_graph, frac):
+    """fused / inplace / patch variants of the first block, both accelerators, recompute and paging."""
+    g = cnn_graph
+    prof = two_acc_profile(g, free_ops=[0, 1, 2], storage=False, seed=1, free_accs=("cpu-c",))
+    B = int(naive_peak(g, prof) * frac)
+    inst = build_instance(g, prof)
+    n = 1
+    for o in inst.options:
+        n *= len(o)
+    if n * (1 << (len(inst.rc_times) + len(inst.page_roots))) > 200000:
+        pytest.skip("instance too large for brute force")
+    bf = brute_force(g, prof, B)
+    if bf is None:
+        with pytest.raises(InfeasibleBudgetError):
+            solve(g, prof, B, gap=0.0)
+        return
+    p = solve(g, prof, B, gap=0.0)
+    assert p.predicted_step_ms == pytest.approx(bf, rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("frac", [1.0, 0.75])
+def test_ilp_never_worse_than_baselines(cnn_graph, frac):
+    g = cnn_graph
+    prof = modeled_profile(g, load_device("host"))
+    B = int(naive_peak(g, prof) * frac)
+    try:
+        p = solve(g, prof, B, gap=0.0)
+    except InfeasibleBudgetError:
+        pytest.skip("budget infeasible")
+    for name in ("greedy", "chen", "single:cpu-c", "single:cpu-torch"):
+        b = solve(g, prof, B, solver=name)
+        if b.status == "feasible":
+            assert p.predicted_step_ms <= b.predicted_step_ms * (1 + 1e-9) + 1e-12, name
+
+
+def test_backends_agree(cnn_graph):
+    g = cnn_graph
+    prof = two_acc_profile(g, free_ops=[0, 1, 2, 3], seed=2)
+    B = int(naive_peak(g, prof) * 0.8)
+    res = {}
+    for s in ("highs", "cbc", "scip", "cpsat"):
+        try:
+            res[s] = solve(g, prof, B, solver=s, gap=0.001, time_limit_s=30)
+        except InfeasibleBudgetError as e:
+            res[s] = e.min_feasible_bytes
+    if any(isinstance(v, (int, type(None))) and not isinstance(v, Plan) for v in res.values()):
+        assert len(set(res.values())) == 1
+        return
+    ref = res["highs"].objective_ms
+    for s, p in res.items():
+        assert p.predicted_peak_bytes <= B
+        assert p.objective_ms == pytest.approx(ref, rel=0.003), s
+
+
+def test_infeasible_budget_reports_minimum(cnn_graph):
+    g = cnn_graph
+    prof = modeled_profile(g, load_device("host"))
+    with pytest.raises(InfeasibleBudgetError) as ei:
+        solve(g, prof, 1000)
+    e = ei.value
+    mn = e.min_feasible_bytes
+    assert mn is not None and mn > 1000
+    assert e.peak_tensors and str(mn) in str(e)
+    p = solve(g, prof, mn)                     # the minimum itself is feasible
+    assert p.predicted_peak_bytes <= mn
+    with pytest.raises(InfeasibleBudgetError):
+        solve(g, prof, int(mn * 0.99))         # 1% below is not
+
+
+def test_same_inputs_same_plan(cnn_graph):
+    g = cnn_graph
+    prof = two_acc_profile(g, free_ops=[0, 1, 2, 3], seed=3)
+    B = int(naive_peak(g, prof) * 0.85)
+    try:
+        a = solve(g, prof, B)
+        b = solve(g, prof, B)
+    except InfeasibleBudgetError:
+        pytest.skip("infeasible")
+    assert (a.ops, a.recompute, a.paged, a.memory_timeline) == (b.ops, b.recompute, b.paged, b.memory_timeline)
+
+
+def test_plan_fields_come_from_simulator(cnn_graph):
+    g = cnn_graph
+    prof = modeled_profile(g, load_device("host"))
+    p = solve(g, prof, naive_peak(g, prof))
+    s = simulate(p, g, prof)
+    assert p.predicted_step_ms == s.step_ms and p.predicted_peak_bytes == s.peak_bytes
+    assert p.memory_timeline == s.timeline and p.solver == "highs" and p.gap <= 0.01
+
+
+def test_unknown_solver(cnn_graph):
+    from port.errors import PortError
+    with pytest.raises(PortError):
+        solve(cnn_graph, modeled_profile(cnn_graph, load_device("host")), 10**9, solver="nope")
