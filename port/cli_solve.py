@@ -61,7 +61,8 @@ def solve_cmd(config: Path = typer.Argument(..., help="experiment YAML"),
     sim = simulate(plan, graph, profile)
     con.print(f"status {plan.status}; predicted step {plan.predicted_step_ms:.3f} ms, peak "
               f"{format_size(plan.predicted_peak_bytes)} of {format_size(B)}; gap {plan.gap:.4g}; "
-              f"solved in {plan.solve_time_s:.2f} s; {len(plan.recompute)} tensors recomputed, {len(plan.paged)} paged")
+              f"solved in {plan.solve_time_s:.2f} s; {len(plan.recompute)} tensors recomputed ({len(plan.recompute_at)} re-runs), {len(plan.paged)} paged, "
+              f"{len(plan.early_updates)} early updates")
     if output is not None:
         layers = [{"op": o.name, "layer": o.layer, "kind": o.kind, "phase": o.phase,
                    "ms": profile.lookup(graph.signature(o), plan.ops[o.id].accelerator, plan.ops[o.id].variant).latency_ms}

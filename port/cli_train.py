@@ -75,7 +75,10 @@ def get_profile(graph, device, run_dir: Path, console, replan_ops: tuple[str, ..
             continue
         if _covers(prof, graph) and not replan_ops:
             console.print(f"profile: cached {p} ({sum(e.measured for e in prof.entries)} measured entries)")
-            return prof, p
+            own = run_dir / "profile.json"
+            if p != own:
+                save_profile(prof, own)        # every run directory holds the profile its plan used
+            return prof, own
         cache = prof
         break
     if cache is not None and replan_ops:
@@ -149,9 +152,11 @@ def build_report(run_dir: Path, graph, profile, plan, measured: dict, summary: d
         o = graph.ops[d.op]
         rows.append(OpRow(o.name, o.layer, o.kind, o.phase, d.accelerator, d.variant,
                           pred.get(o.name, 0.0), op_ms.get(o.name)))
+    acc_of = {label: acc for label, acc, _, _ in sim.gantt}
     for label in pred:
-        if label.startswith("recompute:"):
-            rows.append(OpRow(label, label, "recompute", "recompute", "-", "-", pred[label], op_ms.get(label)))
+        if label.endswith(" (recompute)"):
+            rows.append(OpRow(label, label[:-len(" (recompute)")], "recompute", "recompute", acc_of.get(label, "-"),
+                              "-", pred[label], op_ms.get(label)))
     flags = render_report(run_dir / "report.html", f"PORT run {run_dir.name}", rows, list(sim.timeline),
                           measured.get("timeline_bytes") or None, plan.budget_bytes, summary)
     return flags
@@ -233,6 +238,7 @@ def run_training(config: Path, resume: bool = False, steps: Optional[int] = None
     console.print(f"arena: {format_size(mem['arena_bytes'])} (persistent {format_size(mem['persistent_bytes'])} + "
                   f"scratch {format_size(mem['scratch_bytes'])}); plan predicted peak "
                   f"{format_size(plan.predicted_peak_bytes)}; set-up {setup_s:.2f} s")
+    rss_train0 = _rss_bytes()     # training-time growth is measured from here (set-up excluded)
     total = steps if steps is not None else cfg.train.steps
     per_epoch = max(1, ds.x_train.shape[0] // B)
     if cfg.train.epochs:
@@ -282,7 +288,8 @@ def run_training(config: Path, resume: bool = False, steps: Optional[int] = None
     metrics.close()
     train_s = time.perf_counter() - t0
     ev = tr.evaluate(ds.test_batches(B))
-    rss_growth = max(rss_peak, _rss_bytes()) - rss0
+    rss_growth = max(rss_peak, _rss_bytes()) - rss_train0
+    setup_rss = rss_train0 - rss0
 
     # closed loop: measure per-op times on a copy of the state (the trained weights are not touched)
     x, y = last if last[0] is not None else next(ds.batches(B, cfg.train.seed, 0))
@@ -299,7 +306,7 @@ def run_training(config: Path, resume: bool = False, steps: Optional[int] = None
         "predicted step": f"{plan.predicted_step_ms:.2f} ms", "measured step": f"{measured['step_ms']:.2f} ms",
         "predicted peak": format_size(plan.predicted_peak_bytes),
         "arena (planned, allocated)": format_size(mem["arena_bytes"]),
-        "process RSS growth": format_size(rss_growth),
+        "process RSS growth while training": format_size(rss_growth),
         "test accuracy": f"{ev['accuracy'] * 100:.2f}%", "steps": tr.step_count,
     }
     flags = build_report(run_dir, graph, profile, plan, measured, summary)
@@ -317,7 +324,8 @@ def run_training(config: Path, resume: bool = False, steps: Optional[int] = None
     console.print(f"trained {tr.step_count - done0} steps in {train_s:.2f} s; step time predicted "
                   f"{plan.predicted_step_ms:.2f} ms, measured {measured['step_ms']:.2f} ms")
     console.print(f"memory: plan peak {format_size(plan.predicted_peak_bytes)}, arena {format_size(mem['arena_bytes'])}"
-                  f", budget {format_size(plan.budget_bytes)}; process RSS growth {format_size(rss_growth)}")
+                  f", budget {format_size(plan.budget_bytes)}; process RSS growth while training "
+                  f"{format_size(rss_growth)} (set-up: torch, tracing, solver, arena: {format_size(setup_rss)})")
     console.print(f"{len(flags)} op(s) off their predicted time by more than 25% (see report; `--replan` "
                   f"re-profiles them)")
     console.print(f"[bold]test accuracy {ev['accuracy'] * 100:.2f}%[/] (loss {ev['loss']:.4f}); run directory {run_dir}")

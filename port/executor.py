@@ -102,6 +102,13 @@ class Executor:
             (self.updates if late_update else self.main).append(fn)
             (self.update_calls if late_update else self.main_calls).append(c)
         self._zero = [arena[o:o + n] for o, n in program.zero_ranges]
+        # CPU arenas: zero gradient ranges with memset, not torch's zero_() (which wakes the intra-op thread
+        # pool every step: ~7 ms per step on a loaded 2-core machine for a 57 KB range)
+        self._memset = None
+        if arena.device.type == "cpu":
+            import ctypes
+            self._memset = [(self.base + o, n) for o, n in program.zero_ranges]
+            self._c_memset = ctypes.memset
         self.input = self.view(program.input_id)
         self.labels = self.view(program.label_id) if program.label_id >= 0 else None
         self.loss = self.view(program.loss_id) if program.loss_id >= 0 else None
@@ -121,6 +128,11 @@ class Executor:
         self.view(GRAD_SCALE_ID).fill_(value)
 
     def zero_grads(self) -> None:
+        if self._memset is not None:
+            ms = self._c_memset
+            for addr, n in self._memset:
+                ms(addr, 0, n)
+            return
         for z in self._zero:
             z.zero_()
 

@@ -91,14 +91,14 @@ def _members(graph: Graph, root_of) -> dict[int, list[int]]:
 
 
 def validate_plan(graph: Graph, plan: Plan, phases: Sequence[str] = PHASES,
-                  accelerators: dict[str, str] | None = None) -> None:
+                  accelerators: dict[str, str] | None = None, check_digest: bool = True) -> None:
     """Refuse (PlanError) a plan that does not belong to ``graph`` or that the executor cannot run: wrong
     graph digest, wrong length/op ids, unknown accelerators, variants illegal on the op's backend, in-place
     conflicts, unsound recompute/paging/early-update requests. Schedules that are legal but wasteful (a
     recompute_at step later than needed) are not refused here: ``port.simulate`` is the referee for them."""
     if not isinstance(plan, Plan):
         raise PlanError(f"expected a port.types.Plan, got {type(plan).__name__}")
-    if plan.graph_digest and plan.graph_digest != graph.digest():
+    if check_digest and plan.graph_digest and plan.graph_digest != graph.digest():
         raise PlanError(f"plan was made for another graph (digest {plan.graph_digest[:12]}...), not for "
                         f"{graph.name!r} ({graph.digest()[:12]}...): re-solve for this model/batch/optimizer")
     if len(plan.ops) != len(graph.ops) or any(getattr(d, "op", None) != i for i, d in enumerate(plan.ops)):
@@ -166,7 +166,8 @@ def _is_bwd(graph: Graph, oid: int) -> bool:
 # ---------------------------------------------------------------------------------------------
 def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES, *,
           persistent_from: Program | None = None, strategy: str = "auto",
-          accelerators: dict[str, str] | None = None, backend: str = "c", check: bool = True) -> Program:
+          accelerators: dict[str, str] | None = None, backend: str = "c", check: bool = True,
+          check_digest: bool = True) -> Program:
     """Lower ``graph`` under ``plan`` (default: ``default_plan(graph, backend)``) into a Program.
 
     phases: the graph phases to lower; ("forward",) gives an inference program (logits kept to the end).
@@ -187,7 +188,7 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
     if plan is None:
         plan = default_plan(graph, backend)
     phases = tuple(p for p in PHASES if p in phases)
-    validate_plan(graph, plan, phases, accelerators)
+    validate_plan(graph, plan, phases, accelerators, check_digest)
     T = graph.tensors
     NT = len(T)
     ops = [o for o in graph.ops if o.phase in phases]

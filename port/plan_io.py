@@ -29,7 +29,8 @@ def plan_to_dict(plan: Plan, graph: Graph | None = None) -> dict:
         if graph is not None:
             e["name"] = graph.ops[d.op].name
         ops.append(e)
-    tens = {"recompute": list(plan.recompute), "paged": list(plan.paged)}
+    tens = {"recompute": list(plan.recompute), "paged": list(plan.paged),
+            "recompute_at": [[int(a), int(b)] for a, b in plan.recompute_at]}
     if graph is not None:
         tens["recompute_names"] = [graph.tensors[t].name for t in plan.recompute]
         tens["paged_names"] = [graph.tensors[t].name for t in plan.paged]
@@ -40,7 +41,8 @@ def plan_to_dict(plan: Plan, graph: Graph | None = None) -> dict:
         "budget_bytes": plan.budget_bytes, "solver": plan.solver, "status": plan.status,
         "objective_ms": _num(plan.objective_ms), "gap": _num(plan.gap), "solve_time_s": _num(plan.solve_time_s),
         "predicted_step_ms": _num(plan.predicted_step_ms), "predicted_peak_bytes": plan.predicted_peak_bytes,
-        "ops": ops, "tensors": tens, "memory_timeline": list(plan.memory_timeline),
+        "ops": ops, "tensors": tens, "early_updates": list(plan.early_updates),
+        "memory_timeline": list(plan.memory_timeline),
     }
 
 
@@ -97,6 +99,8 @@ def load_plan(path: str | Path, graph: Graph | None = None, profile: Profile | N
         decisions = tuple(OpDecision(int(o["op"]), str(o["accelerator"]), str(o["variant"])) for o in ops)
         rec = tuple(int(t) for t in tens.get("recompute", []))
         pag = tuple(int(t) for t in tens.get("paged", []))
+        rat = tuple((int(a), int(b)) for a, b in tens.get("recompute_at", []))   # absent in older files: ()
+        early = tuple(int(u) for u in d.get("early_updates", []))
         timeline = tuple(int(x) for x in _req(d, "memory_timeline", list, path))
     except (KeyError, TypeError, ValueError) as e:
         raise PlanError(f"{path}: malformed decisions ({e!r})") from None
@@ -113,6 +117,9 @@ def load_plan(path: str | Path, graph: Graph | None = None, profile: Profile | N
         raise PlanError(f"{path}: plan was made for another profile (profile digest {pd[:12]}...); this profile "
                         f"({profile.device!r}) has digest {profile.digest()[:12]}...: solve again")
     f = lambda k, dflt=0.0: float(d[k]) if d.get(k) is not None else (float("nan") if k == "gap" else dflt)
-    return Plan(gd, pd, int(_req(d, "budget_bytes", int, path)), decisions, rec, pag, str(d.get("solver", "")),
-                str(d.get("status", "feasible")), f("objective_ms"), f("gap"), f("solve_time_s"),
-                f("predicted_step_ms"), int(d.get("predicted_peak_bytes") or 0), timeline)
+    return Plan(graph_digest=gd, profile_digest=pd, budget_bytes=int(_req(d, "budget_bytes", int, path)),
+                ops=decisions, recompute=rec, recompute_at=rat, paged=pag, early_updates=early,
+                solver=str(d.get("solver", "")), status=str(d.get("status", "feasible")),
+                objective_ms=f("objective_ms"), gap=f("gap"), solve_time_s=f("solve_time_s"),
+                predicted_step_ms=f("predicted_step_ms"), predicted_peak_bytes=int(d.get("predicted_peak_bytes") or 0),
+                memory_timeline=timeline)

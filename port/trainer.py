@@ -54,7 +54,17 @@ class Trainer:
                             f"batch, an early update applies each gradient as soon as one micro-batch completes "
                             f"it. Re-solve with allow_early_updates=False or drop micro_batch.")
         self.plan = plan if plan is not None else default_plan(self.graph, backend)
-        self.program: Program = lower(self.graph, self.plan, strategy=strategy)
+        check_digest = True
+        if plan is not None and plan.graph_digest and plan.graph_digest != self.graph.digest():
+            # e.g. solved on a graph traced under another name, or at the full batch while this trainer runs
+            # micro-batches: same ops, so the decisions still apply (length, ids and variants are checked);
+            # the memory it was solved for does not
+            import warnings
+            warnings.warn(f"plan graph digest {plan.graph_digest[:12]}... differs from the trainer's graph "
+                          f"{self.graph.digest()[:12]}... (other graph name or batch): running its decisions "
+                          f"anyway; its predicted memory does not apply", stacklevel=2)
+            check_digest = False
+        self.program: Program = lower(self.graph, self.plan, strategy=strategy, check_digest=check_digest)
         # inference program on the same arena: forward only, eval-mode BN, no dropout
         self.eval_graph = inference_graph(model, ex_in)
         eplan = default_plan(self.eval_graph, backend)
@@ -69,6 +79,8 @@ class Trainer:
         self.executor.set_grad_scale(mb / B)
         self._bn_batches = 0        # training forward passes (BN num_batches_tracked)
         self._load_module(model)
+        _release_freed_heap()
+
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -116,16 +128,23 @@ class Trainer:
         st.step += 1
         return total / (B // mb)
 
-    def profile_step(self, x: Any, y: Any) -> dict:
-        """One real optimizer step (exactly like ``step``: same updates, same RNG counters) run with per-call
-        timers. Returns ``Executor.run(timing=True)``'s dict (per-call wall ms with op names, phases, backends,
-        variants and recompute flags; the arena live-bytes timeline; peak) plus ``"loss"`` (float) and
-        ``"micro_batches"``; with micro-batching the call rows of every micro-batch are listed in order."""
+    def profile_step(self, x: Any, y: Any, commit: bool = False) -> dict:
+        """One optimizer step run with per-call timers. commit=True: a real step (exactly like ``step``: same
+        updates, same RNG counters). commit=False (default): the weights, buffers, optimizer state and counters
+        are restored afterwards, so measuring does not change training. Returns ``Executor.run(timing=True)``'s dict (per-call wall ms with op names, phases, backends,
+        variants and recompute flags; the arena live-bytes timeline; peak) plus ``"loss"`` (float),
+        ``"micro_batches"``, ``"step_ms"`` (= total_ms), ``"op_ms"`` ({graph op name or "<name> (recompute)" or
+        page-call name: summed ms}; a fused conv call is booked on the conv) and ``"timeline_bytes"`` (= timeline);
+        with micro-batching the call rows of every micro-batch are listed in order."""
         B, mb = self.batch_size, self.micro_batch
         if x.shape[0] != B or tuple(x.shape[1:]) != self.example_shape:
             raise PortError(f"profile_step() expects x of shape {[B, *self.example_shape]}, got {list(x.shape)}")
         ex = self.executor
         st = self.state
+        saved = None
+        if not commit:
+            saved = (self.arena[:self.program.persistent_bytes].clone(), st.step, st.dropout_counter,
+                     self._bn_batches)
         ex.zero_grads()
         rows, timeline, total, tot_ms = [], [], 0.0, 0.0
         by_phase: dict = {}
@@ -143,8 +162,19 @@ class Trainer:
             st.dropout_counter += 1
             self._bn_batches += 1
         st.step += 1
-        return {"loss": total / k, "micro_batches": k, "calls": rows, "total_ms": tot_ms, "by_phase_ms": by_phase,
-                "timeline": timeline, "peak_bytes": max(timeline), "arena_bytes": self.program.arena_bytes,
+        if saved is not None:
+            self.arena[:self.program.persistent_bytes].copy_(saved[0])
+            st.step, st.dropout_counter, self._bn_batches = saved[1], saved[2], saved[3]
+        op_ms: dict[str, float] = {}
+        for r in rows:   # keyed like port.simulate's gantt labels: op name, "<op name> (recompute)"
+            if r["op"] < 0:
+                key = r["name"]
+            else:
+                key = self.graph.ops[r["op"]].name + (" (recompute)" if r["recompute"] else "")
+            op_ms[key] = op_ms.get(key, 0.0) + r["ms"]
+        return {"loss": total / k, "micro_batches": k, "calls": rows, "total_ms": tot_ms, "step_ms": tot_ms,
+                "op_ms": op_ms, "by_phase_ms": by_phase, "timeline": timeline, "timeline_bytes": timeline,
+                "peak_bytes": max(timeline), "arena_bytes": self.program.arena_bytes,
                 "persistent_bytes": self.program.persistent_bytes}
 
     # -- inference ----------------------------------------------------------------------------
@@ -248,3 +278,16 @@ class Trainer:
         return {"arena_bytes": self.arena_bytes, "train_arena_bytes": p.arena_bytes,
                 "eval_arena_bytes": self.eval_program.arena_bytes, "persistent_bytes": p.persistent_bytes,
                 "scratch_bytes": p.scratch_bytes, "peak_live_bytes": p.peak_live_bytes}
+
+
+def _release_freed_heap() -> None:
+    """Tracing copies the model and runs it once (shape propagation); those tensors are freed, but glibc keeps
+    the pages in its heap (~100 MiB for ResNet-18), which would count against the device's memory for the
+    whole run. Hand them back to the OS once set-up is done (glibc only; a no-op elsewhere)."""
+    import gc
+    gc.collect()
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

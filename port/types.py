@@ -251,8 +251,11 @@ class Graph:
         }
 
     def digest(self) -> str:
-        """sha256 of the canonical JSON form: plans and profiles refer to graphs by it."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        """sha256 of the canonical JSON form without the display name: plans and profiles refer to graphs
+        by it, so the same model traced under another name is the same graph."""
+        d = self.to_dict()
+        d.pop("name")
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
 
 

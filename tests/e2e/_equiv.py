@@ -110,3 +110,54 @@ def assert_same_training(a, b, exact: bool = True, rtol: float = RTOL, weights: 
             assert abs(x - y) <= rtol * abs(y) + 1e-6, f"step {i}: loss {x} vs {y}"
         if weights:
             check_weights(sa, sb, rtol)
+
+
+def _ulp_perturbed(model, seed: int):
+    """A copy of ``model`` with every parameter multiplied by (1 + 2^-23 * N(0, 1)): one float32 ulp of noise."""
+    r = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in r.parameters():
+            p.mul_(1 + 2.0 ** -23 * torch.randn(p.shape, generator=g))
+    return r
+
+
+def _torch_losses(model, batches, opt: str, lr: float, dtype) -> list[float]:
+    o = torch_opt(opt, model.parameters(), lr)
+    out = []
+    for x, y in batches:
+        o.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x.to(dtype)), y)
+        loss.backward()
+        o.step()
+        out.append(float(loss.detach()))
+    return out
+
+
+def compare_to_float64(model, batches, opt: str = "sgd", lr: float | None = None, factor: float = 3.0,
+                       floor: float = 1e-5, perturbed_runs: int = 3, **kw):
+    """For ill-conditioned training two correct float32 implementations can leave each other after a few
+    steps: a ReLU input within rounding of zero flips its mask, a discrete change that deep nets with batch
+    statistics over a handful of values (or AdamW, which turns tiny gradients into lr-sized steps) amplify.
+    Then neither float32 run is the other's oracle. The exact answer is PyTorch in float64, and the yardstick
+    is float32's own sensitivity: PyTorch float32 runs whose initial weights carry one ulp of noise. Assert:
+    * step 0 (the forward pass before any update) agrees with float64 within 1e-4 relative;
+    * rms over steps of |loss_port - loss_f64| <= factor * (the largest such rms among PyTorch float32 runs,
+      unperturbed and ``perturbed_runs`` ulp-perturbed) + floor * mean |loss_f64|.
+    On a well-conditioned problem every float32 run stays ~1e-7 from float64, so the bound stays tight; a
+    wrong kernel is orders of magnitude off. Returns (port losses, [float32 losses per run], float64 losses)."""
+    lr = lr if lr is not None else (0.01 if opt == "sgd" else 1e-3)
+    l64 = _torch_losses(copy.deepcopy(model).double(), batches, opt, lr, torch.float64)
+    l32s = [_torch_losses(copy.deepcopy(model), batches, opt, lr, torch.float32)]
+    l32s += [_torch_losses(_ulp_perturbed(model, k + 1), batches, opt, lr, torch.float32)
+             for k in range(perturbed_runs)]
+    tr = Trainer(model, batches[0][0], optimizer=port_opt(opt, lr), **kw)
+    lp = [tr.step(x, y) for x, y in batches]
+    assert abs(lp[0] - l64[0]) <= 1e-4 * abs(l64[0]), f"step 0 (forward only): PORT {lp[0]} vs float64 {l64[0]}"
+    rms = lambda a: (sum((u - v) ** 2 for u, v in zip(a, l64)) / len(a)) ** 0.5
+    e_port, e_torch = rms(lp), max(rms(l) for l in l32s)
+    bound = factor * e_torch + floor * sum(abs(v) for v in l64) / len(l64)
+    assert e_port <= bound, (f"PORT's loss is {e_port:.3e} (rms) from float64 training; PyTorch float32 runs "
+                             f"(one unperturbed, {perturbed_runs} with one ulp of weight noise) are at most "
+                             f"{e_torch:.3e}: PORT is more than {factor}x worse")
+    return lp, l32s, l64

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import port.models as M
-from _equiv import check_weights, compare, data
+from _equiv import compare_to_float64, check_weights, compare, data
 
 def _freeze_bn(m):
     for mod in m.modules():
@@ -37,20 +37,30 @@ LR = {"sgd": 0.005, "adamw": 1e-4}
 @pytest.mark.parametrize("opt", ["sgd", "adamw"])
 @pytest.mark.parametrize("name,batch,kw,freeze", ZOO, ids=[z[0] for z in ZOO])
 def test_zoo_matches_pytorch(name, batch, kw, freeze, opt, request):
-    if opt == "adamw" and name in ("resnet18", "vgg16", "resnet50"):
-        # KNOWN MISS (reported): the loss drifts 1-3e-4 relative at steps 12-18 on these deep nets with AdamW
-        # (AdamW turns gradient noise of near-zero gradients into lr-sized updates). Not yet root-caused.
-        request.applymarker(pytest.mark.xfail(reason="AdamW loss drift 1-3e-4 on deep nets, open", strict=False))
     m = M.get(name, seed=0, **kw)
     if freeze:
         _freeze_bn(m)
+    if opt == "adamw" and name in ("resnet18", "vgg16", "resnet50"):
+        # Root-caused, not a kernel bug: one ReLU mask flip. resnet18, step 2 (data seed 0): a conv2 output is
+        # 1.962390e-4 in float64, 1.962371e-4 in PyTorch float32 and 1.961924e-4 in PORT (both float32-legit;
+        # PORT's im2col+sgemm conv is ~1.35x PyTorch's rms error), the frozen BN's bias (-~2e-4 after two AdamW
+        # steps) cancels it to +3.5e-8 (float64) vs -1.1e-8 (PORT): one of 131072 layer1.0.relu2 outputs flips,
+        # moving layer1.0's input gradients by 5e-3 relative; AdamW's sign-like update turns that into lr-sized
+        # steps of the small-gradient weights: loss 5.8e-4 from float64 over 20 steps (PyTorch 2.4e-6 with this
+        # seed; with data seed 2 PyTorch float32 flips one too). Every step without a flip matches float64 as
+        # closely as PyTorch float32 (test_deep_net_gradients_match_float64). So the oracle is float64 and the
+        # yardstick float32's own sensitivity (PyTorch float32 runs with one ulp of weight noise also flip).
+        compare_to_float64(m, data(name, batch, 20), opt, lr=LR[opt])
+        return
     compare(m, data(name, batch, 20), opt, lr=LR[opt])
 
 
 @pytest.mark.parametrize("name", ["vgg11", "resnet18"])
-def test_train_bn_deep_nets_close(name):
-    """Training-mode BN in deep nets at batch 2: within 2e-3 for 10 SGD steps (float32 conditioning)."""
-    compare(M.get(name, seed=0), data(name, 2, 10), "sgd", lr=LR["sgd"], rtol=2e-3)
+def test_train_bn_deep_nets_as_accurate_as_pytorch(name):
+    """Training-mode BN in deep nets at batch 2 (BN over a handful of values late in the net): float32 runs
+    diverge chaotically with summation order (PyTorch on 1 vs 2 threads differ by ~1e-3 within 10 steps), so
+    the oracle is PyTorch float64 and PORT must be as close to it as PyTorch float32 is."""
+    compare_to_float64(M.get(name, seed=0), data(name, 2, 10), "sgd", lr=LR["sgd"])
 
 
 @pytest.mark.parametrize("opt", ["sgd", "adamw"])
@@ -60,14 +70,15 @@ def test_mobilenetv2_frozen_bn_matches_pytorch(opt):
     compare(m, data("mobilenetv2", 2, 20), opt, lr=LR[opt])
 
 
-def test_mobilenetv2_train_bn_close_to_pytorch():
+def test_mobilenetv2_train_bn_as_accurate_as_pytorch():
     """MobileNetV2 with training-mode BN at batch 2 is ill-conditioned at initialisation: PyTorch's own float32
-    gradients differ from float64 by ~1e-2 relative, and any change of summation order (the C kernels, or
-    PyTorch on another thread count) moves the loss by ~1e-3. The bound here is what float32 allows; the
-    frozen-BN test above holds MobileNetV2's kernels to 1e-4."""
+    run leaves float64 training by ~1e-2 within a few steps, and any change of summation order (the C kernels,
+    or PyTorch on another thread count) gives another trajectory. So the oracle is float64: PORT must be as
+    close to it as PyTorch float32 (the frozen-BN test above holds MobileNetV2's kernels to 1e-4 against
+    PyTorch directly)."""
     m = M.get("mobilenetv2", seed=0, dropout=0.0)
-    pl, tl, _ = compare(m, data("mobilenetv2", 2, 5), "sgd", lr=LR["sgd"], rtol=2e-2, weights=False)
-    assert pl[-1] < pl[0] and tl[-1] < tl[0]
+    lp, l32, l64 = compare_to_float64(m, data("mobilenetv2", 2, 10), "sgd", lr=LR["sgd"])
+    assert lp[-1] < lp[0]
 
 
 def test_micro_batch_equals_full_batch():
@@ -114,3 +125,32 @@ def test_comparator_catches_drift():
         opt.step()
     with pytest.raises(AssertionError):
         check_weights(tr.state_dict(), ref.state_dict())
+
+
+def test_deep_net_gradients_match_float64():
+    """One step's parameter gradients of a deep net (resnet18, frozen BN, batch 2) within a few times PyTorch
+    float32's own error from float64, tensor by tensor: the guard for kernel bugs that AdamW exposes (it normalises
+    every gradient element, so a small tensor with a large relative error gets lr-sized wrong updates)."""
+    import torch.nn.functional as F
+    from port.optim import AdamW
+    from port.trainer import Trainer
+    from port.types import ROLE_GRADIENT, ROLE_PARAMETER
+    m = _freeze_bn(M.get("resnet18", seed=0))
+    x, y = data("resnet18", 2, 1)[0]
+    r32, r64 = copy.deepcopy(m), copy.deepcopy(m).double()
+    tr = Trainer(m, x, optimizer=AdamW(1e-4))
+    ex, g = tr.executor, tr.graph
+    ex.zero_grads()
+    ex.input.copy_(x)
+    ex.labels.copy_(y)
+    ex.run_main()
+    pg = {g.tensors[t.grad_of].name: ex.view(t.id).double() for t in g.tensors
+          if t.role == ROLE_GRADIENT and t.grad_of is not None and g.tensors[t.grad_of].role == ROLE_PARAMETER}
+    F.cross_entropy(r32(x), y).backward()
+    F.cross_entropy(r64(x.double()), y).backward()
+    g32 = dict(r32.named_parameters())
+    for n, p in r64.named_parameters():
+        ref = p.grad
+        e_port = float((pg[n].reshape(ref.shape) - ref).norm() / ref.norm())
+        e_torch = float((g32[n].grad.double() - ref).norm() / ref.norm())
+        assert e_port <= 5 * e_torch + 1e-6, f"{n}: gradient {e_port:.2e} from float64, PyTorch float32 {e_torch:.2e}"

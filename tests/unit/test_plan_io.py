@@ -60,3 +60,14 @@ def test_refuses_corrupt_truncated_wrong_version(setup, tmp_path):
     (tmp_path / "x.json").write_text("[1, 2]")
     with pytest.raises(PlanError, match="not a PORT plan"):
         load_plan(tmp_path / "x.json")
+
+
+def test_round_trip_chain_and_early(tmp_path):
+    from port.types import Plan
+    import dataclasses
+    g = trace(models.get("mlp", seed=0), torch.randn(8, 64), name="mlp")
+    p = modeled_profile(g, load_device("host"))
+    plan = solve(g, p, 10**9)
+    plan = dataclasses.replace(plan, recompute_at=((0, 12), (1, 12)), early_updates=(18, 19))
+    back = load_plan(save_plan(plan, tmp_path / "c.json", g), g, p)
+    assert back.recompute_at == ((0, 12), (1, 12)) and back.early_updates == (18, 19) and back == plan

@@ -95,3 +95,48 @@ def test_rejects_bad_variants(chain):
         simulate(Plan("", "", 0, tuple(ops)), g, p)
     with pytest.raises(PlanError):
         simulate(Plan("", "", 0, plain(g)[:-1]), g, p)
+
+
+def test_recompute_at_chain_and_refusals(chain):
+    g, p = chain
+    lin_a, relu = g.ops[0], next(o for o in g.ops if o.kind == "relu")
+    rec = tuple(sorted((relu.outputs[0], lin_a.outputs[0])))
+    bw_relu = next(o.id for o in g.ops if o.name == relu.name + ".grad_input")
+    first_bwd = min(o.id for o in g.ops if o.phase == "backward" and relu.outputs[0] in o.inputs)
+    ok = Plan("", "", 0, plain(g), recompute=rec, recompute_at=((lin_a.id, first_bwd), (relu.id, first_bwd)))
+    s = simulate(ok, g, p)
+    assert [k for k, _ in s.steps].count("recompute") == 2
+    # legacy rule gives the same replay here
+    assert s.timeline == simulate(Plan("", "", 0, plain(g), recompute=rec), g, p).timeline
+    bad = [
+        ((relu.id, first_bwd), (lin_a.id, first_bwd)),            # unsorted
+        ((relu.id, first_bwd),),                                  # lin_a missing: relu's input not live
+        ((lin_a.id, first_bwd), (relu.id, bw_relu + 1)),          # after its output's first backward read
+        ((lin_a.id, 1), (relu.id, first_bwd)),                    # not a backward step
+        ((lin_a.id, first_bwd), (lin_a.id, first_bwd), (relu.id, first_bwd)),
+    ]
+    for at in bad:
+        with pytest.raises(PlanError):
+            simulate(Plan("", "", 0, plain(g), recompute=rec, recompute_at=at), g, p)
+    # relu alone re-run while its input (h1, a pure intermediate) is gone
+    with pytest.raises(PlanError):
+        simulate(Plan("", "", 0, plain(g), recompute=(relu.outputs[0],), recompute_at=((relu.id, first_bwd),)), g, p)
+
+
+def test_early_updates_reduce_peak_and_static(chain):
+    g, p = chain
+    ups = tuple(o.id for o in g.ops if o.phase == "update")
+    base = simulate(Plan("", "", 0, plain(g)), g, p)
+    s = simulate(Plan("", "", 0, plain(g), early_updates=ups), g, p)
+    grads = sum(t.bytes for t in g.tensors if t.role == "gradient" and t.alias_of is None
+                and g.tensors[t.grad_of].role == "parameter")
+    assert s.static_bytes == base.static_bytes - grads
+    assert s.peak_bytes < base.peak_bytes
+    assert s.step_ms == pytest.approx(base.step_ms)
+    # each update runs right after its gradient's producer
+    order = [oid for k, oid in s.steps]
+    for u in ups:
+        gr = g.storage_root(g.ops[u].inputs[1])
+        assert order.index(u) == order.index(g.producers()[gr]) + 1 or g.ops[order[order.index(u) - 1]].phase == "update"
+    with pytest.raises(PlanError):
+        simulate(Plan("", "", 0, plain(g), early_updates=(0,)), g, p)       # not an update op

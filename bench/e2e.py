@@ -1,0 +1,597 @@
+"""End-to-end benchmark (issue 7): profile -> solve under a memory budget -> train with the plan, against
+PyTorch eager, on ``host``.
+
+    python bench/e2e.py --quick     # ResNet-18 + MobileNetV2 at batch 8, budgets 100/50/25 % (< 8 min)
+    python bench/e2e.py             # ResNet-18, VGG-11, MobileNetV2 at batch 8 and 32
+    options: --models resnet18,vgg11 --batches 8 --budgets 1,0.5,0.25 --steps N --warmup N
+             --profile-max-s S --solve-s S --no-write
+
+Per (model, batch):
+  1. PyTorch eager worker (fresh subprocess, torch.optim.SGD lr 0.01 momentum 0.9, 2 threads) runs
+     ``--warmup`` steps; its peak training memory is measured (RSS: VmHWM after reset - VmRSS before the
+     optimizer exists, see bench/train.py) and defines
+         EAGER TOTAL = parameter + buffer bytes (the weights, resident before the baseline)
+                       + eager RSS growth (peak - pre: grads + momentum + activations + autograd/allocator).
+     PORT's budget at fraction f = f x EAGER TOTAL (the budget the solver gets covers PORT's whole arena:
+     its weights, grads, momentum, buffers, activations and workspace).
+  2. profile the traced graph on ``host`` (all variants, cache in runs/bench_profiles/host/, time budget
+     ``--profile-max-s``: entries it does not reach are roofline-modeled and counted in the notes), solve
+     with HiGHS (allow_early_updates=True), verify with port.simulate -> predicted step ms + peak bytes.
+  3. one fresh PORT worker per feasible budget (Trainer(model, x, plan=plan)); the eager worker and the PORT
+     workers are then driven in alternating single steps (order rotates each round), ``--steps`` timed rounds.
+     Afterwards each PORT worker runs 3 instrumented steps (Trainer.profile_step: per-call kernel ms) so the
+     step wall time splits into kernels + executor overhead.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+# bench/ holds a profile.py that would shadow the stdlib module torch._dynamo imports: bench/ goes last
+sys.path[:] = [str(ROOT)] + [q for q in sys.path if Path(q or ".").resolve() != BENCH] + [str(BENCH)]
+
+MODELS = ("resnet18", "vgg11", "mobilenetv2")
+LABEL = {"resnet18": "ResNet-18", "vgg11": "VGG-11", "mobilenetv2": "MobileNetV2"}
+LABEL = type("Labels", (dict,), {"__missing__": lambda self, k: k})(LABEL)
+MB = 1e6
+PROFILE_DIR = ROOT / "runs" / "bench_profiles" / "host"
+PLAN_DIR = Path(os.environ.get("TMPDIR", "/tmp")) / "port_e2e_plans"
+LR, MOM = 0.01, 0.9
+TRIM = os.environ.get("PORT_E2E_TRIM", "1") == "1"
+
+
+def _train_module():
+    """bench/train.py as a module (its RSS helpers); None if it cannot be imported."""
+    try:
+        spec = importlib.util.spec_from_file_location("_bench_train", BENCH / "train.py")
+        m = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(m)
+        m._status, m._Sampler  # noqa: B018
+        return m
+    except Exception:  # noqa: BLE001 - a colleague may be editing it: fall back to the local copy
+        return None
+
+
+def _status() -> dict[str, int]:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                k, v = line.split(":")
+                out[k] = int(v.split()[0]) * 1024
+    return out
+
+
+# ----------------------------------------------------------------------------- worker (fresh process)
+def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> None:
+    import torch
+    torch.set_num_threads(threads)
+    import torch.nn.functional as F
+    from port import kernels as K
+    from port import models
+    K.set_num_threads(threads)
+    from port.optim import SGD as PortSGD
+    from port.trainer import Trainer
+    import torch._dynamo  # noqa: F401  (same heavy imports in both workers before the baseline)
+    import torch.fx  # noqa: F401
+    import port.backends.c  # noqa: F401
+    import port.graph  # noqa: F401
+    import port.lower  # noqa: F401
+    T = _train_module()
+    status = T._status if T else _status
+
+    model = models.get(name, seed=0)
+    model.train()
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(batch, *models.INPUT_SHAPES[name], generator=g)
+    y = torch.randint(0, 10, (batch,), generator=g)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
+    gc.collect()
+    pre = status()["VmRSS"]
+    t0 = time.perf_counter()
+    tr = None
+    if impl == "torch":
+        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOM)
+
+        def step() -> float:
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss.item()
+        report = None
+    else:
+        import warnings
+        with warnings.catch_warnings(record=True) as wl:
+            warnings.simplefilter("always")
+            tr = Trainer(model, x, plan=plan_path, optimizer=PortSGD(LR, momentum=MOM), backend="c")
+        if any("digest" in str(w.message) for w in wl):
+            print("plan digest mismatch", file=sys.stderr)
+
+        def step() -> float:
+            return tr.step(x, y)
+        report = tr.memory_report()
+        # fixed per-step cost of Trainer.step outside the program's calls: gradient zeroing, input + label
+        # copy, loss readback (what step() does around run_main/run_updates), median of 30
+        ex = tr.executor
+        fx = []
+        for _ in range(30):
+            t1 = time.perf_counter()
+            ex.zero_grads()
+            ex.input.copy_(x)
+            ex.labels.copy_(y)
+            float(ex.loss)
+            fx.append((time.perf_counter() - t1) * 1e3)
+        report = dict(report, step_fixed_ms=statistics.median(fx))
+    setup_s = time.perf_counter() - t0
+    gc.collect()
+    if TRIM:      # hand the set-up's freed heap (tracing, lowering) back to the OS, in both workers
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    setup = status()["VmRSS"]
+    sampler = None
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        method = "clear_refs"
+        if status()["VmHWM"] > setup + (4 << 20):
+            raise OSError("VmHWM not reset")
+    except OSError:
+        method, sampler = "sampler", (T._Sampler() if T else None)
+
+    def peak() -> int:
+        st = status()
+        if sampler is None:
+            return st["VmHWM"]
+        return max(sampler.peak, st["VmRSS"])
+
+    out = sys.stdout
+    out.write(json.dumps({"ready": True, "setup_s": setup_s}) + "\n")
+    out.flush()
+    losses = []
+    extra: dict = {}
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "step":
+            t, c = time.perf_counter(), time.process_time()
+            loss = step()
+            t, c = time.perf_counter() - t, time.process_time() - c
+            losses.append(loss)
+            out.write(json.dumps({"t": t, "c": c, "loss": loss}) + "\n")
+        elif cmd == "mem":
+            out.write(json.dumps({"peak": peak(), "pre": pre, "param_bytes": param_bytes,
+                                  "buffer_bytes": buffer_bytes}) + "\n")
+        elif cmd == "prof":
+            # instrumented steps (weights restored afterwards): per-call kernel ms vs the un-instrumented wall
+            pk = peak()
+            runs = [tr.profile_step(x, y) for _ in range(3)]
+            by_backend: dict[str, float] = {}
+            n_backend: dict[str, int] = {}
+            r = runs[len(runs) // 2]
+            for row in r["calls"]:
+                by_backend[row["backend"]] = by_backend.get(row["backend"], 0.0) + row["ms"]
+                n_backend[row["backend"]] = n_backend.get(row["backend"], 0) + 1
+            op_ms = {k: statistics.median(q["op_ms"].get(k, 0.0) for q in runs) for k in runs[0]["op_ms"]}
+            extra = {"kernel_ms": statistics.median(q["total_ms"] for q in runs), "calls_by_backend": n_backend,
+                     "op_ms": op_ms,
+                     "ms_by_backend": by_backend, "arena_peak_live": max(r["timeline_bytes"]),
+                     "peak_before_prof": pk}
+            out.write(json.dumps({"ok": True}) + "\n")
+        elif cmd == "done":
+            break
+        out.flush()
+    st = status()
+    rec = {"impl": impl, "model": name, "batch": batch, "steps_run": len(losses), "setup_s": setup_s,
+           "pre": pre, "setup": setup, "peak": extra.get("peak_before_prof", peak()), "end": st["VmRSS"],
+           "method": method, "param_bytes": param_bytes, "buffer_bytes": buffer_bytes, "report": report,
+           "kernel_threads": K.get_num_threads(), "loss_first": losses[0] if losses else None, **extra}
+    out.write(json.dumps(rec) + "\n")
+    out.flush()
+
+
+_TRAIN = _train_module()
+if _TRAIN is None:
+    raise SystemExit("bench/e2e.py needs bench/train.py (its worker driver and RSS helpers)")
+
+
+class Worker(_TRAIN.Worker):
+    """bench/train.py's step-by-step worker driver, launching this script's workers (which run a plan)."""
+
+    def __init__(self, impl: str, name: str, batch: int, threads: int, plan_path: str = "-"):
+        self.impl, self.name, self.batch, self.timeout = impl, name, batch, 600
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", impl, name, str(batch), str(threads),
+               plan_path]
+        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=env, cwd=str(ROOT))
+        self.error: str | None = None
+        self.times: list[float] = []
+        self._read()
+
+    def send(self, cmd: str) -> dict | None:
+        return self._send(cmd)
+
+
+# ----------------------------------------------------------------------------- driver
+def get_profile(name: str, batch: int, graph, max_s: float, threads: int):
+    from port.profile import load_profile, profile_with_report, save_profile
+    from port.profile.core import entry_keys
+    from port.config import load_device
+    PROFILE_DIR.mkdir(parents=True, exist_ok=True)
+    path = PROFILE_DIR / f"{name}_b{batch}.json"
+    cache = None
+    if path.exists():
+        try:
+            cache = load_profile(path, device="host")
+        except Exception as e:  # noqa: BLE001
+            print(f"ignoring cache {path}: {e}")
+    t = time.perf_counter()
+    prof, rep = profile_with_report(graph, "host", cache=cache, max_time_s=max_s, threads=threads)
+    secs = time.perf_counter() - t
+    n_keys = len(entry_keys(graph, load_device("host")))
+    n_meas = sum(e.measured for e in prof.entries)
+    if rep.measured:
+        save_profile(prof, path)
+    return prof, {"path": str(path.relative_to(ROOT)), "seconds": secs, "measured_now": rep.measured,
+                  "reused": rep.reused, "modeled": n_keys - n_meas, "entries": n_keys, "failed": len(rep.failed)}
+
+
+def run_config(name: str, batch: int, fracs: list[float], a) -> dict:
+    import torch
+    from port import models
+    from port.errors import InfeasibleBudgetError
+    from port.graph import trace
+    from port.optim import SGD as PortSGD
+    from port.plan_io import save_plan
+    from port.simulate import simulate
+    from port.solve import solve
+
+    row: dict = {"model": name, "batch": batch, "budgets": {}}
+    torch.set_num_threads(a.threads)
+    model = models.get(name, seed=0)
+    model.train()
+    x = torch.randn(batch, *models.INPUT_SHAPES[name], generator=torch.Generator().manual_seed(1234))
+    graph = trace(model, x, optimizer=PortSGD(LR, momentum=MOM).graph_name)
+    del model
+    prof, pinfo = get_profile(name, batch, graph, a.profile_max_s, a.threads)
+    row["profile"] = pinfo
+
+    # 1. eager: warm-up steps, then its peak defines the budgets
+    eager = Worker("torch", name, batch, a.threads)
+    for _ in range(a.warmup):
+        eager.send("step")
+    m = eager.send("mem")
+    if m is None:
+        row["error"] = f"eager worker: {eager.error}"
+        return row
+    eager_total = m["param_bytes"] + m["buffer_bytes"] + (m["peak"] - m["pre"])
+    row["eager_total_budgetbase"] = eager_total
+
+    # 2. solve per budget
+    PLAN_DIR.mkdir(parents=True, exist_ok=True)
+    workers: dict[str, Worker] = {"torch": eager}
+    for f in fracs:
+        key = f"{f:g}"
+        b: dict = {"frac": f, "budget": int(f * eager_total)}
+        row["budgets"][key] = b
+        t = time.perf_counter()
+        try:
+            plan = solve(graph, prof, b["budget"], solver="highs", time_limit_s=a.solve_s, gap=0.01,
+                         allow_early_updates=True)
+        except InfeasibleBudgetError as e:
+            b["infeasible"] = e.min_feasible_bytes
+            b["solve_s"] = time.perf_counter() - t
+            continue
+        except Exception as e:  # noqa: BLE001
+            b["error"] = f"solve: {type(e).__name__}: {e}"[:200]
+            continue
+        b["solve_s"] = time.perf_counter() - t
+        sim = simulate(plan, graph, prof)
+        pred_ops: dict[str, list] = {}
+        for label, acc, s0, s1 in sim.gantt:
+            q = pred_ops.setdefault(label, [acc, 0.0])
+            q[1] += s1 - s0
+        b["pred_ops"] = pred_ops
+        b.update(status=plan.status, gap=plan.gap, sim_ms=sim.step_ms, sim_peak=sim.peak_bytes,
+                 plan_ms=plan.predicted_step_ms, recompute=len(plan.recompute), early=len(plan.early_updates),
+                 paged=len(plan.paged), torch_ops=sum(d.accelerator == "cpu-torch" for d in plan.ops),
+                 n_ops=len(plan.ops), variants=sum(d.variant != "plain" for d in plan.ops),
+                 calls=len(plan.ops) + len(plan.recompute))
+        pp = PLAN_DIR / f"{name}_b{batch}_{key}.json"
+        save_plan(plan, pp, graph=graph)
+        w = Worker("port", name, batch, a.threads, str(pp))
+        if w.error:
+            b["error"] = f"port worker: {w.error}"
+            continue
+        workers[key] = w
+
+    # 3. alternate single steps: a.warmup untimed rounds (the PORT workers' first steps: arena first touch,
+    # thread pools), then a.steps timed rounds; the order rotates every round
+    order = list(workers)
+    for r in range(a.warmup + a.steps):
+        k = r % len(order)
+        for key in order[k:] + order[:k]:
+            o = workers[key].send("step")
+            if o is not None and r >= a.warmup:
+                workers[key].times.append(o["t"])
+    for key, w in workers.items():
+        if key != "torch":
+            w.send("prof")
+    for key, w in workers.items():
+        rec = w.finish()
+        rec["times"] = w.times
+        rec["median_ms"] = statistics.median(w.times) * 1e3 if w.times else None
+        if key == "torch":
+            row["eager"] = rec
+        else:
+            row["budgets"][key]["port"] = rec
+    return row
+
+
+def _f(v, spec=".1f", none="-"):
+    return none if v is None else format(v, spec)
+
+
+def derive(row: dict) -> list[dict]:
+    """One flat record per (model, batch, budget)."""
+    out = []
+    e = row.get("eager", {})
+    if "error" in e or "median_ms" not in e:
+        return [{"model": row["model"], "batch": row["batch"], "error": row.get("error") or e.get("error")}]
+    e_ms = e["median_ms"]
+    e_growth = e["peak"] - e["pre"]
+    e_total = e["param_bytes"] + e["buffer_bytes"] + e_growth
+    base = row["eager_total_budgetbase"]
+    for key, b in row["budgets"].items():
+        d = {"model": row["model"], "batch": row["batch"], "frac": b["frac"], "budget": b["budget"],
+             "e_ms": e_ms, "e_total": e_total, "e_growth": e_growth, "base": base}
+        if "infeasible" in b:
+            d["min_feasible"] = b["infeasible"]
+            out.append(d)
+            continue
+        p = b.get("port")
+        if b.get("error") or p is None or "error" in p or not p.get("times"):
+            d["error"] = b.get("error") or (p or {}).get("error", "no steps")
+            out.append(d)
+            continue
+        rep = p["report"]
+        d.update(p_ms=p["median_ms"], ratio=p["median_ms"] / e_ms,
+                 paired=statistics.median(pt / et for pt, et in zip(p["times"], row["eager"]["times"])),
+                 arena=rep["train_arena_bytes"], arena_all=rep["arena_bytes"], p_growth=p["peak"] - p["pre"],
+                 p_setup=p["setup"] - p["pre"], p_steps=p["peak"] - p["setup"],
+                 sim_ms=b["sim_ms"], sim_peak=b["sim_peak"], kernel_ms=p.get("kernel_ms"),
+                 calls=sum(p.get("calls_by_backend", {}).values()), status=b["status"], recompute=b["recompute"],
+                 early=b["early"], torch_ops=b["torch_ops"], n_ops=b["n_ops"], variants=b["variants"],
+                 solve_s=b["solve_s"], steps=len(p["times"]))
+        d["t_err"] = b["sim_ms"] / d["p_ms"] - 1
+        d["fixed_ms"] = rep.get("step_fixed_ms")
+        d["t_err_fixed"] = (b["sim_ms"] + d["fixed_ms"]) / d["p_ms"] - 1 if d["fixed_ms"] is not None else None
+        d["m_err_arena"] = b["sim_peak"] / d["arena"] - 1
+        d["m_err_rss"] = b["sim_peak"] / d["p_growth"] - 1
+        d["overhead_ms"] = d["p_ms"] - d["kernel_ms"] if d["kernel_ms"] is not None else None
+        # per accelerator: measured in-program op time (profile_step) - the profile's entry, per op
+        per_acc: dict[str, list[float]] = {}
+        for label, (acc, pms) in b.get("pred_ops", {}).items():
+            if label in p.get("op_ms", {}):
+                per_acc.setdefault(acc, []).append(p["op_ms"][label] - pms)
+        d["op_delta"] = {acc: (len(v), statistics.median(v) * 1e3, sum(v)) for acc, v in per_acc.items()}
+        d["k_err"] = b["sim_ms"] / d["kernel_ms"] - 1 if d["kernel_ms"] else None
+        out.append(d)
+    return out
+
+
+def table(recs: list[dict]) -> str:
+    h = ("| model | batch | budget % eager (MB) | PyTorch ms | PORT ms | PORT/PT (paired) | eager total MB (RSS growth) "
+         "| PORT arena MB | PORT RSS growth MB (set-up + steps) | sim ms | sim err vs wall | + fixed step ms: err | kernels ms (sim err) | exec overhead ms "
+         "| sim peak MB | peak err vs arena / RSS | plan: recompute, early upd, torch ops, variants |")
+    out = [h, "|" + "---|" * h.count(" | ") + "---|"]
+    for d in recs:
+        lead = f"| {LABEL[d['model']]} | {d['batch']} "
+        if d.get("error") and "frac" not in d:
+            out.append(lead + f"| error: {d['error']} |")
+            continue
+        lead += f"| {d['frac'] * 100:.0f}% ({d['budget'] / MB:.0f}) | {d['e_ms']:.1f} "
+        if "min_feasible" in d:
+            mf = d["min_feasible"]
+            out.append(lead + "| infeasible: smallest feasible budget "
+                       + (f"{mf / MB:.0f} MB = {mf / d['base'] * 100:.0f}% of eager |" if mf else "unknown |"))
+            continue
+        if d.get("error"):
+            out.append(lead + f"| error: {d['error'][:120]} |")
+            continue
+        out.append(lead + f"| {d['p_ms']:.1f} | {d['ratio']:.2f} ({d['paired']:.2f}) "
+                   f"| {d['e_total'] / MB:.0f} ({d['e_growth'] / MB:.0f}) | {d['arena'] / MB:.1f} "
+                   f"| {d['p_growth'] / MB:.0f} ({d['p_setup'] / MB:.0f} + {d['p_steps'] / MB:.1f}) | {d['sim_ms']:.1f} | {d['t_err'] * 100:+.0f}% "
+                   f"| {_f(d['fixed_ms'], '.2f')}: {_f(d['t_err_fixed'] and d['t_err_fixed'] * 100, '+.0f')}% "
+                   f"| {_f(d['kernel_ms'])} ({_f(d['k_err'] and d['k_err'] * 100, '+.0f')}%) | {_f(d['overhead_ms'])} "
+                   f"| {d['sim_peak'] / MB:.1f} | {d['m_err_arena'] * 100:+.1f}% / {d['m_err_rss'] * 100:+.0f}% "
+                   f"| {d['recompute']}, {d['early']}, {d['torch_ops']}/{d['n_ops']}, {d['variants']} |")
+    return "\n".join(out)
+
+
+def delta_table(recs: list[dict]) -> str:
+    """Per accelerator: how much longer each op took inside the program (Trainer.profile_step, per-call timer)
+    than its profile entry: the per-call executor cost (dispatch, torch backend's copy into the arena) plus
+    the profile's bias under this run's load."""
+    out = ["| model | batch | budget | accelerator: ops, median (in-program - profile) us/op, sum ms |",
+           "|---|---|---|---|"]
+    for d in recs:
+        if d.get("op_delta"):
+            cells = "; ".join(f"{acc}: {n}, {med:+.0f} us, {tot:+.1f} ms" for acc, (n, med, tot)
+                              in sorted(d["op_delta"].items()))
+            out.append(f"| {LABEL[d['model']]} | {d['batch']} | {d['frac'] * 100:.0f}% | {cells} |")
+    return "\n".join(out)
+
+
+def headline(recs: list[dict]) -> str:
+    ok = [d for d in recs if "p_ms" in d]
+    parts = []
+    r100 = [d["ratio"] for d in ok if d["frac"] == 1.0]
+    if r100:
+        parts.append(f"100% budget: PORT/PT step max {max(r100):.2f}x (target <= 0.9: "
+                     f"{'met' if max(r100) <= 0.9 else 'NOT met'})")
+    r25 = [d["ratio"] for d in ok if d["frac"] == 0.25]
+    inf25 = [d for d in recs if d.get("frac") == 0.25 and "min_feasible" in d]
+    if r25 or inf25:
+        s = f"25% budget: max {max(r25):.2f}x of PT unconstrained" if r25 else "25% budget:"
+        if inf25:
+            s += f" ({len(inf25)} infeasible)"
+        s += f" (target <= 1.3: {'met' if r25 and max(r25) <= 1.3 and not inf25 else 'NOT met'})"
+        parts.append(s)
+    if ok:
+        te = max(abs(d["t_err"]) for d in ok)
+        me = max(abs(d["m_err_arena"]) for d in ok)
+        tf = [abs(d["t_err_fixed"]) for d in ok if d.get("t_err_fixed") is not None]
+        parts.append(f"pred err max: time {te * 100:.0f}% (target 10%: {'met' if te <= 0.1 else 'NOT met'}; "
+                     f"sim + fixed step overhead {max(tf) * 100 if tf else float('nan'):.0f}%), "
+                     f"memory vs arena {me * 100:.1f}% (target 2%: {'met' if me <= 0.02 else 'NOT met'})")
+    return "E2E: " + "; ".join(parts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--models", default=None)
+    ap.add_argument("--batches", default=None)
+    ap.add_argument("--budgets", default="1,0.5,0.25")
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--profile-max-s", type=float, default=None)
+    ap.add_argument("--solve-s", type=float, default=None)
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--from-json", default=None,
+                    help="re-render (and write) the section from a previous run's JSON dump, without measuring")
+    ap.add_argument("--worker", nargs=5, metavar=("IMPL", "MODEL", "BATCH", "THREADS", "PLAN"))
+    a = ap.parse_args()
+    if a.worker:
+        impl, name, b, th, pp = a.worker
+        worker(impl, name, int(b), int(th), pp)
+        return
+    names = (a.models or ("resnet18,mobilenetv2" if a.quick else ",".join(MODELS))).split(",")
+    batches = [int(b) for b in (a.batches or ("8" if a.quick else "8,32")).split(",")]
+    fracs = [float(f) for f in a.budgets.split(",")]
+    a.steps = a.steps or (8 if a.quick else 12)
+    a.profile_max_s = a.profile_max_s if a.profile_max_s is not None else (90.0 if a.quick else 240.0)
+    a.solve_s = a.solve_s or (20.0 if a.quick else 60.0)
+    t0 = time.time()
+    load0 = os.getloadavg()
+    rows, recs = [], []
+    meta = None
+    if a.from_json:
+        dump = json.loads(Path(a.from_json).read_text())
+        rows, meta = (dump["rows"], dump["meta"]) if isinstance(dump, dict) else (dump, {})
+        for row in rows:
+            recs += derive(row)
+        batches, names = [], []
+    for b in batches:
+        for name in names:
+            row = run_config(name, b, fracs, a)
+            rows.append(row)
+            rs = derive(row)
+            recs += rs
+            print(f"{LABEL[name]} b{b}: profile {row.get('profile')}", flush=True)
+            for d in rs:
+                print("  ", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()}, flush=True)
+    wall = time.time() - t0
+    load1 = os.getloadavg()
+    if meta is None:
+        meta = {"quick": a.quick, "date": time.strftime("%Y-%m-%d %H:%M"), "l0": load0[0], "l1": load1[0],
+                "wall": wall, "steps": a.steps, "warmup": a.warmup, "pmax": a.profile_max_s, "solve_s": a.solve_s}
+        with open(Path(os.environ.get("TMPDIR", "/tmp")) / "port_bench_e2e.json", "w") as f:
+            json.dump({"rows": rows, "meta": meta}, f, default=str)
+    meta = {**{"quick": a.quick, "date": "?", "l0": float("nan"), "l1": float("nan"), "wall": float("nan"),
+               "steps": a.steps, "warmup": a.warmup, "pmax": a.profile_max_s, "solve_s": a.solve_s}, **meta}
+    tab = table(recs)
+    head = headline(recs)
+    prof_notes = "; ".join(f"{LABEL[r['model']]} b{r['batch']}: {r['profile']['entries']} entries, "
+                           f"{r['profile']['measured_now']} measured now in {r['profile']['seconds']:.0f} s, "
+                           f"{r['profile']['reused']} from cache, {r['profile']['modeled']} modeled"
+                           for r in rows if "profile" in r)
+    notes = NOTES.format(cmd="python bench/e2e.py" + (" --quick" if meta["quick"] else ""), cpus=os.cpu_count(),
+                         prof=prof_notes, **{k: v for k, v in meta.items() if k != "quick"})
+    print()
+    print(tab)
+    print(delta_table(recs))
+    if not a.no_write:
+        from _results import write_section
+        write_section("End to end", notes + "\n" + tab + "\n\n" + delta_table(recs) + "\n\n" + FINDINGS + "\n\n" + head + "\n")
+    print(head)
+
+
+NOTES = """`{cmd}` ({date}, {cpus}-vCPU VM shared with other engineers' jobs: load average {l0:.1f} at start, {l1:.1f} at end; {wall:.0f} s). Device `host` (accelerators cpu-c = PORT's C kernels and cpu-torch = PyTorch CPU kernels, 2 threads each; torch.set_num_threads(2) in the eager worker).
+
+How it is measured. Per (model, batch): the traced graph is profiled with all variants (`port.profile(graph, "host", cache=..., max_time_s={pmax:.0f})`, cache `runs/bench_profiles/host/<model>_b<batch>.json`; entries the time budget does not reach are roofline-modeled and counted below). A fresh PyTorch eager worker (torch.optim.SGD lr 0.01 momentum 0.9) runs {warmup} warm-up steps; its peak training memory defines the budgets: **eager total = parameter + buffer bytes (the weights, resident before the baseline) + eager RSS growth** (VmHWM after the steps, reset via /proc/self/clear_refs after set-up, minus VmRSS after imports + model + data, before the optimizer: grads + momentum + activations + autograd/allocator overhead) = 3 x param bytes + buffers + eager's activation/overhead memory. PORT's budget at f = f x eager total, handed to `port.solve.solve(graph, profile, budget, solver="highs", time_limit_s={solve_s:.0f}, gap=0.01, allow_early_updates=True)`; the plan is verified with `port.simulate.simulate` (sim ms, sim peak). Each feasible plan trains in its own fresh worker (`Trainer(model, x, plan=plan, optimizer=port.optim.SGD(0.01, momentum=0.9))`); the eager worker and the PORT workers of one (model, batch) are driven in alternating single steps (order rotating each round), {warmup} untimed + {steps} timed rounds, median step wall time (`trainer.step` / zero_grad+fwd+loss+bwd+step+item). PORT/PT in brackets = median of per-round ratios. PORT memory: arena = the training program's arena bytes (memory_report()["train_arena_bytes"]: weights, grads, momentum, buffers, activations, workspace), RSS growth = VmHWM - VmRSS-before-Trainer (arena + graph/program objects + anything the kernels allocate; the torch module's own weights stay in the baseline). After the timed steps each PORT worker runs 3 instrumented steps (`Trainer.profile_step`): "kernels ms" = median sum of per-call times, "exec overhead" = wall step - kernels (per-call Python dispatch, input/label copy, gradient zeroing, loss readback). Errors: sim ms / measured wall ms - 1; sim peak / arena - 1 and sim peak / RSS growth - 1. Eager total in the table is the final peak (after all steps); budgets were set from the peak after warm-up. Both workers call glibc malloc_trim(0) after set-up, before the RSS baseline for the steps is taken (set-up garbage such as tracing/lowering temporaries is handed back; PORT_E2E_TRIM=0 disables).
+
+Profiles: {prof}.
+"""
+
+FINDINGS = """Findings (read with the load average above: on this shared 2-vCPU VM every absolute time is inflated
+5-30x over the idle figures in DESIGN.md, and it moves between the profile, the PyTorch steps and the PORT steps):
+
+- Memory prediction is exact where PORT controls memory: the simulator's peak matches the arena the lowering
+  allocates to within the "peak err vs arena" column (0.0% for ResNet-18, -0.4% to -1.2% for MobileNetV2,
+  growing as the budget tightens: the lowering's placement/alignment leaves holes the simulator does not
+  model; in an earlier run the arena ended 20 KB above a 108 MB budget). Process RSS growth is larger than the arena: set-up (traced
+  graph, lowered program objects, the kernels' and torch's allocator pools) is in it even after malloc_trim,
+  and torch-backend kernels allocate their results outside the arena before copying them in. RSS is not what
+  the simulator models, so the 2% target is met for arena accounting only.
+- Step-time prediction misses by tens of percent, in both directions, and the error is not executor overhead:
+  (a) the fixed per-step cost outside the program's calls (gradient zeroing, input/label copy, loss readback,
+  timed in the worker before the steps: "+ fixed step ms") is 0.003 ms or 4-12 ms (see Part 2); (b) the
+  per-op table shows the ops' in-program times against their profile entries: the profiles were taken under a
+  different load (up to ~10) than the training steps, so the entries are off by a load factor that changes
+  minute to minute. Adding a per-call dispatch constant cannot fix that (see the Part-2 note below).
+- PORT is slower than PyTorch eager at batch 8 here (the "Training" section finds the same: PORT's conv
+  kernels are ~1.8x torch's at batch 8; MobileNetV2's plans put 249 of 580 ops on torch kernels; PORT's
+  2-thread C kernels also degrade more than torch's when other jobs occupy the vCPUs: ResNet-18 PORT steps were
+  bimodal, ~1-2 s or 12-17 s), so the 100%-budget target (<= 0.9x) is not met.
+- 25% of eager is below ResNet-18's floor: weights + momentum alone are 2 x 44.7 MB = 89 MB; with early
+  updates (gradients freed right after their update) and recomputation the solver's smallest feasible budget
+  is 107 MB = 44-49% of eager total (reported in the table). MobileNetV2 fits 25% (100+ recomputed tensors,
+  141 early updates) at ~1.0x its own 100%-budget step time, but still 1.48x eager's.
+
+Part 2 (executor overhead). Micro-measurement on the digits CNN (batch 8, all-C plan, 2 threads, 07:04, load
+3.1; medians of 7 x 100 iterations): the program's calls (run_main + run_updates) 0.62 ms; Trainer.step 7.72 ms;
+`Executor.zero_grads` alone 7.72 ms; input + label copy ~1.4 us, loss readback 0.2 us. zero_grads zeroes a
+57,856-byte **uint8** view of the arena with torch's `zero_()`: 57,856 elements exceed torch's parallel grain
+(32,768), so every step opens a torch OpenMP parallel region, and on this oversubscribed VM waking the pool
+costs a scheduler tick (the workers' "+ fixed step ms" is quantised at 4 / 8 / 12 ms: 250 Hz ticks; 0.003 ms
+when the CPUs happen to be free). Zeroing the same bytes through a float32 view (14,464 elements, serial) or
+ctypes.memset makes zero + calls 0.61 ms, i.e. Trainer.step 7.7 -> ~0.6 ms on this model. That is the
+"~2.5 ms/step executor overhead" of the first digits measurement; the fix belongs in port/executor.py
+(zero_grads / _zero_first: a wider dtype view or a memset), which this benchmark does not own: reported to the
+lead, not changed. Per-call dispatch is already inside the profile (the profiler times the same kind of Python
+closure around the same kernel entry point: a ctypes call with bound pointers for C, the aten call for torch; the
+per-op table's in-program minus profile medians are a few us per op, both signs, for MobileNetV2's small ops;
+ResNet-18's large convolutions differ by hundreds of us per op, which is load, not dispatch), so no constant was added to
+the profile entries and port/profile/, port/costmodel.py are unchanged. The fixed per-step cost is measured in
+each PORT worker and shown as the separate, labelled "+ fixed step ms" prediction; it changes the error by <= 1
+point here because the step-time error is dominated by the profile being taken under a different load than the
+steps (profile: load ~10 at 06:24-06:41; steps: load 3-5), not by overhead. Whole-step "exec overhead" (wall -
+instrumented per-call sum) swings from -0.2 to +16 s across runs: the un-instrumented steps are bimodal (e.g.
+ResNet-18 PORT 0.9-2 s in some rounds, 12-17 s in others, eager 0.5 vs 3.3 s), the 2-thread OpenMP pools
+stalling whenever other jobs occupy the 2 vCPUs.
+
+Run-to-run: the earlier `--quick` at 06:50-06:54 (load 4.7 -> 3.7, 268 s; PORT workers then had no untimed
+warm-up rounds, fixed since) gave PORT/PT ResNet-18 2.13x (100%) / 2.39x (50%), MobileNetV2 0.73x (100%, paired
+0.86) / 7.3x (paired 1.38) / 4.7x (paired 2.0), sim-vs-wall errors +52% / +41% / +144% / -76% / -56%, and the same
+memory picture (sim peak vs arena 0.0 / 0.0 / -0.4 / -0.4 / -1.0%). This --quick took 500 s (> the 8-minute
+aim) only because the steps ran at the slow mode; with warm caches the profile + solve part is ~1 min.
+The full run (VGG-11 and batch 32: ~4 more profiles of 5-7 min each at this load) was not run in this session."""
+
+
+
+if __name__ == "__main__":
+    main()
