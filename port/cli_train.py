@@ -135,7 +135,26 @@ def measure(trainer, x, y, repeats: int = 5) -> dict[str, Any]:
     return {"step_ms": statistics.median(r["step_ms"] for r in runs),
             "op_ms": {k: statistics.median(v) for k, v in per.items()},
             "timeline_bytes": list(runs[-1].get("timeline_bytes", [])),
+            # which graph op (and whether a recompute) each timeline point belongs to, to align with the plan
+            "timeline_ops": [[int(c["op"]), bool(c.get("recompute"))] for c in runs[-1].get("calls", [])],
             "peak_bytes": max(runs[-1].get("timeline_bytes", [0]) or [0])}
+
+
+def align_timeline(sim_steps, measured: dict) -> list[int]:
+    """The measured (arena) timeline on the simulator's step axis: each executor call is matched to the plan
+    step of the same op (recompute or not); steps without a call of their own (views, ops inside a fused
+    kernel) carry the previous value."""
+    tl, ops = measured.get("timeline_bytes") or [], measured.get("timeline_ops") or []
+    if not tl or len(ops) != len(tl):
+        return list(tl)
+    at: dict[tuple[int, bool], int] = {}
+    for (op, rc), b in zip(ops, tl):
+        at[(op, rc)] = max(at.get((op, rc), 0), b)
+    out, last = [], tl[0]
+    for kind, op in sim_steps:
+        last = at.get((op, kind == "recompute"), last)
+        out.append(last)
+    return out
 
 
 def build_report(run_dir: Path, graph, profile, plan, measured: dict, summary: dict):
@@ -158,7 +177,7 @@ def build_report(run_dir: Path, graph, profile, plan, measured: dict, summary: d
             rows.append(OpRow(label, label[:-len(" (recompute)")], "recompute", "recompute", acc_of.get(label, "-"),
                               "-", pred[label], op_ms.get(label)))
     flags = render_report(run_dir / "report.html", f"PORT run {run_dir.name}", rows, list(sim.timeline),
-                          measured.get("timeline_bytes") or None, plan.budget_bytes, summary)
+                          align_timeline(sim.steps, measured) or None, plan.budget_bytes, summary)
     return flags
 
 

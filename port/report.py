@@ -64,7 +64,7 @@ def memory_plot(predicted: Sequence[int], measured: Sequence[int] | None, budget
     mib = 2**20
     ax.plot([p / mib for p in predicted], label="predicted (plan)", lw=1.6)
     if measured:
-        ax.plot([m / mib for m in measured], label="measured (run)", lw=1.0, ls="--")
+        ax.plot([m / mib for m in measured], label="executed program (arena accounting)", lw=1.0, ls="--")
     if budget_bytes:
         ax.axhline(budget_bytes / mib, color="red", lw=1, label="budget")
     ax.set_xlabel("step of the execution order")
