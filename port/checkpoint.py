@@ -7,7 +7,7 @@ Header:  {"format": 1, "step", "rng": {"seed", "dropout_counter"}, "bn_batches",
           "tensors": [{"name", "kind": parameter|buffer|optimizer_state, "dtype", "shape", "offset", "nbytes"}]}
 Offsets are relative to the start of the data section.
 
-Atomicity: the file is written to ``<path>.tmp-<pid>``, flushed and fsync'ed, then ``os.replace``d over the
+Atomicity: port.io.atomic_writer writes a temporary file beside it, flushes and fsyncs it, then ``os.replace``s it over the
 target and the directory fsync'ed: a crash or kill at any moment leaves either the previous checkpoint or the new
 one, never a torn file. Reading verifies magic, version, sizes and the sha256 of the data.
 """
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 from pathlib import Path
 from typing import Any
 
 from .errors import PortError
+from .io import atomic_writer
 
 MAGIC = b"PORTCKPT"
 FORMAT_VERSION = 1
@@ -56,36 +56,17 @@ def write_checkpoint(path: str | Path, header: dict, tensors: list[tuple[dict, A
     hj = json.dumps(hdr, sort_keys=True).encode()
     pre = MAGIC + struct.pack("<IQ", FORMAT_VERSION, len(hj)) + hj
     pre += b"\0" * _pad(len(pre))
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     written = 0
-    try:
-        with open(tmp, "wb") as f:
-            f.write(pre)
-            for b in blobs:
-                if _fail_after is not None and written + len(b) > _fail_after:
-                    f.write(b[: max(0, _fail_after - written)])
-                    f.flush()
-                    raise OSError("simulated failure while writing the checkpoint")
-                f.write(b)
-                f.write(b"\0" * _pad(len(b)))
-                written += len(b)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    with atomic_writer(path) as f:
+        f.write(pre)
+        for b in blobs:
+            if _fail_after is not None and written + len(b) > _fail_after:
+                f.write(b[: max(0, _fail_after - written)])
+                f.flush()
+                raise OSError("simulated failure while writing the checkpoint")
+            f.write(b)
+            f.write(b"\0" * _pad(len(b)))
+            written += len(b)
 
 
 def read_header(path: str | Path) -> dict:
