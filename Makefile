@@ -39,4 +39,4 @@ bench: install
 	$(PY) bench/kernels.py --quick
 
 clean:
-	rm -rf build kernels/build port/*.so *.egg-info
+	rm -rf build kernels/build port/*.so port/exec/*.so *.egg-info

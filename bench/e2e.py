@@ -16,7 +16,7 @@ Per (model, batch):
      its weights, grads, momentum, buffers, activations and workspace).
   2. profile the traced graph on ``host`` (all variants, cache in runs/bench_profiles/host/, time budget
      ``--profile-max-s``: entries it does not reach are roofline-modeled and counted in the notes), solve
-     with HiGHS (allow_early_updates=True), verify with port.simulate -> predicted step ms + peak bytes.
+     with HiGHS (allow_early_updates=True), verify with port.verify.simulate -> predicted step ms + peak bytes.
   3. one fresh PORT worker per feasible budget (Trainer(model, x, plan=plan)); the eager worker and the PORT
      workers are then driven in alternating single steps (order rotates each round), ``--steps`` timed rounds.
      Afterwards each PORT worker runs 3 instrumented steps (Trainer.profile_step: per-call kernel ms) so the
@@ -77,16 +77,16 @@ def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> No
     import torch
     torch.set_num_threads(threads)
     import torch.nn.functional as F
-    from port import kernels as K
+    from port.exec import kernels as K
     from port import models
     K.set_num_threads(threads)
-    from port.optim import SGD as PortSGD
-    from port.trainer import Trainer
+    from port.train.optim import SGD as PortSGD
+    from port.train.trainer import Trainer
     import torch._dynamo  # noqa: F401  (same heavy imports in both workers before the baseline)
     import torch.fx  # noqa: F401
-    import port.backends.c  # noqa: F401
-    import port.graph  # noqa: F401
-    import port.lower  # noqa: F401
+    import port.exec.backends.c  # noqa: F401
+    import port.ir.trace  # noqa: F401
+    import port.lower.lower  # noqa: F401
     T = _train_module()
     status = T._status if T else _status
 
@@ -225,8 +225,9 @@ class Worker(_TRAIN.Worker):
 
 # ----------------------------------------------------------------------------- driver
 def get_profile(name: str, batch: int, graph, max_s: float, threads: int):
-    from port.profile import load_profile, profile_with_report, save_profile
-    from port.profile.core import entry_keys
+    from port.cost.io import load_profile, save_profile
+    from port.cost.measure import profile_with_report
+    from port.cost.measure import entry_keys
     from port.config import load_device
     PROFILE_DIR.mkdir(parents=True, exist_ok=True)
     path = PROFILE_DIR / f"{name}_b{batch}.json"
@@ -251,11 +252,11 @@ def run_config(name: str, batch: int, fracs: list[float], a) -> dict:
     import torch
     from port import models
     from port.errors import InfeasibleBudgetError
-    from port.graph import trace
-    from port.optim import SGD as PortSGD
-    from port.plan_io import save_plan
-    from port.simulate import simulate
-    from port.solve import solve
+    from port.ir.trace import trace
+    from port.train.optim import SGD as PortSGD
+    from port.plan.io import save_plan
+    from port.verify.simulate import simulate
+    from port.solver import solve
 
     row: dict = {"model": name, "batch": batch, "budgets": {}}
     torch.set_num_threads(a.threads)
@@ -532,7 +533,7 @@ def main() -> None:
 
 NOTES = """`{cmd}` ({date}, {cpus}-vCPU VM shared with other engineers' jobs: load average {l0:.1f} at start, {l1:.1f} at end; {wall:.0f} s). Device `host` (accelerators cpu-c = PORT's C kernels and cpu-torch = PyTorch CPU kernels, 2 threads each; torch.set_num_threads(2) in the eager worker).
 
-How it is measured. Per (model, batch): the traced graph is profiled with all variants (`port.profile(graph, "host", cache=..., max_time_s={pmax:.0f})`, cache `runs/bench_profiles/host/<model>_b<batch>.json`; entries the time budget does not reach are roofline-modeled and counted below). A fresh PyTorch eager worker (torch.optim.SGD lr 0.01 momentum 0.9) runs {warmup} warm-up steps; its peak training memory defines the budgets: **eager total = parameter + buffer bytes (the weights, resident before the baseline) + eager RSS growth** (VmHWM after the steps, reset via /proc/self/clear_refs after set-up, minus VmRSS after imports + model + data, before the optimizer: grads + momentum + activations + autograd/allocator overhead) = 3 x param bytes + buffers + eager's activation/overhead memory. PORT's budget at f = f x eager total, handed to `port.solve.solve(graph, profile, budget, solver="highs", time_limit_s={solve_s:.0f}, gap=0.01, allow_early_updates=True)`; the plan is verified with `port.simulate.simulate` (sim ms, sim peak). Each feasible plan trains in its own fresh worker (`Trainer(model, x, plan=plan, optimizer=port.optim.SGD(0.01, momentum=0.9))`); the eager worker and the PORT workers of one (model, batch) are driven in alternating single steps (order rotating each round), {warmup} untimed + {steps} timed rounds, median step wall time (`trainer.step` / zero_grad+fwd+loss+bwd+step+item). PORT/PT in brackets = median of per-round ratios. PORT memory: arena = the training program's arena bytes (memory_report()["train_arena_bytes"]: weights, grads, momentum, buffers, activations, workspace), RSS growth = VmHWM - VmRSS-before-Trainer (arena + graph/program objects + anything the kernels allocate; the torch module's own weights stay in the baseline). After the timed steps each PORT worker runs 3 instrumented steps (`Trainer.profile_step`): "kernels ms" = median sum of per-call times, "exec overhead" = wall step - kernels (per-call Python dispatch, input/label copy, gradient zeroing, loss readback). Errors: sim ms / measured wall ms - 1; sim peak / arena - 1 and sim peak / RSS growth - 1. Eager total in the table is the final peak (after all steps); budgets were set from the peak after warm-up. Both workers call glibc malloc_trim(0) after set-up, before the RSS baseline for the steps is taken (set-up garbage such as tracing/lowering temporaries is handed back; PORT_E2E_TRIM=0 disables).
+How it is measured. Per (model, batch): the traced graph is profiled with all variants (`port.profile(graph, "host", cache=..., max_time_s={pmax:.0f})`, cache `runs/bench_profiles/host/<model>_b<batch>.json`; entries the time budget does not reach are roofline-modeled and counted below). A fresh PyTorch eager worker (torch.optim.SGD lr 0.01 momentum 0.9) runs {warmup} warm-up steps; its peak training memory defines the budgets: **eager total = parameter + buffer bytes (the weights, resident before the baseline) + eager RSS growth** (VmHWM after the steps, reset via /proc/self/clear_refs after set-up, minus VmRSS after imports + model + data, before the optimizer: grads + momentum + activations + autograd/allocator overhead) = 3 x param bytes + buffers + eager's activation/overhead memory. PORT's budget at f = f x eager total, handed to `port.solver.solve(graph, profile, budget, solver="highs", time_limit_s={solve_s:.0f}, gap=0.01, allow_early_updates=True)`; the plan is verified with `port.verify.simulate.simulate` (sim ms, sim peak). Each feasible plan trains in its own fresh worker (`Trainer(model, x, plan=plan, optimizer=port.optim.SGD(0.01, momentum=0.9))`); the eager worker and the PORT workers of one (model, batch) are driven in alternating single steps (order rotating each round), {warmup} untimed + {steps} timed rounds, median step wall time (`trainer.step` / zero_grad+fwd+loss+bwd+step+item). PORT/PT in brackets = median of per-round ratios. PORT memory: arena = the training program's arena bytes (memory_report()["train_arena_bytes"]: weights, grads, momentum, buffers, activations, workspace), RSS growth = VmHWM - VmRSS-before-Trainer (arena + graph/program objects + anything the kernels allocate; the torch module's own weights stay in the baseline). After the timed steps each PORT worker runs 3 instrumented steps (`Trainer.profile_step`): "kernels ms" = median sum of per-call times, "exec overhead" = wall step - kernels (per-call Python dispatch, input/label copy, gradient zeroing, loss readback). Errors: sim ms / measured wall ms - 1; sim peak / arena - 1 and sim peak / RSS growth - 1. Eager total in the table is the final peak (after all steps); budgets were set from the peak after warm-up. Both workers call glibc malloc_trim(0) after set-up, before the RSS baseline for the steps is taken (set-up garbage such as tracing/lowering temporaries is handed back; PORT_E2E_TRIM=0 disables).
 
 Profiles: {prof}.
 """

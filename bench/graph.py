@@ -22,7 +22,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 import torch  # noqa: E402
 
 import port  # noqa: E402
-from port import models  # noqa: E402
+from port import models
 from reference import flop_counts, saved_activation_bytes  # noqa: E402
 from _results import write_section  # noqa: E402
 

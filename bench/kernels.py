@@ -28,14 +28,14 @@ import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, ROOT)
-from port import _native  # noqa: E402
+from port.exec import native as _native
 
 _native.configure_openmp_env()  # before torch loads the OpenMP runtime (passive wait policy)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import port.kernels as K  # noqa: E402
+import port.exec.kernels as K  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- layer lists
@@ -304,7 +304,7 @@ def main(argv=None):
         "- Patch workspace target (<= 1/8) fails only where c_out/groups is large relative to "
         "K = c_in*kh*kw (the stems, K = 27 vs c_out = 32/64): tiles narrower than W_out need an "
         "output-tile buffer of c_out*tile elements besides the tile's im2col buffer.",
-        "- Threads: in earlier runs the 2-thread rows were 49x/318x worst-case slower than torch because two spin-waiting pools (libgomp, shared with torch, plus OpenBLAS's own pthread pool) fought over 2 oversubscribed vCPUs. Now OpenBLAS is single-threaded and PORT splits GEMMs over the one OpenMP pool. The passive wait policy is applied only when PORT is imported before torch (port._native.configure_openmp_env()). With torch imported first, libgomp spins ~300k iterations per wait and, on an oversubscribed host, each PORT parallel region can still cost tens of ms (torch alone has the same problem). Patch tiles' GEMMs fall under the split threshold and run single-threaded, which explains their 2-thread time ratio.",
+        "- Threads: in earlier runs the 2-thread rows were 49x/318x worst-case slower than torch because two spin-waiting pools (libgomp, shared with torch, plus OpenBLAS's own pthread pool) fought over 2 oversubscribed vCPUs. Now OpenBLAS is single-threaded and PORT splits GEMMs over the one OpenMP pool. The passive wait policy is applied only when PORT is imported before torch (port.exec.native.configure_openmp_env()). With torch imported first, libgomp spins ~300k iterations per wait and, on an oversubscribed host, each PORT parallel region can still cost tens of ms (torch alone has the same problem). Patch tiles' GEMMs fall under the split threshold and run single-threaded, which explains their 2-thread time ratio.",
         "- Patch tiles on small maps (4x4 grid on a 4x4 or 8x8 output = 1x1 / 2x2-pixel tiles) "
         "degrade GEMM to matrix-vector products; the time target is only met on large maps.",
         "", "### Per layer", "", *lines, "", headline, ""])

@@ -30,8 +30,9 @@ import torch  # noqa: E402
 import port  # noqa: E402
 from port.config import load_device  # noqa: E402
 from port.models import get  # noqa: E402
-from port.profile import get_runner, profile_with_report  # noqa: E402
-from port.profile.runners import backend_available  # noqa: E402
+from port.cost.runners import get_runner
+from port.cost.measure import profile_with_report  # noqa: E402
+from port.cost.runners import backend_available  # noqa: E402
 
 
 def back_to_back_ms(graph, backend: str, threads: int, steps: int) -> float:

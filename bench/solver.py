@@ -21,12 +21,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from port import models  # noqa: E402
+from port import models
 from port.config import load_device  # noqa: E402
-from port.costmodel import modeled_profile  # noqa: E402
+from port.cost.roofline import modeled_profile  # noqa: E402
 from port.errors import InfeasibleBudgetError  # noqa: E402
-from port.graph import trace  # noqa: E402
-from port.solve import SOLVERS, solve  # noqa: E402
+from port.ir.trace import trace  # noqa: E402
+from port.solver import SOLVERS, solve  # noqa: E402
 
 MODELS = ("resnet18", "vgg16", "mobilenetv2")
 DEVICES = ("host", "jetson-orin-nano", "iphone-15-pro")
@@ -92,14 +92,14 @@ def run(quick: bool):
                           + " ".join(f"{k}={fmt(v)}" for k, v in bl.items() if k.startswith("single"))
                           + (f" min_feasible={r['minb']/2**20:.1f}MiB" if r["minb"] else ""), flush=True)
             if (mname, dev) not in MINB or MINB[mname, dev][0] is None:
-                from port.solve import min_feasible_budget
-                from port.solve.instance import build_instance
+                from port.solver import min_feasible_budget
+                from port.solver.instance import build_instance
                 t0 = time.perf_counter()
                 inst = build_instance(g, prof)
                 mn, _p, proven = min_feasible_budget(inst, time_limit_s=TARGET_S[mname] * 2)
                 MINB[mname, dev] = (mn, naive, proven, None)
                 print(f"{mname} {dev} min-peak solve {time.perf_counter() - t0:.1f}s", flush=True)
-            inst = __import__("port.solve.instance", fromlist=["x"]).build_instance(g, prof)
+            inst = __import__("port.solver.instance", fromlist=["x"]).build_instance(g, prof)
             mn, nv, proven, _ = MINB[mname, dev]
             MINB[mname, dev] = (mn, nv, proven, inst.static_bytes - inst.grad_bytes)
     return rows

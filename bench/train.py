@@ -9,8 +9,8 @@ Every (model, batch, implementation) runs in a FRESH subprocess (``--worker``), 
   * same model (``port.models.get(name, seed=0)``, train mode), same data (seeded random x [B,3,32,32] and
     labels), SGD lr 0.01 momentum 0.9 (torch.optim.SGD defaults otherwise: foreach off on CPU,
     zero_grad(set_to_none=True)); PORT: ``Trainer(model, x, optimizer=SGD(0.01, momentum=0.9), backend="c")``.
-  * threads: ``torch.set_num_threads(2)`` and ``port.kernels.set_num_threads(2)`` in both (``--threads N`` to
-    change); the kernel-thread count actually in force after set-up (``port.kernels.get_num_threads()``: the
+  * threads: ``torch.set_num_threads(2)`` and ``port.exec.kernels.set_num_threads(2)`` in both (``--threads N`` to
+    change); the kernel-thread count actually in force after set-up (``port.exec.kernels.get_num_threads()``: the
     backend may override it) and torch's are recorded.
   * step time: median of ``--steps`` timed steps after ``--warmup`` untimed ones (time.perf_counter around
     one full step: torch = zero_grad + forward + loss + backward + opt.step + loss.item(); PORT = trainer.step).
@@ -86,17 +86,17 @@ def worker(impl: str, name: str, batch: int, steps: int, warmup: int, threads: i
     torch.set_num_threads(threads)
     import torch.nn.functional as F
     from port import models
-    from port import kernels as K
+    from port.exec import kernels as K
     K.set_num_threads(threads)      # kernel OpenMP pool (+ torch intra-op): same call in both workers
-    from port.optim import SGD as PortSGD
-    from port.trainer import Trainer
+    from port.train.optim import SGD as PortSGD
+    from port.train.trainer import Trainer
     # the same heavy imports in both workers before the baseline: torch.optim's first construction imports
     # torch._dynamo (~70 MB RSS), port's tracer/lowering/backends import on first Trainer
     import torch._dynamo  # noqa: F401
     import torch.fx  # noqa: F401
-    import port.backends.c  # noqa: F401
-    import port.graph  # noqa: F401
-    import port.lower  # noqa: F401
+    import port.exec.backends.c  # noqa: F401
+    import port.ir.trace  # noqa: F401
+    import port.lower.lower  # noqa: F401
 
     model = models.get(name, seed=0)
     model.train()
@@ -402,7 +402,7 @@ def main() -> None:
     head = headline(rows)
     kt = sorted({d["kthreads"] for d in rows if "kthreads" in d})
     method = sorted({d["method"] for d in rows if "method" in d})
-    notes = f"""`python bench/train.py{' --quick' if a.quick else ''}` ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()}-vCPU host shared with other jobs: load average {load0[0]:.1f} at start, {load1[0]:.1f} at end; {wall:.0f} s total). Every (model, batch, implementation) in a fresh subprocess; the PyTorch and the PORT worker of one (model, batch) are set up one after the other, then driven in alternating single steps (who goes first alternates each round) so machine-load drift hits both: {warmup} warm-up rounds + up to {steps} timed rounds (at least 3; capped at {max_s:.0f} s per configuration); median step time, their ratio, and in brackets the median of the per-round PORT/PyTorch ratios. Same model (seed 0, train mode), same random data, SGD lr 0.01 momentum 0.9 (PyTorch: torch.optim.SGD, zero_grad(set_to_none=True)). torch.set_num_threads(2) and port.kernels.set_num_threads(2) in both; PORT's C kernels ran with {'/'.join(map(str, kt))} thread(s) (read back with port.kernels.get_num_threads() after set-up).
+    notes = f"""`python bench/train.py{' --quick' if a.quick else ''}` ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()}-vCPU host shared with other jobs: load average {load0[0]:.1f} at start, {load1[0]:.1f} at end; {wall:.0f} s total). Every (model, batch, implementation) in a fresh subprocess; the PyTorch and the PORT worker of one (model, batch) are set up one after the other, then driven in alternating single steps (who goes first alternates each round) so machine-load drift hits both: {warmup} warm-up rounds + up to {steps} timed rounds (at least 3; capped at {max_s:.0f} s per configuration); median step time, their ratio, and in brackets the median of the per-round PORT/PyTorch ratios. Same model (seed 0, train mode), same random data, SGD lr 0.01 momentum 0.9 (PyTorch: torch.optim.SGD, zero_grad(set_to_none=True)). torch.set_num_threads(2) and port.exec.kernels.set_num_threads(2) in both; PORT's C kernels ran with {'/'.join(map(str, kt))} thread(s) (read back with port.exec.kernels.get_num_threads() after set-up).
 
 {tab}
 

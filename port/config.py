@@ -5,7 +5,8 @@ Two kinds of file:
 * device descriptions (``configs/devices/*.yaml``): memory, accelerators, hand-off costs, optional storage.
 
 Every error names the file, the dotted key, the bad value and what is allowed. Sizes accept ``64MB``
-(10^6), ``1.5GiB`` (2^30) or plain bytes.
+(10^6), ``1.5GiB`` (2^30) or plain bytes; budgets (``parse_budget``, the one budget syntax of configs, the
+CLI's ``--budget`` and ``port.solve``) also accept ``NN%`` of the keep-everything peak.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import ConfigError
+from port.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = ROOT / "configs"
@@ -27,6 +28,8 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30}
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 SIZE_HELP = "a size such as 64MB, 1.5GiB, 512KiB or a number of bytes"
+BUDGET_HELP = ("a size such as 64MB (10^6), 1.5GiB (2^30) or a number of bytes, or a percentage of the "
+               "keep-everything peak such as 75%")
 
 
 def parse_size(value: Any) -> int:
@@ -46,6 +49,48 @@ def parse_size(value: Any) -> int:
         if m and m.group(2).lower() in _UNITS:
             return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     raise ValueError(f"expected {SIZE_HELP}")
+
+
+def parse_budget(value: Any) -> int | str:
+    """The one budget syntax (config key ``budget``, ``--budget``, ``port.solve(..., budget=...)``): a number of
+    bytes, a size (``64MB`` = 64 * 10^6, ``1.5GiB`` = 1.5 * 2^30) or ``NN%`` of the keep-everything peak.
+    Returns the bytes (int) or the normalised percentage text (``"75%"``); raises ValueError naming the forms.
+    Percentages are turned into bytes by ``port.pipeline.budget_bytes`` (one definition of the peak)."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            pct = float(value.strip()[:-1])
+        except ValueError:
+            pct = -1.0
+        if not (0 < pct <= 1000) or not math.isfinite(pct):
+            raise ValueError(f"a percentage budget must be in (0%, 1000%]; or give {SIZE_HELP}")
+        return f"{pct:g}%"
+    try:
+        return parse_size(value)
+    except ValueError:
+        raise ValueError(f"expected {BUDGET_HELP}") from None
+
+
+def budget_to_bytes(spec: int | str | None, keep_everything_peak: int | None, device_memory: int | None) -> int:
+    """A parsed budget in bytes: sizes as they are, ``NN%`` of ``keep_everything_peak``, None: the device's
+    memory. (port.pipeline.keep_everything_peak defines the peak.)"""
+    if spec is None:
+        if not device_memory:
+            raise ConfigError("no budget given and the device memory is unknown; give a budget such as 64MB or 75%")
+        return int(device_memory)
+    if isinstance(spec, str):
+        if keep_everything_peak is None:
+            raise ValueError("a percentage budget needs the keep-everything peak")
+        return int(keep_everything_peak * float(spec[:-1]) / 100)
+    return int(spec)
+
+
+def format_budget(spec: int | str | None) -> str:
+    """A parsed budget as text: '75%' stays, bytes are formatted with their exact value."""
+    if spec is None:
+        return "the device memory"
+    if isinstance(spec, str):
+        return spec
+    return f"{format_size(spec)} ({spec} B)"
 
 
 def format_size(n: int | float) -> str:
@@ -167,7 +212,7 @@ def requirement_met(req: Optional[str]) -> tuple[bool, str]:
         return (True, "") if torch.backends.mps.is_available() else (False, "torch reports MPS unavailable")
     if req == "c-kernels":
         try:
-            from . import _native
+            from port.exec import native as _native
             _native.load()
             return True, ""
         except Exception as e:  # noqa: BLE001 - any load failure means "not present"
@@ -219,10 +264,22 @@ class OptimizerConfig(_Strict):
     eps: float = Field(default=1e-8, gt=0)
 
 
+SOLVER_NAMES = ("highs", "cbc", "scip", "cpsat", "greedy", "chen", "single")
+
+
 class SolverConfig(_Strict):
-    name: Literal["highs", "cbc", "scip", "cpsat", "greedy", "single", "chen_sqrt"] = "highs"
+    name: str = "highs"                         # one of SOLVER_NAMES, or single:<accelerator id>
     time_limit_s: float = Field(default=30.0, gt=0)
     gap: float = Field(default=0.01, ge=0, lt=1)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v == "chen_sqrt":        # the name older configs used for Chen's sqrt(n) checkpointing
+            return "chen"
+        if v in SOLVER_NAMES or (v.startswith("single:") and len(v) > len("single:")):
+            return v
+        raise ValueError(f"unknown solver; choose one of {', '.join(SOLVER_NAMES)} or single:<accelerator id>")
 
 
 class TrainConfig(_Strict):
@@ -252,24 +309,12 @@ class ExperimentConfig(_Strict):
     @field_validator("budget", mode="before")
     @classmethod
     def _budget(cls, v: Any) -> Any:
-        if isinstance(v, str) and v.strip().endswith("%"):
-            try:
-                pct = float(v.strip()[:-1])
-            except ValueError:
-                pct = -1.0
-            if not 0 < pct <= 1000:
-                raise ValueError(f"a percentage budget must be in (0%, 1000%]; or give {SIZE_HELP}")
-            return f"{pct:g}%"
-        return _size_field(v)
+        return None if v is None else parse_budget(v)
 
     def budget_bytes(self, naive_peak_bytes: int, device_memory_bytes: int) -> int:
         """The budget in bytes: a size, a percentage of ``naive_peak_bytes`` (the keep-everything plan's
         peak, i.e. what PyTorch eager holds), or the device's memory when unset."""
-        if self.budget is None:
-            return device_memory_bytes
-        if isinstance(self.budget, str):
-            return int(naive_peak_bytes * float(self.budget[:-1]) / 100)
-        return int(self.budget)
+        return budget_to_bytes(self.budget, naive_peak_bytes, device_memory_bytes)
 
     @field_validator("model", mode="before")
     @classmethod
@@ -282,6 +327,14 @@ class ExperimentConfig(_Strict):
         if any(d <= 0 for d in v):
             raise ValueError("every dimension must be a positive integer, e.g. [3, 32, 32]")
         return v
+
+    @model_validator(mode="after")
+    def _micro_batch_divides(self) -> "ExperimentConfig":
+        mb = self.train.micro_batch
+        if mb is not None and self.batch_size % mb:
+            raise ValueError(f"train.micro_batch {mb} must divide batch_size {self.batch_size} (micro-batches "
+                             f"accumulate gradients over the batch); use a divisor of {self.batch_size}")
+        return self
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,6 +355,9 @@ def _format_errors(path: Path | str, err: ValidationError, data: Any) -> str:
             continue
         if e["type"] == "missing":
             lines.append(f"{path}: key '{loc}' is required but missing")
+            continue
+        if not e["loc"]:     # a check across keys (model validator): the message names the keys
+            lines.append(f"{path}: {msg}")
             continue
         val = e.get("input")
         lines.append(f"{path}: key '{loc}': {msg} (got {val!r})")
@@ -371,12 +427,16 @@ def device_names() -> list[str]:
 
 def load_experiment(path: str | Path) -> ExperimentConfig:
     p = Path(path)
-    data = _read_yaml(p)
+    return validate_experiment(_read_yaml(p), p)
+
+
+def validate_experiment(data: Any, where: str | Path) -> ExperimentConfig:
+    """An ExperimentConfig from a mapping (a YAML file's content, or one built from command-line flags);
+    errors name ``where``, the dotted key, the value and what is allowed."""
     try:
-        cfg = ExperimentConfig.model_validate(data)
+        return ExperimentConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_errors(p, e, data)) from None
-    return cfg
+        raise ConfigError(_format_errors(where, e, data)) from None
 
 
 def resolve_device(cfg: ExperimentConfig, config_path: str | Path | None = None) -> DeviceConfig:

@@ -1,4 +1,7 @@
-"""Atomic file writes: a crash mid-write leaves the previous file intact (tmp file + fsync + os.replace)."""
+"""Atomic file writes: a crash mid-write leaves the previous file intact (tmp file + fsync + os.replace).
+
+Files are created with the user's umask like any ``open(path, "w")`` would (``0o666 & ~umask``), not with
+``mkstemp``'s private 0600: plans, profiles, checkpoints and reports are meant to be shared."""
 from __future__ import annotations
 
 import contextlib
@@ -8,15 +11,41 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows (Linux: /proc/self/status)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)     # elsewhere: the classic set-and-restore (not thread-safe, but brief)
+    os.umask(old)
+    return old
+
+
+def default_file_mode() -> int:
+    """The mode ``open(path, "w")`` gives a new file: 0o666 & ~umask."""
+    return 0o666 & ~current_umask()
+
+
+def apply_default_mode(path: str | os.PathLike) -> None:
+    """chmod ``path`` to :func:`default_file_mode` (for files another writer created with mkstemp)."""
+    os.chmod(path, default_file_mode())
+
+
 @contextlib.contextmanager
 def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """Write ``path`` through a temporary file in the same folder; on success it is fsynced and renamed over
-    ``path`` (then the folder is fsynced); on any error the temporary file is removed and ``path`` is untouched."""
+    ``path`` (then the folder is fsynced); on any error the temporary file is removed and ``path`` is untouched.
+    The new file gets the user's umask (0o666 & ~umask), like a plain ``open(path, "w")``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), default_file_mode())
             yield f
             f.flush()
             os.fsync(f.fileno())

@@ -289,48 +289,13 @@ PORT_API port_status port_adamw_step(float *param, float *exp_avg, float *exp_av
 /* Training: z = conv(x, w) (no conv bias), batch statistics of z
  * (save_mean, save_invstd, running stats updated unless NULL), then
  * y = relu(gamma*(z-mean)*invstd + beta) in one pass over z.
- * Saved: x, w, z, save_mean, save_invstd, gamma, beta.
+ * Saved: x, w, z, save_mean, save_invstd, gamma, beta; the backward runs as the unfused
+ * relu, batch-norm and conv backward kernels (what the plan's `fused` variant means).
  * Workspace: port_conv2d_workspace_bytes(p, algo). */
 PORT_API port_status port_conv2d_bn_relu_forward_train(
     float *y, float *z, float *save_mean, float *save_invstd, float *running_mean,
     float *running_var, const float *x, const float *w, const float *gamma, const float *beta,
     const port_conv2d_params *p, float eps, float momentum, int algo, void *ws, size_t ws_bytes);
-/* Backward: recomputes xhat and the relu mask from z, stats, gamma, beta.
- * dx overwritten (may be NULL to skip), dw/dgamma/dbeta accumulate.
- * Workspace: port_conv2d_bn_relu_backward_workspace_bytes(p, algo). */
-PORT_API size_t port_conv2d_bn_relu_backward_workspace_bytes(const port_conv2d_params *p,
-                                                              int algo);
-PORT_API port_status port_conv2d_bn_relu_backward(
-    float *dx, float *dw, float *dgamma, float *dbeta, const float *dy, const float *x,
-    const float *w, const float *z, const float *gamma, const float *beta,
-    const float *save_mean, const float *save_invstd, const port_conv2d_params *p, int algo,
-    void *ws, size_t ws_bytes);
-
-/* Frozen BN folding: s = gamma/sqrt(running_var+eps);
- * w_fold[co,...] = w[co,...]*s[co]; b_fold = beta + (b - running_mean)*s
- * (b may be NULL = 0).  w has c_out * (c_in/groups*kh*kw) elements. */
-PORT_API port_status port_conv2d_bn_fold(float *w_fold, float *b_fold, const float *w,
-                                         const float *b, const float *gamma, const float *beta,
-                                         const float *running_mean, const float *running_var,
-                                         const port_conv2d_params *p, float eps);
-/* y = relu(conv(x, w_fold) + b_fold) (relu only if relu != 0).
- * Saved: x, y (and the unfolded w, gamma, beta, running_var for backward).
- * Workspace: port_conv2d_workspace_bytes(p, algo). */
-PORT_API port_status port_conv2d_bn_relu_forward_frozen(float *y, const float *x,
-                                                        const float *w_fold, const float *b_fold,
-                                                        const port_conv2d_params *p, int relu,
-                                                        int algo, void *ws, size_t ws_bytes);
-/* Backward of the frozen fused op, consistent with the unfused sequence
- * conv(w, b=None) -> frozen BN -> relu:  g = dy * (y > 0) (if relu);
- * dbeta += sum g; dgamma += sum g*(y-beta)/gamma (REQUIRES gamma != 0);
- * dz = g * gamma/sqrt(var+eps); dw += corr(x, dz); dx = conv_t(dz, w).
- * dx/dw/dgamma/dbeta may each be NULL to skip.
- * Workspace: port_conv2d_bn_relu_backward_workspace_bytes(p, algo). */
-PORT_API port_status port_conv2d_bn_relu_backward_frozen(
-    float *dx, float *dw, float *dgamma, float *dbeta, const float *dy, const float *x,
-    const float *y, const float *w, const float *gamma, const float *beta,
-    const float *running_var, const port_conv2d_params *p, float eps, int relu, int algo,
-    void *ws, size_t ws_bytes);
 
 #ifdef __cplusplus
 }

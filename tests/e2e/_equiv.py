@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import port.models as M
-from port.optim import SGD, AdamW
-from port.trainer import Trainer
+from port.train.optim import SGD, AdamW
+from port.train.trainer import Trainer
 
 RTOL = 1e-4
 TENSOR_RTOL = 1e-2

@@ -2,7 +2,7 @@
 chains), patch variants, in-place batch norm, mixed C/torch backends, early updates. Under every plan the
 training run equals PyTorch's (resnet8: 1e-4; MobileNetV2 with training-mode BN at batch 2: against PORT's
 own keep-everything plan on the same backend, and against PyTorch with the looser float32 tolerance
-documented in test_trainer_equiv.py), and the lowered arena's peak equals port.simulate's prediction for the
+documented in test_trainer_equiv.py), and the lowered arena's peak equals port.verify.simulate's prediction for the
 same plan within 2%.
 """
 from __future__ import annotations
@@ -16,15 +16,17 @@ import torch
 
 import port.models as M
 from port.config import load_device
-from port.costmodel import modeled_profile
+from port.cost.roofline import modeled_profile
 from port.errors import PlanError, PortError
-from port.graph import trace
-from port.lower import default_plan, lower, recompute_plan
-from port.program import Program
-from port.simulate import early_update_info, simulate
-from port.trainer import Trainer
-from port import variants as V
-from port.types import OpDecision, PHASE_UPDATE
+from port.ir.trace import trace
+from port.lower.lower import default_plan, lower, recompute_plan
+from port.lower.program import Program
+from port.plan.semantics import early_update_info
+from port.verify.simulate import simulate
+from port.train.trainer import Trainer
+from port.plan import variants as V
+from port.plan.types import OpDecision
+from port.ir.types import PHASE_UPDATE
 from _equiv import assert_same_training, compare, data, port_opt, train_port
 
 LR = 0.005
@@ -132,10 +134,10 @@ def test_recompute_plan_bit_exact_and_peak(setup):
 
 
 def test_solved_plan_matches(setup):
-    """A plan from port.solve at a tight budget (recompute_at chains + early updates) runs, matches the
+    """A plan from port.solver at a tight budget (recompute_at chains + early updates) runs, matches the
     simulator's peak, and trains like the keep-everything plan."""
     name, model, batches, g, prof = setup
-    from port.solve import solve
+    from port.solver import solve
     keep = keep_plan(g, prof)
     sim_k = simulate(keep, g, prof)
     budget = int(sim_k.static_bytes + 0.6 * (sim_k.peak_bytes - sim_k.static_bytes))
@@ -249,7 +251,7 @@ def test_profile_step_timings_and_timeline():
 
 
 def test_trainer_plan_file_and_refusals(tmp_path):
-    from port.plan_io import save_plan
+    from port.plan.io import save_plan
     name = "resnet8"
     model = M.get(name, seed=0)
     batches = data(name, 4, 2)
@@ -257,11 +259,11 @@ def test_trainer_plan_file_and_refusals(tmp_path):
     prof = modeled_profile(g, load_device("host"))
     plan = early_plan(g, recompute_plan(g, keep_plan(g, prof)))
     save_plan(plan, tmp_path / "p.json", graph=g)
-    from port.plan_io import load_plan
+    from port.plan.io import load_plan
     back = load_plan(tmp_path / "p.json", graph=g)
     if back.recompute_at != plan.recompute_at or back.early_updates != plan.early_updates \
             or back.paged != plan.paged:
-        pytest.xfail("port.plan_io does not round-trip recompute_at/early_updates yet (it builds Plan "
+        pytest.xfail("port.plan.io does not round-trip recompute_at/early_updates yet (it builds Plan "
                      "positionally; owned by the solver side)")
     a = train_port(model, batches, plan, lr=LR)
     b = train_port(model, batches, str(tmp_path / "p.json"), lr=LR)

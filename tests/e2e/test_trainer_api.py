@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import port.models as M
-from port.checkpoint import CheckpointError, read_checkpoint, save_trainer
-from port.optim import SGD, AdamW
-from port.trainer import Trainer
+from port.train.checkpoint import CheckpointError, read_checkpoint, save_trainer
+from port.train.optim import SGD, AdamW
+from port.train.trainer import Trainer
 from _equiv import data
 
 
@@ -75,7 +75,7 @@ def test_kill_during_write_keeps_previous_checkpoint(tmp_path):
     import time
     path = tmp_path / "c.port"
     code = f"""
-import sys, torch, port.checkpoint as C
+import sys, torch, port.train.checkpoint as C
 C.write_checkpoint({str(path)!r}, {{"step": 1}}, [({{"name": "w", "kind": "parameter"}}, torch.ones(1000))])
 print("ready", flush=True)
 big = torch.randn(60_000_000)
@@ -109,7 +109,7 @@ def test_export_onnx_and_torch(tmp_path):
 
 
 def test_evaluate_predict_to_torch():
-    from port.data import load
+    from port.train.data import load
     from port import config as C
     cfg = C.load_experiment("configs/default.yaml")
     ds = load(cfg)
@@ -153,7 +153,7 @@ def test_parameter_delta_only_changed():
 
 
 def test_cli_train_resume(tmp_path):
-    from port.cli_train import run_training
+    from port.cli.train import run_training
     cfgp = tmp_path / "c.yaml"
     cfgp.write_text("name: t\nmodel: mlp\ninput_shape: [64]\nbatch_size: 16\ndata: {kind: digits}\n"
                     "train: {steps: 20, checkpoint_every: 10}\n")

@@ -110,8 +110,8 @@ def test_frozen_layers():
 
 def test_comparator_catches_drift():
     """The comparison must fail on a real drift: a 1% different learning rate in PyTorch is caught."""
-    import port.optim as O
-    from port.trainer import Trainer
+    import port.train.optim as O
+    from port.train.trainer import Trainer
     import torch.nn.functional as F
     m = M.get("digits_cnn", seed=0)
     ref = copy.deepcopy(m)
@@ -132,9 +132,9 @@ def test_deep_net_gradients_match_float64():
     float32's own error from float64, tensor by tensor: the guard for kernel bugs that AdamW exposes (it normalises
     every gradient element, so a small tensor with a large relative error gets lr-sized wrong updates)."""
     import torch.nn.functional as F
-    from port.optim import AdamW
-    from port.trainer import Trainer
-    from port.types import ROLE_GRADIENT, ROLE_PARAMETER
+    from port.train.optim import AdamW
+    from port.train.trainer import Trainer
+    from port.ir.types import ROLE_GRADIENT, ROLE_PARAMETER
     m = _freeze_bn(M.get("resnet18", seed=0))
     x, y = data("resnet18", 2, 1)[0]
     r32, r64 = copy.deepcopy(m), copy.deepcopy(m).double()

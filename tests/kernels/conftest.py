@@ -11,7 +11,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from port import _native  # noqa: E402
+from port.exec import native as _native
 
 _native.configure_openmp_env()  # passive OpenMP wait policy, if torch is not imported yet
 
@@ -45,7 +45,7 @@ def _seed():
 
 @pytest.fixture
 def K():
-    import port.kernels as kernels
+    import port.exec.kernels as kernels
     kernels.set_gemm_backend("blas")
     yield kernels
     kernels.set_gemm_backend("blas")

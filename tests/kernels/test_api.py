@@ -107,9 +107,6 @@ def test_raw_conv_status_codes(K):
                                            2, ws.data_ptr(), pw - 4) == K.PORT_ERR_WORKSPACE
     assert K.raw.port_conv2d_patch_forward(y.data_ptr(), x.data_ptr(), w.data_ptr(), None, good, 0,
                                            2, ws.data_ptr(), pw) == K.PORT_ERR_ARG
-    # fused backward workspace
-    fb = K.raw.port_conv2d_bn_relu_backward_workspace_bytes(good, K.CONV_IM2COL)
-    assert fb >= need + y.numel() * 4
 
 
 def test_raw_other_status_codes(K):
@@ -241,7 +238,7 @@ def test_single_openmp_runtime_in_process(torch_first):
     """Whatever the import order, exactly one OpenMP runtime is mapped and PORT resolves its symbols there."""
     import subprocess
     import sys
-    imports = "import torch; import port.kernels as K" if torch_first else "import port.kernels as K; import torch"
+    imports = "import torch; import port.exec.kernels as K" if torch_first else "import port.exec.kernels as K; import torch"
     code = (f"{imports}\n"
             "import re, torch.nn.functional as F\n"
             "K.set_num_threads(2); x = torch.randn(2, 8, 16, 16); w = torch.randn(8, 8, 3, 3)\n"

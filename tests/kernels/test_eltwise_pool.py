@@ -107,7 +107,7 @@ def test_dropout_mask_independent_of_threads(K):
     assert torch.equal(masks[0], masks[1]) and torch.equal(masks[0], masks[2])
     # a chunk of a tensor gets the same mask as the same elements of the whole tensor
     # only if offsets match: mask depends on (seed, flat index) alone
-    code = ("import torch, port.kernels as K; K.set_num_threads({t}); "
+    code = ("import torch, port.exec.kernels as K; K.set_num_threads({t}); "
             "x=torch.ones(300000); print(int(K.dropout_forward(x,0.3,seed=99)[1].sum()))")
     outs = {subprocess.run([sys.executable, "-c", code.format(t=t)], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout.strip() for t in (1, 2)}

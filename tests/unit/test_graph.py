@@ -8,7 +8,7 @@ import torch.nn as nn
 import port
 from port import models
 from port.errors import PortTraceError
-from port.types import PHASES
+from port.ir.types import PHASES
 from reference import flop_counts, saved_activation_bytes
 
 ZOO = models.names()

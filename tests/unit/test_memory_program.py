@@ -9,9 +9,9 @@ import torch
 import port
 import port.models as M
 from port.errors import ProgramError
-from port.lower import default_plan, lower
-from port.memory import assign_offsets, check_program, liveness
-from port.program import Program
+from port.lower.lower import default_plan, lower
+from port.lower.arena import assign_offsets, check_program, liveness
+from port.lower.program import Program
 
 
 def _prog():
@@ -90,7 +90,7 @@ def test_refuses_bad_workspace_and_size():
 
 
 def test_executor_refuses_corrupt_program():
-    from port.executor import Executor
+    from port.exec.executor import Executor
     g, p = _prog()
     s = next(s for s in p.slots if s.region == "scratch" and s.root == s.tensor)
     with pytest.raises(ProgramError):

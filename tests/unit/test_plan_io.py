@@ -8,11 +8,11 @@ import torch
 
 from port import models
 from port.config import load_device
-from port.costmodel import modeled_profile
+from port.cost.roofline import modeled_profile
 from port.errors import PlanError
-from port.graph import trace
-from port.plan_io import load_plan, save_plan
-from port.solve import solve
+from port.ir.trace import trace
+from port.plan.io import load_plan, save_plan
+from port.solver import solve
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_refuses_corrupt_truncated_wrong_version(setup, tmp_path):
 
 
 def test_round_trip_chain_and_early(tmp_path):
-    from port.types import Plan
+    from port.plan.types import Plan
     import dataclasses
     g = trace(models.get("mlp", seed=0), torch.randn(8, 64), name="mlp")
     p = modeled_profile(g, load_device("host"))

@@ -8,15 +8,17 @@ import pytest
 import torch
 
 import port
-from port import costmodel as CM
+from port.cost import roofline as CM
 from port.config import load_device
 from port.errors import ProfileError
 from port.models import get
-from port.profile import (calibrate, entry_keys, get_runner, load_profile, merge_profiles, profile,
-                          profile_with_report, save_profile)
-from port.profile.handoff import fit_latency_bandwidth
-from port.profile.runners import backend_available
-from port.types import Profile
+from port.cost.calibrate import calibrate
+from port.cost.measure import entry_keys, profile, profile_with_report
+from port.cost.runners import get_runner
+from port.cost.io import load_profile, merge_profiles, save_profile
+from port.cost.handoff import fit_latency_bandwidth
+from port.cost.runners import backend_available
+from port.cost.types import Profile
 
 FAST = dict(blocks=2, block_ms=1.0, warmup_ms=0.5)
 
@@ -60,7 +62,7 @@ def test_c_workspace_equals_kernel_query(graph, host_profile):
     prof, _ = host_profile
     if not backend_available("c")[0]:
         pytest.skip("C kernels not built: cpu-c entries are modeled")
-    import port.kernels as K
+    import port.exec.kernels as K
     checked = 0
     for op in graph.ops:
         if op.kind != "conv2d":

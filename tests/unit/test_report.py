@@ -1,7 +1,7 @@
 """The run report: flags and a self-contained page."""
 from __future__ import annotations
 
-from port.report import OpRow, flagged, render_report
+from port.train.report import OpRow, flagged, render_report
 
 
 def rows():

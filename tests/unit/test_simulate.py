@@ -1,15 +1,16 @@
-"""port.simulate on hand-checkable cases."""
+"""port.verify.simulate on hand-checkable cases."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from port.config import load_device
-from port.costmodel import modeled_profile
+from port.cost.roofline import modeled_profile
 from port.errors import PlanError
-from port.graph import trace
-from port.simulate import simulate, static_bytes
-from port.types import OpDecision, Plan
+from port.ir.trace import trace
+from port.verify.simulate import simulate
+from port.plan.semantics import static_bytes
+from port.plan.types import OpDecision, Plan
 
 
 class Chain(torch.nn.Module):

@@ -1,0 +1,124 @@
+"""The `port` command line (typer). One thin module per command (port/cli/<command>.py, each exposing
+``register(app)``); the work is done by port.pipeline. Nothing here imports torch, numpy, pydantic or a solver,
+so `port --help` starts fast.
+
+Exit codes: 0 success; 2 bad input (the message names the file, key, value and fix; no traceback);
+1 internal error (SolverError, ProgramError, KernelError or any unexpected exception: "please report", with
+the details); 130 / 143 interrupted by SIGINT / SIGTERM (`port train` writes a checkpoint first).
+"""
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+import traceback
+from typing import Optional, Sequence
+
+import typer
+
+app = typer.Typer(
+    name="port",
+    help="PORT: train neural networks on-device under a memory budget.\n\n"
+         "Pipeline: trace -> profile -> solve -> train. Start with `port inspect configs/default.yaml`.\n\n"
+         "Profiles live at profiles/<device>/<config name>.json under the working directory (--profile PATH "
+         "overrides). Budgets: bytes, 64MB, 1.5GiB or NN% of the keep-everything peak.\n\n"
+         "Exit codes: 0 ok, 1 internal error, 2 bad input, 130/143 interrupted.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """PORT: train neural networks on-device under a memory budget."""
+
+
+# command modules, in the order they appear in --help
+COMMAND_MODULES = ("inspect", "profile", "solve", "train", "demo")
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"port.cli.{_name}").register(app)
+
+# internal failures (exit 1, "please report"), matched by class name so that checking them imports nothing
+INTERNAL_ERRORS = ("SolverError", "ProgramError", "KernelError")
+
+
+def _is_internal(e: BaseException) -> bool:
+    return any(c.__name__ in INTERNAL_ERRORS and c.__module__.startswith("port.") for c in type(e).__mro__)
+
+
+def _on_sigterm(signum: int, _frame) -> None:
+    from port.pipeline import Interrupted
+    raise Interrupted(signum, "terminated (SIGTERM)")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Run the CLI and exit with PORT's exit codes (see the module docstring)."""
+    sys.exit(run(argv))
+
+
+def run(argv: Optional[Sequence[str]] = None) -> int:
+    """The CLI as a function: returns the exit code instead of exiting."""
+    from port.errors import PortError
+    from port.pipeline import Interrupted
+
+    old = None
+    try:
+        old = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:       # not the main thread
+        pass
+    try:
+        rc = app(args=list(argv) if argv is not None else None, standalone_mode=False)
+        if rc == 130:                             # typer turns KeyboardInterrupt into Exit(130)
+            _err("interrupted (SIGINT)")
+        return rc if isinstance(rc, int) else 0
+    except Interrupted as e:
+        _err(str(e))
+        return e.exit_code
+    except KeyboardInterrupt:
+        _err("interrupted (SIGINT)")
+        return 130
+    except typer.Exit as e:
+        return e.exit_code
+    except typer.Abort:
+        _err("aborted")
+        return 1
+    except typer.TyperException as e:         # usage errors: bad option, missing argument (exit 2)
+        show = getattr(e, "show", None)
+        if show is not None:
+            show()
+        else:
+            _err(str(e))
+        return getattr(e, "exit_code", 2) or 2
+    except PortError as e:
+        if _is_internal(e):
+            return _internal(e)
+        _err(str(e))
+        return 2
+    except OSError as e:
+        if getattr(e, "filename", None) is not None:   # a file the user named cannot be read or written
+            _err(f"{e.filename}: {e.strerror or e}")
+            return 2
+        return _internal(e)
+    except Exception as e:  # noqa: BLE001 - anything else is a bug (or a bug in the user's own model code)
+        return _internal(e)
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+
+def _internal(e: BaseException) -> int:
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    sys.stderr.write(tb)
+    _err(f"internal error: {type(e).__name__}: {e}\nThis is a bug in PORT (or in the model's own code, if the "
+         f"traceback above ends there): please report it with the command line, the config and the traceback.")
+    return 1
+
+
+def _err(msg: str) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {escape(msg)}", markup=True)
+
+
+if __name__ == "__main__":
+    main()

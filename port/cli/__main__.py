@@ -1,0 +1,4 @@
+"""`python -m port.cli ...`: the same as the `port` command."""
+from port.cli import main
+
+main()

@@ -1,0 +1,85 @@
+"""`port inspect`: the training graph PORT will profile, schedule and execute, layer by layer."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+
+def _fmt_flops(f: int) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if f >= div:
+            return f"{f / div:.2f}{unit}"
+    return str(f)
+
+
+def _fmt_bytes(b: int) -> str:
+    if b == 0:
+        return "-"
+    from port.config import format_size
+    return format_size(b)
+
+
+def print_report(rep: dict[str, Any], title: str, peak_note: str, all_ops: bool = False) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(highlight=False, soft_wrap=True)
+    t = Table(title=f"PORT training graph: {title}", show_lines=False)
+    for col, just in (("layer", "left"), ("op", "left"), ("output shape", "left"), ("FLOPs", "right"),
+                      ("saved for backward", "right"), ("parameters", "right")):
+        t.add_column(col, justify=just, overflow="fold")
+    for o in rep["ops"]:
+        if not all_ops and o["phase"] not in ("forward", "loss"):
+            continue
+        t.add_row(o["name"], o["kind"], "x".join(map(str, o["output_shape"])) or "scalar",
+                  _fmt_flops(o["flops"]) if o["flops"] else "-", _fmt_bytes(o["saved_bytes"]),
+                  _fmt_bytes(o["param_bytes"]))
+    con.print(t)
+    tot = rep["totals"]
+    n_bwd = sum(1 for o in rep["ops"] if o["phase"] == "backward")
+    n_upd = sum(1 for o in rep["ops"] if o["phase"] == "update")
+    say = lambda s: con.print(s, markup=False)  # noqa: E731
+    say(f"ops: {tot['num_forward_ops']} forward, 1 loss, {n_bwd} backward, {n_upd} update")
+    say(f"parameters      {_fmt_bytes(tot['param_bytes'])}")
+    say(f"gradients       {_fmt_bytes(tot['grad_bytes'])}")
+    say(f"optimizer state {_fmt_bytes(tot['optimizer_bytes'])}")
+    say(f"naive peak activation memory (all saved tensors alive when backward starts) "
+        f"{_fmt_bytes(tot['naive_peak_activation_bytes'])}")
+    say(peak_note)
+    say(f"FLOPs: forward {_fmt_flops(tot['forward_flops'])}, backward {_fmt_flops(tot['backward_flops'])}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def inspect(
+        config: Optional[Path] = typer.Argument(None, help="experiment YAML (e.g. configs/resnet18.yaml)"),
+        model: Optional[str] = typer.Option(None, "--model", "-m", help="zoo model name (or module:factory) "
+                                            "instead of a config"),
+        input: Optional[str] = typer.Option(None, "--input", help="per-sample input shape, e.g. 3x32x32"),
+        batch: Optional[int] = typer.Option(None, "--batch", "-b", min=1, help="batch size"),
+        trainable: Optional[list[str]] = typer.Option(None, "--trainable", help="module-name pattern to train "
+                                                      "(repeatable); others frozen"),
+        optimizer: Optional[str] = typer.Option(None, "--optimizer", help="sgd | sgd_momentum | adamw"),
+        profile: Optional[Path] = typer.Option(None, "--profile", help="profile for workspace sizes (default "
+                                               "profiles/<device>/<config name>.json when it exists)"),
+        json_out: Optional[str] = typer.Option(None, "--json", help="write the report as JSON to PATH ('-' for stdout)"),
+        all_ops: bool = typer.Option(False, "--all", help="also list backward and update ops"),
+    ) -> None:
+        """Trace a model into PORT's training graph and print per-layer figures and totals."""
+        from port import pipeline as P
+        job = P.load_job(config, model=model, input_shape=input, batch=batch, trainable=trainable,
+                         optimizer=optimizer, profile=profile)
+        ins = P.inspect_graph(job, P.build_graph(job))
+        if json_out == "-":
+            json.dump(ins.report, sys.stdout, indent=1)
+            sys.stdout.write("\n")
+            return
+        print_report(ins.report, ins.title, ins.peak_note, all_ops)
+        if json_out:
+            from port.io import atomic_write_text
+            atomic_write_text(Path(json_out), json.dumps(ins.report, indent=1))
+            typer.echo(f"wrote {json_out}")

@@ -1,0 +1,43 @@
+"""`port train CONFIG`: trace -> profile (the location rule; reused, measured when missing) -> solve -> train
+-> export -> report, all in port.pipeline.run_training; `port report RUN_DIR` rebuilds a run's report.
+
+Each run writes ``runs/<name>/``: ``config.yaml`` (resolved), ``profile.json``, ``plan.json``,
+``checkpoint.port``, ``metrics.jsonl`` (one line per step), ``measured.json`` (per-op times and the memory
+timeline of instrumented steps), ``model.onnx`` / ``model.pt`` (inference exports) and ``report.html``.
+Ctrl-C (SIGINT) or SIGTERM writes a checkpoint at the current step and exits 130 / 143; ``--resume`` continues.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("train")
+    def train(config: Path = typer.Argument(..., help="experiment YAML, e.g. configs/default.yaml"),
+              resume: bool = typer.Option(False, "--resume", help="continue from runs/<name>/checkpoint.port"),
+              steps: Optional[int] = typer.Option(None, "--steps", min=0, help="override train.steps (the total)"),
+              budget: Optional[str] = typer.Option(None, "--budget", help="memory budget: bytes, 64MB, 1.5GiB or "
+                                                   "NN% of the keep-everything peak"),
+              solver: Optional[str] = typer.Option(None, "--solver", help="highs | cbc | scip | cpsat | greedy | "
+                                                   "chen | single | single:<accelerator>"),
+              profile: Optional[Path] = typer.Option(None, "--profile", help="profile file (default "
+                                                     "profiles/<device>/<config name>.json; measured when missing)"),
+              replan: bool = typer.Option(False, "--replan", help="re-profile the ops the last run flagged, then "
+                                          "solve again"),
+              out: Path = typer.Option(Path("runs"), "--out", help="directory for runs/<name>/"),
+              no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars"),
+              ) -> None:
+        """Trace, profile (reused from `port profile`), solve under the budget, train with the plan, export
+        and report."""
+        from port.pipeline import run_training
+        run_training(config, resume=resume, steps=steps, out_dir=out, replan=replan, budget=budget, solver=solver,
+                     profile=profile, progress=not no_progress)
+
+    @app.command("report")
+    def report(run_dir: Path = typer.Argument(..., help="a run directory, e.g. runs/digits")) -> None:
+        """Write RUN_DIR/report.html: memory predicted vs measured, Gantt chart, placement, flagged ops."""
+        from port.pipeline import run_report
+        typer.echo(f"wrote {run_report(run_dir)}")

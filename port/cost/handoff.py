@@ -1,0 +1,70 @@
+"""Hand-off cost between present accelerators, measured over tensor sizes and fitted as
+latency + bytes / bandwidth (least squares). CPU engines sharing memory (C kernels, torch-cpu) hand
+over zero-copy: only the pointer hand-over is timed (bandwidth = inf)."""
+from __future__ import annotations
+
+import math
+
+from port.config import DeviceConfig
+from port.cost.types import HandoffCost
+from port.cost.timing import time_callable
+
+CPU_BACKENDS = ("c", "torch-cpu")
+SIZES = (4 << 10, 256 << 10, 4 << 20, 32 << 20)
+QUICK_SIZES = (4 << 10, 1 << 20, 8 << 20)
+
+
+def fit_latency_bandwidth(sizes: list[int], ms: list[float]) -> tuple[float, float]:
+    """Least-squares ms = a + b * bytes -> (latency_ms >= 0, bytes_per_ms; inf if b <= 0)."""
+    n = len(sizes)
+    mx, my = sum(sizes) / n, sum(ms) / n
+    sxx = sum((x - mx) ** 2 for x in sizes)
+    b = sum((x - mx) * (y - my) for x, y in zip(sizes, ms)) / sxx if sxx else 0.0
+    a = my - b * mx
+    if b <= 0:
+        return max(0.0, min(ms)), math.inf
+    return max(0.0, a), 1.0 / b
+
+
+def _torch_device(backend: str) -> str:
+    return {"c": "cpu", "torch-cpu": "cpu", "torch-cuda": "cuda", "torch-mps": "mps"}[backend]
+
+
+def measure_handoff(device: DeviceConfig, present: list[str], quick: bool = False) -> list[HandoffCost]:
+    """Measured hand-off costs for every ordered pair of present accelerators."""
+    import torch
+    out = []
+    sizes = QUICK_SIZES if quick else SIZES
+    accs = {a.id: a for a in device.accelerators}
+    for s in present:
+        for d in present:
+            if s == d:
+                continue
+            bs, bd = accs[s].backend, accs[d].backend
+            xs, ys = [], []
+            for nbytes in sizes:
+                src_dev = _torch_device(bs)
+                t = torch.empty(nbytes // 4, dtype=torch.float32, device=src_dev)
+                if bs in CPU_BACKENDS and bd in CPU_BACKENDS:
+                    # zero-copy: the receiver checks layout and takes the pointer
+                    def run(t=t):
+                        return t.is_contiguous() and t.data_ptr()
+                    sync = lambda: None  # noqa: E731
+                else:
+                    dst_dev = _torch_device(bd)
+                    def run(t=t, dst_dev=dst_dev):
+                        return t.to(dst_dev)
+                    def sync():
+                        if torch.cuda.is_available():
+                            torch.cuda.synchronize()
+                med, _, _ = time_callable(run, sync, blocks=3 if quick else 5, block_ms=5 if quick else 10,
+                                          warmup_ms=2)
+                xs.append(nbytes)
+                ys.append(med)
+                del t
+            if bs in CPU_BACKENDS and bd in CPU_BACKENDS:
+                lat, bpm = min(ys), math.inf
+            else:
+                lat, bpm = fit_latency_bandwidth(xs, ys)
+            out.append(HandoffCost(s, d, lat, bpm, True))
+    return out

@@ -1,0 +1,205 @@
+"""Profile files: versioned JSON, written atomically, validated on load; merging several into one.
+
+Format (``format: "port-profile"``, ``version: types.PROFILE_FORMAT_VERSION``)::
+
+    {"format": "port-profile", "version": 1, "device": "host",
+     "accelerators": ["cpu-c", "cpu-torch"], "threads": 2,
+     "host": {"cpu": "...", "cores": "2", "torch": "2.13.0", "date": "...", "graph": "digits_cnn",
+              "graph_digest": "...", "threads.cpu-c": "2", ...},
+     "memory_bytes": 17179869184, "accelerator_caps": {"gpu": 123}, "storage": {"bandwidth_gbps": .., "latency_ms": ..},
+     "handoff": [{"src": "cpu-c", "dst": "cpu-torch", "latency_ms": 0.0001, "bytes_per_ms": null, "measured": true}],
+     "num_entries": N,
+     "entries": [{"signature": "...", "accelerator": "cpu-c", "variant": "plain", "latency_ms": 0.12,
+                  "spread_ms": 0.004, "workspace_bytes": 0, "peak_delta_bytes": 0, "measured": true, "samples": 5}],
+     "sha256": "<digest of everything above, canonical JSON>"}
+
+``bytes_per_ms: null`` means zero-copy (infinite bandwidth).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any, Iterable
+
+from port.errors import ProfileError
+from port.cost.types import PROFILE_FORMAT_VERSION, HandoffCost, OpCost, Profile
+
+FORMAT_TAG = "port-profile"
+_ENTRY_FIELDS = {"signature": str, "accelerator": str, "variant": str, "latency_ms": (int, float),
+                 "spread_ms": (int, float), "workspace_bytes": int, "peak_delta_bytes": int, "measured": bool,
+                 "samples": int}
+
+
+def _canon(d: dict) -> bytes:
+    return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+
+
+def profile_to_dict(p: Profile) -> dict:
+    d: dict[str, Any] = {
+        "format": FORMAT_TAG,
+        "version": PROFILE_FORMAT_VERSION,
+        "device": p.device,
+        "accelerators": list(p.accelerators),
+        "threads": p.threads,
+        "host": dict(p.host),
+        "memory_bytes": p.memory_bytes,
+        "accelerator_caps": dict(p.accelerator_caps),
+        "storage": dict(p.storage),
+        "handoff": [{"src": h.src, "dst": h.dst, "latency_ms": h.latency_ms,
+                     "bytes_per_ms": None if math.isinf(h.bytes_per_ms) else h.bytes_per_ms,
+                     "measured": h.measured} for h in p.handoff],
+        "num_entries": len(p.entries),
+        "entries": [{"signature": e.signature, "accelerator": e.accelerator, "variant": e.variant,
+                     "latency_ms": e.latency_ms, "spread_ms": e.spread_ms, "workspace_bytes": e.workspace_bytes,
+                     "peak_delta_bytes": e.peak_delta_bytes, "measured": e.measured, "samples": e.samples}
+                    for e in p.entries],
+    }
+    d["sha256"] = hashlib.sha256(_canon(d)).hexdigest()
+    return d
+
+
+def _need(d: dict, key: str, typ, where: str) -> Any:
+    if key not in d:
+        raise ProfileError(f"{where}: key '{key}' is missing")
+    v = d[key]
+    if typ is not None and (not isinstance(v, typ) or (typ in (int, (int, float)) and isinstance(v, bool))):
+        tn = typ.__name__ if isinstance(typ, type) else "number"
+        raise ProfileError(f"{where}: key '{key}' should be {tn}, got {type(v).__name__} {v!r}"[:300])
+    return v
+
+
+def profile_from_dict(d: Any, where: str = "profile", device: str | None = None) -> Profile:
+    if not isinstance(d, dict):
+        raise ProfileError(f"{where}: not a PORT profile (top level is {type(d).__name__}, expected an object)")
+    if d.get("format") != FORMAT_TAG:
+        raise ProfileError(f"{where}: not a PORT profile (key 'format' is {d.get('format')!r}, expected {FORMAT_TAG!r})")
+    ver = d.get("version")
+    if ver != PROFILE_FORMAT_VERSION:
+        raise ProfileError(f"{where}: profile format version {ver!r} is not supported (this PORT reads version "
+                           f"{PROFILE_FORMAT_VERSION}); re-run `port profile`")
+    dev = _need(d, "device", str, where)
+    if device is not None and dev != device:
+        raise ProfileError(f"{where}: profile is for device {dev!r}, not {device!r}; profile this device or pass "
+                           f"the matching device")
+    if "sha256" in d:
+        body = {k: v for k, v in d.items() if k != "sha256"}
+        if hashlib.sha256(_canon(body)).hexdigest() != d["sha256"]:
+            raise ProfileError(f"{where}: checksum mismatch (key 'sha256'): the file was edited or corrupted; "
+                               f"re-run `port profile` (or remove 'sha256' after a deliberate edit)")
+    accs = _need(d, "accelerators", list, where)
+    entries_raw = _need(d, "entries", list, where)
+    n = d.get("num_entries")
+    if n is not None and n != len(entries_raw):
+        raise ProfileError(f"{where}: truncated: key 'num_entries' says {n} entries, found {len(entries_raw)}")
+    entries = []
+    for i, e in enumerate(entries_raw):
+        w = f"{where}: entries[{i}]"
+        if not isinstance(e, dict):
+            raise ProfileError(f"{w}: expected an object, got {type(e).__name__}")
+        vals = {k: _need(e, k, t, w) for k, t in _ENTRY_FIELDS.items()}
+        if vals["accelerator"] not in accs:
+            raise ProfileError(f"{w}: accelerator {vals['accelerator']!r} is not one of {accs}")
+        if not (vals["latency_ms"] >= 0 and math.isfinite(vals["latency_ms"])):
+            raise ProfileError(f"{w}: key 'latency_ms' must be a finite number >= 0, got {vals['latency_ms']!r}")
+        entries.append(OpCost(vals["signature"], vals["accelerator"], vals["variant"], float(vals["latency_ms"]),
+                              float(vals["spread_ms"]), vals["workspace_bytes"], vals["peak_delta_bytes"],
+                              vals["measured"], vals["samples"]))
+    hand = []
+    for i, h in enumerate(d.get("handoff", [])):
+        w = f"{where}: handoff[{i}]"
+        if not isinstance(h, dict):
+            raise ProfileError(f"{w}: expected an object")
+        bpm = h.get("bytes_per_ms")
+        hand.append(HandoffCost(_need(h, "src", str, w), _need(h, "dst", str, w),
+                                float(_need(h, "latency_ms", (int, float), w)),
+                                math.inf if bpm is None else float(bpm), bool(h.get("measured", False))))
+    host = d.get("host", {})
+    if not isinstance(host, dict):
+        raise ProfileError(f"{where}: key 'host' should be an object")
+    entries.sort(key=lambda e: (e.signature, e.accelerator, e.variant))
+    return Profile(device=dev, accelerators=tuple(accs), entries=tuple(entries),
+                   handoff=tuple(sorted(hand, key=lambda h: (h.src, h.dst))),
+                   threads=int(d.get("threads", 0)), host=tuple(sorted((str(k), str(v)) for k, v in host.items())),
+                   memory_bytes=int(d.get("memory_bytes", 0)),
+                   accelerator_caps=tuple(sorted((str(k), int(v)) for k, v in d.get("accelerator_caps", {}).items())),
+                   storage=tuple(sorted((str(k), float(v)) for k, v in d.get("storage", {}).items())))
+
+
+def save_profile(p: Profile, path: str | Path) -> Path:
+    """Write ``p`` as JSON atomically (tmp file + fsync + os.replace)."""
+    from port.io import atomic_write_text
+    path = Path(path)
+    atomic_write_text(path, json.dumps(profile_to_dict(p), indent=1) + "\n")
+    return path
+
+
+def load_profile(path: str | Path, device: str | None = None) -> Profile:
+    """Read and validate a profile file; ``device`` (a name) must match when given."""
+    path = Path(path)
+    if not path.exists():
+        raise ProfileError(f"{path}: profile file not found; create it with `port profile CONFIG -o {path}`")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProfileError(f"{path}: cannot read profile ({e})") from None
+    if not text.strip():
+        raise ProfileError(f"{path}: empty profile file (truncated write?); re-run `port profile`")
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{path}: truncated or corrupt profile (invalid JSON at line {e.lineno}, column "
+                           f"{e.colno}: {e.msg}); re-run `port profile`") from None
+    return profile_from_dict(d, str(path), device)
+
+
+def merge_profiles(profiles: Iterable[Profile | str | Path], device: str | None = None) -> Profile:
+    """Merge profiles of the same device (e.g. taken on several machines of one kind) into one.
+
+    Duplicate keys (signature, accelerator, variant): measured beats modeled; several measured entries
+    combine to the median latency, the largest spread, workspace and peak, and the summed samples.
+    Profiles naming another device are refused unless ``device`` names the merged device explicitly.
+    """
+    ps = [p if isinstance(p, Profile) else load_profile(p) for p in profiles]
+    if not ps:
+        raise ProfileError("merge_profiles: no profiles given")
+    names = sorted({p.device for p in ps})
+    if device is None:
+        if len(names) > 1:
+            raise ProfileError(f"merge_profiles: profiles are for different devices {names}; pass device=... "
+                               f"(--device) to merge them into one device profile deliberately")
+        device = names[0]
+    groups: dict[tuple, list[OpCost]] = {}
+    for p in ps:
+        for e in p.entries:
+            groups.setdefault((e.signature, e.accelerator, e.variant), []).append(e)
+    merged = []
+    for key in sorted(groups):
+        es = groups[key]
+        meas = [e for e in es if e.measured]
+        if not meas:
+            merged.append(es[0])
+            continue
+        merged.append(OpCost(key[0], key[1], key[2], float(statistics.median(e.latency_ms for e in meas)),
+                             max(e.spread_ms for e in meas), max(e.workspace_bytes for e in meas),
+                             max(e.peak_delta_bytes for e in meas), True, sum(e.samples for e in meas)))
+    hand: dict[tuple, HandoffCost] = {}
+    for p in ps:
+        for h in p.handoff:
+            cur = hand.get((h.src, h.dst))
+            if cur is None or (h.measured and not cur.measured):
+                hand[(h.src, h.dst)] = h
+    accs: list[str] = []
+    for p in ps:
+        accs += [a for a in p.accelerators if a not in accs]
+    host = dict(ps[0].host)
+    host["merged_from"] = "; ".join(f"{dict(p.host).get('hostname', '?')}@{dict(p.host).get('date', '?')}" for p in ps)
+    caps: dict[str, int] = {}
+    for p in ps:
+        caps.update(dict(p.accelerator_caps))
+    return Profile(device=device, accelerators=tuple(accs), entries=tuple(merged),
+                   handoff=tuple(hand[k] for k in sorted(hand)), threads=max(p.threads for p in ps),
+                   host=tuple(sorted(host.items())), memory_bytes=max(p.memory_bytes for p in ps),
+                   accelerator_caps=tuple(sorted(caps.items())), storage=ps[0].storage)

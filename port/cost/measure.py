@@ -1,0 +1,315 @@
+"""port.profile(graph, device) -> Profile: measured costs for every op signature x variant x present
+accelerator; modeled (roofline) costs for accelerators that are not present, entries the time budget did
+not reach, and everything of a modeled device."""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from port.cost import roofline as CM
+from port.plan import variants as V
+from port.config import DeviceConfig, load_device
+from port.errors import ProfileError
+from port.ir.types import Graph, Op
+from port.cost.types import HandoffCost, OpCost, Profile
+from port.cost.io import load_profile
+from port.cost.runners import Runner, backend_available, get_runner
+from port.cost.timing import TimingTask, summarize, time_block, warm_up
+
+# defaults: 5 blocks of ~20 ms per entry; --quick: 3 blocks of ~5 ms
+DEFAULT_BLOCKS, DEFAULT_BLOCK_MS, DEFAULT_WARMUP_MS = 5, 20.0, 10.0
+QUICK_BLOCKS, QUICK_BLOCK_MS, QUICK_WARMUP_MS = 3, 5.0, 3.0
+MAX_LIVE_BYTES = 1 << 30          # prepared buffers kept alive at once (chunks beyond this)
+
+
+@dataclass
+class ProfileReport:
+    """What a profiling run did (the CLI prints it)."""
+
+    measured: int = 0                 # entries timed in this run
+    reused: int = 0                   # measured entries taken from the cache
+    budget_modeled: int = 0           # entries the --max-time budget did not reach (modeled)
+    absent_modeled: int = 0           # entries of accelerators not present (modeled)
+    failed: list[str] = field(default_factory=list)   # "key: error" for entries whose runner failed (modeled)
+    notes: list[str] = field(default_factory=list)    # skipped accelerators, absent backends, thread changes
+    seconds: float = 0.0
+
+    @property
+    def modeled(self) -> int:
+        return self.budget_modeled + self.absent_modeled + len(self.failed)
+
+
+def entry_keys(graph: Graph, device: DeviceConfig) -> dict[tuple[str, str, str], Op]:
+    """Every (signature, accelerator, variant) to cost, with a representative op, in graph order."""
+    keys: dict[tuple[str, str, str], Op] = {}
+    for op in graph.ops:
+        sig = graph.signature(op)
+        for acc in device.accelerators:
+            if op.kind in acc.unsupported_ops or op.kind.split(".")[0] in acc.unsupported_ops:
+                continue
+            backend = "c" if acc.backend == "modeled" else acc.backend
+            for var in V.variants(graph, op, backend):
+                keys.setdefault((sig, acc.id, var), op)
+    return keys
+
+
+def host_info(graph: Graph | None = None) -> dict[str, str]:
+    info = {"hostname": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
+            "cores": str(os.cpu_count()), "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        info["cpu"] = platform.processor() or "unknown"
+    try:
+        import torch
+        info["torch"] = torch.__version__
+    except ImportError:
+        pass
+    try:
+        import numpy
+        info["numpy"] = numpy.__version__
+    except ImportError:
+        pass
+    try:
+        from port import __version__
+        info["port"] = __version__
+    except ImportError:
+        pass
+    if graph is not None:
+        info["graph"] = graph.name
+        info["graph_digest"] = graph.digest()
+        info["batch_size"] = str(graph.batch_size)
+    return info
+
+
+def _bytes_of(keep: tuple) -> int:
+    n = 0
+    for t in keep:
+        if hasattr(t, "element_size") and hasattr(t, "numel"):
+            n += t.element_size() * t.numel()
+    return n
+
+
+def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
+                        cache: Profile | str | Path | None = None, max_time_s: float | None = None,
+                        blocks: int = DEFAULT_BLOCKS, block_ms: float = DEFAULT_BLOCK_MS,
+                        warmup_ms: float = DEFAULT_WARMUP_MS, accelerators: tuple[str, ...] | None = None,
+                        threads: int | None = None, handoff: bool = True, peak_memory: bool = True,
+                        progress: bool | Callable[[int, int, str], None] = False,
+                        optimizer_kwargs: dict | None = None, seed: int = 0,
+                        efficiency: dict[str, dict[str, float]] | None = None,
+                        variants: tuple[str, ...] | None = None) -> tuple[Profile, ProfileReport]:
+    """Profile ``graph`` on ``device``; see :func:`profile`. Returns the profile and a report."""
+    t_start = time.perf_counter()
+    dev = device if isinstance(device, DeviceConfig) else load_device(device)
+    rep = ProfileReport()
+    rep.notes += list(dev.skipped)
+    deadline = t_start + max_time_s if max_time_s is not None else None
+
+    # which accelerators are present
+    present: dict[str, Runner | None] = {}
+    for acc in dev.accelerators:
+        if accelerators is not None and acc.id not in accelerators:
+            continue
+        if dev.modeled or acc.backend == "modeled":
+            continue
+        ok, why = backend_available(acc.backend)
+        if not ok:
+            rep.notes.append(f"{acc.id} ({acc.backend}): not present, modeled ({why})")
+            continue
+        present[acc.id] = None     # runner created lazily (thread settings are per runner)
+
+    # cache
+    cached: dict[tuple[str, str, str], OpCost] = {}
+    cache_threads: dict[str, str] = {}
+    if cache is not None:
+        cp = cache if isinstance(cache, Profile) else load_profile(cache, device=dev.name)
+        if cp.device != dev.name:
+            raise ProfileError(f"cache profile is for device {cp.device!r}, not {dev.name!r}")
+        cache_threads = {k[len("threads."):]: v for k, v in cp.host if k.startswith("threads.")}
+        cached = {(e.signature, e.accelerator, e.variant): e for e in cp.entries if e.measured}
+
+    keys = entry_keys(graph, dev)
+    if variants is not None:   # e.g. ("plain",): a quicker profile with only the default variants
+        keys = {k: o for k, o in keys.items() if k[2] in variants}
+    results: dict[tuple[str, str, str], OpCost] = {}
+    todo: list[tuple[tuple[str, str, str], Op]] = []
+    acc_threads: dict[str, int] = {}
+    for acc_id in present:
+        acc = dev.accelerator(acc_id)
+        acc_threads[acc_id] = int(threads or acc.threads)
+    stale = set()
+    for acc_id, n in acc_threads.items():
+        if acc_id in cache_threads and cache_threads[acc_id] != str(n):
+            stale.add(acc_id)
+            rep.notes.append(f"{acc_id}: cached entries were taken with {cache_threads[acc_id]} threads, "
+                             f"now {n}: re-measured")
+    for key, op in keys.items():
+        if key[1] not in present:
+            continue
+        if key in cached and key[1] not in stale:
+            results[key] = cached[key]
+            rep.reused += 1
+        else:
+            todo.append((key, op))
+
+    # measure, accelerator by accelerator, in chunks of bounded live memory, blocks round-robin
+    total_units = len(todo) * (blocks + 1)
+    done_units = 0
+    bar = _Progress(progress, total_units)
+
+    def out_of_time() -> bool:
+        return deadline is not None and time.perf_counter() > deadline
+
+    by_acc: dict[str, list[tuple[tuple[str, str, str], Op]]] = {}
+    for key, op in todo:
+        by_acc.setdefault(key[1], []).append((key, op))
+    stopped = False
+    try:
+        for acc_id, items in by_acc.items():
+            if stopped:
+                break
+            acc = dev.accelerator(acc_id)
+            runner = get_runner(acc.backend, graph, acc_threads[acc_id], seed=seed, optimizer_kwargs=optimizer_kwargs)
+            present[acc_id] = runner
+            i = 0
+            while i < len(items) and not stopped:
+                chunk: list[tuple[TimingTask, Any, Op]] = []
+                live = 0
+                while i < len(items) and live < MAX_LIVE_BYTES:
+                    key, op = items[i]
+                    i += 1
+                    if out_of_time():
+                        stopped = True
+                        break
+                    try:
+                        prepared = runner.prepare(op, key[2])
+                        task = TimingTask(key, prepared, runner.sync)
+                        warm_up(task, warmup_ms, block_ms)
+                        peak = runner.peak_delta_bytes(prepared) if peak_memory else 0
+                    except Exception as e:  # noqa: BLE001 - one failing kernel must not lose the run
+                        rep.failed.append(f"{key[1]}/{key[2]} {op.kind} ({op.name}): {type(e).__name__}: {e}")
+                        done_units += blocks + 1
+                        bar.update(done_units, f"{acc_id} {op.kind}")
+                        continue
+                    chunk.append((task, prepared, op, peak))
+                    live += _bytes_of(prepared.tensors)
+                    done_units += 1
+                    bar.update(done_units, f"warm-up {acc_id} {op.kind}")
+                for _b in range(blocks):
+                    for task, _p, op, _pk in chunk:
+                        if out_of_time():
+                            stopped = True
+                            break
+                        time_block(task)
+                        done_units += 1
+                        bar.update(done_units, f"{acc_id} {op.kind} {task.key[2]}")
+                    if stopped:
+                        break
+                for task, prepared, op, peak in chunk:
+                    if not task.block_ms:
+                        continue   # warmed up but never timed: modeled below
+                    med, spread = summarize(task.block_ms)
+                    sig, aid, var = task.key
+                    results[task.key] = OpCost(sig, aid, var, float(med), float(spread), int(prepared.workspace_bytes),
+                                               int(peak), True, len(task.block_ms))
+                    rep.measured += 1
+                del chunk
+    finally:
+        bar.close()
+
+    # modeled: absent accelerators, budget leftovers, failures
+    for key, op in keys.items():
+        if key in results:
+            continue
+        acc = dev.accelerator(key[1])
+        eff = (efficiency or {}).get(acc.id)
+        results[key] = OpCost(key[0], key[1], key[2], CM.roofline_ms(graph, op, acc, key[2], eff), 0.0,
+                              CM.workspace_bytes(graph, op, key[2]), 0, False, 0)
+        if key[1] in present:
+            if not any(f.startswith(f"{key[1]}/{key[2]} {op.kind} ({op.name})") for f in rep.failed):
+                rep.budget_modeled += 1
+        else:
+            rep.absent_modeled += 1
+
+    # hand-off
+    hand: dict[tuple[str, str], HandoffCost] = {(h.src, h.dst): h for h in CM.modeled_handoff(dev)}
+    if handoff and len(present) > 1 and not out_of_time():
+        from port.cost.handoff import measure_handoff
+        try:
+            for h in measure_handoff(dev, list(present), quick=block_ms < DEFAULT_BLOCK_MS):
+                hand[(h.src, h.dst)] = h
+        except Exception as e:  # noqa: BLE001
+            rep.notes.append(f"hand-off measurement failed ({type(e).__name__}: {e}); modeled")
+
+    info = host_info(graph)
+    for acc_id, n in acc_threads.items():
+        r = present.get(acc_id)
+        info[f"threads.{acc_id}"] = str(r.threads if r is not None else n)
+    for acc_id, n in cache_threads.items():
+        info.setdefault(f"threads.{acc_id}", n)
+    for n in dev.skipped:
+        info[f"skipped.{n.split(':')[0]}"] = n
+    info["blocks"] = str(blocks)
+    info["block_ms"] = str(block_ms)
+    caps = tuple((a.id, a.memory_cap) for a in dev.accelerators if a.memory_cap is not None)
+    storage = ()
+    if dev.storage is not None:
+        storage = (("bandwidth_gbps", dev.storage.bandwidth_gbps), ("latency_ms", dev.storage.latency_ms))
+    entries = tuple(results[k] for k in sorted(results))
+    prof = Profile(device=dev.name, accelerators=tuple(a.id for a in dev.accelerators), entries=entries,
+                   handoff=tuple(hand[k] for k in sorted(hand)),
+                   threads=max(acc_threads.values()) if acc_threads else 0,
+                   host=tuple(sorted(info.items())), memory_bytes=dev.memory, accelerator_caps=caps,
+                   storage=storage)
+    rep.seconds = time.perf_counter() - t_start
+    return prof, rep
+
+
+def profile(graph: Graph, device: DeviceConfig | str | Path, **kw: Any) -> Profile:
+    """Measured costs of every (op signature, legal variant, present accelerator) of ``graph`` on
+    ``device``; modeled (roofline, ``measured=False``) for accelerators not present on this machine.
+
+    Keyword options: ``cache`` (a Profile or file: its measured entries are reused, so re-profiling is
+    incremental), ``max_time_s`` (budget; entries not reached are modeled), ``blocks`` / ``block_ms`` /
+    ``warmup_ms`` (timing), ``accelerators`` (subset of ids to measure), ``threads`` (override),
+    ``handoff`` (measure hand-off costs), ``peak_memory`` (measure peak RSS growth per entry),
+    ``progress`` (True: a rich progress bar with ETA; or a callback(done, total, label)), ``variants``
+    (only these variant names, e.g. ("plain",)).
+    """
+    return profile_with_report(graph, device, **kw)[0]
+
+
+class _Progress:
+    def __init__(self, progress: Any, total: int) -> None:
+        self.cb = progress if callable(progress) else None
+        self.rich = None
+        if progress is True and total > 0:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
+            self.rich = Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("ETA"),
+                                 TimeRemainingColumn(), TextColumn("{task.description}"), transient=True)
+            self.rich.start()
+            self.task = self.rich.add_task("", total=total)
+        self.total = total
+
+    def update(self, done: int, label: str) -> None:
+        if self.cb is not None:
+            self.cb(done, self.total, label)
+        if self.rich is not None:
+            self.rich.update(self.task, completed=done, description=label[:40])
+
+    def close(self) -> None:
+        if self.rich is not None:
+            self.rich.stop()

@@ -1,0 +1,135 @@
+"""Roofline cost model for accelerators that are not present (and a prior for those that are).
+
+latency = max(flops / (peak * efficiency), bytes / bandwidth) + launch overhead
+
+``efficiency`` is per op kind (calibrated by ``port profile --calibrate`` on present accelerators and stored
+in the device YAML); the defaults below are conservative figures for GEMM-bound and elementwise work.
+Workspace estimates follow the C kernels' documented needs (im2col buffer for one sample and group;
+a tile's worth for patch variants); measured entries replace them with the kernel's own query.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+
+from port.plan import variants as V
+from port.config import AcceleratorConfig, DeviceConfig
+from port.ir.types import Graph, Op, numel
+from port.cost.types import HandoffCost, OpCost, Profile
+
+DEFAULT_EFFICIENCY = {
+    "conv2d": 0.55, "conv2d.grad_input": 0.45, "conv2d.grad_weight": 0.45,
+    "linear": 0.5, "linear.grad_input": 0.45, "linear.grad_weight": 0.45,
+}
+# elementwise, pooling, normalisation, loss, update: the bound is bytes / bandwidth or vector FLOPs
+ELEMENTWISE_EFFICIENCY = 0.5   # fraction of bandwidth reached by elementwise kernels
+VARIANT_FACTOR = {"plain": 1.0, "inplace": 0.95, "fused": 0.8, "direct": 1.0, "patch4": 1.35, "patch8": 1.12}
+ZERO_COST_KINDS = ("reshape", "reshape.grad_input", "add.grad_input")
+
+
+def workspace_bytes(graph: Graph, op: Op, variant: str) -> int:
+    """Scratch bytes of ``op`` with ``variant``: the C kernels' own workspace queries for the calls the op
+    registry runs (modeled accelerators are priced as the C backend; measured entries record the same)."""
+    from port.exec import registry
+    from port.lower.program import GRAD_SCALE_ID
+    shape = lambda t: (1,) if t == GRAD_SCALE_ID else tuple(graph.tensors[t].shape)  # noqa: E731
+    return max([registry.workspace_bytes(c.kernel, c.variant, c.backend, c.attr_dict(),
+                                         [shape(t) for t in c.inputs], [shape(t) for t in c.outputs])
+                for c in registry.op_calls(graph, op, variant, "c")] + [0])
+
+
+VECTOR_FRACTION = 0.25          # elementwise arithmetic reaches ~1/4 of the FMA peak
+
+
+def efficiency_for(acc: AcceleratorConfig, kind: str, efficiency: dict[str, float] | None = None) -> float:
+    """Efficiency of ``kind`` on ``acc``: an explicit map, then the accelerator's (calibrated) map, then the
+    defaults (by exact kind, then by base kind), then the elementwise default."""
+    base = kind.split(".")[0]
+    for m in (efficiency or {}, acc.efficiency, DEFAULT_EFFICIENCY):
+        if kind in m:
+            return m[kind]
+        if base in m and m is not DEFAULT_EFFICIENCY:
+            return m[base]
+    return DEFAULT_EFFICIENCY.get(base, ELEMENTWISE_EFFICIENCY)
+
+
+def ideal_ms(graph: Graph, op: Op, acc: AcceleratorConfig, variant: str) -> float:
+    """The roofline bound at efficiency 1: max(FLOPs / peak, vector FLOPs / (peak/4), bytes / bandwidth)."""
+    if op.kind in ZERO_COST_KINDS or variant == "fused" and op.kind != "conv2d":
+        return 0.0
+    peak = acc.peak_gflops * 1e9
+    compute_ms = op.flops / peak * 1e3 if op.flops else 0.0
+    vec_ms = op.vector_flops / (peak * VECTOR_FRACTION) * 1e3 if op.vector_flops else 0.0
+    moved = op.bytes_moved
+    if op.kind in V.CONV_KINDS and variant != "direct":
+        fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
+        moved += 2 * workspace_bytes(graph, op, "plain") * graph.tensors[fwd.inputs[0]].shape[0]
+    mem_ms = moved / (acc.mem_gbps * 1e9) * 1e3
+    return max(compute_ms, vec_ms, mem_ms) * VARIANT_FACTOR.get(variant, 1.0)
+
+
+def roofline_ms(graph: Graph, op: Op, acc: AcceleratorConfig, variant: str,
+                efficiency: dict[str, float] | None = None) -> float:
+    """max(FLOPs / peak, bytes / bandwidth) / efficiency(kind) + launch overhead (0 for views and
+    ops folded into a fused kernel)."""
+    ideal = ideal_ms(graph, op, acc, variant)
+    if ideal == 0.0 and (op.kind in ZERO_COST_KINDS or variant == "fused" and op.kind != "conv2d"):
+        return 0.0
+    return ideal / efficiency_for(acc, op.kind, efficiency) + acc.launch_overhead_us * 1e-3
+
+
+def modeled_entries(graph: Graph, device: DeviceConfig, accelerators: tuple[str, ...] | None = None,
+                    efficiency: dict[str, dict[str, float]] | None = None) -> list[OpCost]:
+    """Roofline entries for every (signature, accelerator, legal variant); ``efficiency`` maps
+    accelerator id -> {kind: efficiency} and overrides the device description's maps."""
+    out: dict[tuple[str, str, str], OpCost] = {}
+    for acc in device.accelerators:
+        if accelerators is not None and acc.id not in accelerators:
+            continue
+        backend = "c" if acc.backend == "modeled" else acc.backend
+        for op in graph.ops:
+            if op.kind.split(".")[0] in acc.unsupported_ops or op.kind in acc.unsupported_ops:
+                continue
+            sig = graph.signature(op)
+            for var in V.variants(graph, op, backend):
+                key = (sig, acc.id, var)
+                if key in out:
+                    continue
+                eff = (efficiency or {}).get(acc.id)
+                out[key] = OpCost(sig, acc.id, var, roofline_ms(graph, op, acc, var, eff), 0.0,
+                                  workspace_bytes(graph, op, var), 0, False, 0)
+    return [out[k] for k in sorted(out)]
+
+
+def modeled_handoff(device: DeviceConfig) -> list[HandoffCost]:
+    out = []
+    for h in device.handoff:
+        bpm = math.inf if math.isinf(h.gbps) else h.gbps * 1e9 / 1e3
+        out.append(HandoffCost(h.src, h.dst, h.latency_us * 1e-3, bpm, False))
+    ids = [a.id for a in device.accelerators]
+    have = {(h.src, h.dst) for h in out}
+    for a in ids:  # undeclared pairs: a copy through memory at the slower engine's bandwidth
+        for b in ids:
+            if a != b and (a, b) not in have:
+                bw = min(device.accelerator(a).mem_gbps, device.accelerator(b).mem_gbps)
+                out.append(HandoffCost(a, b, 0.01, bw * 1e9 / 1e3 / 2, False))
+    return sorted(out, key=lambda h: (h.src, h.dst))
+
+
+def modeled_profile(graph: Graph, device: DeviceConfig) -> Profile:
+    """A fully modeled Profile of ``graph`` on ``device`` (every accelerator, every legal variant)."""
+    caps = tuple((a.id, a.memory_cap) for a in device.accelerators if a.memory_cap is not None)
+    storage = ()
+    if device.storage is not None:
+        storage = (("bandwidth_gbps", device.storage.bandwidth_gbps), ("latency_ms", device.storage.latency_ms))
+    return Profile(
+        device=device.name,
+        accelerators=tuple(a.id for a in device.accelerators),
+        entries=tuple(modeled_entries(graph, device)),
+        handoff=tuple(modeled_handoff(device)),
+        threads=0,
+        host=(("kind", "modeled"), ("date", datetime.date.today().isoformat())),
+        memory_bytes=device.memory,
+        accelerator_caps=caps,
+        storage=storage,
+    )

@@ -1,0 +1,93 @@
+"""Profile types: the measured or modeled cost of every (op signature, accelerator, variant)."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+# =============================================================================================
+# profile: measured or modeled cost of every (op signature, accelerator, variant)
+# =============================================================================================
+PROFILE_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """Cost of one op signature on one accelerator with one implementation variant."""
+
+    signature: str            # Graph.signature(op)
+    accelerator: str          # accelerator id from the device description
+    variant: str              # see port.plan.variants
+    latency_ms: float         # median
+    spread_ms: float = 0.0    # (p75 - p25) of the timing blocks; 0 for modeled entries
+    workspace_bytes: int = 0  # scratch the kernel needs beyond its inputs and outputs
+    peak_delta_bytes: int = 0 # measured process/allocator peak growth while running it (0 if unknown)
+    measured: bool = False    # False: modeled (roofline)
+    samples: int = 0
+
+
+@dataclass(frozen=True)
+class HandoffCost:
+    """Cost of handing a tensor from one accelerator to another: latency_ms + bytes / bytes_per_ms."""
+
+    src: str
+    dst: str
+    latency_ms: float
+    bytes_per_ms: float       # float('inf') for zero-copy
+    measured: bool = False
+
+    def cost_ms(self, nbytes: int) -> float:
+        if self.bytes_per_ms == float("inf"):
+            return self.latency_ms
+        return self.latency_ms + nbytes / self.bytes_per_ms
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Costs for one device. ``entries`` sorted by (signature, accelerator, variant)."""
+
+    device: str
+    accelerators: tuple[str, ...]
+    entries: tuple[OpCost, ...]
+    handoff: tuple[HandoffCost, ...] = ()
+    threads: int = 0
+    host: tuple[tuple[str, str], ...] = ()       # cpu model, cores, library versions, date
+    memory_bytes: int = 0                         # device memory available to training
+    accelerator_caps: tuple[tuple[str, int], ...] = ()  # (accelerator id, memory cap bytes)
+    storage: tuple[tuple[str, float], ...] = ()   # (("bandwidth_gbps", x), ("latency_ms", y)) or ()
+    _index: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def lookup(self, signature: str, accelerator: str, variant: str) -> OpCost | None:
+        idx = self._index.get("by_key")
+        if idx is None:
+            idx = {(e.signature, e.accelerator, e.variant): e for e in self.entries}
+            self._index["by_key"] = idx
+        return idx.get((signature, accelerator, variant))
+
+    def options(self, signature: str) -> tuple[OpCost, ...]:
+        """Every (accelerator, variant) entry profiled for this signature."""
+        idx = self._index.get("by_sig")
+        if idx is None:
+            acc: dict[str, list[OpCost]] = {}
+            for e in self.entries:
+                acc.setdefault(e.signature, []).append(e)
+            idx = {k: tuple(v) for k, v in acc.items()}
+            self._index["by_sig"] = idx
+        return idx.get(signature, ())
+
+    def handoff_cost(self, src: str, dst: str) -> HandoffCost:
+        if src == dst:
+            return HandoffCost(src, dst, 0.0, float("inf"))
+        for h in self.handoff:
+            if h.src == src and h.dst == dst:
+                return h
+        raise KeyError(f"profile for {self.device!r} has no hand-off cost {src} -> {dst}")
+
+    def digest(self) -> str:
+        blob = json.dumps([self.device, list(self.accelerators),
+                           [[e.signature, e.accelerator, e.variant, e.latency_ms, e.workspace_bytes] for e in self.entries],
+                           [[h.src, h.dst, h.latency_ms, str(h.bytes_per_ms)] for h in self.handoff]],
+                          separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+

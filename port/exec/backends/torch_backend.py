@@ -1,0 +1,311 @@
+"""The ``torch-cpu`` / ``torch-cuda`` backends: the graph ops through torch (aten) calls on views of the arena.
+
+Outputs are written into the arena views (``out=`` where aten has it, else ``copy_``); weight gradients
+accumulate (``add_``) and input gradients overwrite, the same contract as the C kernels. Dropout draws its
+mask from a torch.Generator seeded with the same per-call seed as the C backend (the masks differ between
+backends; each is reproducible).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from port.errors import ProgramError
+
+
+class TorchBackend:
+    def __init__(self, device: str):
+        self.device = device
+        self.name = f"torch-{device}"
+
+    def bind(self, call, ctx) -> Callable[[], None]:
+        import torch
+        import torch.nn.functional as F
+        aten = torch.ops.aten
+        kind = call.kernel
+        a = dict(call.attrs)
+        I = [ctx.view(t) for t in call.inputs]
+        O = [ctx.view(t) for t in call.outputs]
+        where = f"call {call.index} ({call.name}, {kind})"
+        if call.variant not in ("plain", "inplace"):
+            raise ProgramError(f"{where}: variant {call.variant!r} is not available on {self.name}")
+
+        if kind == "conv2d":
+            x, w = I[0], I[1]
+            b = I[2] if a.get("bias") else None
+            y = O[0]
+            s, p, g = list(a["stride"]), list(a["padding"]), a["groups"]
+            return lambda: y.copy_(F.conv2d(x, w, b, s, p, 1, g))
+        if kind in ("conv2d.grad_input", "conv2d.grad_weight"):
+            s, p, g = list(a["stride"]), list(a["padding"]), a["groups"]
+            if kind == "conv2d.grad_input":
+                dy, w = I
+                dx = O[0]
+
+                def run():
+                    r = aten.convolution_backward(dy, dx, w, None, s, p, [1, 1], False, [0, 0], g,
+                                                  [True, False, False])
+                    dx.copy_(r[0])
+                return run
+            dy, x = I
+            gr = dict(zip(a["grads"], O))
+            dw, db = gr.get("weight"), gr.get("bias")
+            wshape = [dy.shape[1], x.shape[1] // g, *a["kernel"]]
+            wdummy = torch.empty(wshape, dtype=x.dtype, device=x.device)
+
+            def run():
+                r = aten.convolution_backward(dy, x, wdummy, [dy.shape[1]] if db is not None else None, s, p,
+                                              [1, 1], False, [0, 0], g, [False, dw is not None, db is not None])
+                if dw is not None:
+                    dw.add_(r[1])
+                if db is not None:
+                    db.add_(r[2])
+            return run
+        if kind == "batch_norm2d":
+            eps, mom = float(a["eps"]), float(a["momentum"])
+            x, w, b, rm, rv = I
+            if a.get("training"):
+                y, stats = O[0], O[1]
+                if a.get("recompute"):    # re-run during backward: running stats must not move again
+                    rm = rv = None
+
+                def run():
+                    out, sm, si = aten.native_batch_norm(x, w, b, rm, rv, True, mom, eps)
+                    y.copy_(out)
+                    stats[0].copy_(sm)
+                    stats[1].copy_(si)
+                return run
+            y = O[0]
+            return lambda: y.copy_(F.batch_norm(x, rm, rv, w, b, False, 0.0, eps))
+        if kind == "batch_norm2d.grad_input_from_output":
+            # in-place BN: x was overwritten by y; x-hat = (y - beta) / gamma. ins (gy, y, stats, gamma, beta)
+            dy, yv, stats, g_, b_ = I
+            dx = O[0]
+            c = yv.shape[1]
+            training = bool(a.get("training"))
+
+            def run():
+                gm, bt = g_.view(1, c, 1, 1), b_.view(1, c, 1, 1)
+                inv = stats[1].view(1, c, 1, 1)
+                xhat = (yv - bt) / gm
+                mdy = dy.mean((0, 2, 3), keepdim=True)
+                mdyx = (dy * xhat).mean((0, 2, 3), keepdim=True)
+                dx.copy_(gm * inv * (dy - mdy - xhat * mdyx))
+            return run
+        if kind == "batch_norm2d.grad_weight_from_output":   # ins (gy, y, gamma, beta)
+            dy, yv, g_, b_ = I
+            gr = dict(zip(a["grads"], O))
+            dg, dbt = gr.get("weight"), gr.get("bias")
+            c = yv.shape[1]
+
+            def run():
+                if dg is not None:
+                    xhat = (yv - b_.view(1, c, 1, 1)) / g_.view(1, c, 1, 1)
+                    dg.add_((dy * xhat).sum((0, 2, 3)))
+                if dbt is not None:
+                    dbt.add_(dy.sum((0, 2, 3)))
+            return run
+        if kind == "batch_norm2d.grad_input":
+            eps = float(a["eps"])
+            dx = O[0]
+            if a.get("training"):
+                dy, x, stats, w = I
+
+                def run():
+                    r = aten.native_batch_norm_backward(dy, x, w, None, None, stats[0], stats[1], True, eps,
+                                                        [True, False, False])
+                    dx.copy_(r[0])
+                return run
+            dy, w, rv = I
+            return lambda: torch.mul(dy, (w * torch.rsqrt(rv + eps)).view(1, -1, 1, 1), out=dx)
+        if kind == "batch_norm2d.grad_weight":
+            eps = float(a["eps"])
+            gr = dict(zip(a["grads"], O))
+            dg, dbt = gr.get("weight"), gr.get("bias")
+            if a.get("training"):
+                dy, x, stats = I
+                c = x.shape[1]
+
+                def run():
+                    xhat = (x - stats[0].view(1, c, 1, 1)) * stats[1].view(1, c, 1, 1)
+                    if dg is not None:
+                        dg.add_((dy * xhat).sum((0, 2, 3)))
+                    if dbt is not None:
+                        dbt.add_(dy.sum((0, 2, 3)))
+                return run
+            dy, x, rm, rv = I
+
+            def run():
+                if dg is not None:
+                    xhat = (x - rm.view(1, -1, 1, 1)) * torch.rsqrt(rv + eps).view(1, -1, 1, 1)
+                    dg.add_((dy * xhat).sum((0, 2, 3)))
+                if dbt is not None:
+                    dbt.add_(dy.sum((0, 2, 3)))
+            return run
+        if kind == "relu":
+            x, y = I[0], O[0]
+            return lambda: torch.clamp(x, min=0.0, out=y)
+        if kind == "relu6":
+            x, y = I[0], O[0]
+            return lambda: torch.clamp(x, 0.0, 6.0, out=y)
+        if kind == "hardswish":
+            x, y = I[0], O[0]
+            return lambda: y.copy_(F.hardswish(x))
+        if kind == "relu.grad_input":
+            dy, yv = I
+            dx = O[0]
+            return lambda: dx.copy_(aten.threshold_backward(dy, yv, 0.0))
+        if kind == "relu6.grad_input":
+            dy, yv = I
+            dx = O[0]
+            return lambda: dx.copy_(aten.hardtanh_backward(dy, yv, 0.0, 6.0))
+        if kind == "hardswish.grad_input":
+            dy, x = I
+            dx = O[0]
+            return lambda: dx.copy_(aten.hardswish_backward(dy, x))
+        if kind in ("add", "grad_accumulate"):
+            p, q = I
+            y = O[0]
+            return lambda: torch.add(p, q, out=y)
+        if kind == "dropout":
+            from port.exec.registry import dropout_seed
+            pr = float(a["p"])
+            x = I[0]
+            y, m = O
+            st, op = ctx.state, call.op
+            gen = torch.Generator(device=x.device)
+            scale = 1.0 / (1.0 - pr)
+
+            def run():
+                gen.manual_seed(dropout_seed(st.seed, st.dropout_counter, op) & 0x7FFFFFFFFFFFFFFF)
+                keep = torch.rand(x.shape, generator=gen, device=x.device) >= pr
+                m.copy_(keep)
+                torch.mul(x, keep, out=y)
+                y.mul_(scale)
+            return run
+        if kind == "dropout.grad_input":
+            pr = float(a["p"])
+            dy, m = I
+            dx = O[0]
+            scale = 1.0 / (1.0 - pr)
+
+            def run():
+                torch.mul(dy, m, out=dx)
+                dx.mul_(scale)
+            return run
+        if kind == "max_pool2d":
+            x = I[0]
+            y, idx = O
+            k, s, p = list(a["kernel"]), list(a["stride"]), list(a["padding"])
+
+            def run():
+                out, ind = aten.max_pool2d_with_indices(x, k, s, p)
+                y.copy_(out)
+                idx.copy_(ind)
+            return run
+        if kind == "max_pool2d.grad_input":
+            dy, idx = I
+            dx = O[0]
+            k, s, p = list(a["kernel"]), list(a["stride"]), list(a["padding"])
+            return lambda: dx.copy_(aten.max_pool2d_with_indices_backward(dy, dx, k, s, p, [1, 1], False, idx))
+        if kind == "avg_pool2d":
+            x, y = I[0], O[0]
+            k, s, p = list(a["kernel"]), list(a["stride"]), list(a["padding"])
+            return lambda: y.copy_(F.avg_pool2d(x, k, s, p))
+        if kind == "avg_pool2d.grad_input":
+            dy = I[0]
+            dx = O[0]
+            k, s, p = list(a["kernel"]), list(a["stride"]), list(a["padding"])
+            return lambda: dx.copy_(aten.avg_pool2d_backward(dy, dx, k, s, p, False, True, None))
+        if kind == "global_avg_pool2d":
+            x, y = I[0], O[0]
+            return lambda: y.copy_(x.mean((2, 3)).view(y.shape))
+        if kind == "global_avg_pool2d.grad_input":
+            dy = I[0]
+            dx = O[0]
+            n, c, h, w = dx.shape
+            return lambda: dx.copy_((dy.reshape(n, c, 1, 1) / (h * w)).expand(n, c, h, w))
+        if kind == "linear":
+            x, w = I[0], I[1]
+            y = O[0]
+            if a.get("bias"):
+                b = I[2]
+                return lambda: torch.addmm(b, x, w.t(), out=y)
+            return lambda: torch.mm(x, w.t(), out=y)
+        if kind == "linear.grad_input":
+            dy, w = I
+            dx = O[0]
+            return lambda: torch.mm(dy, w, out=dx)
+        if kind == "linear.grad_weight":
+            dy, x = I
+            gr = dict(zip(a["grads"], O))
+            dw, db = gr.get("weight"), gr.get("bias")
+
+            def run():
+                if dw is not None:
+                    dw.addmm_(dy.t(), x)
+                if db is not None:
+                    db.add_(dy.sum(0))
+            return run
+        if kind == "cross_entropy":
+            logits, labels = I
+            loss, probs = O
+            ls = float(a.get("label_smoothing", 0.0))
+
+            def run():
+                loss.copy_(F.cross_entropy(logits, labels, label_smoothing=ls))
+                torch.softmax(logits, 1, out=probs)
+            return run
+        if kind == "cross_entropy.grad_input":
+            probs, labels, scale = I
+            dl = O[0]
+            n, k = probs.shape
+            ls = float(a.get("label_smoothing", 0.0))
+
+            def run():
+                tgt = torch.full_like(probs, ls / k)
+                tgt.scatter_add_(1, labels.view(-1, 1), torch.full((n, 1), 1.0 - ls, dtype=probs.dtype,
+                                                                   device=probs.device))
+                torch.sub(probs, tgt, out=dl)
+                dl.mul_(scale / n)
+            return run
+        if kind == "update":
+            return self._update(call, ctx, I)
+        raise ProgramError(f"{where}: the {self.name} backend has no implementation of {kind!r}")
+
+    def _update(self, call, ctx, I):
+        st = ctx.state
+        opt = call.attr("optimizer")
+        if opt in ("sgd", "sgd_momentum"):
+            p, g = I[0], I[1]
+            buf = I[2] if opt == "sgd_momentum" else None
+
+            def run():
+                o = st.opt
+                d = g
+                if o.weight_decay:
+                    d = d.add(p, alpha=o.weight_decay)
+                if buf is not None and o.momentum:
+                    if st.step == 0:
+                        buf.copy_(d)
+                    else:
+                        buf.mul_(o.momentum).add_(d, alpha=1.0 - o.dampening)
+                    d = d.add(buf, alpha=o.momentum) if o.nesterov else buf
+                p.add_(d, alpha=-o.lr)
+            return run
+        if opt == "adamw":
+            p, g, m1, m2 = I
+
+            def run():
+                o = st.opt
+                step = st.step + 1
+                b1, b2 = o.betas
+                p.mul_(1.0 - o.lr * o.weight_decay)
+                m1.lerp_(g, 1.0 - b1)
+                m2.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+                bc1 = 1.0 - b1 ** step
+                bc2 = 1.0 - b2 ** step
+                denom = (m2.sqrt() / math.sqrt(bc2)).add_(o.eps)
+                p.addcdiv_(m1, denom, value=-(o.lr / bc1))
+            return run
+        raise ProgramError(f"call {call.index}: unknown optimizer {opt!r}")

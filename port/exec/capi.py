@@ -1,0 +1,194 @@
+"""PORT's C kernel library through ctypes, without torch: constants, param structs, the signature table that
+mirrors ``kernels/include/port_kernels.h`` (a test parses the header and compares), the raw functions
+(``raw.port_<name>`` and the short alias ``raw.<name>``) and status checking.
+
+Lowering uses this module's workspace queries (pure functions of shapes) without importing torch; the checked
+tensor API in ``port.exec.kernels`` and the executor's backends build on it.
+"""
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
+
+from port.errors import PortError as _PortErrorBase
+from port.exec import native as _native
+
+# --------------------------------------------------------------------------- constants
+PORT_OK, PORT_ERR_NULL, PORT_ERR_SHAPE, PORT_ERR_ARG, PORT_ERR_WORKSPACE, PORT_ERR_UNSUPPORTED, \
+    PORT_ERR_ALIAS = range(7)
+GEMM_BLAS, GEMM_VENDORED = 0, 1
+CONV_AUTO, CONV_IM2COL, CONV_DIRECT = 0, 1, 2
+_ALGOS = {"auto": CONV_AUTO, "im2col": CONV_IM2COL, "direct": CONV_DIRECT}
+
+
+# --------------------------------------------------------------------------- param structs
+class Conv2dParams(ctypes.Structure):
+    _fields_ = [(f, c_int64) for f in ("n", "c_in", "h", "w", "c_out", "kh", "kw", "stride_h",
+                                       "stride_w", "pad_h", "pad_w", "groups")]
+
+
+class BatchNormParams(ctypes.Structure):
+    _fields_ = [("n", c_int64), ("c", c_int64), ("h", c_int64), ("w", c_int64), ("eps", c_float),
+                ("momentum", c_float)]
+
+
+class Pool2dParams(ctypes.Structure):
+    _fields_ = [(f, c_int64) for f in ("n", "c", "h", "w", "kh", "kw", "stride_h", "stride_w",
+                                       "pad_h", "pad_w")]
+
+
+class LinearParams(ctypes.Structure):
+    _fields_ = [("n", c_int64), ("in_features", c_int64), ("out_features", c_int64)]
+
+
+_STRUCTS = {"port_conv2d_params": Conv2dParams, "port_batchnorm_params": BatchNormParams,
+            "port_pool2d_params": Pool2dParams, "port_linear_params": LinearParams}
+
+# --------------------------------------------------------------------------- signature table
+# (name, C return type, (C argument types...)) -- mirrors port_kernels.h exactly
+# (tests/kernels/test_header_binding.py parses the header and compares).
+_CP = "const port_conv2d_params*"
+_BP = "const port_batchnorm_params*"
+_PP = "const port_pool2d_params*"
+_LP = "const port_linear_params*"
+_F, _CF = "float*", "const float*"
+SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
+    ("port_status_string", "const char*", ("int",)),
+    ("port_abi_version", "int", ()),
+    ("port_set_num_threads", "void", ("int",)),
+    ("port_get_num_threads", "int", ()),
+    ("port_cpu_has_avx512", "int", ()),
+    ("port_set_gemm_backend", "port_status", ("int",)),
+    ("port_get_gemm_backend", "int", ()),
+    ("port_sgemm", "port_status", (_F, _CF, _CF, "int", "int", "int64_t", "int64_t", "int64_t",
+                                   "float", "float", "int64_t", "int64_t", "int64_t")),
+    ("port_conv2d_out_h", "int64_t", (_CP,)),
+    ("port_conv2d_out_w", "int64_t", (_CP,)),
+    ("port_conv2d_check", "port_status", (_CP,)),
+    ("port_conv2d_workspace_bytes", "size_t", (_CP, "int")),
+    ("port_conv2d_forward", "port_status", (_F, _CF, _CF, _CF, _CP, "int", "void*", "size_t")),
+    ("port_conv2d_backward_input", "port_status", (_F, _CF, _CF, _CP, "int", "void*", "size_t")),
+    ("port_conv2d_backward_weight", "port_status", (_F, _F, _CF, _CF, _CP, "int", "void*",
+                                                    "size_t")),
+    ("port_conv2d_patch_workspace_bytes", "size_t", (_CP, "int64_t", "int64_t")),
+    ("port_conv2d_patch_forward", "port_status", (_F, _CF, _CF, _CF, _CP, "int64_t", "int64_t",
+                                                  "void*", "size_t")),
+    ("port_conv2d_patch_backward_input", "port_status", (_F, _CF, _CF, _CP, "int64_t", "int64_t",
+                                                         "void*", "size_t")),
+    ("port_conv2d_patch_backward_weight", "port_status", (_F, _F, _CF, _CF, _CP, "int64_t",
+                                                          "int64_t", "void*", "size_t")),
+    ("port_batchnorm2d_forward_train", "port_status", (_F, _F, _F, _F, _F, _CF, _CF, _CF, _BP)),
+    ("port_batchnorm2d_forward_eval", "port_status", (_F, _CF, _CF, _CF, _CF, _CF, _BP)),
+    ("port_batchnorm2d_backward_input", "port_status", (_F, _CF, _CF, _CF, _CF, _CF, _BP)),
+    ("port_batchnorm2d_backward_weight", "port_status", (_F, _F, _CF, _CF, _CF, _CF, _BP)),
+    ("port_batchnorm2d_backward_input_from_output", "port_status", (_F, _CF, _CF, _CF, _CF, _CF,
+                                                                    _BP)),
+    ("port_batchnorm2d_backward_weight_from_output", "port_status", (_F, _F, _CF, _CF, _CF, _CF,
+                                                                     _BP)),
+    ("port_batchnorm2d_backward_input_eval", "port_status", (_F, _CF, _CF, _CF, _BP)),
+    ("port_batchnorm2d_backward_weight_eval", "port_status", (_F, _F, _CF, _CF, _CF, _CF, _BP)),
+    ("port_relu_forward", "port_status", (_F, _CF, "int64_t")),
+    ("port_relu_backward", "port_status", (_F, _CF, _CF, "int64_t")),
+    ("port_relu6_forward", "port_status", (_F, _CF, "int64_t")),
+    ("port_relu6_backward", "port_status", (_F, _CF, _CF, "int64_t")),
+    ("port_hardswish_forward", "port_status", (_F, _CF, "int64_t")),
+    ("port_hardswish_backward", "port_status", (_F, _CF, _CF, "int64_t")),
+    ("port_add", "port_status", (_F, _CF, _CF, "int64_t")),
+    ("port_accumulate", "port_status", (_F, _CF, "int64_t")),
+    ("port_dropout_forward", "port_status", (_F, "uint8_t*", _CF, "int64_t", "float", "uint64_t")),
+    ("port_dropout_backward", "port_status", (_F, _CF, "const uint8_t*", "int64_t", "float")),
+    ("port_pool2d_out_h", "int64_t", (_PP,)),
+    ("port_pool2d_out_w", "int64_t", (_PP,)),
+    ("port_maxpool2d_forward", "port_status", (_F, "int64_t*", _CF, _PP)),
+    ("port_maxpool2d_backward_input", "port_status", (_F, _CF, "const int64_t*", _PP)),
+    ("port_avgpool2d_forward", "port_status", (_F, _CF, _PP)),
+    ("port_avgpool2d_backward_input", "port_status", (_F, _CF, _PP)),
+    ("port_global_avgpool_forward", "port_status", (_F, _CF, "int64_t", "int64_t", "int64_t")),
+    ("port_global_avgpool_backward_input", "port_status", (_F, _CF, "int64_t", "int64_t",
+                                                           "int64_t")),
+    ("port_linear_forward", "port_status", (_F, _CF, _CF, _CF, _LP)),
+    ("port_linear_backward_input", "port_status", (_F, _CF, _CF, _LP)),
+    ("port_linear_backward_weight", "port_status", (_F, _F, _CF, _CF, _LP)),
+    ("port_softmax_xent_forward", "port_status", (_F, _F, _CF, "const int64_t*", "int64_t",
+                                                  "int64_t", "float")),
+    ("port_softmax_xent_backward", "port_status", (_F, _CF, "const int64_t*", _CF, "int64_t",
+                                                   "int64_t", "float")),
+    ("port_sgd_step", "port_status", (_F, _F, _CF, "int64_t", "double", "double", "double",
+                                      "double", "int", "int")),
+    ("port_adamw_step", "port_status", (_F, _F, _F, _CF, "int64_t", "double", "double", "double",
+                                        "double", "double", "int64_t")),
+    ("port_conv2d_bn_relu_forward_train", "port_status", (_F, _F, _F, _F, _F, _F, _CF, _CF, _CF,
+                                                          _CF, _CP, "float", "float", "int",
+                                                          "void*", "size_t")),
+]
+
+_SCALARS = {"int": c_int, "int64_t": c_int64, "uint64_t": c_uint64, "float": c_float,
+            "double": c_double, "size_t": c_size_t, "port_status": c_int, "void": None,
+            "const char*": c_char_p}
+
+
+def ctype_of(ctype: str):
+    """ctypes type used for a C type string of SIGNATURES (pointers -> c_void_p)."""
+    if ctype in _SCALARS:
+        return _SCALARS[ctype]
+    if ctype.endswith("*"):
+        base = ctype.replace("const ", "").rstrip("*").strip()
+        if base in _STRUCTS:
+            return POINTER(_STRUCTS[base])
+        return c_void_p
+    raise TypeError(f"unmapped C type {ctype!r}")
+
+
+class _Raw:
+    """Namespace of the raw ctypes functions (attributes named like the C functions)."""
+
+
+raw = _Raw()
+_lib = _native.load()  # loads torch's OpenMP runtime by path, not torch
+for _name, _ret, _args in SIGNATURES:
+    _fn = getattr(_lib, _name)
+    _fn.restype = ctype_of(_ret)
+    _fn.argtypes = [ctype_of(a) for a in _args]
+    setattr(raw, _name, _fn)
+    setattr(raw, _name[len("port_"):], _fn)  # short alias, e.g. raw.relu_forward
+
+
+# --------------------------------------------------------------------------- errors
+class KernelError(_PortErrorBase, RuntimeError):
+    """A C kernel returned a non-OK status."""
+
+    def __init__(self, status: int, where: str):
+        self.status = status
+        msg = raw.port_status_string(status).decode()
+        super().__init__(f"{where}: {msg} (status {status})")
+
+
+class KernelValueError(KernelError, ValueError):
+    """Bad shape / argument / NULL / aliasing reported by C."""
+
+
+class WorkspaceError(KernelError, ValueError):
+    """Workspace smaller than the *_workspace_bytes query."""
+
+
+class UnsupportedError(KernelError, NotImplementedError):
+    """The requested algorithm does not apply to these parameters."""
+
+
+def check(status: int, where: str = "kernel") -> None:
+    """Raise the exception of a non-zero status."""
+    if status == PORT_OK:
+        return
+    if status == PORT_ERR_WORKSPACE:
+        raise WorkspaceError(status, where)
+    if status == PORT_ERR_UNSUPPORTED:
+        raise UnsupportedError(status, where)
+    if status in (PORT_ERR_NULL, PORT_ERR_SHAPE, PORT_ERR_ARG, PORT_ERR_ALIAS):
+        raise KernelValueError(status, where)
+    raise KernelError(status, where)
+
+
+def status_string(status: int) -> str:
+    return raw.port_status_string(status).decode()
+
+

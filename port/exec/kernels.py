@@ -1,0 +1,724 @@
+"""Python binding of PORT's C kernel library (kernels/include/port_kernels.h).
+
+Two levels:
+
+* Raw fast path -- ``port.exec.kernels.raw.<c_function>(...)``: the ctypes function
+  objects with argtypes from ``SIGNATURES`` (mirrors the header; a test checks
+  it).  Pointer arguments are plain integer addresses (e.g. ``arena_base +
+  offset``), param structs are ``Conv2dParams``/``BatchNormParams``/... instances
+  (build them once, reuse them).  Every kernel returns an int status
+  (0 == PORT_OK); call ``check(status, "name")`` to raise.  No validation is done
+  on this path beyond what C does (it checks params/workspace and returns status).
+
+* Checked API -- the functions below take torch tensors, validate shape, dtype
+  (float32 activations, int64 labels/indices, uint8 masks), device, contiguity
+  and aliasing, allocate outputs/workspace when not given and raise ValueError
+  naming the offending argument.
+
+Gradient semantics follow the header: weight gradients ACCUMULATE (+=) into the
+given buffers (zero-initialised when not given), input gradients OVERWRITE.
+"""
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
+from typing import Sequence
+
+from port.exec import native as _native
+
+_native.configure_openmp_env()  # before torch loads the OpenMP runtime (see port/_native.py)
+
+import torch  # noqa: E402
+
+from port.exec.capi import (  # noqa: E402,F401  (the raw binding, re-exported)
+    CONV_AUTO, CONV_DIRECT, CONV_IM2COL, GEMM_BLAS, GEMM_VENDORED, PORT_ERR_ALIAS, PORT_ERR_ARG, PORT_ERR_NULL,
+    PORT_ERR_SHAPE, PORT_ERR_UNSUPPORTED, PORT_ERR_WORKSPACE, PORT_OK, SIGNATURES, BatchNormParams, Conv2dParams,
+    KernelError, KernelValueError, LinearParams, Pool2dParams, UnsupportedError, WorkspaceError, _ALGOS, check,
+    ctype_of, raw, status_string)
+
+# --------------------------------------------------------------------------- settings
+def set_num_threads(n: int) -> None:
+    """One setting for kernel OpenMP threads, BLAS and torch intra-op threads: one shared OpenMP pool
+    (OpenBLAS itself stays single-threaded; PORT splits GEMMs over the pool)."""
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"set_num_threads: n must be >= 1, got {n}")
+    raw.port_set_num_threads(n)
+    torch.set_num_threads(n)
+
+
+def get_num_threads() -> int:
+    return raw.port_get_num_threads()
+
+
+def set_gemm_backend(backend: str) -> None:
+    """'blas' (OpenBLAS) or 'vendored' (built-in blocked SGEMM)."""
+    code = {"blas": GEMM_BLAS, "vendored": GEMM_VENDORED}.get(backend)
+    if code is None:
+        raise ValueError(f"set_gemm_backend: backend must be 'blas' or 'vendored', got {backend!r}")
+    check(raw.port_set_gemm_backend(code), "set_gemm_backend")
+
+
+def get_gemm_backend() -> str:
+    return "vendored" if raw.port_get_gemm_backend() == GEMM_VENDORED else "blas"
+
+
+class gemm_backend:
+    """Context manager: ``with gemm_backend('vendored'): ...``"""
+
+    def __init__(self, backend: str):
+        self.backend, self.prev = backend, None
+
+    def __enter__(self):
+        self.prev = get_gemm_backend()
+        set_gemm_backend(self.backend)
+        return self
+
+    def __exit__(self, *exc):
+        set_gemm_backend(self.prev)
+
+
+# --------------------------------------------------------------------------- validation helpers
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _tensor(t, name: str, shape: Sequence[int] | None = None, dtype=torch.float32,
+            ndim: int | None = None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name}: must be on the CPU, got device {t.device}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D tensor, got shape {tuple(t.shape)}")
+    if shape is not None and tuple(t.shape) != tuple(int(s) for s in shape):
+        raise ValueError(f"{name}: expected shape {tuple(int(s) for s in shape)}, "
+                         f"got {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous (call .contiguous())")
+    return t
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def _no_alias(outs: dict, ins: dict, allow_equal: Sequence[tuple[str, str]] = ()) -> None:
+    """Outputs must not overlap inputs (or each other); pairs in allow_equal may be identical."""
+    items_out = [(k, v) for k, v in outs.items() if v is not None and v.numel() > 0]
+    items_in = [(k, v) for k, v in ins.items() if v is not None and v.numel() > 0]
+    pairs = [(a, b) for a in items_out for b in items_in]
+    pairs += [(items_out[i], items_out[j]) for i in range(len(items_out))
+              for j in range(i + 1, len(items_out))]
+    for (na, a), (nb, b) in pairs:
+        sa, sb = _span(a), _span(b)
+        if sa[0] < sb[1] and sb[0] < sa[1]:
+            if ((na, nb) in allow_equal or (nb, na) in allow_equal) and sa == sb \
+                    and a.shape == b.shape:
+                continue
+            raise ValueError(f"{na}: output aliases {nb}; pass a separate buffer "
+                             f"(or use the explicit in-place variant)")
+
+
+def _out(out, name, shape, dtype=torch.float32):
+    if out is None:
+        return torch.empty(tuple(shape), dtype=dtype)
+    return _tensor(out, name, shape, dtype)
+
+
+def _acc(buf, name, shape):
+    if buf is None:
+        return torch.zeros(tuple(shape), dtype=torch.float32)
+    return _tensor(buf, name, shape)
+
+
+def _pair(v, name) -> tuple[int, int]:
+    if isinstance(v, int):
+        return v, v
+    try:
+        a, b = v
+        return int(a), int(b)
+    except Exception:
+        raise ValueError(f"{name}: expected an int or a pair of ints, got {v!r}") from None
+
+
+def _algo(algo) -> int:
+    if isinstance(algo, int) and algo in (0, 1, 2):
+        return algo
+    if algo not in _ALGOS:
+        raise ValueError(f"algo: expected one of {sorted(_ALGOS)}, got {algo!r}")
+    return _ALGOS[algo]
+
+
+def _workspace(nbytes: int) -> torch.Tensor:
+    return torch.empty(max(int(nbytes), 1), dtype=torch.uint8)
+
+
+# --------------------------------------------------------------------------- GEMM
+def sgemm(a: torch.Tensor, b: torch.Tensor, trans_a: bool = False, trans_b: bool = False,
+          alpha: float = 1.0, beta: float = 0.0, c: torch.Tensor | None = None) -> torch.Tensor:
+    """C = alpha * op(A) op(B) + beta * C (row-major, 2-D tensors)."""
+    _tensor(a, "a", ndim=2)
+    _tensor(b, "b", ndim=2)
+    m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
+    kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
+    if k != kb:
+        raise ValueError(f"b: inner dimensions differ ({k} vs {kb})")
+    if c is None:
+        c = torch.zeros((m, n), dtype=torch.float32)
+    _tensor(c, "c", (m, n))
+    _no_alias({"c": c}, {"a": a, "b": b})
+    check(raw.port_sgemm(c.data_ptr(), a.data_ptr(), b.data_ptr(), int(trans_a), int(trans_b), m,
+                         n, k, alpha, beta, a.shape[1], b.shape[1], n), "sgemm")
+    return c
+
+
+# --------------------------------------------------------------------------- conv2d
+def conv2d_params(x_shape, w_shape, stride=1, padding=0, groups=1) -> Conv2dParams:
+    n, c_in, h, w = (int(s) for s in x_shape)
+    c_out, cig, kh, kw = (int(s) for s in w_shape)
+    sh, sw = _pair(stride, "stride")
+    ph, pw = _pair(padding, "padding")
+    if groups < 1 or c_in % groups or c_out % groups:
+        raise ValueError(f"groups: {groups} must divide c_in={c_in} and c_out={c_out}")
+    if cig != c_in // groups:
+        raise ValueError(f"w: expected shape[1] == c_in/groups = {c_in // groups}, got {cig}")
+    p = Conv2dParams(n, c_in, h, w, c_out, kh, kw, sh, sw, ph, pw, groups)
+    st = raw.port_conv2d_check(p)
+    if st != PORT_OK:
+        raise ValueError(f"conv2d params {conv_params_dict(p)}: {status_string(st)}")
+    return p
+
+
+def conv_params_dict(p: Conv2dParams) -> dict:
+    return {f: getattr(p, f) for f, _ in Conv2dParams._fields_}
+
+
+def conv2d_out_shape(p: Conv2dParams) -> tuple[int, int, int, int]:
+    return p.n, p.c_out, raw.port_conv2d_out_h(p), raw.port_conv2d_out_w(p)
+
+
+def conv2d_workspace_bytes(p: Conv2dParams, algo="auto") -> int:
+    return raw.port_conv2d_workspace_bytes(p, _algo(algo))
+
+
+def _conv_setup(x_shape, w, stride, padding, groups):
+    _tensor(w, "w", ndim=4)
+    return conv2d_params(x_shape, w.shape, stride, padding, groups)
+
+
+def conv2d_forward(x, w, b=None, stride=1, padding=0, groups=1, algo="auto", out=None,
+                   workspace=None):
+    _tensor(x, "x", ndim=4)
+    p = _conv_setup(x.shape, w, stride, padding, groups)
+    if b is not None:
+        _tensor(b, "b", (p.c_out,))
+    y = _out(out, "out", conv2d_out_shape(p))
+    _no_alias({"out": y}, {"x": x, "w": w, "b": b})
+    a = _algo(algo)
+    ws = workspace if workspace is not None else _workspace(conv2d_workspace_bytes(p, a))
+    check(raw.port_conv2d_forward(y.data_ptr(), x.data_ptr(), w.data_ptr(), _ptr(b), p, a,
+                                  ws.data_ptr(), ws.numel() * ws.element_size()), "conv2d_forward")
+    return y
+
+
+def conv2d_backward_input(dy, w, x_shape, stride=1, padding=0, groups=1, algo="auto", out=None,
+                          workspace=None):
+    p = _conv_setup(x_shape, w, stride, padding, groups)
+    _tensor(dy, "dy", conv2d_out_shape(p))
+    dx = _out(out, "out", x_shape)
+    _no_alias({"out": dx}, {"dy": dy, "w": w})
+    a = _algo(algo)
+    ws = workspace if workspace is not None else _workspace(conv2d_workspace_bytes(p, a))
+    check(raw.port_conv2d_backward_input(dx.data_ptr(), dy.data_ptr(), w.data_ptr(), p, a,
+                                         ws.data_ptr(), ws.numel() * ws.element_size()),
+          "conv2d_backward_input")
+    return dx
+
+
+def conv2d_backward_weight(dy, x, w_shape, stride=1, padding=0, groups=1, bias=True,
+                           algo="auto", dw=None, db=None, workspace=None):
+    """Returns (dw, db) -- accumulated into dw/db when given (db None if bias=False)."""
+    _tensor(x, "x", ndim=4)
+    p = conv2d_params(x.shape, w_shape, stride, padding, groups)
+    _tensor(dy, "dy", conv2d_out_shape(p))
+    dw = _acc(dw, "dw", w_shape)
+    db = _acc(db, "db", (p.c_out,)) if bias else None
+    _no_alias({"dw": dw, "db": db}, {"dy": dy, "x": x})
+    a = _algo(algo)
+    ws = workspace if workspace is not None else _workspace(conv2d_workspace_bytes(p, a))
+    check(raw.port_conv2d_backward_weight(dw.data_ptr(), _ptr(db), dy.data_ptr(), x.data_ptr(), p,
+                                          a, ws.data_ptr(), ws.numel() * ws.element_size()),
+          "conv2d_backward_weight")
+    return dw, db
+
+
+def conv2d_patch_workspace_bytes(p: Conv2dParams, tile) -> int:
+    th, tw = _pair(tile, "tile")
+    return raw.port_conv2d_patch_workspace_bytes(p, th, tw)
+
+
+def conv2d_patch_forward(x, w, b=None, stride=1, padding=0, groups=1, tile=(4, 4), out=None):
+    _tensor(x, "x", ndim=4)
+    p = _conv_setup(x.shape, w, stride, padding, groups)
+    if b is not None:
+        _tensor(b, "b", (p.c_out,))
+    th, tw = _pair(tile, "tile")
+    y = _out(out, "out", conv2d_out_shape(p))
+    _no_alias({"out": y}, {"x": x, "w": w, "b": b})
+    ws = _workspace(raw.port_conv2d_patch_workspace_bytes(p, th, tw))
+    check(raw.port_conv2d_patch_forward(y.data_ptr(), x.data_ptr(), w.data_ptr(), _ptr(b), p, th,
+                                        tw, ws.data_ptr(), ws.numel()), "conv2d_patch_forward")
+    return y
+
+
+def conv2d_patch_backward_input(dy, w, x_shape, stride=1, padding=0, groups=1, tile=(4, 4),
+                                out=None):
+    p = _conv_setup(x_shape, w, stride, padding, groups)
+    _tensor(dy, "dy", conv2d_out_shape(p))
+    th, tw = _pair(tile, "tile")
+    dx = _out(out, "out", x_shape)
+    _no_alias({"out": dx}, {"dy": dy, "w": w})
+    ws = _workspace(raw.port_conv2d_patch_workspace_bytes(p, th, tw))
+    check(raw.port_conv2d_patch_backward_input(dx.data_ptr(), dy.data_ptr(), w.data_ptr(), p, th,
+                                               tw, ws.data_ptr(), ws.numel()),
+          "conv2d_patch_backward_input")
+    return dx
+
+
+def conv2d_patch_backward_weight(dy, x, w_shape, stride=1, padding=0, groups=1, bias=True,
+                                 tile=(4, 4), dw=None, db=None):
+    _tensor(x, "x", ndim=4)
+    p = conv2d_params(x.shape, w_shape, stride, padding, groups)
+    _tensor(dy, "dy", conv2d_out_shape(p))
+    th, tw = _pair(tile, "tile")
+    dw = _acc(dw, "dw", w_shape)
+    db = _acc(db, "db", (p.c_out,)) if bias else None
+    _no_alias({"dw": dw, "db": db}, {"dy": dy, "x": x})
+    ws = _workspace(raw.port_conv2d_patch_workspace_bytes(p, th, tw))
+    check(raw.port_conv2d_patch_backward_weight(dw.data_ptr(), _ptr(db), dy.data_ptr(),
+                                                x.data_ptr(), p, th, tw, ws.data_ptr(),
+                                                ws.numel()), "conv2d_patch_backward_weight")
+    return dw, db
+
+
+# --------------------------------------------------------------------------- batch norm
+def _bn_params(x_shape, eps, momentum) -> BatchNormParams:
+    n, c, h, w = (int(s) for s in x_shape)
+    return BatchNormParams(n, c, h, w, float(eps), float(momentum))
+
+
+def _vec(t, name, c, required=True):
+    if t is None:
+        if required:
+            raise ValueError(f"{name}: required")
+        return None
+    return _tensor(t, name, (c,))
+
+
+def batchnorm2d_forward_train(x, gamma, beta, running_mean=None, running_var=None, eps=1e-5,
+                              momentum=0.1, out=None):
+    """Returns (y, save_mean, save_invstd); running stats updated in place. out=x: in place."""
+    _tensor(x, "x", ndim=4)
+    c = x.shape[1]
+    _vec(gamma, "gamma", c, False), _vec(beta, "beta", c, False)
+    _vec(running_mean, "running_mean", c, False), _vec(running_var, "running_var", c, False)
+    y = _out(out, "out", x.shape)
+    _no_alias({"out": y}, {"x": x, "gamma": gamma, "beta": beta, "running_mean": running_mean,
+                           "running_var": running_var}, allow_equal=[("out", "x")])
+    sm, si = torch.empty(c), torch.empty(c)
+    check(raw.port_batchnorm2d_forward_train(y.data_ptr(), sm.data_ptr(), si.data_ptr(),
+                                             _ptr(running_mean), _ptr(running_var), x.data_ptr(),
+                                             _ptr(gamma), _ptr(beta),
+                                             _bn_params(x.shape, eps, momentum)),
+          "batchnorm2d_forward_train")
+    return y, sm, si
+
+
+def batchnorm2d_forward_eval(x, gamma, beta, running_mean, running_var, eps=1e-5, out=None):
+    _tensor(x, "x", ndim=4)
+    c = x.shape[1]
+    _vec(gamma, "gamma", c, False), _vec(beta, "beta", c, False)
+    _vec(running_mean, "running_mean", c), _vec(running_var, "running_var", c)
+    y = _out(out, "out", x.shape)
+    _no_alias({"out": y}, {"x": x, "gamma": gamma, "beta": beta}, allow_equal=[("out", "x")])
+    check(raw.port_batchnorm2d_forward_eval(y.data_ptr(), x.data_ptr(), _ptr(gamma), _ptr(beta),
+                                            running_mean.data_ptr(), running_var.data_ptr(),
+                                            _bn_params(x.shape, eps, 0.0)),
+          "batchnorm2d_forward_eval")
+    return y
+
+
+def batchnorm2d_backward_input(dy, x, gamma, save_mean, save_invstd, out=None):
+    _tensor(x, "x", ndim=4)
+    c = x.shape[1]
+    _tensor(dy, "dy", x.shape)
+    _vec(gamma, "gamma", c, False), _vec(save_mean, "save_mean", c)
+    _vec(save_invstd, "save_invstd", c)
+    dx = _out(out, "out", x.shape)
+    _no_alias({"out": dx}, {"dy": dy, "x": x}, allow_equal=[("out", "dy")])
+    check(raw.port_batchnorm2d_backward_input(dx.data_ptr(), dy.data_ptr(), x.data_ptr(),
+                                              _ptr(gamma), save_mean.data_ptr(),
+                                              save_invstd.data_ptr(), _bn_params(x.shape, 1e-5, 0)),
+          "batchnorm2d_backward_input")
+    return dx
+
+
+def batchnorm2d_backward_weight(dy, x, save_mean, save_invstd, dgamma=None, dbeta=None):
+    _tensor(x, "x", ndim=4)
+    c = x.shape[1]
+    _tensor(dy, "dy", x.shape)
+    _vec(save_mean, "save_mean", c), _vec(save_invstd, "save_invstd", c)
+    dgamma, dbeta = _acc(dgamma, "dgamma", (c,)), _acc(dbeta, "dbeta", (c,))
+    check(raw.port_batchnorm2d_backward_weight(dgamma.data_ptr(), dbeta.data_ptr(), dy.data_ptr(),
+                                               x.data_ptr(), save_mean.data_ptr(),
+                                               save_invstd.data_ptr(),
+                                               _bn_params(x.shape, 1e-5, 0)),
+          "batchnorm2d_backward_weight")
+    return dgamma, dbeta
+
+
+def batchnorm2d_backward_input_from_output(dy, y, gamma, beta, save_invstd, out=None):
+    """In-place BN backward: xhat = (y - beta)/gamma (requires gamma != 0). out=dy allowed."""
+    _tensor(y, "y", ndim=4)
+    c = y.shape[1]
+    _tensor(dy, "dy", y.shape)
+    _vec(gamma, "gamma", c), _vec(beta, "beta", c), _vec(save_invstd, "save_invstd", c)
+    dx = _out(out, "out", y.shape)
+    _no_alias({"out": dx}, {"dy": dy, "y": y}, allow_equal=[("out", "dy")])
+    check(raw.port_batchnorm2d_backward_input_from_output(
+        dx.data_ptr(), dy.data_ptr(), y.data_ptr(), gamma.data_ptr(), beta.data_ptr(),
+        save_invstd.data_ptr(), _bn_params(y.shape, 1e-5, 0)),
+        "batchnorm2d_backward_input_from_output")
+    return dx
+
+
+def batchnorm2d_backward_weight_from_output(dy, y, gamma, beta, dgamma=None, dbeta=None):
+    _tensor(y, "y", ndim=4)
+    c = y.shape[1]
+    _tensor(dy, "dy", y.shape)
+    _vec(gamma, "gamma", c), _vec(beta, "beta", c)
+    dgamma, dbeta = _acc(dgamma, "dgamma", (c,)), _acc(dbeta, "dbeta", (c,))
+    check(raw.port_batchnorm2d_backward_weight_from_output(
+        dgamma.data_ptr(), dbeta.data_ptr(), dy.data_ptr(), y.data_ptr(), gamma.data_ptr(),
+        beta.data_ptr(), _bn_params(y.shape, 1e-5, 0)), "batchnorm2d_backward_weight_from_output")
+    return dgamma, dbeta
+
+
+def batchnorm2d_backward_input_eval(dy, gamma, running_var, eps=1e-5, out=None):
+    _tensor(dy, "dy", ndim=4)
+    c = dy.shape[1]
+    _vec(gamma, "gamma", c, False), _vec(running_var, "running_var", c)
+    dx = _out(out, "out", dy.shape)
+    _no_alias({"out": dx}, {"dy": dy}, allow_equal=[("out", "dy")])
+    check(raw.port_batchnorm2d_backward_input_eval(dx.data_ptr(), dy.data_ptr(), _ptr(gamma),
+                                                   running_var.data_ptr(),
+                                                   _bn_params(dy.shape, eps, 0)),
+          "batchnorm2d_backward_input_eval")
+    return dx
+
+
+def batchnorm2d_backward_weight_eval(dy, x, running_mean, running_var, eps=1e-5, dgamma=None,
+                                     dbeta=None):
+    _tensor(x, "x", ndim=4)
+    c = x.shape[1]
+    _tensor(dy, "dy", x.shape)
+    _vec(running_mean, "running_mean", c), _vec(running_var, "running_var", c)
+    dgamma, dbeta = _acc(dgamma, "dgamma", (c,)), _acc(dbeta, "dbeta", (c,))
+    check(raw.port_batchnorm2d_backward_weight_eval(dgamma.data_ptr(), dbeta.data_ptr(),
+                                                    dy.data_ptr(), x.data_ptr(),
+                                                    running_mean.data_ptr(),
+                                                    running_var.data_ptr(),
+                                                    _bn_params(x.shape, eps, 0)),
+          "batchnorm2d_backward_weight_eval")
+    return dgamma, dbeta
+
+
+# --------------------------------------------------------------------------- element-wise
+def _unary(fname, x, out, xname="x", inplace_ok=True):
+    _tensor(x, xname)
+    y = _out(out, "out", x.shape)
+    _no_alias({"out": y}, {xname: x}, allow_equal=[("out", xname)] if inplace_ok else [])
+    check(getattr(raw, fname)(y.data_ptr(), x.data_ptr(), x.numel()), fname[5:])
+    return y
+
+
+def _unary_bwd(fname, dy, saved, savedname, out):
+    _tensor(dy, "dy")
+    _tensor(saved, savedname, dy.shape)
+    dx = _out(out, "out", dy.shape)
+    _no_alias({"out": dx}, {"dy": dy, savedname: saved}, allow_equal=[("out", "dy")])
+    check(getattr(raw, fname)(dx.data_ptr(), dy.data_ptr(), saved.data_ptr(), dy.numel()),
+          fname[5:])
+    return dx
+
+
+def relu_forward(x, out=None, inplace=False):
+    """Saved for backward: the output y. inplace=True writes into x."""
+    return _unary("port_relu_forward", x, x if inplace else out)
+
+
+def relu_backward(dy, y, out=None, inplace=False):
+    return _unary_bwd("port_relu_backward", dy, y, "y", dy if inplace else out)
+
+
+def relu6_forward(x, out=None, inplace=False):
+    return _unary("port_relu6_forward", x, x if inplace else out)
+
+
+def relu6_backward(dy, y, out=None, inplace=False):
+    return _unary_bwd("port_relu6_backward", dy, y, "y", dy if inplace else out)
+
+
+def hardswish_forward(x, out=None):
+    return _unary("port_hardswish_forward", x, out, inplace_ok=False)
+
+
+def hardswish_backward(dy, x, out=None, inplace=False):
+    return _unary_bwd("port_hardswish_backward", dy, x, "x", dy if inplace else out)
+
+
+def add(a, b, out=None):
+    """y = a + b; out may be a or b (in-place add)."""
+    _tensor(a, "a")
+    _tensor(b, "b", a.shape)
+    y = _out(out, "out", a.shape)
+    _no_alias({"out": y}, {"a": a, "b": b}, allow_equal=[("out", "a"), ("out", "b")])
+    check(raw.port_add(y.data_ptr(), a.data_ptr(), b.data_ptr(), a.numel()), "add")
+    return y
+
+
+def accumulate(a, b):
+    """a += b (in place); returns a."""
+    _tensor(a, "a")
+    _tensor(b, "b", a.shape)
+    _no_alias({"a": a}, {"b": b})
+    check(raw.port_accumulate(a.data_ptr(), b.data_ptr(), a.numel()), "accumulate")
+    return a
+
+
+def dropout_forward(x, p, seed, out=None, mask=None):
+    """Returns (y, mask uint8). out=x allowed (in place)."""
+    _tensor(x, "x")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"p: must be in [0, 1), got {p}")
+    y = _out(out, "out", x.shape)
+    m = _out(mask, "mask", x.shape, torch.uint8)
+    _no_alias({"out": y, "mask": m}, {"x": x}, allow_equal=[("out", "x")])
+    check(raw.port_dropout_forward(y.data_ptr(), m.data_ptr(), x.data_ptr(), x.numel(), p,
+                                   int(seed) & 0xFFFFFFFFFFFFFFFF), "dropout_forward")
+    return y, m
+
+
+def dropout_backward(dy, mask, p, out=None):
+    _tensor(dy, "dy")
+    _tensor(mask, "mask", dy.shape, torch.uint8)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"p: must be in [0, 1), got {p}")
+    dx = _out(out, "out", dy.shape)
+    _no_alias({"out": dx}, {"dy": dy, "mask": mask}, allow_equal=[("out", "dy")])
+    check(raw.port_dropout_backward(dx.data_ptr(), dy.data_ptr(), mask.data_ptr(), dy.numel(), p),
+          "dropout_backward")
+    return dx
+
+
+# --------------------------------------------------------------------------- pooling
+def pool2d_params(x_shape, kernel, stride=None, padding=0) -> Pool2dParams:
+    n, c, h, w = (int(s) for s in x_shape)
+    kh, kw = _pair(kernel, "kernel")
+    sh, sw = _pair(kernel if stride is None else stride, "stride")
+    ph, pw = _pair(padding, "padding")
+    return Pool2dParams(n, c, h, w, kh, kw, sh, sw, ph, pw)
+
+
+def _pool_out(p):
+    return p.n, p.c, raw.port_pool2d_out_h(p), raw.port_pool2d_out_w(p)
+
+
+def maxpool2d_forward(x, kernel, stride=None, padding=0):
+    """Returns (y, indices int64 into the H*W plane)."""
+    _tensor(x, "x", ndim=4)
+    p = pool2d_params(x.shape, kernel, stride, padding)
+    shape = _pool_out(p)
+    if min(shape) < 1:
+        raise ValueError(f"kernel: window larger than the padded input {tuple(x.shape)}")
+    y, idx = torch.empty(shape), torch.empty(shape, dtype=torch.int64)
+    check(raw.port_maxpool2d_forward(y.data_ptr(), idx.data_ptr(), x.data_ptr(), p),
+          "maxpool2d_forward")
+    return y, idx
+
+
+def maxpool2d_backward_input(dy, indices, x_shape, kernel, stride=None, padding=0, out=None):
+    p = pool2d_params(x_shape, kernel, stride, padding)
+    _tensor(dy, "dy", _pool_out(p))
+    _tensor(indices, "indices", dy.shape, torch.int64)
+    dx = _out(out, "out", x_shape)
+    _no_alias({"out": dx}, {"dy": dy, "indices": indices})
+    check(raw.port_maxpool2d_backward_input(dx.data_ptr(), dy.data_ptr(), indices.data_ptr(), p),
+          "maxpool2d_backward_input")
+    return dx
+
+
+def avgpool2d_forward(x, kernel, stride=None, padding=0, out=None):
+    _tensor(x, "x", ndim=4)
+    p = pool2d_params(x.shape, kernel, stride, padding)
+    shape = _pool_out(p)
+    if min(shape) < 1:
+        raise ValueError(f"kernel: window larger than the padded input {tuple(x.shape)}")
+    y = _out(out, "out", shape)
+    _no_alias({"out": y}, {"x": x})
+    check(raw.port_avgpool2d_forward(y.data_ptr(), x.data_ptr(), p), "avgpool2d_forward")
+    return y
+
+
+def avgpool2d_backward_input(dy, x_shape, kernel, stride=None, padding=0, out=None):
+    p = pool2d_params(x_shape, kernel, stride, padding)
+    _tensor(dy, "dy", _pool_out(p))
+    dx = _out(out, "out", x_shape)
+    _no_alias({"out": dx}, {"dy": dy})
+    check(raw.port_avgpool2d_backward_input(dx.data_ptr(), dy.data_ptr(), p),
+          "avgpool2d_backward_input")
+    return dx
+
+
+def global_avgpool_forward(x, out=None):
+    _tensor(x, "x", ndim=4)
+    n, c, h, w = x.shape
+    y = _out(out, "out", (n, c))
+    _no_alias({"out": y}, {"x": x})
+    check(raw.port_global_avgpool_forward(y.data_ptr(), x.data_ptr(), n, c, h * w),
+          "global_avgpool_forward")
+    return y
+
+
+def global_avgpool_backward_input(dy, x_shape, out=None):
+    n, c, h, w = (int(s) for s in x_shape)
+    _tensor(dy, "dy", (n, c))
+    dx = _out(out, "out", x_shape)
+    _no_alias({"out": dx}, {"dy": dy})
+    check(raw.port_global_avgpool_backward_input(dx.data_ptr(), dy.data_ptr(), n, c, h * w),
+          "global_avgpool_backward_input")
+    return dx
+
+
+# --------------------------------------------------------------------------- linear
+def linear_forward(x, w, b=None, out=None):
+    _tensor(x, "x", ndim=2)
+    _tensor(w, "w", ndim=2)
+    if w.shape[1] != x.shape[1]:
+        raise ValueError(f"w: expected shape (out, {x.shape[1]}), got {tuple(w.shape)}")
+    if b is not None:
+        _tensor(b, "b", (w.shape[0],))
+    y = _out(out, "out", (x.shape[0], w.shape[0]))
+    _no_alias({"out": y}, {"x": x, "w": w, "b": b})
+    p = LinearParams(x.shape[0], x.shape[1], w.shape[0])
+    check(raw.port_linear_forward(y.data_ptr(), x.data_ptr(), w.data_ptr(), _ptr(b), p),
+          "linear_forward")
+    return y
+
+
+def linear_backward_input(dy, w, out=None):
+    _tensor(w, "w", ndim=2)
+    _tensor(dy, "dy", ndim=2)
+    if dy.shape[1] != w.shape[0]:
+        raise ValueError(f"dy: expected shape (n, {w.shape[0]}), got {tuple(dy.shape)}")
+    dx = _out(out, "out", (dy.shape[0], w.shape[1]))
+    _no_alias({"out": dx}, {"dy": dy, "w": w})
+    p = LinearParams(dy.shape[0], w.shape[1], w.shape[0])
+    check(raw.port_linear_backward_input(dx.data_ptr(), dy.data_ptr(), w.data_ptr(), p),
+          "linear_backward_input")
+    return dx
+
+
+def linear_backward_weight(dy, x, bias=True, dw=None, db=None):
+    _tensor(x, "x", ndim=2)
+    _tensor(dy, "dy", ndim=2)
+    if dy.shape[0] != x.shape[0]:
+        raise ValueError(f"dy: batch {dy.shape[0]} differs from x batch {x.shape[0]}")
+    dw = _acc(dw, "dw", (dy.shape[1], x.shape[1]))
+    db = _acc(db, "db", (dy.shape[1],)) if bias else None
+    _no_alias({"dw": dw, "db": db}, {"dy": dy, "x": x})
+    p = LinearParams(x.shape[0], x.shape[1], dy.shape[1])
+    check(raw.port_linear_backward_weight(dw.data_ptr(), _ptr(db), dy.data_ptr(), x.data_ptr(), p),
+          "linear_backward_weight")
+    return dw, db
+
+
+# --------------------------------------------------------------------------- loss
+def softmax_xent_forward(logits, labels, label_smoothing=0.0):
+    """Returns (loss [1], probs [n,k])."""
+    _tensor(logits, "logits", ndim=2)
+    n, k = logits.shape
+    _tensor(labels, "labels", (n,), torch.int64)
+    if n and (int(labels.min()) < 0 or int(labels.max()) >= k):
+        raise ValueError(f"labels: values must be in [0, {k})")
+    loss, probs = torch.empty(1), torch.empty((n, k))
+    check(raw.port_softmax_xent_forward(loss.data_ptr(), probs.data_ptr(), logits.data_ptr(),
+                                        labels.data_ptr(), n, k, float(label_smoothing)),
+          "softmax_xent_forward")
+    return loss, probs
+
+
+def softmax_xent_backward(probs, labels, grad_loss=None, label_smoothing=0.0, out=None):
+    _tensor(probs, "probs", ndim=2)
+    n, k = probs.shape
+    _tensor(labels, "labels", (n,), torch.int64)
+    gl = torch.ones(1) if grad_loss is None else _tensor(grad_loss, "grad_loss", (1,))
+    d = _out(out, "out", (n, k))
+    _no_alias({"out": d}, {"probs": probs, "labels": labels, "grad_loss": gl},
+              allow_equal=[("out", "probs")])
+    check(raw.port_softmax_xent_backward(d.data_ptr(), probs.data_ptr(), labels.data_ptr(),
+                                         gl.data_ptr(), n, k, float(label_smoothing)),
+          "softmax_xent_backward")
+    return d
+
+
+# --------------------------------------------------------------------------- optimizers
+def sgd_step(param, grad, momentum_buf=None, lr=0.01, momentum=0.0, dampening=0.0,
+             weight_decay=0.0, nesterov=False, first_step=False):
+    _tensor(param, "param")
+    _tensor(grad, "grad", param.shape)
+    if momentum != 0.0:
+        _tensor(momentum_buf, "momentum_buf", param.shape)
+    _no_alias({"param": param, "momentum_buf": momentum_buf}, {"grad": grad})
+    check(raw.port_sgd_step(param.data_ptr(), _ptr(momentum_buf), grad.data_ptr(), param.numel(),
+                            lr, momentum, dampening, weight_decay, int(nesterov),
+                            int(first_step)), "sgd_step")
+    return param
+
+
+def adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+               weight_decay=1e-2):
+    _tensor(param, "param")
+    _tensor(grad, "grad", param.shape)
+    _tensor(exp_avg, "exp_avg", param.shape)
+    _tensor(exp_avg_sq, "exp_avg_sq", param.shape)
+    _no_alias({"param": param, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}, {"grad": grad})
+    check(raw.port_adamw_step(param.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(),
+                              grad.data_ptr(), param.numel(), lr, betas[0], betas[1], eps,
+                              weight_decay, int(step)), "adamw_step")
+    return param
+
+
+# --------------------------------------------------------------------------- fused conv+bn+relu
+def conv2d_bn_relu_forward_train(x, w, gamma, beta, running_mean=None, running_var=None,
+                                 stride=1, padding=0, groups=1, eps=1e-5, momentum=0.1,
+                                 algo="auto"):
+    """Returns (y, z, save_mean, save_invstd); z is the conv output (saved for backward)."""
+    _tensor(x, "x", ndim=4)
+    p = _conv_setup(x.shape, w, stride, padding, groups)
+    c = p.c_out
+    for t, nm in ((gamma, "gamma"), (beta, "beta"), (running_mean, "running_mean"),
+                  (running_var, "running_var")):
+        _vec(t, nm, c, False)
+    shape = conv2d_out_shape(p)
+    y, z, sm, si = torch.empty(shape), torch.empty(shape), torch.empty(c), torch.empty(c)
+    a = _algo(algo)
+    ws = _workspace(conv2d_workspace_bytes(p, a))
+    check(raw.port_conv2d_bn_relu_forward_train(
+        y.data_ptr(), z.data_ptr(), sm.data_ptr(), si.data_ptr(), _ptr(running_mean),
+        _ptr(running_var), x.data_ptr(), w.data_ptr(), _ptr(gamma), _ptr(beta), p, eps, momentum,
+        a, ws.data_ptr(), ws.numel()), "conv2d_bn_relu_forward_train")
+    return y, z, sm, si

@@ -1,0 +1,160 @@
+"""Locate and load PORT's C kernel library (libport_kernels) with ctypes.
+
+Search order: $PORT_KERNELS_LIB (e.g. the ASan build), then the file built by
+`pip install -e .` next to this module (port/_port_kernels*.so).  OpenBLAS from
+the scipy-openblas32 wheel is pre-loaded RTLD_GLOBAL so the library resolves
+its `scipy_cblas_*` symbols from the installed wheel.
+
+One thread pool.  The library is linked without an OpenMP runtime (setup.py);
+before loading it, the OpenMP runtime that torch uses is loaded RTLD_GLOBAL
+(the one already mapped into the process, else torch/lib/libgomp*.so*, else the
+system libgomp.so.1), so PORT's parallel regions, torch's intra-op threads and
+`omp_set_num_threads`/`torch.set_num_threads` all act on the same pool.
+OpenBLAS is pre-loaded with OPENBLAS_NUM_THREADS=1 (no pthread pool is created)
+and kept single-threaded by the library.
+
+Wait policy.  libgomp's default wait (spin ~300k iterations before sleeping)
+makes every 2-thread parallel region cost up to a scheduler slice (30-120 ms
+measured) when the cores are oversubscribed, for torch alone as well.
+``configure_openmp_env()`` sets OMP_WAIT_POLICY=PASSIVE unless the user chose a
+policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT); it only has an effect if called
+before the OpenMP runtime is loaded, i.e. before ``import torch``
+(port.exec.kernels calls it first thing).  PORT_OMP_WAIT_POLICY=default disables it.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import re
+import sys
+
+_lib: ctypes.CDLL | None = None
+_path: str | None = None
+
+
+def library_path() -> str:
+    env = os.environ.get("PORT_KERNELS_LIB")
+    if env:
+        if not os.path.isfile(env):
+            raise ImportError(f"PORT_KERNELS_LIB={env!r} does not exist")
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    cands = sorted(glob.glob(os.path.join(here, "_port_kernels*.so")) +
+                   glob.glob(os.path.join(here, "_port_kernels*.dylib")) +
+                   glob.glob(os.path.join(here, "_port_kernels*.pyd")))
+    if not cands:
+        raise ImportError("PORT C kernels are not built: run `pip install -c constraints.txt -e .` "
+                          "(or `make install`) in the repository root")
+    return cands[0]
+
+
+def _preload_openblas() -> None:
+    try:
+        import scipy_openblas32 as ob
+    except ImportError:
+        return
+    libdir = ob.get_lib_dir()
+    for name in (f"lib{ob.get_library()}.so", f"lib{ob.get_library()}.dylib"):
+        path = os.path.join(libdir, name)
+        if os.path.exists(path):
+            # PORT calls OpenBLAS single-threaded: create no OpenBLAS pthread pool at all.
+            prev = {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS",)}
+            os.environ["OPENBLAS_NUM_THREADS"] = "1"
+            try:
+                lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            finally:
+                for k, v in prev.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+            for fn in ("scipy_openblas_set_num_threads", "openblas_set_num_threads"):
+                if hasattr(lib, fn):
+                    getattr(lib, fn)(1)
+                    break
+            return
+
+
+_OMP_RE = re.compile(r"/lib(gomp|iomp5|omp)[-.][^/]*\.so[^/]*$|/lib(gomp|iomp5|omp)\.so[^/]*$")
+_omp_path: str | None = None
+
+
+def _mapped_openmp() -> str | None:
+    """Path of an OpenMP runtime already mapped into this process (Linux), else None."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and _OMP_RE.search(parts[5].strip()):
+                    return parts[5].strip()
+    except OSError:
+        pass
+    return None
+
+
+def configure_openmp_env() -> None:
+    """Default OMP_WAIT_POLICY=PASSIVE if no OpenMP runtime is loaded yet and the user set no policy."""
+    if os.environ.get("PORT_OMP_WAIT_POLICY", "").lower() == "default":
+        return
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return
+    if "torch" in sys.modules or _mapped_openmp() is not None:
+        return  # too late: the runtime has read its environment already
+    os.environ["OMP_WAIT_POLICY"] = os.environ.get("PORT_OMP_WAIT_POLICY") or "PASSIVE"
+
+
+def _torch_openmp() -> str | None:
+    """Torch's OpenMP runtime, found by path without importing torch (lowering queries workspaces through the
+    library and must stay torch-free). Its SONAME is the system's (libgomp.so.1), so when torch loads later
+    the dynamic loader reuses this very copy: one pool."""
+    mapped = _mapped_openmp()
+    if mapped:
+        return mapped
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    tdir = os.path.join(list(spec.submodule_search_locations)[0], "lib")
+    cands = sorted(glob.glob(os.path.join(tdir, "libgomp*.so*")) +
+                   glob.glob(os.path.join(tdir, "libiomp5*.so*")))
+    return cands[0] if cands else None
+
+
+def _preload_openmp() -> None:
+    """Load torch's OpenMP runtime (else the system libgomp) RTLD_GLOBAL: the library's GOMP_*/omp_* symbols
+    resolve to it, so PORT and torch share one thread pool."""
+    global _omp_path
+    if not sys.platform.startswith("linux"):
+        return  # elsewhere the library links its OpenMP runtime itself
+    configure_openmp_env()
+    path = _mapped_openmp() or _torch_openmp()
+    for cand in ([path] if path else []) + ["libgomp.so.1"]:
+        try:
+            ctypes.CDLL(cand, mode=ctypes.RTLD_GLOBAL)
+            _omp_path = cand
+            return
+        except OSError:
+            continue
+
+
+def openmp_runtime() -> str | None:
+    """The OpenMP runtime PORT's kernels use (after load())."""
+    return _omp_path
+
+
+def load() -> ctypes.CDLL:
+    global _lib, _path
+    if _lib is None:
+        _preload_openmp()
+        _preload_openblas()
+        _path = library_path()
+        _lib = ctypes.CDLL(_path)
+    return _lib
+
+
+def loaded_path() -> str | None:
+    return _path

@@ -1,0 +1,184 @@
+"""The one op registry: how each graph op runs, for the executor and the profiler alike.
+
+    op_calls(graph, op, variant, backend)    -> the calls that run ``op`` under ``variant`` (kernel name,
+                                                outputs, inputs, attributes); lowering emits exactly these
+    workspace_bytes(spec, in_shapes, out_shapes) -> scratch bytes of one call (the kernel's own query)
+    bind(call, ctx)                          -> a zero-argument callable running one call on ``ctx``'s
+                                                buffers; ``.entry`` names the kernel entry point it calls
+    available(backend)                       -> (present on this machine, why not)
+
+``ctx`` gives ``ptr(tid)``, ``view(tid)``, ``shape(tid)``, ``ws_ptr(call)``, ``ws_view(call)`` and the run-time
+``state``: the executor's arena (port.exec.executor.BindContext) or the profiler's scratch buffers
+(port.cost.measure). Backends (port.exec.backends.c, port.exec.backends.torch_backend) hold the per-kernel
+bindings; nothing else dispatches ops. Importing this module loads neither torch nor the C library: lowering
+uses ``op_calls`` and ``workspace_bytes`` and stays pure.
+
+Kernel names are graph op kinds, plus three that lowering emits for variants:
+``conv2d_bn_relu`` (a fused chain, C ``port_conv2d_bn_relu_forward_train``),
+``batch_norm2d.grad_input_from_output`` and ``batch_norm2d.grad_weight_from_output`` (the backward of an
+in-place batch norm, C ``port_batchnorm2d_backward_*_from_output``).
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from port.errors import PlanError
+from port.ir.types import Graph, Op
+from port.lower.program import GRAD_SCALE_ID  # the loss-gradient scale (1 / micro-batches): a constant slot
+from port.plan import variants as V
+
+BACKENDS = ("c", "torch-cpu", "torch-cuda")
+NO_CALL_KINDS = ("reshape", "reshape.grad_input", "add.grad_input")   # views: zero-copy, no kernel
+CONV_KERNELS = ("conv2d", "conv2d.grad_input", "conv2d.grad_weight", "conv2d_bn_relu")
+CONV_ALGO = {"plain": 1, "direct": 2, "fused": 0}     # port_conv_algo: im2col, direct, auto
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """One kernel call of an op (tensor ids are graph ids; lowering maps them to versions and slots)."""
+    kernel: str
+    variant: str
+    backend: str
+    outputs: tuple[int, ...]
+    inputs: tuple[int, ...]
+    attrs: tuple = ()
+    covers: tuple[int, ...] = ()     # ops of a fused chain this call computes besides its own
+
+    def attr_dict(self) -> dict:
+        return dict(self.attrs)
+
+
+def op_calls(graph: Graph, op: Op, variant: str, backend: str) -> tuple[CallSpec, ...]:
+    """The calls that run ``op`` with ``variant`` on ``backend``: none for views and for the batch norm and relu
+    of a fused chain (the conv's fused call computes them), one otherwise."""
+    if op.kind in NO_CALL_KINDS:
+        return ()
+    if variant == "fused" and op.kind != "conv2d":
+        if V.fused_into(graph, op) is None:
+            raise PlanError(f"op {op.name!r}: variant 'fused' without a fused chain")
+        return ()
+    attrs = dict(op.attrs)
+    outs, ins, kernel = op.outputs, op.inputs, op.kind
+    covers: tuple[int, ...] = ()
+    if op.kind == "conv2d" and variant == "fused":
+        chain = V.fusion_chain(graph, op)
+        if chain is None:
+            raise PlanError(f"op {op.name!r}: variant 'fused' is not legal here")
+        bn, act = graph.ops[chain[1]], graph.ops[chain[2]]
+        # outputs: y (relu), z (conv out), stats; read-modify-write: running mean/var
+        outs = (act.outputs[0], op.outputs[0], bn.outputs[1], bn.inputs[3], bn.inputs[4])
+        ins = (op.inputs[0], op.inputs[1], bn.inputs[1], bn.inputs[2], bn.inputs[3], bn.inputs[4])
+        attrs.update(eps=bn.attr("eps"), momentum=bn.attr("momentum"))
+        kernel, covers = "conv2d_bn_relu", chain[1:]
+    elif op.kind == "batch_norm2d" and attrs.get("training"):
+        outs = outs + (op.inputs[3], op.inputs[4])     # running statistics are updated
+    elif variant == "inplace" and op.kind in ("batch_norm2d.grad_input", "batch_norm2d.grad_weight"):
+        # the forward overwrote x with y: rebuild x-hat from y, gamma, beta
+        bn = graph.ops[op.forward_op]
+        y, gamma, beta = bn.outputs[0], bn.inputs[1], bn.inputs[2]
+        if op.kind == "batch_norm2d.grad_input":
+            kernel, ins = "batch_norm2d.grad_input_from_output", (op.inputs[0], y, bn.outputs[1], gamma, beta)
+        else:
+            kernel, ins = "batch_norm2d.grad_weight_from_output", (op.inputs[0], y, gamma, beta)
+    elif op.kind == "cross_entropy.grad_input":
+        ins = ins + (GRAD_SCALE_ID,)
+    return (CallSpec(kernel, variant, backend, tuple(outs), tuple(ins), tuple(sorted(attrs.items())), covers),)
+
+
+# ---------------------------------------------------------------------------------------------
+# workspace queries (the C library's own, through port.exec.capi; no torch)
+# ---------------------------------------------------------------------------------------------
+def conv_geometry(kernel: str, in_shapes, out_shapes) -> tuple[tuple[int, ...], int]:
+    """(x shape, C_out) of a conv call from its slot shapes."""
+    if kernel in ("conv2d", "conv2d_bn_relu"):
+        return tuple(in_shapes[0]), in_shapes[1][0]
+    if kernel == "conv2d.grad_input":
+        return tuple(out_shapes[0]), in_shapes[0][1]
+    if kernel == "conv2d.grad_weight":
+        return tuple(in_shapes[1]), in_shapes[0][1]
+    raise KeyError(kernel)
+
+
+def conv_params(capi, x_shape, c_out: int, attrs: dict):
+    n, c, h, w = x_shape
+    kh, kw = attrs["kernel"]
+    sh, sw = attrs["stride"]
+    ph, pw = attrs["padding"]
+    return capi.Conv2dParams(n, c, h, w, c_out, kh, kw, sh, sw, ph, pw, attrs["groups"])
+
+
+def workspace_bytes(kernel: str, variant: str, backend: str, attrs: dict, in_shapes, out_shapes) -> int:
+    if backend != "c" or kernel not in CONV_KERNELS:
+        return 0
+    from port.exec import capi
+    x, co = conv_geometry(kernel, in_shapes, out_shapes)
+    p = conv_params(capi, x, co, attrs)
+    tile = V.patch_tile(variant)
+    if tile is not None:
+        return int(capi.raw.port_conv2d_patch_workspace_bytes(ctypes.byref(p), tile, tile))
+    return int(capi.raw.port_conv2d_workspace_bytes(ctypes.byref(p), CONV_ALGO.get(variant, 0)))
+
+
+# ---------------------------------------------------------------------------------------------
+# binding
+# ---------------------------------------------------------------------------------------------
+_BACKENDS: dict[str, Any] = {}
+
+
+def backend(name: str):
+    b = _BACKENDS.get(name)
+    if b is not None:
+        return b
+    if name == "c":
+        from port.exec.backends.c import CBackend
+        b = CBackend()
+    elif name in ("torch-cpu", "torch-cuda"):
+        from port.exec.backends.torch_backend import TorchBackend
+        b = TorchBackend(name.split("-")[1])
+    else:
+        raise PlanError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
+    _BACKENDS[name] = b
+    return b
+
+
+def bind(call, ctx) -> Callable[[], None]:
+    """The callable that runs ``call`` (a port.lower.program.Call or anything with its fields) on ``ctx``."""
+    fn = backend(call.backend).bind(call, ctx)
+    if not hasattr(fn, "entry"):
+        try:
+            fn.entry = f"{call.backend}:{call.kernel}"
+        except AttributeError:       # a builtin: wrap it
+            inner = fn
+
+            def fn():
+                return inner()
+            fn.entry = f"{call.backend}:{call.kernel}"
+    return fn
+
+
+def available(name: str) -> tuple[bool, str]:
+    """(present on this machine, why not)."""
+    if name == "torch-cpu":
+        return True, ""
+    if name == "torch-cuda":
+        import torch
+        return (True, "") if torch.cuda.is_available() else (False, "no CUDA device (torch.cuda.is_available() "
+                                                                     "is False)")
+    if name == "c":
+        try:
+            from port.exec import capi  # noqa: F401
+        except Exception as e:  # noqa: BLE001 - ImportError, OSError from the loader
+            return False, f"C kernels not built or not loadable ({type(e).__name__}: {e})"
+        return True, ""
+    return False, "modeled accelerator (not present on this machine)"
+
+
+def dropout_seed(base_seed: int, counter: int, op: int) -> int:
+    """Per-call dropout seed: a 64-bit mix of (run seed, forward-pass counter, op id) (splitmix64)."""
+    z = (base_seed * 0x9E3779B97F4A7C15 + counter * 0xBF58476D1CE4E5B9 + op * 0x94D049BB133111EB + 1) \
+        & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return z ^ (z >> 31)

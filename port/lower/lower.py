@@ -1,0 +1,457 @@
+"""Lowering: Graph + Plan -> Program (ordered kernel calls with arena offsets).
+
+``default_plan(graph, backend)`` builds the plan the executor runs until the ILP's plans arrive: every op on
+one backend, fusion (conv2d -> batch_norm2d -> relu, training BN) and in-place (relu, relu6, add) wherever
+legal, ``direct`` convolutions where legal (depthwise, 1x1). A Plan's per-op accelerator decides the
+backend, so plans may mix backends op by op (both CPU backends share the arena zero-copy).
+
+``lower(graph, plan)`` then
+1. maps every tensor to a storage root (views and in-place outputs onto their input),
+2. emits one Call per executed op (views and fused-away ops emit none),
+3. asks each call's backend for its workspace,
+4. places the persistent region (params, buffers, param grads, optimizer state, constants) and the scratch
+   roots + workspaces with ``port.lower.arena.assign_offsets``, and
+5. checks the result with ``port.lower.arena.check_program``.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from port.errors import PlanError
+from port.lower.arena import assign_offsets, check_program, live_timeline
+from port.lower.program import (GRAD_SCALE_ID, REGION_PERSISTENT, REGION_SCRATCH, Call, Program, Slot, align)
+from port.exec import registry
+from port.ir.types import (DTYPE_BYTES, PHASE_BACKWARD, PHASE_FORWARD, PHASE_LOSS, PHASES, ROLE_BUFFER, ROLE_GRADIENT,
+                           ROLE_INPUT, ROLE_LABEL, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER, Graph, numel)
+from port.plan import semantics as SEM
+from port.plan import variants as V
+from port.plan.types import OpDecision, Plan
+
+# accelerator id -> backend (plans name accelerators; the device YAML says which backend each has)
+ACCELERATOR_BACKENDS = {"cpu-c": "c", "cpu-torch": "torch-cpu", "gpu-torch": "torch-cuda", "cuda": "torch-cuda",
+                        "cpu": "c"}
+BACKEND_ACCELERATORS = {"c": "cpu-c", "torch-cpu": "cpu-torch", "torch-cuda": "gpu-torch"}
+BACKENDS = ("c", "torch-cpu", "torch-cuda")
+
+def backend_of(accelerator: str, accelerators: dict[str, str] | None = None) -> str:
+    m = dict(ACCELERATOR_BACKENDS)
+    if accelerators:
+        m.update(accelerators)
+    if accelerator in BACKENDS:
+        return accelerator
+    try:
+        return m[accelerator]
+    except KeyError:
+        raise PlanError(f"accelerator {accelerator!r} has no known backend; known: {sorted(m)} "
+                        f"(pass accelerators={{id: backend}} to lower())") from None
+
+
+def default_plan(graph: Graph, backend: str = "c", fuse: bool = True, inplace: bool = True) -> Plan:
+    """Every op on ``backend`` with fusion and in-place wherever legal (and supported by the kernels)."""
+    if backend not in BACKENDS:
+        raise PlanError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+    acc = BACKEND_ACCELERATORS[backend]
+    variant: dict[int, str] = {o.id: "plain" for o in graph.ops}
+    if backend == "c":
+        for o in graph.ops:
+            if o.kind in V.CONV_KINDS and (V.is_depthwise(graph, o) or V.is_pointwise(graph, o)):
+                variant[o.id] = "direct"
+        if fuse:
+            for o in graph.ops:
+                ch = V.fusion_chain(graph, o)
+                if ch is not None:
+                    for i in ch:
+                        variant[i] = "fused"
+    if inplace:
+        for o in graph.ops:
+            if o.kind in ("relu", "relu6", "add") and variant[o.id] == "plain" and V.inplace_legal(graph, o):
+                variant[o.id] = "inplace"
+    ops = tuple(OpDecision(o.id, acc, variant[o.id]) for o in graph.ops)
+    return Plan(graph_digest=graph.digest(), profile_digest="", budget_bytes=0, ops=ops, solver="default",
+                status="feasible")
+
+
+# ---------------------------------------------------------------------------------------------
+def _check_backends(graph: Graph, plan: Plan, phases, accelerators) -> dict[int, str]:
+    """op id -> backend; PlanError when a variant is not available on the op's backend (the plan's rules
+    themselves are port.plan.semantics')."""
+    out = {}
+    for o in graph.ops:
+        if o.phase not in phases:
+            continue
+        d = plan.ops[o.id]
+        be = backend_of(d.accelerator, accelerators)
+        legal = V.variants(graph, o, be)
+        if d.variant not in legal:
+            raise PlanError(f"op {o.name!r}: variant {d.variant!r} is not legal on accelerator {d.accelerator!r} "
+                            f"(backend {be}; legal: {', '.join(legal)})")
+        out[o.id] = be
+    return out
+
+
+def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES, *,
+          persistent_from: Program | None = None, strategy: str = "auto",
+          accelerators: dict[str, str] | None = None, backend: str = "c", check: bool = True,
+          check_digest: bool = True) -> Program:
+    """Lower ``graph`` under ``plan`` (default: ``default_plan(graph, backend)``) into a Program.
+
+    phases: the graph phases to lower; ("forward",) gives an inference program (logits kept to the end).
+    persistent_from: place parameters/buffers at the offsets (by name) of another program's persistent
+      region, so an inference program can run on the training program's arena (its scratch reuses the
+      training scratch, which is dead between steps).
+
+    The program runs the plan's events (``port.plan.semantics.schedule``) in order, each as the calls the op
+    registry gives for it (``port.exec.registry.op_calls``): ``page_in``/``page_out`` host calls for paged
+    roots, re-emitted calls for re-runs (phase ``recompute``, new tensor *versions* with their own slots: the
+    saved root's life splits in two), the op, early updates. Every root version lives exactly from its
+    allocating event to its free event. Gradients of early-updated parameters live in scratch (their first,
+    accumulating writer zeroes them).
+    """
+    if plan is None:
+        plan = default_plan(graph, backend)
+    phases = tuple(p for p in PHASES if p in phases)
+    sch = SEM.schedule(graph, plan, phases, check_digest)
+    be_of = _check_backends(graph, plan, phases, accelerators)
+    T = graph.tensors
+    NT = len(T)
+    dec = plan.ops
+    R = sch.root_of
+
+    members: dict[int, list[int]] = {}
+    for t in range(NT):
+        members.setdefault(R(t), []).append(t)
+
+    def is_persistent_graph(t: int) -> bool:
+        return t < 0 or (sch.is_static(graph, t) and T[R(t)].role not in (ROLE_INPUT, ROLE_LABEL))
+
+    # -- events -> call drafts; root versions and their lives ----------------------------------
+    cur: dict[int, int] = {}      # graph tensor -> its current version id
+    vroot: dict[int, int] = {}    # version id -> its root version id
+    vbase: dict[int, int] = {}    # version id -> the graph tensor it materialises
+    vtag: dict[int, str] = {}
+    next_id = [NT]
+
+    def new_version(r: int, tag: str) -> None:
+        rv = next_id[0]
+        for m in sorted(members[r], key=lambda m: (m != r, m)):
+            v = next_id[0]
+            next_id[0] += 1
+            vbase[v], vroot[v], vtag[v], cur[m] = m, rv, tag, v
+        return None
+
+    def Vr(t: int) -> int:
+        return cur.get(t, t)
+
+    def VR(t: int) -> int:      # the root version of a (version) id
+        return vroot.get(t, R(t) if 0 <= t < NT else t)
+
+    drafts: list[dict[str, Any]] = []
+    born: dict[int, int] = {}     # root version -> index of the first call at/after its allocating event
+    died: dict[int, int] = {}     # root version -> index of the last call at/before its free event
+    pending: list[int] = []
+    seen_root: set[int] = set()
+    for ev in sch.events:
+        if ev.kind == "free":
+            for r in ev.roots:
+                died[Vr(r)] = len(drafts) - 1
+            continue
+        for r in ev.alloc:
+            if ev.kind in ("recompute", "page_in") or r in seen_root:
+                new_version(r, "recompute" if ev.kind == "recompute" else "paged")
+            seen_root.add(r)
+            pending.append(Vr(r))
+        n0 = len(drafts)
+        if ev.kind == "page_in":
+            r = ev.roots[0]
+            drafts.append(dict(op=-1, name=f"{T[r].name}.page_in", kernel="page_in", backend="host",
+                               variant="plain", phase="page", outputs=(Vr(r),), inputs=(), attrs={"key": r},
+                               covers=()))
+        elif ev.kind == "page_out":
+            r = ev.roots[0]
+            drafts.append(dict(op=-1, name=f"{T[r].name}.page_out", kernel="page_out", backend="host",
+                               variant="plain", phase="page", outputs=(), inputs=(Vr(r),), attrs={"key": r},
+                               covers=()))
+        else:
+            o = graph.ops[ev.op]
+            rec = ev.kind == "recompute"
+            for spec in registry.op_calls(graph, o, dec[o.id].variant, be_of[o.id]):
+                attrs = dict(spec.attrs)
+                if rec:
+                    attrs["recompute"] = True        # batch norm: do not update the running statistics again
+                if o.id in sch.early_at:
+                    attrs["early"] = True
+                drafts.append(dict(op=o.id, name=o.name + (".recompute" if rec else ""), kernel=spec.kernel,
+                                   backend=spec.backend, variant=spec.variant,
+                                   phase="recompute" if rec else o.phase,
+                                   outputs=tuple(Vr(t) for t in spec.outputs),
+                                   inputs=tuple(Vr(t) for t in spec.inputs), attrs=attrs, covers=spec.covers))
+        if len(drafts) > n0:
+            for v in pending:
+                born[v] = n0
+            pending = []
+    n = len(drafts)
+    for v in pending:            # allocated by an event without calls: lives from the next call
+        born[v] = n - 1
+
+    # early-updated gradients live in scratch: their first (accumulating) writer zeroes them
+    zeroed: set[int] = set()
+    for dr in drafts:
+        z = []
+        for t in dr["outputs"]:
+            r = R(vbase.get(t, t)) if t >= 0 else t
+            if r in sch.dynamic_grads and r not in zeroed:
+                zeroed.add(r)
+                if dr["kernel"].endswith("grad_weight") or dr["kernel"].endswith("grad_weight_from_output"):
+                    z.append(t)
+        if z:
+            dr["attrs"]["zero_outputs"] = tuple(z)
+
+    # tensors referenced
+    used: list[int] = []
+    seen = set()
+    for dr in drafts:
+        for t in dr["inputs"] + dr["outputs"]:
+            if t not in seen:
+                seen.add(t)
+                used.append(t)
+    for t in (graph.input_id, graph.logits_id):
+        if t not in seen:
+            seen.add(t)
+            used.append(t)
+    if PHASE_LOSS in phases and graph.label_id not in seen:
+        seen.add(graph.label_id)
+        used.append(graph.label_id)
+
+    def base(t: int) -> int:
+        return vbase.get(t, t)
+
+    def spec(t: int) -> tuple[str, tuple[int, ...], str, str]:
+        if t == GRAD_SCALE_ID:
+            return "loss.grad_scale", (1,), "float32", "constant"
+        s = T[base(t)]
+        name = s.name if t < NT else f"{s.name}@{vtag[t]}"
+        return name, s.shape, s.dtype, s.role
+
+    # persistent region
+    slots: dict[int, Slot] = {}
+    pers = sorted({(t if t < 0 else R(t)) for t in used if is_persistent_graph(base(t) if t >= 0 else t)},
+                  key=lambda t: ({ROLE_PARAMETER: 0, ROLE_BUFFER: 1, ROLE_GRADIENT: 2, ROLE_OPTIMIZER_STATE: 3}
+                                 .get(T[t].role, 4) if t >= 0 else 5, t))
+    zero_ranges: list[tuple[int, int]] = []
+    if persistent_from is not None:
+        P = persistent_from.persistent_bytes
+        for t in pers:
+            name, shape, dtype, role = spec(t)
+            try:
+                ref = persistent_from.slot_by_name(name)
+            except KeyError:
+                raise PlanError(f"tensor {name!r} has no slot in the program given as persistent_from") from None
+            if ref.shape != shape or ref.dtype != dtype:
+                raise PlanError(f"tensor {name!r}: shape/dtype {shape} {dtype} differ from persistent_from's "
+                                f"{ref.shape} {ref.dtype}")
+            slots[t] = Slot(t, name, shape, dtype, ref.offset, ref.nbytes, REGION_PERSISTENT, t, role)
+    else:
+        off = 0
+        for t in pers:
+            name, shape, dtype, role = spec(t)
+            nb = numel(shape) * DTYPE_BYTES[dtype]
+            slots[t] = Slot(t, name, shape, dtype, off, nb, REGION_PERSISTENT, t, role)
+            if role == ROLE_GRADIENT:
+                zero_ranges.append((off, align(nb)))
+            off += align(nb)
+        P = off
+        merged: list[tuple[int, int]] = []
+        for o_, n_ in zero_ranges:
+            if merged and merged[-1][0] + merged[-1][1] == o_:
+                merged[-1] = (merged[-1][0], merged[-1][1] + n_)
+            else:
+                merged.append((o_, n_))
+        zero_ranges = merged
+
+    # scratch roots: lives from the schedule; every reference must fall inside (semantics == calls)
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, dr in enumerate(drafts):
+        for t in dr["inputs"] + dr["outputs"]:
+            if t < 0 or is_persistent_graph(base(t)):
+                continue
+            r = VR(t)
+            first.setdefault(r, i)
+            last[r] = i
+    ref_last = dict(last)
+    for r in list(first):
+        b, d = born.get(r), died.get(r)
+        if b is not None and d is not None and not (b <= first[r] and last[r] <= max(d, b)):
+            raise PlanError(f"internal: tensor {spec(r)[0]!r} is used at calls {first[r]}..{last[r]} outside its "
+                            f"life {b}..{d} in the plan's schedule (please report)")
+        if b is not None:
+            first[r] = min(first[r], b)
+        if d is not None:
+            last[r] = max(last[r], d)
+    # the step's input batch and labels are written before call 0 and stay for the whole step (static memory
+    # in the plan's semantics); the loss (and, for inference, the logits) stay readable after the step
+    for t in (graph.input_id, graph.label_id):
+        if t in seen:
+            r = VR(t)
+            first[r] = 0
+            last[r] = max(n - 1, 0)
+    keep = [graph.loss_id] if PHASE_LOSS in phases else []
+    if phases == (PHASE_FORWARD,):
+        keep.append(graph.logits_id)
+    for t in keep:
+        r = VR(Vr(t))
+        first.setdefault(r, n - 1)
+        last[r] = max(n - 1, 0)
+    # lives the calls alone do not show (a re-run's pure intermediate is freed after its whole group)
+    hold = tuple(sorted((r, last[r]) for r in ref_last if last[r] > ref_last[r]))
+
+    def shape_of(t: int) -> tuple[int, ...]:
+        return spec(t)[1]
+
+    ws_bytes = [0 if dr["backend"] == "host" else
+                registry.workspace_bytes(dr["kernel"], dr["variant"], dr["backend"], dr["attrs"],
+                                         [shape_of(t) for t in dr["inputs"]], [shape_of(t) for t in dr["outputs"]])
+                for dr in drafts]
+    items: list[tuple[Any, int, int, int]] = []
+    for r in sorted(first):
+        name, shape, dtype, role = spec(r)
+        items.append((("t", r), numel(shape) * DTYPE_BYTES[dtype], first[r], last[r]))
+    for i, w in enumerate(ws_bytes):
+        if w:
+            items.append((("w", i), w, i, i))
+    offs, high = assign_offsets(items, strategy)
+    arena = P + high
+    for r in first:
+        name, shape, dtype, role = spec(r)
+        slots[r] = Slot(r, name, shape, dtype, P + offs[("t", r)], numel(shape) * DTYPE_BYTES[dtype],
+                        REGION_SCRATCH, r, role)
+    for t in used:
+        if t in slots or (t >= 0 and R(base(t)) in sch.nonmat):
+            continue
+        r = VR(t) if t >= 0 else t
+        if r not in slots:
+            continue
+        name, shape, dtype, role = spec(t)
+        rs = slots[r]
+        slots[t] = Slot(t, name, shape, dtype, rs.offset, numel(shape) * DTYPE_BYTES[dtype], rs.region, r, role)
+
+    calls = tuple(Call(index=i, op=dr["op"], name=dr["name"], kernel=dr["kernel"], backend=dr["backend"],
+                       variant=dr["variant"], phase=dr["phase"], outputs=tuple(dr["outputs"]),
+                       inputs=tuple(dr["inputs"]),
+                       attrs=tuple(sorted(dr["attrs"].items())),
+                       workspace_offset=(P + offs[("w", i)]) if ws_bytes[i] else 0,
+                       workspace_bytes=ws_bytes[i], covers=tuple(dr["covers"]))
+                  for i, dr in enumerate(drafts))
+    prog = Program(graph_name=graph.name, graph_digest=graph.digest(), batch_size=graph.batch_size,
+                   arena_bytes=int(arena), persistent_bytes=int(P),
+                   slots=tuple(sorted(slots.values(), key=lambda s: s.tensor)), calls=calls,
+                   input_id=graph.input_id, label_id=graph.label_id if graph.label_id in slots else -1,
+                   loss_id=graph.loss_id if graph.loss_id in slots else -1, logits_id=graph.logits_id,
+                   zero_ranges=tuple(zero_ranges), optimizer=graph.optimizer, phases=phases,
+                   live_until=hold)
+    tl = live_timeline(prog)
+    from dataclasses import replace
+    prog = replace(prog, live_timeline=tl, peak_live_bytes=int(P + (max(tl) if tl else 0)))
+    if check:
+        check_program(prog)
+    return prog
+
+
+def inference_graph(model: Any, example_input: Any, name: str | None = None) -> Graph:
+    """Trace ``model`` in eval mode (BN with running stats, dropout off) for an inference program."""
+    import copy
+    from port.ir.trace import trace
+    m = copy.deepcopy(model).eval()
+    return trace(m, example_input, optimizer="sgd", name=name)
+
+
+CHECKPOINT_KINDS = ("relu", "relu6", "hardswish", "add", "max_pool2d", "avg_pool2d", "global_avg_pool2d",
+                    "linear")
+
+
+def recompute_plan(graph: Graph, plan: Plan, only: Sequence[int] | None = None,
+                   checkpoint_kinds: Sequence[str] = CHECKPOINT_KINDS) -> Plan:
+    """``plan`` with as many saved activations as possible dropped and recomputed (chains included), with an
+    explicit ``recompute_at`` schedule: each producer re-runs at the earliest step that needs one of its
+    outputs (its first backward reader, or the step of a recomputed consumer that reads it). Producers whose
+    inputs would not be in memory then are kept. ``only``: restrict to these forward op ids. A heuristic
+    (not the solver): verify the result with ``port.verify.simulate``."""
+    from dataclasses import replace
+    from port.plan.semantics import NOT_RECOMPUTABLE_KINDS, is_static, owned_activation_outputs
+    dec = plan.ops
+    root: dict[int, int] = {}
+
+    def R(t: int) -> int:
+        s = graph.tensors[t]
+        if s.alias_of is not None:
+            return R(s.alias_of)
+        return root.get(t, t)
+    for o in graph.ops:
+        if dec[o.id].variant == "inplace":
+            root[o.outputs[0]] = R(o.inputs[0])
+    shared = set()
+    for t in graph.tensors:
+        if t.alias_of is None and R(t.id) != t.id:
+            shared.add(R(t.id))
+    readers: dict[int, list[int]] = {}
+    for o in graph.ops:
+        for t in dict.fromkeys(o.inputs):
+            readers.setdefault(R(t), []).append(o.id)
+    prods = graph.producers()
+    inplace_hit = set()
+    for o in graph.ops:
+        if dec[o.id].variant == "inplace" and o.phase == PHASE_FORWARD:
+            inplace_hit.add(R(o.inputs[0]))
+    cand = []
+    for o in graph.ops:
+        if o.phase != PHASE_FORWARD or o.kind in NOT_RECOMPUTABLE_KINDS or dec[o.id].variant in ("inplace", "fused"):
+            continue
+        if only is not None and o.id not in only:
+            continue
+        if only is None and o.kind in checkpoint_kinds:
+            continue
+        outs = owned_activation_outputs(graph, o.id)
+        if not outs or any(R(t) != t or t in shared for t in outs):
+            continue
+        if any(not is_static(graph, u) and R(u) in inplace_hit for u in o.inputs):
+            continue
+        if o.outputs[0] == graph.logits_id or graph.logits_id in outs:
+            continue
+        cand.append(o.id)
+    chosen = set(cand)
+
+    def bwd_readers(t):
+        return [c for c in readers.get(R(t), ()) if SEM.is_backward(graph, c)]
+
+    while True:
+        step: dict[int, int] = {}
+        for p in sorted(chosen, reverse=True):
+            c = []
+            for t in owned_activation_outputs(graph, p):
+                b = bwd_readers(t)
+                if b:
+                    c.append(min(b))
+                for q in readers.get(t, ()):
+                    if q in step:
+                        c.append(step[q])
+            if c:
+                step[p] = min(c)
+        bad = set(chosen) - set(step)
+        for p, s in step.items():
+            for u in dict.fromkeys(graph.ops[p].inputs):
+                if is_static(graph, u):
+                    continue
+                q = prods.get(u)
+                b = bwd_readers(u)
+                if q in step:
+                    # a pure intermediate is freed after its group: every re-run reader must share the group
+                    if not b and step[q] != s:
+                        bad.add(q)
+                elif not b or max(b) < s:
+                    bad.add(p)           # input not in memory at the re-run
+        if not bad:
+            break
+        chosen -= bad
+    rc = tuple(sorted(t for p in step for t in owned_activation_outputs(graph, p)))
+    at = tuple(sorted(((p, s) for p, s in step.items()), key=lambda x: (x[1], x[0])))
+    return replace(plan, recompute=rc, recompute_at=at)

@@ -1,0 +1,1122 @@
+"""port.pipeline: config -> model -> graph -> profile -> plan (-> training run), the one path every command takes.
+
+    job    = load_job("configs/default.yaml", budget="50%")   # Job: config, device, profile location, budget
+    built  = build_graph(job)                                 # Built: model, example input, traced graph
+    prof   = get_profile(job, built.graph)                    # ProfileStep: read, measured now, or modeled
+    budget = resolve_budget(job, built.graph, prof.profile)   # Budget: bytes, with the keep-everything peak
+    solved = solve_plan(job, built, prof, budget)             # Solved: the plan and its simulation
+    result = run_training("configs/default.yaml")             # TrainResult (`port train`: all of the above)
+
+`port inspect`, `profile`, `solve`, `show`, `train` and `demo` are thin wrappers around these functions; the
+frozen dataclasses between the steps are what they print.
+
+**Where a profile is** (the one rule): ``profiles/<device>/<config name>.json`` under the working directory
+(``<config name>`` is the config's ``name`` key, ``<device>`` the device's ``name``), unless ``--profile PATH``
+(``profile=`` here) names another file. ``port profile`` writes it; ``port solve`` and ``port train`` read it.
+When it is missing, does not cover the graph, or was measured on another CPU model, the commands measure it
+now (with a progress bar, reusing what still applies) and write it there. A file given with ``--profile`` is
+never rewritten: if it is missing or does not cover the graph, the command stops and says so. A device with no
+accelerator present on this machine (e.g. ``raspberry-pi-4b``) is costed with the roofline model, and the
+commands say so; a device with present accelerators never silently falls back to the roofline.
+
+**Budgets** (one syntax: config key ``budget``, ``--budget``, ``port.solve(..., budget=...)``): bytes, a size
+(``64MB``, ``1.5GiB``) or ``NN%`` of the **keep-everything peak**: the simulated peak memory of the plan that
+keeps every activation and runs every op plain on one accelerator, which is what PyTorch eager holds
+(:func:`keep_everything_peak`, the one definition). No budget: the device's memory.
+"""
+from __future__ import annotations
+
+import json
+import re
+import signal
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from port.errors import ConfigError, PortError, PortTraceError, ProfileError
+
+PROFILE_DIR = Path("profiles")       # relative to the working directory
+KEEP_EVERYTHING = "keep-everything peak"
+PROFILE_MAX_TIME_S = 600.0           # time budget of a profile measured implicitly (solve/train)
+
+Echo = Callable[[str], None]
+
+
+def _print(msg: str) -> None:
+    print(msg, flush=True)
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM stopped a command (after ``port train`` wrote its checkpoint). A BaseException, so
+    no ``except Exception`` on the way swallows it; the CLI exits with 128 + the signal number."""
+
+    def __init__(self, signum: int, message: str = ""):
+        super().__init__(message or f"interrupted by {signal.Signals(signum).name}")
+        self.signum = int(signum)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+# =============================================================================================
+# config -> Job
+# =============================================================================================
+@dataclass(frozen=True)
+class Job:
+    """What to do: the resolved config, the device, where the profile is, and the budget as given."""
+
+    config: Any                       # port.config.ExperimentConfig (frozen)
+    config_path: Optional[Path]       # None: built from command-line flags (`port inspect --model`)
+    device: Any                       # port.config.DeviceConfig
+    profile_path: Path                # the location rule's file, or the --profile file
+    profile_explicit: bool            # True: given with --profile (never rewritten)
+    budget: int | str | None          # parsed budget: bytes, "NN%" or None (device memory)
+    budget_origin: str                # where the budget came from (printed)
+    search_dirs: tuple[Path, ...]     # where `module:factory` models are imported from
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def where(self) -> str:
+        """Prefix of error messages about config keys."""
+        return f"{self.config_path}: " if self.config_path is not None else "command line: "
+
+    @property
+    def graph_batch(self) -> int:
+        """The batch one program run processes: train.micro_batch when it is set, else batch_size."""
+        mb = self.config.train.micro_batch
+        return mb if mb and mb < self.config.batch_size else self.config.batch_size
+
+    @property
+    def command_hint(self) -> str:
+        return str(self.config_path) if self.config_path is not None else "CONFIG"
+
+
+def profile_location(config_name: str, device_name: str) -> Path:
+    """The location rule: profiles/<device>/<config name>.json under the working directory."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", config_name).strip("._") or "model"
+    return PROFILE_DIR / device_name / f"{safe}.json"
+
+
+def parse_budget_option(value: Any, what: str = "--budget") -> int | str:
+    """port.config.parse_budget with the option's name in the error (exit 2)."""
+    from port.config import parse_budget
+    try:
+        return parse_budget(value)
+    except ValueError as e:
+        raise ConfigError(f"{what} {value!r}: {e}") from None
+
+
+def parse_shape(text: str, what: str = "--input") -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.lower().replace(",", "x").split("x") if d.strip())
+    except ValueError:
+        dims = ()
+    if not dims or any(d <= 0 for d in dims):
+        raise ConfigError(f"{what} {text!r}: expected a per-sample shape like 3x32x32 or 64")
+    return dims
+
+
+def load_job(config: str | Path | None = None, *, model: str | None = None, input_shape: str | None = None,
+             batch: int | None = None, trainable: Sequence[str] | None = None, optimizer: str | None = None,
+             device: str | None = None, profile: str | Path | None = None, budget: Any = None,
+             solver: str | None = None, time_limit: float | None = None, gap: float | None = None,
+             extra_search_dirs: Sequence[Path] = ()) -> Job:
+    """Resolve an experiment config (or, without one, ``model``/``input_shape``/``batch`` flags) with
+    command-line overrides into a Job. Bad input raises ConfigError naming the file, key, value and fix."""
+    from port import config as C
+
+    over: dict[str, Any] = {}
+    if config is not None:
+        cpath = Path(config)
+        data = C.dump_experiment(C.load_experiment(cpath))
+        where: str | Path = f"{cpath} (with command-line options)"
+        search = [cpath.resolve().parent]
+    else:
+        from port import models
+        cpath = None
+        if model is None:
+            raise ConfigError("give a CONFIG file or --model NAME (zoo: " + ", ".join(models.names()) + ")")
+        if ":" not in model and model not in models.ZOO:
+            raise ConfigError(f"--model {model!r}: unknown model; the zoo has: {', '.join(models.names())} "
+                              "(or give module:factory, with module.py in the working directory)")
+        shape = parse_shape(input_shape) if input_shape else models.INPUT_SHAPES.get(model)
+        if shape is None:
+            raise ConfigError(f"--input is required for model {model!r} (e.g. --input 3x32x32)")
+        data = {"name": model, "model": {"name": model}, "input_shape": list(shape), "batch_size": batch or 8}
+        where = "command line (--model/--input/--batch)"
+        search = []
+    if batch is not None:
+        over["batch_size"] = batch
+    if optimizer is not None:
+        data.setdefault("optimizer", {})
+        data["optimizer"] = dict(data["optimizer"], name=optimizer)
+    if trainable:
+        data.setdefault("train", {})
+        data["train"] = dict(data["train"], trainable=list(trainable))
+    if solver is not None or time_limit is not None or gap is not None:
+        s = dict(data.get("solver", {}))
+        if solver is not None:
+            s["name"] = solver
+        if time_limit is not None:
+            s["time_limit_s"] = time_limit
+        if gap is not None:
+            s["gap"] = gap
+        data["solver"] = s
+    data.update(over)
+    cfg = C.validate_experiment(data, where)
+    # device
+    if device is not None:
+        dev = C.load_device(device)
+    else:
+        dev = C.resolve_device(cfg, cpath)
+    # budget
+    if budget is not None:
+        b, origin = parse_budget_option(budget), "--budget"
+    elif cfg.budget is not None:
+        b, origin = cfg.budget, (f"{cpath}: key 'budget'" if cpath else "config")
+    else:
+        b, origin = None, f"device {dev.name!r} memory (no budget given)"
+    # profile
+    if profile is not None:
+        ppath, explicit = Path(profile), True
+    else:
+        ppath, explicit = profile_location(cfg.name, dev.name), False
+    cwd = Path.cwd().resolve()
+    dirs: list[Path] = []
+    for d in [*search, *map(Path, extra_search_dirs), cwd]:
+        if d not in dirs:
+            dirs.append(d)
+    return Job(cfg, cpath, dev, ppath, explicit, b, origin, tuple(dirs))
+
+
+# =============================================================================================
+# Job -> model -> graph
+# =============================================================================================
+@dataclass(frozen=True)
+class Built:
+    """The model and the training graph the pipeline profiles, solves and trains."""
+
+    model: Any                        # torch.nn.Module
+    example: Any                      # torch tensor [batch_size, *input_shape]
+    graph: Any                        # port.ir.types.Graph traced at the job's graph batch
+    trainable: Optional[tuple[str, ...]]
+    optimizer: Any                    # port.train.optim.SGD | AdamW (from the config)
+
+    @property
+    def title(self) -> str:
+        g = self.graph
+        return (f"{g.name} batch {g.batch_size} input {'x'.join(map(str, self.example.shape[1:]))} "
+                f"optimizer {g.optimizer}")
+
+
+def import_factory(spec: str, search_dirs: Sequence[Path], where: str = "") -> Callable[..., Any]:
+    """``module:factory`` -> the factory, importing ``module`` from ``search_dirs`` (the config file's folder
+    and the working directory, in that order) or the Python path. Errors name what was searched (exit 2)."""
+    import importlib
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise ConfigError(f"{where}key 'model.name': {spec!r}: expected module:factory (e.g. mynet:make)")
+    for d in reversed([str(p) for p in search_dirs]):
+        if d in sys.path:
+            sys.path.remove(d)
+        sys.path.insert(0, d)
+    importlib.invalidate_caches()
+    rel = mod_name.replace(".", "/")
+    try:
+        module = importlib.import_module(mod_name)
+    except ModuleNotFoundError as e:
+        top = mod_name.split(".")[0]
+        if e.name in (mod_name, top) or (e.name and mod_name.startswith(e.name + ".")):
+            searched = [str(Path(d) / f"{rel}.py") for d in search_dirs]
+            raise ConfigError(f"{where}key 'model.name': cannot import module {mod_name!r} of {spec!r}: looked "
+                              f"for {', '.join(searched)} (and packages {rel}/ there) and on the Python path. "
+                              f"Fix: put {rel}.py beside the config file or in the working directory, or "
+                              f"install the package") from None
+        raise ConfigError(f"{where}key 'model.name': importing {mod_name!r} of {spec!r} failed: {e}; install "
+                          f"the missing package") from None
+    except SyntaxError as e:
+        raise ConfigError(f"{where}key 'model.name': {e.filename}:{e.lineno}: syntax error in the model module: "
+                          f"{e.msg}") from None
+    fn = getattr(module, attr, None)
+    if fn is None or not callable(fn):
+        have = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise ConfigError(f"{where}key 'model.name': module {mod_name!r} ({getattr(module, '__file__', '?')}) has "
+                          f"no callable {attr!r}; it has: {', '.join(have) or 'nothing callable'}")
+    return fn
+
+
+def load_model(job: Job, seed: int | None = None) -> Any:
+    """The job's nn.Module: a zoo model (with ``num_classes`` and seeded weights) or ``module:factory``."""
+    import inspect
+
+    import torch
+    from port import models
+    cfg = job.config
+    spec, kwargs = cfg.model.name, dict(cfg.model.kwargs)
+    seed = cfg.train.seed if seed is None else seed
+    if ":" not in spec:
+        if spec not in models.ZOO:
+            raise ConfigError(f"{job.where}key 'model.name': unknown model {spec!r}; the zoo has: "
+                              f"{', '.join(models.names())}; or give module:factory (module.py beside the config "
+                              f"file or in the working directory)")
+        kwargs.setdefault("num_classes", cfg.num_classes)
+        factory = models.ZOO[spec]
+        call = lambda: models.get(spec, seed=seed, **kwargs)  # noqa: E731
+    else:
+        factory = import_factory(spec, job.search_dirs, job.where)
+
+        def call():
+            torch.manual_seed(seed)
+            return factory(**kwargs)
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{job.where}key 'model.kwargs': {kwargs} do not fit model {spec!r}: {e}") from None
+    except ValueError:       # no signature available (C callables): let the call decide
+        pass
+    return call()
+
+
+def build_graph(job: Job, seed: int | None = None) -> Built:
+    """Model and training graph (traced at the job's graph batch: train.micro_batch when set)."""
+    import torch
+    from port.ir.trace import trace
+    from port.train.optim import from_config
+    cfg = job.config
+    model = load_model(job, seed)
+    gen = torch.Generator().manual_seed(cfg.train.seed if seed is None else seed)
+    example = torch.randn(cfg.batch_size, *cfg.input_shape, generator=gen)
+    opt = from_config(cfg.optimizer)
+    trainable = tuple(cfg.train.trainable) if cfg.train.trainable else None
+    x = example[:job.graph_batch]
+    try:
+        graph = trace(model, x, trainable=list(trainable) if trainable else None, optimizer=opt.graph_name,
+                      name=cfg.model.name)
+    except (PortTraceError, RuntimeError) as e:
+        why = _eager_failure(model, x)
+        if why is not None:   # the model does not even run on this input: the config's input_shape is wrong
+            raise ConfigError(f"{job.where}key 'input_shape': {list(cfg.input_shape)} does not fit model "
+                              f"{cfg.model.name!r}: running it on a batch of shape {list(x.shape)} fails with "
+                              f"{why}. Fix: set input_shape to the per-sample shape the model takes (without the "
+                              f"batch dimension)") from None
+        raise
+    return Built(model, example, graph, trainable, opt)
+
+
+def _eager_failure(model: Any, x: Any) -> Optional[str]:
+    import copy
+
+    import torch
+    try:
+        m = copy.deepcopy(model).eval()
+        with torch.no_grad():
+            m(x)
+    except Exception as e:  # noqa: BLE001 - any failure of the plain forward pass
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return None
+
+
+# =============================================================================================
+# graph -> profile
+# =============================================================================================
+@dataclass(frozen=True)
+class ProfileStep:
+    """The profile a command uses and where it came from."""
+
+    profile: Any                      # port.cost.types.Profile
+    path: Optional[Path]              # the file read or written; None: roofline model, not stored
+    source: str                       # "file" | "measured" | "modeled"
+    note: str                         # one line every command prints ("profile: ...")
+
+
+def present_accelerators(device: Any) -> tuple[str, ...]:
+    """Ids of the device's accelerators present (measurable) on this machine."""
+    if device.modeled:
+        return ()
+    from port.cost.runners import backend_available
+    return tuple(a.id for a in device.accelerators if a.backend != "modeled" and backend_available(a.backend)[0])
+
+
+def uncovered(profile: Any, graph: Any) -> list[str]:
+    """Op signatures of ``graph`` the profile has no entry for."""
+    out: list[str] = []
+    for o in graph.ops:
+        s = graph.signature(o)
+        if not profile.options(s) and s not in out:
+            out.append(s)
+    return out
+
+
+def _this_cpu() -> str:
+    from port.cost.measure import host_info
+    return host_info().get("cpu", "")
+
+
+def stale_reason(profile: Any) -> Optional[str]:
+    """Why a profile's measurements do not apply on this machine (measured on another CPU model), or None."""
+    if not any(e.measured for e in profile.entries):
+        return None
+    theirs = dict(profile.host).get("cpu")
+    ours = _this_cpu()
+    if theirs and ours and theirs != ours:
+        return f"it was measured on CPU {theirs!r}, this machine has {ours!r}"
+    return None
+
+
+def _profile_summary(profile: Any, present: Sequence[str]) -> str:
+    n = len(profile.entries)
+    meas = sum(e.measured for e in profile.entries)
+    gaps = sum(1 for e in profile.entries if not e.measured and e.accelerator in present)
+    s = f"{n} entries, {meas} measured"
+    if gaps:
+        s += (f", {gaps} modeled on present accelerators (not reached by --max-time or failed: `port profile` "
+              f"measures them)")
+    return s
+
+
+def optimizer_kwargs(cfg: Any) -> dict:
+    o = cfg.optimizer
+    if o.name == "adamw":
+        return {"lr": o.lr, "betas": o.betas, "eps": o.eps, "weight_decay": o.weight_decay}
+    return {"lr": o.lr, "momentum": o.momentum, "weight_decay": o.weight_decay}
+
+
+def find_profile(job: Job, graph: Any) -> Optional[ProfileStep]:
+    """The profile at the job's location when it exists and covers ``graph`` (never measures); None else."""
+    path = job.profile_path
+    if not path.exists():
+        if job.profile_explicit:
+            raise ProfileError(f"{path}: profile file not found (given with --profile); create it with "
+                               f"`port profile {job.command_hint} -o {path}`")
+        return None
+    from port.cost.io import load_profile
+    prof = load_profile(path, device=job.device.name)
+    if uncovered(prof, graph):
+        if job.profile_explicit:
+            raise ProfileError(f"{path}: does not cover this graph; run `port profile {job.command_hint} -o {path}`")
+        return None
+    return ProfileStep(prof, path, "file", f"profile: {path} ({_profile_summary(prof, ())})")
+
+
+def get_profile(job: Job, graph: Any, *, measure: bool = True, replan_signatures: Sequence[str] = (),
+                progress: bool = True, echo: Echo = _print, max_time_s: float | None = PROFILE_MAX_TIME_S
+                ) -> ProfileStep:
+    """The profile ``graph`` is solved with (see the module docstring for the location rule).
+
+    measure=False: never measure; a missing or insufficient file is an error naming it.
+    replan_signatures: op signatures to measure again (`port train --replan`)."""
+    from port.cost.io import load_profile
+    dev, path = job.device, job.profile_path
+    present = present_accelerators(dev)
+    if not present:
+        if job.profile_explicit:
+            prof = load_profile(path, device=dev.name)
+            miss = uncovered(prof, graph)
+            if miss:
+                raise ProfileError(f"{path}: does not cover {len(miss)} op signature(s) of this graph (e.g. "
+                                   f"{miss[0]}); run `port profile {job.command_hint} -o {path}`")
+            return ProfileStep(prof, path, "file", f"profile: {path} ({_profile_summary(prof, present)})")
+        from port.cost.roofline import modeled_profile
+        return ProfileStep(modeled_profile(graph, dev), None, "modeled",
+                           f"profile: none needed: device {dev.name!r} is fully modeled (none of its accelerators "
+                           f"is present on this machine), so every cost comes from the roofline model")
+    cache = None
+    if path.exists():
+        prof = load_profile(path, device=dev.name)      # corrupt / other device: ProfileError naming the file
+        miss = uncovered(prof, graph)
+        stale = stale_reason(prof)
+        if not miss and not stale and not replan_signatures:
+            return ProfileStep(prof, path, "file", f"profile: {path} ({_profile_summary(prof, present)})")
+        if job.profile_explicit:
+            if miss:
+                raise ProfileError(f"{path}: does not cover {len(miss)} op signature(s) of this graph (e.g. "
+                                   f"{miss[0]}): it was made for another model, batch size or optimizer. Run "
+                                   f"`port profile {job.command_hint} -o {path}` to extend it, or drop --profile "
+                                   f"to use {profile_location(job.name, dev.name)}")
+            if stale:
+                echo(f"warning: profile {path}: {stale}; using it because --profile names it")
+                return ProfileStep(prof, path, "file", f"profile: {path} ({_profile_summary(prof, present)}; "
+                                                       f"measured on another CPU)")
+            raise ProfileError(f"{path}: --replan re-measures ops into the profile; it cannot rewrite a file "
+                               f"given with --profile: drop --profile")
+        if stale:
+            why = f"{path} does not apply: {stale}; measuring again"
+        elif miss:
+            why = (f"{path} lacks {len(miss)} op signature(s) of this graph; measuring them (reusing "
+                   f"{sum(e.measured for e in prof.entries)} measured entries)")
+            cache = prof
+        else:
+            keep = tuple(e for e in prof.entries if e.signature not in set(replan_signatures))
+            from dataclasses import replace
+            cache = replace(prof, entries=keep, _index={})
+            why = f"re-measuring {len(set(replan_signatures))} flagged op signature(s) into {path}"
+    else:
+        if job.profile_explicit:
+            raise ProfileError(f"{path}: profile file not found (given with --profile); create it with "
+                               f"`port profile {job.command_hint} -o {path}`, or drop --profile to use "
+                               f"{profile_location(job.name, dev.name)}")
+        why = f"no profile at {path} yet; measuring it now"
+    if not measure:
+        raise ProfileError(f"{why.split(';')[0]}; run `port profile {job.command_hint}` first")
+    echo(f"profile: {why} on {', '.join(present)} (time budget {max_time_s:g} s)" if max_time_s else
+         f"profile: {why} on {', '.join(present)}")
+    step, _rep = measure_profile(job, graph, path, cache=cache, progress=progress, max_time_s=max_time_s)
+    return step
+
+
+def measure_profile(job: Job, graph: Any, path: Path, *, cache: Any = None, quick: bool = False,
+                    blocks: int | None = None, block_ms: float | None = None, threads: int | None = None,
+                    max_time_s: float | None = None, progress: bool = True) -> tuple[ProfileStep, Any]:
+    """Measure ``graph`` on the job's device (reusing ``cache``'s measured entries) and write ``path``."""
+    from port.cost.io import save_profile
+    from port.cost.measure import (DEFAULT_BLOCK_MS, DEFAULT_BLOCKS, DEFAULT_WARMUP_MS, QUICK_BLOCK_MS,
+                                   QUICK_BLOCKS, QUICK_WARMUP_MS, profile_with_report)
+    cfg = job.config
+    nb = blocks or (QUICK_BLOCKS if quick else DEFAULT_BLOCKS)
+    bm = block_ms or (QUICK_BLOCK_MS if quick else DEFAULT_BLOCK_MS)
+    wm = QUICK_WARMUP_MS if quick else DEFAULT_WARMUP_MS
+    prof, rep = profile_with_report(graph, job.device, cache=cache, max_time_s=max_time_s, blocks=nb,
+                                    block_ms=bm, warmup_ms=wm, threads=threads or cfg.train.threads,
+                                    progress=progress, optimizer_kwargs=optimizer_kwargs(cfg))
+    save_profile(prof, path)
+    present = present_accelerators(job.device)
+    note = (f"profile: measured {rep.measured} entries now, reused {rep.reused}, modeled {rep.modeled} "
+            f"in {rep.seconds:.1f} s -> {path} ({_profile_summary(prof, present)})")
+    return ProfileStep(prof, path, "measured", note), rep
+
+
+def profile_to_file(job: Job, graph: Any, *, fresh: bool = False, echo: Echo = _print, **measure_kw: Any
+                    ) -> tuple[ProfileStep, Any]:
+    """`port profile`: measure ``graph`` into the job's profile file, reusing the measured entries of an
+    existing file (unless ``fresh`` or it was measured on another CPU). Returns (step, ProfileReport)."""
+    from port.cost.io import load_profile
+    path = job.profile_path
+    cache = None
+    if path.exists() and not fresh:
+        try:   # refused with a clear error when corrupt, truncated or for another device
+            cache = load_profile(path, device=job.device.name)
+        except ProfileError as e:
+            raise ProfileError(f"{e} (the existing profile is reused as a cache; pass --fresh to overwrite "
+                               f"it)") from None
+        stale = stale_reason(cache)
+        if stale:
+            echo(f"profile: {path}: {stale}; measuring everything again")
+            cache = None
+    present = present_accelerators(job.device)
+    echo(f"profile: {path} ({'updating' if cache is not None else 'writing'}; device {job.device.name}: "
+         + (f"measuring on {', '.join(present)}" if present else
+            "fully modeled, every entry from the roofline model") + ")")
+    return measure_profile(job, graph, path, cache=cache, **measure_kw)
+
+
+def merge_profile_files(inputs: Sequence[Path], output: Path, device: str | None = None) -> Any:
+    from port.cost.io import merge_profiles, save_profile
+    if len(inputs) < 2:
+        raise ProfileError("--merge needs at least two profile files")
+    merged = merge_profiles(list(inputs), device=device)
+    save_profile(merged, output)
+    return merged
+
+
+# =============================================================================================
+# budget: one syntax, one definition of the keep-everything peak
+# =============================================================================================
+def keep_everything_peak(graph: Any, profile: Any) -> int:
+    """THE keep-everything peak: the simulated peak memory (bytes) of the plan that keeps every activation
+    and runs every op plain on one accelerator (the profile's first that runs them all) -- what PyTorch eager
+    holds. ``NN%`` budgets are percentages of it."""
+    from port.solver import SOLVERS
+    err: Exception | None = None
+    for acc in profile.accelerators:
+        try:
+            plan = SOLVERS["single"](graph, profile, 10**15, accelerator=acc)
+        except PortError as e:     # this accelerator cannot run every op: try the next
+            err = e
+            continue
+        return int(plan.predicted_peak_bytes)
+    raise PortError(f"no accelerator of {profile.device!r} runs every op of {graph.name!r}: {err}")
+
+
+def budget_bytes(budget: Any, graph: Any, profile: Any) -> int:
+    """A budget in any accepted form (bytes, "64MB", "1.5GiB", "75%", None: the device memory) -> bytes."""
+    from port.config import budget_to_bytes
+    spec = None if budget is None else parse_budget_option(budget, "budget")
+    peak = keep_everything_peak(graph, profile) if isinstance(spec, str) else None
+    return budget_to_bytes(spec, peak, profile.memory_bytes)
+
+
+@dataclass(frozen=True)
+class Budget:
+    bytes: int
+    spec: int | str | None            # as parsed: bytes, "NN%" or None (device memory)
+    origin: str                       # "--budget", "<config>: key 'budget'", ...
+    keep_everything_peak: int
+
+    def describe(self) -> str:
+        from port.config import format_size
+        pct = self.bytes / self.keep_everything_peak if self.keep_everything_peak else float("nan")
+        if isinstance(self.spec, str):
+            what = f"{self.spec} of the {KEEP_EVERYTHING}"
+        else:
+            what = f"{pct:.0%} of the {KEEP_EVERYTHING}"
+        return f"budget {format_size(self.bytes)} ({self.bytes} B; {what}; from {self.origin})"
+
+    def peak_line(self) -> str:
+        from port.config import format_size
+        return (f"{KEEP_EVERYTHING} {format_size(self.keep_everything_peak)} ({self.keep_everything_peak} B: every "
+                f"activation kept, every op plain on one accelerator; what PyTorch eager holds)")
+
+
+def resolve_budget(job: Job, graph: Any, profile: Any) -> Budget:
+    from port.config import budget_to_bytes
+    peak = keep_everything_peak(graph, profile)
+    mem = profile.memory_bytes or job.device.memory
+    return Budget(budget_to_bytes(job.budget, peak, mem), job.budget, job.budget_origin, peak)
+
+
+# =============================================================================================
+# profile -> plan
+# =============================================================================================
+@dataclass(frozen=True)
+class Solved:
+    plan: Any                         # port.plan.types.Plan
+    budget: Budget
+    sim: Any                          # port.verify.simulate.SimResult of the plan
+
+
+def solve_plan(job: Job, built: Built, prof: ProfileStep, budget: Budget) -> Solved:
+    """Solve the job's graph under ``budget`` (early updates off with micro-batching) and simulate it."""
+    from port.solver import solve
+    from port.verify.simulate import simulate
+    s = job.config.solver
+    plan = solve(built.graph, prof.profile, budget.bytes, solver=s.name, time_limit_s=s.time_limit_s,
+                 gap=s.gap, allow_early_updates=job.graph_batch == job.config.batch_size)
+    return Solved(plan, budget, simulate(plan, built.graph, prof.profile))
+
+
+def save_plan_file(solved: Solved, job: Job, built: Built, prof: ProfileStep, path: Path) -> Path:
+    """The plan file (with what `port show` draws), written with the user's umask."""
+    from port.io import apply_default_mode
+    from port.plan.io import save_plan
+    graph, profile, plan, sim = built.graph, prof.profile, solved.plan, solved.sim
+    layers = []
+    for o in graph.ops:
+        d = plan.ops[o.id]
+        c = profile.lookup(graph.signature(o), d.accelerator, d.variant)
+        layers.append({"op": o.name, "layer": o.layer, "kind": o.kind, "phase": o.phase,
+                       "ms": c.latency_ms if c is not None else None})
+    extra = {"gantt": [list(g) for g in sim.gantt], "layers": layers, "steps": [list(s) for s in sim.steps],
+             "device": job.device.name, "config": job.name, "batch_size": graph.batch_size,
+             "profile_source": str(prof.path) if prof.path is not None else "roofline model",
+             "keep_everything_peak_bytes": solved.budget.keep_everything_peak,
+             "budget_spec": solved.budget.spec if solved.budget.spec is not None else "device memory"}
+    save_plan(plan, path, graph, extra=extra)
+    apply_default_mode(path)     # port.plan.io writes through mkstemp (0600)
+    return Path(path)
+
+
+def plan_summary(plan: Any) -> str:
+    from collections import Counter
+
+    from port.config import format_size
+    accs = Counter(d.accelerator for d in plan.ops)
+    vars_ = Counter(d.variant for d in plan.ops if d.variant != "plain")
+    gap = "-" if plan.gap != plan.gap else f"{plan.gap:.2%}"
+    return (f"plan: {plan.status} by {plan.solver} in {plan.solve_time_s:.2f} s (gap {gap}); predicted step "
+            f"{plan.predicted_step_ms:.3f} ms, peak {format_size(plan.predicted_peak_bytes)} of budget "
+            f"{format_size(plan.budget_bytes)}\n  placement: " + ", ".join(f"{a} {n}" for a, n in sorted(accs.items()))
+            + "; variants: " + (", ".join(f"{v} {n}" for v, n in sorted(vars_.items())) or "all plain")
+            + f"; recomputed tensors {len(plan.recompute)} ({len(plan.recompute_at)} re-runs), early updates "
+              f"{len(plan.early_updates)}, paged {len(plan.paged)}")
+
+
+# =============================================================================================
+# inspect
+# =============================================================================================
+def graph_report(g: Any) -> dict[str, Any]:
+    """The JSON form of `port inspect`: ops and totals."""
+    T = g.tensors
+    counted: set[int] = set()
+    ops = []
+    for o in g.ops:
+        saved = 0
+        for t in o.saved:
+            r = g.storage_root(t)
+            if T[r].role in ("parameter", "buffer") or r in counted:
+                continue
+            counted.add(r)
+            saved += T[r].bytes
+        params = sum(T[t].bytes for t in o.inputs if T[t].role == "parameter") if o.phase == "forward" else 0
+        out = T[o.outputs[0]].shape if o.outputs else ()
+        ops.append({"name": o.name, "layer": o.layer, "kind": o.kind, "phase": o.phase,
+                    "output_shape": list(out), "flops": o.flops, "vector_flops": o.vector_flops,
+                    "saved_bytes": saved, "param_bytes": params, "bytes_moved": o.bytes_moved})
+    return {"graph": g.name, "batch_size": g.batch_size, "optimizer": g.optimizer, "digest": g.digest(),
+            "ops": ops, "totals": g.totals()}
+
+
+@dataclass(frozen=True)
+class Inspected:
+    report: dict                      # graph_report(...) plus keep_everything_peak_bytes and profile
+    title: str
+    peak_note: str                    # "keep-everything peak ... (workspace sizes from ...)"
+
+
+def inspect_graph(job: Job, built: Built) -> Inspected:
+    """The per-layer report and the keep-everything peak (workspace sizes from the profile at the job's
+    location when it exists and covers the graph, else modeled; never measures)."""
+    from port.config import format_size
+    rep = graph_report(built.graph)
+    found = find_profile(job, built.graph)
+    if found is not None:
+        prof, src = found.profile, f"workspace sizes from profile {found.path}"
+    else:
+        from port.cost.roofline import modeled_profile
+        prof = modeled_profile(built.graph, job.device)
+        src = (f"workspace sizes modeled: no profile at {job.profile_path} yet" if present_accelerators(job.device)
+               else f"device {job.device.name!r} is fully modeled")
+    peak = keep_everything_peak(built.graph, prof)
+    rep["keep_everything_peak_bytes"] = peak
+    rep["profile"] = str(found.path) if found is not None else None
+    note = (f"{KEEP_EVERYTHING} {format_size(peak)} ({peak} B: activations, parameters, gradients, optimizer state "
+            f"and workspace with every activation kept; {src})")
+    return Inspected(rep, built.title, note)
+
+
+# =============================================================================================
+# show
+# =============================================================================================
+@dataclass(frozen=True)
+class PlanView:
+    path: Path
+    plan: Any
+    data: dict                        # the plan file's JSON (with the extras `port solve -o` writes)
+
+
+def load_plan_view(path: str | Path) -> PlanView:
+    from port.plan.io import load_plan
+    path = Path(path)
+    plan = load_plan(path)
+    return PlanView(path, plan, json.loads(path.read_text()))
+
+
+def plan_charts(view: PlanView, out_dir: Optional[Path] = None) -> tuple[Path, Path]:
+    """PNGs of the plan's memory timeline and of its ops on accelerators (Gantt)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from port.io import apply_default_mode
+    plan, d = view.plan, view.data
+    out = Path(out_dir) if out_dir is not None else view.path.parent
+    out.mkdir(parents=True, exist_ok=True)
+    stem = view.path.stem
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.plot([b / 2**20 for b in plan.memory_timeline], lw=1, label="predicted memory in use")
+    ax.axhline(plan.budget_bytes / 2**20, color="r", ls="--", label="budget")
+    peak = d.get("keep_everything_peak_bytes")
+    if peak:
+        ax.axhline(peak / 2**20, color="gray", ls=":", label=KEEP_EVERYTHING)
+    ax.set_xlabel("executed step")
+    ax.set_ylabel("MiB")
+    ax.legend()
+    ax.set_title(f"{stem}: memory timeline")
+    fig.tight_layout()
+    p1 = out / f"{stem}_memory.png"
+    fig.savefig(p1, dpi=110)
+    plt.close(fig)
+    gantt = d.get("gantt") or []
+    accs = sorted({g[1] for g in gantt})
+    fig, ax = plt.subplots(figsize=(10, 1 + 0.6 * max(1, len(accs))))
+    for lab, acc, s0, s1 in gantt:
+        ax.barh(accs.index(acc), max(s1 - s0, 1e-6), left=s0, height=0.6,
+                color="tab:orange" if "recompute" in lab else ("tab:gray" if acc == "storage" else "tab:blue"))
+    ax.set_yticks(range(len(accs)))
+    ax.set_yticklabels(accs)
+    ax.set_xlabel("ms")
+    ax.set_title(f"{stem}: ops on accelerators (orange: recompute)")
+    fig.tight_layout()
+    p2 = out / f"{stem}_gantt.png"
+    fig.savefig(p2, dpi=110)
+    plt.close(fig)
+    for p in (p1, p2):
+        apply_default_mode(p)
+    return p1, p2
+
+
+# =============================================================================================
+# train: profile -> solve -> train -> export -> report, with checkpoints and resume
+# =============================================================================================
+@dataclass(frozen=True)
+class TrainResult:
+    accuracy: float
+    test_loss: float
+    steps: int
+    train_s: float
+    arena_bytes: int
+    rss_growth_bytes: int
+    run_dir: Path
+    plan: Any
+    profile_path: Optional[Path]
+    profile_source: str
+    measured: dict = field(default_factory=dict)
+    flagged: tuple[str, ...] = ()
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def load_data(job: Job) -> Any:
+    from port.train import data as D
+    try:
+        return D.load(job.config)
+    except ConfigError as e:
+        raise ConfigError(f"{job.where}key 'input_shape': {e}. Fix: input_shape must match the data "
+                          f"(data.kind {job.config.data.kind!r})") from None
+
+
+def measure_steps(trainer: Any, x: Any, y: Any, repeats: int = 5) -> dict[str, Any]:
+    """Per-op measured times (median over ``repeats`` instrumented steps) and the measured memory timeline."""
+    runs = [trainer.profile_step(x, y) for _ in range(repeats)]
+    per: dict[str, list[float]] = {}
+    for r in runs:
+        for name, ms in r["op_ms"].items():
+            per.setdefault(name, []).append(ms)
+    return {"step_ms": statistics.median(r["step_ms"] for r in runs),
+            "op_ms": {k: statistics.median(v) for k, v in per.items()},
+            "timeline_bytes": list(runs[-1].get("timeline_bytes", [])),
+            # which graph op (and whether a recompute) each timeline point belongs to, to align with the plan
+            "timeline_ops": [[int(c["op"]), bool(c.get("recompute"))] for c in runs[-1].get("calls", [])],
+            "peak_bytes": max(runs[-1].get("timeline_bytes", [0]) or [0])}
+
+
+def align_timeline(sim_steps: Sequence[tuple[str, int]], measured: dict) -> list[int]:
+    """The measured (arena) timeline on the simulator's step axis: each executor call is matched to the plan
+    step of the same op (recompute or not); steps without a call of their own (views, ops inside a fused
+    kernel) carry the previous value."""
+    tl, ops = measured.get("timeline_bytes") or [], measured.get("timeline_ops") or []
+    if not tl or len(ops) != len(tl):
+        return list(tl)
+    at: dict[tuple[int, bool], int] = {}
+    for (op, rc), b in zip(ops, tl):
+        at[(op, rc)] = max(at.get((op, rc), 0), b)
+    out, last = [], tl[0]
+    for kind, op in sim_steps:
+        last = at.get((op, kind == "recompute"), last)
+        out.append(last)
+    return out
+
+
+def build_report(run_dir: Path, graph: Any, profile: Any, plan: Any, measured: dict, summary: dict) -> list:
+    from port.train.report import OpRow, render_report
+    from port.verify.simulate import simulate
+    sim = simulate(plan, graph, profile)
+    pred: dict[str, float] = {}
+    for label, acc, start, end in sim.gantt:
+        pred[label] = pred.get(label, 0.0) + (end - start)
+    rows = []
+    op_ms = measured.get("op_ms", {})
+    for d in plan.ops:
+        o = graph.ops[d.op]
+        rows.append(OpRow(o.name, o.layer, o.kind, o.phase, d.accelerator, d.variant,
+                          pred.get(o.name, 0.0), op_ms.get(o.name)))
+    acc_of = {label: acc for label, acc, _, _ in sim.gantt}
+    for label in pred:
+        if label.endswith(" (recompute)"):
+            rows.append(OpRow(label, label[:-len(" (recompute)")], "recompute", "recompute", acc_of.get(label, "-"),
+                              "-", pred[label], op_ms.get(label)))
+    return render_report(run_dir / "report.html", f"PORT run {run_dir.name}", rows, list(sim.timeline),
+                         align_timeline(sim.steps, measured) or None, plan.budget_bytes, summary)
+
+
+class _StopOnSignal:
+    """While training: SIGINT / SIGTERM only set a flag, which the loop checks between steps (so the checkpoint
+    it then writes is of a whole step). A second signal stops at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self._old: dict = {}
+
+    def _on(self, signum: int, _frame: Any) -> None:
+        if self.signum is not None:
+            raise Interrupted(signum, f"{signal.Signals(signum).name} again: stopped before the checkpoint "
+                                      f"was written (the previous checkpoint is intact)")
+        self.signum = signum
+
+    def __enter__(self) -> "_StopOnSignal":
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._old[s] = signal.getsignal(s)
+                signal.signal(s, self._on)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def _metrics_upto(path: Path, step: int) -> None:
+    """Keep only the metrics lines of steps <= ``step`` (a resumed run continues after its checkpoint)."""
+    from port.io import atomic_write_text
+    if not path.exists():
+        return
+    keep, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            s = int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            dropped += 1
+            continue
+        if s <= step:
+            keep.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        atomic_write_text(path, "".join(f"{ln}\n" for ln in keep))
+
+
+def _reuse_plan(run_dir: Path, graph: Any, profile: Any, budget: Budget) -> Any:
+    """The run's plan.json when it was solved for this graph, profile and budget (resume), else None."""
+    from port.errors import PlanError
+    from port.plan.io import load_plan
+    p = run_dir / "plan.json"
+    if not p.exists():
+        return None
+    try:
+        plan = load_plan(p, graph=graph, profile=profile)
+    except PlanError:
+        return None
+    return plan if plan.budget_bytes == budget.bytes else None
+
+
+def run_training(config: str | Path, *, resume: bool = False, steps: int | None = None,
+                 out_dir: str | Path = "runs", quiet: bool = False, replan: bool = False, budget: Any = None,
+                 solver: str | None = None, profile: str | Path | None = None, export: bool = True,
+                 progress: bool = True) -> TrainResult:
+    """`port train CONFIG`: trace -> profile (the location rule) -> solve -> train -> export -> report.
+
+    SIGINT / SIGTERM while training writes a checkpoint at the current step and raises Interrupted (the CLI
+    exits 130 / 143); ``resume=True`` continues from it, keeping runs/<name>/metrics.jsonl free of duplicates."""
+    import torch
+    import yaml
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from port import config as C
+    from port.config import format_size
+    from port.cost.io import save_profile
+    from port.io import atomic_write_text
+    from port.train.trainer import Trainer
+
+    console = Console(quiet=quiet, highlight=False, soft_wrap=True)
+
+    def say(msg: str) -> None:
+        console.print(msg, markup=False)
+
+    job = load_job(config, budget=budget, solver=solver, profile=profile)
+    cfg = job.config
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    run_dir = Path(out_dir) / cfg.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(C.dump_experiment(cfg), sort_keys=False))
+    ckpt = run_dir / "checkpoint.port"
+
+    rss0 = _rss_bytes()
+    t_setup = time.perf_counter()
+    built = build_graph(job)
+    graph = built.graph
+    ds = load_data(job)
+    B = cfg.batch_size
+    say(f"{cfg.name}: {cfg.model.name} ({len(graph.ops)} ops) on {cfg.data.kind} ({ds.x_train.shape[0]} train / "
+        f"{ds.x_test.shape[0]} test), batch {B}" + (f" in micro-batches of {job.graph_batch}" if job.graph_batch != B
+                                                     else "") + f", device {job.device.name}")
+
+    # profile -> budget -> plan
+    replan_sigs: tuple[str, ...] = ()
+    if replan:
+        mpath = run_dir / "measured.json"
+        if not mpath.exists():
+            raise ConfigError(f"--replan needs a previous run's measurements at {mpath}; run "
+                              f"`port train {config}` first")
+        replan_sigs = tuple(json.loads(mpath.read_text()).get("flagged_signatures", ()))
+        if not replan_sigs:
+            say("replan: nothing was flagged in the last run; solving again with the same profile")
+    prof = get_profile(job, graph, replan_signatures=replan_sigs, progress=progress and not quiet, echo=say)
+    say(prof.note)
+    save_profile(prof.profile, run_dir / "profile.json")     # every run directory holds the costs its plan used
+    bud = resolve_budget(job, graph, prof.profile)
+    say(bud.peak_line())
+    say(bud.describe())
+    plan = None
+    if resume and not replan and budget is None and solver is None:
+        plan = _reuse_plan(run_dir, graph, prof.profile, bud)
+        if plan is not None:
+            say(f"plan: reusing {run_dir / 'plan.json'} (same graph, profile and budget)")
+    if plan is None:
+        plan = solve_plan(job, built, prof, bud).plan
+    from port.plan.io import save_plan
+    from port.io import apply_default_mode
+    save_plan(plan, run_dir / "plan.json", graph=graph,
+              extra={"batch_size": graph.batch_size, "keep_everything_peak_bytes": bud.keep_everything_peak,
+                     "profile_source": str(prof.path) if prof.path else "roofline model"})
+    apply_default_mode(run_dir / "plan.json")
+    say(plan_summary(plan))
+
+    # train
+    kw = dict(optimizer=built.optimizer, micro_batch=cfg.train.micro_batch,
+              trainable=list(built.trainable) if built.trainable else None, seed=cfg.train.seed, plan=plan)
+    if resume and ckpt.exists():
+        tr = Trainer.resume(ckpt, built.model, built.example, **kw)
+        say(f"resumed from {ckpt} at step {tr.step_count}")
+    else:
+        if resume:
+            say(f"no checkpoint at {ckpt}; starting from scratch")
+        tr = Trainer(built.model, built.example, **kw)
+    setup_s = time.perf_counter() - t_setup
+    mem = tr.memory_report()
+    say(f"arena: {format_size(mem['arena_bytes'])} (persistent {format_size(mem['persistent_bytes'])} + scratch "
+        f"{format_size(mem['scratch_bytes'])}); plan predicted peak {format_size(plan.predicted_peak_bytes)}; "
+        f"set-up {setup_s:.2f} s")
+    rss_train0 = _rss_bytes()     # training-time growth is measured from here (set-up excluded)
+    total = steps if steps is not None else cfg.train.steps
+    per_epoch = max(1, ds.x_train.shape[0] // B)
+    if cfg.train.epochs and steps is None:
+        total = cfg.train.epochs * per_epoch
+    epoch = tr.step_count // per_epoch
+    it = ds.batches(B, cfg.train.seed, epoch)
+    for _ in range(tr.step_count % per_epoch):          # resume mid-epoch on the same batches
+        next(it, None)
+    losses: list[float] = []
+    done0 = tr.step_count
+    rss_peak = _rss_bytes()
+    mpath = run_dir / "metrics.jsonl"
+    if resume and ckpt.exists():
+        _metrics_upto(mpath, tr.step_count)
+        metrics = mpath.open("a", buffering=1)
+    else:
+        metrics = mpath.open("w", buffering=1)
+    last = (None, None)
+    t0 = time.perf_counter()
+    with metrics, _StopOnSignal() as stop, Progress(
+            TextColumn("[progress.description]{task.description}"), BarColumn(),
+            TextColumn("{task.completed}/{task.total}"), TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[sps]} steps/s"), TextColumn("mem {task.fields[mem]}"), TimeElapsedColumn(),
+            console=console, transient=False, disable=quiet or not progress) as prog:
+        task = prog.add_task("train", total=total, completed=tr.step_count, loss="-", sps="-",
+                             mem=format_size(mem["arena_bytes"]))
+        while tr.step_count < total and stop.signum is None:
+            try:
+                x, y = next(it)
+            except StopIteration:
+                epoch += 1
+                it = ds.batches(B, cfg.train.seed, epoch)
+                continue
+            ts = time.perf_counter()
+            loss = tr.step(x, y)
+            step_ms = (time.perf_counter() - ts) * 1e3
+            last = (x, y)
+            losses.append(loss)
+            s = tr.step_count
+            metrics.write(json.dumps({"step": s, "loss": loss, "step_ms": round(step_ms, 4), "epoch": epoch}) + "\n")
+            if s % cfg.train.checkpoint_every == 0 or s == total:
+                tr.save_checkpoint(ckpt, meta={"config": str(config), "epoch": epoch})
+            if cfg.train.eval_every and s % cfg.train.eval_every == 0:
+                ev = tr.evaluate(ds.test_batches(B))
+                say(f"step {s}: test accuracy {ev['accuracy']:.4f}")
+            if s % 10 == 0 or s == total:
+                rss_peak = max(rss_peak, _rss_bytes())
+                el = time.perf_counter() - t0
+                prog.update(task, completed=s, loss=f"{sum(losses[-10:]) / len(losses[-10:]):.4f}",
+                            sps=f"{(s - done0) / max(el, 1e-9):.0f}")
+        if stop.signum is not None:
+            s = tr.step_count
+            metrics.flush()
+            if not (ckpt.exists() and s % cfg.train.checkpoint_every == 0):
+                tr.save_checkpoint(ckpt, meta={"config": str(config), "epoch": epoch})
+            name = signal.Signals(stop.signum).name
+            prog.stop()
+            raise Interrupted(stop.signum, f"{name}: stopped at step {s} of {total}; checkpoint written to {ckpt} "
+                                           f"(continue with `port train {config} --resume`)")
+    train_s = time.perf_counter() - t0
+    ev = tr.evaluate(ds.test_batches(B))
+    rss_growth = max(rss_peak, _rss_bytes()) - rss_train0
+    setup_rss = rss_train0 - rss0
+
+    # closed loop: measure per-op times on a copy of the state (profile_step restores it)
+    x, y = last if last[0] is not None else next(ds.batches(B, cfg.train.seed, 0))
+    measured = measure_steps(tr, x, y)
+    summary = {
+        "model": f"{cfg.model.name} ({len(graph.ops)} ops), batch {B}",
+        "device": job.device.name, "profile": str(prof.path) if prof.path else "roofline model",
+        "plan": f"{plan.status} by {plan.solver}, gap {plan.gap:.2%}",
+        KEEP_EVERYTHING: format_size(bud.keep_everything_peak),
+        "budget": format_size(plan.budget_bytes),
+        "predicted step": f"{plan.predicted_step_ms:.2f} ms", "measured step": f"{measured['step_ms']:.2f} ms",
+        "predicted peak": format_size(plan.predicted_peak_bytes),
+        "arena (planned, allocated)": format_size(mem["arena_bytes"]),
+        "process RSS growth while training": format_size(rss_growth),
+        "test accuracy": f"{ev['accuracy'] * 100:.2f}%", "steps": tr.step_count,
+    }
+    flags = build_report(run_dir, graph, prof.profile, plan, measured, summary)
+    sig_of = {o.name: graph.signature(o) for o in graph.ops}
+    measured["flagged"] = [r.op for r in flags]
+    measured["flagged_signatures"] = sorted({sig_of[r.op] for r in flags if r.op in sig_of})
+    measured["predicted_step_ms"] = plan.predicted_step_ms
+    measured["config_path"] = str(Path(config).resolve())
+    atomic_write_text(run_dir / "measured.json", json.dumps(measured, indent=1))
+    if export:
+        for fmt, name in (("onnx", "model.onnx"), ("torch", "model.pt")):
+            try:
+                tr.export(run_dir / name, fmt)
+            except Exception as e:  # noqa: BLE001 - export is a convenience at the end of a run
+                say(f"export {fmt} failed: {type(e).__name__}: {e}")
+    say(f"trained {tr.step_count - done0} steps in {train_s:.2f} s; step time predicted "
+        f"{plan.predicted_step_ms:.2f} ms, measured {measured['step_ms']:.2f} ms")
+    say(f"memory: plan peak {format_size(plan.predicted_peak_bytes)}, arena {format_size(mem['arena_bytes'])}, "
+        f"budget {format_size(plan.budget_bytes)}, {KEEP_EVERYTHING} {format_size(bud.keep_everything_peak)}; "
+        f"process RSS growth while training {format_size(rss_growth)} (set-up: torch, tracing, solver, arena: "
+        f"{format_size(setup_rss)})")
+    say(f"{len(flags)} op(s) off their predicted time by more than 25% (see report; `--replan` re-profiles them)")
+    say(f"test accuracy {ev['accuracy'] * 100:.2f}% (loss {ev['loss']:.4f}); run directory {run_dir}")
+    return TrainResult(ev["accuracy"], ev["loss"], tr.step_count, train_s, mem["arena_bytes"], rss_growth, run_dir,
+                       plan, prof.path, prof.source, measured, tuple(r.op for r in flags))
+
+
+def run_report(run_dir: str | Path) -> Path:
+    """Rebuild runs/<name>/report.html from the run's files."""
+    from port.cost.io import load_profile
+    from port.plan.io import load_plan
+    run_dir = Path(run_dir)
+    for f in ("config.yaml", "profile.json", "plan.json", "measured.json"):
+        if not (run_dir / f).exists():
+            raise ConfigError(f"{run_dir}: not a run directory (missing {f}); create one with `port train CONFIG`")
+    measured = json.loads((run_dir / "measured.json").read_text())
+    extra = [Path(measured["config_path"]).parent] if measured.get("config_path") else []
+    job = load_job(run_dir / "config.yaml", extra_search_dirs=extra)
+    built = build_graph(job)
+    profile = load_profile(run_dir / "profile.json", device=job.device.name)
+    plan = load_plan(run_dir / "plan.json", graph=built.graph, profile=profile)
+    build_report(run_dir, built.graph, profile, plan, measured,
+                 {"model": job.config.model.name, "device": job.device.name,
+                  "predicted step": f"{plan.predicted_step_ms:.2f} ms",
+                  "measured step": f"{measured.get('step_ms', float('nan')):.2f} ms"})
+    return run_dir / "report.html"

@@ -1,0 +1,487 @@
+"""What a plan means: the one definition of a plan's rules, consumed by the simulator (port.verify.simulate),
+the ILP instance builder (port.solver.instance) and lowering (port.lower.lower). None of them re-implements a
+rule; the simulator stays an independent check of the ILP because it replays ``schedule(graph, plan)`` with
+its own accounting and shares none of the ILP's variables.
+
+Static memory (resident for the whole step): parameters, buffers, optimizer state, parameter gradients (except
+those of early-updated parameters), the input batch and the labels.
+
+Every other tensor lives in a *storage root*: ``alias_of`` views share their root; an op running ``inplace``
+makes its first output share its first input's root; a ``fused`` conv -> batch norm -> relu chain never
+materialises the batch-norm output, and the chain's outputs (conv output, statistics, activation) are allocated
+when the fused kernel (the conv op) runs. A root is allocated when its producer runs and freed after the last op
+that reads it (or one of its aliases); a root nobody reads is freed right after its producer.
+
+At step t (op t in graph order) a plan runs, in this order (``schedule`` emits exactly these events):
+  1. ``page_in`` every paged root whose first backward reader is op t;
+  2. ``recompute`` the re-run group of step t, in increasing op id, each on its forward op's accelerator and
+     variant (batch norm re-runs in training mode but does not update its running statistics). The group is
+     {P : (P, t) in plan.recompute_at} when ``recompute_at`` is given, else {P : tau(P) == t};
+  3. ``free`` the recomputed outputs no backward op reads (pure intermediates that only fed the group);
+  4. ``op`` t (unless t is an early update: it already ran, see 5);
+  5. ``op`` u for the early updates u whose gradient's last producer is op t (increasing op id);
+  6. ``page_out`` every paged root whose last forward/loss reader was op t (or an early update of step 5);
+  7. ``free`` every root whose last reader (early updates at their new position) ran in 4-5.
+A recomputed op's outputs are freed after their last forward/loss reader and live again from their re-run
+until their last backward reader; a paged root is written to storage after its last forward/loss reader and
+read back before its first backward reader.
+
+tau(P), a function of the graph only (``recompute_times``): own(P) = the first backward reader of any owned
+output of P; for each output r of P that no backward op reads (a "pure intermediate") and each recomputable
+forward consumer Q of r: tau(P) = min(own(P), tau(Q)).
+
+Legality (``validate``; PlanError otherwise): one decision per op in op-id order; ``inplace`` only where
+port.plan.variants.inplace_legal holds and never on both ops of an inplace_conflicts pair; a fused chain runs
+fused as a whole on one accelerator; a batch norm's backward ops run ``inplace`` (from the output) exactly when
+the batch norm does; recompute lists all owned outputs of recomputable forward ops that run neither in place
+nor fused, and never reads an input a later in-place op overwrites; ``recompute_at`` names each re-run producer
+once, sorted by (step, op id), at a backward step no later than its outputs' first backward reader, with every
+activation input live then; paged tensors are unshared activation roots produced in the forward pass and read
+in backward; early updates are update ops whose parameter and gradient nobody reads after the gradient's last
+producer p_u, and no recompute reading the parameter runs after p_u.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from port.errors import PlanError
+from port.ir.types import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_LOSS, PHASE_UPDATE, PHASES, ROLE_ACTIVATION,
+                           ROLE_BUFFER, ROLE_GRADIENT, ROLE_INPUT, ROLE_LABEL, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER,
+                           Graph)
+from port.plan import variants as V
+from port.plan.types import Plan
+
+NOT_RECOMPUTABLE_KINDS = ("reshape", "dropout")   # views cost nothing; dropout's mask must not be redrawn
+
+
+# =============================================================================================
+# graph facts
+# =============================================================================================
+def is_static(graph: Graph, tid: int) -> bool:
+    t = graph.tensors[graph.storage_root(tid)]
+    if t.role in (ROLE_PARAMETER, ROLE_BUFFER, ROLE_OPTIMIZER_STATE, ROLE_INPUT, ROLE_LABEL):
+        return True
+    return t.role == ROLE_GRADIENT and t.grad_of is not None and graph.tensors[t.grad_of].role == ROLE_PARAMETER
+
+
+def static_bytes(graph: Graph) -> int:
+    return sum(t.bytes for t in graph.tensors if t.alias_of is None and is_static(graph, t.id))
+
+
+def is_backward(graph: Graph, oid: int) -> bool:
+    return graph.ops[oid].phase in (PHASE_BACKWARD, PHASE_UPDATE)
+
+
+def owned_activation_outputs(graph: Graph, oid: int) -> tuple[int, ...]:
+    return tuple(t for t in graph.ops[oid].outputs
+                 if graph.tensors[t].alias_of is None and graph.tensors[t].role == ROLE_ACTIVATION)
+
+
+def readers_by_root(graph: Graph, root_of=None, ops=None, skip=None) -> dict[int, list[int]]:
+    """storage root -> ids of the ops reading it or any tensor stored on it, in order (each op once)."""
+    root_of = root_of or graph.storage_root
+    out: dict[int, list[int]] = {}
+    for o in (graph.ops if ops is None else ops):
+        for t in dict.fromkeys(o.inputs):
+            if skip is not None and skip(t):
+                continue
+            r = root_of(t)
+            lst = out.setdefault(r, [])
+            if not lst or lst[-1] != o.id:
+                lst.append(o.id)
+    return out
+
+
+def recompute_times(graph: Graph) -> dict[int, int]:
+    """Forward op id -> tau, the step before which it is re-run by default, for every recomputable op."""
+    readers = readers_by_root(graph)
+    tau: dict[int, int] = {}
+    for o in reversed(graph.ops):
+        if o.phase != PHASE_FORWARD or o.kind in NOT_RECOMPUTABLE_KINDS:
+            continue
+        outs = owned_activation_outputs(graph, o.id)
+        if not outs:
+            continue
+        cand = []
+        for r in outs:
+            bw = [c for c in readers.get(r, ()) if is_backward(graph, c)]
+            if bw:
+                cand.append(min(bw))
+            else:   # pure intermediate: needed when a recomputed consumer is re-run
+                cand += [tau[c] for c in readers.get(r, ()) if c in tau]
+        if cand:
+            tau[o.id] = min(cand)
+    return tau
+
+
+@dataclass(frozen=True)
+class RootInfo:
+    """A non-static storage root produced in the step (static aliasing: views only)."""
+    id: int
+    bytes: int
+    birth: int             # producer op
+    death: int             # last reader (birth if none)
+    fwd_last: int          # last forward/loss reader (birth if none)
+    bwd_first: int | None  # first backward/update reader
+
+
+def activation_roots(graph: Graph) -> dict[int, RootInfo]:
+    prods = graph.producers()
+    readers = readers_by_root(graph, skip=lambda t: is_static(graph, t))
+    out: dict[int, RootInfo] = {}
+    for t in graph.tensors:
+        if t.alias_of is None and not is_static(graph, t.id) and t.id in prods:
+            p = prods[t.id]
+            rd = readers.get(t.id, [])
+            fw = [c for c in rd if not is_backward(graph, c)]
+            bw = [c for c in rd if is_backward(graph, c)]
+            out[t.id] = RootInfo(t.id, t.bytes, p, max(rd + [p]), max(fw + [p]), min(bw) if bw else None)
+    return out
+
+
+def param_grad_roots(graph: Graph, param: int) -> tuple[int, ...]:
+    """Storage roots of every gradient tensor of parameter ``param`` (partial sums included)."""
+    return tuple(t.id for t in graph.tensors if t.role == ROLE_GRADIENT and t.grad_of == param and t.alias_of is None)
+
+
+def early_update_info(graph: Graph, uid: int) -> tuple[int, int, tuple[int, ...]]:
+    """(parameter id, p_u = last producer of its gradient, gradient roots) for update op ``uid``; PlanError when
+    an early update of it is not legal."""
+    if not (0 <= uid < len(graph.ops)) or graph.ops[uid].phase != PHASE_UPDATE:
+        raise PlanError(f"early_updates names op {uid}, which is not an update op")
+    o = graph.ops[uid]
+    param = graph.storage_root(o.inputs[0])
+    groots = param_grad_roots(graph, param)
+    prods = graph.producers()
+    if not groots or any(g not in prods for g in groots):
+        raise PlanError(f"update {o.name!r}: gradient of {graph.tensors[param].name!r} not produced in the step")
+    pu = max(prods[g] for g in groots)
+    watch = set(groots) | {param}
+    for q in graph.ops[pu + 1:]:
+        if q.id != uid and any(graph.storage_root(t) in watch for t in q.inputs):
+            raise PlanError(f"update {o.name!r} cannot run early: {q.name!r} reads {graph.tensors[param].name!r} "
+                            f"or its gradient after the gradient is complete")
+    return param, pu, groots
+
+
+def early_update_candidates(graph: Graph) -> dict[int, tuple[int, int, tuple[int, ...]]]:
+    out = {}
+    for o in graph.ops:
+        if o.phase == PHASE_UPDATE:
+            try:
+                out[o.id] = early_update_info(graph, o.id)
+            except PlanError:
+                pass
+    return out
+
+
+def coupled_variants(graph: Graph) -> tuple[tuple[int, int], ...]:
+    """(forward batch norm, backward op) pairs whose ``inplace`` choice must agree: an in-place batch norm
+    overwrites its input, so its backward ops rebuild x-hat from the output (the *_from_output kernels)."""
+    out = []
+    for o in graph.ops:
+        if o.forward_op is not None and V.follows_forward_inplace(graph, o):
+            out.append((o.forward_op, o.id))
+    return tuple(out)
+
+
+# =============================================================================================
+# legality
+# =============================================================================================
+def validate(graph: Graph, plan: Plan, phases: Sequence[str] = PHASES, check_digest: bool = True) -> None:
+    """Refuse (PlanError) a plan that does not belong to ``graph`` or breaks a rule of the module docstring
+    that can be checked op by op. The schedule rules (recompute, paging, early updates) are checked by
+    ``schedule``."""
+    if not isinstance(plan, Plan):
+        raise PlanError(f"expected a port.plan.types.Plan, got {type(plan).__name__}")
+    if check_digest and plan.graph_digest and plan.graph_digest != graph.digest():
+        raise PlanError(f"plan was made for another graph (digest {plan.graph_digest[:12]}...), not for "
+                        f"{graph.name!r} ({graph.digest()[:12]}...): re-solve for this model/batch/optimizer")
+    if len(plan.ops) != len(graph.ops) or any(getattr(d, "op", None) != i for i, d in enumerate(plan.ops)):
+        raise PlanError(f"plan has {len(plan.ops)} decisions; graph {graph.name!r} has {len(graph.ops)} ops "
+                        f"(one decision per op, in op-id order)")
+    dec = plan.ops
+    for o in graph.ops:
+        if o.phase not in phases:
+            continue
+        d = dec[o.id]
+        if d.variant == "inplace" and not (V.inplace_legal(graph, o) or V.follows_forward_inplace(graph, o)):
+            raise PlanError(f"op {o.name!r}: variant 'inplace' is not legal here")
+        if d.variant == "fused":
+            conv = o.id if o.kind == "conv2d" else V.fused_into(graph, o)
+            chain = V.fusion_chain(graph, graph.ops[conv]) if conv is not None else None
+            if chain is None:
+                raise PlanError(f"op {o.name!r}: variant 'fused' is not legal here (fusion covers conv2d -> "
+                                f"training batch_norm2d -> relu with a bias-free conv)")
+            for c in chain:
+                if dec[c].variant != "fused" or dec[c].accelerator != d.accelerator:
+                    raise PlanError(f"fused chain {[graph.ops[i].name for i in chain]} must run fused together "
+                                    f"on one accelerator")
+        elif d.variant.startswith("patch") and o.kind not in V.CONV_KINDS:
+            raise PlanError(f"op {o.name!r}: variant {d.variant!r} applies to convolutions only")
+    for a, b in V.inplace_conflicts(graph):
+        if dec[a].variant == "inplace" and dec[b].variant == "inplace":
+            raise PlanError(f"ops {graph.ops[a].name!r} and {graph.ops[b].name!r} may not both run inplace "
+                            f"(the batch norm's backward reads the output the second op would overwrite)")
+    if PHASE_BACKWARD in phases:
+        for f, b in coupled_variants(graph):
+            if (dec[f].variant == "inplace") != (dec[b].variant == "inplace"):
+                raise PlanError(f"op {graph.ops[b].name!r} must run 'inplace' (from the output) exactly when "
+                                f"{graph.ops[f].name!r} runs in place (it is {dec[f].variant!r}, the backward "
+                                f"op {dec[b].variant!r})")
+    nt = len(graph.tensors)
+    for what, ids in (("recompute", plan.recompute), ("paged", plan.paged)):
+        for t in ids:
+            if not isinstance(t, int) or not (0 <= t < nt):
+                raise PlanError(f"plan.{what} names tensor id {t!r}; graph {graph.name!r} has {nt} tensors")
+    for u in plan.early_updates:
+        if not isinstance(u, int) or not (0 <= u < len(graph.ops)) or graph.ops[u].phase != PHASE_UPDATE:
+            raise PlanError(f"plan.early_updates names op {u!r}, which is not an update op of {graph.name!r}")
+    if len(set(plan.early_updates)) != len(plan.early_updates):
+        raise PlanError("plan.early_updates lists an update twice")
+    if set(plan.recompute) & set(plan.paged):
+        raise PlanError("a tensor is both recomputed and paged")
+
+
+# =============================================================================================
+# the schedule
+# =============================================================================================
+@dataclass(frozen=True)
+class Event:
+    """One step of a plan's execution. kind: page_in | recompute | op | page_out | free.
+    op: the graph op (recompute, op) or -1; roots: the root paged (page_in, page_out) or freed (free);
+    alloc: roots allocated right before this event runs (op, recompute, page_in)."""
+    kind: str
+    op: int = -1
+    roots: tuple[int, ...] = ()
+    alloc: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Schedule:
+    events: tuple[Event, ...]
+    root: dict                       # tensor id -> storage root (views, in-place outputs); static tensors too
+    nonmat: frozenset                # roots never materialised (fused chains' batch-norm outputs)
+    static_bytes: int                # static memory of this plan (early-updated gradients excluded)
+    dynamic_grads: frozenset         # gradient roots of early-updated parameters (not static)
+    recompute: dict                  # re-run producer -> its owned outputs
+    recompute_at: dict               # re-run producer -> step
+    early_at: dict                   # early update op -> p_u (the step it runs after)
+    paged: tuple[int, ...]
+    phases: tuple[str, ...]
+
+    def root_of(self, t: int) -> int:
+        return self.root.get(t, t)
+
+    def is_static(self, graph: Graph, t: int) -> bool:
+        return is_static(graph, t) and graph.storage_root(t) not in self.dynamic_grads
+
+    def root_bytes(self, graph: Graph, r: int) -> int:
+        return 0 if r in self.nonmat else graph.tensors[r].bytes
+
+
+def schedule(graph: Graph, plan: Plan, phases: Sequence[str] = PHASES, check_digest: bool = True) -> Schedule:
+    """The events a plan runs for the ops of ``phases`` (the module docstring's rules); PlanError when the plan
+    breaks one."""
+    phases = tuple(p for p in PHASES if p in phases)
+    validate(graph, plan, phases, check_digest)
+    dec = plan.ops
+    ops = [o for o in graph.ops if o.phase in phases]
+    in_phase = {o.id for o in ops}
+    training = PHASE_BACKWARD in phases
+    prods = graph.producers()
+    T = graph.tensors
+
+    # early updates: their gradient roots leave static memory
+    early_at: dict[int, int] = {}
+    early_after: dict[int, list[int]] = {}
+    early_param: dict[int, int] = {}
+    dyn: set[int] = set()
+    if training:
+        for u in sorted(plan.early_updates):
+            param, pu, groots = early_update_info(graph, u)
+            early_at[u] = pu
+            early_after.setdefault(pu, []).append(u)
+            early_param[u] = param
+            dyn.update(groots)
+
+    def st(t: int) -> bool:
+        return is_static(graph, t) and graph.storage_root(t) not in dyn
+
+    # storage roots: views, in-place outputs; fused chains
+    dalias: dict[int, int] = {}
+    nonmat: set[int] = set()
+    chain_head: dict[int, int] = {}        # op covered by a fused chain -> the chain's conv
+    for o in ops:
+        if dec[o.id].variant == "inplace" and o.phase == PHASE_FORWARD:
+            dalias[o.outputs[0]] = o.inputs[0]
+        if o.kind == "conv2d" and dec[o.id].variant == "fused":
+            chain = V.fusion_chain(graph, o)
+            nonmat.add(graph.storage_root(graph.ops[chain[1]].outputs[0]))
+            for c in chain[1:]:
+                chain_head[c] = o.id
+    root: dict[int, int] = {}
+
+    def droot(t: int) -> int:
+        r = root.get(t)
+        if r is None:
+            s = T[t]
+            r = droot(s.alias_of) if s.alias_of is not None else (droot(dalias[t]) if t in dalias else t)
+            root[t] = r
+        return r
+
+    for t in range(len(T)):
+        droot(t)
+    members: dict[int, list[int]] = {}
+    for t in T:
+        members.setdefault(root[t.id], []).append(t.id)
+    readers = readers_by_root(graph, droot, ops, skip=st)
+
+    def pos(oid: int) -> int:
+        return early_at.get(oid, oid)
+
+    def where(oid: int) -> int:        # the event that allocates an op's outputs
+        return chain_head.get(oid, oid)
+
+    birth: dict[int, int] = {}
+    for o in ops:
+        for t in o.outputs:
+            r = root[t]
+            if r == t and not st(t) and r not in nonmat and t not in birth:
+                birth[t] = where(o.id)
+    death = {r: max([pos(c) for c in readers.get(r, [])] + [birth[r]]) for r in birth}
+
+    def fwd_last(r: int) -> int:
+        return max([c for c in readers.get(r, ()) if not is_backward(graph, c)] + [birth[r]])
+
+    def bwd_first(r: int) -> int | None:
+        b = [c for c in readers.get(r, ()) if is_backward(graph, c)]
+        return min(b) if b else None
+
+    # -- recompute ----------------------------------------------------------------------------
+    rc: dict[int, tuple[int, ...]] = {}
+    when: dict[int, int] = {}
+    paged: list[int] = []
+    if training:
+        tau_all = recompute_times(graph)
+        byp: dict[int, set[int]] = {}
+        for t in plan.recompute:
+            p = prods.get(t)
+            if p is None or p not in tau_all or t not in owned_activation_outputs(graph, p):
+                raise PlanError(f"tensor {T[t].name!r} cannot be recomputed (its producer is not a recomputable "
+                                f"forward op; dropout and views never are)")
+            byp.setdefault(p, set()).add(t)
+        for p, ts in sorted(byp.items()):
+            outs = owned_activation_outputs(graph, p)
+            if set(outs) != ts:
+                raise PlanError(f"recomputing op {graph.ops[p].name!r} regenerates all of "
+                                f"{[T[t].name for t in outs]}: list them all in plan.recompute")
+            if dec[p].variant in ("inplace", "fused"):
+                raise PlanError(f"op {graph.ops[p].name!r} runs {dec[p].variant}: it cannot be recomputed")
+            for t in outs:
+                if root[t] != t or any(m != t and T[m].alias_of is None for m in members[t]):
+                    raise PlanError(f"tensor {T[t].name!r} shares storage with an in-place op: it cannot be "
+                                    f"recomputed")
+            for u in dict.fromkeys(graph.ops[p].inputs):
+                if st(u):
+                    continue
+                ru = root[u]
+                for q in ops:
+                    if (q.id != p and q.id > prods.get(u, -1) and q.phase == PHASE_FORWARD
+                            and dec[q.id].variant == "inplace" and root[q.inputs[0]] == ru):
+                        raise PlanError(f"recompute of {graph.ops[p].name!r} reads {T[u].name!r}, which the "
+                                        f"in-place op {q.name!r} overwrites")
+            rc[p] = outs
+        if plan.recompute_at:
+            try:
+                at = [(int(a), int(b)) for a, b in plan.recompute_at]
+            except (TypeError, ValueError):
+                raise PlanError("recompute_at must be a sequence of (op id, step) pairs") from None
+            if at != sorted(at, key=lambda x: (x[1], x[0])):
+                raise PlanError("recompute_at must be sorted by (step, op id)")
+            for p, t in at:
+                if p in when:
+                    raise PlanError(f"recompute_at re-runs op {p} twice")
+                if p not in rc:
+                    raise PlanError(f"recompute_at re-runs op {p}, but plan.recompute lists none of its outputs")
+                if not (0 <= t < len(graph.ops)) or not is_backward(graph, t):
+                    raise PlanError(f"recompute_at: {graph.ops[p].name!r} at step {t}, which is not a backward op")
+                for r in rc[p]:
+                    bf = bwd_first(r)
+                    if bf is not None and t > bf:
+                        raise PlanError(f"recompute_at: {graph.ops[p].name!r} re-runs at step {t}, after its "
+                                        f"output {T[r].name!r} is first read in backward (step {bf})")
+                when[p] = t
+            missing = set(rc) - set(when)
+            if missing:
+                raise PlanError(f"recompute_at has no step for {sorted(graph.ops[p].name for p in missing)}")
+        else:
+            when = {p: tau_all[p] for p in rc}
+        for u, param in early_param.items():
+            for p, t in when.items():
+                if t > early_at[u] and any(graph.storage_root(x) == param for x in graph.ops[p].inputs):
+                    raise PlanError(f"recompute of {graph.ops[p].name!r} at step {t} reads {T[param].name!r} "
+                                    f"after its early update")
+        for t in sorted(set(plan.paged)):
+            if t not in birth or graph.ops[birth[t]].phase not in (PHASE_FORWARD, PHASE_LOSS) \
+                    or T[t].role != ROLE_ACTIVATION:
+                raise PlanError(f"tensor {T[t].name!r} cannot be paged (not an activation root produced in the "
+                                f"forward pass)")
+            if any(m != t and T[m].alias_of is None for m in members[t]):
+                raise PlanError(f"tensor {T[t].name!r} shares storage with an in-place op: it cannot be paged")
+            if bwd_first(t) is None:
+                raise PlanError(f"tensor {T[t].name!r} is not read in the backward pass: nothing to page")
+            if prods[t] in rc:
+                raise PlanError(f"tensor {T[t].name!r} is both paged and recomputed")
+            paged.append(t)
+    for t in plan.paged:
+        if graph.storage_root(t) in nonmat:
+            raise PlanError(f"tensor {T[t].name!r} is never materialised (fused chain): it cannot be paged")
+
+    # -- events ---------------------------------------------------------------------------------
+    alloc_at: dict[int, list[int]] = {}
+    free_after: dict[int, list[int]] = {}
+    page_in_at: dict[int, list[int]] = {}
+    page_out_after: dict[int, list[int]] = {}
+    dropped = {r for p in rc for r in rc[p]} | set(paged)
+    for r, b in birth.items():
+        alloc_at.setdefault(b, []).append(r)
+        free_after.setdefault(fwd_last(r) if r in dropped else death[r], []).append(r)
+    for r in paged:
+        page_in_at.setdefault(bwd_first(r), []).append(r)
+        page_out_after.setdefault(fwd_last(r), []).append(r)
+        free_after.setdefault(death[r], []).append(r)
+    groups: dict[int, list[int]] = {}
+    transient: dict[int, list[int]] = {}
+    for p, t in when.items():
+        groups.setdefault(t, []).append(p)
+        for r in rc[p]:
+            if bwd_first(r) is None:
+                transient.setdefault(t, []).append(r)
+            else:
+                free_after.setdefault(death[r], []).append(r)
+
+    events: list[Event] = []
+    for o in ops:
+        t = o.id
+        for r in sorted(page_in_at.get(t, ())):
+            events.append(Event("page_in", -1, (r,), (r,)))
+        for p in sorted(groups.get(t, ())):
+            events.append(Event("recompute", p, (), rc[p]))
+        if transient.get(t):
+            events.append(Event("free", -1, tuple(sorted(transient[t]))))
+        if t not in early_at:
+            events.append(Event("op", t, (), tuple(sorted(alloc_at.get(t, ())))))
+        for u in early_after.get(t, ()):
+            if u in in_phase:
+                events.append(Event("op", u, (), tuple(sorted(alloc_at.get(u, ())))))
+        for r in sorted(page_out_after.get(t, ())):
+            events.append(Event("page_out", -1, (r,)))
+        fr = sorted(set(free_after.get(t, ())))
+        if fr:
+            events.append(Event("free", -1, tuple(fr)))
+    S = static_bytes(graph) - sum(T[g].bytes for g in dyn)
+    return Schedule(events=tuple(events), root=root, nonmat=frozenset(nonmat), static_bytes=S,
+                    dynamic_grads=frozenset(dyn), recompute=rc, recompute_at=when, early_at=early_at,
+                    paged=tuple(paged), phases=phases)

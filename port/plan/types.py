@@ -1,0 +1,54 @@
+"""Plan types: what the solver decided, verified by port.verify.simulate before anyone uses it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PLAN_FORMAT_VERSION = 1
+
+
+# =============================================================================================
+# plan: what the solver decided, verified by port.verify.simulate before anyone uses it
+# =============================================================================================
+@dataclass(frozen=True)
+class OpDecision:
+    op: int                   # op id in the graph
+    accelerator: str
+    variant: str              # see port.plan.variants
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Decisions for one (graph, profile, budget).
+
+    ops: one decision per graph op, in op-id order.
+    recompute: ids of saved activation tensors that are dropped after the forward pass and recomputed
+      (by re-running their producer op on its planned accelerator) during the backward pass.
+    recompute_at: the recompute schedule, ((forward op id to re-run, id of the op before which it runs), ...)
+      sorted by (step, op id). Empty means each recomputed producer runs right before the first backward op
+      that reads one of its outputs (port.plan.semantics.recompute_times). Chains: a producer may be re-run earlier
+      than its own first use because a later-recomputed consumer needs it.
+    paged: ids of saved activation tensors written to storage after the forward pass and read back before use.
+    early_updates: ids of update ops run as soon as their gradient is complete (in-place gradient update, as
+      in the Tiny Training Engine) instead of after the whole backward pass; their gradient buffer then lives
+      only between its producer and the update. Not legal with micro-batching (gradients must accumulate).
+    """
+
+    graph_digest: str
+    profile_digest: str
+    budget_bytes: int
+    ops: tuple[OpDecision, ...]
+    recompute: tuple[int, ...] = ()
+    recompute_at: tuple[tuple[int, int], ...] = ()
+    paged: tuple[int, ...] = ()
+    early_updates: tuple[int, ...] = ()
+    solver: str = "default"
+    status: str = "feasible"              # optimal | feasible | infeasible | timeout
+    objective_ms: float = 0.0             # the solver's objective
+    gap: float = 0.0                      # proven relative gap (0 for optimal)
+    solve_time_s: float = 0.0
+    predicted_step_ms: float = 0.0        # from port.verify.simulate, not from solver variables
+    predicted_peak_bytes: int = 0
+    memory_timeline: tuple[int, ...] = () # bytes live after each executed step (simulate's order)
+
+    def decision(self, op_id: int) -> OpDecision:
+        return self.ops[op_id]

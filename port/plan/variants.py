@@ -1,0 +1,182 @@
+"""The implementation variants PORT chooses among, and where each is legal. One vocabulary for the
+profiler (what to measure), the solver (what to choose), the simulator and the executor (what to run).
+
+Variant names
+-------------
+``plain``        the reference implementation (for conv2d on the C backend: im2col + GEMM)
+``direct``       conv2d without im2col: depthwise (groups == C_in == C_out) or 1x1/stride 1/pad 0
+``patch<T>``     conv2d computed in T x T spatial output tiles, im2col per tile (workspace ~ tile)
+``inplace``      the output is written into the input's buffer (relu, relu6, batch_norm2d, add):
+                 the output tensor aliases the input storage. On a batch norm's backward ops
+                 (grad_weight; grad_input in training mode) ``inplace`` means "from the output": the
+                 forward ran in place, so x-hat is rebuilt from y, gamma and beta. They run ``inplace``
+                 exactly when their forward batch norm does (port.plan.semantics.coupled_variants).
+``fused``        conv2d (no bias) -> training batch_norm2d -> relu executed as one kernel (the C
+                 library's conv2d_bn_relu) by the conv op; the batch-norm and relu ops then carry
+                 variant ``fused`` and run no call of their own. Only chains that kernel computes are
+                 fusable: no variant is offered that the executor cannot run.
+
+Torch backends (torch-cpu, torch-cuda, torch-mps) run ``plain`` only (plus ``inplace`` for the activation
+and add, which torch supports natively). ``modeled`` accelerators get every variant the C backend has.
+
+Legality (pure functions of the graph, used by solver, simulator and lowering alike)
+--------------------------------------------------------------------------------------
+* relu6's plain backward reads its input (as autograd); in place, it reads its output, whose mask
+  (0 < v < 6) is the same.
+* ``inplace`` on op o with input x: x is read by no op after o in the forward/loss phases, and x is not
+  saved for backward by any forward op other than o itself (relu/relu6 save their output, so their own
+  backward is unaffected; in-place batch norm saves its output y and reconstructs x-hat from y, gamma,
+  beta: requires gamma != 0). For add, the output aliases the first input.
+* ``fused`` on a conv2d without bias: its output feeds exactly one op, a training-mode batch_norm2d, whose
+  output feeds exactly one relu, all forward.
+* in-place batch norm needs affine weight and bias (it rebuilds x-hat from the output).
+* ``patch<T>`` on conv2d ops whose output is larger than T in both spatial dims.
+"""
+from __future__ import annotations
+
+from port.ir.types import PHASE_FORWARD, PHASE_LOSS, Graph, Op
+
+PATCH_TILES = (4, 8)
+TORCH_BACKENDS = ("torch-cpu", "torch-cuda", "torch-mps")
+INPLACE_KINDS = ("relu", "relu6", "batch_norm2d", "add")
+ACTIVATIONS = ("relu", "relu6")
+CONV_KINDS = ("conv2d", "conv2d.grad_input", "conv2d.grad_weight")
+
+
+def _conv_attrs(op: Op) -> tuple[int, int, int, int, int]:
+    k = op.attr("kernel")
+    s = op.attr("stride")
+    p = op.attr("padding")
+    return k[0], k[1], s[0], p[0], op.attr("groups")
+
+
+def is_depthwise(graph: Graph, op: Op) -> bool:
+    fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
+    x = graph.tensors[fwd.inputs[0]]
+    y = graph.tensors[fwd.outputs[0]]
+    return fwd.attr("groups") == x.shape[1] == y.shape[1]
+
+
+def is_pointwise(graph: Graph, op: Op) -> bool:
+    fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
+    kh, kw, s, p, g = _conv_attrs(fwd)
+    return kh == kw == 1 and s == 1 and p == 0 and g == 1
+
+
+def inplace_legal(graph: Graph, op: Op) -> bool:
+    if op.phase != PHASE_FORWARD or op.kind not in INPLACE_KINDS:
+        return False
+    x = op.inputs[0]
+    if graph.tensors[x].alias_of is not None or graph.tensors[x].role != "activation":
+        return False
+    if op.kind == "batch_norm2d" and (len(op.inputs) < 3 or
+                                      any(graph.tensors[t].role != "parameter" for t in op.inputs[1:3])):
+        return False
+    for other in graph.ops:
+        if other.phase not in (PHASE_FORWARD, PHASE_LOSS):
+            continue
+        if other.id > op.id and x in other.inputs:
+            return False
+        if other.id != op.id and x in other.saved:
+            return False
+        if other.id == op.id and op.kind == "add" and op.inputs[1] == x:
+            return False
+    return True
+
+
+def fusion_chain(graph: Graph, op: Op) -> tuple[int, ...] | None:
+    """(conv id, bn id, relu id) when conv2d (no bias) -> training batch_norm2d -> relu can run as the C
+    library's fused kernel; None otherwise."""
+    if op.kind != "conv2d" or op.phase != PHASE_FORWARD or op.attr("bias"):
+        return None
+    cons = graph.consumers()
+    fwd_cons = lambda t: [c for c in cons.get(t, ()) if graph.ops[c].phase in (PHASE_FORWARD, PHASE_LOSS)]
+    c1 = fwd_cons(op.outputs[0])
+    if len(c1) != 1 or graph.ops[c1[0]].kind != "batch_norm2d" or not graph.ops[c1[0]].attr("training"):
+        return None
+    bn = graph.ops[c1[0]]
+    if bn.inputs[0] != op.outputs[0] or len(bn.inputs) < 5:
+        return None
+    c2 = fwd_cons(bn.outputs[0])
+    if len(c2) == 1 and graph.ops[c2[0]].kind == "relu":
+        return (op.id, bn.id, c2[0])
+    return None
+
+
+def follows_forward_inplace(graph: Graph, op: Op) -> bool:
+    """A batch norm backward op that must run from the output when its forward runs in place."""
+    if op.forward_op is None or op.kind not in ("batch_norm2d.grad_input", "batch_norm2d.grad_weight"):
+        return False
+    fwd = graph.ops[op.forward_op]
+    if not inplace_legal(graph, fwd):
+        return False
+    return op.kind == "batch_norm2d.grad_weight" or bool(fwd.attr("training"))
+
+
+def variants(graph: Graph, op: Op, backend: str) -> tuple[str, ...]:
+    """Legal variants of ``op`` on an accelerator with ``backend``; the first is the default."""
+    if backend in TORCH_BACKENDS:
+        if (op.kind in ("relu", "relu6", "add") and inplace_legal(graph, op)) or follows_forward_inplace(graph, op):
+            return ("plain", "inplace")
+        return ("plain",)
+    out: list[str] = ["plain"]
+    if op.kind in CONV_KINDS:
+        if is_depthwise(graph, op) or is_pointwise(graph, op):
+            out.append("direct")
+        fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
+        h, w = graph.tensors[fwd.outputs[0]].shape[2:]
+        for t in PATCH_TILES:
+            if h > t and w > t:
+                out.append(f"patch{t}")
+        if op.kind == "conv2d" and fusion_chain(graph, op) is not None:
+            out.append("fused")
+    else:
+        if (op.kind in INPLACE_KINDS and inplace_legal(graph, op)) or follows_forward_inplace(graph, op):
+            out.append("inplace")
+        if fused_into(graph, op) is not None:
+            out.append("fused")
+    return tuple(out)
+
+
+def fused_into(graph: Graph, op: Op) -> int | None:
+    """For a forward batch_norm2d/relu/relu6 that can be part of a fused chain: the conv op's id.
+
+    Fusion covers the forward pass only: the fused kernel writes the conv output (saved for batch norm's
+    backward), the statistics and the activation output; the intermediate batch-norm output is never
+    materialised. Backward ops stay separate."""
+    if op.phase != PHASE_FORWARD or op.kind not in ("batch_norm2d", "relu"):
+        return None
+    prods = graph.producers()
+    cur = op
+    for _ in range(2):
+        p = prods.get(cur.inputs[0])
+        if p is None:
+            return None
+        cand = graph.ops[p]
+        if cand.kind == "conv2d":
+            chain = fusion_chain(graph, cand)
+            return cand.id if chain is not None and op.id in chain else None
+        cur = cand
+    return None
+
+
+def patch_tile(variant: str) -> int | None:
+    return int(variant[5:]) if variant.startswith("patch") else None
+
+
+def default_variant(graph: Graph, op: Op, backend: str) -> str:
+    return variants(graph, op, backend)[0]
+
+
+def inplace_conflicts(graph: Graph) -> tuple[tuple[int, int], ...]:
+    """Pairs (a, b) of ops that must not both run ``inplace``: an in-place batch norm ``a`` saves its
+    output y for its backward, so the op ``b`` that reads y may not overwrite it."""
+    out = []
+    cons = graph.consumers()
+    for op in graph.ops:
+        if op.kind == "batch_norm2d" and op.phase == PHASE_FORWARD and inplace_legal(graph, op):
+            for c in cons.get(op.outputs[0], ()):
+                co = graph.ops[c]
+                if co.phase == PHASE_FORWARD and co.inputs[0] == op.outputs[0] and inplace_legal(graph, co):
+                    out.append((op.id, co.id))
+    return tuple(out)

@@ -1,0 +1,512 @@
+"""The ILP of solver/FORMULATION.md, one function per constraint family, every constraint named.
+
+The model is built into a small solver-neutral ``Model`` (variables, named rows, objective) that the
+backends in ``port.solver.backends`` hand to HiGHS, CBC, SCIP or CP-SAT. Size is linear in the graph: no
+T x T matrices; memory at step t is a running sum L_t = L_{t-1} + (births at t) - (deaths after t-1).
+Chain recompute adds r[P,t] for t in C(P) (|C(P)| <= K+2) with cumulative sums, early updates one binary
+e[u] per update op: O(n K) variables and non-zeros.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from port.solver.instance import Instance
+
+KiB = 1024
+EPS_EARLY_MS = 1e-6   # objective cost of one early update: ties go to late updates (tidy plans)
+
+
+@dataclass
+class Model:
+    names: list[str] = field(default_factory=list)
+    lb: list[float] = field(default_factory=list)
+    ub: list[float] = field(default_factory=list)
+    integer: list[bool] = field(default_factory=list)
+    rows: list[tuple[str, dict[int, float], float, float]] = field(default_factory=list)
+    obj: dict[int, float] = field(default_factory=dict)
+    sense_min: bool = True
+    mem_unit: int = KiB
+    index: dict[str, int] = field(default_factory=dict)
+
+    def var(self, name: str, lb: float = 0.0, ub: float = 1.0, integer: bool = True) -> int:
+        i = len(self.names)
+        self.names.append(name)
+        self.lb.append(lb)
+        self.ub.append(ub)
+        self.integer.append(integer)
+        self.index[name] = i
+        return i
+
+    def row(self, name: str, terms: dict[int, float], lo: float = -float("inf"), hi: float = float("inf")) -> None:
+        t = {k: v for k, v in terms.items() if v != 0}
+        self.rows.append((name, t, lo, hi))
+
+    @property
+    def num_vars(self) -> int:
+        return len(self.names)
+
+
+def _add(d: dict[int, float], k: int, v: float) -> None:
+    d[k] = d.get(k, 0.0) + v
+
+
+@dataclass
+class Vars:
+    x: dict[tuple[int, int], int] = field(default_factory=dict)      # (op, option index)
+    rcx: dict[tuple[int, int], int] = field(default_factory=dict)    # (candidate, option index)
+    pg: dict[int, int] = field(default_factory=dict)                 # root -> var
+    L: list[int] = field(default_factory=list)                       # live bytes at step t
+    peak: int | None = None
+    rc_of: dict[int, list[int]] = field(default_factory=dict)        # candidate -> its rcx vars
+    rt: dict[tuple[int, int], int] = field(default_factory=dict)     # (candidate, step t) -> r[P,t]
+    cum: dict[tuple[int, int], int] = field(default_factory=dict)    # (candidate, step t) -> sum_{t'<=t} r[P,t']
+    e: dict[int, int] = field(default_factory=dict)                  # update op -> e[u]
+    static_fixed: int = 0                                            # S minus early-able gradient bytes
+
+
+def _sanitize(s: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in s)
+
+
+def acc_expr(inst: Instance, v: Vars, i: int, acc: str) -> dict[int, float]:
+    return {v.x[i, k]: 1.0 for k, o in enumerate(inst.options[i]) if o.acc == acc}
+
+
+def var_expr(inst: Instance, v: Vars, i: int, var: str, acc: str | None = None) -> dict[int, float]:
+    return {v.x[i, k]: 1.0 for k, o in enumerate(inst.options[i]) if o.var == var and (acc is None or o.acc == acc)}
+
+
+def rc_expr(v: Vars, p: int) -> dict[int, float]:
+    return {j: 1.0 for j in v.rc_of.get(p, ())}
+
+
+def later_expr(inst: Instance, v: Vars, p: int, t: int) -> dict[int, float]:
+    """sum_{t' in C(P), t' > t} r[P,t'] = rc_P - cum[P, t*] (t* = last candidate step <= t)."""
+    ts = inst.rc_times[p]
+    prior = [x for x in ts if x <= t]
+    out = {v.cum[p, ts[-1]]: 1.0}
+    if prior:
+        _add(out, v.cum[p, prior[-1]], -1.0)
+    return {k: c for k, c in out.items() if c != 0}
+
+
+# ---------------------------------------------------------------------------------------------
+# variables
+# ---------------------------------------------------------------------------------------------
+def add_variables(m: Model, inst: Instance, budget_bytes: int | None, allow_early: bool = True) -> Vars:
+    v = Vars()
+    g = inst.graph
+    for i, opts in enumerate(inst.options):
+        for k, o in enumerate(opts):
+            v.x[i, k] = m.var(f"x[{_sanitize(g.ops[i].name)},{o.acc},{o.var}]")
+    for p in sorted(inst.rc_times):
+        for k, o in enumerate(inst.options[p]):
+            if o.var not in ("inplace", "fused"):
+                v.rcx[p, k] = m.var(f"rc[{_sanitize(g.ops[p].name)},{o.acc},{o.var}]")
+                v.rc_of.setdefault(p, []).append(v.rcx[p, k])
+        for t in inst.rc_times[p]:
+            v.rt[p, t] = m.var(f"r[{_sanitize(g.ops[p].name)},{t}]")
+            v.cum[p, t] = m.var(f"cum[{_sanitize(g.ops[p].name)},{t}]", 0.0, 1.0, integer=False)
+    for r in inst.page_roots:
+        v.pg[r] = m.var(f"pg[{_sanitize(g.tensors[r].name)}]")
+    if allow_early:
+        for u in sorted(inst.early):
+            v.e[u] = m.var(f"e[{_sanitize(g.ops[u].name)}]")
+    v.static_fixed = inst.static_bytes - (inst.grad_bytes if allow_early else 0)
+    cap = float("inf") if budget_bytes is None else max(0.0, (budget_bytes - v.static_fixed) / m.mem_unit)
+    for t in range(len(g.ops)):
+        v.L.append(m.var(f"L[{t}]", 0.0, cap, integer=False))
+    if budget_bytes is None:
+        v.peak = m.var("peak", 0.0, float("inf"), integer=False)
+    return v
+
+
+# ---------------------------------------------------------------------------------------------
+# constraint families
+# ---------------------------------------------------------------------------------------------
+def c_assign(m: Model, inst: Instance, v: Vars) -> None:
+    """assign[i]: every op runs on exactly one (accelerator, variant) of its profiled options."""
+    for i, opts in enumerate(inst.options):
+        m.row(f"assign[{i}]", {v.x[i, k]: 1.0 for k in range(len(opts))}, 1.0, 1.0)
+
+
+def c_fusion(m: Model, inst: Instance, v: Vars) -> None:
+    """fuse[c,j,a]: a fusable chain (conv, bn[, act]) runs fused on accelerator a all together or not at all."""
+    for conv, chain in inst.chains.items():
+        for j in chain[1:]:
+            for a in inst.accs:
+                t = var_expr(inst, v, conv, "fused", a)
+                for kk, val in var_expr(inst, v, j, "fused", a).items():
+                    _add(t, kk, -val)
+                if t:
+                    m.row(f"fuse[{conv},{j},{a}]", t, 0.0, 0.0)
+    # members whose conv cannot fuse: never fused
+    for i, opts in enumerate(inst.options):
+        if any(o.var == "fused" for o in opts) and inst.graph.ops[i].kind != "conv2d":
+            if not any(i in ch for ch in inst.chains.values()):
+                m.row(f"fuse_none[{i}]", var_expr(inst, v, i, "fused"), 0.0, 0.0)
+
+
+def c_inplace_conflict(m: Model, inst: Instance, v: Vars) -> None:
+    """inplace_conflict[a,b]: port.plan.variants.inplace_conflicts pairs never both run inplace."""
+    from port.plan import variants as V
+    for a, b in V.inplace_conflicts(inst.graph):
+        t = var_expr(inst, v, a, "inplace")
+        t.update(var_expr(inst, v, b, "inplace"))
+        if t:
+            m.row(f"inplace_conflict[{a},{b}]", t, hi=1.0)
+
+
+def c_coupled(m: Model, inst: Instance, v: Vars) -> None:
+    """coupled[f,b]: a batch norm's backward op runs from the output (variant inplace) exactly when the batch
+    norm runs in place (port.plan.semantics.coupled_variants)."""
+    from port.plan.semantics import coupled_variants
+    for f, b in coupled_variants(inst.graph):
+        t = var_expr(inst, v, f, "inplace")
+        for kk, val in var_expr(inst, v, b, "inplace").items():
+            _add(t, kk, -val)
+        if t:
+            m.row(f"coupled[{f},{b}]", t, 0.0, 0.0)
+
+
+def c_recompute_choice(m: Model, inst: Instance, v: Vars) -> None:
+    """rc_sel[P,k]: P is recomputed with the option it runs with (rc_P = sum_k rc[P,k] <= 1);
+    rc_time[P]: sum_t r[P,t] = rc_P (one re-run step when recomputed); rc_cum[P,t]: cum[P,t] =
+    cum[P,t-] + r[P,t] (cumulative re-run indicator, cum[P,last] = rc_P)."""
+    for (p, k), j in v.rcx.items():
+        m.row(f"rc_sel[{p},{k}]", {j: 1.0, v.x[p, k]: -1.0}, hi=0.0)
+    for p, ts in sorted(inst.rc_times.items()):
+        row = rc_expr(v, p)
+        for t in ts:
+            row[v.rt[p, t]] = -1.0
+        m.row(f"rc_time[{p}]", row, 0.0, 0.0)
+        prev = None
+        for t in ts:
+            row = {v.cum[p, t]: 1.0, v.rt[p, t]: -1.0}
+            if prev is not None:
+                row[v.cum[p, prev]] = -1.0
+            m.row(f"rc_cum[{p},{t}]", row, 0.0, 0.0)
+            prev = t
+
+
+def _drop_terms(inst: Instance, v: Vars, r: int) -> dict[int, float]:
+    t: dict[int, float] = {}
+    if r in v.pg:
+        _add(t, v.pg[r], 1.0)
+    p = inst.roots[r].birth
+    if p in inst.rc_times and r in inst.rc_outputs[p]:
+        for kk, val in rc_expr(v, p).items():
+            _add(t, kk, val)
+    return t
+
+
+def c_recompute_inputs(m: Model, inst: Instance, v: Vars) -> None:
+    """Soundness of chain recompute, for every candidate Q, activation input root u (producer P) and t in C(Q):
+    rc_avail[Q,u,t]: r[Q,t] + sum_{t' in C(P), t' > t} r[P,t'] <= 1 (u, when recomputed, is re-run at or
+      before t; same-step groups run in op order and P < Q); a kept u is live at t (t <= d_u by C(Q));
+    rc_pure[Q,u,t]: r[Q,t] <= r[P,t] for a pure intermediate u (freed after its group: same step);
+    rc_paged[Q,u]: sum_{t in C(Q), t < beta_u} r[Q,t] + pg[u] <= 1 (a paged u is back only from beta_u);
+    rc_overwrite[Q,I]: rc_Q + x[I,inplace] <= 1 when an in-place op I after u's producer overwrites u."""
+    g = inst.graph
+    for q, ins in sorted(inst.rc_in.items()):
+        ts = inst.rc_times[q]
+        for kind, u, p in ins:
+            if kind == "pure":
+                for t in ts:
+                    m.row(f"rc_pure[{q},{u},{t}]", {v.rt[q, t]: 1.0, v.rt[p, t]: -1.0}, hi=0.0)
+                continue
+            if p in inst.rc_times and u in inst.rc_outputs[p]:
+                for t in ts:
+                    row = later_expr(inst, v, p, t)
+                    _add(row, v.rt[q, t], 1.0)
+                    m.row(f"rc_avail[{q},{u},{t}]", row, hi=1.0)
+            if u in v.pg:
+                bf = inst.roots[u].bwd_first
+                row = {v.rt[q, t]: 1.0 for t in ts if t < bf}
+                if row:
+                    row[v.pg[u]] = 1.0
+                    m.row(f"rc_paged[{q},{u}]", row, hi=1.0)
+        rc = rc_expr(v, q)
+        for u in dict.fromkeys(g.ops[q].inputs):
+            if u not in g.producers() or g.storage_root(u) not in inst.roots:
+                continue
+            ru = g.storage_root(u)
+            for i, (x, _y) in inst.inplace_ops.items():
+                if x == ru and i != q and i > inst.roots[ru].birth:
+                    t = dict(rc)
+                    t.update(var_expr(inst, v, i, "inplace"))
+                    m.row(f"rc_overwrite[{q},{i}]", t, hi=1.0)
+
+
+def c_early(m: Model, inst: Instance, v: Vars) -> None:
+    """eu_rc[u,F,t]: e[u] + r[F,t] <= 1 when a recompute of F reading u's parameter would run after p_u."""
+    g = inst.graph
+    for u, j in sorted(v.e.items()):
+        param, pu, _gs = inst.early[u]
+        for f, ts in sorted(inst.rc_times.items()):
+            if any(g.storage_root(x) == param for x in g.ops[f].inputs):
+                for t in ts:
+                    if t > pu:
+                        m.row(f"eu_rc[{u},{f},{t}]", {j: 1.0, v.rt[f, t]: 1.0}, hi=1.0)
+
+
+def c_drop_exclusive(m: Model, inst: Instance, v: Vars) -> None:
+    """drop_once[r]: a root is paged or recomputed, not both; drop_fused[r,c]: the bn output of a fused
+    chain is not materialised, so it cannot be dropped; drop_inplace[r,Q]: roots shared by an in-place op
+    are kept (neither paged nor recomputed)."""
+    for r in inst.roots:
+        t = _drop_terms(inst, v, r)
+        if len(t) > 1:
+            m.row(f"drop_once[{r}]", t, hi=1.0)
+    for r, conv in sorted(inst.nonmat.items()):   # a never-materialised bn output cannot be paged
+        t = _drop_terms(inst, v, r)
+        if t:
+            t.update(var_expr(inst, v, conv, "fused"))
+            m.row(f"drop_fused[{r},{conv}]", t, hi=1.0)
+    for q, (x, y) in sorted(inst.inplace_ops.items()):
+        inp = var_expr(inst, v, q, "inplace")
+        for r in (x, y):
+            t = _drop_terms(inst, v, r)
+            if t:
+                t.update(inp)
+                m.row(f"drop_inplace[{r},{q}]", t, hi=1.0)
+
+
+def _memory_deltas(inst: Instance, v: Vars, unit: int):
+    """Per step t: delta terms (var -> coef), delta constant, and the births/rc terms at t."""
+    n = len(inst.graph.ops)
+    dvar = [dict() for _ in range(n + 1)]
+    dcon = [0.0] * (n + 1)
+    bvar = [dict() for _ in range(n + 1)]   # op-births at t (for the recompute-group rows)
+    bcon = [0.0] * (n + 1)
+    rcv = [dict() for _ in range(n + 1)]    # rc persistent restores at t
+    for r, R in inst.roots.items():
+        b = R.bytes / unit
+        dcon[R.birth] += b
+        bcon[R.birth] += b
+        dcon[R.death + 1] -= b
+        if r in inst.nonmat:  # fused chain: the bn output is never materialised
+            conv = inst.nonmat[r]
+            for kk in var_expr(inst, v, conv, "fused"):
+                _add(dvar[R.birth], kk, -b)
+                _add(bvar[R.birth], kk, -b)
+                _add(dvar[R.death + 1], kk, b)
+        if r in v.pg:
+            _add(dvar[R.fwd_last + 1], v.pg[r], -b)
+            _add(dvar[R.bwd_first], v.pg[r], b)
+        p = R.birth
+        if p in inst.rc_times and r in inst.rc_outputs[p] and R.bwd_first is not None:
+            for kk in rc_expr(v, p):
+                _add(dvar[R.fwd_last + 1], kk, -b)
+            for t in inst.rc_times[p]:
+                _add(dvar[t], v.rt[p, t], b)
+                _add(rcv[t], v.rt[p, t], b)
+    g = inst.graph
+    for conv, chain in inst.chains.items():   # a fused chain's outputs exist from its (fused) conv on
+        fz = var_expr(inst, v, conv, "fused")
+        for j in chain[1:]:
+            for r in g.ops[j].outputs:
+                R = inst.roots.get(r)
+                if R is None or R.birth != j or r in inst.nonmat:
+                    continue
+                b = R.bytes / unit
+                for kk in fz:
+                    _add(dvar[conv], kk, b)
+                    _add(bvar[conv], kk, b)
+                    _add(dvar[j], kk, -b)
+                    _add(bvar[j], kk, -b)
+    cons = g.consumers()
+    prods = g.producers()
+    for u, j in v.e.items():   # gradient roots of an early-able update: static when late, transient when early
+        _param, pu, gs = inst.early[u]
+        for gr in gs:
+            b = g.tensors[gr].bytes / unit
+            rd = [c for c in cons.get(gr, ()) if c != u] + ([pu] if u in cons.get(gr, ()) else [])
+            end = min(max(rd + [prods[gr]]), pu)
+            dcon[0] += b
+            _add(dvar[0], j, -b)
+            _add(dvar[prods[gr]], j, b)
+            _add(bvar[prods[gr]], j, b)
+            _add(dvar[end + 1], j, -b)
+    for q, (x, y) in inst.inplace_ops.items():  # y shares x's storage on their overlap
+        b = inst.roots[y].bytes / unit
+        end = min(inst.roots[y].death, inst.roots[x].death)
+        for kk in var_expr(inst, v, q, "inplace"):
+            _add(dvar[q], kk, -b)
+            _add(bvar[q], kk, -b)
+            _add(dvar[end + 1], kk, b)
+    return dvar, dcon, bvar, bcon, rcv
+
+
+def c_memory(m: Model, inst: Instance, v: Vars, budget_bytes: int | None) -> None:
+    """mem_flow[t]: L_t = L_{t-1} + births_t - deaths_{t-1};  mem_peak[t]: L_t + W_t <= B - S (or <= peak - S);
+    mem_rc[t,P]: during the recompute of P at t: E_t + outputs of the group so far + W_P <= B - S."""
+    unit = m.mem_unit
+    n = len(inst.graph.ops)
+    dvar, dcon, bvar, bcon, rcv = _memory_deltas(inst, v, unit)
+    S = v.static_fixed
+    cap_rhs = None if budget_bytes is None else (budget_bytes - S) / unit
+    for t in range(n):
+        terms = {v.L[t]: 1.0}
+        if t > 0:
+            terms[v.L[t - 1]] = -1.0
+        for kk, val in dvar[t].items():
+            _add(terms, kk, -val)
+        m.row(f"mem_flow[{t}]", terms, dcon[t], dcon[t])
+        peak = {v.L[t]: 1.0}
+        for k, o in enumerate(inst.options[t]):
+            if o.ws:
+                _add(peak, v.x[t, k], o.ws / unit)
+        wmax = max(o.ws for o in inst.options[t]) / unit
+        if t in v.e and wmax:      # an early update does not run at its graph position
+            _add(peak, v.e[t], -wmax)
+        _cap_row(m, v, f"mem_peak[{t}]", peak, cap_rhs, S, unit)
+    for u, j in sorted(v.e.items()):   # mem_eu[u]: the early update runs right after p_u, before frees
+        pu = inst.early[u][1]
+        wmax = max(o.ws for o in inst.options[u]) / unit
+        if not wmax:
+            continue                  # implied by mem_peak[p_u]
+        row = {v.L[pu]: 1.0, j: wmax}
+        for k, o in enumerate(inst.options[u]):
+            if o.ws:
+                _add(row, v.x[u, k], o.ws / unit)
+        _cap_row(m, v, f"mem_eu[{u}]", row, cap_rhs, S, unit, extra=wmax)
+    rc_ws: dict[int, list[tuple[int, int]]] = {}
+    for (q, k), jj in v.rcx.items():
+        if inst.options[q][k].ws:
+            rc_ws.setdefault(q, []).append((k, jj))
+    rc_wmax = {q: max((inst.options[q][k].ws for k, _ in rc_ws.get(q, ())), default=0) / unit for q in inst.rc_times}
+    groups: dict[int, list[int]] = {}
+    for p, ts in inst.rc_times.items():
+        for t in ts:
+            groups.setdefault(t, []).append(p)
+    for t, ps in sorted(groups.items()):
+        # E_t = L_t - births at t - persistent restores at t;  A[t,j] = E_t + outputs of members <= j
+        base = {v.L[t]: 1.0}
+        for kk, val in bvar[t].items():
+            _add(base, kk, -val)
+        for kk, val in rcv[t].items():
+            _add(base, kk, -val)
+        const = bcon[t]
+        prev = None
+        for p in sorted(ps):
+            ob = sum(inst.roots[r].bytes for r in inst.rc_outputs[p]) / unit
+            a = m.var(f"A[{t},{p}]", -float("inf"), float("inf"), integer=False)
+            row = {a: 1.0, v.rt[p, t]: -ob}
+            if prev is None:
+                for kk, val in base.items():
+                    _add(row, kk, -val)
+                m.row(f"mem_rc_sum[{t},{p}]", row, -const, -const)
+            else:
+                row[prev] = -1.0
+                m.row(f"mem_rc_sum[{t},{p}]", row, 0.0, 0.0)
+            prev = a
+            wmax = rc_wmax[p]
+            if wmax:   # mem_rc[t,P]: A + W_P - W_max (1 - r[P,t]) <= B - S
+                row = {a: 1.0, v.rt[p, t]: wmax}
+                for k, jj in rc_ws[p]:
+                    _add(row, jj, inst.options[p][k].ws / unit)
+                _cap_row(m, v, f"mem_rc[{t},{p}]", row, cap_rhs, S, unit, extra=wmax)
+        _cap_row(m, v, f"mem_rc[{t},end]", {prev: 1.0}, cap_rhs, S, unit)
+
+
+def _cap_row(m: Model, v: Vars, name: str, row: dict[int, float], cap_rhs, S: int, unit: int, extra: float = 0.0) -> None:
+    if cap_rhs is None:
+        row = dict(row)
+        row[v.peak] = row.get(v.peak, 0.0) - 1.0
+        m.row(name, row, hi=extra - S / unit)
+    else:
+        m.row(name, row, hi=cap_rhs + extra)
+
+
+def c_handoff(m: Model, inst: Instance, v: Vars) -> dict[int, float]:
+    """handoff[e,a]: s_e >= X[u,a] - X[v,a] (one cost per edge when all directions cost the same), or
+    handoff[e,a,b]: s_e^ab >= X[u,a] + X[v,b] - 1 (per-direction costs); rc_handoff[...]: the same for the
+    inputs a recompute re-reads, switched on by rc_Q. Returns the objective terms."""
+    obj: dict[int, float] = {}
+    accs = inst.accs
+    if len(accs) < 2:
+        return obj
+    g = inst.graph
+    pairs = [(a, b) for a in accs for b in accs if a != b]
+
+    def on(i: int, a: str) -> bool:
+        return any(o.acc == a for o in inst.options[i])
+
+    def edge(tag: str, t: int, u: int, w: int, nbytes: int, rc: dict[int, float] | None) -> None:
+        costs = {(a, b): inst.handoff_ms(a, b, nbytes) for a, b in pairs if on(u, a) and on(w, b)}
+        if not costs or max(costs.values()) <= 0:
+            return
+        extra = dict(rc) if rc else {}
+        lo = -1.0 if rc else 0.0
+        if len(set(costs.values())) == 1:
+            c = next(iter(costs.values()))
+            s = m.var(f"s{tag}[{t},{u},{w}]", 0.0, 1.0, integer=False)
+            obj[s] = obj.get(s, 0.0) + c
+            for a in accs:
+                row = {s: 1.0}
+                for kk, val in acc_expr(inst, v, u, a).items():
+                    _add(row, kk, -val)
+                for kk, val in acc_expr(inst, v, w, a).items():
+                    _add(row, kk, val)
+                for kk, val in extra.items():
+                    _add(row, kk, -val)
+                m.row(f"handoff{tag}[{t},{u},{w},{a}]", row, lo=lo)
+        else:
+            for (a, b), c in costs.items():
+                if c <= 0:
+                    continue
+                s = m.var(f"s{tag}[{t},{u},{w},{a},{b}]", 0.0, 1.0, integer=False)
+                obj[s] = c
+                row = {s: 1.0}
+                for kk, val in acc_expr(inst, v, u, a).items():
+                    _add(row, kk, -val)
+                for kk, val in acc_expr(inst, v, w, b).items():
+                    _add(row, kk, -val)
+                for kk, val in extra.items():
+                    _add(row, kk, -val)
+                m.row(f"handoff{tag}[{t},{u},{w},{a},{b}]", row, lo=lo - 1.0)
+
+    for t, u, w, nbytes in inst.edges:
+        edge("", t, u, w, nbytes, None)
+        if w in inst.rc_times:
+            edge("_rc", t, u, w, nbytes, rc_expr(v, w))
+    return obj
+
+
+def objective(m: Model, inst: Instance, v: Vars, handoff_terms: dict[int, float], budget_bytes: int | None) -> None:
+    """min  sum x*latency + sum rc*latency + sum pg*paging + sum s*handoff   (or min peak)."""
+    if budget_bytes is None:
+        m.obj = {v.peak: 1.0}
+        return
+    obj: dict[int, float] = {}
+    for (i, k), j in v.x.items():
+        _add(obj, j, inst.options[i][k].ms)
+    for (p, k), j in v.rcx.items():
+        _add(obj, j, inst.options[p][k].ms)
+    for r, j in v.pg.items():
+        _add(obj, j, inst.page_ms[r])
+    for j, c in handoff_terms.items():
+        _add(obj, j, c)
+    for j in v.e.values():
+        _add(obj, j, EPS_EARLY_MS)
+    m.obj = obj
+
+
+def build(inst: Instance, budget_bytes: int | None, mem_unit: int = KiB,
+          allow_early: bool = True) -> tuple[Model, Vars]:
+    """budget_bytes=None builds the min-peak model (objective: peak bytes / mem_unit)."""
+    m = Model(mem_unit=mem_unit)
+    v = add_variables(m, inst, budget_bytes, allow_early)
+    c_assign(m, inst, v)
+    c_fusion(m, inst, v)
+    c_inplace_conflict(m, inst, v)
+    c_coupled(m, inst, v)
+    c_recompute_choice(m, inst, v)
+    c_recompute_inputs(m, inst, v)
+    c_drop_exclusive(m, inst, v)
+    c_early(m, inst, v)
+    c_memory(m, inst, v, budget_bytes)
+    h = c_handoff(m, inst, v)
+    objective(m, inst, v, h, budget_bytes)
+    return m, v

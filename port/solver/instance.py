@@ -1,0 +1,223 @@
+"""Everything the formulation and the baselines need, derived once from (graph, profile).
+
+Names follow solver/FORMULATION.md: options O(i), static bytes S, roots r with birth p_r, death d_r,
+last forward reader f_r, first backward reader b_r, recompute candidates P with their legacy time tau_P
+and their candidate re-run steps C(P) (chain recompute, window K), early-update candidates u with p_u.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from port.plan import semantics as SEM
+from port.plan import variants as V
+from port.plan.semantics import RootInfo as Root  # noqa: F401  (re-exported for the formulation)
+from port.ir.types import PHASE_FORWARD, PHASE_LOSS, Graph
+from port.cost.types import Profile
+DEFAULT_WINDOW = 12     # K: a dropped producer may be re-run at the own-time of up to K forward ops after it
+
+
+@dataclass(frozen=True)
+class Option:
+    acc: str
+    var: str
+    ms: float
+    ws: int
+
+
+@dataclass
+class Instance:
+    graph: Graph
+    profile: Profile
+    options: list[list[Option]]
+    static_bytes: int
+    roots: dict[int, Root]
+    chains: dict[int, tuple[int, ...]]          # conv id -> fusable chain
+    nonmat: dict[int, int]                      # bn output root -> conv id (len-3 chain)
+    inplace_ops: dict[int, tuple[int, int]]     # op -> (root of input, root of output)
+    tau: dict[int, int]                         # recompute candidate -> time
+    rc_outputs: dict[int, tuple[int, ...]]      # candidate -> owned activation outputs
+    rc_needs: dict[int, list[tuple[str, int]]]  # candidate -> [("kept", root) | ("rc", producer)]
+    own: dict[int, int | None]                  # candidate -> first backward reader of its outputs (None: pure)
+    rc_times: dict[int, list[int]]              # candidate -> C(P), candidate re-run steps, ascending
+    rc_in: dict[int, list[tuple[str, int, int]]]  # candidate -> [("saved"|"pure", input root u, producer of u)]
+    early: dict[int, tuple[int, int, tuple[int, ...]]]  # update op -> (parameter, p_u, gradient roots)
+    grad_bytes: int                             # bytes of the gradient roots of early-update candidates
+    window: int
+    page_roots: list[int]
+    page_ms: dict[int, float]
+    edges: list[tuple[int, int, int, int]]      # (tensor, producer u, consumer v, bytes)
+    accs: tuple[str, ...]
+    excluded: list[tuple[int, str, str, str]] = field(default_factory=list)  # (op, acc, var, why)
+
+    def handoff_ms(self, a: str, b: str, nbytes: int) -> float:
+        return 0.0 if a == b else self.profile.handoff_cost(a, b).cost_ms(nbytes)
+
+
+def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW) -> Instance:
+    from port.errors import PlanError
+    prods = graph.producers()
+    caps = dict(profile.accelerator_caps)
+    chains: dict[int, tuple[int, ...]] = {}
+    for o in graph.ops:
+        c = V.fusion_chain(graph, o)
+        if c is not None:
+            chains[o.id] = c
+    options: list[list[Option]] = []
+    excluded = []
+    for o in graph.ops:
+        opts = []
+        io = sum(graph.tensors[t].bytes for t in dict.fromkeys(o.inputs + o.outputs) if graph.tensors[t].alias_of is None)
+        for e in profile.options(graph.signature(o)):
+            if e.variant == "inplace" and not (V.inplace_legal(graph, o) or V.follows_forward_inplace(graph, o)):
+                continue
+            if e.variant == "fused":
+                conv = o.id if o.kind == "conv2d" else V.fused_into(graph, o)
+                if conv is None or conv not in chains:
+                    continue
+                # every op of the chain must have a fused entry on this accelerator
+                if any(graph.ops[c].id != o.id and profile.lookup(graph.signature(graph.ops[c]), e.accelerator, "fused") is None
+                       for c in chains[conv]):
+                    continue
+            if e.accelerator in caps and io + e.workspace_bytes > caps[e.accelerator]:
+                excluded.append((o.id, e.accelerator, e.variant, "cap"))
+                continue
+            opts.append(Option(e.accelerator, e.variant, float(e.latency_ms), int(e.workspace_bytes)))
+        if not opts:
+            raise PlanError(f"op {o.name!r} ({o.kind}) has no usable (accelerator, variant) in profile "
+                            f"{profile.device!r}: profile it or lift the memory cap")
+        opts.sort(key=lambda x: (x.acc, x.var))
+        options.append(opts)
+    S = SEM.static_bytes(graph)
+    readers = SEM.readers_by_root(graph, skip=lambda t: SEM.is_static(graph, t))
+    roots = SEM.activation_roots(graph)
+
+    nonmat = {}
+    for conv, ch in chains.items():
+        if len(ch) == 3:
+            nonmat[graph.storage_root(graph.ops[ch[1]].outputs[0])] = conv
+    inplace_ops = {}
+    for i, o in enumerate(graph.ops):
+        if any(op.var == "inplace" for op in options[i]) and V.inplace_legal(graph, o):
+            x, y = graph.storage_root(o.inputs[0]), graph.storage_root(o.outputs[0])
+            if graph.tensors[x].bytes != graph.tensors[y].bytes:
+                raise PlanError(f"inplace op {o.name!r} changes the tensor size")
+            inplace_ops[i] = (x, y)
+
+    # recompute candidates and their default times (port.plan.semantics.recompute_times)
+    tau = SEM.recompute_times(graph)
+    outs_of = {p: SEM.owned_activation_outputs(graph, p) for p in tau}
+    # legacy soundness (fixed tau): kept for the legacy-rule baselines (greedy) and warm starts
+    rc_needs: dict[int, list[tuple[str, int]]] = {}
+    for pid in sorted(tau):
+        o = graph.ops[pid]
+        t_p = tau[pid]
+        ok = any(op.var not in ("inplace", "fused") for op in options[pid])
+        needs: list[tuple[str, int]] = []
+        for u in dict.fromkeys(o.inputs):
+            if SEM.is_static(graph, u):
+                continue
+            ru = graph.storage_root(u)
+            R = roots[ru]
+            if R.bwd_first is not None:
+                if R.death < t_p:
+                    ok = False
+                elif R.bwd_first > t_p:
+                    needs.append(("kept", ru))
+            else:
+                pu = R.birth
+                if pu in tau and tau[pu] == t_p:
+                    needs.append(("rc", pu))
+                else:
+                    ok = False
+        if ok:
+            rc_needs[pid] = needs
+    changed = True
+    while changed:
+        changed = False
+        for pid in list(rc_needs):
+            if any(k == "rc" and q not in rc_needs for k, q in rc_needs[pid]):
+                del rc_needs[pid]
+                changed = True
+
+    # chain recompute: candidates P (any recomputable forward op with an option that is neither in-place nor
+    # fused), own(P), inputs, and candidate steps C(P) = {own(Q) : Q = P or one of the next K forward ops}
+    # U {tau_P} U (C(Q) of recomputable readers Q of P's pure outputs), restricted to t <= own(P), then
+    # filtered to the steps at which every input can be available (fixpoint).
+    fwd_ids = [o.id for o in graph.ops if o.phase == PHASE_FORWARD]
+    fpos = {oid: k for k, oid in enumerate(fwd_ids)}
+    own: dict[int, int | None] = {}
+    rc_in: dict[int, list[tuple[str, int, int]]] = {}
+    for pid in outs_of:
+        if not any(op.var not in ("inplace", "fused") for op in options[pid]):
+            continue
+        bws = [roots[r].bwd_first for r in outs_of[pid] if roots[r].bwd_first is not None]
+        own[pid] = min(bws) if bws else None
+        ins = []
+        ok = True
+        for u in dict.fromkeys(graph.ops[pid].inputs):
+            if SEM.is_static(graph, u):
+                continue
+            ru = graph.storage_root(u)
+            R = roots[ru]
+            ins.append(("saved" if R.bwd_first is not None else "pure", ru, R.birth))
+        rc_in[pid] = ins
+    rc_times: dict[int, list[int]] = {}
+    for pid in sorted(own, reverse=True):
+        k0 = fpos[pid]
+        ts = {own[q] for q in fwd_ids[k0:k0 + window + 1] if own.get(q) is not None}
+        if pid in tau:
+            ts.add(tau[pid])
+        for r in outs_of[pid]:
+            if roots[r].bwd_first is None:
+                for c in readers.get(r, ()):
+                    ts.update(rc_times.get(c, ()))
+        if own[pid] is not None:
+            ts = {t for t in ts if t <= own[pid]}
+        rc_times[pid] = sorted(ts)
+    changed = True
+    while changed:
+        changed = False
+        for pid in sorted(rc_times):
+            keep = []
+            for t in rc_times[pid]:
+                good = True
+                for kind, ru, pu in rc_in[pid]:
+                    if kind == "saved":
+                        good = roots[ru].death >= t
+                    else:
+                        good = t in rc_times.get(pu, ())
+                    if not good:
+                        break
+                if good:
+                    keep.append(t)
+            if keep != rc_times[pid]:
+                rc_times[pid] = keep
+                changed = True
+    rc_times = {p: ts for p, ts in rc_times.items() if ts}
+    own = {p: own[p] for p in rc_times}
+    rc_in = {p: rc_in[p] for p in rc_times}
+    tau = {p: tau[p] for p in rc_needs}
+    rc_outputs = {p: outs_of[p] for p in set(rc_times) | set(tau)}
+
+    early = SEM.early_update_candidates(graph)
+    grad_bytes = sum(graph.tensors[g].bytes for (_p, _pu, gs) in early.values() for g in gs)
+
+    page_roots, page_ms = [], {}
+    if profile.storage:
+        st = dict(profile.storage)
+        bw, lat = st.get("bandwidth_gbps", 0.0) * 1e6, st.get("latency_ms", 0.0)
+        for r, R in sorted(roots.items()):
+            if R.bwd_first is not None and graph.ops[R.birth].phase in (PHASE_FORWARD, PHASE_LOSS) \
+                    and R.bwd_first > R.fwd_last + 1 and bw > 0:
+                page_roots.append(r)
+                page_ms[r] = 2 * (lat + R.bytes / bw)
+
+    edges = []
+    for o in graph.ops:
+        for t in dict.fromkeys(o.inputs):
+            u = prods.get(t)
+            if u is not None and u < o.id:
+                edges.append((t, u, o.id, graph.tensors[t].bytes))
+    return Instance(graph, profile, options, S, roots, chains, nonmat, inplace_ops, tau, rc_outputs, rc_needs,
+                    own, rc_times, rc_in, early, grad_bytes, window,
+                    page_roots, page_ms, edges, tuple(profile.accelerators), excluded)

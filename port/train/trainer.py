@@ -1,0 +1,330 @@
+"""port.Trainer: train a torch.nn.Module on PORT's executor (C kernels by default) with a static arena.
+
+    trainer = port.Trainer(model, example_input, optimizer=port.optim.SGD(0.05, momentum=0.9))
+    for x, y in loader:
+        loss = trainer.step(x, y)
+    trainer.evaluate(test_loader); trainer.save_checkpoint("ckpt.port"); model = trainer.to_torch()
+
+Micro-batching (``micro_batch=k`` samples): a batch of B runs as B/k micro-batches through the same program
+(traced at batch k); weight-gradient kernels accumulate, and the loss gradient is scaled by k/B, so the update
+equals full-batch training exactly (up to float rounding) when no batch norm runs in training mode.
+With training-mode batch norm the statistics (and the running-stat updates) are per micro-batch, as in
+PyTorch gradient accumulation: the result then differs from full-batch training.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from port.errors import PortError
+from port.exec.executor import Executor, RunState
+from port.lower.lower import default_plan, inference_graph, lower
+from port.train.optim import SGD, AdamW
+from port.lower.program import Program
+from port.ir.types import ROLE_BUFFER, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER
+from port.plan.types import Plan
+
+
+class Trainer:
+    def __init__(self, model: Any, example_input: Any, plan: Plan | str | Path | None = None,
+                 optimizer: SGD | AdamW | None = None, micro_batch: int | None = None,
+                 trainable: Sequence[str] | str | None = None, backend: str = "c", seed: int = 0,
+                 strategy: str = "auto", allow_plan_mismatch: bool = False):
+        """``plan``: a Plan or plan file solved for this trainer's graph: the model traced at the batch one
+        program run processes (``micro_batch`` when set, else the example's batch) with this optimizer and
+        trainable set. A plan of another graph is refused (PortError naming both batch sizes when the batch is
+        what differs) unless ``allow_plan_mismatch=True``, which runs its decisions anyway (its predicted
+        memory then does not apply)."""
+        import torch
+        from port.ir.trace import trace
+        self.model = model
+        self.opt = optimizer if optimizer is not None else SGD(0.01)
+        self.backend = backend
+        B = int(example_input.shape[0])
+        mb = int(micro_batch) if micro_batch else B
+        if mb < 1 or B % mb:
+            raise PortError(f"micro_batch={micro_batch} must divide the batch size {B}")
+        self.batch_size, self.micro_batch = B, mb
+        self.example_shape = tuple(example_input.shape[1:])
+        ex_in = example_input[:mb].detach().float().contiguous()
+        self.graph = trace(model, ex_in, trainable=trainable, optimizer=self.opt.graph_name)
+        plan_batch = None          # the batch a plan file says it was solved for (port.pipeline writes it)
+        if isinstance(plan, (str, Path)):
+            from port.plan.io import load_plan
+            plan_path = Path(plan)
+            plan = load_plan(plan_path)
+            plan_batch = _plan_file_batch(plan_path)
+        if plan is not None and not isinstance(plan, Plan):
+            raise PortError(f"plan must be a port.types.Plan or a plan file path, got {type(plan).__name__}")
+        if plan is not None and plan.early_updates and mb != B:
+            raise PortError(f"micro_batch={mb} (batch {B}) cannot run a plan with early updates "
+                            f"({len(plan.early_updates)} of them): micro-batches accumulate gradients over the "
+                            f"batch, an early update applies each gradient as soon as one micro-batch completes "
+                            f"it. Re-solve with allow_early_updates=False or drop micro_batch.")
+        self.plan = plan if plan is not None else default_plan(self.graph, backend)
+        check_digest = True
+        if plan is not None and plan.graph_digest and plan.graph_digest != self.graph.digest():
+            why = self._mismatch(model, example_input, trainable, plan, plan_batch)
+            if not allow_plan_mismatch:
+                raise PortError(why + "; pass allow_plan_mismatch=True to run its decisions anyway (its predicted "
+                                "memory does not apply then)")
+            import warnings
+            warnings.warn(why + "; running its decisions anyway (allow_plan_mismatch=True): its predicted memory "
+                          "does not apply", stacklevel=2)
+            check_digest = False
+        self.program: Program = lower(self.graph, self.plan, strategy=strategy, check_digest=check_digest)
+        # inference program on the same arena: forward only, eval-mode BN, no dropout
+        self.eval_graph = inference_graph(model, ex_in)
+        eplan = default_plan(self.eval_graph, backend)
+        self.eval_program: Program = lower(self.eval_graph, eplan, phases=("forward",),
+                                           persistent_from=self.program, strategy=strategy)
+        size = max(self.program.arena_bytes, self.eval_program.arena_bytes)
+        dev = "cuda" if backend == "torch-cuda" else "cpu"
+        self.arena = torch.zeros(size, dtype=torch.uint8, device=dev)
+        self.state = RunState(opt=self.opt, seed=int(seed))
+        self.executor = Executor(self.program, self.state, arena=self.arena)
+        self.eval_executor = Executor(self.eval_program, self.state, arena=self.arena)
+        self.executor.set_grad_scale(mb / B)
+        self._bn_batches = 0        # training forward passes (BN num_batches_tracked)
+        self._load_module(model)
+        _release_freed_heap()
+
+
+    def _mismatch(self, model: Any, example_input: Any, trainable: Any, plan: Plan, plan_batch: int | None) -> str:
+        """Why ``plan`` does not belong to this trainer's graph, naming both batch sizes when they differ."""
+        from port.ir.trace import trace
+        B, mb = self.batch_size, self.micro_batch
+        mine = (f"this trainer's program runs batch {mb}" + (f" (micro-batches of the batch {B})" if mb != B else "")
+                + f", graph digest {self.graph.digest()[:12]}...")
+        if plan_batch is None and mb != B:
+            full = trace(model, example_input[:B].detach().float().contiguous(), trainable=trainable,
+                         optimizer=self.opt.graph_name)
+            if full.digest() == plan.graph_digest:
+                plan_batch = B
+        if plan_batch is not None and plan_batch != mb:
+            fix = (f"solve the plan for batch {mb} (port train does so when train.micro_batch is set)" if mb != B
+                   else f"solve the plan for batch {mb}")
+            return (f"the plan was solved for batch {plan_batch}, but {mine}: {fix}")
+        return (f"the plan was solved for another graph (digest {plan.graph_digest[:12]}...: another model, batch "
+                f"size, optimizer or trainable set); {mine}: solve the plan for this graph")
+
+    # -- properties ---------------------------------------------------------------------------
+    @property
+    def arena_bytes(self) -> int:
+        return int(self.arena.numel())
+
+    @property
+    def step_count(self) -> int:
+        return self.state.step
+
+    def _named_slots(self, roles: Iterable[str]):
+        roles = set(roles)
+        return [s for s in self.program.slots if s.tensor >= 0 and s.role in roles and s.root == s.tensor]
+
+    def _view(self, slot):
+        return self.executor.view(slot.tensor)
+
+    def _load_module(self, model: Any) -> None:
+        sd = model.state_dict()
+        for s in self._named_slots((ROLE_PARAMETER, ROLE_BUFFER)):
+            if s.name not in sd:
+                raise PortError(f"the model has no parameter/buffer {s.name!r}")
+            self._view(s).copy_(sd[s.name].detach().reshape(s.shape))
+        self._base_nbt = {k: int(v) for k, v in sd.items() if k.endswith("num_batches_tracked")}
+
+    # -- training -----------------------------------------------------------------------------
+    def step(self, x: Any, y: Any) -> float:
+        """One optimizer step on the batch (x [B, ...], y [B] int64). Returns the mean loss."""
+        B, mb = self.batch_size, self.micro_batch
+        if x.shape[0] != B or tuple(x.shape[1:]) != self.example_shape:
+            raise PortError(f"step() expects x of shape {[B, *self.example_shape]}, got {list(x.shape)} "
+                            f"(the program is compiled for batch {B})")
+        ex = self.executor
+        ex.zero_grads()
+        total = 0.0
+        st = self.state
+        for i in range(0, B, mb):
+            ex.input.copy_(x[i:i + mb])
+            ex.labels.copy_(y[i:i + mb])
+            ex.run_main()
+            total += float(ex.loss)
+            st.dropout_counter += 1
+            self._bn_batches += 1
+        ex.run_updates()
+        st.step += 1
+        return total / (B // mb)
+
+    def profile_step(self, x: Any, y: Any, commit: bool = False) -> dict:
+        """One optimizer step run with per-call timers. commit=True: a real step (exactly like ``step``: same
+        updates, same RNG counters). commit=False (default): the weights, buffers, optimizer state and counters
+        are restored afterwards, so measuring does not change training. Returns ``Executor.run(timing=True)``'s dict (per-call wall ms with op names, phases, backends,
+        variants and recompute flags; the arena live-bytes timeline; peak) plus ``"loss"`` (float),
+        ``"micro_batches"``, ``"step_ms"`` (= total_ms), ``"op_ms"`` ({graph op name or "<name> (recompute)" or
+        page-call name: summed ms}; a fused conv call is booked on the conv) and ``"timeline_bytes"`` (= timeline);
+        with micro-batching the call rows of every micro-batch are listed in order."""
+        B, mb = self.batch_size, self.micro_batch
+        if x.shape[0] != B or tuple(x.shape[1:]) != self.example_shape:
+            raise PortError(f"profile_step() expects x of shape {[B, *self.example_shape]}, got {list(x.shape)}")
+        ex = self.executor
+        st = self.state
+        saved = None
+        if not commit:
+            saved = (self.arena[:self.program.persistent_bytes].clone(), st.step, st.dropout_counter,
+                     self._bn_batches)
+        ex.zero_grads()
+        rows, timeline, total, tot_ms = [], [], 0.0, 0.0
+        by_phase: dict = {}
+        k = B // mb
+        for j, i in enumerate(range(0, B, mb)):
+            ex.input.copy_(x[i:i + mb])
+            ex.labels.copy_(y[i:i + mb])
+            r = ex.run(timing=True, updates=(j == k - 1))
+            rows += r["calls"]
+            timeline += r["timeline"]
+            tot_ms += r["total_ms"]
+            for ph, v in r["by_phase_ms"].items():
+                by_phase[ph] = by_phase.get(ph, 0.0) + v
+            total += float(ex.loss)
+            st.dropout_counter += 1
+            self._bn_batches += 1
+        st.step += 1
+        if saved is not None:
+            self.arena[:self.program.persistent_bytes].copy_(saved[0])
+            st.step, st.dropout_counter, self._bn_batches = saved[1], saved[2], saved[3]
+        op_ms: dict[str, float] = {}
+        for r in rows:   # keyed like port.verify.simulate's gantt labels: op name, "<op name> (recompute)"
+            if r["op"] < 0:
+                key = r["name"]
+            else:
+                key = self.graph.ops[r["op"]].name + (" (recompute)" if r["recompute"] else "")
+            op_ms[key] = op_ms.get(key, 0.0) + r["ms"]
+        return {"loss": total / k, "micro_batches": k, "calls": rows, "total_ms": tot_ms, "step_ms": tot_ms,
+                "op_ms": op_ms, "by_phase_ms": by_phase, "timeline": timeline, "timeline_bytes": timeline,
+                "peak_bytes": max(timeline), "arena_bytes": self.program.arena_bytes,
+                "persistent_bytes": self.program.persistent_bytes}
+
+    # -- inference ----------------------------------------------------------------------------
+    def predict(self, x: Any):
+        """Logits for x [M, ...] (any M) with eval-mode semantics (running BN stats, no dropout)."""
+        import torch
+        ex = self.eval_executor
+        n = ex.input.shape[0]
+        outs = []
+        for i in range(0, x.shape[0], n):
+            chunk = x[i:i + n]
+            m = chunk.shape[0]
+            if m < n:
+                ex.input.zero_()
+            ex.input[:m].copy_(chunk)
+            ex.run_main()
+            outs.append(ex.logits[:m].clone())
+        return torch.cat(outs) if outs else torch.empty(0)
+
+    def evaluate(self, loader: Iterable) -> dict[str, float]:
+        """Mean cross-entropy loss and accuracy over (x, y) batches, eval mode."""
+        import torch
+        import torch.nn.functional as F
+        tot_loss, correct, count = 0.0, 0, 0
+        for x, y in loader:
+            logits = self.predict(x)
+            tot_loss += float(F.cross_entropy(logits, y, reduction="sum"))
+            correct += int((logits.argmax(1) == y).sum())
+            count += int(y.shape[0])
+        if count == 0:
+            return {"loss": float("nan"), "accuracy": float("nan")}
+        return {"loss": tot_loss / count, "accuracy": correct / count}
+
+    # -- state --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Parameters and buffers (BN running stats) as torch tensors (copies), by module state_dict name."""
+        return {s.name: self._view(s).clone() for s in self._named_slots((ROLE_PARAMETER, ROLE_BUFFER))}
+
+    def load_state_dict(self, sd: dict) -> None:
+        for s in self._named_slots((ROLE_PARAMETER, ROLE_BUFFER)):
+            if s.name in sd:
+                self._view(s).copy_(sd[s.name].reshape(s.shape))
+
+    def optimizer_state(self) -> dict:
+        return {s.name: self._view(s).clone() for s in self._named_slots((ROLE_OPTIMIZER_STATE,))}
+
+    def to_torch(self, model: Any = None):
+        """Write the trained weights and BN running stats back into ``model`` (default: the module given to
+        the constructor) and return it."""
+        import torch
+        m = self.model if model is None else model
+        sd = self.state_dict()
+        with torch.no_grad():
+            for k, v in m.state_dict().items():
+                if k in sd:
+                    v.copy_(sd[k].reshape(v.shape))
+                elif k.endswith("num_batches_tracked"):
+                    v.fill_(self._base_nbt.get(k, 0) + self._bn_batches)
+        return m
+
+    def parameter_delta(self, base_state_dict: dict) -> dict:
+        """Only the parameters (not buffers) that differ from ``base_state_dict``: {name: current - base}."""
+        out = {}
+        for s in self._named_slots((ROLE_PARAMETER,)):
+            cur = self._view(s)
+            base = base_state_dict.get(s.name)
+            if base is None:
+                out[s.name] = cur.clone()
+                continue
+            d = cur - base.reshape(cur.shape).to(cur.dtype)
+            if bool(d.any()):
+                out[s.name] = d
+        return out
+
+    # -- checkpoints and export ---------------------------------------------------------------
+    def save_checkpoint(self, path: str | Path, meta: dict | None = None) -> None:
+        from port.train.checkpoint import save_trainer
+        save_trainer(self, path, meta)
+
+    @classmethod
+    def resume(cls, path: str | Path, model: Any, example_input: Any, **kwargs: Any) -> "Trainer":
+        """A Trainer for ``model`` restored from a checkpoint: weights, buffers, optimizer state and settings,
+        step and dropout RNG state. Continuing reproduces the uninterrupted run bit for bit."""
+        from port.train.checkpoint import load_into_trainer, read_header
+        from port.train.optim import from_dict
+        hdr = read_header(path)
+        if "optimizer" not in kwargs and hdr.get("optimizer"):
+            kwargs["optimizer"] = from_dict(hdr["optimizer"])
+        if "seed" not in kwargs:
+            kwargs["seed"] = hdr.get("rng", {}).get("seed", 0)
+        t = cls(model, example_input, **kwargs)
+        load_into_trainer(t, path)
+        return t
+
+    def export(self, path: str | Path, format: str = "onnx") -> Path:
+        from port.train.export import export
+        return export(self, path, format)
+
+    def memory_report(self) -> dict[str, int]:
+        p = self.program
+        return {"arena_bytes": self.arena_bytes, "train_arena_bytes": p.arena_bytes,
+                "eval_arena_bytes": self.eval_program.arena_bytes, "persistent_bytes": p.persistent_bytes,
+                "scratch_bytes": p.scratch_bytes, "peak_live_bytes": p.peak_live_bytes}
+
+
+def _plan_file_batch(path: Path) -> int | None:
+    """The batch size a plan file records (written by port.pipeline), or None."""
+    import json
+    try:
+        b = json.loads(path.read_text()).get("batch_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return int(b) if isinstance(b, int) else None
+
+
+def _release_freed_heap() -> None:
+    """Tracing copies the model and runs it once (shape propagation); those tensors are freed, but glibc keeps
+    the pages in its heap (~100 MiB for ResNet-18), which would count against the device's memory for the
+    whole run. Hand them back to the OS once set-up is done (glibc only; a no-op elsewhere)."""
+    import gc
+    gc.collect()
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

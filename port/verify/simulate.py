@@ -1,0 +1,137 @@
+"""Replay a Plan: predicted step time and the memory timeline.
+
+The simulator is the referee every plan (the ILP's included) is checked against. It shares with the solver
+and with lowering only the plan's meaning, ``port.plan.semantics.schedule`` (the events a plan runs), and
+none of the ILP's variables: it prices each event from the profile and accounts memory on its own.
+
+Memory recorded per executed op or re-run (``op``/``recompute`` events): the plan's static bytes + the live
+roots + the running op's workspace (OpCost.workspace_bytes). Time: the sum of op latencies (re-runs included),
+hand-offs (per tensor and reading op when producer and reader sit on different accelerators; a re-run re-reads
+its inputs), and paging (latency + bytes / bandwidth for each page_out and each page_in).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from port.errors import PlanError
+from port.ir.types import Graph
+from port.plan import semantics as SEM
+from port.plan.types import Plan
+from port.cost.types import Profile
+
+
+
+@dataclass(frozen=True)
+class SimResult:
+    step_ms: float
+    peak_bytes: int
+    timeline: tuple[int, ...]                 # bytes in use during each executed step (static included)
+    steps: tuple[tuple[str, int], ...]        # ("op", id) or ("recompute", id), executed order
+    peak_step: int                            # index into steps/timeline
+    peak_tensors: tuple[str, ...]             # roots live at the peak, largest first
+    static_bytes: int
+    breakdown: dict = field(default_factory=dict)   # compute/recompute/handoff/paging ms
+    gantt: tuple[tuple[str, str, float, float], ...] = ()  # (label, accelerator, start_ms, end_ms)
+
+
+def _costs(graph: Graph, profile: Profile, plan: Plan):
+    costs = []
+    for o, d in zip(graph.ops, plan.ops):
+        c = profile.lookup(graph.signature(o), d.accelerator, d.variant)
+        if c is None:
+            raise PlanError(f"op {o.name!r}: ({d.accelerator}, {d.variant}) is not in the profile")
+        costs.append(c)
+    return costs
+
+
+def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
+    sch = SEM.schedule(graph, plan)
+    costs = _costs(graph, profile, plan)
+    dec = plan.ops
+    prods = graph.producers()
+    T = graph.tensors
+    S = sch.static_bytes
+    if sch.paged and not profile.storage:
+        raise PlanError(f"plan pages tensors but profile {profile.device!r} declares no storage")
+    stg = dict(profile.storage or ())
+    bw = stg.get("bandwidth_gbps", 0.0) * 1e6   # bytes per ms
+    lat = stg.get("latency_ms", 0.0)
+
+    live: dict[int, int] = {}
+    total = 0
+    timeline: list[int] = []
+    steps: list[tuple[str, int]] = []
+    snapshots: list[tuple[int, ...]] = []
+    gantt: list[tuple[str, str, float, float]] = []
+    clock = comp = rcomp = hand = pagems = 0.0
+
+    def add(r: int) -> None:
+        nonlocal total
+        if r in live:
+            raise PlanError(f"{T[r].name!r} is materialised twice (recomputed while still live)")
+        live[r] = sch.root_bytes(graph, r)
+        total += live[r]
+
+    def handoff_ms(tid: int, consumer: int) -> float:
+        u = prods.get(tid)
+        if u is None or u >= consumer:
+            return 0.0
+        a, b = dec[u].accelerator, dec[consumer].accelerator
+        return 0.0 if a == b else profile.handoff_cost(a, b).cost_ms(T[tid].bytes)
+
+    def run(kind: str, oid: int) -> None:
+        nonlocal clock, comp, rcomp, hand
+        for t in graph.ops[oid].inputs:
+            r = sch.root_of(t)
+            if not sch.is_static(graph, t) and r not in sch.nonmat and r not in live:
+                raise PlanError(f"{'recompute of' if kind == 'recompute' else 'op'} {graph.ops[oid].name!r} reads "
+                                f"{T[t].name!r}, which is not in memory then (dropped and not restored)")
+        c = costs[oid]
+        h = sum(handoff_ms(x, oid) for x in dict.fromkeys(graph.ops[oid].inputs))
+        timeline.append(S + total + c.workspace_bytes)
+        steps.append((kind, oid))
+        snapshots.append(tuple(live))
+        if kind == "recompute":
+            rcomp += c.latency_ms
+        else:
+            comp += c.latency_ms
+        hand += h
+        label = graph.ops[oid].name + (" (recompute)" if kind == "recompute" else "")
+        gantt.append((label, dec[oid].accelerator, clock + h, clock + h + c.latency_ms))
+        clock += h + c.latency_ms
+
+    def page(r: int, what: str) -> None:
+        nonlocal clock, pagems
+        c = lat + T[r].bytes / bw
+        pagems += c
+        gantt.append((f"{what} {T[r].name}", "storage", clock, clock + c))
+        clock += c
+
+    for ev in sch.events:
+        for r in ev.alloc:
+            add(r)
+        if ev.kind in ("op", "recompute"):
+            run(ev.kind, ev.op)
+        elif ev.kind == "page_in":
+            page(ev.roots[0], "page in")
+        elif ev.kind == "page_out":
+            page(ev.roots[0], "page out")
+        elif ev.kind == "free":
+            for r in ev.roots:
+                if r in live:
+                    total -= live.pop(r)
+    if live:
+        raise PlanError(f"internal: tensors still live at the end of the step: {[T[r].name for r in live][:5]}")
+    pk = max(range(len(timeline)), key=lambda i: (timeline[i], -i))
+    peak_roots = sorted(snapshots[pk], key=lambda r: -sch.root_bytes(graph, r))
+    kind, oid = steps[pk]
+    ws = costs[oid].workspace_bytes
+    names = tuple(f"{T[r].name} ({sch.root_bytes(graph, r)} B)" for r in peak_roots if sch.root_bytes(graph, r) > 0)
+    if ws:
+        names = names + (f"workspace of {graph.ops[oid].name} ({ws} B)",)
+    names = names + (f"static: parameters/buffers/gradients/optimizer state/input ({S} B)",)
+    return SimResult(
+        step_ms=comp + rcomp + hand + pagems, peak_bytes=timeline[pk], timeline=tuple(timeline),
+        steps=tuple(steps), peak_step=pk, peak_tensors=names, static_bytes=S,
+        breakdown={"compute_ms": comp, "recompute_ms": rcomp, "handoff_ms": hand, "paging_ms": pagems},
+        gantt=tuple(gantt))
