@@ -1,6 +1,6 @@
 """Roofline calibration: fit the efficiency per op kind on present accelerators from measured entries.
 
-For every measured entry, the roofline at efficiency 1 is ``ideal`` (costmodel.ideal_ms) and the
+For every measured entry, the roofline at efficiency 1 is ``ideal`` (port.cost.roofline.ideal_ms) and the
 measured time minus the launch overhead is ``t``; the efficiency of a kind is the median of ideal / t
 over its entries (clipped to (0.001, 1.5]). The fit error is the median |modeled - measured| / measured,
 reported before (default efficiencies) and after (calibrated).
@@ -94,28 +94,3 @@ def save_calibration(cal: Calibration, path: str | Path) -> Path:
     from port.io import atomic_write_text
     atomic_write_text(path, json.dumps(cal.to_dict(), indent=1, sort_keys=True) + "\n")
     return Path(path)
-
-
-def load_calibration(path: str | Path) -> dict[str, dict[str, float]]:
-    """accelerator id -> {kind: efficiency} from a calibration file (for modeled_entries(efficiency=...))."""
-    from port.errors import ProfileError
-    try:
-        d = json.loads(Path(path).read_text())
-        return {a: {k: float(v) for k, v in m.items()} for a, m in d["efficiency"].items()}
-    except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
-        raise ProfileError(f"{path}: not a calibration file ({type(e).__name__}: {e})") from None
-
-
-def apply_calibration(device: DeviceConfig, efficiency: dict[str, dict[str, float]],
-                      launch_us: dict[str, float] | None = None) -> DeviceConfig:
-    """A copy of ``device`` whose accelerators' efficiency maps (and launch overheads) are the calibrated ones."""
-    accs = []
-    for a in device.accelerators:
-        if a.id in efficiency:
-            upd: dict = {"efficiency": {**a.efficiency, **efficiency[a.id]}}
-            if launch_us and a.id in launch_us:
-                upd["launch_overhead_us"] = launch_us[a.id]
-            accs.append(a.model_copy(update=upd))
-        else:
-            accs.append(a)
-    return device.model_copy(update={"accelerators": tuple(accs)})

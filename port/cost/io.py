@@ -2,7 +2,7 @@
 
 Format (``format: "port-profile"``, ``version: types.PROFILE_FORMAT_VERSION``)::
 
-    {"format": "port-profile", "version": 1, "device": "host",
+    {"format": "port-profile", "version": 2, "device": "host",
      "accelerators": ["cpu-c", "cpu-torch"], "threads": 2,
      "host": {"cpu": "...", "cores": "2", "torch": "2.13.0", "date": "...", "graph": "digits_cnn",
               "graph_digest": "...", "threads.cpu-c": "2", ...},
@@ -78,8 +78,10 @@ def profile_from_dict(d: Any, where: str = "profile", device: str | None = None)
         raise ProfileError(f"{where}: not a PORT profile (key 'format' is {d.get('format')!r}, expected {FORMAT_TAG!r})")
     ver = d.get("version")
     if ver != PROFILE_FORMAT_VERSION:
+        why = (" (version 1 profiles timed kernels the executor does not run: a fused kernel for chains it runs "
+               "unfused)" if ver == 1 else "")
         raise ProfileError(f"{where}: profile format version {ver!r} is not supported (this PORT reads version "
-                           f"{PROFILE_FORMAT_VERSION}); re-run `port profile`")
+                           f"{PROFILE_FORMAT_VERSION}){why}; re-run `port profile`")
     dev = _need(d, "device", str, where)
     if device is not None and dev != device:
         raise ProfileError(f"{where}: profile is for device {dev!r}, not {device!r}; profile this device or pass "

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 # =============================================================================================
 # profile: measured or modeled cost of every (op signature, accelerator, variant)
 # =============================================================================================
-PROFILE_FORMAT_VERSION = 1
+PROFILE_FORMAT_VERSION = 2   # 2: entries timed through the op registry (what the executor runs)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,35 @@ from port.lower.program import GRAD_SCALE_ID  # the loss-gradient scale (1 / mic
 from port.plan import variants as V
 
 BACKENDS = ("c", "torch-cpu", "torch-cuda")
+
+# Python kernel name (what a Call runs) -> the C entry points the ``c`` backend calls for it, by variant
+# (plain/direct/fused: the first; patch<T>: the patch kernel; batch norm: train, eval). The one table of how
+# names in Python map to names in kernels/include/port_kernels.h; tests/e2e/test_registry.py checks every
+# binding the executor makes against it.
+C_ENTRIES: dict[str, tuple[str, ...]] = {
+    "conv2d": ("port_conv2d_forward", "port_conv2d_patch_forward"),
+    "conv2d.grad_input": ("port_conv2d_backward_input", "port_conv2d_patch_backward_input"),
+    "conv2d.grad_weight": ("port_conv2d_backward_weight", "port_conv2d_patch_backward_weight"),
+    "conv2d_bn_relu": ("port_conv2d_bn_relu_forward_train",),
+    "batch_norm2d": ("port_batchnorm2d_forward_train", "port_batchnorm2d_forward_eval"),
+    "batch_norm2d.grad_input": ("port_batchnorm2d_backward_input", "port_batchnorm2d_backward_input_eval"),
+    "batch_norm2d.grad_weight": ("port_batchnorm2d_backward_weight", "port_batchnorm2d_backward_weight_eval"),
+    "batch_norm2d.grad_input_from_output": ("port_batchnorm2d_backward_input_from_output",),
+    "batch_norm2d.grad_weight_from_output": ("port_batchnorm2d_backward_weight_from_output",),
+    "relu": ("port_relu_forward",), "relu.grad_input": ("port_relu_backward",),
+    "relu6": ("port_relu6_forward",), "relu6.grad_input": ("port_relu6_backward",),
+    "hardswish": ("port_hardswish_forward",), "hardswish.grad_input": ("port_hardswish_backward",),
+    "add": ("port_add",), "grad_accumulate": ("port_add",),
+    "dropout": ("port_dropout_forward",), "dropout.grad_input": ("port_dropout_backward",),
+    "max_pool2d": ("port_maxpool2d_forward",), "max_pool2d.grad_input": ("port_maxpool2d_backward_input",),
+    "avg_pool2d": ("port_avgpool2d_forward",), "avg_pool2d.grad_input": ("port_avgpool2d_backward_input",),
+    "global_avg_pool2d": ("port_global_avgpool_forward",),
+    "global_avg_pool2d.grad_input": ("port_global_avgpool_backward_input",),
+    "linear": ("port_linear_forward",), "linear.grad_input": ("port_linear_backward_input",),
+    "linear.grad_weight": ("port_linear_backward_weight",),
+    "cross_entropy": ("port_softmax_xent_forward",), "cross_entropy.grad_input": ("port_softmax_xent_backward",),
+    "update": ("port_sgd_step", "port_adamw_step"),
+}
 NO_CALL_KINDS = ("reshape", "reshape.grad_input", "add.grad_input")   # views: zero-copy, no kernel
 CONV_KERNELS = ("conv2d", "conv2d.grad_input", "conv2d.grad_weight", "conv2d_bn_relu")
 CONV_ALGO = {"plain": 1, "direct": 2, "fused": 0}     # port_conv_algo: im2col, direct, auto

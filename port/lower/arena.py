@@ -270,8 +270,3 @@ def live_timeline(program: Program) -> tuple[int, ...]:
     tl = np.cumsum(tl)[:n]
     ws = np.array([align(c.workspace_bytes) if c.workspace_bytes else 0 for c in program.calls], dtype=np.int64)
     return tuple(int(v) for v in (tl + ws))
-
-
-def iter_overlaps(blocks: Iterable[tuple[int, int]]) -> bool:
-    b = sorted(blocks)
-    return any(o2 < e1 for (o1, e1), (o2, e2) in zip(b, b[1:]))

@@ -164,10 +164,6 @@ def patch_tile(variant: str) -> int | None:
     return int(variant[5:]) if variant.startswith("patch") else None
 
 
-def default_variant(graph: Graph, op: Op, backend: str) -> str:
-    return variants(graph, op, backend)[0]
-
-
 def inplace_conflicts(graph: Graph) -> tuple[tuple[int, int], ...]:
     """Pairs (a, b) of ops that must not both run ``inplace``: an in-place batch norm ``a`` saves its
     output y for its backward, so the op ``b`` that reads y may not overwrite it."""
