@@ -34,13 +34,14 @@ BUDGET_HELP = ("a size such as 64MB (10^6), 1.5GiB (2^30) or a number of bytes, 
 
 def parse_size(value: Any) -> int:
     """'64MB' -> 64_000_000, '1.5GiB' -> 1610612736, 4096 -> 4096. Raises ValueError with the allowed forms."""
+    import numbers
     if isinstance(value, bool):
         raise ValueError(f"expected {SIZE_HELP}")
-    if isinstance(value, int):
+    if isinstance(value, numbers.Integral):      # int, numpy integers
         if value < 0:
             raise ValueError(f"a size must be >= 0, expected {SIZE_HELP}")
-        return value
-    if isinstance(value, float):
+        return int(value)
+    if isinstance(value, numbers.Real):          # float, numpy floats
         if value < 0 or not math.isfinite(value):
             raise ValueError(f"expected {SIZE_HELP}")
         return int(value)

@@ -2,7 +2,11 @@
 
 
 class PortError(Exception):
-    """Base class of PORT's errors (the CLI maps them to exit code 2: bad input)."""
+    """Base class of PORT's errors. The CLI maps them to exit code 2 (bad input), except InternalError."""
+
+
+class InternalError(PortError):
+    """A failure inside PORT, not the user's input (the CLI exits 1 with the details and "please report")."""
 
 
 class PortTraceError(PortError, ValueError):
@@ -32,5 +36,9 @@ class InfeasibleBudgetError(PortError):
         self.peak_tensors = peak_tensors
 
 
-class ProgramError(PortError, ValueError):
+class ProgramError(InternalError, ValueError):
     """A lowered program is inconsistent (out-of-arena offsets, overlapping live tensors, read before write)."""
+
+
+class SolverError(InternalError):
+    """A solver backend failed or returned a plan the simulator rejects (a bug: please report)."""

@@ -16,8 +16,9 @@ frozen dataclasses between the steps are what they print.
 When it is missing, does not cover the graph, or was measured on another CPU model, the commands measure it
 now (with a progress bar, reusing what still applies) and write it there. A file given with ``--profile`` is
 never rewritten: if it is missing or does not cover the graph, the command stops and says so. A device with no
-accelerator present on this machine (e.g. ``raspberry-pi-4b``) is costed with the roofline model, and the
-commands say so; a device with present accelerators never silently falls back to the roofline.
+accelerator present on this machine (e.g. ``raspberry-pi-4b``) uses the file when one exists (measured there and
+copied here) and the roofline model otherwise, and the commands say so; a device with present accelerators never
+silently falls back to the roofline.
 
 **Budgets** (one syntax: config key ``budget``, ``--budget``, ``port.solve(..., budget=...)``): bytes, a size
 (``64MB``, ``1.5GiB``) or ``NN%`` of the **keep-everything peak**: the simulated peak memory of the plan that
@@ -268,21 +269,19 @@ def load_model(job: Job, seed: int | None = None) -> Any:
                               f"{', '.join(models.names())}; or give module:factory (module.py beside the config "
                               f"file or in the working directory)")
         kwargs.setdefault("num_classes", cfg.num_classes)
-        factory = models.ZOO[spec]
-        call = lambda: models.get(spec, seed=seed, **kwargs)  # noqa: E731
-    else:
-        factory = import_factory(spec, job.search_dirs, job.where)
-
-        def call():
-            torch.manual_seed(seed)
-            return factory(**kwargs)
+        try:     # zoo factories take **kw: a wrong keyword shows up as a TypeError of the call
+            return models.get(spec, seed=seed, **kwargs)
+        except TypeError as e:
+            raise ConfigError(f"{job.where}key 'model.kwargs': {kwargs} do not fit zoo model {spec!r}: {e}") from None
+    factory = import_factory(spec, job.search_dirs, job.where)
     try:
         inspect.signature(factory).bind(**kwargs)
     except TypeError as e:
-        raise ConfigError(f"{job.where}key 'model.kwargs': {kwargs} do not fit model {spec!r}: {e}") from None
+        raise ConfigError(f"{job.where}key 'model.kwargs': {kwargs} do not fit {spec!r}: {e}") from None
     except ValueError:       # no signature available (C callables): let the call decide
         pass
-    return call()
+    torch.manual_seed(seed)
+    return factory(**kwargs)      # an exception inside the user's factory is theirs (exit 1, with traceback)
 
 
 def build_graph(job: Job, seed: int | None = None) -> Built:
@@ -297,17 +296,23 @@ def build_graph(job: Job, seed: int | None = None) -> Built:
     opt = from_config(cfg.optimizer)
     trainable = tuple(cfg.train.trainable) if cfg.train.trainable else None
     x = example[:job.graph_batch]
+    import contextlib
+    import io
+    err = io.StringIO()       # torch's shape propagation prints a traceback before it raises: held back here
     try:
-        graph = trace(model, x, trainable=list(trainable) if trainable else None, optimizer=opt.graph_name,
-                      name=cfg.model.name)
-    except (PortTraceError, RuntimeError) as e:
+        with contextlib.redirect_stderr(err):
+            graph = trace(model, x, trainable=list(trainable) if trainable else None, optimizer=opt.graph_name,
+                          name=cfg.model.name)
+    except (PortTraceError, RuntimeError):
         why = _eager_failure(model, x)
         if why is not None:   # the model does not even run on this input: the config's input_shape is wrong
             raise ConfigError(f"{job.where}key 'input_shape': {list(cfg.input_shape)} does not fit model "
                               f"{cfg.model.name!r}: running it on a batch of shape {list(x.shape)} fails with "
                               f"{why}. Fix: set input_shape to the per-sample shape the model takes (without the "
                               f"batch dimension)") from None
+        sys.stderr.write(err.getvalue())
         raise
+    sys.stderr.write(err.getvalue())
     return Built(model, example, graph, trainable, opt)
 
 
@@ -371,6 +376,20 @@ def stale_reason(profile: Any) -> Optional[str]:
     return None
 
 
+def outdated_format(path: Path) -> Optional[str]:
+    """Why the profile file at ``path`` is of another (older) format version than this PORT reads, or None.
+    Such a file can be neither used nor reused as a cache: it is measured again."""
+    from port.cost.types import PROFILE_FORMAT_VERSION
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None                # unreadable: load_profile says so, naming the file
+    ver = d.get("version") if isinstance(d, dict) and d.get("format") == "port-profile" else None
+    if ver is None or ver == PROFILE_FORMAT_VERSION:
+        return None
+    return f"it is in profile format version {ver!r}, this PORT reads version {PROFILE_FORMAT_VERSION}"
+
+
 def _profile_summary(profile: Any, present: Sequence[str]) -> str:
     n = len(profile.entries)
     meas = sum(e.measured for e in profile.entries)
@@ -397,6 +416,8 @@ def find_profile(job: Job, graph: Any) -> Optional[ProfileStep]:
             raise ProfileError(f"{path}: profile file not found (given with --profile); create it with "
                                f"`port profile {job.command_hint} -o {path}`")
         return None
+    if not job.profile_explicit and outdated_format(path):
+        return None
     from port.cost.io import load_profile
     prof = load_profile(path, device=job.device.name)
     if uncovered(prof, graph):
@@ -416,20 +437,26 @@ def get_profile(job: Job, graph: Any, *, measure: bool = True, replan_signatures
     from port.cost.io import load_profile
     dev, path = job.device, job.profile_path
     present = present_accelerators(dev)
-    if not present:
-        if job.profile_explicit:
+    if not present:     # nothing to measure here: a profile file (e.g. measured on that device) or the roofline
+        if job.profile_explicit or (path.exists() and not outdated_format(path)):
             prof = load_profile(path, device=dev.name)
             miss = uncovered(prof, graph)
-            if miss:
+            if not miss:
+                return ProfileStep(prof, path, "file", f"profile: {path} ({_profile_summary(prof, present)})")
+            if job.profile_explicit:
                 raise ProfileError(f"{path}: does not cover {len(miss)} op signature(s) of this graph (e.g. "
                                    f"{miss[0]}); run `port profile {job.command_hint} -o {path}`")
-            return ProfileStep(prof, path, "file", f"profile: {path} ({_profile_summary(prof, present)})")
+            echo(f"profile: {path} does not cover {len(miss)} op signature(s) of this graph: not used")
         from port.cost.roofline import modeled_profile
         return ProfileStep(modeled_profile(graph, dev), None, "modeled",
-                           f"profile: none needed: device {dev.name!r} is fully modeled (none of its accelerators "
-                           f"is present on this machine), so every cost comes from the roofline model")
+                           f"profile: none at {path}, and none needed: device {dev.name!r} is fully modeled (none "
+                           f"of its accelerators is present on this machine), so every cost comes from the "
+                           f"roofline model")
     cache = None
-    if path.exists():
+    old = outdated_format(path) if path.exists() and not job.profile_explicit else None
+    if old:
+        why = f"{path} cannot be used: {old}; measuring it again"
+    elif path.exists():
         prof = load_profile(path, device=dev.name)      # corrupt / other device: ProfileError naming the file
         miss = uncovered(prof, graph)
         stale = stale_reason(prof)
@@ -486,6 +513,14 @@ def measure_profile(job: Job, graph: Any, path: Path, *, cache: Any = None, quic
     prof, rep = profile_with_report(graph, job.device, cache=cache, max_time_s=max_time_s, blocks=nb,
                                     block_ms=bm, warmup_ms=wm, threads=threads or cfg.train.threads,
                                     progress=progress, optimizer_kwargs=optimizer_kwargs(cfg))
+    if cache is not None:   # keep the file's entries of other graphs (another batch size, say): no ping-pong
+        from dataclasses import replace
+        have = {(e.signature, e.accelerator, e.variant) for e in prof.entries}
+        extra = [e for e in cache.entries
+                 if (e.signature, e.accelerator, e.variant) not in have and e.accelerator in prof.accelerators]
+        if extra:
+            entries = sorted((*prof.entries, *extra), key=lambda e: (e.signature, e.accelerator, e.variant))
+            prof = replace(prof, entries=tuple(entries), _index={})
     save_profile(prof, path)
     present = present_accelerators(job.device)
     note = (f"profile: measured {rep.measured} entries now, reused {rep.reused}, modeled {rep.modeled} "
@@ -500,7 +535,10 @@ def profile_to_file(job: Job, graph: Any, *, fresh: bool = False, echo: Echo = _
     from port.cost.io import load_profile
     path = job.profile_path
     cache = None
-    if path.exists() and not fresh:
+    old = outdated_format(path) if path.exists() and not fresh else None
+    if old:
+        echo(f"profile: {path}: {old}; measuring everything again")
+    elif path.exists() and not fresh:
         try:   # refused with a clear error when corrupt, truncated or for another device
             cache = load_profile(path, device=job.device.name)
         except ProfileError as e:
@@ -604,7 +642,6 @@ def solve_plan(job: Job, built: Built, prof: ProfileStep, budget: Budget) -> Sol
 
 def save_plan_file(solved: Solved, job: Job, built: Built, prof: ProfileStep, path: Path) -> Path:
     """The plan file (with what `port show` draws), written with the user's umask."""
-    from port.io import apply_default_mode
     from port.plan.io import save_plan
     graph, profile, plan, sim = built.graph, prof.profile, solved.plan, solved.sim
     layers = []
@@ -619,7 +656,6 @@ def save_plan_file(solved: Solved, job: Job, built: Built, prof: ProfileStep, pa
              "keep_everything_peak_bytes": solved.budget.keep_everything_peak,
              "budget_spec": solved.budget.spec if solved.budget.spec is not None else "device memory"}
     save_plan(plan, path, graph, extra=extra)
-    apply_default_mode(path)     # port.plan.io writes through mkstemp (0600)
     return Path(path)
 
 
@@ -966,19 +1002,17 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
     bud = resolve_budget(job, graph, prof.profile)
     say(bud.peak_line())
     say(bud.describe())
-    plan = None
+    solved = None
     if resume and not replan and budget is None and solver is None:
-        plan = _reuse_plan(run_dir, graph, prof.profile, bud)
-        if plan is not None:
+        reused = _reuse_plan(run_dir, graph, prof.profile, bud)
+        if reused is not None:
+            from port.verify.simulate import simulate
+            solved = Solved(reused, bud, simulate(reused, graph, prof.profile))
             say(f"plan: reusing {run_dir / 'plan.json'} (same graph, profile and budget)")
-    if plan is None:
-        plan = solve_plan(job, built, prof, bud).plan
-    from port.plan.io import save_plan
-    from port.io import apply_default_mode
-    save_plan(plan, run_dir / "plan.json", graph=graph,
-              extra={"batch_size": graph.batch_size, "keep_everything_peak_bytes": bud.keep_everything_peak,
-                     "profile_source": str(prof.path) if prof.path else "roofline model"})
-    apply_default_mode(run_dir / "plan.json")
+    if solved is None:
+        solved = solve_plan(job, built, prof, bud)
+    plan = solved.plan
+    save_plan_file(solved, job, built, prof, run_dir / "plan.json")     # `port show` draws it
     say(plan_summary(plan))
 
     # train

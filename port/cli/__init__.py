@@ -38,12 +38,11 @@ COMMAND_MODULES = ("inspect", "profile", "solve", "train", "demo")
 for _name in COMMAND_MODULES:
     importlib.import_module(f"port.cli.{_name}").register(app)
 
-# internal failures (exit 1, "please report"), matched by class name so that checking them imports nothing
-INTERNAL_ERRORS = ("SolverError", "ProgramError", "KernelError")
-
-
 def _is_internal(e: BaseException) -> bool:
-    return any(c.__name__ in INTERNAL_ERRORS and c.__module__.startswith("port.") for c in type(e).__mro__)
+    """Internal failures (exit 1, "please report"): port.errors.InternalError (SolverError, ProgramError,
+    KernelError)."""
+    from port.errors import InternalError
+    return isinstance(e, InternalError)
 
 
 def _on_sigterm(signum: int, _frame) -> None:

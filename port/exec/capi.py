@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
 
-from port.errors import PortError as _PortErrorBase
+from port.errors import InternalError as _PortErrorBase
 from port.exec import native as _native
 
 # --------------------------------------------------------------------------- constants

@@ -1,17 +1,19 @@
-"""Lowering: Graph + Plan -> Program (ordered kernel calls with arena offsets).
+"""Lowering: Graph + Plan -> Program (ordered kernel calls with arena offsets). Pure: no torch, no hardware.
 
-``default_plan(graph, backend)`` builds the plan the executor runs until the ILP's plans arrive: every op on
-one backend, fusion (conv2d -> batch_norm2d -> relu, training BN) and in-place (relu, relu6, add) wherever
-legal, ``direct`` convolutions where legal (depthwise, 1x1). A Plan's per-op accelerator decides the
-backend, so plans may mix backends op by op (both CPU backends share the arena zero-copy).
+``default_plan(graph, backend)`` is the plan the executor runs without a solver: every op on one backend, the
+fused conv -> training batch norm -> relu kernel and in-place relu/relu6/add wherever legal, ``direct``
+convolutions where legal (depthwise, 1x1). A plan's per-op accelerator decides the backend, so plans may mix
+backends op by op (both CPU backends share the arena zero-copy).
 
-``lower(graph, plan)`` then
-1. maps every tensor to a storage root (views and in-place outputs onto their input),
-2. emits one Call per executed op (views and fused-away ops emit none),
-3. asks each call's backend for its workspace,
-4. places the persistent region (params, buffers, param grads, optimizer state, constants) and the scratch
+``lower(graph, plan)``
+1. takes the plan's events from ``port.plan.semantics.schedule`` (the one statement of what a plan means),
+2. turns each event into the calls ``port.exec.registry.op_calls`` gives for it (the ones the profiler times),
+   with a fresh tensor version for every re-run or paged-in root,
+3. gives every root version the life the schedule gives it (allocating event to free event),
+4. asks the registry for each call's workspace (the C kernels' own queries),
+5. places the persistent region (params, buffers, param grads, optimizer state, constants) and the scratch
    roots + workspaces with ``port.lower.arena.assign_offsets``, and
-5. checks the result with ``port.lower.arena.check_program``.
+6. checks the result with ``port.lower.arena.check_program``.
 """
 from __future__ import annotations
 
@@ -68,7 +70,7 @@ def default_plan(graph: Graph, backend: str = "c", fuse: bool = True, inplace: b
                 variant[o.id] = "inplace"
     ops = tuple(OpDecision(o.id, acc, variant[o.id]) for o in graph.ops)
     return Plan(graph_digest=graph.digest(), profile_digest="", budget_bytes=0, ops=ops, solver="default",
-                status="feasible")
+                status="feasible", batch_size=graph.batch_size)
 
 
 # ---------------------------------------------------------------------------------------------

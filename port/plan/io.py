@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
 from port.errors import PlanError
@@ -39,7 +37,7 @@ def plan_to_dict(plan: Plan, graph: Graph | None = None) -> dict:
     return {
         "format": FORMAT, "version": PLAN_FORMAT_VERSION,
         "graph_digest": plan.graph_digest, "profile_digest": plan.profile_digest,
-        "graph_name": graph.name if graph is not None else None,
+        "graph_name": graph.name if graph is not None else None, "batch_size": plan.batch_size,
         "budget_bytes": plan.budget_bytes, "solver": plan.solver, "status": plan.status,
         "objective_ms": _num(plan.objective_ms), "gap": _num(plan.gap), "solve_time_s": _num(plan.solve_time_s),
         "predicted_step_ms": _num(plan.predicted_step_ms), "predicted_peak_bytes": plan.predicted_peak_bytes,
@@ -54,18 +52,8 @@ def save_plan(plan: Plan, path: str | Path, graph: Graph | None = None, extra: d
     path.parent.mkdir(parents=True, exist_ok=True)
     d = plan_to_dict(plan, graph)
     d.update({k: v for k, v in (extra or {}).items() if k not in d})
-    blob = json.dumps(d, indent=1)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    from port.io import atomic_write_text
+    atomic_write_text(path, json.dumps(d, indent=1))
     return path
 
 
@@ -124,4 +112,4 @@ def load_plan(path: str | Path, graph: Graph | None = None, profile: Profile | N
                 solver=str(d.get("solver", "")), status=str(d.get("status", "feasible")),
                 objective_ms=f("objective_ms"), gap=f("gap"), solve_time_s=f("solve_time_s"),
                 predicted_step_ms=f("predicted_step_ms"), predicted_peak_bytes=int(d.get("predicted_peak_bytes") or 0),
-                memory_timeline=timeline)
+                memory_timeline=timeline, batch_size=int(d.get("batch_size") or 0))

@@ -49,6 +49,7 @@ class Plan:
     predicted_step_ms: float = 0.0        # from port.verify.simulate, not from solver variables
     predicted_peak_bytes: int = 0
     memory_timeline: tuple[int, ...] = () # bytes live after each executed step (simulate's order)
+    batch_size: int = 0                   # the batch the plan's graph runs per program pass (0: not recorded)
 
     def decision(self, op_id: int) -> OpDecision:
         return self.ops[op_id]

@@ -16,8 +16,9 @@ Variant names
                  variant ``fused`` and run no call of their own. Only chains that kernel computes are
                  fusable: no variant is offered that the executor cannot run.
 
-Torch backends (torch-cpu, torch-cuda, torch-mps) run ``plain`` only (plus ``inplace`` for the activation
-and add, which torch supports natively). ``modeled`` accelerators get every variant the C backend has.
+Torch backends (torch-cpu, torch-cuda, torch-mps) run ``plain`` only, plus ``inplace`` for relu, relu6 and add
+and for a batch norm's backward ops (from the output). ``modeled`` accelerators get every variant the C
+backend has. Every variant offered here is one the executor runs (port.exec.registry).
 
 Legality (pure functions of the graph, used by solver, simulator and lowering alike)
 --------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import math
 import time
 from functools import partial
 
-from port.errors import InfeasibleBudgetError, PortError
+from port.errors import InfeasibleBudgetError, PortError, SolverError  # noqa: F401  (SolverError re-exported)
 from port.verify.simulate import simulate
 from port.plan.types import OpDecision, Plan
 from port.solver.backends import BACKENDS, Result, complete_solution
@@ -26,10 +26,6 @@ from port.solver.formulation import KiB, Model, Vars, build
 from port.solver.instance import DEFAULT_WINDOW, Instance, build_instance
 
 MIN_PEAK_TIME_LIMIT_S = 60.0
-
-
-class SolverError(PortError):
-    """A solver backend failed or returned a plan the simulator rejects (a bug: please report)."""
 
 
 def _warm_values(inst: Instance, m: Model, v: Vars, choice, rc, pg, at, early) -> list[float] | None:

@@ -41,7 +41,8 @@ def _plan(inst: Instance, choice: list[tuple[str, str]], budget: int, rc_ops=(),
     rat = tuple(sorted(((p, at[p]) for p in rc_ops), key=lambda x: (x[1], x[0]))) if at is not None else ()
     return Plan(graph_digest=inst.graph.digest(), profile_digest=inst.profile.digest(), budget_bytes=int(budget),
                 ops=tuple(OpDecision(i, a, v) for i, (a, v) in enumerate(choice)), recompute=rec,
-                recompute_at=rat, paged=tuple(sorted(pg)), early_updates=tuple(sorted(early)), solver=solver)
+                recompute_at=rat, paged=tuple(sorted(pg)), early_updates=tuple(sorted(early)), solver=solver,
+                batch_size=inst.graph.batch_size)
 
 
 def finish(inst: Instance, plan: Plan, budget: int, solver: str, t0: float) -> Plan:

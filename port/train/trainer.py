@@ -57,6 +57,8 @@ class Trainer:
             plan_batch = _plan_file_batch(plan_path)
         if plan is not None and not isinstance(plan, Plan):
             raise PortError(f"plan must be a port.types.Plan or a plan file path, got {type(plan).__name__}")
+        if plan is not None and plan.batch_size:
+            plan_batch = plan.batch_size
         if plan is not None and plan.early_updates and mb != B:
             raise PortError(f"micro_batch={mb} (batch {B}) cannot run a plan with early updates "
                             f"({len(plan.early_updates)} of them): micro-batches accumulate gradients over the "

@@ -1,4 +1,6 @@
-"""`port train` end to end: trace -> profile (cached) -> solve -> train -> export -> report; replan; resume."""
+"""`port train` end to end: trace -> profile (the location rule: measured once into the working directory's
+profiles/, then reused) -> solve -> train -> export -> report; replan; resume. Runs in a scratch working
+directory, so nothing is written into the repository."""
 from __future__ import annotations
 
 import json
@@ -10,19 +12,27 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+DEFAULT = str(ROOT / "configs" / "default.yaml")
 
 
-def port_cli(*args, cwd=ROOT, timeout=600):
+def port_cli(*args, cwd, timeout=600):
     env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="160")
     return subprocess.run([sys.executable, "-m", "port.cli", *args], capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs")
-    r = port_cli("train", "configs/default.yaml", "--steps", "60", "--out", str(out))
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("work")
+
+
+@pytest.fixture(scope="module")
+def run(work):
+    out = work / "runs"
+    r = port_cli("train", DEFAULT, "--steps", "60", "--out", str(out), "--no-progress", cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "no profile at profiles/host/digits.json yet; measuring it now" in r.stdout
+    assert (work / "profiles" / "host" / "digits.json").exists()
     return out / "digits", r.stdout
 
 
@@ -37,7 +47,7 @@ def test_run_directory_and_plan_within_budget(run):
     assert len(lines) == 60 and json.loads(lines[-1])["step"] == 60
     m = json.loads((d / "measured.json").read_text())
     assert m["op_ms"] and max(m["timeline_bytes"]) <= plan["budget_bytes"]   # arena accounting within budget
-    assert "plan:" in stdout and "test accuracy" in stdout
+    assert "plan:" in stdout and "test accuracy" in stdout and "keep-everything peak" in stdout
     html = (d / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 2 and "Placement" in html
 
@@ -45,27 +55,44 @@ def test_run_directory_and_plan_within_budget(run):
 def test_report_rebuilds(run):
     d, _ = run
     (d / "report.html").unlink()
-    r = port_cli("report", str(d))
+    r = port_cli("report", str(d), cwd=d.parent.parent)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (d / "report.html").exists()
 
 
 def test_report_refuses_non_run_dir(tmp_path):
-    r = port_cli("report", str(tmp_path))
+    r = port_cli("report", str(tmp_path), cwd=tmp_path)
     assert r.returncode == 2 and "not a run directory" in r.stderr
 
 
 def test_replan_and_resume(run):
     d, _ = run
     out = d.parent
-    r = port_cli("train", "configs/default.yaml", "--steps", "70", "--out", str(out), "--resume", "--replan")
+    r = port_cli("train", DEFAULT, "--steps", "70", "--out", str(out), "--resume", "--replan", "--no-progress",
+                 cwd=out.parent)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "resumed from" in r.stdout and "plan:" in r.stdout
-    lines = (d / "metrics.jsonl").read_text().splitlines()
-    assert json.loads(lines[-1])["step"] == 70
+    steps = [json.loads(ln)["step"] for ln in (d / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 71))
 
 
-def test_budget_below_minimum_names_it(tmp_path):
-    r = port_cli("train", "configs/default.yaml", "--steps", "1", "--budget", "20%", "--out", str(tmp_path))
+def test_budget_below_minimum_names_it(run, tmp_path):
+    d, _ = run
+    r = port_cli("train", DEFAULT, "--steps", "1", "--budget", "20%", "--out", str(tmp_path), cwd=d.parent.parent)
     assert r.returncode == 2
     assert "smallest feasible budget" in r.stderr and "Traceback" not in r.stderr
+    assert "20% of the keep-everything peak" in r.stdout and "measuring" not in r.stdout
+
+
+def test_micro_batch_plan_is_solved_for_the_micro_batch(run, tmp_path):
+    """train.micro_batch: the graph is traced, profiled and solved at the micro-batch, so the Trainer runs
+    the plan without a mismatch (and without early updates)."""
+    d, _ = run
+    cfg = tmp_path / "mb.yaml"
+    cfg.write_text(Path(DEFAULT).read_text().replace("train: {", "train: {micro_batch: 8, "))
+    r = port_cli("train", str(cfg), "--steps", "5", "--budget", "95%", "--out", str(tmp_path / "runs"), "--no-progress",
+                 cwd=d.parent.parent)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "in micro-batches of 8" in r.stdout and "early updates 0" in r.stdout
+    plan = json.loads((tmp_path / "runs" / "digits" / "plan.json").read_text())
+    assert plan["batch_size"] == 8 and plan["early_updates"] == []

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import copy
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 import port.models as M
+from port.errors import PortError
 from port.train.checkpoint import CheckpointError, read_checkpoint, save_trainer
 from port.train.optim import SGD, AdamW
 from port.train.trainer import Trainer
@@ -152,12 +154,65 @@ def test_parameter_delta_only_changed():
     assert set(d) == {"fc.weight", "fc.bias"}
 
 
-def test_cli_train_resume(tmp_path):
-    from port.cli.train import run_training
+def test_run_training_resume(tmp_path, monkeypatch):
+    from port.pipeline import run_training
+    monkeypatch.chdir(tmp_path)             # the profile goes to ./profiles/host/t.json, not the repository
     cfgp = tmp_path / "c.yaml"
     cfgp.write_text("name: t\nmodel: mlp\ninput_shape: [64]\nbatch_size: 16\ndata: {kind: digits}\n"
                     "train: {steps: 20, checkpoint_every: 10}\n")
     r = run_training(cfgp, steps=10, out_dir=tmp_path, quiet=True)
-    assert r["steps"] == 10
+    assert r.steps == 10 and r.profile_source == "measured"
+    assert r.profile_path == Path("profiles") / "host" / "t.json"
     r2 = run_training(cfgp, resume=True, out_dir=tmp_path, quiet=True)
-    assert r2["steps"] == 20 and r2["accuracy"] > 0.5
+    assert r2.steps == 20 and r2.accuracy > 0.5 and r2.profile_source == "file"
+
+
+def _plan_for(model, x, **kw):
+    import port
+    from port.config import load_device
+    from port.cost.roofline import modeled_profile
+    g = port.trace(model, x, **kw)
+    prof = modeled_profile(g, load_device("host"))
+    return port.solve(g, prof, "100%", solver="greedy"), g
+
+
+def test_plan_of_another_batch_is_refused_naming_both_batches(tmp_path):
+    x8 = torch.randn(8, 64)
+    plan4, g4 = _plan_for(M.get("mlp", seed=0), torch.randn(4, 64), optimizer="sgd_momentum")
+    with pytest.raises(PortError) as e:
+        Trainer(M.get("mlp", seed=0), x8, plan=plan4, optimizer=SGD(0.05, momentum=0.9))
+    assert "allow_plan_mismatch" in str(e.value) and "batch 8" in str(e.value)
+    # the batch the plan was solved for is named when the plan file records it (port.pipeline writes it)
+    from port.plan.io import save_plan
+    save_plan(plan4, tmp_path / "p4.json", g4, extra={"batch_size": 4})
+    with pytest.raises(PortError) as e:
+        Trainer(M.get("mlp", seed=0), x8, plan=tmp_path / "p4.json", optimizer=SGD(0.05, momentum=0.9))
+    assert "solved for batch 4" in str(e.value) and "runs batch 8" in str(e.value)
+    # explicit override: runs its decisions, with a warning
+    with pytest.warns(UserWarning, match="allow_plan_mismatch"):
+        tr = Trainer(M.get("mlp", seed=0), x8, plan=plan4, optimizer=SGD(0.05, momentum=0.9),
+                     allow_plan_mismatch=True)
+    assert tr.step(x8, torch.randint(0, 10, (8,))) > 0
+
+
+def test_micro_batch_with_a_full_batch_plan_names_both_batches():
+    x8 = torch.randn(8, 64)
+    plan8, _ = _plan_for(M.get("mlp", seed=0, dropout=0.0), x8, optimizer="sgd_momentum")
+    assert not plan8.early_updates
+    with pytest.raises(PortError) as e:
+        Trainer(M.get("mlp", seed=0, dropout=0.0), x8, plan=plan8, optimizer=SGD(0.05, momentum=0.9), micro_batch=4)
+    msg = str(e.value)
+    assert "solved for batch 8" in msg and "runs batch 4" in msg and "micro_batch" in msg
+    plan4, _ = _plan_for(M.get("mlp", seed=0, dropout=0.0), x8[:4], optimizer="sgd_momentum")
+    tr = Trainer(M.get("mlp", seed=0, dropout=0.0), x8, plan=plan4, optimizer=SGD(0.05, momentum=0.9), micro_batch=4)
+    assert tr.step(x8, torch.randint(0, 10, (8,))) > 0
+
+
+def test_checkpoint_follows_umask(tmp_path):
+    tr = Trainer(M.get("mlp", seed=0), torch.randn(4, 64), optimizer=SGD(0.1))
+    old = os.umask(0o027)
+    try:
+        tr.save_checkpoint(tmp_path / "c.port")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "c.port").stat().st_mode & 0o777 == 0o640

@@ -1,6 +1,9 @@
 """PORT (C executor, default plan: fusion + in-place) against PyTorch eager, step for step: 20 steps of SGD with
 momentum and of AdamW from the same initial weights and data; the loss at every step within 1e-4 relative and
-the final weights within 1e-4 relative (see _equiv.check_weights for the exact metric)."""
+the final weights within 1e-4 relative (see _equiv.check_weights for the exact metric). Where float32 training
+is chaotic (AdamW on the deep nets: one ReLU input within rounding of zero decides the trajectory, and which way
+it goes depends on the CPU's kernels) PORT is compared one step at a time from PyTorch's state instead
+(_equiv.compare_synced), so the result does not depend on the machine."""
 from __future__ import annotations
 
 import copy
@@ -9,7 +12,7 @@ import pytest
 import torch
 
 import port.models as M
-from _equiv import compare_to_float64, check_weights, compare, data
+from _equiv import compare_to_float64, compare_synced, check_weights, compare, data
 
 def _freeze_bn(m):
     for mod in m.modules():
@@ -32,6 +35,16 @@ ZOO = [
     ("resnet50", 2, {}, True),
 ]
 LR = {"sgd": 0.005, "adamw": 1e-4}
+# AdamW on these (frozen BN, batch 2) is chaotic in float32, so a free-running comparison with PyTorch passes on
+# some CPUs and fails on others. vgg11: the failure seen on an AVX-512 Xeon (step 16: 1.53077 PORT vs 1.52999
+# PyTorch) is reproduced to every printed digit here with PyTorch's oneDNN convolution switched off (PyTorch then
+# uses its im2col path): PyTorch float32 puts a step-4 ReLU input that is -7.3e-8 in float64 on the positive side
+# (1 of ~300k ReLU inputs per step), and AdamW amplifies that: at step 16 PORT is 1.3e-6 from float64, PyTorch
+# 5.1e-4; 3 of 8 PyTorch runs with one ulp of weight noise take the same branch. resnet18: knife-edge steps at 2,
+# 3 and 18 (the ReLU flip root-caused there before). mobilenetv2 (test below): with 1 thread, ATen DEFAULT,
+# OpenBLAS Prescott and oneDNN SSE4.1 PORT ended 2.2e-4 (global) from PyTorch's weights, a BN bias 19% off;
+# PyTorch runs with one ulp of weight noise end 6e-7..2.3e-4 from float64, the same bias 18% off.
+SYNCED_ADAMW = {"vgg11", "resnet18", "vgg16", "resnet50"}
 
 
 @pytest.mark.parametrize("opt", ["sgd", "adamw"])
@@ -40,17 +53,10 @@ def test_zoo_matches_pytorch(name, batch, kw, freeze, opt, request):
     m = M.get(name, seed=0, **kw)
     if freeze:
         _freeze_bn(m)
-    if opt == "adamw" and name in ("resnet18", "vgg16", "resnet50"):
-        # Root-caused, not a kernel bug: one ReLU mask flip. resnet18, step 2 (data seed 0): a conv2 output is
-        # 1.962390e-4 in float64, 1.962371e-4 in PyTorch float32 and 1.961924e-4 in PORT (both float32-legit;
-        # PORT's im2col+sgemm conv is ~1.35x PyTorch's rms error), the frozen BN's bias (-~2e-4 after two AdamW
-        # steps) cancels it to +3.5e-8 (float64) vs -1.1e-8 (PORT): one of 131072 layer1.0.relu2 outputs flips,
-        # moving layer1.0's input gradients by 5e-3 relative; AdamW's sign-like update turns that into lr-sized
-        # steps of the small-gradient weights: loss 5.8e-4 from float64 over 20 steps (PyTorch 2.4e-6 with this
-        # seed; with data seed 2 PyTorch float32 flips one too). Every step without a flip matches float64 as
-        # closely as PyTorch float32 (test_deep_net_gradients_match_float64). So the oracle is float64 and the
-        # yardstick float32's own sensitivity (PyTorch float32 runs with one ulp of weight noise also flip).
-        compare_to_float64(m, data(name, batch, 20), opt, lr=LR[opt])
+    if opt == "adamw" and name in SYNCED_ADAMW:
+        # One step at a time from PyTorch's state (see compare_synced): a ReLU knife edge costs one step's
+        # update ~1e-3 (measured 7e-4..2.3e-3) instead of a diverged trajectory; a real error shows in every step.
+        compare_synced(m, data(name, batch, 20), opt, lr=LR[opt])
         return
     compare(m, data(name, batch, 20), opt, lr=LR[opt])
 
@@ -65,8 +71,12 @@ def test_train_bn_deep_nets_as_accurate_as_pytorch(name):
 
 @pytest.mark.parametrize("opt", ["sgd", "adamw"])
 def test_mobilenetv2_frozen_bn_matches_pytorch(opt):
-    """MobileNetV2 with frozen (eval-mode) batch norm: 1e-4 like the rest of the zoo."""
+    """MobileNetV2 with frozen (eval-mode) batch norm: 1e-4 like the rest of the zoo; AdamW one step at a time
+    from PyTorch's state, like the other deep nets (SYNCED_ADAMW: free-running it failed on one CPU code path)."""
     m = _freeze_bn(M.get("mobilenetv2", seed=0, dropout=0.0))
+    if opt == "adamw":
+        compare_synced(m, data("mobilenetv2", 2, 20), opt, lr=LR[opt])
+        return
     compare(m, data("mobilenetv2", 2, 20), opt, lr=LR[opt])
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -98,3 +99,172 @@ def test_internal_error_exits_1(tmp_path):
     r = subprocess.run([sys.executable, "-m", "port.cli", "inspect", "--model", "boom_models:make", "--input", "4"],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert r.returncode == 1 and "boom" in r.stderr
+
+
+# -- one pipeline, one budget syntax, exit codes -------------------------------------------------------
+MODELED = """name: digits_pi
+model: digits_cnn
+input_shape: [1, 8, 8]
+batch_size: 16
+device: raspberry-pi-4b
+budget: 75%
+"""
+
+
+def run_in(cwd, *args, env_extra=None, timeout=180):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200", **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "port.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=timeout)
+
+
+def test_solve_config_percent_budget_and_every_budget_form(tmp_path):
+    """The config's `budget: 75%` and --budget in every form (bytes, 64MB, 1.5GiB, NN%) solve; the keep-everything
+    peak is printed under that name; a fully modeled device says it uses the roofline (nothing measured)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(MODELED)
+    r = run_in(tmp_path, "solve", str(cfg))
+    assert r.returncode == 0, r.stderr
+    assert "keep-everything peak" in r.stdout and "75% of the keep-everything peak" in r.stdout
+    assert "fully modeled" in r.stdout and "roofline" in r.stdout
+    assert not (tmp_path / "profiles").exists()           # nothing measured, nothing written
+    peak = int(re.search(r"keep-everything peak [^(]*\((\d+) B", r.stdout).group(1))
+    for budget, expect in (("90%", int(peak * 90 / 100)), ("64MB", 64_000_000), ("1.5GiB", int(1.5 * 2**30)),
+                           (str(peak), peak)):
+        r = run_in(tmp_path, "solve", str(cfg), "--budget", budget)
+        assert r.returncode == 0, (budget, r.stderr)
+        assert f"({expect} B;" in r.stdout, (budget, r.stdout)
+    r = run_in(tmp_path, "solve", str(cfg), "--budget", "50x")
+    assert r.returncode == 2 and "--budget '50x'" in r.stderr and "75%" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_wrong_input_shape_is_bad_input(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(MODELED.replace("[1, 8, 8]", "[3, 32, 32]"))
+    r = run_in(tmp_path, "inspect", str(cfg))
+    assert r.returncode == 2, r.stderr
+    assert str(cfg) in r.stderr and "input_shape" in r.stderr and "[3, 32, 32]" in r.stderr
+    assert "Fix" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_model_kwargs_is_bad_input(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(MODELED.replace("model: digits_cnn", "model: {name: digits_cnn, kwargs: {widht: 3}}"))
+    r = run_in(tmp_path, "inspect", str(cfg))
+    assert r.returncode == 2 and "model.kwargs" in r.stderr and "widht" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_micro_batch_must_divide_batch(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(MODELED + "train: {micro_batch: 5}\n")
+    r = run_in(tmp_path, "inspect", str(cfg))
+    assert r.returncode == 2 and "micro_batch 5" in r.stderr and "16" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unknown_solver_is_bad_input(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(MODELED)
+    r = run_in(tmp_path, "solve", str(cfg), "--solver", "gurobi")
+    assert r.returncode == 2 and "gurobi" in r.stderr and "highs" in r.stderr and "Traceback" not in r.stderr
+
+
+MYNET = "import torch.nn as nn\n\ndef make(width=16, num_classes=10):\n    return nn.Sequential(nn.Flatten(), " \
+        "nn.Linear(64, width), nn.ReLU(), nn.Linear(width, num_classes))\n"
+
+
+def test_custom_model_imports_from_config_dir_and_cwd(tmp_path):
+    proj, elsewhere = tmp_path / "proj", tmp_path / "elsewhere"
+    proj.mkdir()
+    elsewhere.mkdir()
+    (proj / "mynet.py").write_text(MYNET)
+    (proj / "mynet.yaml").write_text(MODELED.replace("model: digits_cnn", "model: {name: mynet:make, kwargs: {width: 8}}")
+                                     .replace("name: digits_pi", "name: mynet"))
+    r = run_in(elsewhere, "inspect", str(proj / "mynet.yaml"))           # beside the config, run from elsewhere
+    assert r.returncode == 0, r.stderr
+    assert "keep-everything peak" in r.stdout
+    # from the working directory (config elsewhere)
+    (elsewhere / "cwdnet.py").write_text(MYNET)
+    (tmp_path / "cfgs").mkdir()
+    c2 = tmp_path / "cfgs" / "c2.yaml"
+    c2.write_text(MODELED.replace("model: digits_cnn", "model: {name: cwdnet:make}"))
+    r = run_in(elsewhere, "solve", str(c2), "--budget", "100%")
+    assert r.returncode == 0, r.stderr
+    # not found: the message names the files it looked for; exit 2
+    c3 = tmp_path / "cfgs" / "c3.yaml"
+    c3.write_text(MODELED.replace("model: digits_cnn", "model: {name: nosuchnet:make}"))
+    r = run_in(elsewhere, "inspect", str(c3))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert str(tmp_path / "cfgs" / "nosuchnet.py") in r.stderr and str(elsewhere / "nosuchnet.py") in r.stderr
+    assert "model.name" in r.stderr
+    # the module exists but has no such factory
+    c4 = tmp_path / "cfgs" / "c4.yaml"
+    c4.write_text(MODELED.replace("model: digits_cnn", "model: {name: cwdnet:nope}"))
+    r = run_in(elsewhere, "inspect", str(c4))
+    assert r.returncode == 2 and "no callable 'nope'" in r.stderr and "make" in r.stderr
+
+
+def test_explicit_profile_missing_names_the_file(tmp_path):
+    r = run_in(tmp_path, "solve", str(ROOT / "configs" / "default.yaml"), "--profile", "nope/p.json")
+    assert r.returncode == 2 and "nope/p.json" in r.stderr and "port profile" in r.stderr
+    assert "Traceback" not in r.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "port-profile", "version": 1, "device": "host", "entr')
+    r = run_in(tmp_path, "solve", str(ROOT / "configs" / "default.yaml"), "--profile", str(bad))
+    assert r.returncode == 2 and str(bad) in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("kind", ["SolverError", "ProgramError", "KernelError", "RuntimeError", "ConfigError",
+                                  "KeyError"])
+def test_exit_codes_internal_vs_bad_input(kind, monkeypatch, capsys):
+    """Bad input (PortError) exits 2 without a traceback; SolverError, ProgramError, KernelError and any
+    unexpected exception are internal: exit 1, "please report", with the details."""
+    import port.pipeline as P
+    from port import cli
+    from port.errors import ConfigError, ProgramError
+
+    def boom(*a, **k):
+        if kind == "SolverError":
+            from port.solver import SolverError
+            raise SolverError("backend returned garbage")
+        if kind == "ProgramError":
+            raise ProgramError("offset 12 outside the arena")
+        if kind == "KernelError":
+            from port.exec.capi import KernelError
+            raise KernelError(1, "conv2d_forward")
+        if kind == "ConfigError":
+            raise ConfigError("x.yaml: key 'budget': bad")
+        if kind == "KeyError":
+            raise KeyError("internal lookup")
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(P, "load_job", boom)
+    rc = cli.run(["solve", "x.yaml"])
+    err = capsys.readouterr().err
+    if kind == "ConfigError":
+        assert rc == 2 and "key 'budget'" in err and "Traceback" not in err and "please report" not in err
+    else:
+        assert rc == 1, err
+        assert "please report" in err and "Traceback" in err and kind in err
+
+
+def test_sigterm_outside_training_exits_143(tmp_path):
+    import signal
+    code = ("import os, signal, sys; from port import cli; import port.pipeline as P\n"
+            "P.load_job = lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM)\n"
+            "sys.exit(cli.run(['solve', 'x.yaml']))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert r.returncode == 128 + signal.SIGTERM and "SIGTERM" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_atomic_writes_follow_umask(tmp_path, umask, mode):
+    from port.io import atomic_write_text, default_file_mode
+    old = os.umask(umask)
+    try:
+        assert default_file_mode() == mode
+        atomic_write_text(tmp_path / "f.json", "{}")
+        atomic_write_text(tmp_path / "f.json", "{} ")          # replacing keeps following the umask
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f.json").stat().st_mode & 0o777 == mode
+    assert [p.name for p in tmp_path.iterdir()] == ["f.json"]   # no temporary file left behind

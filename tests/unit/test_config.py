@@ -151,3 +151,46 @@ def test_budget_as_percentage(tmp_path):
     assert C.load_experiment(write(tmp_path, BASE)).budget_bytes(1000, 777) == 777
     with pytest.raises(ConfigError, match="percentage"):
         C.load_experiment(write(tmp_path, BASE + "budget: 0%\n"))
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("75%", "75%"), (" 12.5 % ", "12.5%"), ("64MB", 64_000_000), ("1.5GiB", int(1.5 * 2**30)), (4096, 4096),
+    ("4096", 4096),
+])
+def test_parse_budget_one_syntax(text, expected):
+    assert C.parse_budget(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["0%", "-5%", "abc%", "1001%", "64XB", "fast", True, -1])
+def test_parse_budget_rejects_with_the_forms(bad):
+    with pytest.raises(ValueError) as e:
+        C.parse_budget(bad)
+    assert "64MB" in str(e.value) or "percentage" in str(e.value)
+
+
+def test_budget_to_bytes():
+    assert C.budget_to_bytes("50%", 1000, 10**9) == 500
+    assert C.budget_to_bytes(123, 1000, 10**9) == 123
+    assert C.budget_to_bytes(None, 1000, 777) == 777
+    with pytest.raises(ConfigError, match="budget"):
+        C.budget_to_bytes(None, 1000, 0)
+
+
+def test_solver_names(tmp_path):
+    assert C.load_experiment(write(tmp_path, BASE + "solver: {name: chen_sqrt}\n")).solver.name == "chen"
+    assert C.load_experiment(write(tmp_path, BASE + "solver: {name: single:cpu-c}\n")).solver.name == "single:cpu-c"
+    with pytest.raises(ConfigError, match=r"solver.name.*single:<accelerator id>"):
+        C.load_experiment(write(tmp_path, BASE + "solver: {name: 'single:'}\n"))
+
+
+def test_micro_batch_must_divide_batch_size(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        C.load_experiment(write(tmp_path, BASE + "train: {micro_batch: 3}\n"))
+    msg = str(e.value)
+    assert str(tmp_path) in msg and "train.micro_batch 3" in msg and "batch_size 8" in msg
+    assert C.load_experiment(write(tmp_path, BASE + "train: {micro_batch: 4}\n")).train.micro_batch == 4
+
+
+def test_every_solver_name_is_a_solver():
+    from port.solver import SOLVERS
+    assert set(C.SOLVER_NAMES) <= set(SOLVERS)

@@ -80,17 +80,28 @@ def test_block_language_is_handled(block):
         assert not COMMAND_RE.search(block.text), f"{block}: a block without a language holds a command; tag it"
 
 
-def test_python_blocks_run_in_order(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    ns: dict = {"__name__": "__readme__"}
-    py = [b for b in BLOCKS if b.lang == "python"]
-    assert py
-    for b in py:
-        code = compile("\n" * (b.line) + b.text, str(README), "exec")   # tracebacks point at README lines
+def run_python_blocks(blocks: list[Block], ns: dict) -> None:
+    for b in blocks:
+        code = compile("\n" * b.line + b.text, str(README), "exec")   # tracebacks point at README lines
         try:
             exec(code, ns)
         except Exception as e:  # noqa: BLE001
             raise AssertionError(f"{b} failed: {type(e).__name__}: {e}") from e
+
+
+def test_python_blocks_run_in_order(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    py = [b for b in BLOCKS if b.lang == "python"]
+    assert len(py) >= 4
+    run_python_blocks(py, {"__name__": "__readme__"})
+
+
+def test_a_broken_block_fails(tmp_path):
+    """The runners fail on a broken block (and say which README line it starts at)."""
+    with pytest.raises(AssertionError, match=r"README.md:7 \(python\) failed: NameError"):
+        run_python_blocks([Block("python", "x = 1\nprint(undefined_name)\n", 7)], {})
+    with pytest.raises(AssertionError, match=r"README.md:9 \(bash\).*exited 1"):
+        run_bash_block(Block("bash", "true\nfalse\necho not reached\n", 9), tmp_path)
 
 
 def _scratch(tmp: Path) -> dict:
@@ -112,6 +123,10 @@ def _run(cmd: list[str], cwd: Path, env: dict, block: Block, timeout: int = 900)
 
 @pytest.mark.parametrize("block", BASH, ids=str)
 def test_bash_block_runs(block, tmp_path):
+    run_bash_block(block, tmp_path)
+
+
+def run_bash_block(block: Block, tmp_path: Path) -> None:
     env = _scratch(tmp_path)
     cmds = [ln.split("#", 1)[0].strip() for ln in block.text.splitlines()]
     make = [c for c in cmds if c.startswith("make ")]
