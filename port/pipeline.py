@@ -366,13 +366,19 @@ def _this_cpu() -> str:
 
 
 def stale_reason(profile: Any) -> Optional[str]:
-    """Why a profile's measurements do not apply on this machine (measured on another CPU model), or None."""
+    """Why a profile's measurements do not apply here (measured on another CPU model or with another build of
+    the C kernels), or None."""
     if not any(e.measured for e in profile.entries):
         return None
     theirs = dict(profile.host).get("cpu")
     ours = _this_cpu()
     if theirs and ours and theirs != ours:
         return f"it was measured on CPU {theirs!r}, this machine has {ours!r}"
+    from port.exec.native import build_id
+    kb, now = dict(profile.host).get("kernels_build", ""), build_id()
+    if now and kb != now:
+        return (f"it was measured with another build of PORT's C kernels ({kb or 'unrecorded'}, this one is "
+                f"{now})")
     return None
 
 

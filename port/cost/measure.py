@@ -85,6 +85,8 @@ def host_info(graph: Graph | None = None) -> dict[str, str]:
         info["port"] = __version__
     except ImportError:
         pass
+    from port.exec.native import build_id
+    info["kernels_build"] = build_id()
     if graph is not None:
         info["graph"] = graph.name
         info["graph_digest"] = graph.digest()
@@ -155,6 +157,13 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
             stale.add(acc_id)
             rep.notes.append(f"{acc_id}: cached entries were taken with {cache_threads[acc_id]} threads, "
                              f"now {n}: re-measured")
+    if cache is not None:
+        theirs, ours = dict(cp.host).get("kernels_build", ""), host_info().get("kernels_build", "")
+        for acc_id in acc_threads:
+            if dev.accelerator(acc_id).backend == "c" and theirs != ours and acc_id not in stale:
+                stale.add(acc_id)
+                rep.notes.append(f"{acc_id}: cached entries were measured with another build of the C kernels "
+                                 f"({theirs or 'unrecorded'}, now {ours}): re-measured")
     for key, op in keys.items():
         if key[1] not in present:
             continue
@@ -274,7 +283,7 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                    host=tuple(sorted(info.items())), memory_bytes=dev.memory, accelerator_caps=caps,
                    storage=storage)
     fresh = {k for k in results if k not in cached and results[k].measured}
-    if program_order and fresh and not out_of_time():
+    if program_order and fresh:
         from port.lower.lower import default_plan
         from port.plan.types import Plan
         plans = []
@@ -395,10 +404,11 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
     new = {}
     for e in profile.entries:
         key = (e.signature, e.accelerator, e.variant)
-        if e.measured and key in seen and e.latency_ms > 0:
+        if key in seen and (e.latency_ms > 0 or not e.measured):
             ms = float(st.median(seen[key]))
-            new[key] = replace(e, latency_ms=ms)
-            if ms > 0:
+            # a modeled entry (the time budget did not reach it) that ran in the program is now measured
+            new[key] = replace(e, latency_ms=ms, measured=True, samples=e.samples or len(seen[key]))
+            if ms > 0 and e.measured and e.latency_ms > 0:
                 ratios.setdefault((e.accelerator, kind_of.get(e.signature, "?")), []).append(ms / e.latency_ms)
                 ratios.setdefault((e.accelerator, "*"), []).append(ms / e.latency_ms)
     med = {k: float(st.median(v)) for k, v in ratios.items()}

@@ -156,5 +156,16 @@ def load() -> ctypes.CDLL:
     return _lib
 
 
+def build_id() -> str:
+    """A digest of the kernel library file (16 hex digits): profiles record it, and entries measured with
+    another build of the kernels are not reused."""
+    import hashlib
+    try:
+        with open(library_path(), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()[:16]
+    except (OSError, ImportError):
+        return ""
+
+
 def loaded_path() -> str | None:
     return _path
