@@ -152,9 +152,7 @@ def test_ilp_equals_brute_force_mlp(mlp_graph, frac):
         with pytest.raises(InfeasibleBudgetError):
             solve(g, prof, B, gap=0.0)
         return
-    # one solver thread: HiGHS's result must not depend on its scheduling (a CI run once got a worse plan
-    # reported optimal under load, not reproduced since)
-    p = solve(g, prof, B, gap=0.0, time_limit_s=30, threads=1)
+    p = solve(g, prof, B, gap=0.0, time_limit_s=30)
     assert p.status == "optimal"
     assert p.predicted_peak_bytes <= B
     assert p.predicted_step_ms == pytest.approx(bf, rel=1e-6, abs=1e-9)
@@ -197,7 +195,7 @@ def test_ilp_equals_brute_force_cnn_variants(tiny_cnn_graph, frac):
         with pytest.raises(InfeasibleBudgetError):
             solve(g, prof, B, gap=0.0)
         return
-    p = solve(g, prof, B, gap=0.0, threads=1)
+    p = solve(g, prof, B, gap=0.0)
     assert p.predicted_peak_bytes <= B
     assert p.predicted_step_ms == pytest.approx(bf, rel=1e-6, abs=1e-9)
 
