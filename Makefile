@@ -26,14 +26,15 @@ demo: install
 test: install
 	$(PY) -m pytest -q tests
 
-# Kernel tests against an ASan+UBSan build of the C library (separate .so, quick parametrisation).
+# Kernel tests, the hostile-program tests and the program fuzzer against an ASan+UBSan build of the C library
+# (separate .so, quick parametrisation).
 ASAN_LIB := $(CURDIR)/kernels/build/asan/libport_kernels_asan.so
 test-asan: install
 	$(PY) setup.py -q build_asan
 	PORT_KERNELS_LIB=$(ASAN_LIB) PORT_KERNELS_QUICK=1 \
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	$(PY) -m pytest -q -s -p no:cacheprovider tests/kernels
+	$(PY) -m pytest -q -s -p no:cacheprovider tests/kernels tests/unit/test_fuzz_program.py tests/unit/test_hostile_program.py
 
 bench: install
 	$(PY) bench/kernels.py --quick

@@ -10,6 +10,7 @@ CLI's ``--budget`` and ``port.solve``) also accept ``NN%`` of the keep-everythin
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from pathlib import Path
@@ -42,13 +43,16 @@ def parse_size(value: Any) -> int:
             raise ValueError(f"a size must be >= 0, expected {SIZE_HELP}")
         return int(value)
     if isinstance(value, numbers.Real):          # float, numpy floats
-        if value < 0 or not math.isfinite(value):
+        if value < 0 or not math.isfinite(value) or value >= 2**63:
             raise ValueError(f"expected {SIZE_HELP}")
         return int(value)
     if isinstance(value, str):
         m = _SIZE_RE.match(value)
         if m and m.group(2).lower() in _UNITS:
-            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+            n = float(m.group(1)) * _UNITS[m.group(2).lower()]
+            if not math.isfinite(n) or n >= 2**63:
+                raise ValueError(f"a size must be below 2^63 bytes, expected {SIZE_HELP}")
+            return int(n)
     raise ValueError(f"expected {SIZE_HELP}")
 
 
@@ -251,18 +255,25 @@ class ModelConfig(_Strict):
 class DataConfig(_Strict):
     kind: Literal["synthetic", "digits"] = "synthetic"
     num_samples: int = Field(default=512, ge=1)
-    test_fraction: float = Field(default=0.2, ge=0, lt=1)
+    test_fraction: float = Field(default=0.2, ge=0, lt=1, allow_inf_nan=False)
     seed: int = 0
 
 
 class OptimizerConfig(_Strict):
     name: Literal["sgd", "sgd_momentum", "adamw"] = "sgd_momentum"
-    lr: float = Field(default=0.05, gt=0)
-    momentum: float = Field(default=0.9, ge=0, lt=1)
+    lr: float = Field(default=0.05, gt=0, allow_inf_nan=False)
+    momentum: float = Field(default=0.9, ge=0, lt=1, allow_inf_nan=False)
     nesterov: bool = False
-    weight_decay: float = Field(default=0.0, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(default=1e-8, gt=0)
+    eps: float = Field(default=1e-8, gt=0, allow_inf_nan=False)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(math.isfinite(b) and 0 <= b < 1 for b in v):
+            raise ValueError("betas must be two numbers in [0, 1), e.g. [0.9, 0.999]")
+        return v
 
 
 SOLVER_NAMES = ("highs", "cbc", "scip", "cpsat", "greedy", "chen", "single")
@@ -270,8 +281,8 @@ SOLVER_NAMES = ("highs", "cbc", "scip", "cpsat", "greedy", "chen", "single")
 
 class SolverConfig(_Strict):
     name: str = "highs"                         # one of SOLVER_NAMES, or single:<accelerator id>
-    time_limit_s: float = Field(default=30.0, gt=0)
-    gap: float = Field(default=0.01, ge=0, lt=1)
+    time_limit_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    gap: float = Field(default=0.01, ge=0, lt=1, allow_inf_nan=False)
 
     @field_validator("name")
     @classmethod
@@ -292,6 +303,14 @@ class TrainConfig(_Strict):
     eval_every: int = Field(default=0, ge=0)
     seed: int = 0
     threads: Optional[int] = Field(default=None, ge=1)
+    # a step whose loss (or gradients) is not finite: "stop" (error naming the step; exit 2) or "skip" (the
+    # update is not applied; a warning), e.g. when a too-large learning rate makes training diverge
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+
+
+NAME_HELP = ("a run name: letters, digits, '.', '_' or '-', starting with a letter or digit, at most 100 "
+             "characters (it names runs/<name>/ and profiles/<device>/<name>.json)")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
 class ExperimentConfig(_Strict):
@@ -311,6 +330,13 @@ class ExperimentConfig(_Strict):
     @classmethod
     def _budget(cls, v: Any) -> Any:
         return None if v is None else parse_budget(v)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME_RE.match(v) or ".." in v:
+            raise ValueError(f"expected {NAME_HELP}")
+        return v
 
     def budget_bytes(self, naive_peak_bytes: int, device_memory_bytes: int) -> int:
         """The budget in bytes: a size, a percentage of ``naive_peak_bytes`` (the keep-everything plan's
@@ -336,6 +362,30 @@ class ExperimentConfig(_Strict):
             raise ValueError(f"train.micro_batch {mb} must divide batch_size {self.batch_size} (micro-batches "
                              f"accumulate gradients over the batch); use a divisor of {self.batch_size}")
         return self
+
+
+class ProfileOptions(_Strict):
+    """`port profile`'s measuring options (the CLI flags go through this schema: one set of rules)."""
+    max_time_s: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)
+    blocks: Optional[int] = Field(default=None, ge=1)
+    block_ms: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)
+    threads: Optional[int] = Field(default=None, ge=1)
+
+
+_FLAG_OF = {"max_time_s": "--max-time", "blocks": "--blocks", "block_ms": "--block-ms", "threads": "--threads",
+            "time_limit_s": "--time-limit", "gap": "--gap", "steps": "--steps"}
+
+
+def validate_options(model: type[BaseModel], values: dict[str, Any]) -> BaseModel:
+    """Command-line flags through a config schema; errors name the flag, the value and what is allowed."""
+    try:
+        return model.model_validate({k: v for k, v in values.items() if v is not None})
+    except ValidationError as e:
+        lines = []
+        for x in e.errors(include_url=False):
+            key = str(x["loc"][0]) if x["loc"] else "?"
+            lines.append(f"{_FLAG_OF.get(key, key)} {x.get('input')!r}: {x['msg']}")
+        raise ConfigError("\n".join(lines)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,6 +437,30 @@ def _allowed_keys(err: ValidationError, parent: tuple) -> str:
 _MODEL_FOR_ERROR: dict[str, type[BaseModel]] = {"ExperimentConfig": ExperimentConfig, "DeviceConfig": DeviceConfig}
 
 
+@functools.lru_cache(maxsize=None)
+def _unique_loader():
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        """safe_load that refuses a key given twice in one mapping (YAML would silently keep the last)."""
+
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for k, _ in node.value:
+                key = self.construct_object(k, deep=deep)
+                try:
+                    hash(key)
+                except TypeError:
+                    continue
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice (first on line {seen[key]}, again on line "
+                        f"{k.start_mark.line + 1}); keep one", k.start_mark)
+                seen[key] = k.start_mark.line + 1
+            return super().construct_mapping(node, deep=deep)
+    return UniqueKeyLoader
+
+
 def _read_yaml(path: Path) -> Any:
     import yaml
     if not path.exists():
@@ -394,7 +468,17 @@ def _read_yaml(path: Path) -> Any:
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory; give a YAML file.")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: line {line}: byte 0x{e.object[e.start]:02x} is not UTF-8 text; save the file "
+                          f"as UTF-8") from None
+    try:
+        data = yaml.load(text, Loader=_unique_loader())
+    except yaml.constructor.ConstructorError as e:
+        if e.problem and e.problem.startswith("key ") and e.problem_mark is not None:
+            raise ConfigError(f"{path}: line {e.problem_mark.line + 1}: {e.problem}") from None
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):

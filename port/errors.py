@@ -25,6 +25,15 @@ class PlanError(PortError, ValueError):
     """A plan file is invalid or does not belong to this graph/profile."""
 
 
+class NonFiniteError(PortError):
+    """Training produced a non-finite loss or gradient (diverged): names the step, the loss and the fix."""
+
+    def __init__(self, message: str, step: int, loss: float):
+        super().__init__(message)
+        self.step = step
+        self.loss = loss
+
+
 class InfeasibleBudgetError(PortError):
     """No plan fits the memory budget; carries the smallest feasible budget and the peak's tensors."""
 
@@ -42,3 +51,8 @@ class ProgramError(InternalError, ValueError):
 
 class SolverError(InternalError):
     """A solver backend failed or returned a plan the simulator rejects (a bug: please report)."""
+
+
+class LabelError(PortError, ValueError):
+    """A batch's labels do not fit the model (a class index outside [0, num_classes)); the message names the
+    label value, its index in the batch and num_classes. Raised before the step touches the arena."""

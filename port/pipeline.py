@@ -28,6 +28,7 @@ keeps every activation and runs every op plain on one accelerator, which is what
 from __future__ import annotations
 
 import json
+import math
 import re
 import signal
 import statistics
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from port.errors import ConfigError, PortError, PortTraceError, ProfileError
+from port.errors import ConfigError, NonFiniteError, PortError, PortTraceError, ProfileError
 
 PROFILE_DIR = Path("profiles")       # relative to the working directory
 KEEP_EVERYTHING = "keep-everything peak"
@@ -129,7 +130,7 @@ def load_job(config: str | Path | None = None, *, model: str | None = None, inpu
              batch: int | None = None, trainable: Sequence[str] | None = None, optimizer: str | None = None,
              device: str | None = None, profile: str | Path | None = None, budget: Any = None,
              solver: str | None = None, time_limit: float | None = None, gap: float | None = None,
-             extra_search_dirs: Sequence[Path] = ()) -> Job:
+             extra_search_dirs: Sequence[Path] = (), train: dict[str, Any] | None = None) -> Job:
     """Resolve an experiment config (or, without one, ``model``/``input_shape``/``batch`` flags) with
     command-line overrides into a Job. Bad input raises ConfigError naming the file, key, value and fix."""
     from port import config as C
@@ -151,7 +152,8 @@ def load_job(config: str | Path | None = None, *, model: str | None = None, inpu
         shape = parse_shape(input_shape) if input_shape else models.INPUT_SHAPES.get(model)
         if shape is None:
             raise ConfigError(f"--input is required for model {model!r} (e.g. --input 3x32x32)")
-        data = {"name": model, "model": {"name": model}, "input_shape": list(shape), "batch_size": batch or 8}
+        run_name = re.sub(r"[^A-Za-z0-9._-]+", "_", model).strip("._-") or "model"
+        data = {"name": run_name, "model": {"name": model}, "input_shape": list(shape), "batch_size": batch or 8}
         where = "command line (--model/--input/--batch)"
         search = []
     if batch is not None:
@@ -159,6 +161,8 @@ def load_job(config: str | Path | None = None, *, model: str | None = None, inpu
     if optimizer is not None:
         data.setdefault("optimizer", {})
         data["optimizer"] = dict(data["optimizer"], name=optimizer)
+    if train:      # command-line overrides of train.* keys, checked by the same schema as the file's
+        data["train"] = dict(data.get("train", {}), **{k: v for k, v in train.items() if v is not None})
     if trainable:
         data.setdefault("train", {})
         data["train"] = dict(data["train"], trainable=list(trainable))
@@ -643,6 +647,20 @@ def solve_plan(job: Job, built: Built, prof: ProfileStep, budget: Budget) -> Sol
     s = job.config.solver
     plan = solve(built.graph, prof.profile, budget.bytes, solver=s.name, time_limit_s=s.time_limit_s,
                  gap=s.gap, allow_early_updates=job.graph_batch == job.config.batch_size)
+    if plan.status == "infeasible":   # a baseline's best plan is over the budget: never hand it on as a plan
+        from port.config import format_size
+        from port.errors import InfeasibleBudgetError
+        from port.solver import min_feasible_budget
+        from port.solver.instance import build_instance
+        mn, _p, proven = min_feasible_budget(build_instance(built.graph, prof.profile),
+                                             allow_early_updates=job.graph_batch == job.config.batch_size)
+        floor = (f"; the smallest budget any plan fits is {format_size(mn)} ({mn} B)"
+                 f"{'' if proven else ' (best found, not proven minimal)'}, found by the ILP (--solver highs)"
+                 if mn is not None else "")
+        raise InfeasibleBudgetError(
+            f"solver {s.name!r} finds no plan within the budget of {format_size(budget.bytes)} ({budget.bytes} B): "
+            f"its best plan peaks at {format_size(plan.predicted_peak_bytes)} ({plan.predicted_peak_bytes} B)"
+            f"{floor}. Raise --budget, or use --solver highs", budget.bytes, mn, ())
     return Solved(plan, budget, simulate(plan, built.graph, prof.profile))
 
 
@@ -744,10 +762,37 @@ class PlanView:
 
 
 def load_plan_view(path: str | Path) -> PlanView:
-    from port.plan.io import load_plan
+    """The plan and its file's extras (layers, gantt, ...), each checked: PlanError naming the key and fix."""
+    from port.errors import PlanError
+    from port.plan.io import load_plan, read_plan_json
     path = Path(path)
     plan = load_plan(path)
-    return PlanView(path, plan, json.loads(path.read_text()))
+    d = read_plan_json(path)
+    fix = f"solve again (`port solve CONFIG -o {path}`)"
+    gantt = d.get("gantt") or []
+    ok = isinstance(gantt, list) and all(
+        isinstance(g, list) and len(g) == 4 and isinstance(g[0], str) and isinstance(g[1], str)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in g[2:])
+        for g in gantt)
+    if not ok:
+        raise PlanError(f"{path}: key 'gantt' is malformed (expected a list of [label, accelerator, start ms, end ms]); "
+                        f"{fix}")
+    layers = d.get("layers")
+    if layers is not None and (not isinstance(layers, list) or len(layers) != len(plan.ops) or not all(
+            isinstance(x, dict) and (x.get("ms") is None or (isinstance(x["ms"], (int, float))
+                                                            and not isinstance(x["ms"], bool)))
+            for x in layers)):
+        raise PlanError(f"{path}: key 'layers' is malformed (expected one object per op with 'ms'); {fix}")
+    tens = d.get("tensors") or {}
+    for k in ("recompute_names", "paged_names"):
+        v = tens.get(k, [])
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise PlanError(f"{path}: key 'tensors.{k}' is malformed (expected a list of tensor names); {fix}")
+    for k in ("keep_everything_peak_bytes",):
+        v = d.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise PlanError(f"{path}: key {k!r} = {v!r}: expected a non-negative integer; {fix}")
+    return PlanView(path, plan, d)
 
 
 def plan_charts(view: PlanView, out_dir: Optional[Path] = None) -> tuple[Path, Path]:
@@ -949,10 +994,15 @@ def _reuse_plan(run_dir: Path, graph: Any, profile: Any, budget: Budget) -> Any:
     return plan if plan.budget_bytes == budget.bytes else None
 
 
+def stand_in_backends(device: Any) -> dict[str, str]:
+    """{accelerator id: "c"} for the device's modeled accelerators (absent here): the C kernels stand in."""
+    return {a.id: "c" for a in device.accelerators if a.backend == "modeled"}
+
+
 def run_training(config: str | Path, *, resume: bool = False, steps: int | None = None,
                  out_dir: str | Path = "runs", quiet: bool = False, replan: bool = False, budget: Any = None,
                  solver: str | None = None, profile: str | Path | None = None, export: bool = True,
-                 progress: bool = True) -> TrainResult:
+                 progress: bool = True, on_nonfinite: str | None = None) -> TrainResult:
     """`port train CONFIG`: trace -> profile (the location rule) -> solve -> train -> export -> report.
 
     SIGINT / SIGTERM while training writes a checkpoint at the current step and raises Interrupted (the CLI
@@ -973,7 +1023,8 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
     def say(msg: str) -> None:
         console.print(msg, markup=False)
 
-    job = load_job(config, budget=budget, solver=solver, profile=profile)
+    job = load_job(config, budget=budget, solver=solver, profile=profile,
+                   train={"steps": steps, "on_nonfinite": on_nonfinite})
     cfg = job.config
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
@@ -988,9 +1039,23 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
     graph = built.graph
     ds = load_data(job)
     B = cfg.batch_size
+    n_train = int(ds.x_train.shape[0])
+    if n_train < B:
+        d = cfg.data
+        raise ConfigError(f"{job.where}key 'batch_size': {B} is larger than the training set: data.kind {d.kind!r} "
+                          f"gives {n_train} training samples ({int(ds.x_test.shape[0])} held out by "
+                          f"data.test_fraction {d.test_fraction:g}); every step needs a full batch. Fix: set "
+                          f"batch_size <= {n_train}, or give more samples (data.num_samples) or a smaller "
+                          f"data.test_fraction")
     say(f"{cfg.name}: {cfg.model.name} ({len(graph.ops)} ops) on {cfg.data.kind} ({ds.x_train.shape[0]} train / "
         f"{ds.x_test.shape[0]} test), batch {B}" + (f" in micro-batches of {job.graph_batch}" if job.graph_batch != B
                                                      else "") + f", device {job.device.name}")
+
+    stand_ins = stand_in_backends(job.device)
+    if stand_ins:
+        say(f"note: device {job.device.name!r} is modeled: its accelerator(s) {', '.join(sorted(stand_ins))} are not "
+            f"on this machine, so the plan's ops run here on PORT's C kernels (cpu-c) as stand-ins; predicted "
+            f"time and memory are for {job.device.name}, measured ones are this machine's")
 
     # profile -> budget -> plan
     replan_sigs: tuple[str, ...] = ()
@@ -999,7 +1064,7 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
         if not mpath.exists():
             raise ConfigError(f"--replan needs a previous run's measurements at {mpath}; run "
                               f"`port train {config}` first")
-        replan_sigs = tuple(json.loads(mpath.read_text()).get("flagged_signatures", ()))
+        replan_sigs = tuple(read_measured(mpath).get("flagged_signatures", ()))
         if not replan_sigs:
             say("replan: nothing was flagged in the last run; solving again with the same profile")
     prof = get_profile(job, graph, replan_signatures=replan_sigs, progress=progress and not quiet, echo=say)
@@ -1023,7 +1088,8 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
 
     # train
     kw = dict(optimizer=built.optimizer, micro_batch=cfg.train.micro_batch,
-              trainable=list(built.trainable) if built.trainable else None, seed=cfg.train.seed, plan=plan)
+              trainable=list(built.trainable) if built.trainable else None, seed=cfg.train.seed, plan=plan,
+              on_nonfinite=cfg.train.on_nonfinite, accelerators=stand_ins or None)
     if resume and ckpt.exists():
         tr = Trainer.resume(ckpt, built.model, built.example, **kw)
         say(f"resumed from {ckpt} at step {tr.step_count}")
@@ -1055,6 +1121,7 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
     else:
         metrics = mpath.open("w", buffering=1)
     last = (None, None)
+    first_loss, warned = None, False
     t0 = time.perf_counter()
     with metrics, _StopOnSignal() as stop, Progress(
             TextColumn("[progress.description]{task.description}"), BarColumn(),
@@ -1071,8 +1138,24 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
                 it = ds.batches(B, cfg.train.seed, epoch)
                 continue
             ts = time.perf_counter()
-            loss = tr.step(x, y)
+            skipped0 = tr.skipped_steps
+            try:
+                loss = tr.step(x, y)
+            except NonFiniteError as e:
+                prog.stop()
+                ck = (f"the last checkpoint ({ckpt}, step {read_header_step(ckpt)}) is intact" if ckpt.exists()
+                      else "no checkpoint was written")
+                raise NonFiniteError(f"{job.where}{e}; {ck}", e.step, e.loss) from None
             step_ms = (time.perf_counter() - ts) * 1e3
+            if tr.skipped_steps != skipped0:
+                say(f"warning: step {tr.step_count}: loss {loss} or a gradient is not finite; update skipped "
+                    f"(train.on_nonfinite: skip; {tr.skipped_steps} skipped so far)")
+            elif first_loss is None:
+                first_loss = loss
+            elif not warned and abs(loss) > 100 * max(abs(first_loss), 1e-3):
+                warned = True
+                say(f"warning: step {tr.step_count}: loss {loss:.4g} is over 100x the first step's "
+                    f"{first_loss:.4g}: training may be diverging; lower optimizer.lr (now {cfg.optimizer.lr:g})")
             last = (x, y)
             losses.append(loss)
             s = tr.step_count
@@ -1141,6 +1224,39 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
                        plan, prof.path, prof.source, measured, tuple(r.op for r in flags))
 
 
+def read_measured(path: Path) -> dict:
+    """A run's measured.json, checked (ConfigError naming the file, key and fix: train again)."""
+    fix = "train again (`port train CONFIG`) to rewrite it"
+    try:
+        d = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ConfigError(f"{path}: corrupt or truncated measurements file ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}); {fix}") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{path}: not a measurements file (top level is {type(d).__name__}); {fix}")
+
+    def num(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    checks = {"step_ms": num, "config_path": lambda v: isinstance(v, str),
+              "op_ms": lambda v: isinstance(v, dict) and all(num(x) for x in v.values()),
+              "timeline_bytes": lambda v: isinstance(v, list) and all(num(x) for x in v),
+              "timeline_ops": lambda v: isinstance(v, list) and all(
+                  isinstance(x, list) and len(x) == 2 and num(x[0]) for x in v),
+              "flagged_signatures": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)}
+    for k, ok in checks.items():
+        if k in d and not ok(d[k]):
+            raise ConfigError(f"{path}: key {k!r} is malformed ({d[k]!r:.60}); {fix}")
+    return d
+
+
+def read_header_step(path: Path) -> Any:
+    try:
+        from port.train.checkpoint import read_header
+        return read_header(path)["step"]
+    except PortError:
+        return "?"
+
+
 def run_report(run_dir: str | Path) -> Path:
     """Rebuild runs/<name>/report.html from the run's files."""
     from port.cost.io import load_profile
@@ -1149,7 +1265,7 @@ def run_report(run_dir: str | Path) -> Path:
     for f in ("config.yaml", "profile.json", "plan.json", "measured.json"):
         if not (run_dir / f).exists():
             raise ConfigError(f"{run_dir}: not a run directory (missing {f}); create one with `port train CONFIG`")
-    measured = json.loads((run_dir / "measured.json").read_text())
+    measured = read_measured(run_dir / "measured.json")
     extra = [Path(measured["config_path"]).parent] if measured.get("config_path") else []
     job = load_job(run_dir / "config.yaml", extra_search_dirs=extra)
     built = build_graph(job)

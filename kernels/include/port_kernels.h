@@ -38,7 +38,7 @@ extern "C" {
 #define PORT_API __attribute__((visibility("default")))
 #endif
 
-#define PORT_ABI_VERSION 1
+#define PORT_ABI_VERSION 2
 
 typedef enum {
     PORT_OK = 0,
@@ -81,6 +81,10 @@ PORT_API port_status port_sgemm(float *c, const float *a, const float *b,
 /* ------------------------------------------------------------------ */
 typedef struct {
     int64_t n, c_in, h, w, c_out, kh, kw, stride_h, stride_w, pad_h, pad_w, groups;
+    /* Output dims the caller's y/dy buffers have, or 0 (not given).  When
+     * given, every kernel taking these params refuses (PORT_ERR_SHAPE) dims
+     * other than port_conv2d_out_h/w: a buffer sized for other params. */
+    int64_t h_out, w_out;
 } port_conv2d_params;
 
 /* algorithms */
@@ -217,6 +221,9 @@ PORT_API port_status port_dropout_backward(float *dx, const float *dy, const uin
 /* ------------------------------------------------------------------ */
 typedef struct {
     int64_t n, c, h, w, kh, kw, stride_h, stride_w, pad_h, pad_w;
+    /* Output dims of the caller's y/dy/indices buffers, or 0 (not given);
+     * when given, dims other than port_pool2d_out_h/w give PORT_ERR_SHAPE. */
+    int64_t h_out, w_out;
 } port_pool2d_params;
 
 PORT_API int64_t port_pool2d_out_h(const port_pool2d_params *p);

@@ -25,6 +25,8 @@ port_status port_conv2d_check(const port_conv2d_params *p) {
     PORT_CHECK(p->c_in % p->groups == 0 && p->c_out % p->groups == 0, PORT_ERR_SHAPE);
     PORT_CHECK(p->h + 2 * p->pad_h >= p->kh && p->w + 2 * p->pad_w >= p->kw, PORT_ERR_SHAPE);
     int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
+    PORT_CHECK(p->h_out >= 0 && p->w_out >= 0, PORT_ERR_SHAPE);
+    PORT_CHECK((p->h_out == 0 || p->h_out == ho) && (p->w_out == 0 || p->w_out == wo), PORT_ERR_SHAPE);
     int64_t K = p->c_in / p->groups * p->kh * p->kw;
     PORT_CHECK(ho * wo <= INT_MAX && K <= INT_MAX && p->h * p->w <= INT_MAX, PORT_ERR_SHAPE);
     PORT_CHECK((double)K * (double)(ho * wo) < (double)INT64_MAX / 8, PORT_ERR_SHAPE);

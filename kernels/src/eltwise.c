@@ -26,22 +26,25 @@
 
 port_status port_relu_forward(float *y, const float *x, int64_t count) {
     ELT_CHECK(y, x, count);
-    ELT_LOOP(y[i] = x[i] > 0.0f ? x[i] : 0.0f;);
+    /* NaN propagates as in torch.relu: only x <= 0 maps to 0 */
+    ELT_LOOP(float v = x[i]; y[i] = v <= 0.0f ? 0.0f : v;);
     return PORT_OK;
 }
 
 port_status port_relu_backward(float *dx, const float *dy, const float *y, int64_t count) {
     ELT_CHECK(dx, dy, count);
     PORT_NOTNULL(y);
-    ELT_LOOP(float g = dy[i]; dx[i] = y[i] > 0.0f ? g : 0.0f;);
+    /* as torch's threshold_backward: dx = y <= 0 ? 0 : dy (a NaN y passes dy) */
+    ELT_LOOP(float g = dy[i]; dx[i] = y[i] <= 0.0f ? 0.0f : g;);
     return PORT_OK;
 }
 
 port_status port_relu6_forward(float *y, const float *x, int64_t count) {
     ELT_CHECK(y, x, count);
     ELT_LOOP(
-        float v = x[i] > 0.0f ? x[i] : 0.0f;
-        y[i] = v < 6.0f ? v : 6.0f;
+        float v = x[i];                  /* NaN propagates (torch.clamp) */
+        v = v <= 0.0f ? 0.0f : v;
+        y[i] = v >= 6.0f ? 6.0f : v;
     );
     return PORT_OK;
 }
@@ -49,6 +52,7 @@ port_status port_relu6_forward(float *y, const float *x, int64_t count) {
 port_status port_relu6_backward(float *dx, const float *dy, const float *y, int64_t count) {
     ELT_CHECK(dx, dy, count);
     PORT_NOTNULL(y);
+    /* as torch's hardtanh_backward: dy where 0 < v < 6, else (and for a NaN v) 0 */
     ELT_LOOP(float g = dy[i]; float v = y[i]; dx[i] = (v > 0.0f) & (v < 6.0f) ? g : 0.0f;);
     return PORT_OK;
 }

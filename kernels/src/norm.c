@@ -53,7 +53,7 @@ void port__bn_train_forward(float *y, float *save_mean, float *save_invstd, floa
             if (relu) {
                 for (int64_t q = 0; q < hw; q++) {
                     float t = (xp[q] - fm) * scale + b;
-                    yp[q] = t > 0.0f ? t : 0.0f;
+                    yp[q] = t <= 0.0f ? 0.0f : t;   /* NaN propagates, as torch.relu */
                 }
             } else {
                 for (int64_t q = 0; q < hw; q++) yp[q] = (xp[q] - fm) * scale + b;
@@ -78,7 +78,7 @@ void port__bn_train_backward(float *dx, float *dgamma, float *dbeta, const float
             if (relu) {
                 for (int64_t q = 0; q < hw; q++) {
                     float xh = (xp[q] - m) * is;
-                    float d = (xh * g + b) > 0.0f ? dp[q] : 0.0f;
+                    float d = (xh * g + b) <= 0.0f ? 0.0f : dp[q];
                     a += d;
                     bb += d * xh;
                 }
@@ -101,7 +101,7 @@ void port__bn_train_backward(float *dx, float *dgamma, float *dbeta, const float
             for (int64_t q = 0; q < hw; q++) {
                 float xh = (xp[q] - m) * is;
                 float d = dp[q];
-                if (relu && !((xh * g + b) > 0.0f)) d = 0.0f;
+                if (relu && (xh * g + b) <= 0.0f) d = 0.0f;
                 dxp[q] = k * (d - mdy - xh * mdyx);
             }
         }

@@ -20,6 +20,10 @@ static port_status pool_check(const port_pool2d_params *p) {
     /* PyTorch: pad must be at most half the kernel size */
     PORT_CHECK(2 * p->pad_h <= p->kh && 2 * p->pad_w <= p->kw, PORT_ERR_ARG);
     PORT_CHECK(p->h + 2 * p->pad_h >= p->kh && p->w + 2 * p->pad_w >= p->kw, PORT_ERR_SHAPE);
+    PORT_CHECK(p->h_out >= 0 && p->w_out >= 0, PORT_ERR_SHAPE);
+    PORT_CHECK((p->h_out == 0 || p->h_out == port_pool2d_out_h(p)) &&
+                   (p->w_out == 0 || p->w_out == port_pool2d_out_w(p)),
+               PORT_ERR_SHAPE);
     return PORT_OK;
 }
 

@@ -95,7 +95,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     except OSError as e:
         if getattr(e, "filename", None) is not None:   # a file the user named cannot be read or written
-            _err(f"{e.filename}: {e.strerror or e}")
+            _err(os_error_message(e))
             return 2
         return _internal(e)
     except Exception as e:  # noqa: BLE001 - anything else is a bug (or a bug in the user's own model code)
@@ -103,6 +103,24 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
+
+
+def os_error_message(e: OSError) -> str:
+    """'<path>: <what>; <fix>' for an OSError on a path the user gave (or a folder PORT made under it)."""
+    import errno
+    fixes = {
+        errno.ENOTDIR: "a part of this path is a file, not a folder: choose another location",
+        errno.EEXIST: "it exists and is not a folder: choose another location (or move the file away)",
+        errno.EACCES: "permission denied: choose a location you can write to (or fix its permissions)",
+        errno.EPERM: "not permitted: choose a location you can write to (or fix its permissions)",
+        errno.EROFS: "read-only file system: choose a writable location",
+        errno.EISDIR: "it is a folder: give a file path",
+        errno.ENOENT: "no such file or folder: check the path",
+        errno.ENOSPC: "no space left on the device: free some space or choose another location",
+    }
+    name = e.filename if e.filename2 is None else f"{e.filename} -> {e.filename2}"
+    fix = fixes.get(e.errno)
+    return f"{name}: {e.strerror or e}" + (f" ({fix})" if fix else "")
 
 
 def _internal(e: BaseException) -> int:

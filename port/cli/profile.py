@@ -47,6 +47,9 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"merged {len(inputs)} profiles ({len(merged.entries)} entries, "
                        f"{sum(e.measured for e in merged.entries)} measured) -> {output}")
             return
+        from port.config import ProfileOptions, validate_options
+        validate_options(ProfileOptions, {"max_time_s": max_time, "blocks": blocks, "block_ms": block_ms,
+                                          "threads": threads})
         if len(inputs) != 1:
             raise ConfigError("give one experiment config (several files only with --merge)")
         job = P.load_job(inputs[0], device=device, profile=output)

@@ -29,12 +29,15 @@ def register(app: typer.Typer) -> None:
                                           "solve again"),
               out: Path = typer.Option(Path("runs"), "--out", help="directory for runs/<name>/"),
               no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars"),
+              on_nonfinite: Optional[str] = typer.Option(None, "--on-nonfinite", help="stop | skip: a step with a "
+                                                         "non-finite loss or gradient stops training with an error "
+                                                         "(default) or is skipped (overrides train.on_nonfinite)"),
               ) -> None:
         """Trace, profile (reused from `port profile`), solve under the budget, train with the plan, export
         and report."""
         from port.pipeline import run_training
         run_training(config, resume=resume, steps=steps, out_dir=out, replan=replan, budget=budget, solver=solver,
-                     profile=profile, progress=not no_progress)
+                     profile=profile, progress=not no_progress, on_nonfinite=on_nonfinite)
 
     @app.command("report")
     def report(run_dir: Path = typer.Argument(..., help="a run directory, e.g. runs/digits")) -> None:

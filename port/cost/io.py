@@ -91,7 +91,18 @@ def profile_from_dict(d: Any, where: str = "profile", device: str | None = None)
         if hashlib.sha256(_canon(body)).hexdigest() != d["sha256"]:
             raise ProfileError(f"{where}: checksum mismatch (key 'sha256'): the file was edited or corrupted; "
                                f"re-run `port profile` (or remove 'sha256' after a deliberate edit)")
+    try:
+        return _profile_body(d, dev, where)
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:
+        if isinstance(e, ProfileError):
+            raise
+        raise ProfileError(f"{where}: malformed profile ({type(e).__name__}: {e}); re-run `port profile`") from None
+
+
+def _profile_body(d: dict, dev: str, where: str) -> Profile:
     accs = _need(d, "accelerators", list, where)
+    if not all(isinstance(a, str) for a in accs):
+        raise ProfileError(f"{where}: key 'accelerators' should be a list of accelerator ids; re-run `port profile`")
     entries_raw = _need(d, "entries", list, where)
     n = d.get("num_entries")
     if n is not None and n != len(entries_raw):
@@ -121,6 +132,13 @@ def profile_from_dict(d: Any, where: str = "profile", device: str | None = None)
     host = d.get("host", {})
     if not isinstance(host, dict):
         raise ProfileError(f"{where}: key 'host' should be an object")
+    for k in ("threads", "memory_bytes"):
+        v = d.get(k, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**62:
+            raise ProfileError(f"{where}: key {k!r} = {v!r}: expected an integer >= 0; re-run `port profile`")
+    for k in ("accelerator_caps", "storage"):
+        if not isinstance(d.get(k, {}), dict):
+            raise ProfileError(f"{where}: key {k!r} should be an object; re-run `port profile`")
     entries.sort(key=lambda e: (e.signature, e.accelerator, e.variant))
     return Profile(device=dev, accelerators=tuple(accs), entries=tuple(entries),
                    handoff=tuple(sorted(hand, key=lambda h: (h.src, h.dst))),
@@ -154,6 +172,8 @@ def load_profile(path: str | Path, device: str | None = None) -> Profile:
     except json.JSONDecodeError as e:
         raise ProfileError(f"{path}: truncated or corrupt profile (invalid JSON at line {e.lineno}, column "
                            f"{e.colno}: {e.msg}); re-run `port profile`") from None
+    except RecursionError:
+        raise ProfileError(f"{path}: corrupt profile (nested too deeply); re-run `port profile`") from None
     return profile_from_dict(d, str(path), device)
 
 

@@ -24,7 +24,7 @@ _ALGOS = {"auto": CONV_AUTO, "im2col": CONV_IM2COL, "direct": CONV_DIRECT}
 # --------------------------------------------------------------------------- param structs
 class Conv2dParams(ctypes.Structure):
     _fields_ = [(f, c_int64) for f in ("n", "c_in", "h", "w", "c_out", "kh", "kw", "stride_h",
-                                       "stride_w", "pad_h", "pad_w", "groups")]
+                                       "stride_w", "pad_h", "pad_w", "groups", "h_out", "w_out")]
 
 
 class BatchNormParams(ctypes.Structure):
@@ -34,7 +34,7 @@ class BatchNormParams(ctypes.Structure):
 
 class Pool2dParams(ctypes.Structure):
     _fields_ = [(f, c_int64) for f in ("n", "c", "h", "w", "kh", "kw", "stride_h", "stride_w",
-                                       "pad_h", "pad_w")]
+                                       "pad_h", "pad_w", "h_out", "w_out")]
 
 
 class LinearParams(ctypes.Structure):

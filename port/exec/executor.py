@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from port.errors import ProgramError
+from port.errors import LabelError, ProgramError
 from port.lower.arena import check_program
 from port.lower.program import GRAD_SCALE_ID, Program
 from port.ir.types import PHASE_UPDATE
@@ -119,6 +119,26 @@ class Executor:
         self.logits = self.view(program.logits_id)
         if program.has_slot(GRAD_SCALE_ID):
             self.view(GRAD_SCALE_ID).fill_(1.0)
+        # classes the loss kernels accept: labels are checked before the first call of every pass (a bad
+        # label found by the C loss kernel mid-step would leave running statistics already updated)
+        ks = {program.slot(c.inputs[0]).shape[1] for c in program.calls
+              if c.kernel in ("cross_entropy", "cross_entropy.grad_input") and len(c.inputs) > 1
+              and c.inputs[1] == program.label_id}
+        self.num_classes = min(ks) if ks else None
+
+    def check_labels(self, labels=None) -> None:
+        """Raise LabelError (naming the value, its index and num_classes) unless every label is a class index
+        in [0, num_classes). ``labels``: a batch to check before copying it in (default: the label slot)."""
+        y = self.labels if labels is None else labels
+        K = self.num_classes
+        if y is None or K is None:
+            return
+        lo, hi = (int(v) for v in y.aminmax())
+        if lo < 0 or hi >= K:
+            bad = ((y < 0) | (y >= K)).reshape(-1).nonzero()
+            i = int(bad[0])
+            raise LabelError(f"label {int(y.reshape(-1)[i])} at index {i} of the batch is not a class index: "
+                             f"expected 0 <= label < num_classes = {K}")
 
     def view(self, tid: int):
         v = self._views.get(tid)
@@ -141,6 +161,8 @@ class Executor:
             z.zero_()
 
     def run_main(self) -> None:
+        if self.num_classes is not None:
+            self.check_labels()
         for f in self.main:
             f()
 
@@ -191,6 +213,7 @@ class Executor:
             return None
         import time
         import torch
+        self.check_labels()
         sync = torch.cuda.synchronize if self.arena.device.type == "cuda" else (lambda: None)
         pairs = list(zip(self.main_calls, self.main))
         if updates:

@@ -211,3 +211,235 @@ def dropout_seed(base_seed: int, counter: int, op: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return z ^ (z >> 31)
+
+
+# ---------------------------------------------------------------------------------------------
+# the per-kernel shape rule: what every input and output of a call must look like, from its attributes and
+# the shape of the tensor that fixes its geometry. port.lower.arena.check_program compares it with the
+# program's slots (lowering runs that check on every program it emits); the C backend passes the output dims
+# it implies to the kernels, which refuse others (port_conv2d_params / port_pool2d_params h_out, w_out).
+# ---------------------------------------------------------------------------------------------
+F32, I64, U8 = "float32", "int64", "uint8"
+HOST_KERNELS = ("page_out", "page_in")
+OPT_STATES = {"sgd": 0, "sgd_momentum": 1, "adamw": 2}
+
+
+class CallShapeError(ValueError):
+    """A call's attributes or tensors do not fit its kernel (the message says which and what was expected)."""
+
+
+def _pair(attrs: dict, key: str, lo: int) -> tuple[int, int]:
+    v = attrs.get(key)
+    if (not isinstance(v, tuple) or len(v) != 2 or not all(type(x) is int for x in v)
+            or not all(x >= lo for x in v)):
+        raise CallShapeError(f"attribute {key}={v!r}: expected a pair of ints >= {lo}")
+    return v
+
+
+def _rank(shape, r: int, what: str) -> tuple[int, ...]:
+    if shape is None or len(shape) != r:
+        raise CallShapeError(f"{what} has shape {list(shape) if shape is not None else None}: expected {r} dims")
+    return tuple(shape)
+
+
+def conv_out_hw(x_shape, attrs: dict) -> tuple[int, int]:
+    kh, kw = _pair(attrs, "kernel", 1)
+    sh, sw = _pair(attrs, "stride", 1)
+    ph, pw = _pair(attrs, "padding", 0)
+    h, w = x_shape[2], x_shape[3]
+    if h + 2 * ph < kh or w + 2 * pw < kw:
+        raise CallShapeError(f"kernel {(kh, kw)} with padding {(ph, pw)} does not fit the input {h}x{w}")
+    return (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+
+
+def pool_out_hw(x_shape, attrs: dict) -> tuple[int, int]:
+    kh, kw = _pair(attrs, "kernel", 1)
+    ph, pw = _pair(attrs, "padding", 0)
+    if 2 * ph > kh or 2 * pw > kw:
+        raise CallShapeError(f"padding {(ph, pw)} exceeds half the kernel {(kh, kw)}")
+    return conv_out_hw(x_shape, attrs)
+
+
+def _grads(attrs: dict, shapes: dict) -> list:
+    g = attrs.get("grads")
+    order = list(shapes)      # outputs in parameter order (weight, bias): the only order lowering emits
+    if not isinstance(g, tuple) or not g or any(n not in shapes for n in g) or \
+            [order.index(n) for n in g] != sorted({order.index(n) for n in g}):
+        raise CallShapeError(f"attribute grads={g!r}: expected distinct names among {order}, in that order")
+    return [(shapes[n], F32) for n in g]
+
+
+def _bn_scalars(attrs: dict) -> None:
+    eps, mom = attrs.get("eps"), attrs.get("momentum")
+    if not isinstance(eps, float) or not 0.0 < eps < float("inf"):
+        raise CallShapeError(f"attribute eps={eps!r}: expected a finite float > 0")
+    if not isinstance(mom, float) or not 0.0 <= mom <= 1.0:
+        raise CallShapeError(f"attribute momentum={mom!r}: expected a float in [0, 1]")
+
+
+def call_shapes(kernel: str, attrs: dict, in_shapes, out_shapes) -> tuple[list, list]:
+    """Expected ``(shape, dtype)`` of every input and output of a call running ``kernel`` with ``attrs``,
+    given its slots' shapes (one of which, e.g. the forward's x, fixes the geometry; the rest follow from it
+    and the attributes). A shape of None means any. Raises CallShapeError on bad attributes or arity."""
+    I, O = list(in_shapes), list(out_shapes)
+
+    def at(lst, i, what):
+        if i >= len(lst):
+            raise CallShapeError(f"{what}: the call has only {len(lst)}")
+        return lst[i]
+
+    k = kernel
+    if k in ("conv2d", "conv2d_bn_relu", "conv2d.grad_input", "conv2d.grad_weight"):
+        if k in ("conv2d", "conv2d_bn_relu"):
+            x = _rank(at(I, 0, "input 0 (x)"), 4, "x")
+            co = _rank(at(I, 1, "input 1 (weight)"), 4, "weight")[0]
+        elif k == "conv2d.grad_input":
+            x = _rank(at(O, 0, "output 0 (dx)"), 4, "dx")
+            co = _rank(at(I, 1, "input 1 (weight)"), 4, "weight")[0]
+        else:
+            x = _rank(at(I, 1, "input 1 (x)"), 4, "x")
+            co = _rank(at(I, 0, "input 0 (dy)"), 4, "dy")[1]
+        g = attrs.get("groups")
+        if type(g) is not int or g < 1 or x[1] % g or co % g:
+            raise CallShapeError(f"attribute groups={g!r}: expected an int >= 1 dividing C_in={x[1]} and "
+                                 f"C_out={co}")
+        kh, kw = _pair(attrs, "kernel", 1)
+        ho, wo = conv_out_hw(x, attrs)
+        w = ((co, x[1] // g, kh, kw), F32)
+        y = ((x[0], co, ho, wo), F32)
+        c = ((co,), F32)
+        if k == "conv2d":
+            return [(x, F32), w] + ([c] if attrs.get("bias") else []), [y]
+        if k == "conv2d_bn_relu":
+            _bn_scalars(attrs)
+            return [(x, F32), w, c, c, c, c], [y, y, ((2, co), F32), c, c]
+        if k == "conv2d.grad_input":
+            return [y, w], [(x, F32)]
+        return [y, (x, F32)], _grads(attrs, {"weight": w[0], "bias": (co,)})
+    if k.startswith("batch_norm2d"):
+        tr = bool(attrs.get("training"))
+        if k == "batch_norm2d":
+            x = _rank(at(I, 0, "input 0 (x)"), 4, "x")
+        elif k in ("batch_norm2d.grad_input",) and not tr:
+            x = _rank(at(O, 0, "output 0 (dx)"), 4, "dx")
+        else:
+            x = _rank(at(I, 1, "input 1 (x)"), 4, "x")
+        _bn_scalars(attrs)
+        X, c, st = (x, F32), ((x[1],), F32), ((2, x[1]), F32)
+        if k == "batch_norm2d":
+            return [X, c, c, c, c], ([X, st, c, c] if tr else [X])
+        if k == "batch_norm2d.grad_input":
+            return ([X, X, st, c] if tr else [X, c, c]), [X]
+        if k == "batch_norm2d.grad_weight":
+            return ([X, X, st] if tr else [X, X, c, c]), _grads(attrs, {"weight": c[0], "bias": c[0]})
+        if k == "batch_norm2d.grad_input_from_output":
+            return [X, X, st, c, c], [X]
+        if k == "batch_norm2d.grad_weight_from_output":
+            return [X, X, c, c], _grads(attrs, {"weight": c[0], "bias": c[0]})
+    if k in ("relu", "relu6", "hardswish"):
+        x = at(I, 0, "input 0 (x)")
+        return [(x, F32)], [(x, F32)]
+    if k in ("relu.grad_input", "relu6.grad_input", "hardswish.grad_input", "add", "grad_accumulate"):
+        x = at(I, 0, "input 0")
+        return [(x, F32), (x, F32)], [(x, F32)]
+    if k == "dropout":
+        x = at(I, 0, "input 0 (x)")
+        p = attrs.get("p")
+        if not isinstance(p, float) or not 0.0 <= p < 1.0:
+            raise CallShapeError(f"attribute p={p!r}: expected a float in [0, 1)")
+        return [(x, F32)], [(x, F32), (x, U8)]
+    if k == "dropout.grad_input":
+        x = at(I, 0, "input 0 (dy)")
+        p = attrs.get("p")
+        if not isinstance(p, float) or not 0.0 <= p < 1.0:
+            raise CallShapeError(f"attribute p={p!r}: expected a float in [0, 1)")
+        return [(x, F32), (x, U8)], [(x, F32)]
+    if k in ("max_pool2d", "avg_pool2d", "max_pool2d.grad_input", "avg_pool2d.grad_input"):
+        x = _rank(at(I, 0, "input 0 (x)") if "." not in k else at(O, 0, "output 0 (dx)"), 4, "x")
+        _pair(attrs, "stride", 1)
+        ho, wo = pool_out_hw(x, attrs)
+        y = ((x[0], x[1], ho, wo), F32)
+        idx = ((x[0], x[1], ho, wo), I64)
+        if k == "max_pool2d":
+            return [(x, F32)], [y, idx]
+        if k == "avg_pool2d":
+            return [(x, F32)], [y]
+        if k == "max_pool2d.grad_input":
+            return [y, idx], [(x, F32)]
+        return [y], [(x, F32)]
+    if k in ("global_avg_pool2d", "global_avg_pool2d.grad_input"):
+        x = _rank(at(I, 0, "input 0 (x)") if "." not in k else at(O, 0, "output 0 (dx)"), 4, "x")
+        y = ((x[0], x[1], 1, 1), F32)
+        return ([(x, F32)], [y]) if "." not in k else ([y], [(x, F32)])
+    if k in ("linear", "linear.grad_input", "linear.grad_weight"):
+        if k == "linear":
+            x = _rank(at(I, 0, "input 0 (x)"), 2, "x")
+            fo = _rank(at(I, 1, "input 1 (weight)"), 2, "weight")[0]
+        elif k == "linear.grad_input":
+            x = _rank(at(O, 0, "output 0 (dx)"), 2, "dx")
+            fo = _rank(at(I, 1, "input 1 (weight)"), 2, "weight")[0]
+        else:
+            x = _rank(at(I, 1, "input 1 (x)"), 2, "x")
+            fo = _rank(at(I, 0, "input 0 (dy)"), 2, "dy")[1]
+        w, y, b = ((fo, x[1]), F32), ((x[0], fo), F32), ((fo,), F32)
+        if k == "linear":
+            return [(x, F32), w] + ([b] if attrs.get("bias") else []), [y]
+        if k == "linear.grad_input":
+            return [y, w], [(x, F32)]
+        return [y, (x, F32)], _grads(attrs, {"weight": w[0], "bias": b[0]})
+    if k in ("cross_entropy", "cross_entropy.grad_input"):
+        z = _rank(at(I, 0, "input 0 (logits)"), 2, "logits")
+        ls = attrs.get("label_smoothing", 0.0)
+        if not isinstance(ls, float) or not 0.0 <= ls <= 1.0:
+            raise CallShapeError(f"attribute label_smoothing={ls!r}: expected a float in [0, 1]")
+        Z, lab = (z, F32), ((z[0],), I64)
+        if k == "cross_entropy":
+            return [Z, lab], [((), F32), Z]
+        return [Z, lab, ((1,), F32)], [Z]
+    if k == "update":
+        opt = attrs.get("optimizer")
+        if opt not in OPT_STATES:
+            raise CallShapeError(f"attribute optimizer={opt!r}: expected one of {sorted(OPT_STATES)}")
+        p = (at(I, 0, "input 0 (parameter)"), F32)
+        n = OPT_STATES[opt]
+        return [p] * (2 + n), [p] * (1 + n)
+    if k == "page_out":
+        x = at(I, 0, "input 0")
+        return [(x, None)], []
+    if k == "page_in":
+        x = at(O, 0, "output 0")
+        return [], [(x, None)]
+    raise CallShapeError(f"unknown kernel {kernel!r}")
+
+
+def known_kernel(kernel: str, backend: str) -> bool:
+    if backend == "host":
+        return kernel in HOST_KERNELS
+    return backend in BACKENDS and kernel in C_ENTRIES
+
+
+def known_variant(kernel: str, variant: str, backend: str) -> bool:
+    if not isinstance(variant, str):
+        return False
+    if variant.startswith("patch"):
+        t = variant[5:]
+        return backend == "c" and kernel in CONV_KERNELS and kernel != "conv2d_bn_relu" and t.isdigit() \
+            and str(int(t)) == t and int(t) in V.PATCH_TILES
+    if variant == "fused":
+        return kernel == "conv2d_bn_relu"
+    if kernel == "conv2d_bn_relu":
+        return False
+    return variant in ("plain", "direct", "inplace") and (variant != "direct" or kernel in CONV_KERNELS)
+
+
+def inplace_pairs(kernel: str, attrs: dict) -> tuple[tuple[int, int], ...]:
+    """(output index, input index) pairs that must name the same tensor: read-modify-write arguments (the
+    kernel writes the input's bytes: optimizer state, parameters, batch-norm running statistics)."""
+    if kernel == "update":
+        n = OPT_STATES.get(attrs.get("optimizer"), 0)
+        return ((0, 0),) + tuple((1 + i, 2 + i) for i in range(n))
+    if kernel == "batch_norm2d" and attrs.get("training"):
+        return ((2, 3), (3, 4))
+    if kernel == "conv2d_bn_relu":
+        return ((3, 4), (4, 5))
+    return ()

@@ -128,8 +128,29 @@ def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable
 
     model = copy.deepcopy(model)  # shape propagation runs the model: keep the user's running stats intact
 
+    class _Proxy(fx.Proxy):
+        """fx's Proxy has no __iadd__, so ``h += y`` would trace as ``h = h + y`` and lose the mutation
+        that other names of ``h`` see in eager mode; record it as operator.iadd (an in-place add)."""
+        def __iadd__(self, other):
+            return self.tracer.create_proxy("call_function", operator.iadd, (self, other), {}, name="add")
+
+        def __isub__(self, other):
+            return self.tracer.create_proxy("call_function", operator.isub, (self, other), {}, name="sub")
+
+        def __imul__(self, other):
+            return self.tracer.create_proxy("call_function", operator.imul, (self, other), {}, name="mul")
+
+        def __itruediv__(self, other):
+            return self.tracer.create_proxy("call_function", operator.itruediv, (self, other), {}, name="truediv")
+
     class _Tracer(fx.Tracer):
-        pass
+        def proxy(self, node):
+            return _Proxy(node, self)
+
+        def create_node(self, *args, **kwargs):
+            n = super().create_node(*args, **kwargs)
+            n.meta["port_src"] = _caller_source()
+            return n
 
     tracer = _Tracer()
     try:
@@ -145,7 +166,7 @@ def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable
     gm = fx.GraphModule(model, fx_graph)
     try:
         with torch.no_grad():
-            ShapeProp(gm).propagate(example_input.detach())
+            ShapeProp(gm).propagate(example_input.detach().clone())  # in-place ops must not touch the caller's
     except Exception as e:  # noqa: BLE001
         raise PortTraceError(f"{model_name}: running the model on an input of shape "
                              f"{tuple(example_input.shape)} failed: {type(e).__name__}: {e}") from None
@@ -163,6 +184,14 @@ def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable
         return any(fnmatch.fnmatchcase(path, p) or path == p or path.startswith(p.rstrip(".") + ".")
                    for p in trainable)
 
+    # shared (tied) parameters and buffers: one tensor per object, named by its first state_dict name
+    # (model.named_parameters()'s choice), trainable if any module holding it is; every use then adds a
+    # weight-gradient contribution to that one tensor (accumulated like any tensor used twice)
+    obj_names: dict[int, list[str]] = {}
+    for qn, p in list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False)):
+        obj_names.setdefault(id(p), []).append(qn)
+    obj_ids: dict[int, int] = {}      # id(parameter or buffer object) -> tensor id
+
     def param(mod_path: str, mod: Any, attr: str) -> int | None:
         p = getattr(mod, attr, None)
         if p is None:
@@ -170,13 +199,19 @@ def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable
         q = f"{mod_path}.{attr}" if mod_path else attr
         if q in param_ids:
             return param_ids[q]
+        if id(p) in obj_ids:
+            param_ids[q] = obj_ids[id(p)]
+            return param_ids[q]
+        names = obj_names.get(id(p)) or [q]
         if isinstance(p, torch.nn.Parameter):
-            tid = b.tensor(q, p.shape, _dtype_name(p.dtype), ROLE_PARAMETER)
-            if p.requires_grad and module_is_trainable(mod_path):
+            tid = b.tensor(names[0], p.shape, _dtype_name(p.dtype), ROLE_PARAMETER)
+            if p.requires_grad and any(module_is_trainable(n.rsplit(".", 1)[0] if "." in n else "")
+                                       for n in names):
                 trainable_params.add(tid)
         else:
-            tid = b.tensor(q, p.shape, _dtype_name(p.dtype), ROLE_BUFFER)
+            tid = b.tensor(names[0], p.shape, _dtype_name(p.dtype), ROLE_BUFFER)
         param_ids[q] = tid
+        obj_ids[id(p)] = tid
         return tid
 
     def out_tensor(node: Any, opname: str) -> int:
@@ -194,15 +229,72 @@ def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable
 
     def unsupported(node: Any, what: str) -> PortTraceError:
         path = node.target if node.op == "call_module" else scope_of(node) or "<root>"
+        src = node.meta.get("port_src", "")
         return PortTraceError(
-            f"{model_name}: unsupported op {what} at module path '{path}' (fx node '{node.name}'). "
+            f"{model_name}: unsupported op {what} at module path '{path}' (fx node '{node.name}'"
+            f"{', ' + src if src else ''}). "
             f"Supported ops: {_supported_list()}; loss: {', '.join(SUPPORTED_LOSSES)}. Replace the layer "
             f"or freeze it outside the traced model.")
 
+    # functionalization of in-place ops: an in-place op's result replaces the mutated tensor for every later
+    # use, under any name (fx node, identity alias): latest[t] is the tensor that now holds t's value.
+    latest: dict[int, int] = {}
+
+    def resolve(t: int) -> int:
+        while t in latest:
+            t = latest[t]
+        return t
+
     def tensor_arg(node: Any, a: Any) -> int:
         if isinstance(a, fx.Node) and a.name in env:
-            return env[a.name]
+            return resolve(env[a.name])
         raise unsupported(node, f"with a non-tensor or constant operand ({a!r})")
+
+    order = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+    fx_nodes = {n.name: n for n in gm.graph.nodes}
+
+    def storage_root(t: int) -> int:
+        while b.tensors[t].alias_of is not None:
+            t = b.tensors[t].alias_of
+        return t
+
+    def check_inplace(node: Any, opname: str, t: int) -> None:
+        """Refuse, by name, an in-place op whose mutation PORT's functional graph cannot reproduce."""
+        T = b.tensors
+        why = None
+        root = storage_root(t)
+        group = {x.id for x in T if storage_root(x.id) == root}     # t, the tensor it views, its other views
+        readers = [f for f in fwds if any(x in group for x in f.x)]
+        producer = next((f for f in fwds if root in f.outputs), None)
+        unsafe = [f for f in readers if f.kind not in _INPLACE_SAFE_READERS and f.kind != "reshape"]
+        # another alias (view or viewed tensor) of t read at or after this op would see the mutation
+        others = {x for x in group if x != t}
+        alias_later = next((n for n in env if resolve(env[n]) in others for u in fx_nodes[n].users
+                            if u is node or order[u.name] > order[node.name]), None)
+        if root == input_id:
+            why = "the model input (PyTorch would modify the caller's batch)"
+        elif T[root].role in (ROLE_PARAMETER, ROLE_BUFFER):
+            why = f"the {T[root].role} '{T[root].name}'"
+        elif alias_later is not None:
+            what = "a view of" if T[t].alias_of is not None else "a tensor viewed by"
+            why = (f"{what} '{T[env[alias_later]].name}', which is read later (fx node '{alias_later}'): the "
+                   f"mutation would show through the alias")
+        elif unsafe:
+            r = unsafe[0]
+            why = (f"a tensor the earlier op '{r.name}' ({r.kind}) saved for its backward (PyTorch autograd fails "
+                   f"with 'modified by an inplace operation')")
+        elif producer is not None and producer.kind == "relu":
+            why = (f"the output of '{producer.name}' ({producer.kind}), which its backward reads (PyTorch autograd "
+                   f"fails with 'modified by an inplace operation')")
+        if why is not None:
+            path = node.target if node.op == "call_module" else scope_of(node) or "<root>"
+            src = node.meta.get("port_src", "")
+            raise PortTraceError(
+                f"{model_name}: in-place op '{opname}' at module path '{path}' (fx node '{node.name}'"
+                f"{', ' + src if src else ''}) modifies {why}. PORT traces in-place ops by replacing the "
+                f"modified tensor with the result, which is only sound when nothing else observes the old "
+                f"value. Fix: use the out-of-place form and rebind the name (e.g. h = F.relu(h), h = h + y, "
+                f"nn.ReLU(inplace=False)).")
 
     input_id = -1
     logits_id = -1
@@ -218,7 +310,7 @@ def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable
             res = node.args[0]
             if isinstance(res, (tuple, list)) or not isinstance(res, fx.Node) or res.name not in env:
                 raise PortTraceError(f"{model_name}: forward() must return one logits tensor [N, classes]")
-            logits_id = env[res.name]
+            logits_id = resolve(env[res.name])
             continue
         if node.op == "get_attr":
             raise unsupported(node, f"direct parameter access '{node.target}' (functional layers)")
@@ -231,11 +323,16 @@ def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable
                 continue
             raise unsupported(node, f"'{getattr(node.target, '__name__', node.target)}' returning a non-tensor")
 
+        mutated = _inplace_operand(node, gm, unsupported)
+        if mutated is not None:
+            check_inplace(node, _op_label(node), tensor_arg(node, mutated))
         f = _forward_from_node(node, gm, b, env, param, out_tensor, tensor_arg, unsupported, scope_of, batch)
         if f is None:  # identity: alias the input
             continue
         fwds.append(f)
         env[node.name] = f.outputs[0]
+        if mutated is not None and f.x and f.x[0] != f.outputs[0]:
+            latest[f.x[0]] = f.outputs[0]     # later uses of the mutated tensor read the result
 
     if logits_id < 0:
         raise PortTraceError(f"{model_name}: forward() returned no tensor")
@@ -247,6 +344,62 @@ def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable
         raise PortTraceError(f"{model_name}: no trainable parameters (trainable={trainable!r} matched "
                              f"no module with parameters)")
     return _assemble(b, fwds, model_name, batch, input_id, logits_id, trainable_params, optimizer)
+
+
+# earlier readers that leave a tensor free to be modified in place: their backward does not read it
+# (add saves nothing, relu its output, dropout its mask), as in PyTorch autograd
+_INPLACE_SAFE_READERS = ("add", "relu", "dropout")
+_INPLACE_FUNCTIONS = ("iadd", "isub", "imul", "itruediv", "relu_")
+_INPLACE_KWARG_FUNCTIONS = ("relu", "relu6", "hardswish", "dropout", "hardtanh", "elu", "leaky_relu", "silu",
+                            "threshold", "celu", "selu", "rrelu", "mish", "hardsigmoid")
+
+
+def _op_label(node: Any) -> str:
+    if node.op == "call_module":
+        return node.target
+    t = node.target
+    name = t if isinstance(t, str) else getattr(t, "__name__", str(t))
+    return {"iadd": "+= (iadd)", "isub": "-= (isub)", "imul": "*= (imul)", "itruediv": "/= (itruediv)"}.get(name, name)
+
+
+def _inplace_operand(node: Any, gm: Any, unsupported: Any) -> Any:
+    """The fx node an in-place op modifies (its first argument), or None for an out-of-place op.
+    In-place: tensor methods ending in '_' (relu_, add_, ...), ``x += y`` (operator.iadd, recorded by
+    trace's tracer), torch.relu_ / F.relu_, functionals called with inplace=True and modules built with
+    inplace=True. ``out=`` is refused."""
+    import torch.fx as fx
+    import torch.nn as nn
+    if node.kwargs.get("out") is not None:
+        raise unsupported(node, f"'{_op_label(node)}' with out= (write the result to a new tensor instead)")
+    if node.op == "call_module":
+        mod = gm.get_submodule(node.target)
+        hit = bool(getattr(mod, "inplace", False)) and not (isinstance(mod, nn.Dropout) and not mod.training)
+    elif node.op == "call_method":
+        hit = node.target.endswith("_") and not node.target.startswith("_")
+    elif node.op == "call_function":
+        name = getattr(node.target, "__name__", "")
+        hit = name in _INPLACE_FUNCTIONS or (name in _INPLACE_KWARG_FUNCTIONS and bool(node.kwargs.get("inplace")))
+        if not hit and name in _INPLACE_KWARG_FUNCTIONS and node.args[-1:] == (True,) and len(node.args) > 1:
+            hit = name != "dropout" or len(node.args) == 4   # F.relu(x, True); F.dropout(x, p, training, True)
+    else:
+        return None
+    if not hit or not node.args or not isinstance(node.args[0], fx.Node):
+        return None
+    return node.args[0]
+
+
+def _caller_source() -> str:
+    """'file:line: code' of the user's line that created the fx node being traced ('' if none)."""
+    import linecache
+    import sys
+    fr = sys._getframe(1)
+    while fr is not None:
+        fn = fr.f_code.co_filename
+        if "/torch/" not in fn and fn != __file__ and not fn.startswith("<"):
+            line = linecache.getline(fn, fr.f_lineno).strip()
+            return f"{fn}:{fr.f_lineno}" + (f": {line}" if line else "")
+        fr = fr.f_back
+    return ""
 
 
 def _user_frame(e: BaseException) -> str:
@@ -350,6 +503,7 @@ def _forward_from_node(node, gm, b: _Builder, env, param, out_tensor, tensor_arg
     scope = scope_of(node)
     tgt = node.target
     fname = tgt if isinstance(tgt, str) else getattr(tgt, "__name__", str(tgt))
+    fname = {"iadd": "add"}.get(fname, fname)   # ``h += y``: named as before in-place adds were recorded
     opname = f"{scope}.{fname}" if scope else node.name
     args = list(node.args)
     is_m = node.op == "call_method"
@@ -362,7 +516,7 @@ def _forward_from_node(node, gm, b: _Builder, env, param, out_tensor, tensor_arg
             raise unsupported(node, f"broadcasting add {list(shape(a))} + {list(shape(c))}")
         y = out_tensor(node, opname)
         return _Fwd(opname, scope, "add", {}, (a, c), {}, {}, (y,), 0, numel(shape(y)))
-    if tgt in (F.relu, torch.relu) or (is_m and tgt in ("relu", "relu_")):
+    if tgt in (F.relu, torch.relu, F.relu_, torch.relu_) or (is_m and tgt in ("relu", "relu_")):
         x = tensor_arg(node, args[0]); y = out_tensor(node, opname)
         return _Fwd(opname, scope, "relu", {}, (x,), {}, {}, (y,), 0, numel(shape(y)))
     if tgt is F.relu6:

@@ -180,6 +180,7 @@ def check_program(program: Program) -> None:
     """
     from port.ir.types import DTYPE_BYTES, numel
 
+    _check_fields(program)
     A, P = program.arena_bytes, program.persistent_bytes
     if P < 0 or A < P:
         raise ProgramError(f"program {program.graph_name!r}: persistent region {P} B does not fit the arena {A} B")
@@ -215,13 +216,18 @@ def check_program(program: Program) -> None:
                                    f"{s.nbytes} / region do not match the root's ({root.offset}, {root.nbytes})")
         elif s.offset % ALIGN:
             raise ProgramError(f"tensor {s.name!r}: offset {s.offset} is not {ALIGN}-byte aligned")
-    for t in (program.input_id, program.label_id):
-        if t >= 0 and t not in slot_of:
-            raise ProgramError(f"the program's input tensor id {t} has no slot")
+    _check_ids_and_zero_ranges(program, slot_of)
 
     n = len(program.calls)
     written = {s.root for s in program.slots if s.region == REGION_PERSISTENT}
     written |= {slot_of[t].root for t in (program.input_id, program.label_id) if t in slot_of}
+    pages: dict = {}
+    # in-place outputs are new tensor ids on their input's bytes: a tensor some call writes may be read only
+    # after that call (views, written by no call, follow their root). Reading an input whose bytes a later
+    # in-place call overwrote is allowed: relu6's in-place backward reads the output through x's id.
+    produced = {t for c in program.calls if isinstance(c.outputs, tuple) for t in c.outputs}
+    written_ids = {s.tensor for s in program.slots if s.region == REGION_PERSISTENT}
+    written_ids |= {program.input_id, program.label_id}
     for i, c in enumerate(program.calls):
         if c.index != i:
             raise ProgramError(f"call {c.name!r} has index {c.index} at position {i}")
@@ -230,15 +236,31 @@ def check_program(program: Program) -> None:
                 raise ProgramError(f"call {i} ({c.name}): tensor id {t} has no slot")
         for t in c.inputs:
             r = slot_of[t].root
-            if r not in written:
+            if r not in written or (t in produced and t not in written_ids):
                 raise ProgramError(f"call {i} ({c.name}): reads tensor {slot_of[t].name!r} (offset "
                                    f"{slot_of[t].offset}) before any call writes it")
+        _check_call(program, c, slot_of, pages)
         for t in c.outputs:
             written.add(slot_of[t].root)
+            written_ids.add(t)
         if c.workspace_bytes < 0 or (c.workspace_bytes and (c.workspace_offset < P or
                                                            c.workspace_offset + c.workspace_bytes > A)):
             raise ProgramError(f"call {i} ({c.name}): workspace [{c.workspace_offset}, "
                                f"{c.workspace_offset + c.workspace_bytes}) outside the scratch region [{P}, {A})")
+
+    for r, i in program.live_until:
+        s = slot_of.get(r)
+        if s is None or s.root != r or s.region != REGION_SCRATCH or not 0 <= i < max(n, 1):
+            raise ProgramError(f"live_until entry ({r}, {i}): expected a scratch root tensor id and a call index "
+                               f"in [0, {n})")
+
+    # persistent roots are all live for the whole program (and between steps): none may share bytes
+    pers = sorted((s.offset, s.offset + s.nbytes, s.name) for s in program.slots
+                  if s.region == REGION_PERSISTENT and s.root == s.tensor and s.nbytes)
+    for (o1, e1, n1), (o2, e2, n2) in zip(pers, pers[1:]):
+        if o2 < e1:
+            raise ProgramError(f"persistent tensors {n1!r} [{o1}, {e1}) and {n2!r} [{o2}, {e2}) overlap at offset "
+                               f"{o2}")
 
     # overlap of simultaneously live roots, and of workspaces with live roots
     live = liveness(program)
@@ -270,3 +292,173 @@ def live_timeline(program: Program) -> tuple[int, ...]:
     tl = np.cumsum(tl)[:n]
     ws = np.array([align(c.workspace_bytes) if c.workspace_bytes else 0 for c in program.calls], dtype=np.int64)
     return tuple(int(v) for v in (tl + ws))
+
+
+# ---------------------------------------------------------------------------------------------
+# field-by-field validation (a program may come from a file: every field is checked before anything runs)
+# ---------------------------------------------------------------------------------------------
+def _is_int(v) -> bool:
+    return type(v) is int
+
+
+def _bad(field: str, value, expected: str) -> ProgramError:
+    return ProgramError(f"program field {field} = {value!r}: expected {expected}")
+
+
+def _check_fields(program: Program) -> None:
+    from port.lower.program import PROGRAM_FORMAT_VERSION, Call, Slot
+    p = program
+    if p.version != PROGRAM_FORMAT_VERSION:
+        raise _bad("version", p.version, f"{PROGRAM_FORMAT_VERSION}")
+    for f in ("graph_name", "graph_digest", "optimizer"):
+        if not isinstance(getattr(p, f), str):
+            raise _bad(f, getattr(p, f), "a string")
+    for f in ("arena_bytes", "persistent_bytes", "batch_size", "peak_live_bytes"):
+        v = getattr(p, f)
+        if not _is_int(v) or v < 0:
+            raise _bad(f, v, "a non-negative int")
+    if p.persistent_bytes > p.arena_bytes:
+        raise _bad("persistent_bytes", p.persistent_bytes, f"at most arena_bytes ({p.arena_bytes})")
+    for f in ("input_id", "label_id", "loss_id", "logits_id"):
+        if not _is_int(getattr(p, f)):
+            raise _bad(f, getattr(p, f), "an int tensor id")
+    if not isinstance(p.slots, tuple) or not all(isinstance(s, Slot) for s in p.slots):
+        raise _bad("slots", type(p.slots).__name__, "a tuple of Slot")
+    if not isinstance(p.calls, tuple) or not all(isinstance(c, Call) for c in p.calls):
+        raise _bad("calls", type(p.calls).__name__, "a tuple of Call")
+    if not isinstance(p.phases, tuple) or not all(isinstance(x, str) for x in p.phases):
+        raise _bad("phases", p.phases, "a tuple of phase names")
+    if not isinstance(p.live_timeline, tuple) or not all(_is_int(x) and x >= 0 for x in p.live_timeline) \
+            or len(p.live_timeline) not in (0, len(p.calls)):
+        raise _bad("live_timeline", p.live_timeline, f"{len(p.calls)} non-negative ints")
+    for name, pairs in (("zero_ranges", p.zero_ranges), ("live_until", p.live_until)):
+        if not isinstance(pairs, tuple) or not all(isinstance(r, tuple) and len(r) == 2 and all(map(_is_int, r))
+                                                   for r in pairs):
+            raise _bad(name, pairs, "a tuple of (int, int) pairs")
+    for s in p.slots:
+        where = f"slot of tensor {s.tensor!r}"
+        if not _is_int(s.tensor) or not _is_int(s.root) or not isinstance(s.name, str):
+            raise ProgramError(f"{where}: tensor/root ids must be ints and the name a string")
+        if not _is_int(s.offset) or not _is_int(s.nbytes) or s.nbytes < 0:
+            raise ProgramError(f"{where} ({s.name!r}): offset {s.offset!r} / nbytes {s.nbytes!r}: expected ints, "
+                               f"nbytes >= 0")
+        if not isinstance(s.shape, tuple) or not all(_is_int(d) and d >= 0 for d in s.shape):
+            raise ProgramError(f"{where} ({s.name!r}): shape {s.shape!r}: expected a tuple of non-negative ints")
+        if not isinstance(s.dtype, str) or not isinstance(s.role, str):
+            raise ProgramError(f"{where} ({s.name!r}): dtype {s.dtype!r} / role {s.role!r}: expected strings")
+    for i, c in enumerate(p.calls):
+        where = f"call {i} ({c.name!r})"
+        if not _is_int(c.index) or not _is_int(c.op) or not isinstance(c.name, str):
+            raise ProgramError(f"{where}: index {c.index!r} / op {c.op!r}: expected ints")
+        for f in ("outputs", "inputs", "covers"):
+            v = getattr(c, f)
+            if not isinstance(v, tuple) or not all(map(_is_int, v)):
+                raise ProgramError(f"{where}: {f} {v!r}: expected a tuple of int tensor ids")
+        if not isinstance(c.attrs, tuple) or not all(isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], str)
+                                                     for a in c.attrs) \
+                or len({a[0] for a in c.attrs}) != len(c.attrs):
+            raise ProgramError(f"{where}: attrs {c.attrs!r}: expected distinct (name, value) pairs")
+        if not _is_int(c.workspace_offset) or not _is_int(c.workspace_bytes) or c.workspace_bytes < 0 \
+                or c.workspace_offset < 0:
+            raise ProgramError(f"{where}: workspace offset {c.workspace_offset!r} / bytes {c.workspace_bytes!r}: "
+                               f"expected non-negative ints")
+        for f in ("kernel", "backend", "variant", "phase"):
+            if not isinstance(getattr(c, f), str):
+                raise ProgramError(f"{where}: {f} {getattr(c, f)!r}: expected a string")
+
+
+def _check_ids_and_zero_ranges(program: Program, slot_of: dict) -> None:
+    from port.ir.types import ROLE_GRADIENT, numel
+    p = program
+    s = slot_of.get(p.input_id)
+    if s is None or s.dtype != "float32":
+        raise _bad("input_id", p.input_id, "the id of a float32 tensor with a slot")
+    if p.label_id != -1:
+        s = slot_of.get(p.label_id)
+        if s is None or s.dtype != "int64" or len(s.shape) != 1:
+            raise _bad("label_id", p.label_id, "-1 or the id of a 1-d int64 tensor with a slot")
+    if p.loss_id != -1:
+        s = slot_of.get(p.loss_id)
+        if s is None or s.dtype != "float32" or numel(s.shape) != 1:
+            raise _bad("loss_id", p.loss_id, "-1 or the id of a one-element float32 tensor with a slot")
+    if p.logits_id not in slot_of:
+        raise _bad("logits_id", p.logits_id, "the id of a tensor with a slot")
+    for f, role in (("input_id", "input"), ("label_id", "label")):
+        s = slot_of.get(getattr(p, f))
+        if s is not None and s.role and s.role != role:
+            raise _bad(f, getattr(p, f), f"the id of the {role} tensor (tensor {s.name!r} is a {s.role})")
+    for c in p.calls:     # the loss call fixes the loss, label and logits ids
+        if c.kernel == "cross_entropy" and len(c.inputs) == 2 and len(c.outputs) == 2:
+            for f, want in (("loss_id", c.outputs[0]), ("label_id", c.inputs[1]), ("logits_id", c.inputs[0])):
+                if getattr(p, f) != want:
+                    raise _bad(f, getattr(p, f), f"{want}, the id call {c.index} ({c.name}) uses")
+    roots = [s for s in p.slots if s.root == s.tensor and s.nbytes]
+    for k, (o, nb) in enumerate(p.zero_ranges):
+        if o < 0 or nb <= 0 or o + nb > p.persistent_bytes:
+            raise ProgramError(f"program field zero_ranges[{k}] = ({o}, {nb}): expected a non-empty range inside "
+                               f"the persistent region [0, {p.persistent_bytes})")
+        for s in roots:
+            if s.offset < o + nb and o < s.offset + s.nbytes and s.role != ROLE_GRADIENT:
+                raise ProgramError(f"program field zero_ranges[{k}] = ({o}, {nb}) covers {s.role or 'tensor'} "
+                                   f"{s.name!r} [{s.offset}, {s.offset + s.nbytes}): only parameter gradients "
+                                   f"may be zeroed")
+
+
+def _check_call(program: Program, c, slot_of: dict, pages: dict) -> None:
+    """One call against the kernel registry: known backend/kernel/variant, the per-kernel shape rule
+    (port.exec.registry.call_shapes), read-modify-write pairs, persistent writes and the workspace size."""
+    from port.exec import registry as R
+    from port.ir.types import PHASES, ROLE_GRADIENT
+    where = f"call {c.index} ({c.name}, {c.kernel})"
+    if c.backend not in R.BACKENDS + ("host",):
+        raise ProgramError(f"{where}: backend {c.backend!r}: expected one of {R.BACKENDS + ('host',)}")
+    if not R.known_kernel(c.kernel, c.backend):
+        raise ProgramError(f"{where}: kernel {c.kernel!r} is unknown to the {c.backend} backend (registry)")
+    if c.backend != "host" and not R.known_variant(c.kernel, c.variant, c.backend):
+        raise ProgramError(f"{where}: variant {c.variant!r} does not apply to kernel {c.kernel!r} on {c.backend}")
+    if c.phase not in PHASES + ("recompute", "page"):
+        raise ProgramError(f"{where}: phase {c.phase!r}: expected one of {PHASES + ('recompute', 'page')}")
+    a = dict(c.attrs)
+    ins = [slot_of[t] for t in c.inputs]
+    outs = [slot_of[t] for t in c.outputs]
+    try:
+        ein, eout = R.call_shapes(c.kernel, a, [s.shape for s in ins], [s.shape for s in outs])
+    except R.CallShapeError as e:
+        raise ProgramError(f"{where}: {e}") from None
+    for kind, got, want in (("input", ins, ein), ("output", outs, eout)):
+        if len(got) != len(want):
+            raise ProgramError(f"{where}: {len(got)} {kind}s, expected {len(want)} for this kernel and attributes")
+        for j, (s, (shape, dt)) in enumerate(zip(got, want)):
+            if (shape is not None and tuple(s.shape) != tuple(shape)) or (dt is not None and s.dtype != dt):
+                raise ProgramError(f"{where}: {kind} {j} {s.name!r} is {list(s.shape)} {s.dtype}; its attributes "
+                                   f"{a} and the other tensors need {list(shape)} {dt or s.dtype}")
+    pairs = R.inplace_pairs(c.kernel, a)
+    for oi, ii in pairs:
+        if c.outputs[oi] != c.inputs[ii]:
+            raise ProgramError(f"{where}: output {oi} (id {c.outputs[oi]}) must be input {ii} (id {c.inputs[ii]}): "
+                               f"the kernel updates it in place")
+    rmw = {c.outputs[oi] for oi, _ in pairs}
+    for s in outs:
+        if s.region == "persistent" and s.role != ROLE_GRADIENT and s.tensor not in rmw:
+            raise ProgramError(f"{where}: writes persistent {s.role or 'tensor'} {s.name!r}, which only its own "
+                               f"update/statistics kernel may write")
+    z = a.get("zero_outputs")
+    if z is not None and (not isinstance(z, tuple) or not set(z) <= set(c.outputs)):
+        raise ProgramError(f"{where}: attribute zero_outputs={z!r}: expected a tuple of the call's outputs")
+    if c.backend == "host":
+        key = a.get("key")
+        if not _is_int(key):
+            raise ProgramError(f"{where}: attribute key={key!r}: expected an int")
+        if c.kernel == "page_out":
+            pages[key] = (ins[0].shape, ins[0].dtype)
+        elif pages.get(key) != (outs[0].shape, outs[0].dtype):
+            raise ProgramError(f"{where}: pages in key {key} as {list(outs[0].shape)} {outs[0].dtype}, but no "
+                               f"earlier page_out saved that (saved: {pages.get(key)})")
+        return
+    try:
+        need = R.workspace_bytes(c.kernel, c.variant, c.backend, a, [s.shape for s in ins], [s.shape for s in outs])
+    except Exception as e:  # noqa: BLE001 - a query on parameters the kernel refuses
+        raise ProgramError(f"{where}: workspace query failed ({type(e).__name__}: {e})") from None
+    if c.workspace_bytes != need:
+        raise ProgramError(f"{where}: workspace_bytes {c.workspace_bytes}, expected {need} (the kernel's query for "
+                           f"these shapes, attributes and variant {c.variant!r})")

@@ -3,9 +3,13 @@
     save_plan(plan, path, graph=None)        atomic (tmp file + os.replace); op names written when graph given
     load_plan(path, graph=None, profile=None) -> Plan   refuses corrupt/truncated/wrong-version files and
                                                          plans made for another graph/profile (PlanError)
+
+Every file carries ``sha256``: the checksum of its canonical JSON without that key (like profiles). A file whose
+content does not match it (edited or corrupted) is refused; a deliberate edit must remove the key.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -16,6 +20,15 @@ from port.ir.types import Graph
 from port.cost.types import Profile
 
 FORMAT = "port-plan"
+
+
+def _canon(d: dict) -> bytes:
+    return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+
+
+def plan_checksum(d: dict) -> str:
+    """sha256 of a plan file's canonical JSON without its ``sha256`` key."""
+    return hashlib.sha256(_canon({k: v for k, v in d.items() if k != "sha256"})).hexdigest()
 
 
 def _num(x: float):
@@ -52,6 +65,7 @@ def save_plan(plan: Plan, path: str | Path, graph: Graph | None = None, extra: d
     path.parent.mkdir(parents=True, exist_ok=True)
     d = plan_to_dict(plan, graph)
     d.update({k: v for k, v in (extra or {}).items() if k not in d})
+    d["sha256"] = plan_checksum(d)
     from port.io import atomic_write_text
     atomic_write_text(path, json.dumps(d, indent=1))
     return path
@@ -61,39 +75,84 @@ def _req(d: dict, key: str, typ, path) -> object:
     if key not in d:
         raise PlanError(f"{path}: plan file lacks {key!r} (truncated or not a PORT plan)")
     v = d[key]
-    if typ is not None and v is not None and not isinstance(v, typ):
+    if typ is not None and (not isinstance(v, typ) or isinstance(v, bool)):
         raise PlanError(f"{path}: {key!r} should be {typ.__name__ if isinstance(typ, type) else typ}, got {type(v).__name__}")
     return v
 
 
-def load_plan(path: str | Path, graph: Graph | None = None, profile: Profile | None = None) -> Plan:
+def _int(v, key: str, path, lo: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v < 2**62:
+        raise PlanError(f"{path}: key {key!r} = {v!r}: expected an integer >= {lo}; the plan file was edited or "
+                        f"corrupted: solve again (`port solve CONFIG -o {path}`)")
+    return v
+
+
+def read_plan_json(path: str | Path) -> dict:
+    """A plan file's JSON object, its format, version and checksum checked (PlanError naming the file and fix)."""
     path = Path(path)
+    if path.is_dir():
+        raise PlanError(f"{path}: is a directory; give a plan file written by `port solve CONFIG -o PLAN.json`")
     try:
         text = path.read_text()
     except FileNotFoundError:
         raise PlanError(f"{path}: no such plan file (create one with `port solve CONFIG -o {path}`)") from None
+    except UnicodeDecodeError:
+        raise PlanError(f"{path}: not a PORT plan file (not UTF-8 text: a checkpoint or another binary file?); give "
+                        f"a plan file written by `port solve CONFIG -o PLAN.json`") from None
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:
         raise PlanError(f"{path}: corrupt or truncated plan file ({e.msg} at line {e.lineno}); solve again") from None
+    except RecursionError:
+        raise PlanError(f"{path}: corrupt plan file (nested too deeply); solve again") from None
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise PlanError(f"{path}: not a PORT plan file (format {d.get('format') if isinstance(d, dict) else None!r})")
     ver = d.get("version")
     if ver != PLAN_FORMAT_VERSION:
         raise PlanError(f"{path}: plan format version {ver!r}, this PORT reads version {PLAN_FORMAT_VERSION}; solve again")
+    if "sha256" in d and d["sha256"] != plan_checksum(d):
+        raise PlanError(f"{path}: checksum mismatch (key 'sha256'): the plan file was edited or corrupted; solve "
+                        f"again (`port solve CONFIG -o {path}`), or remove 'sha256' after a deliberate edit")
+    return d
+
+
+def load_plan(path: str | Path, graph: Graph | None = None, profile: Profile | None = None) -> Plan:
+    path = Path(path)
+    d = read_plan_json(path)
     gd = _req(d, "graph_digest", str, path)
     pd = _req(d, "profile_digest", str, path)
     ops = _req(d, "ops", list, path)
     tens = _req(d, "tensors", dict, path)
+    def ints(v, key):
+        if not isinstance(v, list):
+            raise PlanError(f"{path}: key {key!r} should be a list, got {type(v).__name__}; solve again")
+        return tuple(_int(x, key, path) for x in v)
+
+    def strs(o, k, i):
+        v = o.get(k)
+        if not isinstance(v, str) or not v:
+            raise PlanError(f"{path}: key 'ops[{i}].{k}' = {v!r}: expected a non-empty string; solve again")
+        return v
     try:
-        decisions = tuple(OpDecision(int(o["op"]), str(o["accelerator"]), str(o["variant"])) for o in ops)
-        rec = tuple(int(t) for t in tens.get("recompute", []))
-        pag = tuple(int(t) for t in tens.get("paged", []))
-        rat = tuple((int(a), int(b)) for a, b in tens.get("recompute_at", []))   # absent in older files: ()
-        early = tuple(int(u) for u in d.get("early_updates", []))
-        timeline = tuple(int(x) for x in _req(d, "memory_timeline", list, path))
-    except (KeyError, TypeError, ValueError) as e:
-        raise PlanError(f"{path}: malformed decisions ({e!r})") from None
+        decisions = []
+        for i, o in enumerate(ops):
+            if not isinstance(o, dict):
+                raise PlanError(f"{path}: key 'ops[{i}]' = {o!r}: expected an object; solve again")
+            decisions.append(OpDecision(_int(o.get("op"), f"ops[{i}].op", path), strs(o, "accelerator", i),
+                                        strs(o, "variant", i)))
+        decisions = tuple(decisions)
+        rec = ints(tens.get("recompute", []), "tensors.recompute")
+        pag = ints(tens.get("paged", []), "tensors.paged")
+        rat_raw = tens.get("recompute_at", [])     # absent in older files: ()
+        if not isinstance(rat_raw, list) or any(not isinstance(p, list) or len(p) != 2 for p in rat_raw):
+            raise PlanError(f"{path}: key 'tensors.recompute_at' should be a list of [op, before-op] pairs; solve again")
+        rat = tuple((_int(a, "tensors.recompute_at", path), _int(b, "tensors.recompute_at", path)) for a, b in rat_raw)
+        early = ints(d.get("early_updates", []), "early_updates")
+        timeline = ints(_req(d, "memory_timeline", list, path), "memory_timeline")
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, PlanError):
+            raise
+        raise PlanError(f"{path}: malformed decisions ({e!r}); solve again") from None
     if [o.op for o in decisions] != list(range(len(decisions))):
         raise PlanError(f"{path}: op decisions must list every op once, in op-id order")
     if graph is not None:
@@ -103,13 +162,26 @@ def load_plan(path: str | Path, graph: Graph | None = None, profile: Profile | N
                             f"solve again for this model/batch/optimizer")
         if len(decisions) != len(graph.ops):
             raise PlanError(f"{path}: {len(decisions)} op decisions for a graph of {len(graph.ops)} ops")
+        nt, no = len(graph.tensors), len(graph.ops)
+        if any(t >= nt for t in rec + pag) or any(a >= no or b >= no for a, b in rat) or any(u >= no for u in early):
+            raise PlanError(f"{path}: tensor or op ids out of range for graph {graph.name!r}; solve again")
     if profile is not None and pd != profile.digest():
         raise PlanError(f"{path}: plan was made for another profile (profile digest {pd[:12]}...); this profile "
                         f"({profile.device!r}) has digest {profile.digest()[:12]}...: solve again")
-    f = lambda k, dflt=0.0: float(d[k]) if d.get(k) is not None else (float("nan") if k == "gap" else dflt)
-    return Plan(graph_digest=gd, profile_digest=pd, budget_bytes=int(_req(d, "budget_bytes", int, path)),
+    def f(k, dflt=0.0):
+        v = d.get(k)
+        if v is None:
+            return float("nan") if k == "gap" else dflt
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -1e300 < v < 1e300:
+            raise PlanError(f"{path}: key {k!r} = {v!r}: expected a finite number; solve again")
+        return float(v)
+    for k in ("solver", "status"):
+        if k in d and not isinstance(d[k], str):
+            raise PlanError(f"{path}: key {k!r} = {d[k]!r}: expected a string; solve again")
+    opt_int = lambda k: _int(d.get(k) or 0, k, path)  # noqa: E731
+    return Plan(graph_digest=gd, profile_digest=pd, budget_bytes=_int(_req(d, "budget_bytes", int, path), "budget_bytes", path),
                 ops=decisions, recompute=rec, recompute_at=rat, paged=pag, early_updates=early,
                 solver=str(d.get("solver", "")), status=str(d.get("status", "feasible")),
                 objective_ms=f("objective_ms"), gap=f("gap"), solve_time_s=f("solve_time_s"),
-                predicted_step_ms=f("predicted_step_ms"), predicted_peak_bytes=int(d.get("predicted_peak_bytes") or 0),
-                memory_timeline=timeline, batch_size=int(d.get("batch_size") or 0))
+                predicted_step_ms=f("predicted_step_ms"), predicted_peak_bytes=opt_int("predicted_peak_bytes"),
+                memory_timeline=timeline, batch_size=opt_int("batch_size"))

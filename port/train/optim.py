@@ -38,14 +38,37 @@ class AdamW:
 
 
 def from_dict(d: dict):
+    """The inverse of ``to_dict``; raises ValueError naming the key for unknown names/keys or values that are
+    not finite numbers in range (a checkpoint header is read through here)."""
+    import math
+    if not isinstance(d, dict):
+        raise ValueError(f"expected an object, got {type(d).__name__}")
     d = dict(d)
-    name = d.pop("name")
-    if name == "SGD":
-        return SGD(**d)
-    if name == "AdamW":
-        d["betas"] = tuple(d["betas"])
-        return AdamW(**d)
-    raise ValueError(f"unknown optimizer {name!r}")
+    name = d.pop("name", None)
+    cls = {"SGD": SGD, "AdamW": AdamW}.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ValueError(f"unknown optimizer {name!r} (SGD or AdamW)")
+    fields = set(cls.__dataclass_fields__)
+    unknown = sorted(set(d) - fields)
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} for {name}")
+
+    def num(k, v, lo=0.0, lo_open=False, hi=None):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo or \
+                (lo_open and v == lo) or (hi is not None and v >= hi):
+            raise ValueError(f"key {k!r} = {v!r} is not a finite number in range")
+        return float(v)
+    for k, v in list(d.items()):
+        if k == "nesterov":
+            if not isinstance(v, bool):
+                raise ValueError(f"key 'nesterov' = {v!r} is not a boolean")
+        elif k == "betas":
+            if not isinstance(v, (list, tuple)) or len(v) != 2:
+                raise ValueError(f"key 'betas' = {v!r} is not a pair of numbers")
+            d[k] = tuple(num("betas", b, hi=1.0) for b in v)
+        else:
+            d[k] = num(k, v, lo_open=k in ("lr", "eps"))
+    return cls(**d)
 
 
 def from_config(cfg) -> "SGD | AdamW":

@@ -17,12 +17,12 @@ import copy
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from port.errors import PortError
+from port.errors import NonFiniteError, PortError
 from port.exec.executor import Executor, RunState
 from port.lower.lower import default_plan, inference_graph, lower
 from port.train.optim import SGD, AdamW
 from port.lower.program import Program
-from port.ir.types import ROLE_BUFFER, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER
+from port.ir.types import ROLE_BUFFER, ROLE_GRADIENT, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER
 from port.plan.types import Plan
 
 
@@ -30,14 +30,31 @@ class Trainer:
     def __init__(self, model: Any, example_input: Any, plan: Plan | str | Path | None = None,
                  optimizer: SGD | AdamW | None = None, micro_batch: int | None = None,
                  trainable: Sequence[str] | str | None = None, backend: str = "c", seed: int = 0,
-                 strategy: str = "auto", allow_plan_mismatch: bool = False):
+                 strategy: str = "auto", allow_plan_mismatch: bool = False, on_nonfinite: str = "stop",
+                 accelerators: dict[str, str] | None = None):
         """``plan``: a Plan or plan file solved for this trainer's graph: the model traced at the batch one
         program run processes (``micro_batch`` when set, else the example's batch) with this optimizer and
         trainable set. A plan of another graph is refused (PortError naming both batch sizes when the batch is
         what differs) unless ``allow_plan_mismatch=True``, which runs its decisions anyway (its predicted
-        memory then does not apply)."""
+        memory then does not apply).
+
+        ``on_nonfinite``: a step whose loss or gradients are not finite (diverged, e.g. a too-large lr):
+        "stop" raises port.errors.NonFiniteError (step, loss, fix) before the update, so the weights stay those
+        of the last good step; "skip" leaves the update out (counted in ``skipped_steps``) and goes on.
+        ``accelerators``: {plan accelerator id: backend} for ids the executor does not know (e.g. the modeled
+        engines of a device description, run here on a stand-in backend such as "c")."""
         import torch
         from port.ir.trace import trace
+        if on_nonfinite not in ("stop", "skip"):
+            raise PortError(f"on_nonfinite={on_nonfinite!r}: expected 'stop' or 'skip'")
+        self.on_nonfinite = on_nonfinite
+        self.skipped_steps = 0
+        example_input = _as_tensor(example_input, "example_input")
+        if example_input.dim() < 2 or example_input.shape[0] < 1:
+            raise PortError(f"example_input must be a batch [B, *sample shape] with B >= 1, got shape "
+                            f"{list(example_input.shape)}")
+        if not example_input.is_floating_point():
+            raise PortError(f"example_input must be a floating-point tensor, got dtype {example_input.dtype}")
         self.model = model
         self.opt = optimizer if optimizer is not None else SGD(0.01)
         self.backend = backend
@@ -75,7 +92,8 @@ class Trainer:
             warnings.warn(why + "; running its decisions anyway (allow_plan_mismatch=True): its predicted memory "
                           "does not apply", stacklevel=2)
             check_digest = False
-        self.program: Program = lower(self.graph, self.plan, strategy=strategy, check_digest=check_digest)
+        self.program: Program = lower(self.graph, self.plan, strategy=strategy, check_digest=check_digest,
+                                      accelerators=accelerators)
         # inference program on the same arena: forward only, eval-mode BN, no dropout
         self.eval_graph = inference_graph(model, ex_in)
         eplan = default_plan(self.eval_graph, backend)
@@ -88,6 +106,13 @@ class Trainer:
         self.executor = Executor(self.program, self.state, arena=self.arena)
         self.eval_executor = Executor(self.eval_program, self.state, arena=self.arena)
         self.executor.set_grad_scale(mb / B)
+        gids = []
+        for c in self.executor.update_calls:     # gradients live between the backward pass and the updates
+            for t in c.inputs:
+                if t >= 0 and t not in gids and self.program.has_slot(t) and \
+                        self.program.slot(t).role == ROLE_GRADIENT:
+                    gids.append(t)
+        self._grads = [self.executor.view(t) for t in gids]
         self._bn_batches = 0        # training forward passes (BN num_batches_tracked)
         self._load_module(model)
         _release_freed_heap()
@@ -136,13 +161,44 @@ class Trainer:
         self._base_nbt = {k: int(v) for k, v in sd.items() if k.endswith("num_batches_tracked")}
 
     # -- training -----------------------------------------------------------------------------
-    def step(self, x: Any, y: Any) -> float:
-        """One optimizer step on the batch (x [B, ...], y [B] int64). Returns the mean loss."""
-        B, mb = self.batch_size, self.micro_batch
+    def _check_batch(self, x: Any, y: Any, what: str) -> tuple[Any, Any]:
+        """x, y as tensors of the compiled shapes and dtypes (numpy arrays and lists are converted); a named
+        PortError with the expected and the given shape/dtype otherwise."""
+        import torch
+        B = self.batch_size
+        x = _as_tensor(x, "x")
+        y = _as_tensor(y, "y")
         if x.shape[0] != B or tuple(x.shape[1:]) != self.example_shape:
-            raise PortError(f"step() expects x of shape {[B, *self.example_shape]}, got {list(x.shape)} "
+            raise PortError(f"{what}() expects x of shape {[B, *self.example_shape]}, got {list(x.shape)} "
                             f"(the program is compiled for batch {B})")
+        if not (x.is_floating_point() or x.dtype in (torch.int8, torch.int16, torch.int32, torch.int64,
+                                                     torch.uint8)) or x.is_complex():
+            raise PortError(f"{what}() expects x of a real number dtype (float32), got {x.dtype}")
+        if tuple(y.shape) != (B,):
+            raise PortError(f"{what}() expects labels y of shape [{B}] (one class index per sample), got "
+                            f"{list(y.shape)}")
+        if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():
+            raise PortError(f"{what}() expects labels y of an integer dtype (int64 class indices), got {y.dtype}; "
+                            f"convert with y.long() if they are whole numbers")
+        return x, y
+
+    def _nonfinite(self, loss: float) -> bool:
+        import math
+        if not math.isfinite(loss):
+            return True
+        gs = self._grads
+        if not gs:
+            return False
+        import torch
+        return not math.isfinite(float(torch.stack([g.sum() for g in gs]).sum()))
+
+    def step(self, x: Any, y: Any) -> float:
+        """One optimizer step on the batch (x [B, ...], y [B] int64). Returns the mean loss. A non-finite loss
+        or gradient: see ``on_nonfinite``."""
+        B, mb = self.batch_size, self.micro_batch
+        x, y = self._check_batch(x, y, "step")
         ex = self.executor
+        ex.check_labels(y)   # the whole batch before any micro-batch runs: a bad label changes no state
         ex.zero_grads()
         total = 0.0
         st = self.state
@@ -153,9 +209,20 @@ class Trainer:
             total += float(ex.loss)
             st.dropout_counter += 1
             self._bn_batches += 1
+        loss = total / (B // mb)
+        if self._nonfinite(loss):
+            what = f"loss {loss}" if not __import__("math").isfinite(loss) else f"loss {loss:.6g} but a gradient"
+            if self.on_nonfinite == "stop":
+                raise NonFiniteError(
+                    f"step {st.step + 1}: {what} is not finite (NaN or infinity): training diverged; the update "
+                    f"was not applied. Fix: lower the learning rate (optimizer.lr, now {self.opt.lr:g}), or skip "
+                    f"such steps (train.on_nonfinite: skip, --on-nonfinite skip)", st.step + 1, loss)
+            self.skipped_steps += 1
+            st.step += 1
+            return loss
         ex.run_updates()
         st.step += 1
-        return total / (B // mb)
+        return loss
 
     def profile_step(self, x: Any, y: Any, commit: bool = False) -> dict:
         """One optimizer step run with per-call timers. commit=True: a real step (exactly like ``step``: same
@@ -166,9 +233,9 @@ class Trainer:
         page-call name: summed ms}; a fused conv call is booked on the conv) and ``"timeline_bytes"`` (= timeline);
         with micro-batching the call rows of every micro-batch are listed in order."""
         B, mb = self.batch_size, self.micro_batch
-        if x.shape[0] != B or tuple(x.shape[1:]) != self.example_shape:
-            raise PortError(f"profile_step() expects x of shape {[B, *self.example_shape]}, got {list(x.shape)}")
+        x, y = self._check_batch(x, y, "profile_step")
         ex = self.executor
+        ex.check_labels(y)   # the whole batch before any micro-batch runs: a bad label changes no state
         st = self.state
         saved = None
         if not commit:
@@ -210,6 +277,10 @@ class Trainer:
     def predict(self, x: Any):
         """Logits for x [M, ...] (any M) with eval-mode semantics (running BN stats, no dropout)."""
         import torch
+        x = _as_tensor(x, "x")
+        if x.dim() < 1 or tuple(x.shape[1:]) != self.example_shape:
+            raise PortError(f"predict() expects x of shape [M, {', '.join(map(str, self.example_shape))}] (any M), "
+                            f"got {list(x.shape)}")
         ex = self.eval_executor
         n = ex.input.shape[0]
         outs = []
@@ -307,6 +378,25 @@ class Trainer:
         return {"arena_bytes": self.arena_bytes, "train_arena_bytes": p.arena_bytes,
                 "eval_arena_bytes": self.eval_program.arena_bytes, "persistent_bytes": p.persistent_bytes,
                 "scratch_bytes": p.scratch_bytes, "peak_live_bytes": p.peak_live_bytes}
+
+
+def _as_tensor(v: Any, what: str):
+    """torch tensors as they are; numpy arrays and (nested) lists converted; anything else a named error."""
+    import torch
+    if isinstance(v, torch.Tensor):
+        return v
+    try:
+        import numpy as np
+        if isinstance(v, np.ndarray):
+            return torch.from_numpy(np.ascontiguousarray(v))
+    except ImportError:
+        pass
+    if isinstance(v, (list, tuple)):
+        try:
+            return torch.tensor(v)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise PortError(f"{what}: cannot make a tensor of the given list ({e})") from None
+    raise PortError(f"{what} must be a torch tensor, a numpy array or a list, got {type(v).__name__}")
 
 
 def _plan_file_batch(path: Path) -> int | None:

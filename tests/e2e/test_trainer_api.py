@@ -43,7 +43,7 @@ def test_checkpoint_format_not_pickle(tmp_path):
     raw = (tmp_path / "c.port").read_bytes()
     assert raw[:8] == b"PORTCKPT" and b"\x80\x04" not in raw[:16]
     hdr, t = read_checkpoint(tmp_path / "c.port")
-    assert hdr["format"] == 1 and "0.weight" in t and any(e["kind"] == "optimizer_state" for e in hdr["tensors"])
+    assert hdr["format"] == 2 and "0.weight" in t and any(e["kind"] == "optimizer_state" for e in hdr["tensors"])
     bad = bytearray(raw)
     bad[-5] ^= 0xFF
     (tmp_path / "bad.port").write_bytes(bytes(bad))

@@ -69,7 +69,7 @@ def test_param_structs_match_header(K):
 def test_status_strings(K):
     assert K.status_string(0) == "ok"
     assert "workspace" in K.status_string(K.PORT_ERR_WORKSPACE)
-    assert K.raw.port_abi_version() == 1
+    assert K.raw.port_abi_version() == 2
 
 
 def test_raw_conv_status_codes(K):

@@ -54,6 +54,8 @@ class CBackend:
         if kind in ("conv2d", "conv2d.grad_input", "conv2d.grad_weight", "conv2d_bn_relu"):
             x_shape, co = _conv_x_and_cout(kind, IS, OS)
             p = _conv_params(k, x_shape, co, a)
+            # the output dims the y/dy slot has: the kernel refuses params that imply others
+            p.h_out, p.w_out = (OS[0] if kind in ("conv2d", "conv2d_bn_relu") else IS[0])[2:4]
             pp = ctypes.pointer(p)
             keep.append(p)
             algo = ALGO.get(variant, 0)
@@ -145,7 +147,8 @@ class CBackend:
             kh, kw = a["kernel"]
             sh, sw = a["stride"]
             ph, pw = a["padding"]
-            p = k.Pool2dParams(n, c, h, w, kh, kw, sh, sw, ph, pw)
+            y_shape = OS[0] if "." not in kind else IS[0]
+            p = k.Pool2dParams(n, c, h, w, kh, kw, sh, sw, ph, pw, y_shape[2], y_shape[3])
             pp = ctypes.pointer(p)
             keep.append(p)
             if kind == "max_pool2d":
@@ -184,14 +187,28 @@ class CBackend:
                 return self._bias_only(call, ctx)
             return chk(raw.port_linear_backward_weight, g.get("weight"), g.get("bias"), I[0], I[1],
                        ctypes.pointer(p))
-        if kind == "cross_entropy":
-            n, kk = IS[0]
-            return chk(raw.port_softmax_xent_forward, O[0], O[1], I[0], I[1], n, kk,
-                       float(a.get("label_smoothing", 0.0)))
-        if kind == "cross_entropy.grad_input":
-            n, kk = IS[0]   # ins (probs, labels, grad_scale)
-            return chk(raw.port_softmax_xent_backward, O[0], I[0], I[1], I[2], n, kk,
-                       float(a.get("label_smoothing", 0.0)))
+        if kind in ("cross_entropy", "cross_entropy.grad_input"):
+            n, kk = IS[0]   # ins (logits, labels) / (probs, labels, grad_scale)
+            ls = float(a.get("label_smoothing", 0.0))
+            if kind == "cross_entropy":
+                fn, args = raw.port_softmax_xent_forward, (O[0], O[1], I[0], I[1], n, kk, ls)
+            else:
+                fn, args = raw.port_softmax_xent_backward, (O[0], I[0], I[1], I[2], n, kk, ls)
+            lab_tid = call.inputs[1]
+
+            def run():
+                st = fn(*args)
+                if st:
+                    from port.errors import LabelError
+                    y = ctx.view(lab_tid).reshape(-1)
+                    bad = ((y < 0) | (y >= kk)).nonzero()
+                    if st == k.PORT_ERR_ARG and len(bad):
+                        i = int(bad[0])
+                        raise LabelError(f"{where}: label {int(y[i])} at index {i} of the batch is not a class "
+                                         f"index: expected 0 <= label < num_classes = {kk}")
+                    check(st, where)
+            run.entry = fn.__name__
+            return run
         if kind == "update":
             return self._update(call, ctx, I, IS)
         raise ProgramError(f"{where}: the c backend has no kernel for {kind!r} (variant {variant})")
