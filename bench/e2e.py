@@ -141,6 +141,7 @@ def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> No
         import ctypes
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     setup = status()["VmRSS"]
+    setup_hwm = status().get("VmHWM", setup)   # the set-up's own peak (tracing, lowering), before the reset
     sampler = None
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -194,7 +195,7 @@ def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> No
         out.flush()
     st = status()
     rec = {"impl": impl, "model": name, "batch": batch, "steps_run": len(losses), "setup_s": setup_s,
-           "pre": pre, "setup": setup, "peak": extra.get("peak_before_prof", peak()), "end": st["VmRSS"],
+           "pre": pre, "setup": setup, "setup_hwm": setup_hwm, "peak": extra.get("peak_before_prof", peak()), "end": st["VmRSS"],
            "method": method, "param_bytes": param_bytes, "buffer_bytes": buffer_bytes, "report": report,
            "kernel_threads": K.get_num_threads(), "loss_first": losses[0] if losses else None, **extra}
     out.write(json.dumps(rec) + "\n")
@@ -330,6 +331,20 @@ def run_config(name: str, batch: int, fracs: list[float], a) -> dict:
             o = workers[key].send("step")
             if o is not None and r >= a.warmup:
                 workers[key].times.append(o["t"])
+    # 3b. time parts (issue 12): the same rounds again with one busy CPU-bound process beside them (loaded)
+    if a.loaded:
+        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            time.sleep(0.5)
+            for r in range(a.steps):
+                k = r % len(order)
+                for key in order[k:] + order[:k]:
+                    o = workers[key].send("step")
+                    if o is not None:
+                        workers[key].__dict__.setdefault("times_loaded", []).append(o["t"])
+        finally:
+            busy.kill()
+            busy.wait()
     for key, w in workers.items():
         if key != "torch":
             w.send("prof")
@@ -337,6 +352,8 @@ def run_config(name: str, batch: int, fracs: list[float], a) -> dict:
         rec = w.finish()
         rec["times"] = w.times
         rec["median_ms"] = statistics.median(w.times) * 1e3 if w.times else None
+        tl = w.__dict__.get("times_loaded") or []
+        rec["median_loaded_ms"] = statistics.median(tl) * 1e3 if tl else None
         if key == "torch":
             row["eager"] = rec
         else:
@@ -380,10 +397,13 @@ def derive(row: dict) -> list[dict]:
                  early=b["early"], torch_ops=b["torch_ops"], n_ops=b["n_ops"], variants=b["variants"],
                  solve_s=b["solve_s"], steps=len(p["times"]))
         d["t_err"] = b["sim_ms"] / d["p_ms"] - 1
+        d["p_ms_loaded"] = p.get("median_loaded_ms")     # one busy CPU-bound process beside it
+        d["t_err_loaded"] = b["sim_ms"] / d["p_ms_loaded"] - 1 if d["p_ms_loaded"] else None
         d["fixed_ms"] = rep.get("step_fixed_ms")
         d["t_err_fixed"] = (b["sim_ms"] + d["fixed_ms"]) / d["p_ms"] - 1 if d["fixed_ms"] is not None else None
         d["m_err_arena"] = b["sim_peak"] / d["arena"] - 1
         d["m_err_rss"] = b["sim_peak"] / d["p_growth"] - 1
+        d.update(_memory_figures(d, p, e_growth))
         d["overhead_ms"] = d["p_ms"] - d["kernel_ms"] if d["kernel_ms"] is not None else None
         # per accelerator: measured in-program op time (profile_step) - the profile's entry, per op
         per_acc: dict[str, list[float]] = {}
@@ -398,7 +418,7 @@ def derive(row: dict) -> list[dict]:
 
 def table(recs: list[dict]) -> str:
     h = ("| model | batch | budget % eager (MB) | PyTorch ms | PORT ms | PORT/PT (paired) | eager total MB (RSS growth) "
-         "| PORT arena MB | PORT RSS growth MB (set-up + steps) | sim ms | sim err vs wall | + fixed step ms: err | kernels ms (sim err) | exec overhead ms "
+         "| PORT arena MB | PORT RSS growth MB (set-up + steps) | sim ms | sim err vs wall (1 busy process) | + fixed step ms: err | kernels ms (sim err) | exec overhead ms "
          "| sim peak MB | peak err vs arena / RSS | plan: recompute, early upd, torch ops, variants |")
     out = [h, "|" + "---|" * h.count(" | ") + "---|"]
     for d in recs:
@@ -417,7 +437,7 @@ def table(recs: list[dict]) -> str:
             continue
         out.append(lead + f"| {d['p_ms']:.1f} | {d['ratio']:.2f} ({d['paired']:.2f}) "
                    f"| {d['e_total'] / MB:.0f} ({d['e_growth'] / MB:.0f}) | {d['arena'] / MB:.1f} "
-                   f"| {d['p_growth'] / MB:.0f} ({d['p_setup'] / MB:.0f} + {d['p_steps'] / MB:.1f}) | {d['sim_ms']:.1f} | {d['t_err'] * 100:+.0f}% "
+                   f"| {d['p_growth'] / MB:.0f} ({d['p_setup'] / MB:.0f} + {d['p_steps'] / MB:.1f}) | {d['sim_ms']:.1f} | {d['t_err'] * 100:+.0f}% (loaded {_f(d.get('t_err_loaded') and d['t_err_loaded'] * 100, '+.0f')}%) "
                    f"| {_f(d['fixed_ms'], '.2f')}: {_f(d['t_err_fixed'] and d['t_err_fixed'] * 100, '+.0f')}% "
                    f"| {_f(d['kernel_ms'])} ({_f(d['k_err'] and d['k_err'] * 100, '+.0f')}%) | {_f(d['overhead_ms'])} "
                    f"| {d['sim_peak'] / MB:.1f} | {d['m_err_arena'] * 100:+.1f}% / {d['m_err_rss'] * 100:+.0f}% "
@@ -437,6 +457,55 @@ def delta_table(recs: list[dict]) -> str:
                               in sorted(d["op_delta"].items()))
             out.append(f"| {LABEL[d['model']]} | {d['batch']} | {d['frac'] * 100:.0f}% | {cells} |")
     return "\n".join(out)
+
+
+RUNTIME_OVERHEAD_MIB = 16    # fixed runtime overhead allowed over the budget (graph/program objects, C runtime)
+
+
+def _memory_figures(d: dict, p: dict, e_growth: int) -> dict:
+    """The process-memory figures of one PORT run (issue 12): growth from before Trainer(...) (its weights are
+    in that baseline and move into the arena) to the steps' peak and to the end, against the arena, the budget
+    and PyTorch eager's growth."""
+    weights = p["param_bytes"] + p["buffer_bytes"]
+    total = max(p["peak"], p.get("setup_hwm", 0)) - p["pre"]   # set-up and steps (not the profiling after)
+    return {"mem_total": total, "mem_weights": weights,
+            "mem_vs_arena_ok": d["p_growth"] <= d["arena"] * 1.02 + 4 * MB,
+            "mem_overhead": total + weights - d["arena"],          # not in the arena accounting (runtime)
+            "mem_vs_budget_ok": total <= d["budget"] + RUNTIME_OVERHEAD_MIB * MB,
+            "mem_vs_eager": total / e_growth if e_growth > 0 else float("nan")}
+
+
+def memory_table(recs: list[dict]) -> str:
+    out = ["| model | batch | budget % (MB) | PORT arena MB | RSS growth: steps' peak MB (target <= arena + 2% + 4 MiB) "
+           "| total to end MB (target <= budget + %d MiB) | runtime overhead MB (growth + weights - arena) "
+           "| PORT growth / eager growth (eager MB) |" % RUNTIME_OVERHEAD_MIB, "|---|---|---|---|---|---|---|---|"]
+    for d in recs:
+        if "mem_total" in d:
+            out.append(f"| {LABEL[d['model']]} | {d['batch']} | {d['frac'] * 100:.0f}% ({d['budget'] / MB:.0f}) "
+                       f"| {d['arena'] / MB:.1f} | {d['p_growth'] / MB:.1f} ({'met' if d['mem_vs_arena_ok'] else 'NOT met'}) "
+                       f"| {d['mem_total'] / MB:.1f} ({'met' if d['mem_vs_budget_ok'] else 'NOT met'}) "
+                       f"| {d['mem_overhead'] / MB:.1f} | {d['mem_vs_eager']:.2f} ({d['e_growth'] / MB:.0f}) |")
+    return "\n".join(out)
+
+
+def memory_headline_parts(recs: list[dict]) -> list[str]:
+    ok = [d for d in recs if "mem_total" in d]
+    if not ok:
+        return []
+    parts = []
+    bad = [d for d in ok if not d["mem_vs_arena_ok"]]
+    worst = max(ok, key=lambda d: d["p_growth"] / d["arena"])
+    parts.append(f"RSS growth vs arena: max {worst['p_growth'] / worst['arena']:.3f}x (target <= arena + 2% + 4 MiB: "
+                 f"{'met' if not bad else f'NOT met ({len(bad)})'})")
+    over = max((d["mem_total"] - d["budget"]) / MB for d in ok)
+    ovh = max(d["mem_overhead"] / MB for d in ok)
+    parts.append(f"total growth vs budget: max {over:+.1f} MiB, runtime overhead max {ovh:.1f} MiB (target <= budget + "
+                 f"{RUNTIME_OVERHEAD_MIB} MiB: {'met' if all(d['mem_vs_budget_ok'] for d in ok) else 'NOT met'})")
+    r50 = [d["mem_vs_eager"] for d in ok if d["frac"] == 0.5]
+    if r50:
+        parts.append(f"50% budget: PORT/eager memory growth max {max(r50):.2f} (target <= 0.6: "
+                     f"{'met' if max(r50) <= 0.6 else 'NOT met'})")
+    return parts
 
 
 def headline(recs: list[dict]) -> str:
@@ -465,7 +534,24 @@ def headline(recs: list[dict]) -> str:
         parts.append(f"pred err max: time {te * 100:.0f}% (target 10%: {'met' if te <= 0.1 else 'NOT met'}; "
                      f"sim + fixed step overhead {max(tf) * 100 if tf else float('nan'):.0f}%), "
                      f"memory vs arena {me * 100:.1f}% (target 2%: {'met' if me <= 0.02 else 'NOT met'})")
+        parts += time_headline_parts(ok)
+    parts += memory_headline_parts(recs)
     return "E2E: " + "; ".join(parts)
+
+
+def time_headline_parts(ok: list[dict]) -> list[str]:
+    """Issue 12 (time): predicted step / measured median step, quiet (target within 10%) and with one busy
+    CPU-bound process running (target within 20%)."""
+    parts = []
+    q = [abs(d["t_err"]) for d in ok]
+    ld = [abs(d["t_err_loaded"]) for d in ok if d.get("t_err_loaded") is not None]
+    if q:
+        parts.append(f"step time pred/measured quiet: max err {max(q) * 100:.0f}% (target 10%: "
+                     f"{'met' if max(q) <= 0.1 else 'NOT met'})")
+    if ld:
+        parts.append(f"loaded (1 busy process): max err {max(ld) * 100:.0f}% (target 20%: "
+                     f"{'met' if max(ld) <= 0.2 else 'NOT met'})")
+    return parts
 
 
 def main() -> None:
@@ -480,6 +566,8 @@ def main() -> None:
     ap.add_argument("--profile-max-s", type=float, default=None)
     ap.add_argument("--solve-s", type=float, default=None)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--no-loaded", dest="loaded", action="store_false",
+                    help="skip the second timed pass with one busy CPU-bound process running")
     ap.add_argument("--from-json", default=None,
                     help="re-render (and write) the section from a previous run's JSON dump, without measuring")
     ap.add_argument("--worker", nargs=5, metavar=("IMPL", "MODEL", "BATCH", "THREADS", "PLAN"))
@@ -534,13 +622,14 @@ def main() -> None:
     from port.cost.measure import host_info
     notes = NOTES.format(cmd="python bench/e2e.py" + (" --quick" if meta["quick"] else ""), cpus=os.cpu_count(),
                          cpu=meta.get("cpu") or host_info().get("cpu", "?"),
-                         prof=prof_notes, **{k: v for k, v in meta.items() if k != "quick"})
+                         prof=prof_notes, **{k: v for k, v in meta.items() if k not in ("quick", "cpu")})
     print()
     print(tab)
     print(delta_table(recs))
+    print(memory_table(recs))
     if not a.no_write:
         from _results import write_section
-        write_section("End to end", notes + "\n" + tab + "\n\n" + delta_table(recs) + "\n\n" + FINDINGS + "\n\n" + head + "\n")
+        write_section("End to end", notes + "\n" + tab + "\n\n" + delta_table(recs) + "\n\n" + memory_table(recs) + "\n\n" + FINDINGS + "\n\n" + head + "\n")
     print(head)
 
 

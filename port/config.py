@@ -157,9 +157,27 @@ class HandoffConfig(_Strict):
 
 
 class StorageConfig(_Strict):
-    bandwidth_gbps: float = Field(gt=0)
-    latency_ms: float = Field(ge=0)
+    """Where paged tensors go. Figures given: used as they are (modeled devices must give them). Figures left
+    out: ``port profile`` measures them on ``path`` (port.cost.storage); a modeled profile then has no storage
+    (plans do not page). ``path``: directory of the spill files (default $PORT_SPILL_DIR, else the temp dir);
+    ``drop_cache``: fdatasync + fadvise(DONTNEED) every page-out so the OS page cache does not keep the bytes."""
+    bandwidth_gbps: Optional[float] = Field(default=None, gt=0)
+    latency_ms: Optional[float] = Field(default=None, ge=0)
     capacity: Optional[int] = None
+    path: Optional[str] = None
+    drop_cache: bool = False
+
+    @model_validator(mode="after")
+    def _both_or_none(self) -> "StorageConfig":
+        if (self.bandwidth_gbps is None) != (self.latency_ms is None):
+            raise ValueError("storage: give both bandwidth_gbps and latency_ms, or neither (measured by "
+                             "`port profile`)")
+        return self
+
+    @property
+    def measured(self) -> bool:
+        """True when the figures are to be measured (none declared)."""
+        return self.bandwidth_gbps is None
 
     _cap = field_validator("capacity", mode="before")(classmethod(lambda cls, v: _size_field(v)))
 
@@ -190,6 +208,13 @@ class DeviceConfig(_Strict):
             if a.memory_cap is not None and a.memory_cap > self.memory:
                 raise ValueError(f"accelerator {a.id!r}: memory_cap {a.memory_cap} exceeds the device memory "
                                  f"{self.memory}")
+        return self
+
+    @model_validator(mode="after")
+    def _modeled_storage(self) -> "DeviceConfig":
+        if self.modeled and self.storage is not None and self.storage.measured:
+            raise ValueError("storage: a modeled device cannot measure its storage; give bandwidth_gbps and "
+                             "latency_ms")
         return self
 
     def accelerator(self, aid: str) -> AcceleratorConfig:

@@ -377,7 +377,8 @@ def stale_reason(profile: Any) -> Optional[str]:
     theirs = dict(profile.host).get("cpu")
     ours = _this_cpu()
     if theirs and ours and theirs != ours:
-        return f"it was measured on CPU {theirs!r}, this machine has {ours!r}"
+        return (f"it was measured on another CPU model ({theirs!r}; this machine has {ours!r}): per-op times do "
+                f"not carry over between CPU models")
     from port.exec.native import build_id
     kb, now = dict(profile.host).get("kernels_build", ""), build_id()
     if now and kb != now:
@@ -890,14 +891,16 @@ def measure_steps(trainer: Any, x: Any, y: Any, repeats: int = 5) -> dict[str, A
             "timeline_bytes": list(runs[-1].get("timeline_bytes", [])),
             # which graph op (and whether a recompute) each timeline point belongs to, to align with the plan
             "timeline_ops": [[int(c["op"]), bool(c.get("recompute"))] for c in runs[-1].get("calls", [])],
+            # the process's resident memory after each call of the last instrumented step (port.train.memwatch)
+            "rss_timeline_bytes": list(runs[-1].get("rss_timeline_bytes", [])),
             "peak_bytes": max(runs[-1].get("timeline_bytes", [0]) or [0])}
 
 
-def align_timeline(sim_steps: Sequence[tuple[str, int]], measured: dict) -> list[int]:
-    """The measured (arena) timeline on the simulator's step axis: each executor call is matched to the plan
-    step of the same op (recompute or not); steps without a call of their own (views, ops inside a fused
-    kernel) carry the previous value."""
-    tl, ops = measured.get("timeline_bytes") or [], measured.get("timeline_ops") or []
+def align_timeline(sim_steps: Sequence[tuple[str, int]], measured: dict, key: str = "timeline_bytes") -> list[int]:
+    """The measured (arena) timeline (``key``: or another per-call series, e.g. "rss_timeline_bytes") on the
+    simulator's step axis: each executor call is matched to the plan step of the same op (recompute or not);
+    steps without a call of their own (views, ops inside a fused kernel) carry the previous value."""
+    tl, ops = measured.get(key) or [], measured.get("timeline_ops") or []
     if not tl or len(ops) != len(tl):
         return list(tl)
     at: dict[tuple[int, bool], int] = {}
@@ -919,17 +922,26 @@ def build_report(run_dir: Path, graph: Any, profile: Any, plan: Any, measured: d
         pred[label] = pred.get(label, 0.0) + (end - start)
     rows = []
     op_ms = measured.get("op_ms", {})
+    from port.plan.variants import fused_into
     for d in plan.ops:
         o = graph.ops[d.op]
+        head = fused_into(graph, o) if d.variant == "fused" and o.kind != "conv2d" else None
         rows.append(OpRow(o.name, o.layer, o.kind, o.phase, d.accelerator, d.variant,
-                          pred.get(o.name, 0.0), op_ms.get(o.name)))
+                          pred.get(o.name, 0.0), op_ms.get(o.name),
+                          chain=graph.ops[head].name if head is not None else None))
     acc_of = {label: acc for label, acc, _, _ in sim.gantt}
     for label in pred:
         if label.endswith(" (recompute)"):
             rows.append(OpRow(label, label[:-len(" (recompute)")], "recompute", "recompute", acc_of.get(label, "-"),
                               "-", pred[label], op_ms.get(label)))
+    mem = measured.get("memory") or {}
+    rss = None
+    if mem.get("rss_baseline_bytes") is not None and measured.get("rss_timeline_bytes"):
+        rss = [max(0, v - mem["rss_baseline_bytes"])
+               for v in align_timeline(sim.steps, measured, "rss_timeline_bytes")]
     return render_report(run_dir / "report.html", f"PORT run {run_dir.name}", rows, list(sim.timeline),
-                         align_timeline(sim.steps, measured) or None, plan.budget_bytes, summary)
+                         align_timeline(sim.steps, measured) or None, plan.budget_bytes, summary,
+                         rss_timeline=rss, memory=mem or None)
 
 
 class _StopOnSignal:
@@ -1058,17 +1070,17 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
             f"time and memory are for {job.device.name}, measured ones are this machine's")
 
     # profile -> budget -> plan
-    replan_sigs: tuple[str, ...] = ()
+    last_run = None
     if replan:
         mpath = run_dir / "measured.json"
         if not mpath.exists():
             raise ConfigError(f"--replan needs a previous run's measurements at {mpath}; run "
                               f"`port train {config}` first")
-        replan_sigs = tuple(read_measured(mpath).get("flagged_signatures", ()))
-        if not replan_sigs:
-            say("replan: nothing was flagged in the last run; solving again with the same profile")
-    prof = get_profile(job, graph, replan_signatures=replan_sigs, progress=progress and not quiet, echo=say)
+        last_run = read_measured(mpath)
+    prof = get_profile(job, graph, progress=progress and not quiet, echo=say)
     say(prof.note)
+    if last_run is not None:
+        prof = replan_profile(job, graph, prof, run_dir, last_run, echo=say)
     save_profile(prof.profile, run_dir / "profile.json")     # every run directory holds the costs its plan used
     bud = resolve_budget(job, graph, prof.profile)
     say(bud.peak_line())
@@ -1090,6 +1102,9 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
     kw = dict(optimizer=built.optimizer, micro_batch=cfg.train.micro_batch,
               trainable=list(built.trainable) if built.trainable else None, seed=cfg.train.seed, plan=plan,
               on_nonfinite=cfg.train.on_nonfinite, accelerators=stand_ins or None)
+    st = job.device.storage
+    if st is not None and st.path and Path(st.path).is_dir():   # a modeled device's path may not exist here
+        kw.update(spill_dir=st.path, drop_cache=bool(getattr(st, "drop_cache", False)))
     if resume and ckpt.exists():
         tr = Trainer.resume(ckpt, built.model, built.example, **kw)
         say(f"resumed from {ckpt} at step {tr.step_count}")
@@ -1103,6 +1118,8 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
         f"{format_size(mem['scratch_bytes'])}); plan predicted peak {format_size(plan.predicted_peak_bytes)}; "
         f"set-up {setup_s:.2f} s")
     rss_train0 = _rss_bytes()     # training-time growth is measured from here (set-up excluded)
+    from port.train import memwatch
+    hwm_reset = memwatch.reset_peak()   # VmHWM from here: the peak of the steps
     total = steps if steps is not None else cfg.train.steps
     per_epoch = max(1, ds.x_train.shape[0] // B)
     if cfg.train.epochs and steps is None:
@@ -1122,6 +1139,7 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
         metrics = mpath.open("w", buffering=1)
     last = (None, None)
     first_loss, warned = None, False
+    walls: list[float] = []       # wall ms of every training step (Trainer.step), the measured step time
     t0 = time.perf_counter()
     with metrics, _StopOnSignal() as stop, Progress(
             TextColumn("[progress.description]{task.description}"), BarColumn(),
@@ -1147,6 +1165,7 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
                       else "no checkpoint was written")
                 raise NonFiniteError(f"{job.where}{e}; {ck}", e.step, e.loss) from None
             step_ms = (time.perf_counter() - ts) * 1e3
+            walls.append(step_ms)
             if tr.skipped_steps != skipped0:
                 say(f"warning: step {tr.step_count}: loss {loss} or a gradient is not finite; update skipped "
                     f"(train.on_nonfinite: skip; {tr.skipped_steps} skipped so far)")
@@ -1181,22 +1200,47 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
                                            f"(continue with `port train {config} --resume`)")
     train_s = time.perf_counter() - t0
     ev = tr.evaluate(ds.test_batches(B))
-    rss_growth = max(rss_peak, _rss_bytes()) - rss_train0
+    steps_peak = max(rss_peak, _rss_bytes(), memwatch.peak_bytes() if hwm_reset else 0)
+    rss_growth = steps_peak - rss_train0
     setup_rss = rss_train0 - rss0
+    weights = sum(t.numel() * t.element_size() for t in list(built.model.parameters()) + list(built.model.buffers()))
+    rss_before = int(tr.rss["before_bytes"])
+    # the process's memory as the device sees it: RSS before Trainer(...), after its set-up, the steps' peak;
+    # baseline = RSS before Trainer(...) less the module's weights (they move into the arena), so peak - baseline
+    # is comparable to the plan's predicted peak and the budget (both include the weights)
+    memory = {"rss_before_trainer_bytes": rss_before, "rss_after_setup_bytes": int(tr.rss["after_setup_bytes"]),
+              "rss_steps_peak_bytes": int(steps_peak), "rss_end_bytes": _rss_bytes(),
+              "peak_method": "VmHWM (reset after set-up)" if hwm_reset else "VmRSS sampled every 10 steps",
+              "module_weight_bytes": int(weights), "rss_baseline_bytes": rss_before - int(weights),
+              "rss_growth_total_bytes": int(steps_peak) - rss_before,
+              "rss_growth_setup_bytes": int(tr.rss["after_setup_bytes"]) - rss_before,
+              "rss_growth_steps_bytes": int(rss_growth),
+              "arena_bytes": int(mem["arena_bytes"]), "train_arena_bytes": int(mem["train_arena_bytes"]),
+              "predicted_peak_bytes": int(plan.predicted_peak_bytes), "budget_bytes": plan.budget_bytes}
 
     # closed loop: measure per-op times on a copy of the state (profile_step restores it)
     x, y = last if last[0] is not None else next(ds.batches(B, cfg.train.seed, 0))
     measured = measure_steps(tr, x, y)
+    measured["memory"] = memory
+    measured["kernel_step_ms"] = measured["step_ms"]      # sum of the timed calls of an instrumented step
+    wall = wall_step_ms(walls)
+    if wall is not None:
+        measured["wall_step_ms"], measured["wall_steps"] = wall, len(walls)
     summary = {
         "model": f"{cfg.model.name} ({len(graph.ops)} ops), batch {B}",
         "device": job.device.name, "profile": str(prof.path) if prof.path else "roofline model",
         "plan": f"{plan.status} by {plan.solver}, gap {plan.gap:.2%}",
         KEEP_EVERYTHING: format_size(bud.keep_everything_peak),
         "budget": format_size(plan.budget_bytes),
-        "predicted step": f"{plan.predicted_step_ms:.2f} ms", "measured step": f"{measured['step_ms']:.2f} ms",
+        "predicted step": f"{plan.predicted_step_ms:.2f} ms", "measured step": (f"{wall:.2f} ms (wall, median of {len(walls)} training steps; kernels "
+                          f"{measured['step_ms']:.2f} ms)" if wall is not None else f"{measured['step_ms']:.2f} ms"),
         "predicted peak": format_size(plan.predicted_peak_bytes),
         "arena (planned, allocated)": format_size(mem["arena_bytes"]),
         "process RSS growth while training": format_size(rss_growth),
+        "process RSS (before Trainer / after set-up / steps' peak)":
+            f"{format_size(rss_before)} / {format_size(memory['rss_after_setup_bytes'])} / {format_size(steps_peak)}",
+        "process memory for training (steps' peak - RSS before Trainer + module weights; compare with the "
+        "predicted peak and the budget)": format_size(steps_peak - memory["rss_baseline_bytes"]),
         "test accuracy": f"{ev['accuracy'] * 100:.2f}%", "steps": tr.step_count,
     }
     flags = build_report(run_dir, graph, prof.profile, plan, measured, summary)
@@ -1213,15 +1257,89 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
             except Exception as e:  # noqa: BLE001 - export is a convenience at the end of a run
                 say(f"export {fmt} failed: {type(e).__name__}: {e}")
     say(f"trained {tr.step_count - done0} steps in {train_s:.2f} s; step time predicted "
-        f"{plan.predicted_step_ms:.2f} ms, measured {measured['step_ms']:.2f} ms")
+        f"{plan.predicted_step_ms:.2f} ms, measured " + (
+            f"{wall:.2f} ms ({(wall - plan.predicted_step_ms) / plan.predicted_step_ms:+.1%}; wall median of "
+            f"{len(walls)} steps; kernels {measured['step_ms']:.2f} ms)" if wall is not None and
+            plan.predicted_step_ms > 0 else f"{measured['step_ms']:.2f} ms (kernels)"))
     say(f"memory: plan peak {format_size(plan.predicted_peak_bytes)}, arena {format_size(mem['arena_bytes'])}, "
         f"budget {format_size(plan.budget_bytes)}, {KEEP_EVERYTHING} {format_size(bud.keep_everything_peak)}; "
         f"process RSS growth while training {format_size(rss_growth)} (set-up: torch, tracing, solver, arena: "
         f"{format_size(setup_rss)})")
-    say(f"{len(flags)} op(s) off their predicted time by more than 25% (see report; `--replan` re-profiles them)")
+    say(f"process memory (RSS): before Trainer {format_size(rss_before)}, after set-up "
+        f"{format_size(memory['rss_after_setup_bytes'])}, steps' peak {format_size(steps_peak)}: growth "
+        f"{format_size(memory['rss_growth_total_bytes'])} (set-up {format_size(memory['rss_growth_setup_bytes'])} "
+        f"+ steps {format_size(rss_growth)}); with the module's weights ({format_size(weights)}, now in the arena) "
+        f"{format_size(steps_peak - memory['rss_baseline_bytes'])} against plan peak "
+        f"{format_size(plan.predicted_peak_bytes)} and budget {format_size(plan.budget_bytes)}")
+    say(f"{len(flags)} op(s) off their predicted time by more than 25% and 1% of the step (see report; `--replan` "
+        f"corrects the profile with this run's in-plan times and solves again)")
     say(f"test accuracy {ev['accuracy'] * 100:.2f}% (loss {ev['loss']:.4f}); run directory {run_dir}")
     return TrainResult(ev["accuracy"], ev["loss"], tr.step_count, train_s, mem["arena_bytes"], rss_growth, run_dir,
                        plan, prof.path, prof.source, measured, tuple(r.op for r in flags))
+
+
+def wall_step_ms(walls: Sequence[float]) -> Optional[float]:
+    """The measured step time: the median wall time of the training steps, the first ones (warm-up) left out."""
+    if not walls:
+        return None
+    skip = min(3, len(walls) // 2)
+    return float(statistics.median(walls[skip:]))
+
+
+def replan_profile(job: Job, graph: Any, prof: ProfileStep, run_dir: Path, last: dict, echo: Echo = _print
+                   ) -> ProfileStep:
+    """`port train --replan`: correct the profile with the last run's measurements of its plan, then solve again.
+
+    Every (signature, accelerator, variant) the last plan ran gets its in-plan time (median of the instrumented
+    steps' per-op call times: in program order, with the neighbouring ops' cache effects, a fused chain booked
+    on its conv); the other measured entries of the profile are scaled by the median in-plan / profiled ratio of
+    their op kind on that accelerator; the executor's per-step overhead becomes the last run's wall step time
+    minus its kernel time. The corrected profile is written back to the profile file (not to a file given with
+    --profile)."""
+    from port.cost.measure import apply_in_program, per_key_times, with_step_overhead
+    from port.errors import PlanError
+    from port.plan.io import load_plan
+    ppath = run_dir / "plan.json"
+    try:
+        plan = load_plan(ppath, graph=graph)
+    except (PlanError, OSError) as e:
+        echo(f"replan: the last run's plan cannot be read ({e}); solving again with the profile as it is")
+        return prof
+    if plan.graph_digest != graph.digest():
+        echo(f"replan: {ppath} was solved for another graph; solving again with the profile as it is")
+        return prof
+    ids = {o.name: o.id for o in graph.ops}
+    op_ms = {ids[k]: float(v) for k, v in (last.get("op_ms") or {}).items() if k in ids}
+    if not op_ms:
+        echo("replan: the last run recorded no per-op times; solving again with the profile as it is")
+        return prof
+    before = {(e.signature, e.accelerator, e.variant): e.latency_ms for e in prof.profile.entries}
+    seen = {k: [ms] for k, ms in per_key_times(graph, plan, op_ms).items() if k in before}
+    p, _notes = apply_in_program(graph, prof.profile, seen, label="replan")
+    wall = last.get("wall_step_ms")
+    over = None
+    if isinstance(wall, (int, float)) and wall > 0:
+        # the overhead that makes the corrected profile price the plan that ran at its measured wall step
+        # (what the timed calls do not cover: the Python loop, zeroing, the batch copy, the loss read-back)
+        from port.verify.simulate import simulate
+        try:
+            kern = simulate(plan, graph, with_step_overhead(p, 0.0, "replan")).step_ms
+        except PortError as e:
+            echo(f"replan: the last plan cannot be priced with the corrected profile ({e})")
+        else:
+            over = max(0.0, float(wall) - kern)
+            p = with_step_overhead(p, over, f"replan: wall {wall:.3f} ms - priced in-plan op times {kern:.3f} ms "
+                                            f"(run {run_dir.name})")
+    changed = sum(1 for k in seen if abs(before[k] - statistics.median(seen[k])) > 1e-9)
+    pred = last.get("predicted_step_ms")
+    echo(f"replan: corrected {changed} of {len(seen)} in-plan entries with the last run's in-plan times"
+         + (f", executor overhead {over:.3f} ms per step" if over is not None else "")
+         + (f" (last run: predicted {pred:.2f} ms, measured {wall:.2f} ms)" if isinstance(pred, (int, float))
+            and isinstance(wall, (int, float)) else ""))
+    if prof.path is not None and prof.source != "modeled" and not job.profile_explicit:
+        from port.cost.io import save_profile
+        save_profile(p, prof.path)
+    return ProfileStep(p, prof.path, prof.source, prof.note + "; corrected by --replan")
 
 
 def read_measured(path: Path) -> dict:
@@ -1240,6 +1358,8 @@ def read_measured(path: Path) -> dict:
     checks = {"step_ms": num, "config_path": lambda v: isinstance(v, str),
               "op_ms": lambda v: isinstance(v, dict) and all(num(x) for x in v.values()),
               "timeline_bytes": lambda v: isinstance(v, list) and all(num(x) for x in v),
+              "rss_timeline_bytes": lambda v: isinstance(v, list) and all(num(x) for x in v),
+              "memory": lambda v: isinstance(v, dict),
               "timeline_ops": lambda v: isinstance(v, list) and all(
                   isinstance(x, list) and len(x) == 2 and num(x[0]) for x in v),
               "flagged_signatures": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)}

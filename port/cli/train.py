@@ -25,8 +25,8 @@ def register(app: typer.Typer) -> None:
                                                    "chen | single | single:<accelerator>"),
               profile: Optional[Path] = typer.Option(None, "--profile", help="profile file (default "
                                                      "profiles/<device>/<config name>.json; measured when missing)"),
-              replan: bool = typer.Option(False, "--replan", help="re-profile the ops the last run flagged, then "
-                                          "solve again"),
+              replan: bool = typer.Option(False, "--replan", help="correct the profile with the last run's in-plan "
+                                          "per-op times and executor overhead, then solve again"),
               out: Path = typer.Option(Path("runs"), "--out", help="directory for runs/<name>/"),
               no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars"),
               on_nonfinite: Optional[str] = typer.Option(None, "--on-nonfinite", help="stop | skip: a step with a "

@@ -25,6 +25,11 @@ from port.cost.timing import TimingTask, summarize, time_block, warm_up
 # defaults: 5 blocks of ~20 ms per entry; --quick: 3 blocks of ~5 ms
 DEFAULT_BLOCKS, DEFAULT_BLOCK_MS, DEFAULT_WARMUP_MS = 5, 20.0, 10.0
 QUICK_BLOCKS, QUICK_BLOCK_MS, QUICK_WARMUP_MS = 3, 5.0, 3.0
+# robust timing on a shared machine: entries whose block spread (p75 - p25) is above SPREAD_TARGET of their
+# median get more interleaved blocks, until below it or MAX_EXTRA_ROUNDS more rounds / EXTRA_TIME_FRACTION of
+# the time taken so far have been spent
+SPREAD_TARGET, MAX_EXTRA_ROUNDS, EXTRA_TIME_FRACTION = 0.10, 6, 0.5
+SPREAD_FLOOR_MS = 0.002           # spreads under 2 us (timer resolution, empty calls) are never "noisy"
 MAX_LIVE_BYTES = 1 << 30          # prepared buffers kept alive at once (chunks beyond this)
 
 
@@ -38,6 +43,7 @@ class ProfileReport:
     absent_modeled: int = 0           # entries of accelerators not present (modeled)
     failed: list[str] = field(default_factory=list)   # "key: error" for entries whose runner failed (modeled)
     notes: list[str] = field(default_factory=list)    # skipped accelerators, absent backends, thread changes
+    remeasured: int = 0               # extra timing blocks given to noisy entries
     seconds: float = 0.0
 
     @property
@@ -62,6 +68,10 @@ def entry_keys(graph: Graph, device: DeviceConfig) -> dict[tuple[str, str, str],
 def host_info(graph: Graph | None = None) -> dict[str, str]:
     info = {"hostname": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
             "cores": str(os.cpu_count()), "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    try:   # the machine's load while measuring (1, 5, 15 min): a profile taken under load says so
+        info["loadavg"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        pass
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -94,6 +104,55 @@ def host_info(graph: Graph | None = None) -> dict[str, str]:
     return info
 
 
+def _noisy(samples: list[float]) -> bool:
+    med, spread = summarize(samples)
+    return med > 0 and spread > max(SPREAD_TARGET * med, SPREAD_FLOOR_MS)
+
+
+def calibrate_host_peaks(threads: int | None = None, seconds: float = 1.0) -> dict[str, float]:
+    """This machine's FP32 GEMM rate (GFLOP/s, torch sgemm 512^3 on ``threads`` threads) and memory bandwidth
+    (GB/s, a 64 MiB copy: bytes read + written), ~``seconds`` in all: the roofline's peak figures for this
+    CPU, measured at profile time instead of one CPU's hard-coded numbers."""
+    import torch
+    old = torch.get_num_threads()
+
+    def best_ms(fn: Callable[[], Any], budget_ms: float) -> float:
+        # peak figures: the fastest of several interleaved-free blocks (a busy neighbour only slows blocks down)
+        t = TimingTask(("peak",), fn, lambda: None)
+        warm_up(t, 20.0, budget_ms / 5)
+        for _ in range(5):
+            time_block(t)
+        return min(t.block_ms)
+    try:
+        if threads:
+            torch.set_num_threads(int(threads))
+        n = 512
+        a, b, c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+        gflops = 2 * n ** 3 / (best_ms(lambda: torch.mm(a, b, out=c), seconds * 500) * 1e-3) / 1e9
+        src = torch.ones(16 << 20)
+        dst = torch.empty_like(src)
+        gbps = 2 * src.numel() * 4 / (best_ms(lambda: dst.copy_(src), seconds * 500) * 1e-3) / 1e9
+    finally:
+        torch.set_num_threads(old)
+    return {"peak_gflops": round(gflops, 1), "mem_gbps": round(gbps, 2)}
+
+
+def calibrated_accelerator(acc: Any, host: dict[str, str]) -> Any:
+    """``acc`` with the peak GFLOP/s and memory bandwidth measured at profile time (``host`` is a profile's host
+    record: ``calibrated.peak_gflops`` / ``calibrated.mem_gbps``) for CPU accelerators; ``acc`` otherwise."""
+    if getattr(acc, "kind", "") != "cpu":
+        return acc
+    upd = {}
+    for k in ("peak_gflops", "mem_gbps"):
+        try:
+            v = float(host.get(f"calibrated.{k}", "nan"))
+        except ValueError:
+            continue
+        if v == v and v > 0:
+            upd[k] = v
+    return acc.model_copy(update=upd) if upd else acc
+
+
 def _bytes_of(keep: tuple) -> int:
     n = 0
     for t in keep:
@@ -111,12 +170,13 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                         optimizer_kwargs: dict | None = None, seed: int = 0,
                         efficiency: dict[str, dict[str, float]] | None = None,
                         variants: tuple[str, ...] | None = None,
-                        program_order: bool = True) -> tuple[Profile, ProfileReport]:
+                        program_order: bool = True, calibrate_peaks: bool = True) -> tuple[Profile, ProfileReport]:
     """Profile ``graph`` on ``device``; see :func:`profile`. Returns the profile and a report."""
     t_start = time.perf_counter()
     dev = device if isinstance(device, DeviceConfig) else load_device(device)
     rep = ProfileReport()
     rep.notes += list(dev.skipped)
+    load0 = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else ""
     deadline = t_start + max_time_s if max_time_s is not None else None
 
     # which accelerators are present
@@ -226,6 +286,19 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                         bar.update(done_units, f"{acc_id} {op.kind} {task.key[2]}")
                     if stopped:
                         break
+                # noisy entries (a busy neighbour, a slow minute): more interleaved blocks while the spread is
+                # above SPREAD_TARGET of the median, within a time cap
+                t_cap = time.perf_counter() + EXTRA_TIME_FRACTION * (time.perf_counter() - t_start)
+                for _r in range(MAX_EXTRA_ROUNDS):
+                    noisy = [c for c in chunk if len(c[0].block_ms) >= 2 and _noisy(c[0].block_ms)]
+                    if stopped or not noisy or time.perf_counter() > t_cap:
+                        break
+                    for task, _p, op, _pk in noisy:
+                        if out_of_time():
+                            stopped = True
+                            break
+                        time_block(task)
+                    rep.remeasured += len(noisy)
                 for task, prepared, op, peak in chunk:
                     if not task.block_ms:
                         continue   # warmed up but never timed: modeled below
@@ -238,11 +311,25 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
     finally:
         bar.close()
 
+    # this CPU's peak figures (~1 s), recorded in the profile; the roofline prices present CPU entries with them
+    peaks: dict[str, str] = {}
+    if present and calibrate_peaks and not out_of_time():
+        try:
+            pk = calibrate_host_peaks(max(acc_threads.values()) if acc_threads else None,
+                                      seconds=1.0 if block_ms >= DEFAULT_BLOCK_MS else 0.4)
+            peaks = {f"calibrated.{k}": str(v) for k, v in pk.items()}
+        except Exception as e:  # noqa: BLE001 - the YAML figures stand
+            rep.notes.append(f"host peak calibration failed ({type(e).__name__}: {e}); device figures used")
+    elif cache is not None:
+        peaks = {k: v for k, v in cp.host if k.startswith("calibrated.")}
+
     # modeled: absent accelerators, budget leftovers, failures
     for key, op in keys.items():
         if key in results:
             continue
         acc = dev.accelerator(key[1])
+        if key[1] in present:
+            acc = calibrated_accelerator(acc, peaks)
         eff = (efficiency or {}).get(acc.id)
         results[key] = OpCost(key[0], key[1], key[2], CM.roofline_ms(graph, op, acc, key[2], eff), 0.0,
                               CM.workspace_bytes(graph, op, key[2]), 0, False, 0)
@@ -263,6 +350,9 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
             rep.notes.append(f"hand-off measurement failed ({type(e).__name__}: {e}); modeled")
 
     info = host_info(graph)
+    info.update(peaks)
+    if load0:
+        info["loadavg.start"] = load0
     for acc_id, n in acc_threads.items():
         r = present.get(acc_id)
         info[f"threads.{acc_id}"] = str(r.threads if r is not None else n)
@@ -273,9 +363,8 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
     info["blocks"] = str(blocks)
     info["block_ms"] = str(block_ms)
     caps = tuple((a.id, a.memory_cap) for a in dev.accelerators if a.memory_cap is not None)
-    storage = ()
-    if dev.storage is not None:
-        storage = (("bandwidth_gbps", dev.storage.bandwidth_gbps), ("latency_ms", dev.storage.latency_ms))
+    from port.cost.storage import profile_storage   # measured on the spill path when the config leaves it out
+    storage = profile_storage(dev, measure=not out_of_time(), quick=block_ms < DEFAULT_BLOCK_MS, notes=rep.notes)
     entries = tuple(results[k] for k in sorted(results))
     prof = Profile(device=dev.name, accelerators=tuple(a.id for a in dev.accelerators), entries=entries,
                    handoff=tuple(hand[k] for k in sorted(hand)),
@@ -347,59 +436,42 @@ class _Progress:
             self.rich.stop()
 
 
-def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int = 3, seed: int = 0,
-                         fresh: set | None = None) -> tuple[Profile, dict[str, str]]:
-    """Re-time ``profile``'s measured entries in program order: run each plan's program (lowered exactly as
-    training runs it, on a zeroed arena with a random batch) for ``steps`` instrumented steps after one warm-up
-    step, and replace every entry a call exercised by the median of its in-program call times. Ops timed alone
-    run on cache-hot inputs; in a step their inputs come from the op before, so memory-bound ops in particular
-    run slower there. Measured entries no call exercised are scaled by the median in-program / isolated ratio
-    of their op kind on that accelerator (else of the accelerator); ``fresh``: only these keys are scaled (entries
-    taken from a cache were scaled when they were measured). Returns the profile and notes for its host
-    record."""
+STEP_OVERHEAD_KEY = "executor.step_overhead_ms"   # profile host record: the executor's fixed cost per step
+
+
+def in_program_times(graph: Graph, plan: Any, rows: list[dict]) -> dict[tuple[str, str, str], float]:
+    """Per (signature, accelerator, variant) of ``plan``: the in-program ms of one op, from one instrumented
+    step's call rows (``Executor.run(timing=True)["calls"]``: a fused chain's call is booked on its conv, re-runs
+    are left out); identical layers share a signature, so the per-layer mean."""
+    per: dict[int, float] = {}
+    for row in rows:
+        if row["op"] < 0 or row["recompute"]:
+            continue
+        per[row["op"]] = per.get(row["op"], 0.0) + row["ms"]
+    return per_key_times(graph, plan, per)
+
+
+def per_key_times(graph: Graph, plan: Any, op_ms: dict[int, float]) -> dict[tuple[str, str, str], float]:
+    """{(signature, accelerator, variant): mean ms over the plan's ops with that key} from ``op_ms`` (op id ->
+    ms; ops without an entry ran no call of their own and count as 0)."""
+    tot: dict[tuple[str, str, str], list[float]] = {}
+    for o in graph.ops:
+        d = plan.ops[o.id]
+        tot.setdefault((graph.signature(o), d.accelerator, d.variant), []).append(op_ms.get(o.id, 0.0))
+    return {k: sum(v) / len(v) for k, v in tot.items()}
+
+
+def apply_in_program(graph: Graph, profile: Profile, seen: dict[tuple[str, str, str], list[float]],
+                     fresh: set | None = None, scale_others: bool = True, label: str = "in_program"
+                     ) -> tuple[Profile, dict[str, str]]:
+    """Replace every entry in ``seen`` by the median of its in-program times; scale the other measured entries
+    (only those in ``fresh`` when given) by the median in-program / profiled ratio of their op kind on that
+    accelerator (else of the accelerator). Returns the profile and notes (also written to its host record)."""
     import statistics as st
     from dataclasses import replace
-
-    import torch
-    from port.cost.runners import get_runner
-    from port.exec.executor import Executor
-    from port.lower.lower import backend_of, lower
-
-    kind_of = {}
+    kind_of: dict[str, str] = {}
     for o in graph.ops:
         kind_of.setdefault(graph.signature(o), o.kind)
-    seen: dict[tuple[str, str, str], list[float]] = {}
-    gen = torch.Generator().manual_seed(seed)
-    for plan in plans:
-        prog = lower(graph, plan, check_digest=False)
-        backends = {c.backend for c in prog.calls} - {"host"}
-        runner = get_runner(sorted(backends)[0], graph, None, seed=seed)
-        ex = Executor(prog)
-        ex.state.opt, ex.state.step = runner.state.opt, runner.state.step
-        ex.input.copy_(torch.randn(ex.input.shape, generator=gen))
-        if ex.labels is not None:
-            ex.labels.copy_(torch.randint(0, graph.tensors[graph.logits_id].shape[-1], ex.labels.shape,
-                                          generator=gen))
-        for k in range(steps + 1):
-            ex.zero_grads()
-            r = ex.run(timing=True)
-            if k == 0:
-                continue
-            per: dict[tuple[str, str, str], float] = {}
-            for row in r["calls"]:
-                if row["op"] < 0 or row["recompute"]:
-                    continue
-                d = plan.ops[row["op"]]
-                key = (graph.signature(row["op"]), d.accelerator, d.variant)
-                per[key] = per.get(key, 0.0) + row["ms"]
-            counts: dict[tuple[str, str, str], int] = {}
-            for o in graph.ops:
-                d = plan.ops[o.id]
-                if backend_of(d.accelerator) in backends:
-                    key = (graph.signature(o), d.accelerator, d.variant)
-                    counts[key] = counts.get(key, 0) + 1
-            for key, n in counts.items():        # identical layers share a signature: per-layer mean
-                seen.setdefault(key, []).append(per.get(key, 0.0) / n)
     ratios: dict[tuple[str, str], list[float]] = {}
     new = {}
     for e in profile.entries:
@@ -417,13 +489,88 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
         key = (e.signature, e.accelerator, e.variant)
         if key in new:
             entries.append(new[key])
-        elif e.measured and (fresh is None or key in fresh):
+        elif scale_others and e.measured and (fresh is None or key in fresh):
             f = med.get((e.accelerator, kind_of.get(e.signature, "?")), med.get((e.accelerator, "*"), 1.0))
             entries.append(replace(e, latency_ms=e.latency_ms * f))
         else:
             entries.append(e)
-    notes = {f"in_program.{acc}": f"{len(v)} entries re-timed in program order, median ratio {med[(acc, '*')]:.3f}"
+    notes = {f"{label}.{acc}": f"{len(v)} entries re-timed in program order, median ratio {med[(acc, '*')]:.3f}"
              for (acc, kind), v in ratios.items() if kind == "*"}
     host = dict(profile.host)
     host.update(notes)
     return replace(profile, entries=tuple(entries), host=tuple(sorted(host.items())), _index={}), notes
+
+
+def with_step_overhead(profile: Profile, overhead_ms: float, how: str) -> Profile:
+    """``profile`` with the executor's fixed per-step overhead (wall step - sum of the timed calls; >= 0)
+    recorded in its host record; port.verify.simulate adds it to every plan's predicted step."""
+    from dataclasses import replace
+    host = dict(profile.host)
+    host[STEP_OVERHEAD_KEY] = f"{max(0.0, float(overhead_ms)):.4f}"
+    host[STEP_OVERHEAD_KEY + ".how"] = how
+    return replace(profile, host=tuple(sorted(host.items())), _index={})
+
+
+def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int = 3, seed: int = 0,
+                         fresh: set | None = None) -> tuple[Profile, dict[str, str]]:
+    """Re-time ``profile``'s measured entries in program order: run each plan's program (lowered exactly as
+    training runs it, on a zeroed arena with a random batch) for ``steps`` instrumented steps after one warm-up
+    step, and replace every entry a call exercised by the median of its in-program call times. Ops timed alone
+    run on cache-hot inputs; in a step their inputs come from the op before, so memory-bound ops in particular
+    run slower there. Measured entries no call exercised are scaled by the median in-program / isolated ratio
+    of their op kind on that accelerator (else of the accelerator); ``fresh``: only these keys are scaled (entries
+    taken from a cache were scaled when they were measured). The first plan's program is also run untimed, as
+    Trainer.step runs it (zero the gradients, copy the batch in, run, read the loss, update): its wall time
+    minus the sum of its timed calls is the executor's per-step overhead (recorded, see
+    :func:`with_step_overhead`). Returns the profile and notes for its host record."""
+    import statistics as st
+    import time as _time
+
+    import torch
+    from port.cost.runners import get_runner
+    from port.exec.executor import Executor
+    from port.lower.lower import lower
+
+    seen: dict[tuple[str, str, str], list[float]] = {}
+    gen = torch.Generator().manual_seed(seed)
+    overhead = None
+    for pi, plan in enumerate(plans):
+        prog = lower(graph, plan, check_digest=False)
+        backends = {c.backend for c in prog.calls} - {"host"}
+        runner = get_runner(sorted(backends)[0], graph, None, seed=seed)
+        ex = Executor(prog)
+        ex.state.opt, ex.state.step = runner.state.opt, runner.state.step
+        x = torch.randn(ex.input.shape, generator=gen)
+        ex.input.copy_(x)
+        y = None
+        if ex.labels is not None:
+            y = torch.randint(0, graph.tensors[graph.logits_id].shape[-1], ex.labels.shape, generator=gen)
+            ex.labels.copy_(y)
+        sums = []
+        for k in range(steps + 1):
+            ex.zero_grads()
+            r = ex.run(timing=True)
+            if k == 0:
+                continue
+            sums.append(r["total_ms"])
+            for key, ms in in_program_times(graph, plan, r["calls"]).items():
+                seen.setdefault(key, []).append(ms)
+        if pi == 0 and sums:
+            walls = []
+            for _ in range(max(steps, 3)):
+                t0 = _time.perf_counter()
+                ex.zero_grads()
+                ex.input.copy_(x)
+                if y is not None:
+                    ex.labels.copy_(y)
+                ex.run_main()
+                if ex.labels is not None:
+                    float(ex.loss)
+                ex.run_updates()
+                walls.append((_time.perf_counter() - t0) * 1e3)
+            overhead = st.median(walls) - st.median(sums)
+    prof, notes = apply_in_program(graph, profile, seen, fresh)
+    if overhead is not None:
+        prof = with_step_overhead(prof, overhead, "profile: untimed step wall - timed calls, default plan")
+        notes[STEP_OVERHEAD_KEY] = f"{max(0.0, overhead):.4f}"
+    return prof, notes

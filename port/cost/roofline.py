@@ -119,9 +119,8 @@ def modeled_handoff(device: DeviceConfig) -> list[HandoffCost]:
 def modeled_profile(graph: Graph, device: DeviceConfig) -> Profile:
     """A fully modeled Profile of ``graph`` on ``device`` (every accelerator, every legal variant)."""
     caps = tuple((a.id, a.memory_cap) for a in device.accelerators if a.memory_cap is not None)
-    storage = ()
-    if device.storage is not None:
-        storage = (("bandwidth_gbps", device.storage.bandwidth_gbps), ("latency_ms", device.storage.latency_ms))
+    from port.cost.storage import declared_storage   # () when the config leaves the figures to `port profile`
+    storage = declared_storage(device)
     return Profile(
         device=device.name,
         accelerators=tuple(a.id for a in device.accelerators),

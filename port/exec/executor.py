@@ -62,7 +62,7 @@ class BindContext:
 
 class Executor:
     def __init__(self, program: Program, state: RunState | None = None, arena=None, device: str = "cpu",
-                 check: bool = True):
+                 check: bool = True, spill_dir: str | None = None, drop_cache: bool = False):
         import torch
         if check:
             check_program(program)
@@ -83,7 +83,15 @@ class Executor:
         if self.base % 64:
             raise ProgramError(f"arena base address {self.base:#x} is not 64-byte aligned")
         self._views: dict[int, Any] = {}
-        self.storage: dict[int, Any] = {}   # paged tensors' backing store (host memory outside the arena)
+        # paged tensors' backing store: a spill file on the device's storage (port.exec.spill), created only
+        # when the program pages; spill_dir: the device config's storage.path (default $PORT_SPILL_DIR/tmp)
+        self.spill = None
+        self._staging = None
+        pages = {int(c.attr("key")): program.slot(c.inputs[0]).nbytes for c in program.calls
+                 if c.backend == "host" and c.kernel == "page_out"}
+        if pages:
+            from port.exec.spill import SpillFile
+            self.spill = SpillFile(pages, spill_dir, drop_cache=drop_cache)
         from port.exec import registry
         ctx = BindContext(self)
         self.main: list[Callable[[], None]] = []
@@ -171,23 +179,48 @@ class Executor:
             f()
 
     def _bind_host(self, call) -> Callable[[], None]:
-        """page_out: copy the tensor into its backing store (host memory outside the arena, standing in for
-        flash/disk); page_in: copy it back into its new slot."""
-        import torch
+        """page_out: write the tensor's arena bytes to the spill file (synchronously: the slot may be reused
+        by the next call); page_in: read them back into the new version's slot. CPU arenas are written and
+        read in place (a numpy view of the slot: no copy of the tensor is allocated); a CUDA arena goes
+        through one host staging buffer."""
         key = int(call.attr("key"))
-        if call.kernel == "page_out":
-            src = self.view(call.inputs[0])
-            buf = self.storage.get(key)
-            if buf is None:
-                buf = self.storage[key] = torch.empty(src.shape, dtype=src.dtype, device="cpu")
-            return lambda: buf.copy_(src)
-        if call.kernel == "page_in":
-            dst = self.view(call.outputs[0])
-            buf = self.storage.get(key)
-            if buf is None:
-                buf = self.storage[key] = torch.empty(dst.shape, dtype=dst.dtype, device="cpu")
-            return lambda: dst.copy_(buf)
-        raise ProgramError(f"call {call.index} ({call.name}): unknown host kernel {call.kernel!r}")
+        if call.kernel not in ("page_out", "page_in"):
+            raise ProgramError(f"call {call.index} ({call.name}): unknown host kernel {call.kernel!r}")
+        tid = call.inputs[0] if call.kernel == "page_out" else call.outputs[0]
+        s = self.program.slot(tid)
+        raw = self.arena[s.offset:s.offset + s.nbytes]
+        spill = self.spill
+        if spill is None or key not in spill.layout:
+            raise ProgramError(f"call {call.index} ({call.name}): pages key {key}, which no page_out saves")
+        if self.arena.device.type == "cpu":
+            mv = memoryview(raw.numpy())
+            if call.kernel == "page_out":
+                return lambda: spill.write(key, mv)
+            return lambda: spill.read(key, mv)
+        import torch
+        need = max(n for _o, n in spill.layout.values())
+        if self._staging is None or self._staging.numel() < need:
+            self._staging = torch.empty(need, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        stage = self._staging[:s.nbytes]
+        smv = memoryview(stage.numpy())
+
+        def out():
+            stage.copy_(raw)
+            spill.write(key, smv)
+
+        def inn():
+            spill.read(key, smv)
+            raw.copy_(stage)
+        return out if call.kernel == "page_out" else inn
+
+    def close(self) -> None:
+        """Close (and so delete) the spill file; safe to call twice. Also run when the executor is collected."""
+        if self.spill is not None:
+            self.spill.close()
+
+    def spill_counters(self) -> dict:
+        """Bytes/calls written to and read from the spill file ({} when the program does not page)."""
+        return self.spill.counters() if self.spill is not None else {}
 
     def run(self, timing: bool = False, updates: bool = True) -> dict | None:
         """One pass over the program: the main calls (forward, loss, backward with recomputes, page calls
@@ -222,6 +255,7 @@ class Executor:
         tl = self.program.live_timeline
         rows = []
         clock = time.perf_counter
+        from port.train.memwatch import rss_bytes   # the process's resident memory after each call (~5 us read)
         sync()
         for c, f in pairs:
             t0 = clock()
@@ -231,13 +265,13 @@ class Executor:
             live = P + (tl[c.index] if c.index < len(tl) else 0)
             rows.append({"index": c.index, "name": c.name, "kernel": c.kernel, "op": c.op, "phase": c.phase,
                          "backend": c.backend, "variant": c.variant, "recompute": c.phase == "recompute",
-                         "ms": ms, "live_bytes": int(live)})
+                         "ms": ms, "live_bytes": int(live), "rss_bytes": rss_bytes()})
         by_phase: dict[str, float] = {}
         for r in rows:
             by_phase[r["phase"]] = by_phase.get(r["phase"], 0.0) + r["ms"]
         timeline = [r["live_bytes"] for r in rows]
         return {"calls": rows, "total_ms": sum(r["ms"] for r in rows), "by_phase_ms": by_phase,
-                "timeline": timeline, "peak_bytes": max(timeline) if timeline else P,
+                "timeline": timeline, "rss_timeline": [r["rss_bytes"] for r in rows], "peak_bytes": max(timeline) if timeline else P,
                 "arena_bytes": self.program.arena_bytes, "persistent_bytes": P}
 
 

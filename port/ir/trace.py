@@ -85,6 +85,25 @@ class _Fwd:
     op_id: int = -1
 
 
+def meta_copy(model: Any) -> Any:
+    """A deep copy of ``model`` whose parameters and buffers are meta tensors (same shapes, dtypes,
+    requires_grad and sharing: a tied parameter stays one object), so the copy holds no tensor memory.
+    None if the model cannot be copied that way."""
+    import torch
+    memo: dict[int, Any] = {}
+    try:
+        for t in list(model.parameters()) + list(model.buffers()):
+            if id(t) in memo:
+                continue
+            m = torch.empty_like(t, device="meta")
+            if isinstance(t, torch.nn.Parameter):
+                m = torch.nn.Parameter(m, requires_grad=t.requires_grad)
+            memo[id(t)] = m
+        return copy.deepcopy(model, memo)
+    except Exception:  # noqa: BLE001 - a module that does not deep-copy this way
+        return None
+
+
 def _pair(v: Any) -> tuple[int, int]:
     if isinstance(v, (tuple, list)):
         return int(v[0]), int(v[1])
@@ -126,7 +145,14 @@ def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable
         trainable = [trainable]
     model_name = name or type(model).__name__
 
-    model = copy.deepcopy(model)  # shape propagation runs the model: keep the user's running stats intact
+    # shape propagation runs the model: on a copy (the user's running stats stay intact) whose parameters and
+    # buffers are meta tensors (shapes and dtypes only), so tracing allocates no copy of the weights and no
+    # activations; a model whose ops have no meta kernel falls back to a real copy
+    user_model = model
+    model = meta_copy(user_model)
+    on_meta = model is not None
+    if model is None:
+        model = copy.deepcopy(user_model)
 
     class _Proxy(fx.Proxy):
         """fx's Proxy has no __iadd__, so ``h += y`` would trace as ``h = h + y`` and lose the mutation
@@ -165,8 +191,18 @@ def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable
             f"Supported ops: {_supported_list()}.") from None
     gm = fx.GraphModule(model, fx_graph)
     try:
-        with torch.no_grad():
-            ShapeProp(gm).propagate(example_input.detach().clone())  # in-place ops must not touch the caller's
+        if on_meta:
+            try:
+                with torch.no_grad():
+                    ShapeProp(gm).propagate(torch.empty_like(example_input, device="meta"))
+            except Exception:  # noqa: BLE001 - an op without a meta kernel: propagate on real tensors
+                model = copy.deepcopy(user_model)
+                fx_graph = tracer.trace(model)
+                gm = fx.GraphModule(model, fx_graph)
+                on_meta = False
+        if not on_meta:
+            with torch.no_grad():
+                ShapeProp(gm).propagate(example_input.detach().clone())  # in-place ops must not touch the caller's
     except Exception as e:  # noqa: BLE001
         raise PortTraceError(f"{model_name}: running the model on an input of shape "
                              f"{tuple(example_input.shape)} failed: {type(e).__name__}: {e}") from None

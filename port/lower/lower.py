@@ -362,8 +362,9 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
 def inference_graph(model: Any, example_input: Any, name: str | None = None) -> Graph:
     """Trace ``model`` in eval mode (BN with running stats, dropout off) for an inference program."""
     import copy
-    from port.ir.trace import trace
-    m = copy.deepcopy(model).eval()
+    from port.ir.trace import meta_copy, trace
+    m = meta_copy(model)        # no copy of the weights (trace copies again, meta to meta: free)
+    m = (m if m is not None else copy.deepcopy(model)).eval()
     return trace(m, example_input, optimizer="sgd", name=name)
 
 

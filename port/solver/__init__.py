@@ -160,6 +160,7 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
     obj = res.objective
     from port.solver.formulation import EPS_EARLY_MS
     expect = obj - EPS_EARLY_MS * len(plan.early_updates)     # the objective's tie-breaker is not time
+    expect += sim.breakdown.get("overhead_ms", 0.0)           # the executor's fixed per-step cost: not a decision
     tol = 1e-6 * max(1.0, abs(obj)) + 1e-9
     if abs(sim.step_ms - expect) > tol:   # both directions: the ILP may neither under- nor over-price a plan
         raise SolverError(f"{backend}: simulated step {sim.step_ms:.6f} ms differs from the ILP objective "

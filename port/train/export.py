@@ -26,7 +26,7 @@ def export(trainer, path: str | Path, format: str = "onnx", check: bool = True, 
     import torch
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    model = trainer.to_torch(copy.deepcopy(trainer.model))
+    model = trainer.to_torch(_own_copy(trainer.model))
     folded = folded_module(model)
     x = torch.randn(trainer.micro_batch, *trainer.example_shape, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -48,3 +48,15 @@ def export(trainer, path: str | Path, format: str = "onnx", check: bool = True, 
     else:
         raise PortError(f"unknown export format {format!r}; choose 'onnx' or 'torch'")
     return path
+
+
+def _own_copy(model: Any):
+    """A deep copy of ``model`` with its own parameter and buffer storage: the trainer's module holds views of
+    the arena, which deepcopy would copy whole (once per storage); tensors are cloned one by one instead."""
+    import torch
+    memo: dict[int, Any] = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in memo:
+            c = t.detach().clone()
+            memo[id(t)] = torch.nn.Parameter(c, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else c
+    return copy.deepcopy(model, memo)

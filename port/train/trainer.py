@@ -31,7 +31,8 @@ class Trainer:
                  optimizer: SGD | AdamW | None = None, micro_batch: int | None = None,
                  trainable: Sequence[str] | str | None = None, backend: str = "c", seed: int = 0,
                  strategy: str = "auto", allow_plan_mismatch: bool = False, on_nonfinite: str = "stop",
-                 accelerators: dict[str, str] | None = None):
+                 accelerators: dict[str, str] | None = None, spill_dir: str | Path | None = None,
+                 drop_cache: bool = False):
         """``plan``: a Plan or plan file solved for this trainer's graph: the model traced at the batch one
         program run processes (``micro_batch`` when set, else the example's batch) with this optimizer and
         trainable set. A plan of another graph is refused (PortError naming both batch sizes when the batch is
@@ -42,9 +43,14 @@ class Trainer:
         "stop" raises port.errors.NonFiniteError (step, loss, fix) before the update, so the weights stay those
         of the last good step; "skip" leaves the update out (counted in ``skipped_steps``) and goes on.
         ``accelerators``: {plan accelerator id: backend} for ids the executor does not know (e.g. the modeled
-        engines of a device description, run here on a stand-in backend such as "c")."""
+        engines of a device description, run here on a stand-in backend such as "c").
+        ``spill_dir``/``drop_cache``: where a plan's paged tensors go (a device's ``storage.path``; default
+        $PORT_SPILL_DIR, else the temp directory) and whether each write is flushed and dropped from the page
+        cache (port.exec.spill)."""
         import torch
         from port.ir.trace import trace
+        from port.train.memwatch import rss_bytes
+        self.rss = {"before_bytes": rss_bytes()}   # the process's resident memory before / after set-up
         if on_nonfinite not in ("stop", "skip"):
             raise PortError(f"on_nonfinite={on_nonfinite!r}: expected 'stop' or 'skip'")
         self.on_nonfinite = on_nonfinite
@@ -101,9 +107,21 @@ class Trainer:
                                            persistent_from=self.program, strategy=strategy)
         size = max(self.program.arena_bytes, self.eval_program.arena_bytes)
         dev = "cuda" if backend == "torch-cuda" else "cpu"
-        self.arena = torch.zeros(size, dtype=torch.uint8, device=dev)
+        # CPU: the arena's pages are not touched here (a fresh mapping); _load_module moves the weights in one
+        # tensor at a time (freeing the module's copy as it goes) and then zeroes the rest, so set-up never holds
+        # the weights twice
+        self.arena = (torch.empty if dev == "cpu" else torch.zeros)(size, dtype=torch.uint8, device=dev)
+        if dev == "cpu":      # everything but the weights: zero now (optimizer state, gradients, activations)
+            spans = sorted((s.offset, s.offset + s.nbytes) for s in self._named_slots((ROLE_PARAMETER, ROLE_BUFFER)))
+            pos = 0
+            for a, b in spans + [(size, size)]:
+                if a > pos:
+                    self.arena[pos:a].zero_()
+                pos = max(pos, b)
         self.state = RunState(opt=self.opt, seed=int(seed))
-        self.executor = Executor(self.program, self.state, arena=self.arena)
+        self.executor = Executor(self.program, self.state, arena=self.arena,
+                                 spill_dir=str(spill_dir) if spill_dir is not None else None,
+                                 drop_cache=bool(drop_cache))
         self.eval_executor = Executor(self.eval_program, self.state, arena=self.arena)
         self.executor.set_grad_scale(mb / B)
         gids = []
@@ -114,8 +132,9 @@ class Trainer:
                     gids.append(t)
         self._grads = [self.executor.view(t) for t in gids]
         self._bn_batches = 0        # training forward passes (BN num_batches_tracked)
-        self._load_module(model)
+        self._load_module(model, bind=True)
         _release_freed_heap()
+        self.rss["after_setup_bytes"] = rss_bytes()
 
 
     def _mismatch(self, model: Any, example_input: Any, trainable: Any, plan: Plan, plan_batch: int | None) -> str:
@@ -152,13 +171,51 @@ class Trainer:
     def _view(self, slot):
         return self.executor.view(slot.tensor)
 
-    def _load_module(self, model: Any) -> None:
-        sd = model.state_dict()
-        for s in self._named_slots((ROLE_PARAMETER, ROLE_BUFFER)):
-            if s.name not in sd:
-                raise PortError(f"the model has no parameter/buffer {s.name!r}")
-            self._view(s).copy_(sd[s.name].detach().reshape(s.shape))
-        self._base_nbt = {k: int(v) for k, v in sd.items() if k.endswith("num_batches_tracked")}
+    def _load_module(self, model: Any, bind: bool = False) -> None:
+        """Copy the module's parameters and buffers into their arena slots; ``bind``: also make each a view of
+        its slot (see _bind_module) right after its copy, so its own storage is freed before the next one is
+        copied."""
+        import torch
+        done = set()
+        with torch.no_grad():
+            for t, v in self._module_tensors(model):
+                v.copy_(t.detach().reshape(v.shape))
+                done.add(v.data_ptr())
+                if bind and t.device == v.device and t.dtype == v.dtype and t.numel() == v.numel():
+                    t.data = v.view(t.shape)
+            rest = [s for s in self._named_slots((ROLE_PARAMETER, ROLE_BUFFER))
+                    if self._view(s).data_ptr() not in done]
+            if rest:
+                sd = model.state_dict()     # names the module's attributes do not give (custom state_dict)
+                for s in rest:
+                    if s.name not in sd:
+                        raise PortError(f"the model has no parameter/buffer {s.name!r}")
+                    self._view(s).copy_(sd[s.name].detach().reshape(s.shape))
+                del sd
+        self._base_nbt = {k: int(v) for k, v in model.named_buffers() if k.endswith("num_batches_tracked")}
+
+    def _module_tensors(self, model: Any) -> list:
+        """[(parameter or buffer object, its arena view)] for every tensor of ``model`` the program holds (a
+        tied parameter, one object under several names, once)."""
+        by_name = {s.name: s for s in self._named_slots((ROLE_PARAMETER, ROLE_BUFFER))}
+        out, seen = [], set()
+        for qn, t in list(model.named_parameters(remove_duplicate=False)) + \
+                list(model.named_buffers(remove_duplicate=False)):
+            s = by_name.get(qn)
+            if s is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            out.append((t, self._view(s)))
+        return out
+
+    def _bind_module(self, model: Any) -> None:
+        """(Done by _load_module(bind=True) at construction.) Weights live once: each parameter and buffer of ``model`` the program holds becomes a view of its
+        arena slot (``t.data = view``), so the module's own storage is freed and the module always shows the
+        trained values (a tied parameter stays one object). Tensors of another device or dtype than the arena
+        (e.g. a CPU module trained on a CUDA arena) keep their storage; ``to_torch`` copies into them."""
+        for t, v in self._module_tensors(model):
+            if t.device == v.device and t.dtype == v.dtype and t.numel() == v.numel():
+                t.data = v.view(t.shape)
 
     # -- training -----------------------------------------------------------------------------
     def _check_batch(self, x: Any, y: Any, what: str) -> tuple[Any, Any]:
@@ -231,7 +288,9 @@ class Trainer:
         variants and recompute flags; the arena live-bytes timeline; peak) plus ``"loss"`` (float),
         ``"micro_batches"``, ``"step_ms"`` (= total_ms), ``"op_ms"`` ({graph op name or "<name> (recompute)" or
         page-call name: summed ms}; a fused conv call is booked on the conv) and ``"timeline_bytes"`` (= timeline);
-        with micro-batching the call rows of every micro-batch are listed in order."""
+        with micro-batching the call rows of every micro-batch are listed in order. ``"rss_timeline_bytes"``: the
+        process's resident memory (bytes) after each call (port.train.memwatch.rss_bytes; commit=False: less the
+        bytes of the state copy kept for restoring), to set against the arena accounting of ``timeline``."""
         B, mb = self.batch_size, self.micro_batch
         x, y = self._check_batch(x, y, "profile_step")
         ex = self.executor
@@ -241,8 +300,9 @@ class Trainer:
         if not commit:
             saved = (self.arena[:self.program.persistent_bytes].clone(), st.step, st.dropout_counter,
                      self._bn_batches)
+        saved_bytes = int(saved[0].numel()) if saved is not None else 0
         ex.zero_grads()
-        rows, timeline, total, tot_ms = [], [], 0.0, 0.0
+        rows, timeline, rss_tl, total, tot_ms = [], [], [], 0.0, 0.0
         by_phase: dict = {}
         k = B // mb
         for j, i in enumerate(range(0, B, mb)):
@@ -251,6 +311,8 @@ class Trainer:
             r = ex.run(timing=True, updates=(j == k - 1))
             rows += r["calls"]
             timeline += r["timeline"]
+            # the process's RSS after each call, less the copy of the state kept to restore it (commit=False)
+            rss_tl += [v - saved_bytes for v in r.get("rss_timeline", [])]
             tot_ms += r["total_ms"]
             for ph, v in r["by_phase_ms"].items():
                 by_phase[ph] = by_phase.get(ph, 0.0) + v
@@ -270,6 +332,7 @@ class Trainer:
             op_ms[key] = op_ms.get(key, 0.0) + r["ms"]
         return {"loss": total / k, "micro_batches": k, "calls": rows, "total_ms": tot_ms, "step_ms": tot_ms,
                 "op_ms": op_ms, "by_phase_ms": by_phase, "timeline": timeline, "timeline_bytes": timeline,
+                "rss_timeline_bytes": rss_tl,
                 "peak_bytes": max(timeline), "arena_bytes": self.program.arena_bytes,
                 "persistent_bytes": self.program.persistent_bytes}
 
@@ -321,18 +384,32 @@ class Trainer:
     def optimizer_state(self) -> dict:
         return {s.name: self._view(s).clone() for s in self._named_slots((ROLE_OPTIMIZER_STATE,))}
 
-    def to_torch(self, model: Any = None):
-        """Write the trained weights and BN running stats back into ``model`` (default: the module given to
-        the constructor) and return it."""
+    def to_torch(self, model: Any = None, detach: bool = False):
+        """The trained weights and BN running stats in ``model`` (default: the module given to the
+        constructor), returned.
+
+        The constructor's module already holds them: its parameters and buffers are views of the trainer's
+        arena (weights live once), so they always show the current values and writing them (e.g.
+        ``load_state_dict``) changes the trainer's weights. ``detach=True`` gives the module its own copies
+        instead (it then outlives the trainer without keeping the arena alive; ``torch.save`` of a view
+        writes the whole arena, of a copy only the tensor). Another ``model`` gets the values copied in."""
         import torch
         m = self.model if model is None else model
-        sd = self.state_dict()
         with torch.no_grad():
-            for k, v in m.state_dict().items():
-                if k in sd:
-                    v.copy_(sd[k].reshape(v.shape))
+            mine = {id(t): v for t, v in self._module_tensors(m)}
+            for k, t in list(m.named_parameters(remove_duplicate=False)) + \
+                    list(m.named_buffers(remove_duplicate=False)):
+                v = mine.get(id(t))
+                if v is not None:
+                    if detach:
+                        t.data = v.detach().reshape(t.shape).to(t.device, t.dtype, copy=True)
+                    elif m is self.model and t.device == v.device and t.dtype == v.dtype:
+                        if t.data_ptr() != v.data_ptr():
+                            t.data = v.view(t.shape)      # (re)bind: e.g. after detach=True
+                    else:
+                        t.copy_(v.reshape(t.shape))
                 elif k.endswith("num_batches_tracked"):
-                    v.fill_(self._base_nbt.get(k, 0) + self._bn_batches)
+                    t.fill_(self._base_nbt.get(k, 0) + self._bn_batches)
         return m
 
     def parameter_delta(self, base_state_dict: dict) -> dict:
@@ -374,10 +451,14 @@ class Trainer:
         return export(self, path, format)
 
     def memory_report(self) -> dict[str, int]:
+        """The arena accounting (arena, persistent, scratch, peak live bytes) and the process's resident memory
+        before and after this trainer's set-up (``rss_before_bytes``, ``rss_after_setup_bytes``; the module's
+        weights move into the arena, so set-up grows the process by about arena - weights + runtime)."""
         p = self.program
         return {"arena_bytes": self.arena_bytes, "train_arena_bytes": p.arena_bytes,
                 "eval_arena_bytes": self.eval_program.arena_bytes, "persistent_bytes": p.persistent_bytes,
-                "scratch_bytes": p.scratch_bytes, "peak_live_bytes": p.peak_live_bytes}
+                "scratch_bytes": p.scratch_bytes, "peak_live_bytes": p.peak_live_bytes,
+                "rss_before_bytes": self.rss["before_bytes"], "rss_after_setup_bytes": self.rss["after_setup_bytes"]}
 
 
 def _as_tensor(v: Any, what: str):

@@ -7,7 +7,10 @@ none of the ILP's variables: it prices each event from the profile and accounts 
 Memory recorded per executed op or re-run (``op``/``recompute`` events): the plan's static bytes + the live
 roots + the running op's workspace (OpCost.workspace_bytes). Time: the sum of op latencies (re-runs included),
 hand-offs (per tensor and reading op when producer and reader sit on different accelerators; a re-run re-reads
-its inputs), and paging (latency + bytes / bandwidth for each page_out and each page_in).
+its inputs), and paging (latency + bytes / bandwidth for each page_out and each page_in), plus the executor's
+fixed per-step overhead when the profile records one (host ``executor.step_overhead_ms``: the wall time of a
+step outside its kernel calls, measured by ``port profile`` and corrected by ``port train --replan``; the same
+for every plan, so it moves no decision).
 """
 from __future__ import annotations
 
@@ -42,6 +45,18 @@ def _costs(graph: Graph, profile: Profile, plan: Plan):
             raise PlanError(f"op {o.name!r}: ({d.accelerator}, {d.variant}) is not in the profile")
         costs.append(c)
     return costs
+
+
+def step_overhead_ms(profile: Profile) -> float:
+    """The executor's fixed per-step overhead recorded in ``profile`` (0 when none is)."""
+    for k, v in profile.host:
+        if k == "executor.step_overhead_ms":
+            try:
+                x = float(v)
+            except ValueError:
+                return 0.0
+            return x if x > 0 and x == x and x != float("inf") else 0.0
+    return 0.0
 
 
 def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
@@ -130,8 +145,10 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
     if ws:
         names = names + (f"workspace of {graph.ops[oid].name} ({ws} B)",)
     names = names + (f"static: parameters/buffers/gradients/optimizer state/input ({S} B)",)
+    over = step_overhead_ms(profile)
     return SimResult(
-        step_ms=comp + rcomp + hand + pagems, peak_bytes=timeline[pk], timeline=tuple(timeline),
+        step_ms=comp + rcomp + hand + pagems + over, peak_bytes=timeline[pk], timeline=tuple(timeline),
         steps=tuple(steps), peak_step=pk, peak_tensors=names, static_bytes=S,
-        breakdown={"compute_ms": comp, "recompute_ms": rcomp, "handoff_ms": hand, "paging_ms": pagems},
+        breakdown={"compute_ms": comp, "recompute_ms": rcomp, "handoff_ms": hand, "paging_ms": pagems,
+                   "overhead_ms": over},
         gantt=tuple(gantt))

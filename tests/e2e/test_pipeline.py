@@ -95,6 +95,7 @@ def test_profile_from_another_cpu_is_measured_again(tmp_path):
     save_profile(replace(prof, host=tuple(sorted(host.items())), _index={}), rule)
     r = ok(port_cli("solve", MLP, "--budget", "100%", cwd=tmp_path))
     assert "Imaginary CPU 9000" in r.stdout and "measuring again" in r.stdout
+    assert "another CPU model" in r.stdout
     assert dict(load_profile(rule).host)["cpu"] != "Imaginary CPU 9000"
 
 

@@ -43,7 +43,7 @@ def test_profile_covers_every_key_and_is_sane(graph, host_profile):
     for e in prof.entries:
         assert e.latency_ms >= 0 and math.isfinite(e.latency_ms)
         if e.accelerator in present:
-            assert e.measured and e.samples == FAST["blocks"]
+            assert e.measured and e.samples >= FAST["blocks"]   # noisy entries get extra blocks
         else:
             assert not e.measured
     # real work takes positive time

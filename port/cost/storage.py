@@ -1,0 +1,150 @@
+"""Storage figures for paging: measured on the spill location by ``port profile``, or the device config's.
+
+``measure_storage(path)`` writes and reads a few MB in a scratch file beside where the spill files go
+(port.exec.spill), bypassing the page cache: O_DIRECT where the file system allows it, else buffered I/O with
+fdatasync and posix_fadvise(DONTNEED) before reading back. Write throughput includes the fdatasync (the bytes
+are on the device when it returns); latency is the median of small (4 KiB) synced writes and direct reads.
+Bounded: about ``max_s`` seconds (~1 s) whatever the disk.
+
+Recorded in ``Profile.storage`` as (key, value) pairs: ``bandwidth_gbps`` and ``latency_ms`` (what the solver
+and simulator price: one page-out plus one page-in costs 2 * (latency_ms + bytes / bandwidth), so the combined
+bandwidth is the harmonic mean of write and read and the latency their mean) plus the measured parts
+``write_gbps``, ``read_gbps``, ``write_latency_ms``, ``read_latency_ms`` and ``measured`` (1.0).
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import statistics
+import time
+import uuid
+from pathlib import Path
+
+from port.config import DeviceConfig
+
+MB = 1 << 20
+BLOCK = 4096
+
+
+def _open_scratch(directory: Path) -> tuple[int, bool]:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"port-storage-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}.bin"
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    direct = getattr(os, "O_DIRECT", 0)
+    fd = -1
+    if direct:
+        try:
+            fd = os.open(path, flags | direct, 0o600)
+        except OSError:       # tmpfs and some others refuse O_DIRECT
+            fd = -1
+    ok_direct = fd >= 0
+    if fd < 0:
+        fd = os.open(path, flags, 0o600)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return fd, ok_direct
+
+
+def _drop(fd: int, off: int, n: int) -> None:
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, off, n, os.POSIX_FADV_DONTNEED)
+
+
+def measure_storage(path: str | os.PathLike | None = None, nbytes: int = 8 * MB, max_s: float = 1.0,
+                    rounds: int = 8) -> dict[str, float]:
+    """Write and read throughput (GB/s) and latency (ms) of the storage holding ``path`` (a directory; default
+    the spill directory: $PORT_SPILL_DIR or the temp dir). See the module docstring."""
+    from port.exec.spill import spill_directory
+    nbytes = max(BLOCK, nbytes // BLOCK * BLOCK)
+    fd, direct = _open_scratch(spill_directory(path))
+    buf = mmap.mmap(-1, nbytes)           # page-aligned, as O_DIRECT wants
+    small = mmap.mmap(-1, BLOCK)
+    mv = smv = None
+    try:
+        buf.write(os.urandom(min(nbytes, MB)) * (nbytes // min(nbytes, MB)))
+        small.write(os.urandom(BLOCK))
+        mv, smv = memoryview(buf), memoryview(small)
+        if hasattr(os, "posix_fallocate"):
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            except OSError:
+                pass
+        chunk = min(nbytes, 2 * MB)
+        t_end = time.perf_counter() + max_s
+        w_s, r_s, wl, rl = [], [], [], []
+        for i in range(max(1, rounds)):
+            t0 = time.perf_counter()
+            for off in range(0, nbytes, chunk):
+                n = os.pwrite(fd, mv[off:off + chunk], off)
+                assert n == min(chunk, nbytes - off)
+            os.fdatasync(fd)
+            w_s.append(time.perf_counter() - t0)
+            if not direct:
+                _drop(fd, 0, nbytes)
+            t0 = time.perf_counter()
+            for off in range(0, nbytes, chunk):
+                os.preadv(fd, [mv[off:off + chunk]], off)
+            r_s.append(time.perf_counter() - t0)
+            # small synced writes and direct reads: the per-call latency
+            for j in range(4):
+                off = ((i * 4 + j) * 7919 * BLOCK) % nbytes
+                t0 = time.perf_counter()
+                os.pwrite(fd, smv, off)
+                os.fdatasync(fd)
+                wl.append(time.perf_counter() - t0)
+                if not direct:
+                    _drop(fd, off, BLOCK)
+                t0 = time.perf_counter()
+                os.preadv(fd, [smv], (off + 13 * BLOCK) % nbytes)
+                rl.append(time.perf_counter() - t0)
+            if time.perf_counter() > t_end and i >= 1:
+                break
+    finally:
+        os.close(fd)
+        for v in (mv, smv):
+            if v is not None:
+                v.release()
+        buf.close()
+        small.close()
+    lw, lr = statistics.median(wl) * 1e3, statistics.median(rl) * 1e3
+    # throughput net of the per-call latency (the cost model adds it back once per page call)
+    tw = max(statistics.median(w_s) - lw / 1e3, 1e-9)
+    tr = max(statistics.median(r_s) - lr / 1e3, 1e-9)
+    w_gbps, r_gbps = nbytes / tw / 1e9, nbytes / tr / 1e9
+    return {"bandwidth_gbps": 2.0 / (1.0 / w_gbps + 1.0 / r_gbps), "latency_ms": (lw + lr) / 2,
+            "write_gbps": w_gbps, "read_gbps": r_gbps, "write_latency_ms": lw, "read_latency_ms": lr,
+            "direct_io": 1.0 if direct else 0.0, "measured": 1.0}
+
+
+def declared_storage(dev: DeviceConfig) -> tuple[tuple[str, float], ...]:
+    """The device config's storage figures as Profile.storage pairs; () when it has none (no storage, or
+    figures left to be measured)."""
+    st = dev.storage
+    if st is None or st.measured:
+        return ()
+    return (("bandwidth_gbps", float(st.bandwidth_gbps)), ("latency_ms", float(st.latency_ms)))
+
+
+def profile_storage(dev: DeviceConfig, measure: bool = True, quick: bool = False,
+                    notes: list[str] | None = None) -> tuple[tuple[str, float], ...]:
+    """Profile.storage for ``dev``: measured on ``dev.storage.path`` when the device is this machine
+    (not modeled), ``measure`` is set and the config leaves the figures out; else the declared figures."""
+    st = dev.storage
+    if st is None:
+        return ()
+    if not (st.measured and measure and not dev.modeled):
+        return declared_storage(dev)
+    try:
+        fig = measure_storage(st.path, nbytes=(4 if quick else 8) * MB, max_s=0.3 if quick else 1.0,
+                              rounds=2 if quick else 8)
+    except OSError as e:
+        if notes is not None:
+            notes.append(f"storage measurement on {st.path or 'the temp dir'} failed ({e}); no paging")
+        return ()
+    if notes is not None:
+        notes.append(f"storage ({st.path or 'temp dir'}): write {fig['write_gbps']:.2f} GB/s, read "
+                     f"{fig['read_gbps']:.2f} GB/s, latency {fig['latency_ms']:.3f} ms"
+                     + ("" if fig["direct_io"] else " (no O_DIRECT: fadvise)"))
+    return tuple(sorted(fig.items()))

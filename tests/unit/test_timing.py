@@ -1,0 +1,82 @@
+"""Issue 12 (time): the executor's step overhead in the simulator, host peak figures recorded with a profile
+and used by the roofline, robust timing helpers, and the refusal of a profile taken on another CPU model."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from port.config import load_device
+from port.cost import measure as M
+from port.cost.roofline import modeled_profile, roofline_ms
+
+
+@pytest.fixture(scope="module")
+def graph():
+    import torch.nn as nn
+    from port.ir.trace import trace
+    m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, groups=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                      nn.Conv2d(4, 4, 3, padding=1, groups=4, bias=False), nn.Flatten(), nn.Linear(4 * 9 * 9, 3))
+    import torch
+    return trace(m, torch.randn(2, 3, 9, 9))
+
+
+def test_simulator_adds_the_recorded_step_overhead(graph):
+    from port.lower.lower import default_plan
+    from port.verify.simulate import simulate
+    dev = load_device("host")
+    prof = modeled_profile(graph, dev)
+    plan = default_plan(graph, "c")
+    plan = replace(plan, ops=tuple(type(d)(d.op, "cpu-c", d.variant) for d in plan.ops))
+    base = simulate(plan, graph, prof)
+    more = simulate(plan, graph, M.with_step_overhead(prof, 1.25, "test"))
+    assert base.breakdown["overhead_ms"] == 0.0
+    assert more.step_ms == pytest.approx(base.step_ms + 1.25) and more.breakdown["overhead_ms"] == 1.25
+    assert simulate(plan, graph, M.with_step_overhead(prof, -3.0, "test")).step_ms == pytest.approx(base.step_ms)
+
+
+def test_calibrated_peaks_price_present_cpu_entries(graph):
+    dev = load_device("host")
+    acc = dev.accelerator("cpu-c")
+    fast = M.calibrated_accelerator(acc, {"calibrated.peak_gflops": str(acc.peak_gflops * 10),
+                                          "calibrated.mem_gbps": str(acc.mem_gbps * 10)})
+    assert fast.peak_gflops == acc.peak_gflops * 10 and fast.mem_gbps == acc.mem_gbps * 10
+    assert M.calibrated_accelerator(acc, {}) is acc
+    op = next(o for o in graph.ops if o.kind == "conv2d")
+    assert roofline_ms(graph, op, fast, "plain") < roofline_ms(graph, op, acc, "plain")
+
+
+def test_host_peak_calibration_is_quick_and_positive():
+    import time
+    t = time.perf_counter()
+    pk = M.calibrate_host_peaks(1, seconds=0.2)
+    assert pk["peak_gflops"] > 0 and pk["mem_gbps"] > 0
+    assert time.perf_counter() - t < 30
+
+
+def test_profile_records_cpu_load_and_peaks(graph):
+    prof, rep = M.profile_with_report(graph, "host", accelerators=("cpu-c",), blocks=2, block_ms=1.0,
+                                      warmup_ms=1.0, handoff=False, peak_memory=False, variants=("plain",),
+                                      program_order=False)
+    host = dict(prof.host)
+    assert host["cpu"] and "loadavg" in host and "loadavg.start" in host
+    assert float(host["calibrated.peak_gflops"]) > 0 and float(host["calibrated.mem_gbps"]) > 0
+
+
+def test_noisy_rule():
+    assert M._noisy([1.0, 1.0, 2.0, 1.0, 3.0])
+    assert not M._noisy([0.0001, 0.0001, 0.001, 0.0001])      # sub-microsecond noise: below the floor
+    assert not M._noisy([1.0, 1.01, 0.99, 1.0])
+
+
+def test_profile_from_another_cpu_model_is_refused_with_the_reason(graph, monkeypatch):
+    from port import pipeline as P
+    from port.cost.types import OpCost
+    prof = modeled_profile(graph, load_device("host"))
+    e = prof.entries[0]
+    prof = replace(prof, entries=(replace(e, measured=True),) + prof.entries[1:],
+                   host=(("cpu", "Imaginary CPU 9000"),), _index={})
+    monkeypatch.setattr(P, "_this_cpu", lambda: "AMD EPYC")
+    why = P.stale_reason(prof)
+    assert why and "another CPU model" in why and "Imaginary CPU 9000" in why and "AMD EPYC" in why
+    assert isinstance(e, OpCost)
