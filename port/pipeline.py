@@ -1296,7 +1296,7 @@ def replan_profile(job: Job, graph: Any, prof: ProfileStep, run_dir: Path, last:
     their op kind on that accelerator; the executor's per-step overhead becomes the last run's wall step time
     minus its kernel time. The corrected profile is written back to the profile file (not to a file given with
     --profile)."""
-    from port.cost.measure import apply_in_program, per_key_times, with_step_overhead
+    from port.cost.measure import correct_from_run
     from port.errors import PlanError
     from port.plan.io import load_plan
     ppath = run_dir / "plan.json"
@@ -1313,26 +1313,12 @@ def replan_profile(job: Job, graph: Any, prof: ProfileStep, run_dir: Path, last:
     if not op_ms:
         echo("replan: the last run recorded no per-op times; solving again with the profile as it is")
         return prof
-    before = {(e.signature, e.accelerator, e.variant): e.latency_ms for e in prof.profile.entries}
-    seen = {k: [ms] for k, ms in per_key_times(graph, plan, op_ms).items() if k in before}
-    p, _notes = apply_in_program(graph, prof.profile, seen, label="replan")
     wall = last.get("wall_step_ms")
-    over = None
-    if isinstance(wall, (int, float)) and wall > 0:
-        # the overhead that makes the corrected profile price the plan that ran at its measured wall step
-        # (what the timed calls do not cover: the Python loop, zeroing, the batch copy, the loss read-back)
-        from port.verify.simulate import simulate
-        try:
-            kern = simulate(plan, graph, with_step_overhead(p, 0.0, "replan")).step_ms
-        except PortError as e:
-            echo(f"replan: the last plan cannot be priced with the corrected profile ({e})")
-        else:
-            over = max(0.0, float(wall) - kern)
-            p = with_step_overhead(p, over, f"replan: wall {wall:.3f} ms - priced in-plan op times {kern:.3f} ms "
-                                            f"(run {run_dir.name})")
-    changed = sum(1 for k in seen if abs(before[k] - statistics.median(seen[k])) > 1e-9)
+    p, changed, nseen, over = correct_from_run(graph, prof.profile, plan, op_ms,
+                                               wall if isinstance(wall, (int, float)) else None,
+                                               f"replan (run {run_dir.name})")
     pred = last.get("predicted_step_ms")
-    echo(f"replan: corrected {changed} of {len(seen)} in-plan entries with the last run's in-plan times"
+    echo(f"replan: corrected {changed} of {nseen} in-plan entries with the last run's in-plan times"
          + (f", executor overhead {over:.3f} ms per step" if over is not None else "")
          + (f" (last run: predicted {pred:.2f} ms, measured {wall:.2f} ms)" if isinstance(pred, (int, float))
             and isinstance(wall, (int, float)) else ""))

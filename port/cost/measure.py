@@ -511,6 +511,33 @@ def with_step_overhead(profile: Profile, overhead_ms: float, how: str) -> Profil
     return replace(profile, host=tuple(sorted(host.items())), _index={})
 
 
+def correct_from_run(graph: Graph, profile: Profile, plan: Any, op_ms: dict[int, float],
+                     wall_step_ms: float | None, label: str) -> tuple[Profile, int, int, float | None]:
+    """The profile corrected by one measured run of ``plan`` (the calibration `port train --replan` and
+    bench/e2e.py share): every (signature, accelerator, variant) the plan ran gets its in-plan time (``op_ms``:
+    op id -> ms from instrumented steps, in program order, a fused chain booked on its conv); the other
+    measured entries are scaled by the median in-plan / profiled ratio of their op kind on that accelerator;
+    the executor's per-step overhead becomes ``wall_step_ms`` minus the plan priced with the corrected
+    entries. Returns (profile, entries changed, entries seen, overhead ms or None)."""
+    from port.errors import PortError
+    from port.verify.simulate import simulate
+    before = {(e.signature, e.accelerator, e.variant): e.latency_ms for e in profile.entries}
+    seen = {k: [ms] for k, ms in per_key_times(graph, plan, op_ms).items() if k in before}
+    p, _notes = apply_in_program(graph, profile, seen, label=label)
+    over = None
+    if isinstance(wall_step_ms, (int, float)) and wall_step_ms > 0:
+        try:
+            kern = simulate(plan, graph, with_step_overhead(p, 0.0, label)).step_ms
+        except PortError:
+            kern = None
+        if kern is not None:
+            over = max(0.0, float(wall_step_ms) - kern)
+            p = with_step_overhead(p, over, f"{label}: wall {wall_step_ms:.3f} ms - priced in-plan op times "
+                                            f"{kern:.3f} ms")
+    changed = sum(1 for k in seen if abs(before[k] - seen[k][0]) > 1e-9)
+    return p, changed, len(seen), over
+
+
 def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int = 3, seed: int = 0,
                          fresh: set | None = None) -> tuple[Profile, dict[str, str]]:
     """Re-time ``profile``'s measured entries in program order: run each plan's program (lowered exactly as
