@@ -366,6 +366,7 @@ def run_config(name: str, batch: int, fracs: list[float], a) -> dict:
             q[1] += s1 - s0
         b["pred_ops"] = pred_ops
         b.update(status=plan.status, gap=plan.gap, sim_ms=sim.step_ms, sim_peak=sim.peak_bytes,
+                 sim_arena_peak=sim.arena_peak_bytes,
                  plan_ms=plan.predicted_step_ms, recompute=len(plan.recompute), early=len(plan.early_updates),
                  paged=len(plan.paged), torch_ops=sum(d.accelerator == "cpu-torch" for d in plan.ops),
                  n_ops=len(plan.ops), variants=sum(d.variant != "plain" for d in plan.ops),
@@ -448,7 +449,7 @@ def derive(row: dict) -> list[dict]:
                  paired=statistics.median(pt / et for pt, et in zip(p["times"], row["eager"]["times"])),
                  arena=rep["train_arena_bytes"], arena_all=rep["arena_bytes"], p_growth=p["peak"] - p["pre"],
                  p_setup=p["setup"] - p["pre"], p_steps=p["peak"] - p["setup"],
-                 sim_ms=b["sim_ms"], sim_peak=b["sim_peak"], kernel_ms=p.get("kernel_ms"),
+                 sim_ms=b["sim_ms"], sim_peak=b["sim_peak"], sim_arena_peak=b["sim_arena_peak"], kernel_ms=p.get("kernel_ms"),
                  calls=sum(p.get("calls_by_backend", {}).values()), status=b["status"], recompute=b["recompute"],
                  early=b["early"], torch_ops=b["torch_ops"], n_ops=b["n_ops"], variants=b["variants"],
                  solve_s=b["solve_s"], steps=len(p["times"]))
@@ -458,7 +459,7 @@ def derive(row: dict) -> list[dict]:
         d["t_err_loaded"] = b["sim_ms"] / d["p_ms_loaded"] - 1 if d["p_ms_loaded"] else None
         d["fixed_ms"] = rep.get("step_fixed_ms")
         d["t_err_fixed"] = (b["sim_ms"] + d["fixed_ms"]) / d["p_ms"] - 1 if d["fixed_ms"] is not None else None
-        d["m_err_arena"] = b["sim_peak"] / d["arena"] - 1
+        d["m_err_arena"] = b["sim_arena_peak"] / d["arena"] - 1
         d["m_err_rss"] = b["sim_peak"] / d["p_growth"] - 1
         d.update(_memory_figures(d, p, e_growth))
         d["overhead_ms"] = d["p_ms"] - d["kernel_ms"] if d["kernel_ms"] is not None else None
@@ -526,20 +527,22 @@ def _memory_figures(d: dict, p: dict, e_growth: int) -> dict:
     weights = p["param_bytes"] + p["buffer_bytes"]
     total = max(p["peak"], p.get("setup_hwm", 0)) - p["pre"]   # set-up and steps (not the profiling after)
     return {"mem_total": total, "mem_weights": weights,
-            "mem_vs_arena_ok": d["p_growth"] <= d["arena"] * 1.02 + 4 * MB,
+            "mem_plan": max(d["arena"], d["sim_peak"]),     # arena + the priced outside-arena allocations
+            "mem_vs_arena_ok": d["p_growth"] <= max(d["arena"], d["sim_peak"]) * 1.02 + 4 * MB,
             "mem_overhead": total + weights - d["arena"],          # not in the arena accounting (runtime)
             "mem_vs_budget_ok": total <= d["budget"] + RUNTIME_OVERHEAD_MIB * MB,
             "mem_vs_eager": total / e_growth if e_growth > 0 else float("nan")}
 
 
 def memory_table(recs: list[dict]) -> str:
-    out = ["| model | batch | budget % (MB) | PORT arena MB | RSS growth: steps' peak MB (target <= arena + 2% + 4 MiB) "
+    out = ["| model | batch | budget % (MB) | PORT arena MB (plan's peak with priced outside-arena allocations) "
+           "| RSS growth: steps' peak MB (target <= plan's peak + 2% + 4 MiB) "
            f"| total to end MB (target <= budget + {RUNTIME_OVERHEAD_MIB} MiB) | runtime overhead MB (growth + weights "
            "- arena) | PORT growth / eager growth (eager MB) |", "|---|---|---|---|---|---|---|---|"]
     for d in recs:
         if "mem_total" in d:
             out.append(f"| {LABEL[d['model']]} | {d['batch']} | {d['frac'] * 100:.0f}% ({d['budget'] / MB:.0f}) "
-                       f"| {d['arena'] / MB:.1f} | {d['p_growth'] / MB:.1f} ({'met' if d['mem_vs_arena_ok'] else 'NOT met'}) "
+                       f"| {d['arena'] / MB:.1f} ({d['mem_plan'] / MB:.1f}) | {d['p_growth'] / MB:.1f} ({'met' if d['mem_vs_arena_ok'] else 'NOT met'}) "
                        f"| {d['mem_total'] / MB:.1f} ({'met' if d['mem_vs_budget_ok'] else 'NOT met'}) "
                        f"| {d['mem_overhead'] / MB:.1f} | {d['mem_vs_eager']:.2f} ({d['e_growth'] / MB:.0f}) |")
     return "\n".join(out)
@@ -551,8 +554,8 @@ def memory_headline_parts(recs: list[dict]) -> list[str]:
         return []
     parts = []
     bad = [d for d in ok if not d["mem_vs_arena_ok"]]
-    worst = max(ok, key=lambda d: d["p_growth"] / d["arena"])
-    parts.append(f"RSS growth vs arena: max {worst['p_growth'] / worst['arena']:.3f}x (target <= arena + 2% + 4 MiB: "
+    worst = max(ok, key=lambda d: d["p_growth"] / d["mem_plan"])
+    parts.append(f"RSS growth vs plan: max {worst['p_growth'] / worst['mem_plan']:.3f}x (target <= plan + 2% + 4 MiB: "
                  f"{'met' if not bad else f'NOT met ({len(bad)})'})")
     over = max((d["mem_total"] - d["budget"]) / MB for d in ok)
     ovh = max(d["mem_overhead"] / MB for d in ok)
@@ -692,23 +695,32 @@ How it is measured. Per (model, batch): the traced graph is profiled with all va
 Profiles: {prof}.
 """
 
-FINDINGS = """Findings (2026-11-23, after one op registry and one plan semantics; quiet machine):
+FINDINGS = """Findings (2026-11-23 17:55 run, after the issue-12 changes: weights in the arena only, meta-tensor tracing,
+torch ops writing into their slots, outside-arena allocations priced in the plan, calibration by the plan's own
+instrumented steps; quiet machine, load 1.0-1.8):
 
-- Time prediction: the profiler now times exactly the calls the executor makes (port.exec.registry), and the
-  entries are re-timed in program order (isolated timings run on cache-hot inputs). Predicted vs measured step
-  time is within 20% at 100% and 50% budgets for both models (the first version missed by 21-53%). Two fixes
-  were needed besides: the fused conv+bn+relu kernel was priced for chains the executor ran as three calls, and
-  the element-wise backward kernels were branchy scalar loops whose time depended on the data (relu6/relu/
-  hardswish/dropout backward 10-20x slower in a real step than on the profiler's data; now branch-free).
-  `--quick` profiles with the quick timing (3 blocks of 5 ms) so that MobileNetV2's 774 entries are all
-  measured within the time budget (before, 172 were roofline-modeled, which alone made the prediction 50% low).
-- Memory: the simulator's peak equals the arena lowering allocates (0.0-0.3%). Process RSS growth is well above
-  the arena (set-up copies, torch-backend temporaries, allocator pools): that gap is the subject of the issue on
-  the memory and time a device sees, as is the remaining time error.
-- The VM's speed drifts between runs (PyTorch eager MobileNetV2 b8 took 124 to 211 ms in three runs within an
-  hour): compare columns within one run.
-- MobileNetV2 at 25%: HiGHS found no plan within the 20 s quick time limit in this run (it did in 18 s in an
-  earlier run): the solver issue owns that."""
+- Memory, ResNet-18 b8: at the 50% budget PORT's whole growth from before `Trainer(...)` to the end of training
+  is 111.1 MB against a 114.8 MB budget (met, without the 16 MiB allowance) and 0.59x PyTorch eager's growth
+  (target 0.6: met); at 100% 164.5 MB against 229.7 MB. The solver now sees each op's allocations outside the
+  arena (the profile's measured `peak_delta_bytes`, e.g. up to 18.5 MB for a torch conv backward): the 50% plan
+  keeps 22 torch ops instead of 33.
+- Memory, MobileNetV2 b8: at 50% the growth is 154.4 MB against 116 MB (NOT met): 47.6 MB outside the arena. It
+  runs 69-77 torch-backend ops (depthwise and pointwise convs). What oneDNN keeps per conv shape after its first
+  call (primitive caches, reordered weights) is not a per-call temporary, so the profile's peak delta misses it.
+- Outside the arena (growth + the module's weights, which move into the arena - arena) there are 37-48 MB on
+  both models: the torch ops' persistent state, glibc's retained heap, PORT's graph/program objects. The
+  ResNet-18 50% budget holds because that overhead fits beside the plan, not because it is below the 16 MiB
+  target, which neither model meets.
+- Time: the calibration loop prices each plan with its own instrumented steps, and its prediction lands within
+  5% of the calibration run of that plan (ResNet-18 100%: 309.5 predicted, 323.1 measured in the last round).
+  But the timed phase, in other worker processes minutes later, ran 25% faster (242.7 ms). PyTorch eager took
+  264 ms here and 331 ms in the 13:08 run: this VM's speed drifts between processes and minutes by more than
+  the 10% target. bench/replan.py shows the same on a 2.6 ms step (the same model measured 2.6-3.9 ms in
+  consecutive runs).
+- Loaded (one CPU-bound process beside the steps): PORT's 2 threads share the 2 vCPUs with it, and steps take
+  2-4x longer than predicted from a quiet profile (target 20%: NOT met). Predicting that needs the load at run
+  time in the cost model, which it does not have.
+- MobileNetV2 at 25%: HiGHS found no plan within the 20 s quick time limit (the solver issue owns that)."""
 
 
 

@@ -25,6 +25,13 @@ class OpCost:
     measured: bool = False    # False: modeled (roofline)
     samples: int = 0
 
+    @property
+    def extra_bytes(self) -> int:
+        """Memory the op needs beyond its live inputs and outputs while it runs: its arena workspace plus what
+        it allocates outside the arena (``peak_delta_bytes``: a torch kernel's temporaries, for example). The
+        solver and the simulator budget both; lowering sizes the arena with the workspace alone."""
+        return int(self.workspace_bytes) + max(0, int(self.peak_delta_bytes))
+
 
 @dataclass(frozen=True)
 class HandoffCost:

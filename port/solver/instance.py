@@ -21,7 +21,7 @@ class Option:
     acc: str
     var: str
     ms: float
-    ws: int
+    ws: int     # OpCost.extra_bytes: arena workspace + what the op allocates outside the arena
 
 
 @dataclass
@@ -78,10 +78,10 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW)
                 if any(graph.ops[c].id != o.id and profile.lookup(graph.signature(graph.ops[c]), e.accelerator, "fused") is None
                        for c in chains[conv]):
                     continue
-            if e.accelerator in caps and io + e.workspace_bytes > caps[e.accelerator]:
+            if e.accelerator in caps and io + e.extra_bytes > caps[e.accelerator]:
                 excluded.append((o.id, e.accelerator, e.variant, "cap"))
                 continue
-            opts.append(Option(e.accelerator, e.variant, float(e.latency_ms), int(e.workspace_bytes)))
+            opts.append(Option(e.accelerator, e.variant, float(e.latency_ms), e.extra_bytes))
         if not opts:
             raise PlanError(f"op {o.name!r} ({o.kind}) has no usable (accelerator, variant) in profile "
                             f"{profile.device!r}: profile it or lift the memory cap")

@@ -5,7 +5,9 @@ and with lowering only the plan's meaning, ``port.plan.semantics.schedule`` (the
 none of the ILP's variables: it prices each event from the profile and accounts memory on its own.
 
 Memory recorded per executed op or re-run (``op``/``recompute`` events): the plan's static bytes + the live
-roots + the running op's workspace (OpCost.workspace_bytes). Time: the sum of op latencies (re-runs included),
+roots + what the running op needs beyond them (OpCost.extra_bytes: its arena workspace + what it allocates
+outside the arena, measured by the profiler). ``peak_bytes`` is that process-level peak, the figure a budget
+bounds; ``arena_peak_bytes`` leaves the outside allocations out and is the arena lowering builds. Time: the sum of op latencies (re-runs included),
 hand-offs (per tensor and reading op when producer and reader sit on different accelerators; a re-run re-reads
 its inputs), and paging (latency + bytes / bandwidth for each page_out and each page_in), plus the executor's
 fixed per-step overhead when the profile records one (host ``executor.step_overhead_ms``: the wall time of a
@@ -35,6 +37,7 @@ class SimResult:
     static_bytes: int
     breakdown: dict = field(default_factory=dict)   # compute/recompute/handoff/paging ms
     gantt: tuple[tuple[str, str, float, float], ...] = ()  # (label, accelerator, start_ms, end_ms)
+    arena_peak_bytes: int = 0                 # the peak without allocations outside the arena (= the arena)
 
 
 def _costs(graph: Graph, profile: Profile, plan: Plan):
@@ -75,6 +78,7 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
     live: dict[int, int] = {}
     total = 0
     timeline: list[int] = []
+    arena_tl: list[int] = []
     steps: list[tuple[str, int]] = []
     snapshots: list[tuple[int, ...]] = []
     gantt: list[tuple[str, str, float, float]] = []
@@ -103,7 +107,8 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
                                 f"{T[t].name!r}, which is not in memory then (dropped and not restored)")
         c = costs[oid]
         h = sum(handoff_ms(x, oid) for x in dict.fromkeys(graph.ops[oid].inputs))
-        timeline.append(S + total + c.workspace_bytes)
+        timeline.append(S + total + c.extra_bytes)
+        arena_tl.append(S + total + c.workspace_bytes)
         steps.append((kind, oid))
         snapshots.append(tuple(live))
         if kind == "recompute":
@@ -141,9 +146,12 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
     peak_roots = sorted(snapshots[pk], key=lambda r: -sch.root_bytes(graph, r))
     kind, oid = steps[pk]
     ws = costs[oid].workspace_bytes
+    outside = costs[oid].extra_bytes - ws
     names = tuple(f"{T[r].name} ({sch.root_bytes(graph, r)} B)" for r in peak_roots if sch.root_bytes(graph, r) > 0)
     if ws:
         names = names + (f"workspace of {graph.ops[oid].name} ({ws} B)",)
+    if outside:
+        names = names + (f"allocations of {graph.ops[oid].name} outside the arena ({outside} B)",)
     names = names + (f"static: parameters/buffers/gradients/optimizer state/input ({S} B)",)
     over = step_overhead_ms(profile)
     return SimResult(
@@ -151,4 +159,4 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
         steps=tuple(steps), peak_step=pk, peak_tensors=names, static_bytes=S,
         breakdown={"compute_ms": comp, "recompute_ms": rcomp, "handoff_ms": hand, "paging_ms": pagems,
                    "overhead_ms": over},
-        gantt=tuple(gantt))
+        gantt=tuple(gantt), arena_peak_bytes=max(arena_tl))

@@ -1,7 +1,7 @@
 """`port train --replan` (issue 12, time): the profile is corrected with the last run's in-plan per-op times and
 the executor's per-step overhead, then the plan is solved again. The mechanism is checked here on a depthwise-
 separable (MobileNet-like) net with an odd input size (3x37x37); the timing target itself (within 10% of the
-measured step after two rounds) belongs to the benchmark (bench/e2e.py), not to a timed test."""
+measured step after two rounds) belongs to the benchmark (bench/replan.py), not to a timed test."""
 from __future__ import annotations
 
 import json
@@ -14,31 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-DSNET = '''
-import torch.nn as nn
-
-
-def make(num_classes: int = 10, width: int = 8):
-    def dw_sep(cin, cout, stride):
-        return [nn.Conv2d(cin, cin, 3, stride, 1, groups=cin, bias=False), nn.BatchNorm2d(cin), nn.ReLU(),
-                nn.Conv2d(cin, cout, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
-    w = width
-    return nn.Sequential(nn.Conv2d(3, w, 3, 2, 1, bias=False), nn.BatchNorm2d(w), nn.ReLU(),
-                         *dw_sep(w, 2 * w, 1), *dw_sep(2 * w, 2 * w, 2),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * w, num_classes))
-'''
-CONFIG = '''name: dsnet
-model: dsnet:make
-input_shape: [3, 37, 37]
-num_classes: 10
-batch_size: 8
-data: {kind: synthetic, num_samples: 128, seed: 0}
-device: host
-optimizer: {name: sgd_momentum, lr: 0.05, momentum: 0.9, weight_decay: 0.0005}
-solver: {name: highs, time_limit_s: 20, gap: 0.01}
-train: {steps: 12, checkpoint_every: 12, seed: 0}
-budget: 100%
-'''
+EXAMPLE = ROOT / "examples" / "dsnet"     # dsnet.py + dsnet.yaml (3x37x37 input, batch 8)
 
 
 def port_cli(*args, cwd, timeout=600):
@@ -55,8 +31,8 @@ def ok(r):
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
     d = tmp_path_factory.mktemp("replan")
-    (d / "dsnet.py").write_text(DSNET)
-    (d / "dsnet.yaml").write_text(CONFIG)
+    for f in ("dsnet.py", "dsnet.yaml"):
+        (d / f).write_bytes((EXAMPLE / f).read_bytes())
     ok(port_cli("profile", "dsnet.yaml", "--quick", "--no-progress", cwd=d))
     ok(port_cli("train", "dsnet.yaml", "--out", "runs", "--no-progress", cwd=d))
     return d

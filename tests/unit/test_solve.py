@@ -151,6 +151,20 @@ def exact_solve(graph, profile, budget, bf):
     return p
 
 
+def assert_ilp_equals_brute_force(g, prof, B):
+    """The ILP's proven optimum equals the brute force's (or both find the budget infeasible); returns the plan
+    (None when infeasible)."""
+    bf = brute_force(g, prof, B)
+    if bf is None:
+        with pytest.raises(InfeasibleBudgetError):
+            solve(g, prof, B, gap=0.0)
+        return None
+    p = exact_solve(g, prof, B, bf)
+    assert p.predicted_peak_bytes <= B
+    assert p.predicted_step_ms == pytest.approx(bf, rel=1e-6, abs=1e-9)
+    return p
+
+
 def naive_peak(graph, profile):
     return SOLVERS["single"](graph, profile, 10**15, accelerator=profile.accelerators[0]).predicted_peak_bytes
 
@@ -161,16 +175,10 @@ def test_ilp_equals_brute_force_mlp(mlp_graph, frac):
     prof = two_acc_profile(g, free_ops=[0, 1, 3])
     inst = build_instance(g, prof)
     assert len(inst.rc_times) + len(inst.page_roots) <= 10
-    B = int(naive_peak(g, prof) * frac)
-    bf = brute_force(g, prof, B)
-    if bf is None:
-        with pytest.raises(InfeasibleBudgetError):
-            solve(g, prof, B, gap=0.0)
+    p = assert_ilp_equals_brute_force(g, prof, int(naive_peak(g, prof) * frac))
+    if p is None:
         return
-    p = exact_solve(g, prof, B, bf)
     assert p.status == "optimal"
-    assert p.predicted_peak_bytes <= B
-    assert p.predicted_step_ms == pytest.approx(bf, rel=1e-6, abs=1e-9)
     # objective = step time + EPS_EARLY_MS per early update
     from port.solver.formulation import EPS_EARLY_MS
     assert p.objective_ms == pytest.approx(p.predicted_step_ms + EPS_EARLY_MS * len(p.early_updates), rel=1e-6, abs=1e-9)
@@ -204,15 +212,7 @@ def test_ilp_equals_brute_force_cnn_variants(tiny_cnn_graph, frac):
                            free_accs=("cpu-c",))
     offered = {e.variant for o in g.ops for e in prof.options(g.signature(o))}
     assert {"fused", "inplace", "patch4"} <= offered
-    B = int(naive_peak(g, prof) * frac)
-    bf = brute_force(g, prof, B)
-    if bf is None:
-        with pytest.raises(InfeasibleBudgetError):
-            solve(g, prof, B, gap=0.0)
-        return
-    p = exact_solve(g, prof, B, bf)
-    assert p.predicted_peak_bytes <= B
-    assert p.predicted_step_ms == pytest.approx(bf, rel=1e-6, abs=1e-9)
+    assert_ilp_equals_brute_force(g, prof, int(naive_peak(g, prof) * frac))
 
 
 @pytest.mark.parametrize("frac", [1.0, 0.75])
@@ -362,3 +362,44 @@ def test_chen_uses_segments(deep):
     p = solve(g, prof, naive_peak(g, prof), solver="chen")
     assert p.recompute_at and p.status == "feasible"
     simulate(p, g, prof)
+
+
+def _with_outside_bytes(prof, accelerator, nbytes, speedup):
+    """``prof`` with every ``accelerator`` entry ``speedup`` times faster and allocating ``nbytes`` outside
+    the arena while it runs (a torch kernel's temporaries)."""
+    ents = tuple(dataclasses.replace(e, latency_ms=e.latency_ms / speedup, peak_delta_bytes=nbytes)
+                 if e.accelerator == accelerator else e for e in prof.entries)
+    ho = tuple(dataclasses.replace(h, latency_ms=0.0, bytes_per_ms=float("inf")) for h in prof.handoff)
+    return dataclasses.replace(prof, entries=ents, handoff=ho, _index={})
+
+
+def test_outside_arena_allocations_are_budgeted(mlp_graph):
+    """An op that allocates outside the arena (OpCost.peak_delta_bytes) needs that memory while it runs: the
+    simulator's (process) peak and the ILP's memory rows count it, the arena does not."""
+    from port.lower.lower import lower
+    g = mlp_graph
+    base = two_acc_profile(g, free_ops=[0, 1, 3])
+    big = 64 << 20
+    prof = _with_outside_bytes(base, "cpu-torch", big, speedup=10.0)
+    free = solve(g, prof, 10**12, gap=0.0, time_limit_s=30)
+    assert any(d.accelerator == "cpu-torch" for d in free.ops)      # faster, and memory is no object
+    sim = simulate(free, g, prof)
+    assert sim.peak_bytes > big > sim.arena_peak_bytes     # the torch ops run when fewer tensors are live
+    assert free.predicted_peak_bytes == sim.peak_bytes
+    assert lower(g, free).arena_bytes == pytest.approx(sim.arena_peak_bytes, rel=0.02)
+    # a budget below any torch op's outside allocation: every op runs on cpu-c
+    B = naive_peak(g, base) + big // 2
+    tight = solve(g, prof, B, gap=0.0, time_limit_s=30)
+    assert all(d.accelerator == "cpu-c" for d in tight.ops)
+    assert simulate(tight, g, prof).peak_bytes <= B
+    # the same with the outside allocations unpriced would have used torch (the test can fail)
+    assert any(d.accelerator == "cpu-torch" for d in solve(g, _with_outside_bytes(base, "cpu-torch", 0, 10.0), B,
+                                                            gap=0.0, time_limit_s=30).ops)
+
+
+@pytest.mark.parametrize("frac", [1.0, 0.8])
+def test_ilp_equals_brute_force_with_outside_allocations(mlp_graph, frac):
+    g = mlp_graph
+    base = two_acc_profile(g, free_ops=[0, 1, 3])
+    prof = _with_outside_bytes(base, "cpu-torch", 96 << 10, speedup=3.0)
+    assert_ilp_equals_brute_force(g, prof, int(naive_peak(g, base) * frac))
