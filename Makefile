@@ -6,10 +6,10 @@ PY     := $(VENV)/bin/python
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-KERNEL_SRC := $(wildcard kernels/src/*.c kernels/include/*.h)
+KERNEL_SRC := $(wildcard kernels/src/*.c kernels/runtime/*.c kernels/include/*.h)
 STAMP := $(VENV)/.port-installed
 
-.PHONY: install demo test test-asan bench clean
+.PHONY: install demo test test-asan bench clean port-rt
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,22 @@ test-asan: install
 
 bench: install
 	$(PY) bench/kernels.py --quick
+
+# port-rt: the Python-free runtime (kernels + kernels/runtime + kernels/cli), portable flags, OpenBLAS from the
+# venv's scipy-openblas32 wheel (the same GEMM the Python executor uses); PORT_RT_BLAS=0 builds the vendored GEMM only.
+RT_BIN := kernels/build/port-rt
+RT_SRC := $(wildcard kernels/src/*.c kernels/runtime/*.c) kernels/cli/port_rt_main.c
+RT_CFLAGS := -O3 -std=c11 -fopenmp -fno-trapping-math -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE \
+	-Ikernels/include -Ikernels/src
+port-rt: $(RT_BIN)
+$(RT_BIN): $(STAMP) $(RT_SRC) $(wildcard kernels/include/*.h kernels/src/*.h)
+	@mkdir -p kernels/build
+	@if [ "$${PORT_RT_BLAS:-1}" = 1 ] && $(PY) -c "import scipy_openblas32" 2>/dev/null; then \
+	  inc=$$($(PY) -c "import scipy_openblas32 as o; print(o.get_include_dir())"); \
+	  lib=$$($(PY) -c "import scipy_openblas32 as o; print(o.get_lib_dir())"); \
+	  set -x; gcc $(RT_CFLAGS) -DPORT_HAVE_OPENBLAS=1 -I$$inc $(RT_SRC) -o $@ -L$$lib -lscipy_openblas \
+	    -Wl,-rpath,$$lib -lm; \
+	else set -x; gcc $(RT_CFLAGS) $(RT_SRC) -o $@ -lm; fi
 
 clean:
 	rm -rf build kernels/build port/*.so port/exec/*.so *.egg-info

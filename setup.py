@@ -32,7 +32,7 @@ import sys
 from setuptools import Command, Extension, setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-SOURCES = sorted(glob.glob(os.path.join("kernels", "src", "*.c")))
+SOURCES = sorted(glob.glob(os.path.join("kernels", "src", "*.c")) + glob.glob(os.path.join("kernels", "runtime", "*.c")))
 INCLUDE = [os.path.join("kernels", "include"), os.path.join("kernels", "src")]
 
 

@@ -65,6 +65,13 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> Any:
     return _simulate(plan, graph, profile)
 
 
+def compile(trainer: Any, path: Any) -> Any:   # noqa: A001 - the verb users expect (`port compile`)
+    """Write ``trainer`` (its plan's programs and current state) as a port-rt bundle at ``path``; returns
+    port.exec.bundle.BundleInfo. Plans with torch-backend ops are refused, naming them."""
+    from port.exec.bundle import write_bundle
+    return write_bundle(trainer, path)
+
+
 # name -> (module, attribute or None for the module itself)
 _LAZY = {
     "models": ("port.models", None),

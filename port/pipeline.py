@@ -1286,6 +1286,64 @@ def wall_step_ms(walls: Sequence[float]) -> Optional[float]:
     return float(statistics.median(walls[skip:]))
 
 
+def c_only_profile(job: Job, profile: Any) -> Any:
+    """``profile`` restricted to the accelerators the C kernels run on (what port-rt executes)."""
+    import dataclasses
+    keep = {a.id for a in job.device.accelerators if a.backend == "c"}
+    if not keep:
+        raise ConfigError(f"{job.where}device {job.device.name!r} has no accelerator with backend c: port-rt runs "
+                          f"the C kernels only. Fix: compile for a device with a cpu-c accelerator (e.g. host)")
+    ents = tuple(e for e in profile.entries if e.accelerator in keep)
+    return dataclasses.replace(profile, entries=ents, _index={})
+
+
+@dataclass(frozen=True)
+class Compiled:
+    bundle: Path
+    train_data: Path
+    test_data: Path
+    info: Any
+    plan: Any
+
+
+def compile_bundle(config: str | Path, out_dir: str | Path, *, plan_path: str | Path | None = None,
+                   budget: Any = None, profile: str | Path | None = None, echo: Echo = _print) -> Compiled:
+    """`port compile`: solve the config's job for the C kernels only (or take --plan), build the Trainer and write
+    ``<out>/<name>.portrt`` plus the config's data as ``train.portdata`` / ``test.portdata``."""
+    from port.config import format_size
+    from port.exec.bundle import write_bundle, write_data
+    from port.plan.io import load_plan
+    from port.train.trainer import Trainer
+    job = load_job(config, budget=budget, profile=profile)
+    cfg = job.config
+    built = build_graph(job)
+    out = Path(out_dir)
+    if plan_path is not None:
+        plan = load_plan(plan_path, graph=built.graph)
+        echo(f"plan: {plan_path}")
+    else:
+        prof = get_profile(job, built.graph, echo=echo)
+        echo(prof.note)
+        cprof = ProfileStep(c_only_profile(job, prof.profile), prof.path, prof.source, prof.note)
+        bud = resolve_budget(job, built.graph, cprof.profile)
+        echo(bud.describe())
+        solved = solve_plan(job, built, cprof, bud)
+        plan = solved.plan
+        echo(plan_summary(plan) + " (C kernels only)")
+    tr = Trainer(built.model, built.example, plan=plan, optimizer=built.optimizer, seed=cfg.train.seed,
+                 trainable=list(built.trainable) if built.trainable else None)
+    bundle = out / f"{cfg.name}.portrt"
+    info = write_bundle(tr, bundle)
+    ds = load_data(job)
+    trd = write_data(out / "train.portdata", ds.x_train.numpy(), ds.y_train.numpy(), cfg.num_classes)
+    ted = write_data(out / "test.portdata", ds.x_test.numpy(), ds.y_test.numpy(), cfg.num_classes)
+    echo(f"bundle {bundle}: {format_size(info.total_bytes)}, arena {format_size(info.arena_bytes)}, "
+         f"{info.train_calls} training + {info.eval_calls} inference calls; data {trd} ({ds.x_train.shape[0]} "
+         f"samples), {ted} ({ds.x_test.shape[0]})")
+    echo(f"run it: port-rt train {bundle} --data {trd} --steps {cfg.train.steps}  (build: make port-rt)")
+    return Compiled(bundle, trd, ted, info, plan)
+
+
 def replan_profile(job: Job, graph: Any, prof: ProfileStep, run_dir: Path, last: dict, echo: Echo = _print
                    ) -> ProfileStep:
     """`port train --replan`: correct the profile with the last run's measurements of its plan, then solve again.

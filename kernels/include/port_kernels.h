@@ -260,6 +260,10 @@ PORT_API port_status port_linear_backward_input(float *dx, const float *dy, cons
 /* dw += dy^T x, db += sum_n dy (db may be NULL) */
 PORT_API port_status port_linear_backward_weight(float *dw, float *db, const float *dy,
                                                  const float *x, const port_linear_params *p);
+/* Bias gradient alone (a layer whose weight is frozen): db[j] += sum of
+ * dy[i, j, k] over i < n, k < inner (dy is [n, c, inner] contiguous). */
+PORT_API port_status port_bias_backward(float *db, const float *dy, int64_t n, int64_t c,
+                                        int64_t inner);
 
 /* ------------------------------------------------------------------ */
 /* Softmax cross-entropy, mean reduction, optional label smoothing.

@@ -51,3 +51,17 @@ port_status port_linear_backward_weight(float *dw, float *db, const float *dy, c
     }
     return PORT_OK;
 }
+
+port_status port_bias_backward(float *db, const float *dy, int64_t n, int64_t c, int64_t inner) {
+    PORT_NOTNULL(db); PORT_NOTNULL(dy);
+    PORT_CHECK(n > 0 && c > 0 && inner > 0, PORT_ERR_SHAPE);
+    for (int64_t j = 0; j < c; j++) {
+        double s = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *row = dy + (i * c + j) * inner;
+            for (int64_t k = 0; k < inner; k++) s += row[k];
+        }
+        db[j] += (float)s;
+    }
+    return PORT_OK;
+}

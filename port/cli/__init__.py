@@ -33,7 +33,7 @@ def _root() -> None:
 
 
 # command modules, in the order they appear in --help
-COMMAND_MODULES = ("inspect", "profile", "solve", "train", "demo")
+COMMAND_MODULES = ("inspect", "profile", "solve", "train", "compile", "demo")
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"port.cli.{_name}").register(app)

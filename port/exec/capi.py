@@ -41,7 +41,27 @@ class LinearParams(ctypes.Structure):
     _fields_ = [("n", c_int64), ("in_features", c_int64), ("out_features", c_int64)]
 
 
-_STRUCTS = {"port_conv2d_params": Conv2dParams, "port_batchnorm_params": BatchNormParams,
+RT_MAX_PTRS, RT_MAX_INTS, RT_MAX_FLOATS = 10, 16, 2
+
+
+class RtCall(ctypes.Structure):
+    """port_rt_call (kernels/include/port_rt.h): one compiled kernel call."""
+    _fields_ = [("kernel", ctypes.c_int32), ("op", ctypes.c_int32), ("flags", ctypes.c_int32),
+                ("reserved", ctypes.c_int32), ("ptr", ctypes.c_int64 * RT_MAX_PTRS),
+                ("iv", ctypes.c_int64 * RT_MAX_INTS), ("fv", ctypes.c_double * RT_MAX_FLOATS),
+                ("ws_offset", ctypes.c_int64), ("ws_bytes", ctypes.c_int64),
+                ("zero_offset", ctypes.c_int64 * 2), ("zero_bytes", ctypes.c_int64 * 2)]
+
+
+class RtState(ctypes.Structure):
+    """port_rt_state: the optimizer's settings and the run's counters."""
+    _fields_ = [("optimizer", ctypes.c_int32), ("nesterov", ctypes.c_int32), ("lr", ctypes.c_double),
+                ("momentum", ctypes.c_double), ("dampening", ctypes.c_double), ("weight_decay", ctypes.c_double),
+                ("beta1", ctypes.c_double), ("beta2", ctypes.c_double), ("eps", ctypes.c_double),
+                ("step", ctypes.c_int64), ("seed", ctypes.c_uint64), ("dropout_counter", ctypes.c_int64)]
+
+
+_STRUCTS = {"port_rt_call": RtCall, "port_rt_state": RtState, "port_conv2d_params": Conv2dParams, "port_batchnorm_params": BatchNormParams,
             "port_pool2d_params": Pool2dParams, "port_linear_params": LinearParams}
 
 # --------------------------------------------------------------------------- signature table
@@ -120,6 +140,17 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_conv2d_bn_relu_forward_train", "port_status", (_F, _F, _F, _F, _F, _F, _CF, _CF, _CF,
                                                           _CF, _CP, "float", "float", "int",
                                                           "void*", "size_t")),
+    ("port_bias_backward", "port_status", (_F, _CF, "int64_t", "int64_t", "int64_t")),
+    # port_rt.h
+    ("port_rt_abi_version", "int", ()),
+    ("port_rt_kernel_name", "const char*", ("int",)),
+    ("port_rt_dropout_seed", "uint64_t", ("uint64_t", "int64_t", "int64_t")),
+    ("port_rt_exec", "port_status", ("const port_rt_call*", "void*const*", "void*", "const port_rt_state*")),
+    ("port_rt_bundle_check", "int", ("const uint8_t*", "uint64_t", "uint64_t*")),
+    ("port_rt_load", "int", ("port_rt*", "const uint8_t*", "uint64_t", "uint8_t*", "uint64_t")),
+    ("port_rt_step", "int", ("port_rt*", "const void*", "const int64_t*", "float*")),
+    ("port_rt_evaluate", "int", ("port_rt*", "const void*", "const int64_t*", "float*", "int64_t*")),
+    ("port_sha256", "void", ("uint8_t*", "const void*", "uint64_t")),
 ]
 
 _SCALARS = {"int": c_int, "int64_t": c_int64, "uint64_t": c_uint64, "float": c_float,

@@ -38,6 +38,18 @@ def spill_directory(directory: str | os.PathLike | None = None) -> Path:
     return Path(os.path.expandvars(os.path.expanduser(str(d))))
 
 
+def spill_layout(sizes: dict[int, int]) -> tuple[dict[int, tuple[int, int]], int]:
+    """({page key: (file offset, bytes)}, file size): every paged tensor at its own ALIGN-aligned place, keys in
+    ascending order (the executor's spill file and port-rt's, from a bundle, use the same layout)."""
+    layout: dict[int, tuple[int, int]] = {}
+    off = 0
+    for k in sorted(sizes):
+        n = int(sizes[k])
+        layout[k] = (off, n)
+        off += -(-n // ALIGN) * ALIGN
+    return layout, off
+
+
 def _close_fd(fd: int) -> None:
     try:
         os.close(fd)
@@ -52,13 +64,7 @@ class SpillFile:
                  drop_cache: bool = False):
         self.directory = spill_directory(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.layout: dict[int, tuple[int, int]] = {}
-        off = 0
-        for k in sorted(sizes):
-            n = int(sizes[k])
-            self.layout[k] = (off, n)
-            off += -(-n // ALIGN) * ALIGN
-        self.size = off
+        self.layout, self.size = spill_layout(sizes)
         self.drop_cache = bool(drop_cache)
         self.path = self.directory / f"port-spill-{os.getpid()}-{uuid.uuid4().hex[:12]}.bin"
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)

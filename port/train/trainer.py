@@ -446,6 +446,12 @@ class Trainer:
         load_into_trainer(t, path)
         return t
 
+    def compile(self, path: str | Path):
+        """Write this trainer (its programs, weights, optimizer state and counters) as a port-rt bundle that the
+        `port-rt` binary trains without Python (port.exec.bundle; layout in kernels/include/port_rt.h)."""
+        from port.exec.bundle import write_bundle
+        return write_bundle(self, path)
+
     def export(self, path: str | Path, format: str = "onnx") -> Path:
         from port.train.export import export
         return export(self, path, format)

@@ -9,10 +9,11 @@ import torch
 from conftest import ROOT
 
 HEADER = os.path.join(ROOT, "kernels", "include", "port_kernels.h")
+RT_HEADER = os.path.join(ROOT, "kernels", "include", "port_rt.h")
 
 
 def _parse_header():
-    src = open(HEADER).read()
+    src = open(HEADER).read() + open(RT_HEADER).read()
     src = re.sub(r"/\*.*?\*/", "", src, flags=re.S)
     src = re.sub(r"//[^\n]*", "", src)
     decls = {}

@@ -140,6 +140,9 @@ def run_bash_block(block: Block, tmp_path: Path) -> None:
         assert (tmp_path / "runs" / "digits" / "report.html").exists()
         assert (tmp_path / "profiles" / "host" / "digits.json").exists()
         return
+    if "port-rt " in block.text:   # the runtime binary: built by `make port-rt`, on PATH as `port-rt`
+        _run(["make", "-s", "-C", str(ROOT), "port-rt"], tmp_path, env, block)
+        (tmp_path / ".venv" / "bin" / "port-rt").symlink_to(ROOT / "kernels" / "build" / "port-rt")
     script = tmp_path / "block.sh"
     script.write_text(block.text)
     _run(["bash", "-e", "-o", "pipefail", str(script)], tmp_path, env, block)

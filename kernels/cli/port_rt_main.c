@@ -1,0 +1,299 @@
+/* port-rt: train or evaluate a compiled PORT bundle without Python.
+ *
+ *   port-rt info  BUNDLE
+ *   port-rt train BUNDLE --data FILE [--steps N] [--threads T] [--gemm blas|vendored]
+ *                        [--spill-dir DIR] [--every K]
+ *   port-rt eval  BUNDLE --data FILE [--threads T] [--gemm blas|vendored]
+ *
+ * train prints one line per step ("step I loss L ms T"), then a summary with the arena size and the process's
+ * peak resident memory (VmHWM).  Batches are taken in order from the data file, wrapping around: batch i holds
+ * samples (i*B + j) mod n.  Exit codes: 0 ok, 2 bad input (file, bundle, data, arguments), 1 a kernel failed.
+ * Data file layout: port/exec/bundle.py.  Bundle layout: port_rt.h. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "port_rt.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static void *read_file(const char *path, uint64_t *n) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || sb.st_size <= 0) {
+        close(fd);
+        return NULL;
+    }
+    void *buf = NULL;
+    if (posix_memalign(&buf, 64, (size_t)sb.st_size) != 0) {
+        close(fd);
+        return NULL;
+    }
+    size_t got = 0;
+    while (got < (size_t)sb.st_size) {
+        ssize_t k = read(fd, (char *)buf + got, (size_t)sb.st_size - got);
+        if (k <= 0) {
+            free(buf);
+            close(fd);
+            return NULL;
+        }
+        got += (size_t)k;
+    }
+    close(fd);
+    *n = (uint64_t)sb.st_size;
+    return buf;
+}
+
+static long vm_kb(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long v = -1;
+    size_t kl = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, key, kl) == 0) {
+            v = strtol(line + kl, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return v;
+}
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+typedef struct {
+    const float *x;
+    const int64_t *y;
+    uint64_t n, sample_floats, classes;
+} data_t;
+
+static int load_data(const char *path, data_t *d, void **owner) {
+    uint64_t n = 0;
+    uint8_t *b = read_file(path, &n);
+    if (!b) {
+        fprintf(stderr, "port-rt: cannot read data file %s: %s\n", path, strerror(errno));
+        return 2;
+    }
+    *owner = b;
+    uint64_t cnt, shape[4], cls;
+    uint32_t ver, rank;
+    if (n < 64 + 32 || memcmp(b, "PORTDATA", 8) != 0) goto bad;
+    memcpy(&ver, b + 8, 4);
+    memcpy(&rank, b + 12, 4);
+    memcpy(&cnt, b + 16, 8);
+    memcpy(shape, b + 24, 32);
+    memcpy(&cls, b + 56, 8);
+    if (ver != 1 || rank < 1 || rank > 4 || cnt == 0 || cls == 0) goto bad;
+    uint64_t per = 1;
+    for (uint32_t i = 0; i < rank; i++) {
+        if (shape[i] == 0 || shape[i] > (1u << 30)) goto bad;
+        per *= shape[i];
+    }
+    uint64_t xb = cnt * per * 4, yoff = 64 + xb + ((64 - (64 + xb) % 64) % 64);
+    if (yoff + cnt * 8 + 32 != n) goto bad;
+    uint8_t h[32];
+    port_sha256(h, b, n - 32);
+    if (memcmp(h, b + n - 32, 32) != 0) goto bad;
+    d->x = (const float *)(const void *)(b + 64);
+    d->y = (const int64_t *)(const void *)(b + yoff);
+    d->n = cnt;
+    d->sample_floats = per;
+    d->classes = cls;
+    return 0;
+bad:
+    fprintf(stderr, "port-rt: %s is not a valid port-rt data file (magic, version, sizes or checksum). Fix: "
+                    "write it again with `port compile ... --data` (port.exec.bundle.write_data)\n", path);
+    return 2;
+}
+
+static const char *rt_error(int st) {
+    switch (st) {
+    case PORT_RT_ERR_BUNDLE: return "not a valid bundle (magic, version, size, checksum or an offset outside the arena)";
+    case PORT_RT_ERR_ARENA: return "the arena is too small or misaligned";
+    case PORT_RT_ERR_LABEL: return "a label is not a class index";
+    case PORT_RT_ERR_PAGING: return "paging failed (no spill file, or its I/O failed)";
+    case PORT_RT_ERR_NONFINITE: return "the loss is not finite (training diverged); the update was not applied";
+    default: return port_status_string(st);
+    }
+}
+
+static void usage(void) {
+    fprintf(stderr, "usage: port-rt info BUNDLE\n"
+                    "       port-rt train BUNDLE --data FILE [--steps N] [--threads T] [--gemm blas|vendored] "
+                    "[--spill-dir DIR] [--every K]\n"
+                    "       port-rt eval BUNDLE --data FILE [--threads T] [--gemm blas|vendored]\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        usage();
+        return 2;
+    }
+    const char *cmd = argv[1], *bpath = argv[2], *dpath = NULL, *spill_dir = "/tmp";
+    long steps = 10, threads = 0, every = 1;
+    int gemm = -1;
+    for (int i = 3; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+        if (!v) {
+            fprintf(stderr, "port-rt: option %s needs a value\n", a);
+            return 2;
+        }
+        if (!strcmp(a, "--data")) dpath = v;
+        else if (!strcmp(a, "--spill-dir")) spill_dir = v;
+        else if (!strcmp(a, "--gemm")) {
+            if (!strcmp(v, "blas")) gemm = PORT_GEMM_BLAS;
+            else if (!strcmp(v, "vendored")) gemm = PORT_GEMM_VENDORED;
+            else {
+                fprintf(stderr, "port-rt: --gemm %s: expected blas or vendored\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--steps") || !strcmp(a, "--threads") || !strcmp(a, "--every")) {
+            long x = strtol(v, &end, 10);
+            if (!*v || *end || x < (strcmp(a, "--threads") ? 1 : 0) || x > 100000000) {
+                fprintf(stderr, "port-rt: %s %s: expected a positive integer\n", a, v);
+                return 2;
+            }
+            if (!strcmp(a, "--steps")) steps = x;
+            else if (!strcmp(a, "--threads")) threads = x;
+            else every = x;
+        } else {
+            fprintf(stderr, "port-rt: unknown option %s\n", a);
+            usage();
+            return 2;
+        }
+        i++;
+    }
+    if (strcmp(cmd, "info") && strcmp(cmd, "train") && strcmp(cmd, "eval")) {
+        usage();
+        return 2;
+    }
+    if (threads > 0) port_set_num_threads((int)threads);
+    if (gemm >= 0 && port_set_gemm_backend(gemm) != PORT_OK) {
+        fprintf(stderr, "port-rt: --gemm blas: this build has no BLAS (built without OpenBLAS)\n");
+        return 2;
+    }
+    uint64_t bn = 0;
+    uint8_t *bundle = read_file(bpath, &bn);
+    if (!bundle) {
+        fprintf(stderr, "port-rt: cannot read bundle %s: %s\n", bpath, strerror(errno));
+        return 2;
+    }
+    uint64_t A = 0;
+    int st = port_rt_bundle_check(bundle, bn, &A);
+    if (st != PORT_OK) {
+        fprintf(stderr, "port-rt: %s: %s. Fix: compile it again with `port compile`\n", bpath, rt_error(st));
+        return 2;
+    }
+    void *arena = NULL;
+    if (posix_memalign(&arena, 64, (size_t)A) != 0) {
+        fprintf(stderr, "port-rt: cannot allocate the %llu-byte arena\n", (unsigned long long)A);
+        return 1;
+    }
+    port_rt rt;
+    if ((st = port_rt_load(&rt, bundle, bn, arena, A)) != PORT_OK) {
+        fprintf(stderr, "port-rt: loading %s: %s\n", bpath, rt_error(st));
+        return 2;
+    }
+    if (!strcmp(cmd, "info")) {
+        printf("bundle %s: %llu bytes, arena %llu bytes (persistent %llu), %u training calls, %u inference "
+               "calls, batch %lld, %lld classes, step %lld, graph %.16s, plan %.16s\n",
+               bpath, (unsigned long long)bn, (unsigned long long)A, (unsigned long long)rt.persistent_bytes,
+               rt.n_train, rt.n_eval, (long long)rt.batch, (long long)rt.classes, (long long)rt.state.step,
+               rt.graph_digest, rt.plan_digest);
+        return 0;
+    }
+    if (!dpath) {
+        fprintf(stderr, "port-rt: %s needs --data FILE\n", cmd);
+        return 2;
+    }
+    data_t d;
+    void *downer = NULL;
+    if ((st = load_data(dpath, &d, &downer)) != 0) return st;
+    uint64_t B = (uint64_t)rt.batch;
+    if (d.sample_floats * 4 * B != (uint64_t)rt.input_bytes || d.classes != (uint64_t)rt.classes) {
+        fprintf(stderr, "port-rt: %s holds samples of %llu floats and %llu classes; the bundle takes %lld floats "
+                        "per sample and %lld classes\n", dpath, (unsigned long long)d.sample_floats,
+                (unsigned long long)d.classes, (long long)(rt.input_bytes / 4 / rt.batch), (long long)rt.classes);
+        return 2;
+    }
+    float *xb = NULL, *logits = NULL;
+    int64_t *yb = NULL;
+    if (posix_memalign((void **)&xb, 64, (size_t)rt.input_bytes) || posix_memalign((void **)&yb, 64, B * 8) ||
+        posix_memalign((void **)&logits, 64, B * (uint64_t)rt.classes * 4)) {
+        fprintf(stderr, "port-rt: out of memory for one batch\n");
+        return 1;
+    }
+    char spill_path[4096] = "";
+    int has_pages = 0;
+    for (uint32_t i = 0; i < rt.n_train; i++) has_pages |= rt.calls[i].kernel == PORT_RT_PAGE_OUT;
+    if (has_pages) {
+        snprintf(spill_path, sizeof spill_path, "%s/port-rt-spill-%ld.bin", spill_dir, (long)getpid());
+        rt.spill_fd = open(spill_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (rt.spill_fd < 0) {
+            fprintf(stderr, "port-rt: cannot create the spill file %s: %s (--spill-dir)\n", spill_path,
+                    strerror(errno));
+            return 2;
+        }
+        unlink(spill_path);   /* deleted on open: gone when the process ends */
+    }
+    long n_batches = !strcmp(cmd, "eval") ? (long)((d.n + B - 1) / B) : steps;
+    double total_ms = 0.0;
+    int64_t correct = 0, seen = 0;
+    for (long s = 0; s < n_batches; s++) {
+        for (uint64_t j = 0; j < B; j++) {
+            uint64_t k = ((uint64_t)s * B + j) % d.n;
+            memcpy(xb + j * d.sample_floats, d.x + k * d.sample_floats, d.sample_floats * 4);
+            yb[j] = d.y[k];
+        }
+        double t0 = now_ms();
+        float loss = 0.0f;
+        int64_t ok = 0;
+        st = !strcmp(cmd, "eval") ? port_rt_evaluate(&rt, xb, yb, logits, &ok) : port_rt_step(&rt, xb, yb, &loss);
+        double ms = now_ms() - t0;
+        if (st != PORT_OK) {
+            if (st == PORT_RT_ERR_LABEL)
+                fprintf(stderr, "port-rt: batch %ld: label %lld at index %lld is not a class index (0..%lld)\n", s,
+                        (long long)rt.bad_label, (long long)rt.bad_label_index, (long long)rt.classes - 1);
+            else
+                fprintf(stderr, "port-rt: batch %ld: %s%s%d\n", s, rt_error(st),
+                        rt.failed_call >= 0 ? " at call " : "", rt.failed_call);
+            return st == PORT_RT_ERR_LABEL || st == PORT_RT_ERR_NONFINITE ? 2 : 1;
+        }
+        total_ms += ms;
+        if (!strcmp(cmd, "eval")) {
+            uint64_t valid = (uint64_t)s * B + B <= d.n ? B : d.n - (uint64_t)s * B;
+            if (valid == B) correct += ok;
+            else {   /* the last, wrapped batch: count only the samples not seen yet */
+                for (uint64_t j = 0; j < valid; j++) {
+                    int64_t best = 0;
+                    for (int64_t c = 1; c < rt.classes; c++)
+                        if (logits[j * rt.classes + c] > logits[j * rt.classes + best]) best = c;
+                    correct += best == yb[j];
+                }
+            }
+            seen += (int64_t)valid;
+        } else if ((s + 1) % every == 0 || s + 1 == n_batches) {
+            printf("step %lld loss %.9g ms %.3f\n", (long long)rt.state.step, (double)loss, ms);
+        }
+    }
+    if (!strcmp(cmd, "eval"))
+        printf("eval samples %lld correct %lld accuracy %.6f ms %.3f\n", (long long)seen, (long long)correct,
+               seen ? (double)correct / (double)seen : 0.0, total_ms);
+    printf("summary arena_bytes %llu bundle_bytes %llu vmhwm_kb %ld vmrss_kb %ld mean_step_ms %.4f\n",
+           (unsigned long long)A, (unsigned long long)bn, vm_kb("VmHWM:"), vm_kb("VmRSS:"),
+           n_batches ? total_ms / (double)n_batches : 0.0);
+    return 0;
+}

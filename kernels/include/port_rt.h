@@ -1,0 +1,218 @@
+/*
+ * port_rt.h -- the public C ABI of port-rt, PORT's Python-free training runtime.
+ *
+ * Two layers:
+ *
+ *  1. One compiled kernel call (port_rt_call): a kernel id, its pointer
+ *     arguments as arena byte offsets, its integer and float parameters.
+ *     port_rt_exec() runs one call with resolved pointers.  The Python
+ *     executor binds every C-backend call through port_rt_exec() too, so a
+ *     call means the same thing in Python and in port-rt.
+ *
+ *  2. A bundle (a compiled training program, written by `port compile`) and
+ *     a runtime over it: port_rt_load() checks the bundle and initialises the
+ *     caller's arena from it; port_rt_step() runs one training step;
+ *     port_rt_evaluate() runs the inference program on a batch.
+ *
+ * Conventions: as port_kernels.h.  Caller-owned memory (the runtime never
+ * allocates: the bundle bytes, the arena and the port_rt struct belong to
+ * the caller), no global state, a status for every failure, nothing printed.
+ *
+ * Bundle layout (format 1, little-endian), offsets in bytes from the file start:
+ *
+ *   0    8  magic "PORTRTB\0"
+ *   8    4  u32 format version (1)
+ *   12   4  u32 header bytes (512)
+ *   16   8  u64 total bytes (the file size)
+ *   24   8  u64 arena bytes            32  8  u64 persistent bytes
+ *   40   8  u64 file offset of the persistent image (persistent bytes long:
+ *             parameters, buffers, optimizer state, constants)
+ *   48   8  u64 file offset of the call table (port_rt_call records)
+ *   56   4  u32 training calls          60  4  u32 evaluation calls (after them)
+ *   64   8  u64 file offset of the zero ranges (i64 offset, i64 bytes pairs)
+ *   72   4  u32 zero ranges             76  4  u32 flags (0)
+ *   80   8  i64 input offset            88  8  i64 input bytes
+ *   96   8  i64 label offset            104 8  i64 label bytes
+ *   112  8  i64 loss offset             120 8  i64 logits offset
+ *   128  8  i64 batch size              136 8  i64 classes
+ *   144  8  i64 eval input offset       152 8  i64 eval logits offset
+ *   160  8  i64 eval loss offset (-1: none)  168 8 i64 eval label offset (-1: none)
+ *   176  88 port_rt_state: the run state at compile time (optimizer and its
+ *             hyperparameters, steps done, dropout seed and counter)
+ *   264  64 graph digest (ASCII hex, NUL padded)
+ *   328  64 plan digest (ASCII hex, NUL padded)
+ *   392  120 zero
+ *   512  ...  sections (each 64-byte aligned)
+ *   total-32  32  SHA-256 of bytes [0, total-32)
+ *
+ * port_rt_call record: 288 bytes, the struct below with no padding.
+ */
+#ifndef PORT_RT_H
+#define PORT_RT_H
+
+#include "port_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PORT_RT_ABI_VERSION 1
+#define PORT_RT_BUNDLE_VERSION 1
+#define PORT_RT_HEADER_BYTES 512
+
+/* id, NAME, the entry point it runs (what the profiler and the executor report) */
+#define PORT_RT_KERNELS(X)                                                        \
+    X(1, CONV2D_FORWARD, port_conv2d_forward)                                     \
+    X(2, CONV2D_BACKWARD_INPUT, port_conv2d_backward_input)                       \
+    X(3, CONV2D_BACKWARD_WEIGHT, port_conv2d_backward_weight)                     \
+    X(4, CONV2D_PATCH_FORWARD, port_conv2d_patch_forward)                         \
+    X(5, CONV2D_PATCH_BACKWARD_INPUT, port_conv2d_patch_backward_input)           \
+    X(6, CONV2D_PATCH_BACKWARD_WEIGHT, port_conv2d_patch_backward_weight)         \
+    X(7, CONV2D_BN_RELU_FORWARD_TRAIN, port_conv2d_bn_relu_forward_train)         \
+    X(8, BATCHNORM2D_FORWARD_TRAIN, port_batchnorm2d_forward_train)               \
+    X(9, BATCHNORM2D_FORWARD_EVAL, port_batchnorm2d_forward_eval)                 \
+    X(10, BATCHNORM2D_BACKWARD_INPUT, port_batchnorm2d_backward_input)            \
+    X(11, BATCHNORM2D_BACKWARD_WEIGHT, port_batchnorm2d_backward_weight)          \
+    X(12, BATCHNORM2D_BACKWARD_INPUT_FROM_OUTPUT, port_batchnorm2d_backward_input_from_output) \
+    X(13, BATCHNORM2D_BACKWARD_WEIGHT_FROM_OUTPUT, port_batchnorm2d_backward_weight_from_output) \
+    X(14, BATCHNORM2D_BACKWARD_INPUT_EVAL, port_batchnorm2d_backward_input_eval)  \
+    X(15, BATCHNORM2D_BACKWARD_WEIGHT_EVAL, port_batchnorm2d_backward_weight_eval) \
+    X(16, RELU_FORWARD, port_relu_forward)                                        \
+    X(17, RELU_BACKWARD, port_relu_backward)                                      \
+    X(18, RELU6_FORWARD, port_relu6_forward)                                      \
+    X(19, RELU6_BACKWARD, port_relu6_backward)                                    \
+    X(20, HARDSWISH_FORWARD, port_hardswish_forward)                              \
+    X(21, HARDSWISH_BACKWARD, port_hardswish_backward)                            \
+    X(22, ADD, port_add)                                                          \
+    X(23, DROPOUT_FORWARD, port_dropout_forward)                                  \
+    X(24, DROPOUT_BACKWARD, port_dropout_backward)                                \
+    X(25, MAXPOOL2D_FORWARD, port_maxpool2d_forward)                              \
+    X(26, MAXPOOL2D_BACKWARD_INPUT, port_maxpool2d_backward_input)                \
+    X(27, AVGPOOL2D_FORWARD, port_avgpool2d_forward)                              \
+    X(28, AVGPOOL2D_BACKWARD_INPUT, port_avgpool2d_backward_input)                \
+    X(29, GLOBAL_AVGPOOL_FORWARD, port_global_avgpool_forward)                    \
+    X(30, GLOBAL_AVGPOOL_BACKWARD_INPUT, port_global_avgpool_backward_input)      \
+    X(31, LINEAR_FORWARD, port_linear_forward)                                    \
+    X(32, LINEAR_BACKWARD_INPUT, port_linear_backward_input)                      \
+    X(33, LINEAR_BACKWARD_WEIGHT, port_linear_backward_weight)                    \
+    X(34, SOFTMAX_XENT_FORWARD, port_softmax_xent_forward)                        \
+    X(35, SOFTMAX_XENT_BACKWARD, port_softmax_xent_backward)                      \
+    X(36, SGD_STEP, port_sgd_step)                                                \
+    X(37, ADAMW_STEP, port_adamw_step)                                            \
+    X(38, BIAS_BACKWARD, port_bias_backward)                                      \
+    X(39, PAGE_OUT, port_rt_page_out)                                             \
+    X(40, PAGE_IN, port_rt_page_in)
+
+typedef enum {
+#define PORT_RT_ENUM_(id, NAME, fn) PORT_RT_##NAME = id,
+    PORT_RT_KERNELS(PORT_RT_ENUM_)
+#undef PORT_RT_ENUM_
+    PORT_RT_KERNEL_END
+} port_rt_kernel;
+
+#define PORT_RT_MAX_PTRS 10
+#define PORT_RT_MAX_INTS 16
+#define PORT_RT_MAX_FLOATS 2
+
+/* One kernel call.  ptr[]: the pointer arguments in the kernel's argument
+ * order (outputs, then inputs), as arena byte offsets, -1 for NULL.  iv[]:
+ * integer parameters (a params struct's fields in order, then counts, algo,
+ * tile); fv[]: float parameters (eps, momentum, p, label smoothing).  The
+ * bytes [zero_offset[i], +zero_bytes[i]) are zeroed before the kernel runs
+ * (accumulated gradients that live in scratch).  flags: PORT_RT_LATE_UPDATE
+ * for an optimizer update that runs after the whole pass. */
+typedef struct {
+    int32_t kernel;
+    int32_t op;          /* graph op id (-1: none); seeds dropout */
+    int32_t flags;
+    int32_t reserved;
+    int64_t ptr[PORT_RT_MAX_PTRS];
+    int64_t iv[PORT_RT_MAX_INTS];
+    double fv[PORT_RT_MAX_FLOATS];
+    int64_t ws_offset, ws_bytes;
+    int64_t zero_offset[2], zero_bytes[2];
+} port_rt_call;
+
+#define PORT_RT_LATE_UPDATE 1
+
+#define PORT_RT_OPT_SGD 1
+#define PORT_RT_OPT_SGD_MOMENTUM 2
+#define PORT_RT_OPT_ADAMW 3
+
+/* What changes between steps: the optimizer's settings and counters. */
+typedef struct {
+    int32_t optimizer; /* PORT_RT_OPT_* */
+    int32_t nesterov;
+    double lr, momentum, dampening, weight_decay, beta1, beta2, eps;
+    int64_t step;            /* optimizer steps done */
+    uint64_t seed;           /* the run's dropout seed */
+    int64_t dropout_counter; /* forward passes done */
+} port_rt_state;
+
+PORT_API int port_rt_abi_version(void);
+/* The entry point a kernel id runs ("port_conv2d_forward"), or NULL. */
+PORT_API const char *port_rt_kernel_name(int kernel);
+/* The per-call dropout seed: splitmix64 mix of (run seed, forward passes done, op id). */
+PORT_API uint64_t port_rt_dropout_seed(uint64_t seed, int64_t counter, int64_t op);
+
+/* Run one call with resolved pointers (ptrs[i] = base + c->ptr[i], NULL where
+ * c->ptr[i] < 0; ws = the call's workspace).  Zero ranges are the caller's.
+ * PAGE_OUT / PAGE_IN are not kernels: PORT_ERR_UNSUPPORTED. */
+PORT_API port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws,
+                                  const port_rt_state *s);
+
+/* ------------------------------------------------------------------ */
+/* Bundles                                                              */
+/* ------------------------------------------------------------------ */
+#define PORT_RT_ERR_BUNDLE 20  /* wrong magic, version, size, checksum, offset */
+#define PORT_RT_ERR_ARENA 21   /* the caller's arena is too small or misaligned */
+#define PORT_RT_ERR_LABEL 22   /* a label is not a class index (see port_rt.bad_label) */
+#define PORT_RT_ERR_PAGING 23  /* paging: no spill file, or its I/O failed */
+#define PORT_RT_ERR_NONFINITE 24 /* the loss is NaN or infinite: the step's update was not applied */
+
+typedef struct {
+    /* set by port_rt_load (pointers into the caller's bundle and arena) */
+    const uint8_t *bundle;
+    uint64_t bundle_bytes;
+    uint8_t *arena;
+    uint64_t arena_bytes, persistent_bytes;
+    const port_rt_call *calls;
+    uint32_t n_train, n_eval, n_zero;
+    const int64_t *zero;
+    int64_t input_offset, input_bytes, label_offset, label_bytes, loss_offset, logits_offset;
+    int64_t batch, classes, eval_input_offset, eval_logits_offset, eval_loss_offset, eval_label_offset;
+    port_rt_state state;           /* the caller may change lr etc. between steps */
+    char graph_digest[65], plan_digest[65];
+    /* paging: a file descriptor the caller opened for reading and writing
+     * (-1: the program must not page), and the file offset of each page key */
+    int spill_fd;
+    /* diagnostics of the last failure */
+    int32_t failed_call;           /* index of the call that failed, -1 */
+    int64_t bad_label, bad_label_index;
+} port_rt;
+
+/* Check a bundle (magic, version, sizes, SHA-256, every call's offsets inside
+ * the arena) and report the arena it needs. */
+PORT_API int port_rt_bundle_check(const uint8_t *bundle, uint64_t bundle_bytes,
+                                  uint64_t *arena_bytes);
+/* Check the bundle, then initialise rt and the persistent region of the
+ * caller's arena (64-byte aligned, at least the bundle's arena bytes). */
+PORT_API int port_rt_load(port_rt *rt, const uint8_t *bundle, uint64_t bundle_bytes,
+                          uint8_t *arena, uint64_t arena_bytes);
+/* One training step: x (input bytes), y (batch int64 labels); writes the
+ * mean loss.  Labels are checked before anything runs (PORT_RT_ERR_LABEL).
+ * A non-finite loss returns PORT_RT_ERR_NONFINITE before the optimizer
+ * updates that follow the pass (as the Python Trainer's on_nonfinite=stop). */
+PORT_API int port_rt_step(port_rt *rt, const void *x, const int64_t *y, float *loss);
+/* The inference program on one batch: logits (batch x classes floats) and,
+ * if labels are given, the number of correct argmax predictions. */
+PORT_API int port_rt_evaluate(port_rt *rt, const void *x, const int64_t *y, float *logits,
+                              int64_t *correct);
+
+/* SHA-256 (FIPS 180-4), for bundles and checkpoints. */
+PORT_API void port_sha256(uint8_t *out, const void *data, uint64_t n);   /* out: 32 bytes */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PORT_RT_H */

@@ -1,0 +1,214 @@
+/* port-rt: load a bundle into the caller's arena, run training steps and evaluation.  No allocation, no
+ * global state, nothing printed.  Layout of a bundle: port_rt.h. */
+#include "port_rt.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#define PORT_RT_POSIX 1
+#endif
+
+#define CALL_BYTES 288
+#define STATE_BYTES 88
+
+_Static_assert(sizeof(port_rt_call) == CALL_BYTES, "port_rt_call must be 288 bytes with no padding");
+_Static_assert(sizeof(port_rt_state) == STATE_BYTES, "port_rt_state must be 88 bytes with no padding");
+
+static uint64_t u64(const uint8_t *b, size_t off) {
+    uint64_t v;
+    memcpy(&v, b + off, 8);
+    return v;
+}
+static int64_t i64(const uint8_t *b, size_t off) {
+    int64_t v;
+    memcpy(&v, b + off, 8);
+    return v;
+}
+static uint32_t u32(const uint8_t *b, size_t off) {
+    uint32_t v;
+    memcpy(&v, b + off, 4);
+    return v;
+}
+
+/* [off, off+n) inside [0, limit) */
+static int inside(int64_t off, int64_t n, uint64_t limit) {
+    return off >= 0 && n >= 0 && (uint64_t)off <= limit && (uint64_t)n <= limit - (uint64_t)off;
+}
+
+static int check_call(const port_rt_call *c, uint64_t arena) {
+    if (c->kernel < 1 || c->kernel >= PORT_RT_KERNEL_END) return PORT_RT_ERR_BUNDLE;
+    for (int i = 0; i < PORT_RT_MAX_PTRS; i++)
+        if (c->ptr[i] != -1 && !inside(c->ptr[i], 1, arena)) return PORT_RT_ERR_BUNDLE;
+    if (c->ws_bytes && !inside(c->ws_offset, c->ws_bytes, arena)) return PORT_RT_ERR_BUNDLE;
+    for (int i = 0; i < 2; i++)
+        if (c->zero_bytes[i] && !inside(c->zero_offset[i], c->zero_bytes[i], arena)) return PORT_RT_ERR_BUNDLE;
+    if (c->kernel == PORT_RT_PAGE_OUT || c->kernel == PORT_RT_PAGE_IN)
+        if (!inside(c->ptr[0], c->iv[0], arena) || c->iv[1] < 0) return PORT_RT_ERR_BUNDLE;
+    return PORT_OK;
+}
+
+int port_rt_bundle_check(const uint8_t *b, uint64_t n, uint64_t *arena_bytes) {
+    if (!b) return PORT_ERR_NULL;
+    if (n < PORT_RT_HEADER_BYTES + 32) return PORT_RT_ERR_BUNDLE;
+    if (memcmp(b, "PORTRTB\0", 8) != 0) return PORT_RT_ERR_BUNDLE;
+    if (u32(b, 8) != PORT_RT_BUNDLE_VERSION || u32(b, 12) != PORT_RT_HEADER_BYTES) return PORT_RT_ERR_BUNDLE;
+    if (u64(b, 16) != n) return PORT_RT_ERR_BUNDLE;
+    uint8_t h[32];
+    port_sha256(h, b, n - 32);
+    if (memcmp(h, b + n - 32, 32) != 0) return PORT_RT_ERR_BUNDLE;
+    uint64_t A = u64(b, 24), P = u64(b, 32), body = n - 32;
+    if (A == 0 || P > A || A > ((uint64_t)1 << 62)) return PORT_RT_ERR_BUNDLE;
+    if (!inside((int64_t)u64(b, 40), (int64_t)P, body)) return PORT_RT_ERR_BUNDLE;
+    uint64_t nc = (uint64_t)u32(b, 56) + u32(b, 60), co = u64(b, 48);
+    if (co % 8 || !inside((int64_t)co, (int64_t)(nc * CALL_BYTES), body)) return PORT_RT_ERR_BUNDLE;
+    uint64_t zo = u64(b, 64), nz = u32(b, 72);
+    if (zo % 8 || !inside((int64_t)zo, (int64_t)(nz * 16), body)) return PORT_RT_ERR_BUNDLE;
+    for (uint64_t i = 0; i < nz; i++)
+        if (!inside(i64(b, zo + 16 * i), i64(b, zo + 16 * i + 8), A)) return PORT_RT_ERR_BUNDLE;
+    int64_t batch = i64(b, 128), classes = i64(b, 136);
+    if (batch <= 0 || classes <= 0 || batch > ((int64_t)1 << 31) || classes > ((int64_t)1 << 31))
+        return PORT_RT_ERR_BUNDLE;
+    if (!inside(i64(b, 80), i64(b, 88), A) || i64(b, 88) <= 0 || !inside(i64(b, 96), i64(b, 104), A) ||
+        i64(b, 104) != batch * 8 || !inside(i64(b, 112), 4, A) || !inside(i64(b, 120), batch * classes * 4, A) ||
+        !inside(i64(b, 144), i64(b, 88), A) || !inside(i64(b, 152), batch * classes * 4, A))
+        return PORT_RT_ERR_BUNDLE;
+    for (uint64_t i = 0; i < nc; i++) {
+        port_rt_call c;
+        memcpy(&c, b + co + i * CALL_BYTES, CALL_BYTES);
+        if (check_call(&c, A) != PORT_OK) return PORT_RT_ERR_BUNDLE;
+    }
+    if (arena_bytes) *arena_bytes = A;
+    return PORT_OK;
+}
+
+int port_rt_load(port_rt *rt, const uint8_t *b, uint64_t n, uint8_t *arena, uint64_t arena_bytes) {
+    if (!rt || !b || !arena) return PORT_ERR_NULL;
+    uint64_t A = 0;
+    int st = port_rt_bundle_check(b, n, &A);
+    if (st != PORT_OK) return st;
+    if (((uintptr_t)b) % 8) return PORT_RT_ERR_BUNDLE;   /* the call table is read in place */
+    if (arena_bytes < A || ((uintptr_t)arena) % 64) return PORT_RT_ERR_ARENA;
+    memset(rt, 0, sizeof *rt);
+    rt->bundle = b;
+    rt->bundle_bytes = n;
+    rt->arena = arena;
+    rt->arena_bytes = A;
+    rt->persistent_bytes = u64(b, 32);
+    rt->calls = (const port_rt_call *)(const void *)(b + u64(b, 48));
+    rt->n_train = u32(b, 56);
+    rt->n_eval = u32(b, 60);
+    rt->zero = (const int64_t *)(const void *)(b + u64(b, 64));
+    rt->n_zero = u32(b, 72);
+    int64_t *io[12] = {&rt->input_offset, &rt->input_bytes, &rt->label_offset, &rt->label_bytes,
+                       &rt->loss_offset, &rt->logits_offset, &rt->batch, &rt->classes, &rt->eval_input_offset,
+                       &rt->eval_logits_offset, &rt->eval_loss_offset, &rt->eval_label_offset};
+    for (int i = 0; i < 12; i++) *io[i] = i64(b, 80 + 8 * (size_t)i);   /* header bytes 80..176, in order */
+    memcpy(&rt->state, b + 176, STATE_BYTES);
+    memcpy(rt->graph_digest, b + 264, 64);
+    memcpy(rt->plan_digest, b + 328, 64);
+    rt->spill_fd = -1;
+    rt->failed_call = -1;
+    memset(arena, 0, (size_t)A);
+    memcpy(arena, b + u64(b, 40), (size_t)rt->persistent_bytes);
+    return PORT_OK;
+}
+
+static int page(port_rt *rt, const port_rt_call *c) {
+#ifdef PORT_RT_POSIX
+    if (rt->spill_fd < 0) return PORT_RT_ERR_PAGING;
+    uint8_t *p = rt->arena + c->ptr[0];
+    size_t left = (size_t)c->iv[0];
+    off_t at = (off_t)c->iv[1];
+    while (left) {
+        ssize_t k = c->kernel == PORT_RT_PAGE_OUT ? pwrite(rt->spill_fd, p, left, at)
+                                                  : pread(rt->spill_fd, p, left, at);
+        if (k <= 0) return PORT_RT_ERR_PAGING;
+        p += k;
+        at += k;
+        left -= (size_t)k;
+    }
+    return PORT_OK;
+#else
+    (void)rt; (void)c;
+    return PORT_RT_ERR_PAGING;
+#endif
+}
+
+static int run_call(port_rt *rt, uint32_t i) {
+    const port_rt_call *c = &rt->calls[i];
+    uint8_t *a = rt->arena;
+    for (int z = 0; z < 2; z++)
+        if (c->zero_bytes[z]) memset(a + c->zero_offset[z], 0, (size_t)c->zero_bytes[z]);
+    int st;
+    if (c->kernel == PORT_RT_PAGE_OUT || c->kernel == PORT_RT_PAGE_IN) {
+        st = page(rt, c);
+    } else {
+        void *ptrs[PORT_RT_MAX_PTRS];
+        for (int k = 0; k < PORT_RT_MAX_PTRS; k++) ptrs[k] = c->ptr[k] < 0 ? NULL : a + c->ptr[k];
+        st = port_rt_exec(c, ptrs, c->ws_bytes ? a + c->ws_offset : NULL, &rt->state);
+    }
+    if (st != PORT_OK) rt->failed_call = (int32_t)i;
+    return st;
+}
+
+static int check_labels(port_rt *rt, const int64_t *y) {
+    for (int64_t i = 0; i < rt->batch; i++) {
+        if (y[i] < 0 || y[i] >= rt->classes) {
+            rt->bad_label = y[i];
+            rt->bad_label_index = i;
+            return PORT_RT_ERR_LABEL;
+        }
+    }
+    return PORT_OK;
+}
+
+int port_rt_step(port_rt *rt, const void *x, const int64_t *y, float *loss) {
+    if (!rt || !rt->arena || !x || !y || !loss) return PORT_ERR_NULL;
+    rt->failed_call = -1;
+    int st = check_labels(rt, y);
+    if (st != PORT_OK) return st;
+    uint8_t *a = rt->arena;
+    memcpy(a + rt->input_offset, x, (size_t)rt->input_bytes);
+    memcpy(a + rt->label_offset, y, (size_t)rt->label_bytes);
+    for (uint32_t z = 0; z < rt->n_zero; z++) memset(a + rt->zero[2 * z], 0, (size_t)rt->zero[2 * z + 1]);
+    for (uint32_t i = 0; i < rt->n_train; i++) {
+        if (rt->calls[i].flags & PORT_RT_LATE_UPDATE) continue;
+        if ((st = run_call(rt, i)) != PORT_OK) return st;
+    }
+    memcpy(loss, a + rt->loss_offset, 4);
+    rt->state.dropout_counter += 1;
+    if (!isfinite(*loss)) return PORT_RT_ERR_NONFINITE;   /* diverged: the update is not applied */
+    for (uint32_t i = 0; i < rt->n_train; i++) {
+        if (!(rt->calls[i].flags & PORT_RT_LATE_UPDATE)) continue;
+        if ((st = run_call(rt, i)) != PORT_OK) return st;
+    }
+    rt->state.step += 1;
+    return PORT_OK;
+}
+
+int port_rt_evaluate(port_rt *rt, const void *x, const int64_t *y, float *logits, int64_t *correct) {
+    if (!rt || !rt->arena || !x) return PORT_ERR_NULL;
+    if (rt->n_eval == 0) return PORT_ERR_UNSUPPORTED;
+    rt->failed_call = -1;
+    uint8_t *a = rt->arena;
+    memcpy(a + rt->eval_input_offset, x, (size_t)rt->input_bytes);
+    for (uint32_t i = rt->n_train; i < rt->n_train + rt->n_eval; i++) {
+        int st = run_call(rt, i);
+        if (st != PORT_OK) return st;
+    }
+    const float *lg = (const float *)(const void *)(a + rt->eval_logits_offset);
+    if (logits) memcpy(logits, lg, (size_t)(rt->batch * rt->classes) * 4);
+    if (correct) {
+        int64_t ok = 0;
+        for (int64_t i = 0; y && i < rt->batch; i++) {
+            int64_t best = 0;
+            for (int64_t k = 1; k < rt->classes; k++)
+                if (lg[i * rt->classes + k] > lg[i * rt->classes + best]) best = k;
+            ok += best == y[i];
+        }
+        *correct = ok;
+    }
+    return PORT_OK;
+}

@@ -1,0 +1,174 @@
+/* port_rt_exec: one compiled call -> one kernel of port_kernels.h.  The only
+ * place that maps a call's flat arguments to a kernel's signature; the
+ * Python executor, the profiler and port-rt all run C calls through it. */
+#include "port_rt.h"
+
+#include <stddef.h>
+
+int port_rt_abi_version(void) { return PORT_RT_ABI_VERSION; }
+
+const char *port_rt_kernel_name(int kernel) {
+    switch (kernel) {
+#define PORT_RT_NAME_(id, NAME, fn) case id: return #fn;
+        PORT_RT_KERNELS(PORT_RT_NAME_)
+#undef PORT_RT_NAME_
+    default: return NULL;
+    }
+}
+
+uint64_t port_rt_dropout_seed(uint64_t seed, int64_t counter, int64_t op) {
+    uint64_t z = seed * 0x9E3779B97F4A7C15ULL + (uint64_t)counter * 0xBF58476D1CE4E5B9ULL +
+                 (uint64_t)op * 0x94D049BB133111EBULL + 1ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static port_conv2d_params conv_p(const int64_t *v) {
+    port_conv2d_params p = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11],
+                            v[12], v[13]};
+    return p;
+}
+
+static port_batchnorm_params bn_p(const port_rt_call *c) {
+    const int64_t *v = c->iv;
+    port_batchnorm_params p = {v[0], v[1], v[2], v[3], (float)c->fv[0], (float)c->fv[1]};
+    return p;
+}
+
+static port_pool2d_params pool_p(const int64_t *v) {
+    port_pool2d_params p = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
+    return p;
+}
+
+#define F(i) ((float *)ptrs[i])
+#define CF(i) ((const float *)ptrs[i])
+
+port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, const port_rt_state *s) {
+    if (!c || !ptrs || !s) return PORT_ERR_NULL;
+    const int64_t *v = c->iv;
+    size_t wsb = c->ws_bytes > 0 ? (size_t)c->ws_bytes : 0;
+    switch (c->kernel) {
+    case PORT_RT_CONV2D_FORWARD: {
+        port_conv2d_params p = conv_p(v);
+        return port_conv2d_forward(F(0), CF(1), CF(2), CF(3), &p, (int)v[14], ws, wsb);
+    }
+    case PORT_RT_CONV2D_BACKWARD_INPUT: {
+        port_conv2d_params p = conv_p(v);
+        return port_conv2d_backward_input(F(0), CF(1), CF(2), &p, (int)v[14], ws, wsb);
+    }
+    case PORT_RT_CONV2D_BACKWARD_WEIGHT: {
+        port_conv2d_params p = conv_p(v);
+        return port_conv2d_backward_weight(F(0), F(1), CF(2), CF(3), &p, (int)v[14], ws, wsb);
+    }
+    case PORT_RT_CONV2D_PATCH_FORWARD: {
+        port_conv2d_params p = conv_p(v);
+        return port_conv2d_patch_forward(F(0), CF(1), CF(2), CF(3), &p, v[15], v[15], ws, wsb);
+    }
+    case PORT_RT_CONV2D_PATCH_BACKWARD_INPUT: {
+        port_conv2d_params p = conv_p(v);
+        return port_conv2d_patch_backward_input(F(0), CF(1), CF(2), &p, v[15], v[15], ws, wsb);
+    }
+    case PORT_RT_CONV2D_PATCH_BACKWARD_WEIGHT: {
+        port_conv2d_params p = conv_p(v);
+        return port_conv2d_patch_backward_weight(F(0), F(1), CF(2), CF(3), &p, v[15], v[15], ws, wsb);
+    }
+    case PORT_RT_CONV2D_BN_RELU_FORWARD_TRAIN: {
+        port_conv2d_params p = conv_p(v);
+        return port_conv2d_bn_relu_forward_train(F(0), F(1), F(2), F(3), F(4), F(5), CF(6), CF(7), CF(8),
+                                                 CF(9), &p, (float)c->fv[0], (float)c->fv[1], (int)v[14],
+                                                 ws, wsb);
+    }
+    case PORT_RT_BATCHNORM2D_FORWARD_TRAIN: {
+        port_batchnorm_params p = bn_p(c);
+        return port_batchnorm2d_forward_train(F(0), F(1), F(2), F(3), F(4), CF(5), CF(6), CF(7), &p);
+    }
+    case PORT_RT_BATCHNORM2D_FORWARD_EVAL: {
+        port_batchnorm_params p = bn_p(c);
+        return port_batchnorm2d_forward_eval(F(0), CF(1), CF(2), CF(3), CF(4), CF(5), &p);
+    }
+    case PORT_RT_BATCHNORM2D_BACKWARD_INPUT: {
+        port_batchnorm_params p = bn_p(c);
+        return port_batchnorm2d_backward_input(F(0), CF(1), CF(2), CF(3), CF(4), CF(5), &p);
+    }
+    case PORT_RT_BATCHNORM2D_BACKWARD_WEIGHT: {
+        port_batchnorm_params p = bn_p(c);
+        return port_batchnorm2d_backward_weight(F(0), F(1), CF(2), CF(3), CF(4), CF(5), &p);
+    }
+    case PORT_RT_BATCHNORM2D_BACKWARD_INPUT_FROM_OUTPUT: {
+        port_batchnorm_params p = bn_p(c);
+        return port_batchnorm2d_backward_input_from_output(F(0), CF(1), CF(2), CF(3), CF(4), CF(5), &p);
+    }
+    case PORT_RT_BATCHNORM2D_BACKWARD_WEIGHT_FROM_OUTPUT: {
+        port_batchnorm_params p = bn_p(c);
+        return port_batchnorm2d_backward_weight_from_output(F(0), F(1), CF(2), CF(3), CF(4), CF(5), &p);
+    }
+    case PORT_RT_BATCHNORM2D_BACKWARD_INPUT_EVAL: {
+        port_batchnorm_params p = bn_p(c);
+        return port_batchnorm2d_backward_input_eval(F(0), CF(1), CF(2), CF(3), &p);
+    }
+    case PORT_RT_BATCHNORM2D_BACKWARD_WEIGHT_EVAL: {
+        port_batchnorm_params p = bn_p(c);
+        return port_batchnorm2d_backward_weight_eval(F(0), F(1), CF(2), CF(3), CF(4), CF(5), &p);
+    }
+    case PORT_RT_RELU_FORWARD: return port_relu_forward(F(0), CF(1), v[0]);
+    case PORT_RT_RELU_BACKWARD: return port_relu_backward(F(0), CF(1), CF(2), v[0]);
+    case PORT_RT_RELU6_FORWARD: return port_relu6_forward(F(0), CF(1), v[0]);
+    case PORT_RT_RELU6_BACKWARD: return port_relu6_backward(F(0), CF(1), CF(2), v[0]);
+    case PORT_RT_HARDSWISH_FORWARD: return port_hardswish_forward(F(0), CF(1), v[0]);
+    case PORT_RT_HARDSWISH_BACKWARD: return port_hardswish_backward(F(0), CF(1), CF(2), v[0]);
+    case PORT_RT_ADD: return port_add(F(0), CF(1), CF(2), v[0]);
+    case PORT_RT_DROPOUT_FORWARD:
+        return port_dropout_forward(F(0), (uint8_t *)ptrs[1], CF(2), v[0], (float)c->fv[0],
+                                    port_rt_dropout_seed(s->seed, s->dropout_counter, c->op));
+    case PORT_RT_DROPOUT_BACKWARD:
+        return port_dropout_backward(F(0), CF(1), (const uint8_t *)ptrs[2], v[0], (float)c->fv[0]);
+    case PORT_RT_MAXPOOL2D_FORWARD: {
+        port_pool2d_params p = pool_p(v);
+        return port_maxpool2d_forward(F(0), (int64_t *)ptrs[1], CF(2), &p);
+    }
+    case PORT_RT_MAXPOOL2D_BACKWARD_INPUT: {
+        port_pool2d_params p = pool_p(v);
+        return port_maxpool2d_backward_input(F(0), CF(1), (const int64_t *)ptrs[2], &p);
+    }
+    case PORT_RT_AVGPOOL2D_FORWARD: {
+        port_pool2d_params p = pool_p(v);
+        return port_avgpool2d_forward(F(0), CF(1), &p);
+    }
+    case PORT_RT_AVGPOOL2D_BACKWARD_INPUT: {
+        port_pool2d_params p = pool_p(v);
+        return port_avgpool2d_backward_input(F(0), CF(1), &p);
+    }
+    case PORT_RT_GLOBAL_AVGPOOL_FORWARD: return port_global_avgpool_forward(F(0), CF(1), v[0], v[1], v[2]);
+    case PORT_RT_GLOBAL_AVGPOOL_BACKWARD_INPUT:
+        return port_global_avgpool_backward_input(F(0), CF(1), v[0], v[1], v[2]);
+    case PORT_RT_LINEAR_FORWARD: {
+        port_linear_params p = {v[0], v[1], v[2]};
+        return port_linear_forward(F(0), CF(1), CF(2), CF(3), &p);
+    }
+    case PORT_RT_LINEAR_BACKWARD_INPUT: {
+        port_linear_params p = {v[0], v[1], v[2]};
+        return port_linear_backward_input(F(0), CF(1), CF(2), &p);
+    }
+    case PORT_RT_LINEAR_BACKWARD_WEIGHT: {
+        port_linear_params p = {v[0], v[1], v[2]};
+        return port_linear_backward_weight(F(0), F(1), CF(2), CF(3), &p);
+    }
+    case PORT_RT_SOFTMAX_XENT_FORWARD:
+        return port_softmax_xent_forward(F(0), F(1), CF(2), (const int64_t *)ptrs[3], v[0], v[1],
+                                         (float)c->fv[0]);
+    case PORT_RT_SOFTMAX_XENT_BACKWARD:
+        return port_softmax_xent_backward(F(0), CF(1), (const int64_t *)ptrs[2], CF(3), v[0], v[1],
+                                          (float)c->fv[0]);
+    case PORT_RT_SGD_STEP: {
+        int mom = ptrs[1] != NULL;
+        return port_sgd_step(F(0), F(1), CF(2), v[0], s->lr, mom ? s->momentum : 0.0, s->dampening,
+                             s->weight_decay, s->nesterov ? 1 : 0, s->step == 0 ? 1 : 0);
+    }
+    case PORT_RT_ADAMW_STEP:
+        return port_adamw_step(F(0), F(1), F(2), CF(3), v[0], s->lr, s->beta1, s->beta2, s->eps,
+                               s->weight_decay, s->step + 1);
+    case PORT_RT_BIAS_BACKWARD: return port_bias_backward(F(0), CF(1), v[0], v[1], v[2]);
+    default: return PORT_ERR_UNSUPPORTED;
+    }
+}

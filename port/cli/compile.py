@@ -1,0 +1,25 @@
+"""`port compile CONFIG -o DIR`: a bundle port-rt trains without Python, plus the config's data."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def compile_cmd(config: Path = typer.Argument(..., help="experiment YAML"),
+                output: Path = typer.Option(..., "-o", "--output", help="directory for <name>.portrt, "
+                                            "train.portdata and test.portdata"),
+                plan: Optional[Path] = typer.Option(None, "--plan", help="plan JSON (from `port solve -o`) instead "
+                                                    "of solving; it must use only C-kernel accelerators"),
+                budget: Optional[str] = typer.Option(None, "--budget", help="memory budget: bytes, 64MB, 1.5GiB or "
+                                                     "NN% of the keep-everything peak"),
+                profile: Optional[Path] = typer.Option(None, "--profile", help="profile file (default "
+                                                       "profiles/<device>/<config name>.json)")) -> None:
+    """Compile the config's training job into a port-rt bundle (C kernels only) and write its data."""
+    from port import pipeline as P
+    P.compile_bundle(config, output, plan_path=plan, budget=budget, profile=profile, echo=typer.echo)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("compile")(compile_cmd)

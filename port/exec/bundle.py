@@ -1,0 +1,198 @@
+"""Bundles (compiled training programs for port-rt) and port-rt data files.
+
+A bundle holds everything port-rt needs to train without Python: the training and inference programs' calls
+encoded for ``port_rt_exec`` (port.exec.rtcall), the arena size, the persistent region's initial bytes
+(parameters, buffers, optimizer state, constants), the input/label/loss/logits slots, the run state (optimizer
+settings, steps done, dropout seed and counter) and the graph and plan digests. Byte layout: the comment at the
+top of kernels/include/port_rt.h; the file ends with the SHA-256 of everything before it. Written atomically.
+
+A data file (``.portdata``) holds samples for ``port-rt train --data``:
+
+    0   8   magic b"PORTDATA"
+    8   4   u32 format version (1)
+    12  4   u32 sample rank r (1..4)
+    16  8   u64 samples n
+    24  32  u64 sample shape[4] (unused dims 0)
+    56  8   u64 classes
+    64  ... float32 x[n, *shape], then int64 y[n] (64-byte aligned), then 32-byte SHA-256 of everything before
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from port.errors import PortError, ProgramError
+from port.exec import rtcall
+from port.io import atomic_writer
+
+MAGIC = b"PORTRTB\0"
+VERSION = 1
+HEADER_BYTES = 512
+DATA_MAGIC = b"PORTDATA"
+DATA_VERSION = 1
+_ALIGN = 64
+
+
+class BundleError(PortError, ValueError):
+    """A bundle or data file is malformed, of another version, or does not fit the runtime."""
+
+
+def _pad(n: int) -> int:
+    return (-n) % _ALIGN
+
+
+def compile_check(program: Any) -> None:
+    """Refuse a program port-rt cannot run, naming the ops: only C-backend calls and page calls compile."""
+    bad = [f"{c.name} ({c.backend}:{c.kernel})" for c in program.calls
+           if not (c.backend == "c" or (c.backend == "host" and c.kernel in ("page_out", "page_in")))]
+    if bad:
+        raise BundleError(f"the plan runs {len(bad)} op(s) on an engine port-rt does not have: "
+                          f"{', '.join(bad[:8])}{' ...' if len(bad) > 8 else ''}. Fix: solve a plan for the C kernels "
+                          f"only (port solve ... --accelerators cpu-c, or a device whose only engine is cpu-c)")
+
+
+def _encode_program(program: Any, layout: dict[int, tuple[int, int]]) -> list[rtcall.RtCall]:
+    out = []
+    off = lambda t: program.slot(t).offset   # noqa: E731
+    for c in program.calls:
+        late = c.phase == "update" and not c.attr("early")
+        flags = rtcall.LATE_UPDATE if late else 0
+        if c.backend == "host":
+            r = rtcall.RtCall()
+            r.kernel = rtcall.kernel_ids()["port_rt_" + c.kernel]
+            r.op, r.flags = int(c.op), flags
+            for i in range(rtcall.MAX_PTRS):
+                r.ptr[i] = -1
+            tid = c.inputs[0] if c.kernel == "page_out" else c.outputs[0]
+            s = program.slot(tid)
+            foff, n = layout[int(c.attr("key"))]
+            r.ptr[0], r.iv[0], r.iv[1] = s.offset, s.nbytes, foff
+        else:
+            r = rtcall.to_struct(rtcall.encode(c, lambda t: program.slot(t).shape), c, off, flags)
+        z = c.attr("zero_outputs") or ()
+        if len(z) > 2:
+            raise ProgramError(f"call {c.index} ({c.name}): {len(z)} outputs to zero first; port-rt takes 2")
+        for i, t in enumerate(z):
+            s = program.slot(t)
+            r.zero_offset[i], r.zero_bytes[i] = s.offset, s.nbytes
+        out.append(r)
+    return out
+
+
+@dataclass(frozen=True)
+class BundleInfo:
+    path: Path
+    total_bytes: int
+    arena_bytes: int
+    persistent_bytes: int
+    train_calls: int
+    eval_calls: int
+    batch_size: int
+    classes: int
+    graph_digest: str
+    plan_digest: str
+
+
+def write_bundle(trainer: Any, path: str | Path) -> BundleInfo:
+    """Compile ``trainer`` (a port.Trainer: its plan, programs and current state) into a bundle at ``path``."""
+    from port.exec.spill import spill_layout
+    tp, ep = trainer.program, trainer.eval_program
+    if trainer.micro_batch != trainer.batch_size:
+        raise BundleError(f"micro_batch={trainer.micro_batch} (batch {trainer.batch_size}): port-rt runs whole "
+                          f"batches. Fix: compile a Trainer without micro_batch")
+    for p in (tp, ep):
+        compile_check(p)
+    pages = {int(c.attr("key")): tp.slot(c.inputs[0]).nbytes for c in tp.calls
+             if c.backend == "host" and c.kernel == "page_out"}
+    layout, _ = spill_layout(pages)
+    calls = _encode_program(tp, layout) + _encode_program(ep, layout)
+    A = max(tp.arena_bytes, ep.arena_bytes)
+    P = tp.persistent_bytes
+    image = bytes(trainer.arena[:P].numpy().tobytes())
+    zeros = b"".join(struct.pack("<qq", o, n) for o, n in tp.zero_ranges)
+    sl = tp.slot
+    batch = tp.batch_size
+    classes = tp.slot(tp.logits_id).shape[-1]
+    if ep.slot(ep.input_id).nbytes != sl(tp.input_id).nbytes:
+        raise BundleError("the inference program's input differs from the training program's")
+    state = rtcall.state_from(trainer.state)
+    hdr = bytearray(HEADER_BYTES)
+    sec_image = HEADER_BYTES
+    sec_calls = sec_image + P + _pad(P)
+    call_bytes = len(calls) * ctypes.sizeof(rtcall.RtCall)
+    sec_zero = sec_calls + call_bytes + _pad(call_bytes)
+    end = sec_zero + len(zeros) + _pad(len(zeros))
+    total = end + 32
+    has_loss = ep.loss_id >= 0 and ep.has_slot(ep.loss_id)
+    has_label = ep.label_id >= 0 and ep.has_slot(ep.label_id)
+    struct.pack_into("<8sIIQQQQQIIQII", hdr, 0, MAGIC, VERSION, HEADER_BYTES, total, A, P, sec_image, sec_calls,
+                     len(tp.calls), len(ep.calls), sec_zero, len(tp.zero_ranges), 0)
+    struct.pack_into("<12q", hdr, 80, sl(tp.input_id).offset, sl(tp.input_id).nbytes, sl(tp.label_id).offset,
+                     sl(tp.label_id).nbytes, sl(tp.loss_id).offset, sl(tp.logits_id).offset, batch, classes,
+                     ep.slot(ep.input_id).offset, ep.slot(ep.logits_id).offset,
+                     ep.slot(ep.loss_id).offset if has_loss else -1,
+                     ep.slot(ep.label_id).offset if has_label else -1)
+    hdr[176:264] = bytes(state)
+    gd, pd = tp.graph_digest.encode()[:64], _plan_digest(trainer).encode()[:64]
+    hdr[264:264 + len(gd)] = gd
+    hdr[328:328 + len(pd)] = pd
+    body = bytearray(hdr)
+    body += image + b"\0" * _pad(P)
+    for r in calls:
+        body += bytes(r)
+    body += b"\0" * _pad(call_bytes)
+    body += zeros + b"\0" * _pad(len(zeros))
+    assert len(body) == end
+    digest = hashlib.sha256(body).digest()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_writer(path) as f:
+        f.write(bytes(body))
+        f.write(digest)
+    return BundleInfo(path, total, A, P, len(tp.calls), len(ep.calls), batch, classes, tp.graph_digest,
+                      pd.decode())
+
+
+def _plan_digest(trainer: Any) -> str:
+    """The plan's checksum as a plan file records it (port.plan.io.plan_checksum)."""
+    from port.plan.io import plan_checksum, plan_to_dict
+    return plan_checksum(plan_to_dict(trainer.plan))
+
+
+def check_bundle(path: str | Path) -> int:
+    """Check a bundle with the C loader's own checks (port_rt_bundle_check); returns its arena bytes."""
+    from port.exec.kernels import raw
+    data = Path(path).read_bytes()
+    buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+    arena = ctypes.c_uint64(0)
+    st = raw.port_rt_bundle_check(buf, len(data), ctypes.byref(arena))
+    if st:
+        raise BundleError(f"{path}: not a valid port-rt bundle (status {st}: wrong magic, version, size, "
+                          f"checksum or an offset outside the arena). Fix: compile it again with `port compile`")
+    return int(arena.value)
+
+
+def write_data(path: str | Path, x: Any, y: Any, classes: int) -> Path:
+    """Write samples (x float32 [n, ...], y int64 [n]) as a port-rt data file."""
+    import numpy as np
+    xa = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    ya = np.ascontiguousarray(np.asarray(y, dtype=np.int64)).reshape(-1)
+    if xa.ndim < 2 or xa.ndim > 5 or xa.shape[0] != ya.shape[0] or xa.shape[0] == 0:
+        raise BundleError(f"data: x of shape {tuple(xa.shape)} and y of shape {tuple(ya.shape)}: expected "
+                          f"x [n, d1..d4] and y [n] with n > 0")
+    if ya.min() < 0 or ya.max() >= classes:
+        raise BundleError(f"data: labels must lie in [0, {classes}), found {int(ya.min())}..{int(ya.max())}")
+    shape = list(xa.shape[1:]) + [0] * (5 - xa.ndim)
+    head = DATA_MAGIC + struct.pack("<IIQ4QQ", DATA_VERSION, xa.ndim - 1, xa.shape[0], *shape, classes)
+    xb = xa.tobytes()
+    body = head + xb + b"\0" * _pad(len(head) + len(xb)) + ya.tobytes()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_writer(path) as f:
+        f.write(body)
+        f.write(hashlib.sha256(body).digest())
+    return path

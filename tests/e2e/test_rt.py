@@ -1,0 +1,163 @@
+"""port-rt (issue 13): a compiled bundle trains without Python, bit for bit like the Python executor.
+
+The same all-C plan runs 20 steps in the Python Trainer and in the `port-rt` binary (built by `make port-rt`,
+same thread count, same GEMM): every loss is equal as float32 bits, and so is the inference program's output.
+Bundles and data files with a wrong magic, version, size, checksum or an offset outside the arena are refused
+by the C loader; a plan with torch-backend ops does not compile (named ops)."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import port
+from port import models
+from port.exec import kernels
+from port.exec.bundle import BundleError, check_bundle, write_bundle, write_data
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = ROOT / "kernels" / "build" / "port-rt"
+N = 40
+
+
+@pytest.fixture(scope="module")
+def port_rt():
+    if shutil.which("gcc") is None:
+        pytest.skip("no C compiler: apt-get install -y gcc")
+    r = subprocess.run(["make", "-s", "port-rt"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return BIN
+
+
+def _case(name, shape, B=8, optimizer=None, seed=0):
+    torch.manual_seed(seed)
+    m = models.get(name, seed=seed)
+    x = torch.randn(N, *shape)
+    y = torch.randint(0, 10, (N,))
+    tr = port.Trainer(m, x[:B], optimizer=optimizer or port.optim.SGD(0.05, momentum=0.9))
+    return tr, x, y
+
+
+def _run(binary, *args):
+    return subprocess.run([str(binary), *map(str, args)], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("name,shape,opt", [
+    ("digits_cnn", (1, 8, 8), "sgd"),
+    ("resnet8", (3, 32, 32), "sgd"),
+    ("mlp", (64,), "adamw"),
+])
+def test_port_rt_equals_python_executor_bit_for_bit(port_rt, tmp_path, name, shape, opt):
+    o = port.optim.AdamW(1e-3) if opt == "adamw" else port.optim.SGD(0.05, momentum=0.9, weight_decay=5e-4)
+    tr, x, y = _case(name, shape, optimizer=o)
+    B = tr.batch_size
+    info = write_bundle(tr, tmp_path / "m.portrt")
+    assert info.train_calls == len(tr.program.calls) and info.arena_bytes >= tr.program.arena_bytes
+    write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), 10)
+    threads = kernels.get_num_threads()
+    r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 20,
+             "--threads", threads)
+    assert r.returncode == 0, r.stderr
+    got = [np.float32(line.split()[3]) for line in r.stdout.splitlines() if line.startswith("step ")]
+    ref = []
+    for s in range(20):
+        idx = [(s * B + j) % N for j in range(B)]
+        ref.append(np.float32(tr.step(x[idx], y[idx])))
+    assert len(got) == 20
+    assert [a.tobytes() for a in got] == [b.tobytes() for b in ref], list(zip(ref, got))
+    assert "vmhwm_kb" in r.stdout.splitlines()[-1]
+
+
+def test_port_rt_eval_matches_predict(port_rt, tmp_path):
+    tr, x, y = _case("digits_cnn", (1, 8, 8))
+    write_bundle(tr, tmp_path / "m.portrt")
+    write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), 10)
+    r = _run(port_rt, "eval", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata",
+             "--threads", kernels.get_num_threads())
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("eval "))
+    correct = int(line.split()[4])
+    pred = torch.cat([tr.predict(x[i:i + 8]) for i in range(0, N, 8)]).argmax(1)
+    assert correct == int((pred == y).sum())
+
+
+def test_port_rt_info_and_cli_errors(port_rt, tmp_path):
+    tr, x, y = _case("mlp", (64,))
+    write_bundle(tr, tmp_path / "m.portrt")
+    r = _run(port_rt, "info", tmp_path / "m.portrt")
+    assert r.returncode == 0 and "training calls" in r.stdout and tr.program.graph_digest[:16] in r.stdout
+    assert _run(port_rt, "train", tmp_path / "m.portrt").returncode == 2                   # no --data
+    assert _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "nope").returncode == 2
+    assert _run(port_rt, "train", tmp_path / "m.portrt", "--steps", "-3").returncode == 2
+    assert _run(port_rt, "frobnicate", tmp_path / "m.portrt").returncode == 2
+    # data of another shape, and labels out of range
+    write_data(tmp_path / "bad.portdata", np.zeros((4, 3)), np.zeros(4), 10)
+    r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "bad.portdata")
+    assert r.returncode == 2 and "floats" in r.stderr
+    with pytest.raises(BundleError, match="labels"):
+        write_data(tmp_path / "bad2.portdata", np.zeros((4, 64)), np.array([0, 1, 2, 10]), 10)
+
+
+def _rechecksum(b: bytearray) -> bytearray:
+    b[-32:] = hashlib.sha256(bytes(b[:-32])).digest()
+    return b
+
+
+def test_bundle_refusals(tmp_path, port_rt):
+    tr, x, y = _case("digits_cnn", (1, 8, 8))
+    p = tmp_path / "m.portrt"
+    write_bundle(tr, p)
+    good = bytearray(p.read_bytes())
+    assert check_bundle(p) >= tr.program.arena_bytes
+    calls_at = struct.unpack_from("<Q", good, 48)[0]
+    cases = {
+        "magic": _rechecksum(bytearray(b"XORTRTB\0") + good[8:]),
+        "version": _rechecksum(good[:8] + struct.pack("<I", 9) + good[12:]),
+        "truncated": good[:-100],
+        "flipped byte (checksum)": good[:1000] + bytes([good[1000] ^ 1]) + good[1001:],
+        "offset outside the arena": _rechecksum(good[:calls_at + 16] + struct.pack("<q", 1 << 40)
+                                                + good[calls_at + 24:]),
+        "unknown kernel": _rechecksum(good[:calls_at] + struct.pack("<i", 999) + good[calls_at + 4:]),
+    }
+    for what, data in cases.items():
+        q = tmp_path / "bad.portrt"
+        q.write_bytes(bytes(data))
+        with pytest.raises(BundleError, match="not a valid port-rt bundle"):
+            check_bundle(q)
+        r = _run(port_rt, "info", q)
+        assert r.returncode == 2 and "not a valid bundle" in r.stderr, what
+
+
+def test_compile_refuses_torch_ops(tmp_path):
+    from port.lower.lower import default_plan
+    torch.manual_seed(0)
+    m = models.get("digits_cnn", seed=0)
+    x = torch.randn(8, 1, 8, 8)
+    g = port.trace(m, x, optimizer="sgd_momentum")
+    plan = default_plan(g, "torch-cpu")
+    tr = port.Trainer(m, x, plan=plan, optimizer=port.optim.SGD(0.05, momentum=0.9))
+    with pytest.raises(BundleError, match="engine port-rt does not have.*torch-cpu"):
+        write_bundle(tr, tmp_path / "m.portrt")
+
+
+def test_sha256_matches_hashlib():
+    raw = kernels.raw
+    for n in (0, 1, 55, 56, 63, 64, 65, 119, 120, 1000, 4097):
+        data = bytes((i * 7 + 3) % 256 for i in range(n))
+        out = (ctypes.c_uint8 * 32)()
+        buf = (ctypes.c_uint8 * max(n, 1)).from_buffer_copy(data or b"\0")
+        raw.port_sha256(out, buf, n)
+        assert bytes(out) == hashlib.sha256(data).digest(), n
+
+
+def test_dropout_seed_matches_python():
+    from port.exec.registry import dropout_seed
+    for s, c, o in ((0, 0, 0), (12345, 7, 3), (2**63 + 5, 2**40, 99)):
+        assert kernels.raw.port_rt_dropout_seed(s, c, o) == dropout_seed(s, c, o)
