@@ -25,3 +25,18 @@ def write_section(title: str, body: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+def machine_line(cmd: str, t0: float, load0: float) -> str:
+    """`cmd` (date, CPU model, CPUs: load average at start and now; seconds since t0): every section's first words."""
+    import time
+    from port.cost.measure import host_info
+    return (f"`{cmd}` ({time.strftime('%Y-%m-%d %H:%M')}, {host_info().get('cpu', '?')}, {os.cpu_count()} CPUs: "
+            f"load average {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end; {time.time() - t0:.0f} s)")
+
+
+def publish(title: str, text: str, write: bool = True) -> None:
+    """Print a benchmark's section and (unless ``write`` is False) put it into bench/RESULTS.md."""
+    print(text)
+    if write:
+        write_section(title, text)

@@ -55,11 +55,10 @@ def run(steps: int, rounds: int) -> list[dict]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def report(rows: list[dict], steps: int, load0: float, load1: float, wall_s: float, quick: bool = False) -> str:
-    from port.cost.measure import host_info
+def report(rows: list[dict], steps: int, load0: float, t0: float, quick: bool = False) -> str:
+    from _results import machine_line
     runs = [r for r in rows if r["round"] != "profile"]
-    lines = [f"`python bench/replan.py{' --quick' if quick else ''}` ({time.strftime('%Y-%m-%d %H:%M')}, {host_info().get('cpu', '?')}, "
-             f"{os.cpu_count()} CPUs: load average {load0:.1f} at start, {load1:.1f} at end; {wall_s:.0f} s). "
+    lines = [machine_line(f"python bench/replan.py{' --quick' if quick else ''}", t0, load0) + ". "
              f"examples/dsnet (depthwise-separable, 3x37x37, batch 8) on `host`: `port profile --quick`, then "
              f"`port train --steps {steps}` and {len(runs) - 1} more runs with `--replan` (each corrects the profile "
              f"with the previous run's in-plan per-op times and executor overhead, then solves again). Predicted = "
@@ -89,12 +88,9 @@ def main() -> None:
     steps = a.steps or (120 if a.quick else 300)
     t0, load0 = time.time(), os.getloadavg()[0]
     rows = run(steps, a.rounds)
-    text = report(rows, steps, load0, os.getloadavg()[0], time.time() - t0, a.quick)
-    print(text)
-    if not a.no_write:
-        sys.path.insert(0, str(ROOT / "bench"))
-        from _results import write_section
-        write_section("Replan", text)
+    sys.path.insert(0, str(ROOT / "bench"))
+    from _results import publish
+    publish("Replan", report(rows, steps, load0, t0, a.quick), not a.no_write)
 
 
 if __name__ == "__main__":

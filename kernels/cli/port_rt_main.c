@@ -292,8 +292,10 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "eval"))
         printf("eval samples %lld correct %lld accuracy %.6f ms %.3f\n", (long long)seen, (long long)correct,
                seen ? (double)correct / (double)seen : 0.0, total_ms);
-    printf("summary arena_bytes %llu bundle_bytes %llu vmhwm_kb %ld vmrss_kb %ld mean_step_ms %.4f\n",
-           (unsigned long long)A, (unsigned long long)bn, vm_kb("VmHWM:"), vm_kb("VmRSS:"),
-           n_batches ? total_ms / (double)n_batches : 0.0);
+    printf("summary arena_bytes %llu bundle_bytes %llu data_bytes %llu vmhwm_kb %ld vmrss_kb %ld vmexe_kb %ld "
+           "vmlib_kb %ld mean_step_ms %.4f\n",
+           (unsigned long long)A, (unsigned long long)bn,
+           (unsigned long long)(64 + d.n * d.sample_floats * 4 + d.n * 8 + 96), vm_kb("VmHWM:"), vm_kb("VmRSS:"),
+           vm_kb("VmExe:"), vm_kb("VmLib:"), n_batches ? total_ms / (double)n_batches : 0.0);
     return 0;
 }

@@ -30,7 +30,9 @@
  *   48   8  u64 file offset of the call table (port_rt_call records)
  *   56   4  u32 training calls          60  4  u32 evaluation calls (after them)
  *   64   8  u64 file offset of the zero ranges (i64 offset, i64 bytes pairs)
- *   72   4  u32 zero ranges             76  4  u32 flags (0)
+ *   72   4  u32 zero ranges             76  4  u32 flags: PORT_RT_FLAG_NO_IMAGE (the
+ *             bundle has no persistent image: the caller's arena already holds
+ *             that state; the Python Trainer's in-process engine) or 0
  *   80   8  i64 input offset            88  8  i64 input bytes
  *   96   8  i64 label offset            104 8  i64 label bytes
  *   112  8  i64 loss offset             120 8  i64 logits offset
@@ -134,6 +136,7 @@ typedef struct {
 } port_rt_call;
 
 #define PORT_RT_LATE_UPDATE 1
+#define PORT_RT_FLAG_NO_IMAGE 1
 
 #define PORT_RT_OPT_SGD 1
 #define PORT_RT_OPT_SGD_MOMENTUM 2
@@ -195,8 +198,10 @@ typedef struct {
  * the arena) and report the arena it needs. */
 PORT_API int port_rt_bundle_check(const uint8_t *bundle, uint64_t bundle_bytes,
                                   uint64_t *arena_bytes);
-/* Check the bundle, then initialise rt and the persistent region of the
- * caller's arena (64-byte aligned, at least the bundle's arena bytes). */
+/* Check the bundle, then initialise rt and the caller's arena (64-byte
+ * aligned, at least the bundle's arena bytes): zeroed, with the persistent
+ * image copied in (unless the bundle says PORT_RT_FLAG_NO_IMAGE: then the
+ * arena is used as it is). */
 PORT_API int port_rt_load(port_rt *rt, const uint8_t *bundle, uint64_t bundle_bytes,
                           uint8_t *arena, uint64_t arena_bytes);
 /* One training step: x (input bytes), y (batch int64 labels); writes the
@@ -204,6 +209,14 @@ PORT_API int port_rt_load(port_rt *rt, const uint8_t *bundle, uint64_t bundle_by
  * A non-finite loss returns PORT_RT_ERR_NONFINITE before the optimizer
  * updates that follow the pass (as the Python Trainer's on_nonfinite=stop). */
 PORT_API int port_rt_step(port_rt *rt, const void *x, const int64_t *y, float *loss);
+/* port_rt_step in two halves (a caller that checks the gradients before the
+ * update): the pass (forward, loss, backward, early updates; the dropout
+ * counter advances), then the optimizer updates that follow it (the step
+ * counter advances). */
+PORT_API int port_rt_forward_backward(port_rt *rt, const void *x, const int64_t *y, float *loss);
+PORT_API int port_rt_update(port_rt *rt);
+/* sizeof(port_rt), for bindings that mirror the struct. */
+PORT_API uint64_t port_rt_struct_bytes(void);
 /* The inference program on one batch: logits (batch x classes floats) and,
  * if labels are given, the number of correct argmax predictions. */
 PORT_API int port_rt_evaluate(port_rt *rt, const void *x, const int64_t *y, float *logits,

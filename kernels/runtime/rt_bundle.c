@@ -60,7 +60,9 @@ int port_rt_bundle_check(const uint8_t *b, uint64_t n, uint64_t *arena_bytes) {
     if (memcmp(h, b + n - 32, 32) != 0) return PORT_RT_ERR_BUNDLE;
     uint64_t A = u64(b, 24), P = u64(b, 32), body = n - 32;
     if (A == 0 || P > A || A > ((uint64_t)1 << 62)) return PORT_RT_ERR_BUNDLE;
-    if (!inside((int64_t)u64(b, 40), (int64_t)P, body)) return PORT_RT_ERR_BUNDLE;
+    uint32_t flags = u32(b, 76);
+    if (flags & ~(uint32_t)PORT_RT_FLAG_NO_IMAGE) return PORT_RT_ERR_BUNDLE;
+    if (!(flags & PORT_RT_FLAG_NO_IMAGE) && !inside((int64_t)u64(b, 40), (int64_t)P, body)) return PORT_RT_ERR_BUNDLE;
     uint64_t nc = (uint64_t)u32(b, 56) + u32(b, 60), co = u64(b, 48);
     if (co % 8 || !inside((int64_t)co, (int64_t)(nc * CALL_BYTES), body)) return PORT_RT_ERR_BUNDLE;
     uint64_t zo = u64(b, 64), nz = u32(b, 72);
@@ -110,8 +112,10 @@ int port_rt_load(port_rt *rt, const uint8_t *b, uint64_t n, uint8_t *arena, uint
     memcpy(rt->plan_digest, b + 328, 64);
     rt->spill_fd = -1;
     rt->failed_call = -1;
-    memset(arena, 0, (size_t)A);
-    memcpy(arena, b + u64(b, 40), (size_t)rt->persistent_bytes);
+    if (!(u32(b, 76) & PORT_RT_FLAG_NO_IMAGE)) {   /* else the arena already holds the persistent state */
+        memset(arena, 0, (size_t)A);
+        memcpy(arena, b + u64(b, 40), (size_t)rt->persistent_bytes);
+    }
     return PORT_OK;
 }
 
@@ -164,7 +168,9 @@ static int check_labels(port_rt *rt, const int64_t *y) {
     return PORT_OK;
 }
 
-int port_rt_step(port_rt *rt, const void *x, const int64_t *y, float *loss) {
+uint64_t port_rt_struct_bytes(void) { return sizeof(port_rt); }
+
+int port_rt_forward_backward(port_rt *rt, const void *x, const int64_t *y, float *loss) {
     if (!rt || !rt->arena || !x || !y || !loss) return PORT_ERR_NULL;
     rt->failed_call = -1;
     int st = check_labels(rt, y);
@@ -179,13 +185,26 @@ int port_rt_step(port_rt *rt, const void *x, const int64_t *y, float *loss) {
     }
     memcpy(loss, a + rt->loss_offset, 4);
     rt->state.dropout_counter += 1;
-    if (!isfinite(*loss)) return PORT_RT_ERR_NONFINITE;   /* diverged: the update is not applied */
+    return PORT_OK;
+}
+
+int port_rt_update(port_rt *rt) {
+    if (!rt || !rt->arena) return PORT_ERR_NULL;
+    rt->failed_call = -1;
     for (uint32_t i = 0; i < rt->n_train; i++) {
         if (!(rt->calls[i].flags & PORT_RT_LATE_UPDATE)) continue;
-        if ((st = run_call(rt, i)) != PORT_OK) return st;
+        int st = run_call(rt, i);
+        if (st != PORT_OK) return st;
     }
     rt->state.step += 1;
     return PORT_OK;
+}
+
+int port_rt_step(port_rt *rt, const void *x, const int64_t *y, float *loss) {
+    int st = port_rt_forward_backward(rt, x, y, loss);
+    if (st != PORT_OK) return st;
+    if (!isfinite(*loss)) return PORT_RT_ERR_NONFINITE;   /* diverged: the update is not applied */
+    return port_rt_update(rt);
 }
 
 int port_rt_evaluate(port_rt *rt, const void *x, const int64_t *y, float *logits, int64_t *correct) {

@@ -99,6 +99,20 @@ class BundleInfo:
 
 def write_bundle(trainer: Any, path: str | Path) -> BundleInfo:
     """Compile ``trainer`` (a port.Trainer: its plan, programs and current state) into a bundle at ``path``."""
+    data, info = build_bundle(trainer)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_writer(path) as f:
+        f.write(data)
+    return BundleInfo(path, *info)
+
+
+NO_IMAGE = 1     # PORT_RT_FLAG_NO_IMAGE
+
+
+def build_bundle(trainer: Any, image: bool = True) -> tuple[bytes, tuple]:
+    """The bundle bytes of ``trainer`` and BundleInfo's fields after ``path``. ``image=False``: without the
+    persistent region's bytes (flag PORT_RT_FLAG_NO_IMAGE), for a runtime on the trainer's own arena."""
     from port.exec.spill import spill_layout
     tp, ep = trainer.program, trainer.eval_program
     if trainer.micro_batch != trainer.batch_size:
@@ -112,7 +126,7 @@ def write_bundle(trainer: Any, path: str | Path) -> BundleInfo:
     calls = _encode_program(tp, layout) + _encode_program(ep, layout)
     A = max(tp.arena_bytes, ep.arena_bytes)
     P = tp.persistent_bytes
-    image = bytes(trainer.arena[:P].numpy().tobytes())
+    image = bytes(trainer.arena[:P].numpy().tobytes()) if image else b""
     zeros = b"".join(struct.pack("<qq", o, n) for o, n in tp.zero_ranges)
     sl = tp.slot
     batch = tp.batch_size
@@ -122,7 +136,7 @@ def write_bundle(trainer: Any, path: str | Path) -> BundleInfo:
     state = rtcall.state_from(trainer.state)
     hdr = bytearray(HEADER_BYTES)
     sec_image = HEADER_BYTES
-    sec_calls = sec_image + P + _pad(P)
+    sec_calls = sec_image + len(image) + _pad(len(image))
     call_bytes = len(calls) * ctypes.sizeof(rtcall.RtCall)
     sec_zero = sec_calls + call_bytes + _pad(call_bytes)
     end = sec_zero + len(zeros) + _pad(len(zeros))
@@ -130,7 +144,7 @@ def write_bundle(trainer: Any, path: str | Path) -> BundleInfo:
     has_loss = ep.loss_id >= 0 and ep.has_slot(ep.loss_id)
     has_label = ep.label_id >= 0 and ep.has_slot(ep.label_id)
     struct.pack_into("<8sIIQQQQQIIQII", hdr, 0, MAGIC, VERSION, HEADER_BYTES, total, A, P, sec_image, sec_calls,
-                     len(tp.calls), len(ep.calls), sec_zero, len(tp.zero_ranges), 0)
+                     len(tp.calls), len(ep.calls), sec_zero, len(tp.zero_ranges), 0 if image else NO_IMAGE)
     struct.pack_into("<12q", hdr, 80, sl(tp.input_id).offset, sl(tp.input_id).nbytes, sl(tp.label_id).offset,
                      sl(tp.label_id).nbytes, sl(tp.loss_id).offset, sl(tp.logits_id).offset, batch, classes,
                      ep.slot(ep.input_id).offset, ep.slot(ep.logits_id).offset,
@@ -141,20 +155,14 @@ def write_bundle(trainer: Any, path: str | Path) -> BundleInfo:
     hdr[264:264 + len(gd)] = gd
     hdr[328:328 + len(pd)] = pd
     body = bytearray(hdr)
-    body += image + b"\0" * _pad(P)
+    body += image + b"\0" * _pad(len(image))
     for r in calls:
         body += bytes(r)
     body += b"\0" * _pad(call_bytes)
     body += zeros + b"\0" * _pad(len(zeros))
     assert len(body) == end
-    digest = hashlib.sha256(body).digest()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_writer(path) as f:
-        f.write(bytes(body))
-        f.write(digest)
-    return BundleInfo(path, total, A, P, len(tp.calls), len(ep.calls), batch, classes, tp.graph_digest,
-                      pd.decode())
+    body += hashlib.sha256(body).digest()
+    return bytes(body), (total, A, P, len(tp.calls), len(ep.calls), batch, classes, tp.graph_digest, pd.decode())
 
 
 def _plan_digest(trainer: Any) -> str:

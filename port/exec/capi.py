@@ -61,7 +61,20 @@ class RtState(ctypes.Structure):
                 ("step", ctypes.c_int64), ("seed", ctypes.c_uint64), ("dropout_counter", ctypes.c_int64)]
 
 
-_STRUCTS = {"port_rt_call": RtCall, "port_rt_state": RtState, "port_conv2d_params": Conv2dParams, "port_batchnorm_params": BatchNormParams,
+class Rt(ctypes.Structure):
+    """port_rt: a loaded bundle (pointers into the caller's bundle bytes and arena). Its size is checked
+    against the library's port_rt_struct_bytes() when loaded (port.exec.rtengine)."""
+    _fields_ = [("bundle", c_void_p), ("bundle_bytes", c_uint64), ("arena", c_void_p), ("arena_bytes", c_uint64),
+                ("persistent_bytes", c_uint64), ("calls", c_void_p), ("n_train", ctypes.c_uint32),
+                ("n_eval", ctypes.c_uint32), ("n_zero", ctypes.c_uint32), ("zero", c_void_p)] + \
+        [(f, c_int64) for f in ("input_offset", "input_bytes", "label_offset", "label_bytes", "loss_offset",
+                                "logits_offset", "batch", "classes", "eval_input_offset", "eval_logits_offset",
+                                "eval_loss_offset", "eval_label_offset")] + \
+        [("state", RtState), ("graph_digest", ctypes.c_char * 65), ("plan_digest", ctypes.c_char * 65),
+         ("spill_fd", c_int), ("failed_call", ctypes.c_int32), ("bad_label", c_int64), ("bad_label_index", c_int64)]
+
+
+_STRUCTS = {"port_rt": Rt, "port_rt_call": RtCall, "port_rt_state": RtState, "port_conv2d_params": Conv2dParams, "port_batchnorm_params": BatchNormParams,
             "port_pool2d_params": Pool2dParams, "port_linear_params": LinearParams}
 
 # --------------------------------------------------------------------------- signature table
@@ -149,6 +162,9 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_rt_bundle_check", "int", ("const uint8_t*", "uint64_t", "uint64_t*")),
     ("port_rt_load", "int", ("port_rt*", "const uint8_t*", "uint64_t", "uint8_t*", "uint64_t")),
     ("port_rt_step", "int", ("port_rt*", "const void*", "const int64_t*", "float*")),
+    ("port_rt_forward_backward", "int", ("port_rt*", "const void*", "const int64_t*", "float*")),
+    ("port_rt_update", "int", ("port_rt*",)),
+    ("port_rt_struct_bytes", "uint64_t", ()),
     ("port_rt_evaluate", "int", ("port_rt*", "const void*", "const int64_t*", "float*", "int64_t*")),
     ("port_sha256", "void", ("uint8_t*", "const void*", "uint64_t")),
 ]

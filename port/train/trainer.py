@@ -32,7 +32,7 @@ class Trainer:
                  trainable: Sequence[str] | str | None = None, backend: str = "c", seed: int = 0,
                  strategy: str = "auto", allow_plan_mismatch: bool = False, on_nonfinite: str = "stop",
                  accelerators: dict[str, str] | None = None, spill_dir: str | Path | None = None,
-                 drop_cache: bool = False):
+                 drop_cache: bool = False, engine: str = "auto"):
         """``plan``: a Plan or plan file solved for this trainer's graph: the model traced at the batch one
         program run processes (``micro_batch`` when set, else the example's batch) with this optimizer and
         trainable set. A plan of another graph is refused (PortError naming both batch sizes when the batch is
@@ -46,7 +46,12 @@ class Trainer:
         engines of a device description, run here on a stand-in backend such as "c").
         ``spill_dir``/``drop_cache``: where a plan's paged tensors go (a device's ``storage.path``; default
         $PORT_SPILL_DIR, else the temp directory) and whether each write is flushed and dropped from the page
-        cache (port.exec.spill)."""
+        cache (port.exec.spill).
+        ``engine``: how a training step runs. "rt": the whole step in C (port.exec.rtengine: port-rt's runtime on
+        this arena, one C call for the pass and one for the updates); "python": one ctypes call per kernel call
+        (port.exec.executor). "auto" (default): "rt" when every op of the plan runs on the C kernels, on the
+        CPU, without micro-batching. Both run the same calls and give the same bits; ``profile_step``,
+        ``evaluate`` and ``predict`` always use the per-call executor."""
         import torch
         from port.ir.trace import trace
         from port.train.memwatch import rss_bytes
@@ -133,6 +138,14 @@ class Trainer:
         self._grads = [self.executor.view(t) for t in gids]
         self._bn_batches = 0        # training forward passes (BN num_batches_tracked)
         self._load_module(model, bind=True)
+        if engine not in ("auto", "rt", "python"):
+            raise PortError(f"engine={engine!r}: expected 'auto', 'rt' or 'python'")
+        from port.exec import rtengine
+        why = rtengine.eligible(self)
+        if engine == "rt" and why:
+            raise PortError(f"engine='rt' cannot run this trainer: {why}. Fix: engine='python' (or 'auto')")
+        self._rt = rtengine.RtEngine(self) if engine != "python" and not why else None
+        self.engine = "rt" if self._rt is not None else "python"
         _release_freed_heap()
         self.rss["after_setup_bytes"] = rss_bytes()
 
@@ -256,9 +269,11 @@ class Trainer:
         x, y = self._check_batch(x, y, "step")
         ex = self.executor
         ex.check_labels(y)   # the whole batch before any micro-batch runs: a bad label changes no state
+        st = self.state
+        if self._rt is not None:
+            return self._step_rt(x, y)
         ex.zero_grads()
         total = 0.0
-        st = self.state
         for i in range(0, B, mb):
             ex.input.copy_(x[i:i + mb])
             ex.labels.copy_(y[i:i + mb])
@@ -266,7 +281,11 @@ class Trainer:
             total += float(ex.loss)
             st.dropout_counter += 1
             self._bn_batches += 1
-        loss = total / (B // mb)
+        return self._finish_step(total / (B // mb), ex.run_updates)
+
+    def _finish_step(self, loss: float, updates) -> float:
+        """After the pass: stop or skip on a non-finite loss or gradient, else run the updates."""
+        st = self.state
         if self._nonfinite(loss):
             what = f"loss {loss}" if not __import__("math").isfinite(loss) else f"loss {loss:.6g} but a gradient"
             if self.on_nonfinite == "stop":
@@ -277,9 +296,20 @@ class Trainer:
             self.skipped_steps += 1
             st.step += 1
             return loss
-        ex.run_updates()
+        updates()
         st.step += 1
         return loss
+
+    def _step_rt(self, x: Any, y: Any) -> float:
+        import torch
+        xs = x if (x.dtype == torch.float32 and x.is_contiguous() and x.device.type == "cpu") else \
+            x.to("cpu", torch.float32).contiguous()
+        ys = y if (y.dtype == torch.int64 and y.is_contiguous() and y.device.type == "cpu") else \
+            y.to("cpu", torch.int64).contiguous()
+        loss = self._rt.forward_backward(xs, ys)
+        self.state.dropout_counter += 1
+        self._bn_batches += 1
+        return self._finish_step(loss, self._rt.update)
 
     def profile_step(self, x: Any, y: Any, commit: bool = False) -> dict:
         """One optimizer step run with per-call timers. commit=True: a real step (exactly like ``step``: same

@@ -161,3 +161,52 @@ def test_dropout_seed_matches_python():
     from port.exec.registry import dropout_seed
     for s, c, o in ((0, 0, 0), (12345, 7, 3), (2**63 + 5, 2**40, 99)):
         assert kernels.raw.port_rt_dropout_seed(s, c, o) == dropout_seed(s, c, o)
+
+
+@pytest.mark.parametrize("name,shape,kw,opt", [
+    ("mlp", (64,), {"dropout": 0.3}, "adamw"),
+    ("resnet8", (3, 32, 32), {}, "sgd"),
+])
+def test_whole_step_engine_equals_per_call_executor(name, shape, kw, opt):
+    """Trainer(engine="rt") (port-rt's runtime on the trainer's arena) and engine="python" (one ctypes call per
+    kernel call) give the same bits: losses, weights and the dropout masks' RNG stream."""
+    torch.manual_seed(0)
+    x, y = torch.randn(16, *shape), torch.randint(0, 10, (16,))
+    trs = {}
+    for eng in ("python", "rt"):
+        o = port.optim.AdamW(1e-3, weight_decay=0.01) if opt == "adamw" else port.optim.SGD(0.05, momentum=0.9)
+        trs[eng] = port.Trainer(models.get(name, seed=0, **kw), x[:4], optimizer=o, engine=eng, seed=7)
+    assert trs["rt"].engine == "rt" and trs["python"].engine == "python"
+    losses = {e: [t.step(x[4 * (i % 4):4 * (i % 4) + 4], y[4 * (i % 4):4 * (i % 4) + 4]) for i in range(8)]
+              for e, t in trs.items()}
+    assert losses["python"] == losses["rt"]
+    P = trs["rt"].program.persistent_bytes
+    assert torch.equal(trs["rt"].arena[:P], trs["python"].arena[:P])
+
+
+def test_whole_step_engine_refusals_and_nonfinite():
+    from port.errors import NonFiniteError, PortError
+    from port.lower.lower import default_plan
+    torch.manual_seed(0)
+    x = torch.randn(4, 64)
+    m = models.get("mlp", seed=0)
+    g = port.trace(m, x, optimizer="sgd_momentum")
+    with pytest.raises(PortError, match="engine='rt' cannot run this trainer: the plan runs ops on torch-cpu"):
+        port.Trainer(m, x, plan=default_plan(g, "torch-cpu"), optimizer=port.optim.SGD(0.05, momentum=0.9),
+                     engine="rt")
+    with pytest.raises(PortError, match="micro-batching"):
+        port.Trainer(models.get("mlp", seed=0), torch.randn(8, 64), micro_batch=4, engine="rt")
+    with pytest.raises(PortError, match="engine='jit'"):
+        port.Trainer(models.get("mlp", seed=0), x, engine="jit")
+    tr = port.Trainer(models.get("mlp", seed=0), x, optimizer=port.optim.SGD(0.05))
+    assert tr.engine == "rt"
+    before = tr.arena[:tr.program.persistent_bytes].clone()
+    bad = x.clone()
+    bad[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError):
+        tr.step(bad, torch.zeros(4, dtype=torch.int64))
+    assert tr.step_count == 0
+    # the pass wrote gradients but no update ran: the weights are those before the step
+    W = [s for s in tr.program.slots if s.role == "parameter" and s.root == s.tensor]
+    for s in W:
+        assert torch.equal(tr.arena[s.offset:s.offset + s.nbytes], before[s.offset:s.offset + s.nbytes])

@@ -1,0 +1,79 @@
+"""The whole-step C engine of the Python Trainer: the trainer's programs compiled into a bundle in memory and run
+by port-rt's ``port_rt_forward_backward`` / ``port_rt_update`` on the trainer's own arena, one C call per half
+step instead of one ctypes call per kernel (``Trainer(engine="rt")``, the default for all-C plans on the CPU).
+The calls are the ones the per-op executor runs (port.exec.rtcall), so the two engines give the same bits."""
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from port.errors import LabelError, ProgramError
+from port.exec import capi, rtcall
+
+
+def eligible(trainer: Any) -> str:
+    """'' when the whole-step engine can run ``trainer``'s training program, else why not."""
+    if trainer.arena.device.type != "cpu":
+        return "the arena is not in CPU memory"
+    if trainer.micro_batch != trainer.batch_size:
+        return "micro-batching"
+    other = sorted({c.backend for c in trainer.program.calls} - {"c", "host"})
+    if other:
+        return f"the plan runs ops on {', '.join(other)}"
+    if any(c.backend == "host" for c in trainer.program.calls):
+        return ("the plan pages tensors (the Python executor's spill file keeps the I/O counters and page-cache "
+                "control; port-rt pages by itself)")
+    return ""
+
+
+class RtEngine:
+    def __init__(self, trainer: Any):
+        from port.exec.bundle import build_bundle
+        why = eligible(trainer)
+        if why:
+            raise ProgramError(f"engine='rt' cannot run this trainer: {why}")
+        raw = capi.raw
+        if ctypes.sizeof(capi.Rt) != raw.port_rt_struct_bytes():
+            raise ProgramError("port_rt struct of the binding and the library differ: rebuild the C library")
+        data, _info = build_bundle(trainer, image=False)   # the arena already holds the state
+        n8 = (len(data) + 7) // 8
+        self._bundle = (ctypes.c_uint64 * n8)()           # 8-byte aligned: the call table is read in place
+        ctypes.memmove(self._bundle, data, len(data))
+        self.rt = capi.Rt()
+        arena = trainer.arena
+        st = raw.port_rt_load(ctypes.byref(self.rt), ctypes.cast(self._bundle, ctypes.c_void_p), len(data),
+                              arena.data_ptr(), arena.numel())
+        if st:
+            raise ProgramError(f"port_rt_load failed with status {st} on the trainer's own bundle")
+        spill = trainer.executor.spill
+        self.rt.spill_fd = spill.fd if spill is not None else -1
+        self.trainer = trainer
+        self._loss = ctypes.c_float()
+        self._fb, self._up = raw.port_rt_forward_backward, raw.port_rt_update
+        self._rtp = ctypes.byref(self.rt)
+        self._lossp = ctypes.byref(self._loss)
+
+    def forward_backward(self, x: Any, y: Any) -> float:
+        """x float32 [B, ...] and y int64 [B], contiguous CPU tensors. Returns the loss."""
+        rtcall.state_from(self.trainer.state, self.rt.state)
+        st = self._fb(self._rtp, x.data_ptr(), y.data_ptr(), self._lossp)
+        if st:
+            self._fail(st)
+        return float(self._loss.value)
+
+    def update(self) -> None:
+        rtcall.state_from(self.trainer.state, self.rt.state)
+        st = self._up(self._rtp)
+        if st:
+            self._fail(st)
+
+    def _fail(self, st: int) -> None:
+        rt = self.rt
+        if st == 22:   # PORT_RT_ERR_LABEL
+            raise LabelError(f"label {rt.bad_label} at index {rt.bad_label_index} of the batch is not a class "
+                             f"index: expected 0 <= label < num_classes = {rt.classes}")
+        c = self.trainer.program.calls[rt.failed_call] if 0 <= rt.failed_call < len(self.trainer.program.calls) \
+            else None
+        where = f"call {c.index} ({c.name}, {c.kernel})" if c is not None else "port-rt step"
+        capi.check(st, where)
+        raise ProgramError(f"{where}: port-rt status {st}")
