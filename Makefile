@@ -9,7 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 KERNEL_SRC := $(wildcard kernels/src/*.c kernels/runtime/*.c kernels/include/*.h)
 STAMP := $(VENV)/.port-installed
 
-.PHONY: install demo test test-asan bench clean port-rt
+.PHONY: install demo test test-asan bench clean port-rt port-rt-portable port-rt-aarch64 port-rt-m4
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,35 @@ $(RT_BIN): $(STAMP) $(RT_SRC) $(wildcard kernels/include/*.h kernels/src/*.h)
 	  set -x; gcc $(RT_CFLAGS) -DPORT_HAVE_OPENBLAS=1 -I$$inc $(RT_SRC) -o $@ -L$$lib -lscipy_openblas \
 	    -Wl,-rpath,$$lib -lm; \
 	else set -x; gcc $(RT_CFLAGS) $(RT_SRC) -o $@ -lm; fi
+
+# The portable flavour: vendored GEMM only and -ffp-contract=off (no fused multiply-add contraction), so its
+# results are bit-identical on every ISA; port-rt-aarch64 is the same cross-built for aarch64 Linux (static, runs
+# under qemu-aarch64). Tools: apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+RT_PORTABLE_CFLAGS := $(RT_CFLAGS) -ffp-contract=off
+port-rt-portable: kernels/build/port-rt-portable
+kernels/build/port-rt-portable: $(RT_SRC) $(wildcard kernels/include/*.h kernels/src/*.h)
+	@mkdir -p kernels/build
+	gcc $(RT_PORTABLE_CFLAGS) $(RT_SRC) -o $@ -lm
+port-rt-aarch64: kernels/build/port-rt-aarch64
+kernels/build/port-rt-aarch64: $(RT_SRC) $(wildcard kernels/include/*.h kernels/src/*.h)
+	@mkdir -p kernels/build
+	@# static libgomp warns about dlopen in static binaries (OpenACC profiling, unused): the log keeps it
+	aarch64-linux-gnu-gcc $(RT_PORTABLE_CFLAGS) $(RT_SRC) -o $@ -static -lm 2>$@.log || { cat $@.log; rm -f $@; exit 1; }
+
+# Cortex-M4 (no OS, no malloc): port-rt with a bundle compiled in (`port compile ... --emit-c -o DIR`, then
+# `make port-rt-m4 M4_BUNDLE=DIR`), for the MPS2 AN386 board under qemu-system-arm (semihosting output):
+#   qemu-system-arm -M mps2-an386 -nographic -semihosting-config enable=on,target=native -kernel DIR/port-rt-m4.elf
+# Tools: apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm
+M4_FLAGS := -mcpu=cortex-m4 -mthumb -mfloat-abi=hard -mfpu=fpv4-sp-d16 -O2 -std=c11 -ffp-contract=off \
+	-fno-trapping-math -Wall -Wno-unused-parameter -Wno-unknown-pragmas -ffunction-sections -fdata-sections \
+	-Ikernels/include -Ikernels/src
+port-rt-m4:
+	@test -n "$(M4_BUNDLE)" -a -f "$(M4_BUNDLE)/port_bundle.c" -a -f "$(M4_BUNDLE)/port_data.c" || \
+	  { echo "make port-rt-m4 M4_BUNDLE=DIR: DIR must hold port_bundle.c/.h and port_data.c (port compile --emit-c)"; exit 2; }
+	arm-none-eabi-gcc $(M4_FLAGS) -I$(M4_BUNDLE) $(wildcard kernels/src/*.c kernels/runtime/*.c) \
+	  kernels/mcu/main_m4.c kernels/mcu/startup_m4.c $(M4_BUNDLE)/port_bundle.c $(M4_BUNDLE)/port_data.c \
+	  -T kernels/mcu/mps2_an386.ld --specs=rdimon.specs -Wl,--gc-sections -lm -o $(M4_BUNDLE)/port-rt-m4.elf
+	arm-none-eabi-size $(M4_BUNDLE)/port-rt-m4.elf
 
 clean:
 	rm -rf build kernels/build port/*.so port/exec/*.so *.egg-info

@@ -1287,11 +1287,13 @@ def wall_step_ms(walls: Sequence[float]) -> Optional[float]:
 
 
 def c_only_profile(job: Job, profile: Any) -> Any:
-    """``profile`` restricted to the accelerators the C kernels run on (what port-rt executes)."""
+    """``profile`` restricted to the accelerators the C kernels run on (what port-rt executes): backend ``c``
+    here, or a modeled CPU of a device that is not here (an MCU's core: port-rt's C kernels are what it runs)."""
     import dataclasses
-    keep = {a.id for a in job.device.accelerators if a.backend == "c"}
+    keep = {a.id for a in job.device.accelerators
+            if a.backend == "c" or (a.backend == "modeled" and a.kind == "cpu")}
     if not keep:
-        raise ConfigError(f"{job.where}device {job.device.name!r} has no accelerator with backend c: port-rt runs "
+        raise ConfigError(f"{job.where}device {job.device.name!r} has no CPU the C kernels run on: port-rt runs "
                           f"the C kernels only. Fix: compile for a device with a cpu-c accelerator (e.g. host)")
     ents = tuple(e for e in profile.entries if e.accelerator in keep)
     return dataclasses.replace(profile, entries=ents, _index={})
@@ -1307,10 +1309,13 @@ class Compiled:
 
 
 def compile_bundle(config: str | Path, out_dir: str | Path, *, plan_path: str | Path | None = None,
-                   budget: Any = None, profile: str | Path | None = None, echo: Echo = _print) -> Compiled:
+                   budget: Any = None, profile: str | Path | None = None, emit_c: bool = False,
+                   emit_samples: int = 16, echo: Echo = _print) -> Compiled:
     """`port compile`: solve the config's job for the C kernels only (or take --plan), build the Trainer and write
-    ``<out>/<name>.portrt`` plus the config's data as ``train.portdata`` / ``test.portdata``."""
+    ``<out>/<name>.portrt`` plus the config's data as ``train.portdata`` / ``test.portdata``; ``emit_c``: also
+    the bundle and the first ``emit_samples`` training samples as C source (port.exec.bundle.emit_c)."""
     from port.config import format_size
+    from port.exec import bundle as BU
     from port.exec.bundle import write_bundle, write_data
     from port.plan.io import load_plan
     from port.train.trainer import Trainer
@@ -1331,7 +1336,8 @@ def compile_bundle(config: str | Path, out_dir: str | Path, *, plan_path: str | 
         plan = solved.plan
         echo(plan_summary(plan) + " (C kernels only)")
     tr = Trainer(built.model, built.example, plan=plan, optimizer=built.optimizer, seed=cfg.train.seed,
-                 trainable=list(built.trainable) if built.trainable else None)
+                 trainable=list(built.trainable) if built.trainable else None,
+                 accelerators=stand_in_backends(job.device) or None)
     bundle = out / f"{cfg.name}.portrt"
     info = write_bundle(tr, bundle)
     ds = load_data(job)
@@ -1341,6 +1347,11 @@ def compile_bundle(config: str | Path, out_dir: str | Path, *, plan_path: str | 
          f"{info.train_calls} training + {info.eval_calls} inference calls; data {trd} ({ds.x_train.shape[0]} "
          f"samples), {ted} ({ds.x_test.shape[0]})")
     echo(f"run it: port-rt train {bundle} --data {trd} --steps {cfg.train.steps}  (build: make port-rt)")
+    if emit_c:
+        n = max(1, min(int(emit_samples), ds.x_train.shape[0]))
+        files = BU.emit_c(bundle.read_bytes(), out, ds.x_train[:n].numpy(), ds.y_train[:n].numpy())
+        echo(f"C source: {', '.join(str(f) for f in files)} ({n} samples); a Cortex-M4 build: "
+             f"make port-rt-m4 M4_BUNDLE={out}")
     return Compiled(bundle, trd, ted, info, plan)
 
 

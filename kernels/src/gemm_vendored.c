@@ -159,6 +159,7 @@ void port__sgemm_vendored(int ta, int tb, int64_t m, int64_t n, int64_t k, float
     int64_t nchunks = (n + NCHUNK - 1) / NCHUNK, mblocks = (m + MB - 1) / MB;
     int64_t ntasks = nchunks * mblocks;
     int par = (double)m * (double)n * (double)k > 1e6 && ntasks > 1;
+    (void)par;   /* read by the OpenMP pragma only */
 #pragma omp parallel for schedule(dynamic, 1) if (par)
     for (int64_t t = 0; t < ntasks; t++) {
         int64_t i0 = (t / nchunks) * MB, j0 = (t % nchunks) * NCHUNK;

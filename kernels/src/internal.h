@@ -23,6 +23,11 @@
 
 /* GEMM dispatch (row-major), honouring the selected backend. Sizes must be
  * validated by the caller (fit in int32 for BLAS). */
+/* Portable exp / log / integer power (portmath.c): the same bits on every ISA and C library. */
+float port__expf(float x);
+double port__log(double x);
+double port__powi(double b, int64_t n);
+
 void port__gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                 int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 /* Vendored blocked SGEMM. */

@@ -18,12 +18,12 @@ port_status port_softmax_xent_forward(float *loss, float *probs, const float *lo
         for (int64_t j = 1; j < k; j++) mx = z[j] > mx ? z[j] : mx;
         double s = 0.0, sz = 0.0;
         for (int64_t j = 0; j < k; j++) {
-            float e = expf(z[j] - mx);
+            float e = port__expf(z[j] - mx);
             pr[j] = e;
             s += e;
             sz += (double)z[j] - mx;
         }
-        double lse = log(s);
+        double lse = port__log(s);
         float inv = (float)(1.0 / s);
         for (int64_t j = 0; j < k; j++) pr[j] *= inv;
         double nll = -(((double)z[labels[i]] - mx) - lse);

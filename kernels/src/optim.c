@@ -36,7 +36,7 @@ port_status port_adamw_step(float *param, float *exp_avg, float *exp_avg_sq, con
     const float decay = (float)(1.0 - lr * weight_decay);
     const float w = (float)(1.0 - beta1);
     const float b2 = (float)beta2, omb2 = (float)(1.0 - beta2);
-    const double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
+    const double bc1 = 1.0 - port__powi(beta1, step), bc2 = 1.0 - port__powi(beta2, step);
     const float nstep = (float)(-(lr / bc1));
     const float bc2s = (float)sqrt(bc2), feps = (float)eps;
 #pragma omp parallel for schedule(static) if (count > PORT_PAR_MIN)

@@ -15,10 +15,15 @@ def compile_cmd(config: Path = typer.Argument(..., help="experiment YAML"),
                 budget: Optional[str] = typer.Option(None, "--budget", help="memory budget: bytes, 64MB, 1.5GiB or "
                                                      "NN% of the keep-everything peak"),
                 profile: Optional[Path] = typer.Option(None, "--profile", help="profile file (default "
-                                                       "profiles/<device>/<config name>.json)")) -> None:
+                                                       "profiles/<device>/<config name>.json)"),
+                emit_c: bool = typer.Option(False, "--emit-c", help="also write the bundle and a few training "
+                                            "samples as C source (port_bundle.c/.h, port_data.c) for targets "
+                                            "without a file system"),
+                emit_samples: int = typer.Option(16, "--emit-samples", min=1, help="samples in port_data.c")) -> None:
     """Compile the config's training job into a port-rt bundle (C kernels only) and write its data."""
     from port import pipeline as P
-    P.compile_bundle(config, output, plan_path=plan, budget=budget, profile=profile, echo=typer.echo)
+    P.compile_bundle(config, output, plan_path=plan, budget=budget, profile=profile, emit_c=emit_c,
+                     emit_samples=emit_samples, echo=typer.echo)
 
 
 def register(app: typer.Typer) -> None:

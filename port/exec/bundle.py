@@ -204,3 +204,47 @@ def write_data(path: str | Path, x: Any, y: Any, classes: int) -> Path:
         f.write(body)
         f.write(hashlib.sha256(body).digest())
     return path
+
+
+def _c_bytes(data: bytes, per_line: int = 24) -> str:
+    return ",\n".join("    " + ", ".join(f"0x{b:02x}" for b in data[i:i + per_line])
+                      for i in range(0, len(data), per_line))
+
+
+def emit_c(bundle: bytes, out_dir: str | Path, x: Any = None, y: Any = None) -> list[Path]:
+    """Write a bundle as C source for targets without a file system: ``port_bundle.c`` (the bytes, 64-byte
+    aligned, and their count), ``port_bundle.h`` (PORT_ARENA_BYTES, PORT_BATCH, PORT_BATCH_FLOATS for a static
+    arena and batch buffers) and, with samples ``x`` [n, ...] / ``y`` [n], ``port_data.c`` (float32 values as
+    exact hexadecimal literals, int64 labels). kernels/mcu/main_m4.c is a program built from them."""
+    import numpy as np
+    if bundle[:8] != MAGIC:
+        raise BundleError("emit_c: not a bundle (wrong magic)")
+    A = struct.unpack_from("<Q", bundle, 24)[0]
+    in_bytes, batch = struct.unpack_from("<q", bundle, 88)[0], struct.unpack_from("<q", bundle, 128)[0]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    src = ("/* A port-rt bundle as C data (port compile --emit-c). Layout: kernels/include/port_rt.h. */\n"
+           "#include <stdint.h>\n"
+           f"const uint8_t port_bundle[{len(bundle)}] __attribute__((aligned(64))) = {{\n{_c_bytes(bundle)}\n}};\n"
+           f"const uint64_t port_bundle_bytes = {len(bundle)}u;\n")
+    hdr = ("/* Sizes of the compiled-in bundle (port compile --emit-c). */\n#pragma once\n"
+           f"#define PORT_ARENA_BYTES {A}u\n#define PORT_BATCH {batch}\n#define PORT_BATCH_FLOATS {in_bytes // 4}\n")
+    for name, text in (("port_bundle.c", src), ("port_bundle.h", hdr)):
+        with atomic_writer(out / name) as f:
+            f.write(text.encode())
+        files.append(out / name)
+    if x is not None:
+        xa = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+        ya = np.asarray(y, dtype=np.int64).reshape(-1)
+        n, F = xa.shape[0], int(np.prod(xa.shape[1:]))
+        vals = [float(v).hex() + "f" for v in xa.reshape(-1).astype(np.float64)]
+        body = ",\n".join("    " + ", ".join(vals[i:i + 6]) for i in range(0, len(vals), 6))
+        text = ("/* Samples for port-rt without a file system (port compile --emit-c). */\n#include <stdint.h>\n"
+                f"const float port_data_x[{n * F}] = {{\n{body}\n}};\n"
+                f"const int64_t port_data_y[{n}] = {{{', '.join(str(int(v)) for v in ya)}}};\n"
+                f"const int64_t port_data_n = {n}, port_data_sample_floats = {F};\n")
+        with atomic_writer(out / "port_data.c") as f:
+            f.write(text.encode())
+        files.append(out / "port_data.c")
+    return files
