@@ -2,12 +2,15 @@
  *
  *   port-rt info  BUNDLE
  *   port-rt train BUNDLE --data FILE [--steps N] [--threads T] [--gemm blas|vendored]
- *                        [--spill-dir DIR] [--every K]
- *   port-rt eval  BUNDLE --data FILE [--threads T] [--gemm blas|vendored]
+ *                        [--spill-dir DIR] [--every K] [--checkpoint FILE [--resume]]
+ *   port-rt eval  BUNDLE --data FILE [--threads T] [--gemm blas|vendored] [--checkpoint FILE]
+ *
+ * --checkpoint FILE: train writes it (atomically) after the last step; --resume (train) and eval read it first.
+ * Checkpoints are the Python Trainer's format, so `port train --resume` and port-rt continue each other.
  *
  * train prints one line per step ("step I loss L ms T"), then a summary with the arena size and the process's
- * peak resident memory (VmHWM).  Batches are taken in order from the data file, wrapping around: batch i holds
- * samples (i*B + j) mod n.  Exit codes: 0 ok, 2 bad input (file, bundle, data, arguments), 1 a kernel failed.
+ * peak resident memory (VmHWM).  Batches are taken in order from the data file, wrapping around: the batch of
+ * step i (counted from the bundle's or checkpoint's step) holds samples (i*B + j) mod n.  Exit codes: 0 ok, 2 bad input (file, bundle, data, arguments), 1 a kernel failed.
  * Data file layout: port/exec/bundle.py.  Bundle layout: port_rt.h. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -132,8 +135,9 @@ static const char *rt_error(int st) {
 static void usage(void) {
     fprintf(stderr, "usage: port-rt info BUNDLE\n"
                     "       port-rt train BUNDLE --data FILE [--steps N] [--threads T] [--gemm blas|vendored] "
-                    "[--spill-dir DIR] [--every K]\n"
-                    "       port-rt eval BUNDLE --data FILE [--threads T] [--gemm blas|vendored]\n");
+                    "[--spill-dir DIR] [--every K] [--checkpoint FILE [--resume]]\n"
+                    "       port-rt eval BUNDLE --data FILE [--threads T] [--gemm blas|vendored] "
+                    "[--checkpoint FILE]\n");
 }
 
 int main(int argc, char **argv) {
@@ -141,17 +145,23 @@ int main(int argc, char **argv) {
         usage();
         return 2;
     }
-    const char *cmd = argv[1], *bpath = argv[2], *dpath = NULL, *spill_dir = "/tmp";
+    const char *cmd = argv[1], *bpath = argv[2], *dpath = NULL, *spill_dir = "/tmp", *ckpath = NULL;
+    int resume = 0;
     long steps = 10, threads = 0, every = 1;
     int gemm = -1;
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
+        if (!strcmp(a, "--resume")) {
+            resume = 1;
+            continue;
+        }
         if (!v) {
             fprintf(stderr, "port-rt: option %s needs a value\n", a);
             return 2;
         }
         if (!strcmp(a, "--data")) dpath = v;
+        else if (!strcmp(a, "--checkpoint")) ckpath = v;
         else if (!strcmp(a, "--spill-dir")) spill_dir = v;
         else if (!strcmp(a, "--gemm")) {
             if (!strcmp(v, "blas")) gemm = PORT_GEMM_BLAS;
@@ -219,6 +229,26 @@ int main(int argc, char **argv) {
         fprintf(stderr, "port-rt: %s needs --data FILE\n", cmd);
         return 2;
     }
+    if (resume && !ckpath) {
+        fprintf(stderr, "port-rt: --resume needs --checkpoint FILE\n");
+        return 2;
+    }
+    if (ckpath && (resume || !strcmp(cmd, "eval"))) {
+        uint64_t cn = 0;
+        uint8_t *ck = read_file(ckpath, &cn);
+        if (!ck) {
+            fprintf(stderr, "port-rt: cannot read checkpoint %s: %s\n", ckpath, strerror(errno));
+            return 2;
+        }
+        if ((st = port_rt_read_checkpoint(&rt, ck, cn)) != PORT_OK) {
+            fprintf(stderr, "port-rt: %s is not a checkpoint of this bundle (magic, version, checksum, graph or "
+                            "tensors differ; status %d). Fix: train without --resume, or use the checkpoint this "
+                            "bundle's model wrote\n", ckpath, st);
+            return 2;
+        }
+        free(ck);
+        printf("resumed from %s at step %lld\n", ckpath, (long long)rt.state.step);
+    }
     data_t d;
     void *downer = NULL;
     if ((st = load_data(dpath, &d, &downer)) != 0) return st;
@@ -252,9 +282,10 @@ int main(int argc, char **argv) {
     long n_batches = !strcmp(cmd, "eval") ? (long)((d.n + B - 1) / B) : steps;
     double total_ms = 0.0;
     int64_t correct = 0, seen = 0;
+    int64_t step0 = !strcmp(cmd, "eval") ? 0 : rt.state.step;
     for (long s = 0; s < n_batches; s++) {
         for (uint64_t j = 0; j < B; j++) {
-            uint64_t k = ((uint64_t)s * B + j) % d.n;
+            uint64_t k = ((uint64_t)(step0 + s) * B + j) % d.n;
             memcpy(xb + j * d.sample_floats, d.x + k * d.sample_floats, d.sample_floats * 4);
             yb[j] = d.y[k];
         }
@@ -288,6 +319,30 @@ int main(int argc, char **argv) {
         } else if ((s + 1) % every == 0 || s + 1 == n_batches) {
             printf("step %lld loss %.9g ms %.3f\n", (long long)rt.state.step, (double)loss, ms);
         }
+    }
+    if (ckpath && !strcmp(cmd, "train")) {
+        uint64_t cap = port_rt_checkpoint_bytes(&rt), got = 0;
+        uint8_t *buf = cap ? malloc((size_t)cap) : NULL;
+        if (!buf || port_rt_write_checkpoint(&rt, buf, cap, &got) != PORT_OK) {
+            fprintf(stderr, "port-rt: cannot build the checkpoint (the bundle has no checkpoint template?)\n");
+            return 1;
+        }
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", ckpath, (long)getpid());
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+        uint64_t off = 0;
+        while (fd >= 0 && off < got) {
+            ssize_t k = write(fd, buf + off, (size_t)(got - off));
+            if (k <= 0) break;
+            off += (uint64_t)k;
+        }
+        if (fd < 0 || off != got || fsync(fd) != 0 || close(fd) != 0 || rename(tmp, ckpath) != 0) {
+            fprintf(stderr, "port-rt: cannot write the checkpoint %s: %s\n", ckpath, strerror(errno));
+            unlink(tmp);
+            return 2;
+        }
+        free(buf);
+        printf("checkpoint %s at step %lld\n", ckpath, (long long)rt.state.step);
     }
     if (!strcmp(cmd, "eval"))
         printf("eval samples %lld correct %lld accuracy %.6f ms %.3f\n", (long long)seen, (long long)correct,

@@ -43,7 +43,14 @@
  *             hyperparameters, steps done, dropout seed and counter)
  *   264  64 graph digest (ASCII hex, NUL padded)
  *   328  64 plan digest (ASCII hex, NUL padded)
- *   392  120 zero
+ *   392  8  u64 file offset of the checkpoint template (0: none): n x
+ *             {i64 arena offset, i64 bytes, i64 data offset} for the
+ *             checkpointed tensors, then the header's fixed members as JSON
+ *             (no braces), then its "tensors" array as JSON
+ *   400  4  u32 checkpointed tensors n   404  4  u32 fixed JSON bytes
+ *   408  4  u32 tensors JSON bytes       412  4  u32 zero
+ *   416  8  u64 checkpoint data bytes (the tensors, each 64-byte aligned)
+ *   424  88 zero
  *   512  ...  sections (each 64-byte aligned)
  *   total-32  32  SHA-256 of bytes [0, total-32)
  *
@@ -192,6 +199,11 @@ typedef struct {
     /* diagnostics of the last failure */
     int32_t failed_call;           /* index of the call that failed, -1 */
     int64_t bad_label, bad_label_index;
+    /* checkpoint template (checkpoints: the Python trainer's format 2, port/train/checkpoint.py) */
+    const int64_t *ckpt_table;
+    const char *ckpt_fixed, *ckpt_tensors;
+    uint32_t ckpt_n, ckpt_fixed_len, ckpt_tensors_len;
+    uint64_t ckpt_data_bytes;
 } port_rt;
 
 /* Check a bundle (magic, version, sizes, SHA-256, every call's offsets inside
@@ -221,6 +233,16 @@ PORT_API uint64_t port_rt_struct_bytes(void);
  * if labels are given, the number of correct argmax predictions. */
 PORT_API int port_rt_evaluate(port_rt *rt, const void *x, const int64_t *y, float *logits,
                               int64_t *correct);
+
+/* Checkpoints in the Python Trainer's format (port/train/checkpoint.py, format 2: magic, version, header
+ * length, SHA-256, JSON header, data), so either can resume the other.  Caller-owned memory:
+ * port_rt_checkpoint_bytes() bounds the size; port_rt_write_checkpoint() fills out[] and sets *written;
+ * port_rt_read_checkpoint() checks magic, version, length, checksum, graph digest and tensor table, then
+ * restores the tensors and the step / RNG counters.  PORT_RT_ERR_CHECKPOINT on any mismatch. */
+#define PORT_RT_ERR_CHECKPOINT 25
+PORT_API uint64_t port_rt_checkpoint_bytes(const port_rt *rt);
+PORT_API int port_rt_write_checkpoint(const port_rt *rt, uint8_t *out, uint64_t n, uint64_t *written);
+PORT_API int port_rt_read_checkpoint(port_rt *rt, const uint8_t *ckpt, uint64_t n);
 
 /* SHA-256 (FIPS 180-4), for bundles and checkpoints. */
 PORT_API void port_sha256(uint8_t *out, const void *data, uint64_t n);   /* out: 32 bytes */

@@ -76,6 +76,16 @@ int port_rt_bundle_check(const uint8_t *b, uint64_t n, uint64_t *arena_bytes) {
         i64(b, 104) != batch * 8 || !inside(i64(b, 112), 4, A) || !inside(i64(b, 120), batch * classes * 4, A) ||
         !inside(i64(b, 144), i64(b, 88), A) || !inside(i64(b, 152), batch * classes * 4, A))
         return PORT_RT_ERR_BUNDLE;
+    uint64_t ko = u64(b, 392);
+    if (ko) {   /* the checkpoint template */
+        uint64_t kn = u32(b, 400), fl = u32(b, 404), tl = u32(b, 408), db = u64(b, 416);
+        if (ko % 8 || !inside((int64_t)ko, (int64_t)(kn * 24 + fl + tl), body) || db > ((uint64_t)1 << 62))
+            return PORT_RT_ERR_BUNDLE;
+        for (uint64_t i = 0; i < kn; i++) {
+            int64_t ao = i64(b, ko + 24 * i), nb = i64(b, ko + 24 * i + 8), dof = i64(b, ko + 24 * i + 16);
+            if (!inside(ao, nb, P) || !inside(dof, nb, db)) return PORT_RT_ERR_BUNDLE;
+        }
+    }
     for (uint64_t i = 0; i < nc; i++) {
         port_rt_call c;
         memcpy(&c, b + co + i * CALL_BYTES, CALL_BYTES);
@@ -112,6 +122,16 @@ int port_rt_load(port_rt *rt, const uint8_t *b, uint64_t n, uint8_t *arena, uint
     memcpy(rt->plan_digest, b + 328, 64);
     rt->spill_fd = -1;
     rt->failed_call = -1;
+    uint64_t ko = u64(b, 392);
+    if (ko) {
+        rt->ckpt_n = u32(b, 400);
+        rt->ckpt_fixed_len = u32(b, 404);
+        rt->ckpt_tensors_len = u32(b, 408);
+        rt->ckpt_data_bytes = u64(b, 416);
+        rt->ckpt_table = (const int64_t *)(const void *)(b + ko);
+        rt->ckpt_fixed = (const char *)(b + ko + 24 * (uint64_t)rt->ckpt_n);
+        rt->ckpt_tensors = rt->ckpt_fixed + rt->ckpt_fixed_len;
+    }
     if (!(u32(b, 76) & PORT_RT_FLAG_NO_IMAGE)) {   /* else the arena already holds the persistent state */
         memset(arena, 0, (size_t)A);
         memcpy(arena, b + u64(b, 40), (size_t)rt->persistent_bytes);

@@ -134,12 +134,14 @@ def build_bundle(trainer: Any, image: bool = True) -> tuple[bytes, tuple]:
     if ep.slot(ep.input_id).nbytes != sl(tp.input_id).nbytes:
         raise BundleError("the inference program's input differs from the training program's")
     state = rtcall.state_from(trainer.state)
+    ckpt = _checkpoint_template(trainer)
     hdr = bytearray(HEADER_BYTES)
     sec_image = HEADER_BYTES
     sec_calls = sec_image + len(image) + _pad(len(image))
     call_bytes = len(calls) * ctypes.sizeof(rtcall.RtCall)
     sec_zero = sec_calls + call_bytes + _pad(call_bytes)
-    end = sec_zero + len(zeros) + _pad(len(zeros))
+    sec_ckpt = sec_zero + len(zeros) + _pad(len(zeros))
+    end = sec_ckpt + len(ckpt[0]) + _pad(len(ckpt[0]))
     total = end + 32
     has_loss = ep.loss_id >= 0 and ep.has_slot(ep.loss_id)
     has_label = ep.label_id >= 0 and ep.has_slot(ep.label_id)
@@ -151,6 +153,7 @@ def build_bundle(trainer: Any, image: bool = True) -> tuple[bytes, tuple]:
                      ep.slot(ep.loss_id).offset if has_loss else -1,
                      ep.slot(ep.label_id).offset if has_label else -1)
     hdr[176:264] = bytes(state)
+    struct.pack_into("<QIIIIQ", hdr, 392, sec_ckpt, *ckpt[1:4], 0, ckpt[4])
     gd, pd = tp.graph_digest.encode()[:64], _plan_digest(trainer).encode()[:64]
     hdr[264:264 + len(gd)] = gd
     hdr[328:328 + len(pd)] = pd
@@ -160,9 +163,25 @@ def build_bundle(trainer: Any, image: bool = True) -> tuple[bytes, tuple]:
         body += bytes(r)
     body += b"\0" * _pad(call_bytes)
     body += zeros + b"\0" * _pad(len(zeros))
+    body += ckpt[0] + b"\0" * _pad(len(ckpt[0]))
     assert len(body) == end
     body += hashlib.sha256(body).digest()
     return bytes(body), (total, A, P, len(tp.calls), len(ep.calls), batch, classes, tp.graph_digest, pd.decode())
+
+
+def _checkpoint_template(trainer: Any) -> tuple[bytes, int, int, int, int]:
+    """(section bytes, tensors, fixed JSON bytes, tensors JSON bytes, data bytes): what port-rt needs to write and
+    read checkpoints in the Trainer's format (port.train.checkpoint: the same header fields and tensor table)."""
+    import json
+    from port.train import checkpoint as CK
+    tensors = CK.trainer_tensors(trainer)
+    entries, data_bytes = CK.tensor_table(tensors)
+    base = trainer.arena.data_ptr()
+    table = b"".join(struct.pack("<qqq", t.data_ptr() - base, e["nbytes"], e["offset"])
+                     for e, (_, t) in zip(entries, tensors))
+    fixed = json.dumps(CK.trainer_fixed_header(trainer), sort_keys=True)[1:-1].encode()
+    tj = json.dumps(entries, sort_keys=True).encode()
+    return table + fixed + tj, len(entries), len(fixed), len(tj), data_bytes
 
 
 def _plan_digest(trainer: Any) -> str:

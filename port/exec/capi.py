@@ -71,7 +71,9 @@ class Rt(ctypes.Structure):
                                 "logits_offset", "batch", "classes", "eval_input_offset", "eval_logits_offset",
                                 "eval_loss_offset", "eval_label_offset")] + \
         [("state", RtState), ("graph_digest", ctypes.c_char * 65), ("plan_digest", ctypes.c_char * 65),
-         ("spill_fd", c_int), ("failed_call", ctypes.c_int32), ("bad_label", c_int64), ("bad_label_index", c_int64)]
+         ("spill_fd", c_int), ("failed_call", ctypes.c_int32), ("bad_label", c_int64), ("bad_label_index", c_int64),
+         ("ckpt_table", c_void_p), ("ckpt_fixed", c_void_p), ("ckpt_tensors", c_void_p), ("ckpt_n", ctypes.c_uint32),
+         ("ckpt_fixed_len", ctypes.c_uint32), ("ckpt_tensors_len", ctypes.c_uint32), ("ckpt_data_bytes", c_uint64)]
 
 
 _STRUCTS = {"port_rt": Rt, "port_rt_call": RtCall, "port_rt_state": RtState, "port_conv2d_params": Conv2dParams, "port_batchnorm_params": BatchNormParams,
@@ -167,6 +169,9 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_rt_struct_bytes", "uint64_t", ()),
     ("port_rt_evaluate", "int", ("port_rt*", "const void*", "const int64_t*", "float*", "int64_t*")),
     ("port_sha256", "void", ("uint8_t*", "const void*", "uint64_t")),
+    ("port_rt_checkpoint_bytes", "uint64_t", ("const port_rt*",)),
+    ("port_rt_write_checkpoint", "int", ("const port_rt*", "uint8_t*", "uint64_t", "uint64_t*")),
+    ("port_rt_read_checkpoint", "int", ("port_rt*", "const uint8_t*", "uint64_t")),
 ]
 
 _SCALARS = {"int": c_int, "int64_t": c_int64, "uint64_t": c_uint64, "float": c_float,

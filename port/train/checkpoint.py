@@ -241,18 +241,39 @@ def _read(path: str | Path, data: bool):
 
 
 # ---------------------------------------------------------------------------------------------
-def save_trainer(tr, path: str | Path, meta: dict | None = None, _fail_after: int | None = None) -> None:
+def trainer_tensors(tr) -> list[tuple[dict, Any]]:
+    """[({"name", "kind"}, tensor view)] of a trainer's checkpointed state, in file order."""
     from port.ir.types import ROLE_BUFFER, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER
     kinds = {ROLE_PARAMETER: "parameter", ROLE_BUFFER: "buffer", ROLE_OPTIMIZER_STATE: "optimizer_state"}
-    tensors = [({"name": s.name, "kind": kinds[s.role]}, tr._view(s))
-               for s in tr._named_slots(tuple(kinds))]
+    return [({"name": s.name, "kind": kinds[s.role]}, tr._view(s)) for s in tr._named_slots(tuple(kinds))]
+
+
+def trainer_fixed_header(tr, meta: dict | None = None) -> dict:
+    """The header fields that do not change while training (the rest: step, rng, bn_batches, data_bytes,
+    tensors, format)."""
+    return {"optimizer": tr.opt.to_dict(), "graph_digest": tr.graph.digest(), "model": tr.graph.name,
+            "batch_size": tr.batch_size, "micro_batch": tr.micro_batch,
+            "program": {"arena_bytes": tr.program.arena_bytes, "persistent_bytes": tr.program.persistent_bytes},
+            "meta": meta or {}}
+
+
+def tensor_table(tensors: list[tuple[dict, Any]]) -> tuple[list[dict], int]:
+    """The header's "tensors" entries (data offsets 64-byte aligned, as write_checkpoint lays them out) and the
+    data section's length."""
+    entries, off = [], 0
+    for e, t in tensors:
+        n = t.numel() * t.element_size()
+        dtype = str(t.dtype).replace("torch.", "")
+        entries.append(dict(e, dtype=dtype, shape=list(t.shape), offset=off, nbytes=n))
+        off += n + _pad(n)
+    return entries, off
+
+
+def save_trainer(tr, path: str | Path, meta: dict | None = None, _fail_after: int | None = None) -> None:
     st = tr.state
     header = {"step": st.step, "rng": {"seed": st.seed, "dropout_counter": st.dropout_counter},
-              "bn_batches": tr._bn_batches, "optimizer": tr.opt.to_dict(), "graph_digest": tr.graph.digest(),
-              "model": tr.graph.name, "batch_size": tr.batch_size, "micro_batch": tr.micro_batch,
-              "program": {"arena_bytes": tr.program.arena_bytes, "persistent_bytes": tr.program.persistent_bytes},
-              "meta": meta or {}}
-    write_checkpoint(path, header, tensors, _fail_after=_fail_after)
+              "bn_batches": tr._bn_batches, **trainer_fixed_header(tr, meta)}
+    write_checkpoint(path, header, trainer_tensors(tr), _fail_after=_fail_after)
 
 
 def load_into_trainer(tr, path: str | Path) -> dict:

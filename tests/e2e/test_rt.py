@@ -210,3 +210,40 @@ def test_whole_step_engine_refusals_and_nonfinite():
     W = [s for s in tr.program.slots if s.role == "parameter" and s.root == s.tensor]
     for s in W:
         assert torch.equal(tr.arena[s.offset:s.offset + s.nbytes], before[s.offset:s.offset + s.nbytes])
+
+
+def test_checkpoints_resume_across_python_and_port_rt(port_rt, tmp_path):
+    """Python trains 5 steps and checkpoints; port-rt resumes from that file, trains 5 more and checkpoints;
+    Python resumes from port-rt's file: every loss equals an uninterrupted Python run, bit for bit."""
+    tr_ref, x, y = _case("digits_cnn", (1, 8, 8), B=4)
+    B = 4
+
+    def batch(s):
+        idx = [(s * B + j) % N for j in range(B)]
+        return x[idx], y[idx]
+
+    ref = [np.float32(tr_ref.step(*batch(s))) for s in range(12)]
+    tr, _, _ = _case("digits_cnn", (1, 8, 8), B=4)
+    for s in range(5):
+        tr.step(*batch(s))
+    ck = tmp_path / "ck.port"
+    tr.save_checkpoint(ck)
+    port.compile(tr, tmp_path / "m.portrt")
+    write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), 10)
+    r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 5,
+             "--checkpoint", ck, "--resume", "--threads", kernels.get_num_threads())
+    assert r.returncode == 0, r.stderr
+    assert "resumed from" in r.stdout and "at step 5" in r.stdout and "checkpoint" in r.stdout.splitlines()[-2]
+    got = [np.float32(ln.split()[3]) for ln in r.stdout.splitlines() if ln.startswith("step ")]
+    assert [g.tobytes() for g in got] == [v.tobytes() for v in ref[5:10]]
+    torch.manual_seed(0)
+    tr2 = port.Trainer.resume(ck, models.get("digits_cnn", seed=0), x[:B],
+                              optimizer=port.optim.SGD(0.05, momentum=0.9))
+    assert tr2.step_count == 10
+    assert [np.float32(tr2.step(*batch(s))).tobytes() for s in (10, 11)] == [v.tobytes() for v in ref[10:12]]
+    # a checkpoint of another model is refused by port-rt, named
+    other, _, _ = _case("mlp", (64,))
+    other.save_checkpoint(tmp_path / "other.port")
+    r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 1,
+             "--checkpoint", tmp_path / "other.port", "--resume")
+    assert r.returncode == 2 and "not a checkpoint of this bundle" in r.stderr
