@@ -19,7 +19,11 @@
  *  - Aliasing: outputs must not overlap inputs, except where a kernel states
  *    "may alias" (in-place variants).  Aliasing is then allowed only as exact
  *    equality of the two pointers.
- *  - Threads: kernels use OpenMP (port_set_num_threads) and BLAS.
+ *  - Threads: kernels use OpenMP (port_set_num_threads) and BLAS.  Threads split
+ *    independent outputs, so results do not depend on the thread count, except
+ *    GEMMs on the BLAS backend (PORT_GEMM_BLAS), which split large products into
+ *    per-thread blocks whose edge cases OpenBLAS rounds differently; the
+ *    vendored GEMM's blocking does not depend on the thread count.
  *  - "Saved:" lines list what the backward of a kernel needs from forward.
  */
 #ifndef PORT_KERNELS_H

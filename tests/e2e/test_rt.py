@@ -247,3 +247,18 @@ def test_checkpoints_resume_across_python_and_port_rt(port_rt, tmp_path):
     r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 1,
              "--checkpoint", tmp_path / "other.port", "--resume")
     assert r.returncode == 2 and "not a checkpoint of this bundle" in r.stderr
+
+
+def test_vendored_gemm_is_thread_count_independent(port_rt, tmp_path):
+    """With --gemm vendored every kernel gives the same bits at 1 and 2 threads (the OpenBLAS build splits
+    large GEMMs into per-thread blocks, so it is compared at equal thread counts only)."""
+    tr, x, y = _case("mobilenetv2", (3, 32, 32), B=8)
+    port.compile(tr, tmp_path / "m.portrt")
+    write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), 10)
+    out = []
+    for t in (1, 2):
+        r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 3,
+                 "--threads", t, "--gemm", "vendored")
+        assert r.returncode == 0, r.stderr
+        out.append([ln.split()[3] for ln in r.stdout.splitlines() if ln.startswith("step ")])
+    assert len(out[0]) == 3 and out[0] == out[1]
