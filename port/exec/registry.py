@@ -289,16 +289,17 @@ def call_shapes(kernel: str, attrs: dict, in_shapes, out_shapes) -> tuple[list, 
         return lst[i]
 
     k = kernel
+
+    def geometry(rank: int) -> tuple[tuple, int]:
+        """(x shape, output channels/features) of a conv or linear call: the forward reads them from x and the
+        weight, the input gradient from dx and the weight, the weight gradient from x and dy."""
+        if "." not in k:
+            return _rank(at(I, 0, "input 0 (x)"), rank, "x"), _rank(at(I, 1, "input 1 (weight)"), rank, "weight")[0]
+        if k.endswith(".grad_input"):
+            return _rank(at(O, 0, "output 0 (dx)"), rank, "dx"), _rank(at(I, 1, "input 1 (weight)"), rank, "weight")[0]
+        return _rank(at(I, 1, "input 1 (x)"), rank, "x"), _rank(at(I, 0, "input 0 (dy)"), rank, "dy")[1]
     if k in ("conv2d", "conv2d_bn_relu", "conv2d.grad_input", "conv2d.grad_weight"):
-        if k in ("conv2d", "conv2d_bn_relu"):
-            x = _rank(at(I, 0, "input 0 (x)"), 4, "x")
-            co = _rank(at(I, 1, "input 1 (weight)"), 4, "weight")[0]
-        elif k == "conv2d.grad_input":
-            x = _rank(at(O, 0, "output 0 (dx)"), 4, "dx")
-            co = _rank(at(I, 1, "input 1 (weight)"), 4, "weight")[0]
-        else:
-            x = _rank(at(I, 1, "input 1 (x)"), 4, "x")
-            co = _rank(at(I, 0, "input 0 (dy)"), 4, "dy")[1]
+        x, co = geometry(4)
         g = attrs.get("groups")
         if type(g) is not int or g < 1 or x[1] % g or co % g:
             raise CallShapeError(f"attribute groups={g!r}: expected an int >= 1 dividing C_in={x[1]} and "
@@ -372,15 +373,7 @@ def call_shapes(kernel: str, attrs: dict, in_shapes, out_shapes) -> tuple[list, 
         y = ((x[0], x[1], 1, 1), F32)
         return ([(x, F32)], [y]) if "." not in k else ([y], [(x, F32)])
     if k in ("linear", "linear.grad_input", "linear.grad_weight"):
-        if k == "linear":
-            x = _rank(at(I, 0, "input 0 (x)"), 2, "x")
-            fo = _rank(at(I, 1, "input 1 (weight)"), 2, "weight")[0]
-        elif k == "linear.grad_input":
-            x = _rank(at(O, 0, "output 0 (dx)"), 2, "dx")
-            fo = _rank(at(I, 1, "input 1 (weight)"), 2, "weight")[0]
-        else:
-            x = _rank(at(I, 1, "input 1 (x)"), 2, "x")
-            fo = _rank(at(I, 0, "input 0 (dy)"), 2, "dy")[1]
+        x, fo = geometry(2)
         w, y, b = ((fo, x[1]), F32), ((x[0], fo), F32), ((fo,), F32)
         if k == "linear":
             return [(x, F32), w] + ([b] if attrs.get("bias") else []), [y]

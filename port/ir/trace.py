@@ -263,12 +263,15 @@ def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable
             return list(stack.keys())[-1] if not isinstance(stack, dict) else list(stack)[-1]
         return ""
 
-    def unsupported(node: Any, what: str) -> PortTraceError:
+    def located(node: Any) -> str:
+        """"at module path '<path>' (fx node '<name>', <source line>)": where an error message points."""
         path = node.target if node.op == "call_module" else scope_of(node) or "<root>"
         src = node.meta.get("port_src", "")
+        return f"at module path '{path}' (fx node '{node.name}'{', ' + src if src else ''})"
+
+    def unsupported(node: Any, what: str) -> PortTraceError:
         return PortTraceError(
-            f"{model_name}: unsupported op {what} at module path '{path}' (fx node '{node.name}'"
-            f"{', ' + src if src else ''}). "
+            f"{model_name}: unsupported op {what} {located(node)}. "
             f"Supported ops: {_supported_list()}; loss: {', '.join(SUPPORTED_LOSSES)}. Replace the layer "
             f"or freeze it outside the traced model.")
 
@@ -323,11 +326,8 @@ def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable
             why = (f"the output of '{producer.name}' ({producer.kind}), which its backward reads (PyTorch autograd "
                    f"fails with 'modified by an inplace operation')")
         if why is not None:
-            path = node.target if node.op == "call_module" else scope_of(node) or "<root>"
-            src = node.meta.get("port_src", "")
             raise PortTraceError(
-                f"{model_name}: in-place op '{opname}' at module path '{path}' (fx node '{node.name}'"
-                f"{', ' + src if src else ''}) modifies {why}. PORT traces in-place ops by replacing the "
+                f"{model_name}: in-place op '{opname}' {located(node)} modifies {why}. PORT traces in-place ops by replacing the "
                 f"modified tensor with the result, which is only sound when nothing else observes the old "
                 f"value. Fix: use the out-of-place form and rebind the name (e.g. h = F.relu(h), h = h + y, "
                 f"nn.ReLU(inplace=False)).")
