@@ -46,9 +46,52 @@ ROOT = Path(__file__).resolve().parent.parent
 # bench/ holds a profile.py that would shadow the stdlib module torch._dynamo imports: bench/ goes last
 sys.path[:] = [str(ROOT)] + [q for q in sys.path if Path(q or ".").resolve() != ROOT / "bench"] + [str(ROOT / "bench")]
 
-MODELS = ("resnet18", "vgg11", "mobilenetv2")
-LABEL = {"resnet18": "ResNet-18", "vgg11": "VGG-11", "mobilenetv2": "MobileNetV2"}
+MODELS = ("resnet18", "vgg11", "mobilenetv2", "dsnet")
+LABEL = {"resnet18": "ResNet-18", "vgg11": "VGG-11", "mobilenetv2": "MobileNetV2", "dsnet": "dsnet-37"}
 MB = 1e6
+IMPLS = ("torch", "torchp", "port")    # PyTorch eager with its own OpenMP defaults; with PORT's policy; PORT
+# the driver's own OpenMP settings (a user's choice is passed on; nothing PORT sets leaks into a worker)
+_USER_OMP = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "PORT_OMP_WAIT_POLICY")}
+
+
+def build_model(name: str):
+    """(model, per-sample input shape): the zoo's models, and examples/dsnet (a depthwise-separable net, width 32,
+    on an odd 37x37 input)."""
+    from port import models
+    if name == "dsnet":
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("dsnet", ROOT / "examples" / "dsnet" / "dsnet.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        import torch
+        torch.manual_seed(0)
+        return mod.make(width=32), (3, 37, 37)
+    return models.get(name, seed=0), models.INPUT_SHAPES[name]
+
+
+def train_flops(model, x, y) -> float:
+    """FLOPs of one training step: 2 per multiply-add of every convolution and linear layer, forward plus both
+    gradients (3x the forward; the first layer's input gradient, which no step computes, is counted too).
+    Counted with forward hooks: torch's FlopCounterMode ignores groups in a convolution's backward (it counts a
+    depthwise conv's gradients as dense ones, 64x too many for 64 channels)."""
+    import torch
+    import torch.nn as nn
+    total = [0]
+
+    def hook(mod, inp, out):
+        if isinstance(mod, nn.Conv2d):
+            kh, kw = mod.kernel_size
+            total[0] += 2 * out.numel() * (mod.in_channels // mod.groups) * kh * kw
+        elif isinstance(mod, nn.Linear):
+            total[0] += 2 * out.numel() * mod.in_features
+    hs = [mod.register_forward_hook(hook) for mod in model.modules() if isinstance(mod, (nn.Conv2d, nn.Linear))]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hs:
+            h.remove()
+    return 3.0 * total[0]
 
 
 # ----------------------------------------------------------------------------- worker (fresh process)
@@ -98,10 +141,10 @@ def worker(impl: str, name: str, batch: int, steps: int, warmup: int, threads: i
     import port.ir.trace  # noqa: F401
     import port.lower.lower  # noqa: F401
 
-    model = models.get(name, seed=0)
+    model, in_shape = build_model(name)
     model.train()
     g = torch.Generator().manual_seed(1234)
-    x = torch.randn(batch, *models.INPUT_SHAPES[name], generator=g)
+    x = torch.randn(batch, *in_shape, generator=g)
     y = torch.randint(0, 10, (batch,), generator=g)
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
@@ -109,7 +152,7 @@ def worker(impl: str, name: str, batch: int, steps: int, warmup: int, threads: i
     pre = _status()["VmRSS"]
 
     t0 = time.perf_counter()
-    if impl == "torch":
+    if impl in ("torch", "torchp"):
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
         def step() -> float:
@@ -159,12 +202,36 @@ def worker(impl: str, name: str, batch: int, steps: int, warmup: int, threads: i
             break
     st = _status()
     peak = st["VmHWM"] if sampler is None else sampler.stop()
-    return {"impl": impl, "model": name, "batch": batch, "steps_run": len(losses),
+    flops = train_flops(model, x, y) if impl == "torch" else None
+    return {"impl": impl, "flops": flops,
+            "omp_env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}, "model": name, "batch": batch, "steps_run": len(losses),
             "setup_s": setup_s, "pre": pre, "setup": setup, "peak": peak,
             "end": st["VmRSS"], "method": method, "param_bytes": param_bytes, "buffer_bytes": buffer_bytes,
             "torch_threads": torch.get_num_threads(), "trim": trim, "kernel_threads": K.get_num_threads(),
             "report": report, "loss_first": losses[0] if losses else None,
             "loss_last": losses[-1] if losses else None}
+
+
+def gemm_worker(threads: int) -> dict:
+    """The machine's measured sgemm rate (GFLOP/s, 2048^3, best of 5): PORT's GEMM (OpenBLAS, split over the
+    kernel threads) and torch.mm, each with ``threads`` threads."""
+    import torch
+    from port.exec import kernels as K
+    torch.set_num_threads(threads)
+    K.set_num_threads(threads)
+    n = 2048
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    c = torch.empty(n, n)
+    out = {}
+    for tag, f in (("port", lambda: K.sgemm(a, b, c=c)), ("torch", lambda: torch.mm(a, b, out=c))):
+        f()
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter()
+            f()
+            best = min(best, time.perf_counter() - t)
+        out[tag] = 2 * n ** 3 / best / 1e9
+    return out
 
 
 class Worker:
@@ -175,6 +242,12 @@ class Worker:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", impl, name, str(batch), "0", "0",
                str(threads), str(int(trim))]
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        for k, v in _USER_OMP.items():
+            env.pop(k, None)
+            if v is not None:
+                env[k] = v
+        if impl == "torch" and _USER_OMP["PORT_OMP_WAIT_POLICY"] is None:
+            env["PORT_OMP_WAIT_POLICY"] = "default"   # `import port` leaves the OpenMP runtime's defaults alone
         self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, env=env, cwd=str(ROOT))
         self.error: str | None = None
@@ -217,36 +290,68 @@ class Worker:
         return r
 
 
-def measure(name: str, batch: int, steps: int, warmup: int, threads: int, trim: bool,
-            first: str, max_s: float) -> tuple[dict, dict]:
-    """Set both workers up (one after the other), then alternate single steps between them (the one that goes
-    first alternates every round), ``warmup`` untimed rounds then ``steps`` timed ones (fewer if the timed
-    rounds pass ``max_s`` seconds, at least 3)."""
-    order = (first, "port" if first == "torch" else "torch")
-    W = {impl: Worker(impl, name, batch, threads, trim, timeout=600) for impl in order}
-    rec: dict[str, list] = {"torch": [], "port": []}
+def _busy() -> subprocess.Popen:
+    """One CPU-bound background process (a Python busy loop)."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def _rounds(W: dict, order: tuple, warmup: int, steps: int, max_s: float) -> dict:
+    rec: dict[str, list] = {impl: [] for impl in order}
     t0 = time.time()
     for r in range(warmup + steps):
         if r >= warmup + 3 and time.time() - t0 > max_s:
             break
-        for impl in (order if r % 2 == 0 else order[::-1]):
+        k = r % len(order)                               # rotate who goes first
+        for impl in order[k:] + order[:k]:
             o = W[impl].step()
             if o is not None and r >= warmup:
                 rec[impl].append(o)
         if r == warmup - 1:
             t0 = time.time()
+    return rec
+
+
+def _stats(ts: list[float]) -> dict:
+    if not ts:
+        return {"median_s": float("nan"), "p90_p50": None}
+    q = sorted(ts)
+    p90 = q[min(len(q) - 1, int(round(0.9 * (len(q) - 1))))]
+    return {"median_s": statistics.median(ts), "p90_p50": p90 / statistics.median(ts)}
+
+
+def measure(name: str, batch: int, steps: int, warmup: int, threads: int, trim: bool,
+            first: str, max_s: float, loaded: bool = True) -> dict[str, dict]:
+    """Set the workers up (one after the other), then alternate single steps between them (who goes first rotates
+    every round): ``warmup`` untimed rounds then ``steps`` timed ones (fewer if the timed rounds pass ``max_s``
+    seconds, at least 3). loaded=True: then the same again with one CPU-bound background process running."""
+    order = tuple(IMPLS[IMPLS.index(first):] + IMPLS[:IMPLS.index(first)])
+    W = {impl: Worker(impl, name, batch, threads, trim, timeout=600) for impl in order}
+    rec = _rounds(W, order, warmup, steps, max_s)
+    rec_l = None
+    if loaded:
+        busy = _busy()
+        try:
+            time.sleep(0.5)
+            rec_l = _rounds(W, order, 1, steps, max_s)
+        finally:
+            busy.kill()
+            busy.wait()
     res = {}
     for impl in order:
         d = W[impl].finish()
         if "error" not in d:
             ts = [o["t"] for o in rec[impl]]
-            d.update(times=ts, median_s=statistics.median(ts) if ts else float("nan"),
-                     cpu_median_s=statistics.median([o["c"] for o in rec[impl]]) if ts else float("nan"))
+            d.update(times=ts, cpu_median_s=statistics.median([o["c"] for o in rec[impl]]) if ts else float("nan"),
+                     **_stats(ts))
+            if rec_l is not None:
+                tl = [o["t"] for o in rec_l[impl]]
+                st = _stats(tl)
+                d.update(times_loaded=tl, loaded_median_s=st["median_s"], loaded_p90_p50=st["p90_p50"])
         res[impl] = d
     if "error" not in res["torch"] and "error" not in res["port"]:
         pr = [p / t for p, t in zip(res["port"]["times"], res["torch"]["times"])]
         res["port"]["paired_ratio"] = statistics.median(pr)
-    return res["torch"], res["port"]
+    return res
 
 
 # ----------------------------------------------------------------------------- driver
@@ -260,9 +365,20 @@ def _gmean(xs: list[float]) -> float | None:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
-def derive(t: dict, p: dict) -> dict:
-    """Ratios for one (model, batch) from the torch run t and the PORT run p."""
+def derive(t: dict, p: dict, tp: dict | None = None, gemm_gflops: float | None = None) -> dict:
+    """Ratios for one (model, batch) from the torch run t (PyTorch's OpenMP defaults), the PORT run p and the
+    PyTorch run with PORT's OpenMP policy tp."""
     d = {"model": t["model"], "batch": t["batch"]}
+    ok = "error" not in t and "error" not in p
+    d["flops"] = t.get("flops")
+    d["tp_ms"] = tp["median_s"] * 1e3 if tp and "error" not in tp else None
+    for tag, r in (("t", t), ("p", p)):
+        d[f"{tag}_p90"] = r.get("p90_p50")
+        d[f"{tag}_lq"] = (r["loaded_median_s"] / r["median_s"]) if "loaded_median_s" in r else None
+        d[f"{tag}_lp90"] = r.get("loaded_p90_p50")
+        if ok and d["flops"]:
+            d[f"{tag}_gflops"] = d["flops"] / r["median_s"] / 1e9
+            d[f"{tag}_peak"] = d[f"{tag}_gflops"] / gemm_gflops if gemm_gflops else None
     d["t_ms"] = t["median_s"] * 1e3 if "error" not in t else None
     d["p_ms"] = p["median_s"] * 1e3 if "error" not in p else None
     d["time_ratio"] = d["p_ms"] / d["t_ms"] if d["p_ms"] and d["t_ms"] else None
@@ -355,6 +471,64 @@ PORT's planned scratch against PyTorch's RSS-measured figure. Timing: PyTorch's 
 mean the host was oversubscribed and 2-thread OpenMP pools stalled: read the ratios, not the times."""
 
 
+def speed_table(rows: list[dict]) -> str:
+    h = ("| model | batch | GFLOP/step | PyTorch ms (PORT's OpenMP policy) | PORT ms | PORT/PT (paired) "
+         "| GFLOP/s PT / PORT | % of sgemm PT / PORT | p90/p50 PT / PORT | loaded/quiet PT / PORT (ratio) "
+         "| loaded p90/p50 PT / PORT |")
+    out = [h, "|" + "---|" * h.count(" | ") + "---|"]
+    for d in rows:
+        if d.get("t_err") or d.get("p_err"):
+            continue
+        rr = d["p_lq"] / d["t_lq"] if d.get("p_lq") and d.get("t_lq") else None
+        out.append(
+            f"| {LABEL[d['model']]} | {d['batch']} | {_fmt((d['flops'] or 0) / 1e9, '.2f')} "
+            f"| {d['t_ms']:.1f} ({_fmt(d['tp_ms'], '.1f')}) | {d['p_ms']:.1f} | {d['time_ratio']:.2f} ({_fmt(d['paired'])}) "
+            f"| {_fmt(d.get('t_gflops'), '.0f')} / {_fmt(d.get('p_gflops'), '.0f')} "
+            f"| {_fmt(100 * d['t_peak'] if d.get('t_peak') else None, '.0f')} / "
+            f"{_fmt(100 * d['p_peak'] if d.get('p_peak') else None, '.0f')} "
+            f"| {_fmt(d['t_p90'])} / {_fmt(d['p_p90'])} | {_fmt(d['t_lq'])} / {_fmt(d['p_lq'])} ({_fmt(rr)}) "
+            f"| {_fmt(d['t_lp90'])} / {_fmt(d['p_lp90'])} |")
+    return "\n".join(out)
+
+
+def speed_headline(rows: list[dict], gemm: dict) -> str:
+    ok = [d for d in rows if not d.get("t_err") and not d.get("p_err")]
+    parts = []
+    for bs, tgt in (((1,), 0.5), ((8, 32), 0.85)):
+        rs = [d["time_ratio"] for d in ok if d["batch"] in bs]
+        if rs:
+            worst = max(ok, key=lambda d: d["time_ratio"] if d["batch"] in bs else -1)
+            parts.append(f"step PORT/PT b{'+'.join(map(str, bs))} max {max(rs):.2f}x ({LABEL[worst['model']]} "
+                         f"b{worst['batch']}) (target <= {tgt}: {'met' if max(rs) <= tgt else 'NOT met'})")
+    lq = [d["p_lq"] / d["t_lq"] for d in ok if d.get("p_lq") and d.get("t_lq")]
+    if lq:
+        parts.append(f"loaded/quiet PORT vs PT max {max(lq):.2f}x (target <= 1.2: {'met' if max(lq) <= 1.2 else 'NOT met'})")
+    p9 = [d["p_p90"] for d in ok if d.get("p_p90")]
+    if p9:
+        parts.append(f"PORT p90/p50 max {max(p9):.2f} (target <= 1.3: {'met' if max(p9) <= 1.3 else 'NOT met'})")
+    pk = [d["p_peak"] for d in ok if d.get("p_peak")]
+    if pk:
+        parts.append(f"PORT whole-step GFLOP/s {min(pk) * 100:.0f}-{max(pk) * 100:.0f}% of sgemm "
+                     f"({max(gemm.values()):.0f} GFLOP/s)")
+    return "speed: " + "; ".join(parts)
+
+
+def speed_notes(a, gemm: dict, load0, load1) -> str:
+    return (f"Step times of PORT's default all-C plan (`Trainer(model, x, backend=\"c\")`) against PyTorch eager in a "
+            f"process where `import port` left libgomp's defaults (PORT_OMP_WAIT_POLICY=default; the first PyTorch "
+            f"column) and against PyTorch eager under PORT's own policy (GOMP_SPINCOUNT={_spincount()}, in brackets). "
+            f"The three workers of one (model, batch) alternate single steps (rotating who goes first); "
+            f"{'a second phase repeats the rounds with one CPU-bound background process (a Python busy loop) running: loaded/quiet = median loaded step / median quiet step per implementation, and (ratio) = PORT/PyTorch of those' if not a.no_loaded else 'no loaded phase (--no-loaded)'}. "
+            f"GFLOP/step: forward + backward FLOPs of one step (torch FlopCounterMode); % of sgemm: step GFLOP/s over the "
+            f"machine's measured sgemm rate (2048^3, {a.threads} threads: PORT's GEMM {gemm['port']:.0f}, torch.mm "
+            f"{gemm['torch']:.0f} GFLOP/s; the larger). Load average {load0[0]:.1f} at start, {load1[0]:.1f} at end.")
+
+
+def _spincount() -> str:
+    from port.exec.native import SPINCOUNT
+    return SPINCOUNT
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -366,8 +540,13 @@ def main() -> None:
     ap.add_argument("--trim", action="store_true",
                     help="malloc_trim(0) after set-up in both workers (diagnostic; implies --no-write)")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--no-loaded", action="store_true", help="skip the phase with a background CPU-bound process")
+    ap.add_argument("--gemm-worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", nargs=7, metavar=("IMPL", "MODEL", "BATCH", "STEPS", "WARMUP", "THREADS", "TRIM"))
     a = ap.parse_args()
+    if a.gemm_worker:
+        print(json.dumps(gemm_worker(a.gemm_worker)), flush=True)
+        return
     if a.worker:
         impl, name, b, s, w, th, tm = a.worker
         print(json.dumps(worker(impl, name, int(b), int(s), int(w), int(th), bool(int(tm)))), flush=True)
@@ -382,14 +561,22 @@ def main() -> None:
     max_s = 20.0 if a.quick else 120.0       # cap on the timed rounds of one (model, batch)
     t_start = time.time()
     load0 = os.getloadavg()
+    genv = dict(os.environ, PYTHONPATH=str(ROOT))
+    gemm = json.loads(subprocess.run([sys.executable, str(Path(__file__).resolve()), "--gemm-worker", str(a.threads)],
+                                     capture_output=True, text=True, env=genv, cwd=str(ROOT), check=True
+                                     ).stdout.strip().splitlines()[-1])
+    gemm_rate = max(gemm.values())
+    print(f"sgemm 2048^3, {a.threads} threads: PORT's GEMM {gemm['port']:.0f} GFLOP/s, torch.mm {gemm['torch']:.0f}",
+          flush=True)
     rows, raw = [], []
     for b in batches:
         for i, name in enumerate(names):
             # alternate which implementation runs first, so slow drift in machine load hits both
-            first = "torch" if (i + b) % 2 == 0 else "port"
-            t, p = measure(name, b, steps, warmup, a.threads, a.trim, first, max_s=max_s)
-            raw += [t, p]
-            d = derive(t, p)
+            first = IMPLS[(i + b) % len(IMPLS)]
+            res = measure(name, b, steps, warmup, a.threads, a.trim, first, max_s=max_s, loaded=not a.no_loaded)
+            t, p, tp = res["torch"], res["port"], res["torchp"]
+            raw += [t, p, tp]
+            d = derive(t, p, tp, gemm_gflops=gemm_rate)
             rows.append(d)
             print(f"{LABEL[name]:12s} b{b:<3d} PT {_fmt(d['t_ms'], '.1f')} ms  PORT {_fmt(d['p_ms'], '.1f')} ms  "
                   f"ratio {_fmt(d['time_ratio'])}  PT growth {_fmt(d.get('t_growth', 0) / MB, '.0f')} MB  "
@@ -410,12 +597,19 @@ How memory is measured (/proc/self/status): `pre` = VmRSS after imports + model 
 """
     with open(os.path.join(os.environ.get("TMPDIR", "/tmp"), "port_bench_train.json"), "w") as f:
         json.dump(raw, f)
+    stab, shead = speed_table(rows), speed_headline(rows, gemm)
+    snotes = speed_notes(a, gemm, load0, load1)
     print()
     print(tab)
+    print()
+    print(stab)
     if not a.no_write:
-        from _results import write_section
-        write_section("Training", notes + "\n" + FINDINGS + "\n\n" + head + "\n")
+        from _results import machine_line, write_section
+        write_section("Training", notes + "\n" + FINDINGS + "\n\n" + "### Speed (issue 14)\n\n"
+                      + machine_line("python bench/train.py" + (" --quick" if a.quick else ""), t_start, load0[0])
+                      + "\n\n" + snotes + "\n\n" + stab + "\n\n" + head + "\n" + shead + "\n")
     print(head)
+    print(shead)
 
 
 if __name__ == "__main__":

@@ -133,6 +133,17 @@ PORT_API port_status port_conv2d_patch_backward_weight(float *dw, float *db, con
                                                        int64_t tile_h, int64_t tile_w, void *ws,
                                                        size_t ws_bytes);
 
+/* Plain reference convolution (direct loops over the definition, double accumulators, no workspace, single
+ * thread): the in-C oracle the fast kernels are tested against.  Same semantics as the three calls above:
+ * forward overwrites y, backward_input overwrites dx, backward_weight accumulates into dw (and db). */
+PORT_API port_status port_conv2d_reference_forward(float *y, const float *x, const float *w,
+                                                   const float *b, const port_conv2d_params *p);
+PORT_API port_status port_conv2d_reference_backward_input(float *dx, const float *dy, const float *w,
+                                                          const port_conv2d_params *p);
+PORT_API port_status port_conv2d_reference_backward_weight(float *dw, float *db, const float *dy,
+                                                           const float *x,
+                                                           const port_conv2d_params *p);
+
 /* ------------------------------------------------------------------ */
 /* Batch norm 2D over x[n,c,h,w]; gamma/beta/means/vars are [c].        */
 /* ------------------------------------------------------------------ */

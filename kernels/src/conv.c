@@ -53,12 +53,29 @@ int port__conv_resolve_algo(const port_conv2d_params *p, int algo) {
     }
 }
 
+/* Images folded into one GEMM (the batch becomes GEMM columns): small output maps give skinny per-image
+ * GEMMs that re-pack the whole weight matrix for a few columns each (a 4x4 map: 16 columns), far below the
+ * GEMM's rate.  Images are folded until a GEMM has at least PORT_CONV_FOLD_COLS columns.  1 = per image
+ * (depthwise direct never folds).  `a` is a resolved algorithm. */
+#ifndef PORT_CONV_FOLD_COLS
+#define PORT_CONV_FOLD_COLS 64
+#endif
+static int64_t conv_fold(const port_conv2d_params *p, int a) {
+    if (a == PORT_CONV_DIRECT && port__conv_is_depthwise(p) && !port__conv_is_pointwise(p)) return 1;
+    int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p);
+    if (P >= PORT_CONV_FOLD_COLS || p->n < 2) return 1;
+    return PORT_MIN(p->n, (PORT_CONV_FOLD_COLS + P - 1) / P);
+}
+
 size_t port_conv2d_workspace_bytes(const port_conv2d_params *p, int algo) {
     if (port_conv2d_check(p) != PORT_OK) return 0;
     int a = port__conv_resolve_algo(p, algo);
-    if (a != PORT_CONV_IM2COL) return 0;
-    int64_t K = p->c_in / p->groups * p->kh * p->kw;
-    return (size_t)(K * port_conv2d_out_h(p) * port_conv2d_out_w(p)) * sizeof(float);
+    if (a < 0) return 0;
+    int64_t K = p->c_in / p->groups * p->kh * p->kw, cog = p->c_out / p->groups;
+    int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p), nb = conv_fold(p, a);
+    if (nb > 1) /* the chunk's im2col matrix [K, nb*P] and its output/gradient block [c_out/g, nb*P] */
+        return (size_t)((K + cog) * nb * P) * sizeof(float);
+    return a == PORT_CONV_IM2COL ? (size_t)(K * P) * sizeof(float) : 0;
 }
 
 port_status port__conv_validate(const port_conv2d_params *p, int *algo, void *ws,
@@ -77,8 +94,14 @@ port_status port__conv_validate(const port_conv2d_params *p, int *algo, void *ws
 /* ---------------- im2col / col2im over an output tile ---------------- */
 static inline void valid_cols(int64_t *lo, int64_t *hi, int64_t w, int64_t sw, int64_t pw,
                               int64_t kj, int64_t ow0, int64_t tw) {
-    int64_t l = cdiv(pw - kj, sw) - ow0;
-    int64_t h = fdiv(w - 1 + pw - kj, sw) - ow0 + 1;
+    int64_t l, h;
+    if (sw == 1) { /* no integer divisions on the common path (they cost more than a short row) */
+        l = pw - kj - ow0;
+        h = w + pw - kj - ow0;
+    } else {
+        l = cdiv(pw - kj, sw) - ow0;
+        h = fdiv(w - 1 + pw - kj, sw) - ow0 + 1;
+    }
     l = PORT_MAX(l, 0);
     h = PORT_MIN(h, tw);
     if (h < l) h = l;
@@ -86,34 +109,67 @@ static inline void valid_cols(int64_t *lo, int64_t *hi, int64_t w, int64_t sw, i
     *hi = h;
 }
 
+/* One row r = (ci, ki, kj) of the im2col matrix of one image over an output tile. */
+static void im2col_row(float *dst, int64_t r, const float *x, int64_t h, int64_t w, int64_t kh,
+                       int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t oh0,
+                       int64_t th, int64_t ow0, int64_t tw) {
+    int64_t kj = r % kw, ki = (r / kw) % kh, ci = r / (kw * kh);
+    const float *xc = x + ci * h * w;
+    int64_t lo, hi;
+    valid_cols(&lo, &hi, w, sw, pw, kj, ow0, tw);
+    for (int64_t oy = 0; oy < th; oy++) {
+        int64_t ih = (oh0 + oy) * sh - ph + ki;
+        float *d = dst + oy * tw;
+        if (ih < 0 || ih >= h) {
+            memset(d, 0, (size_t)tw * sizeof(float));
+            continue;
+        }
+        const float *xr = xc + ih * w - pw + kj;
+        for (int64_t ox = 0; ox < lo; ox++) d[ox] = 0.0f;
+        if (sw == 1 && hi - lo >= 16) {
+            memcpy(d + lo, xr + ow0 + lo, (size_t)(hi - lo) * sizeof(float));
+        } else if (sw == 1) { /* short rows (small maps): a library call per row costs more than the copy */
+#pragma omp simd
+            for (int64_t ox = lo; ox < hi; ox++) d[ox] = xr[ow0 + ox];
+        } else {
+            for (int64_t ox = lo; ox < hi; ox++) d[ox] = xr[(ow0 + ox) * sw];
+        }
+        for (int64_t ox = hi; ox < tw; ox++) d[ox] = 0.0f;
+    }
+}
+
+/* dx[ci] += col2im of rows (ci, *, *) of one image's tile. */
+static void col2im_channel(float *dx, const float *cols, int64_t ld, int64_t ci, int64_t h,
+                           int64_t w, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
+                           int64_t pw, int64_t oh0, int64_t th, int64_t ow0, int64_t tw) {
+    float *dxc = dx + ci * h * w;
+    for (int64_t ki = 0; ki < kh; ki++) {
+        for (int64_t kj = 0; kj < kw; kj++) {
+            const float *src = cols + ((ci * kh + ki) * kw + kj) * ld;
+            int64_t lo, hi;
+            valid_cols(&lo, &hi, w, sw, pw, kj, ow0, tw);
+            for (int64_t oy = 0; oy < th; oy++) {
+                int64_t ih = (oh0 + oy) * sh - ph + ki;
+                if (ih < 0 || ih >= h) continue;
+                float *dr = dxc + ih * w - pw + kj;
+                const float *s = src + oy * tw;
+                if (sw == 1) {
+                    for (int64_t ox = lo; ox < hi; ox++) dr[ow0 + ox] += s[ox];
+                } else {
+                    for (int64_t ox = lo; ox < hi; ox++) dr[(ow0 + ox) * sw] += s[ox];
+                }
+            }
+        }
+    }
+}
+
 void port__im2col_tile(float *cols, const float *x, int64_t cin, int64_t h, int64_t w, int64_t kh,
                        int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t oh0,
                        int64_t th, int64_t ow0, int64_t tw) {
     int64_t K = cin * kh * kw, T = th * tw;
 #pragma omp parallel for schedule(static) if (K * T > PORT_PAR_MIN)
-    for (int64_t r = 0; r < K; r++) {
-        int64_t kj = r % kw, ki = (r / kw) % kh, ci = r / (kw * kh);
-        const float *xc = x + ci * h * w;
-        float *dst = cols + r * T;
-        int64_t lo, hi;
-        valid_cols(&lo, &hi, w, sw, pw, kj, ow0, tw);
-        for (int64_t oy = 0; oy < th; oy++) {
-            int64_t ih = (oh0 + oy) * sh - ph + ki;
-            float *d = dst + oy * tw;
-            if (ih < 0 || ih >= h) {
-                memset(d, 0, (size_t)tw * sizeof(float));
-                continue;
-            }
-            const float *xr = xc + ih * w - pw + kj;
-            for (int64_t ox = 0; ox < lo; ox++) d[ox] = 0.0f;
-            if (sw == 1) {
-                if (hi > lo) memcpy(d + lo, xr + ow0 + lo, (size_t)(hi - lo) * sizeof(float));
-            } else {
-                for (int64_t ox = lo; ox < hi; ox++) d[ox] = xr[(ow0 + ox) * sw];
-            }
-            for (int64_t ox = hi; ox < tw; ox++) d[ox] = 0.0f;
-        }
-    }
+    for (int64_t r = 0; r < K; r++)
+        im2col_row(cols + r * T, r, x, h, w, kh, kw, sh, sw, ph, pw, oh0, th, ow0, tw);
 }
 
 void port__col2im_tile(float *dx, const float *cols, int64_t cin, int64_t h, int64_t w,
@@ -121,51 +177,162 @@ void port__col2im_tile(float *dx, const float *cols, int64_t cin, int64_t h, int
                        int64_t oh0, int64_t th, int64_t ow0, int64_t tw) {
     int64_t T = th * tw;
 #pragma omp parallel for schedule(static) if (cin * kh * kw * T > PORT_PAR_MIN && cin > 1)
-    for (int64_t ci = 0; ci < cin; ci++) {
-        float *dxc = dx + ci * h * w;
-        for (int64_t ki = 0; ki < kh; ki++) {
-            for (int64_t kj = 0; kj < kw; kj++) {
-                const float *src = cols + ((ci * kh + ki) * kw + kj) * T;
-                int64_t lo, hi;
-                valid_cols(&lo, &hi, w, sw, pw, kj, ow0, tw);
-                for (int64_t oy = 0; oy < th; oy++) {
-                    int64_t ih = (oh0 + oy) * sh - ph + ki;
-                    if (ih < 0 || ih >= h) continue;
-                    float *dr = dxc + ih * w - pw + kj;
-                    const float *s = src + oy * tw;
-                    if (sw == 1) {
-                        for (int64_t ox = lo; ox < hi; ox++) dr[ow0 + ox] += s[ox];
-                    } else {
-                        for (int64_t ox = lo; ox < hi; ox++) dr[(ow0 + ox) * sw] += s[ox];
-                    }
-                }
-            }
+    for (int64_t ci = 0; ci < cin; ci++)
+        col2im_channel(dx, cols, T, ci, h, w, kh, kw, sh, sw, ph, pw, oh0, th, ow0, tw);
+}
+
+/* ---------------- depthwise direct ----------------
+ * The valid output-column range of each kernel column kj does not depend on the row, the channel or the
+ * image: it is computed once per call (kw <= DW_KW_MAX; wider kernels compute it per use). */
+#define DW_KW_MAX 32
+typedef struct { int64_t lo[DW_KW_MAX], hi[DW_KW_MAX]; int have; } dw_cols;
+
+static void dw_cols_init(dw_cols *vc, const port_conv2d_params *p, int64_t wo) {
+    vc->have = p->kw <= DW_KW_MAX;
+    for (int64_t kj = 0; vc->have && kj < p->kw; kj++)
+        valid_cols(&vc->lo[kj], &vc->hi[kj], p->w, p->stride_w, p->pad_w, kj, 0, wo);
+}
+static inline void dw_range(const dw_cols *vc, const port_conv2d_params *p, int64_t wo, int64_t kj,
+                            int64_t *lo, int64_t *hi) {
+    if (vc->have) { *lo = vc->lo[kj]; *hi = vc->hi[kj]; }
+    else valid_cols(lo, hi, p->w, p->stride_w, p->pad_w, kj, 0, wo);
+}
+
+/* Stride-1 depthwise planes through a zero-padded copy: the input plane sits in a buffer whose rows are
+ * WS = out_w + kw - 1 floats apart, so out(oh, ow) = sum_ki,kj w[ki][kj] * buf[(oh + ki) * WS + ow + kj] and
+ * every (ki, kj) is ONE flat loop over out_h * WS positions (the kw - 1 extra columns per row are computed and
+ * dropped).  On small maps (4x4 .. 32x32) this replaces many 4-32 element row loops by a few long ones.  Used
+ * when both buffers fit PORT_DW_PAD_MAX floats on the worker's stack; 0 disables (micro-controllers). */
+#ifndef PORT_DW_PAD_MAX
+#define PORT_DW_PAD_MAX 8192
+#endif
+#if PORT_DW_PAD_MAX > 0
+static int64_t dw_pad_floats(int64_t oh, int64_t ow, int64_t kh, int64_t kw) {
+    int64_t ws = ow + kw - 1;
+    return (oh + kh - 1) * ws + kw - 1 + oh * ws;   /* padded input (+ overrun) and the output rows */
+}
+/* buf <- zero-padded plane: `in` (ih x iw) placed at (top, left) in rows of ws floats, `rows` rows */
+static void dw_pad(float *buf, const float *in, int64_t ih, int64_t iw, int64_t top, int64_t left,
+                   int64_t rows, int64_t ws, int64_t extra) {
+    memset(buf, 0, (size_t)(rows * ws + extra) * sizeof(float));
+    for (int64_t r = 0; r < ih; r++)
+        memcpy(buf + (top + r) * ws + left, in + r * iw, (size_t)iw * sizeof(float));
+}
+/* out (oh x ow) = bias + sum_ki,kj wk[ki][kj] (flipped if flip) * padded buffer; acc: oh * ws floats */
+static void dw_plane_s1(float *out, const float *buf, float *acc, const float *wk, float bias, int64_t oh,
+                        int64_t ow, int64_t kh, int64_t kw, int flip) {
+    int64_t ws = ow + kw - 1, L = oh * ws;
+    for (int64_t i = 0; i < L; i++) acc[i] = bias;
+    for (int64_t ki = 0; ki < kh; ki++)
+        for (int64_t kj = 0; kj < kw; kj++) {
+            float wv = flip ? wk[(kh - 1 - ki) * kw + (kw - 1 - kj)] : wk[ki * kw + kj];
+            const float *src = buf + ki * ws + kj;
+#pragma omp simd
+            for (int64_t i = 0; i < L; i++) acc[i] += wv * src[i];
         }
+    for (int64_t r = 0; r < oh; r++) memcpy(out + r * ow, acc + r * ws, (size_t)ow * sizeof(float));
+}
+#define DW_S1_OK(p, oh, ow) ((p)->stride_h == 1 && (p)->stride_w == 1 && (p)->pad_h < (p)->kh && \
+                             (p)->pad_w < (p)->kw && dw_pad_floats(oh, ow, (p)->kh, (p)->kw) <= PORT_DW_PAD_MAX)
+
+static void dw_fwd_s1(float *y, const float *x, const float *w, const float *b, const port_conv2d_params *p) {
+    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, C = p->c_in;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), ws = wo + kw - 1;
+#pragma omp parallel for schedule(static) if (p->n * C * ho * wo * kh * kw > PORT_PAR_MIN_MACS)
+    for (int64_t nc = 0; nc < p->n * C; nc++) {
+        float buf[PORT_DW_PAD_MAX];
+        int64_t c = nc % C, rows = ho + kh - 1;
+        dw_pad(buf, x + nc * H * W, H, W, p->pad_h, p->pad_w, rows, ws, kw - 1);
+        dw_plane_s1(y + nc * ho * wo, buf, buf + rows * ws + kw - 1, w + c * kh * kw, b ? b[c] : 0.0f, ho, wo,
+                    kh, kw, 0);
     }
 }
 
-/* ---------------- depthwise direct ---------------- */
+/* dx = full correlation of dy with the flipped kernel: dy placed at (kh-1-pad_h, kw-1-pad_w), output H x W */
+static void dw_bwd_in_s1(float *dx, const float *dy, const float *w, const port_conv2d_params *p) {
+    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, C = p->c_in;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), ws = W + kw - 1;
+#pragma omp parallel for schedule(static) if (p->n * C * ho * wo * kh * kw > PORT_PAR_MIN_MACS)
+    for (int64_t nc = 0; nc < p->n * C; nc++) {
+        float buf[PORT_DW_PAD_MAX];
+        int64_t c = nc % C, rows = H + kh - 1;
+        dw_pad(buf, dy + nc * ho * wo, ho, wo, kh - 1 - p->pad_h, kw - 1 - p->pad_w, rows, ws, kw - 1);
+        dw_plane_s1(dx + nc * H * W, buf, buf + rows * ws + kw - 1, w + c * kh * kw, 0.0f, H, W, kh, kw, 1);
+    }
+}
+
+/* dw[ki][kj] += sum over images of a flat dot product: dy in rows of ws floats (zero tails) against the padded
+ * x shifted by (ki, kj) */
+static void dw_bwd_w_s1(float *dw, float *db, const float *dy, const float *x, const port_conv2d_params *p) {
+    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, C = p->c_in;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), ws = wo + kw - 1, L = ho * ws;
+#pragma omp parallel for schedule(static) if (p->n * C * ho * wo * kh * kw > PORT_PAR_MIN_MACS)
+    for (int64_t c = 0; c < C; c++) {
+        float buf[PORT_DW_PAD_MAX];
+        int64_t rows = ho + kh - 1;
+        float *xb = buf, *db_ = buf + rows * ws + kw - 1;   /* padded x, then dy in rows of ws */
+        float *dwk = dw + c * kh * kw;
+        double bsum = 0.0;
+        for (int64_t n = 0; n < p->n; n++) {
+            const float *dyp = dy + (n * C + c) * ho * wo;
+            dw_pad(xb, x + (n * C + c) * H * W, H, W, p->pad_h, p->pad_w, rows, ws, kw - 1);
+            for (int64_t r = 0; r < ho; r++) {
+                memcpy(db_ + r * ws, dyp + r * wo, (size_t)wo * sizeof(float));
+                for (int64_t q = wo; q < ws; q++) db_[r * ws + q] = 0.0f;
+            }
+            if (db) {
+                double s = 0.0;
+                for (int64_t i = 0; i < ho * wo; i++) s += dyp[i];
+                bsum += s;
+            }
+            for (int64_t ki = 0; ki < kh; ki++)
+                for (int64_t kj = 0; kj < kw; kj++) {
+                    const float *src = xb + ki * ws + kj;
+                    float acc[8] = {0};
+                    int64_t i = 0;
+                    for (; i + 8 <= L; i += 8)
+                        for (int l = 0; l < 8; l++) acc[l] += db_[i + l] * src[i + l];
+                    float t = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+                    for (; i < L; i++) t += db_[i] * src[i];
+                    dwk[ki * kw + kj] += t;
+                }
+        }
+        if (db) db[c] += (float)bsum;
+    }
+}
+#else
+#define DW_S1_OK(p, oh, ow) 0
+#endif
+
 static void dw_fwd(float *y, const float *x, const float *w, const float *b,
                    const port_conv2d_params *p) {
+#if PORT_DW_PAD_MAX > 0
+    if (DW_S1_OK(p, port_conv2d_out_h(p), port_conv2d_out_w(p))) {
+        dw_fwd_s1(y, x, w, b, p);
+        return;
+    }
+#endif
     int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, sh = p->stride_h, sw = p->stride_w;
     int64_t ph = p->pad_h, pw = p->pad_w, C = p->c_in;
     int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
-#pragma omp parallel for schedule(static) if (p->n * C * ho * wo * kh * kw > PORT_PAR_MIN)
+    dw_cols vc;
+    dw_cols_init(&vc, p, wo);
+#pragma omp parallel for schedule(static) if (p->n * C * ho * wo * kh * kw > PORT_PAR_MIN_MACS)
     for (int64_t nc = 0; nc < p->n * C; nc++) {
         int64_t c = nc % C;
         const float *xp = x + nc * H * W;
         const float *wk = w + c * kh * kw;
         float *yp = y + nc * ho * wo;
         float bias = b ? b[c] : 0.0f;
+        for (int64_t q = 0; q < ho * wo; q++) yp[q] = bias;
         for (int64_t oh = 0; oh < ho; oh++) {
             float *yr = yp + oh * wo;
-            for (int64_t ow = 0; ow < wo; ow++) yr[ow] = bias;
             for (int64_t ki = 0; ki < kh; ki++) {
                 int64_t ih = oh * sh - ph + ki;
                 if (ih < 0 || ih >= H) continue;
                 for (int64_t kj = 0; kj < kw; kj++) {
                     int64_t lo, hi;
-                    valid_cols(&lo, &hi, W, sw, pw, kj, 0, wo);
+                    dw_range(&vc, p, wo, kj, &lo, &hi);
                     const float *xr = xp + ih * W - pw + kj;
                     float wv = wk[ki * kw + kj];
                     if (sw == 1)
@@ -179,10 +346,18 @@ static void dw_fwd(float *y, const float *x, const float *w, const float *b,
 }
 
 static void dw_bwd_in(float *dx, const float *dy, const float *w, const port_conv2d_params *p) {
+#if PORT_DW_PAD_MAX > 0
+    if (DW_S1_OK(p, p->h, p->w)) {
+        dw_bwd_in_s1(dx, dy, w, p);
+        return;
+    }
+#endif
     int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, sh = p->stride_h, sw = p->stride_w;
     int64_t ph = p->pad_h, pw = p->pad_w, C = p->c_in;
     int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
-#pragma omp parallel for schedule(static) if (p->n * C * ho * wo * kh * kw > PORT_PAR_MIN)
+    dw_cols vc;
+    dw_cols_init(&vc, p, wo);
+#pragma omp parallel for schedule(static) if (p->n * C * ho * wo * kh * kw > PORT_PAR_MIN_MACS)
     for (int64_t nc = 0; nc < p->n * C; nc++) {
         int64_t c = nc % C;
         float *dxp = dx + nc * H * W;
@@ -196,7 +371,7 @@ static void dw_bwd_in(float *dx, const float *dy, const float *w, const port_con
                 if (ih < 0 || ih >= H) continue;
                 for (int64_t kj = 0; kj < kw; kj++) {
                     int64_t lo, hi;
-                    valid_cols(&lo, &hi, W, sw, pw, kj, 0, wo);
+                    dw_range(&vc, p, wo, kj, &lo, &hi);
                     float *dxr = dxp + ih * W - pw + kj;
                     float wv = wk[ki * kw + kj];
                     if (sw == 1)
@@ -211,27 +386,45 @@ static void dw_bwd_in(float *dx, const float *dy, const float *w, const port_con
 
 static void dw_bwd_w(float *dw, float *db, const float *dy, const float *x,
                      const port_conv2d_params *p) {
+#if PORT_DW_PAD_MAX > 0
+    if (DW_S1_OK(p, port_conv2d_out_h(p), port_conv2d_out_w(p))) {
+        dw_bwd_w_s1(dw, db, dy, x, p);
+        return;
+    }
+#endif
     int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, sh = p->stride_h, sw = p->stride_w;
     int64_t ph = p->pad_h, pw = p->pad_w, C = p->c_in;
     int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
-#pragma omp parallel for schedule(static) if (p->n * C * ho * wo * kh * kw > PORT_PAR_MIN)
+    dw_cols vc;
+    dw_cols_init(&vc, p, wo);
+    /* valid output rows of kernel row ki: oh in [rlo, rhi) */
+#pragma omp parallel for schedule(static) if (p->n * C * ho * wo * kh * kw > PORT_PAR_MIN_MACS)
     for (int64_t c = 0; c < C; c++) {
         float *dwk = dw + c * kh * kw;
         double bsum = 0.0;
         for (int64_t n = 0; n < p->n; n++) {
             const float *xp = x + (n * C + c) * H * W;
             const float *dyp = dy + (n * C + c) * ho * wo;
-            if (db)
-                for (int64_t i = 0; i < ho * wo; i++) bsum += dyp[i];
+            if (db) {
+                float fs[8] = {0};
+                int64_t i = 0;
+                for (; i + 8 <= ho * wo; i += 8)
+                    for (int l = 0; l < 8; l++) fs[l] += dyp[i + l];
+                double s = 0.0;
+                for (int l = 0; l < 8; l++) s += fs[l];
+                for (; i < ho * wo; i++) s += dyp[i];
+                bsum += s;
+            }
             for (int64_t ki = 0; ki < kh; ki++) {
+                int64_t rlo = cdiv(ph - ki, sh), rhi = fdiv(H - 1 + ph - ki, sh) + 1;
+                rlo = PORT_MAX(rlo, 0);
+                rhi = PORT_MIN(rhi, ho);
                 for (int64_t kj = 0; kj < kw; kj++) {
                     int64_t lo, hi;
-                    valid_cols(&lo, &hi, W, sw, pw, kj, 0, wo);
+                    dw_range(&vc, p, wo, kj, &lo, &hi);
                     float acc = 0.0f;
-                    for (int64_t oh = 0; oh < ho; oh++) {
-                        int64_t ih = oh * sh - ph + ki;
-                        if (ih < 0 || ih >= H) continue;
-                        const float *xr = xp + ih * W - pw + kj;
+                    for (int64_t oh = rlo; oh < rhi; oh++) {
+                        const float *xr = xp + (oh * sh - ph + ki) * W - pw + kj;
                         const float *dyr = dyp + oh * wo;
                         if (sw == 1)
                             for (int64_t ow = lo; ow < hi; ow++) acc += dyr[ow] * xr[ow];
@@ -243,6 +436,95 @@ static void dw_bwd_w(float *dw, float *db, const float *dy, const float *x,
             }
         }
         if (db) db[c] += (float)bsum;
+    }
+}
+
+/* ---------------- batch-folded drivers (conv_fold > 1) ----------------
+ * Images n0..n0+nbc-1 of group g form one GEMM of L = nbc*P columns: cols[K, L] holds image i's im2col
+ * block at columns i*P.. (for 1x1/s1/p0 it is a copy of x's channels), blk[cog, L] the output (forward) or
+ * the gathered dy (backward). */
+static void fold_cols(float *cols, const float *x, const port_conv2d_params *p, int64_t n0, int64_t nbc,
+                      int64_t g, int64_t K, int64_t P) {
+    int64_t cig = p->c_in / p->groups, HW = p->h * p->w, L = nbc * P;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
+#pragma omp parallel for schedule(static) if (K * L > 4 * PORT_PAR_MIN)
+    for (int64_t t = 0; t < nbc * K; t++) {
+        int64_t i = t / K, r = t % K;
+        const float *xg = x + ((n0 + i) * p->c_in + g * cig) * HW;
+        im2col_row(cols + r * L + i * P, r, xg, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w,
+                   p->pad_h, p->pad_w, 0, ho, 0, wo);
+    }
+}
+
+/* blk[co, i*P + q] <-> t[n0+i, g*cog+co, q] (gather: to_blk = 1; scatter with bias: to_blk = 0) */
+static void fold_move(float *blk, float *t, const float *bias, int to_blk, const port_conv2d_params *p,
+                      int64_t n0, int64_t nbc, int64_t g, int64_t P) {
+    int64_t cog = p->c_out / p->groups, L = nbc * P;
+#pragma omp parallel for schedule(static) if (cog * L > 4 * PORT_PAR_MIN)
+    for (int64_t s = 0; s < nbc * cog; s++) {
+        int64_t i = s / cog, co = s % cog;
+        float *tp = t + ((n0 + i) * p->c_out + g * cog + co) * P, *bp = blk + co * L + i * P;
+        if (to_blk) {
+            memcpy(bp, tp, (size_t)P * sizeof(float));
+        } else if (bias) {
+            float bv = bias[g * cog + co];
+            for (int64_t q = 0; q < P; q++) tp[q] = bp[q] + bv;
+        } else {
+            memcpy(tp, bp, (size_t)P * sizeof(float));
+        }
+    }
+}
+
+static void fold_fwd(float *y, const float *x, const float *w, const float *b,
+                     const port_conv2d_params *p, int64_t nb, float *ws) {
+    int64_t G = p->groups, cig = p->c_in / G, cog = p->c_out / G;
+    int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p), K = cig * p->kh * p->kw;
+    for (int64_t n0 = 0; n0 < p->n; n0 += nb) {
+        int64_t nbc = PORT_MIN(nb, p->n - n0), L = nbc * P;
+        float *cols = ws, *blk = ws + K * L;
+        for (int64_t g = 0; g < G; g++) {
+            fold_cols(cols, x, p, n0, nbc, g, K, P);
+            port__gemm(0, 0, cog, L, K, 1.0f, w + g * cog * K, K, cols, L, 0.0f, blk, L);
+            fold_move(blk, y, b, 0, p, n0, nbc, g, P);
+        }
+    }
+}
+
+static void fold_bwd_in(float *dx, const float *dy, const float *w, const port_conv2d_params *p,
+                        int64_t nb, float *ws) {
+    int64_t G = p->groups, cig = p->c_in / G, cog = p->c_out / G;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), P = ho * wo;
+    int64_t K = cig * p->kh * p->kw, HW = p->h * p->w;
+    for (int64_t n0 = 0; n0 < p->n; n0 += nb) {
+        int64_t nbc = PORT_MIN(nb, p->n - n0), L = nbc * P;
+        float *cols = ws, *blk = ws + K * L;
+        memset(dx + n0 * p->c_in * HW, 0, (size_t)(nbc * p->c_in * HW) * sizeof(float));
+        for (int64_t g = 0; g < G; g++) {
+            fold_move(blk, (float *)dy, NULL, 1, p, n0, nbc, g, P);
+            port__gemm(1, 0, K, L, cog, 1.0f, w + g * cog * K, K, blk, L, 0.0f, cols, L);
+#pragma omp parallel for schedule(static) if (K * L > 4 * PORT_PAR_MIN)
+            for (int64_t s = 0; s < nbc * cig; s++) {
+                int64_t i = s / cig, ci = s % cig;
+                float *dxg = dx + ((n0 + i) * p->c_in + g * cig) * HW;
+                col2im_channel(dxg, cols + i * P, L, ci, p->h, p->w, p->kh, p->kw, p->stride_h,
+                               p->stride_w, p->pad_h, p->pad_w, 0, ho, 0, wo);
+            }
+        }
+    }
+}
+
+static void fold_bwd_w(float *dw, const float *dy, const float *x, const port_conv2d_params *p,
+                       int64_t nb, float *ws) {
+    int64_t G = p->groups, cig = p->c_in / G, cog = p->c_out / G;
+    int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p), K = cig * p->kh * p->kw;
+    for (int64_t n0 = 0; n0 < p->n; n0 += nb) {
+        int64_t nbc = PORT_MIN(nb, p->n - n0), L = nbc * P;
+        float *cols = ws, *blk = ws + K * L;
+        for (int64_t g = 0; g < G; g++) {
+            fold_move(blk, (float *)dy, NULL, 1, p, n0, nbc, g, P);
+            fold_cols(cols, x, p, n0, nbc, g, K, P);
+            port__gemm(0, 1, cog, K, L, 1.0f, blk, L, cols, L, 1.0f, dw + g * cog * K, K);
+        }
     }
 }
 
@@ -265,6 +547,11 @@ void port__conv_fwd(float *y, const float *x, const float *w, const float *b,
                     const port_conv2d_params *p, int algo, float *ws) {
     if (algo == PORT_CONV_DIRECT && port__conv_is_depthwise(p) && !port__conv_is_pointwise(p)) {
         dw_fwd(y, x, w, b, p);
+        return;
+    }
+    int64_t nb = conv_fold(p, algo);
+    if (nb > 1) {
+        fold_fwd(y, x, w, b, p, nb, ws);
         return;
     }
     int64_t G = p->groups, cig = p->c_in / G, cog = p->c_out / G;
@@ -301,6 +588,11 @@ void port__conv_bwd_in(float *dx, const float *dy, const float *w, const port_co
         dw_bwd_in(dx, dy, w, p);
         return;
     }
+    int64_t nb = conv_fold(p, algo);
+    if (nb > 1) {
+        fold_bwd_in(dx, dy, w, p, nb, ws);
+        return;
+    }
     int64_t G = p->groups, cig = p->c_in / G, cog = p->c_out / G;
     int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), P = ho * wo;
     int64_t K = cig * p->kh * p->kw, HW = p->h * p->w;
@@ -325,6 +617,12 @@ void port__conv_bwd_w(float *dw, float *db, const float *dy, const float *x,
                       const port_conv2d_params *p, int algo, float *ws) {
     if (algo == PORT_CONV_DIRECT && port__conv_is_depthwise(p) && !port__conv_is_pointwise(p)) {
         dw_bwd_w(dw, db, dy, x, p);
+        return;
+    }
+    int64_t nb = conv_fold(p, algo);
+    if (nb > 1) {
+        fold_bwd_w(dw, dy, x, p, nb, ws);
+        if (db) bias_grad(db, dy, p->n, p->c_out, port_conv2d_out_h(p) * port_conv2d_out_w(p));
         return;
     }
     int64_t G = p->groups, cig = p->c_in / G, cog = p->c_out / G;

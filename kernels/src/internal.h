@@ -18,6 +18,10 @@
 
 /* Only parallelise loops with at least this much work (elements). */
 #define PORT_PAR_MIN 32768
+/* ... or this many multiply-adds (direct depthwise loops: ~100 us on one core).  A parallel region costs a few
+ * us on a quiet machine but up to a scheduler slice (ms) when another process holds a core and the region
+ * waits for a descheduled worker: small kernels stay on one thread. */
+#define PORT_PAR_MIN_MACS (8 * PORT_PAR_MIN)
 /* Split a BLAS GEMM over the OpenMP threads only above this many MACs. */
 #define PORT_GEMM_PAR_MIN 1048576.0
 

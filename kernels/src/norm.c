@@ -2,6 +2,14 @@
 #include "internal.h"
 #include <math.h>
 
+/* Reductions over a channel's hw values run in LANES independent partial sums (a vector register's worth),
+ * combined pairwise at the end: a single running sum is a serial chain of dependent adds that the compiler may
+ * not vectorise (it would reorder float adds). */
+#define LANES 8
+static inline float hsum(const float *a) {
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
 static port_status bn_check(const port_batchnorm_params *p) {
     PORT_NOTNULL(p);
     PORT_CHECK(p->n > 0 && p->c > 0 && p->h > 0 && p->w > 0, PORT_ERR_SHAPE);
@@ -20,21 +28,32 @@ void port__bn_train_forward(float *y, float *save_mean, float *save_invstd, floa
         double s = 0.0;
         for (int64_t i = 0; i < n; i++) {
             const float *xp = x + (i * c + ch) * hw;
-            float fs = 0.0f;
-            for (int64_t q = 0; q < hw; q++) fs += xp[q];
-            s += fs;
+            float fs[LANES] = {0};
+            int64_t q = 0;
+            for (; q + LANES <= hw; q += LANES)
+                for (int l = 0; l < LANES; l++) fs[l] += xp[q + l];
+            float t = hsum(fs);
+            for (; q < hw; q++) t += xp[q];
+            s += t;
         }
         double mean = s / (double)M;
         float fm = (float)mean;
         double v = 0.0;
         for (int64_t i = 0; i < n; i++) {
             const float *xp = x + (i * c + ch) * hw;
-            float fv = 0.0f;
-            for (int64_t q = 0; q < hw; q++) {
+            float fv[LANES] = {0};
+            int64_t q = 0;
+            for (; q + LANES <= hw; q += LANES)
+                for (int l = 0; l < LANES; l++) {
+                    float d = xp[q + l] - fm;
+                    fv[l] += d * d;
+                }
+            float t = hsum(fv);
+            for (; q < hw; q++) {
                 float d = xp[q] - fm;
-                fv += d * d;
+                t += d * d;
             }
-            v += fv;
+            v += t;
         }
         double var = v / (double)M;
         float invstd = (float)(1.0 / sqrt(var + (double)eps));
@@ -74,19 +93,29 @@ void port__bn_train_backward(float *dx, float *dgamma, float *dbeta, const float
         double sdy = 0.0, sdyx = 0.0;
         for (int64_t i = 0; i < n; i++) {
             const float *xp = x + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
-            float a = 0.0f, bb = 0.0f;
+            float al[LANES] = {0}, bl[LANES] = {0};
+            int64_t q = 0;
             if (relu) {
-                for (int64_t q = 0; q < hw; q++) {
-                    float xh = (xp[q] - m) * is;
-                    float d = (xh * g + b) <= 0.0f ? 0.0f : dp[q];
-                    a += d;
-                    bb += d * xh;
-                }
+                for (; q + LANES <= hw; q += LANES)
+                    for (int l = 0; l < LANES; l++) {
+                        float xh = (xp[q + l] - m) * is;
+                        float d = (xh * g + b) <= 0.0f ? 0.0f : dp[q + l];
+                        al[l] += d;
+                        bl[l] += d * xh;
+                    }
             } else {
-                for (int64_t q = 0; q < hw; q++) {
-                    a += dp[q];
-                    bb += dp[q] * (xp[q] - m) * is;
-                }
+                for (; q + LANES <= hw; q += LANES)
+                    for (int l = 0; l < LANES; l++) {
+                        al[l] += dp[q + l];
+                        bl[l] += dp[q + l] * ((xp[q + l] - m) * is);
+                    }
+            }
+            float a = hsum(al), bb = hsum(bl);
+            for (; q < hw; q++) {
+                float xh = (xp[q] - m) * is;
+                float d = (relu && (xh * g + b) <= 0.0f) ? 0.0f : dp[q];
+                a += d;
+                bb += d * xh;
             }
             sdy += a;
             sdyx += bb;
@@ -169,6 +198,31 @@ port_status port_batchnorm2d_backward_weight(float *dgamma, float *dbeta, const 
     return PORT_OK;
 }
 
+/* Channel ch's sum(dy) and sum(dy * x-hat), x-hat rebuilt from the output: (y - beta) / gamma. */
+static void from_output_sums(double *sdy, double *sdyx, const float *dy, const float *y, float b, float rg,
+                             int64_t n, int64_t c, int64_t hw, int64_t ch) {
+    double s0 = 0.0, s1 = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const float *yp = y + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
+        float al[LANES] = {0}, bl[LANES] = {0};
+        int64_t q = 0;
+        for (; q + LANES <= hw; q += LANES)
+            for (int l = 0; l < LANES; l++) {
+                al[l] += dp[q + l];
+                bl[l] += dp[q + l] * ((yp[q + l] - b) * rg);
+            }
+        float a = hsum(al), bb = hsum(bl);
+        for (; q < hw; q++) {
+            a += dp[q];
+            bb += dp[q] * ((yp[q] - b) * rg);
+        }
+        s0 += a;
+        s1 += bb;
+    }
+    *sdy = s0;
+    *sdyx = s1;
+}
+
 static port_status check_gamma_nonzero(const float *gamma, int64_t c) {
     PORT_NOTNULL(gamma);
     for (int64_t i = 0; i < c; i++) PORT_CHECK(gamma[i] != 0.0f, PORT_ERR_ARG);
@@ -191,17 +245,8 @@ port_status port_batchnorm2d_backward_input_from_output(float *dx, const float *
 #pragma omp parallel for schedule(static) if (M * c > PORT_PAR_MIN)
     for (int64_t ch = 0; ch < c; ch++) {
         float g = gamma[ch], b = beta[ch], rg = 1.0f / g, is = save_invstd[ch];
-        double sdy = 0.0, sdyx = 0.0;
-        for (int64_t i = 0; i < n; i++) {
-            const float *yp = y + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
-            float a = 0.0f, bb = 0.0f;
-            for (int64_t q = 0; q < hw; q++) {
-                a += dp[q];
-                bb += dp[q] * ((yp[q] - b) * rg);
-            }
-            sdy += a;
-            sdyx += bb;
-        }
+        double sdy, sdyx;
+        from_output_sums(&sdy, &sdyx, dy, y, b, rg, n, c, hw, ch);
         float k = g * is, mdy = (float)(sdy / (double)M), mdyx = (float)(sdyx / (double)M);
         for (int64_t i = 0; i < n; i++) {
             const float *yp = y + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
@@ -225,17 +270,8 @@ port_status port_batchnorm2d_backward_weight_from_output(float *dgamma, float *d
 #pragma omp parallel for schedule(static) if (n * hw * c > PORT_PAR_MIN)
     for (int64_t ch = 0; ch < c; ch++) {
         float b = beta[ch], rg = 1.0f / gamma[ch];
-        double sdy = 0.0, sdyx = 0.0;
-        for (int64_t i = 0; i < n; i++) {
-            const float *yp = y + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
-            float a = 0.0f, bb = 0.0f;
-            for (int64_t q = 0; q < hw; q++) {
-                a += dp[q];
-                bb += dp[q] * ((yp[q] - b) * rg);
-            }
-            sdy += a;
-            sdyx += bb;
-        }
+        double sdy, sdyx;
+        from_output_sums(&sdy, &sdyx, dy, y, b, rg, n, c, hw, ch);
         if (dgamma) dgamma[ch] += (float)sdyx;
         if (dbeta) dbeta[ch] += (float)sdy;
     }
@@ -276,10 +312,17 @@ port_status port_batchnorm2d_backward_weight_eval(float *dgamma, float *dbeta, c
         double sdy = 0.0, sdyx = 0.0;
         for (int64_t i = 0; i < n; i++) {
             const float *xp = x + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
-            float a = 0.0f, bb = 0.0f;
-            for (int64_t q = 0; q < hw; q++) {
+            float al[LANES] = {0}, bl[LANES] = {0};
+            int64_t q = 0;
+            for (; q + LANES <= hw; q += LANES)
+                for (int l = 0; l < LANES; l++) {
+                    al[l] += dp[q + l];
+                    bl[l] += dp[q + l] * ((xp[q + l] - m) * is);
+                }
+            float a = hsum(al), bb = hsum(bl);
+            for (; q < hw; q++) {
                 a += dp[q];
-                bb += dp[q] * (xp[q] - m) * is;
+                bb += dp[q] * ((xp[q] - m) * is);
             }
             sdy += a;
             sdyx += bb;

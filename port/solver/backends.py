@@ -39,7 +39,10 @@ class Result:
 
 
 def _true_objective(m: Model, vals: list[float]) -> float:
-    return sum(c * vals[j] for j, c in m.obj.items())
+    """The objective of the plan the values describe: integer variables rounded as the plan extraction rounds
+    them (a solver may return a binary within its integrality tolerance, e.g. 1e-6, and times a large cost such
+    a residue would price a decision the plan does not take)."""
+    return sum(c * (round(vals[j]) if m.integer[j] else vals[j]) for j, c in m.obj.items())
 
 
 def _arrays(m: Model):

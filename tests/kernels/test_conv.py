@@ -97,6 +97,47 @@ def test_weight_grad_accumulates(K):
     close(dba, db1, 1e-4, 1e-5)
 
 
+# Batch folding: maps below the fold threshold (64 output pixels) put several images into one GEMM; n is
+# chosen so the last chunk is partial (P=25 -> 3 images per GEMM; n=7 -> 3+3+1).
+FOLD_CASES = [(7, 5, 6, 5, 5, 3, 1, 1, 1), (7, 6, 4, 9, 9, 3, 2, 1, 2), (5, 5, 7, 5, 5, 1, 1, 0, 1),
+              (7, 4, 6, 5, 6, 3, 1, 1, 1)]
+
+
+@pytest.mark.parametrize("algo", ["im2col", "auto"])
+@pytest.mark.parametrize("case", FOLD_CASES, ids=_ids)
+def test_conv2d_batch_folding_vs_torch(K, case, algo):
+    n, ci, co, h, w, k, s, p, g = case
+    x, wt, b, dy = _make(case, True)
+    prm = K._conv_setup(x.shape, wt, s, p, g)
+    per_image = (ci // g) * k * k * dy.shape[2] * dy.shape[3] * 4
+    ws = K.conv2d_workspace_bytes(prm, K._algo(algo))
+    # folded: the workspace holds several images' im2col blocks and an output block (else the test is moot)
+    assert ws > per_image, (ws, per_image)
+    y_ref, dx_ref, dw_ref, db_ref = _ref(x, wt, b, s, p, g, dy)
+    close(K.conv2d_forward(x, wt, b, s, p, g, algo=algo), y_ref, what="y")
+    close(K.conv2d_backward_input(dy, wt, x.shape, s, p, g, algo=algo), dx_ref, what="dx")
+    dw, db = K.conv2d_backward_weight(dy, x, wt.shape, s, p, g, bias=True, algo=algo)
+    close(dw, dw_ref, what="dw")
+    close(db, db_ref, what="db")
+    # every image alone (no folding: n = 1) gives the same result
+    y1 = torch.cat([K.conv2d_forward(x[i:i + 1].contiguous(), wt, b, s, p, g, algo=algo) for i in range(n)])
+    close(K.conv2d_forward(x, wt, b, s, p, g, algo=algo), y1, 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 40, 1, 33, 1, 0), (3, 2, 5, 37, 3, 35, 2, 1)])
+def test_depthwise_wide_kernel_vs_torch(K, shape):
+    # kernel wider than the precomputed column-range table (32): the per-use path
+    n, c, h, w, kh, kw, s, p = shape
+    x = torch.randn(n, c, h, w)
+    wt = torch.randn(c, 1, kh, kw) * 0.3
+    dy = torch.randn(n, c, (h + 2 * p - kh) // s + 1, (w + 2 * p - kw) // s + 1)
+    y_ref, dx_ref, dw_ref, _ = _ref(x, wt, None, s, p, c, dy)
+    close(K.conv2d_forward(x, wt, None, s, p, c, algo="direct"), y_ref, what="y")
+    close(K.conv2d_backward_input(dy, wt, x.shape, s, p, c, algo="direct"), dx_ref, what="dx")
+    dw, _ = K.conv2d_backward_weight(dy, x, wt.shape, s, p, c, algo="direct")
+    close(dw, dw_ref, what="dw")
+
+
 PATCH_CASES = quick_subset([(2, 4, 6, 9, 11, 3, 1, 1, 1), (1, 4, 6, 9, 11, 3, 2, 1, 2),
                             (3, 4, 4, 7, 5, 3, 1, 2, 4), (1, 3, 5, 10, 10, 5, 2, 2, 1),
                             (2, 4, 6, 7, 9, 1, 1, 0, 1), (1, 4, 6, 8, 8, 3, 2, 0, 1)], 2)
@@ -161,3 +202,56 @@ def test_sgemm(K, backend, mnk, ta, tb):
     # beta = 0 must ignore NaN in C
     c = K.sgemm(a, bm, bool(ta), bool(tb), c=torch.full((m, n), float("nan")))
     close(c, 2 * (ref - 2.0 * c0.double()), 1e-4, 1e-4)
+
+
+# ----------------------------------------------------------------------------- the in-C reference convolution
+def _ref_c(K, x, wt, b, dy, s, p, g):
+    """port_conv2d_reference_* (plain loops, double accumulators) on float32 tensors."""
+    from port.exec import capi
+    prm = K._conv_setup(x.shape, wt, s, p, g)
+    y = torch.empty_like(dy)
+    dx = torch.empty_like(x)
+    dw = torch.zeros_like(wt)
+    db = torch.zeros(wt.shape[0])
+    ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+    capi.check(capi.raw.port_conv2d_reference_forward(y.data_ptr(), x.data_ptr(), wt.data_ptr(), ptr(b), prm))
+    capi.check(capi.raw.port_conv2d_reference_backward_input(dx.data_ptr(), dy.data_ptr(), wt.data_ptr(), prm))
+    capi.check(capi.raw.port_conv2d_reference_backward_weight(dw.data_ptr(), db.data_ptr(), dy.data_ptr(),
+                                                            x.data_ptr(), prm))
+    return y, dx, dw, db
+
+
+REF_CASES = quick_subset(_CASES + FOLD_CASES + [(2, 3, 5, 11, 9, 5, 3, 2, 1), (1, 6, 6, 8, 13, 3, 2, 0, 3)], 9)
+
+
+@pytest.mark.parametrize("case", REF_CASES, ids=_ids)
+def test_reference_conv_vs_torch_float64(K, case):
+    n, ci, co, h, w, k, s, p, g = case
+    x, wt, b, dy = _make(case, True)
+    y_ref, dx_ref, dw_ref, db_ref = _ref(x, wt, b, s, p, g, dy)
+    y, dx, dw, db = _ref_c(K, x, wt, b, dy, s, p, g)
+    # double accumulation: only the final float32 rounding differs from float64 torch
+    for got, want, what in ((y, y_ref, "y"), (dx, dx_ref, "dx"), (dw, dw_ref, "dw"), (db, db_ref, "db")):
+        torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6, msg=what)
+
+
+@pytest.mark.parametrize("case", REF_CASES, ids=_ids)
+def test_fast_conv_paths_equal_reference(K, case):
+    """Every fast path (im2col with batch folding, direct, patch tiles) against the in-C reference."""
+    n, ci, co, h, w, k, s, p, g = case
+    x, wt, b, dy = _make(case, True)
+    y_r, dx_r, dw_r, db_r = _ref_c(K, x, wt, b, dy, s, p, g)
+    algos = ["im2col", "auto"] + (["direct"] if g == ci == co or (k == 1 and s == 1 and p == 0) else [])
+    for algo in algos:
+        close(K.conv2d_forward(x, wt, b, s, p, g, algo=algo), y_r, 1e-5, 1e-5, what=f"{algo} y")
+        close(K.conv2d_backward_input(dy, wt, x.shape, s, p, g, algo=algo), dx_r, 1e-5, 1e-5, what=f"{algo} dx")
+        dw, db = K.conv2d_backward_weight(dy, x, wt.shape, s, p, g, bias=True, algo=algo)
+        close(dw, dw_r, 1e-4, 1e-5, what=f"{algo} dw")
+        close(db, db_r, 1e-4, 1e-5, what=f"{algo} db")
+    for tile in ((2, 3), (4, 100)):
+        close(K.conv2d_patch_forward(x, wt, b, s, p, g, tile=tile), y_r, 1e-5, 1e-5, what=f"patch{tile} y")
+        close(K.conv2d_patch_backward_input(dy, wt, x.shape, s, p, g, tile=tile), dx_r, 1e-5, 1e-5,
+              what=f"patch{tile} dx")
+        dw, db = K.conv2d_patch_backward_weight(dy, x, wt.shape, s, p, g, bias=True, tile=tile)
+        close(dw, dw_r, 1e-4, 1e-5, what=f"patch{tile} dw")
+        close(db, db_r, 1e-4, 1e-5, what=f"patch{tile} db")
