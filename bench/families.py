@@ -24,10 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [str(ROOT)] + [q for q in sys.path if Path(q or ".").resolve() != ROOT / "bench"] + [str(ROOT / "bench")]
 
-import torch  # noqa: E402
-
-import port  # noqa: E402
+import port  # noqa: E402  (first: PORT's OpenMP wait policy is set before torch loads the runtime)
 from port.exec import kernels as K  # noqa: E402
+import torch  # noqa: E402
 
 FAMILIES = ("conv fwd", "conv fwd (depthwise)", "conv grad input", "conv grad input (depthwise)",
             "conv grad weight", "conv grad weight (depthwise)", "batch norm fwd", "batch norm bwd",

@@ -337,10 +337,11 @@ def main(argv=None):
         "- Patch workspace target (<= 1/8) fails only where c_out/groups is large relative to "
         "K = c_in*kh*kw (the stems, K = 27 vs c_out = 32/64): tiles narrower than W_out need an "
         "output-tile buffer of c_out*tile elements besides the tile's im2col buffer.",
-        "- Threads: `import port` bounds libgomp's spin-wait (GOMP_SPINCOUNT=30000, ~0.3-1 ms) instead of the "
-        "passive policy it used to set: with passive waiting every 2-thread parallel region paid a futex wake-up "
-        "(~150 us measured here), more than many whole kernels. Patch tiles' GEMMs fall under the split "
-        "threshold and run single-threaded, which explains their 2-thread time ratio.",
+        "- Threads: one OpenMP pool (libgomp, shared with torch) with libgomp's default wait policy, as "
+        "PyTorch's ops use; OpenBLAS is single-threaded and PORT splits large GEMMs over the pool, so two pools "
+        "never spin against each other. Passive waiting (which `import port` used to set) cost every 2-thread "
+        "region a futex wake-up (~150 us measured here), more than many whole kernels. Patch tiles' GEMMs fall "
+        "under the split threshold and run single-threaded, which explains their 2-thread time ratio.",
         "- Patch tiles on small maps (4x4 grid on a 4x4 or 8x8 output = 1x1 / 2x2-pixel tiles) "
         "degrade GEMM to matrix-vector products; the time target is only met on large maps.",
         "", "### Per layer", "", *lines, "", headline, ""])

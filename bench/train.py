@@ -125,6 +125,11 @@ class _Sampler:
 
 
 def worker(impl: str, name: str, batch: int, steps: int, warmup: int, threads: int, trim: bool) -> dict:
+    # the OpenMP runtime reads its wait policy once, when it loads (with torch): PORT's policy is set first, as
+    # `import port` before `import torch` (or `port train`) does; the "torch" worker runs with
+    # PORT_OMP_WAIT_POLICY=default, where this leaves libgomp's defaults alone
+    from port.exec import native
+    native.configure_openmp_env()
     import torch
     torch.set_num_threads(threads)
     import torch.nn.functional as F
@@ -516,7 +521,8 @@ def speed_headline(rows: list[dict], gemm: dict) -> str:
 def speed_notes(a, gemm: dict, load0, load1) -> str:
     return (f"Step times of PORT's default all-C plan (`Trainer(model, x, backend=\"c\")`) against PyTorch eager in a "
             f"process where `import port` left libgomp's defaults (PORT_OMP_WAIT_POLICY=default; the first PyTorch "
-            f"column) and against PyTorch eager under PORT's own policy (GOMP_SPINCOUNT={_spincount()}, in brackets). "
+            f"column) and against PyTorch eager in a process that imported port first, under PORT's own policy "
+            f"(in brackets: {_policy()}). "
             f"The three workers of one (model, batch) alternate single steps (rotating who goes first); "
             f"{'a second phase repeats the rounds with one CPU-bound background process (a Python busy loop) running: loaded/quiet = median loaded step / median quiet step per implementation, and (ratio) = PORT/PyTorch of those' if not a.no_loaded else 'no loaded phase (--no-loaded)'}. "
             f"GFLOP/step: forward + backward FLOPs of one step (torch FlopCounterMode); % of sgemm: step GFLOP/s over the "
@@ -524,9 +530,11 @@ def speed_notes(a, gemm: dict, load0, load1) -> str:
             f"{gemm['torch']:.0f} GFLOP/s; the larger). Load average {load0[0]:.1f} at start, {load1[0]:.1f} at end.")
 
 
-def _spincount() -> str:
-    from port.exec.native import SPINCOUNT
-    return SPINCOUNT
+def _policy() -> str:
+    v = _USER_OMP.get("PORT_OMP_WAIT_POLICY")
+    if v in (None, "", "default"):
+        return "libgomp's defaults, as PyTorch's: a second sample of the first column's configuration"
+    return f"PORT_OMP_WAIT_POLICY={v}"
 
 
 def main() -> None:
@@ -589,7 +597,9 @@ def main() -> None:
     head = headline(rows)
     kt = sorted({d["kthreads"] for d in rows if "kthreads" in d})
     method = sorted({d["method"] for d in rows if "method" in d})
-    notes = f"""`python bench/train.py{' --quick' if a.quick else ''}` ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()}-vCPU host shared with other jobs: load average {load0[0]:.1f} at start, {load1[0]:.1f} at end; {wall:.0f} s total). Every (model, batch, implementation) in a fresh subprocess; the PyTorch and the PORT worker of one (model, batch) are set up one after the other, then driven in alternating single steps (who goes first alternates each round) so machine-load drift hits both: {warmup} warm-up rounds + up to {steps} timed rounds (at least 3; capped at {max_s:.0f} s per configuration); median step time, their ratio, and in brackets the median of the per-round PORT/PyTorch ratios. Same model (seed 0, train mode), same random data, SGD lr 0.01 momentum 0.9 (PyTorch: torch.optim.SGD, zero_grad(set_to_none=True)). torch.set_num_threads(2) and port.exec.kernels.set_num_threads(2) in both; PORT's C kernels ran with {'/'.join(map(str, kt))} thread(s) (read back with port.exec.kernels.get_num_threads() after set-up).
+    cmd = ("python bench/train.py" + (" --quick" if a.quick else "") + (f" --batches {a.batches}" if a.batches else "")
+           + (f" --models {a.models}" if a.models != ",".join(MODELS) else ""))
+    notes = f"""`{cmd}` ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()}-vCPU host shared with other jobs: load average {load0[0]:.1f} at start, {load1[0]:.1f} at end; {wall:.0f} s total). Every (model, batch, implementation) in a fresh subprocess; the PyTorch and the PORT worker of one (model, batch) are set up one after the other, then driven in alternating single steps (who goes first alternates each round) so machine-load drift hits both: {warmup} warm-up rounds + up to {steps} timed rounds (at least 3; capped at {max_s:.0f} s per configuration); median step time, their ratio, and in brackets the median of the per-round PORT/PyTorch ratios. Same model (seed 0, train mode), same random data, SGD lr 0.01 momentum 0.9 (PyTorch: torch.optim.SGD, zero_grad(set_to_none=True)). torch.set_num_threads(2) and port.exec.kernels.set_num_threads(2) in both; PORT's C kernels ran with {'/'.join(map(str, kt))} thread(s) (read back with port.exec.kernels.get_num_threads() after set-up).
 
 {tab}
 
@@ -606,7 +616,7 @@ How memory is measured (/proc/self/status): `pre` = VmRSS after imports + model 
     if not a.no_write:
         from _results import machine_line, write_section
         write_section("Training", notes + "\n" + FINDINGS + "\n\n" + "### Speed (issue 14)\n\n"
-                      + machine_line("python bench/train.py" + (" --quick" if a.quick else ""), t_start, load0[0])
+                      + machine_line(cmd, t_start, load0[0])
                       + "\n\n" + snotes + "\n\n" + stab + "\n\n" + head + "\n" + shead + "\n")
     print(head)
     print(shead)

@@ -13,16 +13,17 @@ system libgomp.so.1), so PORT's parallel regions, torch's intra-op threads and
 OpenBLAS is pre-loaded with OPENBLAS_NUM_THREADS=1 (no pthread pool is created)
 and kept single-threaded by the library.
 
-Wait policy.  A parallel region's workers wait for the next region by spinning and then sleeping.  Sleeping at
-once (OMP_WAIT_POLICY=PASSIVE) costs every region a futex wake-up: ~150 us per 2-thread region measured on a
-2-vCPU VM, tens of ms per training step of a few hundred kernel calls, and it slows torch's own ops in the same
-process as much (PyTorch eager ResNet-18, batch 8: 305 ms with libgomp's defaults, 420 ms passive).  libgomp's
-default spin (300k iterations, several ms) keeps a waiting worker on a core long after the work is done, which on
-an oversubscribed machine holds the core the other thread needs.  ``configure_openmp_env()`` therefore bounds the
-spin: GOMP_SPINCOUNT=30000 (~0.3-1 ms: it covers the gaps between consecutive kernel calls, then the workers
-sleep), unless the user chose a policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT).  PORT_OMP_WAIT_POLICY=default leaves
-the runtime's defaults; PORT_OMP_WAIT_POLICY=passive|active sets OMP_WAIT_POLICY.  It only has an effect if
-called before the OpenMP runtime is loaded, i.e. before ``import torch`` (port.exec.kernels calls it first thing).
+Wait policy.  A parallel region's workers wait for the next region by spinning, then sleeping.  PORT leaves
+libgomp's defaults (spin ~300k iterations, a few ms, then sleep): the same policy as PyTorch's own ops in the same
+process, so PORT never slows the torch-backend ops it hosts.  Measured side by side on a 2-vCPU VM
+(bench/train.py, 2026-11-23), the alternatives were worse: passive waiting (sleep at once) costs every 2-thread
+region a futex wake-up, ~150 us, tens of ms per training step (PyTorch eager ResNet-18 batch 8: 305 ms with the
+defaults, 420 ms passive); a bounded spin (GOMP_SPINCOUNT=30000, ~0.3-1 ms) was no faster on a quiet machine
+and 1.4-3.6x slower with a CPU-bound process beside the steps (a sleeping worker waits for a scheduler slice to
+be woken).  Two pools never spin against each other: OpenBLAS is single-threaded and PORT splits GEMMs over the
+one OpenMP pool.  ``configure_openmp_env()`` applies PORT_OMP_WAIT_POLICY=passive|active|bounded (bounded:
+GOMP_SPINCOUNT=30000) unless the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT; it only has an effect if called
+before the OpenMP runtime is loaded, i.e. before ``import torch`` (port.exec.kernels calls it first thing).
 """
 from __future__ import annotations
 
@@ -96,14 +97,14 @@ def _mapped_openmp() -> str | None:
     return None
 
 
-SPINCOUNT = "30000"
+SPINCOUNT = "30000"   # PORT_OMP_WAIT_POLICY=bounded
 
 
 def configure_openmp_env() -> None:
-    """Bound libgomp's spin-wait (GOMP_SPINCOUNT=30000) if no OpenMP runtime is loaded yet and the user set no
-    policy; PORT_OMP_WAIT_POLICY=default|passive|active overrides (see the module docstring)."""
+    """Apply PORT_OMP_WAIT_POLICY (passive | active | bounded; unset or "default": libgomp's defaults) if no OpenMP
+    runtime is loaded yet and the user set no OMP_WAIT_POLICY / GOMP_SPINCOUNT (see the module docstring)."""
     choice = os.environ.get("PORT_OMP_WAIT_POLICY", "").lower()
-    if choice == "default":
+    if choice in ("", "default"):
         return
     if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
         return
@@ -111,7 +112,7 @@ def configure_openmp_env() -> None:
         return  # too late: the runtime has read its environment already
     if choice in ("passive", "active"):
         os.environ["OMP_WAIT_POLICY"] = choice.upper()
-    else:
+    elif choice == "bounded":
         os.environ["GOMP_SPINCOUNT"] = SPINCOUNT
 
 

@@ -13,7 +13,7 @@ if ROOT not in sys.path:
 
 from port.exec import native as _native
 
-_native.configure_openmp_env()  # PORT's bounded OpenMP spin-wait, if torch is not imported yet
+_native.configure_openmp_env()  # PORT_OMP_WAIT_POLICY, if set and torch is not imported yet
 
 import torch  # noqa: E402
 
