@@ -92,15 +92,21 @@ typedef struct {
 } port_conv2d_params;
 
 /* algorithms */
-#define PORT_CONV_AUTO 0   /* direct for depthwise / 1x1-s1-p0, else im2col */
+#define PORT_CONV_AUTO 0   /* direct for depthwise / 1x1-s1-p0, winograd where it pays, else im2col */
 #define PORT_CONV_IM2COL 1 /* im2col + GEMM, any params                      */
 #define PORT_CONV_DIRECT 2 /* depthwise (groups==c_in==c_out) or 1x1 s1 p0  */
+#define PORT_CONV_WINOGRAD 3 /* F(2x2,3x3): 3x3, stride 1, groups 1, pad <= 2 */
 
 PORT_API int64_t port_conv2d_out_h(const port_conv2d_params *p);
 PORT_API int64_t port_conv2d_out_w(const port_conv2d_params *p);
 PORT_API port_status port_conv2d_check(const port_conv2d_params *p);
 /* Workspace (bytes) shared by forward / backward_input / backward_weight. */
 PORT_API size_t port_conv2d_workspace_bytes(const port_conv2d_params *p, int algo);
+/* The algorithm `algo` runs as for these params (PORT_CONV_AUTO resolved), or -1 when it does not apply.
+ * AUTO picks winograd where it is legal and each of its 16 GEMMs gets at least PORT_WG_AUTO_MIN_TILES
+ * columns (2x2 output tiles over the batch) and 16 input and output channels; fewer tiles or channels
+ * leave the GEMMs too small to repay the transforms (measured: bench/kernels.py). */
+PORT_API int port_conv2d_resolve_algo(const port_conv2d_params *p, int algo);
 
 PORT_API port_status port_conv2d_forward(float *y, const float *x, const float *w, const float *b,
                                          const port_conv2d_params *p, int algo,

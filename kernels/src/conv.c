@@ -44,11 +44,12 @@ int port__conv_is_pointwise(const port_conv2d_params *p) {
 int port__conv_resolve_algo(const port_conv2d_params *p, int algo) {
     switch (algo) {
     case PORT_CONV_AUTO:
-        return (port__conv_is_depthwise(p) || port__conv_is_pointwise(p)) ? PORT_CONV_DIRECT
-                                                                          : PORT_CONV_IM2COL;
+        if (port__conv_is_depthwise(p) || port__conv_is_pointwise(p)) return PORT_CONV_DIRECT;
+        return port__conv_winograd_pays(p) ? PORT_CONV_WINOGRAD : PORT_CONV_IM2COL;
     case PORT_CONV_IM2COL: return PORT_CONV_IM2COL;
     case PORT_CONV_DIRECT:
         return (port__conv_is_depthwise(p) || port__conv_is_pointwise(p)) ? PORT_CONV_DIRECT : -1;
+    case PORT_CONV_WINOGRAD: return port__conv_winograd_legal(p) ? PORT_CONV_WINOGRAD : -1;
     default: return -1;
     }
 }
@@ -67,10 +68,16 @@ static int64_t conv_fold(const port_conv2d_params *p, int a) {
     return PORT_MIN(p->n, (PORT_CONV_FOLD_COLS + P - 1) / P);
 }
 
+int port_conv2d_resolve_algo(const port_conv2d_params *p, int algo) {
+    if (p == NULL || port_conv2d_check(p) != PORT_OK) return -1;
+    return port__conv_resolve_algo(p, algo);
+}
+
 size_t port_conv2d_workspace_bytes(const port_conv2d_params *p, int algo) {
     if (port_conv2d_check(p) != PORT_OK) return 0;
     int a = port__conv_resolve_algo(p, algo);
     if (a < 0) return 0;
+    if (a == PORT_CONV_WINOGRAD) return port__conv_winograd_ws_floats(p) * sizeof(float);
     int64_t K = p->c_in / p->groups * p->kh * p->kw, cog = p->c_out / p->groups;
     int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p), nb = conv_fold(p, a);
     if (nb > 1) /* the chunk's im2col matrix [K, nb*P] and its output/gradient block [c_out/g, nb*P] */
@@ -84,7 +91,9 @@ port_status port__conv_validate(const port_conv2d_params *p, int *algo, void *ws
     if (st != PORT_OK) return st;
     if (algo == NULL) return PORT_ERR_NULL;
     int a = port__conv_resolve_algo(p, *algo);
-    if (a < 0) return *algo == PORT_CONV_DIRECT ? PORT_ERR_UNSUPPORTED : PORT_ERR_ARG;
+    if (a < 0)
+        return (*algo == PORT_CONV_DIRECT || *algo == PORT_CONV_WINOGRAD) ? PORT_ERR_UNSUPPORTED
+                                                                           : PORT_ERR_ARG;
     size_t need = port_conv2d_workspace_bytes(p, a);
     if (ws_bytes < need || (need > 0 && ws == NULL)) return PORT_ERR_WORKSPACE;
     *algo = a;
@@ -545,6 +554,10 @@ static void bias_grad(float *db, const float *dy, int64_t n, int64_t cout, int64
 
 void port__conv_fwd(float *y, const float *x, const float *w, const float *b,
                     const port_conv2d_params *p, int algo, float *ws) {
+    if (algo == PORT_CONV_WINOGRAD) {
+        port__conv_winograd_fwd(y, x, w, b, p, ws);
+        return;
+    }
     if (algo == PORT_CONV_DIRECT && port__conv_is_depthwise(p) && !port__conv_is_pointwise(p)) {
         dw_fwd(y, x, w, b, p);
         return;
@@ -584,6 +597,10 @@ void port__conv_fwd(float *y, const float *x, const float *w, const float *b,
 
 void port__conv_bwd_in(float *dx, const float *dy, const float *w, const port_conv2d_params *p,
                        int algo, float *ws) {
+    if (algo == PORT_CONV_WINOGRAD) {
+        port__conv_winograd_bwd_in(dx, dy, w, p, ws);
+        return;
+    }
     if (algo == PORT_CONV_DIRECT && port__conv_is_depthwise(p) && !port__conv_is_pointwise(p)) {
         dw_bwd_in(dx, dy, w, p);
         return;
@@ -615,6 +632,11 @@ void port__conv_bwd_in(float *dx, const float *dy, const float *w, const port_co
 
 void port__conv_bwd_w(float *dw, float *db, const float *dy, const float *x,
                       const port_conv2d_params *p, int algo, float *ws) {
+    if (algo == PORT_CONV_WINOGRAD) {
+        port__conv_winograd_bwd_w(dw, dy, x, p, ws);
+        if (db) bias_grad(db, dy, p->n, p->c_out, port_conv2d_out_h(p) * port_conv2d_out_w(p));
+        return;
+    }
     if (algo == PORT_CONV_DIRECT && port__conv_is_depthwise(p) && !port__conv_is_pointwise(p)) {
         dw_bwd_w(dw, db, dy, x, p);
         return;

@@ -67,6 +67,16 @@ void port__conv_bwd_in(float *dx, const float *dy, const float *w, const port_co
                        int algo, float *ws);
 void port__conv_bwd_w(float *dw, float *db, const float *dy, const float *x,
                       const port_conv2d_params *p, int algo, float *ws);
+/* Winograd F(2x2,3x3) (kernels/src/winograd.c); ws holds port__conv_winograd_ws_floats(p) floats. */
+int port__conv_winograd_legal(const port_conv2d_params *p);
+int port__conv_winograd_pays(const port_conv2d_params *p); /* PORT_CONV_AUTO's choice */
+size_t port__conv_winograd_ws_floats(const port_conv2d_params *p);
+void port__conv_winograd_fwd(float *y, const float *x, const float *w, const float *b,
+                             const port_conv2d_params *p, float *ws);
+void port__conv_winograd_bwd_in(float *dx, const float *dy, const float *w, const port_conv2d_params *p,
+                                float *ws);
+void port__conv_winograd_bwd_w(float *dw, const float *dy, const float *x, const port_conv2d_params *p,
+                               float *ws);
 port_status port__conv_validate(const port_conv2d_params *p, int *algo, void *ws,
                                 size_t ws_bytes);
 

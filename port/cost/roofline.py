@@ -25,6 +25,17 @@ DEFAULT_EFFICIENCY = {
 ELEMENTWISE_EFFICIENCY = 0.5   # fraction of bandwidth reached by elementwise kernels
 VARIANT_FACTOR = {"plain": 1.0, "inplace": 0.95, "fused": 0.8, "direct": 1.0, "patch4": 1.35, "patch8": 1.12}
 ZERO_COST_KINDS = ("reshape", "reshape.grad_input", "add.grad_input")
+WINOGRAD_MAC_FACTOR = 16 / 36   # F(2x2, 3x3): 16 multiplies per output tile and channel pair instead of 4 * 9
+
+
+def winograd_transform_bytes(graph: Graph, op: Op) -> int:
+    """Bytes of the transformed tiles a Winograd conv writes and reads back: 16 values per 2x2 tile for every
+    input and output channel (kernels/src/winograd.c)."""
+    fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
+    n, ci = graph.tensors[fwd.inputs[0]].shape[:2]
+    _, co, ho, wo = graph.tensors[fwd.outputs[0]].shape
+    tiles = n * ((ho + 1) // 2) * ((wo + 1) // 2)
+    return 2 * 4 * 16 * (ci + co) * tiles
 
 
 def workspace_bytes(graph: Graph, op: Op, variant: str) -> int:
@@ -61,7 +72,10 @@ def ideal_ms(graph: Graph, op: Op, acc: AcceleratorConfig, variant: str) -> floa
     compute_ms = op.flops / peak * 1e3 if op.flops else 0.0
     vec_ms = op.vector_flops / (peak * VECTOR_FRACTION) * 1e3 if op.vector_flops else 0.0
     moved = op.bytes_moved
-    if op.kind in V.CONV_KINDS and variant != "direct":
+    if op.kind in V.CONV_KINDS and variant == "winograd":
+        compute_ms *= WINOGRAD_MAC_FACTOR
+        moved += winograd_transform_bytes(graph, op)
+    elif op.kind in V.CONV_KINDS and variant != "direct":
         fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
         moved += 2 * workspace_bytes(graph, op, "plain") * graph.tensors[fwd.inputs[0]].shape[0]
     mem_ms = moved / (acc.mem_gbps * 1e9) * 1e3

@@ -17,8 +17,8 @@ from port.exec import native as _native
 PORT_OK, PORT_ERR_NULL, PORT_ERR_SHAPE, PORT_ERR_ARG, PORT_ERR_WORKSPACE, PORT_ERR_UNSUPPORTED, \
     PORT_ERR_ALIAS = range(7)
 GEMM_BLAS, GEMM_VENDORED = 0, 1
-CONV_AUTO, CONV_IM2COL, CONV_DIRECT = 0, 1, 2
-_ALGOS = {"auto": CONV_AUTO, "im2col": CONV_IM2COL, "direct": CONV_DIRECT}
+CONV_AUTO, CONV_IM2COL, CONV_DIRECT, CONV_WINOGRAD = 0, 1, 2, 3
+_ALGOS = {"auto": CONV_AUTO, "im2col": CONV_IM2COL, "direct": CONV_DIRECT, "winograd": CONV_WINOGRAD}
 
 
 # --------------------------------------------------------------------------- param structs
@@ -101,6 +101,7 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_conv2d_out_w", "int64_t", (_CP,)),
     ("port_conv2d_check", "port_status", (_CP,)),
     ("port_conv2d_workspace_bytes", "size_t", (_CP, "int")),
+    ("port_conv2d_resolve_algo", "int", (_CP, "int")),
     ("port_conv2d_forward", "port_status", (_F, _CF, _CF, _CF, _CP, "int", "void*", "size_t")),
     ("port_conv2d_backward_input", "port_status", (_F, _CF, _CF, _CP, "int", "void*", "size_t")),
     ("port_conv2d_backward_weight", "port_status", (_F, _F, _CF, _CF, _CP, "int", "void*",

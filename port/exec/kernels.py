@@ -31,10 +31,10 @@ _native.configure_openmp_env()  # before torch loads the OpenMP runtime (see por
 import torch  # noqa: E402
 
 from port.exec.capi import (  # noqa: E402,F401  (the raw binding, re-exported)
-    CONV_AUTO, CONV_DIRECT, CONV_IM2COL, GEMM_BLAS, GEMM_VENDORED, PORT_ERR_ALIAS, PORT_ERR_ARG, PORT_ERR_NULL,
-    PORT_ERR_SHAPE, PORT_ERR_UNSUPPORTED, PORT_ERR_WORKSPACE, PORT_OK, SIGNATURES, BatchNormParams, Conv2dParams,
-    KernelError, KernelValueError, LinearParams, Pool2dParams, UnsupportedError, WorkspaceError, _ALGOS, check,
-    ctype_of, raw, status_string)
+    CONV_AUTO, CONV_DIRECT, CONV_IM2COL, CONV_WINOGRAD, GEMM_BLAS, GEMM_VENDORED, PORT_ERR_ALIAS, PORT_ERR_ARG,
+    PORT_ERR_NULL, PORT_ERR_SHAPE, PORT_ERR_UNSUPPORTED, PORT_ERR_WORKSPACE, PORT_OK, SIGNATURES, BatchNormParams,
+    Conv2dParams, KernelError, KernelValueError, LinearParams, Pool2dParams, UnsupportedError, WorkspaceError,
+    _ALGOS, check, ctype_of, raw, status_string)
 
 # --------------------------------------------------------------------------- settings
 def set_num_threads(n: int) -> None:
@@ -145,7 +145,7 @@ def _pair(v, name) -> tuple[int, int]:
 
 
 def _algo(algo) -> int:
-    if isinstance(algo, int) and algo in (0, 1, 2):
+    if isinstance(algo, int) and algo in _ALGOS.values():
         return algo
     if algo not in _ALGOS:
         raise ValueError(f"algo: expected one of {sorted(_ALGOS)}, got {algo!r}")

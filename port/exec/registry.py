@@ -61,7 +61,7 @@ C_ENTRIES: dict[str, tuple[str, ...]] = {
 }
 NO_CALL_KINDS = ("reshape", "reshape.grad_input", "add.grad_input")   # views: zero-copy, no kernel
 CONV_KERNELS = ("conv2d", "conv2d.grad_input", "conv2d.grad_weight", "conv2d_bn_relu")
-CONV_ALGO = {"plain": 1, "direct": 2, "fused": 0}     # port_conv_algo: im2col, direct, auto
+CONV_ALGO = {"plain": 1, "direct": 2, "fused": 0, "winograd": 3}   # PORT_CONV_IM2COL, _DIRECT, _AUTO, _WINOGRAD
 
 
 @dataclass(frozen=True)
@@ -148,6 +148,18 @@ def workspace_bytes(kernel: str, variant: str, backend: str, attrs: dict, in_sha
     if tile is not None:
         return int(capi.raw.port_conv2d_patch_workspace_bytes(ctypes.byref(p), tile, tile))
     return int(capi.raw.port_conv2d_workspace_bytes(ctypes.byref(p), CONV_ALGO.get(variant, 0)))
+
+
+def c_auto_conv_variant(graph, op) -> str:
+    """The variant the C library's PORT_CONV_AUTO runs this conv2d (or conv gradient) op as: ``direct``,
+    ``winograd`` or ``plain`` (im2col). The rule lives in kernels/src/conv.c (port_conv2d_resolve_algo);
+    the default plan and the fused conv+bn+relu kernel follow it."""
+    from port.exec import capi
+    fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
+    x = tuple(graph.tensors[fwd.inputs[0]].shape)
+    p = conv_params(capi, x, graph.tensors[fwd.outputs[0]].shape[1], dict(fwd.attrs))
+    algo = int(capi.raw.port_conv2d_resolve_algo(ctypes.byref(p), 0))
+    return {v: k for k, v in CONV_ALGO.items() if k != "fused"}[algo]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -422,7 +434,8 @@ def known_variant(kernel: str, variant: str, backend: str) -> bool:
         return kernel == "conv2d_bn_relu"
     if kernel == "conv2d_bn_relu":
         return False
-    return variant in ("plain", "direct", "inplace") and (variant != "direct" or kernel in CONV_KERNELS)
+    return variant in ("plain", "direct", "inplace", "winograd") and (variant not in ("direct", "winograd")
+                                                                     or kernel in CONV_KERNELS)
 
 
 def inplace_pairs(kernel: str, attrs: dict) -> tuple[tuple[int, int], ...]:

@@ -49,15 +49,18 @@ def backend_of(accelerator: str, accelerators: dict[str, str] | None = None) -> 
 
 
 def default_plan(graph: Graph, backend: str = "c", fuse: bool = True, inplace: bool = True) -> Plan:
-    """Every op on ``backend`` with fusion and in-place wherever legal (and supported by the kernels)."""
+    """Every op on ``backend`` with fusion and in-place wherever legal (and supported by the kernels); on the
+    C backend each conv runs the algorithm the C library picks for its shape (PORT_CONV_AUTO: direct,
+    winograd where it pays, else im2col), as the fused conv+bn+relu kernel does."""
     if backend not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
     acc = BACKEND_ACCELERATORS[backend]
     variant: dict[int, str] = {o.id: "plain" for o in graph.ops}
     if backend == "c":
-        for o in graph.ops:
-            if o.kind in V.CONV_KINDS and (V.is_depthwise(graph, o) or V.is_pointwise(graph, o)):
-                variant[o.id] = "direct"
+        for o in graph.ops:      # the C library's own choice (direct, winograd where it pays, else im2col)
+            if o.kind in V.CONV_KINDS:
+                v = registry.c_auto_conv_variant(graph, o)
+                variant[o.id] = v if v in V.variants(graph, o, backend) else "plain"
         if fuse:
             for o in graph.ops:
                 ch = V.fusion_chain(graph, o)

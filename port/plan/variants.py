@@ -6,6 +6,11 @@ Variant names
 ``plain``        the reference implementation (for conv2d on the C backend: im2col + GEMM)
 ``direct``       conv2d without im2col: depthwise (groups == C_in == C_out) or 1x1/stride 1/pad 0
 ``patch<T>``     conv2d computed in T x T spatial output tiles, im2col per tile (workspace ~ tile)
+``winograd``     conv2d (forward and both gradients) as Winograd F(2x2, 3x3): 16 GEMMs over channels in the
+                 transformed domain, 2.25x fewer multiply-adds than the direct sum, a larger workspace
+                 (the transformed kernels plus a chunk of transformed tiles). 3x3, stride 1, groups 1,
+                 padding <= 2, input width + 2 * padding + 4 <= WINOGRAD_ROW_MAX (the C library's
+                 PORT_WG_ROW_MAX; tests/kernels check the two rules agree).
 ``inplace``      the output is written into the input's buffer (relu, relu6, batch_norm2d, add):
                  the output tensor aliases the input storage. On a batch norm's backward ops
                  (grad_weight; grad_input in training mode) ``inplace`` means "from the output": the
@@ -32,12 +37,15 @@ Legality (pure functions of the graph, used by solver, simulator and lowering al
   output feeds exactly one relu, all forward.
 * in-place batch norm needs affine weight and bias (it rebuilds x-hat from the output).
 * ``patch<T>`` on conv2d ops whose output is larger than T in both spatial dims.
+* ``winograd`` on conv2d ops with 3x3 kernels, stride 1, groups 1, padding <= 2 and rows that fit the
+  kernel's stack buffers (``winograd_legal``).
 """
 from __future__ import annotations
 
 from port.ir.types import PHASE_FORWARD, PHASE_LOSS, Graph, Op
 
 PATCH_TILES = (4, 8)
+WINOGRAD_ROW_MAX = 520     # kernels/src/winograd.c PORT_WG_ROW_MAX
 TORCH_BACKENDS = ("torch-cpu", "torch-cuda", "torch-mps")
 INPLACE_KINDS = ("relu", "relu6", "batch_norm2d", "add")
 ACTIVATIONS = ("relu", "relu6")
@@ -62,6 +70,15 @@ def is_pointwise(graph: Graph, op: Op) -> bool:
     fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
     kh, kw, s, p, g = _conv_attrs(fwd)
     return kh == kw == 1 and s == 1 and p == 0 and g == 1
+
+
+def winograd_legal(graph: Graph, op: Op) -> bool:
+    """The C library's Winograd F(2x2, 3x3) convolution applies to this conv (or its gradient)."""
+    fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
+    k, s, p = fwd.attr("kernel"), fwd.attr("stride"), fwd.attr("padding")
+    w = graph.tensors[fwd.inputs[0]].shape[3]
+    return (tuple(k) == (3, 3) and tuple(s) == (1, 1) and fwd.attr("groups") == 1 and max(p) <= 2
+            and w + 2 * p[1] + 4 <= WINOGRAD_ROW_MAX)
 
 
 def inplace_legal(graph: Graph, op: Op) -> bool:
@@ -124,6 +141,8 @@ def variants(graph: Graph, op: Op, backend: str) -> tuple[str, ...]:
     if op.kind in CONV_KINDS:
         if is_depthwise(graph, op) or is_pointwise(graph, op):
             out.append("direct")
+        if winograd_legal(graph, op):
+            out.append("winograd")
         fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
         h, w = graph.tensors[fwd.outputs[0]].shape[2:]
         for t in PATCH_TILES:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -241,29 +242,36 @@ def _torch_losses(model, batches, opt: str, lr: float, dtype) -> list[float]:
 
 
 def compare_to_float64(model, batches, opt: str = "sgd", lr: float | None = None, factor: float = 3.0,
-                       floor: float = 1e-5, perturbed_runs: int = 3, **kw):
+                       floor: float = 1e-5, perturbed_runs: int = 6, **kw):
     """For ill-conditioned training two correct float32 implementations can leave each other after a few
     steps: a ReLU input within rounding of zero flips its mask, a discrete change that deep nets with batch
     statistics over a handful of values (or AdamW, which turns tiny gradients into lr-sized steps) amplify.
     Then neither float32 run is the other's oracle. The exact answer is PyTorch in float64, and the yardstick
-    is float32's own sensitivity: PyTorch float32 runs whose initial weights carry one ulp of noise. Assert:
+    is float32's own sensitivity: runs whose initial weights carry one ulp of noise. That sensitivity is
+    heavy-tailed (measured on ResNet-18 at batch 2: PyTorch float32 runs from 1.2e-4 to 3.8e-2 rms, depending
+    on whether some ReLU flips), so one run of each side is a coin toss; their medians are stable. Assert:
     * step 0 (the forward pass before any update) agrees with float64 within 1e-4 relative;
-    * rms over steps of |loss_port - loss_f64| <= factor * (the largest such rms among PyTorch float32 runs,
-      unperturbed and ``perturbed_runs`` ulp-perturbed) + floor * mean |loss_f64|.
+    * median over runs (unperturbed and ``perturbed_runs`` ulp-perturbed copies, the same copies for both) of
+      rms over steps |loss - loss_f64|: PORT's <= factor * PyTorch float32's + floor * mean |loss_f64|.
     On a well-conditioned problem every float32 run stays ~1e-7 from float64, so the bound stays tight; a
-    wrong kernel is orders of magnitude off. Returns (port losses, [float32 losses per run], float64 losses)."""
+    wrong kernel is orders of magnitude off in every run. Returns (port losses, [float32 losses per run],
+    float64 losses) of the unperturbed runs first."""
     lr = lr if lr is not None else (0.01 if opt == "sgd" else 1e-3)
     l64 = _torch_losses(copy.deepcopy(model).double(), batches, opt, lr, torch.float64)
-    l32s = [_torch_losses(copy.deepcopy(model), batches, opt, lr, torch.float32)]
-    l32s += [_torch_losses(_ulp_perturbed(model, k + 1), batches, opt, lr, torch.float32)
-             for k in range(perturbed_runs)]
-    tr = Trainer(model, batches[0][0], optimizer=port_opt(opt, lr), **kw)
-    lp = [tr.step(x, y) for x, y in batches]
+    models = [copy.deepcopy(model)] + [_ulp_perturbed(model, k + 1) for k in range(perturbed_runs)]
+    l32s = [_torch_losses(copy.deepcopy(m), batches, opt, lr, torch.float32) for m in models]
+    lps = []
+    for m in models:
+        tr = Trainer(m, batches[0][0], optimizer=port_opt(opt, lr), **kw)
+        lps.append([tr.step(x, y) for x, y in batches])
+    lp = lps[0]
     assert abs(lp[0] - l64[0]) <= 1e-4 * abs(l64[0]), f"step 0 (forward only): PORT {lp[0]} vs float64 {l64[0]}"
     rms = lambda a: (sum((u - v) ** 2 for u, v in zip(a, l64)) / len(a)) ** 0.5
-    e_port, e_torch = rms(lp), max(rms(l) for l in l32s)
+    e_ports, e_torchs = sorted(rms(l) for l in lps), sorted(rms(l) for l in l32s)
+    e_port, e_torch = statistics.median(e_ports), statistics.median(e_torchs)
     bound = factor * e_torch + floor * sum(abs(v) for v in l64) / len(l64)
-    assert e_port <= bound, (f"PORT's loss is {e_port:.3e} (rms) from float64 training; PyTorch float32 runs "
-                             f"(one unperturbed, {perturbed_runs} with one ulp of weight noise) are at most "
-                             f"{e_torch:.3e}: PORT is more than {factor}x worse")
+    assert e_port <= bound, (f"PORT's median loss error is {e_port:.3e} (rms) from float64 training, PyTorch "
+                             f"float32's {e_torch:.3e} over {len(models)} runs (one unperturbed, {perturbed_runs} "
+                             f"with one ulp of weight noise): PORT is more than {factor}x worse "
+                             f"(PORT runs {['%.1e' % e for e in e_ports]}, PyTorch {['%.1e' % e for e in e_torchs]})")
     return lp, l32s, l64

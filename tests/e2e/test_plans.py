@@ -1,5 +1,5 @@
 """The executor runs ANY plan (issue 7): per-op backend and variant, recomputation (explicit recompute_at
-chains), patch variants, in-place batch norm, mixed C/torch backends, early updates. Under every plan the
+chains), patch and Winograd variants, in-place batch norm, mixed C/torch backends, early updates. Under every plan the
 training run equals PyTorch's (resnet8: 1e-4; MobileNetV2 with training-mode BN at batch 2: against PORT's
 own keep-everything plan on the same backend, and against PyTorch with the looser float32 tolerance
 documented in test_trainer_equiv.py), and the lowered arena's peak equals port.verify.simulate's prediction for the
@@ -66,6 +66,14 @@ def patch_plan(g, prof):
         legal = V.variants(g, o, "c")
         ops.append(OpDecision(o.id, "cpu-c", "patch4" if "patch4" in legal else ("patch8" if "patch8" in legal
                                                                                    else d.variant)))
+    return replace(keep_plan(g, prof), ops=tuple(ops))
+
+
+def winograd_plan(g, prof):
+    """Every conv op (forward, input and weight gradient) that Winograd F(2x2, 3x3) applies to runs it."""
+    ops = [OpDecision(d.op, d.accelerator, "winograd" if "winograd" in V.variants(g, o, "c") else d.variant)
+           for o, d in zip(g.ops, keep_plan(g, prof).ops)]
+    assert any(d.variant == "winograd" for d in ops)
     return replace(keep_plan(g, prof), ops=tuple(ops))
 
 
@@ -158,12 +166,13 @@ def test_solved_plan_matches(setup):
         assert_same_training(a, b, exact=False, rtol=2e-2, weights=False)
 
 
-@pytest.mark.parametrize("kind", ["keep", "recompute", "patch", "mixed", "inplace_bn", "early"])
+@pytest.mark.parametrize("kind", ["keep", "recompute", "patch", "winograd", "mixed", "inplace_bn", "early"])
 def test_plan_matches_pytorch(setup, kind):
     name, model, batches, g, prof = setup
     keep = keep_plan(g, prof)
     plan = {"keep": lambda: keep, "recompute": lambda: recompute_plan(g, keep),
             "patch": lambda: patch_plan(g, prof), "mixed": lambda: mixed_plan(g, prof),
+            "winograd": lambda: winograd_plan(g, prof),
             "inplace_bn": lambda: inplace_bn_plan(g, prof),
             "early": lambda: early_plan(g, recompute_plan(g, keep))}[kind]()
     _check_peak(plan, g, prof)
@@ -180,7 +189,8 @@ def test_plan_matches_pytorch(setup, kind):
     if kind in ("recompute", "early"):
         return
     fm, fb, fg, fprof = frozen_mobilenet()
-    fplan = {"keep": keep_plan, "patch": patch_plan, "mixed": mixed_plan, "inplace_bn": inplace_bn_plan}[kind](
+    fplan = {"keep": keep_plan, "patch": patch_plan, "mixed": mixed_plan, "inplace_bn": inplace_bn_plan,
+             "winograd": winograd_plan}[kind](
         fg, fprof)
     if kind == "keep":   # fused where the fused kernel applies (training BN + relu; none with frozen BN)
         fplan = replace(default_plan(fg, "c"), profile_digest=fprof.digest())
@@ -282,7 +292,7 @@ def test_trainer_plan_file_and_refusals(tmp_path):
     bad[0] = OpDecision(0, "npu-x", "plain")
     with pytest.raises(PlanError, match="no known backend"):
         lower(g, replace(plan, ops=tuple(bad)))
-    bad[0] = OpDecision(0, "cpu-c", "winograd")
+    bad[0] = OpDecision(0, "cpu-c", "fft")
     with pytest.raises(PlanError, match="not legal"):
         lower(g, replace(plan, ops=tuple(bad)))
     bad[0] = OpDecision(0, "cpu-torch", "patch4")

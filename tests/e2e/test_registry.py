@@ -84,6 +84,7 @@ def _plans(graph, backend):
              with_(lambda o: "inplace" if o.kind in ("relu", "relu6", "add") else None),
              with_(lambda o: "inplace" if o.kind == "batch_norm2d" else None),
              with_(lambda o: "direct"),
+             with_(lambda o: "winograd"),
              with_(lambda o: "patch4"),
              with_(lambda o: "patch8")]
     if backend == "c":

@@ -1,4 +1,5 @@
 """conv2d (im2col/direct/patch, vendored GEMM) vs PyTorch float64 references."""
+import ctypes
 import itertools
 
 import pytest
@@ -241,7 +242,8 @@ def test_fast_conv_paths_equal_reference(K, case):
     n, ci, co, h, w, k, s, p, g = case
     x, wt, b, dy = _make(case, True)
     y_r, dx_r, dw_r, db_r = _ref_c(K, x, wt, b, dy, s, p, g)
-    algos = ["im2col", "auto"] + (["direct"] if g == ci == co or (k == 1 and s == 1 and p == 0) else [])
+    algos = ["im2col", "auto"] + (["direct"] if g == ci == co or (k == 1 and s == 1 and p == 0) else []) \
+        + (["winograd"] if k == 3 and s == 1 and g == 1 and p <= 2 else [])
     for algo in algos:
         close(K.conv2d_forward(x, wt, b, s, p, g, algo=algo), y_r, 1e-5, 1e-5, what=f"{algo} y")
         close(K.conv2d_backward_input(dy, wt, x.shape, s, p, g, algo=algo), dx_r, 1e-5, 1e-5, what=f"{algo} dx")
@@ -255,3 +257,59 @@ def test_fast_conv_paths_equal_reference(K, case):
         dw, db = K.conv2d_patch_backward_weight(dy, x, wt.shape, s, p, g, bias=True, tile=tile)
         close(dw, dw_r, 1e-4, 1e-5, what=f"patch{tile} dw")
         close(db, db_r, 1e-4, 1e-5, what=f"patch{tile} db")
+
+
+# Winograd F(2x2, 3x3): 3x3, stride 1, groups 1, padding <= 2. Odd maps (partial edge tiles), 1x1 and 1xN
+# maps, every padding, and one case large enough to run several tile chunks (c_in + c_out = 1024 -> chunks
+# of 128 tiles; 4 images of 7x6 tiles = 168 tiles: the second chunk starts mid-row in the fourth image).
+WINOGRAD_CASES = [(2, 5, 7, 9, 11, 3, 1, 1, 1), (1, 3, 4, 5, 5, 3, 1, 0, 1), (3, 6, 5, 7, 4, 3, 1, 2, 1),
+                  (2, 16, 8, 1, 1, 3, 1, 1, 1), (1, 4, 4, 2, 3, 3, 1, 1, 1), (2, 33, 17, 13, 6, 3, 1, 1, 1),
+                  (1, 2, 3, 3, 8, 3, 1, 0, 1), (4, 512, 512, 13, 11, 3, 1, 1, 1)]
+
+
+@pytest.mark.parametrize("case", WINOGRAD_CASES, ids=_ids)
+def test_winograd_vs_torch_float64(K, case):
+    n, ci, co, h, w, k, s, p, g = case
+    x, wt, b, dy = _make(case, True)
+    y_ref, dx_ref, dw_ref, db_ref = _ref(x, wt, b, s, p, g, dy)
+    # the transforms reorder the sums (entries 0, +-1, +-1/2): a few float32 ulps of the partial sums
+    tol = 2e-5 * max(1.0, (ci * 9) ** 0.5 / 8)
+    close(K.conv2d_forward(x, wt, b, s, p, g, algo="winograd"), y_ref, tol, tol, what="y")
+    close(K.conv2d_backward_input(dy, wt, x.shape, s, p, g, algo="winograd"), dx_ref, tol, tol, what="dx")
+    dw0, db0 = torch.randn_like(wt), torch.randn(co)   # accumulates into dw/db like the other algorithms
+    dw, db = K.conv2d_backward_weight(dy, x, wt.shape, s, p, g, bias=True, algo="winograd", dw=dw0.clone(),
+                                      db=db0.clone())
+    close(dw - dw0, dw_ref, 4 * tol, 4 * tol, what="dw")
+    close(db - db0, db_ref, tol, tol, what="db")
+    # the variant equals the plain one (im2col)
+    close(K.conv2d_forward(x, wt, b, s, p, g, algo="winograd"), K.conv2d_forward(x, wt, b, s, p, g, algo="im2col"),
+          tol, tol, what="winograd vs im2col y")
+
+
+def _resolve(algo, *params):
+    """The C library's resolution of ``algo`` for Conv2dParams(*params) (-1: does not apply)."""
+    from port.exec import capi
+    return capi.raw.port_conv2d_resolve_algo(ctypes.byref(capi.Conv2dParams(*params)), algo)
+
+
+def test_winograd_legality_and_auto_choice(K):
+    from port.exec import capi
+    from port.plan import variants as V
+    resolve = lambda *a: _resolve(capi.CONV_WINOGRAD, *a)  # noqa: E731
+    # n, c_in, h, w, c_out, kh, kw, sh, sw, ph, pw, groups
+    assert resolve(1, 4, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1) == capi.CONV_WINOGRAD
+    for bad in [(1, 4, 8, 8, 4, 3, 3, 2, 2, 1, 1, 1), (1, 4, 8, 8, 4, 3, 3, 1, 1, 1, 1, 2),
+                (1, 4, 8, 8, 4, 5, 5, 1, 1, 1, 1, 1), (1, 4, 8, 8, 4, 3, 3, 1, 1, 3, 3, 1)]:
+        assert resolve(*bad) == -1, bad
+    # the Python rule (port.plan.variants) and the C library agree on the widest row
+    wmax = V.WINOGRAD_ROW_MAX - 2 - 4
+    assert resolve(1, 1, 3, wmax, 1, 3, 3, 1, 1, 1, 1, 1) == capi.CONV_WINOGRAD
+    assert resolve(1, 1, 3, wmax + 1, 1, 3, 3, 1, 1, 1, 1, 1) == -1
+    with pytest.raises(NotImplementedError, match="not supported"):
+        K.conv2d_forward(torch.randn(1, 4, 8, 8), torch.randn(4, 4, 3, 3), stride=2, algo="winograd")
+    # AUTO: winograd where each GEMM gets >= 128 tiles and >= 16 channels each side, else im2col
+    auto = lambda *a: _resolve(capi.CONV_AUTO, *a)  # noqa: E731
+    assert auto(2, 16, 16, 16, 16, 3, 3, 1, 1, 1, 1, 1) == capi.CONV_WINOGRAD    # 2 x 64 tiles
+    assert auto(1, 16, 16, 16, 16, 3, 3, 1, 1, 1, 1, 1) == capi.CONV_IM2COL      # 64 tiles
+    assert auto(2, 8, 16, 16, 16, 3, 3, 1, 1, 1, 1, 1) == capi.CONV_IM2COL       # c_in 8
+    assert auto(2, 16, 16, 16, 16, 1, 1, 1, 1, 0, 0, 1) == capi.CONV_DIRECT

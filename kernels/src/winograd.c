@@ -1,0 +1,311 @@
+/* Winograd F(2x2, 3x3) convolution: 3x3 kernels, stride 1, groups 1, padding <= 2 (PORT_CONV_WINOGRAD).
+ *
+ * Every 2x2 output tile is A^T [ U (.) V ] A with U = G g G^T (the 3x3 kernel, transformed to 4x4) and
+ * V = B^T d B (the tile's 4x4 input patch), so each of the 16 positions xi of the 4x4 domain is one GEMM
+ * over channels: M_xi[c_out, tiles] = U_xi[c_out, c_in] V_xi[c_in, tiles].  That is 16 * c_in MACs per
+ * output tile per output channel against 36 * c_in for the direct sum: 2.25x fewer.
+ *
+ * * backward input (stride 1) is the same convolution of dy with the kernels flipped and c_in/c_out
+ *   swapped, padding 2 - pad: the forward driver runs it;
+ * * backward weight: dL/dU = sum over tiles (A dy A^T) (.) V, 16 GEMMs reducing over the tiles
+ *   dU_xi[c_out, c_in] += Y_xi[c_out, tiles] V_xi[c_in, tiles]^T, then dg = G^T dU G.
+ *
+ * Tiles (n, ti, tj) over the output map are processed in chunks of `wg_chunk` tiles so the workspace is
+ * 16 c_in c_out floats (U or dU) plus 16 (c_in + c_out) floats per chunk tile, bounded by
+ * PORT_WG_CHUNK_FLOATS; edge tiles read zeros outside the input and write only the valid outputs.
+ * Accuracy: the transforms have entries 0, +-1, +-1/2, so results differ from the direct sum by a few
+ * float32 ulps of the partial sums (tests/kernels/test_conv.py compares with torch in float64).
+ * The plain reference beside it is kernels/src/conv_ref.c. */
+#include "internal.h"
+
+#ifndef PORT_WG_ROW_MAX
+#define PORT_WG_ROW_MAX 520 /* widest padded map row (w + 2 pad + 4) the transforms buffer on their stack
+                               (~12 floats per row element); `make port-rt-m4` builds with 72 (maps up to 64
+                               wide, ~2 KiB of stack), 0 disables the algorithm */
+#endif
+#define WG_ROW_MAX (PORT_WG_ROW_MAX > 0 ? PORT_WG_ROW_MAX : 2)
+#define WG_HALF (WG_ROW_MAX / 2)
+#ifndef PORT_WG_CHUNK_FLOATS
+#define PORT_WG_CHUNK_FLOATS (1 << 21) /* V and M blocks of one chunk: 8 MiB */
+#endif
+
+int port__conv_winograd_legal(const port_conv2d_params *p) {
+    return p->kh == 3 && p->kw == 3 && p->stride_h == 1 && p->stride_w == 1 && p->groups == 1 &&
+           p->pad_h <= 2 && p->pad_w <= 2 && p->w + 2 * p->pad_w + 4 <= PORT_WG_ROW_MAX;
+}
+
+/* tiles of a map with `oh` x `ow` outputs (n images) */
+static int64_t wg_tiles(int64_t n, int64_t oh, int64_t ow) { return n * ((oh + 1) / 2) * ((ow + 1) / 2); }
+
+#ifndef PORT_WG_AUTO_MIN_TILES
+#define PORT_WG_AUTO_MIN_TILES 128
+#endif
+int port__conv_winograd_pays(const port_conv2d_params *p) {
+    return port__conv_winograd_legal(p) && p->c_in >= 16 && p->c_out >= 16 &&
+           wg_tiles(p->n, port_conv2d_out_h(p), port_conv2d_out_w(p)) >= PORT_WG_AUTO_MIN_TILES;
+}
+
+static int64_t wg_chunk(int64_t cin, int64_t cout, int64_t tiles) {
+    int64_t tc = PORT_WG_CHUNK_FLOATS / (16 * (cin + cout));
+    tc = PORT_MAX(16, tc / 16 * 16);
+    return PORT_MIN(tc, tiles);
+}
+
+size_t port__conv_winograd_ws_floats(const port_conv2d_params *p) {
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
+    /* forward and backward weight tile the output map, backward input tiles the input map */
+    int64_t t = PORT_MAX(wg_tiles(p->n, ho, wo), wg_tiles(p->n, p->h, p->w));
+    int64_t tc = wg_chunk(p->c_in, p->c_out, t);
+    return (size_t)(16 * p->c_in * p->c_out + 16 * (p->c_in + p->c_out) * tc);
+}
+
+/* U[xi][o][i] = (G g G^T)[xi] for g = w[o][i] (flip = 0) or, for the backward input's kernels,
+ * g = w[i][o] rotated by 180 degrees (flip = 1); w is [co][ci][3][3] with co = rows of U unless flipped. */
+static void wg_weights(float *U, const float *w, int64_t rows, int64_t cols, int flip) {
+    int64_t RC = rows * cols;
+#pragma omp parallel for schedule(static) if (RC * 16 > PORT_PAR_MIN)
+    for (int64_t rc = 0; rc < RC; rc++) {
+        int64_t o = rc / cols, i = rc % cols;
+        float g[3][3];
+        if (!flip) {
+            const float *s = w + rc * 9;
+            for (int a = 0; a < 3; a++)
+                for (int b = 0; b < 3; b++) g[a][b] = s[a * 3 + b];
+        } else { /* w is [cols][rows][3][3] */
+            const float *s = w + (i * rows + o) * 9;
+            for (int a = 0; a < 3; a++)
+                for (int b = 0; b < 3; b++) g[a][b] = s[(2 - a) * 3 + (2 - b)];
+        }
+        float t[4][3];
+        for (int b = 0; b < 3; b++) {
+            t[0][b] = g[0][b];
+            t[1][b] = 0.5f * (g[0][b] + g[1][b] + g[2][b]);
+            t[2][b] = 0.5f * (g[0][b] - g[1][b] + g[2][b]);
+            t[3][b] = g[2][b];
+        }
+        for (int a = 0; a < 4; a++) {
+            float u[4] = {t[a][0], 0.5f * (t[a][0] + t[a][1] + t[a][2]),
+                          0.5f * (t[a][0] - t[a][1] + t[a][2]), t[a][2]};
+            for (int b = 0; b < 4; b++) U[(a * 4 + b) * RC + rc] = u[b];
+        }
+    }
+}
+
+/* A chunk's tiles t0..t0+tcc-1 (flattened (n, ti, tj), row-major) are walked as row segments: the one
+ * starting at chunk column j is image n, tile row ti, tiles tj0..tj1-1 (its columns j..j+tj1-tj0-1). */
+typedef struct { int64_t n, ti, tj0, tj1; } wg_seg;
+static inline wg_seg wg_segment(int64_t t0, int64_t j, int64_t tcc, int64_t th, int64_t tw) {
+    int64_t t = t0 + j;
+    wg_seg g = {t / (tw * th), (t / tw) % th, t % tw, 0};
+    g.tj1 = PORT_MIN(tw, g.tj0 + tcc - j);
+    return g;
+}
+
+/* The four input rows r0..r0+3 of a tile row, split into even and odd columns with the padding applied:
+ * E[a][q] = map(r0 + a, 2q - pw), O[a][q] = map(r0 + a, 2q + 1 - pw), zero outside, for q in [q0, q1). */
+static void wg_rows(float E[4][WG_HALF], float O[4][WG_HALF], const float *xc, int64_t h, int64_t w,
+                    int64_t r0, int64_t pw, int64_t q0, int64_t q1) {
+    for (int a = 0; a < 4; a++) {
+        int64_t r = r0 + a;
+        if (r < 0 || r >= h) {
+            for (int64_t q = q0; q < q1; q++) E[a][q] = O[a][q] = 0.0f;
+            continue;
+        }
+        const float *xr = xc + r * w;
+        for (int64_t q = q0; q < q1; q++) {
+            int64_t c = 2 * q - pw;
+            E[a][q] = (c >= 0 && c < w) ? xr[c] : 0.0f;
+            O[a][q] = (c + 1 >= 0 && c + 1 < w) ? xr[c + 1] : 0.0f;
+        }
+    }
+}
+
+/* V[xi][c][j] = (B^T d B)[xi] for the tiles t0 + j (j < tcc) of the map in[n][c][h][w] tiled for an
+ * output of oh x ow with padding (ph, pw).  Tile tj of a tile row covers columns 2tj-pw .. 2tj-pw+3, i.e.
+ * E[tj], O[tj], E[tj+1], O[tj+1]: d B is computed for a whole tile row at once (R), then B^T (d B). */
+static void wg_input(float *V, const float *in, int64_t C, int64_t h, int64_t w, int64_t oh, int64_t ow,
+                     int64_t ph, int64_t pw, int64_t t0, int64_t tcc) {
+    int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2, CT = C * tcc;
+#pragma omp parallel for schedule(static) if (CT * 16 > PORT_PAR_MIN)
+    for (int64_t c = 0; c < C; c++) {
+        float E[4][WG_HALF], O[4][WG_HALF], R[4][WG_HALF];
+        for (int64_t j = 0; j < tcc;) {
+            wg_seg sg = wg_segment(t0, j, tcc, th, tw);
+            int64_t n = sg.n, ti = sg.ti, tj0 = sg.tj0, tj1 = sg.tj1, len = tj1 - tj0;
+            wg_rows(E, O, in + (n * C + c) * h * w, h, w, 2 * ti - ph, pw, tj0, tj1 + 1);
+            for (int b = 0; b < 4; b++) {
+                for (int a = 0; a < 4; a++) {
+                    const float *e = E[a] + tj0, *o = O[a] + tj0;
+                    float *r = R[a];
+                    switch (b) {
+                    case 0: for (int64_t q = 0; q < len; q++) r[q] = e[q] - e[q + 1]; break;
+                    case 1: for (int64_t q = 0; q < len; q++) r[q] = o[q] + e[q + 1]; break;
+                    case 2: for (int64_t q = 0; q < len; q++) r[q] = e[q + 1] - o[q]; break;
+                    default: for (int64_t q = 0; q < len; q++) r[q] = o[q] - o[q + 1]; break;
+                    }
+                }
+                float *v0 = V + (0 * 4 + b) * CT + c * tcc + j, *v1 = V + (1 * 4 + b) * CT + c * tcc + j;
+                float *v2 = V + (2 * 4 + b) * CT + c * tcc + j, *v3 = V + (3 * 4 + b) * CT + c * tcc + j;
+                for (int64_t q = 0; q < len; q++) {
+                    v0[q] = R[0][q] - R[2][q];
+                    v1[q] = R[1][q] + R[2][q];
+                    v2[q] = R[2][q] - R[1][q];
+                    v3[q] = R[1][q] - R[3][q];
+                }
+            }
+            j += len;
+        }
+    }
+}
+
+/* out[n][k][oh][ow] (tiles t0..t0+tcc) = A^T M A (+ bias[k]) */
+static void wg_output(float *out, const float *M, const float *bias, int64_t Kc, int64_t oh, int64_t ow,
+                      int64_t t0, int64_t tcc) {
+    int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2, KT = Kc * tcc;
+#pragma omp parallel for schedule(static) if (KT * 16 > PORT_PAR_MIN)
+    for (int64_t k = 0; k < Kc; k++) {
+        float bv = bias ? bias[k] : 0.0f;
+        float row[2][WG_ROW_MAX];
+        for (int64_t j = 0; j < tcc;) {
+            wg_seg sg = wg_segment(t0, j, tcc, th, tw);
+            int64_t n = sg.n, ti = sg.ti, tj0 = sg.tj0, tj1 = sg.tj1;
+            const float *m = M + k * tcc + j - tj0;
+            float *yk = out + (n * Kc + k) * oh * ow;
+            int64_t r0 = 2 * ti;
+#pragma omp simd
+            for (int64_t tj = tj0; tj < tj1; tj++) {
+                float s[2][4];
+                for (int b = 0; b < 4; b++) {
+                    float m0 = m[(0 * 4 + b) * KT + tj], m1 = m[(1 * 4 + b) * KT + tj];
+                    float m2 = m[(2 * 4 + b) * KT + tj], m3 = m[(3 * 4 + b) * KT + tj];
+                    s[0][b] = m0 + m1 + m2;
+                    s[1][b] = m1 - m2 - m3;
+                }
+                for (int a = 0; a < 2; a++) {
+                    row[a][2 * tj] = s[a][0] + s[a][1] + s[a][2] + bv;
+                    row[a][2 * tj + 1] = s[a][1] - s[a][2] - s[a][3] + bv;
+                }
+            }
+            int64_t lo = 2 * tj0, hi = PORT_MIN(2 * tj1, ow);
+            for (int a = 0; a < 2 && r0 + a < oh; a++)
+                memcpy(yk + (r0 + a) * ow + lo, row[a] + lo, (size_t)(hi - lo) * sizeof(float));
+            j += tj1 - tj0;
+        }
+    }
+}
+
+/* Y[xi][k][j] = (A dy A^T)[xi] for the 2x2 output tiles t0 + j of dy[n][k][oh][ow] (zeros outside) */
+static void wg_grad_output(float *Y, const float *dy, int64_t Kc, int64_t oh, int64_t ow, int64_t t0,
+                           int64_t tcc) {
+    int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2, KT = Kc * tcc;
+#pragma omp parallel for schedule(static) if (KT * 16 > PORT_PAR_MIN)
+    for (int64_t k = 0; k < Kc; k++) {
+        float row[2][WG_ROW_MAX];
+        for (int64_t j = 0; j < tcc;) {
+            wg_seg sg = wg_segment(t0, j, tcc, th, tw);
+            int64_t n = sg.n, ti = sg.ti, tj0 = sg.tj0, tj1 = sg.tj1;
+            const float *g = dy + (n * Kc + k) * oh * ow;
+            float *y = Y + k * tcc + j - tj0;
+            int64_t r0 = 2 * ti;
+            int64_t lo = 2 * tj0, hi = 2 * tj1, vh = PORT_MIN(hi, ow);
+            for (int a = 0; a < 2; a++) {
+                if (r0 + a < oh) {
+                    memcpy(row[a] + lo, g + (r0 + a) * ow + lo, (size_t)(vh - lo) * sizeof(float));
+                    for (int64_t q = vh; q < hi; q++) row[a][q] = 0.0f;
+                } else {
+                    for (int64_t q = lo; q < hi; q++) row[a][q] = 0.0f;
+                }
+            }
+#pragma omp simd
+            for (int64_t tj = tj0; tj < tj1; tj++) {
+                float s[4][2], e[2][2];
+                for (int a = 0; a < 2; a++)
+                    for (int b = 0; b < 2; b++) e[a][b] = row[a][2 * tj + b];
+                for (int b = 0; b < 2; b++) {
+                    s[0][b] = e[0][b];
+                    s[1][b] = e[0][b] + e[1][b];
+                    s[2][b] = e[0][b] - e[1][b];
+                    s[3][b] = -e[1][b];
+                }
+                for (int a = 0; a < 4; a++) {
+                    y[(a * 4 + 0) * KT + tj] = s[a][0];
+                    y[(a * 4 + 1) * KT + tj] = s[a][0] + s[a][1];
+                    y[(a * 4 + 2) * KT + tj] = s[a][0] - s[a][1];
+                    y[(a * 4 + 3) * KT + tj] = -s[a][1];
+                }
+            }
+            j += tj1 - tj0;
+        }
+    }
+}
+
+/* The 16 GEMMs of one chunk.  On several threads each GEMM runs single-threaded on one thread (16 GEMMs
+ * split evenly over 2, 4, 8 or 16 threads); port__gemm stays single-threaded inside a parallel region. */
+static void wg_gemms(int ta, int tb, int64_t m, int64_t n, int64_t k, const float *A, int64_t sa,
+                     int64_t lda, const float *B, int64_t sb, int64_t ldb, float beta, float *C,
+                     int64_t sc, int64_t ldc) {
+#pragma omp parallel for schedule(static) if ((double)m * (double)n * (double)k * 16.0 >= PORT_GEMM_PAR_MIN)
+    for (int xi = 0; xi < 16; xi++)
+        port__gemm(ta, tb, m, n, k, 1.0f, A + xi * sa, lda, B + xi * sb, ldb, beta, C + xi * sc, ldc);
+}
+
+/* out[n][Kc][oh][ow] = conv3x3(in[n][C][h][w]) with transformed kernels U[16][Kc][C] */
+static void wg_conv(float *out, const float *in, const float *U, const float *bias, int64_t N, int64_t C,
+                    int64_t h, int64_t w, int64_t Kc, int64_t oh, int64_t ow, int64_t ph, int64_t pw,
+                    float *ws) {
+    int64_t T = wg_tiles(N, oh, ow), tc = wg_chunk(C, Kc, T);
+    float *V = ws, *M = ws + 16 * C * tc;
+    for (int64_t t0 = 0; t0 < T; t0 += tc) {
+        int64_t tcc = PORT_MIN(tc, T - t0);
+        wg_input(V, in, C, h, w, oh, ow, ph, pw, t0, tcc);
+        wg_gemms(0, 0, Kc, tcc, C, U, Kc * C, C, V, C * tcc, tcc, 0.0f, M, Kc * tcc, tcc);
+        wg_output(out, M, bias, Kc, oh, ow, t0, tcc);
+    }
+}
+
+void port__conv_winograd_fwd(float *y, const float *x, const float *w, const float *b,
+                             const port_conv2d_params *p, float *ws) {
+    float *U = ws;
+    wg_weights(U, w, p->c_out, p->c_in, 0);
+    wg_conv(y, x, U, b, p->n, p->c_in, p->h, p->w, p->c_out, port_conv2d_out_h(p), port_conv2d_out_w(p),
+            p->pad_h, p->pad_w, ws + 16 * p->c_in * p->c_out);
+}
+
+void port__conv_winograd_bwd_in(float *dx, const float *dy, const float *w, const port_conv2d_params *p,
+                                float *ws) {
+    float *U = ws;
+    wg_weights(U, w, p->c_in, p->c_out, 1);
+    wg_conv(dx, dy, U, NULL, p->n, p->c_out, port_conv2d_out_h(p), port_conv2d_out_w(p), p->c_in, p->h,
+            p->w, 2 - p->pad_h, 2 - p->pad_w, ws + 16 * p->c_in * p->c_out);
+}
+
+void port__conv_winograd_bwd_w(float *dw, const float *dy, const float *x, const port_conv2d_params *p,
+                               float *ws) {
+    int64_t C = p->c_in, Kc = p->c_out, oh = port_conv2d_out_h(p), ow = port_conv2d_out_w(p);
+    int64_t T = wg_tiles(p->n, oh, ow), tc = wg_chunk(C, Kc, T);
+    float *dU = ws, *V = ws + 16 * C * Kc, *Y = V + 16 * C * tc;
+    for (int64_t t0 = 0; t0 < T; t0 += tc) {
+        int64_t tcc = PORT_MIN(tc, T - t0);
+        wg_input(V, x, C, p->h, p->w, oh, ow, p->pad_h, p->pad_w, t0, tcc);
+        wg_grad_output(Y, dy, Kc, oh, ow, t0, tcc);
+        wg_gemms(0, 1, Kc, C, tcc, Y, Kc * tcc, tcc, V, C * tcc, tcc, t0 == 0 ? 0.0f : 1.0f, dU, Kc * C, C);
+    }
+    int64_t KC = Kc * C;
+#pragma omp parallel for schedule(static) if (KC * 16 > PORT_PAR_MIN)
+    for (int64_t kc = 0; kc < KC; kc++) {
+        float u[4][4], s[3][4];
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < 4; b++) u[a][b] = dU[(a * 4 + b) * KC + kc];
+        for (int b = 0; b < 4; b++) {
+            s[0][b] = u[0][b] + 0.5f * (u[1][b] + u[2][b]);
+            s[1][b] = 0.5f * (u[1][b] - u[2][b]);
+            s[2][b] = 0.5f * (u[1][b] + u[2][b]) + u[3][b];
+        }
+        float *g = dw + kc * 9;
+        for (int a = 0; a < 3; a++) {
+            g[a * 3 + 0] += s[a][0] + 0.5f * (s[a][1] + s[a][2]);
+            g[a * 3 + 1] += 0.5f * (s[a][1] - s[a][2]);
+            g[a * 3 + 2] += 0.5f * (s[a][1] + s[a][2]) + s[a][3];
+        }
+    }
+}
