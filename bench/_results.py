@@ -27,6 +27,29 @@ def write_section(title: str, body: str) -> None:
         os.fsync(f.fileno())
 
 
+def sgemm_gflops(n: int = 2048, reps: int = 5, with_torch: bool = False) -> dict:
+    """The machine's measured sgemm rate in GFLOP/s (n x n x n, best of ``reps``) at the thread counts in force:
+    {"port": PORT's GEMM (OpenBLAS split over the kernel threads)} and, with ``with_torch``, torch.mm's. The one
+    measurement every benchmark's "% of sgemm" divides by."""
+    import time
+    import torch
+    from port.exec import kernels as K
+    a, b, c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+    fns = {"port": lambda: K.sgemm(a, b, c=c)}
+    if with_torch:
+        fns["torch"] = lambda: torch.mm(a, b, out=c)
+    out = {}
+    for tag, f in fns.items():
+        f()
+        best = float("inf")
+        for _ in range(reps):
+            t = time.perf_counter()
+            f()
+            best = min(best, time.perf_counter() - t)
+        out[tag] = 2 * n ** 3 / best / 1e9
+    return out
+
+
 def machine_line(cmd: str, t0: float, load0: float) -> str:
     """`cmd` (date, CPU model, CPUs: load average at start and now; seconds since t0): every section's first words."""
     import time

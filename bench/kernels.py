@@ -30,12 +30,15 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, ROOT)
 from port.exec import native as _native
 
-_native.configure_openmp_env()  # before torch loads the OpenMP runtime (passive wait policy)
+_native.configure_openmp_env()  # before torch loads the OpenMP runtime (PORT's wait policy)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import port.exec.kernels as K  # noqa: E402
+
+sys.path.append(os.path.join(ROOT, "bench"))   # last: bench/profile.py shadows the stdlib module
+from _results import sgemm_gflops, write_section  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- layer lists
@@ -188,20 +191,6 @@ def bench_layer(layer, n, blocks, block_s, do_patch=True):
     return res
 
 
-def machine_sgemm_gflops(n: int = 2048) -> float:
-    """The machine's measured sgemm rate (GFLOP/s) through PORT's GEMM (OpenBLAS split over the kernel threads):
-    best of 5 on n x n x n."""
-    a, b, c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
-    f = lambda: K.raw.port_sgemm(c.data_ptr(), a.data_ptr(), b.data_ptr(), 0, 0, n, n, n, 1.0, 0.0, n, n, n)  # noqa: E731
-    f()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        f()
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n ** 3 / best / 1e9
-
-
 # ----------------------------------------------------------------------------- reporting
 def fmt_ms(t):
     return f"{t * 1e3:.3f}"
@@ -224,7 +213,7 @@ def main(argv=None):
     sgemm_rate = {}
     for nt in threads:
         K.set_num_threads(nt)
-        sgemm_rate[nt] = machine_sgemm_gflops()
+        sgemm_rate[nt] = sgemm_gflops()["port"]
         print(f"# threads={nt}: machine sgemm (PORT's GEMM, 2048^3) {sgemm_rate[nt]:.0f} GFLOP/s", flush=True)
         for n in batches:
             for layer in layers:
@@ -367,8 +356,6 @@ def main(argv=None):
         "", "### Per layer", "", *lines, "", headline, ""])
     print("\n".join(["", *targets, "", *summary, ""]))
     if not args.no_write:   # the one section writer (a "## Kernels" quoted in another section's text is not it)
-        sys.path.append(os.path.join(ROOT, "bench"))   # last: bench/profile.py shadows the stdlib module
-        from _results import write_section
         write_section("Kernels", section.split("\n", 2)[2])
     print(headline)
 

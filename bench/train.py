@@ -222,21 +222,10 @@ def gemm_worker(threads: int) -> dict:
     kernel threads) and torch.mm, each with ``threads`` threads."""
     import torch
     from port.exec import kernels as K
+    from _results import sgemm_gflops
     torch.set_num_threads(threads)
     K.set_num_threads(threads)
-    n = 2048
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    c = torch.empty(n, n)
-    out = {}
-    for tag, f in (("port", lambda: K.sgemm(a, b, c=c)), ("torch", lambda: torch.mm(a, b, out=c))):
-        f()
-        best = float("inf")
-        for _ in range(5):
-            t = time.perf_counter()
-            f()
-            best = min(best, time.perf_counter() - t)
-        out[tag] = 2 * n ** 3 / best / 1e9
-    return out
+    return sgemm_gflops(with_torch=True)
 
 
 class Worker:

@@ -81,6 +81,32 @@ void port__bn_train_forward(float *y, float *save_mean, float *save_invstd, floa
     }
 }
 
+/* Channel ch's sum(dy) and sum(dy * x-hat) with x-hat = (v - shift) * scale: v is the input (shift = mean,
+ * scale = 1/std) or, for a batch norm that ran in place, the output (shift = beta, scale = 1/gamma). */
+static void channel_sums(double *sdy, double *sdyx, const float *dy, const float *v, float shift, float scale,
+                         int64_t n, int64_t c, int64_t hw, int64_t ch) {
+    double s0 = 0.0, s1 = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const float *vp = v + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
+        float al[LANES] = {0}, bl[LANES] = {0};
+        int64_t q = 0;
+        for (; q + LANES <= hw; q += LANES)
+            for (int l = 0; l < LANES; l++) {
+                al[l] += dp[q + l];
+                bl[l] += dp[q + l] * ((vp[q + l] - shift) * scale);
+            }
+        float a = hsum(al), bb = hsum(bl);
+        for (; q < hw; q++) {
+            a += dp[q];
+            bb += dp[q] * ((vp[q] - shift) * scale);
+        }
+        s0 += a;
+        s1 += bb;
+    }
+    *sdy = s0;
+    *sdyx = s1;
+}
+
 void port__bn_train_backward(float *dx, float *dgamma, float *dbeta, const float *dy,
                              const float *x, const float *gamma, const float *beta,
                              const float *mean, const float *invstd, int64_t n, int64_t c,
@@ -91,11 +117,13 @@ void port__bn_train_backward(float *dx, float *dgamma, float *dbeta, const float
         float m = mean[ch], is = invstd[ch];
         float g = gamma ? gamma[ch] : 1.0f, b = beta ? beta[ch] : 0.0f;
         double sdy = 0.0, sdyx = 0.0;
-        for (int64_t i = 0; i < n; i++) {
-            const float *xp = x + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
-            float al[LANES] = {0}, bl[LANES] = {0};
-            int64_t q = 0;
-            if (relu) {
+        if (!relu) {
+            channel_sums(&sdy, &sdyx, dy, x, m, is, n, c, hw, ch);
+        } else {
+            for (int64_t i = 0; i < n; i++) { /* dy masked where the fused relu's output is 0 */
+                const float *xp = x + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
+                float al[LANES] = {0}, bl[LANES] = {0};
+                int64_t q = 0;
                 for (; q + LANES <= hw; q += LANES)
                     for (int l = 0; l < LANES; l++) {
                         float xh = (xp[q + l] - m) * is;
@@ -103,22 +131,16 @@ void port__bn_train_backward(float *dx, float *dgamma, float *dbeta, const float
                         al[l] += d;
                         bl[l] += d * xh;
                     }
-            } else {
-                for (; q + LANES <= hw; q += LANES)
-                    for (int l = 0; l < LANES; l++) {
-                        al[l] += dp[q + l];
-                        bl[l] += dp[q + l] * ((xp[q + l] - m) * is);
-                    }
+                float a = hsum(al), bb = hsum(bl);
+                for (; q < hw; q++) {
+                    float xh = (xp[q] - m) * is;
+                    float d = (xh * g + b) <= 0.0f ? 0.0f : dp[q];
+                    a += d;
+                    bb += d * xh;
+                }
+                sdy += a;
+                sdyx += bb;
             }
-            float a = hsum(al), bb = hsum(bl);
-            for (; q < hw; q++) {
-                float xh = (xp[q] - m) * is;
-                float d = (relu && (xh * g + b) <= 0.0f) ? 0.0f : dp[q];
-                a += d;
-                bb += d * xh;
-            }
-            sdy += a;
-            sdyx += bb;
         }
         if (dgamma) dgamma[ch] += (float)sdyx;
         if (dbeta) dbeta[ch] += (float)sdy;
@@ -198,31 +220,6 @@ port_status port_batchnorm2d_backward_weight(float *dgamma, float *dbeta, const 
     return PORT_OK;
 }
 
-/* Channel ch's sum(dy) and sum(dy * x-hat), x-hat rebuilt from the output: (y - beta) / gamma. */
-static void from_output_sums(double *sdy, double *sdyx, const float *dy, const float *y, float b, float rg,
-                             int64_t n, int64_t c, int64_t hw, int64_t ch) {
-    double s0 = 0.0, s1 = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        const float *yp = y + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
-        float al[LANES] = {0}, bl[LANES] = {0};
-        int64_t q = 0;
-        for (; q + LANES <= hw; q += LANES)
-            for (int l = 0; l < LANES; l++) {
-                al[l] += dp[q + l];
-                bl[l] += dp[q + l] * ((yp[q + l] - b) * rg);
-            }
-        float a = hsum(al), bb = hsum(bl);
-        for (; q < hw; q++) {
-            a += dp[q];
-            bb += dp[q] * ((yp[q] - b) * rg);
-        }
-        s0 += a;
-        s1 += bb;
-    }
-    *sdy = s0;
-    *sdyx = s1;
-}
-
 static port_status check_gamma_nonzero(const float *gamma, int64_t c) {
     PORT_NOTNULL(gamma);
     for (int64_t i = 0; i < c; i++) PORT_CHECK(gamma[i] != 0.0f, PORT_ERR_ARG);
@@ -246,7 +243,7 @@ port_status port_batchnorm2d_backward_input_from_output(float *dx, const float *
     for (int64_t ch = 0; ch < c; ch++) {
         float g = gamma[ch], b = beta[ch], rg = 1.0f / g, is = save_invstd[ch];
         double sdy, sdyx;
-        from_output_sums(&sdy, &sdyx, dy, y, b, rg, n, c, hw, ch);
+        channel_sums(&sdy, &sdyx, dy, y, b, rg, n, c, hw, ch);
         float k = g * is, mdy = (float)(sdy / (double)M), mdyx = (float)(sdyx / (double)M);
         for (int64_t i = 0; i < n; i++) {
             const float *yp = y + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
@@ -271,7 +268,7 @@ port_status port_batchnorm2d_backward_weight_from_output(float *dgamma, float *d
     for (int64_t ch = 0; ch < c; ch++) {
         float b = beta[ch], rg = 1.0f / gamma[ch];
         double sdy, sdyx;
-        from_output_sums(&sdy, &sdyx, dy, y, b, rg, n, c, hw, ch);
+        channel_sums(&sdy, &sdyx, dy, y, b, rg, n, c, hw, ch);
         if (dgamma) dgamma[ch] += (float)sdyx;
         if (dbeta) dbeta[ch] += (float)sdy;
     }
@@ -309,24 +306,8 @@ port_status port_batchnorm2d_backward_weight_eval(float *dgamma, float *dbeta, c
     for (int64_t ch = 0; ch < c; ch++) {
         float m = running_mean[ch];
         float is = (float)(1.0 / sqrt((double)running_var[ch] + (double)p->eps));
-        double sdy = 0.0, sdyx = 0.0;
-        for (int64_t i = 0; i < n; i++) {
-            const float *xp = x + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
-            float al[LANES] = {0}, bl[LANES] = {0};
-            int64_t q = 0;
-            for (; q + LANES <= hw; q += LANES)
-                for (int l = 0; l < LANES; l++) {
-                    al[l] += dp[q + l];
-                    bl[l] += dp[q + l] * ((xp[q + l] - m) * is);
-                }
-            float a = hsum(al), bb = hsum(bl);
-            for (; q < hw; q++) {
-                a += dp[q];
-                bb += dp[q] * ((xp[q] - m) * is);
-            }
-            sdy += a;
-            sdyx += bb;
-        }
+        double sdy, sdyx;
+        channel_sums(&sdy, &sdyx, dy, x, m, is, n, c, hw, ch);
         if (dgamma) dgamma[ch] += (float)sdyx;
         if (dbeta) dbeta[ch] += (float)sdy;
     }
