@@ -101,14 +101,28 @@ def complete_solution(m: Model, fixed: dict[int, float]) -> list[float] | None:
     return list(np.array(h.getSolution().col_value))
 
 
+_HIGHS_THREADS: list[int | None] = [None]    # the thread count HiGHS's global scheduler was last set up for
+
+
+def _highs_threads(h, threads: int | None) -> None:
+    """Run ``h`` on ``threads`` threads (None: HiGHS's default). HiGHS keeps ONE task scheduler per process,
+    created by the first solve; a later solve asking for another thread count fails with model status
+    "not set" (its log says: global scheduler already initialized) unless the scheduler is reset first."""
+    want = int(threads) if threads else None
+    if want != _HIGHS_THREADS[0]:
+        h.resetGlobalScheduler(True)
+        _HIGHS_THREADS[0] = want
+    if want:
+        h.setOptionValue("threads", want)
+
+
 def solve_highs(m: Model, time_limit_s: float, gap: float, start: list[float] | None = None,
                 threads: int | None = None) -> Result:
     import highspy
     h = _highs_model(m)
     h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
     h.setOptionValue("mip_rel_gap", float(gap))
-    if threads:
-        h.setOptionValue("threads", int(threads))
+    _highs_threads(h, threads)
     if start is not None:
         sol = highspy.HighsSolution()
         sol.col_value = list(start)

@@ -276,6 +276,17 @@ def test_same_inputs_same_plan(cnn_graph):
     assert (a.ops, a.recompute, a.paged, a.memory_timeline) == (b.ops, b.recompute, b.paged, b.memory_timeline)
 
 
+def test_highs_threads_work_in_any_order(cnn_graph):
+    # HiGHS's one global scheduler is created by the first solve; asking for another thread count afterwards
+    # used to fail with status "error" on every call (issue 15)
+    g = cnn_graph
+    prof = modeled_profile(g, load_device("host"))
+    B = naive_peak(g, prof)
+    plans = [solve(g, prof, B, threads=t) for t in (None, 2, 1, 2, None)]
+    assert all(p.status == "optimal" for p in plans)
+    assert len({p.predicted_step_ms for p in plans}) == 1
+
+
 def test_plan_fields_come_from_simulator(cnn_graph):
     g = cnn_graph
     prof = modeled_profile(g, load_device("host"))
