@@ -244,30 +244,29 @@ static void dw_plane_s1(float *out, const float *buf, float *acc, const float *w
 #define DW_S1_OK(p, oh, ow) ((p)->stride_h == 1 && (p)->stride_w == 1 && (p)->pad_h < (p)->kh && \
                              (p)->pad_w < (p)->kw && dw_pad_floats(oh, ow, (p)->kh, (p)->kw) <= PORT_DW_PAD_MAX)
 
-static void dw_fwd_s1(float *y, const float *x, const float *w, const float *b, const port_conv2d_params *p) {
-    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, C = p->c_in;
-    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), ws = wo + kw - 1;
-#pragma omp parallel for schedule(static) if (p->n * C * ho * wo * kh * kw > PORT_PAR_MIN_MACS)
+/* Every (image, channel) plane: out (oh x ow) = the padded plane of `in` (ih x iw, placed at (top, left)) run
+ * through dw_plane_s1 -- the forward pass, and the input gradient (dy through the flipped kernel). */
+static void dw_planes_s1(float *out, const float *in, const float *w, const float *b, const port_conv2d_params *p,
+                         int64_t ih, int64_t iw, int64_t oh, int64_t ow, int64_t top, int64_t left, int flip) {
+    int64_t kh = p->kh, kw = p->kw, C = p->c_in, ws = ow + kw - 1, rows = oh + kh - 1;
+#pragma omp parallel for schedule(static) if (p->n * C * oh * ow * kh * kw > PORT_PAR_MIN_MACS)
     for (int64_t nc = 0; nc < p->n * C; nc++) {
         float buf[PORT_DW_PAD_MAX];
-        int64_t c = nc % C, rows = ho + kh - 1;
-        dw_pad(buf, x + nc * H * W, H, W, p->pad_h, p->pad_w, rows, ws, kw - 1);
-        dw_plane_s1(y + nc * ho * wo, buf, buf + rows * ws + kw - 1, w + c * kh * kw, b ? b[c] : 0.0f, ho, wo,
-                    kh, kw, 0);
+        int64_t c = nc % C;
+        dw_pad(buf, in + nc * ih * iw, ih, iw, top, left, rows, ws, kw - 1);
+        dw_plane_s1(out + nc * oh * ow, buf, buf + rows * ws + kw - 1, w + c * kh * kw, b ? b[c] : 0.0f, oh, ow,
+                    kh, kw, flip);
     }
+}
+
+static void dw_fwd_s1(float *y, const float *x, const float *w, const float *b, const port_conv2d_params *p) {
+    dw_planes_s1(y, x, w, b, p, p->h, p->w, port_conv2d_out_h(p), port_conv2d_out_w(p), p->pad_h, p->pad_w, 0);
 }
 
 /* dx = full correlation of dy with the flipped kernel: dy placed at (kh-1-pad_h, kw-1-pad_w), output H x W */
 static void dw_bwd_in_s1(float *dx, const float *dy, const float *w, const port_conv2d_params *p) {
-    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, C = p->c_in;
-    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), ws = W + kw - 1;
-#pragma omp parallel for schedule(static) if (p->n * C * ho * wo * kh * kw > PORT_PAR_MIN_MACS)
-    for (int64_t nc = 0; nc < p->n * C; nc++) {
-        float buf[PORT_DW_PAD_MAX];
-        int64_t c = nc % C, rows = H + kh - 1;
-        dw_pad(buf, dy + nc * ho * wo, ho, wo, kh - 1 - p->pad_h, kw - 1 - p->pad_w, rows, ws, kw - 1);
-        dw_plane_s1(dx + nc * H * W, buf, buf + rows * ws + kw - 1, w + c * kh * kw, 0.0f, H, W, kh, kw, 1);
-    }
+    dw_planes_s1(dx, dy, w, NULL, p, port_conv2d_out_h(p), port_conv2d_out_w(p), p->h, p->w, p->kh - 1 - p->pad_h,
+                 p->kw - 1 - p->pad_w, 1);
 }
 
 /* dw[ki][kj] += sum over images of a flat dot product: dy in rows of ws floats (zero tails) against the padded

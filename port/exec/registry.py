@@ -150,16 +150,21 @@ def workspace_bytes(kernel: str, variant: str, backend: str, attrs: dict, in_sha
     return int(capi.raw.port_conv2d_workspace_bytes(ctypes.byref(p), CONV_ALGO.get(variant, 0)))
 
 
-def c_auto_conv_variant(graph, op) -> str:
-    """The variant the C library's PORT_CONV_AUTO runs this conv2d (or conv gradient) op as: ``direct``,
-    ``winograd`` or ``plain`` (im2col). The rule lives in kernels/src/conv.c (port_conv2d_resolve_algo);
-    the default plan and the fused conv+bn+relu kernel follow it."""
+def c_conv_algo(graph, op, variant: str = "fused") -> str | None:
+    """The algorithm the C library runs this conv2d (or conv gradient) op's ``variant`` as -- ``direct``,
+    ``winograd`` or ``plain`` (im2col) -- or None where it does not apply. ``fused`` asks PORT_CONV_AUTO (what
+    the fused conv+bn+relu kernel runs). The rules live in kernels/src/conv.c (port_conv2d_resolve_algo)."""
     from port.exec import capi
     fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
     x = tuple(graph.tensors[fwd.inputs[0]].shape)
     p = conv_params(capi, x, graph.tensors[fwd.outputs[0]].shape[1], dict(fwd.attrs))
-    algo = int(capi.raw.port_conv2d_resolve_algo(ctypes.byref(p), 0))
-    return {v: k for k, v in CONV_ALGO.items() if k != "fused"}[algo]
+    algo = int(capi.raw.port_conv2d_resolve_algo(ctypes.byref(p), CONV_ALGO[variant]))
+    return {v: k for k, v in CONV_ALGO.items() if k != "fused"}.get(algo)
+
+
+def c_auto_conv_variant(graph, op) -> str:
+    """The variant PORT_CONV_AUTO runs this conv op as; the default plan follows it, as the fused kernel does."""
+    return c_conv_algo(graph, op, "fused")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,8 +9,7 @@ Variant names
 ``winograd``     conv2d (forward and both gradients) as Winograd F(2x2, 3x3): 16 GEMMs over channels in the
                  transformed domain, 2.25x fewer multiply-adds than the direct sum, a larger workspace
                  (the transformed kernels plus a chunk of transformed tiles). 3x3, stride 1, groups 1,
-                 padding <= 2, input width + 2 * padding + 4 <= WINOGRAD_ROW_MAX (the C library's
-                 PORT_WG_ROW_MAX; tests/kernels check the two rules agree).
+                 padding <= 2, rows that fit the kernel's stack buffers: the C library decides.
 ``inplace``      the output is written into the input's buffer (relu, relu6, batch_norm2d, add):
                  the output tensor aliases the input storage. On a batch norm's backward ops
                  (grad_weight; grad_input in training mode) ``inplace`` means "from the output": the
@@ -37,15 +36,13 @@ Legality (pure functions of the graph, used by solver, simulator and lowering al
   output feeds exactly one relu, all forward.
 * in-place batch norm needs affine weight and bias (it rebuilds x-hat from the output).
 * ``patch<T>`` on conv2d ops whose output is larger than T in both spatial dims.
-* ``winograd`` on conv2d ops with 3x3 kernels, stride 1, groups 1, padding <= 2 and rows that fit the
-  kernel's stack buffers (``winograd_legal``).
+* ``winograd`` where the C library runs it (``winograd_legal`` asks port_conv2d_resolve_algo).
 """
 from __future__ import annotations
 
 from port.ir.types import PHASE_FORWARD, PHASE_LOSS, Graph, Op
 
 PATCH_TILES = (4, 8)
-WINOGRAD_ROW_MAX = 520     # kernels/src/winograd.c PORT_WG_ROW_MAX
 TORCH_BACKENDS = ("torch-cpu", "torch-cuda", "torch-mps")
 INPLACE_KINDS = ("relu", "relu6", "batch_norm2d", "add")
 ACTIVATIONS = ("relu", "relu6")
@@ -73,12 +70,14 @@ def is_pointwise(graph: Graph, op: Op) -> bool:
 
 
 def winograd_legal(graph: Graph, op: Op) -> bool:
-    """The C library's Winograd F(2x2, 3x3) convolution applies to this conv (or its gradient)."""
+    """The C library's Winograd F(2x2, 3x3) convolution applies to this conv (or its gradient): asked of the C
+    library itself (port_conv2d_resolve_algo), which owns the rule (3x3, stride 1, groups 1, padding <= 2, rows
+    that fit its stack buffers)."""
     fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
-    k, s, p = fwd.attr("kernel"), fwd.attr("stride"), fwd.attr("padding")
-    w = graph.tensors[fwd.inputs[0]].shape[3]
-    return (tuple(k) == (3, 3) and tuple(s) == (1, 1) and fwd.attr("groups") == 1 and max(p) <= 2
-            and w + 2 * p[1] + 4 <= WINOGRAD_ROW_MAX)
+    if tuple(fwd.attr("kernel")) != (3, 3) or tuple(fwd.attr("stride")) != (1, 1) or fwd.attr("groups") != 1:
+        return False                                   # the common refusals without a library call
+    from port.exec import registry
+    return registry.c_conv_algo(graph, op, "winograd") == "winograd"
 
 
 def inplace_legal(graph: Graph, op: Op) -> bool:

@@ -294,17 +294,15 @@ def _resolve(algo, *params):
 
 def test_winograd_legality_and_auto_choice(K):
     from port.exec import capi
-    from port.plan import variants as V
     resolve = lambda *a: _resolve(capi.CONV_WINOGRAD, *a)  # noqa: E731
     # n, c_in, h, w, c_out, kh, kw, sh, sw, ph, pw, groups
     assert resolve(1, 4, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1) == capi.CONV_WINOGRAD
     for bad in [(1, 4, 8, 8, 4, 3, 3, 2, 2, 1, 1, 1), (1, 4, 8, 8, 4, 3, 3, 1, 1, 1, 1, 2),
                 (1, 4, 8, 8, 4, 5, 5, 1, 1, 1, 1, 1), (1, 4, 8, 8, 4, 3, 3, 1, 1, 3, 3, 1)]:
         assert resolve(*bad) == -1, bad
-    # the Python rule (port.plan.variants) and the C library agree on the widest row
-    wmax = V.WINOGRAD_ROW_MAX - 2 - 4
-    assert resolve(1, 1, 3, wmax, 1, 3, 3, 1, 1, 1, 1, 1) == capi.CONV_WINOGRAD
-    assert resolve(1, 1, 3, wmax + 1, 1, 3, 3, 1, 1, 1, 1, 1) == -1
+    # rows wider than the kernel's stack buffers (PORT_WG_ROW_MAX = 520 floats: w + 2 pad + 4)
+    assert resolve(1, 1, 3, 514, 1, 3, 3, 1, 1, 1, 1, 1) == capi.CONV_WINOGRAD
+    assert resolve(1, 1, 3, 515, 1, 3, 3, 1, 1, 1, 1, 1) == -1
     with pytest.raises(NotImplementedError, match="not supported"):
         K.conv2d_forward(torch.randn(1, 4, 8, 8), torch.randn(4, 4, 3, 3), stride=2, algo="winograd")
     # AUTO: winograd where each GEMM gets >= 128 tiles and >= 16 channels each side, else im2col
