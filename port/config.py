@@ -301,7 +301,7 @@ class OptimizerConfig(_Strict):
         return v
 
 
-SOLVER_NAMES = ("highs", "cbc", "scip", "cpsat", "greedy", "chen", "single")
+SOLVER_NAMES = ("highs", "cbc", "scip", "cpsat", "greedy", "chen", "checkmate", "single")
 
 
 class SolverConfig(_Strict):

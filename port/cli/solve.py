@@ -12,7 +12,7 @@ def solve_cmd(config: Path = typer.Argument(..., help="experiment YAML"),
               budget: Optional[str] = typer.Option(None, "--budget", help="memory budget: bytes, 64MB, 1.5GiB or "
                                                    "NN% of the keep-everything peak (default: the config's, else "
                                                    "the device memory)"),
-              solver: Optional[str] = typer.Option(None, "--solver", help="highs|cbc|scip|cpsat|greedy|chen|single"
+              solver: Optional[str] = typer.Option(None, "--solver", help="highs|cbc|scip|cpsat|greedy|chen|checkmate|single"
                                                    "|single:<accelerator>"),
               time_limit: Optional[float] = typer.Option(None, "--time-limit", help="seconds"),
               gap: Optional[float] = typer.Option(None, "--gap", help="relative optimality gap"),

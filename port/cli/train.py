@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
               budget: Optional[str] = typer.Option(None, "--budget", help="memory budget: bytes, 64MB, 1.5GiB or "
                                                    "NN% of the keep-everything peak"),
               solver: Optional[str] = typer.Option(None, "--solver", help="highs | cbc | scip | cpsat | greedy | "
-                                                   "chen | single | single:<accelerator>"),
+                                                   "chen | checkmate | single | single:<accelerator>"),
               profile: Optional[Path] = typer.Option(None, "--profile", help="profile file (default "
                                                      "profiles/<device>/<config name>.json; measured when missing)"),
               replan: bool = typer.Option(False, "--replan", help="correct the profile with the last run's in-plan "

@@ -16,15 +16,19 @@ At step t (op t in graph order) a plan runs, in this order (``schedule`` emits e
   1. ``page_in`` every paged root whose first backward reader is op t;
   2. ``recompute`` the re-run group of step t, in increasing op id, each on its forward op's accelerator and
      variant (batch norm re-runs in training mode but does not update its running statistics). The group is
-     {P : (P, t) in plan.recompute_at} when ``recompute_at`` is given, else {P : tau(P) == t};
-  3. ``free`` the recomputed outputs no backward op reads (pure intermediates that only fed the group);
-  4. ``op`` t (unless t is an early update: it already ran, see 5);
-  5. ``op`` u for the early updates u whose gradient's last producer is op t (increasing op id);
-  6. ``page_out`` every paged root whose last forward/loss reader was op t (or an early update of step 5);
-  7. ``free`` every root whose last reader (early updates at their new position) ran in 4-5.
-A recomputed op's outputs are freed after their last forward/loss reader and live again from their re-run
-until their last backward reader; a paged root is written to storage after its last forward/loss reader and
-read back before its first backward reader.
+     {P : (P, t) in plan.recompute_at} when ``recompute_at`` is given, else {P : tau(P) == t}; right after each
+     re-run, ``free`` the roots whose last use was that re-run;
+  3. ``op`` t (unless t is an early update: it already ran, see 4);
+  4. ``op`` u for the early updates u whose gradient's last producer is op t (increasing op id);
+  5. ``page_out`` every paged root whose last forward/loss reader was op t (or an early update of step 4);
+  6. ``free`` every root whose last use was op t or an early update of step 4.
+A *use* of a root is an op or a re-run reading it (or one of its views). Every root lives from its allocation
+to its last use, re-runs included: a kept input of a re-run stays until the re-run. A recomputed root has one
+*copy* per allocation: the forward one, then one per re-run of its producer (an op may be re-run at several
+steps: multi-level recompute, where a re-run segment is dropped again and re-run later from copies made by
+other re-runs). Each use is served by the newest copy allocated at or before it; each copy is freed after its
+last use before the next re-run. A paged root is written to storage after its last forward/loss reader and read
+back before its first backward reader (re-runs may read it only from then on).
 
 tau(P), a function of the graph only (``recompute_times``): own(P) = the first backward reader of any owned
 output of P; for each output r of P that no backward op reads (a "pure intermediate") and each recomputable
@@ -34,9 +38,9 @@ Legality (``validate``; PlanError otherwise): one decision per op in op-id order
 port.plan.variants.inplace_legal holds and never on both ops of an inplace_conflicts pair; a fused chain runs
 fused as a whole on one accelerator; a batch norm's backward ops run ``inplace`` (from the output) exactly when
 the batch norm does; recompute lists all owned outputs of recomputable forward ops that run neither in place
-nor fused, and never reads an input a later in-place op overwrites; ``recompute_at`` names each re-run producer
-once, sorted by (step, op id), at a backward step no later than its outputs' first backward reader, with every
-activation input live then; paged tensors are unshared activation roots produced in the forward pass and read
+nor fused, and never reads an input a later in-place op overwrites; ``recompute_at`` lists (producer, step)
+pairs once each, sorted by (step, op id), at backward steps, every re-run read before the next re-run of the
+same op; paged tensors are unshared activation roots produced in the forward pass and read
 in backward; early updates are update ops whose parameter and gradient nobody reads after the gradient's last
 producer p_u, and no recompute reading the parameter runs after p_u.
 """
@@ -266,7 +270,7 @@ class Schedule:
     static_bytes: int                # static memory of this plan (early-updated gradients excluded)
     dynamic_grads: frozenset         # gradient roots of early-updated parameters (not static)
     recompute: dict                  # re-run producer -> its owned outputs
-    recompute_at: dict               # re-run producer -> step
+    recompute_at: dict               # re-run producer -> its re-run steps (ascending)
     early_at: dict                   # early update op -> p_u (the step it runs after)
     paged: tuple[int, ...]
     phases: tuple[str, ...]
@@ -284,6 +288,29 @@ class Schedule:
 def schedule(graph: Graph, plan: Plan, phases: Sequence[str] = PHASES, check_digest: bool = True) -> Schedule:
     """The events a plan runs for the ops of ``phases`` (the module docstring's rules); PlanError when the plan
     breaks one."""
+    sch, idle = _schedule(graph, plan, phases, check_digest)
+    if idle:
+        p, t = min(idle, key=lambda x: (x[1], x[0]))
+        raise PlanError(f"recompute_at re-runs {graph.ops[p].name!r} at step {t}, but nothing reads its outputs "
+                        f"before its next re-run or the end of the step (drop_idle_reruns removes such re-runs)")
+    return sch
+
+
+def drop_idle_reruns(graph: Graph, plan: Plan) -> Plan:
+    """``plan`` without the re-runs nothing reads (a solver stopped early may leave some); an op left with no
+    re-run is kept instead of recomputed."""
+    from dataclasses import replace
+    while True:
+        _sch, idle = _schedule(graph, plan, PHASES, False)
+        if not idle:
+            return plan
+        at = tuple(x for x in plan.recompute_at if tuple(x) not in idle)
+        left = {p for p, _t in at}
+        prods = graph.producers()
+        plan = replace(plan, recompute_at=at, recompute=tuple(t for t in plan.recompute if prods.get(t) in left))
+
+
+def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: bool) -> tuple[Schedule, set]:
     phases = tuple(p for p in PHASES if p in phases)
     validate(graph, plan, phases, check_digest)
     dec = plan.ops
@@ -400,29 +427,27 @@ def schedule(graph: Graph, plan: Plan, phases: Sequence[str] = PHASES, check_dig
                 raise PlanError("recompute_at must be a sequence of (op id, step) pairs") from None
             if at != sorted(at, key=lambda x: (x[1], x[0])):
                 raise PlanError("recompute_at must be sorted by (step, op id)")
+            if len(set(at)) != len(at):
+                raise PlanError("recompute_at lists a (op, step) re-run twice")
+            steps: dict[int, list[int]] = {}
             for p, t in at:
-                if p in when:
-                    raise PlanError(f"recompute_at re-runs op {p} twice")
                 if p not in rc:
                     raise PlanError(f"recompute_at re-runs op {p}, but plan.recompute lists none of its outputs")
                 if not (0 <= t < len(graph.ops)) or not is_backward(graph, t):
                     raise PlanError(f"recompute_at: {graph.ops[p].name!r} at step {t}, which is not a backward op")
-                for r in rc[p]:
-                    bf = bwd_first(r)
-                    if bf is not None and t > bf:
-                        raise PlanError(f"recompute_at: {graph.ops[p].name!r} re-runs at step {t}, after its "
-                                        f"output {T[r].name!r} is first read in backward (step {bf})")
-                when[p] = t
-            missing = set(rc) - set(when)
+                steps.setdefault(p, []).append(t)
+            missing = set(rc) - set(steps)
             if missing:
                 raise PlanError(f"recompute_at has no step for {sorted(graph.ops[p].name for p in missing)}")
+            when = {p: tuple(ts) for p, ts in steps.items()}
         else:
-            when = {p: tau_all[p] for p in rc}
+            when = {p: (tau_all[p],) for p in rc}
         for u, param in early_param.items():
-            for p, t in when.items():
-                if t > early_at[u] and any(graph.storage_root(x) == param for x in graph.ops[p].inputs):
-                    raise PlanError(f"recompute of {graph.ops[p].name!r} at step {t} reads {T[param].name!r} "
-                                    f"after its early update")
+            for p, ts in when.items():
+                for t in ts:
+                    if t > early_at[u] and any(graph.storage_root(x) == param for x in graph.ops[p].inputs):
+                        raise PlanError(f"recompute of {graph.ops[p].name!r} at step {t} reads {T[param].name!r} "
+                                        f"after its early update")
         for t in sorted(set(plan.paged)):
             if t not in birth or graph.ops[birth[t]].phase not in (PHASE_FORWARD, PHASE_LOSS) \
                     or T[t].role != ROLE_ACTIVATION:
@@ -439,28 +464,64 @@ def schedule(graph: Graph, plan: Plan, phases: Sequence[str] = PHASES, check_dig
         if graph.storage_root(t) in nonmat:
             raise PlanError(f"tensor {T[t].name!r} is never materialised (fused chain): it cannot be paged")
 
-    # -- events ---------------------------------------------------------------------------------
+    # -- lives ----------------------------------------------------------------------------------
+    # A root lives from its allocation to its last use; a use is an op reading it (at the op's position) or a
+    # re-run reading it (in the group of its step, before the op). A recomputed root has one *copy* per
+    # allocation (the forward one, then one per re-run); each use is served by the newest copy allocated at or
+    # before it, and each copy is freed after its last use: after the op (free_after) or, when only re-runs of
+    # that step read it, right after the last re-run reading it (transient, keyed by (step, re-run op)).
     alloc_at: dict[int, list[int]] = {}
     free_after: dict[int, list[int]] = {}
+    transient: dict[int, list[int]] = {}
     page_in_at: dict[int, list[int]] = {}
     page_out_after: dict[int, list[int]] = {}
-    dropped = {r for p in rc for r in rc[p]} | set(paged)
+    groups: dict[int, list[int]] = {}
+    rc_uses: dict[int, list[tuple[int, int]]] = {}      # root -> (step, op) of the re-runs reading it
+    for p, ts in when.items():
+        for t in ts:
+            groups.setdefault(t, []).append(p)
+            for u in dict.fromkeys(graph.ops[p].inputs):
+                if not st(u) and root[u] in birth:
+                    rc_uses.setdefault(root[u], []).append((t, p))
+    op_uses = {r: sorted(pos(c) for c in readers.get(r, ())) for r in birth}
+
+    def free_copy(r: int, ops_at: list[int], rcs_at: list[tuple[int, int]], unread) -> None:
+        """Free one copy of r after its last use; ``unread``: where a copy nobody reads goes (a step: after its
+        op, the producer; (step, op): after that re-run, its own)."""
+        last_op, last_rc = max(ops_at, default=-1), max(rcs_at, default=(-1, -1))
+        if last_op < 0 and last_rc[0] < 0:
+            at = unread
+        else:
+            at = last_op if last_op >= last_rc[0] else last_rc
+        (transient if isinstance(at, tuple) else free_after).setdefault(at, []).append(r)
+
+    rc_root = {r: p for p in rc for r in rc[p]}
     for r, b in birth.items():
         alloc_at.setdefault(b, []).append(r)
-        free_after.setdefault(fwd_last(r) if r in dropped else death[r], []).append(r)
-    for r in paged:
-        page_in_at.setdefault(bwd_first(r), []).append(r)
-        page_out_after.setdefault(fwd_last(r), []).append(r)
-        free_after.setdefault(death[r], []).append(r)
-    groups: dict[int, list[int]] = {}
-    transient: dict[int, list[int]] = {}
-    for p, t in when.items():
-        groups.setdefault(t, []).append(p)
-        for r in rc[p]:
-            if bwd_first(r) is None:
-                transient.setdefault(t, []).append(r)
-            else:
-                free_after.setdefault(death[r], []).append(r)
+        uo, ur = op_uses[r], rc_uses.get(r, [])
+        if r in rc_root:
+            starts = [b] + list(when[rc_root[r]])
+            for k, s0 in enumerate(starts):
+                s1 = starts[k + 1] if k + 1 < len(starts) else len(graph.ops) + 1
+                free_copy(r, [c for c in uo if s0 <= c < s1], [c for c in ur if s0 <= c[0] < s1],
+                          s0 if k == 0 else (s0, rc_root[r]))
+        elif r in paged:
+            bf, fl = bwd_first(r), fwd_last(r)
+            early = [c for c, _q in ur if c < bf]
+            if early:
+                raise PlanError(f"a re-run at step {early[0]} reads {T[r].name!r}, which is paged out until step {bf}")
+            page_in_at.setdefault(bf, []).append(r)
+            page_out_after.setdefault(fl, []).append(r)
+            free_after.setdefault(fl, []).append(r)
+            free_copy(r, [c for c in uo if c >= bf], ur, bf)
+        else:
+            free_copy(r, uo, ur, b)
+    idle: set[tuple[int, int]] = set()   # re-runs nothing reads: a planning error, not a cost to pay silently
+    for p, ts in when.items():
+        for k, t in enumerate(ts):
+            t1 = ts[k + 1] if k + 1 < len(ts) else len(graph.ops) + 1
+            if not any(t <= c < t1 for r in rc[p] for c in op_uses[r] + [c for c, _q in rc_uses.get(r, [])]):
+                idle.add((p, t))
 
     events: list[Event] = []
     for o in ops:
@@ -469,8 +530,8 @@ def schedule(graph: Graph, plan: Plan, phases: Sequence[str] = PHASES, check_dig
             events.append(Event("page_in", -1, (r,), (r,)))
         for p in sorted(groups.get(t, ())):
             events.append(Event("recompute", p, (), rc[p]))
-        if transient.get(t):
-            events.append(Event("free", -1, tuple(sorted(transient[t]))))
+            if transient.get((t, p)):
+                events.append(Event("free", -1, tuple(sorted(transient[t, p]))))
         if t not in early_at:
             events.append(Event("op", t, (), tuple(sorted(alloc_at.get(t, ())))))
         for u in early_after.get(t, ()):
@@ -484,4 +545,4 @@ def schedule(graph: Graph, plan: Plan, phases: Sequence[str] = PHASES, check_dig
     S = static_bytes(graph) - sum(T[g].bytes for g in dyn)
     return Schedule(events=tuple(events), root=root, nonmat=frozenset(nonmat), static_bytes=S,
                     dynamic_grads=frozenset(dyn), recompute=rc, recompute_at=when, early_at=early_at,
-                    paged=tuple(paged), phases=phases)
+                    paged=tuple(paged), phases=phases), idle

@@ -26,7 +26,8 @@ class Plan:
     recompute_at: the recompute schedule, ((forward op id to re-run, id of the op before which it runs), ...)
       sorted by (step, op id). Empty means each recomputed producer runs right before the first backward op
       that reads one of its outputs (port.plan.semantics.recompute_times). Chains: a producer may be re-run earlier
-      than its own first use because a later-recomputed consumer needs it.
+      than its own first use because a later-recomputed consumer needs it. Multi-level: a producer may be
+      listed at several steps; each re-run makes a new copy of its outputs, used until the next re-run.
     paged: ids of saved activation tensors written to storage after the forward pass and read back before use.
     early_updates: ids of update ops run as soon as their gradient is complete (in-place gradient update, as
       in the Tiny Training Engine) instead of after the whole backward pass; their gradient buffer then lives

@@ -5,7 +5,8 @@
       budget: bytes, "64MB", "1.5GiB" or "75%" of the keep-everything peak (port.pipeline)
     SOLVERS: name -> fn(graph, profile, budget_bytes, time_limit_s=..., gap=..., **kw) -> Plan
       ILP backends: "highs" (default), "cbc", "scip", "cpsat";
-      baselines: "single" (accelerator=...; also "single:<acc>"), "greedy", "chen".
+      baselines: "single" (accelerator=...; also "single:<acc>"), "greedy", "chen", "checkmate" (Checkmate's
+      T x T MILP: one accelerator, plain variants, recompute only; port.solver.checkmate).
 
 The ILP (solver/FORMULATION.md) is built by port.solver.formulation; every returned plan is replayed by
 port.verify.simulate, whose time and memory timeline fill the Plan's predicted_* fields.
@@ -24,15 +25,22 @@ from port.solver.backends import BACKENDS, Result, complete_solution
 from port.solver.baselines import _plan, chen_plan, finish, greedy_plan, solve_chen, solve_greedy, solve_single
 from port.solver.formulation import KiB, Model, Vars, build
 from port.solver.instance import DEFAULT_WINDOW, Instance, build_instance
+from port.plan.semantics import drop_idle_reruns
+
+DEFAULT_MAX_RERUNS = 3   # how often one forward op may be re-run (multi-level recompute); solve(max_reruns=)
 
 MIN_PEAK_TIME_LIMIT_S = 60.0
 
 
 def _warm_values(inst: Instance, m: Model, v: Vars, choice, rc, pg, at, early) -> list[float] | None:
-    """Fix every binary to the given plan (at: recompute step per recomputed op) and complete the rest."""
-    if any(p not in inst.rc_times or at.get(p) not in inst.rc_times[p] for p in rc):
+    """Fix every binary to the given plan (at: re-run step, or steps, per recomputed op) and complete the rest
+    (None when the plan is outside the model). A re-run copy of an output root is held past its group when
+    op t or a later step reads it before the op's next re-run, to its last such use."""
+    steps = {p: sorted((at[p],) if isinstance(at[p], int) else at[p]) for p in rc}
+    if any(p not in inst.rc_times or not steps[p] or any(t not in inst.rc_times[p] for t in steps[p]) for p in rc):
         return None
-    if any(u not in v.e for u in early):
+    if any(u not in v.e for u in early) or any(len(steps[p]) > 1 + len({lv for lv, _ in v.rc_more.get(p, ())})
+                                               for p in rc):
         return None
     fixed: dict[int, float] = {}
     for (i, k), j in v.x.items():
@@ -41,8 +49,31 @@ def _warm_values(inst: Instance, m: Model, v: Vars, choice, rc, pg, at, early) -
     for (p, k), j in v.rcx.items():
         o = inst.options[p][k]
         fixed[j] = 1.0 if (p in rc and (o.acc, o.var) == tuple(choice[p])) else 0.0
+    for (lv, p, k), j in v.rcx_more.items():
+        o = inst.options[p][k]
+        fixed[j] = 1.0 if (p in rc and len(steps[p]) >= lv and (o.acc, o.var) == tuple(choice[p])) else 0.0
+    readers: dict[int, list[tuple[int, int]]] = {}     # root -> (step, re-running op) of re-runs reading it
+    for q in rc:
+        for _k, u, _pu in inst.rc_in.get(q, ()):
+            readers.setdefault(u, []).extend((t, q) for t in steps[q])
+    for j in list(v.st.values()) + list(v.en.values()):
+        fixed[j] = 0.0
     for (p, t), j in v.rt.items():
-        fixed[j] = 1.0 if (p in rc and at[p] == t) else 0.0
+        fixed[j] = 1.0 if (p in rc and t in steps[p]) else 0.0
+    for p in rc:
+        ts = steps[p]
+        for r in inst.rc_outputs[p]:
+            for k, t in enumerate(ts):
+                t1 = ts[k + 1] if k + 1 < len(ts) else len(inst.graph.ops) + 1
+                uses = [s for s in inst.rc_cover[r] if t <= s < t1] + [s for s, _q in readers.get(r, ()) if t < s < t1]
+                if uses:
+                    if (r, t) not in v.st:
+                        return None              # single-level model: a pure copy lives in its group only
+                    fixed[v.st[r, t]] = 1.0
+                    if inst.nested:
+                        if max(uses) not in inst.rc_ends[r]:
+                            return None
+                        fixed[v.en[r, max(uses)]] = 1.0
     for r, j in v.pg.items():
         fixed[j] = 1.0 if r in pg else 0.0
     for u, j in v.e.items():
@@ -56,16 +87,16 @@ def _extract(inst: Instance, v: Vars, vals: list[float]):
         k = max(range(len(opts)), key=lambda k: vals[v.x[i, k]])
         choice.append((opts[k].acc, opts[k].var))
     rc = {p for p in inst.rc_times if sum(vals[j] for j in v.rc_of.get(p, ())) > 0.5}
-    at = {p: max(inst.rc_times[p], key=lambda t: vals[v.rt[p, t]]) for p in rc}
+    at = {p: [t for t in inst.rc_times[p] if vals[v.rt[p, t]] > 0.5] for p in rc}
     pg = {r for r, j in v.pg.items() if vals[j] > 0.5}
     early = {u for u, j in v.e.items() if vals[j] > 0.5}
     return choice, rc, pg, at, early
 
 
 def _run(inst: Instance, budget: int | None, backend: str, time_limit_s: float, gap: float, warm,
-         threads: int | None, allow_early: bool = True) -> tuple[Result, Vars, Model]:
+         threads: int | None, allow_early: bool = True, max_reruns: int = 1) -> tuple[Result, Vars, Model]:
     unit = 1 if backend == "cpsat" else KiB
-    m, v = build(inst, budget, mem_unit=unit, allow_early=allow_early)
+    m, v = build(inst, budget, mem_unit=unit, allow_early=allow_early, max_reruns=max_reruns)
     start = None
     for w in warm or ():
         start = _warm_values(inst, m, v, *w)
@@ -76,24 +107,50 @@ def _run(inst: Instance, budget: int | None, backend: str, time_limit_s: float, 
 
 
 def min_feasible_budget(inst: Instance, solver: str = "highs", time_limit_s: float = MIN_PEAK_TIME_LIMIT_S,
-                        threads: int | None = None, allow_early_updates: bool = True
-                        ) -> tuple[int | None, Plan | None, bool]:
-    """Smallest peak any plan reaches (solved to optimality with the same model): (bytes, plan, proven)."""
+                        threads: int | None = None, allow_early_updates: bool = True,
+                        max_reruns: int = DEFAULT_MAX_RERUNS) -> tuple[int | None, Plan | None, bool]:
+    """Smallest peak any plan reaches (solved to optimality with the same model): (bytes, plan, proven).
+    With ``max_reruns`` > 1 and a nested instance, the single-level minimum is found first and warm-starts the
+    multi-level (nested recompute) model."""
     t0 = time.perf_counter()
     backend = solver if solver in BACKENDS else "highs"
-    res, v, m = _run(inst, None, backend, time_limit_s, 0.0, None, threads, allow_early_updates)
+    warm = None
+    if inst.nested and max_reruns > 1:
+        flat = build_instance(inst.graph, inst.profile, window=inst.window, nested=False)
+        mn1, plan1, _p = min_feasible_budget(flat, solver, time_limit_s / 3, threads, allow_early_updates, 1)
+        if plan1 is not None:
+            warm = [_warm_of(inst, plan1)]
+    elif not inst.nested:
+        max_reruns = 1
+    left = max(1.0, time_limit_s - (time.perf_counter() - t0))
+    res, v, m = _run(inst, None, backend, left, 0.0, warm, threads, allow_early_updates, max_reruns)
     if res.values is None:
         return None, None, False
     choice, rc, pg, at, early = _extract(inst, v, res.values)
-    plan = _plan(inst, choice, 0, rc, pg, at=at, early=early)
+    plan = drop_idle_reruns(inst.graph, _plan(inst, choice, 0, rc, pg, at=at, early=early))
     sim = simulate(plan, inst.graph, inst.profile)
-    plan = finish(inst, _plan(inst, choice, sim.peak_bytes, rc, pg, at=at, early=early), sim.peak_bytes,
+    plan = finish(inst, dataclasses.replace(plan, budget_bytes=sim.peak_bytes), sim.peak_bytes,
                   f"min-peak:{backend}", t0)
     return sim.peak_bytes, plan, res.status == "optimal"
 
 
-def _infeasible(inst: Instance, budget: int, solver: str, threads, allow_early: bool = True) -> InfeasibleBudgetError:
-    mn, plan, proven = min_feasible_budget(inst, solver, threads=threads, allow_early_updates=allow_early)
+def _warm_of(inst: Instance, plan: Plan):
+    """A plan as a warm start tuple (choice, recomputed ops, paged, steps per op, early updates)."""
+    at: dict[int, list[int]] = {}
+    for p, t in plan.recompute_at:
+        at.setdefault(p, []).append(t)
+    if plan.recompute and not plan.recompute_at:
+        at = {p: [inst.tau[p]] for p in {inst.roots[r].birth for r in plan.recompute if r in inst.roots}
+              if p in inst.tau}
+    return ([(d.accelerator, d.variant) for d in plan.ops], set(at), set(plan.paged), at, set(plan.early_updates))
+
+
+def _infeasible(inst: Instance, budget: int, solver: str, threads, allow_early: bool = True,
+                max_reruns: int = DEFAULT_MAX_RERUNS) -> InfeasibleBudgetError:
+    if max_reruns > 1 and not inst.nested:
+        inst = build_instance(inst.graph, inst.profile, window=inst.window, nested=True)
+    mn, plan, proven = min_feasible_budget(inst, solver, threads=threads, allow_early_updates=allow_early,
+                                           max_reruns=max_reruns)
     from port.config import format_size
     if mn is None:
         return InfeasibleBudgetError(f"no plan fits the budget of {format_size(budget)} ({budget} B), and the "
@@ -112,36 +169,51 @@ def _infeasible(inst: Instance, budget: int, solver: str, threads, allow_early: 
     return InfeasibleBudgetError(msg, budget, mn, tuple(tens))
 
 
+def _baseline_warm(inst: Instance, budget: int, time_limit_s: float, early_ok: bool) -> list:
+    """Greedy's plan, else Chen's, as warm starts when they fit the budget."""
+    graph, profile = inst.graph, inst.profile
+    choice, rc, pg, early = greedy_plan(inst, budget, min(10.0, time_limit_s), early_ok)
+    try:
+        gs = simulate(_plan(inst, choice, budget, rc, pg, early=early), graph, profile)
+        if gs.peak_bytes <= budget:
+            return [(choice, rc, pg, {p: inst.tau[p] for p in rc}, early)]
+    except PortError:
+        pass
+    choice, rc, at, early = chen_plan(inst, budget, allow_early=early_ok)
+    try:
+        cs = simulate(_plan(inst, choice, budget, rc, (), at=at, early=early), graph, profile)
+        if cs.peak_bytes <= budget:
+            return [(choice, rc, set(), at, early)]
+    except PortError:
+        pass
+    return []
+
+
 def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap: float = 0.01,
               backend: str = "highs", warm_start: bool = True, threads: int | None = None,
-              allow_early_updates: bool = True, window: int = DEFAULT_WINDOW, **_kw) -> Plan:
+              allow_early_updates: bool = True, window: int = DEFAULT_WINDOW,
+              max_reruns: int = DEFAULT_MAX_RERUNS, **_kw) -> Plan:
+    """Two phases (solver/FORMULATION.md, "Phases"): the single-level model (each dropped op re-run once, at
+    or before its first backward reader) first; when the budget is below its reach and ``max_reruns`` > 1,
+    the multi-level model (an op re-run up to ``max_reruns`` times, re-run copies held and dropped again)."""
     t0 = time.perf_counter()
     budget = int(budget_bytes)
     early_ok = bool(allow_early_updates)
-    inst = build_instance(graph, profile, window=window)
+    if not isinstance(max_reruns, int) or max_reruns < 1:
+        raise PortError(f"max_reruns={max_reruns!r}: give 1 or more (how often one op may be re-run)")
+    inst = build_instance(graph, profile, window=window, nested=False)
     if budget < inst.static_bytes - (inst.grad_bytes if early_ok else 0):
-        raise _infeasible(inst, budget, backend, threads, early_ok)
-    warm = []
-    if warm_start:
-        choice, rc, pg, early = greedy_plan(inst, budget, min(10.0, time_limit_s), early_ok)
-        try:
-            gs = simulate(_plan(inst, choice, budget, rc, pg, early=early), graph, profile)
-            if gs.peak_bytes <= budget:
-                warm.append((choice, rc, pg, {p: inst.tau[p] for p in rc}, early))
-        except PortError:
-            pass
-        if not warm:   # tight budgets: Chen's segments (+ early updates) as a start
-            choice, rc, at, early = chen_plan(inst, budget, allow_early=early_ok)
-            try:
-                cs = simulate(_plan(inst, choice, budget, rc, (), at=at, early=early), graph, profile)
-                if cs.peak_bytes <= budget:
-                    warm.append((choice, rc, set(), at, early))
-            except PortError:
-                pass
+        raise _infeasible(inst, budget, backend, threads, early_ok, max_reruns)
+    warm = _baseline_warm(inst, budget, time_limit_s, early_ok) if warm_start else []
     remaining = max(0.5, time_limit_s - (time.perf_counter() - t0))
-    res, v, m = _run(inst, budget, backend, remaining, gap, warm, threads, early_ok)
+    res, v, m = _run(inst, budget, backend, remaining, gap, warm, threads, early_ok, 1)
+    if res.values is None and max_reruns > 1 and res.status in ("infeasible", "timeout"):
+        # below the single-level model's reach (or no plan in time): the multi-level model
+        inst = build_instance(graph, profile, window=window, nested=True)
+        remaining = max(0.5, time_limit_s - (time.perf_counter() - t0))
+        res, v, m = _run(inst, budget, backend, remaining, gap, warm, threads, early_ok, max_reruns)
     if res.status == "infeasible":
-        raise _infeasible(inst, budget, backend, threads, early_ok)
+        raise _infeasible(inst, budget, backend, threads, early_ok, max_reruns)
     if res.values is None:
         if warm:  # time limit before the solver reported anything: the warm start stands
             choice, rc, pg, at, early = warm[0]
@@ -152,7 +224,8 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
                               f"fits the budget; raise --time-limit or the budget")
         raise SolverError(f"{backend} failed (status {res.status})")
     choice, rc, pg, at, early = _extract(inst, v, res.values)
-    plan = _plan(inst, choice, budget, rc, pg, at=at, early=early)
+    full = _plan(inst, choice, budget, rc, pg, at=at, early=early)
+    plan = drop_idle_reruns(graph, full)       # a solution within the gap may carry a re-run nobody reads
     sim = simulate(plan, graph, profile)
     if sim.peak_bytes > budget:
         raise SolverError(f"{backend} returned a plan with simulated peak {sim.peak_bytes} B over the budget "
@@ -162,13 +235,19 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
     expect = obj - EPS_EARLY_MS * len(plan.early_updates)     # the objective's tie-breaker is not time
     expect += sim.breakdown.get("overhead_ms", 0.0)           # the executor's fixed per-step cost: not a decision
     tol = 1e-6 * max(1.0, abs(obj)) + 1e-9
-    if abs(sim.step_ms - expect) > tol:   # both directions: the ILP may neither under- nor over-price a plan
+    if plan != full:                      # the dropped re-runs' time is priced by the ILP, not run
+        if sim.step_ms > expect + tol:
+            raise SolverError(f"{backend}: simulated step {sim.step_ms:.6f} ms above the ILP objective "
+                              f"{expect:.6f} ms (formulation/simulator mismatch; please report)")
+    elif abs(sim.step_ms - expect) > tol:   # both directions: the ILP may neither under- nor over-price a plan
         raise SolverError(f"{backend}: simulated step {sim.step_ms:.6f} ms differs from the ILP objective "
                           f"{expect:.6f} ms (formulation/simulator mismatch; please report)")
     return dataclasses.replace(plan, solver=backend, status=res.status, objective_ms=float(obj), gap=float(res.gap),
                                solve_time_s=time.perf_counter() - t0, predicted_step_ms=sim.step_ms,
                                predicted_peak_bytes=sim.peak_bytes, memory_timeline=sim.timeline)
 
+
+from port.solver.checkmate import solve_checkmate  # noqa: E402  (imports finish/build_instance from here)
 
 SOLVERS = {
     "highs": partial(solve_ilp, backend="highs"),
@@ -178,6 +257,7 @@ SOLVERS = {
     "greedy": solve_greedy,
     "chen": solve_chen,
     "single": solve_single,
+    "checkmate": solve_checkmate,
 }
 ILP_SOLVERS = ("highs", "cbc", "scip", "cpsat")
 

@@ -35,10 +35,12 @@ def _coupled(inst: Instance, choice: list[tuple[str, str]]) -> list[tuple[str, s
 
 def _plan(inst: Instance, choice: list[tuple[str, str]], budget: int, rc_ops=(), pg=(), solver="baseline",
           t0: float | None = None, at: dict[int, int] | None = None, early=()) -> Plan:
-    """at: recompute step per recomputed op (explicit ``recompute_at``); None: the legacy tau rule."""
+    """at: re-run step (or steps) per recomputed op (explicit ``recompute_at``); None: the legacy tau rule."""
     choice = _coupled(inst, choice)
     rec = tuple(sorted(t for p in rc_ops for t in inst.rc_outputs[p]))
-    rat = tuple(sorted(((p, at[p]) for p in rc_ops), key=lambda x: (x[1], x[0]))) if at is not None else ()
+    steps = lambda x: (x,) if isinstance(x, int) else tuple(x)   # noqa: E731
+    rat = tuple(sorted(((p, t) for p in rc_ops for t in steps(at[p])), key=lambda x: (x[1], x[0]))) \
+        if at is not None else ()
     return Plan(graph_digest=inst.graph.digest(), profile_digest=inst.profile.digest(), budget_bytes=int(budget),
                 ops=tuple(OpDecision(i, a, v) for i, (a, v) in enumerate(choice)), recompute=rec,
                 recompute_at=rat, paged=tuple(sorted(pg)), early_updates=tuple(sorted(early)), solver=solver,

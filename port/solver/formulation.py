@@ -59,7 +59,12 @@ class Vars:
     peak: int | None = None
     rc_of: dict[int, list[int]] = field(default_factory=dict)        # candidate -> its rcx vars
     rt: dict[tuple[int, int], int] = field(default_factory=dict)     # (candidate, step t) -> r[P,t]
-    cum: dict[tuple[int, int], int] = field(default_factory=dict)    # (candidate, step t) -> sum_{t'<=t} r[P,t']
+    st: dict[tuple[int, int], int] = field(default_factory=dict)     # (output root r, step t) -> h[r,t]: held past t
+    en: dict[tuple[int, int], int] = field(default_factory=dict)     # (output root r, step e) -> z[r,e]: held copy ends
+    cov: dict[tuple[int, int], int] = field(default_factory=dict)    # (output root r, point s) -> cover(r,s), continuous
+    cov_pts: dict[int, list[int]] = field(default_factory=dict)      # output root -> its cover points
+    rcx_more: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (level j >= 2, candidate, option)
+    rc_more: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # candidate -> [(level, var)]
     e: dict[int, int] = field(default_factory=dict)                  # update op -> e[u]
     static_fixed: int = 0                                            # S minus early-able gradient bytes
 
@@ -80,20 +85,55 @@ def rc_expr(v: Vars, p: int) -> dict[int, float]:
     return {j: 1.0 for j in v.rc_of.get(p, ())}
 
 
-def later_expr(inst: Instance, v: Vars, p: int, t: int) -> dict[int, float]:
-    """sum_{t' in C(P), t' > t} r[P,t'] = rc_P - cum[P, t*] (t* = last candidate step <= t)."""
-    ts = inst.rc_times[p]
-    prior = [x for x in ts if x <= t]
-    out = {v.cum[p, ts[-1]]: 1.0}
-    if prior:
-        _add(out, v.cum[p, prior[-1]], -1.0)
+def rc_level_expr(v: Vars, p: int, level: int) -> dict[int, float]:
+    """The level-th re-run of P happens (level 1: rc_P)."""
+    if level == 1:
+        return rc_expr(v, p)
+    return {j: 1.0 for (lv, q, _k), j in v.rcx_more.items() if q == p and lv == level}
+
+
+def cover_points(inst: Instance, r: int) -> list[int]:
+    """The steps at which cover(r, .) has its own variable: C(P) U E(r) U backward readers of r."""
+    return sorted(set(inst.rc_times[inst.roots[r].birth]) | set(inst.rc_ends[r]) | set(inst.rc_cover[r]))
+
+
+def cover_expr(inst: Instance, v: Vars, r: int, s: int) -> dict[int, float]:
+    """cover(r,s) = sum_{t in C(P), t <= s} h[r,t] - sum_{e in E(r), e < s} z[r,e]: a held re-run copy of
+    output root r (of candidate P) is live at step s (0 or 1). A running sum: one continuous cov[r,s] per cover
+    point (rc_cov rows), so every use is one term (linear size)."""
+    if not inst.nested:   # single-level: a saved root's one re-run copy lives to its death, a pure one in its group
+        return {v.st[r, t]: 1.0 for t in inst.rc_times[inst.roots[r].birth] if t <= s and (r, t) in v.st}
+    if (r, s) in v.cov:
+        return {v.cov[r, s]: 1.0}
+    pts = v.cov_pts[r]
+    import bisect
+    i = bisect.bisect_right(pts, s) - 1
+    if i < 0:
+        return {}
+    q = pts[i]
+    out = {v.cov[r, q]: 1.0}
+    if (r, q) in v.en:
+        out[v.en[r, q]] = -1.0
+    return out
+
+
+def avail_expr(inst: Instance, v: Vars, r: int, s: int) -> dict[int, float]:
+    """A copy of root r exists during the re-run group of step s: a held copy, or a re-run of its producer P
+    at s itself (r[P,s] - h[r,s]: re-run for the group only)."""
+    out = cover_expr(inst, v, r, s)
+    p = inst.roots[r].birth
+    if (p, s) in v.rt:
+        _add(out, v.rt[p, s], 1.0)
+        if (r, s) in v.st:
+            _add(out, v.st[r, s], -1.0)
     return {k: c for k, c in out.items() if c != 0}
 
 
 # ---------------------------------------------------------------------------------------------
 # variables
 # ---------------------------------------------------------------------------------------------
-def add_variables(m: Model, inst: Instance, budget_bytes: int | None, allow_early: bool = True) -> Vars:
+def add_variables(m: Model, inst: Instance, budget_bytes: int | None, allow_early: bool = True,
+                  max_reruns: int = 1) -> Vars:
     v = Vars()
     g = inst.graph
     for i, opts in enumerate(inst.options):
@@ -104,9 +144,25 @@ def add_variables(m: Model, inst: Instance, budget_bytes: int | None, allow_earl
             if o.var not in ("inplace", "fused"):
                 v.rcx[p, k] = m.var(f"rc[{_sanitize(g.ops[p].name)},{o.acc},{o.var}]")
                 v.rc_of.setdefault(p, []).append(v.rcx[p, k])
+        for lv in range(2, max_reruns + 1):
+            for k, o in enumerate(inst.options[p]):
+                if o.var not in ("inplace", "fused"):
+                    j = m.var(f"rc{lv}[{_sanitize(g.ops[p].name)},{o.acc},{o.var}]")
+                    v.rcx_more[lv, p, k] = j
+                    v.rc_more.setdefault(p, []).append((lv, j))
         for t in inst.rc_times[p]:
             v.rt[p, t] = m.var(f"r[{_sanitize(g.ops[p].name)},{t}]")
-            v.cum[p, t] = m.var(f"cum[{_sanitize(g.ops[p].name)},{t}]", 0.0, 1.0, integer=False)
+            for r in inst.rc_outputs[p]:
+                if inst.nested:
+                    v.st[r, t] = m.var(f"h[{_sanitize(g.tensors[r].name)},{t}]")
+                elif inst.roots[r].bwd_first is not None:
+                    v.st[r, t] = v.rt[p, t]      # single-level: a saved root's re-run copy is held (to its death)
+        for r in inst.rc_outputs[p] if inst.nested else ():
+            for e in inst.rc_ends[r]:
+                v.en[r, e] = m.var(f"z[{_sanitize(g.tensors[r].name)},{e}]")
+            v.cov_pts[r] = cover_points(inst, r)
+            for q in v.cov_pts[r]:
+                v.cov[r, q] = m.var(f"cov[{_sanitize(g.tensors[r].name)},{q}]", 0.0, 1.0, integer=False)
     for r in inst.page_roots:
         v.pg[r] = m.var(f"pg[{_sanitize(g.tensors[r].name)}]")
     if allow_early:
@@ -170,23 +226,67 @@ def c_coupled(m: Model, inst: Instance, v: Vars) -> None:
 
 
 def c_recompute_choice(m: Model, inst: Instance, v: Vars) -> None:
-    """rc_sel[P,k]: P is recomputed with the option it runs with (rc_P = sum_k rc[P,k] <= 1);
-    rc_time[P]: sum_t r[P,t] = rc_P (one re-run step when recomputed); rc_cum[P,t]: cum[P,t] =
-    cum[P,t-] + r[P,t] (cumulative re-run indicator, cum[P,last] = rc_P)."""
+    """rc_sel[P,k]: rc[P,k] <= x[P,k] (P is recomputed with the option it runs with; rc_P = sum_k rc[P,k]);
+    rc_more[j,P,k]: rc_j[P,k] <= rc_{j-1}[P,k] (a j-th re-run, same option); rc_time[P]: sum_t r[P,t] =
+    rc_P + sum_j rc_j (one step per re-run). Per output root r of P: held[r,t]: h[r,t] <= r[P,t] (the re-run
+    copy of r is held past its group); rc_ends[r]: sum_t h[r,t] = sum_e z[r,e] (every held copy ends);
+    rc_one[r,s]: cover(r,s) + r[P,s] - h[r,s] <= 1 (copies never overlap); rc_end[r,e]: cover(r,e) >= z[r,e]
+    (a copy ends only while live); rc_cover[r,s]: cover(r,s) >= rc_P at every backward reader s of r."""
     for (p, k), j in v.rcx.items():
         m.row(f"rc_sel[{p},{k}]", {j: 1.0, v.x[p, k]: -1.0}, hi=0.0)
+    for (lv, p, k), j in v.rcx_more.items():
+        prev = v.rcx[p, k] if lv == 2 else v.rcx_more[lv - 1, p, k]
+        m.row(f"rc_more[{lv},{p},{k}]", {j: 1.0, prev: -1.0}, hi=0.0)
+    readers_of: dict[int, list[int]] = {}     # output root -> recomputable ops reading it
+    for q, ins in inst.rc_in.items():
+        for _k, u, _pu in ins:
+            readers_of.setdefault(u, []).append(q)
     for p, ts in sorted(inst.rc_times.items()):
         row = rc_expr(v, p)
+        for _lv, j in v.rc_more.get(p, ()):
+            row[j] = 1.0
         for t in ts:
             row[v.rt[p, t]] = -1.0
         m.row(f"rc_time[{p}]", row, 0.0, 0.0)
-        prev = None
-        for t in ts:
-            row = {v.cum[p, t]: 1.0, v.rt[p, t]: -1.0}
-            if prev is not None:
-                row[v.cum[p, prev]] = -1.0
-            m.row(f"rc_cum[{p},{t}]", row, 0.0, 0.0)
-            prev = t
+        for r in inst.rc_outputs[p] if inst.nested else ():   # single-level: rc_time implies these
+            prev = None
+            for q in v.cov_pts[r]:      # rc_cov[r,q]: cov[r,q] = cov[r,q-] + h[r,q] - z[r,q-]
+                row = {v.cov[r, q]: 1.0}
+                if (r, q) in v.st:
+                    row[v.st[r, q]] = -1.0
+                if prev is not None:
+                    row[v.cov[r, prev]] = -1.0
+                    if (r, prev) in v.en:
+                        row[v.en[r, prev]] = 1.0
+                m.row(f"rc_cov[{r},{q}]", row, 0.0, 0.0)
+                prev = q
+            row = {}
+            for t in ts:
+                m.row(f"held[{r},{t}]", {v.st[r, t]: 1.0, v.rt[p, t]: -1.0}, hi=0.0)
+                row[v.st[r, t]] = 1.0
+            for e in inst.rc_ends[r]:
+                _add(row, v.en[r, e], -1.0)
+            m.row(f"rc_ends[{r}]", row, 0.0, 0.0)
+            for s in sorted(set(ts) | set(inst.rc_ends[r]) | set(inst.rc_cover[r])):
+                a = avail_expr(inst, v, r, s)
+                if a:
+                    m.row(f"rc_one[{r},{s}]", a, hi=1.0)
+            cov_set = set(inst.rc_cover[r])
+            for e in inst.rc_ends[r]:
+                row = cover_expr(inst, v, r, e)
+                _add(row, v.en[r, e], -1.0)
+                m.row(f"rc_end[{r},{e}]", {k: c for k, c in row.items() if c}, lo=0.0)
+                if e not in cov_set:     # rc_end_use[r,e]: a copy ends only at a use (no idle tail: no symmetry)
+                    row = {v.en[r, e]: 1.0}
+                    for q in readers_of.get(r, ()):
+                        if (q, e) in v.rt:
+                            row[v.rt[q, e]] = -1.0
+                    m.row(f"rc_end_use[{r},{e}]", row, hi=0.0)
+            for s in inst.rc_cover[r]:
+                row = cover_expr(inst, v, r, s)
+                for kk, val in rc_expr(v, p).items():
+                    _add(row, kk, -val)
+                m.row(f"rc_cover[{r},{s}]", {k: c for k, c in row.items() if c}, lo=0.0)
 
 
 def _drop_terms(inst: Instance, v: Vars, r: int) -> dict[int, float]:
@@ -201,10 +301,11 @@ def _drop_terms(inst: Instance, v: Vars, r: int) -> dict[int, float]:
 
 
 def c_recompute_inputs(m: Model, inst: Instance, v: Vars) -> None:
-    """Soundness of chain recompute, for every candidate Q, activation input root u (producer P) and t in C(Q):
-    rc_avail[Q,u,t]: r[Q,t] + sum_{t' in C(P), t' > t} r[P,t'] <= 1 (u, when recomputed, is re-run at or
-      before t; same-step groups run in op order and P < Q); a kept u is live at t (t <= d_u by C(Q));
-    rc_pure[Q,u,t]: r[Q,t] <= r[P,t] for a pure intermediate u (freed after its group: same step);
+    """Soundness of recompute, for every candidate Q, activation input root u (producer P) and t in C(Q):
+    rc_avail[Q,u,t]: r[Q,t] + rc_P - avail(P,t) <= 1 for a saved u whose producer is a candidate (when P is
+      dropped, a copy of u exists in the group of step t: held, or re-run at t before Q, as P < Q); a kept u
+      is live at t because t <= d_u (filter of C(Q));
+    rc_pure[Q,u,t]: r[Q,t] <= avail(P,t) for a pure intermediate u (only re-run copies exist after forward);
     rc_paged[Q,u]: sum_{t in C(Q), t < beta_u} r[Q,t] + pg[u] <= 1 (a paged u is back only from beta_u);
     rc_overwrite[Q,I]: rc_Q + x[I,inplace] <= 1 when an in-place op I after u's producer overwrites u."""
     g = inst.graph
@@ -213,13 +314,18 @@ def c_recompute_inputs(m: Model, inst: Instance, v: Vars) -> None:
         for kind, u, p in ins:
             if kind == "pure":
                 for t in ts:
-                    m.row(f"rc_pure[{q},{u},{t}]", {v.rt[q, t]: 1.0, v.rt[p, t]: -1.0}, hi=0.0)
+                    row = {v.rt[q, t]: 1.0}
+                    for kk, val in avail_expr(inst, v, u, t).items():
+                        _add(row, kk, -val)
+                    m.row(f"rc_pure[{q},{u},{t}]", row, hi=0.0)
                 continue
             if p in inst.rc_times and u in inst.rc_outputs[p]:
                 for t in ts:
-                    row = later_expr(inst, v, p, t)
+                    row = rc_expr(v, p)
                     _add(row, v.rt[q, t], 1.0)
-                    m.row(f"rc_avail[{q},{u},{t}]", row, hi=1.0)
+                    for kk, val in avail_expr(inst, v, u, t).items():
+                        _add(row, kk, -val)
+                    m.row(f"rc_avail[{q},{u},{t}]", {k: c for k, c in row.items() if c}, hi=1.0)
             if u in v.pg:
                 bf = inst.roots[u].bwd_first
                 row = {v.rt[q, t]: 1.0 for t in ts if t < bf}
@@ -295,12 +401,18 @@ def _memory_deltas(inst: Instance, v: Vars, unit: int):
             _add(dvar[R.fwd_last + 1], v.pg[r], -b)
             _add(dvar[R.bwd_first], v.pg[r], b)
         p = R.birth
-        if p in inst.rc_times and r in inst.rc_outputs[p] and R.bwd_first is not None:
-            for kk in rc_expr(v, p):
-                _add(dvar[R.fwd_last + 1], kk, -b)
-            for t in inst.rc_times[p]:
-                _add(dvar[t], v.rt[p, t], b)
-                _add(rcv[t], v.rt[p, t], b)
+        if p in inst.rc_times and r in inst.rc_outputs[p]:
+            if R.bwd_first is not None:      # dropped: the forward copy ends after its last forward reader
+                for kk in rc_expr(v, p):
+                    _add(dvar[R.fwd_last + 1], kk, -b)
+                    if inst.nested:
+                        _add(dvar[R.death + 1], kk, b)
+            for t in inst.rc_times[p]:       # held re-run copies: from their group to their end step (death)
+                if (r, t) in v.st:
+                    _add(dvar[t], v.st[r, t], b)
+                    _add(rcv[t], v.st[r, t], b)
+            for e in inst.rc_ends[r] if inst.nested else ():
+                _add(dvar[e + 1], v.en[r, e], -b)
     g = inst.graph
     for conv, chain in inst.chains.items():   # a fused chain's outputs exist from its (fused) conv on
         fz = var_expr(inst, v, conv, "fused")
@@ -381,7 +493,7 @@ def c_memory(m: Model, inst: Instance, v: Vars, budget_bytes: int | None) -> Non
         for t in ts:
             groups.setdefault(t, []).append(p)
     for t, ps in sorted(groups.items()):
-        # E_t = L_t - births at t - persistent restores at t;  A[t,j] = E_t + outputs of members <= j
+        # E_t = L_t - births at t - held restores at t;  A[t,j] = E_t + outputs of members <= j - group frees
         base = {v.L[t]: 1.0}
         for kk, val in bvar[t].items():
             _add(base, kk, -val)
@@ -389,7 +501,18 @@ def c_memory(m: Model, inst: Instance, v: Vars, budget_bytes: int | None) -> Non
             _add(base, kk, -val)
         const = bcon[t]
         prev = None
-        for p in sorted(ps):
+        members = sorted(ps)
+        # a copy made for the group only (r[P,t] - h[r,t]) is freed after the last member reading it (after P
+        # itself when no member does): frees[Q] = the roots freed right after Q's re-run
+        frees: dict[int, list[tuple[int, int]]] = {}
+        mset = set(members)
+        for p in members:
+            for r in inst.rc_outputs[p]:
+                rd = [q for q in members if q > p and any(u == r for _k, u, _pu in inst.rc_in.get(q, ()))]
+                frees.setdefault(max(rd) if rd else p, []).append((r, p))
+        assert set(frees) <= mset
+        last = None
+        for p in members:
             ob = sum(inst.roots[r].bytes for r in inst.rc_outputs[p]) / unit
             a = m.var(f"A[{t},{p}]", -float("inf"), float("inf"), integer=False)
             row = {a: 1.0, v.rt[p, t]: -ob}
@@ -399,14 +522,21 @@ def c_memory(m: Model, inst: Instance, v: Vars, budget_bytes: int | None) -> Non
                 m.row(f"mem_rc_sum[{t},{p}]", row, -const, -const)
             else:
                 row[prev] = -1.0
+                for r, q in frees.get(last, ()):
+                    b = inst.roots[r].bytes / unit
+                    _add(row, v.rt[q, t], b)
+                    if (r, t) in v.st:
+                        _add(row, v.st[r, t], -b)
                 m.row(f"mem_rc_sum[{t},{p}]", row, 0.0, 0.0)
-            prev = a
+            prev, last = a, p
             wmax = rc_wmax[p]
             if wmax:   # mem_rc[t,P]: A + W_P - W_max (1 - r[P,t]) <= B - S
                 row = {a: 1.0, v.rt[p, t]: wmax}
                 for k, jj in rc_ws[p]:
                     _add(row, jj, inst.options[p][k].ws / unit)
                 _cap_row(m, v, f"mem_rc[{t},{p}]", row, cap_rhs, S, unit, extra=wmax)
+            elif frees.get(p) and p != members[-1]:   # A drops after p: bound it here (else the next A bounds it)
+                _cap_row(m, v, f"mem_rc[{t},{p}]", {a: 1.0}, cap_rhs, S, unit)
         _cap_row(m, v, f"mem_rc[{t},end]", {prev: 1.0}, cap_rhs, S, unit)
 
 
@@ -471,6 +601,8 @@ def c_handoff(m: Model, inst: Instance, v: Vars) -> dict[int, float]:
         edge("", t, u, w, nbytes, None)
         if w in inst.rc_times:
             edge("_rc", t, u, w, nbytes, rc_expr(v, w))
+            for lv in sorted({lv for lv, _j in v.rc_more.get(w, ())}):
+                edge(f"_rc{lv}", t, u, w, nbytes, rc_level_expr(v, w, lv))
     return obj
 
 
@@ -484,6 +616,8 @@ def objective(m: Model, inst: Instance, v: Vars, handoff_terms: dict[int, float]
         _add(obj, j, inst.options[i][k].ms)
     for (p, k), j in v.rcx.items():
         _add(obj, j, inst.options[p][k].ms)
+    for (_lv, p, k), j in v.rcx_more.items():
+        _add(obj, j, inst.options[p][k].ms)
     for r, j in v.pg.items():
         _add(obj, j, inst.page_ms[r])
     for j, c in handoff_terms.items():
@@ -494,10 +628,11 @@ def objective(m: Model, inst: Instance, v: Vars, handoff_terms: dict[int, float]
 
 
 def build(inst: Instance, budget_bytes: int | None, mem_unit: int = KiB,
-          allow_early: bool = True) -> tuple[Model, Vars]:
-    """budget_bytes=None builds the min-peak model (objective: peak bytes / mem_unit)."""
+          allow_early: bool = True, max_reruns: int = 1) -> tuple[Model, Vars]:
+    """budget_bytes=None builds the min-peak model (objective: peak bytes / mem_unit). max_reruns: how many
+    times one forward op may be re-run (1: each dropped op once)."""
     m = Model(mem_unit=mem_unit)
-    v = add_variables(m, inst, budget_bytes, allow_early)
+    v = add_variables(m, inst, budget_bytes, allow_early, max_reruns)
     c_assign(m, inst, v)
     c_fusion(m, inst, v)
     c_inplace_conflict(m, inst, v)

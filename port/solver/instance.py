@@ -39,6 +39,8 @@ class Instance:
     rc_needs: dict[int, list[tuple[str, int]]]  # candidate -> [("kept", root) | ("rc", producer)]
     own: dict[int, int | None]                  # candidate -> first backward reader of its outputs (None: pure)
     rc_times: dict[int, list[int]]              # candidate -> C(P), candidate re-run steps, ascending
+    rc_cover: dict[int, list[int]]              # output root of a candidate -> its backward readers (covered when dropped)
+    rc_ends: dict[int, list[int]]               # output root of a candidate -> E(r), steps a re-run copy may be held to
     rc_in: dict[int, list[tuple[str, int, int]]]  # candidate -> [("saved"|"pure", input root u, producer of u)]
     early: dict[int, tuple[int, int, tuple[int, ...]]]  # update op -> (parameter, p_u, gradient roots)
     grad_bytes: int                             # bytes of the gradient roots of early-update candidates
@@ -48,12 +50,15 @@ class Instance:
     edges: list[tuple[int, int, int, int]]      # (tensor, producer u, consumer v, bytes)
     accs: tuple[str, ...]
     excluded: list[tuple[int, str, str, str]] = field(default_factory=list)  # (op, acc, var, why)
+    nested: bool = True                         # multi-level re-run steps and held copies (False: single-level)
 
     def handoff_ms(self, a: str, b: str, nbytes: int) -> float:
         return 0.0 if a == b else self.profile.handoff_cost(a, b).cost_ms(nbytes)
 
 
-def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW) -> Instance:
+def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW, nested: bool = True) -> Instance:
+    """nested=False: the re-run steps of single-level chain recompute only (each op re-run at most once, at or
+    before its first backward reader): a smaller model, the first phase of ``port.solver.solve_ilp``."""
     from port.errors import PlanError
     prods = graph.producers()
     caps = dict(profile.accelerator_caps)
@@ -161,10 +166,16 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW)
             R = roots[ru]
             ins.append(("saved" if R.bwd_first is not None else "pure", ru, R.birth))
         rc_in[pid] = ins
+    # backward readers of each candidate's output roots: the steps a re-run copy must cover when P is dropped
+    rc_cover = {r: sorted(c for c in readers.get(r, ()) if SEM.is_backward(graph, c)) for pid in own
+                for r in outs_of[pid]}
     rc_times: dict[int, list[int]] = {}
     for pid in sorted(own, reverse=True):
         k0 = fpos[pid]
         ts = {own[q] for q in fwd_ids[k0:k0 + window + 1] if own.get(q) is not None}
+        # one step earlier too: before the previous backward op allocates its gradient output
+        if nested:
+            ts |= {t - 1 for t in ts if SEM.is_backward(graph, t - 1)}
         if pid in tau:
             ts.add(tau[pid])
         for r in outs_of[pid]:
@@ -173,6 +184,16 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW)
                     ts.update(rc_times.get(c, ()))
         if own[pid] is not None:
             ts = {t for t in ts if t <= own[pid]}
+        if own[pid] is not None and nested:
+            # later re-runs (multi-level recompute): before a backward reader of P's outputs, or with a
+            # recomputable reader re-run between P's first and last backward reader
+            late = sorted({c for r in outs_of[pid] for c in rc_cover[r]})
+            late += [c - 1 for c in late if c - 1 > own[pid]]
+            last = max(late)
+            ts.update(late)
+            for r in outs_of[pid]:
+                for c in readers.get(r, ()):
+                    ts.update(t for t in rc_times.get(c, ()) if own[pid] < t <= last)
         rc_times[pid] = sorted(ts)
     changed = True
     while changed:
@@ -184,8 +205,8 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW)
                 for kind, ru, pu in rc_in[pid]:
                     if kind == "saved":
                         good = roots[ru].death >= t
-                    else:
-                        good = t in rc_times.get(pu, ())
+                    else:   # a pure input: a copy of its producer re-run at or before t, held to t
+                        good = bool(rc_times.get(pu)) and rc_times[pu][0] <= t
                     if not good:
                         break
                 if good:
@@ -196,6 +217,17 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW)
     rc_times = {p: ts for p, ts in rc_times.items() if ts}
     own = {p: own[p] for p in rc_times}
     rc_in = {p: rc_in[p] for p in rc_times}
+    rc_cover = {r: rc_cover[r] for p in rc_times for r in outs_of[p]}
+    # E(r): the steps a re-run copy of output root r may be held to (its last use): backward readers of r and
+    # the candidate steps of recomputable readers of r, from its producer's first candidate step on
+    rc_ends: dict[int, list[int]] = {}
+    for pid in rc_times:
+        for r in outs_of[pid]:
+            es = set(rc_cover[r])
+            for q, ins in rc_in.items():
+                if any(ru == r for _k, ru, _pu in ins):
+                    es.update(rc_times[q])
+            rc_ends[r] = sorted(e for e in es if e >= rc_times[pid][0])
     tau = {p: tau[p] for p in rc_needs}
     rc_outputs = {p: outs_of[p] for p in set(rc_times) | set(tau)}
 
@@ -219,5 +251,5 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW)
             if u is not None and u < o.id:
                 edges.append((t, u, o.id, graph.tensors[t].bytes))
     return Instance(graph, profile, options, S, roots, chains, nonmat, inplace_ops, tau, rc_outputs, rc_needs,
-                    own, rc_times, rc_in, early, grad_bytes, window,
-                    page_roots, page_ms, edges, tuple(profile.accelerators), excluded)
+                    own, rc_times, rc_cover, rc_ends, rc_in, early, grad_bytes, window,
+                    page_roots, page_ms, edges, tuple(profile.accelerators), excluded, nested)

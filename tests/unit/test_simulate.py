@@ -68,9 +68,12 @@ def test_recompute_inserts_op_and_frees(chain):
     g, p = chain
     relu = next(o for o in g.ops if o.kind == "relu")
     lin_a = g.ops[0]
-    # recompute relu needs h1, which is not saved -> needs lin_a recomputed too (same group)
-    with pytest.raises(PlanError):
-        simulate(Plan("", "", 0, plain(g), recompute=(relu.outputs[0],)), g, p)
+    # recompute relu alone: its input h1 (read by nobody in backward) stays live until the re-run instead
+    only = simulate(Plan("", "", 0, plain(g), recompute=(relu.outputs[0],)), g, p)
+    assert [k for k, _ in only.steps].count("recompute") == 1
+    loss0 = next(o for o in g.ops if o.kind == "cross_entropy")
+    assert only.timeline[only.steps.index(("op", loss0.id))] == \
+        simulate(Plan("", "", 0, plain(g)), g, p).timeline[loss0.id]      # h1 (kept) replaces h2: same bytes
     s = simulate(Plan("", "", 0, plain(g), recompute=(relu.outputs[0], lin_a.outputs[0])), g, p)
     assert [k for k, _ in s.steps].count("recompute") == 2
     base = simulate(Plan("", "", 0, plain(g)), g, p)
@@ -112,16 +115,16 @@ def test_recompute_at_chain_and_refusals(chain):
     bad = [
         ((relu.id, first_bwd), (lin_a.id, first_bwd)),            # unsorted
         ((relu.id, first_bwd),),                                  # lin_a missing: relu's input not live
-        ((lin_a.id, first_bwd), (relu.id, bw_relu + 1)),          # after its output's first backward read
+        ((lin_a.id, first_bwd), (relu.id, bw_relu + 1)),          # re-run after every reader of its outputs: useless
         ((lin_a.id, 1), (relu.id, first_bwd)),                    # not a backward step
         ((lin_a.id, first_bwd), (lin_a.id, first_bwd), (relu.id, first_bwd)),
     ]
     for at in bad:
         with pytest.raises(PlanError):
             simulate(Plan("", "", 0, plain(g), recompute=rec, recompute_at=at), g, p)
-    # relu alone re-run while its input (h1, a pure intermediate) is gone
-    with pytest.raises(PlanError):
-        simulate(Plan("", "", 0, plain(g), recompute=(relu.outputs[0],), recompute_at=((relu.id, first_bwd),)), g, p)
+    # relu alone re-run: its input h1 is kept (lives to the re-run, which reads it) instead of its output
+    s1 = simulate(Plan("", "", 0, plain(g), recompute=(relu.outputs[0],), recompute_at=((relu.id, first_bwd),)), g, p)
+    assert s1.steps.count(("recompute", relu.id)) == 1
 
 
 def test_early_updates_reduce_peak_and_static(chain):
@@ -141,3 +144,34 @@ def test_early_updates_reduce_peak_and_static(chain):
         assert order.index(u) == order.index(g.producers()[gr]) + 1 or g.ops[order[order.index(u) - 1]].phase == "update"
     with pytest.raises(PlanError):
         simulate(Plan("", "", 0, plain(g), early_updates=(0,)), g, p)       # not an update op
+
+
+def test_multi_level_recompute_copies(chain):
+    """An op may be re-run more than once (a recomputed segment re-run again later instead of kept): each
+    re-run makes a new copy that lives to its last use before the next re-run, and re-runs read copies made by
+    other re-runs (nested recompute)."""
+    from port.lower.lower import lower
+    from port.plan.semantics import schedule
+    g, p = chain
+    a, r, gw_b, gi_r = 0, 1, 6, 7
+    rec = tuple(sorted((g.ops[a].outputs[0], g.ops[r].outputs[0])))
+    plan = Plan("", "", 0, plain(g), recompute=rec, recompute_at=((a, gw_b), (r, gw_b), (r, gi_r)))
+    s = simulate(plan, g, p)
+    assert s.steps.count(("recompute", r)) == 2 and s.steps.count(("recompute", a)) == 1
+    sch = schedule(g, plan)
+    assert sch.recompute_at == {a: (gw_b,), r: (gw_b, gi_r)}
+    ev = [(e.kind, e.op, e.roots) for e in sch.events]
+    h1, h2 = g.ops[a].outputs[0], g.ops[r].outputs[0]
+    i_op6 = ev.index(("op", gw_b, ()))
+    # after op 6 the first re-run copy of h2 is freed; h1 (re-run copy) stays for the second re-run of r
+    assert any(k == "free" and h2 in rs and h1 not in rs for k, _o, rs in ev[i_op6 + 1:i_op6 + 2])
+    i_rr = ev.index(("recompute", r, ()), i_op6)
+    assert ev[i_rr + 1][0] == "free" and ev[i_rr + 1][2] == (h1,)     # h1's last reader was that re-run
+    base = simulate(Plan("", "", 0, plain(g), recompute=rec, recompute_at=((a, gw_b), (r, gw_b))), g, p)
+    assert s.step_ms > base.step_ms                                      # one more re-run costs its time
+    prog = lower(g, plan)                                                # lowering gives each copy its slot
+    assert sum(1 for c in prog.calls if c.phase == "recompute") == 3
+    # a (op, step) pair twice, and a re-run nobody reads before the next one, are refused
+    for at in (((a, gw_b), (r, gw_b), (r, gw_b)), ((a, gw_b), (r, gw_b), (r, gi_r), (r, gi_r + 1))):
+        with pytest.raises(PlanError):
+            simulate(Plan("", "", 0, plain(g), recompute=rec, recompute_at=at), g, p)
