@@ -308,6 +308,7 @@ class SolverConfig(_Strict):
     name: str = "highs"                         # one of SOLVER_NAMES, or single:<accelerator id>
     time_limit_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
     gap: float = Field(default=0.01, ge=0, lt=1, allow_inf_nan=False)
+    max_reruns: int = Field(default=3, ge=1, le=8)   # how often the ILP may re-run one op (multi-level recompute)
 
     @field_validator("name")
     @classmethod

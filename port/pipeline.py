@@ -647,7 +647,7 @@ def solve_plan(job: Job, built: Built, prof: ProfileStep, budget: Budget) -> Sol
     from port.verify.simulate import simulate
     s = job.config.solver
     plan = solve(built.graph, prof.profile, budget.bytes, solver=s.name, time_limit_s=s.time_limit_s,
-                 gap=s.gap, allow_early_updates=job.graph_batch == job.config.batch_size)
+                 gap=s.gap, allow_early_updates=job.graph_batch == job.config.batch_size, max_reruns=s.max_reruns)
     if plan.status == "infeasible":   # a baseline's best plan is over the budget: never hand it on as a plan
         from port.config import format_size
         from port.errors import InfeasibleBudgetError
