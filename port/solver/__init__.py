@@ -117,7 +117,7 @@ def min_feasible_budget(inst: Instance, solver: str = "highs", time_limit_s: flo
     warm = None
     if inst.nested and max_reruns > 1:
         flat = build_instance(inst.graph, inst.profile, window=inst.window, nested=False)
-        mn1, plan1, _p = min_feasible_budget(flat, solver, time_limit_s / 3, threads, allow_early_updates, 1)
+        _mn1, plan1, _p = min_feasible_budget(flat, solver, time_limit_s / 3, threads, allow_early_updates, 1)
         if plan1 is not None:
             warm = [_warm_of(inst, plan1)]
     elif not inst.nested:

@@ -18,7 +18,8 @@ and re-run again (multi-level recompute). Variables (all binary except U):
 * ``U[t,k]``   bytes of dynamic memory after node k of stage t (before its frees).
 
 Rows: ``dep[t,k,r]``: R[t,k] <= S[t,r] + R[t,prod r] (op t: 1 <= ...); ``hold[t,r]``: S[t+1,r] <= S[t,r] +
-R[t,prod r] (1 when prod r = t); ``mem0/mem``: the running sum U; ``cap[t,k]``: U[t,k] + workspace_k <= B - S.
+R[t,prod r] (1 when prod r = t); ``mem[t,k]``: the running sum U; ``free_*``: the bounds on F above;
+``cap[t,k]``: U[t,k] + workspace_k <= B - S.
 Objective: sum of re-run latencies (the ops themselves are a constant). The solution becomes a PORT plan with
 ``recompute_at`` = {(p, t): R[t,p] = 1} (re-runs nothing reads are dropped: ``drop_idle_reruns``); the simulator then prices it
 under PORT's semantics, where every copy lives only to its last use (never longer than in the MILP).
@@ -33,7 +34,6 @@ from port.errors import PlanError
 from port.plan import semantics as SEM
 from port.plan.types import OpDecision, Plan
 from port.solver.formulation import KiB, Model
-from port.verify.simulate import simulate
 
 
 def matched_profile(profile: Profile, accelerator: str | None = None) -> Profile:
@@ -67,7 +67,6 @@ def working_set_bound(graph, profile: Profile, accelerator: str | None = None) -
 class CheckmateModel:
     model: Model
     R: dict            # (t, p) -> var
-    ops: list          # stage t -> nodes computed, in order
     static_bytes: int
     num_binaries: int
 
@@ -90,10 +89,7 @@ def build(graph, profile: Profile, accelerator: str, budget_bytes: int, unit: in
     prod = {r: R_.birth for r, R_ in roots.items()}
     rc = set(SEM.recompute_times(g))
     bwd = [t for t in range(n) if SEM.is_backward(g, t)]
-    readers: dict[int, list[int]] = {}
-    for o in g.ops:
-        for r in ins[o.id]:
-            readers.setdefault(r, []).append(o.id)
+    readers = SEM.readers_by_root(g, skip=lambda t: SEM.is_static(g, t))
     # need[r]: the last step anything may read r (a re-run of a recomputable reader extends it)
     need_op: dict[int, int] = {}
     need: dict[int, int] = {}
@@ -123,10 +119,8 @@ def build(graph, profile: Profile, accelerator: str, budget_bytes: int, unit: in
         return (None, 1.0) if k == t else ((Rv[t, k], 0.0) if (t, k) in Rv else (None, 0.0))
 
     cap = (budget_bytes - S0) / unit
-    nodes: list[list[int]] = []
     for t in range(n):
         ks = [p for p in sorted(rc) if (t, p) in Rv] + [t]
-        nodes.append(ks)
         # dependencies: a node runs only when each root it reads is held or re-run earlier in the stage
         for k in ks:
             rv, rconst = run(t, k)
@@ -201,7 +195,7 @@ def build(graph, profile: Profile, accelerator: str, budget_bytes: int, unit: in
             prev_u = u
     m.obj = {v: cost[p] for (t, p), v in Rv.items()}
     nb = sum(1 for x in m.integer if x)
-    return CheckmateModel(m, Rv, nodes, S0, nb)
+    return CheckmateModel(m, Rv, S0, nb)
 
 
 def solve_checkmate(graph, profile, budget_bytes, time_limit_s: float = 30.0, gap: float = 0.01,

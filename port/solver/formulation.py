@@ -8,6 +8,7 @@ e[u] per update op: O(n K) variables and non-zeros.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from port.solver.instance import Instance
@@ -106,7 +107,6 @@ def cover_expr(inst: Instance, v: Vars, r: int, s: int) -> dict[int, float]:
     if (r, s) in v.cov:
         return {v.cov[r, s]: 1.0}
     pts = v.cov_pts[r]
-    import bisect
     i = bisect.bisect_right(pts, s) - 1
     if i < 0:
         return {}
@@ -505,12 +505,10 @@ def c_memory(m: Model, inst: Instance, v: Vars, budget_bytes: int | None) -> Non
         # a copy made for the group only (r[P,t] - h[r,t]) is freed after the last member reading it (after P
         # itself when no member does): frees[Q] = the roots freed right after Q's re-run
         frees: dict[int, list[tuple[int, int]]] = {}
-        mset = set(members)
         for p in members:
             for r in inst.rc_outputs[p]:
                 rd = [q for q in members if q > p and any(u == r for _k, u, _pu in inst.rc_in.get(q, ()))]
                 frees.setdefault(max(rd) if rd else p, []).append((r, p))
-        assert set(frees) <= mset
         last = None
         for p in members:
             ob = sum(inst.roots[r].bytes for r in inst.rc_outputs[p]) / unit
