@@ -1,14 +1,15 @@
 """Solver benchmark: ResNet-18, VGG-16, MobileNetV2 (CIFAR, batch 32) on host, jetson-orin-nano and
 iphone-15-pro (modeled profiles), budgets 100/50/25% of the naive peak (the simulator's peak of the
 single-accelerator keep-everything plain late-update plan), every ILP backend vs the baselines; per (model,
-device) the minimum feasible budget (min-peak solve) as % of the naive peak; plus ResNet-101 (1245 ops).
+device) the minimum feasible budget (min-peak solve) as % of the naive peak; plus ResNet-50 and ResNet-101
+(1245 ops) on host.
 
     python bench/solver.py [--quick] [--write]     (--write: replace the `## Solver` section of bench/RESULTS.md)
     python bench/solver.py --checkmate [--write]   (matched memory model vs Checkmate's MILP: dsnet, ResNet-18 b8;
                                                     its own section, `## Solver vs Checkmate`)
 
---quick: HiGHS on every (model, device, budget), the other backends on ResNet-18/host only, ResNet-101
-with HiGHS at 50% on host. The headline is the LAST line.
+--quick: HiGHS on every (model, device, budget), the other backends on ResNet-18/host only, ResNet-50
+and ResNet-101 with HiGHS at 50% on host. The headline is the LAST line.
 """
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ from port.solver import SOLVERS, solve  # noqa: E402
 MODELS = ("resnet18", "vgg16", "mobilenetv2")
 DEVICES = ("host", "jetson-orin-nano", "iphone-15-pro")
 FRACS = (1.0, 0.5, 0.25)
-TARGET_S = {"resnet18": 10.0, "vgg16": 10.0, "mobilenetv2": 30.0, "resnet101": 60.0}
-BIG = "resnet101"
+TARGET_S = {"resnet18": 10.0, "vgg16": 10.0, "mobilenetv2": 30.0, "resnet50": 60.0, "resnet101": 60.0}
+BIGS = ("resnet50", "resnet101")   # host, 50% only with --quick
 MINB = {}   # (model, device) -> (min feasible bytes, naive, proven, static_fixed)
 
 
@@ -51,15 +52,15 @@ def fmt(x, nd=3):
 
 def run(quick: bool):
     rows = []
-    for mname in MODELS + (BIG,):
+    for mname in MODELS + BIGS:
         g = graph_of(mname)
         for dev in DEVICES:
-            if mname == BIG and dev != "host":
+            if mname in BIGS and dev != "host":
                 continue
             prof = modeled_profile(g, load_device(dev))
             base = SOLVERS["single"](g, prof, 10**15, accelerator=prof.accelerators[0])
             naive = base.predicted_peak_bytes
-            fracs = (0.5,) if mname == BIG and quick else FRACS
+            fracs = (0.5,) if mname in BIGS and quick else FRACS
             for frac in fracs:
                 B = int(naive * frac)
                 backends = ["highs"]
@@ -118,9 +119,9 @@ def min_table() -> str:
 
 
 def notes(rows) -> str:
-    h = [r for r in rows if r["solver"] == "highs" and r["model"] != BIG]
+    h = [r for r in rows if r["solver"] == "highs" and r["model"] not in BIGS]
     miss = [r for r in h if r["ms"] is not None and (r["gap"] is None or r["gap"] > 0.01 or r["time"] > r["target"])]
-    big = [r for r in rows if r["model"] == BIG]
+    big = [r for r in rows if r["model"] in BIGS]
     lines = ["Notes (written by bench/solver.py):",
              "- Model: chain (segment) recompute with re-run steps chosen among the own-times of the K=12 next forward "
              "ops, early (in-place) gradient updates, paging, variants and placement (solver/FORMULATION.md).",
@@ -128,14 +129,17 @@ def notes(rows) -> str:
              "is the optimum of the min-peak model (same constraints; gap 0 unless marked not proven).",
              "- Floor: parameters + buffers + optimizer state (momentum) + input stay resident even with early updates; "
              "a budget below that column is infeasible for any plan. The rest of the minimum is one block's re-run "
-             "activations plus its gradients during backward (each op is re-run at most once, no nested checkpointing).",
+             "activations plus its gradients during backward.",
+             "- Phases: single-level model first, multi-level (an op re-run up to 3 times) when the budget is below its "
+             "reach; a solve that stops above the gap continues with the rolling horizon (windows of 60 forward ops "
+             "re-solved with the rest fixed) and a final solve from its incumbent (solver/FORMULATION.md, Phases).",
              "- chen = Chen's sqrt(n) checkpointing with real segment recompute (explicit recompute_at), late updates, "
              "regardless of budget; greedy = fastest variants + early updates + single-op recompute/paging by bytes/ms."]
     for r in miss:
         lines.append(f"- MISSED target: {r['model']} {r['device']} {int(r['frac']*100)}%: {r['status']} in {r['time']:.1f}s "
                      f"gap {fmt(r['gap'], 4)} (target {r['target']:.0f}s, 1%); HiGHS stopped at the time limit with this gap.")
     for r in big:
-        lines.append(f"- {BIG} ({r['ops']} ops) {r['device']} {int(r['frac']*100)}%: {r['status']} in {r['time']:.1f}s "
+        lines.append(f"- {r['model']} ({r['ops']} ops) {r['device']} {int(r['frac']*100)}%: {r['status']} in {r['time']:.1f}s "
                      f"gap {fmt(r['gap'], 4)} (target 60s)")
     return "\n".join(lines)
 
@@ -154,14 +158,14 @@ def table(rows) -> str:
 
 
 def headline(rows) -> str:
-    h = [r for r in rows if r["solver"] == "highs" and r["model"] != BIG]
+    h = [r for r in rows if r["solver"] == "highs" and r["model"] not in BIGS]
     solved = [r for r in h if r["ms"] is not None]
     proven = [r for r in solved if r["gap"] is not None and r["gap"] <= 0.01 and r["time"] <= r["target"]]
     infeas = [r for r in h if r["status"] == "infeasible"]
     worst = max((r["time"] for r in h), default=0.0)
-    r50 = [r for r in rows if r["model"] == BIG and r["solver"] == "highs"]
+    r50 = [r for r in rows if r["model"] in BIGS and r["solver"] == "highs"]
     mins = "; ".join(f"{m}/{d} {100*mn/nv:.1f}%" for (m, d), (mn, nv, _p, _s) in MINB.items() if mn and d == "host")
-    r50s = "; ".join(f"{BIG} ({r['ops']} ops) {int(r['frac']*100)}%: {r['status']} in {r['time']:.1f}s gap {fmt(r['gap'], 4)}"
+    r50s = "; ".join(f"{r['model']} ({r['ops']} ops) {int(r['frac']*100)}%: {r['status']} in {r['time']:.1f}s gap {fmt(r['gap'], 4)}"
                      for r in r50)
     beats = sum(1 for r in solved if all(v is None or r["ms"] <= v * (1 + 1e-6) + 1e-9 for v in r["baselines"].values()))
     return (f"HEADLINE solver: HiGHS proven within 1% inside the time target on {len(proven)}/{len(solved)} feasible "

@@ -93,8 +93,17 @@ def _extract(inst: Instance, v: Vars, vals: list[float]):
     return choice, rc, pg, at, early
 
 
+FIRST_SHARE = 0.35      # of the time left: the first solve; then rolling-horizon improvement, then a final solve
+IMPROVE_SHARE = 0.6     # of the time left after the first solve: rolling horizon (port.solver.improve)
+
+
 def _run(inst: Instance, budget: int | None, backend: str, time_limit_s: float, gap: float, warm,
-         threads: int | None, allow_early: bool = True, max_reruns: int = 1) -> tuple[Result, Vars, Model]:
+         threads: int | None, allow_early: bool = True, max_reruns: int = 1,
+         improve: bool = False) -> tuple[Result, Vars, Model]:
+    """Build and solve. ``improve`` (a budgeted model with a warm start): the solver gets FIRST_SHARE of the
+    time; if it stops above the gap, the rolling horizon improves its incumbent and a final solve starts from
+    that (solver/FORMULATION.md, "Phases"). The bound reported is the best of both solves."""
+    t0 = time.perf_counter()
     unit = 1 if backend == "cpsat" else KiB
     m, v = build(inst, budget, mem_unit=unit, allow_early=allow_early, max_reruns=max_reruns)
     start = None
@@ -102,8 +111,31 @@ def _run(inst: Instance, budget: int | None, backend: str, time_limit_s: float, 
         start = _warm_values(inst, m, v, *w)
         if start is not None:
             break
-    res = BACKENDS[backend](m, time_limit_s, gap, start=start, threads=threads)
-    return res, v, m
+    solve = BACKENDS[backend]
+    deadline = t0 + time_limit_s
+    if not improve or start is None or budget is None:
+        return solve(m, time_limit_s, gap, start=start, threads=threads), v, m
+    left = deadline - time.perf_counter()
+    res = solve(m, max(min(left, 2.0), FIRST_SHARE * left), gap, start=start, threads=threads)
+    left = deadline - time.perf_counter()
+    if res.values is None or res.status in ("optimal", "infeasible") or res.gap <= gap or left < 1.0:
+        return res, v, m
+    from port.solver.improve import rolling_horizon
+    imp = rolling_horizon(inst, m, v, res.values, time.perf_counter() + IMPROVE_SHARE * left, backend,
+                          threads=threads)
+    left = deadline - time.perf_counter()
+    fin = solve(m, max(left, 0.5), gap, start=imp.values, threads=threads) if left > 0.5 else None
+    best = res if imp.objective >= res.objective else Result("timeout", imp.values, imp.objective, res.bound,
+                                                             res.solve_time_s, backend)
+    if fin is not None and fin.values is not None and fin.objective <= best.objective:
+        best = fin
+    bounds = [b for b in (res.bound, fin.bound if fin is not None else None) if b is not None]
+    bound = min(max(bounds), best.objective) if bounds else None
+    status = "optimal" if fin is not None and fin.status == "optimal" and best is fin else "timeout"
+    out = Result(status, best.values, best.objective, bound, time.perf_counter() - t0, backend)
+    if out.status == "timeout" and out.gap <= gap:
+        out.status = "optimal"
+    return out, v, m
 
 
 def min_feasible_budget(inst: Instance, solver: str = "highs", time_limit_s: float = MIN_PEAK_TIME_LIMIT_S,
@@ -146,11 +178,12 @@ def _warm_of(inst: Instance, plan: Plan):
 
 
 def _infeasible(inst: Instance, budget: int, solver: str, threads, allow_early: bool = True,
-                max_reruns: int = DEFAULT_MAX_RERUNS) -> InfeasibleBudgetError:
+                max_reruns: int = DEFAULT_MAX_RERUNS, found=None) -> InfeasibleBudgetError:
+    """found: an earlier min_feasible_budget result on ``inst`` (else it is solved here)."""
     if max_reruns > 1 and not inst.nested:
         inst = build_instance(inst.graph, inst.profile, window=inst.window, nested=True)
-    mn, plan, proven = min_feasible_budget(inst, solver, threads=threads, allow_early_updates=allow_early,
-                                           max_reruns=max_reruns)
+    mn, plan, proven = found or min_feasible_budget(inst, solver, threads=threads, allow_early_updates=allow_early,
+                                                    max_reruns=max_reruns)
     from port.config import format_size
     if mn is None:
         return InfeasibleBudgetError(f"no plan fits the budget of {format_size(budget)} ({budget} B), and the "
@@ -170,23 +203,30 @@ def _infeasible(inst: Instance, budget: int, solver: str, threads, allow_early: 
 
 
 def _baseline_warm(inst: Instance, budget: int, time_limit_s: float, early_ok: bool) -> list:
-    """Greedy's plan, else Chen's, as warm starts when they fit the budget."""
+    """Warm starts that fit the budget and that the single-level model can express, fastest first: Chen's
+    checkpointing with segments of K+1 forward ops re-run inside C(P), greedy (at most a tenth of the time
+    limit, 10 s), and Chen's own sqrt(n) segments only when neither of those fits."""
     graph, profile = inst.graph, inst.profile
-    choice, rc, pg, early = greedy_plan(inst, budget, min(10.0, time_limit_s), early_ok)
-    try:
-        gs = simulate(_plan(inst, choice, budget, rc, pg, early=early), graph, profile)
-        if gs.peak_bytes <= budget:
-            return [(choice, rc, pg, {p: inst.tau[p] for p in rc}, early)]
-    except PortError:
-        pass
-    choice, rc, at, early = chen_plan(inst, budget, allow_early=early_ok)
-    try:
-        cs = simulate(_plan(inst, choice, budget, rc, (), at=at, early=early), graph, profile)
-        if cs.peak_bytes <= budget:
-            return [(choice, rc, set(), at, early)]
-    except PortError:
-        pass
-    return []
+    found = []
+
+    def consider(choice, rc, pg, at, early) -> None:
+        try:
+            plan = drop_idle_reruns(graph, _plan(inst, choice, budget, rc, pg, at=at, early=early))
+            sim = simulate(plan, graph, profile)
+        except PortError:
+            return
+        w = _warm_of(inst, plan)
+        if sim.peak_bytes <= budget and all(t in inst.rc_times.get(p, ()) for p, ts in w[3].items() for t in ts):
+            found.append((sim.step_ms, len(found), w))
+
+    choice, rc, at, early = chen_plan(inst, budget, segments=inst.window + 1, allow_early=early_ok, in_model=True)
+    consider(choice, rc, set(), at, early)
+    choice, rc, pg, early = greedy_plan(inst, budget, min(10.0, 0.1 * time_limit_s), early_ok)
+    consider(choice, rc, pg, {p: inst.tau[p] for p in rc}, early)
+    if not found:
+        choice, rc, at, early = chen_plan(inst, budget, allow_early=early_ok)
+        consider(choice, rc, set(), at, early)
+    return [w for _ms, _k, w in sorted(found, key=lambda f: f[:2])]
 
 
 def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap: float = 0.01,
@@ -206,12 +246,13 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
         raise _infeasible(inst, budget, backend, threads, early_ok, max_reruns)
     warm = _baseline_warm(inst, budget, time_limit_s, early_ok) if warm_start else []
     remaining = max(0.5, time_limit_s - (time.perf_counter() - t0))
-    res, v, m = _run(inst, budget, backend, remaining, gap, warm, threads, early_ok, 1)
+    res, v, m = _run(inst, budget, backend, remaining, gap, warm, threads, early_ok, 1, improve=True)
+    flat_infeasible = res.status == "infeasible"
     if res.values is None and max_reruns > 1 and res.status in ("infeasible", "timeout"):
         # below the single-level model's reach (or no plan in time): the multi-level model
         inst = build_instance(graph, profile, window=window, nested=True)
         remaining = max(0.5, time_limit_s - (time.perf_counter() - t0))
-        res, v, m = _run(inst, budget, backend, remaining, gap, warm, threads, early_ok, max_reruns)
+        res, v, m = _run(inst, budget, backend, remaining, gap, warm, threads, early_ok, max_reruns, improve=True)
     if res.status == "infeasible":
         raise _infeasible(inst, budget, backend, threads, early_ok, max_reruns)
     if res.values is None:
@@ -219,6 +260,15 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
             choice, rc, pg, at, early = warm[0]
             p = finish(inst, _plan(inst, choice, budget, rc, pg, at=at, early=early), budget, backend, t0)
             return dataclasses.replace(p, status="timeout", gap=float("nan"), objective_ms=p.predicted_step_ms)
+        if res.status == "timeout" and flat_infeasible:
+            # below the single-level model's reach and no multi-level plan in time: the minimum-peak search
+            # either finds a plan within the budget (returned, unproven) or names the smallest budget it reaches
+            found = min_feasible_budget(inst, backend, threads=threads, allow_early_updates=early_ok,
+                                        max_reruns=max_reruns)
+            if found[0] is not None and found[0] <= budget:
+                p = finish(inst, found[1], budget, backend, t0)
+                return dataclasses.replace(p, status="timeout", gap=float("nan"), objective_ms=p.predicted_step_ms)
+            raise _infeasible(inst, budget, backend, threads, early_ok, max_reruns, found=found)
         if res.status == "timeout":
             raise SolverError(f"{backend} found no plan within {time_limit_s:.1f} s and neither greedy nor Chen "
                               f"fits the budget; raise --time-limit or the budget")

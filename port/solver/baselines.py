@@ -171,13 +171,17 @@ def solve_greedy(graph, profile, budget_bytes, time_limit_s: float = 30.0, gap: 
     return finish(inst, _plan(inst, choice, budget_bytes, rc, pg, early=early), budget_bytes, "greedy", t0)
 
 
-def chen_plan(inst: Instance, budget: int, segments: int | None = None, allow_early: bool = False):
+def chen_plan(inst: Instance, budget: int, segments: int | None = None, allow_early: bool = False,
+              in_model: bool = False):
     """Chen et al. 2016 sqrt(n) checkpointing with real segment recompute: the forward ops are cut into
     ~sqrt(n) segments; the last op of each segment keeps its outputs (checkpoint), every other recomputable
     op of the segment drops them, and the whole segment is re-run at once, in op order, right before the
     first backward op that reads any of its outputs (explicit ``recompute_at``). Ops whose inputs would not
     be available then (e.g. a residual input dropped in another segment) stay kept. Variants: fastest
-    non-fused, non-in-place option per op. Returns (choice, rc ops, at, early)."""
+    non-fused, non-in-place option per op. ``in_model``: re-run each segment at the latest step before that
+    one which every member's candidate steps C(P) hold, members the model cannot re-run there kept (a plan
+    the ILP can express: its warm start; not simulated segment by segment, so the caller simulates it).
+    Returns (choice, rc ops, at, early)."""
     g = inst.graph
     choice = fastest_choice(inst)
     for i, (a, var) in enumerate(choice):
@@ -196,8 +200,22 @@ def chen_plan(inst: Instance, budget: int, segments: int | None = None, allow_ea
             if not owns:
                 break
             t = min(owns)
+            if in_model:
+                common = set.intersection(*(set(inst.rc_times[p]) for p in seg))
+                if not any(s <= t for s in common):
+                    seg = seg[:-1]
+                    continue
+                t = max(s for s in common if s <= t)
+                bad = _outside_model(inst, seg, t, rc, at)
+                if bad:
+                    seg = [p for p in seg if p not in bad]
+                    continue
             trial_at = dict(at)
             trial_at.update({p: t for p in seg})
+            if in_model:      # sound by construction in the model; the caller simulates the whole plan once
+                rc |= set(seg)
+                at = trial_at
+                break
             try:
                 simulate(_plan(inst, choice, budget, rc | set(seg), (), at=trial_at, early=early), g, inst.profile)
             except PlanError:
@@ -207,6 +225,21 @@ def chen_plan(inst: Instance, budget: int, segments: int | None = None, allow_ea
             at = trial_at
             break
     return choice, rc, at, early
+
+
+def _outside_model(inst: Instance, seg: list[int], t: int, rc: set[int], at: dict[int, int]) -> set[int]:
+    """Members of a segment re-run at t whose re-run the single-level ILP cannot express: an input that is a
+    pure intermediate not re-run in the same group, or a dropped output whose producer re-runs after t (the
+    plan semantics would hold its forward copy into backward; the model does not)."""
+    bad = set()
+    for q in seg:
+        for kind, u, p in inst.rc_in.get(q, ()):
+            same = p in seg
+            if kind == "pure" and not same:
+                bad.add(q)
+            elif kind == "saved" and p in rc and not same and at[p] > t:
+                bad.add(q)
+    return bad
 
 
 def solve_chen(graph, profile, budget_bytes, time_limit_s: float = 30.0, gap: float = 0.01, **_kw) -> Plan:

@@ -510,3 +510,115 @@ def test_multi_level_recompute_reaches_below_single_level():
     cm = solve(g, prof, B, solver="checkmate", gap=0.0, time_limit_s=120)
     assert cm.status == "optimal" and cm.predicted_peak_bytes <= B
     assert p.predicted_step_ms == pytest.approx(cm.predicted_step_ms, rel=1e-9)
+
+
+@pytest.fixture(scope="module")
+def resnet8_start():
+    """resnet8 (batch 8) on host, the budget = the peak of Chen's in-model plan (segments of K+1 forward ops,
+    each re-run inside C(P)), the single-level model and that plan as its start."""
+    from port.solver import _warm_values
+    from port.solver.baselines import _plan, chen_plan
+    from port.solver.formulation import build
+    torch.manual_seed(0)
+    g = trace(models.get("resnet8", seed=0), torch.randn(8, 3, 32, 32), optimizer="sgd_momentum", name="resnet8")
+    prof = modeled_profile(g, load_device("host"))
+    inst = build_instance(g, prof, nested=False)
+    choice, rc, at, early = chen_plan(inst, 0, segments=inst.window + 1, allow_early=True, in_model=True)
+    assert rc and all(at[p] in inst.rc_times[p] for p in rc)
+    B = simulate(_plan(inst, choice, 0, rc, (), at=at, early=early), g, prof).peak_bytes
+    m, v = build(inst, B)
+    start = _warm_values(inst, m, v, choice, rc, set(), at, early)
+    assert start is not None, "Chen's in-model plan is not a solution of the model"
+    return g, prof, inst, B, m, v, start
+
+
+def test_rolling_horizon_improves_start_and_one_window_is_the_full_model(resnet8_start):
+    """port.solver.improve: windows of 8 forward ops lower the objective of Chen's start; the result is a
+    solution of the full model (its plan simulates within the budget at the objective's step time); a window
+    spanning the whole forward pass is the full model, so it reaches HiGHS's proven optimum."""
+    import time
+    from port.plan.semantics import drop_idle_reruns
+    from port.solver import _extract
+    from port.solver.backends import solve_highs
+    from port.solver.baselines import _plan
+    from port.solver.formulation import EPS_EARLY_MS
+    from port.solver.improve import rolling_horizon
+    g, prof, inst, B, m, v, start = resnet8_start
+    imp = rolling_horizon(inst, m, v, start, time.perf_counter() + 300, window_ops=8)
+    assert imp.objective < imp.start_objective * 0.99 and imp.windows > 2
+    choice, rc, pg, at, early = _extract(inst, v, imp.values)
+    full = _plan(inst, choice, B, rc, pg, at=at, early=early)
+    plan = drop_idle_reruns(g, full)
+    sim = simulate(plan, g, prof)
+    assert sim.peak_bytes <= B
+    expect = imp.objective - EPS_EARLY_MS * len(plan.early_updates) + sim.breakdown.get("overhead_ms", 0.0)
+    if plan == full:
+        assert sim.step_ms == pytest.approx(expect, rel=1e-9)
+    else:
+        assert sim.step_ms <= expect * (1 + 1e-9)
+    opt = solve_highs(m, 300, 0.0)
+    assert opt.status == "optimal"
+    whole = rolling_horizon(inst, m, v, start, time.perf_counter() + 300, window_ops=10**6)
+    assert whole.windows == 1
+    assert whole.objective == pytest.approx(opt.objective, rel=1e-7)
+
+
+def test_solve_improves_an_incumbent_left_above_the_gap(resnet8_start, monkeypatch):
+    """solve_ilp's phases: when the first solve stops above the gap (here: a stand-in returns the warm start
+    at once, as a time limit would), the rolling horizon and a final solve from its incumbent still reach the
+    optimum that an uninterrupted solve proves."""
+    from port.solver import backends as BK
+    g, prof, _inst, B, _m, _v, _start = resnet8_start
+    ref = solve(g, prof, B, gap=0.0, time_limit_s=120, max_reruns=1)
+    assert ref.status == "optimal"
+    real = BK.BACKENDS["highs"]
+    calls = []
+
+    def first_stops(m, time_limit_s, gap, start=None, threads=None):
+        calls.append(start is not None)
+        if len(calls) == 1:
+            assert start is not None
+            return BK.Result("timeout", list(start), BK._true_objective(m, start), None, 0.0, "highs")
+        return real(m, time_limit_s, gap, start=start, threads=threads)
+
+    monkeypatch.setitem(BK.BACKENDS, "highs", first_stops)
+    p = solve(g, prof, B, gap=0.0, time_limit_s=120, max_reruns=1)
+    assert len(calls) >= 3 and all(calls)          # first, windows, final: all from an incumbent
+    assert p.status == "optimal" and p.predicted_peak_bytes <= B
+    assert p.predicted_step_ms == pytest.approx(ref.predicted_step_ms, rel=1e-9)
+
+
+def test_no_multi_level_plan_in_time_falls_back_to_the_minimum_peak_search(monkeypatch):
+    """Below the single-level model's reach, when the multi-level solve finds nothing in time, the minimum-
+    peak search either returns a plan within the budget (status "timeout", unproven) or names the smallest
+    budget it reaches: never "no plan" while one exists."""
+    import torch.nn as nn
+    from port.plan.semantics import static_bytes
+    from port.solver import backends as BK
+    from port.solver.checkmate import matched_profile
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, 2, 1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                        nn.Conv2d(4, 4, 3, 1, 1, groups=4, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                        nn.Conv2d(4, 4, 1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10))
+    g = trace(net, torch.randn(4, 3, 9, 9), optimizer="sgd", name="dwsep")
+    prof = matched_profile(modeled_profile(g, load_device("host")))
+    S = static_bytes(g)
+    B = S + (SOLVERS["single"](g, prof, 10**15).predicted_peak_bytes - S) // 2
+    with pytest.raises(InfeasibleBudgetError):
+        solve(g, prof, B, allow_early_updates=False, max_reruns=1)
+    real = BK.BACKENDS["highs"]
+
+    def nested_budget_times_out(m, time_limit_s, gap, start=None, threads=None):
+        if "peak" not in m.index and any(n.startswith("h[") for n in m.names):
+            return BK.Result("timeout", None, None, None, time_limit_s, "highs")
+        return real(m, time_limit_s, gap, start=start, threads=threads)
+
+    monkeypatch.setitem(BK.BACKENDS, "highs", nested_budget_times_out)
+    p = solve(g, prof, B, allow_early_updates=False, max_reruns=3)
+    assert p.status == "timeout" and p.predicted_peak_bytes <= B
+    assert any([q for q, _t in p.recompute_at].count(q) > 1 for q, _t in p.recompute_at)
+    mn = p.predicted_peak_bytes
+    with pytest.raises(InfeasibleBudgetError) as ei:
+        solve(g, prof, mn - 1, allow_early_updates=False, max_reruns=3)
+    assert ei.value.min_feasible_bytes == mn
