@@ -120,7 +120,8 @@ def min_table() -> str:
 
 def notes(rows) -> str:
     h = [r for r in rows if r["solver"] == "highs" and r["model"] not in BIGS]
-    miss = [r for r in h if r["ms"] is not None and (r["gap"] is None or r["gap"] > 0.01 or r["time"] > r["target"])]
+    miss = [r for r in h if (r["ms"] is not None and (r["gap"] is None or r["gap"] > 0.01 or r["time"] > r["target"]))
+            or r["status"].startswith("error")]
     big = [r for r in rows if r["model"] in BIGS]
     lines = ["Notes (written by bench/solver.py):",
              "- Model: chain (segment) recompute with re-run steps chosen among the own-times of the K=12 next forward "
@@ -136,8 +137,10 @@ def notes(rows) -> str:
              "- chen = Chen's sqrt(n) checkpointing with real segment recompute (explicit recompute_at), late updates, "
              "regardless of budget; greedy = fastest variants + early updates + single-op recompute/paging by bytes/ms."]
     for r in miss:
-        lines.append(f"- MISSED target: {r['model']} {r['device']} {int(r['frac']*100)}%: {r['status']} in {r['time']:.1f}s "
-                     f"gap {fmt(r['gap'], 4)} (target {r['target']:.0f}s, 1%); HiGHS stopped at the time limit with this gap.")
+        why = ("no plan found (and neither greedy nor Chen fits)" if r["status"].startswith("error")
+               else "HiGHS stopped at the time limit with this gap")
+        lines.append(f"- MISSED target: {r['model']} {r['device']} {int(r['frac']*100)}%: {r['status'][:40]} in "
+                     f"{r['time']:.1f}s gap {fmt(r['gap'], 4)} (target {r['target']:.0f}s, 1%); {why}.")
     for r in big:
         lines.append(f"- {r['model']} ({r['ops']} ops) {r['device']} {int(r['frac']*100)}%: {r['status']} in {r['time']:.1f}s "
                      f"gap {fmt(r['gap'], 4)} (target 60s)")
@@ -162,6 +165,7 @@ def headline(rows) -> str:
     solved = [r for r in h if r["ms"] is not None]
     proven = [r for r in solved if r["gap"] is not None and r["gap"] <= 0.01 and r["time"] <= r["target"]]
     infeas = [r for r in h if r["status"] == "infeasible"]
+    noplan = [r for r in h if r["status"].startswith("error")]
     worst = max((r["time"] for r in h), default=0.0)
     r50 = [r for r in rows if r["model"] in BIGS and r["solver"] == "highs"]
     mins = "; ".join(f"{m}/{d} {100*mn/nv:.1f}%" for (m, d), (mn, nv, _p, _s) in MINB.items() if mn and d == "host")
@@ -169,7 +173,8 @@ def headline(rows) -> str:
                      for r in r50)
     beats = sum(1 for r in solved if all(v is None or r["ms"] <= v * (1 + 1e-6) + 1e-9 for v in r["baselines"].values()))
     return (f"HEADLINE solver: HiGHS proven within 1% inside the time target on {len(proven)}/{len(solved)} feasible "
-            f"(model, device, budget) cases ({len(infeas)} budgets proven infeasible with their minimum), max solve "
+            f"(model, device, budget) cases, no plan in {len(noplan)} more ({len(infeas)} budgets infeasible, reported with "
+            f"their minimum), max solve "
             f"{worst:.1f}s; ILP <= every baseline in {beats}/{len(solved)}; min feasible budget (% naive peak, host): "
             f"{mins}; {r50s}")
 
@@ -306,8 +311,9 @@ def _load() -> str:
 def _write_section(title: str, sec: str) -> None:
     path = ROOT / "bench" / "RESULTS.md"
     text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if title in text:
-        pre, rest = text.split(title, 1)
+    at = text.find(f"\n{title}\n")        # the heading at a line start (the file's preamble names sections inline)
+    if at >= 0:
+        pre, rest = text[:at + 1], text[at + 1 + len(title):]
         nxt = rest.find("\n## ")
         text = pre + sec + (rest[nxt + 1:] if nxt >= 0 else "")
     else:
@@ -330,26 +336,20 @@ def main() -> None:
             _write_section("## Solver vs Checkmate", sec)
         print(head)
         return
+    load0 = _load()
     rows = run(a.quick)
     md = table(rows)
     head = headline(rows)
     print(md)
     if a.write:
-        path = ROOT / "bench" / "RESULTS.md"
-        text = path.read_text() if path.exists() else "# Benchmark results\n"
         sec = (f"## Solver\n\n`python bench/solver.py{' --quick' if a.quick else ''} --write` "
-               f"({time.strftime('%Y-%m-%d')}, 2-vCPU host, modeled profiles; {time.perf_counter() - t0:.0f} s total). "
+               f"({time.strftime('%Y-%m-%d')}, {_cpu()}, load average {load0} at start, {_load()} at end; modeled "
+               f"profiles; {time.perf_counter() - t0:.0f} s total). "
                f"Naive peak = simulator peak of the single-accelerator, plain, keep-everything plan (static "
                f"parameters+gradients+optimizer state+input included). Time targets: 10 s ResNet-18/VGG-16, 30 s "
-               f"MobileNetV2, 60 s ResNet-101; gap 1%.\n\n{md}\n\nMinimum feasible budget per (model, device):\n\n"
-               f"{min_table()}\n\n{notes(rows)}\n\n{head}\n")
-        if "## Solver" in text:
-            pre, rest = text.split("## Solver", 1)
-            nxt = rest.find("\n## ")
-            text = pre + sec + (rest[nxt + 1:] if nxt >= 0 else "")
-        else:
-            text = text.rstrip() + "\n\n" + sec
-        path.write_text(text)
+               f"MobileNetV2, 60 s ResNet-50/ResNet-101; gap 1%.\n\n{md}\n\nMinimum feasible budget per (model, "
+               f"device):\n\n{min_table()}\n\n{notes(rows)}\n\n{head}\n")
+        _write_section("## Solver", sec)
     print(head)
 
 
