@@ -1,5 +1,6 @@
-"""Solver benchmark: ResNet-18, VGG-16, MobileNetV2 (CIFAR, batch 32) on host, jetson-orin-nano and
-iphone-15-pro (modeled profiles), budgets 100/50/25% of the naive peak (the simulator's peak of the
+"""Solver benchmark: ResNet-18, VGG-16, MobileNetV2 (CIFAR) and a depthwise-separable net with an odd input
+size (examples/dsnet, width 32, 37x37), batch 32 and 8, on host, jetson-orin-nano and iphone-15-pro (modeled
+profiles), budgets 100/50/25% of the naive peak (the simulator's peak of the
 single-accelerator keep-everything plain late-update plan), every ILP backend vs the baselines; per (model,
 device) the minimum feasible budget (min-peak solve) as % of the naive peak; plus ResNet-50 and ResNet-101
 (1245 ops) on host.
@@ -8,7 +9,7 @@ device) the minimum feasible budget (min-peak solve) as % of the naive peak; plu
     python bench/solver.py --checkmate [--write]   (matched memory model vs Checkmate's MILP: dsnet, ResNet-18 b8;
                                                     its own section, `## Solver vs Checkmate`)
 
---quick: HiGHS on every (model, device, budget), the other backends on ResNet-18/host at 100% only, ResNet-50
+--quick: HiGHS on every (model, device, budget) at batch 32 and at 50% for batch 8, the other backends on ResNet-18/host at 100% only, ResNet-50
 and ResNet-101 with HiGHS at 50% on host. The headline is the LAST line.
 """
 from __future__ import annotations
@@ -32,18 +33,31 @@ from port.errors import InfeasibleBudgetError  # noqa: E402
 from port.ir.trace import trace  # noqa: E402
 from port.solver import SOLVERS, solve  # noqa: E402
 
-MODELS = ("resnet18", "vgg16", "mobilenetv2")
+MODELS = ("resnet18", "vgg16", "mobilenetv2", "dsnet")
 DEVICES = ("host", "jetson-orin-nano", "iphone-15-pro")
 FRACS = (1.0, 0.5, 0.25)
-TARGET_S = {"resnet18": 10.0, "vgg16": 10.0, "mobilenetv2": 30.0, "resnet50": 60.0, "resnet101": 60.0}
+BATCHES = (32, 8)
+DSNET = dict(width=32, hw=37)     # odd input size: 37 -> 19 -> 19 -> 10
+TARGET_S = {"dsnet": 10.0, "resnet18": 10.0, "vgg16": 10.0, "mobilenetv2": 30.0, "resnet50": 60.0, "resnet101": 60.0}
 BIGS = ("resnet50", "resnet101")   # host, 50% only with --quick
-MINB = {}   # (model, device) -> (min feasible bytes, naive, proven, static_fixed)
+MINB = {}   # (model, device) -> (min feasible bytes, naive, proven, static_fixed)   (batch 32)
 
 
-def graph_of(name: str):
+def _dsnet():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("dsnet", ROOT / "examples" / "dsnet" / "dsnet.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.make(width=DSNET["width"])
+
+
+def graph_of(name: str, batch: int = 32):
     torch.manual_seed(0)
-    return trace(models.get(name, seed=0), torch.randn(32, *models.INPUT_SHAPES[name]), optimizer="sgd_momentum",
-                 name=name)
+    if name == "dsnet":
+        model, shape = _dsnet(), (3, DSNET["hw"], DSNET["hw"])
+    else:
+        model, shape = models.get(name, seed=0), models.INPUT_SHAPES[name]
+    return trace(model, torch.randn(batch, *shape), optimizer="sgd_momentum", name=name)
 
 
 def fmt(x, nd=3):
@@ -52,19 +66,19 @@ def fmt(x, nd=3):
 
 def run(quick: bool):
     rows = []
-    for mname in MODELS + BIGS:
-        g = graph_of(mname)
+    for mname, batch in [(m, b) for b in BATCHES for m in MODELS] + [(m, 32) for m in BIGS]:
+        g = graph_of(mname, batch)
         for dev in DEVICES:
             if mname in BIGS and dev != "host":
                 continue
             prof = modeled_profile(g, load_device(dev))
             base = SOLVERS["single"](g, prof, 10**15, accelerator=prof.accelerators[0])
             naive = base.predicted_peak_bytes
-            fracs = (0.5,) if mname in BIGS and quick else FRACS
+            fracs = (0.5,) if (mname in BIGS or batch != 32) and quick else FRACS
             for frac in fracs:
                 B = int(naive * frac)
                 backends = ["highs"]
-                if not quick or (mname == "resnet18" and dev == "host" and frac == 1.0):
+                if not quick or (mname == "resnet18" and dev == "host" and frac == 1.0 and batch == 32):
                     backends = ["highs", "cbc", "scip", "cpsat"]
                 bl = {}
                 for b in ["greedy", "chen"] + [f"single:{a}" for a in prof.accelerators]:
@@ -85,16 +99,18 @@ def run(quick: bool):
                     except Exception as e:  # noqa: BLE001
                         r = dict(status=f"error: {type(e).__name__}: {str(e)[:60]}", ms=None, gap=None, peak=None,
                                  rc=0, pg=0, minb=None)
-                    r.update(model=mname, device=dev, frac=frac, budget=B, naive=naive, solver=s, ops=len(g.ops),
+                    r.update(model=mname, batch=batch, device=dev, frac=frac, budget=B, naive=naive, solver=s, ops=len(g.ops),
                              time=time.perf_counter() - t0, target=TARGET_S[mname], baselines=bl)
                     rows.append(r)
-                    if s == "highs" and r["minb"]:
+                    if s == "highs" and r["minb"] and batch == 32:
                         MINB[mname, dev] = (r["minb"], naive, True, None)
-                    print(f"{mname:12s} {dev:17s} {int(frac*100):3d}% {s:6s} {r['status']:10s} "
+                    print(f"{mname:12s} b{batch:<3d} {dev:17s} {int(frac*100):3d}% {s:6s} {r['status']:10s} "
                           f"t={r['time']:6.2f}s gap={fmt(r['gap'], 4)} ms={fmt(r['ms'])} "
                           f"greedy={fmt(bl['greedy'])} chen={fmt(bl['chen'])} "
                           + " ".join(f"{k}={fmt(v)}" for k, v in bl.items() if k.startswith("single"))
                           + (f" min_feasible={r['minb']/2**20:.1f}MiB" if r["minb"] else ""), flush=True)
+            if batch != 32:
+                continue
             if (mname, dev) not in MINB or MINB[mname, dev][0] is None:
                 from port.solver import min_feasible_budget
                 from port.solver.instance import build_instance
@@ -133,13 +149,14 @@ def notes(rows) -> str:
              "activations plus its gradients during backward.",
              "- Phases: single-level model first, multi-level (an op re-run up to 3 times) when the budget is below its "
              "reach; a solve that stops above the gap continues with the rolling horizon (windows of 60 forward ops "
-             "re-solved with the rest fixed) and a final solve from its incumbent (solver/FORMULATION.md, Phases).",
+             "re-solved with the rest fixed) and a final solve from its incumbent; when neither greedy nor Chen fits, the "
+             "start is a restricted solve (every op fixed to its fastest plain option) (solver/FORMULATION.md, Phases).",
              "- chen = Chen's sqrt(n) checkpointing with real segment recompute (explicit recompute_at), late updates, "
              "regardless of budget; greedy = fastest variants + early updates + single-op recompute/paging by bytes/ms."]
     for r in miss:
         why = ("no plan found (and neither greedy nor Chen fits)" if r["status"].startswith("error")
                else "HiGHS stopped at the time limit with this gap")
-        lines.append(f"- MISSED target: {r['model']} {r['device']} {int(r['frac']*100)}%: {r['status'][:40]} in "
+        lines.append(f"- MISSED target: {r['model']} b{r['batch']} {r['device']} {int(r['frac']*100)}%: {r['status'][:40]} in "
                      f"{r['time']:.1f}s gap {fmt(r['gap'], 4)} (target {r['target']:.0f}s, 1%); {why}.")
     for r in big:
         lines.append(f"- {r['model']} ({r['ops']} ops) {r['device']} {int(r['frac']*100)}%: {r['status']} in {r['time']:.1f}s "
@@ -148,12 +165,12 @@ def notes(rows) -> str:
 
 
 def table(rows) -> str:
-    out = ["| model (ops) | device | budget (% naive) | solver | status | solve s | gap | step ms | greedy ms | chen ms | best single ms | recompute/paged |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| model (ops) | batch | device | budget (% naive) | solver | status | solve s | gap | step ms | greedy ms | chen ms | best single ms | recompute/paged |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         singles = [v for k, v in r["baselines"].items() if k.startswith("single") and v is not None]
         st = r["status"] + (f" (min {r['minb']/2**20:.1f} MiB)" if r.get("minb") else "")
-        out.append(f"| {r['model']} ({r['ops']}) | {r['device']} | {r['budget']/2**20:.1f} MiB ({int(r['frac']*100)}%) | "
+        out.append(f"| {r['model']} ({r['ops']}) | {r['batch']} | {r['device']} | {r['budget']/2**20:.1f} MiB ({int(r['frac']*100)}%) | "
                    f"{r['solver']} | {st} | {r['time']:.2f} | {fmt(r['gap'], 4)} | {fmt(r['ms'])} | "
                    f"{fmt(r['baselines']['greedy'])} | {fmt(r['baselines']['chen'])} | "
                    f"{fmt(min(singles) if singles else None)} | {r['rc']}/{r['pg']} |")
@@ -346,9 +363,11 @@ def main() -> None:
                f"({time.strftime('%Y-%m-%d')}, {_cpu()}, load average {load0} at start, {_load()} at end; modeled "
                f"profiles; {time.perf_counter() - t0:.0f} s total). "
                f"Naive peak = simulator peak of the single-accelerator, plain, keep-everything plan (static "
-               f"parameters+gradients+optimizer state+input included). Time targets: 10 s ResNet-18/VGG-16, 30 s "
-               f"MobileNetV2, 60 s ResNet-50/ResNet-101; gap 1%.\n\n{md}\n\nMinimum feasible budget per (model, "
-               f"device):\n\n{min_table()}\n\n{notes(rows)}\n\n{head}\n")
+               f"parameters+gradients+optimizer state+input included). Time targets: 10 s ResNet-18/VGG-16/dsnet, 30 s "
+               f"MobileNetV2, 60 s ResNet-50/ResNet-101; gap 1%. dsnet = examples/dsnet (depthwise-separable, width "
+               f"{DSNET['width']}, odd input {DSNET['hw']}x{DSNET['hw']}). Host is the modeled profile of the host "
+               f"description (a measured profile of this VM would time its kernels for minutes per model)."
+               f"\n\n{md}\n\nMinimum feasible budget per (model, device), batch 32:\n\n{min_table()}\n\n{notes(rows)}\n\n{head}\n")
         _write_section("## Solver", sec)
     print(head)
 

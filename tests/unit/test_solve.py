@@ -622,3 +622,46 @@ def test_no_multi_level_plan_in_time_falls_back_to_the_minimum_peak_search(monke
     with pytest.raises(InfeasibleBudgetError) as ei:
         solve(g, prof, mn - 1, allow_early_updates=False, max_reruns=3)
     assert ei.value.min_feasible_bytes == mn
+
+
+def test_no_baseline_fits_the_restricted_solve_seeds_the_ilp(monkeypatch):
+    """When neither greedy nor Chen fits, the model with every op fixed to its fastest plain option (only
+    keep/re-run/page/early decisions left) gives the warm start: a solution of the full model that fits. When
+    the full solve then finds nothing in time, that plan is returned (status "timeout"), not "no plan"."""
+    import port.solver as S
+    from port.solver import _restricted_warm, _warm_values, plain_choice
+    from port.solver import backends as BK
+    from port.solver.baselines import fastest_choice
+    from port.solver.formulation import build
+    torch.manual_seed(0)
+    g = trace(models.get("resnet8", seed=0), torch.randn(8, 3, 32, 32), optimizer="sgd_momentum", name="resnet8")
+    prof = modeled_profile(g, load_device("jetson-orin-nano"))
+    B = int(0.6 * SOLVERS["single"](g, prof, 10**15).predicted_peak_bytes)
+    inst = build_instance(g, prof, nested=False)
+    (w,) = _restricted_warm(inst, B, "highs", 20.0, None, True)
+    choice, rc, pg, at, early = w
+    assert [tuple(c) for c in choice] == plain_choice(inst) and rc
+    assert len({a for a, _v in choice}) == 2              # placed on both accelerators, as the plain optimum is
+    m, v = build(inst, B)
+    assert _warm_values(inst, m, v, *w) is not None       # a solution of the full model
+    start = simulate(S._plan(inst, choice, B, rc, pg, at=at, early=early), g, prof)
+    assert start.peak_bytes <= B
+
+    keep_all = lambda inst, *a, **k: (fastest_choice(inst), set(), set(), set())            # noqa: E731
+    monkeypatch.setattr(S, "greedy_plan", keep_all)
+    monkeypatch.setattr(S, "chen_plan", lambda inst, *a, **k: (fastest_choice(inst), set(), {}, set()))
+    assert simulate(S._plan(inst, fastest_choice(inst), B), g, prof).peak_bytes > B   # neither fits
+    p = solve(g, prof, B, time_limit_s=30)
+    assert p.status == "optimal" and p.predicted_peak_bytes <= B and p.predicted_step_ms <= start.step_ms + 1e-9
+    real = BK.BACKENDS["highs"]
+
+    def full_model_times_out(m, time_limit_s, gap, start=None, threads=None):
+        if start is not None:
+            return BK.Result("timeout", None, None, None, time_limit_s, "highs")
+        return real(m, time_limit_s, gap, start=start, threads=threads)
+
+    monkeypatch.setitem(BK.BACKENDS, "highs", full_model_times_out)
+    p = solve(g, prof, B, time_limit_s=30)
+    assert p.status == "timeout" and p.predicted_peak_bytes <= B
+    assert [(d.accelerator, d.variant) for d in p.ops] == plain_choice(inst)
+    assert p.predicted_step_ms == pytest.approx(start.step_ms, rel=1e-9)
