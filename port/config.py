@@ -351,6 +351,8 @@ class ExperimentConfig(_Strict):
     optimizer: OptimizerConfig = OptimizerConfig()
     solver: SolverConfig = SolverConfig()
     train: TrainConfig = TrainConfig()
+    # `port federate`'s section (checked there, by port.federated.FederationSection); other commands ignore it
+    federation: Optional[dict[str, Any]] = None
 
     @field_validator("budget", mode="before")
     @classmethod
@@ -565,4 +567,7 @@ def resolve_device(cfg: ExperimentConfig, config_path: str | Path | None = None)
 
 
 def dump_experiment(cfg: ExperimentConfig) -> dict:
-    return cfg.model_dump(mode="json")
+    d = cfg.model_dump(mode="json")
+    if d.get("federation") is None:
+        d.pop("federation", None)
+    return d

@@ -33,7 +33,7 @@ def _root() -> None:
 
 
 # command modules, in the order they appear in --help
-COMMAND_MODULES = ("inspect", "profile", "solve", "train", "compile", "demo")
+COMMAND_MODULES = ("inspect", "profile", "solve", "train", "compile", "federate", "demo")
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"port.cli.{_name}").register(app)
@@ -81,7 +81,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     except typer.Abort:
         _err("aborted")
         return 1
-    except typer.TyperException as e:         # usage errors: bad option, missing argument (exit 2)
+    except _usage_errors() as e:               # usage errors: bad option, missing argument (exit 2)
         show = getattr(e, "show", None)
         if show is not None:
             show()
@@ -103,6 +103,18 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
+
+
+def _usage_errors() -> tuple:
+    """The exception classes of command-line usage errors: typer's own (typer >= 0.22 vendors click) and
+    click's (older typer, e.g. 0.20, which flwr 1.41 pins when the `federated` extra is installed)."""
+    out = [c for c in (getattr(typer, "TyperException", None),) if c is not None]
+    try:
+        import click
+        out.append(click.ClickException)
+    except ImportError:
+        pass
+    return tuple(out)
 
 
 def os_error_message(e: OSError) -> str:

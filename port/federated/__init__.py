@@ -1,0 +1,241 @@
+"""port.federated: federated training where every client trains under its own device's plan.
+
+The config is an experiment config (port.config.ExperimentConfig: model, data, optimizer, solver) with a
+``federation`` section::
+
+    federation:
+      rounds: 5
+      local_epochs: 1
+      partition: {alpha: 0.5}        # label skew: per class, client shares ~ Dirichlet(alpha)
+      clients:
+        - {device: jetson-orin-nano, budget: 50%}
+        - {device: raspberry-pi-4b, budget: 25%}
+        - {device: iphone-15-pro}    # budget: the experiment's, else the device's memory
+
+Pure pieces (no Flower needed), used by the Flower apps in port.federated.flower and by the tests:
+    partition_label_skew(labels, n_clients, alpha, seed) -> list of index tensors
+    client_plan(fed, index, cache_dir) -> ClientPlan (the client's plan, solved once per graph/profile/budget)
+    client_update(fed, index, global_state, round, cache_dir) -> ClientUpdate (deltas, examples, metrics)
+    fedavg(global_state, updates) -> new global state (FedAvg of the deltas, weighted by examples)
+    global_state(fed) -> the initial global parameters and float buffers (numpy arrays by state-dict name)
+
+Updates are deltas (``Trainer.parameter_delta`` plus the change of the float buffers, e.g. BN running stats):
+averaging deltas weighted by examples and adding them to the global state is FedAvg exactly. A client whose
+budget fits no plan raises InfeasibleBudgetError; the server reports it with its minimum.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from pydantic import Field, field_validator
+
+from port.config import ExperimentConfig, _Strict, parse_budget
+from port.errors import ConfigError, InfeasibleBudgetError
+
+
+class ClientConfig(_Strict):
+    device: str = "host"                          # name in configs/devices/ or a device YAML path
+    budget: Optional[Union[int, str]] = None      # bytes or "NN%"; None: the experiment's budget, else the device's
+    name: Optional[str] = None
+
+    @field_validator("budget", mode="before")
+    @classmethod
+    def _budget(cls, v: Any) -> Any:
+        return None if v is None else parse_budget(v)
+
+
+class PartitionConfig(_Strict):
+    alpha: float = Field(default=0.5, gt=0, allow_inf_nan=False)   # Dirichlet concentration (small: skewed)
+    seed: int = 0
+
+
+class FederationSection(_Strict):
+    rounds: int = Field(default=5, ge=1)
+    local_epochs: int = Field(default=1, ge=1)
+    clients: tuple[ClientConfig, ...] = Field(min_length=1)
+    partition: PartitionConfig = PartitionConfig()
+    fraction_evaluate: float = Field(default=1.0, ge=0, le=1)
+    round_timeout_s: float = Field(default=600.0, gt=0)
+
+
+class FederatedConfig(ExperimentConfig):
+    federation: FederationSection
+
+
+def load_federated(path: str | Path) -> FederatedConfig:
+    from port.config import _format_errors, _read_yaml
+    from pydantic import ValidationError
+    p = Path(path)
+    data = _read_yaml(p)
+    if not isinstance(data, dict) or "federation" not in data:
+        raise ConfigError(f"{p}: no 'federation' section; add one, e.g. federation: {{rounds: 5, clients: "
+                          f"[{{device: jetson-orin-nano, budget: 50%}}, {{device: host}}]}}")
+    try:
+        return FederatedConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(p, e, data)) from None
+
+
+@dataclass(frozen=True)
+class Federation:
+    """A loaded federation: the config, its file (model factories are imported beside it) and the clients'
+    data partition of the training split."""
+    config: FederatedConfig
+    config_path: Path
+    partitions: tuple[Any, ...] = field(repr=False)      # per client: index tensor into the training split
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.config.federation.clients)
+
+
+def partition_label_skew(labels: Any, n_clients: int, alpha: float, seed: int = 0) -> list[Any]:
+    """Non-IID split by label skew: for each class its examples are divided among the clients in proportions
+    drawn from Dirichlet(alpha) (small alpha: each client sees few classes). Every example goes to exactly one
+    client; each client gets at least one example."""
+    import torch
+    g = torch.Generator().manual_seed(int(seed))
+    y = torch.as_tensor(labels)
+    parts: list[list[int]] = [[] for _ in range(n_clients)]
+    dist = torch.distributions.Dirichlet(torch.full((n_clients,), float(alpha)))
+    torch.manual_seed(int(seed))       # Dirichlet samples from the global generator
+    for c in sorted(set(y.tolist())):
+        idx = torch.nonzero(y == c).flatten()
+        idx = idx[torch.randperm(len(idx), generator=g)]
+        share = dist.sample()
+        cuts = (torch.cumsum(share, 0) * len(idx)).round().long().tolist()
+        lo = 0
+        for k, hi in enumerate(cuts):
+            parts[k].extend(idx[lo:hi].tolist())
+            lo = hi
+    for k in range(n_clients):           # a client left empty takes one example from the largest
+        if not parts[k]:
+            big = max(range(n_clients), key=lambda j: len(parts[j]))
+            parts[k].append(parts[big].pop())
+    return [torch.tensor(sorted(p), dtype=torch.int64) for p in parts]
+
+
+def load_federation(path: str | Path) -> Federation:
+    from port.train.data import load
+    cfg = load_federated(path)
+    ds = load(cfg)
+    f = cfg.federation
+    parts = partition_label_skew(ds.y_train, len(f.clients), f.partition.alpha, f.partition.seed)
+    return Federation(cfg, Path(path).resolve(), tuple(parts))
+
+
+def _client_job(fed: Federation, index: int):
+    from port import config as C
+    from port.pipeline import load_job
+    c = fed.config.federation.clients[index]
+    budget = c.budget if c.budget is not None else fed.config.budget
+    job = load_job(fed.config_path, device=c.device, budget=budget)
+    return job, c
+
+
+@dataclass(frozen=True)
+class ClientPlan:
+    index: int
+    device: str
+    plan: Any                     # port.plan.types.Plan
+    budget_bytes: int
+    keep_everything_peak_bytes: int
+    cached: bool
+
+
+def client_plan(fed: Federation, index: int, cache_dir: str | Path) -> tuple[ClientPlan, Any, Any]:
+    """(ClientPlan, job, built) for client ``index``: its plan under its device's profile and budget, read
+    from ``cache_dir`` when one was solved for the same graph, profile and budget (plan-<digest>.json)."""
+    from port.pipeline import build_graph, get_profile, resolve_budget, solve_plan
+    from port.plan.io import load_plan, save_plan
+    job, c = _client_job(fed, index)
+    built = build_graph(job)
+    prof = get_profile(job, built.graph, progress=False, echo=lambda _m: None)
+    bud = resolve_budget(job, built.graph, prof.profile)
+    key = hashlib.sha256(json.dumps([built.graph.digest(), prof.profile.digest(), bud.bytes,
+                                     job.config.solver.model_dump()], sort_keys=True).encode()).hexdigest()[:20]
+    path = Path(cache_dir) / f"plan-{key}.json"
+    if path.exists():
+        return ClientPlan(index, job.device.name, load_plan(path), bud.bytes, bud.keep_everything_peak, True), job, built
+    solved = solve_plan(job, built, prof, bud)       # InfeasibleBudgetError names the minimum
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    save_plan(solved.plan, path, built.graph)
+    return ClientPlan(index, job.device.name, solved.plan, bud.bytes, bud.keep_everything_peak, False), job, built
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    index: int
+    delta: dict                   # state-dict name -> numpy array (new - global), parameters and float buffers
+    num_examples: int
+    metrics: dict                 # train_loss, steps, accuracy (own test split share), predicted/measured memory
+
+
+def global_state(fed: Federation) -> dict:
+    """The initial global model: parameters and floating-point buffers (numpy), seeded by train.seed."""
+    from port.pipeline import build_graph, load_job
+    job = load_job(fed.config_path)
+    model = build_graph(job).model
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items() if v.is_floating_point()}
+
+
+def client_update(fed: Federation, index: int, state: dict, server_round: int, cache_dir: str | Path) -> ClientUpdate:
+    """One round of client ``index``: local epochs over its partition under its own plan, from ``state``."""
+    import numpy as np
+    import torch
+    from port import Trainer
+    from port.pipeline import stand_in_backends
+    from port.train.data import load
+    from port.train.memwatch import rss_bytes
+    cp, job, built = client_plan(fed, index, cache_dir)
+    cfg = fed.config
+    tr = Trainer(built.model, built.example, plan=cp.plan, optimizer=built.optimizer,
+                 trainable=list(built.trainable) if built.trainable else None, seed=cfg.train.seed,
+                 accelerators=stand_in_backends(job.device) or None)
+    base = {k: torch.from_numpy(np.asarray(v)) for k, v in state.items()}
+    tr.load_state_dict(base)
+    ds = load(cfg)
+    idx = fed.partitions[index]
+    x, y = ds.x_train[idx], ds.y_train[idx]
+    B = cfg.batch_size
+    gen = torch.Generator().manual_seed(cfg.train.seed * 1009 + index * 7919 + server_round)
+    losses = []
+    for _ep in range(cfg.federation.local_epochs):
+        perm = torch.randperm(len(y), generator=gen)
+        for i in range(0, len(perm) - B + 1, B):        # full batches only: the plan is for batch B
+            b = perm[i:i + B]
+            losses.append(float(tr.step(x[b], y[b])))
+    new = tr.state_dict()
+    delta = {k: (new[k] - base[k].reshape(new[k].shape)).numpy().reshape(np.asarray(state[k]).shape)
+             for k in state if k in new}
+    ev = tr.evaluate(ds.test_batches(B))
+    metrics = {"train_loss": float(np.mean(losses)) if losses else float("nan"), "steps": len(losses),
+               "test_accuracy": ev["accuracy"], "budget_bytes": cp.budget_bytes,
+               "predicted_peak_bytes": int(cp.plan.predicted_peak_bytes), "rss_bytes": int(rss_bytes()),
+               "keep_everything_peak_bytes": cp.keep_everything_peak_bytes}
+    return ClientUpdate(index, delta, len(losses) * B, metrics)
+
+
+def fedavg(state: dict, updates: list[ClientUpdate]) -> dict:
+    """FedAvg from the deltas: state + sum_i n_i * delta_i / sum_i n_i (clients with no examples count zero)."""
+    import numpy as np
+    n = sum(u.num_examples for u in updates)
+    if n == 0:
+        return {k: np.array(v, copy=True) for k, v in state.items()}
+    return {k: np.asarray(v) + sum(u.num_examples * np.asarray(u.delta[k], dtype=np.float64) for u in updates) / n
+            for k, v in state.items()}
+
+
+def describe_infeasible(e: InfeasibleBudgetError) -> str:
+    from port.config import format_size
+    mn = e.min_feasible_bytes
+    return (f"budget {format_size(e.budget_bytes)} fits no plan; smallest feasible "
+            + (format_size(mn) if mn else "unknown"))
+
+
+__all__ = ["FederatedConfig", "Federation", "ClientUpdate", "ClientPlan", "load_federated", "load_federation",
+           "partition_label_skew", "client_plan", "client_update", "fedavg", "global_state"]

@@ -1,0 +1,275 @@
+"""`port federate CONFIG`: a local federation on this machine with Flower's deployment engine.
+
+One SuperLink and one SuperNode per client (separate processes), all on 127.0.0.1 on free ports, with
+telemetry and update checks off and a scratch FLWR_HOME inside the work directory; the run is submitted with
+``flwr run`` and followed with ``flwr ls`` until it finishes. A SuperNode that dies is started again (the round
+in progress waits for it: FedAvg needs every client), and the server checkpoints the global model after every
+round, so an interrupted federation resumes where it stopped. Flower's Ray-based simulation engine is not used.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from port.errors import ConfigError, PortError
+
+APP_PYPROJECT = """[project]
+name = "port-federated"
+version = "1.0.0"
+description = "PORT: every client trains under its own device's plan"
+license = "Apache-2.0"
+dependencies = []
+
+[tool.flwr.app]
+publisher = "port"
+
+[tool.flwr.app.components]
+serverapp = "port_federated_app.server:app"
+clientapp = "port_federated_app.client:app"
+
+[tool.flwr.app.config]
+port-config = ""
+port-workdir = ""
+port-rounds = 0
+"""
+
+
+def flower_env(home: Path) -> dict:
+    env = dict(os.environ)
+    env.update(FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", FLWR_HOME=str(home))
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def write_app(app_dir: Path) -> Path:
+    """The Flower App (shipped by ``flwr run`` as a FAB): two modules re-exporting PORT's apps."""
+    pkg = app_dir / "port_federated_app"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (app_dir / "pyproject.toml").write_text(APP_PYPROJECT)
+    (pkg / "__init__.py").write_text('"""PORT federated app (see port.federated.flower)."""\n')
+    (pkg / "server.py").write_text("from port.federated import flower\n\napp = flower.server_app\n")
+    (pkg / "client.py").write_text("from port.federated import flower\n\napp = flower.client_app\n")
+    return app_dir
+
+
+def free_ports(n: int) -> list[int]:
+    socks, out = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        out.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return out
+
+
+@dataclass
+class LocalFederation:
+    """The processes of a local federation (SuperLink + SuperNodes); ``stop()`` ends them all."""
+    work: Path
+    n_clients: int
+    env: dict
+    link_port: int
+    node_ports: list
+    link: Optional[subprocess.Popen] = None
+    nodes: Optional[list] = None
+    restarts: int = 0
+
+    def _log(self, name: str):
+        return open(self.work / "logs" / f"{name}.log", "ab")
+
+    def start(self) -> "LocalFederation":
+        (self.work / "logs").mkdir(parents=True, exist_ok=True)
+        home = Path(self.env["FLWR_HOME"])
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "config.toml").write_text(f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
+                                          f'address = "127.0.0.1:{self.link_port}"\ninsecure = true\n')
+        self.link = subprocess.Popen(["flower-superlink", "--insecure", "--host", "127.0.0.1", "--port",
+                                      str(self.link_port), "--disable-runtime-dependency-installation"],
+                                     env=self.env, stdout=self._log("superlink"), stderr=subprocess.STDOUT,
+                                     cwd=self.work)
+        self.nodes = [self._node(i) for i in range(self.n_clients)]
+        return self
+
+    def _node(self, i: int) -> subprocess.Popen:
+        return subprocess.Popen(["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.link_port}",
+                                 "--host", "127.0.0.1", "--port", str(self.node_ports[i]),
+                                 "--node-config", f"client-index={i}"],
+                                env=self.env, stdout=self._log(f"client{i}"), stderr=subprocess.STDOUT, cwd=self.work)
+
+    def watch(self) -> list[int]:
+        """Start again every SuperNode that exited; returns their indices."""
+        again = []
+        for i, p in enumerate(self.nodes or []):
+            if p.poll() is not None:
+                self.nodes[i] = self._node(i)
+                self.restarts += 1
+                again.append(i)
+        if self.link is not None and self.link.poll() is not None:
+            raise PortError(f"the Flower SuperLink exited (code {self.link.returncode}); see "
+                            f"{self.work / 'logs' / 'superlink.log'}")
+        return again
+
+    def kill_client(self, i: int) -> None:
+        """Kill client ``i``'s SuperNode and everything it started (tests: a device dropping out)."""
+        p = self.nodes[i]
+        p.kill()
+        p.wait()
+
+    def stop(self) -> None:
+        procs = [p for p in (self.nodes or []) + [self.link] if p is not None]
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        t_end = time.time() + 15
+        for p in procs:
+            try:
+                p.wait(max(0.1, t_end - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def _flwr(env: dict, cwd: Path, *args: str, timeout: float = 120.0) -> dict:
+    r = subprocess.run(["flwr", *args, "--format", "json"], env=env, cwd=cwd, capture_output=True, text=True,
+                       timeout=timeout)
+    out = r.stdout.strip()
+    try:
+        return json.loads(out[out.index("{"):]) if "{" in out else {}
+    except ValueError:
+        raise PortError(f"flwr {' '.join(args)} printed no JSON (exit {r.returncode}): {out[-800:]} "
+                        f"{r.stderr[-800:]}") from None
+
+
+@dataclass(frozen=True)
+class FederationResult:
+    work_dir: Path
+    history: dict
+    status: str
+    seconds: float
+    restarts: int
+
+
+def federate(config: str | Path, work_dir: str | Path | None = None, rounds: Optional[int] = None,
+             fresh: bool = False, echo: Callable[[str], None] = print,
+             on_start: Optional[Callable[[LocalFederation], None]] = None) -> FederationResult:
+    """Run the federation of ``config`` locally (see the module docstring); returns its history."""
+    try:
+        import flwr  # noqa: F401
+    except ImportError:
+        raise ConfigError("port federate needs Flower: pip install 'port[federated]' (flwr==1.41.0)") from None
+    from port.federated import load_federation
+    from port.federated.flower import load_checkpoint
+    cfg_path = Path(config).resolve()
+    fed = load_federation(cfg_path)
+    if rounds is not None:
+        if rounds < 1:
+            raise ConfigError(f"--rounds {rounds}: give 1 or more")
+    work = Path(work_dir or Path("runs") / f"{fed.config.name}-federated").resolve()
+    if fresh and work.exists():
+        for name in ("checkpoint.npz", "history.json"):
+            (work / name).unlink(missing_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    _state, hist = load_checkpoint(work)
+    if hist["rounds"]:
+        echo(f"resuming from {work / 'checkpoint.npz'} after round {len(hist['rounds'])}")
+    app = write_app(work / "app")
+    env = flower_env(work / "flwr-home")
+    ports = free_ports(fed.num_clients + 1)
+    lf = LocalFederation(work, fed.num_clients, env, ports[0], ports[1:]).start()
+    t0 = time.time()
+    status = "unknown"
+    try:
+        if on_start is not None:
+            on_start(lf)
+        rc = f'port-config="{cfg_path}" port-workdir="{work}" port-rounds={int(rounds or 0)}'
+        sub = {}
+        for _try in range(30):      # the SuperLink takes a few seconds to listen
+            sub = _flwr(env, work, "run", str(app), "local", "--run-config", rc)
+            if sub.get("success") and sub.get("run-id") is not None:
+                break
+            lf.watch()
+            time.sleep(1.0)
+        if not sub.get("success"):
+            raise PortError(f"flwr run failed: {json.dumps(sub)[:800]}; see {work / 'logs'}")
+        run_id = str(sub["run-id"])
+        echo(f"federation: run {run_id}, {fed.num_clients} clients on 127.0.0.1 (SuperLink :{ports[0]}), "
+             f"logs in {work / 'logs'}")
+        seen = len(hist["rounds"])
+        while True:
+            time.sleep(1.0)
+            for i in lf.watch():
+                echo(f"client {i}: its SuperNode exited; started again")
+            _s, hist = load_checkpoint(work)
+            for r in hist["rounds"][seen:]:
+                echo(_round_line(r))
+            seen = len(hist["rounds"])
+            ls = _flwr(env, work, "ls", "--run-id", run_id)
+            runs = ls.get("runs") or []
+            status = str(runs[0].get("status", "")) if runs else ""
+            if status.startswith("finished"):
+                break
+    finally:
+        lf.stop()
+    _s, hist = load_checkpoint(work)
+    if status != "finished:completed":
+        raise PortError(f"the federation ended with status {status!r} after {len(hist['rounds'])} round(s); see "
+                        f"{work / 'logs'}; run again to resume from the checkpoint")
+    return FederationResult(work, hist, status, time.time() - t0, lf.restarts)
+
+
+def _round_line(r: dict) -> str:
+    from port.config import format_size
+    parts = [f"round {r['round']}: global accuracy {r['accuracy']:.3f} ({r['seconds']:.1f} s)"]
+    for c in sorted(r["clients"], key=lambda c: c["client"]):
+        parts.append(f"client {int(c['client'])}: loss {c['train_loss']:.3f}, plan peak "
+                     f"{format_size(c['predicted_peak_bytes'])} of {format_size(c['budget_bytes'])}")
+    for c in r["infeasible"]:
+        parts.append(f"client {c['client']}: budget {format_size(c['budget_bytes'])} fits no plan (smallest "
+                     f"feasible {format_size(c['min_feasible_bytes']) if c['min_feasible_bytes'] else 'unknown'})")
+    return "; ".join(parts)
+
+
+def write_report(res: FederationResult) -> Path:
+    """history.md (accuracy per round and per client, infeasible clients with their minimum) and
+    accuracy.png in the work directory; returns the markdown's path."""
+    from port.config import format_size
+    from port.io import atomic_write_text
+    h = res.history
+    lines = [f"# Federation ({res.status}, {res.seconds:.0f} s, {res.restarts} SuperNode restart(s))", "",
+             f"initial global accuracy: {h.get('initial_accuracy', float('nan')):.3f}", "",
+             "| round | global accuracy | seconds | clients (loss, accuracy on the test split, plan peak / budget) |",
+             "|---|---|---|---|"]
+    for r in h["rounds"]:
+        cl = "; ".join(f"{int(c['client'])}: {c['train_loss']:.3f}, {c['test_accuracy']:.3f}, "
+                       f"{format_size(c['predicted_peak_bytes'])} / {format_size(c['budget_bytes'])}"
+                       for c in sorted(r["clients"], key=lambda c: c["client"]))
+        cl += "".join(f"; {c['client']}: no plan fits {format_size(c['budget_bytes'])} (smallest feasible "
+                      f"{format_size(c['min_feasible_bytes']) if c['min_feasible_bytes'] else 'unknown'})"
+                      for c in r["infeasible"])
+        lines.append(f"| {r['round']} | {r['accuracy']:.3f} | {r['seconds']:.1f} | {cl} |")
+    out = res.work_dir / "history.md"
+    atomic_write_text(out, "\n".join(lines) + "\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(5, 3))
+        ax.plot([0] + [r["round"] for r in h["rounds"]],
+                [h.get("initial_accuracy", float("nan"))] + [r["accuracy"] for r in h["rounds"]], marker="o")
+        ax.set_xlabel("round")
+        ax.set_ylabel("global test accuracy")
+        fig.tight_layout()
+        fig.savefig(res.work_dir / "accuracy.png", dpi=100)
+        plt.close(fig)
+    except ImportError:
+        pass
+    return out
