@@ -19,8 +19,10 @@ Pure pieces (no Flower needed), used by the Flower apps in port.federated.flower
     fedavg(global_state, updates) -> new global state (FedAvg of the deltas, weighted by examples)
     global_state(fed) -> the initial global parameters and float buffers (numpy arrays by state-dict name)
 
-Updates are deltas (``Trainer.parameter_delta`` plus the change of the float buffers, e.g. BN running stats):
-averaging deltas weighted by examples and adding them to the global state is FedAvg exactly. A client whose
+Updates are deltas: new - global for every parameter and float buffer (BN running statistics), all keys every
+round (Flower's averaging needs the same arrays from every client; ``Trainer.parameter_delta`` leaves out
+unchanged parameters and the buffers). Averaging deltas weighted by examples and adding them to the global
+state is FedAvg exactly. A client whose
 budget fits no plan raises InfeasibleBudgetError; the server reports it with its minimum.
 """
 from __future__ import annotations
@@ -34,13 +36,12 @@ from typing import Any, Optional, Union
 from pydantic import Field, field_validator
 
 from port.config import ExperimentConfig, _Strict, parse_budget
-from port.errors import ConfigError, InfeasibleBudgetError
+from port.errors import ConfigError
 
 
 class ClientConfig(_Strict):
     device: str = "host"                          # name in configs/devices/ or a device YAML path
     budget: Optional[Union[int, str]] = None      # bytes or "NN%"; None: the experiment's budget, else the device's
-    name: Optional[str] = None
 
     @field_validator("budget", mode="before")
     @classmethod
@@ -58,7 +59,6 @@ class FederationSection(_Strict):
     local_epochs: int = Field(default=1, ge=1)
     clients: tuple[ClientConfig, ...] = Field(min_length=1)
     partition: PartitionConfig = PartitionConfig()
-    fraction_evaluate: float = Field(default=1.0, ge=0, le=1)
     round_timeout_s: float = Field(default=600.0, gt=0)
 
 
@@ -82,10 +82,11 @@ def load_federated(path: str | Path) -> FederatedConfig:
 
 @dataclass(frozen=True)
 class Federation:
-    """A loaded federation: the config, its file (model factories are imported beside it) and the clients'
-    data partition of the training split."""
+    """A loaded federation: the config, its file (model factories are imported beside it), the dataset and
+    the clients' partition of its training split."""
     config: FederatedConfig
     config_path: Path
+    dataset: Any = field(repr=False)                     # port.train.data.Dataset
     partitions: tuple[Any, ...] = field(repr=False)      # per client: index tensor into the training split
 
     @property
@@ -125,16 +126,13 @@ def load_federation(path: str | Path) -> Federation:
     ds = load(cfg)
     f = cfg.federation
     parts = partition_label_skew(ds.y_train, len(f.clients), f.partition.alpha, f.partition.seed)
-    return Federation(cfg, Path(path).resolve(), tuple(parts))
+    return Federation(cfg, Path(path).resolve(), ds, tuple(parts))
 
 
 def _client_job(fed: Federation, index: int):
-    from port import config as C
     from port.pipeline import load_job
     c = fed.config.federation.clients[index]
-    budget = c.budget if c.budget is not None else fed.config.budget
-    job = load_job(fed.config_path, device=c.device, budget=budget)
-    return job, c
+    return load_job(fed.config_path, device=c.device, budget=c.budget if c.budget is not None else fed.config.budget)
 
 
 @dataclass(frozen=True)
@@ -152,7 +150,7 @@ def client_plan(fed: Federation, index: int, cache_dir: str | Path) -> tuple[Cli
     from ``cache_dir`` when one was solved for the same graph, profile and budget (plan-<digest>.json)."""
     from port.pipeline import build_graph, get_profile, resolve_budget, solve_plan
     from port.plan.io import load_plan, save_plan
-    job, c = _client_job(fed, index)
+    job = _client_job(fed, index)
     built = build_graph(job)
     prof = get_profile(job, built.graph, progress=False, echo=lambda _m: None)
     bud = resolve_budget(job, built.graph, prof.profile)
@@ -172,7 +170,8 @@ class ClientUpdate:
     index: int
     delta: dict                   # state-dict name -> numpy array (new - global), parameters and float buffers
     num_examples: int
-    metrics: dict                 # train_loss, steps, accuracy (own test split share), predicted/measured memory
+    metrics: dict                 # train_loss, steps, test_accuracy (the experiment's test split), budget,
+                                  # plan peak (simulated), peak_rss_bytes (this process's VmHWM, measured)
 
 
 def global_state(fed: Federation) -> dict:
@@ -189,8 +188,7 @@ def client_update(fed: Federation, index: int, state: dict, server_round: int, c
     import torch
     from port import Trainer
     from port.pipeline import stand_in_backends
-    from port.train.data import load
-    from port.train.memwatch import rss_bytes
+    from port.train.memwatch import peak_bytes
     cp, job, built = client_plan(fed, index, cache_dir)
     cfg = fed.config
     tr = Trainer(built.model, built.example, plan=cp.plan, optimizer=built.optimizer,
@@ -198,7 +196,7 @@ def client_update(fed: Federation, index: int, state: dict, server_round: int, c
                  accelerators=stand_in_backends(job.device) or None)
     base = {k: torch.from_numpy(np.asarray(v)) for k, v in state.items()}
     tr.load_state_dict(base)
-    ds = load(cfg)
+    ds = fed.dataset
     idx = fed.partitions[index]
     x, y = ds.x_train[idx], ds.y_train[idx]
     B = cfg.batch_size
@@ -215,7 +213,7 @@ def client_update(fed: Federation, index: int, state: dict, server_round: int, c
     ev = tr.evaluate(ds.test_batches(B))
     metrics = {"train_loss": float(np.mean(losses)) if losses else float("nan"), "steps": len(losses),
                "test_accuracy": ev["accuracy"], "budget_bytes": cp.budget_bytes,
-               "predicted_peak_bytes": int(cp.plan.predicted_peak_bytes), "rss_bytes": int(rss_bytes()),
+               "predicted_peak_bytes": int(cp.plan.predicted_peak_bytes), "peak_rss_bytes": int(peak_bytes()),
                "keep_everything_peak_bytes": cp.keep_everything_peak_bytes}
     return ClientUpdate(index, delta, len(losses) * B, metrics)
 
@@ -228,13 +226,6 @@ def fedavg(state: dict, updates: list[ClientUpdate]) -> dict:
         return {k: np.array(v, copy=True) for k, v in state.items()}
     return {k: np.asarray(v) + sum(u.num_examples * np.asarray(u.delta[k], dtype=np.float64) for u in updates) / n
             for k, v in state.items()}
-
-
-def describe_infeasible(e: InfeasibleBudgetError) -> str:
-    from port.config import format_size
-    mn = e.min_feasible_bytes
-    return (f"budget {format_size(e.budget_bytes)} fits no plan; smallest feasible "
-            + (format_size(mn) if mn else "unknown"))
 
 
 __all__ = ["FederatedConfig", "Federation", "ClientUpdate", "ClientPlan", "load_federated", "load_federation",

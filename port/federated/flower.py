@@ -3,8 +3,9 @@ and replies with deltas; ``server_app`` runs Flower's FedAvg on those deltas (``
 weighted averaging, then global + average delta), checkpoints the global model after every round and resumes
 from it.
 
-Run configuration (``flwr run --run-config``): ``port-config`` (the federation YAML, absolute path) and
-``port-rounds`` (0: federation.rounds) and ``port-workdir`` (where the server keeps checkpoint.npz / history.json and the clients their plan cache).
+Run configuration (``flwr run --run-config``): ``port-config`` (the federation YAML, absolute path),
+``port-rounds`` (0: federation.rounds) and ``port-workdir`` (where the server keeps checkpoint.npz and
+history.json, and the clients their plan cache).
 Node configuration (``flower-supernode --node-config``): ``client-index`` (which entry of federation.clients
 this device is). `port federate` starts all of this on 127.0.0.1; on a real device run the documented
 ``flower-supernode`` command against a remote SuperLink (README, "Federated learning").
@@ -113,17 +114,15 @@ def load_checkpoint(work: Path) -> tuple[dict | None, dict]:
         return {k: z[k] for k in z.files}, history
 
 
-def global_accuracy(fed, state: dict) -> float:
-    """Test accuracy of a global state on the experiment's test split (PyTorch eager, on the server)."""
+def global_accuracy(fed, model, state: dict) -> float:
+    """Test accuracy of a global state (loaded into ``model``) on the experiment's test split (PyTorch eager,
+    on the server)."""
     import torch
-    from port.pipeline import build_graph, load_job
-    from port.train.data import load
-    model = build_graph(load_job(fed.config_path)).model
     sd = model.state_dict()
     sd.update({k: torch.from_numpy(np.asarray(v)).reshape(sd[k].shape) for k, v in state.items()})
     model.load_state_dict(sd)
     model.eval()
-    ds = load(fed.config)
+    ds = fed.dataset
     with torch.no_grad():
         pred = torch.cat([model(x).argmax(1) for x, _ in ds.test_batches(256)])
     return float((pred == ds.y_test).float().mean())
@@ -132,15 +131,17 @@ def global_accuracy(fed, state: dict) -> float:
 @server_app.main()
 def _main(grid: Grid, context: Context) -> None:
     from port.federated import global_state, load_federation
+    from port.pipeline import load_job, load_model
     cfg_path, work = _paths(context)
     work.mkdir(parents=True, exist_ok=True)
     fed = load_federation(cfg_path)
+    model = load_model(load_job(cfg_path))
     f = fed.config.federation
     state, history = load_checkpoint(work)
     done = len(history["rounds"])
     if state is None:
         state = global_state(fed)
-        history = {"rounds": [], "initial_accuracy": global_accuracy(fed, state)}
+        history = {"rounds": [], "initial_accuracy": global_accuracy(fed, model, state)}
     total = int(context.run_config.get("port-rounds", 0) or 0) or f.rounds
     left = total - done
     if left <= 0:
@@ -151,7 +152,7 @@ def _main(grid: Grid, context: Context) -> None:
     def on_round(server_round, arrays, clients, infeasible, failed):
         st = {k: v.numpy() for k, v in arrays.items()}
         now = time.time()
-        history["rounds"].append({"round": done + server_round, "accuracy": global_accuracy(fed, st),
+        history["rounds"].append({"round": done + server_round, "accuracy": global_accuracy(fed, model, st),
                                   "seconds": now - t_last[0], "clients": clients, "infeasible": infeasible,
                                   "failed": failed,
                                   "delta_bytes": int(sum(v.nbytes for v in st.values())) * len(clients)})
