@@ -7,6 +7,9 @@ The config is an experiment config (port.config.ExperimentConfig: model, data, o
       rounds: 5
       local_epochs: 1
       partition: {alpha: 0.5}        # label skew: per class, client shares ~ Dirichlet(alpha)
+      round_timeout_s: 600           # how long a round waits for the clients' replies
+      evaluate_clients: false        # true: after each round every client evaluates the new global model on its
+                                     # own data (a second message per client per round)
       clients:
         - {device: jetson-orin-nano, budget: 50%}
         - {device: raspberry-pi-4b, budget: 25%}
@@ -16,14 +19,17 @@ Pure pieces (no Flower needed), used by the Flower apps in port.federated.flower
     partition_label_skew(labels, n_clients, alpha, seed) -> list of index tensors
     client_plan(fed, index, cache_dir) -> ClientPlan (the client's plan, solved once per graph/profile/budget)
     client_update(fed, index, global_state, round, cache_dir) -> ClientUpdate (deltas, examples, metrics)
+    client_evaluate(fed, index, global_state, cache_dir) -> the global model's loss/accuracy on the client's data
     fedavg(global_state, updates) -> new global state (FedAvg of the deltas, weighted by examples)
     global_state(fed) -> the initial global parameters and float buffers (numpy arrays by state-dict name)
 
-Updates are deltas: new - global for every parameter and float buffer (BN running statistics), all keys every
-round (Flower's averaging needs the same arrays from every client; ``Trainer.parameter_delta`` leaves out
-unchanged parameters and the buffers). Averaging deltas weighted by examples and adding them to the global
-state is FedAvg exactly. A client whose
-budget fits no plan raises InfeasibleBudgetError; the server reports it with its minimum.
+Updates are deltas: ``Trainer.parameter_delta`` (new - global) for every trained parameter, with zeros for one
+that did not change, and new - global for every float buffer (BN running statistics, which move in training mode
+even in frozen layers). Frozen parameters (``train.trainable``) are not sent: their delta is zero on every client,
+so the up-link shrinks with a sparse update, and every client sends the same keys (Flower's averaging needs
+that). Averaging deltas weighted by examples (a missing key counting zero) and adding them to the global state is
+FedAvg exactly. A client whose budget fits no plan raises InfeasibleBudgetError; the server reports it with its
+minimum.
 """
 from __future__ import annotations
 
@@ -36,7 +42,7 @@ from typing import Any, Optional, Union
 from pydantic import Field, field_validator
 
 from port.config import ExperimentConfig, _Strict, parse_budget
-from port.errors import ConfigError
+from port.errors import ConfigError, InfeasibleBudgetError
 
 
 class ClientConfig(_Strict):
@@ -60,6 +66,7 @@ class FederationSection(_Strict):
     clients: tuple[ClientConfig, ...] = Field(min_length=1)
     partition: PartitionConfig = PartitionConfig()
     round_timeout_s: float = Field(default=600.0, gt=0)
+    evaluate_clients: bool = False      # each round, every client also evaluates the new global model on its data
 
 
 class FederatedConfig(ExperimentConfig):
@@ -147,7 +154,9 @@ class ClientPlan:
 
 def client_plan(fed: Federation, index: int, cache_dir: str | Path) -> tuple[ClientPlan, Any, Any]:
     """(ClientPlan, job, built) for client ``index``: its plan under its device's profile and budget, read
-    from ``cache_dir`` when one was solved for the same graph, profile and budget (plan-<digest>.json)."""
+    from ``cache_dir`` when one was solved for the same graph, profile and budget (plan-<digest>.json). A
+    budget that fits no plan raises InfeasibleBudgetError, and is remembered too (infeasible-<digest>.json:
+    message, budget_bytes, min_feasible_bytes), so later rounds do not search for the minimum again."""
     from port.pipeline import build_graph, get_profile, resolve_budget, solve_plan
     from port.plan.io import load_plan, save_plan
     job = _client_job(fed, index)
@@ -159,8 +168,19 @@ def client_plan(fed: Federation, index: int, cache_dir: str | Path) -> tuple[Cli
     path = Path(cache_dir) / f"plan-{key}.json"
     if path.exists():
         return ClientPlan(index, job.device.name, load_plan(path), bud.bytes, bud.keep_everything_peak, True), job, built
-    solved = solve_plan(job, built, prof, bud)       # InfeasibleBudgetError names the minimum
+    nofit = Path(cache_dir) / f"infeasible-{key}.json"     # the answer for a budget that fits no plan, kept too
+    if nofit.exists():
+        e = json.loads(nofit.read_text())
+        raise InfeasibleBudgetError(e["message"], e["budget_bytes"], e["min_feasible_bytes"])
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        solved = solve_plan(job, built, prof, bud)       # InfeasibleBudgetError names the minimum
+    except InfeasibleBudgetError as e:
+        from port.io import atomic_write_text
+        atomic_write_text(nofit, json.dumps({"format": "port-infeasible-budget", "version": 1, "message": str(e),
+                                             "budget_bytes": e.budget_bytes,
+                                             "min_feasible_bytes": e.min_feasible_bytes}))
+        raise
     save_plan(solved.plan, path, built.graph)
     return ClientPlan(index, job.device.name, solved.plan, bud.bytes, bud.keep_everything_peak, False), job, built
 
@@ -168,10 +188,12 @@ def client_plan(fed: Federation, index: int, cache_dir: str | Path) -> tuple[Cli
 @dataclass(frozen=True)
 class ClientUpdate:
     index: int
-    delta: dict                   # state-dict name -> numpy array (new - global), parameters and float buffers
+    delta: dict                   # state-dict name -> numpy array (new - global): trained parameters, float buffers
     num_examples: int
     metrics: dict                 # train_loss, steps, test_accuracy (the experiment's test split), budget,
-                                  # plan peak (simulated), peak_rss_bytes (this process's VmHWM, measured)
+                                  # plan peak (simulated); measured: peak_rss_bytes (the process's resident
+                                  # high-water mark during local training, VmHWM reset before it) and
+                                  # train_rss_growth_bytes (that peak minus the resident set when training began)
 
 
 def global_state(fed: Federation) -> dict:
@@ -182,38 +204,69 @@ def global_state(fed: Federation) -> dict:
     return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items() if v.is_floating_point()}
 
 
-def client_update(fed: Federation, index: int, state: dict, server_round: int, cache_dir: str | Path) -> ClientUpdate:
-    """One round of client ``index``: local epochs over its partition under its own plan, from ``state``."""
+def _client_trainer(fed: Federation, index: int, state: dict, cache_dir: str | Path):
+    """(Trainer under client ``index``'s plan holding ``state``, ClientPlan, the state as torch tensors)."""
     import numpy as np
     import torch
     from port import Trainer
     from port.pipeline import stand_in_backends
-    from port.train.memwatch import peak_bytes
     cp, job, built = client_plan(fed, index, cache_dir)
-    cfg = fed.config
     tr = Trainer(built.model, built.example, plan=cp.plan, optimizer=built.optimizer,
-                 trainable=list(built.trainable) if built.trainable else None, seed=cfg.train.seed,
+                 trainable=list(built.trainable) if built.trainable else None, seed=fed.config.train.seed,
                  accelerators=stand_in_backends(job.device) or None)
     base = {k: torch.from_numpy(np.asarray(v)) for k, v in state.items()}
     tr.load_state_dict(base)
+    return tr, cp, base
+
+
+def client_evaluate(fed: Federation, index: int, state: dict, cache_dir: str | Path) -> dict:
+    """Client ``index``'s metrics of the global ``state`` on its own partition (run under its plan, eval mode):
+    num_examples, local_loss, local_accuracy."""
+    tr, _cp, _base = _client_trainer(fed, index, state, cache_dir)
+    idx = fed.partitions[index]
+    x, y = fed.dataset.x_train[idx], fed.dataset.y_train[idx]
+    B = fed.config.batch_size
+    ev = tr.evaluate((x[i:i + B], y[i:i + B]) for i in range(0, len(y), B))
+    return {"num_examples": int(len(y)), "local_loss": float(ev["loss"]), "local_accuracy": float(ev["accuracy"])}
+
+
+def client_update(fed: Federation, index: int, state: dict, server_round: int, cache_dir: str | Path) -> ClientUpdate:
+    """One round of client ``index``: local epochs over its partition under its own plan, from ``state``."""
+    import numpy as np
+    import torch
+    from port.train.memwatch import peak_bytes, reset_peak, rss_bytes
+    tr, cp, base = _client_trainer(fed, index, state, cache_dir)
+    cfg = fed.config
     ds = fed.dataset
     idx = fed.partitions[index]
     x, y = ds.x_train[idx], ds.y_train[idx]
     B = cfg.batch_size
     gen = torch.Generator().manual_seed(cfg.train.seed * 1009 + index * 7919 + server_round)
     losses = []
+    reset_peak()
+    rss0 = rss_bytes()
     for _ep in range(cfg.federation.local_epochs):
         perm = torch.randperm(len(y), generator=gen)
         for i in range(0, len(perm) - B + 1, B):        # full batches only: the plan is for batch B
             b = perm[i:i + B]
             losses.append(float(tr.step(x[b], y[b])))
+    train_growth = max(0, peak_bytes() - rss0)
     new = tr.state_dict()
-    delta = {k: (new[k] - base[k].reshape(new[k].shape)).numpy().reshape(np.asarray(state[k]).shape)
-             for k in state if k in new}
+    changed = tr.parameter_delta(base)
+    trained = {t.name for t in tr.graph.trainable_parameters()}
+    params = {t.name for t in tr.graph.parameters()}
+    delta = {}
+    for k in state:
+        if k in trained:
+            d = changed.get(k)
+            delta[k] = (d.numpy() if d is not None else np.zeros_like(new[k].numpy())).reshape(np.shape(state[k]))
+        elif k not in params and k in new:      # a float buffer
+            delta[k] = (new[k] - base[k].reshape(new[k].shape).to(new[k].dtype)).numpy().reshape(np.shape(state[k]))
     ev = tr.evaluate(ds.test_batches(B))
     metrics = {"train_loss": float(np.mean(losses)) if losses else float("nan"), "steps": len(losses),
                "test_accuracy": ev["accuracy"], "budget_bytes": cp.budget_bytes,
                "predicted_peak_bytes": int(cp.plan.predicted_peak_bytes), "peak_rss_bytes": int(peak_bytes()),
+               "train_rss_growth_bytes": int(train_growth),
                "keep_everything_peak_bytes": cp.keep_everything_peak_bytes}
     return ClientUpdate(index, delta, len(losses) * B, metrics)
 
@@ -224,9 +277,10 @@ def fedavg(state: dict, updates: list[ClientUpdate]) -> dict:
     n = sum(u.num_examples for u in updates)
     if n == 0:
         return {k: np.array(v, copy=True) for k, v in state.items()}
-    return {k: np.asarray(v) + sum(u.num_examples * np.asarray(u.delta[k], dtype=np.float64) for u in updates) / n
-            for k, v in state.items()}
+    return {k: (np.asarray(v) + sum(u.num_examples * np.asarray(u.delta[k], dtype=np.float64)
+                                    for u in updates if k in u.delta) / n)
+            .astype(np.asarray(v).dtype) for k, v in state.items()}     # averaged in float64, kept in the state's dtype
 
 
 __all__ = ["FederatedConfig", "Federation", "ClientUpdate", "ClientPlan", "load_federated", "load_federation",
-           "partition_label_skew", "client_plan", "client_update", "fedavg", "global_state"]
+           "partition_label_skew", "client_plan", "client_update", "client_evaluate", "fedavg", "global_state"]

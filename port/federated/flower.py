@@ -20,6 +20,7 @@ from typing import Iterable
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
@@ -38,41 +39,99 @@ def _paths(context: Context) -> tuple[Path, Path]:
     return Path(str(rc["port-config"])), Path(str(rc["port-workdir"]))
 
 
+def _received(msg: Message, context: Context):
+    """(federation, this client's index, the global state sent, work directory) of a message to a client."""
+    from port.federated import load_federation
+    cfg_path, work = _paths(context)
+    fed = load_federation(cfg_path)
+    return fed, int(context.node_config["client-index"]), {k: v.numpy() for k, v in msg.content["arrays"].items()}, work
+
+
+def _infeasible_reply(msg: Message, index: int, e: InfeasibleBudgetError) -> Message:
+    """The reply of a client whose budget fits no plan: an error with its budget and smallest feasible one."""
+    return Message(Error(INFEASIBLE_CODE, json.dumps({"client": index, "budget_bytes": e.budget_bytes,
+                                                      "min_feasible_bytes": e.min_feasible_bytes,
+                                                      "message": str(e)})), reply_to=msg)
+
+
 @client_app.train()
 def _train(msg: Message, context: Context) -> Message:
-    from port.federated import client_update, load_federation
-    cfg_path, work = _paths(context)
-    index = int(context.node_config["client-index"])
-    fed = load_federation(cfg_path)
-    state = {k: v.numpy() for k, v in msg.content["arrays"].items()}
+    from port.federated import client_update
+    fed, index, state, work = _received(msg, context)
     conf = msg.content["config"]
     rnd = int(conf["server-round"]) + int(conf.get("round-offset", 0))
     t0 = time.perf_counter()
     try:
         u = client_update(fed, index, state, rnd, work / "plans")
     except InfeasibleBudgetError as e:
-        return Message(Error(INFEASIBLE_CODE, json.dumps({"client": index, "budget_bytes": e.budget_bytes,
-                                                          "min_feasible_bytes": e.min_feasible_bytes,
-                                                          "message": str(e)})), reply_to=msg)
+        return _infeasible_reply(msg, index, e)
     m = {k: float(v) for k, v in u.metrics.items()}
-    m.update({"num-examples": int(u.num_examples), "client": float(index), "seconds": time.perf_counter() - t0})
+    m.update({"num-examples": int(u.num_examples), "client": float(index), "seconds": time.perf_counter() - t0,
+              "delta-bytes": float(sum(np.asarray(v).nbytes for v in u.delta.values()))})
     arrays = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in u.delta.items()})
     return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord(m)}), reply_to=msg)
 
 
+@client_app.evaluate()
+def _evaluate(msg: Message, context: Context) -> Message:
+    from port.federated import client_evaluate
+    fed, index, state, work = _received(msg, context)
+    try:
+        ev = client_evaluate(fed, index, state, work / "plans")
+    except InfeasibleBudgetError as e:
+        return _infeasible_reply(msg, index, e)
+    m = {"num-examples": ev["num_examples"], "client": float(index), "local_loss": ev["local_loss"],
+         "local_accuracy": ev["local_accuracy"]}
+    return Message(RecordDict({"metrics": MetricRecord(m)}), reply_to=msg)
+
+
 class DeltaFedAvg(FedAvg):
     """Flower's FedAvg over client deltas: its weighted average of the replies' arrays is the average delta,
-    added to the global model sent this round. Records per-client metrics and the clients that reported an
-    infeasible budget, and checkpoints the global model after each round (``on_round``)."""
+    added to the global model sent this round. Records per-client metrics, the clients that reported an
+    infeasible budget, the replies that are errors (a SuperNode that stopped heartbeating, a crashed client) and
+    the nodes that did not reply within the round's timeout, and checkpoints the global model after each round
+    (``on_round``).
 
-    def __init__(self, on_round=None, **kw):
+    A node that did not reply in time (or whose reply says it is unavailable) is taken for gone: the next round
+    waits up to ``rejoin_wait_s`` for ``expected_nodes`` other nodes (a restarted SuperNode registers as a new
+    node) and does not send to the gone one, which the SuperLink still lists until it misses two heartbeats
+    (about a minute in flwr 1.41). If too few nodes come, the round is sent to every node listed."""
+
+    def __init__(self, on_round=None, expected_nodes: int = 0, rejoin_wait_s: float = 0.0, on_evaluate=None,
+                 **kw):
         super().__init__(**kw)
+        self.on_evaluate = on_evaluate
         self._sent: ArrayRecord | None = None
+        self._asked: list[int] = []
+        self._gone: set[int] = set()
         self.on_round = on_round
+        self.expected_nodes = expected_nodes
+        self.rejoin_wait_s = rejoin_wait_s
 
     def configure_train(self, server_round, arrays, config, grid):
         self._sent = arrays
-        return super().configure_train(server_round, arrays, config, grid)
+        if self._gone:
+            t_end = time.monotonic() + self.rejoin_wait_s
+            while (len(set(grid.get_node_ids()) - self._gone) < self.expected_nodes
+                   and time.monotonic() < t_end):
+                time.sleep(0.5)
+        msgs = list(super().configure_train(server_round, arrays, config, grid))
+        live = [m for m in msgs if int(m.metadata.dst_node_id) not in self._gone]
+        if len(live) >= max(1, self.expected_nodes):
+            msgs = live
+        self._asked = [int(m.metadata.dst_node_id) for m in msgs]
+        return msgs
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        return [m for m in super().configure_evaluate(server_round, arrays, config, grid)
+                if int(m.metadata.dst_node_id) not in self._gone]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
+        replies = list(replies)
+        if self.on_evaluate is not None:
+            self.on_evaluate(server_round, [{k: v for k, v in m.content["metrics"].items()}
+                                            for m in replies if not m.has_error()])
+        return super().aggregate_evaluate(server_round, replies)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
@@ -84,13 +143,17 @@ class DeltaFedAvg(FedAvg):
                 infeasible.append(json.loads(m.error.reason))
             else:
                 failed.append({"node": int(m.metadata.src_node_id), "reason": str(m.error.reason)[:500]})
+        replied = {int(m.metadata.src_node_id) for m in replies}
+        lost = [n for n in self._asked if n not in replied]     # no reply within federation.round_timeout_s
+        self._gone |= set(lost) | {int(m.metadata.src_node_id) for m in replies
+                                   if m.has_error() and m.error.code == ErrorCode.NODE_UNAVAILABLE}
         avg, metrics = super().aggregate_train(server_round, replies)
         new = self._sent
         if avg is not None:
             new = ArrayRecord({k: Array(self._sent[k].numpy() + avg[k].numpy().astype(self._sent[k].numpy().dtype))
-                               for k in self._sent})
+                               if k in avg else self._sent[k] for k in self._sent})     # frozen: not sent
         if self.on_round is not None:
-            self.on_round(server_round, new, clients, infeasible, failed)
+            self.on_round(server_round, new, clients, infeasible, failed, lost)
         return new, metrics
 
 
@@ -149,17 +212,27 @@ def _main(grid: Grid, context: Context) -> None:
     n = fed.num_clients
     t_last = [time.time()]
 
-    def on_round(server_round, arrays, clients, infeasible, failed):
+    def on_round(server_round, arrays, clients, infeasible, failed, lost):
         st = {k: v.numpy() for k, v in arrays.items()}
         now = time.time()
         history["rounds"].append({"round": done + server_round, "accuracy": global_accuracy(fed, model, st),
                                   "seconds": now - t_last[0], "clients": clients, "infeasible": infeasible,
-                                  "failed": failed,
-                                  "delta_bytes": int(sum(v.nbytes for v in st.values())) * len(clients)})
+                                  "failed": failed, "lost": lost,
+                                  "delta_bytes": int(sum(c.get("delta-bytes", 0) for c in clients))})
         t_last[0] = now
+        last[0] = st
         _save(work, arrays, history)
 
-    strategy = DeltaFedAvg(on_round=on_round, fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n,
-                           min_evaluate_nodes=0, min_available_nodes=n)
+    def on_evaluate(server_round, clients):
+        if not clients or not history["rounds"]:
+            return
+        history["rounds"][-1]["evaluate"] = sorted(clients, key=lambda c: c["client"])
+        _save(work, ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in last[0].items()}), history)
+
+    last = [state]
+    strategy = DeltaFedAvg(on_round=on_round, on_evaluate=on_evaluate, expected_nodes=n,
+                           rejoin_wait_s=f.round_timeout_s, fraction_train=1.0,
+                           fraction_evaluate=1.0 if f.evaluate_clients else 0.0, min_train_nodes=n,
+                           min_evaluate_nodes=n if f.evaluate_clients else 0, min_available_nodes=n)
     strategy.start(grid=grid, initial_arrays=ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in state.items()}),
                    num_rounds=left, timeout=f.round_timeout_s, train_config=ConfigRecord({"round-offset": done}))

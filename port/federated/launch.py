@@ -2,10 +2,12 @@
 
 One SuperLink and one SuperNode per client (separate processes), all on 127.0.0.1 on free ports, with
 telemetry and update checks off and a scratch FLWR_HOME inside the work directory; the run is submitted with
-``flwr run`` and followed with ``flwr ls`` until it finishes. A SuperNode that dies is started again; it joins
-from the next round (the round in progress waits up to federation.round_timeout_s for the lost node's reply,
-then averages the replies it has; not yet covered by a test). The server checkpoints the global model after
-every round, so an interrupted federation resumes where it stopped. Flower's Ray-based simulation engine is not used.
+``flwr run`` and followed with ``flwr ls`` until it finishes. A SuperNode that dies is started again (as a
+new node) and joins from the next round; the round in progress waits up to federation.round_timeout_s for the
+lost node's reply, then averages the replies it has and records the node under ``lost``; the next round waits
+(up to the same timeout) for the restarted node and does not send to the lost one (see DeltaFedAvg). The server
+checkpoints the global model after every round, so an interrupted federation resumes where it stopped.
+Flower's Ray-based simulation engine is not used.
 """
 from __future__ import annotations
 
@@ -230,6 +232,14 @@ def _round_line(r: dict) -> str:
     for c in r["infeasible"]:
         parts.append(f"client {c['client']}: budget {format_size(c['budget_bytes'])} fits no plan (smallest "
                      f"feasible {format_size(c['min_feasible_bytes']) if c['min_feasible_bytes'] else 'unknown'})")
+    if r.get("evaluate"):
+        parts.append("on their own data: " + ", ".join(f"client {int(c['client'])} {c['local_accuracy']:.3f}"
+                                                        for c in r["evaluate"]))
+    if r.get("lost"):
+        parts.append(f"{len(r['lost'])} node(s) did not reply in time")
+    if r.get("failed"):
+        parts.append(f"{len(r['failed'])} error repl{'y' if len(r['failed']) == 1 else 'ies'} "
+                     f"({r['failed'][0]['reason'][:80]})")
     return "; ".join(parts)
 
 
@@ -250,6 +260,10 @@ def write_report(res: FederationResult) -> Path:
         cl += "".join(f"; {c['client']}: no plan fits {format_size(c['budget_bytes'])} (smallest feasible "
                       f"{format_size(c['min_feasible_bytes']) if c['min_feasible_bytes'] else 'unknown'})"
                       for c in r["infeasible"])
+        cl += "".join(f"; {int(c['client'])}: {c['local_accuracy']:.3f} on its own data"
+                      for c in r.get("evaluate", []))
+        cl += "".join(f"; node {n}: no reply in time" for n in r.get("lost", []))
+        cl += "".join(f"; node {c['node']}: error ({c['reason'][:60]})" for c in r.get("failed", []))
         lines.append(f"| {r['round']} | {r['accuracy']:.3f} | {r['seconds']:.1f} | {cl} |")
     out = res.work_dir / "history.md"
     atomic_write_text(out, "\n".join(lines) + "\n")

@@ -39,9 +39,15 @@ def load(cfg) -> Dataset:
         x = torch.tensor(ds.data, dtype=torch.float32) / 16.0
         y = torch.tensor(ds.target, dtype=torch.int64)
         if int(torch.tensor(shape).prod()) != 64:
-            from port.errors import ConfigError
-            raise ConfigError(f"data.kind digits gives 64 features per sample; input_shape {list(shape)} has "
-                              f"{int(torch.tensor(shape).prod())}")
+            if len(shape) != 3:
+                from port.errors import ConfigError
+                raise ConfigError(f"data.kind digits gives 64 features per sample (an 8x8 image); input_shape "
+                                  f"{list(shape)} has {int(torch.tensor(shape).prod())}: give 64 features "
+                                  f"([64], [1, 8, 8]) or an image shape [C, H, W] to resize it to")
+            # an image model's input: the 8x8 digit resized (bilinear) to H x W and repeated over C channels
+            import torch.nn.functional as F
+            x = F.interpolate(x.reshape(-1, 1, 8, 8), size=shape[1:], mode="bilinear", align_corners=False)
+            x = x.repeat(1, shape[0], 1, 1).flatten(1)
         idx = list(range(len(y)))
         tr_idx, te_idx = train_test_split(idx, test_size=d.test_fraction, random_state=d.seed, stratify=ds.target)
         xtr, xte = x[tr_idx], x[te_idx]

@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 
 from port.errors import InfeasibleBudgetError
-from port.federated import (client_plan, client_update, fedavg, global_state, load_federation,
+from port.federated import (client_evaluate, client_plan, client_update, fedavg, global_state, load_federation,
                             partition_label_skew)
 
-CONFIG = """name: fedtest
-model: digits_cnn
+EXPERIMENT = """model: digits_cnn
 input_shape: [1, 8, 8]
 num_classes: 10
 batch_size: 16
@@ -20,8 +19,11 @@ data: {kind: digits, seed: 0}
 optimizer: {name: sgd_momentum, lr: 0.05, momentum: 0.9}
 solver: {name: highs, time_limit_s: 10, gap: 0.01}
 train: {seed: 0}
-federation:
+"""
+
+CONFIG = "name: fedtest\n" + EXPERIMENT + """federation:
   rounds: 1
+  evaluate_clients: true
   partition: {alpha: 0.5, seed: 1}
   clients:
     - {device: jetson-orin-nano, budget: 65%}
@@ -62,6 +64,28 @@ def test_client_updates_are_deltas_under_each_clients_plan(fed_config, tmp_path)
     with pytest.raises(InfeasibleBudgetError) as ei:        # 40% of the keep-everything peak fits no plan
         client_update(fed, 2, st, 1, tmp_path)
     assert ei.value.min_feasible_bytes > ei.value.budget_bytes
+    (nofit,) = tmp_path.glob("infeasible-*.json")           # remembered: the next round does not search again
+    nofit.write_text(nofit.read_text().replace(str(ei.value.min_feasible_bytes), "123456789"))
+    with pytest.raises(InfeasibleBudgetError) as again_e:
+        client_update(fed, 2, st, 2, tmp_path)
+    assert again_e.value.min_feasible_bytes == 123456789 and again_e.value.budget_bytes == ei.value.budget_bytes
+
+
+def test_a_sparse_update_sends_only_the_trained_parameters(tmp_path):
+    """train.trainable freezes the convolutions: their parameters are not sent (smaller up-link), the trained
+    ones and the BN running statistics are, and FedAvg leaves the frozen weights as they were."""
+    cfg = tmp_path / "sparse.yaml"
+    cfg.write_text(CONFIG.replace("train: {seed: 0}", "train: {seed: 0, trainable: ['8', '12']}")
+                   .replace("budget: 65%", "budget: 100%"))
+    fed = load_federation(cfg)
+    st = global_state(fed)
+    ups = [client_update(fed, i, st, 1, tmp_path) for i in (0, 1)]
+    assert set(ups[0].delta) == set(ups[1].delta) == {"8.weight", "8.bias", "12.weight", "12.bias",
+                                                      "1.running_mean", "1.running_var", "4.running_mean",
+                                                      "4.running_var", "8.running_mean", "8.running_var"}
+    new = fedavg(st, ups)
+    assert np.array_equal(new["0.weight"], st["0.weight"]) and not np.array_equal(new["12.weight"], st["12.weight"])
+    assert sum(v.nbytes for v in ups[0].delta.values()) < 0.5 * sum(v.nbytes for v in st.values())
 
 
 def test_one_round_over_flower_equals_fedavg_by_hand(fed_config, tmp_path):
@@ -86,3 +110,68 @@ def test_one_round_over_flower_equals_fedavg_by_hand(fed_config, tmp_path):
         np.testing.assert_allclose(state[k], want[k], rtol=1e-5, atol=1e-6)
     assert not all(np.array_equal(state[k], st[k]) for k in st)
     assert "no plan fits" in write_report(res).read_text()
+    # federated evaluation: each client's loss and accuracy of the new global model on its own data
+    ev = {int(c["client"]): c for c in r1["evaluate"]}
+    assert sorted(ev) == [0, 1]
+    for i in (0, 1):
+        mine = client_evaluate(fed, i, state, tmp_path / "plans")
+        assert ev[i]["num-examples"] == mine["num_examples"] == len(fed.partitions[i])
+        assert ev[i]["local_accuracy"] == pytest.approx(mine["local_accuracy"], abs=1.5 / mine["num_examples"])
+        assert ev[i]["local_loss"] == pytest.approx(mine["local_loss"], rel=1e-4)
+    assert r1["delta_bytes"] == sum(sum(v.nbytes for v in u.delta.values()) for u in ups)
+
+
+KILL_CONFIG = "name: fedkill\n" + EXPERIMENT + """federation:
+  rounds: 2
+  local_epochs: 3
+  round_timeout_s: 20
+  partition: {alpha: 0.5, seed: 1}
+  clients:
+    - {device: jetson-orin-nano, budget: 65%}
+    - {device: raspberry-pi-4b, budget: 100%}
+"""
+
+
+def test_killing_a_client_mid_round_keeps_the_federation(tmp_path):
+    """Client 1's SuperNode is killed while it trains round 1 (as soon as it has written its plan): round 1
+    ends at its timeout with client 0's delta alone and records the lost node; PORT starts the SuperNode again,
+    round 2 waits for it and is not sent to the dead node; the checkpoint and history of both rounds survive."""
+    pytest.importorskip("flwr")
+    import threading
+    import time
+    from port.federated.flower import load_checkpoint
+    from port.federated.launch import federate
+    cfg = tmp_path / "fedkill.yaml"
+    cfg.write_text(KILL_CONFIG)
+    fed = load_federation(cfg)
+    client_plan(fed, 1, tmp_path / "probe")                 # which plan file client 1 writes
+    (plan1,) = [p.name for p in (tmp_path / "probe").iterdir()]
+    work = tmp_path / "work"
+    killed = []
+
+    def on_start(lf):
+        def kill_when_training():
+            t_end = time.time() + 300
+            while time.time() < t_end and not (work / "plans" / plan1).exists():
+                time.sleep(0.02)
+            lf.nodes[1].kill()
+            killed.append(time.time())
+        threading.Thread(target=kill_when_training, daemon=True).start()
+
+    res = federate(cfg, work, echo=lambda _m: None, on_start=on_start)
+    assert killed and res.status == "finished:completed" and res.restarts == 1
+    state, hist = load_checkpoint(work)
+    r1, r2 = hist["rounds"]
+    assert [int(c["client"]) for c in r1["clients"]] == [0] and len(r1["lost"]) == 1
+    assert sorted(int(c["client"]) for c in r2["clients"]) == [0, 1] and not r2["lost"] and not r2["failed"]
+    assert r2["accuracy"] > r1["accuracy"] > hist["initial_accuracy"]
+    # round 1's global model is client 0's update alone (its accuracy, within one test example)
+    from port.federated.flower import global_accuracy
+    from port.pipeline import load_job, load_model
+    st = global_state(fed)
+    alone = fedavg(st, [client_update(fed, 0, st, 1, work / "plans")])
+    both = fedavg(st, [client_update(fed, i, st, 1, work / "plans") for i in (0, 1)])
+    model = load_model(load_job(cfg))
+    acc_alone, acc_both = global_accuracy(fed, model, alone), global_accuracy(fed, model, both)
+    assert abs(acc_alone - r1["accuracy"]) < 1.5 / len(fed.dataset.y_test) < abs(acc_both - r1["accuracy"])
+    assert state is not None and set(state) == set(alone)
