@@ -141,12 +141,13 @@ class DeltaFedAvg(FedAvg):
                 clients.append({k: v for k, v in m.content["metrics"].items()})
             elif m.error.code == INFEASIBLE_CODE:
                 infeasible.append(json.loads(m.error.reason))
-            else:
-                failed.append({"node": int(m.metadata.src_node_id), "reason": str(m.error.reason)[:500]})
-        replied = {int(m.metadata.src_node_id) for m in replies}
-        lost = [n for n in self._asked if n not in replied]     # no reply within federation.round_timeout_s
-        self._gone |= set(lost) | {int(m.metadata.src_node_id) for m in replies
-                                   if m.has_error() and m.error.code == ErrorCode.NODE_UNAVAILABLE}
+            else:       # a SuperLink's "node unavailable" reply does not name the node: it is among ``lost``
+                failed.append({"node": None if m.error.code == ErrorCode.NODE_UNAVAILABLE
+                               else int(m.metadata.src_node_id), "reason": str(m.error.reason)[:500]})
+        replied = {int(m.metadata.src_node_id) for m in replies
+                   if not (m.has_error() and m.error.code == ErrorCode.NODE_UNAVAILABLE)}
+        lost = [n for n in self._asked if n not in replied]     # no reply in time, or reported unavailable
+        self._gone |= set(lost)
         avg, metrics = super().aggregate_train(server_round, replies)
         new = self._sent
         if avg is not None:

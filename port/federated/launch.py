@@ -3,8 +3,9 @@
 One SuperLink and one SuperNode per client (separate processes), all on 127.0.0.1 on free ports, with
 telemetry and update checks off and a scratch FLWR_HOME inside the work directory; the run is submitted with
 ``flwr run`` and followed with ``flwr ls`` until it finishes. A SuperNode that dies is started again (as a
-new node) and joins from the next round; the round in progress waits up to federation.round_timeout_s for the
-lost node's reply, then averages the replies it has and records the node under ``lost``; the next round waits
+new node) and joins from the next round; the round in progress waits for the lost node's reply until
+federation.round_timeout_s or until the SuperLink reports the node unavailable (two missed heartbeats, about a
+minute in flwr 1.41), then averages the replies it has and records the node under ``lost``; the next round waits
 (up to the same timeout) for the restarted node and does not send to the lost one (see DeltaFedAvg). The server
 checkpoints the global model after every round, so an interrupted federation resumes where it stopped.
 Flower's Ray-based simulation engine is not used.
@@ -263,7 +264,8 @@ def write_report(res: FederationResult) -> Path:
         cl += "".join(f"; {int(c['client'])}: {c['local_accuracy']:.3f} on its own data"
                       for c in r.get("evaluate", []))
         cl += "".join(f"; node {n}: no reply in time" for n in r.get("lost", []))
-        cl += "".join(f"; node {c['node']}: error ({c['reason'][:60]})" for c in r.get("failed", []))
+        cl += "".join(f"; {'node ' + str(c['node']) if c['node'] is not None else 'a node'}: error "
+                      f"({c['reason'][:60]})" for c in r.get("failed", []))
         lines.append(f"| {r['round']} | {r['accuracy']:.3f} | {r['seconds']:.1f} | {cl} |")
     out = res.work_dir / "history.md"
     atomic_write_text(out, "\n".join(lines) + "\n")
