@@ -329,6 +329,118 @@ PORT_API port_status port_conv2d_bn_relu_forward_train(
     float *running_var, const float *x, const float *w, const float *gamma, const float *beta,
     const port_conv2d_params *p, float eps, float momentum, int algo, void *ws, size_t ws_bytes);
 
+/* ------------------------------------------------------------------ */
+/* Transformer (kernels/src/transformer.c).  Row-major contiguous float32;
+ * int64 indices / labels, uint8 masks.  Sums run in a fixed order (double
+ * accumulators), so results do not depend on the thread count (GEMMs on
+ * the BLAS backend aside, see Threads above).                           */
+/* ------------------------------------------------------------------ */
+/* Embedding: y[i,:] = w[idx[i],:] for i < n; w [v,d]; idx int64, each in [0,v) else PORT_ERR_ARG.
+ * Saved: idx. */
+PORT_API port_status port_embedding_forward(float *y, const int64_t *idx, const float *w, int64_t n, int64_t v,
+                                            int64_t d);
+/* dw[idx[i],:] += dy[i,:]  (ACCUMULATES; rows added in index order i = 0..n-1: deterministic; parallel over
+ * column blocks of d) */
+PORT_API port_status port_embedding_backward_weight(float *dw, const float *dy, const int64_t *idx, int64_t n,
+                                                    int64_t v, int64_t d);
+
+/* Layer norm over the last dim: x,y [rows,d]; gamma, beta [d] or NULL (no affine). stats [2*rows]: stats[r] = mean,
+ * stats[rows + r] = rstd = 1/sqrt(biased var + eps) (eps >= 0); saved for backward (with x and gamma).
+ * Matches torch.nn.functional.layer_norm. */
+PORT_API port_status port_layernorm_forward(float *y, float *stats, const float *x, const float *gamma,
+                                            const float *beta, int64_t rows, int64_t d, float eps);
+/* dx OVERWRITES; gamma may be NULL */
+PORT_API port_status port_layernorm_backward_input(float *dx, const float *dy, const float *x, const float *stats,
+                                                   const float *gamma, int64_t rows, int64_t d);
+/* dgamma += sum_rows dy*xhat; dbeta += sum_rows dy; either may be NULL (not both) */
+PORT_API port_status port_layernorm_backward_weight(float *dgamma, float *dbeta, const float *dy, const float *x,
+                                                    const float *stats, int64_t rows, int64_t d);
+
+/* GELU, approximate 0 = exact x*Phi(x) (erf), 1 = tanh approximation (torch's approximate='tanh').
+ * y must NOT alias x. Saved: x. */
+PORT_API port_status port_gelu_forward(float *y, const float *x, int64_t count, int approximate);
+/* dx MAY ALIAS dy. */
+PORT_API port_status port_gelu_backward(float *dx, const float *dy, const float *x, int64_t count,
+                                        int approximate);
+/* tanh: y MAY ALIAS x; saved: y. */
+PORT_API port_status port_tanh_forward(float *y, const float *x, int64_t count);
+/* dx = dy*(1-y*y); dx MAY ALIAS dy. */
+PORT_API port_status port_tanh_backward(float *dx, const float *dy, const float *y, int64_t count);
+/* y = alpha*x; y MAY ALIAS x (the backward of a scaling is the same kernel). */
+PORT_API port_status port_scale(float *y, const float *x, int64_t count, float alpha);
+
+/* Softmax over the last dim: x,y [rows,d]; y MAY ALIAS x. Saved: y. */
+PORT_API port_status port_softmax_forward(float *y, const float *x, int64_t rows, int64_t d);
+/* dx = y*(dy - sum_j dy*y); dx MAY ALIAS dy. */
+PORT_API port_status port_softmax_backward(float *dx, const float *dy, const float *y, int64_t rows, int64_t d);
+
+/* Batched GEMM, row-major contiguous: for each of `batch` matrices c[m,n] = alpha*op(a)[m,k] op(b)[k,n] + beta*c;
+ * a is [batch,m,k] ([batch,k,m] if trans_a), b is [batch,k,n] ([batch,n,k] if trans_b). c must not overlap a or b.
+ * beta == 0 overwrites c (NaNs in c ignored, as BLAS). */
+PORT_API port_status port_bmm(float *c, const float *a, const float *b, int64_t batch, int64_t m, int64_t n,
+                              int64_t k, int trans_a, int trans_b, float alpha, float beta);
+
+/* y = x.permute(perm).contiguous(): rank in 1..6, shape = x's dims (rank entries), perm a permutation of
+ * 0..rank-1 (else PORT_ERR_ARG).  y must not overlap x.  The backward is the inverse permutation. */
+PORT_API port_status port_permute(float *y, const float *x, int64_t rank, const int64_t *shape,
+                                  const int64_t *perm);
+
+/* y[o,i] = a[o,i] + b[i] (b broadcast over leading dims); y MAY ALIAS a */
+PORT_API port_status port_add_broadcast(float *y, const float *a, const float *b, int64_t outer, int64_t inner);
+/* db[i] = sum_o dy[o,i]  (OVERWRITES; summed in o order) */
+PORT_API port_status port_sum_rows(float *db, const float *dy, int64_t outer, int64_t inner);
+/* y[o,i] = mean over m of x[o,m,i] (x [outer,mid,inner]); backward dx[o,m,i] = dy[o,i]/mid */
+PORT_API port_status port_mean_mid_forward(float *y, const float *x, int64_t outer, int64_t mid, int64_t inner);
+PORT_API port_status port_mean_mid_backward(float *dx, const float *dy, int64_t outer, int64_t mid,
+                                            int64_t inner);
+
+/* Integer helpers: y[i] = start + i;  y[i] = (x[i] != value) as uint8 */
+PORT_API port_status port_arange_i64(int64_t *y, int64_t count, int64_t start);
+PORT_API port_status port_ne_scalar_i64(uint8_t *y, const int64_t *x, int64_t count, int64_t value);
+
+/* Scaled dot-product attention (torch.nn.functional.scaled_dot_product_attention without dropout).
+ * q [bh,tq,dh]; k, v [bh,tk,dh]; o [bh,tq,dh]; lse [bh,tq] = log-sum-exp of each masked scaled score row (saved).
+ * key_mask: NULL or uint8 [bh/heads, tk], 0 = that key is masked (padding) for every query of the heads of that
+ * batch row (bh must be a multiple of heads).
+ * causal != 0: key j is masked for query i when j > i + (tk - tq) (torch's is_causal for tq == tk).
+ * A query row with every key masked gets o = 0, lse = -inf and zero gradients (no NaN).
+ * algo PORT_ATTN_PLAIN (0): all bh score matrices materialised in the workspace (bh*tq*tk floats; backward
+ *   2*bh*tq*tk) and computed with GEMMs;
+ * algo PORT_ATTN_TILED (1): FlashAttention-style, online softmax over key blocks of 64, never materialises a
+ *   T x T matrix; forward parallel over (bh, 64-query block), workspace one 64x64 tile (+ 2 x 64 floats) per
+ *   (bh, query block); backward recomputes the scores block by block from q, k and lse, parallel over bh,
+ *   workspace 2 tiles + 64 floats per bh.  Tiles shrink to tq / tk when these are below 64.
+ * port_attention_workspace_bytes gives the bytes each needs (backward != 0: for the backward call; 0 for
+ * invalid params); a smaller ws -> PORT_ERR_WORKSPACE.  o must not overlap q, k, v. */
+#define PORT_ATTN_PLAIN 0
+#define PORT_ATTN_TILED 1
+typedef struct {
+    int64_t bh, heads, tq, tk, dh, causal;
+    float scale;
+} port_attention_params;
+PORT_API size_t port_attention_workspace_bytes(const port_attention_params *p, int algo, int backward);
+PORT_API port_status port_attention_forward(float *o, float *lse, const float *q, const float *k, const float *v,
+                                            const uint8_t *key_mask, const port_attention_params *p, int algo,
+                                            void *ws, size_t ws_bytes);
+/* dq, dk, dv OVERWRITE (no overlap with each other or the inputs); any of them may be NULL (that gradient is
+ * not computed; not all three); reads o and lse of the forward */
+PORT_API port_status port_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                             const float *k, const float *v, const float *o, const float *lse,
+                                             const uint8_t *key_mask, const port_attention_params *p, int algo,
+                                             void *ws, size_t ws_bytes);
+
+/* Cross-entropy with ignore_index (token-level loss over n = batch*seq rows): as port_softmax_xent_forward, but
+ * rows whose label == ignore_index are skipped; loss = mean over counted rows (0 if none); probs written for every
+ * row.  Other labels must be in [0,k) (else PORT_ERR_ARG).  Matches F.cross_entropy(ignore_index=,
+ * label_smoothing=). */
+PORT_API port_status port_softmax_xent_ignore_forward(float *loss, float *probs, const float *logits,
+                                                      const int64_t *labels, int64_t n, int64_t k,
+                                                      float label_smoothing, int64_t ignore_index);
+/* dlogits = grad_loss[0]*(probs - target)/count for counted rows, 0 for ignored rows; dlogits MAY ALIAS probs */
+PORT_API port_status port_softmax_xent_ignore_backward(float *dlogits, const float *probs, const int64_t *labels,
+                                                       const float *grad_loss, int64_t n, int64_t k,
+                                                       float label_smoothing, int64_t ignore_index);
+
 #ifdef __cplusplus
 }
 #endif

@@ -110,7 +110,31 @@ extern "C" {
     X(37, ADAMW_STEP, port_adamw_step)                                            \
     X(38, BIAS_BACKWARD, port_bias_backward)                                      \
     X(39, PAGE_OUT, port_rt_page_out)                                             \
-    X(40, PAGE_IN, port_rt_page_in)
+    X(40, PAGE_IN, port_rt_page_in)                                               \
+    X(41, EMBEDDING_FORWARD, port_embedding_forward)                              \
+    X(42, EMBEDDING_BACKWARD_WEIGHT, port_embedding_backward_weight)              \
+    X(43, LAYERNORM_FORWARD, port_layernorm_forward)                              \
+    X(44, LAYERNORM_BACKWARD_INPUT, port_layernorm_backward_input)                \
+    X(45, LAYERNORM_BACKWARD_WEIGHT, port_layernorm_backward_weight)              \
+    X(46, GELU_FORWARD, port_gelu_forward)                                        \
+    X(47, GELU_BACKWARD, port_gelu_backward)                                      \
+    X(48, TANH_FORWARD, port_tanh_forward)                                        \
+    X(49, TANH_BACKWARD, port_tanh_backward)                                      \
+    X(50, SCALE, port_scale)                                                      \
+    X(51, SOFTMAX_FORWARD, port_softmax_forward)                                  \
+    X(52, SOFTMAX_BACKWARD, port_softmax_backward)                                \
+    X(53, BMM, port_bmm)                                                          \
+    X(54, PERMUTE, port_permute)                                                  \
+    X(55, ADD_BROADCAST, port_add_broadcast)                                      \
+    X(56, SUM_ROWS, port_sum_rows)                                                \
+    X(57, MEAN_MID_FORWARD, port_mean_mid_forward)                                \
+    X(58, MEAN_MID_BACKWARD, port_mean_mid_backward)                              \
+    X(59, ARANGE_I64, port_arange_i64)                                            \
+    X(60, NE_SCALAR_I64, port_ne_scalar_i64)                                      \
+    X(61, ATTENTION_FORWARD, port_attention_forward)                              \
+    X(62, ATTENTION_BACKWARD, port_attention_backward)                            \
+    X(63, SOFTMAX_XENT_IGNORE_FORWARD, port_softmax_xent_ignore_forward)          \
+    X(64, SOFTMAX_XENT_IGNORE_BACKWARD, port_softmax_xent_ignore_backward)
 
 typedef enum {
 #define PORT_RT_ENUM_(id, NAME, fn) PORT_RT_##NAME = id,

@@ -169,6 +169,51 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
         return port_adamw_step(F(0), F(1), F(2), CF(3), v[0], s->lr, s->beta1, s->beta2, s->eps,
                                s->weight_decay, s->step + 1);
     case PORT_RT_BIAS_BACKWARD: return port_bias_backward(F(0), CF(1), v[0], v[1], v[2]);
+    /* transformer kernels: pointers in argument order, ints in iv, floats in fv */
+    case PORT_RT_EMBEDDING_FORWARD:
+        return port_embedding_forward(F(0), (const int64_t *)ptrs[1], CF(2), v[0], v[1], v[2]);
+    case PORT_RT_EMBEDDING_BACKWARD_WEIGHT:
+        return port_embedding_backward_weight(F(0), CF(1), (const int64_t *)ptrs[2], v[0], v[1], v[2]);
+    case PORT_RT_LAYERNORM_FORWARD:
+        return port_layernorm_forward(F(0), F(1), CF(2), CF(3), CF(4), v[0], v[1], (float)c->fv[0]);
+    case PORT_RT_LAYERNORM_BACKWARD_INPUT:
+        return port_layernorm_backward_input(F(0), CF(1), CF(2), CF(3), CF(4), v[0], v[1]);
+    case PORT_RT_LAYERNORM_BACKWARD_WEIGHT:
+        return port_layernorm_backward_weight(F(0), F(1), CF(2), CF(3), CF(4), v[0], v[1]);
+    case PORT_RT_GELU_FORWARD: return port_gelu_forward(F(0), CF(1), v[0], (int)v[1]);
+    case PORT_RT_GELU_BACKWARD: return port_gelu_backward(F(0), CF(1), CF(2), v[0], (int)v[1]);
+    case PORT_RT_TANH_FORWARD: return port_tanh_forward(F(0), CF(1), v[0]);
+    case PORT_RT_TANH_BACKWARD: return port_tanh_backward(F(0), CF(1), CF(2), v[0]);
+    case PORT_RT_SCALE: return port_scale(F(0), CF(1), v[0], (float)c->fv[0]);
+    case PORT_RT_SOFTMAX_FORWARD: return port_softmax_forward(F(0), CF(1), v[0], v[1]);
+    case PORT_RT_SOFTMAX_BACKWARD: return port_softmax_backward(F(0), CF(1), CF(2), v[0], v[1]);
+    case PORT_RT_BMM:
+        return port_bmm(F(0), CF(1), CF(2), v[0], v[1], v[2], v[3], (int)v[4], (int)v[5], (float)c->fv[0],
+                        (float)c->fv[1]);
+    case PORT_RT_PERMUTE: return port_permute(F(0), CF(1), v[0], &v[1], &v[7]);
+    case PORT_RT_ADD_BROADCAST: return port_add_broadcast(F(0), CF(1), CF(2), v[0], v[1]);
+    case PORT_RT_SUM_ROWS: return port_sum_rows(F(0), CF(1), v[0], v[1]);
+    case PORT_RT_MEAN_MID_FORWARD: return port_mean_mid_forward(F(0), CF(1), v[0], v[1], v[2]);
+    case PORT_RT_MEAN_MID_BACKWARD: return port_mean_mid_backward(F(0), CF(1), v[0], v[1], v[2]);
+    case PORT_RT_ARANGE_I64: return port_arange_i64((int64_t *)ptrs[0], v[0], v[1]);
+    case PORT_RT_NE_SCALAR_I64:
+        return port_ne_scalar_i64((uint8_t *)ptrs[0], (const int64_t *)ptrs[1], v[0], v[1]);
+    case PORT_RT_ATTENTION_FORWARD: {
+        port_attention_params p = {v[0], v[1], v[2], v[3], v[4], v[5], (float)c->fv[0]};
+        return port_attention_forward(F(0), F(1), CF(2), CF(3), CF(4), (const uint8_t *)ptrs[5], &p, (int)v[6], ws,
+                                      wsb);
+    }
+    case PORT_RT_ATTENTION_BACKWARD: {
+        port_attention_params p = {v[0], v[1], v[2], v[3], v[4], v[5], (float)c->fv[0]};
+        return port_attention_backward(F(0), F(1), F(2), CF(3), CF(4), CF(5), CF(6), CF(7), CF(8),
+                                       (const uint8_t *)ptrs[9], &p, (int)v[6], ws, wsb);
+    }
+    case PORT_RT_SOFTMAX_XENT_IGNORE_FORWARD:
+        return port_softmax_xent_ignore_forward(F(0), F(1), CF(2), (const int64_t *)ptrs[3], v[0], v[1],
+                                                (float)c->fv[0], v[2]);
+    case PORT_RT_SOFTMAX_XENT_IGNORE_BACKWARD:
+        return port_softmax_xent_ignore_backward(F(0), CF(1), (const int64_t *)ptrs[2], CF(3), v[0], v[1],
+                                                 (float)c->fv[0], v[2]);
     default: return PORT_ERR_UNSUPPORTED;
     }
 }

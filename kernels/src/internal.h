@@ -27,10 +27,179 @@
 
 /* GEMM dispatch (row-major), honouring the selected backend. Sizes must be
  * validated by the caller (fit in int32 for BLAS). */
-/* Portable exp / log / integer power (portmath.c): the same bits on every ISA and C library. */
+/* Portable math (portmath.c): exp, log, integer power, e^x - 1, tanh, erf, erfc from +, -, *, / and exact
+ * scalings by powers of two only, so that they give the same bits on every ISA and C library (glibc, newlib on a
+ * Cortex-M, ...), which libm's expf / exp / tanh / erf do not promise.  Accuracy: exp about 1e-16 relative (before
+ * port__expf's final rounding to float), log about 2 ulp of double, tanh / erf about 1e-15, erfc about 1e-13
+ * relative: far inside float32 rounding.  The *_inline versions below are the same functions, branch-free so that
+ * element-wise loops vectorise; the out-of-line ones in portmath.c call them (identical bits). */
 float port__expf(float x);
+double port__exp(double x);
+double port__expm1(double x);
+double port__tanh(double x);
+double port__erf(double x);
+double port__erfc(double x);
 double port__log(double x);
 double port__powi(double b, int64_t n);
+
+#define PORT__LN2_HI 6.93147180369123816490e-01 /* ln 2, high part: k * LN2_HI is exact for |k| < 2^20 */
+#define PORT__LN2_LO 1.90821492927058770002e-10
+#define PORT__INV_LN2 1.44269504088896338700e+00
+#define PORT__INF (__builtin_inff()) /* INFINITY without <math.h> (whose names some sources reuse) */
+
+#if defined(__FLT_EVAL_METHOD__) && __FLT_EVAL_METHOD__ == 2
+#error "portable math needs double arithmetic in double precision (x87: build with -mfpmath=sse)"
+#endif
+/* Round t (|t| < 2^50) to an integer k with the 1.5*2^52 shifter (round to nearest even; no float -> int
+ * conversion, which does not vectorise): returns k as a double and sets *p2 = 2^k exactly, built from the
+ * shifter's low bits (-1022 <= k <= 1023). */
+static inline double port__round_pow2(double t, double *p2) {
+    double sh = t + 6755399441055744.0;
+    uint64_t b;
+    memcpy(&b, &sh, sizeof b);
+    b = (b + 1023) << 52; /* the low bits of sh hold k in two's complement */
+    memcpy(p2, &b, sizeof b);
+    return sh - 6755399441055744.0;
+}
+
+/* e^r, |r| <= ln2/2: Taylor to degree `deg` (12 or 13), Horner in double. */
+static inline double port__exp_poly(double r, int deg) {
+    double p = deg == 13 ? 1.0 / 6227020800.0 : 1.0 / 479001600.0;
+    if (deg == 13) p = p * r + 1.0 / 479001600.0;
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    return p;
+}
+
+/* float e^x: x = k ln2 + r (Cody-Waite), e^r in double, times 2^k (exact in double), one rounding to float.
+ * (The same bits as an earlier ldexp-based version for every float input: checked exhaustively.) */
+static inline float port__expf_inline(float xf) {
+    float xc = xf > -104.0f ? xf : -104.0f; /* NaN -> -104, patched below */
+    xc = xc < 88.73f ? xc : 88.73f;
+    double x = xc, p2;
+    double kd = port__round_pow2(x * PORT__INV_LN2, &p2);
+    double r = (x - kd * PORT__LN2_HI) - kd * PORT__LN2_LO; /* |r| <= ln2/2 */
+    float y = (float)(port__exp_poly(r, 12) * p2);
+    y = xf > 88.73f ? PORT__INF : y;
+    y = xf < -104.0f ? 0.0f : y;
+    return xf != xf ? xf : y;
+}
+
+/* double e^x; 2^k applied in two exact halves (k = k1 + k2) so that subnormal results round once. */
+static inline double port__exp_inline(double x0) {
+    double x = x0 > -745.2 ? x0 : -745.2; /* NaN -> -745.2, patched below */
+    x = x < 709.782712893384 ? x : 709.782712893384;
+    double p1, p2;
+    double kd = port__round_pow2(x * PORT__INV_LN2, &p1);
+    double k1 = port__round_pow2(0.5 * kd, &p1);
+    port__round_pow2(kd - k1, &p2);
+    double r = (x - kd * PORT__LN2_HI) - kd * PORT__LN2_LO;
+    double y = (port__exp_poly(r, 13) * p1) * p2;
+    y = x0 > 709.782712893384 ? PORT__INF : y;
+    y = x0 < -745.2 ? 0.0 : y;
+    return x0 != x0 ? x0 : y;
+}
+
+/* e^x - 1: Taylor to degree 15 for |x| < 0.35 (no cancellation), e^x - 1 elsewhere (|e^x - 1| >= 0.29 there:
+ * the subtraction loses < 2 bits). */
+static inline double port__expm1_inline(double x) {
+    double xs = x > -0.35 ? x : -0.35;
+    xs = xs < 0.35 ? xs : 0.35;
+    double p = 1.0 / 1307674368000.0;
+    p = p * xs + 1.0 / 87178291200.0;
+    p = p * xs + 1.0 / 6227020800.0;
+    p = p * xs + 1.0 / 479001600.0;
+    p = p * xs + 1.0 / 39916800.0;
+    p = p * xs + 1.0 / 3628800.0;
+    p = p * xs + 1.0 / 362880.0;
+    p = p * xs + 1.0 / 40320.0;
+    p = p * xs + 1.0 / 5040.0;
+    p = p * xs + 1.0 / 720.0;
+    p = p * xs + 1.0 / 120.0;
+    p = p * xs + 1.0 / 24.0;
+    p = p * xs + 1.0 / 6.0;
+    p = p * xs + 0.5;
+    p = p * xs + 1.0;
+    double small = p * xs, big = port__exp_inline(x) - 1.0;
+    return (x > -0.35 && x < 0.35) ? small : big;   /* NaN: big is NaN */
+}
+
+/* tanh = sign(x) (e^{2|x|} - 1) / (e^{2|x|} + 1) with e^{2|x|} - 1 from port__expm1 (exact near 0); 1 beyond 20. */
+static inline double port__tanh_inline(double x) {
+    double a = x < 0 ? -x : x;
+    double e = port__expm1_inline(2.0 * a); /* no clamp of a here: GCC 12 then fails to vectorise callers */
+    double t = e / (e + 2.0);               /* inf / inf = NaN for a > 354: replaced by 1 */
+    t = a > 20.0 ? 1.0 : t;
+    t = x < 0 ? -t : t;
+    return x != x ? x : t;
+}
+
+/* erfc: for z = |x| <= 27.3, erfc z = t exp(P(t) - z^2), t = 2/(2+z), P a degree-20 Chebyshev series on
+ * t in [2/29.3, 1] (fitted to log(erfc(z)/t) + z^2 in 60-digit arithmetic; relative error about 1e-13; the
+ * exp argument is exact but for the rounding of z^2); 0 beyond 27.3; erfc(-z) = 2 - erfc(z). */
+static inline double port__erfc_inline(double x) {
+    static const double c[21] = {
+        -6.11161927876790245e-01, 6.05742899036397775e-01, 1.39511368549415111e-02,
+        -8.27857495495911387e-03, -5.45530670381142650e-04, 2.89388756236579070e-04,
+        1.58532252160018356e-05, -1.38665673470759464e-05, -1.42737763114819592e-08,
+        7.21210554623779873e-07, -5.75110065841101616e-08, -3.47366466287490313e-08,
+        6.78528012535825151e-09, 1.23832941513791208e-09, -5.39597071032470664e-10,
+        -2.98040843117013580e-12, 3.16046166095718840e-11, -4.31948203521748684e-12,
+        -1.15691941841827649e-12, 4.22937513814121191e-13, -9.15110537166738903e-15};
+    double z = x < 0 ? -x : x;
+    double zc = z < 27.3 ? z : 27.3; /* NaN -> 27.3, patched below */
+    double t = 2.0 / (2.0 + zc);
+    double u = (2.0 * t - 1.0682593856655290102) * 1.0732600732600732601, u2 = 2.0 * u;
+    /* Clenshaw, unrolled (a loop here would keep element-wise callers from vectorising) */
+    double b1 = c[20], b2 = 0.0, b0;
+#define PORT__CLENSHAW(j) b0 = u2 * b1 - b2 + c[j]; b2 = b1; b1 = b0;
+    PORT__CLENSHAW(19) PORT__CLENSHAW(18) PORT__CLENSHAW(17) PORT__CLENSHAW(16) PORT__CLENSHAW(15)
+    PORT__CLENSHAW(14) PORT__CLENSHAW(13) PORT__CLENSHAW(12) PORT__CLENSHAW(11) PORT__CLENSHAW(10)
+    PORT__CLENSHAW(9) PORT__CLENSHAW(8) PORT__CLENSHAW(7) PORT__CLENSHAW(6) PORT__CLENSHAW(5)
+    PORT__CLENSHAW(4) PORT__CLENSHAW(3) PORT__CLENSHAW(2) PORT__CLENSHAW(1)
+#undef PORT__CLENSHAW
+    double pv = u * b1 - b2 + c[0];
+    double r = t * port__exp_inline(pv - zc * zc);
+    r = z > 27.3 ? 0.0 : r;
+    r = x < 0 ? 2.0 - r : r;
+    return x != x ? x : r;
+}
+
+/* erf: odd Taylor series to x^25 for |x| < 0.5 (terms below 1e-17), 1 - erfc(|x|) beyond (erfc(0.5) = 0.48:
+ * the subtraction loses < 1 bit). */
+static inline double port__erf_inline(double x) {
+    double a = x < 0 ? -x : x;
+    double as = a < 0.5 ? a : 0.5, a2 = as * as;
+    /* sum_n (-1)^n a^(2n+1) / (n! (2n+1)), n = 0..12, Horner in a^2 */
+    double s = 1.0 / (479001600.0 * 25.0);
+    s = s * a2 - 1.0 / (39916800.0 * 23.0);
+    s = s * a2 + 1.0 / (3628800.0 * 21.0);
+    s = s * a2 - 1.0 / (362880.0 * 19.0);
+    s = s * a2 + 1.0 / (40320.0 * 17.0);
+    s = s * a2 - 1.0 / (5040.0 * 15.0);
+    s = s * a2 + 1.0 / (720.0 * 13.0);
+    s = s * a2 - 1.0 / (120.0 * 11.0);
+    s = s * a2 + 1.0 / (24.0 * 9.0);
+    s = s * a2 - 1.0 / (6.0 * 7.0);
+    s = s * a2 + 1.0 / (2.0 * 5.0);
+    s = s * a2 - 1.0 / 3.0;
+    s = s * a2 + 1.0;
+    double small = 1.12837916709551257390 * as * s; /* 2/sqrt(pi) */
+    double big = 1.0 - port__erfc_inline(a);
+    double r = a < 0.5 ? small : big;
+    r = x < 0 ? -r : r;
+    return x != x ? x : r;
+}
 
 void port__gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                 int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);

@@ -20,10 +20,12 @@ from port.cost.types import HandoffCost, OpCost, Profile
 DEFAULT_EFFICIENCY = {
     "conv2d": 0.55, "conv2d.grad_input": 0.45, "conv2d.grad_weight": 0.45,
     "linear": 0.5, "linear.grad_input": 0.45, "linear.grad_weight": 0.45,
+    "matmul": 0.4, "matmul.grad_input": 0.4, "attention": 0.3, "attention.grad_input": 0.25,
 }
 # elementwise, pooling, normalisation, loss, update: the bound is bytes / bandwidth or vector FLOPs
 ELEMENTWISE_EFFICIENCY = 0.5   # fraction of bandwidth reached by elementwise kernels
-VARIANT_FACTOR = {"plain": 1.0, "inplace": 0.95, "fused": 0.8, "direct": 1.0, "patch4": 1.35, "patch8": 1.12}
+VARIANT_FACTOR = {"plain": 1.0, "inplace": 0.95, "fused": 0.8, "direct": 1.0, "patch4": 1.35, "patch8": 1.12,
+                  "tiled": 1.3}
 ZERO_COST_KINDS = ("reshape", "reshape.grad_input", "add.grad_input")
 WINOGRAD_MAC_FACTOR = 16 / 36   # F(2x2, 3x3): 16 multiplies per output tile and channel pair instead of 4 * 9
 

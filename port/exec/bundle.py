@@ -118,6 +118,9 @@ def build_bundle(trainer: Any, image: bool = True) -> tuple[bytes, tuple]:
     if trainer.micro_batch != trainer.batch_size:
         raise BundleError(f"micro_batch={trainer.micro_batch} (batch {trainer.batch_size}): port-rt runs whole "
                           f"batches. Fix: compile a Trainer without micro_batch")
+    if getattr(trainer, "label_shape", ()) or getattr(trainer, "tokens", False):
+        raise BundleError("a sequence model (token-id input or per-token labels): bundle format 1 carries float32 "
+                          "inputs and one label per sample; train it with the Python executor (engine='python')")
     for p in (tp, ep):
         compile_check(p)
     pages = {int(c.attr("key")): tp.slot(c.inputs[0]).nbytes for c in tp.calls

@@ -18,6 +18,7 @@ PORT_OK, PORT_ERR_NULL, PORT_ERR_SHAPE, PORT_ERR_ARG, PORT_ERR_WORKSPACE, PORT_E
     PORT_ERR_ALIAS = range(7)
 GEMM_BLAS, GEMM_VENDORED = 0, 1
 CONV_AUTO, CONV_IM2COL, CONV_DIRECT, CONV_WINOGRAD = 0, 1, 2, 3
+ATTN_PLAIN, ATTN_TILED = 0, 1
 _ALGOS = {"auto": CONV_AUTO, "im2col": CONV_IM2COL, "direct": CONV_DIRECT, "winograd": CONV_WINOGRAD}
 
 
@@ -39,6 +40,11 @@ class Pool2dParams(ctypes.Structure):
 
 class LinearParams(ctypes.Structure):
     _fields_ = [("n", c_int64), ("in_features", c_int64), ("out_features", c_int64)]
+
+
+class AttentionParams(ctypes.Structure):
+    _fields_ = [("bh", c_int64), ("heads", c_int64), ("tq", c_int64), ("tk", c_int64), ("dh", c_int64),
+                ("causal", c_int64), ("scale", c_float)]
 
 
 RT_MAX_PTRS, RT_MAX_INTS, RT_MAX_FLOATS = 10, 16, 2
@@ -77,7 +83,8 @@ class Rt(ctypes.Structure):
 
 
 _STRUCTS = {"port_rt": Rt, "port_rt_call": RtCall, "port_rt_state": RtState, "port_conv2d_params": Conv2dParams, "port_batchnorm_params": BatchNormParams,
-            "port_pool2d_params": Pool2dParams, "port_linear_params": LinearParams}
+            "port_pool2d_params": Pool2dParams, "port_linear_params": LinearParams,
+            "port_attention_params": AttentionParams}
 
 # --------------------------------------------------------------------------- signature table
 # (name, C return type, (C argument types...)) -- mirrors port_kernels.h exactly
@@ -86,6 +93,8 @@ _CP = "const port_conv2d_params*"
 _BP = "const port_batchnorm_params*"
 _PP = "const port_pool2d_params*"
 _LP = "const port_linear_params*"
+_AP = "const port_attention_params*"
+_CI64, _CU8 = "const int64_t*", "const uint8_t*"
 _F, _CF = "float*", "const float*"
 SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_status_string", "const char*", ("int",)),
@@ -160,6 +169,36 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
                                                           _CF, _CP, "float", "float", "int",
                                                           "void*", "size_t")),
     ("port_bias_backward", "port_status", (_F, _CF, "int64_t", "int64_t", "int64_t")),
+    # Transformer
+    ("port_embedding_forward", "port_status", (_F, _CI64, _CF, "int64_t", "int64_t", "int64_t")),
+    ("port_embedding_backward_weight", "port_status", (_F, _CF, _CI64, "int64_t", "int64_t", "int64_t")),
+    ("port_layernorm_forward", "port_status", (_F, _F, _CF, _CF, _CF, "int64_t", "int64_t", "float")),
+    ("port_layernorm_backward_input", "port_status", (_F, _CF, _CF, _CF, _CF, "int64_t", "int64_t")),
+    ("port_layernorm_backward_weight", "port_status", (_F, _F, _CF, _CF, _CF, "int64_t", "int64_t")),
+    ("port_gelu_forward", "port_status", (_F, _CF, "int64_t", "int")),
+    ("port_gelu_backward", "port_status", (_F, _CF, _CF, "int64_t", "int")),
+    ("port_tanh_forward", "port_status", (_F, _CF, "int64_t")),
+    ("port_tanh_backward", "port_status", (_F, _CF, _CF, "int64_t")),
+    ("port_scale", "port_status", (_F, _CF, "int64_t", "float")),
+    ("port_softmax_forward", "port_status", (_F, _CF, "int64_t", "int64_t")),
+    ("port_softmax_backward", "port_status", (_F, _CF, _CF, "int64_t", "int64_t")),
+    ("port_bmm", "port_status", (_F, _CF, _CF, "int64_t", "int64_t", "int64_t", "int64_t", "int", "int",
+                                 "float", "float")),
+    ("port_permute", "port_status", (_F, _CF, "int64_t", _CI64, _CI64)),
+    ("port_add_broadcast", "port_status", (_F, _CF, _CF, "int64_t", "int64_t")),
+    ("port_sum_rows", "port_status", (_F, _CF, "int64_t", "int64_t")),
+    ("port_mean_mid_forward", "port_status", (_F, _CF, "int64_t", "int64_t", "int64_t")),
+    ("port_mean_mid_backward", "port_status", (_F, _CF, "int64_t", "int64_t", "int64_t")),
+    ("port_arange_i64", "port_status", ("int64_t*", "int64_t", "int64_t")),
+    ("port_ne_scalar_i64", "port_status", ("uint8_t*", _CI64, "int64_t", "int64_t")),
+    ("port_attention_workspace_bytes", "size_t", (_AP, "int", "int")),
+    ("port_attention_forward", "port_status", (_F, _F, _CF, _CF, _CF, _CU8, _AP, "int", "void*", "size_t")),
+    ("port_attention_backward", "port_status", (_F, _F, _F, _CF, _CF, _CF, _CF, _CF, _CF, _CU8, _AP, "int",
+                                                "void*", "size_t")),
+    ("port_softmax_xent_ignore_forward", "port_status", (_F, _F, _CF, _CI64, "int64_t", "int64_t", "float",
+                                                         "int64_t")),
+    ("port_softmax_xent_ignore_backward", "port_status", (_F, _CF, _CI64, _CF, "int64_t", "int64_t", "float",
+                                                          "int64_t")),
     # port_rt.h
     ("port_rt_abi_version", "int", ()),
     ("port_rt_kernel_name", "const char*", ("int",)),

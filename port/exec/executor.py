@@ -129,10 +129,13 @@ class Executor:
             self.view(GRAD_SCALE_ID).fill_(1.0)
         # classes the loss kernels accept: labels are checked before the first call of every pass (a bad
         # label found by the C loss kernel mid-step would leave running statistics already updated)
-        ks = {program.slot(c.inputs[0]).shape[1] for c in program.calls
-              if c.kernel in ("cross_entropy", "cross_entropy.grad_input") and len(c.inputs) > 1
-              and c.inputs[1] == program.label_id}
+        loss_calls = [c for c in program.calls
+                      if c.kernel in ("cross_entropy", "cross_entropy.grad_input") and len(c.inputs) > 1
+                      and c.inputs[1] == program.label_id]
+        ks = {program.slot(c.inputs[0]).shape[-1] for c in loss_calls}
         self.num_classes = min(ks) if ks else None
+        ign = {c.attr("ignore_index") for c in loss_calls}
+        self.ignore_index = ign.pop() if len(ign) == 1 else None   # token-level loss: this label is skipped
 
     def check_labels(self, labels=None) -> None:
         """Raise LabelError (naming the value, its index and num_classes) unless every label is a class index
@@ -141,6 +144,8 @@ class Executor:
         K = self.num_classes
         if y is None or K is None:
             return
+        if self.ignore_index is not None:
+            y = y.masked_fill(y == self.ignore_index, 0)
         lo, hi = (int(v) for v in y.aminmax())
         if lo < 0 or hi >= K:
             bad = ((y < 0) | (y >= K)).reshape(-1).nonzero()

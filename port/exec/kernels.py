@@ -21,6 +21,7 @@ given buffers (zero-initialised when not given), input gradients OVERWRITE.
 from __future__ import annotations
 
 import ctypes
+import math
 from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
 from typing import Sequence
 
@@ -31,10 +32,10 @@ _native.configure_openmp_env()  # before torch loads the OpenMP runtime (see por
 import torch  # noqa: E402
 
 from port.exec.capi import (  # noqa: E402,F401  (the raw binding, re-exported)
-    CONV_AUTO, CONV_DIRECT, CONV_IM2COL, CONV_WINOGRAD, GEMM_BLAS, GEMM_VENDORED, PORT_ERR_ALIAS, PORT_ERR_ARG,
-    PORT_ERR_NULL, PORT_ERR_SHAPE, PORT_ERR_UNSUPPORTED, PORT_ERR_WORKSPACE, PORT_OK, SIGNATURES, BatchNormParams,
-    Conv2dParams, KernelError, KernelValueError, LinearParams, Pool2dParams, UnsupportedError, WorkspaceError,
-    _ALGOS, check, ctype_of, raw, status_string)
+    ATTN_PLAIN, ATTN_TILED, CONV_AUTO, CONV_DIRECT, CONV_IM2COL, CONV_WINOGRAD, GEMM_BLAS, GEMM_VENDORED,
+    PORT_ERR_ALIAS, PORT_ERR_ARG, PORT_ERR_NULL, PORT_ERR_SHAPE, PORT_ERR_UNSUPPORTED, PORT_ERR_WORKSPACE, PORT_OK,
+    SIGNATURES, AttentionParams, BatchNormParams, Conv2dParams, KernelError, KernelValueError, LinearParams,
+    Pool2dParams, UnsupportedError, WorkspaceError, _ALGOS, check, ctype_of, raw, status_string)
 
 # --------------------------------------------------------------------------- settings
 def set_num_threads(n: int) -> None:
@@ -722,3 +723,390 @@ def conv2d_bn_relu_forward_train(x, w, gamma, beta, running_mean=None, running_v
         _ptr(running_var), x.data_ptr(), w.data_ptr(), _ptr(gamma), _ptr(beta), p, eps, momentum,
         a, ws.data_ptr(), ws.numel()), "conv2d_bn_relu_forward_train")
     return y, z, sm, si
+
+
+# --------------------------------------------------------------------------- transformer
+def _prod(dims) -> int:
+    r = 1
+    for d in dims:
+        r *= int(d)
+    return r
+
+
+def embedding_forward(idx, w, out=None):
+    """y[..., :] = w[idx[...], :]; idx int64 (any shape), w [v, d]. Returns y of shape idx.shape + (d,)."""
+    _tensor(w, "w", ndim=2)
+    _tensor(idx, "idx", dtype=torch.int64)
+    v, d = w.shape
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= v):
+        raise ValueError(f"idx: values must be in [0, {v})")
+    y = _out(out, "out", tuple(idx.shape) + (d,))
+    _no_alias({"out": y}, {"w": w, "idx": idx})
+    check(raw.port_embedding_forward(y.data_ptr(), idx.data_ptr(), w.data_ptr(), idx.numel(), v, d),
+          "embedding_forward")
+    return y
+
+
+def embedding_backward_weight(dy, idx, w_shape, dw=None):
+    """dw[idx[i]] += dy[i] (accumulates into dw when given, in index order)."""
+    v, d = (int(s) for s in w_shape)
+    _tensor(idx, "idx", dtype=torch.int64)
+    _tensor(dy, "dy", tuple(idx.shape) + (d,))
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= v):
+        raise ValueError(f"idx: values must be in [0, {v})")
+    dw = _acc(dw, "dw", (v, d))
+    _no_alias({"dw": dw}, {"dy": dy, "idx": idx})
+    check(raw.port_embedding_backward_weight(dw.data_ptr(), dy.data_ptr(), idx.data_ptr(), idx.numel(), v, d),
+          "embedding_backward_weight")
+    return dw
+
+
+def _rows_d(x, name):
+    _tensor(x, name)
+    if x.dim() < 1 or x.numel() == 0:
+        raise ValueError(f"{name}: expected a non-empty tensor, got shape {tuple(x.shape)}")
+    d = x.shape[-1]
+    return x.numel() // d, d
+
+
+def layernorm_forward(x, gamma=None, beta=None, eps=1e-5, out=None):
+    """Layer norm over the last dim. Returns (y, stats [2*rows]: means then rstds)."""
+    rows, d = _rows_d(x, "x")
+    _vec(gamma, "gamma", d, False), _vec(beta, "beta", d, False)
+    if not eps >= 0.0:
+        raise ValueError(f"eps: must be >= 0, got {eps}")
+    y = _out(out, "out", x.shape)
+    stats = torch.empty(2 * rows)
+    _no_alias({"out": y}, {"x": x, "gamma": gamma, "beta": beta})
+    check(raw.port_layernorm_forward(y.data_ptr(), stats.data_ptr(), x.data_ptr(), _ptr(gamma), _ptr(beta), rows,
+                                     d, float(eps)), "layernorm_forward")
+    return y, stats
+
+
+def layernorm_backward_input(dy, x, stats, gamma=None, out=None):
+    rows, d = _rows_d(x, "x")
+    _tensor(dy, "dy", x.shape)
+    _tensor(stats, "stats", (2 * rows,))
+    _vec(gamma, "gamma", d, False)
+    dx = _out(out, "out", x.shape)
+    _no_alias({"out": dx}, {"dy": dy, "x": x, "stats": stats, "gamma": gamma})
+    check(raw.port_layernorm_backward_input(dx.data_ptr(), dy.data_ptr(), x.data_ptr(), stats.data_ptr(),
+                                            _ptr(gamma), rows, d), "layernorm_backward_input")
+    return dx
+
+
+def layernorm_backward_weight(dy, x, stats, weight=True, bias=True, dgamma=None, dbeta=None):
+    """Returns (dgamma, dbeta) -- accumulated into the given buffers; None for weight/bias=False."""
+    rows, d = _rows_d(x, "x")
+    _tensor(dy, "dy", x.shape)
+    _tensor(stats, "stats", (2 * rows,))
+    if not (weight or bias):
+        raise ValueError("weight: at least one of weight and bias must be True")
+    dgamma = _acc(dgamma, "dgamma", (d,)) if weight else None
+    dbeta = _acc(dbeta, "dbeta", (d,)) if bias else None
+    _no_alias({"dgamma": dgamma, "dbeta": dbeta}, {"dy": dy, "x": x, "stats": stats})
+    check(raw.port_layernorm_backward_weight(_ptr(dgamma), _ptr(dbeta), dy.data_ptr(), x.data_ptr(),
+                                             stats.data_ptr(), rows, d), "layernorm_backward_weight")
+    return dgamma, dbeta
+
+
+def _approx(approximate) -> int:
+    code = {"none": 0, "tanh": 1, 0: 0, 1: 1, False: 0, True: 1}.get(approximate)
+    if code is None:
+        raise ValueError(f"approximate: expected 'none' or 'tanh', got {approximate!r}")
+    return code
+
+
+def gelu_forward(x, approximate="none", out=None):
+    """GELU (approximate 'none': x*Phi(x); 'tanh': torch's tanh approximation). Saved: x (no in-place)."""
+    a = _approx(approximate)
+    _tensor(x, "x")
+    y = _out(out, "out", x.shape)
+    _no_alias({"out": y}, {"x": x})
+    check(raw.port_gelu_forward(y.data_ptr(), x.data_ptr(), x.numel(), a), "gelu_forward")
+    return y
+
+
+def gelu_backward(dy, x, approximate="none", out=None, inplace=False):
+    a = _approx(approximate)
+    _tensor(dy, "dy")
+    _tensor(x, "x", dy.shape)
+    dx = _out(dy if inplace else out, "out", dy.shape)
+    _no_alias({"out": dx}, {"dy": dy, "x": x}, allow_equal=[("out", "dy")])
+    check(raw.port_gelu_backward(dx.data_ptr(), dy.data_ptr(), x.data_ptr(), dy.numel(), a), "gelu_backward")
+    return dx
+
+
+def tanh_forward(x, out=None, inplace=False):
+    """Saved for backward: the output y. inplace=True writes into x."""
+    return _unary("port_tanh_forward", x, x if inplace else out)
+
+
+def tanh_backward(dy, y, out=None, inplace=False):
+    return _unary_bwd("port_tanh_backward", dy, y, "y", dy if inplace else out)
+
+
+def scale(x, alpha, out=None, inplace=False):
+    """y = alpha * x (also the backward of a scaling)."""
+    _tensor(x, "x")
+    y = _out(x if inplace else out, "out", x.shape)
+    _no_alias({"out": y}, {"x": x}, allow_equal=[("out", "x")])
+    check(raw.port_scale(y.data_ptr(), x.data_ptr(), x.numel(), float(alpha)), "scale")
+    return y
+
+
+def softmax_forward(x, out=None, inplace=False):
+    """Softmax over the last dim. Saved: y."""
+    rows, d = _rows_d(x, "x")
+    y = _out(x if inplace else out, "out", x.shape)
+    _no_alias({"out": y}, {"x": x}, allow_equal=[("out", "x")])
+    check(raw.port_softmax_forward(y.data_ptr(), x.data_ptr(), rows, d), "softmax_forward")
+    return y
+
+
+def softmax_backward(dy, y, out=None, inplace=False):
+    rows, d = _rows_d(y, "y")
+    _tensor(dy, "dy", y.shape)
+    dx = _out(dy if inplace else out, "out", y.shape)
+    _no_alias({"out": dx}, {"dy": dy, "y": y}, allow_equal=[("out", "dy")])
+    check(raw.port_softmax_backward(dx.data_ptr(), dy.data_ptr(), y.data_ptr(), rows, d), "softmax_backward")
+    return dx
+
+
+def bmm(a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, c=None):
+    """c[i] = alpha * op(a[i]) op(b[i]) + beta * c[i] for 3-D a, b (c zero-initialised when not given)."""
+    _tensor(a, "a", ndim=3)
+    _tensor(b, "b", ndim=3)
+    if b.shape[0] != a.shape[0]:
+        raise ValueError(f"b: batch {b.shape[0]} differs from a's batch {a.shape[0]}")
+    batch = a.shape[0]
+    m, k = (a.shape[2], a.shape[1]) if trans_a else (a.shape[1], a.shape[2])
+    kb, n = (b.shape[2], b.shape[1]) if trans_b else (b.shape[1], b.shape[2])
+    if k != kb:
+        raise ValueError(f"b: inner dimensions differ ({k} vs {kb})")
+    if c is None:
+        c = torch.zeros((batch, m, n), dtype=torch.float32)
+    _tensor(c, "c", (batch, m, n))
+    _no_alias({"c": c}, {"a": a, "b": b})
+    check(raw.port_bmm(c.data_ptr(), a.data_ptr(), b.data_ptr(), batch, m, n, k, int(bool(trans_a)),
+                       int(bool(trans_b)), float(alpha), float(beta)), "bmm")
+    return c
+
+
+def permute(x, perm, out=None):
+    """x.permute(perm).contiguous() (rank 1..6)."""
+    _tensor(x, "x")
+    rank = x.dim()
+    perm = [int(p) for p in perm]
+    if not 1 <= rank <= 6:
+        raise ValueError(f"x: rank must be in 1..6, got {rank}")
+    if sorted(perm) != list(range(rank)):
+        raise ValueError(f"perm: expected a permutation of 0..{rank - 1}, got {perm}")
+    if x.numel() == 0:
+        raise ValueError(f"x: expected a non-empty tensor, got shape {tuple(x.shape)}")
+    y = _out(out, "out", [x.shape[p] for p in perm])
+    _no_alias({"out": y}, {"x": x})
+    sh = (ctypes.c_int64 * 6)(*x.shape)
+    pm = (ctypes.c_int64 * 6)(*perm)
+    check(raw.port_permute(y.data_ptr(), x.data_ptr(), rank, ctypes.addressof(sh), ctypes.addressof(pm)),
+          "permute")
+    return y
+
+
+def add_broadcast(a, b, out=None):
+    """y = a + b with b broadcast over a's leading dims (b's shape = a's trailing dims); out may be a."""
+    _tensor(a, "a")
+    _tensor(b, "b")
+    if b.dim() > a.dim() or tuple(a.shape[a.dim() - b.dim():]) != tuple(b.shape) or b.numel() == 0:
+        raise ValueError(f"b: shape {tuple(b.shape)} is not a non-empty trailing part of a's {tuple(a.shape)}")
+    y = _out(out, "out", a.shape)
+    _no_alias({"out": y}, {"a": a, "b": b}, allow_equal=[("out", "a")])
+    inner = b.numel()
+    check(raw.port_add_broadcast(y.data_ptr(), a.data_ptr(), b.data_ptr(), a.numel() // inner, inner),
+          "add_broadcast")
+    return y
+
+
+def sum_rows(dy, shape, out=None):
+    """db = dy summed over its leading dims down to the trailing `shape` (the backward of add_broadcast's b);
+    overwrites out."""
+    _tensor(dy, "dy")
+    shape = tuple(int(s) for s in shape)
+    if len(shape) > dy.dim() or tuple(dy.shape[dy.dim() - len(shape):]) != shape or _prod(shape) == 0:
+        raise ValueError(f"shape: {shape} is not a non-empty trailing part of dy's {tuple(dy.shape)}")
+    db = _out(out, "out", shape)
+    _no_alias({"out": db}, {"dy": dy})
+    inner = _prod(shape)
+    check(raw.port_sum_rows(db.data_ptr(), dy.data_ptr(), dy.numel() // inner, inner), "sum_rows")
+    return db
+
+
+def _mid(shape, dim, name):
+    shape = tuple(int(s) for s in shape)
+    if not -len(shape) <= dim < len(shape):
+        raise ValueError(f"dim: {dim} out of range for shape {shape}")
+    dim %= len(shape)
+    if _prod(shape) == 0:
+        raise ValueError(f"{name}: expected a non-empty shape, got {shape}")
+    return shape, dim, _prod(shape[:dim]), shape[dim], _prod(shape[dim + 1:])
+
+
+def mean_mid_forward(x, dim, out=None):
+    """x.mean(dim) (keepdim=False)."""
+    _tensor(x, "x")
+    shape, dim, outer, mid, inner = _mid(x.shape, int(dim), "x")
+    y = _out(out, "out", shape[:dim] + shape[dim + 1:])
+    _no_alias({"out": y}, {"x": x})
+    check(raw.port_mean_mid_forward(y.data_ptr(), x.data_ptr(), outer, mid, inner), "mean_mid_forward")
+    return y
+
+
+def mean_mid_backward(dy, x_shape, dim, out=None):
+    shape, dim, outer, mid, inner = _mid(x_shape, int(dim), "x_shape")
+    _tensor(dy, "dy", shape[:dim] + shape[dim + 1:])
+    dx = _out(out, "out", shape)
+    _no_alias({"out": dx}, {"dy": dy})
+    check(raw.port_mean_mid_backward(dx.data_ptr(), dy.data_ptr(), outer, mid, inner), "mean_mid_backward")
+    return dx
+
+
+def arange_i64(count, start=0, out=None):
+    count = int(count)
+    if count < 0:
+        raise ValueError(f"count: must be >= 0, got {count}")
+    y = _out(out, "out", (count,), torch.int64)
+    if count:
+        check(raw.port_arange_i64(y.data_ptr(), count, int(start)), "arange_i64")
+    return y
+
+
+def ne_scalar_i64(x, value, out=None):
+    """(x != value) as uint8."""
+    _tensor(x, "x", dtype=torch.int64)
+    y = _out(out, "out", x.shape, torch.uint8)
+    _no_alias({"out": y}, {"x": x})
+    if x.numel():
+        check(raw.port_ne_scalar_i64(y.data_ptr(), x.data_ptr(), x.numel(), int(value)), "ne_scalar_i64")
+    return y
+
+
+_ATTN_ALGOS = {"plain": ATTN_PLAIN, "tiled": ATTN_TILED}
+
+
+def _attn_algo(algo) -> int:
+    if isinstance(algo, int) and algo in _ATTN_ALGOS.values():
+        return algo
+    if algo not in _ATTN_ALGOS:
+        raise ValueError(f"algo: expected one of {sorted(_ATTN_ALGOS)}, got {algo!r}")
+    return _ATTN_ALGOS[algo]
+
+
+def attention_params(q_shape, k_shape, heads=1, causal=False, scale=None) -> AttentionParams:
+    """Params of q [bh, tq, dh] (or [b, heads, tq, dh]) and k [bh, tk, dh]; scale defaults to 1/sqrt(dh)."""
+    q_shape, k_shape = tuple(int(s) for s in q_shape), tuple(int(s) for s in k_shape)
+    if len(q_shape) == 4:
+        heads = q_shape[1]
+        q_shape = (q_shape[0] * q_shape[1],) + q_shape[2:]
+        k_shape = (k_shape[0] * k_shape[1],) + k_shape[2:] if len(k_shape) == 4 else k_shape
+    if len(q_shape) != 3 or len(k_shape) != 3:
+        raise ValueError(f"q: expected [bh, t, dh] or [b, heads, t, dh] tensors, got {q_shape} and {k_shape}")
+    bh, tq, dh = q_shape
+    if k_shape[0] != bh or k_shape[2] != dh:
+        raise ValueError(f"k: expected shape ({bh}, tk, {dh}), got {k_shape}")
+    heads = int(heads)
+    if heads < 1 or bh % heads:
+        raise ValueError(f"heads: {heads} must divide bh={bh}")
+    if min(bh, tq, k_shape[1], dh) < 1:
+        raise ValueError(f"q: empty attention shapes {q_shape}, {k_shape}")
+    sc = 1.0 / math.sqrt(dh) if scale is None else float(scale)
+    return AttentionParams(bh, heads, tq, k_shape[1], dh, int(bool(causal)), sc)
+
+
+def attention_workspace_bytes(p: AttentionParams, algo="tiled", backward=False) -> int:
+    return raw.port_attention_workspace_bytes(p, _attn_algo(algo), int(bool(backward)))
+
+
+def _attn_mask(key_mask, p):
+    if key_mask is None:
+        return None
+    if isinstance(key_mask, torch.Tensor) and key_mask.dtype == torch.bool:
+        key_mask = key_mask.view(torch.uint8)
+    return _tensor(key_mask, "key_mask", (p.bh // p.heads, p.tk), torch.uint8)
+
+
+def attention_forward(q, k, v, key_mask=None, heads=1, causal=False, scale=None, algo="tiled", out=None,
+                      workspace=None):
+    """Scaled dot-product attention. q [bh, tq, dh] (or [b, heads, tq, dh]), k and v likewise with tk keys;
+    key_mask uint8/bool [bh/heads, tk] (0 = masked). Returns (o, lse [bh, tq])."""
+    _tensor(q, "q")
+    _tensor(k, "k")
+    p = attention_params(q.shape, k.shape, heads, causal, scale)
+    _tensor(v, "v", k.shape)
+    km = _attn_mask(key_mask, p)
+    a = _attn_algo(algo)
+    o = _out(out, "out", q.shape)
+    lse = torch.empty((p.bh, p.tq))
+    _no_alias({"out": o}, {"q": q, "k": k, "v": v, "key_mask": km})
+    ws = workspace if workspace is not None else _workspace(attention_workspace_bytes(p, a))
+    check(raw.port_attention_forward(o.data_ptr(), lse.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                     _ptr(km), p, a, ws.data_ptr(), ws.numel() * ws.element_size()),
+          "attention_forward")
+    return o, lse
+
+
+def attention_backward(dout, q, k, v, o, lse, key_mask=None, heads=1, causal=False, scale=None, algo="tiled",
+                       workspace=None, needs_grad=(True, True, True)):
+    """Returns (dq, dk, dv) (overwritten); None for the ones needs_grad (q, k, v) marks False."""
+    _tensor(q, "q")
+    _tensor(k, "k")
+    p = attention_params(q.shape, k.shape, heads, causal, scale)
+    _tensor(v, "v", k.shape)
+    _tensor(o, "o", q.shape)
+    _tensor(dout, "dout", q.shape)
+    _tensor(lse, "lse", (p.bh, p.tq))
+    km = _attn_mask(key_mask, p)
+    a = _attn_algo(algo)
+    nq, nk, nv = (bool(x) for x in needs_grad)
+    if not (nq or nk or nv):
+        raise ValueError("needs_grad: at least one of the gradients of q, k, v must be computed")
+    dq = torch.empty(q.shape) if nq else None
+    dk = torch.empty(k.shape) if nk else None
+    dv = torch.empty(k.shape) if nv else None
+    ws = workspace if workspace is not None else _workspace(attention_workspace_bytes(p, a, True))
+    check(raw.port_attention_backward(_ptr(dq), _ptr(dk), _ptr(dv), dout.data_ptr(), q.data_ptr(),
+                                      k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(), _ptr(km), p, a,
+                                      ws.data_ptr(), ws.numel() * ws.element_size()), "attention_backward")
+    return dq, dk, dv
+
+
+def _xent_labels(labels, n, k, ignore_index):
+    _tensor(labels, "labels", (n,), torch.int64)
+    counted = labels[labels != ignore_index]
+    if counted.numel() and (int(counted.min()) < 0 or int(counted.max()) >= k):
+        raise ValueError(f"labels: values other than ignore_index={ignore_index} must be in [0, {k})")
+
+
+def softmax_xent_ignore_forward(logits, labels, ignore_index=-100, label_smoothing=0.0):
+    """Token-level cross-entropy (mean over rows whose label != ignore_index; 0 when none). Returns (loss [1],
+    probs [n, k])."""
+    _tensor(logits, "logits", ndim=2)
+    n, k = logits.shape
+    _xent_labels(labels, n, k, int(ignore_index))
+    loss, probs = torch.empty(1), torch.empty((n, k))
+    check(raw.port_softmax_xent_ignore_forward(loss.data_ptr(), probs.data_ptr(), logits.data_ptr(),
+                                               labels.data_ptr(), n, k, float(label_smoothing), int(ignore_index)),
+          "softmax_xent_ignore_forward")
+    return loss, probs
+
+
+def softmax_xent_ignore_backward(probs, labels, grad_loss=None, ignore_index=-100, label_smoothing=0.0, out=None):
+    _tensor(probs, "probs", ndim=2)
+    n, k = probs.shape
+    _xent_labels(labels, n, k, int(ignore_index))
+    gl = torch.ones(1) if grad_loss is None else _tensor(grad_loss, "grad_loss", (1,))
+    d = _out(out, "out", (n, k))
+    _no_alias({"out": d}, {"probs": probs, "labels": labels, "grad_loss": gl}, allow_equal=[("out", "probs")])
+    check(raw.port_softmax_xent_ignore_backward(d.data_ptr(), probs.data_ptr(), labels.data_ptr(), gl.data_ptr(),
+                                                n, k, float(label_smoothing), int(ignore_index)),
+          "softmax_xent_ignore_backward")
+    return d

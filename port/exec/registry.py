@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from port.errors import PlanError
-from port.ir.types import Graph, Op
+from port.ir.types import Graph, Op, numel
 from port.lower.program import GRAD_SCALE_ID  # the loss-gradient scale (1 / micro-batches): a constant slot
 from port.plan import variants as V
 
@@ -58,7 +58,23 @@ C_ENTRIES: dict[str, tuple[str, ...]] = {
     "linear.grad_weight": ("port_linear_backward_weight",),
     "cross_entropy": ("port_softmax_xent_forward",), "cross_entropy.grad_input": ("port_softmax_xent_backward",),
     "update": ("port_sgd_step", "port_adamw_step"),
+    # sequence models (port.ir.seqops)
+    "embedding": ("port_embedding_forward",), "embedding.grad_weight": ("port_embedding_backward_weight",),
+    "layer_norm": ("port_layernorm_forward",), "layer_norm.grad_input": ("port_layernorm_backward_input",),
+    "layer_norm.grad_weight": ("port_layernorm_backward_weight",),
+    "gelu": ("port_gelu_forward",), "gelu.grad_input": ("port_gelu_backward",),
+    "tanh": ("port_tanh_forward",), "tanh.grad_input": ("port_tanh_backward",),
+    "softmax": ("port_softmax_forward",), "softmax.grad_input": ("port_softmax_backward",),
+    "scale": ("port_scale",), "scale.grad_input": ("port_scale",),
+    "permute": ("port_permute",), "permute.grad_input": ("port_permute",),
+    "matmul": ("port_bmm",), "matmul.grad_input": ("port_bmm",),
+    "attention": ("port_attention_forward",), "attention.grad_input": ("port_attention_backward",),
+    "add_bcast": ("port_add_broadcast",), "add_bcast.grad_input": ("port_sum_rows",),
+    "mean_mid": ("port_mean_mid_forward",), "mean_mid.grad_input": ("port_mean_mid_backward",),
+    "arange": ("port_arange_i64",), "ne_scalar": ("port_ne_scalar_i64",),
 }
+ATTENTION_KERNELS = ("attention", "attention.grad_input")
+ATTN_ALGO = {"plain": 0, "tiled": 1}     # PORT_ATTN_PLAIN, PORT_ATTN_TILED
 NO_CALL_KINDS = ("reshape", "reshape.grad_input", "add.grad_input")   # views: zero-copy, no kernel
 CONV_KERNELS = ("conv2d", "conv2d.grad_input", "conv2d.grad_weight", "conv2d_bn_relu")
 CONV_ALGO = {"plain": 1, "direct": 2, "fused": 0, "winograd": 3}   # PORT_CONV_IM2COL, _DIRECT, _AUTO, _WINOGRAD
@@ -113,6 +129,12 @@ def op_calls(graph: Graph, op: Op, variant: str, backend: str) -> tuple[CallSpec
             kernel, ins = "batch_norm2d.grad_weight_from_output", (op.inputs[0], y, gamma, beta)
     elif op.kind == "cross_entropy.grad_input":
         ins = ins + (GRAD_SCALE_ID,)
+    elif op.kind == "matmul.grad_input":     # one batched GEMM per operand that needs a gradient
+        gy, a, b = ins
+        base = {k: v for k, v in attrs.items() if k != "grads"}
+        return tuple(CallSpec(kernel, variant, backend, (g,), (gy, b if i == 0 else a),
+                              tuple(sorted((base | {"operand": i}).items())))
+                     for i, g in zip(attrs["grads"], outs))
     return (CallSpec(kernel, variant, backend, tuple(outs), tuple(ins), tuple(sorted(attrs.items())), covers),)
 
 
@@ -138,7 +160,21 @@ def conv_params(capi, x_shape, c_out: int, attrs: dict):
     return capi.Conv2dParams(n, c, h, w, c_out, kh, kw, sh, sw, ph, pw, attrs["groups"])
 
 
+def attention_params(capi, kernel: str, attrs: dict, in_shapes):
+    """port_attention_params of an attention call from its slot shapes (q is input 0 of the forward, 1 of the
+    backward, whose input 0 is the output gradient)."""
+    q = in_shapes[0] if kernel == "attention" else in_shapes[1]
+    k = in_shapes[1] if kernel == "attention" else in_shapes[2]
+    n, h, tq, d = q
+    return capi.AttentionParams(n * h, h, tq, k[2], d, int(bool(attrs.get("causal"))), float(attrs["scale"]))
+
+
 def workspace_bytes(kernel: str, variant: str, backend: str, attrs: dict, in_shapes, out_shapes) -> int:
+    if backend == "c" and kernel in ATTENTION_KERNELS:
+        from port.exec import capi
+        p = attention_params(capi, kernel, attrs, in_shapes)
+        return int(capi.raw.port_attention_workspace_bytes(ctypes.byref(p), ATTN_ALGO.get(variant, 0),
+                                                           int(kernel != "attention")))
     if backend != "c" or kernel not in CONV_KERNELS:
         return 0
     from port.exec import capi
@@ -390,19 +426,31 @@ def call_shapes(kernel: str, attrs: dict, in_shapes, out_shapes) -> tuple[list, 
         y = ((x[0], x[1], 1, 1), F32)
         return ([(x, F32)], [y]) if "." not in k else ([y], [(x, F32)])
     if k in ("linear", "linear.grad_input", "linear.grad_weight"):
-        x, fo = geometry(2)
-        w, y, b = ((fo, x[1]), F32), ((x[0], fo), F32), ((fo,), F32)
+        xt = at(I, 0, "input 0 (x)") if k == "linear" else (at(O, 0, "output 0 (dx)") if k.endswith("input")
+                                                              else at(I, 1, "input 1 (x)"))
+        if xt is None or len(xt) < 2:
+            raise CallShapeError(f"x has shape {list(xt) if xt is not None else None}: expected >= 2 dims")
+        lead = tuple(xt[:-1])
+        fo = (_rank(at(I, 1, "input 1 (weight)"), 2, "weight")[0] if k != "linear.grad_weight"
+              else at(I, 0, "input 0 (dy)")[-1])
+        x = (lead + (xt[-1],))
+        w, y, b = ((fo, x[-1]), F32), (lead + (fo,), F32), ((fo,), F32)
         if k == "linear":
             return [(x, F32), w] + ([b] if attrs.get("bias") else []), [y]
         if k == "linear.grad_input":
             return [y, w], [(x, F32)]
         return [y, (x, F32)], _grads(attrs, {"weight": w[0], "bias": b[0]})
     if k in ("cross_entropy", "cross_entropy.grad_input"):
-        z = _rank(at(I, 0, "input 0 (logits)"), 2, "logits")
+        z = at(I, 0, "input 0 (logits)")
+        if z is None or len(z) != (3 if "ignore_index" in attrs else 2):
+            raise CallShapeError(f"logits has shape {list(z) if z is not None else None}: expected "
+                                 f"{3 if 'ignore_index' in attrs else 2} dims")
         ls = attrs.get("label_smoothing", 0.0)
         if not isinstance(ls, float) or not 0.0 <= ls <= 1.0:
             raise CallShapeError(f"attribute label_smoothing={ls!r}: expected a float in [0, 1]")
-        Z, lab = (z, F32), ((z[0],), I64)
+        if "ignore_index" in attrs and type(attrs["ignore_index"]) is not int:
+            raise CallShapeError(f"attribute ignore_index={attrs['ignore_index']!r}: expected an int")
+        Z, lab = (tuple(z), F32), (tuple(z[:-1]), I64)
         if k == "cross_entropy":
             return [Z, lab], [((), F32), Z]
         return [Z, lab, ((1,), F32)], [Z]
@@ -413,6 +461,8 @@ def call_shapes(kernel: str, attrs: dict, in_shapes, out_shapes) -> tuple[list, 
         p = (at(I, 0, "input 0 (parameter)"), F32)
         n = OPT_STATES[opt]
         return [p] * (2 + n), [p] * (1 + n)
+    if k in SEQ_KERNELS:
+        return _seq_shapes(k, attrs, I, O, at)
     if k == "page_out":
         x = at(I, 0, "input 0")
         return [(x, None)], []
@@ -439,6 +489,8 @@ def known_variant(kernel: str, variant: str, backend: str) -> bool:
         return kernel == "conv2d_bn_relu"
     if kernel == "conv2d_bn_relu":
         return False
+    if variant == "tiled":
+        return kernel in ATTENTION_KERNELS and backend == "c"
     return variant in ("plain", "direct", "inplace", "winograd") and (variant not in ("direct", "winograd")
                                                                      or kernel in CONV_KERNELS)
 
@@ -454,3 +506,110 @@ def inplace_pairs(kernel: str, attrs: dict) -> tuple[tuple[int, int], ...]:
     if kernel == "conv2d_bn_relu":
         return ((3, 4), (4, 5))
     return ()
+
+
+SEQ_KERNELS = ("embedding", "embedding.grad_weight", "layer_norm", "layer_norm.grad_input", "layer_norm.grad_weight",
+               "gelu", "gelu.grad_input", "tanh", "tanh.grad_input", "softmax", "softmax.grad_input", "scale",
+               "scale.grad_input", "permute", "permute.grad_input", "matmul", "matmul.grad_input", "attention",
+               "attention.grad_input", "add_bcast", "add_bcast.grad_input", "mean_mid", "mean_mid.grad_input",
+               "arange", "ne_scalar")
+
+
+def _perm(attrs: dict, rank: int) -> tuple[int, ...]:
+    p = attrs.get("perm")
+    if not isinstance(p, tuple) or sorted(p) != list(range(rank)) or not 1 <= rank <= 6:
+        raise CallShapeError(f"attribute perm={p!r}: expected a permutation of 0..{rank - 1} (rank <= 6)")
+    return p
+
+
+def _seq_shapes(k: str, attrs: dict, I, O, at) -> tuple[list, list]:
+    """call_shapes of the sequence-model kernels (port.ir.seqops)."""
+    if k == "embedding":
+        idx, w = at(I, 0, "input 0 (idx)"), _rank(at(I, 1, "input 1 (weight)"), 2, "weight")
+        return [(idx, I64), (w, F32)], [(tuple(idx) + (w[1],), F32)]
+    if k == "embedding.grad_weight":
+        dy, idx = at(I, 0, "input 0 (dy)"), at(I, 1, "input 1 (idx)")
+        if tuple(dy[:-1]) != tuple(idx):
+            raise CallShapeError(f"dy {list(dy)} does not match the indices {list(idx)}")
+        return [(dy, F32), (idx, I64)], [(at(O, 0, "output 0 (dw)"), F32)]
+    if k.startswith("layer_norm"):
+        x = at(I, 0, "input 0 (x)") if k == "layer_norm" else at(I, 1, "input 1 (x)")
+        eps = attrs.get("eps")
+        if k == "layer_norm" and (not isinstance(eps, float) or not 0.0 < eps < float("inf")):
+            raise CallShapeError(f"attribute eps={eps!r}: expected a finite float > 0")
+        affine = attrs.get("affine", ())
+        X, c, st = (tuple(x), F32), ((x[-1],), F32), ((2, numel(x[:-1])), F32)
+        if k == "layer_norm":
+            return [X] + [c] * len(affine), [X, st]
+        if k == "layer_norm.grad_input":
+            return [X, X, st] + ([c] if "weight" in affine else []), [X]
+        return [X, X, st], _grads(attrs, {n: c[0] for n in affine})
+    if k in ("gelu", "tanh", "softmax", "scale", "gelu.grad_input", "tanh.grad_input", "softmax.grad_input",
+             "scale.grad_input"):
+        x = at(I, 0, "input 0")
+        if k in ("gelu", "gelu.grad_input") and attrs.get("approximate") not in ("none", "tanh"):
+            raise CallShapeError(f"attribute approximate={attrs.get('approximate')!r}: expected 'none' or 'tanh'")
+        if k.startswith("scale") and not isinstance(attrs.get("alpha"), float):
+            raise CallShapeError(f"attribute alpha={attrs.get('alpha')!r}: expected a float")
+        n_in = 2 if k.endswith("grad_input") and not k.startswith("scale") else 1
+        return [(x, F32)] * n_in, [(x, F32)]
+    if k in ("permute", "permute.grad_input"):
+        x = at(I, 0, "input 0")
+        p = _perm(attrs, len(x))
+        if k == "permute":
+            return [(x, F32)], [(tuple(x[i] for i in p), F32)]
+        inv = [0] * len(p)
+        for i, j in enumerate(p):
+            inv[j] = i
+        return [(x, F32)], [(tuple(x[i] for i in inv), F32)]
+    if k == "matmul":
+        a, b = at(I, 0, "input 0 (a)"), at(I, 1, "input 1 (b)")
+        if len(a) < 2 or len(a) != len(b) or tuple(a[:-2]) != tuple(b[:-2]) or a[-1] != b[-2]:
+            raise CallShapeError(f"matmul of {list(a)} and {list(b)}: expected [B.., M, K] and [B.., K, N]")
+        return [(a, F32), (b, F32)], [(tuple(a[:-1]) + (b[-1],), F32)]
+    if k == "matmul.grad_input":
+        gy, other = at(I, 0, "input 0 (dy)"), at(I, 1, "input 1 (the other operand)")
+        op_i = attrs.get("operand")
+        if op_i not in (0, 1) or len(gy) < 2 or len(other) != len(gy):
+            raise CallShapeError(f"matmul gradient call: operand={op_i!r}, dy {list(gy)}, other {list(other)}")
+        out = (tuple(gy[:-1]) + (other[-2],)) if op_i == 0 else (tuple(gy[:-2]) + (other[-1], gy[-1]))
+        return [(gy, F32), (other, F32)], [(out, F32)]
+    if k in ("attention", "attention.grad_input"):
+        q = _rank(at(I, 0 if k == "attention" else 1, "q"), 4, "q")
+        kk = _rank(at(I, 1 if k == "attention" else 2, "k"), 4, "k")
+        if kk[:2] != q[:2] or kk[3] != q[3] or not isinstance(attrs.get("scale"), float):
+            raise CallShapeError(f"attention of q {list(q)}, k {list(kk)} (scale={attrs.get('scale')!r})")
+        Q, K_, lse = (q, F32), (kk, F32), ((q[0], q[1], q[2]), F32)
+        mask = [((q[0], 1, 1, kk[2]), "bool")] if attrs.get("masked") else []
+        if k == "attention":
+            return [Q, K_, K_] + mask, [Q, lse]
+        g = attrs.get("grads")
+        if not isinstance(g, tuple) or not g or any(i not in (0, 1, 2) for i in g) or list(g) != sorted(set(g)):
+            raise CallShapeError(f"attribute grads={g!r}: expected increasing operand indices among 0 (q), 1, 2")
+        return [Q, Q, K_, K_, Q, lse] + mask, [(Q, K_, K_)[i] for i in g]
+    if k == "add_bcast":
+        a, b = at(I, 0, "input 0 (a)"), at(I, 1, "input 1 (b)")
+        if not b or len(b) >= len(a) or tuple(a[len(a) - len(b):]) != tuple(b):
+            raise CallShapeError(f"broadcast add of {list(a)} and {list(b)}: b must be a suffix of a")
+        return [(a, F32), (b, F32)], [(a, F32)]
+    if k == "add_bcast.grad_input":
+        dy, db = at(I, 0, "input 0 (dy)"), at(O, 0, "output 0 (db)")
+        if not db or len(db) >= len(dy) or tuple(dy[len(dy) - len(db):]) != tuple(db):
+            raise CallShapeError(f"broadcast add gradient {list(db)} of {list(dy)}: expected a suffix")
+        return [(dy, F32)], [(db, F32)]
+    if k in ("mean_mid", "mean_mid.grad_input"):
+        x = at(I, 0, "input 0 (x)") if k == "mean_mid" else at(O, 0, "output 0 (dx)")
+        d = attrs.get("dim")
+        if type(d) is not int or not 0 <= d < len(x) - 1:
+            raise CallShapeError(f"attribute dim={d!r}: expected a non-last dim of {list(x)}")
+        y = tuple(x[:d]) + tuple(x[d + 1:])
+        return ([(x, F32)], [(y, F32)]) if k == "mean_mid" else ([(y, F32)], [(x, F32)])
+    if k == "arange":
+        y = _rank(at(O, 0, "output 0"), 1, "y")
+        return [], [(y, I64)]
+    if k == "ne_scalar":
+        x = at(I, 0, "input 0")
+        if type(attrs.get("value")) is not int:
+            raise CallShapeError(f"attribute value={attrs.get('value')!r}: expected an int")
+        return [(x, I64)], [(x, "bool")]
+    raise CallShapeError(f"unknown kernel {k!r}")

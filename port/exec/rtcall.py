@@ -155,19 +155,31 @@ def encode(call: Any, shape: Callable[[int], tuple[int, ...]]) -> Encoded:
         n, c, h, w = OS[0]
         return Encoded("port_global_avgpool_backward_input", (O[0], I[0]), (n, c, h * w))
     if kind == "linear":
-        n, fin = IS[0]
+        fin = IS[0][-1]
+        n = numel(IS[0]) // fin
         return Encoded("port_linear_forward", (O[0], I[0], I[1], I[2] if a.get("bias") else None),
                        (n, fin, IS[1][0]))
     if kind == "linear.grad_input":
-        n, fin = OS[0]
+        fin = OS[0][-1]
+        n = numel(OS[0]) // fin
         return Encoded("port_linear_backward_input", (O[0], I[0], I[1]), (n, fin, IS[1][0]))
     if kind == "linear.grad_weight":
-        n, fin = IS[1]
-        fout = IS[0][1]
+        fin = IS[1][-1]
+        n = numel(IS[1]) // fin
+        fout = IS[0][-1]
         g = dict(zip(a["grads"], O))
         if g.get("weight") is None:
             return Encoded("port_bias_backward", (g.get("bias"), I[0]), (n, fout, 1))
         return Encoded("port_linear_backward_weight", (g.get("weight"), g.get("bias"), I[0], I[1]), (n, fin, fout))
+    if kind in SEQ_ENCODERS:
+        return SEQ_ENCODERS[kind](a, IS, OS, I, O, variant)
+    if kind in ("cross_entropy", "cross_entropy.grad_input") and "ignore_index" in a:
+        k = IS[0][-1]
+        n = numel(IS[0]) // k
+        iv, fv = (n, k, int(a["ignore_index"])), (float(a.get("label_smoothing", 0.0)),)
+        if kind == "cross_entropy":
+            return Encoded("port_softmax_xent_ignore_forward", (O[0], O[1], I[0], I[1]), iv, fv)
+        return Encoded("port_softmax_xent_ignore_backward", (O[0], I[0], I[1], I[2]), iv, fv)
     if kind in ("cross_entropy", "cross_entropy.grad_input"):
         n, k = IS[0]   # ins (logits, labels) / (probs, labels, grad_scale)
         fv = (float(a.get("label_smoothing", 0.0)),)
@@ -225,3 +237,102 @@ def to_struct(enc: Encoded, call: Any, offset: Callable[[int], int], flags: int 
         r.fv[i] = float(v)
     r.ws_offset, r.ws_bytes = int(call.workspace_offset), int(call.workspace_bytes)
     return r
+
+
+# ---------------------------------------------------------------------------------------------
+# sequence-model kernels (port.ir.seqops): (attrs, input shapes, output shapes, input ptrs, output ptrs, variant)
+# ---------------------------------------------------------------------------------------------
+def _enc_attention(a, IS, OS, I, O, variant, backward: bool) -> Encoded:
+    from port.exec.registry import ATTN_ALGO
+    q, k = (IS[0], IS[1]) if not backward else (IS[1], IS[2])
+    n, h, tq, d = q
+    iv = (n * h, h, tq, k[2], d, int(bool(a.get("causal"))), ATTN_ALGO.get(variant, 0))
+    fv = (float(a["scale"]),)
+    masked = bool(a.get("masked"))
+    if not backward:
+        return Encoded("port_attention_forward", (O[0], O[1], I[0], I[1], I[2], I[3] if masked else None), iv, fv)
+    g = dict(zip(a["grads"], O))       # 0: dq, 1: dk, 2: dv (NULL where no gradient is needed)
+    return Encoded("port_attention_backward", (g.get(0), g.get(1), g.get(2), I[0], I[1], I[2], I[3], I[4], I[5],
+                                               I[6] if masked else None), iv, fv)
+
+
+def _enc_matmul(a, IS, OS, I, O, variant) -> Encoded:
+    A, B = IS
+    m, k = A[-2], A[-1]
+    nn = B[-1]
+    return Encoded("port_bmm", (O[0], I[0], I[1]), (numel(A[:-2]), m, nn, k, 0, 0), (1.0, 0.0))
+
+
+def _enc_matmul_grad(a, IS, OS, I, O, variant) -> Encoded:
+    gy, other = IS
+    bt = numel(gy[:-2])
+    if a["operand"] == 0:      # da [M, K] = dy [M, N] b^T (b is [K, N])
+        m, nn, k = gy[-2], other[-2], gy[-1]
+        return Encoded("port_bmm", (O[0], I[0], I[1]), (bt, m, nn, k, 0, 1), (1.0, 0.0))
+    # db [K, N] = a^T [K, M] dy [M, N] (a is [M, K])
+    m, nn, k = other[-1], gy[-1], gy[-2]
+    return Encoded("port_bmm", (O[0], I[1], I[0]), (bt, m, nn, k, 1, 0), (1.0, 0.0))
+
+
+def _enc_permute(a, IS, OS, I, O, variant, inverse: bool) -> Encoded:
+    x = IS[0]
+    p = list(a["perm"])
+    if inverse:
+        inv = [0] * len(p)
+        for i, j in enumerate(p):
+            inv[j] = i
+        p = inv
+    r = len(x)
+    shape = list(x) + [1] * (6 - r)
+    perm = p + list(range(r, 6))
+    return Encoded("port_permute", (O[0], I[0]), (r, *shape, *perm))
+
+
+def _mid(x, d):
+    return numel(x[:d]), x[d], numel(x[d + 1:])
+
+
+SEQ_ENCODERS = {
+    "embedding": lambda a, IS, OS, I, O, v: Encoded("port_embedding_forward", (O[0], I[0], I[1]),
+                                                    (numel(IS[0]), IS[1][0], IS[1][1])),
+    "embedding.grad_weight": lambda a, IS, OS, I, O, v: Encoded(
+        "port_embedding_backward_weight", (O[0], I[0], I[1]), (numel(IS[1]), OS[0][0], OS[0][1])),
+    "layer_norm": lambda a, IS, OS, I, O, v: Encoded(
+        "port_layernorm_forward", (O[0], O[1], I[0], I[1] if "weight" in a["affine"] else None,
+                                   I[1 + ("weight" in a["affine"])] if "bias" in a["affine"] else None),
+        (numel(IS[0]) // IS[0][-1], IS[0][-1]), (float(a["eps"]),)),
+    "layer_norm.grad_input": lambda a, IS, OS, I, O, v: Encoded(
+        "port_layernorm_backward_input", (O[0], I[0], I[1], I[2], I[3] if len(I) > 3 else None),
+        (numel(IS[1]) // IS[1][-1], IS[1][-1])),
+    "layer_norm.grad_weight": lambda a, IS, OS, I, O, v: Encoded(
+        "port_layernorm_backward_weight", (dict(zip(a["grads"], O)).get("weight"), dict(zip(a["grads"], O)).get("bias"),
+                                           I[0], I[1], I[2]), (numel(IS[1]) // IS[1][-1], IS[1][-1])),
+    "gelu": lambda a, IS, OS, I, O, v: Encoded("port_gelu_forward", (O[0], I[0]),
+                                               (numel(IS[0]), int(a["approximate"] == "tanh"))),
+    "gelu.grad_input": lambda a, IS, OS, I, O, v: Encoded("port_gelu_backward", (O[0], I[0], I[1]),
+                                                          (numel(IS[0]), int(a["approximate"] == "tanh"))),
+    "tanh": lambda a, IS, OS, I, O, v: Encoded("port_tanh_forward", (O[0], I[0]), (numel(IS[0]),)),
+    "tanh.grad_input": lambda a, IS, OS, I, O, v: Encoded("port_tanh_backward", (O[0], I[0], I[1]), (numel(IS[0]),)),
+    "softmax": lambda a, IS, OS, I, O, v: Encoded("port_softmax_forward", (O[0], I[0]),
+                                                  (numel(IS[0]) // IS[0][-1], IS[0][-1])),
+    "softmax.grad_input": lambda a, IS, OS, I, O, v: Encoded("port_softmax_backward", (O[0], I[0], I[1]),
+                                                             (numel(IS[0]) // IS[0][-1], IS[0][-1])),
+    "scale": lambda a, IS, OS, I, O, v: Encoded("port_scale", (O[0], I[0]), (numel(IS[0]),), (float(a["alpha"]),)),
+    "scale.grad_input": lambda a, IS, OS, I, O, v: Encoded("port_scale", (O[0], I[0]), (numel(IS[0]),),
+                                                           (float(a["alpha"]),)),
+    "permute": lambda a, IS, OS, I, O, v: _enc_permute(a, IS, OS, I, O, v, False),
+    "permute.grad_input": lambda a, IS, OS, I, O, v: _enc_permute(a, IS, OS, I, O, v, True),
+    "matmul": _enc_matmul,
+    "matmul.grad_input": _enc_matmul_grad,
+    "attention": lambda a, IS, OS, I, O, v: _enc_attention(a, IS, OS, I, O, v, False),
+    "attention.grad_input": lambda a, IS, OS, I, O, v: _enc_attention(a, IS, OS, I, O, v, True),
+    "add_bcast": lambda a, IS, OS, I, O, v: Encoded("port_add_broadcast", (O[0], I[0], I[1]),
+                                                    (numel(IS[0]) // numel(IS[1]), numel(IS[1]))),
+    "add_bcast.grad_input": lambda a, IS, OS, I, O, v: Encoded("port_sum_rows", (O[0], I[0]),
+                                                               (numel(IS[0]) // numel(OS[0]), numel(OS[0]))),
+    "mean_mid": lambda a, IS, OS, I, O, v: Encoded("port_mean_mid_forward", (O[0], I[0]), _mid(IS[0], a["dim"])),
+    "mean_mid.grad_input": lambda a, IS, OS, I, O, v: Encoded("port_mean_mid_backward", (O[0], I[0]),
+                                                              _mid(OS[0], a["dim"])),
+    "arange": lambda a, IS, OS, I, O, v: Encoded("port_arange_i64", (O[0],), (numel(OS[0]), int(a.get("start", 0)))),
+    "ne_scalar": lambda a, IS, OS, I, O, v: Encoded("port_ne_scalar_i64", (O[0], I[0]), (numel(IS[0]), int(a["value"]))),
+}

@@ -19,14 +19,19 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from port.errors import PortTraceError
+from port.ir import seqops
 from port.ir.types import DTYPE_BYTES, PHASE_BACKWARD, PHASE_FORWARD, PHASE_LOSS, PHASE_UPDATE, ROLE_ACTIVATION, ROLE_BUFFER, ROLE_GRADIENT, ROLE_INPUT, ROLE_LABEL, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER, Graph, Op, TensorSpec, numel
 
 SUPPORTED_OPS = (
     "conv2d (any groups, stride, padding, bias or not)", "batch_norm2d (training or frozen/eval)",
     "relu", "relu6", "hardswish", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d to 1x1 / mean over H,W",
-    "flatten/view/reshape", "linear", "add (residual)", "dropout", "identity",
+    "flatten/view/reshape", "linear (on [..., features])", "add (residual; a trailing-shape operand broadcast)",
+    "dropout", "identity", "embedding", "layer_norm (last dim)", "gelu (exact, tanh)", "tanh",
+    "softmax (last dim)", "matmul/bmm", "scaled_dot_product_attention (causal, key-padding mask)",
+    "transpose/permute", "contiguous", "mul/div by a constant", "mean over a non-last dim", "arange", "!= constant",
 )
 SUPPORTED_LOSSES = ("cross_entropy",)
+IGNORE_INDEX = -100      # token-level cross-entropy skips these labels (torch's default ignore_index)
 OPTIMIZERS = {"sgd": 0, "sgd_momentum": 1, "adamw": 2}  # optimizer-state tensors per parameter
 
 
@@ -355,8 +360,9 @@ def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable
         if node.op == "call_method" and node.target in ("size", "dim"):
             continue  # python ints feeding view(): no tensor
         if tm is None or not hasattr(tm, "shape"):
-            if node.op == "call_function" and node.target is getattr:
-                continue
+            if node.op == "call_function" and (node.target is getattr or not any(
+                    _is_tensor_node(a) for a in _flat_nodes((node.args, node.kwargs)))):
+                continue      # python arithmetic on sizes (N, T = x.shape; d // h): no tensor
             raise unsupported(node, f"'{getattr(node.target, '__name__', node.target)}' returning a non-tensor")
 
         mutated = _inplace_operand(node, gm, unsupported)
@@ -373,9 +379,10 @@ def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable
     if logits_id < 0:
         raise PortTraceError(f"{model_name}: forward() returned no tensor")
     logits = b.tensors[logits_id]
-    if len(logits.shape) != 2 or logits.shape[0] != batch:
-        raise PortTraceError(f"{model_name}: cross_entropy needs logits [N, classes]; the model returns "
-                             f"{list(logits.shape)}. Flatten before the classifier.")
+    if len(logits.shape) not in (2, 3) or logits.shape[0] != batch or logits.dtype != "float32":
+        raise PortTraceError(f"{model_name}: cross_entropy needs float32 logits [N, classes] (or [N, T, vocab] for a "
+                             f"token-level loss); the model returns {list(logits.shape)} ({logits.dtype}). "
+                             f"Flatten before the classifier.")
     if not trainable_params:
         raise PortTraceError(f"{model_name}: no trainable parameters (trainable={trainable!r} matched "
                              f"no module with parameters)")
@@ -464,7 +471,7 @@ def _forward_from_node(node, gm, b: _Builder, env, param, out_tensor, tensor_arg
         if isinstance(mod, nn.Identity):
             env[node.name] = x
             return None
-        if isinstance(mod, nn.Dropout) and not mod.training:
+        if isinstance(mod, nn.Dropout) and (not mod.training or mod.p == 0):     # p = 0: the identity (as aten)
             env[node.name] = x
             return None
         y = out_tensor(node, path)
@@ -525,14 +532,15 @@ def _forward_from_node(node, gm, b: _Builder, env, param, out_tensor, tensor_arg
             w = param(path, mod, "weight")
             bias = param(path, mod, "bias")
             xs = shape(x)
-            if len(xs) != 2:
-                raise unsupported(node, f"linear on a {len(xs)}-d input (flatten to [N, features] first)")
             params = {"weight": w} | ({"bias": bias} if bias is not None else {})
             return _Fwd(path, path, "linear", dict(bias=bias is not None), (x,), params, {}, (y,),
-                        2 * xs[0] * mod.in_features * mod.out_features, numel(ys) if bias is not None else 0)
+                        2 * numel(xs[:-1]) * mod.in_features * mod.out_features, numel(ys) if bias is not None else 0)
         if isinstance(mod, nn.Dropout):
             mask = b.tensor(f"{path}:mask", ys, "uint8", ROLE_ACTIVATION)
             return _Fwd(path, path, "dropout", dict(p=float(mod.p)), (x,), {}, {}, (y, mask), 0, 2 * numel(ys))
+        f = seqops.module_forward(node, mod, path, x, y, b, param, shape, unsupported, _Fwd)
+        if f is not None:
+            return f
         raise unsupported(node, type(mod).__name__)
 
     # call_function / call_method
@@ -549,7 +557,7 @@ def _forward_from_node(node, gm, b: _Builder, env, param, out_tensor, tensor_arg
             raise unsupported(node, "add with alpha or a constant")
         a, c = tensor_arg(node, args[0]), tensor_arg(node, args[1])
         if shape(a) != shape(c):
-            raise unsupported(node, f"broadcasting add {list(shape(a))} + {list(shape(c))}")
+            return seqops.broadcast_add(node, opname, scope, a, c, out_tensor, shape, unsupported, _Fwd)
         y = out_tensor(node, opname)
         return _Fwd(opname, scope, "add", {}, (a, c), {}, {}, (y,), 0, numel(shape(y)))
     if tgt in (F.relu, torch.relu, F.relu_, torch.relu_) or (is_m and tgt in ("relu", "relu_")):
@@ -575,10 +583,33 @@ def _forward_from_node(node, gm, b: _Builder, env, param, out_tensor, tensor_arg
         dims = args[1] if len(args) > 1 else node.kwargs.get("dim")
         dims = tuple(d % len(shape(x)) for d in (dims if isinstance(dims, (tuple, list)) else (dims,))) if dims is not None else ()
         if len(shape(x)) != 4 or sorted(dims) != [2, 3]:
-            raise unsupported(node, f"mean over dims {dims} (only the spatial mean of [N, C, H, W] is supported)")
+            f = seqops.function_forward(node, opname, scope, b, tensor_arg, out_tensor, shape, unsupported, _Fwd,
+                                        _view)
+            if f is not None:
+                return f
+            raise unsupported(node, f"mean over dims {dims} (only the spatial mean of [N, C, H, W] and the mean "
+                                    f"over one non-last dim are supported)")
         y = out_tensor(node, opname)
         return _Fwd(opname, scope, "global_avg_pool2d", {}, (x,), {}, {}, (y,), 0, numel(shape(x)))
+    f = seqops.function_forward(node, opname, scope, b, tensor_arg, out_tensor, shape, unsupported, _Fwd, _view)
+    if f == "identity":
+        env[node.name] = tensor_arg(node, args[0])
+        return None
+    if f is not None:
+        return f
     raise unsupported(node, f"'{fname}'")
+
+
+def _flat_nodes(args: Any) -> list:
+    import torch.fx as fx
+    out: list = []
+    fx.node.map_arg(args, out.append)
+    return out
+
+
+def _is_tensor_node(a: Any) -> bool:
+    tm = getattr(a, "meta", {}).get("tensor_meta") if a is not None else None
+    return tm is not None and hasattr(tm, "shape")
 
 
 def _view(b: _Builder, name: str, layer: str, x: int, y: int) -> _Fwd:
@@ -613,7 +644,7 @@ def _assemble(b: _Builder, fwds: list[_Fwd], model_name: str, batch: int, input_
         w_trainable = any(p in trainable_params for p in f.params.values())
         gi = grad_in_needed[id(f)]
         w_needed = w_trainable and f.outputs[0] in wanted   # the loss depends on this op's output
-        saved = _saved_for(f, T, gi, w_needed)
+        saved = _saved_for(f, T, gi, w_needed, wanted if gi else set())
         inputs = f.x + tuple(f.params.values()) + tuple(f.buffers.values())
         f.op_id = b.op(f.name, f.layer, f.kind, PHASE_FORWARD, f.attrs, inputs, f.outputs, saved,
                        f.flops, f.vector_flops)
@@ -621,12 +652,16 @@ def _assemble(b: _Builder, fwds: list[_Fwd], model_name: str, batch: int, input_
         f.attrs["_grad_weight"] = w_needed
 
     # loss
-    K = T[logits_id].shape[1]
-    label_id = b.tensor("labels", (batch,), "int64", ROLE_LABEL)
+    lshape = T[logits_id].shape
+    K, rows = lshape[-1], numel(lshape[:-1])
+    loss_attrs = {"reduction": "mean", "label_smoothing": 0.0}
+    if len(lshape) == 3:        # token-level loss over [N, T, vocab]: labels [N, T], IGNORE_INDEX skipped
+        loss_attrs["ignore_index"] = IGNORE_INDEX
+    label_id = b.tensor("labels", lshape[:-1], "int64", ROLE_LABEL)
     loss_id = b.tensor("loss", (), "float32", ROLE_ACTIVATION)
-    probs = b.tensor("loss:probs", (batch, K), "float32", ROLE_ACTIVATION)
-    loss_op = b.op("loss", "loss", "cross_entropy", PHASE_LOSS, {"reduction": "mean", "label_smoothing": 0.0},
-                   (logits_id, label_id), (loss_id, probs), (probs, label_id), 0, 4 * batch * K)
+    probs = b.tensor("loss:probs", lshape, "float32", ROLE_ACTIVATION)
+    loss_op = b.op("loss", "loss", "cross_entropy", PHASE_LOSS, loss_attrs,
+                   (logits_id, label_id), (loss_id, probs), (probs, label_id), 0, 4 * rows * K)
 
     # backward, reverse order. grads[t] = current gradient tensor id of activation/parameter t
     grads: dict[int, int] = {}
@@ -646,8 +681,8 @@ def _assemble(b: _Builder, fwds: list[_Fwd], model_name: str, batch: int, input_
 
     g_logits = new_grad(logits_id, "")
     b.op("loss.grad_input", "loss", "cross_entropy.grad_input", PHASE_BACKWARD,
-         {"reduction": "mean", "label_smoothing": 0.0}, (probs, label_id), (g_logits,), (), 0,
-         2 * batch * K, forward_op=loss_op)
+         dict(loss_attrs), (probs, label_id), (g_logits,), (), 0,
+         2 * rows * K, forward_op=loss_op)
     grads[logits_id] = g_logits
 
     for f in reversed(fwds):
@@ -677,6 +712,31 @@ def _assemble(b: _Builder, fwds: list[_Fwd], model_name: str, batch: int, input_
                 for x, g in outs:
                     contribute(x, g, f.layer)
             continue
+        if f.kind == "add_bcast":
+            a, c = f.x
+            if a in xs_needing:            # the full-shape operand: the output gradient itself (a view)
+                g = b.tensor(f"grad({T[a].name})", T[a].shape, "float32", ROLE_GRADIENT, grad_of=a, alias_of=gy)
+                b.op(f"{f.name}.grad_input", f.layer, "add.grad_input", PHASE_BACKWARD, {}, (gy,), (g,),
+                     forward_op=fo.id)
+                contribute(a, g, f.layer)
+            if c in xs_needing:            # the broadcast operand: summed over the leading dims
+                g = new_grad(c, "")
+                b.op(f"{f.name}.grad_input", f.layer, "add_bcast.grad_input", PHASE_BACKWARD, {}, (gy,), (g,),
+                     vector_flops=numel(T[y].shape), forward_op=fo.id)
+                contribute(c, g, f.layer)
+            continue
+        if f.kind in seqops.MULTI_GRAD_KINDS:
+            need = tuple(i for i, t in enumerate(f.x[:3]) if t in xs_needing)
+            if need:
+                outs = [(f.x[i], new_grad(f.x[i], "")) for i in need]
+                fl = (f.flops // 2) * len(need) if f.kind == "matmul" else f.flops * 10 // 4
+                b.op(f"{f.name}.grad_input", f.layer, f"{f.kind}.grad_input", PHASE_BACKWARD,
+                     {k: v for k, v in f.attrs.items() if not k.startswith("_")} | {"grads": need},
+                     (gy,) + _grad_input_reads(f, T), tuple(g for _, g in outs), flops=fl,
+                     vector_flops=_bwd_vector_flops(f, T), forward_op=fo.id)
+                for x, g in outs:
+                    contribute(x, g, f.layer)
+            continue
         if xs_needing:
             x = f.x[0]
             g = new_grad(x, "")
@@ -696,7 +756,8 @@ def _assemble(b: _Builder, fwds: list[_Fwd], model_name: str, batch: int, input_
                  | {"grads": tuple(n for n, p in f.params.items() if p in trainable_params)},
                  ins, tuple(g for _, g in outs),
                  flops=f.flops if f.kind in ("conv2d", "linear") else 0,
-                 vector_flops=numel(T[y].shape) * (2 if f.kind == "batch_norm2d" else 1), forward_op=fo.id)
+                 vector_flops=numel(T[y].shape) * (2 if f.kind in ("batch_norm2d", "layer_norm") else 1),
+                 forward_op=fo.id)
             for p, g in outs:
                 contribute(p, g, f.layer)
 
@@ -721,7 +782,7 @@ def _assemble(b: _Builder, fwds: list[_Fwd], model_name: str, batch: int, input_
     return Graph(model_name, tuple(b.tensors), tuple(ops), input_id, label_id, loss_id, logits_id, optimizer, batch)
 
 
-def _saved_for(f: _Fwd, T, grad_input: bool, grad_weight: bool) -> tuple[int, ...]:
+def _saved_for(f: _Fwd, T, grad_input: bool, grad_weight: bool, wanted: set[int] = frozenset()) -> tuple[int, ...]:
     """Tensors a forward op's backward reads, as PyTorch's plain kernels choose them."""
     x = f.x[0] if f.x else None
     k = f.kind
@@ -749,7 +810,20 @@ def _saved_for(f: _Fwd, T, grad_input: bool, grad_weight: bool) -> tuple[int, ..
         return (f.outputs[1],)     # indices
     if k == "dropout":
         return (f.outputs[1],)     # mask
-    return ()                      # add, reshape, avg/global pool: shapes only
+    if k == "embedding":
+        return (x,) if grad_weight else ()
+    if k == "layer_norm":
+        return (x, f.outputs[1]) + ((f.params["weight"],) if grad_input and "weight" in f.params else ())
+    if k == "gelu":
+        return (x,)
+    if k in ("tanh", "softmax"):
+        return (f.outputs[0],)
+    if k == "matmul":
+        a, c = f.x
+        return tuple(t for t, need in ((c, a in wanted), (a, c in wanted)) if need)
+    if k == "attention":
+        return f.x[:3] + f.outputs + f.x[3:]      # q, k, v, o, lse (and the key mask)
+    return ()                      # add, reshape, avg/global pool, scale, permute, mean: shapes only
 
 
 def _grad_input_reads(f: _Fwd, T) -> tuple[int, ...]:
@@ -766,12 +840,24 @@ def _grad_input_reads(f: _Fwd, T) -> tuple[int, ...]:
         return (f.x[0],)
     if k in ("max_pool2d", "dropout"):
         return (f.outputs[1],)
+    if k == "layer_norm":
+        return (f.x[0], f.outputs[1]) + ((f.params["weight"],) if "weight" in f.params else ())
+    if k == "gelu":
+        return (f.x[0],)
+    if k in ("tanh", "softmax"):
+        return (f.outputs[0],)
+    if k == "matmul":
+        return f.x                                  # (a, b): da = dc b^T, db = a^T dc
+    if k == "attention":
+        return f.x[:3] + f.outputs + f.x[3:]        # (q, k, v, o, lse[, mask])
     return ()
 
 
 def _grad_weight_reads(f: _Fwd, T) -> tuple[int, ...]:
-    if f.kind in ("conv2d", "linear"):
+    if f.kind in ("conv2d", "linear", "embedding"):
         return (f.x[0],)
+    if f.kind == "layer_norm":
+        return (f.x[0], f.outputs[1])
     if f.kind == "batch_norm2d":
         if f.attrs["training"]:
             return (f.x[0], f.outputs[1])
@@ -781,5 +867,10 @@ def _grad_weight_reads(f: _Fwd, T) -> tuple[int, ...]:
 
 def _bwd_vector_flops(f: _Fwd, T) -> int:
     n = numel(T[f.outputs[0]].shape)
-    return {"batch_norm2d": 8 * n, "hardswish": 4 * n, "relu": n, "relu6": 2 * n, "dropout": n,
+    if f.kind == "attention":
+        q, k = T[f.x[0]].shape, T[f.x[1]].shape
+        return 8 * q[0] * q[1] * q[2] * k[2]
+    return {"batch_norm2d": 8 * n, "layer_norm": 8 * n, "gelu": 10 * n, "tanh": 2 * n, "softmax": 3 * n,
+            "scale": n, "mean_mid": numel(T[f.x[0]].shape),
+            "hardswish": 4 * n, "relu": n, "relu6": 2 * n, "dropout": n,
             "max_pool2d": n, "avg_pool2d": numel(T[f.x[0]].shape), "global_avg_pool2d": numel(T[f.x[0]].shape)}.get(f.kind, 0)

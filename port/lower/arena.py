@@ -371,12 +371,12 @@ def _check_ids_and_zero_ranges(program: Program, slot_of: dict) -> None:
     from port.ir.types import ROLE_GRADIENT, numel
     p = program
     s = slot_of.get(p.input_id)
-    if s is None or s.dtype != "float32":
-        raise _bad("input_id", p.input_id, "the id of a float32 tensor with a slot")
+    if s is None or s.dtype not in ("float32", "int64"):
+        raise _bad("input_id", p.input_id, "the id of a float32 (or int64 token-id) tensor with a slot")
     if p.label_id != -1:
         s = slot_of.get(p.label_id)
-        if s is None or s.dtype != "int64" or len(s.shape) != 1:
-            raise _bad("label_id", p.label_id, "-1 or the id of a 1-d int64 tensor with a slot")
+        if s is None or s.dtype != "int64" or len(s.shape) not in (1, 2):
+            raise _bad("label_id", p.label_id, "-1 or the id of a 1-d (or [N, T] token) int64 tensor with a slot")
     if p.loss_id != -1:
         s = slot_of.get(p.loss_id)
         if s is None or s.dtype != "float32" or numel(s.shape) != 1:

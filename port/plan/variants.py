@@ -15,6 +15,11 @@ Variant names
                  (grad_weight; grad_input in training mode) ``inplace`` means "from the output": the
                  forward ran in place, so x-hat is rebuilt from y, gamma and beta. They run ``inplace``
                  exactly when their forward batch norm does (port.plan.semantics.coupled_variants).
+``tiled``        scaled dot-product attention (forward or backward) computed FlashAttention-style: an online
+                 softmax over key blocks that never materialises the T x T scores (the backward recomputes them
+                 block by block from q, k and the saved log-sum-exp); ``plain`` holds every head's scores in
+                 its workspace and runs GEMMs. Both save the same tensors (q, k, v, o, lse), so forward and
+                 backward choose independently: the ILP weighs workspace against time.
 ``fused``        conv2d (no bias) -> training batch_norm2d -> relu executed as one kernel (the C
                  library's conv2d_bn_relu) by the conv op; the batch-norm and relu ops then carry
                  variant ``fused`` and run no call of their own. Only chains that kernel computes are
@@ -47,6 +52,7 @@ TORCH_BACKENDS = ("torch-cpu", "torch-cuda", "torch-mps")
 INPLACE_KINDS = ("relu", "relu6", "batch_norm2d", "add")
 ACTIVATIONS = ("relu", "relu6")
 CONV_KINDS = ("conv2d", "conv2d.grad_input", "conv2d.grad_weight")
+ATTENTION_KINDS = ("attention", "attention.grad_input")
 
 
 def _conv_attrs(op: Op) -> tuple[int, int, int, int, int]:
@@ -149,6 +155,8 @@ def variants(graph: Graph, op: Op, backend: str) -> tuple[str, ...]:
                 out.append(f"patch{t}")
         if op.kind == "conv2d" and fusion_chain(graph, op) is not None:
             out.append("fused")
+    elif op.kind in ATTENTION_KINDS:
+        out.append("tiled")
     else:
         if (op.kind in INPLACE_KINDS and inplace_legal(graph, op)) or follows_forward_inplace(graph, op):
             out.append("inplace")

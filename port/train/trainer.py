@@ -60,12 +60,15 @@ class Trainer:
             raise PortError(f"on_nonfinite={on_nonfinite!r}: expected 'stop' or 'skip'")
         self.on_nonfinite = on_nonfinite
         self.skipped_steps = 0
+        import torch
         example_input = _as_tensor(example_input, "example_input")
         if example_input.dim() < 2 or example_input.shape[0] < 1:
             raise PortError(f"example_input must be a batch [B, *sample shape] with B >= 1, got shape "
                             f"{list(example_input.shape)}")
-        if not example_input.is_floating_point():
-            raise PortError(f"example_input must be a floating-point tensor, got dtype {example_input.dtype}")
+        if not (example_input.is_floating_point() or example_input.dtype == torch.int64):
+            raise PortError(f"example_input must be a floating-point tensor (or int64 token ids), got dtype "
+                            f"{example_input.dtype}")
+        self.tokens = example_input.dtype == torch.int64     # a sequence model fed token ids
         self.model = model
         self.opt = optimizer if optimizer is not None else SGD(0.01)
         self.backend = backend
@@ -75,8 +78,10 @@ class Trainer:
             raise PortError(f"micro_batch={micro_batch} must divide the batch size {B}")
         self.batch_size, self.micro_batch = B, mb
         self.example_shape = tuple(example_input.shape[1:])
-        ex_in = example_input[:mb].detach().float().contiguous()
+        ex_in = example_input[:mb].detach().contiguous()
+        ex_in = ex_in if self.tokens else ex_in.float()
         self.graph = trace(model, ex_in, trainable=trainable, optimizer=self.opt.graph_name)
+        self.label_shape = tuple(self.graph.tensors[self.graph.label_id].shape[1:])   # () or (T,) for tokens
         plan_batch = None          # the batch a plan file says it was solved for (port.pipeline writes it)
         if isinstance(plan, (str, Path)):
             from port.plan.io import load_plan
@@ -244,9 +249,11 @@ class Trainer:
         if not (x.is_floating_point() or x.dtype in (torch.int8, torch.int16, torch.int32, torch.int64,
                                                      torch.uint8)) or x.is_complex():
             raise PortError(f"{what}() expects x of a real number dtype (float32), got {x.dtype}")
-        if tuple(y.shape) != (B,):
-            raise PortError(f"{what}() expects labels y of shape [{B}] (one class index per sample), got "
-                            f"{list(y.shape)}")
+        want = (B,) + self.label_shape
+        if tuple(y.shape) != want:
+            raise PortError(f"{what}() expects labels y of shape {list(want)} (" + (
+                "one class index per sample" if not self.label_shape else
+                f"one token id per position, {self.executor.ignore_index} = ignored") + f"), got {list(y.shape)}")
         if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():
             raise PortError(f"{what}() expects labels y of an integer dtype (int64 class indices), got {y.dtype}; "
                             f"convert with y.long() if they are whole numbers")
@@ -394,6 +401,14 @@ class Trainer:
         tot_loss, correct, count = 0.0, 0, 0
         for x, y in loader:
             logits = self.predict(x)
+            if logits.dim() == 3:        # token-level: every non-ignored position counts
+                from port.ir.trace import IGNORE_INDEX
+                z, t = logits.reshape(-1, logits.shape[-1]), torch.as_tensor(y).reshape(-1)
+                keep = t != IGNORE_INDEX
+                tot_loss += float(F.cross_entropy(z, t, ignore_index=IGNORE_INDEX, reduction="sum"))
+                correct += int(((z.argmax(1) == t) & keep).sum())
+                count += int(keep.sum())
+                continue
             tot_loss += float(F.cross_entropy(logits, y, reduction="sum"))
             correct += int((logits.argmax(1) == y).sum())
             count += int(y.shape[0])

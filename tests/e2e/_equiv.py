@@ -25,6 +25,13 @@ def data(name: str, batch: int, steps: int, seed: int = 0, classes: int = 10):
     return [(xs[i % 4], ys[i % 4]) for i in range(steps)]
 
 
+def ref_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """PyTorch's loss for PORT's: mean cross-entropy; over tokens (ignore_index -100) for [N, T, V] logits."""
+    if out.dim() == 3:
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), ignore_index=-100)
+    return F.cross_entropy(out, y)
+
+
 def torch_opt(kind: str, params, lr: float):
     if kind == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=1e-4, foreach=False)
@@ -79,7 +86,7 @@ def compare(model, batches, opt: str = "sgd", lr: float | None = None, backend: 
     for i, (x, y) in enumerate(batches):
         lp = tr.step(x, y)
         topt.zero_grad(set_to_none=True)
-        lt = F.cross_entropy(ref(x), y)
+        lt = ref_loss(ref(x), y)
         lt.backward()
         topt.step()
         pl.append(lp)
@@ -163,7 +170,7 @@ def compare_synced(model, batches, opt: str = "sgd", lr: float | None = None, rt
         before = {n: p.detach().clone() for n, p in params.items()}
         lp = tr.step(x, y)
         topt.zero_grad(set_to_none=True)
-        lt = F.cross_entropy(ref(x), y)
+        lt = ref_loss(ref(x), y)
         lt.backward()
         topt.step()
         lt = float(lt.detach())

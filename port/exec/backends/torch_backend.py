@@ -223,6 +223,9 @@ class TorchBackend:
             dx = O[0]
             n, c, h, w = dx.shape
             return lambda: dx.copy_((dy.reshape(n, c, 1, 1) / (h * w)).expand(n, c, h, w))
+        if kind.startswith("linear") and I[0].dim() > 2:     # [..., features]: the same call on [rows, features]
+            I = [t.reshape(-1, t.shape[-1]) if t.dim() > 2 else t for t in I]
+            O = [t.reshape(-1, t.shape[-1]) if t.dim() > 2 else t for t in O]
         if kind == "linear":
             x, w = I[0], I[1]
             y = O[0]
@@ -245,6 +248,10 @@ class TorchBackend:
                 if db is not None:
                     db.add_(dy.sum(0))
             return run
+        if kind in _SEQ:
+            return _SEQ[kind](a, I, O, torch, F)
+        if kind in ("cross_entropy", "cross_entropy.grad_input") and "ignore_index" in a:
+            return _token_xent(kind, a, I, O, torch, F)
         if kind == "cross_entropy":
             logits, labels = I
             loss, probs = O
@@ -307,3 +314,194 @@ class TorchBackend:
                 p.addcdiv_(m1, denom, value=-(o.lr / bc1))
             return run
         raise ProgramError(f"call {call.index}: unknown optimizer {opt!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# sequence-model kernels (port.ir.seqops): (attrs, input views, output views, torch, F) -> run
+# ---------------------------------------------------------------------------------------------
+def _token_xent(kind, a, I, O, torch, F):
+    ls, ign = float(a.get("label_smoothing", 0.0)), int(a["ignore_index"])
+    if kind == "cross_entropy":
+        logits, labels = I
+        loss, probs = O
+        k = logits.shape[-1]
+
+        def run():
+            z = logits.reshape(-1, k)
+            loss.copy_(F.cross_entropy(z, labels.reshape(-1), ignore_index=ign, label_smoothing=ls))
+            torch.softmax(z, 1, out=probs.view(-1, k))
+        return run
+    probs, labels, scale = I
+    dl = O[0]
+    k = probs.shape[-1]
+
+    def run():
+        p, y = probs.reshape(-1, k), labels.reshape(-1)
+        keep = (y != ign)
+        cnt = max(int(keep.sum()), 1)
+        tgt = torch.full_like(p, ls / k)
+        tgt.scatter_add_(1, y.clamp(0, k - 1).view(-1, 1),
+                         torch.full((p.shape[0], 1), 1.0 - ls, dtype=p.dtype, device=p.device))
+        d = (p - tgt) * keep.unsqueeze(1) * (scale / cnt)
+        dl.view(-1, k).copy_(d)
+    return run
+
+
+def _ln(a, I, O, torch, F):
+    x = I[0]
+    aff = a["affine"]
+    w = I[1] if "weight" in aff else None
+    b = I[1 + (w is not None)] if "bias" in aff else None
+    y, st = O
+    d = x.shape[-1]
+
+    def run():
+        r = torch.ops.aten.native_layer_norm(x, [d], w, b, float(a["eps"]))
+        y.copy_(r[0])
+        st[0].copy_(r[1].reshape(-1))
+        st[1].copy_(r[2].reshape(-1))
+    return run
+
+
+def _ln_back(a, I, O, torch, F, weight: bool):
+    dy, x, st = I[0], I[1], I[2]
+    d = x.shape[-1]
+    lead = x.shape[:-1]
+
+    def grads(w=None):
+        mean, rstd = st[0].reshape(*lead, 1), st[1].reshape(*lead, 1)
+        return torch.ops.aten.native_layer_norm_backward(
+            dy, x, [d], mean, rstd, w if w is not None else torch.ones(d, dtype=x.dtype, device=x.device),
+            torch.zeros(d, dtype=x.dtype, device=x.device), [not weight, weight, weight])
+    if not weight:
+        w = I[3] if len(I) > 3 else None
+        dx = O[0]
+        return lambda: dx.copy_(grads(w)[0])
+    g = dict(zip(a["grads"], O))
+
+    def run():
+        r = grads()
+        if "weight" in g:
+            g["weight"].add_(r[1])
+        if "bias" in g:
+            g["bias"].add_(r[2])
+    return run
+
+
+def _attn(a, I, O, torch, F, backward: bool):
+    aten = torch.ops.aten
+    scale, causal, masked = float(a["scale"]), bool(a.get("causal")), bool(a.get("masked"))
+
+    def bias(q, k, mask):
+        """The additive mask (or None) of the math path: -inf at masked keys and above the causal diagonal."""
+        if not masked and not causal:
+            return None
+        tq, tk = q.shape[2], k.shape[2]
+        m = torch.zeros(q.shape[0], 1, tq, tk, dtype=q.dtype, device=q.device)
+        if masked:
+            m.masked_fill_(~mask.reshape(q.shape[0], 1, 1, tk), float("-inf"))
+        if causal:
+            m.masked_fill_(torch.ones(tq, tk, dtype=torch.bool, device=q.device).triu(tk - tq + 1), float("-inf"))
+        return m
+
+    if not backward:
+        q, k, v = I[:3]
+        mask = I[3] if masked else None
+        o, lse = O
+
+        def run():
+            s = torch.matmul(q, k.transpose(-1, -2)) * scale
+            bm = bias(q, k, mask)
+            if bm is not None:
+                s = s + bm
+            l = torch.logsumexp(s, -1)
+            p = torch.exp(s - l.unsqueeze(-1)).nan_to_num_(0.0)
+            torch.matmul(p, v, out=o)
+            lse.copy_(l)
+        return run
+    dout, q, k, v, o, lse = I[:6]
+    mask = I[6] if masked else None
+    g = dict(zip(a["grads"], O))
+
+    def run():
+        s = torch.matmul(q, k.transpose(-1, -2)) * scale
+        bm = bias(q, k, mask)
+        if bm is not None:
+            s = s + bm
+        p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num_(0.0)
+        dp = torch.matmul(dout, v.transpose(-1, -2))
+        ds = p * (dp - (dout * o).sum(-1, keepdim=True))
+        if 0 in g:
+            torch.matmul(ds, k, out=g[0]).mul_(scale)
+        if 1 in g:
+            torch.matmul(ds.transpose(-1, -2), q, out=g[1]).mul_(scale)
+        if 2 in g:
+            torch.matmul(p.transpose(-1, -2), dout, out=g[2])
+    return run
+
+
+def _perm(a, I, O, torch, inverse: bool):
+    p = list(a["perm"])
+    if inverse:
+        inv = [0] * len(p)
+        for i, j in enumerate(p):
+            inv[j] = i
+        p = inv
+    x, y = I[0], O[0]
+    return lambda: y.copy_(x.permute(p))
+
+
+def _gelu_back(a, I, O, torch, F):
+    dy, x = I
+    dx = O[0]
+    return lambda: torch.ops.aten.gelu_backward.grad_input(dy, x, approximate=a["approximate"], grad_input=dx)
+
+
+def _emb_back(a, I, O, torch, F):
+    dy, idx = I
+    dw = O[0]
+    d = dw.shape[1]
+    return lambda: dw.index_add_(0, idx.reshape(-1), dy.reshape(-1, d))
+
+
+def _mm_back(a, I, O, torch, F):
+    gy, other = I
+    out = O[0]
+    if a["operand"] == 0:
+        return lambda: torch.matmul(gy, other.transpose(-1, -2), out=out)
+    return lambda: torch.matmul(other.transpose(-1, -2), gy, out=out)
+
+
+_SEQ = {
+    "embedding": lambda a, I, O, torch, F: (lambda: torch.index_select(I[1], 0, I[0].reshape(-1),
+                                                                       out=O[0].view(-1, I[1].shape[1]))),
+    "embedding.grad_weight": _emb_back,
+    "layer_norm": _ln,
+    "layer_norm.grad_input": lambda a, I, O, torch, F: _ln_back(a, I, O, torch, F, False),
+    "layer_norm.grad_weight": lambda a, I, O, torch, F: _ln_back(a, I, O, torch, F, True),
+    "gelu": lambda a, I, O, torch, F: (lambda: O[0].copy_(F.gelu(I[0], approximate=a["approximate"]))),
+    "gelu.grad_input": _gelu_back,
+    "tanh": lambda a, I, O, torch, F: (lambda: torch.tanh(I[0], out=O[0])),
+    "tanh.grad_input": lambda a, I, O, torch, F: (
+        lambda: torch.ops.aten.tanh_backward.grad_input(I[0], I[1], grad_input=O[0])),
+    "softmax": lambda a, I, O, torch, F: (lambda: torch.softmax(I[0], -1, out=O[0])),
+    "softmax.grad_input": lambda a, I, O, torch, F: (
+        lambda: torch.ops.aten._softmax_backward_data.out(I[0], I[1], -1, I[0].dtype, out=O[0])),
+    "scale": lambda a, I, O, torch, F: (lambda: torch.mul(I[0], float(a["alpha"]), out=O[0])),
+    "scale.grad_input": lambda a, I, O, torch, F: (lambda: torch.mul(I[0], float(a["alpha"]), out=O[0])),
+    "permute": lambda a, I, O, torch, F: _perm(a, I, O, torch, False),
+    "permute.grad_input": lambda a, I, O, torch, F: _perm(a, I, O, torch, True),
+    "matmul": lambda a, I, O, torch, F: (lambda: torch.matmul(I[0], I[1], out=O[0])),
+    "matmul.grad_input": _mm_back,
+    "attention": lambda a, I, O, torch, F: _attn(a, I, O, torch, F, False),
+    "attention.grad_input": lambda a, I, O, torch, F: _attn(a, I, O, torch, F, True),
+    "add_bcast": lambda a, I, O, torch, F: (lambda: torch.add(I[0], I[1], out=O[0])),
+    "add_bcast.grad_input": lambda a, I, O, torch, F: (
+        lambda: O[0].copy_(I[0].reshape(-1, O[0].numel()).sum(0).view(O[0].shape))),
+    "mean_mid": lambda a, I, O, torch, F: (lambda: torch.mean(I[0], a["dim"], out=O[0])),
+    "mean_mid.grad_input": lambda a, I, O, torch, F: (
+        lambda: O[0].copy_((I[0].unsqueeze(a["dim"]) / O[0].shape[a["dim"]]).expand(O[0].shape))),
+    "arange": lambda a, I, O, torch, F: (lambda: torch.arange(int(a.get("start", 0)), int(a.get("start", 0))
+                                                              + O[0].numel(), out=O[0])),
+    "ne_scalar": lambda a, I, O, torch, F: (lambda: torch.ne(I[0], int(a["value"]), out=O[0])),
+}

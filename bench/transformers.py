@@ -1,0 +1,176 @@
+"""Transformers on PORT against PyTorch eager (issue 16): bert_tiny (2 layers, hidden 128, 2 heads) and gpt_tiny
+(4 layers, hidden 128, 4 heads, context 128, tied embedding) at batch 1, 8 and 32, sequence 128, full fine-tuning
+and LoRA (rank 8 on q, v and fc1), SGD with momentum, 2 threads.
+
+Implementations: ``eager`` (PyTorch, the same model and optimizer), ``port`` (PORT's default plan: every op on the
+C kernels) and ``port50`` (the ILP's plan at 50% of the keep-everything peak, solved on the modeled profile).
+Every (model, mode, batch, implementation) runs in a FRESH subprocess: build the model, read VmRSS (the weights
+are resident), then warm-up and timed steps; memory = VmHWM - that baseline (process memory growth for training:
+activations, gradients, optimizer state, workspace, the trainer's arena; measured, not accounted). The three
+implementations of one configuration run back to back, in alternating order over rounds (paired); the table
+shows medians over rounds of the per-round median step time.
+
+    python bench/transformers.py            # 2 rounds, 6 timed steps
+    python bench/transformers.py --quick    # 1 round, batch 1 and 8 only
+    options: --rounds N --steps N --no-write
+Headline targets: step time <= 0.9x eager at batch 8 and 32 (port); LoRA memory beyond the frozen weights <=
+0.3x eager's full fine-tuning; port50 step <= 1.2x port.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]   # bench/profile.py != stdlib
+sys.path.insert(0, str(ROOT))
+
+MODELS = {"bert_tiny": dict(layers=2, dim=128, heads=2, context=128),
+          "gpt_tiny": dict(layers=4, dim=128, heads=4, context=128)}
+IMPLS = ("eager", "port", "port50")
+SEQ = 128
+
+
+def _status() -> dict:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                k, v = line.split(":")
+                out[k] = int(v.split()[0]) * 1024
+    return out
+
+
+def worker(impl: str, name: str, mode: str, batch: int, steps: int, warmup: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from port.exec import kernels as K
+    from port.transformers import bert_tiny, gpt_tiny, lora
+    K.set_num_threads(2)
+    torch.manual_seed(0)
+    m = (gpt_tiny if name == "gpt_tiny" else bert_tiny)(**MODELS[name])
+    if mode == "lora":
+        m = lora(m, targets=["*.attn.q", "*.attn.v", "*.fc1"], rank=8, alpha=16,
+                 train=["head"] if name == "bert_tiny" else ())
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(1, 256, (batch, SEQ), generator=g)
+    y = torch.randint(0, 256, (batch, SEQ), generator=g) if name == "gpt_tiny" else torch.randint(0, 2, (batch,), generator=g)
+    base = _status()["VmRSS"]
+    with open("/proc/self/clear_refs", "w") as f:       # VmHWM := VmRSS
+        f.write("5")
+    extra = {}
+    if impl == "eager":
+        opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.01, momentum=0.9)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            out = m(x)
+            F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)).backward()
+            opt.step()
+    else:
+        import port
+        from port.train.optim import SGD
+        plan = None
+        if impl == "port50":
+            from port.config import load_device
+            from port.cost.roofline import modeled_profile
+            from port.solver import solve
+            gr = port.trace(m, x, optimizer="sgd_momentum")
+            prof = modeled_profile(gr, load_device("host"))
+            peak = port.keep_everything_peak(gr, prof)
+            t = time.perf_counter()
+            plan = solve(gr, prof, int(peak * 0.5), time_limit_s=30)
+            extra = {"solve_s": time.perf_counter() - t, "plan_peak": plan.predicted_peak_bytes, "keep_peak": peak,
+                     "recomputed": len(plan.recompute)}
+            del gr, prof
+        tr = port.Trainer(m, x, plan=plan, optimizer=SGD(0.01, momentum=0.9))
+
+        def step():
+            tr.step(x, y)
+    ts = []
+    for i in range(warmup + steps):
+        t = time.perf_counter()
+        step()
+        if i >= warmup:
+            ts.append((time.perf_counter() - t) * 1e3)
+    st = _status()
+    return {"step_ms": statistics.median(ts), "mem_bytes": st["VmHWM"] - base, **extra}
+
+
+def run_one(impl, name, mode, batch, steps, warmup) -> dict:
+    cmd = [sys.executable, __file__, "--worker", json.dumps([impl, name, mode, batch, steps, warmup])]
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if r.returncode:
+        raise RuntimeError(f"{impl} {name} {mode} b{batch}: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--no-write", action="store_true")
+    a = ap.parse_args()
+    if a.worker:
+        print(json.dumps(worker(*json.loads(a.worker))))
+        return
+    from _results import machine_line, publish
+    rounds = 1 if a.quick else a.rounds
+    batches = (1, 8) if a.quick else (1, 8, 32)
+    t0, load0 = time.time(), os.getloadavg()[0]
+    res: dict = {}
+    for name in MODELS:
+        for mode in ("full", "lora"):
+            for b in batches:
+                for r in range(rounds):
+                    order = IMPLS if r % 2 == 0 else IMPLS[::-1]
+                    for impl in order:
+                        out = run_one(impl, name, mode, b, a.steps, 2)
+                        res.setdefault((name, mode, b, impl), []).append(out)
+                        print(name, mode, b, impl, out, flush=True)
+    med = {k: {"step_ms": statistics.median(o["step_ms"] for o in v), "mem_bytes": statistics.median(
+        o["mem_bytes"] for o in v), **{kk: v[0][kk] for kk in v[0] if kk not in ("step_ms", "mem_bytes")}}
+        for k, v in res.items()}
+    lines = [machine_line("python bench/transformers.py" + (" --quick" if a.quick else ""), t0, load0) + "."
+             + (" Taken under load (load average above 1.5 on 2 CPUs)." if load0 > 1.5 else ""), "",
+             "| model | mode | batch | eager ms | port ms | port / eager | port50 ms | port50 / port | eager MiB | "
+             "port MiB | port50 MiB (plan peak / keep-all) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    ratios, r50, lora_mem = [], [], []
+    for name in MODELS:
+        for mode in ("full", "lora"):
+            for b in batches:
+                e, p, q = (med[(name, mode, b, i)] for i in IMPLS)
+                rp, rq = p["step_ms"] / e["step_ms"], q["step_ms"] / p["step_ms"]
+                if b >= 8:
+                    ratios.append(rp)
+                r50.append(rq)
+                lines.append(f"| {name} | {mode} | {b} | {e['step_ms']:.1f} | {p['step_ms']:.1f} | {rp:.2f} | "
+                             f"{q['step_ms']:.1f} | {rq:.2f} | {e['mem_bytes'] / 2**20:.1f} | {p['mem_bytes'] / 2**20:.1f} | "
+                             f"{q['mem_bytes'] / 2**20:.1f} ({q['plan_peak'] / 2**20:.1f} / {q['keep_peak'] / 2**20:.1f}) |")
+            if mode == "lora":
+                for b in batches:
+                    full_e = med[(name, "full", b, "eager")]["mem_bytes"]
+                    for impl in ("port", "port50"):
+                        lora_mem.append(med[(name, "lora", b, impl)]["mem_bytes"] / max(full_e, 1))
+    worst_ratio = max(ratios) if ratios else float("nan")
+    lines += ["", "Memory is the process's VmHWM growth over the resident model (weights allocated): what training adds. "
+              "LoRA ratio: PORT's LoRA growth / eager's full fine-tuning growth at the same batch. port50's plan is solved "
+              "on the modeled (roofline) profile.", "",
+              f"Headline: PORT step time / eager at batch 8 and 32: worst {worst_ratio:.2f}x, geo-mean "
+              f"{statistics.geometric_mean(ratios):.2f}x (target <= 0.9x); LoRA memory / eager full fine-tuning: worst "
+              f"{max(lora_mem):.2f}x (target <= 0.3x); 50%-budget step / unconstrained: worst {max(r50):.2f}x "
+              f"(target <= 1.2x)."]
+    publish("Transformers", "\n".join(lines), not a.no_write)
+
+
+if __name__ == "__main__":
+    main()
