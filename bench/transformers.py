@@ -84,10 +84,16 @@ def worker(impl: str, name: str, mode: str, batch: int, steps: int, warmup: int)
             gr = port.trace(m, x, optimizer="sgd_momentum")
             prof = modeled_profile(gr, load_device("host"))
             peak = port.keep_everything_peak(gr, prof)
+            from port.errors import InfeasibleBudgetError
             t = time.perf_counter()
-            plan = solve(gr, prof, int(peak * 0.5), time_limit_s=30)
+            frac = 0.5
+            try:
+                plan = solve(gr, prof, int(peak * frac), time_limit_s=30)
+            except InfeasibleBudgetError as e:      # below the minimum (static memory dominates at batch 1)
+                frac = (e.min_feasible_bytes or peak) / peak
+                plan = solve(gr, prof, int(peak * frac) + 1, time_limit_s=30)
             extra = {"solve_s": time.perf_counter() - t, "plan_peak": plan.predicted_peak_bytes, "keep_peak": peak,
-                     "recomputed": len(plan.recompute)}
+                     "recomputed": len(plan.recompute), "budget_frac": frac}
             del gr, prof
         tr = port.Trainer(m, x, plan=plan, optimizer=SGD(0.01, momentum=0.9))
 
@@ -123,6 +129,7 @@ def main() -> None:
     if a.worker:
         print(json.dumps(worker(*json.loads(a.worker))))
         return
+    sys.path.append(str(ROOT / "bench"))     # after the stdlib: bench/profile.py must not shadow `profile`
     from _results import machine_line, publish
     rounds = 1 if a.quick else a.rounds
     batches = (1, 8) if a.quick else (1, 8, 32)
@@ -152,10 +159,13 @@ def main() -> None:
                 rp, rq = p["step_ms"] / e["step_ms"], q["step_ms"] / p["step_ms"]
                 if b >= 8:
                     ratios.append(rp)
-                r50.append(rq)
+                if q["budget_frac"] <= 0.5:
+                    r50.append(rq)
                 lines.append(f"| {name} | {mode} | {b} | {e['step_ms']:.1f} | {p['step_ms']:.1f} | {rp:.2f} | "
                              f"{q['step_ms']:.1f} | {rq:.2f} | {e['mem_bytes'] / 2**20:.1f} | {p['mem_bytes'] / 2**20:.1f} | "
-                             f"{q['mem_bytes'] / 2**20:.1f} ({q['plan_peak'] / 2**20:.1f} / {q['keep_peak'] / 2**20:.1f}) |")
+                             f"{q['mem_bytes'] / 2**20:.1f} ({q['plan_peak'] / 2**20:.1f} / {q['keep_peak'] / 2**20:.1f}"
+                             + (f"; 50% infeasible, solved at the minimum {q['budget_frac']:.0%}" if q["budget_frac"] > 0.5
+                                else "") + ") |")
             if mode == "lora":
                 for b in batches:
                     full_e = med[(name, "full", b, "eager")]["mem_bytes"]
@@ -167,7 +177,8 @@ def main() -> None:
               "on the modeled (roofline) profile.", "",
               f"Headline: PORT step time / eager at batch 8 and 32: worst {worst_ratio:.2f}x, geo-mean "
               f"{statistics.geometric_mean(ratios):.2f}x (target <= 0.9x); LoRA memory / eager full fine-tuning: worst "
-              f"{max(lora_mem):.2f}x (target <= 0.3x); 50%-budget step / unconstrained: worst {max(r50):.2f}x "
+              f"{max(lora_mem):.2f}x (target <= 0.3x); 50%-budget step / unconstrained: worst "
+              f"{max(r50) if r50 else float('nan'):.2f}x "
               f"(target <= 1.2x)."]
     publish("Transformers", "\n".join(lines), not a.no_write)
 

@@ -73,7 +73,9 @@ class Op:
     """One op of the training graph, in execution order.
 
     kind: forward kinds are ``conv2d``, ``batch_norm2d``, ``relu``, ``relu6``, ``hardswish``,
-    ``max_pool2d``, ``avg_pool2d``, ``global_avg_pool2d``, ``reshape``, ``linear``, ``add``, ``dropout``;
+    ``max_pool2d``, ``avg_pool2d``, ``global_avg_pool2d``, ``reshape``, ``linear``, ``add``, ``dropout``, and
+    the sequence-model kinds of port.ir.seqops (``embedding``, ``layer_norm``, ``gelu``, ``tanh``, ``softmax``,
+    ``scale``, ``permute``, ``matmul``, ``attention``, ``add_bcast``, ``mean_mid``, ``arange``, ``ne_scalar``);
     the loss is ``cross_entropy``; backward kinds are ``<forward kind>.grad_input`` and
     ``<forward kind>.grad_weight`` plus ``grad_accumulate``; updates are ``update``.
 

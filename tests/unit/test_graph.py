@@ -177,10 +177,10 @@ def test_requires_grad_false_freezes_and_frozen_bn_uses_running_stats():
 
 
 # ---- clear errors ----------------------------------------------------------------------------
-class _Gelu(nn.Module):
+class _Silu(nn.Module):
     def __init__(self):
         super().__init__()
-        self.body = nn.Sequential(nn.Linear(4, 4), nn.GELU())
+        self.body = nn.Sequential(nn.Linear(4, 4), nn.SiLU())
         self.head = nn.Linear(4, 2)
 
     def forward(self, x):
@@ -210,9 +210,9 @@ class _Sigmoid(nn.Module):
 
 def test_unsupported_module_names_path_op_and_list():
     with pytest.raises(PortTraceError) as e:
-        port.trace(_Gelu(), torch.randn(2, 4))
+        port.trace(_Silu(), torch.randn(2, 4))
     msg = str(e.value)
-    assert "'body.1'" in msg and "GELU" in msg and "conv2d" in msg and "batch_norm2d" in msg
+    assert "'body.1'" in msg and "SiLU" in msg and "conv2d" in msg and "batch_norm2d" in msg
 
 
 def test_unsupported_function_names_op():

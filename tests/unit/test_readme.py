@@ -111,6 +111,10 @@ def _scratch(tmp: Path) -> dict:
     port = venv_bin / "port"
     port.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m port.cli "$@"\n')
     port.chmod(0o755)
+    (tmp / "examples").symlink_to(ROOT / "examples")
+    py = venv_bin / "python"
+    py.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    py.chmod(0o755)
     return dict(os.environ, PATH=f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
                 PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", COLUMNS="200")
 
