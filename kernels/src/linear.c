@@ -42,11 +42,18 @@ port_status port_linear_backward_weight(float *dw, float *db, const float *dy, c
     PORT_NOTNULL(dw); PORT_NOTNULL(dy); PORT_NOTNULL(x);
     int64_t N = p->n, I = p->in_features, O = p->out_features;
     port__gemm(1, 0, O, I, N, 1.0f, dy, O, x, I, 1.0f, dw, I);
-    if (db) {
-        for (int64_t o = 0; o < O; o++) {
-            double s = 0.0;
-            for (int64_t i = 0; i < N; i++) s += dy[i * O + o];
-            db[o] += (float)s;
+    if (db) {   /* column sums in row order (each column's additions in i order, as a column-wise loop), a
+                 * block of columns at a time so that dy is read along its rows */
+        enum { BLK = 256 };
+        double acc[BLK];
+        for (int64_t o0 = 0; o0 < O; o0 += BLK) {
+            int64_t nb = PORT_MIN((int64_t)BLK, O - o0);
+            for (int64_t j = 0; j < nb; j++) acc[j] = 0.0;
+            for (int64_t i = 0; i < N; i++) {
+                const float *row = dy + i * O + o0;
+                for (int64_t j = 0; j < nb; j++) acc[j] += row[j];
+            }
+            for (int64_t j = 0; j < nb; j++) db[o0 + j] += (float)acc[j];
         }
     }
     return PORT_OK;

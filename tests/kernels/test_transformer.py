@@ -117,13 +117,14 @@ def test_gelu(K, approximate):
     y_r.backward(dy.double())
     y = K.gelu_forward(x, approximate)
     close(y, y_r, 1e-6, 1e-6, "forward vs torch")
-    # accuracy: about 1 float32 rounding of the exact value (portmath's erfc / exp)
     xd = x.double()
     if approximate == "none":
         exact = xd * 0.5 * torch.special.erfc(-xd / math.sqrt(2))
     else:
         exact = xd * torch.sigmoid(2 * math.sqrt(2 / math.pi) * (xd + 0.044715 * xd ** 3))
-    close(y, exact, 1e-37, 1.2e-7, "forward, float32 rounding")
+    # the exact GELU's erf is a minimax rational (|error| < 1e-7 before the product with x): within 6e-7
+    # absolute; the tanh form about one float32 rounding
+    close(y, exact, 6e-7 if approximate == "none" else 1e-37, 1.2e-7, "forward, float32 rounding")
     dx = K.gelu_backward(dy, x, approximate)
     close(dx, x64.grad, 1e-6, 1e-6, "backward")
     g = dy.clone()
