@@ -58,6 +58,17 @@ def machine_line(cmd: str, t0: float, load0: float) -> str:
             f"load average {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end; {time.time() - t0:.0f} s)")
 
 
+def proc_status() -> dict[str, int]:
+    """VmRSS and VmHWM of this process in bytes (/proc/self/status)."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                k, v = line.split(":")
+                out[k] = int(v.split()[0]) * 1024
+    return out
+
+
 def publish(title: str, text: str, write: bool = True) -> None:
     """Print a benchmark's section and (unless ``write`` is False) put it into bench/RESULTS.md."""
     print(text)

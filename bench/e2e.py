@@ -64,13 +64,8 @@ def _train_module():
 
 
 def _status() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                k, v = line.split(":")
-                out[k] = int(v.split()[0]) * 1024
-    return out
+    from _results import proc_status
+    return proc_status()
 
 
 # ----------------------------------------------------------------------------- worker (fresh process)

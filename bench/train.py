@@ -96,13 +96,8 @@ def train_flops(model, x, y) -> float:
 
 # ----------------------------------------------------------------------------- worker (fresh process)
 def _status() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                k, v = line.split(":")
-                out[k] = int(v.split()[0]) * 1024
-    return out
+    from _results import proc_status
+    return proc_status()
 
 
 class _Sampler:

@@ -40,13 +40,9 @@ SEQ = 128
 
 
 def _status() -> dict:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                k, v = line.split(":")
-                out[k] = int(v.split()[0]) * 1024
-    return out
+    sys.path.append(str(ROOT / "bench"))     # after the stdlib: bench/profile.py must not shadow `profile`
+    from _results import proc_status
+    return proc_status()
 
 
 def worker(impl: str, name: str, mode: str, batch: int, steps: int, warmup: int) -> dict:

@@ -190,8 +190,3 @@ def merge_lora(model: nn.Module) -> nn.Module:
             owner = model.get_submodule(parent) if parent else model
             setattr(owner, attr, m.merged())
     return model
-
-
-def lora_parameter_names(model: nn.Module) -> list[str]:
-    """Names of the trainable parameters (the adapters and anything ``train=`` unfroze)."""
-    return [n for n, p in model.named_parameters() if p.requires_grad]

@@ -110,6 +110,15 @@ def write_bundle(trainer: Any, path: str | Path) -> BundleInfo:
 NO_IMAGE = 1     # PORT_RT_FLAG_NO_IMAGE
 
 
+def sequence_model(trainer: Any) -> str:
+    """Why bundle format 1 cannot hold ``trainer``'s program ('' when it can): it carries float32 inputs and one
+    label per sample."""
+    if getattr(trainer, "label_shape", ()) or getattr(trainer, "tokens", False):
+        return ("a sequence model (token-id input or per-token labels): bundle format 1 carries float32 inputs "
+                "and one label per sample")
+    return ""
+
+
 def build_bundle(trainer: Any, image: bool = True) -> tuple[bytes, tuple]:
     """The bundle bytes of ``trainer`` and BundleInfo's fields after ``path``. ``image=False``: without the
     persistent region's bytes (flag PORT_RT_FLAG_NO_IMAGE), for a runtime on the trainer's own arena."""
@@ -118,9 +127,9 @@ def build_bundle(trainer: Any, image: bool = True) -> tuple[bytes, tuple]:
     if trainer.micro_batch != trainer.batch_size:
         raise BundleError(f"micro_batch={trainer.micro_batch} (batch {trainer.batch_size}): port-rt runs whole "
                           f"batches. Fix: compile a Trainer without micro_batch")
-    if getattr(trainer, "label_shape", ()) or getattr(trainer, "tokens", False):
-        raise BundleError("a sequence model (token-id input or per-token labels): bundle format 1 carries float32 "
-                          "inputs and one label per sample; train it with the Python executor (engine='python')")
+    why = sequence_model(trainer)
+    if why:
+        raise BundleError(f"{why}; train it with the Python executor (engine='python')")
     for p in (tp, ep):
         compile_check(p)
     pages = {int(c.attr("key")): tp.slot(c.inputs[0]).nbytes for c in tp.calls

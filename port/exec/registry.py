@@ -558,10 +558,8 @@ def _seq_shapes(k: str, attrs: dict, I, O, at) -> tuple[list, list]:
         p = _perm(attrs, len(x))
         if k == "permute":
             return [(x, F32)], [(tuple(x[i] for i in p), F32)]
-        inv = [0] * len(p)
-        for i, j in enumerate(p):
-            inv[j] = i
-        return [(x, F32)], [(tuple(x[i] for i in inv), F32)]
+        from port.ir.seqops import inverse_perm
+        return [(x, F32)], [(tuple(x[i] for i in inverse_perm(p)), F32)]
     if k == "matmul":
         a, b = at(I, 0, "input 0 (a)"), at(I, 1, "input 1 (b)")
         if len(a) < 2 or len(a) != len(b) or tuple(a[:-2]) != tuple(b[:-2]) or a[-1] != b[-2]:

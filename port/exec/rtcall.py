@@ -276,12 +276,8 @@ def _enc_matmul_grad(a, IS, OS, I, O, variant) -> Encoded:
 
 def _enc_permute(a, IS, OS, I, O, variant, inverse: bool) -> Encoded:
     x = IS[0]
-    p = list(a["perm"])
-    if inverse:
-        inv = [0] * len(p)
-        for i, j in enumerate(p):
-            inv[j] = i
-        p = inv
+    from port.ir.seqops import inverse_perm
+    p = list(inverse_perm(a["perm"]) if inverse else a["perm"])
     r = len(x)
     shape = list(x) + [1] * (6 - r)
     perm = p + list(range(r, 6))

@@ -17,9 +17,10 @@ def eligible(trainer: Any) -> str:
         return "the arena is not in CPU memory"
     if trainer.micro_batch != trainer.batch_size:
         return "micro-batching"
-    if getattr(trainer, "label_shape", ()) or getattr(trainer, "tokens", False):
-        return ("a sequence model (token-id input or per-token labels): port-rt bundles carry float32 inputs and "
-                "one label per sample")
+    from port.exec.bundle import sequence_model
+    why = sequence_model(trainer)
+    if why:
+        return why
     other = sorted({c.backend for c in trainer.program.calls} - {"c", "host"})
     if other:
         return f"the plan runs ops on {', '.join(other)}"

@@ -35,6 +35,14 @@ MULTI_GRAD_KINDS = ("matmul", "attention")     # one grad_input op writes the gr
 NO_GRAD_KINDS = ("arange", "ne_scalar")        # integer outputs
 
 
+def inverse_perm(perm) -> tuple[int, ...]:
+    """The permutation that undoes ``perm`` (a permute's gradient permutes back with it)."""
+    inv = [0] * len(perm)
+    for i, j in enumerate(perm):
+        inv[j] = i
+    return tuple(inv)
+
+
 def _dim(d: int, rank: int) -> int:
     return d % rank if -rank <= d < rank else d
 

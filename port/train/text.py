@@ -11,8 +11,6 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
-IGNORE_INDEX = -100
-
 
 def stdlib_dir() -> str:
     return os.path.dirname(os.__file__)

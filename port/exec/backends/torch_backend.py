@@ -441,12 +441,8 @@ def _attn(a, I, O, torch, F, backward: bool):
 
 
 def _perm(a, I, O, torch, inverse: bool):
-    p = list(a["perm"])
-    if inverse:
-        inv = [0] * len(p)
-        for i, j in enumerate(p):
-            inv[j] = i
-        p = inv
+    from port.ir.seqops import inverse_perm
+    p = list(inverse_perm(a["perm"]) if inverse else a["perm"])
     x, y = I[0], O[0]
     return lambda: y.copy_(x.permute(p))
 
