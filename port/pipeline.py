@@ -1341,8 +1341,9 @@ def compile_bundle(config: str | Path, out_dir: str | Path, *, plan_path: str | 
     bundle = out / f"{cfg.name}.portrt"
     info = write_bundle(tr, bundle)
     ds = load_data(job)
-    trd = write_data(out / "train.portdata", ds.x_train.numpy(), ds.y_train.numpy(), cfg.num_classes)
-    ted = write_data(out / "test.portdata", ds.x_test.numpy(), ds.y_test.numpy(), cfg.num_classes)
+    ign = tr.executor.ignore_index
+    trd = write_data(out / "train.portdata", ds.x_train.numpy(), ds.y_train.numpy(), cfg.num_classes, ign)
+    ted = write_data(out / "test.portdata", ds.x_test.numpy(), ds.y_test.numpy(), cfg.num_classes, ign)
     echo(f"bundle {bundle}: {format_size(info.total_bytes)}, arena {format_size(info.arena_bytes)}, "
          f"{info.train_calls} training + {info.eval_calls} inference calls; data {trd} ({ds.x_train.shape[0]} "
          f"samples), {ted} ({ds.x_test.shape[0]})")

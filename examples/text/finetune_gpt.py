@@ -7,6 +7,11 @@ Both run on PORT's C kernels; perplexity on held-out files (never trained on) be
 
     python examples/text/finetune_gpt.py                 # 300 pre-training steps, 200 fine-tuning steps
     python examples/text/finetune_gpt.py --steps 20 --pretrain 20 --context 64
+    python examples/text/finetune_gpt.py ... --bundle runs/gpt  # + the LoRA trainer as a port-rt bundle
+
+``--bundle DIR`` compiles the LoRA trainer (after its fine-tuning) into ``DIR/gpt_lora.portrt`` (bundle format
+2: int64 token ids in, next-byte labels per position) with fine-tuning windows ``DIR/train.portdata`` and
+held-out windows ``DIR/heldout.portdata``, so ``port-rt train`` continues the fine-tuning without Python.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def run(steps: int = 200, pretrain: int = 300, batch: int = 8, context: int = 128, layers: int = 4, dim: int = 128,
-        lr: float = 3e-3, seed: int = 0, verbose: bool = True) -> dict:
+        lr: float = 3e-3, seed: int = 0, verbose: bool = True, bundle: str | None = None) -> dict:
     import torch
     import port
     from port.train.optim import AdamW
@@ -63,6 +68,16 @@ def run(steps: int = 200, pretrain: int = 300, batch: int = 8, context: int = 12
     tr, out["lora_step_ms"] = train(small, ft_text, steps, "lora")
     out["lora_ppl"] = perplexity(small, held)
     out["lora_trained_params"] = sum(t.numel for t in tr.graph.trainable_parameters())
+    if bundle:
+        from port.exec.bundle import write_bundle, write_data
+        d = Path(bundle)
+        info = write_bundle(tr, d / "gpt_lora.portrt")
+        for name, text, n in (("train", ft_text, 64), ("heldout", corpus.heldout, 16)):
+            xs, ys = zip(*lm_batches(text, batch, context, seed=seed + 2, steps=n // batch))
+            write_data(d / f"{name}.portdata", torch.cat(xs).numpy(), torch.cat(ys).numpy(), small.tok.num_embeddings,
+                       ignore_index=tr.executor.ignore_index)
+        log(f"port-rt bundle {info.path} ({info.total_bytes} bytes, arena {info.arena_bytes} bytes) at step "
+            f"{tr.step_count}; data {d / 'train.portdata'}, {d / 'heldout.portdata'}")
     merged = merge_lora(small)                       # plain nn.Linear weights again, for inference / export
     out["merged_ppl"] = perplexity(merged, held)
     log(f"held-out perplexity after {steps} steps: full {out['full_ppl']:.2f} "
@@ -79,8 +94,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--bundle", default=None, help="write the LoRA trainer as a port-rt bundle (and data) here")
     a = ap.parse_args()
-    run(a.steps, a.pretrain, a.batch, a.context, lr=a.lr)
+    run(a.steps, a.pretrain, a.batch, a.context, lr=a.lr, bundle=a.bundle)
 
 
 if __name__ == "__main__":

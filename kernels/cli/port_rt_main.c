@@ -77,9 +77,11 @@ static double now_ms(void) {
 }
 
 typedef struct {
-    const float *x;
-    const int64_t *y;
-    uint64_t n, sample_floats, classes;
+    const uint8_t *x;        /* n samples of sample_elems elements of elem_bytes (4: float32, 8: int64 ids) */
+    const int64_t *y;        /* n x labels labels */
+    uint64_t n, sample_elems, elem_bytes, labels, classes, file_bytes;
+    uint32_t dtype, has_ignore;
+    int64_t ignore;
 } data_t;
 
 static int load_data(const char *path, data_t *d, void **owner) {
@@ -90,30 +92,49 @@ static int load_data(const char *path, data_t *d, void **owner) {
         return 2;
     }
     *owner = b;
-    uint64_t cnt, shape[4], cls;
-    uint32_t ver, rank;
+    uint64_t cnt, shape[4], cls, hb = 64;
+    uint32_t ver, rank, dtype = 0, labels = 1, flags = 0;
+    int64_t ignore = 0;
     if (n < 64 + 32 || memcmp(b, "PORTDATA", 8) != 0) goto bad;
     memcpy(&ver, b + 8, 4);
     memcpy(&rank, b + 12, 4);
     memcpy(&cnt, b + 16, 8);
     memcpy(shape, b + 24, 32);
     memcpy(&cls, b + 56, 8);
-    if (ver != 1 || rank < 1 || rank > 4 || cnt == 0 || cls == 0) goto bad;
-    uint64_t per = 1;
+    if (ver == 2) {   /* format 2: a 128-byte header with the x dtype, labels per sample and ignore index */
+        if (n < 128 + 32) goto bad;
+        hb = 128;
+        memcpy(&dtype, b + 64, 4);
+        memcpy(&labels, b + 68, 4);
+        memcpy(&ignore, b + 72, 8);
+        memcpy(&flags, b + 80, 4);
+    }
+    if ((ver != 1 && ver != 2) || rank < 1 || rank > 4 || cnt == 0 || cls == 0 || dtype > 1 || labels == 0 ||
+        labels > (1u << 24) || flags > 1 || cnt > ((uint64_t)1 << 40))
+        goto bad;
+    uint64_t per = 1, esz = dtype ? 8 : 4;
     for (uint32_t i = 0; i < rank; i++) {
         if (shape[i] == 0 || shape[i] > (1u << 30)) goto bad;
         per *= shape[i];
+        if (per > ((uint64_t)1 << 40)) goto bad;
     }
-    uint64_t xb = cnt * per * 4, yoff = 64 + xb + ((64 - (64 + xb) % 64) % 64);
-    if (yoff + cnt * 8 + 32 != n) goto bad;
+    if (per > (n / esz) / cnt) goto bad;
+    uint64_t xb = cnt * per * esz, yoff = hb + xb + ((64 - (hb + xb) % 64) % 64);
+    if (labels > n / 8 / cnt || yoff + cnt * labels * 8 + 32 != n) goto bad;
     uint8_t h[32];
     port_sha256(h, b, n - 32);
     if (memcmp(h, b + n - 32, 32) != 0) goto bad;
-    d->x = (const float *)(const void *)(b + 64);
+    d->x = b + hb;
     d->y = (const int64_t *)(const void *)(b + yoff);
     d->n = cnt;
-    d->sample_floats = per;
+    d->sample_elems = per;
+    d->elem_bytes = esz;
+    d->labels = labels;
     d->classes = cls;
+    d->dtype = dtype;
+    d->has_ignore = flags & 1;
+    d->ignore = ignore;
+    d->file_bytes = n;
     return 0;
 bad:
     fprintf(stderr, "port-rt: %s is not a valid port-rt data file (magic, version, sizes or checksum). Fix: "
@@ -141,6 +162,14 @@ static void usage(void) {
 }
 
 int main(int argc, char **argv) {
+#if defined(PORT_HAVE_OPENBLAS) && defined(__linux__)
+    /* OpenBLAS starts its pthread pool when it loads, before main: its threads spin for a while (~0.1 s per
+     * start) against the OpenMP workers, and port__gemm runs OpenBLAS single-threaded anyway.  Without
+     * OPENBLAS_NUM_THREADS in the environment, set it to 1 and run again so no pool is created (a failed exec
+     * just goes on). */
+    if (!getenv("OPENBLAS_NUM_THREADS") && setenv("OPENBLAS_NUM_THREADS", "1", 1) == 0)
+        execv("/proc/self/exe", argv);
+#endif
     if (argc < 3) {
         usage();
         return 2;
@@ -252,17 +281,23 @@ int main(int argc, char **argv) {
     data_t d;
     void *downer = NULL;
     if ((st = load_data(dpath, &d, &downer)) != 0) return st;
-    uint64_t B = (uint64_t)rt.batch;
-    if (d.sample_floats * 4 * B != (uint64_t)rt.input_bytes || d.classes != (uint64_t)rt.classes) {
-        fprintf(stderr, "port-rt: %s holds samples of %llu floats and %llu classes; the bundle takes %lld floats "
-                        "per sample and %lld classes\n", dpath, (unsigned long long)d.sample_floats,
-                (unsigned long long)d.classes, (long long)(rt.input_bytes / 4 / rt.batch), (long long)rt.classes);
+    uint64_t B = (uint64_t)rt.batch, L = (uint64_t)rt.labels_per_sample;
+    uint64_t sample_bytes = d.sample_elems * d.elem_bytes;
+    if (d.dtype != rt.input_dtype || sample_bytes * B != (uint64_t)rt.input_bytes || d.classes != (uint64_t)rt.classes ||
+        d.labels != L || (rt.has_ignore_index && d.has_ignore && d.ignore != rt.ignore_index)) {
+        fprintf(stderr, "port-rt: %s holds samples of %llu %s, %llu label(s) each, %llu classes; the bundle takes "
+                        "%lld %s per sample, %lld label(s) each, %lld classes. Fix: write the data for this bundle's "
+                        "model (port.exec.bundle.write_data)\n", dpath, (unsigned long long)d.sample_elems,
+                d.dtype ? "token ids" : "floats", (unsigned long long)d.labels, (unsigned long long)d.classes,
+                (long long)(rt.input_bytes / (rt.input_dtype ? 8 : 4) / rt.batch),
+                rt.input_dtype ? "token ids" : "floats", (long long)L, (long long)rt.classes);
         return 2;
     }
-    float *xb = NULL, *logits = NULL;
+    uint8_t *xb = NULL;
+    float *logits = NULL;
     int64_t *yb = NULL;
-    if (posix_memalign((void **)&xb, 64, (size_t)rt.input_bytes) || posix_memalign((void **)&yb, 64, B * 8) ||
-        posix_memalign((void **)&logits, 64, B * (uint64_t)rt.classes * 4)) {
+    if (posix_memalign((void **)&xb, 64, (size_t)rt.input_bytes) || posix_memalign((void **)&yb, 64, B * L * 8) ||
+        posix_memalign((void **)&logits, 64, B * L * (uint64_t)rt.classes * 4)) {
         fprintf(stderr, "port-rt: out of memory for one batch\n");
         return 1;
     }
@@ -286,8 +321,8 @@ int main(int argc, char **argv) {
     for (long s = 0; s < n_batches; s++) {
         for (uint64_t j = 0; j < B; j++) {
             uint64_t k = ((uint64_t)(step0 + s) * B + j) % d.n;
-            memcpy(xb + j * d.sample_floats, d.x + k * d.sample_floats, d.sample_floats * 4);
-            yb[j] = d.y[k];
+            memcpy(xb + j * sample_bytes, d.x + k * sample_bytes, sample_bytes);
+            memcpy(yb + j * L, d.y + k * L, L * 8);
         }
         double t0 = now_ms();
         float loss = 0.0f;
@@ -305,17 +340,18 @@ int main(int argc, char **argv) {
         }
         total_ms += ms;
         if (!strcmp(cmd, "eval")) {
+            /* the last batch wraps around: only the samples not seen yet count; rows (samples, or tokens of a
+             * sequence model) whose label is the ignore index do not count */
             uint64_t valid = (uint64_t)s * B + B <= d.n ? B : d.n - (uint64_t)s * B;
-            if (valid == B) correct += ok;
-            else {   /* the last, wrapped batch: count only the samples not seen yet */
-                for (uint64_t j = 0; j < valid; j++) {
-                    int64_t best = 0;
-                    for (int64_t c = 1; c < rt.classes; c++)
-                        if (logits[j * rt.classes + c] > logits[j * rt.classes + best]) best = c;
-                    correct += best == yb[j];
-                }
+            for (uint64_t r = 0; r < valid * L; r++) {
+                if (rt.has_ignore_index && yb[r] == rt.ignore_index) continue;
+                int64_t best = 0;
+                for (int64_t c = 1; c < rt.classes; c++)
+                    if (logits[r * rt.classes + c] > logits[r * rt.classes + best]) best = c;
+                correct += best == yb[r];
+                seen += 1;
             }
-            seen += (int64_t)valid;
+            (void)ok;
         } else if ((s + 1) % every == 0 || s + 1 == n_batches) {
             printf("step %lld loss %.9g ms %.3f\n", (long long)rt.state.step, (double)loss, ms);
         }
@@ -345,12 +381,13 @@ int main(int argc, char **argv) {
         printf("checkpoint %s at step %lld\n", ckpath, (long long)rt.state.step);
     }
     if (!strcmp(cmd, "eval"))
-        printf("eval samples %lld correct %lld accuracy %.6f ms %.3f\n", (long long)seen, (long long)correct,
+        printf("eval %s %lld correct %lld accuracy %.6f ms %.3f\n", L > 1 ? "tokens" : "samples", (long long)seen,
+               (long long)correct,
                seen ? (double)correct / (double)seen : 0.0, total_ms);
     printf("summary arena_bytes %llu bundle_bytes %llu data_bytes %llu vmhwm_kb %ld vmrss_kb %ld vmexe_kb %ld "
            "vmlib_kb %ld mean_step_ms %.4f\n",
            (unsigned long long)A, (unsigned long long)bn,
-           (unsigned long long)(64 + d.n * d.sample_floats * 4 + d.n * 8 + 96), vm_kb("VmHWM:"), vm_kb("VmRSS:"),
+           (unsigned long long)d.file_bytes, vm_kb("VmHWM:"), vm_kb("VmRSS:"),
            vm_kb("VmExe:"), vm_kb("VmLib:"), n_batches ? total_ms / (double)n_batches : 0.0);
     return 0;
 }

@@ -18,10 +18,11 @@
  * allocates: the bundle bytes, the arena and the port_rt struct belong to
  * the caller), no global state, a status for every failure, nothing printed.
  *
- * Bundle layout (format 1, little-endian), offsets in bytes from the file start:
+ * Bundle layout (format 2, little-endian), offsets in bytes from the file start.  Format 1 is format 2
+ * with bytes 424..448 zero (float32 inputs, one label per sample); the loader reads both:
  *
  *   0    8  magic "PORTRTB\0"
- *   8    4  u32 format version (1)
+ *   8    4  u32 format version (2; 1 is read too)
  *   12   4  u32 header bytes (512)
  *   16   8  u64 total bytes (the file size)
  *   24   8  u64 arena bytes            32  8  u64 persistent bytes
@@ -32,7 +33,8 @@
  *   64   8  u64 file offset of the zero ranges (i64 offset, i64 bytes pairs)
  *   72   4  u32 zero ranges             76  4  u32 flags: PORT_RT_FLAG_NO_IMAGE (the
  *             bundle has no persistent image: the caller's arena already holds
- *             that state; the Python Trainer's in-process engine) or 0
+ *             that state; the Python Trainer's in-process engine) | PORT_RT_FLAG_IGNORE_INDEX
+ *             (labels equal to the ignore index at 432 are skipped by the loss)
  *   80   8  i64 input offset            88  8  i64 input bytes
  *   96   8  i64 label offset            104 8  i64 label bytes
  *   112  8  i64 loss offset             120 8  i64 logits offset
@@ -50,7 +52,12 @@
  *   400  4  u32 checkpointed tensors n   404  4  u32 fixed JSON bytes
  *   408  4  u32 tensors JSON bytes       412  4  u32 zero
  *   416  8  u64 checkpoint data bytes (the tensors, each 64-byte aligned)
- *   424  88 zero
+ *   424  4  u32 input dtype: PORT_RT_INPUT_F32 (0) or PORT_RT_INPUT_I64 (1: token ids)
+ *   428  4  u32 labels per sample L (0 read as 1): int64 labels per sample (a
+ *             sequence model's per-token targets: L = sequence length); label
+ *             bytes = batch x L x 8, logits = batch x L x classes floats
+ *   432  8  i64 ignore index (with PORT_RT_FLAG_IGNORE_INDEX)
+ *   440  72 zero
  *   512  ...  sections (each 64-byte aligned)
  *   total-32  32  SHA-256 of bytes [0, total-32)
  *
@@ -66,7 +73,7 @@ extern "C" {
 #endif
 
 #define PORT_RT_ABI_VERSION 1
-#define PORT_RT_BUNDLE_VERSION 1
+#define PORT_RT_BUNDLE_VERSION 2
 #define PORT_RT_HEADER_BYTES 512
 
 /* id, NAME, the entry point it runs (what the profiler and the executor report) */
@@ -168,6 +175,9 @@ typedef struct {
 
 #define PORT_RT_LATE_UPDATE 1
 #define PORT_RT_FLAG_NO_IMAGE 1
+#define PORT_RT_FLAG_IGNORE_INDEX 2
+#define PORT_RT_INPUT_F32 0
+#define PORT_RT_INPUT_I64 1
 
 #define PORT_RT_OPT_SGD 1
 #define PORT_RT_OPT_SGD_MOMENTUM 2
@@ -228,6 +238,10 @@ typedef struct {
     const char *ckpt_fixed, *ckpt_tensors;
     uint32_t ckpt_n, ckpt_fixed_len, ckpt_tensors_len;
     uint64_t ckpt_data_bytes;
+    /* format 2: the input's dtype (PORT_RT_INPUT_*), int64 labels per sample,
+     * and the label the loss skips (has_ignore_index: 0 when none) */
+    uint32_t input_dtype, has_ignore_index;
+    int64_t labels_per_sample, ignore_index;
 } port_rt;
 
 /* Check a bundle (magic, version, sizes, SHA-256, every call's offsets inside
@@ -240,8 +254,10 @@ PORT_API int port_rt_bundle_check(const uint8_t *bundle, uint64_t bundle_bytes,
  * arena is used as it is). */
 PORT_API int port_rt_load(port_rt *rt, const uint8_t *bundle, uint64_t bundle_bytes,
                           uint8_t *arena, uint64_t arena_bytes);
-/* One training step: x (input bytes), y (batch int64 labels); writes the
- * mean loss.  Labels are checked before anything runs (PORT_RT_ERR_LABEL).
+/* One training step: x (input bytes: batch samples of float32 values or, for
+ * PORT_RT_INPUT_I64, int64 token ids), y (batch x labels_per_sample int64
+ * labels); writes the mean loss.  Labels are checked before anything runs
+ * (PORT_RT_ERR_LABEL; the ignore index passes).
  * A non-finite loss returns PORT_RT_ERR_NONFINITE before the optimizer
  * updates that follow the pass (as the Python Trainer's on_nonfinite=stop). */
 PORT_API int port_rt_step(port_rt *rt, const void *x, const int64_t *y, float *loss);
@@ -253,8 +269,9 @@ PORT_API int port_rt_forward_backward(port_rt *rt, const void *x, const int64_t 
 PORT_API int port_rt_update(port_rt *rt);
 /* sizeof(port_rt), for bindings that mirror the struct. */
 PORT_API uint64_t port_rt_struct_bytes(void);
-/* The inference program on one batch: logits (batch x classes floats) and,
- * if labels are given, the number of correct argmax predictions. */
+/* The inference program on one batch: logits (batch x labels_per_sample x
+ * classes floats) and, if labels are given, the number of correct argmax
+ * predictions (rows whose label is the ignore index are not counted). */
 PORT_API int port_rt_evaluate(port_rt *rt, const void *x, const int64_t *y, float *logits,
                               int64_t *correct);
 

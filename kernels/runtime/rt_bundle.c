@@ -53,7 +53,10 @@ int port_rt_bundle_check(const uint8_t *b, uint64_t n, uint64_t *arena_bytes) {
     if (!b) return PORT_ERR_NULL;
     if (n < PORT_RT_HEADER_BYTES + 32) return PORT_RT_ERR_BUNDLE;
     if (memcmp(b, "PORTRTB\0", 8) != 0) return PORT_RT_ERR_BUNDLE;
-    if (u32(b, 8) != PORT_RT_BUNDLE_VERSION || u32(b, 12) != PORT_RT_HEADER_BYTES) return PORT_RT_ERR_BUNDLE;
+    uint32_t ver = u32(b, 8);
+    if ((ver != 1 && ver != PORT_RT_BUNDLE_VERSION) || u32(b, 12) != PORT_RT_HEADER_BYTES) return PORT_RT_ERR_BUNDLE;
+    for (size_t z = ver == 1 ? 424 : 440; z < PORT_RT_HEADER_BYTES; z++)   /* reserved bytes are zero */
+        if (b[z]) return PORT_RT_ERR_BUNDLE;
     if (u64(b, 16) != n) return PORT_RT_ERR_BUNDLE;
     uint8_t h[32];
     port_sha256(h, b, n - 32);
@@ -61,7 +64,11 @@ int port_rt_bundle_check(const uint8_t *b, uint64_t n, uint64_t *arena_bytes) {
     uint64_t A = u64(b, 24), P = u64(b, 32), body = n - 32;
     if (A == 0 || P > A || A > ((uint64_t)1 << 62)) return PORT_RT_ERR_BUNDLE;
     uint32_t flags = u32(b, 76);
-    if (flags & ~(uint32_t)PORT_RT_FLAG_NO_IMAGE) return PORT_RT_ERR_BUNDLE;
+    if (flags & ~(uint32_t)(PORT_RT_FLAG_NO_IMAGE | PORT_RT_FLAG_IGNORE_INDEX)) return PORT_RT_ERR_BUNDLE;
+    if (ver == 1 && (flags & PORT_RT_FLAG_IGNORE_INDEX)) return PORT_RT_ERR_BUNDLE;
+    uint32_t dtype = u32(b, 424);
+    int64_t L = u32(b, 428) ? (int64_t)u32(b, 428) : 1;
+    if (dtype != PORT_RT_INPUT_F32 && dtype != PORT_RT_INPUT_I64) return PORT_RT_ERR_BUNDLE;
     if (!(flags & PORT_RT_FLAG_NO_IMAGE) && !inside((int64_t)u64(b, 40), (int64_t)P, body)) return PORT_RT_ERR_BUNDLE;
     uint64_t nc = (uint64_t)u32(b, 56) + u32(b, 60), co = u64(b, 48);
     if (co % 8 || !inside((int64_t)co, (int64_t)(nc * CALL_BYTES), body)) return PORT_RT_ERR_BUNDLE;
@@ -70,11 +77,16 @@ int port_rt_bundle_check(const uint8_t *b, uint64_t n, uint64_t *arena_bytes) {
     for (uint64_t i = 0; i < nz; i++)
         if (!inside(i64(b, zo + 16 * i), i64(b, zo + 16 * i + 8), A)) return PORT_RT_ERR_BUNDLE;
     int64_t batch = i64(b, 128), classes = i64(b, 136);
-    if (batch <= 0 || classes <= 0 || batch > ((int64_t)1 << 31) || classes > ((int64_t)1 << 31))
+    if (batch <= 0 || classes <= 0 || batch > ((int64_t)1 << 31) || classes > ((int64_t)1 << 31) ||
+        L > ((int64_t)1 << 24) || batch * L > ((int64_t)1 << 31))
         return PORT_RT_ERR_BUNDLE;
-    if (!inside(i64(b, 80), i64(b, 88), A) || i64(b, 88) <= 0 || !inside(i64(b, 96), i64(b, 104), A) ||
-        i64(b, 104) != batch * 8 || !inside(i64(b, 112), 4, A) || !inside(i64(b, 120), batch * classes * 4, A) ||
-        !inside(i64(b, 144), i64(b, 88), A) || !inside(i64(b, 152), batch * classes * 4, A))
+    int64_t rows = batch * L, esz = dtype == PORT_RT_INPUT_I64 ? 8 : 4;
+    if (rows > ((int64_t)1 << 62) / 4 / classes) return PORT_RT_ERR_BUNDLE;
+    if (!inside(i64(b, 80), i64(b, 88), A) || i64(b, 88) <= 0 || i64(b, 88) % (batch * esz) ||
+        !inside(i64(b, 96), i64(b, 104), A) || i64(b, 104) != rows * 8 || !inside(i64(b, 112), 4, A) ||
+        !inside(i64(b, 120), rows * classes * 4, A) || !inside(i64(b, 144), i64(b, 88), A) ||
+        !inside(i64(b, 152), rows * classes * 4, A) || (i64(b, 160) != -1 && !inside(i64(b, 160), 4, A)) ||
+        (i64(b, 168) != -1 && !inside(i64(b, 168), rows * 8, A)))
         return PORT_RT_ERR_BUNDLE;
     uint64_t ko = u64(b, 392);
     if (ko) {   /* the checkpoint template */
@@ -122,6 +134,10 @@ int port_rt_load(port_rt *rt, const uint8_t *b, uint64_t n, uint8_t *arena, uint
     memcpy(rt->plan_digest, b + 328, 64);
     rt->spill_fd = -1;
     rt->failed_call = -1;
+    rt->input_dtype = u32(b, 424);
+    rt->labels_per_sample = u32(b, 428) ? (int64_t)u32(b, 428) : 1;
+    rt->has_ignore_index = (u32(b, 76) & PORT_RT_FLAG_IGNORE_INDEX) != 0;
+    rt->ignore_index = rt->has_ignore_index ? i64(b, 432) : 0;
     uint64_t ko = u64(b, 392);
     if (ko) {
         rt->ckpt_n = u32(b, 400);
@@ -178,8 +194,8 @@ static int run_call(port_rt *rt, uint32_t i) {
 }
 
 static int check_labels(port_rt *rt, const int64_t *y) {
-    for (int64_t i = 0; i < rt->batch; i++) {
-        if (y[i] < 0 || y[i] >= rt->classes) {
+    for (int64_t i = 0; i < rt->batch * rt->labels_per_sample; i++) {
+        if ((y[i] < 0 || y[i] >= rt->classes) && !(rt->has_ignore_index && y[i] == rt->ignore_index)) {
             rt->bad_label = y[i];
             rt->bad_label_index = i;
             return PORT_RT_ERR_LABEL;
@@ -233,15 +249,22 @@ int port_rt_evaluate(port_rt *rt, const void *x, const int64_t *y, float *logits
     rt->failed_call = -1;
     uint8_t *a = rt->arena;
     memcpy(a + rt->eval_input_offset, x, (size_t)rt->input_bytes);
+    if (y && rt->eval_label_offset >= 0) {   /* an inference program with a loss reads the labels */
+        int st = check_labels(rt, y);
+        if (st != PORT_OK) return st;
+        memcpy(a + rt->eval_label_offset, y, (size_t)rt->label_bytes);
+    }
     for (uint32_t i = rt->n_train; i < rt->n_train + rt->n_eval; i++) {
         int st = run_call(rt, i);
         if (st != PORT_OK) return st;
     }
     const float *lg = (const float *)(const void *)(a + rt->eval_logits_offset);
-    if (logits) memcpy(logits, lg, (size_t)(rt->batch * rt->classes) * 4);
+    int64_t rows = rt->batch * rt->labels_per_sample;
+    if (logits) memcpy(logits, lg, (size_t)(rows * rt->classes) * 4);
     if (correct) {
         int64_t ok = 0;
-        for (int64_t i = 0; y && i < rt->batch; i++) {
+        for (int64_t i = 0; y && i < rows; i++) {
+            if (rt->has_ignore_index && y[i] == rt->ignore_index) continue;
             int64_t best = 0;
             for (int64_t k = 1; k < rt->classes; k++)
                 if (lg[i * rt->classes + k] > lg[i * rt->classes + best]) best = k;

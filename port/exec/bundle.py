@@ -9,12 +9,18 @@ top of kernels/include/port_rt.h; the file ends with the SHA-256 of everything b
 A data file (``.portdata``) holds samples for ``port-rt train --data``:
 
     0   8   magic b"PORTDATA"
-    8   4   u32 format version (1)
+    8   4   u32 format version (2; port-rt reads 1 too: 64-byte header, float32 x, one label per sample)
     12  4   u32 sample rank r (1..4)
     16  8   u64 samples n
     24  32  u64 sample shape[4] (unused dims 0)
     56  8   u64 classes
-    64  ... float32 x[n, *shape], then int64 y[n] (64-byte aligned), then 32-byte SHA-256 of everything before
+    64  4   u32 x dtype: 0 float32, 1 int64 (token ids)
+    68  4   u32 labels per sample L (1 for a classifier, the sequence length for per-token targets)
+    72  8   i64 ignore index (labels equal to it are skipped; only with flags bit 0)
+    80  4   u32 flags (bit 0: the ignore index is set)
+    84  44  zero
+    128 ... x[n, *shape] (4- or 8-byte elements), then int64 y[n, L] (64-byte aligned), then 32-byte SHA-256 of
+            everything before
 """
 from __future__ import annotations
 
@@ -30,10 +36,11 @@ from port.exec import rtcall
 from port.io import atomic_writer
 
 MAGIC = b"PORTRTB\0"
-VERSION = 1
+VERSION = 2
 HEADER_BYTES = 512
 DATA_MAGIC = b"PORTDATA"
-DATA_VERSION = 1
+DATA_VERSION = 2
+DATA_HEADER_BYTES = 128
 _ALIGN = 64
 
 
@@ -107,16 +114,20 @@ def write_bundle(trainer: Any, path: str | Path) -> BundleInfo:
     return BundleInfo(path, *info)
 
 
-NO_IMAGE = 1     # PORT_RT_FLAG_NO_IMAGE
+NO_IMAGE = 1       # PORT_RT_FLAG_NO_IMAGE
+IGNORE_FLAG = 2    # PORT_RT_FLAG_IGNORE_INDEX
+INPUT_DTYPES = {"float32": 0, "int64": 1}   # PORT_RT_INPUT_F32, PORT_RT_INPUT_I64
 
 
-def sequence_model(trainer: Any) -> str:
-    """Why bundle format 1 cannot hold ``trainer``'s program ('' when it can): it carries float32 inputs and one
-    label per sample."""
-    if getattr(trainer, "label_shape", ()) or getattr(trainer, "tokens", False):
-        return ("a sequence model (token-id input or per-token labels): bundle format 1 carries float32 inputs "
-                "and one label per sample")
-    return ""
+def io_format(trainer: Any) -> tuple[int, int, int | None]:
+    """(input dtype code, int64 labels per sample, ignore index or None) of ``trainer``'s training program:
+    what bundle format 2 adds to format 1 (float32 inputs, one label per sample, no ignored label)."""
+    tp = trainer.program
+    dt = tp.slot(tp.input_id).dtype
+    if dt not in INPUT_DTYPES:
+        raise BundleError(f"the program's input is {dt}; port-rt takes float32 samples or int64 token ids")
+    per = tp.slot(tp.label_id).nbytes // 8 // tp.batch_size
+    return INPUT_DTYPES[dt], per, trainer.executor.ignore_index
 
 
 def build_bundle(trainer: Any, image: bool = True) -> tuple[bytes, tuple]:
@@ -127,9 +138,7 @@ def build_bundle(trainer: Any, image: bool = True) -> tuple[bytes, tuple]:
     if trainer.micro_batch != trainer.batch_size:
         raise BundleError(f"micro_batch={trainer.micro_batch} (batch {trainer.batch_size}): port-rt runs whole "
                           f"batches. Fix: compile a Trainer without micro_batch")
-    why = sequence_model(trainer)
-    if why:
-        raise BundleError(f"{why}; train it with the Python executor (engine='python')")
+    dtype, per_sample, ignore = io_format(trainer)
     for p in (tp, ep):
         compile_check(p)
     pages = {int(c.attr("key")): tp.slot(c.inputs[0]).nbytes for c in tp.calls
@@ -166,6 +175,9 @@ def build_bundle(trainer: Any, image: bool = True) -> tuple[bytes, tuple]:
                      ep.slot(ep.label_id).offset if has_label else -1)
     hdr[176:264] = bytes(state)
     struct.pack_into("<QIIIIQ", hdr, 392, sec_ckpt, *ckpt[1:4], 0, ckpt[4])
+    struct.pack_into("<IIq", hdr, 424, dtype, per_sample, 0 if ignore is None else int(ignore))
+    if ignore is not None:
+        struct.pack_into("<I", hdr, 76, struct.unpack_from("<I", hdr, 76)[0] | IGNORE_FLAG)
     gd, pd = tp.graph_digest.encode()[:64], _plan_digest(trainer).encode()[:64]
     hdr[264:264 + len(gd)] = gd
     hdr[328:328 + len(pd)] = pd
@@ -215,18 +227,31 @@ def check_bundle(path: str | Path) -> int:
     return int(arena.value)
 
 
-def write_data(path: str | Path, x: Any, y: Any, classes: int) -> Path:
-    """Write samples (x float32 [n, ...], y int64 [n]) as a port-rt data file."""
+def write_data(path: str | Path, x: Any, y: Any, classes: int, ignore_index: int | None = None) -> Path:
+    """Write samples as a port-rt data file: x float32 [n, ...] (or int64 token ids [n, T]), y int64 [n] (or
+    [n, L] per-token targets, where ``ignore_index`` marks positions the loss skips)."""
     import numpy as np
-    xa = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
-    ya = np.ascontiguousarray(np.asarray(y, dtype=np.int64)).reshape(-1)
-    if xa.ndim < 2 or xa.ndim > 5 or xa.shape[0] != ya.shape[0] or xa.shape[0] == 0:
-        raise BundleError(f"data: x of shape {tuple(xa.shape)} and y of shape {tuple(ya.shape)}: expected "
-                          f"x [n, d1..d4] and y [n] with n > 0")
-    if ya.min() < 0 or ya.max() >= classes:
-        raise BundleError(f"data: labels must lie in [0, {classes}), found {int(ya.min())}..{int(ya.max())}")
+    xr = np.asarray(x)
+    tokens = np.issubdtype(xr.dtype, np.integer)
+    xa = np.ascontiguousarray(xr.astype(np.int64 if tokens else np.float32, copy=False))
+    ya = np.ascontiguousarray(np.asarray(y, dtype=np.int64))
+    ya = ya.reshape(ya.shape[0], -1) if ya.ndim else ya.reshape(-1, 1)
+    if xa.ndim < 2 or xa.ndim > 5 or xa.shape[0] != ya.shape[0] or xa.shape[0] == 0 or ya.shape[1] == 0:
+        raise BundleError(f"data: x of shape {tuple(xa.shape)} and y of shape {tuple(np.shape(y))}: expected "
+                          f"x [n, d1..d4] and y [n] (or [n, L] per-token labels) with n > 0")
+    ok = (ya >= 0) & (ya < classes)
+    if ignore_index is not None:
+        ok |= ya == ignore_index
+    if not ok.all():
+        bad = ya[~ok]
+        raise BundleError(f"data: labels must lie in [0, {classes})" +
+                          (f" or equal the ignore index {ignore_index}" if ignore_index is not None else "") +
+                          f", found {int(bad.min())}..{int(bad.max())}")
     shape = list(xa.shape[1:]) + [0] * (5 - xa.ndim)
     head = DATA_MAGIC + struct.pack("<IIQ4QQ", DATA_VERSION, xa.ndim - 1, xa.shape[0], *shape, classes)
+    head += struct.pack("<IIqI", 1 if tokens else 0, ya.shape[1], 0 if ignore_index is None else int(ignore_index),
+                        0 if ignore_index is None else 1)
+    head += b"\0" * (DATA_HEADER_BYTES - len(head))
     xb = xa.tobytes()
     body = head + xb + b"\0" * _pad(len(head) + len(xb)) + ya.tobytes()
     path = Path(path)
@@ -265,6 +290,10 @@ def emit_c(bundle: bytes, out_dir: str | Path, x: Any = None, y: Any = None) -> 
         with atomic_writer(out / name) as f:
             f.write(text.encode())
         files.append(out / name)
+    if x is not None and (struct.unpack_from("<I", bundle, 424)[0] or struct.unpack_from("<I", bundle, 428)[0] > 1):
+        raise BundleError("emit_c: samples as C data are float32 inputs with one label each (what "
+                          "kernels/mcu/main_m4.c reads); this bundle takes token ids or per-token labels. Fix: emit "
+                          "the bundle without samples (no --data) and feed batches through port_rt_step")
     if x is not None:
         xa = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
         ya = np.asarray(y, dtype=np.int64).reshape(-1)

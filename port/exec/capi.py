@@ -79,7 +79,9 @@ class Rt(ctypes.Structure):
         [("state", RtState), ("graph_digest", ctypes.c_char * 65), ("plan_digest", ctypes.c_char * 65),
          ("spill_fd", c_int), ("failed_call", ctypes.c_int32), ("bad_label", c_int64), ("bad_label_index", c_int64),
          ("ckpt_table", c_void_p), ("ckpt_fixed", c_void_p), ("ckpt_tensors", c_void_p), ("ckpt_n", ctypes.c_uint32),
-         ("ckpt_fixed_len", ctypes.c_uint32), ("ckpt_tensors_len", ctypes.c_uint32), ("ckpt_data_bytes", c_uint64)]
+         ("ckpt_fixed_len", ctypes.c_uint32), ("ckpt_tensors_len", ctypes.c_uint32), ("ckpt_data_bytes", c_uint64),
+         ("input_dtype", ctypes.c_uint32), ("has_ignore_index", ctypes.c_uint32), ("labels_per_sample", c_int64),
+         ("ignore_index", c_int64)]
 
 
 _STRUCTS = {"port_rt": Rt, "port_rt_call": RtCall, "port_rt_state": RtState, "port_conv2d_params": Conv2dParams, "port_batchnorm_params": BatchNormParams,

@@ -17,10 +17,6 @@ def eligible(trainer: Any) -> str:
         return "the arena is not in CPU memory"
     if trainer.micro_batch != trainer.batch_size:
         return "micro-batching"
-    from port.exec.bundle import sequence_model
-    why = sequence_model(trainer)
-    if why:
-        return why
     other = sorted({c.backend for c in trainer.program.calls} - {"c", "host"})
     if other:
         return f"the plan runs ops on {', '.join(other)}"
@@ -58,7 +54,8 @@ class RtEngine:
         self._lossp = ctypes.byref(self._loss)
 
     def forward_backward(self, x: Any, y: Any) -> float:
-        """x float32 [B, ...] and y int64 [B], contiguous CPU tensors. Returns the loss."""
+        """x [B, ...] (float32, or int64 token ids) and y int64 [B] (or [B, T]), contiguous CPU tensors of the
+        program's dtypes. Returns the loss."""
         rtcall.state_from(self.trainer.state, self.rt.state)
         st = self._fb(self._rtp, x.data_ptr(), y.data_ptr(), self._lossp)
         if st:

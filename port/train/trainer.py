@@ -281,14 +281,29 @@ class Trainer:
             return self._step_rt(x, y)
         ex.zero_grads()
         total = 0.0
-        for i in range(0, B, mb):
+        w = self._micro_weights(y)
+        for j, i in enumerate(range(0, B, mb)):
             ex.input.copy_(x[i:i + mb])
             ex.labels.copy_(y[i:i + mb])
+            if w is not None:
+                ex.set_grad_scale(w[j])
             ex.run_main()
-            total += float(ex.loss)
+            total += float(ex.loss) * (w[j] if w is not None else 1.0)
             st.dropout_counter += 1
             self._bn_batches += 1
-        return self._finish_step(total / (B // mb), ex.run_updates)
+        return self._finish_step(total if w is not None else total / (B // mb), ex.run_updates)
+
+    def _micro_weights(self, y: Any) -> list[float] | None:
+        """Per-micro-batch weights of a token-level loss with ignored labels (None otherwise): each micro-batch's
+        loss is a mean over its own counted tokens, the batch's is the mean over all of them, so micro-batch j
+        weighs (its counted tokens) / (the batch's) in both the loss and the gradient (its loss-gradient scale),
+        as one pass over the whole batch would."""
+        ign, B, mb = self.executor.ignore_index, self.batch_size, self.micro_batch
+        if ign is None or mb == B:
+            return None
+        counts = [int((y[i:i + mb] != ign).sum()) for i in range(0, B, mb)]
+        n = sum(counts)
+        return [c / n if n else 0.0 for c in counts]
 
     def _finish_step(self, loss: float, updates) -> float:
         """After the pass: stop or skip on a non-finite loss or gradient, else run the updates."""
@@ -309,8 +324,8 @@ class Trainer:
 
     def _step_rt(self, x: Any, y: Any) -> float:
         import torch
-        xs = x if (x.dtype == torch.float32 and x.is_contiguous() and x.device.type == "cpu") else \
-            x.to("cpu", torch.float32).contiguous()
+        xt = torch.int64 if self.tokens else torch.float32
+        xs = x if (x.dtype == xt and x.is_contiguous() and x.device.type == "cpu") else x.to("cpu", xt).contiguous()
         ys = y if (y.dtype == torch.int64 and y.is_contiguous() and y.device.type == "cpu") else \
             y.to("cpu", torch.int64).contiguous()
         loss = self._rt.forward_backward(xs, ys)
@@ -342,9 +357,12 @@ class Trainer:
         rows, timeline, rss_tl, total, tot_ms = [], [], [], 0.0, 0.0
         by_phase: dict = {}
         k = B // mb
+        w = self._micro_weights(y)
         for j, i in enumerate(range(0, B, mb)):
             ex.input.copy_(x[i:i + mb])
             ex.labels.copy_(y[i:i + mb])
+            if w is not None:
+                ex.set_grad_scale(w[j])
             r = ex.run(timing=True, updates=(j == k - 1))
             rows += r["calls"]
             timeline += r["timeline"]
@@ -353,7 +371,7 @@ class Trainer:
             tot_ms += r["total_ms"]
             for ph, v in r["by_phase_ms"].items():
                 by_phase[ph] = by_phase.get(ph, 0.0) + v
-            total += float(ex.loss)
+            total += float(ex.loss) * (w[j] if w is not None else 1.0)
             st.dropout_counter += 1
             self._bn_batches += 1
         st.step += 1
@@ -367,7 +385,7 @@ class Trainer:
             else:
                 key = self.graph.ops[r["op"]].name + (" (recompute)" if r["recompute"] else "")
             op_ms[key] = op_ms.get(key, 0.0) + r["ms"]
-        return {"loss": total / k, "micro_batches": k, "calls": rows, "total_ms": tot_ms, "step_ms": tot_ms,
+        return {"loss": total if w is not None else total / k, "micro_batches": k, "calls": rows, "total_ms": tot_ms, "step_ms": tot_ms,
                 "op_ms": op_ms, "by_phase_ms": by_phase, "timeline": timeline, "timeline_bytes": timeline,
                 "rss_timeline_bytes": rss_tl,
                 "peak_bytes": max(timeline), "arena_bytes": self.program.arena_bytes,

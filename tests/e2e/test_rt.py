@@ -297,3 +297,95 @@ def test_port_rt_pages_to_a_spill_file(port_rt, tmp_path):
     r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 1,
              "--spill-dir", tmp_path / "no-such-dir")
     assert r.returncode == 2 and "spill file" in r.stderr
+
+
+def _seq_case(name):
+    from port.transformers import bert_tiny, gpt_tiny
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(3)
+    if name == "gpt_tiny":
+        m = gpt_tiny(layers=2, dim=32, heads=2, context=32, vocab=96)
+        x = torch.randint(0, 96, (N, 32), generator=g)
+        y = torch.roll(x, -1, 1)
+        y[::3, :5] = -100                                  # ignored positions (a prompt, padding)
+        classes = 96
+    else:
+        m = bert_tiny(layers=2, dim=32, heads=2, context=32, vocab=64)
+        x = torch.randint(1, 64, (N, 32), generator=g)
+        for i in range(N):
+            x[i, 32 - (i % 7) * 3:] = 0                    # right padding: the key-padding mask
+        y = x[:, :4].sum(1) % 2
+        classes = 2
+    tr = port.Trainer(m, x[:8], optimizer=port.optim.SGD(0.05, momentum=0.9))
+    return tr, x, y, classes
+
+
+@pytest.mark.parametrize("name", ["gpt_tiny", "bert_tiny"])
+def test_port_rt_trains_sequence_models_bit_for_bit(port_rt, tmp_path, name):
+    """Bundle format 2: int64 token ids in, per-token labels with an ignore index (gpt_tiny) or one label per
+    sample (bert_tiny); port-rt trains them with the Python Trainer's float32 bits and evaluates token accuracy
+    over the counted positions as Trainer.evaluate does."""
+    tr, x, y, classes = _seq_case(name)
+    assert tr.engine == "rt"                               # the in-process whole-step engine runs them too
+    write_bundle(tr, tmp_path / "m.portrt")
+    write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), classes,
+               ignore_index=-100 if name == "gpt_tiny" else None)
+    threads = kernels.get_num_threads()
+    r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 8,
+             "--threads", threads, "--checkpoint", tmp_path / "c.ckpt")
+    assert r.returncode == 0, r.stderr
+    got = [np.float32(line.split()[3]) for line in r.stdout.splitlines() if line.startswith("step ")]
+    ref = []
+    for s in range(8):
+        idx = [(s * 8 + j) % N for j in range(8)]
+        ref.append(np.float32(tr.step(x[idx], y[idx])))
+    assert [a.tobytes() for a in got] == [b.tobytes() for b in ref], list(zip(ref, got))
+    r = _run(port_rt, "eval", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--threads", threads,
+             "--checkpoint", tmp_path / "c.ckpt")
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("eval "))
+    what, seen, correct = line.split()[1], int(line.split()[2]), int(line.split()[4])
+    counted = int((y != -100).sum())
+    assert (what, seen) == (("tokens" if name == "gpt_tiny" else "samples"), counted)
+    acc = tr.evaluate([(x[i:i + 8], y[i:i + 8]) for i in range(0, N, 8)])["accuracy"]
+    assert correct == round(acc * counted)
+
+
+def test_port_rt_sequence_data_checks(port_rt, tmp_path):
+    tr, x, y, classes = _seq_case("gpt_tiny")
+    write_bundle(tr, tmp_path / "m.portrt")
+    # float samples for a token-id bundle, and per-sample labels for per-token targets: exit 2, both named
+    write_data(tmp_path / "f.portdata", x.float().numpy(), y.numpy(), classes, ignore_index=-100)
+    r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "f.portdata")
+    assert r.returncode == 2 and "token ids" in r.stderr and "floats" in r.stderr
+    write_data(tmp_path / "s.portdata", x.numpy(), y[:, 0].clamp(min=0).numpy(), classes)
+    r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "s.portdata")
+    assert r.returncode == 2 and "label(s) each" in r.stderr
+    with pytest.raises(BundleError, match="ignore index -100"):
+        write_data(tmp_path / "b.portdata", x.numpy(), torch.full_like(y, -7).numpy(), classes, ignore_index=-100)
+    # the in-process engine checks every label but the ignore index before anything runs
+    from port.errors import LabelError
+    bad = y[:8].clone()
+    bad[1, 3] = classes
+    with pytest.raises(LabelError, match="index 35 "):
+        tr.step(x[:8], bad)
+    tr.step(x[:8], y[:8])
+
+
+def test_format_1_bundles_still_load(tmp_path):
+    """A format-1 bundle (a classifier compiled before format 2) is format 2 with the new header bytes zero: the
+    loader reads both, and refuses a format-1 header whose reserved bytes are not zero."""
+    tr, x, y = _case("digits_cnn", (1, 8, 8))
+    p = tmp_path / "m.portrt"
+    write_bundle(tr, p)
+    b = bytearray(p.read_bytes())
+    assert struct.unpack_from("<IIq", b, 424) == (0, 1, 0)
+    b[8:12] = struct.pack("<I", 1)
+    b[424:448] = bytes(24)
+    q = tmp_path / "v1.portrt"
+    q.write_bytes(bytes(_rechecksum(b)))
+    assert check_bundle(q) == check_bundle(p)
+    b[428] = 1
+    q.write_bytes(bytes(_rechecksum(b)))
+    with pytest.raises(BundleError, match="not a valid port-rt bundle"):
+        check_bundle(q)

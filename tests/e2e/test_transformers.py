@@ -91,3 +91,30 @@ def test_lora_trains_only_adapters_and_merges():
     after = tr.state_dict()
     changed = {k for k in after if not torch.equal(after[k], before[k])}
     assert changed and all("lora_" in k for k in changed)
+
+
+def test_micro_batches_weigh_token_losses_by_counted_tokens():
+    """Micro-batches of a token loss with ignored labels: each micro-batch's mean is over its own counted
+    tokens, so the trainer weighs it by its share of the batch's counted tokens (loss and gradient); the step
+    equals PyTorch's on the whole batch. The ignored positions are spread unevenly over the micro-batches."""
+    import copy
+    m, batches = _setup("gpt_tiny")
+    ref = copy.deepcopy(m)
+    x, y = batches[1]
+    y = y.clone()
+    y[:2, :40] = -100                          # micro-batch 0 counts 48 fewer tokens than micro-batch 1
+    tr = port.Trainer(m, x, micro_batch=4, optimizer=SGD(0.05))
+    assert tr.micro_batch == 4 and tr.engine == "python"
+    opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    for step in range(2):
+        got = tr.step(x, y)
+        opt.zero_grad()
+        z = ref(x)
+        loss = torch.nn.functional.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1), ignore_index=-100)
+        loss.backward()
+        opt.step()
+        assert abs(got - float(loss)) < 1e-5, (step, got, float(loss))
+    sd = tr.state_dict()
+    assert len(sd) > 10
+    for k, v in sd.items():          # (the tied head weight is the embedding's)
+        torch.testing.assert_close(v, ref.state_dict()[k], rtol=1e-4, atol=1e-5, msg=k)
