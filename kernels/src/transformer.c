@@ -18,6 +18,15 @@
  * live on the stack (1 KiB). */
 #define COLB 64
 
+/* Run-time ISA dispatch for the element-wise loops (GCC's target_clones: an ifunc picks the AVX-512, AVX2 or
+ * baseline build of the function when the library loads).  With -std=c11 there is no FMA contraction, so every
+ * clone performs the same IEEE operations per element and gives the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && \
+    !defined(PORT_NO_TARGET_CLONES)
+#define PORT_ISA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define PORT_ISA_CLONES
+#endif
 static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* sum of n floats in double: 8 partial sums (element j into lane j % 8) combined pairwise, then the tail; a
@@ -39,9 +48,14 @@ static inline float max_f(const float *a, int64_t n) {
 }
 
 /* In place: row[j] = exp(row[j] - mx) for j < n (-inf entries give 0); returns their sum. */
-static inline double exp_row(float *row, int64_t n, float mx) {
+PORT_ISA_CLONES static double exp_row(float *row, int64_t n, float mx) {
     for (int64_t j = 0; j < n; j++) row[j] = port__expf_inline(row[j] - mx);
     return sum_f64(row, n);
+}
+
+/* y[j] = exp(x[j] - m) for j < n; y may be x (each x[j] is read before y[j] is written). */
+PORT_ISA_CLONES static void exp_shift(float *y, const float *x, int64_t n, float m) {
+    for (int64_t j = 0; j < n; j++) y[j] = port__expf_inline(x[j] - m);
 }
 
 /* Mask row entries j0 + c (c < n) that query i may not see: keys past lim (causal) and keys with km == 0. */
@@ -189,25 +203,63 @@ static inline void sig2(double u, double *s, double *one_minus_s) {
 
 #define ELT_PAR(count) if ((count) > PORT_PAR_MIN / 8)
 
-/* erf for the exact GELU as an odd rational function z P(z^2) / Q(z^2), evaluated in double (a minimax fit,
- * |error| < 1e-7 on [-4, 4]; +-1 beyond, where erf is 1 to float precision). Branch-free, so the element-wise
- * loops vectorise; the precise port__erfc (1e-13) costs about 6x more per element, and GELU's output is float32.
- * The tanh approximation keeps sigmoid(2u) from port__exp (its backward needs 1 - tanh^2 without cancellation). */
-static inline double gelu_erf(double x) {
-    double z = x < -4.0 ? -4.0 : (x > 4.0 ? 4.0 : x), z2 = z * z;
-    double p = -2.72614225801306e-10;
-    p = p * z2 + 2.77068142495902e-08;
-    p = p * z2 - 2.10102402082508e-06;
-    p = p * z2 - 5.69250639462346e-05;
-    p = p * z2 - 7.34990630326855e-04;
-    p = p * z2 - 2.95459980854025e-03;
-    p = p * z2 - 1.60960333262415e-02;
-    double q = -1.45660718464996e-05;
-    q = q * z2 - 2.13374055278905e-04;
-    q = q * z2 - 1.68282697438203e-03;
-    q = q * z2 - 7.37332916720468e-03;
-    q = q * z2 - 1.42647390514189e-02;
+#define ELT_BLOCK 4096   /* elements per parallel chunk */
+
+/* erf for the exact GELU as an odd rational function z P(z^2) / Q(z^2) in float32 (a minimax fit for float,
+ * the same coefficients as Eigen's and XLA's fast erf: within a few float32 ulps on [-4, 4], +-1 beyond, where
+ * erf is 1 to float precision). Branch-free, so the element-wise loops vectorise. */
+static inline float gelu_erff(float x) {
+    float z = x < -4.0f ? -4.0f : (x > 4.0f ? 4.0f : x), z2 = z * z;
+    float p = -2.72614225801306e-10f;
+    p = p * z2 + 2.77068142495902e-08f;
+    p = p * z2 - 2.10102402082508e-06f;
+    p = p * z2 - 5.69250639462346e-05f;
+    p = p * z2 - 7.34990630326855e-04f;
+    p = p * z2 - 2.95459980854025e-03f;
+    p = p * z2 - 1.60960333262415e-02f;
+    float q = -1.45660718464996e-05f;
+    q = q * z2 - 2.13374055278905e-04f;
+    q = q * z2 - 1.68282697438203e-03f;
+    q = q * z2 - 7.37332916720468e-03f;
+    q = q * z2 - 1.42647390514189e-02f;
     return z * p / q;
+}
+
+/* e^t for t <= 0 in float32 (GELU's density term e^(-x^2/2)): t = k ln2 + r, |r| <= ln2/2, a degree-7 polynomial
+ * for e^r (Cephes' expf coefficients), 2^k built in the exponent bits; 0 below -87 (the density times x is
+ * below 1e-37 there). Round-to-nearest of k by the 1.5 * 2^23 shift, so it vectorises without SSE4.1. */
+static inline float gelu_expf_neg(float t) {
+    float tc = t < -87.0f ? -87.0f : t;
+    float kf = (tc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = (tc - kf * 0.693359375f) + kf * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float e = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)kf + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return t < -87.0f ? 0.0f : e * scale;
+}
+
+PORT_ISA_CLONES static void gelu_erf_forward_block(float *restrict y, const float *restrict x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.0f + gelu_erff(v * (float)SQRT1_2));   /* x Phi(x) */
+    }
+}
+
+/* dx may alias dy (in place): no restrict on them */
+PORT_ISA_CLONES static void gelu_erf_backward_block(float *dx, const float *dy, const float *restrict x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        float g = 0.5f * (1.0f + gelu_erff(v * (float)SQRT1_2)) +
+                  v * (float)INV_SQRT_2PI * gelu_expf_neg(-0.5f * v * v);   /* Phi(x) + x phi(x) */
+        dx[i] = dy[i] * g;
+    }
 }
 
 port_status port_gelu_forward(float *y, const float *x, int64_t count, int approximate) {
@@ -224,10 +276,11 @@ port_status port_gelu_forward(float *y, const float *x, int64_t count, int appro
             y[i] = (float)(v * s);   /* 0.5 x (1 + tanh u) = x sigmoid(2u) */
         }
     } else {
+        int64_t nb = (count + ELT_BLOCK - 1) / ELT_BLOCK;
 #pragma omp parallel for schedule(static) ELT_PAR(count)
-        for (int64_t i = 0; i < count; i++) {
-            double v = x[i];
-            y[i] = (float)(0.5 * v * (1.0 + gelu_erf(v * SQRT1_2)));   /* x Phi(x) */
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t i0 = b * ELT_BLOCK, n = count - i0 < ELT_BLOCK ? count - i0 : ELT_BLOCK;
+            gelu_erf_forward_block(y + i0, x + i0, n);
         }
     }
     return PORT_OK;
@@ -247,12 +300,11 @@ port_status port_gelu_backward(float *dx, const float *dy, const float *x, int64
             dx[i] = (float)(dy[i] * g);
         }
     } else {
+        int64_t nb = (count + ELT_BLOCK - 1) / ELT_BLOCK;
 #pragma omp parallel for schedule(static) ELT_PAR(count)
-        for (int64_t i = 0; i < count; i++) {
-            double v = x[i];
-            double g = 0.5 * (1.0 + gelu_erf(v * SQRT1_2)) +
-                       v * INV_SQRT_2PI * (double)port__expf_inline((float)(-0.5 * v * v));
-            dx[i] = (float)(dy[i] * g);
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t i0 = b * ELT_BLOCK, n = count - i0 < ELT_BLOCK ? count - i0 : ELT_BLOCK;
+            gelu_erf_backward_block(dx + i0, dy + i0, x + i0, n);
         }
     }
     return PORT_OK;
@@ -299,7 +351,7 @@ port_status port_softmax_forward(float *y, const float *x, int64_t rows, int64_t
         const float *xr = x + r * d;
         float *yr = y + r * d;
         float mx = max_f(xr, d);
-        for (int64_t j = 0; j < d; j++) yr[j] = port__expf_inline(xr[j] - mx);   /* in place: x[j] read first */
+        exp_shift(yr, xr, d, mx);   /* in place allowed: x[j] read first */
         double inv = 1.0 / sum_f64(yr, d);
         for (int64_t j = 0; j < d; j++) yr[j] = (float)(yr[j] * inv);
     }
@@ -562,7 +614,7 @@ static void attn_probs(float *P, int64_t rb, int64_t cb, int64_t ld, int64_t i0,
             continue;
         }
         mask_row(row, cb, j0, lim, km);
-        for (int64_t c = 0; c < cb; c++) row[c] = port__expf_inline(row[c] - L);
+        exp_shift(row, row, cb, L);
     }
 }
 
@@ -778,7 +830,7 @@ port_status port_softmax_xent_ignore_forward(float *loss, float *probs, const fl
         const float *z = logits + i * k;
         float *pr = probs + i * k;
         float mx = max_f(z, k);
-        for (int64_t j = 0; j < k; j++) pr[j] = port__expf_inline(z[j] - mx);
+        exp_shift(pr, z, k, mx);
         double s = sum_f64(pr, k);
         double sz = sum_f64(z, k) - (double)k * mx;   /* sum_j (z_j - mx) */
         double lse = port__log(s);
