@@ -326,8 +326,7 @@ int main(int argc, char **argv) {
         }
         double t0 = now_ms();
         float loss = 0.0f;
-        int64_t ok = 0;
-        st = !strcmp(cmd, "eval") ? port_rt_evaluate(&rt, xb, yb, logits, &ok) : port_rt_step(&rt, xb, yb, &loss);
+        st = !strcmp(cmd, "eval") ? port_rt_evaluate(&rt, xb, yb, logits, NULL) : port_rt_step(&rt, xb, yb, &loss);
         double ms = now_ms() - t0;
         if (st != PORT_OK) {
             if (st == PORT_RT_ERR_LABEL)
@@ -351,7 +350,6 @@ int main(int argc, char **argv) {
                 correct += best == yb[r];
                 seen += 1;
             }
-            (void)ok;
         } else if ((s + 1) % every == 0 || s + 1 == n_batches) {
             printf("step %lld loss %.9g ms %.3f\n", (long long)rt.state.step, (double)loss, ms);
         }
