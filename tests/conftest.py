@@ -6,6 +6,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/reference.py
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+# Engine footprints (port.cost.footprint) take a fresh process per engine (~2 s each): the quick profiles the
+# suite takes by the hundred skip them; tests/unit/test_footprint.py measures them.
+os.environ.setdefault("PORT_PROFILE_ENGINE", "0")
 
 # Before torch loads its OpenMP runtime: passive waiting (a spinning pool on an oversubscribed 2-core
 # machine makes every parallel region 100x slower; see port/_native.py).

@@ -7,13 +7,16 @@ Format (``format: "port-profile"``, ``version: types.PROFILE_FORMAT_VERSION``)::
      "host": {"cpu": "...", "cores": "2", "torch": "2.13.0", "date": "...", "graph": "digits_cnn",
               "graph_digest": "...", "threads.cpu-c": "2", ...},
      "memory_bytes": 17179869184, "accelerator_caps": {"gpu": 123}, "storage": {"bandwidth_gbps": .., "latency_ms": ..},
+     "engine_bytes": {"cpu-torch": 31457280},
      "handoff": [{"src": "cpu-c", "dst": "cpu-torch", "latency_ms": 0.0001, "bytes_per_ms": null, "measured": true}],
      "num_entries": N,
      "entries": [{"signature": "...", "accelerator": "cpu-c", "variant": "plain", "latency_ms": 0.12,
                   "spread_ms": 0.004, "workspace_bytes": 0, "peak_delta_bytes": 0, "measured": true, "samples": 5}],
      "sha256": "<digest of everything above, canonical JSON>"}
 
-``bytes_per_ms: null`` means zero-copy (infinite bandwidth).
+``bytes_per_ms: null`` means zero-copy (infinite bandwidth). ``engine_bytes`` (optional; absent in files
+written before it existed, read as none): per accelerator, the resident memory its execution engine keeps once
+a plan runs any op on it (port.cost.footprint); a plan pays it once per accelerator it uses.
 """
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ def profile_to_dict(p: Profile) -> dict:
         "memory_bytes": p.memory_bytes,
         "accelerator_caps": dict(p.accelerator_caps),
         "storage": dict(p.storage),
+        "engine_bytes": dict(p.engine_bytes),
         "handoff": [{"src": h.src, "dst": h.dst, "latency_ms": h.latency_ms,
                      "bytes_per_ms": None if math.isinf(h.bytes_per_ms) else h.bytes_per_ms,
                      "measured": h.measured} for h in p.handoff],
@@ -136,16 +140,24 @@ def _profile_body(d: dict, dev: str, where: str) -> Profile:
         v = d.get(k, 0)
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**62:
             raise ProfileError(f"{where}: key {k!r} = {v!r}: expected an integer >= 0; re-run `port profile`")
-    for k in ("accelerator_caps", "storage"):
+    for k in ("accelerator_caps", "storage", "engine_bytes"):
         if not isinstance(d.get(k, {}), dict):
             raise ProfileError(f"{where}: key {k!r} should be an object; re-run `port profile`")
+    for k, v in d.get("engine_bytes", {}).items():
+        if k not in accs:
+            raise ProfileError(f"{where}: key 'engine_bytes' names accelerator {k!r}, not one of {accs}; "
+                               f"re-run `port profile`")
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**62:
+            raise ProfileError(f"{where}: key 'engine_bytes.{k}' = {v!r}: expected an integer >= 0 (bytes); "
+                               f"re-run `port profile`")
     entries.sort(key=lambda e: (e.signature, e.accelerator, e.variant))
     return Profile(device=dev, accelerators=tuple(accs), entries=tuple(entries),
                    handoff=tuple(sorted(hand, key=lambda h: (h.src, h.dst))),
                    threads=int(d.get("threads", 0)), host=tuple(sorted((str(k), str(v)) for k, v in host.items())),
                    memory_bytes=int(d.get("memory_bytes", 0)),
                    accelerator_caps=tuple(sorted((str(k), int(v)) for k, v in d.get("accelerator_caps", {}).items())),
-                   storage=tuple(sorted((str(k), float(v)) for k, v in d.get("storage", {}).items())))
+                   storage=tuple(sorted((str(k), float(v)) for k, v in d.get("storage", {}).items())),
+                   engine_bytes=tuple(sorted((str(k), int(v)) for k, v in d.get("engine_bytes", {}).items())))
 
 
 def save_profile(p: Profile, path: str | Path) -> Path:
@@ -219,9 +231,13 @@ def merge_profiles(profiles: Iterable[Profile | str | Path], device: str | None 
     host = dict(ps[0].host)
     host["merged_from"] = "; ".join(f"{dict(p.host).get('hostname', '?')}@{dict(p.host).get('date', '?')}" for p in ps)
     caps: dict[str, int] = {}
+    engine: dict[str, int] = {}
     for p in ps:
         caps.update(dict(p.accelerator_caps))
+        for k, v in p.engine_bytes:       # the largest footprint measured: what any of the machines kept
+            engine[k] = max(engine.get(k, 0), v)
     return Profile(device=device, accelerators=tuple(accs), entries=tuple(merged),
                    handoff=tuple(hand[k] for k in sorted(hand)), threads=max(p.threads for p in ps),
                    host=tuple(sorted(host.items())), memory_bytes=max(p.memory_bytes for p in ps),
-                   accelerator_caps=tuple(sorted(caps.items())), storage=ps[0].storage)
+                   accelerator_caps=tuple(sorted(caps.items())), storage=ps[0].storage,
+                   engine_bytes=tuple(sorted(engine.items())))

@@ -8,7 +8,7 @@ import os
 import platform
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -371,6 +371,10 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                    threads=max(acc_threads.values()) if acc_threads else 0,
                    host=tuple(sorted(info.items())), memory_bytes=dev.memory, accelerator_caps=caps,
                    storage=storage)
+    engine = _engine_footprints(graph, dev, present, acc_threads, cp if cache is not None else None, stale, rep,
+                                seed, out_of_time)
+    if engine:
+        prof = replace(prof, engine_bytes=tuple(sorted(engine.items())), _index={})
     fresh = {k for k in results if k not in cached and results[k].measured}
     if program_order and fresh:
         from port.lower.lower import default_plan
@@ -394,6 +398,40 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                 rep.notes.append(f"program-order re-timing failed ({type(e).__name__}: {e}); isolated timings kept")
     rep.seconds = time.perf_counter() - t_start
     return prof, rep
+
+
+def _engine_footprints(graph: Graph, dev: DeviceConfig, present: dict, acc_threads: dict[str, int], cp, stale: set,
+                       rep: ProfileReport, seed: int, out_of_time: Callable[[], bool]) -> dict[str, int]:
+    """{accelerator: engine footprint bytes} for the present host-memory engines (port.cost.footprint): taken
+    from the cache profile when it was measured on this graph (and, for C engines, this build of the kernels),
+    else measured in a fresh process. Failures and PORT_PROFILE_ENGINE=0 leave an accelerator out (noted)."""
+    from port.cost import footprint as FP
+    out: dict[str, int] = {}
+    cached = dict(cp.engine_bytes) if cp is not None else {}
+    same_graph = cp is not None and dict(cp.host).get("graph_digest") == graph.digest()
+    for acc_id in present:
+        backend = dev.accelerator(acc_id).backend
+        if backend not in FP.HOST_BACKENDS:
+            continue
+        if same_graph and acc_id in cached and acc_id not in stale:
+            out[acc_id] = int(cached[acc_id])
+            continue
+        if not FP.enabled():
+            rep.notes.append(f"{acc_id}: engine footprint not measured (PORT_PROFILE_ENGINE=0): plans pay none")
+            continue
+        if out_of_time():
+            rep.notes.append(f"{acc_id}: engine footprint not measured (time budget spent): plans pay none")
+            continue
+        try:
+            r = FP.measure_engine_bytes(graph, backend, acc_threads.get(acc_id, 1), seed=seed)
+        except Exception as e:  # noqa: BLE001 - the timings stand without it
+            rep.notes.append(f"{acc_id}: engine footprint measurement failed ({e}); plans pay none")
+            continue
+        out[acc_id] = int(r["engine_bytes"])
+        rep.notes.append(f"{acc_id}: engine footprint {r['engine_bytes'] / 2**20:.1f} MiB resident after "
+                         f"{r['steps']} steps of the all-{backend} plan (anonymous {r['anon_bytes'] / 2**20:.1f}, "
+                         f"file-backed {r['file_bytes'] / 2**20:.1f} MiB)")
+    return out
 
 
 def profile(graph: Graph, device: DeviceConfig | str | Path, **kw: Any) -> Profile:

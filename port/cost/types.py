@@ -62,6 +62,10 @@ class Profile:
     memory_bytes: int = 0                         # device memory available to training
     accelerator_caps: tuple[tuple[str, int], ...] = ()  # (accelerator id, memory cap bytes)
     storage: tuple[tuple[str, float], ...] = ()   # (("bandwidth_gbps", x), ("latency_ms", y)) or ()
+    # (accelerator id, bytes): what an execution engine keeps resident once a plan runs any op on it (code
+    # pages it maps, caches it fills, heap it retains), beyond the arena and the ops' own temporaries;
+    # measured by port.cost.footprint, paid once per accelerator a plan uses (port.plan.semantics.engine_bytes)
+    engine_bytes: tuple[tuple[str, int], ...] = ()
     _index: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def lookup(self, signature: str, accelerator: str, variant: str) -> OpCost | None:
@@ -82,6 +86,10 @@ class Profile:
             self._index["by_sig"] = idx
         return idx.get(signature, ())
 
+    def engine_bytes_of(self, accelerator: str) -> int:
+        """The resident footprint of ``accelerator``'s engine (0 when none is recorded)."""
+        return dict(self.engine_bytes).get(accelerator, 0)
+
     def handoff_cost(self, src: str, dst: str) -> HandoffCost:
         if src == dst:
             return HandoffCost(src, dst, 0.0, float("inf"))
@@ -93,7 +101,8 @@ class Profile:
     def digest(self) -> str:
         blob = json.dumps([self.device, list(self.accelerators),
                            [[e.signature, e.accelerator, e.variant, e.latency_ms, e.workspace_bytes] for e in self.entries],
-                           [[h.src, h.dst, h.latency_ms, str(h.bytes_per_ms)] for h in self.handoff]],
+                           [[h.src, h.dst, h.latency_ms, str(h.bytes_per_ms)] for h in self.handoff]]
+                          + ([[list(x) for x in self.engine_bytes]] if self.engine_bytes else []),
                           separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
 

@@ -252,6 +252,20 @@ class Graph:
             ],
         }
 
+    @staticmethod
+    def from_dict(d: dict) -> "Graph":
+        """The graph ``to_dict`` wrote (lists back to tuples); its digest is the original's."""
+        def tup(v: Any) -> Any:
+            return tuple(tup(x) for x in v) if isinstance(v, list) else v
+        tensors = tuple(TensorSpec(t["id"], t["name"], tuple(t["shape"]), t["dtype"], t["role"], t.get("alias_of"),
+                                   t.get("grad_of"), t.get("state_of")) for t in d["tensors"])
+        ops = tuple(Op(o["id"], o["name"], o["layer"], o["kind"], o["phase"],
+                       tuple(sorted((k, tup(v)) for k, v in o["attrs"].items())), tuple(o["inputs"]),
+                       tuple(o["outputs"]), tuple(o.get("saved", ())), o.get("flops", 0), o.get("vector_flops", 0),
+                       o.get("bytes_moved", 0), o.get("forward_op")) for o in d["ops"])
+        return Graph(d["name"], tensors, ops, d["input_id"], d["label_id"], d["loss_id"], d["logits_id"],
+                     d["optimizer"], d["batch_size"])
+
     def digest(self) -> str:
         """sha256 of the canonical JSON form without the display name: plans and profiles refer to graphs
         by it, so the same model traced under another name is the same graph."""

@@ -6,6 +6,11 @@ its own accounting and shares none of the ILP's variables.
 Static memory (resident for the whole step): parameters, buffers, optimizer state, parameter gradients (except
 those of early-updated parameters), the input batch and the labels.
 
+Engine memory (resident for the whole step, outside the arena): every accelerator the plan runs at least one op
+on brings its execution engine's footprint (``Profile.engine_bytes``: code pages, caches, retained heap that
+engine keeps once it ran the graph's kernels), paid once per accelerator however many ops run there
+(``engine_bytes``).
+
 Every other tensor lives in a *storage root*: ``alias_of`` views share their root; an op running ``inplace``
 makes its first output share its first input's root; a ``fused`` conv -> batch norm -> relu chain never
 materialises the batch-norm output, and the chain's outputs (conv output, statistics, activation) are allocated
@@ -71,6 +76,13 @@ def is_static(graph: Graph, tid: int) -> bool:
 
 def static_bytes(graph: Graph) -> int:
     return sum(t.bytes for t in graph.tensors if t.alias_of is None and is_static(graph, t.id))
+
+
+def engine_bytes(plan: Plan, profile) -> int:
+    """The engine memory of ``plan``: the footprint of every accelerator it places an op on, once each."""
+    if not profile.engine_bytes:
+        return 0
+    return sum(profile.engine_bytes_of(a) for a in dict.fromkeys(d.accelerator for d in plan.ops))
 
 
 def is_backward(graph: Graph, oid: int) -> bool:

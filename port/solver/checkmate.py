@@ -38,14 +38,15 @@ from port.solver.formulation import KiB, Model
 
 def matched_profile(profile: Profile, accelerator: str | None = None) -> Profile:
     """``profile`` restricted to the matched memory model: plain entries on one accelerator (default: the
-    first), no workspace or allocations outside the arena, no hand-offs, no storage (no paging)."""
+    first), no workspace or allocations outside the arena, no engine footprint, no hand-offs, no storage (no
+    paging)."""
     acc = accelerator or profile.accelerators[0]
     if acc not in profile.accelerators:
         raise PlanError(f"accelerator {acc!r} is not in profile {profile.device!r} ({', '.join(profile.accelerators)})")
     ents = tuple(dataclasses.replace(e, workspace_bytes=0, peak_delta_bytes=0) for e in profile.entries
                  if e.accelerator == acc and e.variant == "plain")
     return dataclasses.replace(profile, accelerators=(acc,), entries=ents, handoff=(), storage=(),
-                               accelerator_caps=(), _index={})
+                               accelerator_caps=(), engine_bytes=(), _index={})
 
 
 def working_set_bound(graph, profile: Profile, accelerator: str | None = None) -> tuple[int, str]:

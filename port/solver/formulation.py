@@ -68,6 +68,8 @@ class Vars:
     rc_more: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # candidate -> [(level, var)]
     e: dict[int, int] = field(default_factory=dict)                  # update op -> e[u]
     static_fixed: int = 0                                            # S minus early-able gradient bytes
+    eng: dict[str, int] = field(default_factory=dict)                # accelerator -> u[a]: its engine is used
+    eng_bytes: dict[str, int] = field(default_factory=dict)          # accelerator -> its engine's footprint
 
 
 def _sanitize(s: str) -> str:
@@ -169,6 +171,11 @@ def add_variables(m: Model, inst: Instance, budget_bytes: int | None, allow_earl
         for u in sorted(inst.early):
             v.e[u] = m.var(f"e[{_sanitize(g.ops[u].name)}]")
     v.static_fixed = inst.static_bytes - (inst.grad_bytes if allow_early else 0)
+    for a in inst.accs:     # u[a] in [0, 1], pushed to 1 by any op placed on a (engine rows), in every memory row
+        nb = inst.profile.engine_bytes_of(a)
+        if nb > 0 and any(o.acc == a for opts in inst.options for o in opts):
+            v.eng[a] = m.var(f"u[{_sanitize(a)}]", 0.0, 1.0, integer=False)
+            v.eng_bytes[a] = nb
     cap = float("inf") if budget_bytes is None else max(0.0, (budget_bytes - v.static_fixed) / m.mem_unit)
     for t in range(len(g.ops)):
         v.L.append(m.var(f"L[{t}]", 0.0, cap, integer=False))
@@ -184,6 +191,17 @@ def c_assign(m: Model, inst: Instance, v: Vars) -> None:
     """assign[i]: every op runs on exactly one (accelerator, variant) of its profiled options."""
     for i, opts in enumerate(inst.options):
         m.row(f"assign[{i}]", {v.x[i, k]: 1.0 for k in range(len(opts))}, 1.0, 1.0)
+
+
+def c_engine(m: Model, inst: Instance, v: Vars) -> None:
+    """engine[i,a]: X[i,a] <= u[a]: an op on accelerator a brings a's engine footprint (paid once, in every
+    memory row; port.plan.semantics.engine_bytes)."""
+    for a, j in v.eng.items():
+        for i in range(len(inst.options)):
+            t = acc_expr(inst, v, i, a)
+            if t:
+                t[j] = -1.0
+                m.row(f"engine[{i},{_sanitize(a)}]", t, hi=0.0)
 
 
 def c_fusion(m: Model, inst: Instance, v: Vars) -> None:
@@ -539,6 +557,10 @@ def c_memory(m: Model, inst: Instance, v: Vars, budget_bytes: int | None) -> Non
 
 
 def _cap_row(m: Model, v: Vars, name: str, row: dict[int, float], cap_rhs, S: int, unit: int, extra: float = 0.0) -> None:
+    if v.eng:               # the engines' footprint: resident for the whole step, outside the arena
+        row = dict(row)
+        for a, j in v.eng.items():
+            row[j] = row.get(j, 0.0) + v.eng_bytes[a] / unit
     if cap_rhs is None:
         row = dict(row)
         row[v.peak] = row.get(v.peak, 0.0) - 1.0
@@ -632,6 +654,7 @@ def build(inst: Instance, budget_bytes: int | None, mem_unit: int = KiB,
     m = Model(mem_unit=mem_unit)
     v = add_variables(m, inst, budget_bytes, allow_early, max_reruns)
     c_assign(m, inst, v)
+    c_engine(m, inst, v)
     c_fusion(m, inst, v)
     c_inplace_conflict(m, inst, v)
     c_coupled(m, inst, v)

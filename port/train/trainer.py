@@ -195,12 +195,17 @@ class Trainer:
         copied."""
         import torch
         done = set()
+        freed = 0
         with torch.no_grad():
             for t, v in self._module_tensors(model):
                 v.copy_(t.detach().reshape(v.shape))
                 done.add(v.data_ptr())
                 if bind and t.device == v.device and t.dtype == v.dtype and t.numel() == v.numel():
+                    freed += t.numel() * t.element_size() if t.device.type == "cpu" else 0
                     t.data = v.view(t.shape)
+                    if freed >= TRIM_EVERY_BYTES:     # small tensors' storage stays in glibc's heap: hand it back
+                        _release_freed_heap(collect=False)   # as it goes, or set-up holds the weights twice
+                        freed = 0
             rest = [s for s in self._named_slots((ROLE_PARAMETER, ROLE_BUFFER))
                     if self._view(s).data_ptr() not in done]
             if rest:
@@ -559,12 +564,16 @@ def _plan_file_batch(path: Path) -> int | None:
     return int(b) if isinstance(b, int) else None
 
 
-def _release_freed_heap() -> None:
-    """Tracing copies the model and runs it once (shape propagation); those tensors are freed, but glibc keeps
-    the pages in its heap (~100 MiB for ResNet-18), which would count against the device's memory for the
-    whole run. Hand them back to the OS once set-up is done (glibc only; a no-op elsewhere)."""
-    import gc
-    gc.collect()
+TRIM_EVERY_BYTES = 4 << 20     # _load_module: weights freed between two hand-backs of glibc's heap
+
+
+def _release_freed_heap(collect: bool = True) -> None:
+    """Set-up frees what it no longer needs (lowering's temporaries, the module's own weights as they move
+    into the arena), but glibc keeps small allocations' pages in its heap, which would count against the
+    device's memory for the whole run. Hand them back to the OS (glibc only; a no-op elsewhere)."""
+    if collect:
+        import gc
+        gc.collect()
     try:
         import ctypes
         ctypes.CDLL("libc.so.6").malloc_trim(0)

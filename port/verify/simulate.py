@@ -6,7 +6,8 @@ none of the ILP's variables: it prices each event from the profile and accounts 
 
 Memory recorded per executed op or re-run (``op``/``recompute`` events): the plan's static bytes + the live
 roots + what the running op needs beyond them (OpCost.extra_bytes: its arena workspace + what it allocates
-outside the arena, measured by the profiler). ``peak_bytes`` is that process-level peak, the figure a budget
+outside the arena, measured by the profiler) + the engine memory of the accelerators the plan uses
+(port.plan.semantics.engine_bytes: each engine's resident footprint, outside the arena). ``peak_bytes`` is that process-level peak, the figure a budget
 bounds; ``arena_peak_bytes`` leaves the outside allocations out and is the arena lowering builds. Time: the sum of op latencies (re-runs included),
 hand-offs (per tensor and reading op when producer and reader sit on different accelerators; a re-run re-reads
 its inputs), and paging (latency + bytes / bandwidth for each page_out and each page_in), plus the executor's
@@ -35,7 +36,7 @@ class SimResult:
     peak_step: int                            # index into steps/timeline
     peak_tensors: tuple[str, ...]             # roots live at the peak, largest first
     static_bytes: int
-    breakdown: dict = field(default_factory=dict)   # compute/recompute/handoff/paging ms
+    breakdown: dict = field(default_factory=dict)   # compute/recompute/handoff/paging/overhead ms, engine_bytes
     gantt: tuple[tuple[str, str, float, float], ...] = ()  # (label, accelerator, start_ms, end_ms)
     arena_peak_bytes: int = 0                 # the peak without allocations outside the arena (= the arena)
 
@@ -69,6 +70,7 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
     prods = graph.producers()
     T = graph.tensors
     S = sch.static_bytes
+    E = SEM.engine_bytes(plan, profile)   # engines' resident footprint: outside the arena, the whole step
     if sch.paged and not profile.storage:
         raise PlanError(f"plan pages tensors but profile {profile.device!r} declares no storage")
     stg = dict(profile.storage or ())
@@ -107,7 +109,7 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
                                 f"{T[t].name!r}, which is not in memory then (dropped and not restored)")
         c = costs[oid]
         h = sum(handoff_ms(x, oid) for x in dict.fromkeys(graph.ops[oid].inputs))
-        timeline.append(S + total + c.extra_bytes)
+        timeline.append(S + E + total + c.extra_bytes)
         arena_tl.append(S + total + c.workspace_bytes)
         steps.append((kind, oid))
         snapshots.append(tuple(live))
@@ -152,11 +154,14 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
         names = names + (f"workspace of {graph.ops[oid].name} ({ws} B)",)
     if outside:
         names = names + (f"allocations of {graph.ops[oid].name} outside the arena ({outside} B)",)
+    if E:
+        names = names + (f"engines of {', '.join(a for a in dict.fromkeys(d.accelerator for d in plan.ops) if profile.engine_bytes_of(a))} "
+                         f"outside the arena ({E} B)",)
     names = names + (f"static: parameters/buffers/gradients/optimizer state/input ({S} B)",)
     over = step_overhead_ms(profile)
     return SimResult(
         step_ms=comp + rcomp + hand + pagems + over, peak_bytes=timeline[pk], timeline=tuple(timeline),
         steps=tuple(steps), peak_step=pk, peak_tensors=names, static_bytes=S,
         breakdown={"compute_ms": comp, "recompute_ms": rcomp, "handoff_ms": hand, "paging_ms": pagems,
-                   "overhead_ms": over},
+                   "overhead_ms": over, "engine_bytes": E},
         gantt=tuple(gantt), arena_peak_bytes=max(arena_tl))

@@ -416,6 +416,51 @@ def test_ilp_equals_brute_force_with_outside_allocations(mlp_graph, frac):
     assert_ilp_equals_brute_force(g, prof, int(naive_peak(g, base) * frac))
 
 
+def _with_engine(prof, engine: dict):
+    return dataclasses.replace(prof, engine_bytes=tuple(sorted(engine.items())), _index={})
+
+
+def test_engine_footprint_is_paid_once_per_used_accelerator(mlp_graph):
+    """Profile.engine_bytes: an accelerator's engine footprint counts in every step's memory as soon as one op
+    runs there (simulator and ILP alike), once however many ops do; a budget without room for it keeps every
+    op off that accelerator even where it is faster."""
+    from port.plan.semantics import engine_bytes
+    g = mlp_graph
+    base = _with_outside_bytes(two_acc_profile(g, free_ops=[0, 1, 3]), "cpu-torch", 0, speedup=10.0)
+    eng = 48 << 20
+    prof = _with_engine(base, {"cpu-torch": eng, "cpu-c": 1 << 20})
+    free = solve(g, prof, 10**12, gap=0.0, time_limit_s=30)
+    n_torch = sum(d.accelerator == "cpu-torch" for d in free.ops)
+    assert n_torch >= 2                                        # faster, and memory is no object
+    sim, sim0 = simulate(free, g, prof), simulate(free, g, base)
+    assert engine_bytes(free, prof) == eng + (1 << 20) == sim.breakdown["engine_bytes"]
+    assert [a - b for a, b in zip(sim.timeline, sim0.timeline)] == [eng + (1 << 20)] * len(sim.timeline)
+    assert sim.arena_peak_bytes == sim0.arena_peak_bytes       # outside the arena
+    assert free.predicted_peak_bytes == sim.peak_bytes
+    assert any("engines of" in t for t in sim.peak_tensors)
+    # a budget with room for the C plan and its 1 MiB engine but not for torch's 48 MiB: every op on cpu-c
+    B = naive_peak(g, base) + (1 << 20) + eng // 2
+    tight = solve(g, prof, B, gap=0.0, time_limit_s=30)
+    assert all(d.accelerator == "cpu-c" for d in tight.ops)
+    assert simulate(tight, g, prof).peak_bytes <= B
+    # without the footprint the same budget runs torch ops (the test can fail)
+    assert any(d.accelerator == "cpu-torch" for d in solve(g, base, B, gap=0.0, time_limit_s=30).ops)
+    # the smallest feasible budget the infeasibility report names includes the C engine's footprint
+    with pytest.raises(InfeasibleBudgetError) as ei:
+        solve(g, prof, 1000, gap=0.0, time_limit_s=30)
+    with pytest.raises(InfeasibleBudgetError) as e0:
+        solve(g, base, 1000, gap=0.0, time_limit_s=30)
+    assert ei.value.min_feasible_bytes == e0.value.min_feasible_bytes + (1 << 20)
+
+
+@pytest.mark.parametrize("frac", [1.0, 0.8])
+def test_ilp_equals_brute_force_with_engine_footprints(mlp_graph, frac):
+    g = mlp_graph
+    base = _with_outside_bytes(two_acc_profile(g, free_ops=[0, 1, 3]), "cpu-torch", 0, speedup=3.0)
+    prof = _with_engine(base, {"cpu-torch": 40 << 10, "cpu-c": 8 << 10})
+    assert_ilp_equals_brute_force(g, prof, int(naive_peak(g, base) * frac) + (8 << 10))
+
+
 # -- multi-level recompute and the Checkmate baseline (issue 15) ---------------------------------------------
 class Narrow(torch.nn.Module):
     """linear -> relu -> linear -> linear: three recomputable forward ops, seven backward steps."""
