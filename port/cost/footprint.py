@@ -56,39 +56,9 @@ def measure_engine_bytes(graph: Graph, backend: str, threads: int, seed: int = 0
     return json.loads(lines[-1])
 
 
-def _status() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:", "RssAnon:", "RssFile:", "RssShmem:")):
-                k, v = line.split(":")
-                out[k] = int(v.split()[0]) * 1024
-    return out
-
-
-def _reset_peak() -> bool:
-    """Reset VmHWM to the current VmRSS (Linux: /proc/self/clear_refs); False where that is not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    s = _status()
-    return s.get("VmHWM", 1 << 62) <= s["VmRSS"] + (1 << 20)
-
-
-def _trim() -> None:
-    import ctypes
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def _child(req: dict[str, Any]) -> dict[str, int]:
-    import gc
-
     from port.exec import native
+    from port.train.memwatch import release_freed_heap, reset_peak, status_bytes
     native.configure_openmp_env()
     import torch
 
@@ -110,18 +80,18 @@ def _child(req: dict[str, Any]) -> dict[str, int]:
                    if ex.input.dtype.is_floating_point else torch.zeros(ex.input.shape, dtype=ex.input.dtype))
     if ex.labels is not None:
         ex.labels.copy_(torch.randint(0, graph.tensors[graph.logits_id].shape[-1], ex.labels.shape, generator=gen))
-    gc.collect()
-    _trim()
-    s0 = _status()
-    reset = _reset_peak()
+    release_freed_heap()
+    s0 = status_bytes()
+    reset = reset_peak() and status_bytes().get("VmHWM", 1 << 62) <= s0["VmRSS"] + (1 << 20)
     for _ in range(STEPS):
         ex.zero_grads()
         ex.run_main()
         if ex.labels is not None:
             float(ex.loss)
         ex.run_updates()
+    import gc
     gc.collect()
-    s1 = _status()
+    s1 = status_bytes()
     top = s1.get("VmHWM", 0) if reset else 0    # the steps' peak: temporaries the engine frees but glibc keeps
     return {"engine_bytes": max(0, max(s1["VmRSS"], top) - s0["VmRSS"]), "rss_after_bytes": s1["VmRSS"] - s0["VmRSS"],
             "anon_bytes": s1.get("RssAnon", 0) - s0.get("RssAnon", 0),

@@ -4,6 +4,8 @@ really spends, next to the arena accounting of the plan.
     rss_bytes()     resident set size now (fast: one pread of /proc/self/statm, ~5 us; safe to call per op)
     peak_bytes()    VmHWM: the high-water mark of the resident set since start or the last reset_peak()
     reset_peak()    reset VmHWM to the current RSS (/proc/self/clear_refs); False where the OS cannot
+    status_bytes()  VmRSS, VmHWM, RssAnon, RssFile in bytes (Linux; {} elsewhere)
+    release_freed_heap()  hand glibc's freed heap pages back to the OS
 """
 from __future__ import annotations
 
@@ -32,12 +34,17 @@ def _maxrss() -> int:
         return 0
 
 
+def status_bytes() -> dict[str, int]:
+    """VmRSS, VmHWM, RssAnon (heap, stacks) and RssFile (mapped files: code pages) of this process in bytes."""
+    return _status()
+
+
 def _status() -> dict[str, int]:
     out: dict[str, int] = {}
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith(("VmRSS:", "VmHWM:")):
+                if line.startswith(("VmRSS:", "VmHWM:", "RssAnon:", "RssFile:")):
                     k, v = line.split(":")
                     out[k] = int(v.split()[0]) * 1024
     except OSError:
@@ -61,10 +68,12 @@ def reset_peak() -> bool:
         return False
 
 
-def release_freed_heap() -> None:
-    """Hand glibc's freed heap pages back to the OS (a no-op on other C libraries)."""
-    import gc
-    gc.collect()
+def release_freed_heap(collect: bool = True) -> None:
+    """Hand glibc's freed heap pages back to the OS (a no-op on other C libraries); ``collect``: run Python's
+    garbage collector first."""
+    if collect:
+        import gc
+        gc.collect()
     try:
         import ctypes
         ctypes.CDLL("libc.so.6").malloc_trim(0)

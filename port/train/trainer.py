@@ -24,6 +24,7 @@ from port.train.optim import SGD, AdamW
 from port.lower.program import Program
 from port.ir.types import ROLE_BUFFER, ROLE_GRADIENT, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER
 from port.plan.types import Plan
+from port.train.memwatch import release_freed_heap
 
 
 class Trainer:
@@ -151,7 +152,7 @@ class Trainer:
             raise PortError(f"engine='rt' cannot run this trainer: {why}. Fix: engine='python' (or 'auto')")
         self._rt = rtengine.RtEngine(self) if engine != "python" and not why else None
         self.engine = "rt" if self._rt is not None else "python"
-        _release_freed_heap()
+        release_freed_heap()     # set-up's freed temporaries: glibc keeps small allocations' pages otherwise
         self.rss["after_setup_bytes"] = rss_bytes()
 
 
@@ -204,7 +205,7 @@ class Trainer:
                     freed += t.numel() * t.element_size() if t.device.type == "cpu" else 0
                     t.data = v.view(t.shape)
                     if freed >= TRIM_EVERY_BYTES:     # small tensors' storage stays in glibc's heap: hand it back
-                        _release_freed_heap(collect=False)   # as it goes, or set-up holds the weights twice
+                        release_freed_heap(collect=False)   # as it goes, or set-up holds the weights twice
                         freed = 0
             rest = [s for s in self._named_slots((ROLE_PARAMETER, ROLE_BUFFER))
                     if self._view(s).data_ptr() not in done]
@@ -565,17 +566,3 @@ def _plan_file_batch(path: Path) -> int | None:
 
 
 TRIM_EVERY_BYTES = 4 << 20     # _load_module: weights freed between two hand-backs of glibc's heap
-
-
-def _release_freed_heap(collect: bool = True) -> None:
-    """Set-up frees what it no longer needs (lowering's temporaries, the module's own weights as they move
-    into the arena), but glibc keeps small allocations' pages in its heap, which would count against the
-    device's memory for the whole run. Hand them back to the OS (glibc only; a no-op elsewhere)."""
-    if collect:
-        import gc
-        gc.collect()
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
