@@ -33,7 +33,7 @@ class Trainer:
                  trainable: Sequence[str] | str | None = None, backend: str = "c", seed: int = 0,
                  strategy: str = "auto", allow_plan_mismatch: bool = False, on_nonfinite: str = "stop",
                  accelerators: dict[str, str] | None = None, spill_dir: str | Path | None = None,
-                 drop_cache: bool = False, engine: str = "auto"):
+                 drop_cache: bool = False, engine: str = "auto", threads: int | str | None = None):
         """``plan``: a Plan or plan file solved for this trainer's graph: the model traced at the batch one
         program run processes (``micro_batch`` when set, else the example's batch) with this optimizer and
         trainable set. A plan of another graph is refused (PortError naming both batch sizes when the batch is
@@ -52,11 +52,18 @@ class Trainer:
         this arena, one C call for the pass and one for the updates); "python": one ctypes call per kernel call
         (port.exec.executor). "auto" (default): "rt" when every op of the plan runs on the C kernels, on the
         CPU, without micro-batching. Both run the same calls and give the same bits; ``profile_step``,
-        ``evaluate`` and ``predict`` always use the per-call executor."""
+        ``evaluate`` and ``predict`` always use the per-call executor.
+        ``threads``: the kernels' thread count (port.exec.kernels.set_num_threads). None (default): as set now;
+        an int: that many; "auto": ``step`` picks it from its own step times (port.exec.threads.ThreadGovernor,
+        up to the count set now): fewer threads while another process keeps cores busy, all of them again when
+        it stops. A governed run is not bitwise reproducible (reductions split across threads round
+        differently); ``thread_events`` lists its decisions."""
         import torch
         from port.ir.trace import trace
         from port.train.memwatch import rss_bytes
         self.rss = {"before_bytes": rss_bytes()}   # the process's resident memory before / after set-up
+        self._governor = None
+        self.set_threads(threads)
         if on_nonfinite not in ("stop", "skip"):
             raise PortError(f"on_nonfinite={on_nonfinite!r}: expected 'stop' or 'skip'")
         self.on_nonfinite = on_nonfinite
@@ -155,6 +162,30 @@ class Trainer:
         release_freed_heap()     # set-up's freed temporaries: glibc keeps small allocations' pages otherwise
         self.rss["after_setup_bytes"] = rss_bytes()
 
+
+    def set_threads(self, threads: int | str | None) -> None:
+        """The kernels' thread count from the next step on: an int, "auto" (governed by the step times, up to
+        the count set now, or the governor's own maximum when one runs) or None (keep the current setting; a
+        governor stops). See __init__."""
+        from port.exec import kernels as K
+        if threads is not None and threads != "auto" and (isinstance(threads, bool) or not isinstance(threads, int)
+                                                            or threads < 1):
+            raise PortError(f"threads={threads!r}: expected a thread count >= 1, 'auto' or None (keep the "
+                            f"current setting, {K.get_num_threads()})")
+        top = self._governor.candidates[0] if self._governor is not None else K.get_num_threads()
+        if threads == "auto":
+            from port.exec.threads import ThreadGovernor
+            self._governor = ThreadGovernor(top)
+            K.set_num_threads(top)
+            return
+        self._governor = None
+        if threads is not None:
+            K.set_num_threads(threads)
+
+    @property
+    def thread_events(self) -> list:
+        """The thread governor's decisions (port.exec.threads.GovernorEvent; empty unless threads="auto")."""
+        return list(self._governor.events) if self._governor is not None else []
 
     def _mismatch(self, model: Any, example_input: Any, trainable: Any, plan: Plan, plan_batch: int | None) -> str:
         """Why ``plan`` does not belong to this trainer's graph, naming both batch sizes when they differ."""
@@ -278,6 +309,19 @@ class Trainer:
     def step(self, x: Any, y: Any) -> float:
         """One optimizer step on the batch (x [B, ...], y [B] int64). Returns the mean loss. A non-finite loss
         or gradient: see ``on_nonfinite``."""
+        if self._governor is None:
+            return self._step(x, y)
+        import time
+        from port.exec import kernels as K
+        t0 = time.perf_counter()
+        try:
+            return self._step(x, y)
+        finally:
+            n = self._governor.record((time.perf_counter() - t0) * 1e3)
+            if n != K.get_num_threads():
+                K.set_num_threads(n)
+
+    def _step(self, x: Any, y: Any) -> float:
         B, mb = self.batch_size, self.micro_batch
         x, y = self._check_batch(x, y, "step")
         ex = self.executor
@@ -348,7 +392,19 @@ class Trainer:
         page-call name: summed ms}; a fused conv call is booked on the conv) and ``"timeline_bytes"`` (= timeline);
         with micro-batching the call rows of every micro-batch are listed in order. ``"rss_timeline_bytes"``: the
         process's resident memory (bytes) after each call (port.train.memwatch.rss_bytes; commit=False: less the
-        bytes of the state copy kept for restoring), to set against the arena accounting of ``timeline``."""
+        bytes of the state copy kept for restoring), to set against the arena accounting of ``timeline``.
+        With ``threads="auto"`` it runs at the governor's settled count, never at a probe's."""
+        g = self._governor
+        if g is None or g.home == g.current:
+            return self._profile_step(x, y, commit)
+        from port.exec import kernels as K
+        K.set_num_threads(g.home)
+        try:
+            return self._profile_step(x, y, commit)
+        finally:
+            K.set_num_threads(g.current)
+
+    def _profile_step(self, x: Any, y: Any, commit: bool) -> dict:
         B, mb = self.batch_size, self.micro_batch
         x, y = self._check_batch(x, y, "profile_step")
         ex = self.executor
