@@ -314,12 +314,11 @@ class Trainer:
         import time
         from port.exec import kernels as K
         t0 = time.perf_counter()
-        try:
-            return self._step(x, y)
-        finally:
-            n = self._governor.record((time.perf_counter() - t0) * 1e3)
-            if n != K.get_num_threads():
-                K.set_num_threads(n)
+        loss = self._step(x, y)       # a step that raised (bad batch, non-finite stop) is no timing evidence
+        n = self._governor.record((time.perf_counter() - t0) * 1e3)
+        if n != K.get_num_threads():
+            K.set_num_threads(n)
+        return loss
 
     def _step(self, x: Any, y: Any) -> float:
         B, mb = self.batch_size, self.micro_batch

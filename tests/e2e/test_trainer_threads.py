@@ -60,3 +60,13 @@ def test_profile_step_runs_at_the_settled_count_not_a_probe(two_threads):
     tr._profile_step = lambda *a: seen.append(real()) or {}
     tr.profile_step(x, y)
     assert seen == [g.home] == [2] and K.get_num_threads() == 1    # the probe goes on afterwards
+
+
+def test_a_rejected_batch_is_no_timing_evidence(two_threads):
+    x, y = _data()
+    tr = Trainer(models.get("digits_cnn", seed=0), x, optimizer=SGD(0.05), threads="auto")
+    with pytest.raises(PortError):
+        tr.step(x[:3], y[:3])             # wrong batch size: refused before any kernel runs
+    assert tr._governor.steps == 0
+    tr.step(x, y)
+    assert tr._governor.steps == 1
