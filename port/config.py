@@ -328,10 +328,19 @@ class TrainConfig(_Strict):
     checkpoint_every: int = Field(default=50, ge=1)
     eval_every: int = Field(default=0, ge=0)
     seed: int = 0
-    threads: Optional[int] = Field(default=None, ge=1)
+    # the kernels' thread count: an int, or "auto" (port.exec.threads.ThreadGovernor picks it from the steps'
+    # own times: fewer while other processes keep the cores busy; not bitwise reproducible); None: as set now
+    threads: Optional[Union[int, Literal["auto"]]] = None
     # a step whose loss (or gradients) is not finite: "stop" (error naming the step; exit 2) or "skip" (the
     # update is not applied; a warning), e.g. when a too-large learning rate makes training diverge
     on_nonfinite: Literal["stop", "skip"] = "stop"
+
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _threads(cls, v: Any) -> Any:
+        if v is None or v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        raise ValueError("expected a thread count >= 1 or 'auto' (e.g. train: {threads: auto} or --threads auto)")
 
 
 NAME_HELP = ("a run name: letters, digits, '.', '_' or '-', starting with a letter or digit, at most 100 "

@@ -35,7 +35,7 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -522,7 +522,7 @@ def measure_profile(job: Job, graph: Any, path: Path, *, cache: Any = None, quic
     bm = block_ms or (QUICK_BLOCK_MS if quick else DEFAULT_BLOCK_MS)
     wm = QUICK_WARMUP_MS if quick else DEFAULT_WARMUP_MS
     prof, rep = profile_with_report(graph, job.device, cache=cache, max_time_s=max_time_s, blocks=nb,
-                                    block_ms=bm, warmup_ms=wm, threads=threads or cfg.train.threads,
+                                    block_ms=bm, warmup_ms=wm, threads=threads or _fixed_threads(cfg),
                                     progress=progress, optimizer_kwargs=optimizer_kwargs(cfg))
     if cache is not None:   # keep the file's entries of other graphs (another batch size, say): no ping-pong
         from dataclasses import replace
@@ -1011,15 +1011,29 @@ def stand_in_backends(device: Any) -> dict[str, str]:
     return {a.id: "c" for a in device.accelerators if a.backend == "modeled"}
 
 
+def _governed_threads(tr: Any) -> str:
+    """One line on a threads="auto" run: the count it ended at and the governor's changes."""
+    ev = [e for e in tr.thread_events if e.from_threads != e.to_threads]
+    moves = ", ".join(f"step {e.step}: {e.from_threads}->{e.to_threads} ({e.why})" for e in ev[-4:])
+    return (f"auto: {tr.threads} at the end, {len(ev)} change{'s' if len(ev) != 1 else ''}"
+            + (f" (last: {moves})" if moves else ""))
+
+
+def _fixed_threads(cfg: Any) -> int | None:
+    """train.threads when it is a count (profiling and a fixed-count run use it); None for "auto" / unset."""
+    t = cfg.train.threads
+    return t if isinstance(t, int) else None
+
+
 def run_training(config: str | Path, *, resume: bool = False, steps: int | None = None,
                  out_dir: str | Path = "runs", quiet: bool = False, replan: bool = False, budget: Any = None,
                  solver: str | None = None, profile: str | Path | None = None, export: bool = True,
-                 progress: bool = True, on_nonfinite: str | None = None) -> TrainResult:
+                 progress: bool = True, on_nonfinite: str | None = None,
+                 threads: int | str | None = None) -> TrainResult:
     """`port train CONFIG`: trace -> profile (the location rule) -> solve -> train -> export -> report.
 
     SIGINT / SIGTERM while training writes a checkpoint at the current step and raises Interrupted (the CLI
     exits 130 / 143); ``resume=True`` continues from it, keeping runs/<name>/metrics.jsonl free of duplicates."""
-    import torch
     import yaml
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -1027,6 +1041,7 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
     from port import config as C
     from port.config import format_size
     from port.cost.io import save_profile
+    from port.exec import kernels as K
     from port.io import atomic_write_text
     from port.train.trainer import Trainer
 
@@ -1036,10 +1051,10 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
         console.print(msg, markup=False)
 
     job = load_job(config, budget=budget, solver=solver, profile=profile,
-                   train={"steps": steps, "on_nonfinite": on_nonfinite})
+                   train={"steps": steps, "on_nonfinite": on_nonfinite, "threads": threads})
     cfg = job.config
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    if _fixed_threads(cfg):
+        K.set_num_threads(_fixed_threads(cfg))
     run_dir = Path(out_dir) / cfg.name
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(C.dump_experiment(cfg), sort_keys=False))
@@ -1101,7 +1116,8 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
     # train
     kw = dict(optimizer=built.optimizer, micro_batch=cfg.train.micro_batch,
               trainable=list(built.trainable) if built.trainable else None, seed=cfg.train.seed, plan=plan,
-              on_nonfinite=cfg.train.on_nonfinite, accelerators=stand_ins or None)
+              on_nonfinite=cfg.train.on_nonfinite, accelerators=stand_ins or None,
+              threads="auto" if cfg.train.threads == "auto" else None)
     st = job.device.storage
     if st is not None and st.path and Path(st.path).is_dir():   # a modeled device's path may not exist here
         kw.update(spill_dir=st.path, drop_cache=bool(getattr(st, "drop_cache", False)))
@@ -1243,6 +1259,9 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
         "predicted peak and the budget)": format_size(steps_peak - memory["rss_baseline_bytes"]),
         "test accuracy": f"{ev['accuracy'] * 100:.2f}%", "steps": tr.step_count,
     }
+    if cfg.train.threads == "auto":
+        summary["threads"] = _governed_threads(tr)
+        measured["thread_events"] = [asdict(e) for e in tr.thread_events]
     flags = build_report(run_dir, graph, prof.profile, plan, measured, summary)
     sig_of = {o.name: graph.signature(o) for o in graph.ops}
     measured["flagged"] = [r.op for r in flags]
@@ -1256,6 +1275,8 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
                 tr.export(run_dir / name, fmt)
             except Exception as e:  # noqa: BLE001 - export is a convenience at the end of a run
                 say(f"export {fmt} failed: {type(e).__name__}: {e}")
+    if cfg.train.threads == "auto":
+        say(f"threads: {summary['threads']}")
     say(f"trained {tr.step_count - done0} steps in {train_s:.2f} s; step time predicted "
         f"{plan.predicted_step_ms:.2f} ms, measured " + (
             f"{wall:.2f} ms ({(wall - plan.predicted_step_ms) / plan.predicted_step_ms:+.1%}; wall median of "

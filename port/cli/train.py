@@ -32,12 +32,16 @@ def register(app: typer.Typer) -> None:
               on_nonfinite: Optional[str] = typer.Option(None, "--on-nonfinite", help="stop | skip: a step with a "
                                                          "non-finite loss or gradient stops training with an error "
                                                          "(default) or is skipped (overrides train.on_nonfinite)"),
+              threads: Optional[str] = typer.Option(None, "--threads", help="the kernels' thread count, or auto: "
+                                                    "picked from the steps' own times, fewer while other "
+                                                    "processes keep the cores busy (overrides train.threads)"),
               ) -> None:
         """Trace, profile (reused from `port profile`), solve under the budget, train with the plan, export
         and report."""
         from port.pipeline import run_training
         run_training(config, resume=resume, steps=steps, out_dir=out, replan=replan, budget=budget, solver=solver,
-                     profile=profile, progress=not no_progress, on_nonfinite=on_nonfinite)
+                     profile=profile, progress=not no_progress, on_nonfinite=on_nonfinite,
+                     threads=int(threads) if threads is not None and threads.isdigit() else threads)
 
     @app.command("report")
     def report(run_dir: Path = typer.Argument(..., help="a run directory, e.g. runs/digits")) -> None:

@@ -183,6 +183,13 @@ class Trainer:
             K.set_num_threads(threads)
 
     @property
+    def threads(self) -> int:
+        """The thread count steps run with: the governor's settled count under threads="auto" (a probe's
+        count only for the step that probes), else the kernels' current setting."""
+        from port.exec import kernels as K
+        return self._governor.home if self._governor is not None else K.get_num_threads()
+
+    @property
     def thread_events(self) -> list:
         """The thread governor's decisions (port.exec.threads.GovernorEvent; empty unless threads="auto")."""
         return list(self._governor.events) if self._governor is not None else []

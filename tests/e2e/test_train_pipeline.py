@@ -96,3 +96,24 @@ def test_micro_batch_plan_is_solved_for_the_micro_batch(run, tmp_path):
     assert "in micro-batches of 8" in r.stdout and "early updates 0" in r.stdout
     plan = json.loads((tmp_path / "runs" / "digits" / "plan.json").read_text())
     assert plan["batch_size"] == 8 and plan["early_updates"] == []
+
+
+def test_threads_auto_from_the_command_line(run, tmp_path):
+    """--threads auto (train.threads: auto): the steps run under the thread governor, whose decisions go to
+    measured.json and the output; a bad value is a clear error naming the key."""
+    d, _ = run
+    r = port_cli("train", DEFAULT, "--steps", "40", "--threads", "auto", "--out", str(tmp_path / "runs"),
+                 "--no-progress", cwd=d.parent.parent)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    line = next(x for x in r.stdout.splitlines() if x.startswith("threads: auto: "))
+    bad = port_cli("train", DEFAULT, "--steps", "1", "--threads", "two", "--out", str(tmp_path / "r2"),
+                   cwd=d.parent.parent)
+    assert bad.returncode == 2 and "train.threads" in bad.stderr and "'auto'" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    m = json.loads((tmp_path / "runs" / "digits" / "measured.json").read_text())
+    ev = m["thread_events"]
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: the governor has no other count to try")
+    assert ev and ev[0]["why"] == "probe" and ev[0]["step"] > 3    # first probe after the warm-up
+    assert all(e["to_threads"] >= 1 and e["why"] in ("probe", "slow", "faster", "kept") for e in ev)
+    assert "at the end" in line

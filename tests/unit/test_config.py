@@ -62,6 +62,17 @@ def test_typo_key_is_an_error_with_allowed_keys(tmp_path):
     assert str(p) in msg and "optimizer.lrr" in msg and "unknown key" in msg and "lr" in msg
 
 
+@pytest.mark.parametrize("value,ok", [("2", 2), ("auto", "auto"), ("0", None), ("two", None), ("1.5", None),
+                                      ("true", None)])
+def test_train_threads_is_a_count_or_auto(tmp_path, value, ok):
+    p = write(tmp_path, BASE + f"train: {{threads: {value}}}\n")
+    if ok is None:
+        with pytest.raises(ConfigError, match=r"key 'train.threads': expected a thread count >= 1 or 'auto'"):
+            C.load_experiment(p)
+    else:
+        assert C.load_experiment(p).train.threads == ok
+
+
 def test_top_level_typo(tmp_path):
     p = write(tmp_path, BASE + "bacth_size: 4\n")
     with pytest.raises(ConfigError, match=r"key 'bacth_size': unknown key .*allowed keys here: name, model"):
