@@ -220,42 +220,76 @@ static int64_t dw_pad_floats(int64_t oh, int64_t ow, int64_t kh, int64_t kw) {
     int64_t ws = ow + kw - 1;
     return (oh + kh - 1) * ws + kw - 1 + oh * ws;   /* padded input (+ overrun) and the output rows */
 }
-/* buf <- zero-padded plane: `in` (ih x iw) placed at (top, left) in rows of ws floats, `rows` rows */
-static void dw_pad(float *buf, const float *in, int64_t ih, int64_t iw, int64_t top, int64_t left,
-                   int64_t rows, int64_t ws, int64_t extra) {
-    memset(buf, 0, (size_t)(rows * ws + extra) * sizeof(float));
-    for (int64_t r = 0; r < ih; r++)
-        memcpy(buf + (top + r) * ws + left, in + r * iw, (size_t)iw * sizeof(float));
+/* n floats: rows of 4 .. 32 floats, where a memcpy call costs more than the copy.  GCC turns a plain copy loop
+ * into a memcpy call; the empty asm statement in the body keeps it a loop of 16-byte moves. */
+static inline void copy_row(float *restrict dst, const float *restrict src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        port_v4f v = port_ld4(src + i);
+        memcpy(dst + i, &v, sizeof v);
+        __asm__ volatile("");
+    }
+    for (; i < n; i++) {
+        dst[i] = src[i];
+        __asm__ volatile("");
+    }
 }
-/* out (oh x ow) = bias + sum_ki,kj wk[ki][kj] (flipped if flip) * padded buffer; acc: oh * ws floats */
-static void dw_plane_s1(float *out, const float *buf, float *acc, const float *wk, float bias, int64_t oh,
-                        int64_t ow, int64_t kh, int64_t kw, int flip) {
-    int64_t ws = ow + kw - 1, L = oh * ws;
+/* Images per stacked buffer: the padded planes of up to this many images of one channel, one under the other
+ * (rows = oh + kh - 1 each: the zero rows of one image's bottom and the next one's top padding separate them),
+ * run as ONE tall plane -- its out rows that straddle two images are computed and dropped.  On 4x4 and 8x8 maps
+ * a plane's own loops are a few vectors long; stacked, every (ki, kj) is one loop over all the images. */
+static int64_t dw_stack(int64_t n, int64_t oh, int64_t ow, int64_t kh, int64_t kw) {
+    int64_t ws = ow + kw - 1, rows = oh + kh - 1;
+    int64_t per = rows * ws + rows * ws;     /* one more image: its padded rows and its (tall) output rows */
+    int64_t m = (PORT_DW_PAD_MAX - (kw - 1)) / per;
+    return PORT_MAX(1, PORT_MIN(m, n));
+}
+/* buf <- the zero-padded planes of m images (plane j at in + j * stride), each in `rows` rows of ws floats with
+ * the plane at (top, left); returns the tall plane's output rows (m * rows - (kh - 1)) */
+static int64_t dw_pad_stack(float *buf, const float *in, int64_t stride, int64_t m, int64_t ih, int64_t iw,
+                            int64_t top, int64_t left, int64_t rows, int64_t ws, int64_t kh, int64_t kw) {
+    memset(buf, 0, (size_t)(m * rows * ws + kw - 1) * sizeof(float));
+    for (int64_t j = 0; j < m; j++)
+        for (int64_t r = 0; r < ih; r++)
+            copy_row(buf + (j * rows + top + r) * ws + left, in + j * stride + r * iw, iw);
+    return m * rows - (kh - 1);
+}
+/* acc (th rows of ws) = bias + sum_ki,kj wk[ki][kj] (flipped if flip) * the padded buffer shifted by (ki, kj),
+ * the taps added in (ki, kj) order: one flat loop per tap, vectorised at the widest ISA the CPU has
+ * (PORT_ISA_CLONES; the same operations per element in every clone, so the same bits). */
+PORT_ISA_CLONES static void dw_taps_s1(float *restrict acc, const float *restrict buf, const float *wk, float bias,
+                                       int64_t th, int64_t ws, int64_t kh, int64_t kw, int flip) {
+    int64_t L = th * ws;
     for (int64_t i = 0; i < L; i++) acc[i] = bias;
     for (int64_t ki = 0; ki < kh; ki++)
         for (int64_t kj = 0; kj < kw; kj++) {
             float wv = flip ? wk[(kh - 1 - ki) * kw + (kw - 1 - kj)] : wk[ki * kw + kj];
             const float *src = buf + ki * ws + kj;
-#pragma omp simd
             for (int64_t i = 0; i < L; i++) acc[i] += wv * src[i];
         }
-    for (int64_t r = 0; r < oh; r++) memcpy(out + r * ow, acc + r * ws, (size_t)ow * sizeof(float));
 }
 #define DW_S1_OK(p, oh, ow) ((p)->stride_h == 1 && (p)->stride_w == 1 && (p)->pad_h < (p)->kh && \
                              (p)->pad_w < (p)->kw && dw_pad_floats(oh, ow, (p)->kh, (p)->kw) <= PORT_DW_PAD_MAX)
 
-/* Every (image, channel) plane: out (oh x ow) = the padded plane of `in` (ih x iw, placed at (top, left)) run
- * through dw_plane_s1 -- the forward pass, and the input gradient (dy through the flipped kernel). */
+/* Every (image, channel) plane: out (oh x ow) = the padded plane of `in` (ih x iw, placed at (top, left)) through
+ * the kernel (flipped if flip) -- the forward pass, and the input gradient (dy through the flipped kernel).  Work
+ * items: (channel, a stack of images); every output element gets the same operations in the same order as a
+ * plane on its own. */
 static void dw_planes_s1(float *out, const float *in, const float *w, const float *b, const port_conv2d_params *p,
                          int64_t ih, int64_t iw, int64_t oh, int64_t ow, int64_t top, int64_t left, int flip) {
-    int64_t kh = p->kh, kw = p->kw, C = p->c_in, ws = ow + kw - 1, rows = oh + kh - 1;
+    int64_t kh = p->kh, kw = p->kw, C = p->c_in, N = p->n, ws = ow + kw - 1, rows = oh + kh - 1;
+    int64_t nb = dw_stack(N, oh, ow, kh, kw), chunks = (N + nb - 1) / nb;
 #pragma omp parallel for schedule(static) if (p->n * C * oh * ow * kh * kw > PORT_PAR_MIN_MACS)
-    for (int64_t nc = 0; nc < p->n * C; nc++) {
+    for (int64_t t = 0; t < C * chunks; t++) {
         float buf[PORT_DW_PAD_MAX];
-        int64_t c = nc % C;
-        dw_pad(buf, in + nc * ih * iw, ih, iw, top, left, rows, ws, kw - 1);
-        dw_plane_s1(out + nc * oh * ow, buf, buf + rows * ws + kw - 1, w + c * kh * kw, b ? b[c] : 0.0f, oh, ow,
-                    kh, kw, flip);
+        int64_t c = t / chunks, n0 = (t % chunks) * nb, m = PORT_MIN(nb, N - n0);
+        int64_t th = dw_pad_stack(buf, in + (n0 * C + c) * ih * iw, C * ih * iw, m, ih, iw, top, left, rows, ws,
+                                  kh, kw);
+        float *acc = buf + m * rows * ws + kw - 1;
+        dw_taps_s1(acc, buf, w + c * kh * kw, b ? b[c] : 0.0f, th, ws, kh, kw, flip);
+        for (int64_t j = 0; j < m; j++)
+            for (int64_t r = 0; r < oh; r++)
+                copy_row(out + ((n0 + j) * C + c) * oh * ow + r * ow, acc + (j * rows + r) * ws, ow);
     }
 }
 
@@ -269,41 +303,58 @@ static void dw_bwd_in_s1(float *dx, const float *dy, const float *w, const port_
                  p->kw - 1 - p->pad_w, 1);
 }
 
-/* dw[ki][kj] += sum over images of a flat dot product: dy in rows of ws floats (zero tails) against the padded
- * x shifted by (ki, kj) */
+/* dwk[ki][kj] += sum_i dyb[i] * buf[ki * ws + kj + i] over i < L: 16 partial sums (element i into lane i % 16:
+ * one AVX-512 register, two AVX2 or four SSE ones, the same lanes on every ISA, so the same bits), combined
+ * pairwise, then the tail */
+typedef float dw_v16f __attribute__((vector_size(64)));
+PORT_ISA_CLONES static void dw_tap_dots(float *dwk, const float *dyb, const float *buf, int64_t L, int64_t ws,
+                                        int64_t kh, int64_t kw) {
+    for (int64_t ki = 0; ki < kh; ki++)
+        for (int64_t kj = 0; kj < kw; kj++) {
+            const float *src = buf + ki * ws + kj;
+            dw_v16f a = {0}, d, x;
+            int64_t i = 0;
+            for (; i + 16 <= L; i += 16) {
+                memcpy(&d, dyb + i, sizeof d);
+                memcpy(&x, src + i, sizeof x);
+                a += d * x;
+            }
+            float l8[8];
+            for (int l = 0; l < 8; l++) l8[l] = a[l] + a[l + 8];
+            float t = ((l8[0] + l8[1]) + (l8[2] + l8[3])) + ((l8[4] + l8[5]) + (l8[6] + l8[7]));
+            for (; i < L; i++) t += dyb[i] * src[i];
+            dwk[ki * kw + kj] += t;
+        }
+}
+
+/* dw[ki][kj] += per stack of images, a flat dot product: dy in rows of ws floats (zero tails, zero rows between
+ * images) against the stacked padded x shifted by (ki, kj) */
 static void dw_bwd_w_s1(float *dw, float *db, const float *dy, const float *x, const port_conv2d_params *p) {
-    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, C = p->c_in;
-    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), ws = wo + kw - 1, L = ho * ws;
+    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, C = p->c_in, N = p->n;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), ws = wo + kw - 1, rows = ho + kh - 1;
+    int64_t nb = dw_stack(N, ho, wo, kh, kw);
 #pragma omp parallel for schedule(static) if (p->n * C * ho * wo * kh * kw > PORT_PAR_MIN_MACS)
     for (int64_t c = 0; c < C; c++) {
         float buf[PORT_DW_PAD_MAX];
-        int64_t rows = ho + kh - 1;
-        float *xb = buf, *db_ = buf + rows * ws + kw - 1;   /* padded x, then dy in rows of ws */
         float *dwk = dw + c * kh * kw;
         double bsum = 0.0;
-        for (int64_t n = 0; n < p->n; n++) {
-            const float *dyp = dy + (n * C + c) * ho * wo;
-            dw_pad(xb, x + (n * C + c) * H * W, H, W, p->pad_h, p->pad_w, rows, ws, kw - 1);
-            for (int64_t r = 0; r < ho; r++) {
-                memcpy(db_ + r * ws, dyp + r * wo, (size_t)wo * sizeof(float));
-                for (int64_t q = wo; q < ws; q++) db_[r * ws + q] = 0.0f;
-            }
-            if (db) {
-                double s = 0.0;
-                for (int64_t i = 0; i < ho * wo; i++) s += dyp[i];
-                bsum += s;
-            }
-            for (int64_t ki = 0; ki < kh; ki++)
-                for (int64_t kj = 0; kj < kw; kj++) {
-                    const float *src = xb + ki * ws + kj;
-                    float acc[8] = {0};
-                    int64_t i = 0;
-                    for (; i + 8 <= L; i += 8)
-                        for (int l = 0; l < 8; l++) acc[l] += db_[i + l] * src[i + l];
-                    float t = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-                    for (; i < L; i++) t += db_[i] * src[i];
-                    dwk[ki * kw + kj] += t;
+        for (int64_t n0 = 0; n0 < N; n0 += nb) {
+            int64_t m = PORT_MIN(nb, N - n0);
+            int64_t th = dw_pad_stack(buf, x + (n0 * C + c) * H * W, C * H * W, m, H, W, p->pad_h, p->pad_w, rows,
+                                      ws, kh, kw);
+            float *dyb = buf + m * rows * ws + kw - 1;   /* dy in the tall plane's output rows */
+            memset(dyb, 0, (size_t)(th * ws) * sizeof(float));
+            for (int64_t j = 0; j < m; j++) {
+                const float *dyp = dy + ((n0 + j) * C + c) * ho * wo;
+                for (int64_t r = 0; r < ho; r++)
+                    copy_row(dyb + (j * rows + r) * ws, dyp + r * wo, wo);
+                if (db) {
+                    double s = 0.0;
+                    for (int64_t i = 0; i < ho * wo; i++) s += dyp[i];
+                    bsum += s;
                 }
+            }
+            dw_tap_dots(dwk, dyb, buf, th * ws, ws, kh, kw);
         }
         if (db) db[c] += (float)bsum;
     }
@@ -414,12 +465,15 @@ static void dw_bwd_w(float *dw, float *db, const float *dy, const float *x,
             const float *xp = x + (n * C + c) * H * W;
             const float *dyp = dy + (n * C + c) * ho * wo;
             if (db) {
-                float fs[8] = {0};
+                port_v4f f0 = port_splat4(0.0f), f1 = f0;
                 int64_t i = 0;
-                for (; i + 8 <= ho * wo; i += 8)
-                    for (int l = 0; l < 8; l++) fs[l] += dyp[i + l];
+                for (; i + PORT_LANES <= ho * wo; i += PORT_LANES) {
+                    f0 += port_ld4(dyp + i);
+                    f1 += port_ld4(dyp + i + 4);
+                }
                 double s = 0.0;
-                for (int l = 0; l < 8; l++) s += fs[l];
+                for (int l = 0; l < 4; l++) s += f0[l];
+                for (int l = 0; l < 4; l++) s += f1[l];
                 for (; i < ho * wo; i++) s += dyp[i];
                 bsum += s;
             }

@@ -25,6 +25,43 @@
 /* Split a BLAS GEMM over the OpenMP threads only above this many MACs. */
 #define PORT_GEMM_PAR_MIN 1048576.0
 
+/* Run-time ISA dispatch for element-wise and stencil loops (GCC's target_clones: an ifunc picks the AVX-512, AVX2 or
+ * baseline build of the function when the library loads).  With -std=c11 there is no FMA contraction, so every
+ * clone performs the same IEEE operations per element and gives the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && \
+    !defined(PORT_NO_TARGET_CLONES)
+#define PORT_ISA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define PORT_ISA_CLONES
+#endif
+/* Reductions in PORT_LANES = 8 independent partial sums (element q into lane q % 8), combined pairwise at the
+ * end: a single running sum is a serial chain of dependent adds that the compiler may not vectorise (it would
+ * reorder float adds).  The lanes are two 4-float vectors (GCC/Clang vector extensions: SSE / NEON registers where
+ * the target has them, scalar code where it does not); written as an array of 8 floats, GCC's vectoriser
+ * shuffled them through scalar adds, 3x slower on 8x8 maps.  The same operations per lane in the same order
+ * either way, so the same bits. */
+#define PORT_LANES 8
+typedef float port_v4f __attribute__((vector_size(16)));
+typedef int32_t port_v4i __attribute__((vector_size(16)));
+static inline port_v4f port_ld4(const float *p) {
+    port_v4f r;
+    memcpy(&r, p, sizeof r);
+    return r;
+}
+static inline port_v4f port_splat4(float x) { return (port_v4f){x, x, x, x}; }
+/* lanes 0-3 in lo, 4-7 in hi, combined ((0+1)+(2+3)) + ((4+5)+(6+7)) */
+static inline float port_hsum8(port_v4f lo, port_v4f hi) {
+    return ((lo[0] + lo[1]) + (lo[2] + lo[3])) + ((hi[0] + hi[1]) + (hi[2] + hi[3]));
+}
+/* v where mask (a vector comparison's all-ones / zero lanes) is zero, +0.0f where it is all-ones */
+static inline port_v4f port_zero_where(port_v4f v, port_v4i mask) {
+    port_v4i b;
+    memcpy(&b, &v, sizeof b);
+    b &= ~mask;
+    memcpy(&v, &b, sizeof v);
+    return v;
+}
+
 /* GEMM dispatch (row-major), honouring the selected backend. Sizes must be
  * validated by the caller (fit in int32 for BLAS). */
 /* Portable math (portmath.c): exp, log, integer power, e^x - 1, tanh, erf, erfc from +, -, *, / and exact

@@ -2,13 +2,8 @@
 #include "internal.h"
 #include <math.h>
 
-/* Reductions over a channel's hw values run in LANES independent partial sums (a vector register's worth),
- * combined pairwise at the end: a single running sum is a serial chain of dependent adds that the compiler may
- * not vectorise (it would reorder float adds). */
-#define LANES 8
-static inline float hsum(const float *a) {
-    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-}
+/* Reductions over a channel's hw values run in 8 independent partial sums (internal.h, PORT_LANES). */
+#define LANES PORT_LANES
 
 static port_status bn_check(const port_batchnorm_params *p) {
     PORT_NOTNULL(p);
@@ -28,11 +23,13 @@ void port__bn_train_forward(float *y, float *save_mean, float *save_invstd, floa
         double s = 0.0;
         for (int64_t i = 0; i < n; i++) {
             const float *xp = x + (i * c + ch) * hw;
-            float fs[LANES] = {0};
+            port_v4f f0 = port_splat4(0.0f), f1 = port_splat4(0.0f);
             int64_t q = 0;
-            for (; q + LANES <= hw; q += LANES)
-                for (int l = 0; l < LANES; l++) fs[l] += xp[q + l];
-            float t = hsum(fs);
+            for (; q + LANES <= hw; q += LANES) {
+                f0 += port_ld4(xp + q);
+                f1 += port_ld4(xp + q + 4);
+            }
+            float t = port_hsum8(f0, f1);
             for (; q < hw; q++) t += xp[q];
             s += t;
         }
@@ -41,14 +38,14 @@ void port__bn_train_forward(float *y, float *save_mean, float *save_invstd, floa
         double v = 0.0;
         for (int64_t i = 0; i < n; i++) {
             const float *xp = x + (i * c + ch) * hw;
-            float fv[LANES] = {0};
+            port_v4f f0 = port_splat4(0.0f), f1 = port_splat4(0.0f), vm = port_splat4(fm);
             int64_t q = 0;
-            for (; q + LANES <= hw; q += LANES)
-                for (int l = 0; l < LANES; l++) {
-                    float d = xp[q + l] - fm;
-                    fv[l] += d * d;
-                }
-            float t = hsum(fv);
+            for (; q + LANES <= hw; q += LANES) {
+                port_v4f d0 = port_ld4(xp + q) - vm, d1 = port_ld4(xp + q + 4) - vm;
+                f0 += d0 * d0;
+                f1 += d1 * d1;
+            }
+            float t = port_hsum8(f0, f1);
             for (; q < hw; q++) {
                 float d = xp[q] - fm;
                 t += d * d;
@@ -88,14 +85,16 @@ static void channel_sums(double *sdy, double *sdyx, const float *dy, const float
     double s0 = 0.0, s1 = 0.0;
     for (int64_t i = 0; i < n; i++) {
         const float *vp = v + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
-        float al[LANES] = {0}, bl[LANES] = {0};
+        port_v4f a0 = port_splat4(0.0f), a1 = a0, b0 = a0, b1 = a0, vs = port_splat4(shift), vk = port_splat4(scale);
         int64_t q = 0;
-        for (; q + LANES <= hw; q += LANES)
-            for (int l = 0; l < LANES; l++) {
-                al[l] += dp[q + l];
-                bl[l] += dp[q + l] * ((vp[q + l] - shift) * scale);
-            }
-        float a = hsum(al), bb = hsum(bl);
+        for (; q + LANES <= hw; q += LANES) {
+            port_v4f d0 = port_ld4(dp + q), d1 = port_ld4(dp + q + 4);
+            a0 += d0;
+            a1 += d1;
+            b0 += d0 * ((port_ld4(vp + q) - vs) * vk);
+            b1 += d1 * ((port_ld4(vp + q + 4) - vs) * vk);
+        }
+        float a = port_hsum8(a0, a1), bb = port_hsum8(b0, b1);
         for (; q < hw; q++) {
             a += dp[q];
             bb += dp[q] * ((vp[q] - shift) * scale);
@@ -122,16 +121,19 @@ void port__bn_train_backward(float *dx, float *dgamma, float *dbeta, const float
         } else {
             for (int64_t i = 0; i < n; i++) { /* dy masked where the fused relu's output is 0 */
                 const float *xp = x + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
-                float al[LANES] = {0}, bl[LANES] = {0};
+                port_v4f a0 = port_splat4(0.0f), a1 = a0, b0 = a0, b1 = a0;
+                port_v4f vm = port_splat4(m), vi = port_splat4(is), vg = port_splat4(g), vb = port_splat4(b), z = port_splat4(0.0f);
                 int64_t q = 0;
-                for (; q + LANES <= hw; q += LANES)
-                    for (int l = 0; l < LANES; l++) {
-                        float xh = (xp[q + l] - m) * is;
-                        float d = (xh * g + b) <= 0.0f ? 0.0f : dp[q + l];
-                        al[l] += d;
-                        bl[l] += d * xh;
-                    }
-                float a = hsum(al), bb = hsum(bl);
+                for (; q + LANES <= hw; q += LANES) {
+                    port_v4f x0 = (port_ld4(xp + q) - vm) * vi, x1 = (port_ld4(xp + q + 4) - vm) * vi;
+                    port_v4f d0 = port_zero_where(port_ld4(dp + q), (x0 * vg + vb) <= z);
+                    port_v4f d1 = port_zero_where(port_ld4(dp + q + 4), (x1 * vg + vb) <= z);
+                    a0 += d0;
+                    a1 += d1;
+                    b0 += d0 * x0;
+                    b1 += d1 * x1;
+                }
+                float a = port_hsum8(a0, a1), bb = port_hsum8(b0, b1);
                 for (; q < hw; q++) {
                     float xh = (xp[q] - m) * is;
                     float d = (xh * g + b) <= 0.0f ? 0.0f : dp[q];

@@ -18,15 +18,6 @@
  * live on the stack (1 KiB). */
 #define COLB 64
 
-/* Run-time ISA dispatch for the element-wise loops (GCC's target_clones: an ifunc picks the AVX-512, AVX2 or
- * baseline build of the function when the library loads).  With -std=c11 there is no FMA contraction, so every
- * clone performs the same IEEE operations per element and gives the same bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && \
-    !defined(PORT_NO_TARGET_CLONES)
-#define PORT_ISA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define PORT_ISA_CLONES
-#endif
 static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* sum of n floats in double: 8 partial sums (element j into lane j % 8) combined pairwise, then the tail; a

@@ -139,6 +139,28 @@ def test_depthwise_wide_kernel_vs_torch(K, shape):
     close(dw, dw_ref, what="dw")
 
 
+# Stride-1 depthwise runs a stack of images per channel as one tall padded plane (as many as fit the worker's
+# buffer: 2 at 40x40 with k3, so 5 images make stacks of 2, 2 and 1; all 9 at 6x5); the rows between two images
+# are computed and dropped, and the weight gradient's dot products run over the whole stack.
+@pytest.mark.parametrize("shape", [(5, 3, 40, 40, 3, 1), (9, 4, 6, 5, 3, 1), (7, 2, 13, 11, 5, 2),
+                                   (3, 2, 9, 7, 5, 1), (4, 3, 8, 8, 3, 0), (6, 2, 12, 10, 7, 3)])
+def test_depthwise_stacked_images_vs_torch(K, shape):
+    n, c, h, w, k, p = shape
+    x = torch.randn(n, c, h, w)
+    wt = torch.randn(c, 1, k, k) * 0.3
+    b = torch.randn(c)
+    dy = torch.randn(n, c, h + 2 * p - k + 1, w + 2 * p - k + 1)
+    y_ref, dx_ref, dw_ref, db_ref = _ref(x, wt, b, 1, p, c, dy)
+    close(K.conv2d_forward(x, wt, b, 1, p, c, algo="direct"), y_ref, what="y")
+    close(K.conv2d_backward_input(dy, wt, x.shape, 1, p, c, algo="direct"), dx_ref, what="dx")
+    dw, db = K.conv2d_backward_weight(dy, x, wt.shape, 1, p, c, bias=True, algo="direct")
+    close(dw, dw_ref, what="dw")
+    close(db, db_ref, what="db")
+    # each image alone (a stack of one) gives the same forward bits
+    y1 = torch.cat([K.conv2d_forward(x[i:i + 1].contiguous(), wt, b, 1, p, c, algo="direct") for i in range(n)])
+    assert torch.equal(K.conv2d_forward(x, wt, b, 1, p, c, algo="direct"), y1)
+
+
 PATCH_CASES = quick_subset([(2, 4, 6, 9, 11, 3, 1, 1, 1), (1, 4, 6, 9, 11, 3, 2, 1, 2),
                             (3, 4, 4, 7, 5, 3, 1, 2, 4), (1, 3, 5, 10, 10, 5, 2, 2, 1),
                             (2, 4, 6, 7, 9, 1, 1, 0, 1), (1, 4, 6, 8, 8, 3, 2, 0, 1)], 2)
