@@ -45,8 +45,8 @@ LABEL = {"resnet18": "ResNet-18", "vgg11": "VGG-11", "mobilenetv2": "MobileNetV2
 LABEL = type("Labels", (dict,), {"__missing__": lambda self, k: k})(LABEL)
 MB = 1e6
 PROFILE_DIR = ROOT / "runs" / "bench_profiles" / "host"
-# PORT workers' Trainer(threads=...): PORT_E2E_THREADS=auto (--threads-auto) lets the step-time governor pick the
-# kernels' thread count (port.exec.threads); unset: the fixed count of --threads
+# PORT workers' Trainer(threads=...): PORT_E2E_THREADS=auto (the default; not with --fixed-threads) lets the
+# step-time governor pick the kernels' thread count (port.exec.threads); unset: the fixed count of --threads
 THREADS_SETTING = "auto" if os.environ.get("PORT_E2E_THREADS") == "auto" else None
 PLAN_DIR = Path(os.environ.get("TMPDIR", "/tmp")) / "port_e2e_plans"
 LR, MOM = 0.01, 0.9
@@ -706,9 +706,12 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--no-loaded", dest="loaded", action="store_false",
                     help="skip the second timed pass with one busy CPU-bound process running")
-    ap.add_argument("--threads-auto", action="store_true",
-                    help="PORT workers run Trainer(threads='auto'): the step-time governor picks the kernels' thread "
-                         "count (fewer while the busy process runs)")
+    ap.add_argument("--fixed-threads", dest="threads_auto", action="store_false",
+                    help="PORT workers keep --threads fixed (Trainer's default) instead of Trainer(threads='auto'), "
+                         "where the step-time governor picks the kernels' thread count (fewer while the busy "
+                         "process runs), as `train: {threads: auto}` does in a config")
+    ap.add_argument("--threads-auto", dest="threads_auto", action="store_true", default=True,
+                    help="the default (kept for earlier command lines)")
     ap.add_argument("--from-json", default=None,
                     help="re-render (and write) the section from a previous run's JSON dump, without measuring")
     ap.add_argument("--worker", nargs=5, metavar=("IMPL", "MODEL", "BATCH", "THREADS", "PLAN"))
@@ -767,8 +770,11 @@ def main() -> None:
     notes = NOTES.format(cmd="python bench/e2e.py" + (" --quick" if meta["quick"] else ""), cpus=os.cpu_count(),
                          cpu=meta.get("cpu") or host_info().get("cpu", "?"),
                          prof=prof_notes, **{k: v for k, v in meta.items() if k not in ("quick", "cpu")})
+    if not meta.get("threads_auto", True):
+        notes = notes.replace("python bench/e2e.py" + (" --quick" if meta["quick"] else ""),
+                              "python bench/e2e.py" + (" --quick" if meta["quick"] else "") + " --fixed-threads", 1)
     if meta.get("threads_auto"):
-        notes = notes.replace("python bench/e2e.py --quick", "python bench/e2e.py --quick --threads-auto", 1) + (
+        notes = notes + (
             "\nThreads: PORT workers ran `Trainer(..., threads=\"auto\")` (port.exec.threads.ThreadGovernor: the "
             "kernels' thread count chosen from the step times, 2 or 1 here; the loaded calibration ran after "
             f"{LOADED_SETTLE_STEPS} untimed steps under the load, so the governor settled first).\n")
@@ -789,7 +795,7 @@ How it is measured. Per (model, batch): the traced graph is profiled with all va
 Profiles: {prof}.
 """
 
-FINDINGS = """Findings (2026-11-24 17:59 run with --threads-auto, load 0.3 at start, 1.3 at end; the final calibration
+FINDINGS = """Findings (2026-11-24 17:59 run, PORT workers with threads="auto" (now the default), load 0.3 at start, 1.3 at end; the final calibration
 runs in the worker that is then timed, the loaded prediction is calibrated under the load, and the steps' memory
 is held against the plan without the set-up's fixed overhead, which the total figure carries):
 
@@ -797,7 +803,7 @@ is held against the plan without the set-up's fixed overhead, which the total fi
   -2%, +1%, +3%; target 10%: met). A 16:34 run that calibrated in a separate process missed by up to 38%: two
   processes of one plan differ by that much on this VM (ResNet-18's first calibration worker took 156-161 ms per
   step in two runs, the next one of the same plan 80-85).
-- Time, loaded (one Python busy loop beside the steps): with a fixed 2 threads (17:31 run, no --threads-auto)
+- Time, loaded (one Python busy loop beside the steps): with a fixed 2 threads (17:31 run, as --fixed-threads now)
   steps took 2.7-4.4x the quiet ones and were bimodal, and the prediction calibrated under the load missed by up
   to 35%. With `Trainer(threads="auto")` the governor drops to 1 thread a few steps into the load: steps are
   1.7-1.9x the quiet ones (PyTorch eager: 3.6x in the 17:31 run) and the calibrated prediction is within 1-5%
