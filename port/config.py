@@ -75,9 +75,11 @@ def parse_budget(value: Any) -> int | str:
         raise ValueError(f"expected {BUDGET_HELP}") from None
 
 
-def budget_to_bytes(spec: int | str | None, keep_everything_peak: int | None, device_memory: int | None) -> int:
-    """A parsed budget in bytes: sizes as they are, ``NN%`` of ``keep_everything_peak``, None: the device's
-    memory. (port.pipeline.keep_everything_peak defines the peak.)"""
+def budget_to_bytes(spec: int | str | None, keep_everything_peak: int | None, device_memory: int | None,
+                    engine_bytes: int = 0) -> int:
+    """A parsed budget in bytes: sizes as they are, ``NN%``: ``engine_bytes`` (the keep-everything plan's engine
+    footprint, within its peak) + NN% of the rest of ``keep_everything_peak``, None: the device's memory.
+    (port.pipeline.keep_everything defines both.)"""
     if spec is None:
         if not device_memory:
             raise ConfigError("no budget given and the device memory is unknown; give a budget such as 64MB or 75%")
@@ -85,7 +87,7 @@ def budget_to_bytes(spec: int | str | None, keep_everything_peak: int | None, de
     if isinstance(spec, str):
         if keep_everything_peak is None:
             raise ValueError("a percentage budget needs the keep-everything peak")
-        return int(keep_everything_peak * float(spec[:-1]) / 100)
+        return int(engine_bytes + (keep_everything_peak - engine_bytes) * float(spec[:-1]) / 100)
     return int(spec)
 
 

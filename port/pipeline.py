@@ -578,10 +578,11 @@ def merge_profile_files(inputs: Sequence[Path], output: Path, device: str | None
 # =============================================================================================
 # budget: one syntax, one definition of the keep-everything peak
 # =============================================================================================
-def keep_everything_peak(graph: Any, profile: Any) -> int:
-    """THE keep-everything peak: the simulated peak memory (bytes) of the plan that keeps every activation
-    and runs every op plain on one accelerator (the profile's first that runs them all) -- what PyTorch eager
-    holds. ``NN%`` budgets are percentages of it."""
+def keep_everything(graph: Any, profile: Any) -> tuple[int, int]:
+    """(peak, engine bytes) of the plan that keeps every activation and runs every op plain on one accelerator
+    (the profile's first that runs them all) -- what PyTorch eager holds: its simulated peak memory and, within
+    it, the resident footprint of its engine (port.plan.semantics.engine_bytes; 0 when the profile records none)."""
+    from port.plan.semantics import engine_bytes
     from port.solver import SOLVERS
     err: Exception | None = None
     for acc in profile.accelerators:
@@ -590,16 +591,23 @@ def keep_everything_peak(graph: Any, profile: Any) -> int:
         except PortError as e:     # this accelerator cannot run every op: try the next
             err = e
             continue
-        return int(plan.predicted_peak_bytes)
+        return int(plan.predicted_peak_bytes), int(engine_bytes(plan, profile))
     raise PortError(f"no accelerator of {profile.device!r} runs every op of {graph.name!r}: {err}")
+
+
+def keep_everything_peak(graph: Any, profile: Any) -> int:
+    """THE keep-everything peak (keep_everything's first figure). ``NN%`` budgets are NN% of its training memory
+    (the peak less its engine's resident footprint) plus that footprint: an engine's code pages and caches are a
+    fixed cost a plan cannot shrink, so a percentage scales what the plan decides."""
+    return keep_everything(graph, profile)[0]
 
 
 def budget_bytes(budget: Any, graph: Any, profile: Any) -> int:
     """A budget in any accepted form (bytes, "64MB", "1.5GiB", "75%", None: the device memory) -> bytes."""
     from port.config import budget_to_bytes
     spec = None if budget is None else parse_budget_option(budget, "budget")
-    peak = keep_everything_peak(graph, profile) if isinstance(spec, str) else None
-    return budget_to_bytes(spec, peak, profile.memory_bytes)
+    peak, eng = keep_everything(graph, profile) if isinstance(spec, str) else (None, 0)
+    return budget_to_bytes(spec, peak, profile.memory_bytes, engine_bytes=eng)
 
 
 @dataclass(frozen=True)
@@ -608,12 +616,15 @@ class Budget:
     spec: int | str | None            # as parsed: bytes, "NN%" or None (device memory)
     origin: str                       # "--budget", "<config>: key 'budget'", ...
     keep_everything_peak: int
+    engine_bytes: int = 0             # the keep-everything plan's engine footprint (within its peak)
 
     def describe(self) -> str:
         from port.config import format_size
         pct = self.bytes / self.keep_everything_peak if self.keep_everything_peak else float("nan")
         if isinstance(self.spec, str):
-            what = f"{self.spec} of the {KEEP_EVERYTHING}"
+            what = f"{self.spec} of the {KEEP_EVERYTHING}" + (
+                f"'s training memory {format_size(self.keep_everything_peak - self.engine_bytes)} + its engine's "
+                f"resident {format_size(self.engine_bytes)}" if self.engine_bytes else "")
         else:
             what = f"{pct:.0%} of the {KEEP_EVERYTHING}"
         return f"budget {format_size(self.bytes)} ({self.bytes} B; {what}; from {self.origin})"
@@ -626,9 +637,10 @@ class Budget:
 
 def resolve_budget(job: Job, graph: Any, profile: Any) -> Budget:
     from port.config import budget_to_bytes
-    peak = keep_everything_peak(graph, profile)
+    peak, eng = keep_everything(graph, profile)
     mem = profile.memory_bytes or job.device.memory
-    return Budget(budget_to_bytes(job.budget, peak, mem), job.budget, job.budget_origin, peak)
+    return Budget(budget_to_bytes(job.budget, peak, mem, engine_bytes=eng), job.budget, job.budget_origin, peak,
+                  eng)
 
 
 # =============================================================================================

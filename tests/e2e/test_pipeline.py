@@ -123,6 +123,31 @@ def test_python_api_budget_forms():
     assert sim.peak_bytes == a.predicted_peak_bytes <= a.budget_bytes
 
 
+def test_percentage_budget_adds_the_engine_footprint_whole():
+    """A measured engine footprint (1.2 MB for the C kernels on a fresh machine) is inside the keep-everything
+    peak but no plan can shrink it: NN% scales the rest, so the default config's 75% stays feasible (scaling the
+    whole peak put it below the smallest feasible budget on the digits CNN)."""
+    from dataclasses import replace
+
+    import torch
+
+    import port
+    from port import models
+    from port.config import load_device
+    from port.cost.roofline import modeled_profile
+    from port.pipeline import keep_everything
+    g = port.trace(models.get("digits_cnn", seed=0), torch.randn(32, 1, 8, 8), optimizer="sgd_momentum")
+    prof0 = modeled_profile(g, load_device("host"))
+    prof = replace(prof0, engine_bytes=tuple((a, 1_216_512) for a in prof0.accelerators), _index={})
+    peak0, eng0 = keep_everything(g, prof0)
+    peak, eng = keep_everything(g, prof)
+    assert eng0 == 0 and eng == 1_216_512 and peak == peak0 + eng
+    plan = port.solve(g, prof, "75%", time_limit_s=20)
+    assert plan.budget_bytes == int(eng + (peak - eng) * 0.75)
+    assert plan.predicted_peak_bytes <= plan.budget_bytes
+    assert port.solve(g, prof0, "75%", time_limit_s=20).budget_bytes == int(peak0 * 0.75)
+
+
 def _steps(metrics: Path) -> list[int]:
     return [json.loads(ln)["step"] for ln in metrics.read_text().splitlines()]
 

@@ -181,6 +181,10 @@ def test_parse_budget_rejects_with_the_forms(bad):
 
 def test_budget_to_bytes():
     assert C.budget_to_bytes("50%", 1000, 10**9) == 500
+    # an engine's resident footprint (within the peak) is a fixed cost: the percentage scales the rest
+    assert C.budget_to_bytes("50%", 1000, 10**9, engine_bytes=400) == 400 + 300
+    assert C.budget_to_bytes("100%", 1000, 10**9, engine_bytes=400) == 1000
+    assert C.budget_to_bytes(123, 1000, 10**9, engine_bytes=400) == 123
     assert C.budget_to_bytes(123, 1000, 10**9) == 123
     assert C.budget_to_bytes(None, 1000, 777) == 777
     with pytest.raises(ConfigError, match="budget"):
