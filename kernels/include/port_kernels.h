@@ -23,7 +23,8 @@
  *    independent outputs, so results do not depend on the thread count, except
  *    GEMMs on the BLAS backend (PORT_GEMM_BLAS), which split large products into
  *    per-thread blocks whose edge cases OpenBLAS rounds differently; the
- *    vendored GEMM's blocking does not depend on the thread count.
+ *    vendored GEMM splits C over threads but sums every element of it the
+ *    same way at any thread count.
  *  - "Saved:" lines list what the backward of a kernel needs from forward.
  */
 #ifndef PORT_KERNELS_H
@@ -66,7 +67,10 @@ PORT_API int port_get_num_threads(void);
 PORT_API int port_cpu_has_avx512(void);
 
 /* GEMM backend: PORT_GEMM_BLAS (OpenBLAS CBLAS) or PORT_GEMM_VENDORED
- * (portable blocked SGEMM in this library; also the test oracle). */
+ * (blocked SGEMM in this library, AVX-512 / AVX2 / portable micro kernels by
+ * run-time dispatch; also the test oracle).  Default: BLAS where the library
+ * was built with OpenBLAS, except on a CPU with AVX-512 whose OpenBLAS runs a
+ * core without it (e.g. OPENBLAS_CORETYPE=Haswell): there the vendored one. */
 #define PORT_GEMM_BLAS 0
 #define PORT_GEMM_VENDORED 1
 PORT_API port_status port_set_gemm_backend(int backend);

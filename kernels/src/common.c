@@ -33,8 +33,29 @@ int port_abi_version(void) { return PORT_ABI_VERSION; }
  * own pthread pool would spin against the OpenMP workers -- and port__gemm
  * splits large GEMMs over the OpenMP threads itself. */
 #ifdef PORT_HAVE_OPENBLAS
+char *scipy_openblas_get_corename(void);
+
+/* 1 if OpenBLAS runs kernels for a core with AVX-512 (its DYNAMIC_ARCH build picks the core when it loads, or
+ * takes OPENBLAS_CORETYPE, which may name an older core than the CPU is: Haswell on an AVX-512 CPU runs 8-lane
+ * kernels at half the FMA rate). */
+static int blas_core_has_avx512(void) {
+    const char *core = scipy_openblas_get_corename();
+    static const char *const wide[] = {"skylakex", "cooperlake", "sapphirerapids", "zen4", "zen5"};
+    if (!core) return 0;
+    for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++) {
+        const char *w = wide[i], *c = core;
+        while (*w && *c && (*c | 0x20) == *w) { w++; c++; }
+        if (!*w && !*c) return 1;
+    }
+    return 0;
+}
+
 __attribute__((constructor)) static void port__blas_single_threaded(void) {
     scipy_openblas_set_num_threads(1);
+    /* The default GEMM: OpenBLAS, unless this CPU has AVX-512 and OpenBLAS's core does not, where the vendored
+     * GEMM's 16-lane kernel is the faster one (1.4-1.9x on an AVX-512 EPYC against OpenBLAS's Haswell kernels:
+     * bench/RESULTS.md, "GEMM backends").  port_set_gemm_backend overrides it. */
+    if (port_cpu_has_avx512() && !blas_core_has_avx512()) g_gemm_backend = PORT_GEMM_VENDORED;
 }
 #endif
 

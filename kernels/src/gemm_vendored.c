@@ -1,14 +1,21 @@
-/* Vendored blocked SGEMM (row-major), the fallback when no BLAS is present
- * and the test oracle for the BLAS path.
+/* Vendored blocked SGEMM (row-major): the GEMM when no BLAS is present or when the BLAS runs a narrower ISA
+ * than the CPU has (the default chosen in common.c), and the test oracle for the BLAS path.
  *
- * Blocking: the N dimension is split into column chunks of NCHUNK handled by
- * OpenMP threads; inside a chunk, K is blocked by KC and M by MC.  Operands
- * are packed (transposition is resolved while packing) into MR-row /
- * NR-column micro panels, zero padded, and an MR x NR register-blocked micro
- * kernel written with GCC vector extensions runs on them.  The micro kernel
- * is compiled three times (AVX-512, AVX2+FMA, baseline) and chosen at run
- * time with __builtin_cpu_supports; on non-x86 only the portable one exists.
- * Packing buffers live on the stack (no malloc, as for every kernel). */
+ * Blocking (Goto's): C is cut into tasks of up to MB rows x NC columns handled by OpenMP threads; inside a
+ * task, K is blocked by KC and the task's rows by MC.  Operands are packed (transposition is resolved while
+ * packing) into MR-row / NR-column micro panels, zero padded, and an MR x NR register-blocked micro kernel
+ * written with GCC vector extensions runs on them: the B block (KC x NC) is packed once per task and K block,
+ * the A block (MC x KC) once per task, K block and row block.
+ *
+ * Two configurations, chosen at run time with __builtin_cpu_supports:
+ *   * AVX-512 (x86 with AVX-512F): a 12 x 32 micro kernel, 24 accumulator registers of 16 floats; per step of k
+ *     two loads of B and 12 broadcasts of A feed 24 fused multiply-adds (the 8 x 16 kernel below did 8 FMAs per
+ *     9 loads, about half the FMA units' rate);
+ *   * the portable one: an 8 x 16 kernel compiled for AVX2+FMA and for the baseline ISA (the only one off x86).
+ * Every configuration sums over k in the same order (p = 0, 1, ... within a K block, K blocks added to C in
+ * order), so they give the same bits up to FMA contraction, at any thread count.  Packing buffers live on the
+ * stack (no malloc, as for every kernel): 2 x 64 KiB for the portable configuration, 512 KiB + 144 KiB for the
+ * AVX-512 one (x86-64 only; threads there have MiBs of stack). */
 #pragma GCC optimize("fp-contract=fast")
 #include "internal.h"
 
@@ -21,128 +28,198 @@
 typedef float v16f __attribute__((vector_size(64), aligned(4)));
 typedef float v16fa __attribute__((vector_size(64)));
 
-/* acc[MR][NR] = sum_p Ap[p][0..MR) (x) Bp[p][0..NR) */
-#define MICROKERNEL_BODY                                                     \
-    v16fa c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0}, c4 = {0}, c5 = {0}, c6 = {0}, \
-          c7 = {0};                                                          \
-    for (int64_t p = 0; p < kc; p++) {                                       \
-        v16fa bv = *(const v16f *)(bp + p * NR);                             \
-        const float *ap_ = ap + p * MR;                                      \
-        c0 += ap_[0] * bv;                                                   \
-        c1 += ap_[1] * bv;                                                   \
-        c2 += ap_[2] * bv;                                                   \
-        c3 += ap_[3] * bv;                                                   \
-        c4 += ap_[4] * bv;                                                   \
-        c5 += ap_[5] * bv;                                                   \
-        c6 += ap_[6] * bv;                                                   \
-        c7 += ap_[7] * bv;                                                   \
-    }                                                                        \
-    *(v16f *)(acc + 0 * NR) = c0;                                            \
-    *(v16f *)(acc + 1 * NR) = c1;                                            \
-    *(v16f *)(acc + 2 * NR) = c2;                                            \
-    *(v16f *)(acc + 3 * NR) = c3;                                            \
-    *(v16f *)(acc + 4 * NR) = c4;                                            \
-    *(v16f *)(acc + 5 * NR) = c5;                                            \
-    *(v16f *)(acc + 6 * NR) = c6;                                            \
-    *(v16f *)(acc + 7 * NR) = c7;
+/* C[r][0..NR) += alpha * sum_p ap[p][r] bp[p][0..NR) for r < mr, columns < nr: the micro kernels' signature */
+typedef void (*tile_fn)(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc, float alpha,
+                        int64_t mr, int64_t nr);
 
-typedef void (*microkernel_fn)(int64_t kc, const float *ap, const float *bp, float *acc);
+/* the portable 8 x 16 tile: accumulators in 8 vectors, added to C through a stack tile */
+#define TILE8_BODY                                                                 \
+    v16fa c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0}, c4 = {0}, c5 = {0}, c6 = {0}, c7 = {0}; \
+    for (int64_t p = 0; p < kc; p++) {                                             \
+        v16fa bv = *(const v16f *)(bp + p * NR);                                   \
+        const float *ap_ = ap + p * MR;                                            \
+        c0 += ap_[0] * bv;                                                         \
+        c1 += ap_[1] * bv;                                                         \
+        c2 += ap_[2] * bv;                                                         \
+        c3 += ap_[3] * bv;                                                         \
+        c4 += ap_[4] * bv;                                                         \
+        c5 += ap_[5] * bv;                                                         \
+        c6 += ap_[6] * bv;                                                         \
+        c7 += ap_[7] * bv;                                                         \
+    }                                                                              \
+    float acc[MR * NR] __attribute__((aligned(64)));                               \
+    *(v16f *)(acc + 0 * NR) = c0;                                                  \
+    *(v16f *)(acc + 1 * NR) = c1;                                                  \
+    *(v16f *)(acc + 2 * NR) = c2;                                                  \
+    *(v16f *)(acc + 3 * NR) = c3;                                                  \
+    *(v16f *)(acc + 4 * NR) = c4;                                                  \
+    *(v16f *)(acc + 5 * NR) = c5;                                                  \
+    *(v16f *)(acc + 6 * NR) = c6;                                                  \
+    *(v16f *)(acc + 7 * NR) = c7;                                                  \
+    for (int64_t r = 0; r < mr; r++)                                               \
+        for (int64_t cc = 0; cc < nr; cc++) c[r * ldc + cc] += alpha * acc[r * NR + cc];
 
-static void mk_generic(int64_t kc, const float *ap, const float *bp, float *acc) {
-    MICROKERNEL_BODY
+static void mk_generic(int64_t kc, const float *ap, const float *bp, float *c, int64_t ldc, float alpha,
+                       int64_t mr, int64_t nr) {
+    TILE8_BODY
 }
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx512f,fma"))) static void mk_avx512(int64_t kc, const float *ap,
-                                                              const float *bp, float *acc) {
-    MICROKERNEL_BODY
+__attribute__((target("avx2,fma"))) static void mk_avx2(int64_t kc, const float *ap, const float *bp, float *c,
+                                                         int64_t ldc, float alpha, int64_t mr, int64_t nr) {
+    TILE8_BODY
 }
-__attribute__((target("avx2,fma"))) static void mk_avx2(int64_t kc, const float *ap,
-                                                         const float *bp, float *acc) {
-    MICROKERNEL_BODY
-}
+#define PORT_GEMM_HAVE_AVX512 1
 #endif
 
-static microkernel_fn select_microkernel(void) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return mk_avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return mk_avx2;
-#endif
-    return mk_generic;
-}
-
-static microkernel_fn g_mk = NULL;
-
-/* Pack op(A)[i0:i0+mc, p0:p0+kc] into MR-row panels: ap[panel][p][r]. */
-static void pack_a(float *ap, int ta, const float *a, int64_t lda, int64_t i0, int64_t mc,
-                   int64_t p0, int64_t kc) {
-    for (int64_t ir = 0; ir < mc; ir += MR) {
-        int64_t mr = PORT_MIN(MR, mc - ir);
+/* Pack op(A)[i0:i0+mc, p0:p0+kc] into mr_-row panels: ap[panel][p][r]. */
+static inline void pack_a(float *ap, int64_t mr_, int ta, const float *a, int64_t lda, int64_t i0,
+                          int64_t mc, int64_t p0, int64_t kc) {
+    for (int64_t ir = 0; ir < mc; ir += mr_) {
+        int64_t mr = PORT_MIN(mr_, mc - ir);
         float *dst = ap + ir * kc;
+        if (!ta) { /* rows of A are contiguous in p: read them in order, write every mr_-th float */
+            for (int64_t r = 0; r < mr; r++) {
+                const float *src = a + (i0 + ir + r) * lda + p0;
+                for (int64_t p = 0; p < kc; p++) dst[p * mr_ + r] = src[p];
+            }
+            for (int64_t p = 0; p < kc; p++)
+                for (int64_t r = mr; r < mr_; r++) dst[p * mr_ + r] = 0.0f;
+            continue;
+        }
         for (int64_t p = 0; p < kc; p++) {
             int64_t r = 0;
-            if (!ta) {
-                for (; r < mr; r++) dst[p * MR + r] = a[(i0 + ir + r) * lda + p0 + p];
-            } else {
-                const float *src = a + (p0 + p) * lda + i0 + ir;
-                for (; r < mr; r++) dst[p * MR + r] = src[r];
-            }
-            for (; r < MR; r++) dst[p * MR + r] = 0.0f;
+            const float *src = a + (p0 + p) * lda + i0 + ir;
+            for (; r < mr; r++) dst[p * mr_ + r] = src[r];
+            for (; r < mr_; r++) dst[p * mr_ + r] = 0.0f;
         }
     }
 }
 
-/* Pack op(B)[p0:p0+kc, j0:j0+nc] into NR-column panels: bp[panel][p][c]. */
-static void pack_b(float *bp, int tb, const float *b, int64_t ldb, int64_t p0, int64_t kc,
-                   int64_t j0, int64_t nc) {
-    for (int64_t jr = 0; jr < nc; jr += NR) {
-        int64_t nr = PORT_MIN(NR, nc - jr);
+/* Pack op(B)[p0:p0+kc, j0:j0+nc] into nr_-column panels: bp[panel][p][c]. */
+static inline void pack_b(float *bp, int64_t nr_, int tb, const float *b, int64_t ldb, int64_t p0,
+                          int64_t kc, int64_t j0, int64_t nc) {
+    for (int64_t jr = 0; jr < nc; jr += nr_) {
+        int64_t nr = PORT_MIN(nr_, nc - jr);
         float *dst = bp + jr * kc;
+        if (tb) { /* columns of op(B) are rows of B: read them in order, write every nr_-th float */
+            for (int64_t c = 0; c < nr; c++) {
+                const float *src = b + (j0 + jr + c) * ldb + p0;
+                for (int64_t p = 0; p < kc; p++) dst[p * nr_ + c] = src[p];
+            }
+            for (int64_t p = 0; p < kc; p++)
+                for (int64_t c = nr; c < nr_; c++) dst[p * nr_ + c] = 0.0f;
+            continue;
+        }
         for (int64_t p = 0; p < kc; p++) {
             int64_t c = 0;
-            if (!tb) {
-                const float *src = b + (p0 + p) * ldb + j0 + jr;
-                for (; c < nr; c++) dst[p * NR + c] = src[c];
-            } else {
-                for (; c < nr; c++) dst[p * NR + c] = b[(j0 + jr + c) * ldb + p0 + p];
-            }
-            for (; c < NR; c++) dst[p * NR + c] = 0.0f;
+            const float *src = b + (p0 + p) * ldb + j0 + jr;
+            for (; c + 16 <= nr; c += 16) *(v16f *)(dst + p * nr_ + c) = *(const v16f *)(src + c);
+            for (; c < nr; c++) dst[p * nr_ + c] = src[c];
+            for (; c < nr_; c++) dst[p * nr_ + c] = 0.0f;
         }
     }
 }
 
-static void gemm_chunk(int ta, int tb, int64_t m, int64_t j0, int64_t nc, int64_t k, float alpha,
-                       const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
-                       int64_t ldc) {
-    float bp[KC * NCHUNK] __attribute__((aligned(64)));
-    float ap[MC * KC] __attribute__((aligned(64)));
-    float acc[MR * NR] __attribute__((aligned(64)));
-    for (int64_t p0 = 0; p0 < k; p0 += KC) {
-        int64_t kc = PORT_MIN(KC, k - p0);
-        pack_b(bp, tb, b, ldb, p0, kc, j0, nc);
-        for (int64_t i0 = 0; i0 < m; i0 += MC) {
-            int64_t mc = PORT_MIN(MC, m - i0);
-            pack_a(ap, ta, a, lda, i0, mc, p0, kc);
-            for (int64_t jr = 0; jr < nc; jr += NR) {
-                int64_t nr = PORT_MIN(NR, nc - jr);
-                for (int64_t ir = 0; ir < mc; ir += MR) {
-                    int64_t mr = PORT_MIN(MR, mc - ir);
-                    g_mk(kc, ap + ir * kc, bp + jr * kc, acc);
-                    for (int64_t r = 0; r < mr; r++) {
-                        float *crow = c + (i0 + ir + r) * ldc + j0 + jr;
-                        for (int64_t cc = 0; cc < nr; cc++) crow[cc] += alpha * acc[r * NR + cc];
-                    }
-                }
-            }
+/* C[0:m, j0:j0+nc] += alpha op(A) op(B) with an mr_ x nr_ tile kernel, K blocks of kc_, A blocks of mc_ rows;
+ * bp holds kc_ x nc and ap mc_ x kc_ floats */
+static inline void gemm_blocks(tile_fn tile, int64_t mr_, int64_t nr_, int64_t kc_, int64_t mc_, float *bp,
+                               float *ap, int ta, int tb, int64_t m, int64_t j0, int64_t nc, int64_t k,
+                               float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
+                               int64_t ldc) {
+    for (int64_t p0 = 0; p0 < k; p0 += kc_) {
+        int64_t kc = PORT_MIN(kc_, k - p0);
+        pack_b(bp, nr_, tb, b, ldb, p0, kc, j0, nc);
+        for (int64_t i0 = 0; i0 < m; i0 += mc_) {
+            int64_t mc = PORT_MIN(mc_, m - i0);
+            pack_a(ap, mr_, ta, a, lda, i0, mc, p0, kc);
+            for (int64_t jr = 0; jr < nc; jr += nr_)
+                for (int64_t ir = 0; ir < mc; ir += mr_)
+                    tile(kc, ap + ir * kc, bp + jr * kc, c + (i0 + ir) * ldc + j0 + jr, ldc, alpha,
+                         PORT_MIN(mr_, mc - ir), PORT_MIN(nr_, nc - jr));
         }
     }
+}
+
+/* the portable configuration: 8 x 16 tiles, blocks of 64 columns, 64 rows, 256 deep */
+static void gemm_chunk(tile_fn mk, int ta, int tb, int64_t m, int64_t j0, int64_t nc, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
+    float bp[KC * NCHUNK] __attribute__((aligned(64)));
+    float ap[MC * KC] __attribute__((aligned(64)));
+    gemm_blocks(mk, MR, NR, KC, MC, bp, ap, ta, tb, m, j0, nc, k, alpha, a, lda, b, ldb, c, ldc);
+}
+
+#ifdef PORT_GEMM_HAVE_AVX512
+#define MR5 12
+#define NR5 32
+#ifndef KC5
+#define KC5 256
+#endif
+#ifndef MC5
+#define MC5 (MR5 * 12)
+#endif
+/* A block 144 x 256 floats (144 KiB): in L2 */
+#ifndef NC5
+#define NC5 512
+#endif
+/* B block 256 x 512 floats (512 KiB); its 32-column panels (32 KiB) stay in L1 */
+
+/* C[r][0..32) (+)= alpha * sum_p ap[p][r] bp[p][0..32) for r < mr, columns < nr; full tiles update C in
+ * registers, partial ones through a stack tile. */
+__attribute__((target("avx512f,fma"))) static void mk5(int64_t kc, const float *ap, const float *bp,
+                                                               float *c, int64_t ldc, float alpha,
+                                                               int64_t mr, int64_t nr) {
+#define R5(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define DECL(r) v16fa c##r##a = {0}, c##r##b = {0};
+#define STEP(r) { float a_ = ap_[r]; c##r##a += a_ * b0; c##r##b += a_ * b1; }
+    R5(DECL)
+#pragma GCC unroll 2
+    for (int64_t p = 0; p < kc; p++) {
+        v16fa b0 = *(const v16fa *)(bp + p * NR5), b1 = *(const v16fa *)(bp + p * NR5 + 16);
+        const float *ap_ = ap + p * MR5;
+        R5(STEP)
+    }
+    if (mr == MR5 && nr == NR5) {
+#define STORE(r) { float *cr = c + (r) * ldc; *(v16f *)cr += alpha * c##r##a; *(v16f *)(cr + 16) += alpha * c##r##b; }
+        R5(STORE)
+        return;
+    }
+    float acc[MR5 * NR5] __attribute__((aligned(64)));
+#define SPILL(r) { *(v16fa *)(acc + (r) * NR5) = c##r##a; *(v16fa *)(acc + (r) * NR5 + 16) = c##r##b; }
+    R5(SPILL)
+    for (int64_t r = 0; r < mr; r++)
+        for (int64_t cc = 0; cc < nr; cc++) c[r * ldc + cc] += alpha * acc[r * NR5 + cc];
+#undef R5
+#undef DECL
+#undef STEP
+#undef STORE
+#undef SPILL
+}
+
+/* the AVX-512 configuration: C[0:m, j0:j0+nc] += alpha op(A) op(B), nc <= NC5 columns */
+static void gemm_chunk5(int ta, int tb, int64_t m, int64_t j0, int64_t nc, int64_t k, float alpha, const float *a,
+                        int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
+    float bp[KC5 * NC5] __attribute__((aligned(64)));
+    float ap[MC5 * KC5] __attribute__((aligned(64)));
+    gemm_blocks(mk5, MR5, NR5, KC5, MC5, bp, ap, ta, tb, m, j0, nc, k, alpha, a, lda, b, ldb, c, ldc);
+}
+#endif
+
+/* 0: portable kernel at the baseline ISA, 1: AVX2+FMA, 2: AVX-512 configuration */
+static int g_isa = -1;
+static int select_isa(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return 2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+#endif
+    return 0;
 }
 
 void port__sgemm_vendored(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                           float *c, int64_t ldc) {
     if (m <= 0 || n <= 0) return;
-    if (!g_mk) g_mk = select_microkernel(); /* idempotent, benign race */
+    if (g_isa < 0) g_isa = select_isa(); /* idempotent, benign race */
     /* C = beta*C (beta == 0 overwrites, ignoring NaNs in C like BLAS) */
     if (beta != 1.0f) {
         for (int64_t i = 0; i < m; i++) {
@@ -154,17 +231,45 @@ void port__sgemm_vendored(int ta, int tb, int64_t m, int64_t n, int64_t k, float
         }
     }
     if (k <= 0 || alpha == 0.0f) return;
-    /* 2-D task grid: row blocks of MB rows x column chunks of NCHUNK. */
-    const int64_t MB = 256;
-    int64_t nchunks = (n + NCHUNK - 1) / NCHUNK, mblocks = (m + MB - 1) / MB;
+    int isa = g_isa;
+    /* 2-D task grid: row blocks of MB rows x column chunks of NC columns. */
+    int64_t NC = NCHUNK;
+#ifdef PORT_GEMM_HAVE_AVX512
+    if (isa == 2) NC = NC5;
+#endif
+    int64_t MB = isa == 2 ? 288 : 256;
+    int64_t nchunks = (n + NC - 1) / NC, mblocks = (m + MB - 1) / MB;
+    int par = (double)m * (double)n * (double)k > 1e6;
+#ifdef _OPENMP
+    /* AVX-512 blocks are large: split them until every thread has a task (columns first, down to 64;
+     * then rows, down to 36), so that a 256-column product is not one thread's work */
+    int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+    while (isa == 2 && par && nt > 1 && nchunks * mblocks < nt) {
+        if (NC > 64 && (n >= m || MB <= 36)) NC /= 2;
+        else if (MB > 36) MB /= 2;
+        else break;
+        nchunks = (n + NC - 1) / NC;
+        mblocks = (m + MB - 1) / MB;
+    }
+#endif
     int64_t ntasks = nchunks * mblocks;
-    int par = (double)m * (double)n * (double)k > 1e6 && ntasks > 1;
+    par = par && ntasks > 1;
     (void)par;   /* read by the OpenMP pragma only */
 #pragma omp parallel for schedule(dynamic, 1) if (par)
     for (int64_t t = 0; t < ntasks; t++) {
-        int64_t i0 = (t / nchunks) * MB, j0 = (t % nchunks) * NCHUNK;
+        int64_t i0 = (t / nchunks) * MB, j0 = (t % nchunks) * NC;
         const float *a0 = ta ? a + i0 : a + i0 * lda;
-        gemm_chunk(ta, tb, PORT_MIN(MB, m - i0), j0, PORT_MIN(NCHUNK, n - j0), k, alpha, a0, lda,
-                   b, ldb, c + i0 * ldc, ldc);
+        int64_t mb = PORT_MIN(MB, m - i0), nc = PORT_MIN(NC, n - j0);
+#ifdef PORT_GEMM_HAVE_AVX512
+        if (isa == 2) {
+            gemm_chunk5(ta, tb, mb, j0, nc, k, alpha, a0, lda, b, ldb, c + i0 * ldc, ldc);
+            continue;
+        }
+        if (isa == 1) {
+            gemm_chunk(mk_avx2, ta, tb, mb, j0, nc, k, alpha, a0, lda, b, ldb, c + i0 * ldc, ldc);
+            continue;
+        }
+#endif
+        gemm_chunk(mk_generic, ta, tb, mb, j0, nc, k, alpha, a0, lda, b, ldb, c + i0 * ldc, ldc);
     }
 }

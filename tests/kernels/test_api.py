@@ -221,6 +221,46 @@ def test_gemm_backend_switch(K):
         K.set_gemm_backend("mkl")
 
 
+@pytest.mark.parametrize("coretype", ["Haswell", "SkylakeX"])
+def test_default_gemm_backend_follows_the_blas_core(coretype):
+    """The default GEMM is OpenBLAS unless the CPU has AVX-512 and OpenBLAS's core (OPENBLAS_CORETYPE here)
+    does not: then the vendored one."""
+    import subprocess
+    import sys
+    from port.exec import kernels as K
+    if not K.raw.port_cpu_has_avx512() and coretype == "SkylakeX":
+        pytest.skip("OpenBLAS cannot run SkylakeX kernels on a CPU without AVX-512")
+    code = "import port.exec.kernels as K; print(K.get_gemm_backend(), K.raw.port_cpu_has_avx512())"
+    env = dict(os.environ, PYTHONPATH=ROOT, OPENBLAS_CORETYPE=coretype)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    backend, avx512 = out.stdout.split()
+    want = "vendored" if avx512 == "1" and coretype == "Haswell" else "blas"
+    assert backend == want, out.stdout
+
+
+@pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
+@pytest.mark.parametrize("m,n,k", [(301, 530, 270), (13, 1100, 513), (290, 40, 600)])
+def test_vendored_sgemm_blocks_and_threads(K, ta, tb, m, n, k):
+    """The vendored GEMM across its block edges (AVX-512: 288-row tasks, 144-row A blocks, 512-column B blocks,
+    256-deep K blocks; portable: 256 / 64 / 64 / 256) matches float64 and gives the same bits at 1, 2 and 3
+    threads, whose task grids differ."""
+    a = torch.randn((k, m) if ta else (m, k))
+    b = torch.randn((n, k) if tb else (k, n))
+    ref = (a.T if ta else a).double() @ (b.T if tb else b).double()
+    prev = K.get_num_threads()
+    outs = []
+    try:
+        with K.gemm_backend("vendored"):
+            for t in (1, 2, 3):
+                K.set_num_threads(t)
+                outs.append(K.sgemm(a, b, trans_a=bool(ta), trans_b=bool(tb), alpha=0.5))
+    finally:
+        K.set_num_threads(prev)
+    assert torch.allclose(outs[0].double(), 0.5 * ref, atol=1e-3, rtol=1e-4)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
 def test_one_openmp_pool_shared_with_torch(K):
     """PORT's kernels and torch use the same OpenMP runtime: torch.set_num_threads acts on PORT too."""
     prev = torch.get_num_threads()
