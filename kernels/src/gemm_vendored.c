@@ -245,9 +245,17 @@ void port__sgemm_vendored(int ta, int tb, int64_t m, int64_t n, int64_t k, float
      * then rows, down to 36), so that a 256-column product is not one thread's work */
     int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
     while (isa == 2 && par && nt > 1 && nchunks * mblocks < nt) {
-        if (NC > 64 && (n >= m || MB <= 36)) NC /= 2;
-        else if (MB > 36) MB /= 2;
+        if (NC > 64 && (n >= m || MB <= 36)) nchunks++;
+        else if (MB > 36) mblocks++;
         else break;
+        NC = (n + nchunks - 1) / nchunks;
+        MB = (m + mblocks - 1) / mblocks;
+    }
+#endif
+#ifdef PORT_GEMM_HAVE_AVX512
+    if (isa == 2) { /* even blocks (576 columns: 2 x 288, not 512 + 64), whole micro tiles */
+        NC = ((n + nchunks - 1) / nchunks + NR5 - 1) / NR5 * NR5;
+        MB = ((m + mblocks - 1) / mblocks + MR5 - 1) / MR5 * MR5;
         nchunks = (n + NC - 1) / NC;
         mblocks = (m + MB - 1) / MB;
     }
