@@ -62,6 +62,11 @@ static inline port_v4f port_zero_where(port_v4f v, port_v4i mask) {
     return v;
 }
 
+/* Softmax cross-entropy gradient rows (loss.c): dlogits[i] = (probs[i] - smoothed one-hot(labels[i])) * scale,
+ * zero rows where labels[i] == ignore_index (-1: none, labels in [0, k)) */
+void port__xent_grad_rows(float *dlogits, const float *probs, const int64_t *labels, int64_t n, int64_t k,
+                          float scale, float label_smoothing, int64_t ignore_index);
+
 /* GEMM dispatch (row-major), honouring the selected backend. Sizes must be
  * validated by the caller (fit in int32 for BLAS). */
 /* Portable math (portmath.c): exp, log, integer power, e^x - 1, tanh, erf, erfc from +, -, *, / and exact

@@ -41,14 +41,23 @@ port_status port_softmax_xent_backward(float *dlogits, const float *probs, const
     PORT_CHECK(n > 0 && k > 0, PORT_ERR_SHAPE);
     PORT_CHECK(label_smoothing >= 0.0f && label_smoothing <= 1.0f, PORT_ERR_ARG);
     for (int64_t i = 0; i < n; i++) PORT_CHECK(labels[i] >= 0 && labels[i] < k, PORT_ERR_ARG);
-    float scale = grad_loss[0] / (float)n;
+    /* labels are in [0, k): -1 ignores none */
+    port__xent_grad_rows(dlogits, probs, labels, n, k, grad_loss[0] / (float)n, label_smoothing, -1);
+    return PORT_OK;
+}
+
+void port__xent_grad_rows(float *dlogits, const float *probs, const int64_t *labels, int64_t n, int64_t k,
+                          float scale, float label_smoothing, int64_t ignore_index) {
     float off = label_smoothing / (float)k, on = 1.0f - label_smoothing + off;
 #pragma omp parallel for schedule(static) if (n * k > PORT_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         const float *pr = probs + i * k;
         float *d = dlogits + i * k;
         int64_t y = labels[i];
+        if (y == ignore_index) {
+            memset(d, 0, (size_t)k * sizeof(float));
+            continue;
+        }
         for (int64_t j = 0; j < k; j++) d[j] = (pr[j] - (j == y ? on : off)) * scale;
     }
-    return PORT_OK;
 }

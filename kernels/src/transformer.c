@@ -847,18 +847,7 @@ port_status port_softmax_xent_ignore_backward(float *dlogits, const float *probs
     int64_t count;
     port_status st = xent_ignore_check(labels, n, k, label_smoothing, ignore_index, &count);
     if (st != PORT_OK) return st;
-    float scale = count > 0 ? grad_loss[0] / (float)count : 0.0f;
-    float off = label_smoothing / (float)k, on = 1.0f - label_smoothing + off;
-#pragma omp parallel for schedule(static) if (n * k > PORT_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) {
-        const float *pr = probs + i * k;
-        float *d = dlogits + i * k;
-        int64_t y = labels[i];
-        if (y == ignore_index) {
-            memset(d, 0, (size_t)k * sizeof(float));
-            continue;
-        }
-        for (int64_t j = 0; j < k; j++) d[j] = (pr[j] - (j == y ? on : off)) * scale;
-    }
+    port__xent_grad_rows(dlogits, probs, labels, n, k, count > 0 ? grad_loss[0] / (float)count : 0.0f,
+                         label_smoothing, ignore_index);
     return PORT_OK;
 }

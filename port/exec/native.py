@@ -169,14 +169,20 @@ def load() -> ctypes.CDLL:
 
 
 def build_id() -> str:
-    """A digest of the kernel library file (16 hex digits): profiles record it, and entries measured with
-    another build of the kernels are not reused."""
+    """A digest of the kernel library file (16 hex digits) and the GEMM it runs (``-blas`` / ``-vendored``: the
+    default depends on the CPU and on OpenBLAS's core, see port_kernels.h): profiles record it, and entries
+    measured with another build of the kernels or another GEMM are not reused."""
     import hashlib
     try:
         with open(library_path(), "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()[:16]
+            digest = hashlib.sha256(f.read()).hexdigest()[:16]
     except (OSError, ImportError):
         return ""
+    try:
+        from port.exec.kernels import get_gemm_backend
+        return f"{digest}-{get_gemm_backend()}"
+    except (OSError, ImportError):
+        return digest
 
 
 def loaded_path() -> str | None:

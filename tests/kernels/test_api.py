@@ -307,3 +307,14 @@ def test_sgemm_split_over_threads(K, ta, tb, m, n, k):
             assert torch.allclose(c.double(), ref, atol=1e-3, rtol=1e-4), t
     finally:
         K.set_num_threads(prev)
+
+
+def test_build_id_names_the_gemm(K):
+    """Profiles record build_id(): the kernel library's digest and the GEMM backend, whose default depends on the
+    CPU and OpenBLAS's core, so times measured with one GEMM are not reused under the other."""
+    from port.exec import native
+    with K.gemm_backend("vendored"):
+        vendored = native.build_id()
+    blas = native.build_id()          # the fixture's backend
+    assert vendored.endswith("-vendored") and blas.endswith("-blas"), (vendored, blas)
+    assert vendored[:16] == blas[:16] and len(vendored.split("-")[0]) == 16
