@@ -96,13 +96,20 @@ static inline void pack_a(float *ap, int64_t mr_, int ta, const float *a, int64_
 }
 
 /* Pack op(B)[p0:p0+kc, j0:j0+nc] into nr_-column panels: bp[panel][p][c]. */
-static inline void pack_b(float *bp, int64_t nr_, int tb, const float *b, int64_t ldb, int64_t p0,
+/* bt16(dst, nr_, src, ldb, kc): dst[p * nr_ + r] = src[r * ldb + p] for r < 16, p < kc (16 columns of a
+ * transposed B panel), or NULL */
+typedef void (*bt16_fn)(float *dst, int64_t nr_, const float *src, int64_t ldb, int64_t kc);
+
+static inline void pack_b(float *bp, int64_t nr_, int tb, bt16_fn bt16, const float *b, int64_t ldb, int64_t p0,
                           int64_t kc, int64_t j0, int64_t nc) {
     for (int64_t jr = 0; jr < nc; jr += nr_) {
         int64_t nr = PORT_MIN(nr_, nc - jr);
         float *dst = bp + jr * kc;
         if (tb) { /* columns of op(B) are rows of B: read them in order, write every nr_-th float */
-            for (int64_t c = 0; c < nr; c++) {
+            int64_t c0 = 0;
+            if (bt16)
+                for (; c0 + 16 <= nr; c0 += 16) bt16(dst + c0, nr_, b + (j0 + jr + c0) * ldb + p0, ldb, kc);
+            for (int64_t c = c0; c < nr; c++) {
                 const float *src = b + (j0 + jr + c) * ldb + p0;
                 for (int64_t p = 0; p < kc; p++) dst[p * nr_ + c] = src[p];
             }
@@ -122,13 +129,14 @@ static inline void pack_b(float *bp, int64_t nr_, int tb, const float *b, int64_
 
 /* C[0:m, j0:j0+nc] += alpha op(A) op(B) with an mr_ x nr_ tile kernel, K blocks of kc_, A blocks of mc_ rows;
  * bp holds kc_ x nc and ap mc_ x kc_ floats */
-static inline void gemm_blocks(tile_fn tile, int64_t mr_, int64_t nr_, int64_t kc_, int64_t mc_, float *bp,
+static inline void gemm_blocks(tile_fn tile, bt16_fn bt16, int64_t mr_, int64_t nr_, int64_t kc_, int64_t mc_,
+                               float *bp,
                                float *ap, int ta, int tb, int64_t m, int64_t j0, int64_t nc, int64_t k,
                                float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
                                int64_t ldc) {
     for (int64_t p0 = 0; p0 < k; p0 += kc_) {
         int64_t kc = PORT_MIN(kc_, k - p0);
-        pack_b(bp, nr_, tb, b, ldb, p0, kc, j0, nc);
+        pack_b(bp, nr_, tb, bt16, b, ldb, p0, kc, j0, nc);
         for (int64_t i0 = 0; i0 < m; i0 += mc_) {
             int64_t mc = PORT_MIN(mc_, m - i0);
             pack_a(ap, mr_, ta, a, lda, i0, mc, p0, kc);
@@ -145,7 +153,7 @@ static void gemm_chunk(tile_fn mk, int ta, int tb, int64_t m, int64_t j0, int64_
                        const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
     float bp[KC * NCHUNK] __attribute__((aligned(64)));
     float ap[MC * KC] __attribute__((aligned(64)));
-    gemm_blocks(mk, MR, NR, KC, MC, bp, ap, ta, tb, m, j0, nc, k, alpha, a, lda, b, ldb, c, ldc);
+    gemm_blocks(mk, NULL, MR, NR, KC, MC, bp, ap, ta, tb, m, j0, nc, k, alpha, a, lda, b, ldb, c, ldc);
 }
 
 #ifdef PORT_GEMM_HAVE_AVX512
@@ -195,12 +203,55 @@ __attribute__((target("avx512f,fma"))) static void mk5(int64_t kc, const float *
 #undef SPILL
 }
 
+/* 16 x 16 blocks transposed in registers: four rounds of two-source permutes swap the off-diagonal 8x8, 4x4,
+ * 2x2 and 1x1 blocks (row i and row i + h exchange halves of width h); the element-wise transposing copy wrote
+ * every float to another cache line, a third of a conv weight gradient's GEMM time at 64 output channels */
+typedef int32_t v16i __attribute__((vector_size(64)));
+__attribute__((target("avx512f"))) static void bt16_avx512(float *dst, int64_t nr_, const float *src, int64_t ldb,
+                                                            int64_t kc) {
+#define LO(h) {0 + ((0 & h) ? 16 - h : 0), 1 + ((1 & h) ? 16 - h : 0), 2 + ((2 & h) ? 16 - h : 0), \
+               3 + ((3 & h) ? 16 - h : 0), 4 + ((4 & h) ? 16 - h : 0), 5 + ((5 & h) ? 16 - h : 0), \
+               6 + ((6 & h) ? 16 - h : 0), 7 + ((7 & h) ? 16 - h : 0), 8 + ((8 & h) ? 16 - h : 0), \
+               9 + ((9 & h) ? 16 - h : 0), 10 + ((10 & h) ? 16 - h : 0), 11 + ((11 & h) ? 16 - h : 0), \
+               12 + ((12 & h) ? 16 - h : 0), 13 + ((13 & h) ? 16 - h : 0), 14 + ((14 & h) ? 16 - h : 0), \
+               15 + ((15 & h) ? 16 - h : 0)}
+#define HI(h) {0 + ((0 & h) ? 16 : h), 1 + ((1 & h) ? 16 : h), 2 + ((2 & h) ? 16 : h), 3 + ((3 & h) ? 16 : h), \
+               4 + ((4 & h) ? 16 : h), 5 + ((5 & h) ? 16 : h), 6 + ((6 & h) ? 16 : h), 7 + ((7 & h) ? 16 : h), \
+               8 + ((8 & h) ? 16 : h), 9 + ((9 & h) ? 16 : h), 10 + ((10 & h) ? 16 : h), 11 + ((11 & h) ? 16 : h), \
+               12 + ((12 & h) ? 16 : h), 13 + ((13 & h) ? 16 : h), 14 + ((14 & h) ? 16 : h), \
+               15 + ((15 & h) ? 16 : h)}
+    static const v16i lo[4] = {LO(8), LO(4), LO(2), LO(1)}, hi[4] = {HI(8), HI(4), HI(2), HI(1)};
+#undef LO
+#undef HI
+    int64_t p = 0;
+    for (; p + 16 <= kc; p += 16) {
+        v16fa x[16];
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; r++) x[r] = *(const v16f *)(src + r * ldb + p);
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++) {
+            int h = 8 >> s;
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) {
+                if (i & h) continue;
+                v16fa a = x[i], b = x[i + h];
+                x[i] = __builtin_shuffle(a, b, lo[s]);
+                x[i + h] = __builtin_shuffle(a, b, hi[s]);
+            }
+        }
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) *(v16f *)(dst + (p + j) * nr_) = x[j];
+    }
+    for (; p < kc; p++)
+        for (int r = 0; r < 16; r++) dst[p * nr_ + r] = src[r * ldb + p];
+}
+
 /* the AVX-512 configuration: C[0:m, j0:j0+nc] += alpha op(A) op(B), nc <= NC5 columns */
 static void gemm_chunk5(int ta, int tb, int64_t m, int64_t j0, int64_t nc, int64_t k, float alpha, const float *a,
                         int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
     float bp[KC5 * NC5] __attribute__((aligned(64)));
     float ap[MC5 * KC5] __attribute__((aligned(64)));
-    gemm_blocks(mk5, MR5, NR5, KC5, MC5, bp, ap, ta, tb, m, j0, nc, k, alpha, a, lda, b, ldb, c, ldc);
+    gemm_blocks(mk5, bt16_avx512, MR5, NR5, KC5, MC5, bp, ap, ta, tb, m, j0, nc, k, alpha, a, lda, b, ldb, c, ldc);
 }
 #endif
 
