@@ -95,11 +95,11 @@ static inline void pack_a(float *ap, int64_t mr_, int ta, const float *a, int64_
     }
 }
 
-/* Pack op(B)[p0:p0+kc, j0:j0+nc] into nr_-column panels: bp[panel][p][c]. */
 /* bt16(dst, nr_, src, ldb, kc): dst[p * nr_ + r] = src[r * ldb + p] for r < 16, p < kc (16 columns of a
  * transposed B panel), or NULL */
 typedef void (*bt16_fn)(float *dst, int64_t nr_, const float *src, int64_t ldb, int64_t kc);
 
+/* Pack op(B)[p0:p0+kc, j0:j0+nc] into nr_-column panels: bp[panel][p][c]. */
 static inline void pack_b(float *bp, int64_t nr_, int tb, bt16_fn bt16, const float *b, int64_t ldb, int64_t p0,
                           int64_t kc, int64_t j0, int64_t nc) {
     for (int64_t jr = 0; jr < nc; jr += nr_) {
@@ -159,16 +159,11 @@ static void gemm_chunk(tile_fn mk, int ta, int tb, int64_t m, int64_t j0, int64_
 #ifdef PORT_GEMM_HAVE_AVX512
 #define MR5 12
 #define NR5 32
-#ifndef KC5
 #define KC5 256
-#endif
-#ifndef MC5
 #define MC5 (MR5 * 12)
-#endif
 /* A block 144 x 256 floats (144 KiB): in L2 */
-#ifndef NC5
 #define NC5 512
-#endif
+#define MB5 (MC5 * 2) /* rows of a task */
 /* B block 256 x 512 floats (512 KiB); its 32-column panels (32 KiB) stay in L1 */
 
 /* C[r][0..32) (+)= alpha * sum_p ap[p][r] bp[p][0..32) for r < mr, columns < nr; full tiles update C in
@@ -209,20 +204,15 @@ __attribute__((target("avx512f,fma"))) static void mk5(int64_t kc, const float *
 typedef int32_t v16i __attribute__((vector_size(64)));
 __attribute__((target("avx512f"))) static void bt16_avx512(float *dst, int64_t nr_, const float *src, int64_t ldb,
                                                             int64_t kc) {
-#define LO(h) {0 + ((0 & h) ? 16 - h : 0), 1 + ((1 & h) ? 16 - h : 0), 2 + ((2 & h) ? 16 - h : 0), \
-               3 + ((3 & h) ? 16 - h : 0), 4 + ((4 & h) ? 16 - h : 0), 5 + ((5 & h) ? 16 - h : 0), \
-               6 + ((6 & h) ? 16 - h : 0), 7 + ((7 & h) ? 16 - h : 0), 8 + ((8 & h) ? 16 - h : 0), \
-               9 + ((9 & h) ? 16 - h : 0), 10 + ((10 & h) ? 16 - h : 0), 11 + ((11 & h) ? 16 - h : 0), \
-               12 + ((12 & h) ? 16 - h : 0), 13 + ((13 & h) ? 16 - h : 0), 14 + ((14 & h) ? 16 - h : 0), \
-               15 + ((15 & h) ? 16 - h : 0)}
-#define HI(h) {0 + ((0 & h) ? 16 : h), 1 + ((1 & h) ? 16 : h), 2 + ((2 & h) ? 16 : h), 3 + ((3 & h) ? 16 : h), \
-               4 + ((4 & h) ? 16 : h), 5 + ((5 & h) ? 16 : h), 6 + ((6 & h) ? 16 : h), 7 + ((7 & h) ? 16 : h), \
-               8 + ((8 & h) ? 16 : h), 9 + ((9 & h) ? 16 : h), 10 + ((10 & h) ? 16 : h), 11 + ((11 & h) ? 16 : h), \
-               12 + ((12 & h) ? 16 : h), 13 + ((13 & h) ? 16 : h), 14 + ((14 & h) ? 16 : h), \
-               15 + ((15 & h) ? 16 : h)}
-    static const v16i lo[4] = {LO(8), LO(4), LO(2), LO(1)}, hi[4] = {HI(8), HI(4), HI(2), HI(1)};
-#undef LO
-#undef HI
+#define LOJ(j, h) ((j) + (((j) & (h)) ? 16 - (h) : 0)) /* row i's half, then row i + h's */
+#define HIJ(j, h) ((j) + (((j) & (h)) ? 16 : (h)))
+#define ROW16(F, h) {F(0, h), F(1, h), F(2, h), F(3, h), F(4, h), F(5, h), F(6, h), F(7, h), \
+                     F(8, h), F(9, h), F(10, h), F(11, h), F(12, h), F(13, h), F(14, h), F(15, h)}
+    static const v16i lo[4] = {ROW16(LOJ, 8), ROW16(LOJ, 4), ROW16(LOJ, 2), ROW16(LOJ, 1)};
+    static const v16i hi[4] = {ROW16(HIJ, 8), ROW16(HIJ, 4), ROW16(HIJ, 2), ROW16(HIJ, 1)};
+#undef LOJ
+#undef HIJ
+#undef ROW16
     int64_t p = 0;
     for (; p + 16 <= kc; p += 16) {
         v16fa x[16];
@@ -283,12 +273,16 @@ void port__sgemm_vendored(int ta, int tb, int64_t m, int64_t n, int64_t k, float
     }
     if (k <= 0 || alpha == 0.0f) return;
     int isa = g_isa;
+    (void)isa; /* only read on x86 or with OpenMP */
     /* 2-D task grid: row blocks of MB rows x column chunks of NC columns. */
     int64_t NC = NCHUNK;
 #ifdef PORT_GEMM_HAVE_AVX512
     if (isa == 2) NC = NC5;
 #endif
-    int64_t MB = isa == 2 ? 288 : 256;
+    int64_t MB = 256;
+#ifdef PORT_GEMM_HAVE_AVX512
+    if (isa == 2) MB = MB5;
+#endif
     int64_t nchunks = (n + NC - 1) / NC, mblocks = (m + MB - 1) / MB;
     int par = (double)m * (double)n * (double)k > 1e6;
 #ifdef _OPENMP
