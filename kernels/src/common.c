@@ -53,7 +53,7 @@ static int blas_core_has_avx512(void) {
 __attribute__((constructor)) static void port__blas_single_threaded(void) {
     scipy_openblas_set_num_threads(1);
     /* The default GEMM: OpenBLAS, unless this CPU has AVX-512 and OpenBLAS's core does not, where the vendored
-     * GEMM's 16-lane kernel is the faster one (1.4-1.9x on an AVX-512 EPYC against OpenBLAS's Haswell kernels:
+     * GEMM's 16-lane kernel is the faster one (1.3-1.7x on an AVX-512 EPYC against OpenBLAS's Haswell kernels:
      * bench/RESULTS.md, "GEMM backends").  port_set_gemm_backend overrides it. */
     if (port_cpu_has_avx512() && !blas_core_has_avx512()) g_gemm_backend = PORT_GEMM_VENDORED;
 }
