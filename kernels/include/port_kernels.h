@@ -126,8 +126,12 @@ PORT_API port_status port_conv2d_backward_weight(float *dw, float *db, const flo
 
 /* Patch-based (spatially tiled) convolution: the output is computed in
  * tiles of tile_h x tile_w output pixels; im2col is done per tile with its
- * input halo, so the workspace scales with the tile, not the image.
- * Results equal the whole-tensor kernels (fp32 rounding aside). */
+ * input halo, so the workspace scales with the tile, not the image.  A tile
+ * spanning whole rows (tile_w >= W_out: a band, what PORT's patch<T>
+ * variants run) needs no output buffer -- the GEMM writes y and reads dy in
+ * place -- so its workspace is the band's im2col alone.  A tile's rows are
+ * split over the OpenMP threads.  Results equal the whole-tensor kernels
+ * (fp32 rounding aside). */
 PORT_API size_t port_conv2d_patch_workspace_bytes(const port_conv2d_params *p, int64_t tile_h,
                                                   int64_t tile_w);
 PORT_API port_status port_conv2d_patch_forward(float *y, const float *x, const float *w,

@@ -156,8 +156,8 @@ typedef enum {
 
 /* One kernel call.  ptr[]: the pointer arguments in the kernel's argument
  * order (outputs, then inputs), as arena byte offsets, -1 for NULL.  iv[]:
- * integer parameters (a params struct's fields in order, then counts, algo,
- * tile); fv[]: float parameters (eps, momentum, p, label smoothing).  The
+ * integer parameters (a params struct's fields in order, then counts, algo;
+ * patch convolutions: tile width, tile height); fv[]: float parameters (eps, momentum, p, label smoothing).  The
  * bytes [zero_offset[i], +zero_bytes[i]) are zeroed before the kernel runs
  * (accumulated gradients that live in scratch).  flags: PORT_RT_LATE_UPDATE
  * for an optimizer update that runs after the whole pass. */

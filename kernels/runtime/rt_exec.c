@@ -41,6 +41,8 @@ static port_pool2d_params pool_p(const int64_t *v) {
     return p;
 }
 
+/* patch calls: iv[15] = tile height, iv[14] = tile width (0 in bundles before row bands: square tiles) */
+#define PATCH_TW(v) ((v)[14] > 0 ? (v)[14] : (v)[15])
 #define F(i) ((float *)ptrs[i])
 #define CF(i) ((const float *)ptrs[i])
 
@@ -63,15 +65,15 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
     }
     case PORT_RT_CONV2D_PATCH_FORWARD: {
         port_conv2d_params p = conv_p(v);
-        return port_conv2d_patch_forward(F(0), CF(1), CF(2), CF(3), &p, v[15], v[15], ws, wsb);
+        return port_conv2d_patch_forward(F(0), CF(1), CF(2), CF(3), &p, v[15], PATCH_TW(v), ws, wsb);
     }
     case PORT_RT_CONV2D_PATCH_BACKWARD_INPUT: {
         port_conv2d_params p = conv_p(v);
-        return port_conv2d_patch_backward_input(F(0), CF(1), CF(2), &p, v[15], v[15], ws, wsb);
+        return port_conv2d_patch_backward_input(F(0), CF(1), CF(2), &p, v[15], PATCH_TW(v), ws, wsb);
     }
     case PORT_RT_CONV2D_PATCH_BACKWARD_WEIGHT: {
         port_conv2d_params p = conv_p(v);
-        return port_conv2d_patch_backward_weight(F(0), F(1), CF(2), CF(3), &p, v[15], v[15], ws, wsb);
+        return port_conv2d_patch_backward_weight(F(0), F(1), CF(2), CF(3), &p, v[15], PATCH_TW(v), ws, wsb);
     }
     case PORT_RT_CONV2D_BN_RELU_FORWARD_TRAIN: {
         port_conv2d_params p = conv_p(v);

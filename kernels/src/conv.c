@@ -807,6 +807,87 @@ static port_status patch_validate(const port_conv2d_params *p, int64_t *th, int6
     return PORT_OK;
 }
 
+/* Small tiles' work is shared by the pool: thread t of nt takes the tile's rows [r0, r1) -- columns
+ * [r0*tw, r1*tw) of the tile's im2col matrix [K, T] (and of the output buffer [cog, T]) -- so the threads need
+ * no workspace of their own; one parallel region per tile.  Tiles whose GEMM is large enough for port__gemm to
+ * split it (PORT_GEMM_PAR_MIN) run their steps outside a region, each step threading itself (im2col by rows
+ * of K, the GEMM by blocks, col2im by channel); tiles below PATCH_PAR_MIN_MACS run on one thread. */
+#define PATCH_PAR_MIN_MACS (2 * PORT_PAR_MIN)
+static int patch_team(int64_t macs) {
+    return macs >= PATCH_PAR_MIN_MACS && (double)macs < PORT_GEMM_PAR_MIN;
+}
+static int in_team(void) {
+#ifdef _OPENMP
+    return omp_in_parallel();
+#else
+    return 0;
+#endif
+}
+static void tile_rows(int64_t th, int64_t *r0, int64_t *r1) {
+#ifdef _OPENMP
+    int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+#else
+    int64_t nt = 1, t = 0;
+#endif
+    *r0 = th * t / nt;
+    *r1 = th * (t + 1) / nt;
+}
+
+/* Rows [r0, r1) of a tile: its im2col columns [r0*tw, r1*tw) of cols [K, T]. */
+static void im2col_rows(float *cols, int64_t T, const float *xg, int64_t K, const port_conv2d_params *p,
+                        int64_t oh0, int64_t r0, int64_t r1, int64_t ow0, int64_t tw) {
+    if (!in_team() && K * (r1 - r0) * tw > PORT_PAR_MIN) {
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < K; r++)
+            im2col_row(cols + r * T + r0 * tw, r, xg, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w,
+                       p->pad_h, p->pad_w, oh0 + r0, r1 - r0, ow0, tw);
+        return;
+    }
+    for (int64_t r = 0; r < K; r++)
+        im2col_row(cols + r * T + r0 * tw, r, xg, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w,
+                   p->pad_h, p->pad_w, oh0 + r0, r1 - r0, ow0, tw);
+}
+
+/* tmp[co, oy*tw + ox] <-> t[co, (oh0+oy)*wo + ow0 + ox] for the tile's rows [r0, r1) (gather: to_tmp = 1;
+ * scatter adding the bias: to_tmp = 0). */
+static void tile_move(float *tmp, float *t, const float *bias, int to_tmp, int64_t cog, int64_t T,
+                      int64_t P, int64_t wo, int64_t oh0, int64_t r0, int64_t r1, int64_t ow0,
+                      int64_t tw) {
+    for (int64_t co = 0; co < cog; co++)
+        for (int64_t oy = r0; oy < r1; oy++) {
+            float *tr = t + co * P + (oh0 + oy) * wo + ow0, *br = tmp + co * T + oy * tw;
+            if (to_tmp) {
+                memcpy(br, tr, (size_t)tw * sizeof(float));
+            } else {
+                float bv = bias ? bias[co] : 0.0f;
+                for (int64_t ox = 0; ox < tw; ox++) tr[ox] = br[ox] + bv;
+            }
+        }
+}
+
+/* A tile's forward, rows [r0, r1) of it: im2col of their columns, then their GEMM (into y in place when the
+ * tile spans whole rows, else into tmp [cog, T] and scattered with the bias) */
+static void patch_fwd_rows(float *yg, const float *xg, const float *wg, const float *bg, float *cols,
+                           const port_conv2d_params *p, int64_t cog, int64_t K, int64_t oh0, int64_t th,
+                           int64_t ow0, int64_t tw, int64_t r0, int64_t r1) {
+    int64_t wo = port_conv2d_out_w(p), P = port_conv2d_out_h(p) * wo, T = th * tw, L = (r1 - r0) * tw;
+    if (L <= 0) return;
+    im2col_rows(cols, T, xg, K, p, oh0, r0, r1, ow0, tw);
+    if (tw == wo) {
+        float *yr = yg + (oh0 + r0) * wo, beta = 0.0f;
+        if (bg) {
+            for (int64_t co = 0; co < cog; co++)
+                for (int64_t q = 0; q < L; q++) yr[co * P + q] = bg[co];
+            beta = 1.0f;
+        }
+        port__gemm(0, 0, cog, L, K, 1.0f, wg, K, cols + r0 * tw, T, beta, yr, P);
+        return;
+    }
+    float *tmp = cols + K * T;
+    port__gemm(0, 0, cog, L, K, 1.0f, wg, K, cols + r0 * tw, T, 0.0f, tmp + r0 * tw, T);
+    tile_move(tmp, yg, bg, 0, cog, T, P, wo, oh0, r0, r1, ow0, tw);
+}
+
 port_status port_conv2d_patch_forward(float *y, const float *x, const float *w, const float *b,
                                       const port_conv2d_params *p, int64_t tile_h,
                                       int64_t tile_w, void *ws, size_t ws_bytes) {
@@ -824,45 +905,86 @@ port_status port_conv2d_patch_forward(float *y, const float *x, const float *w, 
     float *cols = (float *)ws;
     for (int64_t n = 0; n < p->n; n++)
         for (int64_t g = 0; g < G; g++) {
-            const float *xg = x + (n * p->c_in + g * cig) * HW;
+            const float *xg = x + (n * p->c_in + g * cig) * HW, *wg = w + g * cog * K;
+            const float *bg = b ? b + g * cog : NULL;
             float *yg = y + (n * p->c_out + g * cog) * P;
             for (int64_t oh0 = 0; oh0 < ho; oh0 += tile_h)
                 for (int64_t ow0 = 0; ow0 < wo; ow0 += tile_w) {
                     int64_t th = PORT_MIN(tile_h, ho - oh0), tw = PORT_MIN(tile_w, wo - ow0);
-                    int64_t T = th * tw;
-                    float *tmp = cols + K * T;
-                    port__im2col_tile(cols, xg, cig, p->h, p->w, p->kh, p->kw, p->stride_h,
-                                      p->stride_w, p->pad_h, p->pad_w, oh0, th, ow0, tw);
-                    if (tw == wo) { /* band of full rows: write y directly */
-                        float *yb = yg + oh0 * wo, beta = 0.0f;
-                        if (b) {
-                            for (int64_t co = 0; co < cog; co++)
-                                for (int64_t q = 0; q < T; q++) yb[co * P + q] = b[g * cog + co];
-                            beta = 1.0f;
+                    if (th > 1 && patch_team(cog * K * th * tw)) {
+#pragma omp parallel
+                        {
+                            int64_t r0, r1;
+                            tile_rows(th, &r0, &r1);
+                            patch_fwd_rows(yg, xg, wg, bg, cols, p, cog, K, oh0, th, ow0, tw, r0, r1);
                         }
-                        port__gemm(0, 0, cog, T, K, 1.0f, w + g * cog * K, K, cols, T, beta, yb, P);
-                        continue;
-                    }
-                    port__gemm(0, 0, cog, T, K, 1.0f, w + g * cog * K, K, cols, T, 0.0f, tmp, T);
-                    for (int64_t co = 0; co < cog; co++) {
-                        float bv = b ? b[g * cog + co] : 0.0f;
-                        for (int64_t oy = 0; oy < th; oy++) {
-                            float *yr = yg + co * P + (oh0 + oy) * wo + ow0;
-                            const float *tr = tmp + co * T + oy * tw;
-                            for (int64_t ox = 0; ox < tw; ox++) yr[ox] = tr[ox] + bv;
-                        }
+                    } else {
+                        patch_fwd_rows(yg, xg, wg, bg, cols, p, cog, K, oh0, th, ow0, tw, 0, th);
                     }
                 }
         }
     return PORT_OK;
 }
 
-static void gather_tile(float *tmp, const float *src, int64_t cog, int64_t P, int64_t wo,
-                        int64_t oh0, int64_t th, int64_t ow0, int64_t tw) {
-    for (int64_t co = 0; co < cog; co++)
-        for (int64_t oy = 0; oy < th; oy++)
-            memcpy(tmp + co * th * tw + oy * tw, src + co * P + (oh0 + oy) * wo + ow0,
-                   (size_t)tw * sizeof(float));
+/* A tile's input gradient: its column gradients by rows of the tile, then col2im by input channel (the
+ * rows' input halos overlap).  Called by every thread of a team or outside any parallel region. */
+static void patch_bwi_tile(float *dxg, const float *dyg, const float *wg, float *cols, const port_conv2d_params *p,
+                           int64_t cog, int64_t K, int64_t oh0, int64_t th, int64_t ow0, int64_t tw) {
+    int64_t wo = port_conv2d_out_w(p), P = port_conv2d_out_h(p) * wo, T = th * tw;
+    float *tmp = cols + K * T;
+    int64_t r0, r1;
+    tile_rows(th, &r0, &r1);
+    if (r1 > r0) {
+        const float *dyt = dyg + (oh0 + r0) * wo;
+        int64_t ld = P;
+        if (tw != wo) {
+            tile_move(tmp, (float *)dyg, NULL, 1, cog, T, P, wo, oh0, r0, r1, ow0, tw);
+            dyt = tmp + r0 * tw;
+            ld = T;
+        }
+        port__gemm(1, 0, K, (r1 - r0) * tw, cog, 1.0f, wg, K, dyt, ld, 0.0f, cols + r0 * tw, T);
+    }
+    if (!in_team()) { /* alone: col2im threads itself */
+        port__col2im_tile(dxg, cols, p->c_in / p->groups, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w,
+                          p->pad_h, p->pad_w, oh0, th, ow0, tw);
+        return;
+    }
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (int64_t ci = 0; ci < p->c_in / p->groups; ci++)
+        col2im_channel(dxg, cols, T, ci, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w, p->pad_h,
+                       p->pad_w, oh0, th, ow0, tw);
+}
+
+/* A tile's dw += dy_tile cols^T, split over dw's longer side; split over K, every thread builds the im2col
+ * rows it multiplies (no barrier unless dy is gathered).  Called like patch_bwi_tile. */
+static void patch_bww_tile(float *dwg, const float *dyg, const float *xg, float *cols, const port_conv2d_params *p,
+                           int64_t cog, int64_t K, int64_t oh0, int64_t th, int64_t ow0, int64_t tw) {
+    int64_t wo = port_conv2d_out_w(p), P = port_conv2d_out_h(p) * wo, T = th * tw;
+    float *tmp = cols + K * T;
+    const float *dyt = tw == wo ? dyg + oh0 * wo : tmp;
+    int64_t ld = tw == wo ? P : T, m0, m1;
+    if (tw != wo) {
+        tile_rows(th, &m0, &m1);
+        tile_move(tmp, (float *)dyg, NULL, 1, cog, T, P, wo, oh0, m0, m1, ow0, tw);
+    }
+    if (cog >= K) {
+        tile_rows(th, &m0, &m1);
+        im2col_rows(cols, T, xg, K, p, oh0, m0, m1, ow0, tw);
+#pragma omp barrier
+        tile_rows(cog, &m0, &m1);
+        port__gemm(0, 1, m1 - m0, K, T, 1.0f, dyt + m0 * ld, ld, cols, T, 1.0f, dwg + m0 * K, K);
+        return;
+    }
+    tile_rows(K, &m0, &m1);
+#pragma omp parallel for schedule(static) if (K * T > PORT_PAR_MIN && !in_team())
+    for (int64_t r = m0; r < m1; r++)
+        im2col_row(cols + r * T, r, xg, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w, p->pad_h, p->pad_w,
+                   oh0, th, ow0, tw);
+    if (tw != wo) {
+#pragma omp barrier
+    }
+    port__gemm(0, 1, cog, m1 - m0, T, 1.0f, dyt, ld, cols + m0 * T, T, 1.0f, dwg + m0, K);
 }
 
 port_status port_conv2d_patch_backward_input(float *dx, const float *dy, const float *w,
@@ -884,22 +1006,16 @@ port_status port_conv2d_patch_backward_input(float *dx, const float *dy, const f
     for (int64_t n = 0; n < p->n; n++)
         for (int64_t g = 0; g < G; g++) {
             float *dxg = dx + (n * p->c_in + g * cig) * HW;
-            const float *dyg = dy + (n * p->c_out + g * cog) * P;
+            const float *dyg = dy + (n * p->c_out + g * cog) * P, *wg = w + g * cog * K;
             for (int64_t oh0 = 0; oh0 < ho; oh0 += tile_h)
                 for (int64_t ow0 = 0; ow0 < wo; ow0 += tile_w) {
                     int64_t th = PORT_MIN(tile_h, ho - oh0), tw = PORT_MIN(tile_w, wo - ow0);
-                    int64_t T = th * tw;
-                    float *tmp = cols + K * T;
-                    const float *dyt = dyg + oh0 * wo;
-                    int64_t ld = P;
-                    if (tw != wo) {
-                        gather_tile(tmp, dyg, cog, P, wo, oh0, th, ow0, tw);
-                        dyt = tmp;
-                        ld = T;
+                    if (patch_team(cog * K * th * tw)) {
+#pragma omp parallel
+                        patch_bwi_tile(dxg, dyg, wg, cols, p, cog, K, oh0, th, ow0, tw);
+                    } else {
+                        patch_bwi_tile(dxg, dyg, wg, cols, p, cog, K, oh0, th, ow0, tw);
                     }
-                    port__gemm(1, 0, K, T, cog, 1.0f, w + g * cog * K, K, dyt, ld, 0.0f, cols, T);
-                    port__col2im_tile(dxg, cols, cig, p->h, p->w, p->kh, p->kw, p->stride_h,
-                                      p->stride_w, p->pad_h, p->pad_w, oh0, th, ow0, tw);
                 }
         }
     return PORT_OK;
@@ -926,21 +1042,16 @@ port_status port_conv2d_patch_backward_weight(float *dw, float *db, const float 
         for (int64_t g = 0; g < G; g++) {
             const float *xg = x + (n * p->c_in + g * cig) * HW;
             const float *dyg = dy + (n * p->c_out + g * cog) * P;
+            float *dwg = dw + g * cog * K;
             for (int64_t oh0 = 0; oh0 < ho; oh0 += tile_h)
                 for (int64_t ow0 = 0; ow0 < wo; ow0 += tile_w) {
                     int64_t th = PORT_MIN(tile_h, ho - oh0), tw = PORT_MIN(tile_w, wo - ow0);
-                    int64_t T = th * tw;
-                    float *tmp = cols + K * T;
-                    const float *dyt = dyg + oh0 * wo;
-                    int64_t ld = P;
-                    if (tw != wo) {
-                        gather_tile(tmp, dyg, cog, P, wo, oh0, th, ow0, tw);
-                        dyt = tmp;
-                        ld = T;
+                    if (patch_team(cog * K * th * tw)) {
+#pragma omp parallel
+                        patch_bww_tile(dwg, dyg, xg, cols, p, cog, K, oh0, th, ow0, tw);
+                    } else {
+                        patch_bww_tile(dwg, dyg, xg, cols, p, cog, K, oh0, th, ow0, tw);
                     }
-                    port__im2col_tile(cols, xg, cig, p->h, p->w, p->kh, p->kw, p->stride_h,
-                                      p->stride_w, p->pad_h, p->pad_w, oh0, th, ow0, tw);
-                    port__gemm(0, 1, cog, K, T, 1.0f, dyt, ld, cols, T, 1.0f, dw + g * cog * K, K);
                 }
         }
     if (db) bias_grad(db, dy, p->n, p->c_out, P);

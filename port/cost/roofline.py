@@ -24,7 +24,7 @@ DEFAULT_EFFICIENCY = {
 }
 # elementwise, pooling, normalisation, loss, update: the bound is bytes / bandwidth or vector FLOPs
 ELEMENTWISE_EFFICIENCY = 0.5   # fraction of bandwidth reached by elementwise kernels
-VARIANT_FACTOR = {"plain": 1.0, "inplace": 0.95, "fused": 0.8, "direct": 1.0, "patch4": 1.35, "patch8": 1.12,
+VARIANT_FACTOR = {"plain": 1.0, "inplace": 0.95, "fused": 0.8, "direct": 1.0, "patch4": 1.1, "patch8": 1.2,
                   "tiled": 1.3}
 ZERO_COST_KINDS = ("reshape", "reshape.grad_input", "add.grad_input")
 WINOGRAD_MAC_FACTOR = 16 / 36   # F(2x2, 3x3): 16 multiplies per output tile and channel pair instead of 4 * 9

@@ -180,10 +180,11 @@ def workspace_bytes(kernel: str, variant: str, backend: str, attrs: dict, in_sha
     from port.exec import capi
     x, co = conv_geometry(kernel, in_shapes, out_shapes)
     p = conv_params(capi, x, co, attrs)
-    tile = V.patch_tile(variant)
+    pr = ctypes.byref(p)
+    tile = V.patch_tile_hw(variant, capi.raw.port_conv2d_out_h(pr), capi.raw.port_conv2d_out_w(pr))
     if tile is not None:
-        return int(capi.raw.port_conv2d_patch_workspace_bytes(ctypes.byref(p), tile, tile))
-    return int(capi.raw.port_conv2d_workspace_bytes(ctypes.byref(p), CONV_ALGO.get(variant, 0)))
+        return int(capi.raw.port_conv2d_patch_workspace_bytes(pr, *tile))
+    return int(capi.raw.port_conv2d_workspace_bytes(pr, CONV_ALGO.get(variant, 0)))
 
 
 def c_conv_algo(graph, op, variant: str = "fused") -> str | None:

@@ -55,9 +55,11 @@ def _conv_iv(kernel: str, attrs: dict, IS, OS, variant: str) -> tuple[int, ...]:
     sh, sw = attrs["stride"]
     ph, pw = attrs["padding"]
     ho, wo = (OS[0] if kernel in ("conv2d", "conv2d_bn_relu") else IS[0])[2:4]
-    tile = V.patch_tile(variant) or 0
+    tile = V.patch_tile_hw(variant, ho, wo)
+    if tile is not None:    # patch kernels: iv[14] = tile width, iv[15] = tile height (kernels/runtime/rt_exec.c)
+        return (n, c, h, w, co, kh, kw, sh, sw, ph, pw, attrs["groups"], ho, wo, tile[1], tile[0])
     algo = 0 if kernel == "conv2d_bn_relu" else CONV_ALGO.get(variant, 0)
-    return (n, c, h, w, co, kh, kw, sh, sw, ph, pw, attrs["groups"], ho, wo, algo, tile)
+    return (n, c, h, w, co, kh, kw, sh, sw, ph, pw, attrs["groups"], ho, wo, algo, 0)
 
 
 def encode(call: Any, shape: Callable[[int], tuple[int, ...]]) -> Encoded:

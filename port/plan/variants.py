@@ -5,7 +5,9 @@ Variant names
 -------------
 ``plain``        the reference implementation (for conv2d on the C backend: im2col + GEMM)
 ``direct``       conv2d without im2col: depthwise (groups == C_in == C_out) or 1x1/stride 1/pad 0
-``patch<T>``     conv2d computed in T x T spatial output tiles, im2col per tile (workspace ~ tile)
+``patch<T>``     conv2d computed in row bands of H_out // T whole output rows, im2col per band: the workspace
+                 is at most 1/T of the image's im2col matrix (no output buffer: a band of whole rows is
+                 contiguous in y and dy), at the price of T times as many, T times smaller GEMMs
 ``winograd``     conv2d (forward and both gradients) as Winograd F(2x2, 3x3): 16 GEMMs over channels in the
                  transformed domain, 2.25x fewer multiply-adds than the direct sum, a larger workspace
                  (the transformed kernels plus a chunk of transformed tiles). 3x3, stride 1, groups 1,
@@ -40,7 +42,7 @@ Legality (pure functions of the graph, used by solver, simulator and lowering al
 * ``fused`` on a conv2d without bias: its output feeds exactly one op, a training-mode batch_norm2d, whose
   output feeds exactly one relu, all forward.
 * in-place batch norm needs affine weight and bias (it rebuilds x-hat from the output).
-* ``patch<T>`` on conv2d ops whose output is larger than T in both spatial dims.
+* ``patch<T>`` on conv2d ops whose output has more than T rows.
 * ``winograd`` where the C library runs it (``winograd_legal`` asks port_conv2d_resolve_algo).
 """
 from __future__ import annotations
@@ -151,7 +153,7 @@ def variants(graph: Graph, op: Op, backend: str) -> tuple[str, ...]:
         fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
         h, w = graph.tensors[fwd.outputs[0]].shape[2:]
         for t in PATCH_TILES:
-            if h > t and w > t:
+            if h > t:
                 out.append(f"patch{t}")
         if op.kind == "conv2d" and fusion_chain(graph, op) is not None:
             out.append("fused")
@@ -188,7 +190,15 @@ def fused_into(graph: Graph, op: Op) -> int | None:
 
 
 def patch_tile(variant: str) -> int | None:
+    """T of ``patch<T>`` (the number of row bands the output is cut into, at least), else None."""
     return int(variant[5:]) if variant.startswith("patch") else None
+
+
+def patch_tile_hw(variant: str, out_h: int, out_w: int) -> tuple[int, int] | None:
+    """The (tile_h, tile_w) the C patch kernels run ``patch<T>`` with on an out_h x out_w output: bands of
+    out_h // T whole rows (so the band's im2col is at most 1/T of the image's); None for other variants."""
+    t = patch_tile(variant)
+    return None if t is None else (max(1, out_h // t), out_w)
 
 
 def inplace_conflicts(graph: Graph) -> tuple[tuple[int, int], ...]:

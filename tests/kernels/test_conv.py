@@ -281,6 +281,34 @@ def test_fast_conv_paths_equal_reference(K, case):
         close(db, db_r, 1e-4, 1e-5, what=f"patch{tile} db")
 
 
+
+# Tiles large enough for the patch kernels' thread team (a tile's rows split over the threads) and for the
+# path where each step threads itself (a tile's GEMM above the split threshold): both dw GEMM splits (c_out/g
+# >= K and < K), bands of whole rows and narrower tiles, a last band of one row, stride 2, groups.
+PATCH_TEAM_CASES = [  # n, c_in, c_out, h, w, k, s, p, g, tile
+    (2, 16, 48, 31, 29, 3, 1, 1, 1, (3, 1000)),
+    (2, 16, 48, 31, 29, 3, 1, 1, 1, (16, 1000)),
+    (2, 16, 48, 31, 29, 3, 1, 1, 1, (4, 7)),
+    (3, 3, 64, 33, 35, 3, 1, 1, 1, (4, 1000)),
+    (3, 3, 64, 33, 35, 3, 1, 1, 1, (8, 9)),
+    (2, 8, 96, 40, 37, 3, 2, 1, 2, (5, 1000)),
+]
+
+
+@pytest.mark.parametrize("case", PATCH_TEAM_CASES, ids=lambda c: "x".join(map(str, c[:9])) + f"_t{c[9]}")
+def test_patch_threaded_tiles_equal_torch(K, case):
+    n, ci, co, h, w, k, s, p, g, tile = case
+    x, wt, b, dy = _make(case[:9], True)
+    xd, wd, bd, dyd = (t.double().requires_grad_(True) for t in (x, wt, b, dy))
+    y_ref = F.conv2d(xd, wd, bd, s, p, 1, g)
+    dx_ref, dw_ref, db_ref = torch.autograd.grad(y_ref, (xd, wd, bd), dyd)
+    close(K.conv2d_patch_forward(x, wt, b, s, p, g, tile=tile), y_ref, 1e-5, 1e-5, what="y")
+    close(K.conv2d_patch_backward_input(dy, wt, x.shape, s, p, g, tile=tile), dx_ref, 1e-5, 1e-5, what="dx")
+    dw, db = K.conv2d_patch_backward_weight(dy, x, wt.shape, s, p, g, bias=True, tile=tile)
+    close(dw, dw_ref, 1e-4, 1e-5, what="dw")
+    close(db, db_ref, 1e-4, 1e-5, what="db")
+
+
 # Winograd F(2x2, 3x3): 3x3, stride 1, groups 1, padding <= 2. Odd maps (partial edge tiles), 1x1 and 1xN
 # maps, every padding, and one case large enough to run several tile chunks (c_in + c_out = 1024 -> chunks
 # of 128 tiles; 4 images of 7x6 tiles = 168 tiles: the second chunk starts mid-row in the fourth image).
@@ -333,3 +361,28 @@ def test_winograd_legality_and_auto_choice(K):
     assert auto(1, 16, 16, 16, 16, 3, 3, 1, 1, 1, 1, 1) == capi.CONV_IM2COL      # 64 tiles
     assert auto(2, 8, 16, 16, 16, 3, 3, 1, 1, 1, 1, 1) == capi.CONV_IM2COL       # c_in 8
     assert auto(2, 16, 16, 16, 16, 1, 1, 1, 1, 0, 0, 1) == capi.CONV_DIRECT
+
+
+def test_rt_patch_call_reads_band_and_square_tiles(K):
+    """port_rt_exec's patch calls: iv[15] = tile height, iv[14] = tile width (bundles written before row bands
+    carry 0 there and mean square tiles of iv[15]); both tilings give the convolution."""
+    from port.exec import capi
+    n, ci, co, h, w, k, s, p, g = 2, 5, 12, 19, 17, 3, 2, 1, 1
+    x, wt, b, _ = _make((n, ci, co, h, w, k, s, p, g), True)
+    ho, wo = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    y_ref = F.conv2d(x.double(), wt.double(), b.double(), s, p)
+    iv = [n, ci, h, w, co, k, k, s, s, p, p, g, ho, wo]
+    for tw, th in ((wo, 2), (3, 9), (0, 3)):     # (3, 9): a runtime reading th x th would want more workspace
+        prm = K.conv2d_params(x.shape, wt.shape, s, p, g)
+        ws_bytes = K.conv2d_patch_workspace_bytes(prm, (th, tw or th))
+        ws = torch.empty(ws_bytes, dtype=torch.uint8)
+        y = torch.full((n, co, ho, wo), float("nan"))
+        rc = capi.RtCall()
+        rc.kernel = 4                                  # PORT_RT_CONV2D_PATCH_FORWARD (port_rt.h)
+        rc.ws_bytes = ws_bytes
+        for i, v in enumerate(iv + [tw, th]):
+            rc.iv[i] = v
+        ptrs = (ctypes.c_void_p * capi.RT_MAX_PTRS)(y.data_ptr(), x.data_ptr(), wt.data_ptr(), b.data_ptr())
+        st = capi.raw.port_rt_exec(ctypes.byref(rc), ptrs, ws.data_ptr(), ctypes.byref(capi.RtState()))
+        assert st == 0, K.status_string(st)
+        close(y, y_ref, 1e-5, 1e-5, what=f"tile {th}x{tw}")

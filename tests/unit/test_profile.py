@@ -71,10 +71,12 @@ def test_c_workspace_equals_kernel_query(graph, host_profile):
         p = K.conv2d_params(x, w, op.attr("stride"), op.attr("padding"), op.attr("groups"))
         e = prof.lookup(graph.signature(op), "cpu-c", "plain")
         assert e.measured and e.workspace_bytes == K.conv2d_workspace_bytes(p, "im2col")
+        ho, wo = graph.tensors[op.outputs[0]].shape[2:]
         for t in (4, 8):
             ep = prof.lookup(graph.signature(op), "cpu-c", f"patch{t}")
-            if ep is not None:
-                assert ep.workspace_bytes == K.conv2d_patch_workspace_bytes(p, (t, t))
+            if ep is not None:   # bands of ho // t whole rows: at most 1/t of the image's im2col
+                assert ep.workspace_bytes == K.conv2d_patch_workspace_bytes(p, (ho // t, wo))
+                assert ep.workspace_bytes * t <= 4 * (w[1] * w[2] * w[3]) * ho * wo    # float32 [K, P]
         checked += 1
     assert checked
 
