@@ -172,13 +172,20 @@ static void col2im_channel(float *dx, const float *cols, int64_t ld, int64_t ci,
     }
 }
 
-void port__im2col_tile(float *cols, const float *x, int64_t cin, int64_t h, int64_t w, int64_t kh,
-                       int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t oh0,
-                       int64_t th, int64_t ow0, int64_t tw) {
-    int64_t K = cin * kh * kw, T = th * tw;
-#pragma omp parallel for schedule(static) if (K * T > PORT_PAR_MIN)
-    for (int64_t r = 0; r < K; r++)
-        im2col_row(cols + r * T, r, x, h, w, kh, kw, sh, sw, ph, pw, oh0, th, ow0, tw);
+static int in_team(void) {
+#ifdef _OPENMP
+    return omp_in_parallel();
+#else
+    return 0;
+#endif
+}
+
+void port__im2col_part(float *cols, int64_t T, const float *xg, const port_conv2d_params *p, int64_t k0,
+                       int64_t k1, int64_t oh0, int64_t r0, int64_t r1, int64_t ow0, int64_t tw) {
+#pragma omp parallel for schedule(static) if (!in_team() && (k1 - k0) * (r1 - r0) * tw > PORT_PAR_MIN)
+    for (int64_t r = k0; r < k1; r++)
+        im2col_row(cols + r * T + r0 * tw, r, xg, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w,
+                   p->pad_h, p->pad_w, oh0 + r0, r1 - r0, ow0, tw);
 }
 
 void port__col2im_tile(float *dx, const float *cols, int64_t cin, int64_t h, int64_t w,
@@ -630,8 +637,7 @@ void port__conv_fwd(float *y, const float *x, const float *w, const float *b,
             float *yg = y + (n * p->c_out + g * cog) * P;
             const float *B = xg;
             if (!direct) {
-                port__im2col_tile(ws, xg, cig, p->h, p->w, p->kh, p->kw, p->stride_h,
-                                  p->stride_w, p->pad_h, p->pad_w, 0, ho, 0, wo);
+                port__im2col_part(ws, P, xg, p, 0, K, 0, 0, ho, 0, wo);
                 B = ws;
             }
             float beta = 0.0f;
@@ -710,8 +716,7 @@ void port__conv_bwd_w(float *dw, float *db, const float *dy, const float *x,
             const float *dyg = dy + (n * p->c_out + g * cog) * P;
             const float *B = xg;
             if (!direct) {
-                port__im2col_tile(ws, xg, cig, p->h, p->w, p->kh, p->kw, p->stride_h,
-                                  p->stride_w, p->pad_h, p->pad_w, 0, ho, 0, wo);
+                port__im2col_part(ws, P, xg, p, 0, K, 0, 0, ho, 0, wo);
                 B = ws;
             }
             port__gemm(0, 1, cog, K, P, 1.0f, dyg, P, B, P, 1.0f, dw + g * cog * K, K);
@@ -816,13 +821,6 @@ static port_status patch_validate(const port_conv2d_params *p, int64_t *th, int6
 static int patch_team(int64_t macs) {
     return macs >= PATCH_PAR_MIN_MACS && (double)macs < PORT_GEMM_PAR_MIN;
 }
-static int in_team(void) {
-#ifdef _OPENMP
-    return omp_in_parallel();
-#else
-    return 0;
-#endif
-}
 static void tile_rows(int64_t th, int64_t *r0, int64_t *r1) {
 #ifdef _OPENMP
     int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
@@ -831,21 +829,6 @@ static void tile_rows(int64_t th, int64_t *r0, int64_t *r1) {
 #endif
     *r0 = th * t / nt;
     *r1 = th * (t + 1) / nt;
-}
-
-/* Rows [r0, r1) of a tile: its im2col columns [r0*tw, r1*tw) of cols [K, T]. */
-static void im2col_rows(float *cols, int64_t T, const float *xg, int64_t K, const port_conv2d_params *p,
-                        int64_t oh0, int64_t r0, int64_t r1, int64_t ow0, int64_t tw) {
-    if (!in_team() && K * (r1 - r0) * tw > PORT_PAR_MIN) {
-#pragma omp parallel for schedule(static)
-        for (int64_t r = 0; r < K; r++)
-            im2col_row(cols + r * T + r0 * tw, r, xg, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w,
-                       p->pad_h, p->pad_w, oh0 + r0, r1 - r0, ow0, tw);
-        return;
-    }
-    for (int64_t r = 0; r < K; r++)
-        im2col_row(cols + r * T + r0 * tw, r, xg, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w,
-                   p->pad_h, p->pad_w, oh0 + r0, r1 - r0, ow0, tw);
 }
 
 /* tmp[co, oy*tw + ox] <-> t[co, (oh0+oy)*wo + ow0 + ox] for the tile's rows [r0, r1) (gather: to_tmp = 1;
@@ -872,7 +855,7 @@ static void patch_fwd_rows(float *yg, const float *xg, const float *wg, const fl
                            int64_t ow0, int64_t tw, int64_t r0, int64_t r1) {
     int64_t wo = port_conv2d_out_w(p), P = port_conv2d_out_h(p) * wo, T = th * tw, L = (r1 - r0) * tw;
     if (L <= 0) return;
-    im2col_rows(cols, T, xg, K, p, oh0, r0, r1, ow0, tw);
+    port__im2col_part(cols, T, xg, p, 0, K, oh0, r0, r1, ow0, tw);
     if (tw == wo) {
         float *yr = yg + (oh0 + r0) * wo, beta = 0.0f;
         if (bg) {
@@ -970,17 +953,14 @@ static void patch_bww_tile(float *dwg, const float *dyg, const float *xg, float 
     }
     if (cog >= K) {
         tile_rows(th, &m0, &m1);
-        im2col_rows(cols, T, xg, K, p, oh0, m0, m1, ow0, tw);
+        port__im2col_part(cols, T, xg, p, 0, K, oh0, m0, m1, ow0, tw);
 #pragma omp barrier
         tile_rows(cog, &m0, &m1);
         port__gemm(0, 1, m1 - m0, K, T, 1.0f, dyt + m0 * ld, ld, cols, T, 1.0f, dwg + m0 * K, K);
         return;
     }
     tile_rows(K, &m0, &m1);
-#pragma omp parallel for schedule(static) if (K * T > PORT_PAR_MIN && !in_team())
-    for (int64_t r = m0; r < m1; r++)
-        im2col_row(cols + r * T, r, xg, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w, p->pad_h, p->pad_w,
-                   oh0, th, ow0, tw);
+    port__im2col_part(cols, T, xg, p, m0, m1, oh0, 0, th, ow0, tw);
     if (tw != wo) {
 #pragma omp barrier
     }

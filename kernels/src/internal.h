@@ -250,11 +250,11 @@ void port__sgemm_vendored(int ta, int tb, int64_t m, int64_t n, int64_t k, float
                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                           float *c, int64_t ldc);
 
-/* im2col / col2im of one image and one group, restricted to the output tile
- * [oh0, oh0+th) x [ow0, ow0+tw).  cols is [cin*kh*kw, th*tw]. */
-void port__im2col_tile(float *cols, const float *x, int64_t cin, int64_t h, int64_t w, int64_t kh,
-                       int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t oh0,
-                       int64_t th, int64_t ow0, int64_t tw);
+/* im2col of one image xg and one group into cols [K, T] (row stride T): rows [k0, k1) of K and the output
+ * tile's rows [r0, r1) -- output rows oh0+r0 .. oh0+r1-1, columns [ow0, ow0+tw) -- written to columns
+ * [r0*tw, r1*tw).  Threads over K outside a parallel region when the part is large enough. */
+void port__im2col_part(float *cols, int64_t T, const float *xg, const port_conv2d_params *p, int64_t k0,
+                       int64_t k1, int64_t oh0, int64_t r0, int64_t r1, int64_t ow0, int64_t tw);
 /* dx += col2im(cols) over the same tile. */
 void port__col2im_tile(float *dx, const float *cols, int64_t cin, int64_t h, int64_t w,
                        int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
