@@ -18,6 +18,9 @@
  * AVX-512 one (x86-64 only; threads there have MiBs of stack). */
 #pragma GCC optimize("fp-contract=fast")
 #include "internal.h"
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #define MR 8
 #define NR 16
@@ -71,12 +74,21 @@ __attribute__((target("avx2,fma"))) static void mk_avx2(int64_t kc, const float 
 #define PORT_GEMM_HAVE_AVX512 1
 #endif
 
+/* tr(dst, ldd, src, lds, rows, kc): a transposing copy of up to 16 rows, dst[p * ldd + r] = src[r * lds + p]
+ * for r < rows, 0 for rows <= r < min(ldd, 16), p < kc (a panel of A's rows, or 16 columns of a transposed B
+ * panel); NULL: element by element */
+typedef void (*tr_fn)(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t kc);
+
 /* Pack op(A)[i0:i0+mc, p0:p0+kc] into mr_-row panels: ap[panel][p][r]. */
-static inline void pack_a(float *ap, int64_t mr_, int ta, const float *a, int64_t lda, int64_t i0,
+static inline void pack_a(float *ap, int64_t mr_, int ta, tr_fn tr, const float *a, int64_t lda, int64_t i0,
                           int64_t mc, int64_t p0, int64_t kc) {
     for (int64_t ir = 0; ir < mc; ir += mr_) {
         int64_t mr = PORT_MIN(mr_, mc - ir);
         float *dst = ap + ir * kc;
+        if (!ta && tr && mr_ <= 16) {
+            tr(dst, mr_, a + (i0 + ir) * lda + p0, lda, mr, kc);
+            continue;
+        }
         if (!ta) { /* rows of A are contiguous in p: read them in order, write every mr_-th float */
             for (int64_t r = 0; r < mr; r++) {
                 const float *src = a + (i0 + ir + r) * lda + p0;
@@ -95,20 +107,17 @@ static inline void pack_a(float *ap, int64_t mr_, int ta, const float *a, int64_
     }
 }
 
-/* bt16(dst, nr_, src, ldb, kc): dst[p * nr_ + r] = src[r * ldb + p] for r < 16, p < kc (16 columns of a
- * transposed B panel), or NULL */
-typedef void (*bt16_fn)(float *dst, int64_t nr_, const float *src, int64_t ldb, int64_t kc);
 
 /* Pack op(B)[p0:p0+kc, j0:j0+nc] into nr_-column panels: bp[panel][p][c]. */
-static inline void pack_b(float *bp, int64_t nr_, int tb, bt16_fn bt16, const float *b, int64_t ldb, int64_t p0,
+static inline void pack_b(float *bp, int64_t nr_, int tb, tr_fn tr, const float *b, int64_t ldb, int64_t p0,
                           int64_t kc, int64_t j0, int64_t nc) {
     for (int64_t jr = 0; jr < nc; jr += nr_) {
         int64_t nr = PORT_MIN(nr_, nc - jr);
         float *dst = bp + jr * kc;
         if (tb) { /* columns of op(B) are rows of B: read them in order, write every nr_-th float */
             int64_t c0 = 0;
-            if (bt16)
-                for (; c0 + 16 <= nr; c0 += 16) bt16(dst + c0, nr_, b + (j0 + jr + c0) * ldb + p0, ldb, kc);
+            if (tr)
+                for (; c0 + 16 <= nr; c0 += 16) tr(dst + c0, nr_, b + (j0 + jr + c0) * ldb + p0, ldb, 16, kc);
             for (int64_t c = c0; c < nr; c++) {
                 const float *src = b + (j0 + jr + c) * ldb + p0;
                 for (int64_t p = 0; p < kc; p++) dst[p * nr_ + c] = src[p];
@@ -129,17 +138,17 @@ static inline void pack_b(float *bp, int64_t nr_, int tb, bt16_fn bt16, const fl
 
 /* C[0:m, j0:j0+nc] += alpha op(A) op(B) with an mr_ x nr_ tile kernel, K blocks of kc_, A blocks of mc_ rows;
  * bp holds kc_ x nc and ap mc_ x kc_ floats */
-static inline void gemm_blocks(tile_fn tile, bt16_fn bt16, int64_t mr_, int64_t nr_, int64_t kc_, int64_t mc_,
+static inline void gemm_blocks(tile_fn tile, tr_fn tr, int64_t mr_, int64_t nr_, int64_t kc_, int64_t mc_,
                                float *bp,
                                float *ap, int ta, int tb, int64_t m, int64_t j0, int64_t nc, int64_t k,
                                float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
                                int64_t ldc) {
     for (int64_t p0 = 0; p0 < k; p0 += kc_) {
         int64_t kc = PORT_MIN(kc_, k - p0);
-        pack_b(bp, nr_, tb, bt16, b, ldb, p0, kc, j0, nc);
+        pack_b(bp, nr_, tb, tr, b, ldb, p0, kc, j0, nc);
         for (int64_t i0 = 0; i0 < m; i0 += mc_) {
             int64_t mc = PORT_MIN(mc_, m - i0);
-            pack_a(ap, mr_, ta, a, lda, i0, mc, p0, kc);
+            pack_a(ap, mr_, ta, tr, a, lda, i0, mc, p0, kc);
             for (int64_t jr = 0; jr < nc; jr += nr_)
                 for (int64_t ir = 0; ir < mc; ir += mr_)
                     tile(kc, ap + ir * kc, bp + jr * kc, c + (i0 + ir) * ldc + j0 + jr, ldc, alpha,
@@ -198,12 +207,14 @@ __attribute__((target("avx512f,fma"))) static void mk5(int64_t kc, const float *
 #undef SPILL
 }
 
-/* 16 x 16 blocks transposed in registers: four rounds of two-source permutes swap the off-diagonal 8x8, 4x4,
- * 2x2 and 1x1 blocks (row i and row i + h exchange halves of width h); the element-wise transposing copy wrote
- * every float to another cache line, a third of a conv weight gradient's GEMM time at 64 output channels */
+/* Up to 16 x 16 blocks transposed in registers: four rounds of two-source permutes swap the off-diagonal 8x8,
+ * 4x4, 2x2 and 1x1 blocks (row i and row i + h exchange halves of width h); missing rows are zeros and rows of
+ * fewer than 16 floats are written with masked stores.  The element-wise transposing copy wrote every float to
+ * another cache line: a third of a conv weight gradient's GEMM time at 64 output channels (B), and ~7% of a
+ * square GEMM's time packing A's 12-row panels one float per store. */
 typedef int32_t v16i __attribute__((vector_size(64)));
-__attribute__((target("avx512f"))) static void bt16_avx512(float *dst, int64_t nr_, const float *src, int64_t ldb,
-                                                            int64_t kc) {
+__attribute__((target("avx512f"))) static void tr_avx512(float *dst, int64_t ldd, const float *src, int64_t lds,
+                                                          int64_t rows, int64_t kc) {
 #define LOJ(j, h) ((j) + (((j) & (h)) ? 16 - (h) : 0)) /* row i's half, then row i + h's */
 #define HIJ(j, h) ((j) + (((j) & (h)) ? 16 : (h)))
 #define ROW16(F, h) {F(0, h), F(1, h), F(2, h), F(3, h), F(4, h), F(5, h), F(6, h), F(7, h), \
@@ -213,11 +224,12 @@ __attribute__((target("avx512f"))) static void bt16_avx512(float *dst, int64_t n
 #undef LOJ
 #undef HIJ
 #undef ROW16
-    int64_t p = 0;
+    int64_t w = PORT_MIN(ldd, 16), p = 0;
+    __mmask16 keep = (__mmask16)((1u << w) - 1u);
     for (; p + 16 <= kc; p += 16) {
         v16fa x[16];
 #pragma GCC unroll 16
-        for (int r = 0; r < 16; r++) x[r] = *(const v16f *)(src + r * ldb + p);
+        for (int r = 0; r < 16; r++) x[r] = r < rows ? *(const v16f *)(src + r * lds + p) : (v16fa){0};
 #pragma GCC unroll 4
         for (int s = 0; s < 4; s++) {
             int h = 8 >> s;
@@ -229,11 +241,16 @@ __attribute__((target("avx512f"))) static void bt16_avx512(float *dst, int64_t n
                 x[i + h] = __builtin_shuffle(a, b, hi[s]);
             }
         }
+        if (w == 16) {
 #pragma GCC unroll 16
-        for (int j = 0; j < 16; j++) *(v16f *)(dst + (p + j) * nr_) = x[j];
+            for (int j = 0; j < 16; j++) *(v16f *)(dst + (p + j) * ldd) = x[j];
+        } else {
+#pragma GCC unroll 16
+            for (int j = 0; j < 16; j++) _mm512_mask_storeu_ps(dst + (p + j) * ldd, keep, (__m512)x[j]);
+        }
     }
     for (; p < kc; p++)
-        for (int r = 0; r < 16; r++) dst[p * nr_ + r] = src[r * ldb + p];
+        for (int64_t r = 0; r < w; r++) dst[p * ldd + r] = r < rows ? src[r * lds + p] : 0.0f;
 }
 
 /* the AVX-512 configuration: C[0:m, j0:j0+nc] += alpha op(A) op(B), nc <= NC5 columns */
@@ -241,7 +258,7 @@ static void gemm_chunk5(int ta, int tb, int64_t m, int64_t j0, int64_t nc, int64
                         int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
     float bp[KC5 * NC5] __attribute__((aligned(64)));
     float ap[MC5 * KC5] __attribute__((aligned(64)));
-    gemm_blocks(mk5, bt16_avx512, MR5, NR5, KC5, MC5, bp, ap, ta, tb, m, j0, nc, k, alpha, a, lda, b, ldb, c, ldc);
+    gemm_blocks(mk5, tr_avx512, MR5, NR5, KC5, MC5, bp, ap, ta, tb, m, j0, nc, k, alpha, a, lda, b, ldb, c, ldc);
 }
 #endif
 

@@ -54,30 +54,32 @@ def library_path() -> str:
 
 
 def _preload_openblas() -> None:
+    # `import scipy_openblas32` already loads the library (its constructor sizes the pthread pool from
+    # OPENBLAS_NUM_THREADS then): PORT calls OpenBLAS single-threaded, so the import runs with the variable at 1
+    # and no pool is created (a pool's threads spin ~0.1 s after start, beside PORT's first steps).  If another
+    # module imported it first, its pool exists; it is set to one thread below and stays idle.
+    prev = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
     try:
-        import scipy_openblas32 as ob
-    except ImportError:
-        return
-    libdir = ob.get_lib_dir()
-    for name in (f"lib{ob.get_library()}.so", f"lib{ob.get_library()}.dylib"):
-        path = os.path.join(libdir, name)
-        if os.path.exists(path):
-            # PORT calls OpenBLAS single-threaded: create no OpenBLAS pthread pool at all.
-            prev = {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS",)}
-            os.environ["OPENBLAS_NUM_THREADS"] = "1"
-            try:
-                lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-            finally:
-                for k, v in prev.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-            for fn in ("scipy_openblas_set_num_threads", "openblas_set_num_threads"):
-                if hasattr(lib, fn):
-                    getattr(lib, fn)(1)
-                    break
+        try:
+            import scipy_openblas32 as ob
+        except ImportError:
             return
+        libdir = ob.get_lib_dir()
+        for name in (f"lib{ob.get_library()}.so", f"lib{ob.get_library()}.dylib"):
+            path = os.path.join(libdir, name)
+            if os.path.exists(path):
+                lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                for fn in ("scipy_openblas_set_num_threads", "openblas_set_num_threads"):
+                    if hasattr(lib, fn):
+                        getattr(lib, fn)(1)
+                        break
+                return
+    finally:
+        if prev is None:
+            os.environ.pop("OPENBLAS_NUM_THREADS", None)
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = prev
 
 
 _OMP_RE = re.compile(r"/lib(gomp|iomp5|omp)[-.][^/]*\.so[^/]*$|/lib(gomp|iomp5|omp)\.so[^/]*$")

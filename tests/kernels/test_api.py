@@ -292,6 +292,26 @@ def test_single_openmp_runtime_in_process(torch_first):
     assert out.stdout.split() == ["1", "True"], out.stdout
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="Linux only")
+def test_loading_the_kernels_starts_no_openblas_pool():
+    """PORT calls OpenBLAS single-threaded: loading the kernels (which imports scipy_openblas32, whose import
+    loads OpenBLAS) adds no thread to the process and leaves OPENBLAS_NUM_THREADS as it was.  torch and numpy
+    (with numpy's own OpenBLAS pool) are imported first, so only the kernels' threads are counted."""
+    import subprocess
+    import sys
+    code = ("import os, torch, numpy\n"
+            "n0 = len(os.listdir('/proc/self/task'))\n"
+            "from port.exec import native\n"
+            "native.load()\n"
+            "print(len(os.listdir('/proc/self/task')) - n0, os.environ.get('OPENBLAS_NUM_THREADS', '-'))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                                                          "OMP_NUM_THREADS")}
+    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="2")   # OpenBLAS sizes a pool from OMP_NUM_THREADS too
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "-"], out.stdout
+
+
 @pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
 @pytest.mark.parametrize("m,n,k", [(200, 77, 96), (37, 301, 128), (64, 64, 300)])
 def test_sgemm_split_over_threads(K, ta, tb, m, n, k):
