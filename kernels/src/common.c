@@ -98,6 +98,8 @@ port_status port_set_gemm_backend(int backend) {
 
 int port_get_gemm_backend(void) { return g_gemm_backend; }
 
+int port__gemm_bpack_ok(void) { return g_gemm_backend == PORT_GEMM_VENDORED; }
+
 void port__gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                 int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
     if (m <= 0 || n <= 0) return;

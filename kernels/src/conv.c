@@ -188,6 +188,52 @@ void port__im2col_part(float *cols, int64_t T, const float *xg, const port_conv2
                    p->pad_h, p->pad_w, oh0 + r0, r1 - r0, ow0, tw);
 }
 
+/* Columns [j, j + len) of one image's im2col row r (output positions in row-major order): a partial first
+ * output row, whole rows, a partial last row. */
+static void im2col_seg(float *dst, int64_t r, const float *xg, const port_conv2d_params *p, int64_t j, int64_t len) {
+    int64_t wo = port_conv2d_out_w(p), oh = j / wo, ow = j % wo;
+#define SEG(oh0, th, ow0, tw) im2col_row(dst, r, xg, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w, p->pad_h, \
+                                         p->pad_w, oh0, th, ow0, tw)
+    if (ow > 0) {
+        int64_t t = PORT_MIN(len, wo - ow);
+        SEG(oh, 1, ow, t);
+        dst += t; len -= t; oh++;
+    }
+    if (len >= wo) {
+        int64_t rows = len / wo;
+        SEG(oh, rows, 0, wo);
+        dst += rows * wo; len -= rows * wo; oh += rows;
+    }
+    if (len > 0) SEG(oh, 1, 0, len);
+#undef SEG
+}
+
+/* The vendored GEMM's B panels of one image's im2col matrix [K, P], built from x while the GEMM packs (no
+ * [K, P] matrix is written and read back): a row segment at a time, then split into the panels.  Only for maps
+ * of PORT_CONV_PACK_MIN_COLS output pixels or more: the GEMM splits smaller products by rows, and every row
+ * task would gather the same panels again (an 8x8 map, 256 channels: 15% slower than im2col, then GEMM); and
+ * only at stride 1 along W (MobileNetV2's 224x224 stride-2 stem: 8% slower; the 32x32 stride-1 maps of the CIFAR
+ * stems and ResNet-18's first stage: 0.78x and 0.92x of the time, paired in one process). */
+#ifndef PORT_CONV_PACK_MIN_COLS
+#define PORT_CONV_PACK_MIN_COLS 512
+#endif
+typedef struct { const float *xg; const port_conv2d_params *p; } im2col_src;
+static void im2col_pack(const void *ctx, float *bp, int64_t nr_, int64_t p0, int64_t kc, int64_t j0, int64_t nc) {
+    const im2col_src *s = (const im2col_src *)ctx;
+    float row[512];
+    for (int64_t q = 0; q < kc; q++) {
+        im2col_seg(row, p0 + q, s->xg, s->p, j0, nc);
+        int64_t jr = 0;
+        for (; jr + nr_ <= nc; jr += nr_) memcpy(bp + jr * kc + q * nr_, row + jr, (size_t)nr_ * sizeof(float));
+        if (jr < nc) {
+            float *d = bp + jr * kc + q * nr_;
+            int64_t c = 0;
+            for (; c < nc - jr; c++) d[c] = row[jr + c];
+            for (; c < nr_; c++) d[c] = 0.0f;
+        }
+    }
+}
+
 void port__col2im_tile(float *dx, const float *cols, int64_t cin, int64_t h, int64_t w,
                        int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
                        int64_t oh0, int64_t th, int64_t ow0, int64_t tw) {
@@ -635,11 +681,6 @@ void port__conv_fwd(float *y, const float *x, const float *w, const float *b,
         for (int64_t g = 0; g < G; g++) {
             const float *xg = x + (n * p->c_in + g * cig) * HW;
             float *yg = y + (n * p->c_out + g * cog) * P;
-            const float *B = xg;
-            if (!direct) {
-                port__im2col_part(ws, P, xg, p, 0, K, 0, 0, ho, 0, wo);
-                B = ws;
-            }
             float beta = 0.0f;
             if (b) {
                 for (int64_t co = 0; co < cog; co++) {
@@ -648,6 +689,17 @@ void port__conv_fwd(float *y, const float *x, const float *w, const float *b,
                     for (int64_t q = 0; q < P; q++) yr[q] = bv;
                 }
                 beta = 1.0f;
+            }
+            if (!direct && P >= PORT_CONV_PACK_MIN_COLS && p->stride_w == 1 && port__gemm_bpack_ok()) {
+                im2col_src src = {xg, p};
+                port__bpack bs = {im2col_pack, &src};
+                port__sgemm_vendored_bpack(0, cog, P, K, 1.0f, w + g * cog * K, K, &bs, beta, yg, P);
+                continue;
+            }
+            const float *B = xg;
+            if (!direct) {
+                port__im2col_part(ws, P, xg, p, 0, K, 0, 0, ho, 0, wo);
+                B = ws;
             }
             port__gemm(0, 0, cog, P, K, 1.0f, w + g * cog * K, K, B, P, beta, yg, P);
         }

@@ -109,8 +109,12 @@ static inline void pack_a(float *ap, int64_t mr_, int ta, tr_fn tr, const float 
 
 
 /* Pack op(B)[p0:p0+kc, j0:j0+nc] into nr_-column panels: bp[panel][p][c]. */
-static inline void pack_b(float *bp, int64_t nr_, int tb, tr_fn tr, const float *b, int64_t ldb, int64_t p0,
-                          int64_t kc, int64_t j0, int64_t nc) {
+static inline void pack_b(float *bp, int64_t nr_, int tb, tr_fn tr, const port__bpack *bs, const float *b,
+                          int64_t ldb, int64_t p0, int64_t kc, int64_t j0, int64_t nc) {
+    if (bs) { /* B exists only as a packing function */
+        bs->pack(bs->ctx, bp, nr_, p0, kc, j0, nc);
+        return;
+    }
     for (int64_t jr = 0; jr < nc; jr += nr_) {
         int64_t nr = PORT_MIN(nr_, nc - jr);
         float *dst = bp + jr * kc;
@@ -138,14 +142,14 @@ static inline void pack_b(float *bp, int64_t nr_, int tb, tr_fn tr, const float 
 
 /* C[0:m, j0:j0+nc] += alpha op(A) op(B) with an mr_ x nr_ tile kernel, K blocks of kc_, A blocks of mc_ rows;
  * bp holds kc_ x nc and ap mc_ x kc_ floats */
-static inline void gemm_blocks(tile_fn tile, tr_fn tr, int64_t mr_, int64_t nr_, int64_t kc_, int64_t mc_,
-                               float *bp,
+static inline void gemm_blocks(tile_fn tile, tr_fn tr, const port__bpack *bs, int64_t mr_, int64_t nr_,
+                               int64_t kc_, int64_t mc_, float *bp,
                                float *ap, int ta, int tb, int64_t m, int64_t j0, int64_t nc, int64_t k,
                                float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
                                int64_t ldc) {
     for (int64_t p0 = 0; p0 < k; p0 += kc_) {
         int64_t kc = PORT_MIN(kc_, k - p0);
-        pack_b(bp, nr_, tb, tr, b, ldb, p0, kc, j0, nc);
+        pack_b(bp, nr_, tb, tr, bs, b, ldb, p0, kc, j0, nc);
         for (int64_t i0 = 0; i0 < m; i0 += mc_) {
             int64_t mc = PORT_MIN(mc_, m - i0);
             pack_a(ap, mr_, ta, tr, a, lda, i0, mc, p0, kc);
@@ -158,11 +162,12 @@ static inline void gemm_blocks(tile_fn tile, tr_fn tr, int64_t mr_, int64_t nr_,
 }
 
 /* the portable configuration: 8 x 16 tiles, blocks of 64 columns, 64 rows, 256 deep */
-static void gemm_chunk(tile_fn mk, int ta, int tb, int64_t m, int64_t j0, int64_t nc, int64_t k, float alpha,
-                       const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
+static void gemm_chunk(tile_fn mk, const port__bpack *bs, int ta, int tb, int64_t m, int64_t j0, int64_t nc,
+                       int64_t k, float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
+                       int64_t ldc) {
     float bp[KC * NCHUNK] __attribute__((aligned(64)));
     float ap[MC * KC] __attribute__((aligned(64)));
-    gemm_blocks(mk, NULL, MR, NR, KC, MC, bp, ap, ta, tb, m, j0, nc, k, alpha, a, lda, b, ldb, c, ldc);
+    gemm_blocks(mk, NULL, bs, MR, NR, KC, MC, bp, ap, ta, tb, m, j0, nc, k, alpha, a, lda, b, ldb, c, ldc);
 }
 
 #ifdef PORT_GEMM_HAVE_AVX512
@@ -254,11 +259,12 @@ __attribute__((target("avx512f"))) static void tr_avx512(float *dst, int64_t ldd
 }
 
 /* the AVX-512 configuration: C[0:m, j0:j0+nc] += alpha op(A) op(B), nc <= NC5 columns */
-static void gemm_chunk5(int ta, int tb, int64_t m, int64_t j0, int64_t nc, int64_t k, float alpha, const float *a,
-                        int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
+static void gemm_chunk5(const port__bpack *bs, int ta, int tb, int64_t m, int64_t j0, int64_t nc, int64_t k,
+                        float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
     float bp[KC5 * NC5] __attribute__((aligned(64)));
     float ap[MC5 * KC5] __attribute__((aligned(64)));
-    gemm_blocks(mk5, tr_avx512, MR5, NR5, KC5, MC5, bp, ap, ta, tb, m, j0, nc, k, alpha, a, lda, b, ldb, c, ldc);
+    gemm_blocks(mk5, tr_avx512, bs, MR5, NR5, KC5, MC5, bp, ap, ta, tb, m, j0, nc, k, alpha, a, lda, b, ldb, c,
+                ldc);
 }
 #endif
 
@@ -273,9 +279,8 @@ static int select_isa(void) {
     return 0;
 }
 
-void port__sgemm_vendored(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
-                          const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                          float *c, int64_t ldc) {
+static void sgemm_driver(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                         const float *b, int64_t ldb, const port__bpack *bs, float beta, float *c, int64_t ldc) {
     if (m <= 0 || n <= 0) return;
     if (g_isa < 0) g_isa = select_isa(); /* idempotent, benign race */
     /* C = beta*C (beta == 0 overwrites, ignoring NaNs in C like BLAS) */
@@ -332,14 +337,24 @@ void port__sgemm_vendored(int ta, int tb, int64_t m, int64_t n, int64_t k, float
         int64_t mb = PORT_MIN(MB, m - i0), nc = PORT_MIN(NC, n - j0);
 #ifdef PORT_GEMM_HAVE_AVX512
         if (isa == 2) {
-            gemm_chunk5(ta, tb, mb, j0, nc, k, alpha, a0, lda, b, ldb, c + i0 * ldc, ldc);
+            gemm_chunk5(bs, ta, tb, mb, j0, nc, k, alpha, a0, lda, b, ldb, c + i0 * ldc, ldc);
             continue;
         }
         if (isa == 1) {
-            gemm_chunk(mk_avx2, ta, tb, mb, j0, nc, k, alpha, a0, lda, b, ldb, c + i0 * ldc, ldc);
+            gemm_chunk(mk_avx2, bs, ta, tb, mb, j0, nc, k, alpha, a0, lda, b, ldb, c + i0 * ldc, ldc);
             continue;
         }
 #endif
-        gemm_chunk(mk_generic, ta, tb, mb, j0, nc, k, alpha, a0, lda, b, ldb, c + i0 * ldc, ldc);
+        gemm_chunk(mk_generic, bs, ta, tb, mb, j0, nc, k, alpha, a0, lda, b, ldb, c + i0 * ldc, ldc);
     }
+}
+
+void port__sgemm_vendored(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                          const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    sgemm_driver(ta, tb, m, n, k, alpha, a, lda, b, ldb, NULL, beta, c, ldc);
+}
+
+void port__sgemm_vendored_bpack(int ta, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                                const port__bpack *bs, float beta, float *c, int64_t ldc) {
+    sgemm_driver(ta, 0, m, n, k, alpha, a, lda, NULL, 0, bs, beta, c, ldc);
 }

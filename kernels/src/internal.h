@@ -249,6 +249,19 @@ void port__gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, co
 void port__sgemm_vendored(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                           float *c, int64_t ldc);
+/* A B operand that exists only as a packing function (an im2col built while the GEMM packs it):
+ * pack(ctx, bp, nr, p0, kc, j0, nc) writes op(B)[p0:p0+kc, j0:j0+nc] as the vendored GEMM's panels,
+ * bp[jr * kc + p * nr + c] = op(B)[p0 + p][j0 + jr + c] for panels jr = 0, nr, 2nr, .. and c < nr, zero
+ * where j0 + jr + c >= j0 + nc.  nc <= 512.  Called from several threads at once for different blocks. */
+typedef struct {
+    void (*pack)(const void *ctx, float *bp, int64_t nr, int64_t p0, int64_t kc, int64_t j0, int64_t nc);
+    const void *ctx;
+} port__bpack;
+/* C = alpha op(A) B + beta C with the vendored GEMM, B given by its packing function (port__gemm_bpack_ok). */
+void port__sgemm_vendored_bpack(int ta, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                                const port__bpack *bs, float beta, float *c, int64_t ldc);
+/* 1 when port__gemm runs the vendored GEMM, so port__sgemm_vendored_bpack computes what it would */
+int port__gemm_bpack_ok(void);
 
 /* im2col of one image xg and one group into cols [K, T] (row stride T): rows [k0, k1) of K and the output
  * tile's rows [r0, r1) -- output rows oh0+r0 .. oh0+r1-1, columns [ow0, ow0+tw) -- written to columns

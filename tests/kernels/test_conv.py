@@ -191,6 +191,25 @@ def test_patch_workspace_scales_with_tile(K):
     assert tile * 8 <= whole
 
 
+# maps of >= 512 output pixels at stride 1: with the vendored GEMM, the forward builds im2col inside the GEMM's
+# B packing (kernels/src/conv.c, im2col_pack); column blocks of 512 and panels of 32 cut output rows anywhere
+@pytest.mark.parametrize("backend", ["vendored", "blas"])
+@pytest.mark.parametrize("case", [(2, 5, 7, 23, 29, 3, 1, 1, 1), (1, 6, 4, 24, 33, 5, 1, 2, 2),
+                                  (2, 3, 33, 40, 17, 3, 1, 0, 1), (1, 4, 9, 19, 61, 7, 1, 3, 1)], ids=_ids)
+def test_forward_with_im2col_in_gemm_packing(K, case, backend):
+    n, ci, co, h, w, k, s, p, g = case
+    x, wt, b, dy = _make(case, True)
+    y_ref = _ref(x, wt, b, s, p, g, dy)[0]
+    assert y_ref.shape[2] * y_ref.shape[3] >= 512
+    prev = K.get_gemm_backend()
+    try:
+        K.set_gemm_backend(backend)
+        y = K.conv2d_forward(x, wt, b, s, p, g, algo="im2col")
+    finally:
+        K.set_gemm_backend(prev)
+    close(y, y_ref, what="y")
+
+
 @pytest.mark.parametrize("case", quick_subset(_CASES[::9], 3), ids=_ids)
 def test_vendored_gemm_conv_equals_blas(K, case):
     x, wt, b, dy = _make(case, True)
