@@ -280,7 +280,9 @@ class ModelConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    kind: Literal["synthetic", "digits"] = "synthetic"
+    # synthetic | digits: float samples of input_shape; text | text_files: int64 byte tokens, input_shape [T]
+    # (port.train.data)
+    kind: Literal["synthetic", "digits", "text", "text_files"] = "synthetic"
     num_samples: int = Field(default=512, ge=1)
     test_fraction: float = Field(default=0.2, ge=0, lt=1, allow_inf_nan=False)
     seed: int = 0
@@ -393,6 +395,19 @@ class ExperimentConfig(_Strict):
         if any(d <= 0 for d in v):
             raise ValueError("every dimension must be a positive integer, e.g. [3, 32, 32]")
         return v
+
+    @model_validator(mode="after")
+    def _token_data(self) -> "ExperimentConfig":
+        kind = self.data.kind
+        if kind not in ("text", "text_files"):
+            return self
+        if len(self.input_shape) != 1:
+            raise ValueError(f"data.kind {kind} gives token sequences: input_shape must be one number, the "
+                             f"sequence length (e.g. [128]); got {list(self.input_shape)}")
+        if kind == "text" and self.num_classes != 256:
+            raise ValueError(f"data.kind text is next-byte prediction over 256 byte values: num_classes must be "
+                             f"256 (the vocabulary); got {self.num_classes}")
+        return self
 
     @model_validator(mode="after")
     def _micro_batch_divides(self) -> "ExperimentConfig":

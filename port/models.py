@@ -1,7 +1,10 @@
-"""The model zoo: CIFAR-sized CNNs, MobileNetV2, and small models for scikit-learn's 8x8 digits.
+"""The model zoo: CIFAR-sized CNNs, MobileNetV2, small models for scikit-learn's 8x8 digits, and two small
+byte-level transformers (port.transformers): ``bert_tiny`` (a sequence classifier) and ``gpt_tiny`` (a language
+model whose ``num_classes`` is its vocabulary, 256 byte values).
 
 ``port.models.get(name, **kwargs)`` builds a fresh torch.nn.Module (seeded by ``seed=`` when given).
-``INPUT_SHAPES[name]`` is the per-sample input shape each model expects by default.
+``INPUT_SHAPES[name]`` is the per-sample input shape each model expects by default; ``TOKEN_DATA[name]`` the
+data kind of a model whose input is int64 token ids (``example_input`` builds either kind of input).
 """
 from __future__ import annotations
 
@@ -10,7 +13,18 @@ from typing import Any, Callable
 INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     "resnet8": (3, 32, 32), "resnet18": (3, 32, 32), "vgg11": (3, 32, 32), "vgg16": (3, 32, 32),
     "mobilenetv2": (3, 32, 32), "digits_cnn": (1, 8, 8), "mlp": (64,), "resnet50": (3, 32, 32), "resnet101": (3, 32, 32),
+    "bert_tiny": (128,), "gpt_tiny": (128,),
 }
+# token models: the data kind (port.train.data) and class count a run without a config uses
+TOKEN_DATA: dict[str, tuple[str, int]] = {"bert_tiny": ("text_files", 4), "gpt_tiny": ("text", 256)}
+
+
+def example_input(batch: int, shape: tuple[int, ...], tokens: bool, generator: Any = None):
+    """A random batch: float32 normal samples, or int64 byte tokens in [1, 256) (0 is bert_tiny's padding id)."""
+    import torch
+    if tokens:
+        return torch.randint(1, 256, (batch, *shape), generator=generator)
+    return torch.randn(batch, *shape, generator=generator)
 
 
 def _nn():
@@ -233,7 +247,15 @@ ZOO: dict[str, Callable[..., Any]] = {
     "mobilenetv2": mobilenetv2_cifar,
     "digits_cnn": digits_cnn,
     "mlp": mlp,
+    "bert_tiny": lambda **kw: _transformers().bert_tiny(**kw),
+    # a language model's classes are its vocabulary
+    "gpt_tiny": lambda num_classes=256, **kw: _transformers().gpt_tiny(vocab=num_classes, **kw),
 }
+
+
+def _transformers():
+    from port import transformers
+    return transformers
 
 
 def names() -> list[str]:

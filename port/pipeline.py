@@ -154,6 +154,9 @@ def load_job(config: str | Path | None = None, *, model: str | None = None, inpu
             raise ConfigError(f"--input is required for model {model!r} (e.g. --input 3x32x32)")
         run_name = re.sub(r"[^A-Za-z0-9._-]+", "_", model).strip("._-") or "model"
         data = {"name": run_name, "model": {"name": model}, "input_shape": list(shape), "batch_size": batch or 8}
+        if model in models.TOKEN_DATA and not input_shape:     # a zoo transformer: its own (real) text data
+            kind, classes = models.TOKEN_DATA[model]
+            data.update(data={"kind": kind}, num_classes=classes)
         where = "command line (--model/--input/--batch)"
         search = []
     if batch is not None:
@@ -210,7 +213,7 @@ class Built:
     """The model and the training graph the pipeline profiles, solves and trains."""
 
     model: Any                        # torch.nn.Module
-    example: Any                      # torch tensor [batch_size, *input_shape]
+    example: Any                      # torch tensor [batch_size, *input_shape] (float32, or int64 tokens)
     graph: Any                        # port.ir.types.Graph traced at the job's graph batch
     trainable: Optional[tuple[str, ...]]
     optimizer: Any                    # port.train.optim.SGD | AdamW (from the config)
@@ -296,7 +299,9 @@ def build_graph(job: Job, seed: int | None = None) -> Built:
     cfg = job.config
     model = load_model(job, seed)
     gen = torch.Generator().manual_seed(cfg.train.seed if seed is None else seed)
-    example = torch.randn(cfg.batch_size, *cfg.input_shape, generator=gen)
+    from port import models
+    from port.train.data import is_tokens
+    example = models.example_input(cfg.batch_size, tuple(cfg.input_shape), is_tokens(cfg), gen)
     opt = from_config(cfg.optimizer)
     trainable = tuple(cfg.train.trainable) if cfg.train.trainable else None
     x = example[:job.graph_batch]

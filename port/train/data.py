@@ -1,5 +1,7 @@
-"""Datasets for `port train`: ``digits`` (scikit-learn's 8x8 handwritten digits, real data) and ``synthetic``
-(seeded random inputs labelled by a random linear teacher, so it is learnable)."""
+"""Datasets for `port train`: ``digits`` (scikit-learn's 8x8 handwritten digits, real data), ``synthetic``
+(seeded random inputs labelled by a random linear teacher, so it is learnable), and two token datasets of real
+text that ships with Python (port.train.text): ``text`` (next-byte prediction, labels [N, T]: a language model's)
+and ``text_files`` (which standard-library module a window of bytes comes from: a sequence classifier's)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,11 +29,28 @@ class Dataset:
             yield self.x_test[i:i + batch_size], self.y_test[i:i + batch_size]
 
 
+TOKEN_KINDS = ("text", "text_files")     # data kinds whose samples are int64 token ids (byte values)
+
+
+def is_tokens(cfg) -> bool:
+    return cfg.data.kind in TOKEN_KINDS
+
+
 def load(cfg) -> Dataset:
     """From an ExperimentConfig (cfg.data, cfg.input_shape, cfg.num_classes)."""
     import torch
     shape = tuple(cfg.input_shape)
     d = cfg.data
+    if d.kind in TOKEN_KINDS:
+        from port.train import text as T
+        (context,) = shape          # the config schema checks input_shape is [T] for token data
+        n_test = int(round(d.num_samples * d.test_fraction))
+        if d.kind == "text":
+            corpus = T.stdlib_corpus(max_bytes=max(200_000, 4 * d.num_samples * context))
+            xtr, ytr = T.lm_windows(corpus.train, d.num_samples - n_test, context, seed=d.seed)
+            xte, yte = T.lm_windows(corpus.heldout, n_test, context, seed=d.seed + 1)
+            return Dataset(xtr, ytr, xte, yte)
+        return Dataset(*T.file_windows(cfg.num_classes, d.num_samples, context, d.test_fraction, seed=d.seed))
     if d.kind == "digits":
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split

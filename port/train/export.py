@@ -28,7 +28,10 @@ def export(trainer, path: str | Path, format: str = "onnx", check: bool = True, 
     path.parent.mkdir(parents=True, exist_ok=True)
     model = trainer.to_torch(_own_copy(trainer.model))
     folded = folded_module(model)
-    x = torch.randn(trainer.micro_batch, *trainer.example_shape, generator=torch.Generator().manual_seed(0))
+    if trainer.example_tokens is not None:       # token ids: the ones the model was traced with
+        x = trainer.example_tokens
+    else:
+        x = torch.randn(trainer.micro_batch, *trainer.example_shape, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = trainer.predict(x)
     if format == "onnx":

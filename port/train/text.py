@@ -4,12 +4,20 @@ comments and docstrings), as bytes for byte-level language models (``gpt_tiny``,
 Files are taken in sorted path order from the running interpreter's ``Lib`` directory (top-level modules only,
 no tests); every ``holdout_every``-th file goes to the held-out split, so the two splits never share a file.
 Nothing is downloaded.
+
+Two datasets for configs (``data.kind``, port.train.data): ``text`` -- next-byte prediction windows (x = bytes
+[t, t+T), y = bytes [t+1, t+T+1)) from the training and the held-out files; ``text_files`` -- which of
+``num_classes`` standard-library modules a window of T bytes comes from (training windows from the first part of
+each file, test windows from the rest).
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from typing import Iterator
+
+
+BYTE_VOCAB = 256     # byte-level token ids 0..255
 
 
 def stdlib_dir() -> str:
@@ -83,3 +91,45 @@ def perplexity(logits_fn, windows) -> float:
             tot += float(F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1), reduction="sum"))
             cnt += y.numel()
     return math.exp(tot / max(cnt, 1))
+
+
+def lm_windows(text: bytes, n: int, context: int, seed: int = 0) -> tuple:
+    """``n`` random windows of ``text`` (seeded): x [n, context] and y = x shifted by one byte, int64."""
+    import torch
+    if len(text) < context + 2:
+        raise ValueError(f"{len(text)} bytes of text cannot hold a window of {context + 1}")
+    data = torch.frombuffer(bytearray(text), dtype=torch.uint8).to(torch.int64)
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(data) - context - 1, (n,), generator=g)
+    w = torch.stack([data[s:s + context + 1] for s in starts.tolist()])
+    return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+
+def file_windows(num_classes: int, n: int, context: int, test_fraction: float = 0.2, seed: int = 0) -> tuple:
+    """Windows of ``context`` bytes labelled by the module they come from: ``num_classes`` standard-library
+    files (the largest, taken in sorted path order among those of at least 40 windows), ``n`` windows in all,
+    about ``n * test_fraction`` of them for testing, drawn from the last ``test_fraction`` of each file (training
+    windows from the part before it, so no byte is in both).  Returns x_train, y_train, x_test, y_test (int64)."""
+    import torch
+    sized = [(os.path.getsize(f), f) for f in stdlib_files()]
+    big = sorted(f for size, f in sorted(sized, reverse=True)[:num_classes] if size >= 40 * context)
+    if len(big) < num_classes:
+        raise ValueError(f"the standard library has {len(big)} modules of at least {40 * context} bytes; "
+                         f"{num_classes} classes asked")
+    g = torch.Generator().manual_seed(seed)
+    n_test = int(round(n * test_fraction))
+    parts: list[list] = [[], [], [], []]
+    for c, path in enumerate(big):
+        with open(path, "rb") as f:
+            data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).to(torch.int64)
+        cut = int(len(data) * (1 - test_fraction)) if test_fraction > 0 else len(data)
+        for k, (lo, hi, m) in enumerate(((0, cut, (n - n_test) // num_classes + (c < (n - n_test) % num_classes)),
+                                         (cut, len(data), n_test // num_classes + (c < n_test % num_classes)))):
+            if m == 0:
+                continue
+            starts = torch.randint(lo, max(hi - context, lo + 1), (m,), generator=g)
+            parts[2 * k].append(torch.stack([data[s:s + context] for s in starts.tolist()]))
+            parts[2 * k + 1].append(torch.full((m,), c, dtype=torch.int64))
+    cat = [torch.cat(p) if p else torch.empty(0, *((context,) if i % 2 == 0 else ()), dtype=torch.int64)
+           for i, p in enumerate(parts)]
+    return tuple(cat)

@@ -88,6 +88,8 @@ class Trainer:
         self.example_shape = tuple(example_input.shape[1:])
         ex_in = example_input[:mb].detach().contiguous()
         ex_in = ex_in if self.tokens else ex_in.float()
+        # token ids valid for this model (a random float batch stands in for any other input, e.g. in export)
+        self.example_tokens = ex_in.clone() if self.tokens else None
         self.graph = trace(model, ex_in, trainable=trainable, optimizer=self.opt.graph_name)
         self.label_shape = tuple(self.graph.tensors[self.graph.label_id].shape[1:])   # () or (T,) for tokens
         plan_batch = None          # the batch a plan file says it was solved for (port.pipeline writes it)

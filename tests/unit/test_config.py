@@ -209,3 +209,23 @@ def test_micro_batch_must_divide_batch_size(tmp_path):
 def test_every_solver_name_is_a_solver():
     from port.solver import SOLVERS
     assert set(C.SOLVER_NAMES) <= set(SOLVERS)
+
+
+@pytest.mark.parametrize("extra,match", [
+    ("input_shape: [3, 32]\nnum_classes: 256\ndata: {kind: text}\n", r"input_shape must be one number"),
+    ("input_shape: [64]\nnum_classes: 10\ndata: {kind: text}\n", r"num_classes must be 256"),
+    ("input_shape: [3, 8, 8]\nnum_classes: 4\ndata: {kind: text_files}\n", r"input_shape must be one number"),
+])
+def test_token_data_needs_a_sequence_shape(tmp_path, extra, match):
+    p = write(tmp_path, "name: t\nmodel: gpt_tiny\nbatch_size: 4\n" + extra)
+    with pytest.raises(ConfigError, match=match) as e:
+        C.load_experiment(p)
+    assert str(p) in str(e.value)
+
+
+def test_a_zoo_transformer_without_config_gets_its_text_data():
+    from port.pipeline import load_job
+    job = load_job(model="gpt_tiny")
+    assert job.config.data.kind == "text" and job.config.num_classes == 256 and job.config.input_shape == (128,)
+    job = load_job(model="bert_tiny", batch=2)
+    assert job.config.data.kind == "text_files" and job.config.num_classes == 4
