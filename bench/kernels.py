@@ -349,7 +349,8 @@ def main(argv=None):
         "### Summary", "", *summary, "",
         "### Shortfalls and why", "",
         "- torch's CPU convolutions run on oneDNN (direct/JIT-ed kernels, blocked layouts). PORT runs im2col + "
-        "OpenBLAS GEMMs; maps under 64 output pixels fold several images into one GEMM (workspace: the chunk's "
+        "GEMMs (its vendored GEMM or OpenBLAS, as kernels/src/common.c picks); maps under 256 output pixels (64 "
+        "for the weight gradient) fold several images into one GEMM (workspace: the chunk's "
         "im2col block plus an output block), so late layers no longer run skinny per-image GEMMs that re-pack "
         "the whole weight matrix for 16 columns.",
         "- Depthwise convs are direct: stride 1 runs a stack of images per channel as one tall zero-padded plane "

@@ -107,7 +107,6 @@ static inline void pack_a(float *ap, int64_t mr_, int ta, tr_fn tr, const float 
     }
 }
 
-
 /* Pack op(B)[p0:p0+kc, j0:j0+nc] into nr_-column panels: bp[panel][p][c]. */
 static inline void pack_b(float *bp, int64_t nr_, int tb, tr_fn tr, const port__bpack *bs, const float *b,
                           int64_t ldb, int64_t p0, int64_t kc, int64_t j0, int64_t nc) {
