@@ -63,10 +63,16 @@ def lm_batches(text: bytes, batch: int, context: int, seed: int = 0, steps: int 
     g = torch.Generator().manual_seed(seed)
     k = 0
     while steps is None or k < steps:
-        starts = torch.randint(0, len(data) - context - 1, (batch,), generator=g)
-        w = torch.stack([data[s:s + context + 1] for s in starts.tolist()])
-        yield w[:, :-1].contiguous(), w[:, 1:].contiguous()
+        yield _windows(data, batch, context, g)
         k += 1
+
+
+def _windows(data, n: int, context: int, g) -> tuple:
+    """``n`` windows of ``context + 1`` tokens at random starts drawn from ``g``: (x, y = x shifted by one)."""
+    import torch
+    starts = torch.randint(0, len(data) - context - 1, (n,), generator=g)
+    w = torch.stack([data[s:s + context + 1] for s in starts.tolist()])
+    return w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
 
 def eval_windows(text: bytes, batch: int, context: int, max_batches: int = 8) -> list:
@@ -99,10 +105,7 @@ def lm_windows(text: bytes, n: int, context: int, seed: int = 0) -> tuple:
     if len(text) < context + 2:
         raise ValueError(f"{len(text)} bytes of text cannot hold a window of {context + 1}")
     data = torch.frombuffer(bytearray(text), dtype=torch.uint8).to(torch.int64)
-    g = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, len(data) - context - 1, (n,), generator=g)
-    w = torch.stack([data[s:s + context + 1] for s in starts.tolist()])
-    return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+    return _windows(data, n, context, torch.Generator().manual_seed(seed))
 
 
 def file_windows(num_classes: int, n: int, context: int, test_fraction: float = 0.2, seed: int = 0) -> tuple:
