@@ -154,7 +154,7 @@ def load_job(config: str | Path | None = None, *, model: str | None = None, inpu
             raise ConfigError(f"--input is required for model {model!r} (e.g. --input 3x32x32)")
         run_name = re.sub(r"[^A-Za-z0-9._-]+", "_", model).strip("._-") or "model"
         data = {"name": run_name, "model": {"name": model}, "input_shape": list(shape), "batch_size": batch or 8}
-        if model in models.TOKEN_DATA and not input_shape:     # a zoo transformer: its own (real) text data
+        if model in models.TOKEN_DATA:     # a zoo transformer: its own (real) text data, input_shape [T]
             kind, classes = models.TOKEN_DATA[model]
             data.update(data={"kind": kind}, num_classes=classes)
         where = "command line (--model/--input/--batch)"

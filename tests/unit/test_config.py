@@ -227,5 +227,5 @@ def test_a_zoo_transformer_without_config_gets_its_text_data():
     from port.pipeline import load_job
     job = load_job(model="gpt_tiny")
     assert job.config.data.kind == "text" and job.config.num_classes == 256 and job.config.input_shape == (128,)
-    job = load_job(model="bert_tiny", batch=2)
-    assert job.config.data.kind == "text_files" and job.config.num_classes == 4
+    job = load_job(model="bert_tiny", batch=2, input_shape="64")
+    assert job.config.data.kind == "text_files" and job.config.num_classes == 4 and job.config.input_shape == (64,)
