@@ -126,7 +126,9 @@ def gpt_tiny(**kw: Any) -> GptTiny:
 # LoRA
 # ---------------------------------------------------------------------------------------------
 class LoRALinear(nn.Module):
-    """y = base(x) + (alpha / rank) * lora_b(lora_a(x)), base frozen."""
+    """y = base(x) + lora_b((alpha / rank) * lora_a(x)), base frozen. The scale is applied to the rank-r
+    intermediate, not to the output: the same function, but the only full-width tensors are base's output,
+    lora_b's output and their sum (scaling the output would add a fourth, as large, to the step's peak)."""
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
         super().__init__()
@@ -144,7 +146,7 @@ class LoRALinear(nn.Module):
         self.to(base.weight.device)
 
     def forward(self, x):
-        return self.base(x) + self.lora_b(self.lora_a(x)) * self.scaling
+        return self.base(x) + self.lora_b(self.lora_a(x) * self.scaling)
 
     def merged(self) -> nn.Linear:
         """A plain nn.Linear with the adapter folded into its weight."""

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from port.errors import ProfileError
 from port.exec import registry
+from port.plan import variants as V
 from port.ir.types import Graph, Op
 from port.lower.program import GRAD_SCALE_ID, Call
 
@@ -130,8 +131,9 @@ class Runner:
             for t in spec.inputs + spec.outputs:
                 if t not in shapes:
                     shapes[t] = (1,) if t == GRAD_SCALE_ID else tuple(g.tensors[t].shape)
-            if variant == "inplace" and op.forward_op is None and spec.outputs[0] not in bufs:
-                # in place: the output is the input's storage, as lowering places it
+            if variant == "inplace" and (op.forward_op is None or op.kind in V.BACKWARD_INPLACE_KINDS) \
+                    and spec.outputs[0] not in bufs:
+                # in place (forward ops; dx over dy): the output is the input's storage, as lowering places it
                 bufs.setdefault(spec.inputs[0], self._init(spec.inputs[0]))
                 bufs[spec.outputs[0]] = bufs[spec.inputs[0]]
             for t in spec.inputs + spec.outputs:

@@ -136,8 +136,10 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
     vtag: dict[int, str] = {}
     next_id = [NT]
 
-    def new_version(r: int, tag: str) -> None:
-        rv = next_id[0]
+    def new_version(r: int, tag: str, share: int | None = None) -> None:
+        """A new version of root r's tensors; ``share``: the root version whose bytes it takes over (a re-run
+        in place), else its own."""
+        rv = next_id[0] if share is None else share
         for m in sorted(members[r], key=lambda m: (m != r, m)):
             v = next_id[0]
             next_id[0] += 1
@@ -158,13 +160,15 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
     for ev in sch.events:
         if ev.kind == "free":
             for r in ev.roots:
-                died[Vr(r)] = len(drafts) - 1
+                died[VR(Vr(r))] = len(drafts) - 1
             continue
+        share = VR(Vr(ev.into[0])) if ev.into else None
         for r in ev.alloc:
             if ev.kind in ("recompute", "page_in") or r in seen_root:
-                new_version(r, "recompute" if ev.kind == "recompute" else "paged")
+                new_version(r, "recompute" if ev.kind == "recompute" else "paged", share)
             seen_root.add(r)
-            pending.append(Vr(r))
+            if share is None:
+                pending.append(Vr(r))
         n0 = len(drafts)
         if ev.kind == "page_in":
             r = ev.roots[0]
@@ -179,7 +183,7 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
         else:
             o = graph.ops[ev.op]
             rec = ev.kind == "recompute"
-            for spec in registry.op_calls(graph, o, dec[o.id].variant, be_of[o.id]):
+            for spec in registry.op_calls(graph, o, "inplace" if ev.into else dec[o.id].variant, be_of[o.id]):
                 attrs = dict(spec.attrs)
                 if rec:
                     attrs["recompute"] = True        # batch norm: do not update the running statistics again
@@ -460,4 +464,4 @@ def recompute_plan(graph: Graph, plan: Plan, only: Sequence[int] | None = None,
         chosen -= bad
     rc = tuple(sorted(t for p in step for t in owned_activation_outputs(graph, p)))
     at = tuple(sorted(((p, s) for p, s in step.items()), key=lambda x: (x[1], x[0])))
-    return replace(plan, recompute=rc, recompute_at=at)
+    return replace(plan, recompute=rc, recompute_at=at, inplace_reruns=())

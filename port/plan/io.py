@@ -44,6 +44,8 @@ def plan_to_dict(plan: Plan, graph: Graph | None = None) -> dict:
         ops.append(e)
     tens = {"recompute": list(plan.recompute), "paged": list(plan.paged),
             "recompute_at": [[int(a), int(b)] for a, b in plan.recompute_at]}
+    if plan.inplace_reruns:
+        tens["inplace_reruns"] = [[int(a), int(b)] for a, b in plan.inplace_reruns]
     if graph is not None:
         tens["recompute_names"] = [graph.tensors[t].name for t in plan.recompute]
         tens["paged_names"] = [graph.tensors[t].name for t in plan.paged]
@@ -147,6 +149,11 @@ def load_plan(path: str | Path, graph: Graph | None = None, profile: Profile | N
         if not isinstance(rat_raw, list) or any(not isinstance(p, list) or len(p) != 2 for p in rat_raw):
             raise PlanError(f"{path}: key 'tensors.recompute_at' should be a list of [op, before-op] pairs; solve again")
         rat = tuple((_int(a, "tensors.recompute_at", path), _int(b, "tensors.recompute_at", path)) for a, b in rat_raw)
+        ipr_raw = tens.get("inplace_reruns", [])   # absent: no re-run runs in place
+        if not isinstance(ipr_raw, list) or any(not isinstance(p, list) or len(p) != 2 for p in ipr_raw):
+            raise PlanError(f"{path}: key 'tensors.inplace_reruns' should be a list of [op, step] pairs; solve again")
+        ipr = tuple((_int(a, "tensors.inplace_reruns", path), _int(b, "tensors.inplace_reruns", path))
+                    for a, b in ipr_raw)
         early = ints(d.get("early_updates", []), "early_updates")
         timeline = ints(_req(d, "memory_timeline", list, path), "memory_timeline")
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -163,7 +170,7 @@ def load_plan(path: str | Path, graph: Graph | None = None, profile: Profile | N
         if len(decisions) != len(graph.ops):
             raise PlanError(f"{path}: {len(decisions)} op decisions for a graph of {len(graph.ops)} ops")
         nt, no = len(graph.tensors), len(graph.ops)
-        if any(t >= nt for t in rec + pag) or any(a >= no or b >= no for a, b in rat) or any(u >= no for u in early):
+        if any(t >= nt for t in rec + pag) or any(a >= no or b >= no for a, b in rat + ipr) or any(u >= no for u in early):
             raise PlanError(f"{path}: tensor or op ids out of range for graph {graph.name!r}; solve again")
     if profile is not None and pd != profile.digest():
         raise PlanError(f"{path}: plan was made for another profile (profile digest {pd[:12]}...); this profile "
@@ -180,7 +187,7 @@ def load_plan(path: str | Path, graph: Graph | None = None, profile: Profile | N
             raise PlanError(f"{path}: key {k!r} = {d[k]!r}: expected a string; solve again")
     opt_int = lambda k: _int(d.get(k) or 0, k, path)  # noqa: E731
     return Plan(graph_digest=gd, profile_digest=pd, budget_bytes=_int(_req(d, "budget_bytes", int, path), "budget_bytes", path),
-                ops=decisions, recompute=rec, recompute_at=rat, paged=pag, early_updates=early,
+                ops=decisions, recompute=rec, recompute_at=rat, inplace_reruns=ipr, paged=pag, early_updates=early,
                 solver=str(d.get("solver", "")), status=str(d.get("status", "feasible")),
                 objective_ms=f("objective_ms"), gap=f("gap"), solve_time_s=f("solve_time_s"),
                 predicted_step_ms=f("predicted_step_ms"), predicted_peak_bytes=opt_int("predicted_peak_bytes"),

@@ -22,7 +22,10 @@ At step t (op t in graph order) a plan runs, in this order (``schedule`` emits e
   2. ``recompute`` the re-run group of step t, in increasing op id, each on its forward op's accelerator and
      variant (batch norm re-runs in training mode but does not update its running statistics). The group is
      {P : (P, t) in plan.recompute_at} when ``recompute_at`` is given, else {P : tau(P) == t}; right after each
-     re-run, ``free`` the roots whose last use was that re-run;
+     re-run, ``free`` the roots whose last use was that re-run. A re-run (Q, t) in ``plan.inplace_reruns`` runs
+     Q's ``inplace`` call: its output takes over the storage of its first input x's copy instead of a new
+     buffer (legal when port.plan.variants.rerun_inplace_inputs names x for Q, x's producer re-runs earlier in
+     the same group, and that copy's last use is this re-run; ``inplace_ok`` lists every such re-run);
   3. ``op`` t (unless t is an early update: it already ran, see 4);
   4. ``op`` u for the early updates u whose gradient's last producer is op t (increasing op id);
   5. ``page_out`` every paged root whose last forward/loss reader was op t (or an early update of step 4);
@@ -267,11 +270,13 @@ def validate(graph: Graph, plan: Plan, phases: Sequence[str] = PHASES, check_dig
 class Event:
     """One step of a plan's execution. kind: page_in | recompute | op | page_out | free.
     op: the graph op (recompute, op) or -1; roots: the root paged (page_in, page_out) or freed (free);
-    alloc: roots allocated right before this event runs (op, recompute, page_in)."""
+    alloc: roots allocated right before this event runs (op, recompute, page_in); into: for a re-run in place,
+    the input root whose copy ``alloc`` takes over (that copy is not freed: its bytes are the output's)."""
     kind: str
     op: int = -1
     roots: tuple[int, ...] = ()
     alloc: tuple[int, ...] = ()
+    into: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -286,6 +291,7 @@ class Schedule:
     early_at: dict                   # early update op -> p_u (the step it runs after)
     paged: tuple[int, ...]
     phases: tuple[str, ...]
+    inplace_ok: frozenset = frozenset()   # (op, step) re-runs that may run in place (rule 2); the plan's are a subset
 
     def root_of(self, t: int) -> int:
         return self.root.get(t, t)
@@ -308,6 +314,15 @@ def schedule(graph: Graph, plan: Plan, phases: Sequence[str] = PHASES, check_dig
     return sch
 
 
+def with_inplace_reruns(graph: Graph, plan: Plan, ops=None) -> Plan:
+    """``plan`` with every re-run that may run in place doing so (only those of ``ops`` when given): it costs no
+    time and never more memory."""
+    from dataclasses import replace
+    sch = schedule(graph, replace(plan, inplace_reruns=()))
+    ok = sorted((q, t) for q, t in sch.inplace_ok if ops is None or q in ops)
+    return replace(plan, inplace_reruns=tuple(ok))
+
+
 def drop_idle_reruns(graph: Graph, plan: Plan) -> Plan:
     """``plan`` without the re-runs nothing reads (a solver stopped early may leave some); an op left with no
     re-run is kept instead of recomputed."""
@@ -319,7 +334,8 @@ def drop_idle_reruns(graph: Graph, plan: Plan) -> Plan:
         at = tuple(x for x in plan.recompute_at if tuple(x) not in idle)
         left = {p for p, _t in at}
         prods = graph.producers()
-        plan = replace(plan, recompute_at=at, recompute=tuple(t for t in plan.recompute if prods.get(t) in left))
+        plan = replace(plan, recompute_at=at, recompute=tuple(t for t in plan.recompute if prods.get(t) in left),
+                       inplace_reruns=tuple(x for x in plan.inplace_reruns if tuple(x) in set(at)))
 
 
 def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: bool) -> tuple[Schedule, set]:
@@ -353,7 +369,7 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
     nonmat: set[int] = set()
     chain_head: dict[int, int] = {}        # op covered by a fused chain -> the chain's conv
     for o in ops:
-        if dec[o.id].variant == "inplace" and o.phase == PHASE_FORWARD:
+        if dec[o.id].variant == "inplace" and (o.phase == PHASE_FORWARD or o.kind in V.BACKWARD_INPLACE_KINDS):
             dalias[o.outputs[0]] = o.inputs[0]
         if o.kind == "conv2d" and dec[o.id].variant == "fused":
             chain = V.fusion_chain(graph, o)
@@ -535,13 +551,37 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
             if not any(t <= c < t1 for r in rc[p] for c in op_uses[r] + [c for c, _q in rc_uses.get(r, [])]):
                 idle.add((p, t))
 
+    # re-runs in place (rule 2): x, re-made earlier in the group, is read last by this re-run
+    inplace_ok: set[tuple[int, int]] = set()
+    cand = V.rerun_inplace_inputs(graph) if training and groups else {}
+    if cand:
+        for q, x in cand.items():
+            p = prods.get(x)
+            for t in when.get(q, ()):
+                if p in rc and p < q and p in groups.get(t, ()) and root[x] == x and x in transient.get((t, q), ()):
+                    inplace_ok.add((q, t))
+    into: dict[tuple[int, int], tuple[int, ...]] = {}
+    for e in plan.inplace_reruns:
+        try:
+            q, t = (int(e[0]), int(e[1]))
+        except (TypeError, ValueError, IndexError):
+            raise PlanError(f"plan.inplace_reruns: {e!r} is not an (op id, step) pair") from None
+        if (q, t) not in inplace_ok or (q, t) in into:
+            what = graph.ops[q].name if 0 <= q < len(graph.ops) else q
+            raise PlanError(f"plan.inplace_reruns: the re-run of {what!r} at step {t} cannot run in place (it must "
+                            f"be a re-run of a relu/relu6/add whose first input is read by it alone, re-made in the "
+                            f"same group and not used after it), or is listed twice")
+        x = cand[q]
+        transient[(t, q)] = [r for r in transient[(t, q)] if r != x]
+        into[(q, t)] = (x,)
+
     events: list[Event] = []
     for o in ops:
         t = o.id
         for r in sorted(page_in_at.get(t, ())):
             events.append(Event("page_in", -1, (r,), (r,)))
         for p in sorted(groups.get(t, ())):
-            events.append(Event("recompute", p, (), rc[p]))
+            events.append(Event("recompute", p, (), rc[p], into.get((p, t), ())))
             if transient.get((t, p)):
                 events.append(Event("free", -1, tuple(sorted(transient[t, p]))))
         if t not in early_at:
@@ -557,4 +597,4 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
     S = static_bytes(graph) - sum(T[g].bytes for g in dyn)
     return Schedule(events=tuple(events), root=root, nonmat=frozenset(nonmat), static_bytes=S,
                     dynamic_grads=frozenset(dyn), recompute=rc, recompute_at=when, early_at=early_at,
-                    paged=tuple(paged), phases=phases), idle
+                    paged=tuple(paged), phases=phases, inplace_ok=frozenset(inplace_ok)), idle

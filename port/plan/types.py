@@ -28,6 +28,10 @@ class Plan:
       that reads one of its outputs (port.plan.semantics.recompute_times). Chains: a producer may be re-run earlier
       than its own first use because a later-recomputed consumer needs it. Multi-level: a producer may be
       listed at several steps; each re-run makes a new copy of its outputs, used until the next re-run.
+    inplace_reruns: re-runs ((op id, step), each also in the recompute schedule) that write their output over
+      their first input's copy instead of a new buffer: a relu, relu6 or add whose first input is read by it
+      alone and was re-made in the same recompute group, with that copy's last use this re-run
+      (port.plan.semantics, rule 2; port.plan.variants.rerun_inplace_inputs).
     paged: ids of saved activation tensors written to storage after the forward pass and read back before use.
     early_updates: ids of update ops run as soon as their gradient is complete (in-place gradient update, as
       in the Tiny Training Engine) instead of after the whole backward pass; their gradient buffer then lives
@@ -40,6 +44,7 @@ class Plan:
     ops: tuple[OpDecision, ...]
     recompute: tuple[int, ...] = ()
     recompute_at: tuple[tuple[int, int], ...] = ()
+    inplace_reruns: tuple[tuple[int, int], ...] = ()
     paged: tuple[int, ...] = ()
     early_updates: tuple[int, ...] = ()
     solver: str = "default"

@@ -12,7 +12,8 @@ Variant names
                  transformed domain, 2.25x fewer multiply-adds than the direct sum, a larger workspace
                  (the transformed kernels plus a chunk of transformed tiles). 3x3, stride 1, groups 1,
                  padding <= 2, rows that fit the kernel's stack buffers: the C library decides.
-``inplace``      the output is written into the input's buffer (relu, relu6, batch_norm2d, add):
+``inplace``      the output is written into the input's buffer (relu, relu6, batch_norm2d, add; and the
+                 element-wise input gradients relu/relu6/gelu/tanh.grad_input: dx over dy):
                  the output tensor aliases the input storage. On a batch norm's backward ops
                  (grad_weight; grad_input in training mode) ``inplace`` means "from the output": the
                  forward ran in place, so x-hat is rebuilt from y, gamma and beta. They run ``inplace``
@@ -27,7 +28,8 @@ Variant names
                  variant ``fused`` and run no call of their own. Only chains that kernel computes are
                  fusable: no variant is offered that the executor cannot run.
 
-Torch backends (torch-cpu, torch-cuda, torch-mps) run ``plain`` only, plus ``inplace`` for relu, relu6 and add
+Torch backends (torch-cpu, torch-cuda, torch-mps) run ``plain`` only, plus ``inplace`` for relu, relu6, add and the
+element-wise input gradients,
 and for a batch norm's backward ops (from the output). ``modeled`` accelerators get every variant the C
 backend has. Every variant offered here is one the executor runs (port.exec.registry).
 
@@ -42,7 +44,11 @@ Legality (pure functions of the graph, used by solver, simulator and lowering al
 * ``fused`` on a conv2d without bias: its output feeds exactly one op, a training-mode batch_norm2d, whose
   output feeds exactly one relu, all forward.
 * in-place batch norm needs affine weight and bias (it rebuilds x-hat from the output).
+* ``inplace`` on an element-wise input gradient (BACKWARD_INPLACE_KINDS): dy is an activation gradient on its
+  own root, as large as dx, read by no later op and not the op's other input.
 * ``patch<T>`` on conv2d ops whose output has more than T rows.
+* a re-run (not a variant: Plan.inplace_reruns) of relu, relu6 or add may write over its first input when
+  ``rerun_inplace_inputs`` names it (read by that op alone); port.plan.semantics says when.
 * ``winograd`` where the C library runs it (``winograd_legal`` asks port_conv2d_resolve_algo).
 """
 from __future__ import annotations
@@ -52,6 +58,8 @@ from port.ir.types import PHASE_FORWARD, PHASE_LOSS, Graph, Op
 PATCH_TILES = (4, 8)
 TORCH_BACKENDS = ("torch-cpu", "torch-cuda", "torch-mps")
 INPLACE_KINDS = ("relu", "relu6", "batch_norm2d", "add")
+# element-wise input gradients whose ``inplace`` writes dx over dy (the kernels allow dx == dy)
+BACKWARD_INPLACE_KINDS = ("relu.grad_input", "relu6.grad_input", "gelu.grad_input", "tanh.grad_input")
 ACTIVATIONS = ("relu", "relu6")
 CONV_KINDS = ("conv2d", "conv2d.grad_input", "conv2d.grad_weight")
 ATTENTION_KINDS = ("attention", "attention.grad_input")
@@ -89,6 +97,8 @@ def winograd_legal(graph: Graph, op: Op) -> bool:
 
 
 def inplace_legal(graph: Graph, op: Op) -> bool:
+    if op.kind in BACKWARD_INPLACE_KINDS:
+        return _backward_inplace_legal(graph, op)
     if op.phase != PHASE_FORWARD or op.kind not in INPLACE_KINDS:
         return False
     x = op.inputs[0]
@@ -107,6 +117,46 @@ def inplace_legal(graph: Graph, op: Op) -> bool:
         if other.id == op.id and op.kind == "add" and op.inputs[1] == x:
             return False
     return True
+
+
+def _backward_inplace_legal(graph: Graph, op: Op) -> bool:
+    """dx may take dy's bytes: dy (input 0) is an activation gradient stored on its own root, as large as dx,
+    that no later op reads (through any view) and that is not also the op's other input."""
+    if not op.inputs or not op.outputs:
+        return False
+    dy, dx = op.inputs[0], op.outputs[0]
+    tdy, tdx = graph.tensors[dy], graph.tensors[dx]
+    if tdy.alias_of is not None or tdx.alias_of is not None or tdy.role != "gradient" or tdy.bytes != tdx.bytes:
+        return False
+    if tdy.grad_of is None or graph.tensors[tdy.grad_of].role != "activation" or dy in op.inputs[1:]:
+        return False
+    return not any(graph.storage_root(t) == dy for o in graph.ops[op.id + 1:] for t in o.inputs)
+
+
+RERUN_INPLACE_KINDS = ("relu", "relu6", "add")   # elementwise, with an ``inplace`` call on every backend
+
+
+def rerun_inplace_inputs(graph: Graph) -> dict[int, int]:
+    """Forward op -> the input root a re-run of it may overwrite (Plan.inplace_reruns): a relu, relu6 or add
+    whose first input is an activation storage root of the same size that no other op reads (no view of it
+    either), in any phase, and (add) is not also its second input. Such an input exists only to feed this op:
+    once re-made for a re-run of it, its bytes are free to take the output."""
+    readers: dict[int, set[int]] = {}
+    for o in graph.ops:
+        for t in o.inputs:
+            readers.setdefault(graph.storage_root(t), set()).add(o.id)
+    out: dict[int, int] = {}
+    for o in graph.ops:
+        if o.phase != PHASE_FORWARD or o.kind not in RERUN_INPLACE_KINDS or not o.inputs or not o.outputs:
+            continue
+        x = o.inputs[0]
+        tx, ty = graph.tensors[x], graph.tensors[o.outputs[0]]
+        if tx.alias_of is not None or tx.role != "activation" or ty.alias_of is not None or tx.bytes != ty.bytes:
+            continue
+        if readers.get(x) != {o.id} or (o.kind == "add" and x in o.inputs[1:]):
+            continue
+        out[o.id] = x
+    return out
 
 
 def fusion_chain(graph: Graph, op: Op) -> tuple[int, ...] | None:
@@ -141,7 +191,8 @@ def follows_forward_inplace(graph: Graph, op: Op) -> bool:
 def variants(graph: Graph, op: Op, backend: str) -> tuple[str, ...]:
     """Legal variants of ``op`` on an accelerator with ``backend``; the first is the default."""
     if backend in TORCH_BACKENDS:
-        if (op.kind in ("relu", "relu6", "add") and inplace_legal(graph, op)) or follows_forward_inplace(graph, op):
+        if (op.kind in ("relu", "relu6", "add") + BACKWARD_INPLACE_KINDS and inplace_legal(graph, op)) \
+                or follows_forward_inplace(graph, op):
             return ("plain", "inplace")
         return ("plain",)
     out: list[str] = ["plain"]
@@ -160,7 +211,8 @@ def variants(graph: Graph, op: Op, backend: str) -> tuple[str, ...]:
     elif op.kind in ATTENTION_KINDS:
         out.append("tiled")
     else:
-        if (op.kind in INPLACE_KINDS and inplace_legal(graph, op)) or follows_forward_inplace(graph, op):
+        if (op.kind in INPLACE_KINDS + BACKWARD_INPLACE_KINDS and inplace_legal(graph, op)) \
+                or follows_forward_inplace(graph, op):
             out.append("inplace")
         if fused_into(graph, op) is not None:
             out.append("fused")

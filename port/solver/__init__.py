@@ -25,7 +25,7 @@ from port.solver.backends import BACKENDS, Result, complete_solution
 from port.solver.baselines import _plan, chen_plan, finish, greedy_plan, solve_chen, solve_greedy, solve_single
 from port.solver.formulation import KiB, Model, Vars, build
 from port.solver.instance import DEFAULT_WINDOW, Instance, build_instance
-from port.plan.semantics import drop_idle_reruns
+from port.plan.semantics import drop_idle_reruns, with_inplace_reruns
 
 DEFAULT_MAX_RERUNS = 3   # how often one forward op may be re-run (multi-level recompute); solve(max_reruns=)
 
@@ -79,6 +79,16 @@ def _warm_values(inst: Instance, m: Model, v: Vars, choice, rc, pg, at, early) -
     for u, j in v.e.items():
         fixed[j] = 1.0 if u in early else 0.0
     return complete_solution(m, fixed)
+
+
+def _tidy(inst: Instance, plan: Plan) -> Plan:
+    """A solution's plan: re-runs nobody reads dropped, and the re-runs the model lets run in place
+    (Instance.rc_inplace) doing so."""
+    plan = drop_idle_reruns(inst.graph, plan)
+    if not inst.rc_inplace or not plan.recompute:
+        return plan
+    return with_inplace_reruns(inst.graph, plan, {q for q, (_x, _p, accs) in inst.rc_inplace.items()
+                                                  if plan.ops[q].accelerator in accs})
 
 
 def _extract(inst: Instance, v: Vars, vals: list[float]):
@@ -159,7 +169,7 @@ def min_feasible_budget(inst: Instance, solver: str = "highs", time_limit_s: flo
     if res.values is None:
         return None, None, False
     choice, rc, pg, at, early = _extract(inst, v, res.values)
-    plan = drop_idle_reruns(inst.graph, _plan(inst, choice, 0, rc, pg, at=at, early=early))
+    plan = _tidy(inst, _plan(inst, choice, 0, rc, pg, at=at, early=early))
     sim = simulate(plan, inst.graph, inst.profile)
     plan = finish(inst, dataclasses.replace(plan, budget_bytes=sim.peak_bytes), sim.peak_bytes,
                   f"min-peak:{backend}", t0)
@@ -214,7 +224,7 @@ def _baseline_warm(inst: Instance, budget: int, time_limit_s: float, early_ok: b
 
     def consider(choice, rc, pg, at, early) -> None:
         try:
-            plan = drop_idle_reruns(graph, _plan(inst, choice, budget, rc, pg, at=at, early=early))
+            plan = _tidy(inst, _plan(inst, choice, budget, rc, pg, at=at, early=early))
             sim = simulate(plan, graph, profile)
         except PortError:
             return
@@ -278,7 +288,7 @@ def _restricted_warm(inst: Instance, budget: int, backend: str, time_limit_s: fl
         res = BACKENDS[backend](sub, left if k else 0.75 * left, 0.01, threads=threads)
         if res.values is not None:
             choice, rc, pg, at, early = _extract(inst, v, res.values)
-            plan = drop_idle_reruns(inst.graph, _plan(inst, choice, budget, rc, pg, at=at, early=early))
+            plan = _tidy(inst, _plan(inst, choice, budget, rc, pg, at=at, early=early))
             if simulate(plan, inst.graph, inst.profile).peak_bytes <= budget:
                 return [_warm_of(inst, plan)]
     return []
@@ -330,7 +340,7 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
         raise SolverError(f"{backend} failed (status {res.status})")
     choice, rc, pg, at, early = _extract(inst, v, res.values)
     full = _plan(inst, choice, budget, rc, pg, at=at, early=early)
-    plan = drop_idle_reruns(graph, full)       # a solution within the gap may carry a re-run nobody reads
+    plan = _tidy(inst, full)       # a solution within the gap may carry a re-run nobody reads
     sim = simulate(plan, graph, profile)
     if sim.peak_bytes > budget:
         raise SolverError(f"{backend} returned a plan with simulated peak {sim.peak_bytes} B over the budget "

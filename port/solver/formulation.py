@@ -528,10 +528,29 @@ def c_memory(m: Model, inst: Instance, v: Vars, budget_bytes: int | None) -> Non
                 rd = [q for q in members if q > p and any(u == r for _k, u, _pu in inst.rc_in.get(q, ()))]
                 frees.setdefault(max(rd) if rd else p, []).append((r, p))
         last = None
+        taken: dict[int, int] = {}     # input root x -> ipr[t,Q]: Q's re-run took x's copy over (in place)
         for p in members:
             ob = sum(inst.roots[r].bytes for r in inst.rc_outputs[p]) / unit
             a = m.var(f"A[{t},{p}]", -float("inf"), float("inf"), integer=False)
             row = {a: 1.0, v.rt[p, t]: -ob}
+            x, px, accs = inst.rc_inplace.get(p, (None, None, ()))
+            if x is not None and px in ps and px < p:
+                # ipr[t,Q] <= r[Q,t], ipr[t,Q] <= r[P,t] - h[x,t]: Q re-runs in place on x's group-only copy;
+                # ipr_acc[t,Q]: on an accelerator whose profile runs Q inplace
+                w = m.var(f"ipr[{t},{p}]", 0.0, 1.0, integer=False)
+                m.row(f"ipr_q[{t},{p}]", {w: 1.0, v.rt[p, t]: -1.0}, hi=0.0)
+                if {o.acc for o in inst.options[p]} - set(accs):
+                    ra = {w: 1.0}
+                    for a in accs:
+                        for kk, val in acc_expr(inst, v, p, a).items():
+                            _add(ra, kk, -val)
+                    m.row(f"ipr_acc[{t},{p}]", ra, hi=0.0)
+                rw = {w: 1.0, v.rt[px, t]: -1.0}
+                if (x, t) in v.st:
+                    _add(rw, v.st[x, t], 1.0)
+                m.row(f"ipr_p[{t},{p}]", rw, hi=0.0)
+                _add(row, w, inst.roots[x].bytes / unit)     # the output needs no bytes of its own ...
+                taken[x] = w
             if prev is None:
                 for kk, val in base.items():
                     _add(row, kk, -val)
@@ -543,6 +562,8 @@ def c_memory(m: Model, inst: Instance, v: Vars, budget_bytes: int | None) -> Non
                     _add(row, v.rt[q, t], b)
                     if (r, t) in v.st:
                         _add(row, v.st[r, t], -b)
+                    if r in taken:                           # ... and x's copy is not freed: they are its bytes
+                        _add(row, taken[r], -b)
                 m.row(f"mem_rc_sum[{t},{p}]", row, 0.0, 0.0)
             prev, last = a, p
             wmax = rc_wmax[p]

@@ -51,6 +51,9 @@ class Instance:
     accs: tuple[str, ...]
     excluded: list[tuple[int, str, str, str]] = field(default_factory=list)  # (op, acc, var, why)
     nested: bool = True                         # multi-level re-run steps and held copies (False: single-level)
+    rc_inplace: dict[int, tuple[int, int, frozenset]] = field(default_factory=dict)  # candidate Q -> (input
+    #   root x, its producer P, the accelerators the profile runs Q inplace on): Q's re-run there may take over
+    #   x's copy (Plan.inplace_reruns)
 
     def handoff_ms(self, a: str, b: str, nbytes: int) -> float:
         return 0.0 if a == b else self.profile.handoff_cost(a, b).cost_ms(nbytes)
@@ -250,6 +253,12 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW,
             u = prods.get(t)
             if u is not None and u < o.id:
                 edges.append((t, u, o.id, graph.tensors[t].bytes))
+    rc_inplace = {}
+    for q, x in V.rerun_inplace_inputs(graph).items():
+        p = prods.get(x)
+        accs_q = frozenset(o.acc for o in options[q] if o.var == "inplace")
+        if q in rc_times and p in rc_times and x in roots and x in rc_outputs.get(p, ()) and accs_q:
+            rc_inplace[q] = (x, p, accs_q)
     return Instance(graph, profile, options, S, roots, chains, nonmat, inplace_ops, tau, rc_outputs, rc_needs,
                     own, rc_times, rc_cover, rc_ends, rc_in, early, grad_bytes, window,
-                    page_roots, page_ms, edges, tuple(profile.accelerators), excluded, nested)
+                    page_roots, page_ms, edges, tuple(profile.accelerators), excluded, nested, rc_inplace)

@@ -100,11 +100,11 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
         a, b = dec[u].accelerator, dec[consumer].accelerator
         return 0.0 if a == b else profile.handoff_cost(a, b).cost_ms(T[tid].bytes)
 
-    def run(kind: str, oid: int) -> None:
+    def run(kind: str, oid: int, taken: tuple[int, ...] = ()) -> None:
         nonlocal clock, comp, rcomp, hand
         for t in graph.ops[oid].inputs:
             r = sch.root_of(t)
-            if not sch.is_static(graph, t) and r not in sch.nonmat and r not in live:
+            if not sch.is_static(graph, t) and r not in sch.nonmat and r not in live and r not in taken:
                 raise PlanError(f"{'recompute of' if kind == 'recompute' else 'op'} {graph.ops[oid].name!r} reads "
                                 f"{T[t].name!r}, which is not in memory then (dropped and not restored)")
         c = costs[oid]
@@ -130,10 +130,15 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
         clock += c
 
     for ev in sch.events:
+        for r in ev.into:           # a re-run in place: its output takes over this copy's bytes
+            if r not in live:
+                raise PlanError(f"recompute of {graph.ops[ev.op].name!r} runs in place on {T[r].name!r}, which "
+                                f"is not in memory then")
+            total -= live.pop(r)
         for r in ev.alloc:
             add(r)
         if ev.kind in ("op", "recompute"):
-            run(ev.kind, ev.op)
+            run(ev.kind, ev.op, ev.into)
         elif ev.kind == "page_in":
             page(ev.roots[0], "page in")
         elif ev.kind == "page_out":

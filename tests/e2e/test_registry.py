@@ -83,6 +83,7 @@ def _plans(graph, backend):
     plans = [with_(lambda o: None),
              with_(lambda o: "inplace" if o.kind in ("relu", "relu6", "add") else None),
              with_(lambda o: "inplace" if o.kind == "batch_norm2d" else None),
+             with_(lambda o: "inplace" if o.kind in V.BACKWARD_INPLACE_KINDS else None),
              with_(lambda o: "direct"),
              with_(lambda o: "winograd"),
              with_(lambda o: "patch4"),

@@ -118,3 +118,21 @@ def test_micro_batches_weigh_token_losses_by_counted_tokens():
     assert len(sd) > 10
     for k, v in sd.items():          # (the tied head weight is the embedding's)
         torch.testing.assert_close(v, ref.state_dict()[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.mark.parametrize("name", ["gpt_lora", "bert_lora"])
+def test_minimum_budget_plan_runs_in_place_and_matches_pytorch(name):
+    """At the smallest budget the ILP reaches, LoRA's adapter sums re-run in place over the frozen projection's
+    re-made output (Plan.inplace_reruns) and element-wise input gradients write dx over dy: training stays
+    step for step equal to eager."""
+    from port.solver import min_feasible_budget
+    from port.solver.instance import build_instance
+    m, batches = _setup(name)
+    g = port.trace(m, batches[0][0], optimizer="sgd_momentum")
+    prof = modeled_profile(g, load_device("host"))
+    mn, plan, _proven = min_feasible_budget(build_instance(g, prof), time_limit_s=20)
+    assert plan.inplace_reruns and all(g.ops[q].kind == "add" for q, _t in plan.inplace_reruns)
+    assert any(d.variant == "inplace" and g.ops[d.op].kind == "gelu.grad_input" for d in plan.ops)
+    assert mn < port.keep_everything_peak(g, prof) * 0.6
+    pl, tl, tr = compare(m, batches, opt="sgd", lr=0.05, plan=plan)
+    assert any(c.phase == "recompute" and c.variant == "inplace" for c in tr.program.calls)

@@ -68,6 +68,12 @@ def test_round_trip_chain_and_early(tmp_path):
     g = trace(models.get("mlp", seed=0), torch.randn(8, 64), name="mlp")
     p = modeled_profile(g, load_device("host"))
     plan = solve(g, p, 10**9)
-    plan = dataclasses.replace(plan, recompute_at=((0, 12), (1, 12)), early_updates=(18, 19))
+    plan = dataclasses.replace(plan, recompute_at=((0, 12), (1, 12)), inplace_reruns=((1, 12),),
+                               early_updates=(18, 19))
     back = load_plan(save_plan(plan, tmp_path / "c.json", g), g, p)
     assert back.recompute_at == ((0, 12), (1, 12)) and back.early_updates == (18, 19) and back == plan
+    assert back.inplace_reruns == ((1, 12),)
+    # a file without the key (older writers) reads as no re-run in place
+    plain = dataclasses.replace(plan, inplace_reruns=())
+    assert "inplace_reruns" not in (tmp_path / save_plan(plain, tmp_path / "d.json", g).name).read_text()
+    assert load_plan(tmp_path / "d.json", g, p) == plain

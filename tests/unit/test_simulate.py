@@ -175,3 +175,60 @@ def test_multi_level_recompute_copies(chain):
     for at in (((a, gw_b), (r, gw_b), (r, gw_b)), ((a, gw_b), (r, gw_b), (r, gi_r), (r, gi_r + 1))):
         with pytest.raises(PlanError):
             simulate(Plan("", "", 0, plain(g), recompute=rec, recompute_at=at), g, p)
+
+
+def test_rerun_in_place_takes_over_its_input_copy(chain):
+    """Plan.inplace_reruns: relu re-run right after linear a, in the same group, writes its output over a's
+    re-made output h1 (read by relu alone): the group holds one copy instead of two, lowering gives both the
+    same bytes and runs relu's inplace call; the re-runs that cannot do so are refused."""
+    from dataclasses import replace
+    from port.lower.lower import lower
+    from port.plan import variants as V
+    from port.plan.semantics import schedule, with_inplace_reruns
+    g, p = chain
+    lin_a, relu = g.ops[0], next(o for o in g.ops if o.kind == "relu")
+    assert V.rerun_inplace_inputs(g) == {relu.id: lin_a.outputs[0]}
+    first_bwd = min(o.id for o in g.ops if o.phase == "backward" and relu.outputs[0] in o.inputs)
+    rec = tuple(sorted((relu.outputs[0], lin_a.outputs[0])))
+    out = Plan("", "", 0, plain(g), recompute=rec, recompute_at=((lin_a.id, first_bwd), (relu.id, first_bwd)))
+    assert schedule(g, out).inplace_ok == {(relu.id, first_bwd)}
+    inp = with_inplace_reruns(g, out)
+    assert inp.inplace_reruns == ((relu.id, first_bwd),)
+    s0, s1 = simulate(out, g, p), simulate(inp, g, p)
+    k = s0.steps.index(("recompute", relu.id))
+    assert s0.timeline[k] - s1.timeline[k] == 5 * 8 * 4           # h2's copy needs no bytes of its own
+    assert s1.step_ms == s0.step_ms
+    prog = lower(g, inp)
+    c = next(c for c in prog.calls if c.phase == "recompute" and c.op == relu.id)
+    slot = {s.tensor: s for s in prog.slots}
+    assert c.variant == "inplace" and slot[c.outputs[0]].offset == slot[c.inputs[0]].offset
+    from port.lower.arena import align
+    assert lower(g, out).live_timeline[c.index] - prog.live_timeline[c.index] == align(5 * 8 * 4)
+    # refused: h1 not re-made in the group (kept instead), linear is no relu/add, a step without that re-run
+    only = Plan("", "", 0, plain(g), recompute=(relu.outputs[0],), recompute_at=((relu.id, first_bwd),))
+    for bad in (replace(only, inplace_reruns=((relu.id, first_bwd),)),
+                replace(out, inplace_reruns=((lin_a.id, first_bwd),)),
+                replace(out, inplace_reruns=((relu.id, first_bwd + 1),))):
+        with pytest.raises(PlanError, match="cannot run in place"):
+            simulate(bad, g, p)
+
+
+def test_input_gradient_in_place_writes_dx_over_dy(chain):
+    """The element-wise input gradients' ``inplace`` variant: relu.grad_input writes dx over dy (read by no
+    later op); one buffer instead of two at that step, and the same bytes in the lowered program."""
+    from port.lower.lower import lower
+    from port.plan import variants as V
+    g, p = chain
+    gi = next(o for o in g.ops if o.kind == "relu.grad_input")
+    assert V.variants(g, gi, "c") == ("plain", "inplace") and V.variants(g, gi, "torch-cpu") == ("plain", "inplace")
+    ops = list(plain(g))
+    ops[gi.id] = OpDecision(gi.id, "cpu-c", "inplace")
+    s0, s1 = simulate(Plan("", "", 0, plain(g)), g, p), simulate(Plan("", "", 0, tuple(ops)), g, p)
+    assert s0.timeline[gi.id] - s1.timeline[gi.id] == 5 * 8 * 4
+    prog = lower(g, Plan("", "", 0, tuple(ops)))
+    c = next(c for c in prog.calls if c.op == gi.id)
+    slot = {s.tensor: s for s in prog.slots}
+    assert slot[c.outputs[0]].offset == slot[c.inputs[0]].offset
+    # dy read again later (a second reader) makes it illegal
+    lin_b_gi = next(o for o in g.ops if o.kind == "linear.grad_input")
+    assert not V.inplace_legal(g, lin_b_gi)

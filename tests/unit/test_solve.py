@@ -78,7 +78,7 @@ def legal_early(graph):
 def brute_force(graph, profile, budget, chain=True, early=True, peak=False):
     """Min simulated step time (or, peak=True, min peak) over every option combination, every recompute
     schedule (each recomputable op: kept, or re-run at one of the own-times <= its own; chain=False: the
-    legacy fixed-tau rule), every paging subset and early updates none/all (update ops have no workspace
+    legacy fixed-tau rule; re-runs in place wherever legal and profiled inplace), every paging subset and early updates none/all (update ops have no workspace
     here, so all-early dominates any subset in memory and costs no time).
 
     The search space comes from the plan semantics and the profile, not from the ILP instance: every profiled
@@ -125,6 +125,10 @@ def brute_force(graph, profile, budget, chain=True, early=True, peak=False):
                 for ea in early_sets:
                     plan = Plan("", "", budget, ops, recompute=rec, recompute_at=at, paged=pag, early_updates=ea)
                     try:
+                        if rec:   # re-runs in place where the profile runs the op inplace: never costs anything
+                            plan = SEM.with_inplace_reruns(graph, plan, {
+                                q for q in SEM.V.rerun_inplace_inputs(graph)
+                                if profile.lookup(graph.signature(graph.ops[q]), ops[q].accelerator, "inplace")})
                         s = simulate(plan, graph, profile)
                     except PlanError:
                         continue
