@@ -95,9 +95,11 @@ def worker(impl: str, name: str, mode: str, batch: int, steps: int, warmup: int)
         frac = 0.5
         try:
             plan = solve(gr, prof, int(peak * frac), time_limit_s=20)
-        except InfeasibleBudgetError as e:      # below the minimum (static memory dominates at batch 1)
-            frac = (e.min_feasible_bytes or peak) / peak
-            plan = solve(gr, prof, int(peak * frac) + 1, time_limit_s=20)
+        except InfeasibleBudgetError:           # below the minimum: the smallest-peak plan (a second solve at a
+            from port.solver import min_feasible_budget      # minimum found unproven may not find it again)
+            from port.solver.instance import build_instance
+            mn, plan, _proven = min_feasible_budget(build_instance(gr, prof), time_limit_s=30)
+            frac = mn / peak
         extra = {"solve_s": time.perf_counter() - t, "plan_peak": plan.predicted_peak_bytes, "keep_peak": peak,
                  "recomputed": len(plan.recompute), "budget_frac": frac}
         del gr, prof
