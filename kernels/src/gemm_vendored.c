@@ -257,8 +257,9 @@ __attribute__((target("avx512f"))) static void tr_avx512(float *dst, int64_t ldd
         for (int64_t r = 0; r < w; r++) dst[p * ldd + r] = r < rows ? src[r * lds + p] : 0.0f;
 }
 
-/* the AVX-512 configuration: C[0:m, j0:j0+nc] += alpha op(A) op(B), nc <= NC5 columns */
-static void gemm_chunk5(const port__bpack *bs, int ta, int tb, int64_t m, int64_t j0, int64_t nc, int64_t k,
+/* the AVX-512 configuration: C[0:m, j0:j0+nc] += alpha op(A) op(B), nc <= NC5 columns; compiled for AVX-512 so
+ * that the packing loops' 16-float copies are single moves (at the baseline ISA GCC called memmove for each) */
+__attribute__((target("avx512f,fma"))) static void gemm_chunk5(const port__bpack *bs, int ta, int tb, int64_t m, int64_t j0, int64_t nc, int64_t k,
                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
     float bp[KC5 * NC5] __attribute__((aligned(64)));
     float ap[MC5 * KC5] __attribute__((aligned(64)));

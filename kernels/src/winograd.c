@@ -38,11 +38,20 @@ int port__conv_winograd_legal(const port_conv2d_params *p) {
 static int64_t wg_tiles(int64_t n, int64_t oh, int64_t ow) { return n * ((oh + 1) / 2) * ((ow + 1) / 2); }
 
 #ifndef PORT_WG_AUTO_MIN_TILES
-#define PORT_WG_AUTO_MIN_TILES 128
+#define PORT_WG_AUTO_MIN_TILES 64
 #endif
 int port__conv_winograd_pays(const port_conv2d_params *p) {
     return port__conv_winograd_legal(p) && p->c_in >= 16 && p->c_out >= 16 &&
            wg_tiles(p->n, port_conv2d_out_h(p), port_conv2d_out_w(p)) >= PORT_WG_AUTO_MIN_TILES;
+}
+
+/* Floats between consecutive xi planes of U, V, M, Y (16 planes of n floats each): n rounded up to whole cache
+ * lines, plus one line when that count is even, so that the 16 streams the transforms read and write do not start
+ * at the same cache set (power-of-two planes: 64 x 64 channels, 1024-tile chunks); ~5% measured on 256-tile
+ * chunks of 64 channels. */
+static int64_t wg_ps(int64_t n) {
+    int64_t lines = (n + 15) / 16;
+    return (lines + !(lines & 1)) * 16;
 }
 
 static int64_t wg_chunk(int64_t cin, int64_t cout, int64_t tiles) {
@@ -56,26 +65,24 @@ size_t port__conv_winograd_ws_floats(const port_conv2d_params *p) {
     /* forward and backward weight tile the output map, backward input tiles the input map */
     int64_t t = PORT_MAX(wg_tiles(p->n, ho, wo), wg_tiles(p->n, p->h, p->w));
     int64_t tc = wg_chunk(p->c_in, p->c_out, t);
-    return (size_t)(16 * p->c_in * p->c_out + 16 * (p->c_in + p->c_out) * tc);
+    return (size_t)(16 * (wg_ps(p->c_in * p->c_out) + wg_ps(p->c_in * tc) + wg_ps(p->c_out * tc)));
 }
 
 /* U[xi][o][i] = (G g G^T)[xi] for g = w[o][i] (flip = 0) or, for the backward input's kernels,
- * g = w[i][o] rotated by 180 degrees (flip = 1); w is [co][ci][3][3] with co = rows of U unless flipped. */
-static void wg_weights(float *U, const float *w, int64_t rows, int64_t cols, int flip) {
-    int64_t RC = rows * cols;
-#pragma omp parallel for schedule(static) if (RC * 16 > PORT_PAR_MIN)
-    for (int64_t rc = 0; rc < RC; rc++) {
-        int64_t o = rc / cols, i = rc % cols;
+ * g = w[i][o] rotated by 180 degrees (flip = 1); w is [co][ci][3][3] with co = rows of U unless flipped.
+ * One row o of U per call, vectorised along i (the kernels' loads are strided, U's stores contiguous): as a
+ * scalar loop per (o, i) it took longer than the 16 GEMMs at 256 channels on 8x8 maps. */
+PORT_ISA_CLONES static void wg_weights_row(float *restrict U, const float *restrict w, int64_t rows, int64_t cols,
+                                           int flip, int64_t o) {
+    int64_t RC = wg_ps(rows * cols), st = flip ? rows * 9 : 9;
+    const float *base = flip ? w + o * 9 : w + o * cols * 9;
+    float *u = U + o * cols;
+#pragma omp simd
+    for (int64_t i = 0; i < cols; i++) {
+        const float *s = base + i * st;
         float g[3][3];
-        if (!flip) {
-            const float *s = w + rc * 9;
-            for (int a = 0; a < 3; a++)
-                for (int b = 0; b < 3; b++) g[a][b] = s[a * 3 + b];
-        } else { /* w is [cols][rows][3][3] */
-            const float *s = w + (i * rows + o) * 9;
-            for (int a = 0; a < 3; a++)
-                for (int b = 0; b < 3; b++) g[a][b] = s[(2 - a) * 3 + (2 - b)];
-        }
+        for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 3; b++) g[a][b] = flip ? s[(2 - a) * 3 + (2 - b)] : s[a * 3 + b];
         float t[4][3];
         for (int b = 0; b < 3; b++) {
             t[0][b] = g[0][b];
@@ -84,11 +91,17 @@ static void wg_weights(float *U, const float *w, int64_t rows, int64_t cols, int
             t[3][b] = g[2][b];
         }
         for (int a = 0; a < 4; a++) {
-            float u[4] = {t[a][0], 0.5f * (t[a][0] + t[a][1] + t[a][2]),
-                          0.5f * (t[a][0] - t[a][1] + t[a][2]), t[a][2]};
-            for (int b = 0; b < 4; b++) U[(a * 4 + b) * RC + rc] = u[b];
+            u[(a * 4 + 0) * RC + i] = t[a][0];
+            u[(a * 4 + 1) * RC + i] = 0.5f * (t[a][0] + t[a][1] + t[a][2]);
+            u[(a * 4 + 2) * RC + i] = 0.5f * (t[a][0] - t[a][1] + t[a][2]);
+            u[(a * 4 + 3) * RC + i] = t[a][2];
         }
     }
+}
+
+static void wg_weights(float *U, const float *w, int64_t rows, int64_t cols, int flip) {
+#pragma omp parallel for schedule(static) if (rows * cols * 16 > PORT_PAR_MIN)
+    for (int64_t o = 0; o < rows; o++) wg_weights_row(U, w, rows, cols, flip, o);
 }
 
 /* A chunk's tiles t0..t0+tcc-1 (flattened (n, ti, tj), row-major) are walked as row segments: the one
@@ -103,7 +116,7 @@ static inline wg_seg wg_segment(int64_t t0, int64_t j, int64_t tcc, int64_t th, 
 
 /* The four input rows r0..r0+3 of a tile row, split into even and odd columns with the padding applied:
  * E[a][q] = map(r0 + a, 2q - pw), O[a][q] = map(r0 + a, 2q + 1 - pw), zero outside, for q in [q0, q1). */
-static void wg_rows(float E[4][WG_HALF], float O[4][WG_HALF], const float *xc, int64_t h, int64_t w,
+static inline void wg_rows(float E[4][WG_HALF], float O[4][WG_HALF], const float *xc, int64_t h, int64_t w,
                     int64_t r0, int64_t pw, int64_t q0, int64_t q1) {
     for (int a = 0; a < 4; a++) {
         int64_t r = r0 + a;
@@ -112,7 +125,18 @@ static void wg_rows(float E[4][WG_HALF], float O[4][WG_HALF], const float *xc, i
             continue;
         }
         const float *xr = xc + r * w;
-        for (int64_t q = q0; q < q1; q++) {
+        /* interior q (both columns inside the row: pw <= 2q <= w - 2 + pw) without bounds checks */
+        int64_t m0 = PORT_MIN(PORT_MAX(q0, (pw + 1) / 2), q1), m1 = PORT_MAX(PORT_MIN(q1, (w - 2 + pw) / 2 + 1), m0);
+        for (int64_t q = q0; q < m0; q++) {
+            int64_t c = 2 * q - pw;
+            E[a][q] = (c >= 0 && c < w) ? xr[c] : 0.0f;
+            O[a][q] = (c + 1 >= 0 && c + 1 < w) ? xr[c + 1] : 0.0f;
+        }
+        for (int64_t q = m0; q < m1; q++) {
+            E[a][q] = xr[2 * q - pw];
+            O[a][q] = xr[2 * q - pw + 1];
+        }
+        for (int64_t q = m1; q < q1; q++) {
             int64_t c = 2 * q - pw;
             E[a][q] = (c >= 0 && c < w) ? xr[c] : 0.0f;
             O[a][q] = (c + 1 >= 0 && c + 1 < w) ? xr[c + 1] : 0.0f;
@@ -123,46 +147,51 @@ static void wg_rows(float E[4][WG_HALF], float O[4][WG_HALF], const float *xc, i
 /* V[xi][c][j] = (B^T d B)[xi] for the tiles t0 + j (j < tcc) of the map in[n][c][h][w] tiled for an
  * output of oh x ow with padding (ph, pw).  Tile tj of a tile row covers columns 2tj-pw .. 2tj-pw+3, i.e.
  * E[tj], O[tj], E[tj+1], O[tj+1]: d B is computed for a whole tile row at once (R), then B^T (d B). */
-static void wg_input(float *V, const float *in, int64_t C, int64_t h, int64_t w, int64_t oh, int64_t ow,
-                     int64_t ph, int64_t pw, int64_t t0, int64_t tcc) {
-    int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2, CT = C * tcc;
-#pragma omp parallel for schedule(static) if (CT * 16 > PORT_PAR_MIN)
-    for (int64_t c = 0; c < C; c++) {
-        float E[4][WG_HALF], O[4][WG_HALF], R[4][WG_HALF];
-        for (int64_t j = 0; j < tcc;) {
-            wg_seg sg = wg_segment(t0, j, tcc, th, tw);
-            int64_t n = sg.n, ti = sg.ti, tj0 = sg.tj0, tj1 = sg.tj1, len = tj1 - tj0;
-            wg_rows(E, O, in + (n * C + c) * h * w, h, w, 2 * ti - ph, pw, tj0, tj1 + 1);
-            for (int b = 0; b < 4; b++) {
-                for (int a = 0; a < 4; a++) {
-                    const float *e = E[a] + tj0, *o = O[a] + tj0;
-                    float *r = R[a];
-                    switch (b) {
-                    case 0: for (int64_t q = 0; q < len; q++) r[q] = e[q] - e[q + 1]; break;
-                    case 1: for (int64_t q = 0; q < len; q++) r[q] = o[q] + e[q + 1]; break;
-                    case 2: for (int64_t q = 0; q < len; q++) r[q] = e[q + 1] - o[q]; break;
-                    default: for (int64_t q = 0; q < len; q++) r[q] = o[q] - o[q + 1]; break;
-                    }
-                }
-                float *v0 = V + (0 * 4 + b) * CT + c * tcc + j, *v1 = V + (1 * 4 + b) * CT + c * tcc + j;
-                float *v2 = V + (2 * 4 + b) * CT + c * tcc + j, *v3 = V + (3 * 4 + b) * CT + c * tcc + j;
-                for (int64_t q = 0; q < len; q++) {
-                    v0[q] = R[0][q] - R[2][q];
-                    v1[q] = R[1][q] + R[2][q];
-                    v2[q] = R[2][q] - R[1][q];
-                    v3[q] = R[1][q] - R[3][q];
+PORT_ISA_CLONES static void wg_input_channel(float *V, const float *in, int64_t C, int64_t h, int64_t w,
+                                             int64_t th, int64_t tw, int64_t ph, int64_t pw, int64_t t0,
+                                             int64_t tcc, int64_t c) {
+    int64_t CT = wg_ps(C * tcc);
+    float E[4][WG_HALF], O[4][WG_HALF], R[4][WG_HALF];
+    for (int64_t j = 0; j < tcc;) {
+        wg_seg sg = wg_segment(t0, j, tcc, th, tw);
+        int64_t n = sg.n, ti = sg.ti, tj0 = sg.tj0, tj1 = sg.tj1, len = tj1 - tj0;
+        wg_rows(E, O, in + (n * C + c) * h * w, h, w, 2 * ti - ph, pw, tj0, tj1 + 1);
+        for (int b = 0; b < 4; b++) {
+            for (int a = 0; a < 4; a++) {
+                const float *e = E[a] + tj0, *o = O[a] + tj0;
+                float *r = R[a];
+                switch (b) {
+                case 0: for (int64_t q = 0; q < len; q++) r[q] = e[q] - e[q + 1]; break;
+                case 1: for (int64_t q = 0; q < len; q++) r[q] = o[q] + e[q + 1]; break;
+                case 2: for (int64_t q = 0; q < len; q++) r[q] = e[q + 1] - o[q]; break;
+                default: for (int64_t q = 0; q < len; q++) r[q] = o[q] - o[q + 1]; break;
                 }
             }
-            j += len;
+            float *v0 = V + (0 * 4 + b) * CT + c * tcc + j, *v1 = V + (1 * 4 + b) * CT + c * tcc + j;
+            float *v2 = V + (2 * 4 + b) * CT + c * tcc + j, *v3 = V + (3 * 4 + b) * CT + c * tcc + j;
+            for (int64_t q = 0; q < len; q++) {
+                v0[q] = R[0][q] - R[2][q];
+                v1[q] = R[1][q] + R[2][q];
+                v2[q] = R[2][q] - R[1][q];
+                v3[q] = R[1][q] - R[3][q];
+            }
         }
+        j += len;
     }
+}
+
+static void wg_input(float *V, const float *in, int64_t C, int64_t h, int64_t w, int64_t oh, int64_t ow,
+                     int64_t ph, int64_t pw, int64_t t0, int64_t tcc) {
+    int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2;
+#pragma omp parallel for schedule(static) if (C * tcc * 16 > PORT_PAR_MIN)
+    for (int64_t c = 0; c < C; c++) wg_input_channel(V, in, C, h, w, th, tw, ph, pw, t0, tcc, c);
 }
 
 /* out[n][k][oh][ow] (tiles t0..t0+tcc) = A^T M A (+ bias[k]) */
 static void wg_output(float *out, const float *M, const float *bias, int64_t Kc, int64_t oh, int64_t ow,
                       int64_t t0, int64_t tcc) {
-    int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2, KT = Kc * tcc;
-#pragma omp parallel for schedule(static) if (KT * 16 > PORT_PAR_MIN)
+    int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2, KT = wg_ps(Kc * tcc);
+#pragma omp parallel for schedule(static) if (Kc * tcc * 16 > PORT_PAR_MIN)
     for (int64_t k = 0; k < Kc; k++) {
         float bv = bias ? bias[k] : 0.0f;
         float row[2][WG_ROW_MAX];
@@ -197,8 +226,8 @@ static void wg_output(float *out, const float *M, const float *bias, int64_t Kc,
 /* Y[xi][k][j] = (A dy A^T)[xi] for the 2x2 output tiles t0 + j of dy[n][k][oh][ow] (zeros outside) */
 static void wg_grad_output(float *Y, const float *dy, int64_t Kc, int64_t oh, int64_t ow, int64_t t0,
                            int64_t tcc) {
-    int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2, KT = Kc * tcc;
-#pragma omp parallel for schedule(static) if (KT * 16 > PORT_PAR_MIN)
+    int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2, KT = wg_ps(Kc * tcc);
+#pragma omp parallel for schedule(static) if (Kc * tcc * 16 > PORT_PAR_MIN)
     for (int64_t k = 0; k < Kc; k++) {
         float row[2][WG_ROW_MAX];
         for (int64_t j = 0; j < tcc;) {
@@ -254,11 +283,11 @@ static void wg_conv(float *out, const float *in, const float *U, const float *bi
                     int64_t h, int64_t w, int64_t Kc, int64_t oh, int64_t ow, int64_t ph, int64_t pw,
                     float *ws) {
     int64_t T = wg_tiles(N, oh, ow), tc = wg_chunk(C, Kc, T);
-    float *V = ws, *M = ws + 16 * C * tc;
+    float *V = ws, *M = ws + 16 * wg_ps(C * tc);
     for (int64_t t0 = 0; t0 < T; t0 += tc) {
         int64_t tcc = PORT_MIN(tc, T - t0);
         wg_input(V, in, C, h, w, oh, ow, ph, pw, t0, tcc);
-        wg_gemms(0, 0, Kc, tcc, C, U, Kc * C, C, V, C * tcc, tcc, 0.0f, M, Kc * tcc, tcc);
+        wg_gemms(0, 0, Kc, tcc, C, U, wg_ps(Kc * C), C, V, wg_ps(C * tcc), tcc, 0.0f, M, wg_ps(Kc * tcc), tcc);
         wg_output(out, M, bias, Kc, oh, ow, t0, tcc);
     }
 }
@@ -268,7 +297,7 @@ void port__conv_winograd_fwd(float *y, const float *x, const float *w, const flo
     float *U = ws;
     wg_weights(U, w, p->c_out, p->c_in, 0);
     wg_conv(y, x, U, b, p->n, p->c_in, p->h, p->w, p->c_out, port_conv2d_out_h(p), port_conv2d_out_w(p),
-            p->pad_h, p->pad_w, ws + 16 * p->c_in * p->c_out);
+            p->pad_h, p->pad_w, ws + 16 * wg_ps(p->c_in * p->c_out));
 }
 
 void port__conv_winograd_bwd_in(float *dx, const float *dy, const float *w, const port_conv2d_params *p,
@@ -276,26 +305,27 @@ void port__conv_winograd_bwd_in(float *dx, const float *dy, const float *w, cons
     float *U = ws;
     wg_weights(U, w, p->c_in, p->c_out, 1);
     wg_conv(dx, dy, U, NULL, p->n, p->c_out, port_conv2d_out_h(p), port_conv2d_out_w(p), p->c_in, p->h,
-            p->w, 2 - p->pad_h, 2 - p->pad_w, ws + 16 * p->c_in * p->c_out);
+            p->w, 2 - p->pad_h, 2 - p->pad_w, ws + 16 * wg_ps(p->c_in * p->c_out));
 }
 
 void port__conv_winograd_bwd_w(float *dw, const float *dy, const float *x, const port_conv2d_params *p,
                                float *ws) {
     int64_t C = p->c_in, Kc = p->c_out, oh = port_conv2d_out_h(p), ow = port_conv2d_out_w(p);
     int64_t T = wg_tiles(p->n, oh, ow), tc = wg_chunk(C, Kc, T);
-    float *dU = ws, *V = ws + 16 * C * Kc, *Y = V + 16 * C * tc;
+    float *dU = ws, *V = ws + 16 * wg_ps(C * Kc), *Y = V + 16 * wg_ps(C * tc);
     for (int64_t t0 = 0; t0 < T; t0 += tc) {
         int64_t tcc = PORT_MIN(tc, T - t0);
         wg_input(V, x, C, p->h, p->w, oh, ow, p->pad_h, p->pad_w, t0, tcc);
         wg_grad_output(Y, dy, Kc, oh, ow, t0, tcc);
-        wg_gemms(0, 1, Kc, C, tcc, Y, Kc * tcc, tcc, V, C * tcc, tcc, t0 == 0 ? 0.0f : 1.0f, dU, Kc * C, C);
+        wg_gemms(0, 1, Kc, C, tcc, Y, wg_ps(Kc * tcc), tcc, V, wg_ps(C * tcc), tcc, t0 == 0 ? 0.0f : 1.0f, dU,
+                 wg_ps(Kc * C), C);
     }
-    int64_t KC = Kc * C;
+    int64_t KC = Kc * C, sdu = wg_ps(KC);
 #pragma omp parallel for schedule(static) if (KC * 16 > PORT_PAR_MIN)
     for (int64_t kc = 0; kc < KC; kc++) {
         float u[4][4], s[3][4];
         for (int a = 0; a < 4; a++)
-            for (int b = 0; b < 4; b++) u[a][b] = dU[(a * 4 + b) * KC + kc];
+            for (int b = 0; b < 4; b++) u[a][b] = dU[(a * 4 + b) * sdu + kc];
         for (int b = 0; b < 4; b++) {
             s[0][b] = u[0][b] + 0.5f * (u[1][b] + u[2][b]);
             s[1][b] = 0.5f * (u[1][b] - u[2][b]);

@@ -247,6 +247,9 @@ def check_program(program: Program) -> None:
                                                            c.workspace_offset + c.workspace_bytes > A)):
             raise ProgramError(f"call {i} ({c.name}): workspace [{c.workspace_offset}, "
                                f"{c.workspace_offset + c.workspace_bytes}) outside the scratch region [{P}, {A})")
+        if c.workspace_bytes and c.workspace_offset % ALIGN:
+            raise ProgramError(f"call {i} ({c.name}): workspace offset {c.workspace_offset} is not {ALIGN}-byte "
+                               "aligned (the kernels read floats from it)")
 
     for r, i in program.live_until:
         s = slot_of.get(r)

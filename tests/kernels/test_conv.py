@@ -374,10 +374,11 @@ def test_winograd_legality_and_auto_choice(K):
     assert resolve(1, 1, 3, 515, 1, 3, 3, 1, 1, 1, 1, 1) == -1
     with pytest.raises(NotImplementedError, match="not supported"):
         K.conv2d_forward(torch.randn(1, 4, 8, 8), torch.randn(4, 4, 3, 3), stride=2, algo="winograd")
-    # AUTO: winograd where each GEMM gets >= 128 tiles and >= 16 channels each side, else im2col
+    # AUTO: winograd where each GEMM gets >= 64 tiles and >= 16 channels each side, else im2col
     auto = lambda *a: _resolve(capi.CONV_AUTO, *a)  # noqa: E731
-    assert auto(2, 16, 16, 16, 16, 3, 3, 1, 1, 1, 1, 1) == capi.CONV_WINOGRAD    # 2 x 64 tiles
-    assert auto(1, 16, 16, 16, 16, 3, 3, 1, 1, 1, 1, 1) == capi.CONV_IM2COL      # 64 tiles
+    assert auto(1, 16, 16, 16, 16, 3, 3, 1, 1, 1, 1, 1) == capi.CONV_WINOGRAD    # 64 tiles
+    assert auto(1, 16, 16, 14, 16, 3, 3, 1, 1, 1, 1, 1) == capi.CONV_IM2COL      # 8 x 7 = 56 tiles
+    assert auto(4, 16, 8, 8, 16, 3, 3, 1, 1, 1, 1, 1) == capi.CONV_WINOGRAD      # 4 x 16 tiles
     assert auto(2, 8, 16, 16, 16, 3, 3, 1, 1, 1, 1, 1) == capi.CONV_IM2COL       # c_in 8
     assert auto(2, 16, 16, 16, 16, 1, 1, 1, 1, 0, 0, 1) == capi.CONV_DIRECT
 

@@ -108,6 +108,7 @@ def field_mutants(p):
         ("unknown phase", _calls(p, 1, phase="sideways"), "phase"),
         ("negative workspace offset", _calls(p, 0, workspace_offset=-64), "workspace"),
         ("workspace too small", _calls(p, 0, workspace_bytes=p.calls[0].workspace_bytes - 4), "workspace_bytes"),
+        ("misaligned workspace", _calls(p, 0, workspace_offset=p.calls[0].workspace_offset + 9), "not 64-byte aligned"),
         ("attrs not pairs", _calls(p, 2, attrs=(("kernel",),)), "attrs"),
         ("outputs not a tuple", _calls(p, 2, outputs=[19, 20]), "outputs"),
         ("slot nbytes negative", dataclasses.replace(p, slots=tuple(
