@@ -180,19 +180,31 @@ static void gemm_chunk(tile_fn mk, const port__bpack *bs, int ta, int tb, int64_
 /* B block 256 x 512 floats (512 KiB); its 32-column panels (32 KiB) stay in L1 */
 
 /* C[r][0..32) (+)= alpha * sum_p ap[p][r] bp[p][0..32) for r < mr, columns < nr; full tiles update C in
- * registers, partial ones through a stack tile. */
+ * registers, partial ones through a stack tile and masked row updates.  Tiles of at most 16 columns (GEMMs with
+ * n <= 16: a single image's 4x4 map, batch-1 late layers) run only the left half of the kernel: the right half
+ * would multiply the panel's zero padding. */
 __attribute__((target("avx512f,fma"))) static void mk5(int64_t kc, const float *ap, const float *bp,
                                                                float *c, int64_t ldc, float alpha,
                                                                int64_t mr, int64_t nr) {
 #define R5(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 #define DECL(r) v16fa c##r##a = {0}, c##r##b = {0};
 #define STEP(r) { float a_ = ap_[r]; c##r##a += a_ * b0; c##r##b += a_ * b1; }
+#define STEPH(r) { c##r##a += ap_[r] * b0; }
     R5(DECL)
+    if (nr <= 16) {
 #pragma GCC unroll 2
-    for (int64_t p = 0; p < kc; p++) {
-        v16fa b0 = *(const v16fa *)(bp + p * NR5), b1 = *(const v16fa *)(bp + p * NR5 + 16);
-        const float *ap_ = ap + p * MR5;
-        R5(STEP)
+        for (int64_t p = 0; p < kc; p++) {
+            v16fa b0 = *(const v16fa *)(bp + p * NR5);
+            const float *ap_ = ap + p * MR5;
+            R5(STEPH)
+        }
+    } else {
+#pragma GCC unroll 2
+        for (int64_t p = 0; p < kc; p++) {
+            v16fa b0 = *(const v16fa *)(bp + p * NR5), b1 = *(const v16fa *)(bp + p * NR5 + 16);
+            const float *ap_ = ap + p * MR5;
+            R5(STEP)
+        }
     }
     if (mr == MR5 && nr == NR5) {
 #define STORE(r) { float *cr = c + (r) * ldc; *(v16f *)cr += alpha * c##r##a; *(v16f *)(cr + 16) += alpha * c##r##b; }
@@ -202,11 +214,22 @@ __attribute__((target("avx512f,fma"))) static void mk5(int64_t kc, const float *
     float acc[MR5 * NR5] __attribute__((aligned(64)));
 #define SPILL(r) { *(v16fa *)(acc + (r) * NR5) = c##r##a; *(v16fa *)(acc + (r) * NR5 + 16) = c##r##b; }
     R5(SPILL)
-    for (int64_t r = 0; r < mr; r++)
-        for (int64_t cc = 0; cc < nr; cc++) c[r * ldc + cc] += alpha * acc[r * NR5 + cc];
+    __mmask16 k0 = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1u);
+    __mmask16 k1 = (__mmask16)(nr >= 32 ? 0xFFFFu : nr > 16 ? (1u << (nr - 16)) - 1u : 0u);
+    __m512 va = _mm512_set1_ps(alpha);
+    for (int64_t r = 0; r < mr; r++) {
+        float *cr = c + r * ldc;
+        __m512 v = _mm512_maskz_loadu_ps(k0, cr);
+        _mm512_mask_storeu_ps(cr, k0, _mm512_fmadd_ps(va, _mm512_load_ps(acc + r * NR5), v));
+        if (k1) {
+            v = _mm512_maskz_loadu_ps(k1, cr + 16);
+            _mm512_mask_storeu_ps(cr + 16, k1, _mm512_fmadd_ps(va, _mm512_load_ps(acc + r * NR5 + 16), v));
+        }
+    }
 #undef R5
 #undef DECL
 #undef STEP
+#undef STEPH
 #undef STORE
 #undef SPILL
 }
