@@ -7,7 +7,8 @@ C kernels), ``port50`` (the ILP's plan at 50% of the keep-everything peak, solve
 for LoRA, ``portmin`` (the ILP's smallest-peak plan on the same profile).
 Every (model, mode, batch, implementation) runs in a FRESH subprocess: build the model, import PORT, run one
 training forward + backward of one sample in eager and trace it once (the libraries' one-time allocations:
-autograd, allocator arenas, thread pools, fx) and, for port50 and portmin, solve; then read VmRSS (the weights resident), reset VmHWM, build the trainer and run warm-up and timed
+autograd, allocator arenas, thread pools, fx) and, for port50 and portmin, solve; then hand freed heap back to the OS
+(malloc_trim), read VmRSS (the weights resident), reset VmHWM, build the trainer and run warm-up and timed
 steps; memory = VmHWM - that baseline (process memory growth for training: activations, gradients, optimizer
 state, workspace, the trainer's arena and its copy of the weights; measured, not accounted). The three
 implementations of one configuration run back to back, in alternating order over rounds (paired); the table
@@ -22,6 +23,8 @@ Headline targets: step time <= 0.9x eager at batch 8 and 32 (port); LoRA memory 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
 import os
 import statistics
@@ -103,6 +106,11 @@ def worker(impl: str, name: str, mode: str, batch: int, steps: int, warmup: int)
         extra = {"solve_s": time.perf_counter() - t, "plan_peak": plan.predicted_peak_bytes, "keep_peak": peak,
                  "recomputed": len(plan.recompute), "budget_frac": frac}
         del gr, prof
+    # the solver's (and tracer's) freed heap back to the OS before the baseline, in every implementation: glibc
+    # keeps freed blocks resident, and the trainer's allocations then reuse them without raising VmHWM, which
+    # understated the training memory of solved plans (gpt_tiny's smallest-peak plan)
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     base = _status()["VmRSS"]
     with open("/proc/self/clear_refs", "w") as f:       # VmHWM := VmRSS
         f.write("5")
