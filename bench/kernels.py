@@ -335,7 +335,7 @@ def main(argv=None):
         "(F.conv2d + aten.convolution_backward per direction). %BLAS = GFLOP/s of BLAS sgemm on "
         "the layer's single ideal GEMM [c_out x c_in*k*k] x [.. x N*Ho*Wo] relative to PORT's im2col "
         "forward; algo = what PORT_CONV_AUTO runs (PORT's times and ratio are for it; Winograd F(2x2,3x3) where "
-        "each of its 16 GEMMs gets >= 128 tiles); % of sgemm im2col = direct-convolution FLOPs / time of the "
+        "each of its 16 GEMMs gets >= 64 tiles); % of sgemm im2col = direct-convolution FLOPs / time of the "
         "im2col + GEMM path; effective = the same FLOPs over the time of what AUTO runs; im2col % = im2col "
         "forward time outside the per-image GEMMs; patch = the patch8 variant (bands of H_out // 8 whole output "
         "rows, each band's rows split over the threads), workspace and fwd+bwd time relative to whole-tensor "
