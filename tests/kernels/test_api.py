@@ -240,11 +240,11 @@ def test_default_gemm_backend_follows_the_blas_core(coretype):
 
 
 @pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
-@pytest.mark.parametrize("m,n,k", [(301, 530, 270), (13, 1100, 513), (290, 40, 600)])
+@pytest.mark.parametrize("m,n,k", [(301, 530, 270), (13, 1100, 513), (290, 40, 600), (37, 16, 300), (40, 5, 257)])
 def test_vendored_sgemm_blocks_and_threads(K, ta, tb, m, n, k):
     """The vendored GEMM across its block edges (AVX-512: 288-row tasks, 144-row A blocks, 512-column B blocks,
-    256-deep K blocks; portable: 256 / 64 / 64 / 256) matches float64 and gives the same bits at 1, 2 and 3
-    threads, whose task grids differ."""
+    256-deep K blocks, half-width tiles of <= 16 columns; portable: 256 / 64 / 64 / 256) matches float64 and gives
+    the same bits at 1, 2 and 3 threads, whose task grids differ."""
     a = torch.randn((k, m) if ta else (m, k))
     b = torch.randn((n, k) if tb else (k, n))
     ref = (a.T if ta else a).double() @ (b.T if tb else b).double()
