@@ -3,8 +3,8 @@
 and LoRA (rank 8 on q, v and fc1), SGD with momentum, 2 threads.
 
 Implementations: ``eager`` (PyTorch, the same model and optimizer), ``port`` (PORT's default plan: every op on the
-C kernels), ``port50`` (the ILP's plan at 50% of the keep-everything peak, solved on the host's modeled profile)
-and, for LoRA, ``portmin`` (the ILP's smallest-peak plan on the modeled profile of the host's C kernels alone).
+C kernels), ``port50`` (the ILP's plan at 50% of the keep-everything peak) and, for LoRA, ``portmin`` (the ILP's
+smallest-peak plan), both solved on the modeled profile of the host's C kernels alone.
 Every (model, mode, batch, implementation) runs in a FRESH subprocess: build the model, import PORT, run one
 training forward + backward of one sample in eager and trace it once (the libraries' one-time allocations:
 autograd, allocator arenas, thread pools, fx) and, for port50 and portmin, solve; then hand freed heap back to the OS
@@ -50,11 +50,10 @@ def _status() -> dict:
 
 
 def _c_device(dev):
-    """``dev`` with PORT's C kernels as its only engine, for the memory-first (smallest-peak) plan: a modeled
-    profile carries no engine footprint, so on the whole host that solve put ops on PyTorch's CPU kernels at no
-    modeled cost, and their resident memory (18.7 MiB on bert_tiny LoRA batch 32: the first step's RSS growth)
-    went unpriced. (port50, solved for time as well, stays on the whole host: on the C kernels alone its roofline
-    costs picked plans that ran 2-6x slower than the default plan, where the whole host's ran 0.9-1.2x.)"""
+    """``dev`` with PORT's C kernels as its only engine (the engines of a device without Python, as the default
+    plan): a modeled profile carries no engine footprint, so on the whole host the smallest-peak solve put ops on
+    PyTorch's CPU kernels at no modeled cost, and their resident memory (18.7 MiB on bert_tiny LoRA batch 32: the
+    first step's RSS growth) went unpriced."""
     accs = tuple(a for a in dev.accelerators if a.backend == "c")
     return dev.model_copy(update={"accelerators": accs,
                                   "handoff": tuple(h for h in dev.handoff if h.src in {a.id for a in accs}
@@ -104,7 +103,7 @@ def worker(impl: str, name: str, mode: str, batch: int, steps: int, warmup: int)
         from port.errors import InfeasibleBudgetError
         from port.solver import solve
         gr = port.trace(m, x, optimizer="sgd_momentum")
-        prof = modeled_profile(gr, load_device("host"))
+        prof = modeled_profile(gr, _c_device(load_device("host")))
         peak = port.keep_everything_peak(gr, prof)
         t = time.perf_counter()
         frac = 0.5
@@ -224,11 +223,10 @@ def main() -> None:
     lines += ["", "Memory is the process's VmHWM growth over the resident, warmed-up model (weights allocated, one "
               "eager step and one trace done, freed heap handed back with malloc_trim): what training adds, the "
               "trainer's set-up included. "
-              "LoRA ratio: PORT's LoRA growth / eager's full fine-tuning growth at the same batch. port50's plan is solved "
-              "on the host's modeled (roofline) profile; the min plan (LoRA rows) is the ILP's smallest-peak plan "
-              "(port.solver.min_feasible_budget) on the modeled profile of the host's C kernels alone: memory first, "
-              "whatever the time (a modeled profile does not price PyTorch's resident footprint, and a memory-first "
-              "solve on the whole host put ops there for nothing).", "",
+              "LoRA ratio: PORT's LoRA growth / eager's full fine-tuning growth at the same batch. port50's plan and the min "
+              "plan (LoRA rows: the ILP's smallest-peak plan, port.solver.min_feasible_budget, memory first, whatever "
+              "the time) are solved on the modeled (roofline) profile of the host's C kernels alone (a modeled profile "
+              "does not price PyTorch's resident footprint: a memory-first solve on the whole host put ops there).", "",
               f"Headline: PORT step time / eager at batch 8 and 32: worst {worst_ratio:.2f}x, geo-mean "
               f"{statistics.geometric_mean(ratios):.2f}x (target <= 0.9x); LoRA memory / eager full fine-tuning at "
               f"batch 8 and 32: worst {max(r for b, i, r in lora_mem if b >= 8 and i == 'port'):.2f}x with the default "
