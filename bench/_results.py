@@ -5,6 +5,8 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -74,3 +76,16 @@ def publish(title: str, text: str, write: bool = True) -> None:
     print(text)
     if write:
         write_section(title, text)
+
+
+# A Python busy loop that ends by itself once its parent is gone (checked every ~10^6 iterations): a benchmark
+# killed mid-run (SIGKILL, Ctrl-C in a shell loop) used to leave it spinning, and every figure taken after that
+# ran beside it.
+# (The parent's pid is passed in: read with getppid at start-up, a parent killed before the child got there would
+# already be init.)
+_BUSY = "import os, sys\np = int(sys.argv[1])\nwhile os.getppid() == p:\n    for _ in range(1000000):\n        pass\n"
+
+
+def busy_process() -> subprocess.Popen:
+    """One CPU-bound background process (the loaded phases of bench/train.py and bench/e2e.py)."""
+    return subprocess.Popen([sys.executable, "-c", _BUSY, str(os.getpid())])

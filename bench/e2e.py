@@ -442,7 +442,8 @@ def run_config(name: str, batch: int, fracs: list[float], a) -> dict:
                 time.sleep(a.settle_ms / 1e3)
     # 3b. time parts (issue 12): the same rounds again with one busy CPU-bound process beside them (loaded)
     if a.loaded:
-        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        from _results import busy_process
+        busy = busy_process()
         try:
             time.sleep(0.5)
             # the prediction under load is the calibrated one, as `port train --replan` makes it on a loaded

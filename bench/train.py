@@ -279,11 +279,6 @@ class Worker:
         return r
 
 
-def _busy() -> subprocess.Popen:
-    """One CPU-bound background process (a Python busy loop)."""
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
-
-
 def _rounds(W: dict, order: tuple, warmup: int, steps: int, max_s: float) -> dict:
     rec: dict[str, list] = {impl: [] for impl in order}
     t0 = time.time()
@@ -318,7 +313,8 @@ def measure(name: str, batch: int, steps: int, warmup: int, threads: int, trim: 
     rec = _rounds(W, order, warmup, steps, max_s)
     rec_l = None
     if loaded:
-        busy = _busy()
+        from _results import busy_process
+        busy = busy_process()
         try:
             time.sleep(0.5)
             rec_l = _rounds(W, order, 1, steps, max_s)
