@@ -45,8 +45,8 @@ LABEL = {"resnet18": "ResNet-18", "vgg11": "VGG-11", "mobilenetv2": "MobileNetV2
 LABEL = type("Labels", (dict,), {"__missing__": lambda self, k: k})(LABEL)
 MB = 1e6
 PROFILE_DIR = ROOT / "runs" / "bench_profiles" / "host"
-# PORT workers' Trainer(threads=...): PORT_E2E_THREADS=auto (the default; not with --fixed-threads) lets the
-# step-time governor pick the kernels' thread count (port.exec.threads); unset: the fixed count of --threads
+# PORT workers' Trainer(threads=...): PORT_E2E_THREADS=auto (the default, as Trainer's; not with --fixed-threads)
+# lets the step-time governor pick the kernels' thread count (port.exec.threads); unset: the fixed count of --threads
 THREADS_SETTING = "auto" if os.environ.get("PORT_E2E_THREADS") == "auto" else None
 PLAN_DIR = Path(os.environ.get("TMPDIR", "/tmp")) / "port_e2e_plans"
 LR, MOM = 0.01, 0.9
@@ -708,9 +708,9 @@ def main() -> None:
     ap.add_argument("--no-loaded", dest="loaded", action="store_false",
                     help="skip the second timed pass with one busy CPU-bound process running")
     ap.add_argument("--fixed-threads", dest="threads_auto", action="store_false",
-                    help="PORT workers keep --threads fixed (Trainer's default) instead of Trainer(threads='auto'), "
-                         "where the step-time governor picks the kernels' thread count (fewer while the busy "
-                         "process runs), as `train: {threads: auto}` does in a config")
+                    help="PORT workers keep --threads fixed (Trainer(threads=None)) instead of the Trainer's default "
+                         "threads='auto', where the step-time governor picks the kernels' thread count (fewer while "
+                         "the busy process runs)")
     ap.add_argument("--threads-auto", dest="threads_auto", action="store_true", default=True,
                     help="the default (kept for earlier command lines)")
     ap.add_argument("--from-json", default=None,

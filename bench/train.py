@@ -6,14 +6,16 @@
 
 Every (model, batch, implementation) runs in a FRESH subprocess (``--worker``), measured the same way:
 
-  * same model (``port.models.get(name, seed=0)``, train mode), same data (seeded random x [B,3,32,32] and
-    labels), SGD lr 0.01 momentum 0.9 (torch.optim.SGD defaults otherwise: foreach off on CPU,
+  * same model (``port.models.get(name, seed=0)``, train mode), same data (a new seeded random batch x
+    [B,3,32,32] and labels every step, the same sequence in every worker), SGD lr 0.01 momentum 0.9 (torch.optim.SGD defaults otherwise: foreach off on CPU,
     zero_grad(set_to_none=True)); PORT: ``Trainer(model, x, optimizer=SGD(0.01, momentum=0.9), backend="c")``.
   * threads: ``torch.set_num_threads(2)`` and ``port.exec.kernels.set_num_threads(2)`` in both (``--threads N`` to
-    change); the kernel-thread count actually in force after set-up (``port.exec.kernels.get_num_threads()``: the
-    backend may override it) and torch's are recorded.
-  * step time: median of ``--steps`` timed steps after ``--warmup`` untimed ones (time.perf_counter around
+    change); PORT's Trainer runs its default thread governor (``threads="auto"``, up to that count) and its
+    settled count per phase is recorded, as is torch's.
+  * step time: median of ``--steps`` timed steps after ``--warmup`` untimed rounds (time.perf_counter around
     one full step: torch = zero_grad + forward + loss + backward + opt.step + loss.item(); PORT = trainer.step).
+    The workers alternate blocks of consecutive steps (>= BLOCK_S long), each block's first step untimed
+    (``_rounds``).
   * memory (Linux /proc/self/status):
       pre   = VmRSS after imports, model construction and data creation, before the optimizer/Trainer
               is built (gc.collect() first);
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -155,7 +158,7 @@ def worker(impl: str, name: str, batch: int, steps: int, warmup: int, threads: i
     if impl in ("torch", "torchp"):
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-        def step() -> float:
+        def step(x, y) -> float:
             opt.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
@@ -163,9 +166,10 @@ def worker(impl: str, name: str, batch: int, steps: int, warmup: int, threads: i
             return loss.item()
         report = None
     else:
+        # the Trainer's defaults: threads="auto" (the thread governor, up to the 2 set above)
         tr = Trainer(model, x, optimizer=PortSGD(0.01, momentum=0.9), backend="c")
 
-        def step() -> float:
+        def step(x, y) -> float:
             return tr.step(x, y)
         report = tr.memory_report()
     setup_s = time.perf_counter() - t0
@@ -183,22 +187,31 @@ def worker(impl: str, name: str, batch: int, steps: int, warmup: int, threads: i
     except OSError:
         method, sampler = "sampler", _Sampler()
 
-    # driver protocol (stdin/stdout, one JSON line each): "step" -> {"t": wall s, "c": CPU s, "loss": ...};
-    # "done" -> the final record. The driver alternates steps between the PyTorch and the PORT worker.
+    # driver protocol (stdin/stdout, one JSON line each): "steps K" -> K steps back to back,
+    # {"t": [wall s], "c": [CPU s], "n": threads}; "done" -> the final record. The driver alternates blocks of
+    # steps between the workers.
     out = sys.stdout
     out.write(json.dumps({"ready": True, "setup_s": setup_s}) + "\n")
     out.flush()
     losses = []
     for line in sys.stdin:
-        cmd = line.strip()
-        if cmd == "step":
-            t, c = time.perf_counter(), time.process_time()
-            loss = step()
-            t, c = time.perf_counter() - t, time.process_time() - c
-            losses.append(loss)
-            out.write(json.dumps({"t": t, "c": c, "loss": loss}) + "\n")
+        cmd = line.split()
+        if cmd and cmd[0] == "steps":
+            ts, cs = [], []
+            for _ in range(int(cmd[1])):
+                # a new random batch every step (the same sequence in every worker): one batch trained on
+                # again and again is memorised within ~20 steps (VGG-11 at batch 1: loss 0), its gradients
+                # become denormal floats, and from then on both implementations slow down 10-30x
+                xb = torch.randn(x.shape, generator=g)
+                yb = torch.randint(0, 10, (batch,), generator=g)
+                t, c = time.perf_counter(), time.process_time()
+                losses.append(step(xb, yb))
+                ts.append(time.perf_counter() - t)
+                cs.append(time.process_time() - c)
+            n = tr.threads if impl == "port" else torch.get_num_threads()    # PORT: the governor's settled count
+            out.write(json.dumps({"t": ts, "c": cs, "n": n}) + "\n")
             out.flush()
-        elif cmd == "done":
+        elif cmd == ["done"]:
             break
     st = _status()
     peak = st["VmHWM"] if sampler is None else sampler.stop()
@@ -265,8 +278,8 @@ class Worker:
             pass
         return self._read()
 
-    def step(self) -> dict | None:
-        return self._send("step")
+    def steps(self, k: int) -> dict | None:
+        return self._send(f"steps {k}")
 
     def finish(self) -> dict:
         r = self._send("done")
@@ -279,20 +292,42 @@ class Worker:
         return r
 
 
-def _rounds(W: dict, order: tuple, warmup: int, steps: int, max_s: float) -> dict:
+BLOCK_S = 0.06         # a block of consecutive steps lasts at least this long (up to MAX_BLOCK steps)
+MAX_BLOCK = 40
+
+
+def _rounds(W: dict, order: tuple, warmup: int, steps: int, max_s: float, block: int = 1) -> dict:
+    """Rounds of ``block`` consecutive steps per worker, rotating who goes first: ``warmup`` untimed rounds, then
+    rounds until every worker has ``steps`` timed steps (at least 3 rounds; fewer steps if the timed rounds pass
+    ``max_s``). A block's first step is not timed when block > 1: it shares the cores with the previous worker's
+    OpenMP threads, which spin for a while after their last region (libgomp's default, PyTorch's and PORT's
+    alike), a cost a training loop that runs alone never pays. Returns {impl: [{"t": s, "c": s, "n": threads}]}."""
     rec: dict[str, list] = {impl: [] for impl in order}
     t0 = time.time()
-    for r in range(warmup + steps):
-        if r >= warmup + 3 and time.time() - t0 > max_s:
+    skip = 1 if block > 1 else 0
+    r = 0
+    while True:
+        timed = r >= warmup
+        if timed and r >= warmup + 3 and (min(len(v) for v in rec.values()) >= steps or time.time() - t0 > max_s):
             break
         k = r % len(order)                               # rotate who goes first
         for impl in order[k:] + order[:k]:
-            o = W[impl].step()
-            if o is not None and r >= warmup:
-                rec[impl].append(o)
+            o = W[impl].steps(block)
+            if o is not None and timed:
+                rec[impl] += [{"t": t, "c": c, "n": o["n"]} for t, c in zip(o["t"][skip:], o["c"][skip:])]
         if r == warmup - 1:
             t0 = time.time()
+        r += 1
+        if all(W[i].error for i in order):
+            break
     return rec
+
+
+def _block_size(W: dict, order: tuple) -> int:
+    """Steps per block: enough that the slowest worker's block lasts BLOCK_S (from each worker's second step of
+    two: the first after set-up is a cold one)."""
+    slowest = max((o["t"][-1] for o in (W[i].steps(2) for i in order) if o is not None), default=1.0)
+    return max(1, min(MAX_BLOCK, 1 + math.ceil(BLOCK_S / max(slowest, 1e-6))))
 
 
 def _stats(ts: list[float]) -> dict:
@@ -303,21 +338,25 @@ def _stats(ts: list[float]) -> dict:
     return {"median_s": statistics.median(ts), "p90_p50": p90 / statistics.median(ts)}
 
 
+LOADED_WARMUP_STEPS = 10   # warm-up steps once the background process runs (the governor decides within ~8)
+
+
 def measure(name: str, batch: int, steps: int, warmup: int, threads: int, trim: bool,
             first: str, max_s: float, loaded: bool = True) -> dict[str, dict]:
     """Set the workers up (one after the other), then alternate single steps between them (who goes first rotates
-    every round): ``warmup`` untimed rounds then ``steps`` timed ones (fewer if the timed rounds pass ``max_s``
+    every round): ``warmup`` untimed steps (whole blocks) then ``steps`` timed ones (fewer if the timed rounds pass ``max_s``
     seconds, at least 3). loaded=True: then the same again with one CPU-bound background process running."""
     order = tuple(IMPLS[IMPLS.index(first):] + IMPLS[:IMPLS.index(first)])
     W = {impl: Worker(impl, name, batch, threads, trim, timeout=600) for impl in order}
-    rec = _rounds(W, order, warmup, steps, max_s)
+    block = _block_size(W, order)
+    rec = _rounds(W, order, math.ceil(warmup / block), steps, max_s, block)
     rec_l = None
     if loaded:
         from _results import busy_process
         busy = busy_process()
         try:
             time.sleep(0.5)
-            rec_l = _rounds(W, order, 1, steps, max_s)
+            rec_l = _rounds(W, order, math.ceil(LOADED_WARMUP_STEPS / block), steps, max_s, block)
         finally:
             busy.kill()
             busy.wait()
@@ -327,12 +366,14 @@ def measure(name: str, batch: int, steps: int, warmup: int, threads: int, trim: 
         if "error" not in d:
             ts = [o["t"] for o in rec[impl]]
             d.update(times=ts, cpu_median_s=statistics.median([o["c"] for o in rec[impl]]) if ts else float("nan"),
-                     **_stats(ts))
+                     threads_quiet=rec[impl][-1].get("n") if ts else None, **_stats(ts))
             if rec_l is not None:
                 tl = [o["t"] for o in rec_l[impl]]
                 st = _stats(tl)
-                d.update(times_loaded=tl, loaded_median_s=st["median_s"], loaded_p90_p50=st["p90_p50"])
+                d.update(times_loaded=tl, loaded_median_s=st["median_s"], loaded_p90_p50=st["p90_p50"],
+                         threads_loaded=rec_l[impl][-1].get("n") if tl else None)
         res[impl] = d
+    res["port"]["block"] = block
     if "error" not in res["torch"] and "error" not in res["port"]:
         pr = [p / t for p, t in zip(res["port"]["times"], res["torch"]["times"])]
         res["port"]["paired_ratio"] = statistics.median(pr)
@@ -383,6 +424,7 @@ def derive(t: dict, p: dict, tp: dict | None = None, gemm_gflops: float | None =
         d["p_beyond"] = d["p_growth"] - r["persistent_bytes"]
         d["growth_vs_plan"] = d["p_growth"] / r["arena_bytes"]
         d["kthreads"] = p["kernel_threads"]
+        d["p_threads_q"], d["p_threads_l"] = p.get("threads_quiet"), p.get("threads_loaded")
         d["pthreads"] = p["torch_threads"]
         d["method"] = p["method"]
     if "error" not in t and "error" not in p:
@@ -459,7 +501,7 @@ mean the host was oversubscribed and 2-thread OpenMP pools stalled: read the rat
 def speed_table(rows: list[dict]) -> str:
     h = ("| model | batch | GFLOP/step | PyTorch ms (PORT's OpenMP policy) | PORT ms | PORT/PT (paired) "
          "| GFLOP/s PT / PORT | % of sgemm PT / PORT | p90/p50 PT / PORT | loaded/quiet PT / PORT (ratio) "
-         "| loaded p90/p50 PT / PORT |")
+         "| loaded p90/p50 PT / PORT | PORT threads quiet / loaded |")
     out = [h, "|" + "---|" * h.count(" | ") + "---|"]
     for d in rows:
         if d.get("t_err") or d.get("p_err"):
@@ -472,7 +514,8 @@ def speed_table(rows: list[dict]) -> str:
             f"| {_fmt(100 * d['t_peak'] if d.get('t_peak') else None, '.0f')} / "
             f"{_fmt(100 * d['p_peak'] if d.get('p_peak') else None, '.0f')} "
             f"| {_fmt(d['t_p90'])} / {_fmt(d['p_p90'])} | {_fmt(d['t_lq'])} / {_fmt(d['p_lq'])} ({_fmt(rr)}) "
-            f"| {_fmt(d['t_lp90'])} / {_fmt(d['p_lp90'])} |")
+            f"| {_fmt(d['t_lp90'])} / {_fmt(d['p_lp90'])} "
+            f"| {_fmt(d.get('p_threads_q'), 'd')} / {_fmt(d.get('p_threads_l'), 'd')} |")
     return "\n".join(out)
 
 
@@ -503,8 +546,14 @@ def speed_notes(a, gemm: dict, load0, load1) -> str:
             f"process where `import port` left libgomp's defaults (PORT_OMP_WAIT_POLICY=default; the first PyTorch "
             f"column) and against PyTorch eager in a process that imported port first, under PORT's own policy "
             f"(in brackets: {_policy()}). "
-            f"The three workers of one (model, batch) alternate single steps (rotating who goes first); "
-            f"{'a second phase repeats the rounds with one CPU-bound background process (a Python busy loop) running: loaded/quiet = median loaded step / median quiet step per implementation, and (ratio) = PORT/PyTorch of those' if not a.no_loaded else 'no loaded phase (--no-loaded)'}. "
+            f"The three workers of one (model, batch) alternate blocks of consecutive steps (rotating who goes "
+            f"first; a block lasts >= {BLOCK_S * 1e3:.0f} ms, at most {MAX_BLOCK} steps, its first step untimed: "
+            f"it shares the cores with the previous worker's OpenMP threads, PyTorch's and PORT's alike, which "
+            f"spin for a while after their last region, a cost no training loop running alone pays); "
+            f"{f'a second phase repeats the rounds (after {LOADED_WARMUP_STEPS} warm-up steps) with one CPU-bound background process (a Python busy loop) running: loaded/quiet = median loaded step / median quiet step per implementation, and (ratio) = PORT/PyTorch of those' if not a.no_loaded else 'no loaded phase (--no-loaded)'}. "
+            f"PyTorch runs its 2 threads; PORT runs the Trainer's default thread governor (`threads=\"auto\"`, up to 2: "
+            f"fewer while steps stall, the same bits at any count), whose settled count at the end of each phase is "
+            f"the last column. "
             f"GFLOP/step: forward + backward FLOPs of one step (torch FlopCounterMode); % of sgemm: step GFLOP/s over the "
             f"machine's measured sgemm rate (2048^3, {a.threads} threads: PORT's GEMM {gemm['port']:.0f}, torch.mm "
             f"{gemm['torch']:.0f} GFLOP/s; the larger). Load average {load0[0]:.1f} at start, {load1[0]:.1f} at end.")
@@ -545,7 +594,9 @@ def main() -> None:
     names = [m for m in a.models.split(",") if m]
     batches = [int(b) for b in (a.batches or ("1,8" if a.quick else "1,8,32")).split(",")]
     steps = a.steps or (5 if a.quick else 20)
-    warmup = a.warmup or (1 if a.quick else 2)
+    # warm-up steps: the thread governor's first probe (after its 3 warm-up steps and a 5-step window, 2 steps
+    # at the other count) falls inside them
+    warmup = a.warmup or (6 if a.quick else 14)
     max_s = 20.0 if a.quick else 120.0       # cap on the timed rounds of one (model, batch)
     t_start = time.time()
     load0 = os.getloadavg()
@@ -579,7 +630,7 @@ def main() -> None:
     method = sorted({d["method"] for d in rows if "method" in d})
     cmd = ("python bench/train.py" + (" --quick" if a.quick else "") + (f" --batches {a.batches}" if a.batches else "")
            + (f" --models {a.models}" if a.models != ",".join(MODELS) else ""))
-    notes = f"""`{cmd}` ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()}-vCPU host shared with other jobs: load average {load0[0]:.1f} at start, {load1[0]:.1f} at end; {wall:.0f} s total). Every (model, batch, implementation) in a fresh subprocess; the PyTorch and the PORT worker of one (model, batch) are set up one after the other, then driven in alternating single steps (who goes first alternates each round) so machine-load drift hits both: {warmup} warm-up rounds + up to {steps} timed rounds (at least 3; capped at {max_s:.0f} s per configuration); median step time, their ratio, and in brackets the median of the per-round PORT/PyTorch ratios. Same model (seed 0, train mode), same random data, SGD lr 0.01 momentum 0.9 (PyTorch: torch.optim.SGD, zero_grad(set_to_none=True)). torch.set_num_threads(2) and port.exec.kernels.set_num_threads(2) in both; PORT's C kernels ran with {'/'.join(map(str, kt))} thread(s) (read back with port.exec.kernels.get_num_threads() after set-up).
+    notes = f"""`{cmd}` ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()}-vCPU host shared with other jobs: load average {load0[0]:.1f} at start, {load1[0]:.1f} at end; {wall:.0f} s total). Every (model, batch, implementation) in a fresh subprocess; the PyTorch and the PORT worker of one (model, batch) are set up one after the other, then driven in alternating blocks of consecutive steps (who goes first alternates each round; a block's first step untimed, see Speed below) so machine-load drift hits both: {warmup} warm-up steps (whole blocks; PORT's thread governor makes its first probe in them), then rounds until each worker has {steps} timed steps (at least 3 rounds; capped at {max_s:.0f} s per configuration); median step time, their ratio, and in brackets the median of the per-round PORT/PyTorch ratios. Same model (seed 0, train mode), same random data (a new batch every step, the same sequence in every worker: a fixed batch is memorised within ~20 steps and its denormal gradients slow both implementations 10-30x), SGD lr 0.01 momentum 0.9 (PyTorch: torch.optim.SGD, zero_grad(set_to_none=True)). torch.set_num_threads(2) and port.exec.kernels.set_num_threads(2) in both; PORT's Trainer governed its kernels' thread count (its default, `threads="auto"`, up to 2); the threads column shows port.exec.kernels.get_num_threads() after the last step.
 
 {tab}
 

@@ -332,8 +332,9 @@ class TrainConfig(_Strict):
     checkpoint_every: int = Field(default=50, ge=1)
     eval_every: int = Field(default=0, ge=0)
     seed: int = 0
-    # the kernels' thread count: an int, or "auto" (port.exec.threads.ThreadGovernor picks it from the steps'
-    # own times: fewer while other processes keep the cores busy; not bitwise reproducible); None: as set now
+    # the kernels' thread count: an int (fixed), or "auto" (port.exec.threads.ThreadGovernor picks it from the
+    # steps' own times: fewer while other processes keep the cores busy; the same bits as a fixed count);
+    # None (unset) is "auto"
     threads: Optional[Union[int, Literal["auto"]]] = None
     # a step whose loss (or gradients) is not finite: "stop" (error naming the step; exit 2) or "skip" (the
     # update is not applied; a warning), e.g. when a too-large learning rate makes training diverge

@@ -1029,7 +1029,7 @@ def stand_in_backends(device: Any) -> dict[str, str]:
 
 
 def _governed_threads(tr: Any) -> str:
-    """One line on a threads="auto" run: the count it ended at and the governor's changes."""
+    """One line on a threads="auto" run (the default): the count it ended at and the governor's changes."""
     ev = [e for e in tr.thread_events if e.from_threads != e.to_threads]
     moves = ", ".join(f"step {e.step}: {e.from_threads}->{e.to_threads} ({e.why})" for e in ev[-4:])
     return (f"auto: {tr.threads} at the end, {len(ev)} change{'s' if len(ev) != 1 else ''}"
@@ -1134,7 +1134,7 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
     kw = dict(optimizer=built.optimizer, micro_batch=cfg.train.micro_batch,
               trainable=list(built.trainable) if built.trainable else None, seed=cfg.train.seed, plan=plan,
               on_nonfinite=cfg.train.on_nonfinite, accelerators=stand_ins or None,
-              threads="auto" if cfg.train.threads == "auto" else None)
+              threads="auto" if cfg.train.threads in (None, "auto") else None)
     st = job.device.storage
     if st is not None and st.path and Path(st.path).is_dir():   # a modeled device's path may not exist here
         kw.update(spill_dir=st.path, drop_cache=bool(getattr(st, "drop_cache", False)))
@@ -1276,7 +1276,7 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
         "predicted peak and the budget)": format_size(steps_peak - memory["rss_baseline_bytes"]),
         "test accuracy": f"{ev['accuracy'] * 100:.2f}%", "steps": tr.step_count,
     }
-    if cfg.train.threads == "auto":
+    if cfg.train.threads in (None, "auto"):
         summary["threads"] = _governed_threads(tr)
         measured["thread_events"] = [asdict(e) for e in tr.thread_events]
     flags = build_report(run_dir, graph, prof.profile, plan, measured, summary)
@@ -1292,7 +1292,7 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
                 tr.export(run_dir / name, fmt)
             except Exception as e:  # noqa: BLE001 - export is a convenience at the end of a run
                 say(f"export {fmt} failed: {type(e).__name__}: {e}")
-    if cfg.train.threads == "auto":
+    if cfg.train.threads in (None, "auto"):
         say(f"threads: {summary['threads']}")
     say(f"trained {tr.step_count - done0} steps in {train_s:.2f} s; step time predicted "
         f"{plan.predicted_step_ms:.2f} ms, measured " + (

@@ -20,11 +20,14 @@
  *    "may alias" (in-place variants).  Aliasing is then allowed only as exact
  *    equality of the two pointers.
  *  - Threads: kernels use OpenMP (port_set_num_threads) and BLAS.  Threads split
- *    independent outputs, so results do not depend on the thread count, except
- *    GEMMs on the BLAS backend (PORT_GEMM_BLAS), which split large products into
- *    per-thread blocks whose edge cases OpenBLAS rounds differently; the
- *    vendored GEMM splits C over threads but sums every element of it the
- *    same way at any thread count.
+ *    independent outputs and every sum runs in an order fixed by the shapes, so
+ *    results are bit-identical at any thread count: the BLAS backend
+ *    (PORT_GEMM_BLAS) splits a large product into row or column blocks chosen
+ *    by its shape and the machine's processor count (omp_get_num_procs), each
+ *    one single-threaded sgemm; the vendored GEMM
+ *    splits C over threads but sums every element of it the same way.  A
+ *    training run may change its thread count between steps without changing
+ *    a bit (tests/kernels/test_threads.py).
  *  - "Saved:" lines list what the backward of a kernel needs from forward.
  */
 #ifndef PORT_KERNELS_H
@@ -340,8 +343,8 @@ PORT_API port_status port_conv2d_bn_relu_forward_train(
 /* ------------------------------------------------------------------ */
 /* Transformer (kernels/src/transformer.c).  Row-major contiguous float32;
  * int64 indices / labels, uint8 masks.  Sums run in a fixed order (double
- * accumulators), so results do not depend on the thread count (GEMMs on
- * the BLAS backend aside, see Threads above).                           */
+ * accumulators), so results do not depend on the thread count (see
+ * Threads above).                                                       */
 /* ------------------------------------------------------------------ */
 /* Embedding: y[i,:] = w[idx[i],:] for i < n; w [v,d]; idx int64, each in [0,v) else PORT_ERR_ARG.
  * Saved: idx. */

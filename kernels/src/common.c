@@ -100,6 +100,21 @@ int port_get_gemm_backend(void) { return g_gemm_backend; }
 
 int port__gemm_bpack_ok(void) { return g_gemm_backend == PORT_GEMM_VENDORED; }
 
+#ifdef PORT_HAVE_OPENBLAS
+/* The processors this process may run on (omp_get_num_procs), read once: the BLAS GEMM's block count. */
+static int gemm_blocks(void) {
+    static int n = 0; /* benign race: every thread computes the same value */
+    if (n == 0) {
+        int p = 1;
+#ifdef _OPENMP
+        p = omp_get_num_procs();
+#endif
+        n = PORT_MAX(1, PORT_MIN(p, 64));
+    }
+    return n;
+}
+#endif
+
 void port__gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                 int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
     if (m <= 0 || n <= 0) return;
@@ -111,33 +126,33 @@ void port__gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, co
                     c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
             return;
         }
-        int nt = 1;
-#ifdef _OPENMP
-        /* Split the GEMM into per-thread row or column blocks, each one
-         * single-threaded sgemm.  Not when already inside a parallel region
-         * (callers parallelising at a coarser level) or for small GEMMs. */
-        if (!omp_in_parallel() && (double)m * (double)n * (double)k >= PORT_GEMM_PAR_MIN)
-            nt = omp_get_max_threads();
-#endif
-        /* Block sizes: multiples of 16 columns / 8 rows; split the larger dim. */
-        int split_n = n >= m;
-        int64_t dim = split_n ? n : m, q = split_n ? 16 : 8;
-        int64_t nb = ((dim + nt - 1) / nt + q - 1) / q * q;
-        if (nt > 1 && dim >= 2 * q) {
+        /* Large GEMMs are split into row or column blocks (multiples of 16 columns / 8 rows; the larger dim),
+         * one per processor of the machine, each one single-threaded sgemm, spread over the threads
+         * (sequentially inside a caller's parallel region).  The blocks depend on the shape and the processor
+         * count, never on the thread count: OpenBLAS picks kernels (its small-matrix paths among them) by the
+         * block's shape, so blocks cut per thread made a step's low bits depend on how many threads ran it.
+         * (Blocks of a fixed count, 12, cost 1.4x on a 2048^3 product: every block packs the other operand.) */
+        int64_t nblocks = gemm_blocks();
+        if (nblocks > 1 && (double)m * (double)n * (double)k >= PORT_GEMM_PAR_MIN) {
+            int split_n = n >= m;
+            int64_t dim = split_n ? n : m, q = split_n ? 16 : 8;
+            int64_t nb = ((dim + nblocks - 1) / nblocks + q - 1) / q * q;
             int64_t nblk = (dim + nb - 1) / nb;
-#pragma omp parallel for schedule(static) num_threads(nt)
-            for (int64_t t = 0; t < nblk; t++) {
-                int64_t o = t * nb, len = PORT_MIN(nb, dim - o);
-                const float *a0 = a, *b0 = b;
-                float *c0 = c;
-                if (split_n) { b0 = tb ? b + o * ldb : b + o; c0 = c + o; }
-                else { a0 = ta ? a + o : a + o * lda; c0 = c + o * ldc; }
-                scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                                  tb ? CblasTrans : CblasNoTrans, (blasint)(split_n ? m : len),
-                                  (blasint)(split_n ? len : n), (blasint)k, alpha, a0,
-                                  (blasint)lda, b0, (blasint)ldb, beta, c0, (blasint)ldc);
+            if (dim >= 2 * q && nblk > 1) {
+#pragma omp parallel for schedule(static) if (!port__in_parallel())
+                for (int64_t t = 0; t < nblk; t++) {
+                    int64_t o = t * nb, len = PORT_MIN(nb, dim - o);
+                    const float *a0 = a, *b0 = b;
+                    float *c0 = c;
+                    if (split_n) { b0 = tb ? b + o * ldb : b + o; c0 = c + o; }
+                    else { a0 = ta ? a + o : a + o * lda; c0 = c + o * ldc; }
+                    scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+                                      tb ? CblasTrans : CblasNoTrans, (blasint)(split_n ? m : len),
+                                      (blasint)(split_n ? len : n), (blasint)k, alpha, a0,
+                                      (blasint)lda, b0, (blasint)ldb, beta, c0, (blasint)ldc);
+                }
+                return;
             }
-            return;
         }
         scipy_cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
                           tb ? CblasTrans : CblasNoTrans, (blasint)m, (blasint)n, (blasint)k,

@@ -181,13 +181,7 @@ static void col2im_channel(float *dx, const float *cols, int64_t ld, int64_t ci,
     }
 }
 
-static int in_team(void) {
-#ifdef _OPENMP
-    return omp_in_parallel();
-#else
-    return 0;
-#endif
-}
+static int in_team(void) { return port__in_parallel(); }
 
 void port__im2col_part(float *cols, int64_t T, const float *xg, const port_conv2d_params *p, int64_t k0,
                        int64_t k1, int64_t oh0, int64_t r0, int64_t r1, int64_t ow0, int64_t tw) {
@@ -892,6 +886,22 @@ static void tile_rows(int64_t th, int64_t *r0, int64_t *r1) {
     *r1 = th * (t + 1) / nt;
 }
 
+/* A team's GEMMs run on bands of [0, len) cut by the length alone (at most PATCH_BANDS of them, even for 1, 2, 4
+ * and 8 threads), thread t of nt taking bands [t*nb/nt, (t+1)*nb/nt), one GEMM per band: the products' shapes, by
+ * which OpenBLAS picks its kernels, and so the bits do not depend on the thread count.  Outside a team (team = 0)
+ * the whole of [0, len) is one band.  band_range: this thread's bands; band_lo(len, b): band b's first row. */
+#define PATCH_BANDS 8
+static int64_t band_count(int64_t len, int team) { return team ? PORT_MIN(len, PATCH_BANDS) : 1; }
+static void band_range(int64_t len, int team, int64_t *b0, int64_t *b1) {
+    if (team) {
+        tile_rows(band_count(len, team), b0, b1);
+    } else {
+        *b0 = 0;
+        *b1 = 1;
+    }
+}
+static int64_t band_lo(int64_t len, int team, int64_t b) { return len * b / band_count(len, team); }
+
 /* tmp[co, oy*tw + ox] <-> t[co, (oh0+oy)*wo + ow0 + ox] for the tile's rows [r0, r1) (gather: to_tmp = 1;
  * scatter adding the bias: to_tmp = 0). */
 static void tile_move(float *tmp, float *t, const float *bias, int to_tmp, int64_t cog, int64_t T,
@@ -958,9 +968,11 @@ port_status port_conv2d_patch_forward(float *y, const float *x, const float *w, 
                     if (th > 1 && patch_team(cog * K * th * tw)) {
 #pragma omp parallel
                         {
-                            int64_t r0, r1;
-                            tile_rows(th, &r0, &r1);
-                            patch_fwd_rows(yg, xg, wg, bg, cols, p, cog, K, oh0, th, ow0, tw, r0, r1);
+                            int64_t b0, b1;
+                            band_range(th, 1, &b0, &b1);
+                            for (int64_t bi = b0; bi < b1; bi++)
+                                patch_fwd_rows(yg, xg, wg, bg, cols, p, cog, K, oh0, th, ow0, tw,
+                                               band_lo(th, 1, bi), band_lo(th, 1, bi + 1));
                         }
                     } else {
                         patch_fwd_rows(yg, xg, wg, bg, cols, p, cog, K, oh0, th, ow0, tw, 0, th);
@@ -970,15 +982,17 @@ port_status port_conv2d_patch_forward(float *y, const float *x, const float *w, 
     return PORT_OK;
 }
 
-/* A tile's input gradient: its column gradients by rows of the tile, then col2im by input channel (the
- * rows' input halos overlap).  Called by every thread of a team or outside any parallel region. */
+/* A tile's input gradient: its column gradients by bands of the tile's rows, then col2im by input channel (the
+ * rows' input halos overlap).  Called by every thread of a team (team = 1) or outside any parallel region. */
 static void patch_bwi_tile(float *dxg, const float *dyg, const float *wg, float *cols, const port_conv2d_params *p,
-                           int64_t cog, int64_t K, int64_t oh0, int64_t th, int64_t ow0, int64_t tw) {
+                           int64_t cog, int64_t K, int64_t oh0, int64_t th, int64_t ow0, int64_t tw, int team) {
     int64_t wo = port_conv2d_out_w(p), P = port_conv2d_out_h(p) * wo, T = th * tw;
     float *tmp = cols + K * T;
-    int64_t r0, r1;
-    tile_rows(th, &r0, &r1);
-    if (r1 > r0) {
+    int64_t b0, b1;
+    band_range(th, team, &b0, &b1);
+    for (int64_t bi = b0; bi < b1; bi++) {
+        int64_t r0 = band_lo(th, team, bi), r1 = band_lo(th, team, bi + 1);
+        if (r1 <= r0) continue;
         const float *dyt = dyg + (oh0 + r0) * wo;
         int64_t ld = P;
         if (tw != wo) {
@@ -1000,14 +1014,14 @@ static void patch_bwi_tile(float *dxg, const float *dyg, const float *wg, float 
                        p->pad_w, oh0, th, ow0, tw);
 }
 
-/* A tile's dw += dy_tile cols^T, split over dw's longer side; split over K, every thread builds the im2col
+/* A tile's dw += dy_tile cols^T, by bands of dw's longer side; by bands of K, every thread builds the im2col
  * rows it multiplies (no barrier unless dy is gathered).  Called like patch_bwi_tile. */
 static void patch_bww_tile(float *dwg, const float *dyg, const float *xg, float *cols, const port_conv2d_params *p,
-                           int64_t cog, int64_t K, int64_t oh0, int64_t th, int64_t ow0, int64_t tw) {
+                           int64_t cog, int64_t K, int64_t oh0, int64_t th, int64_t ow0, int64_t tw, int team) {
     int64_t wo = port_conv2d_out_w(p), P = port_conv2d_out_h(p) * wo, T = th * tw;
     float *tmp = cols + K * T;
     const float *dyt = tw == wo ? dyg + oh0 * wo : tmp;
-    int64_t ld = tw == wo ? P : T, m0, m1;
+    int64_t ld = tw == wo ? P : T, m0, m1, b0, b1;
     if (tw != wo) {
         tile_rows(th, &m0, &m1);
         tile_move(tmp, (float *)dyg, NULL, 1, cog, T, P, wo, oh0, m0, m1, ow0, tw);
@@ -1016,16 +1030,24 @@ static void patch_bww_tile(float *dwg, const float *dyg, const float *xg, float 
         tile_rows(th, &m0, &m1);
         port__im2col_part(cols, T, xg, p, 0, K, oh0, m0, m1, ow0, tw);
 #pragma omp barrier
-        tile_rows(cog, &m0, &m1);
-        port__gemm(0, 1, m1 - m0, K, T, 1.0f, dyt + m0 * ld, ld, cols, T, 1.0f, dwg + m0 * K, K);
+        band_range(cog, team, &b0, &b1);
+        for (int64_t bi = b0; bi < b1; bi++) {
+            m0 = band_lo(cog, team, bi);
+            m1 = band_lo(cog, team, bi + 1);
+            port__gemm(0, 1, m1 - m0, K, T, 1.0f, dyt + m0 * ld, ld, cols, T, 1.0f, dwg + m0 * K, K);
+        }
         return;
     }
-    tile_rows(K, &m0, &m1);
-    port__im2col_part(cols, T, xg, p, m0, m1, oh0, 0, th, ow0, tw);
     if (tw != wo) {
 #pragma omp barrier
     }
-    port__gemm(0, 1, cog, m1 - m0, T, 1.0f, dyt, ld, cols + m0 * T, T, 1.0f, dwg + m0, K);
+    band_range(K, team, &b0, &b1);
+    for (int64_t bi = b0; bi < b1; bi++) {
+        m0 = band_lo(K, team, bi);
+        m1 = band_lo(K, team, bi + 1);
+        port__im2col_part(cols, T, xg, p, m0, m1, oh0, 0, th, ow0, tw);
+        port__gemm(0, 1, cog, m1 - m0, T, 1.0f, dyt, ld, cols + m0 * T, T, 1.0f, dwg + m0, K);
+    }
 }
 
 port_status port_conv2d_patch_backward_input(float *dx, const float *dy, const float *w,
@@ -1053,9 +1075,9 @@ port_status port_conv2d_patch_backward_input(float *dx, const float *dy, const f
                     int64_t th = PORT_MIN(tile_h, ho - oh0), tw = PORT_MIN(tile_w, wo - ow0);
                     if (patch_team(cog * K * th * tw)) {
 #pragma omp parallel
-                        patch_bwi_tile(dxg, dyg, wg, cols, p, cog, K, oh0, th, ow0, tw);
+                        patch_bwi_tile(dxg, dyg, wg, cols, p, cog, K, oh0, th, ow0, tw, 1);
                     } else {
-                        patch_bwi_tile(dxg, dyg, wg, cols, p, cog, K, oh0, th, ow0, tw);
+                        patch_bwi_tile(dxg, dyg, wg, cols, p, cog, K, oh0, th, ow0, tw, 0);
                     }
                 }
         }
@@ -1089,9 +1111,9 @@ port_status port_conv2d_patch_backward_weight(float *dw, float *db, const float 
                     int64_t th = PORT_MIN(tile_h, ho - oh0), tw = PORT_MIN(tile_w, wo - ow0);
                     if (patch_team(cog * K * th * tw)) {
 #pragma omp parallel
-                        patch_bww_tile(dwg, dyg, xg, cols, p, cog, K, oh0, th, ow0, tw);
+                        patch_bww_tile(dwg, dyg, xg, cols, p, cog, K, oh0, th, ow0, tw, 1);
                     } else {
-                        patch_bww_tile(dwg, dyg, xg, cols, p, cog, K, oh0, th, ow0, tw);
+                        patch_bww_tile(dwg, dyg, xg, cols, p, cog, K, oh0, th, ow0, tw, 0);
                     }
                 }
         }

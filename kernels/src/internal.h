@@ -25,6 +25,15 @@
 /* Split a BLAS GEMM over the OpenMP threads only above this many MACs. */
 #define PORT_GEMM_PAR_MIN 1048576.0
 
+/* Whether the caller runs inside an active parallel region (a team of more than one thread). */
+static inline int port__in_parallel(void) {
+#ifdef _OPENMP
+    return omp_in_parallel();
+#else
+    return 0;
+#endif
+}
+
 /* Run-time ISA dispatch for element-wise and stencil loops (GCC's target_clones: an ifunc picks the AVX-512, AVX2 or
  * baseline build of the function when the library loads).  With -std=c11 there is no FMA contraction, so every
  * clone performs the same IEEE operations per element and gives the same bits. */

@@ -391,8 +391,8 @@ port_status port_bmm(float *c, const float *a, const float *b, int64_t batch, in
     if (ldb < 1) ldb = 1;
     double macs = (double)m * (double)n * (double)k;
     /* Across the batch (one single-threaded GEMM per matrix) unless there are fewer matrices than threads and
-     * each is large enough for port__gemm to split it over the threads itself.  The vendored GEMM gives the same
-     * bits either way; BLAS results may depend on the split (port_kernels.h). */
+     * each is large enough for port__gemm to split it over the threads itself.  Both give the same bits: the
+     * GEMM's split depends on its shape alone (port_kernels.h, Threads). */
     int across = batch > 1 && (macs < PORT_GEMM_PAR_MIN || batch >= port_get_num_threads()) &&
                  macs * (double)batch >= (double)PORT_PAR_MIN_MACS;
     (void)across;

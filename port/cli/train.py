@@ -32,9 +32,10 @@ def register(app: typer.Typer) -> None:
               on_nonfinite: Optional[str] = typer.Option(None, "--on-nonfinite", help="stop | skip: a step with a "
                                                          "non-finite loss or gradient stops training with an error "
                                                          "(default) or is skipped (overrides train.on_nonfinite)"),
-              threads: Optional[str] = typer.Option(None, "--threads", help="the kernels' thread count, or auto: "
-                                                    "picked from the steps' own times, fewer while other "
-                                                    "processes keep the cores busy (overrides train.threads)"),
+              threads: Optional[str] = typer.Option(None, "--threads", help="the kernels' thread count (fixed), or "
+                                                    "auto (the default): picked from the steps' own times, fewer "
+                                                    "while other processes keep the cores busy (overrides "
+                                                    "train.threads)"),
               ) -> None:
         """Trace, profile (reused from `port profile`), solve under the budget, train with the plan, export
         and report."""

@@ -9,12 +9,15 @@ load at the time, which only the running steps see.
 :class:`ThreadGovernor` is the decision, pure (step times in, the next step's count out): it runs the largest
 count; when that count's recent steps are ``slow_ratio`` x slower than its best, or when a probe is due, it
 tries the next other candidate for ``probe_steps`` steps and keeps whichever is faster (the probe's best step
-against the running count's recent median, by ``margin``). Probes are due ``first_probe`` steps after a switch,
-then at doubling intervals up to ``probe_every``: periodic probes bring it back to more threads once the load
-is gone, at a cost of ``probe_steps`` slower steps per interval while nothing changes.
+against the running count's recent median, by ``margin``). At the largest count each other candidate is probed
+once, ``first_probe`` steps after the warm-up (a small net may run faster on fewer threads even on a quiet
+machine); after that only a slowdown starts a probe there, since a load that appears shows as one. Below the
+largest count probes are due ``first_probe`` steps after a switch, then at doubling intervals up to
+``probe_every``: they bring it back to more threads once the load is gone, at a cost of ``probe_steps`` slower
+steps per interval while the load lasts.
 
-Reductions split across threads round differently, so the thread count changes a step's low bits: a governed
-run is not bitwise reproducible (a fixed count is; that is why ``Trainer(threads="auto")`` is opt-in).
+The C kernels give the same bits at any thread count (kernels/include/port_kernels.h, "Threads"), so a governed
+run is bitwise the run of a fixed count: ``Trainer`` governs its steps by default (``threads="auto"``).
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ class ThreadGovernor:
         self._since_probe = 0
         self._probe_left = 0
         self._next_probe = 0             # index into the other candidates, rotating
+        self._first_round = len(self.candidates) - 1     # probes left that the largest count makes unprompted
         self.events: list[GovernorEvent] = []
 
     def _median(self, n: int) -> float:
@@ -88,7 +92,10 @@ class ThreadGovernor:
         if not others or len(self.recent[n]) < self.recent[n].maxlen:     # a full window of evidence first
             return n
         slow = self._median(n) > self.best[n] * self.slow_ratio
-        if slow or self._since_probe >= self.interval:
+        due = self._since_probe >= self.interval and (n != self.candidates[0] or self._first_round > 0)
+        if slow or due:
+            if n == self.candidates[0] and self._first_round > 0:
+                self._first_round -= 1
             c = others[self._next_probe % len(others)]
             self._next_probe += 1
             self.events.append(GovernorEvent(self.steps, n, c, "slow" if slow else "probe"))

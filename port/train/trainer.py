@@ -33,7 +33,7 @@ class Trainer:
                  trainable: Sequence[str] | str | None = None, backend: str = "c", seed: int = 0,
                  strategy: str = "auto", allow_plan_mismatch: bool = False, on_nonfinite: str = "stop",
                  accelerators: dict[str, str] | None = None, spill_dir: str | Path | None = None,
-                 drop_cache: bool = False, engine: str = "auto", threads: int | str | None = None):
+                 drop_cache: bool = False, engine: str = "auto", threads: int | str | None = "auto"):
         """``plan``: a Plan or plan file solved for this trainer's graph: the model traced at the batch one
         program run processes (``micro_batch`` when set, else the example's batch) with this optimizer and
         trainable set. A plan of another graph is refused (PortError naming both batch sizes when the batch is
@@ -53,11 +53,12 @@ class Trainer:
         (port.exec.executor). "auto" (default): "rt" when every op of the plan runs on the C kernels, on the
         CPU, without micro-batching. Both run the same calls and give the same bits; ``profile_step``,
         ``evaluate`` and ``predict`` always use the per-call executor.
-        ``threads``: the kernels' thread count (port.exec.kernels.set_num_threads). None (default): as set now;
-        an int: that many; "auto": ``step`` picks it from its own step times (port.exec.threads.ThreadGovernor,
-        up to the count set now): fewer threads while another process keeps cores busy, all of them again when
-        it stops. A governed run is not bitwise reproducible (reductions split across threads round
-        differently); ``thread_events`` lists its decisions."""
+        ``threads``: the kernels' thread count (port.exec.kernels.set_num_threads). "auto" (default): ``step``
+        picks it from its own step times (port.exec.threads.ThreadGovernor, up to the count set now): fewer
+        threads while another process keeps cores busy (a 2-thread step then waits at every barrier for a
+        descheduled worker), all of them again when it stops; ``thread_events`` lists its decisions. The C
+        kernels give the same bits at any thread count, so a governed run is bitwise the run of a fixed count.
+        An int: that many, fixed; None: as set now, fixed."""
         import torch
         from port.ir.trace import trace
         from port.train.memwatch import rss_bytes

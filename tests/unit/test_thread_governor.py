@@ -19,14 +19,25 @@ def _drive(g: ThreadGovernor, times: dict, steps: int) -> list[int]:
     return used
 
 
-def test_quiet_machine_keeps_all_threads_and_probes_rarely():
+def test_quiet_machine_keeps_all_threads_and_probes_once():
+    """At the largest count each other count is probed once after the warm-up; then only a slowdown probes."""
     g = ThreadGovernor(2)
     used = _drive(g, QUIET, 300)
-    assert g.home == 2 and used[-1] in (1, 2)
-    probes = used.count(1)
-    assert 0 < probes <= 2 * (2 + 300 // 64)          # probe intervals double up to probe_every
-    assert all(e.why in ("probe", "kept") for e in g.events)
-    assert g.interval == g.probe_every
+    assert g.home == 2 and used[-1] == 2
+    assert used.count(1) == g.probe_steps
+    assert [e.why for e in g.events] == ["probe", "kept"] and g.events[0].step == g.warmup + g.first_probe
+
+
+def test_a_small_net_faster_on_one_thread_stays_there_and_probes_back():
+    """A net too small for two threads (faster on one even when quiet): the first probe moves it, and probes of
+    two threads go on at doubling intervals below the largest count."""
+    g = ThreadGovernor(2)
+    used = _drive(g, {2: 2.0, 1: 1.5}, 300)
+    assert g.home == 1
+    assert [e.why for e in g.events[:2]] == ["probe", "faster"]
+    probes = [e for e in g.events if e.why == "probe" and e.to_threads == 2]
+    assert 3 <= len(probes) <= 2 + 300 // g.probe_every and g.interval == g.probe_every
+    assert used[-g.probe_every:].count(2) <= g.probe_steps
 
 
 def test_load_moves_to_fewer_threads_and_back_when_it_ends():

@@ -1,0 +1,101 @@
+"""The same bits at any thread count (port_kernels.h, "Threads"): a kernel's result may not depend on how many
+threads ran it, on either GEMM backend, so a training run can change its thread count between steps (the thread
+governor does) without changing a bit. Whole training steps are checked in tests/e2e/test_trainer_threads.py."""
+import os
+
+import pytest
+import torch
+
+QUICK = os.environ.get("PORT_KERNELS_QUICK") == "1"     # as conftest.QUICK (`make test-asan`)
+
+THREADS = (1, 2, 3)
+BACKENDS = ("blas", "vendored")
+
+
+def _at_each_count(K, backend, fn):
+    """fn()'s tensors at 1, 2 and 3 threads with the given GEMM backend."""
+    prev = K.get_num_threads()
+    outs = []
+    try:
+        with K.gemm_backend(backend):
+            for t in THREADS:
+                K.set_num_threads(t)
+                r = fn()
+                r = r if isinstance(r, (tuple, list)) else (r,)
+                outs.append([v.clone() for v in r if isinstance(v, torch.Tensor)])
+    finally:
+        K.set_num_threads(prev)
+    return outs
+
+
+def _same_bits(outs, what):
+    for t, o in zip(THREADS[1:], outs[1:]):
+        for i, (a, b) in enumerate(zip(outs[0], o)):
+            assert torch.equal(a, b), (f"{what}: output {i} at {t} threads differs from 1 thread in "
+                                       f"{int((a != b).sum())} of {a.numel()} elements")
+
+
+# (m, n, k): split by rows (n < m) and by columns, a first layer's weight gradient (64 x 27 x 1024, whose
+# per-thread row blocks OpenBLAS summed differently), odd sizes
+GEMMS = [(64, 27, 1024), (64, 1024, 576), (576, 1024, 64), (301, 530, 270), (1100, 40, 700), (33, 2049, 31)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0)])
+@pytest.mark.parametrize("m,n,k", GEMMS[::2] if QUICK else GEMMS)
+def test_gemm_same_bits_at_any_thread_count(K, backend, ta, tb, m, n, k):
+    a = torch.randn((k, m) if ta else (m, k))
+    b = torch.randn((n, k) if tb else (k, n))
+    outs = _at_each_count(K, backend, lambda: K.sgemm(a, b, trans_a=bool(ta), trans_b=bool(tb)))
+    ref = (a.T if ta else a).double() @ (b.T if tb else b).double()
+    assert torch.allclose(outs[0][0].double(), ref, atol=1e-3, rtol=1e-4)
+    _same_bits(outs, f"sgemm {m}x{n}x{k} ta={ta} tb={tb} on {backend}")
+
+
+# (n, c_in, h, w, c_out, k, stride, pad, groups): the CIFAR stem (3 input channels), stride 2, 1x1 stride 2,
+# a depthwise layer, a Winograd-sized layer, an odd map
+CONVS = [(8, 3, 32, 32, 64, 3, 1, 1, 1), (8, 64, 32, 32, 128, 3, 2, 1, 1), (8, 64, 16, 16, 128, 1, 2, 0, 1),
+         (8, 96, 16, 16, 96, 3, 1, 1, 96), (8, 128, 16, 16, 128, 3, 1, 1, 1), (4, 24, 37, 37, 40, 3, 1, 1, 1)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n,ci,h,w,co,k,s,p,g", CONVS[::2] if QUICK else CONVS)
+def test_conv_same_bits_at_any_thread_count(K, backend, n, ci, h, w, co, k, s, p, g):
+    x = torch.randn(n, ci, h, w)
+    wt = torch.randn(co, ci // g, k, k) * 0.1
+    b = torch.randn(co)
+    dy = torch.randn_like(K.conv2d_forward(x, wt, b, s, p, g))
+    outs = _at_each_count(K, backend, lambda: (
+        K.conv2d_forward(x, wt, b, s, p, g),
+        K.conv2d_backward_input(dy, wt, x.shape, s, p, g),
+        *K.conv2d_backward_weight(dy, x, wt.shape, s, p, g, bias=True)))
+    _same_bits(outs, f"conv {(n, ci, h, w, co, k, s, p, g)} on {backend}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("tile", [(4, 32), (3, 5), (8, 8)])
+def test_patch_conv_same_bits_at_any_thread_count(K, backend, tile):
+    """Patch tiles split their rows over a team: the bands may not change the sums."""
+    x = torch.randn(2, 64, 32, 32)
+    wt = torch.randn(64, 64, 3, 3) * 0.1
+    b = torch.randn(64)
+    dy = torch.randn(2, 64, 32, 32)
+    outs = _at_each_count(K, backend, lambda: (
+        K.conv2d_patch_forward(x, wt, b, 1, 1, 1, tile=tile),
+        K.conv2d_patch_backward_input(dy, wt, x.shape, 1, 1, 1, tile=tile),
+        *K.conv2d_patch_backward_weight(dy, x, wt.shape, 1, 1, 1, bias=True, tile=tile)))
+    _same_bits(outs, f"patch conv tile {tile} on {backend}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bmm_and_linear_same_bits_at_any_thread_count(K, backend):
+    """Batched GEMMs run across the batch or split each product, by the thread count: the same bits either way."""
+    a = torch.randn(3, 128, 96)
+    bb = torch.randn(3, 96, 160)
+    x = torch.randn(64, 640)
+    wl = torch.randn(300, 640)
+    dy = torch.randn(64, 300)
+    outs = _at_each_count(K, backend, lambda: (
+        K.bmm(a, bb, alpha=0.125), K.linear_forward(x, wl), *K.linear_backward_weight(dy, x),
+        K.linear_backward_input(dy, wl)))
+    _same_bits(outs, f"bmm / linear on {backend}")
