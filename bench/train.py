@@ -12,7 +12,7 @@ Every (model, batch, implementation) runs in a FRESH subprocess (``--worker``), 
   * threads: ``torch.set_num_threads(2)`` and ``port.exec.kernels.set_num_threads(2)`` in both (``--threads N`` to
     change); PORT's Trainer runs its default thread governor (``threads="auto"``, up to that count) and its
     settled count per phase is recorded, as is torch's.
-  * step time: median of ``--steps`` timed steps after ``--warmup`` untimed rounds (time.perf_counter around
+  * step time: median of ``--steps`` timed steps after ``--warmup`` untimed steps (time.perf_counter around
     one full step: torch = zero_grad + forward + loss + backward + opt.step + loss.item(); PORT = trainer.step).
     The workers alternate blocks of consecutive steps (>= BLOCK_S long), each block's first step untimed
     (``_rounds``).

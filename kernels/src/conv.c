@@ -181,11 +181,9 @@ static void col2im_channel(float *dx, const float *cols, int64_t ld, int64_t ci,
     }
 }
 
-static int in_team(void) { return port__in_parallel(); }
-
 void port__im2col_part(float *cols, int64_t T, const float *xg, const port_conv2d_params *p, int64_t k0,
                        int64_t k1, int64_t oh0, int64_t r0, int64_t r1, int64_t ow0, int64_t tw) {
-#pragma omp parallel for schedule(static) if (!in_team() && (k1 - k0) * (r1 - r0) * tw > PORT_PAR_MIN)
+#pragma omp parallel for schedule(static) if (!port__in_parallel() && (k1 - k0) * (r1 - r0) * tw > PORT_PAR_MIN)
     for (int64_t r = k0; r < k1; r++)
         im2col_row(cols + r * T + r0 * tw, r, xg, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w,
                    p->pad_h, p->pad_w, oh0 + r0, r1 - r0, ow0, tw);
@@ -1002,7 +1000,7 @@ static void patch_bwi_tile(float *dxg, const float *dyg, const float *wg, float 
         }
         port__gemm(1, 0, K, (r1 - r0) * tw, cog, 1.0f, wg, K, dyt, ld, 0.0f, cols + r0 * tw, T);
     }
-    if (!in_team()) { /* alone: col2im threads itself */
+    if (!port__in_parallel()) { /* alone: col2im threads itself */
         port__col2im_tile(dxg, cols, p->c_in / p->groups, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w,
                           p->pad_h, p->pad_w, oh0, th, ow0, tw);
         return;
