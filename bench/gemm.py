@@ -1,12 +1,12 @@
 """GEMM backends side by side (issue 14): OpenBLAS (with the core it runs: DYNAMIC_ARCH picks one when it loads,
 or OPENBLAS_CORETYPE names one) against PORT's vendored SGEMM, on the GEMM shapes PORT's convolutions issue, at 1
-and 2 threads; which one is PORT's default here and whether it is the faster.
+and 2 threads; which one PORT's default runs for each shape and whether it is the faster.
 
     python bench/gemm.py [--rounds N] [--no-write]
 
 Paired: in every round each (shape, threads) runs both backends back to back, who goes first alternating; the
 table shows medians over the rounds.  Writes the "GEMM backends" section of bench/RESULTS.md; the last line is
-the headline with its target (the default backend is the faster one on the median shape at 2 threads).
+the headline with its target (the default runs the faster backend on at least half the shapes at 2 threads).
 """
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ SHAPES = [
     ("grad weight 64ch 32x32", 64, 576, 1024, 0, 1),
     ("grad weight 128ch 16x16", 128, 1152, 256, 0, 1),
     ("square 1024", 1024, 1024, 1024, 0, 0),
+    ("patch tile fwd (stem, 4 rows)", 64, 128, 27, 0, 0),
+    ("patch tile grad input (stem)", 27, 128, 64, 1, 0),
+    ("grad input 512ch 4x4 (1 image)", 4608, 16, 512, 1, 0),
 ]
 
 
@@ -84,31 +87,34 @@ def main() -> None:
             if threads == 2:
                 speedups.append(gf["vendored"] / gf["blas"])
                 faster = max(gf, key=gf.get)
-                default_wins.append(faster == default)
+                K.set_gemm_backend(default)
+                picked = K.gemm_backend_for(bool(ta), bool(tb), m, n, k)
+                default_wins.append(faster == picked)
         rows.append(f"| {label} | {m}x{n}x{k} | {'T' if ta else 'N'}{'T' if tb else 'N'} | "
                     f"{cells[0]['blas']:.0f} / {cells[0]['vendored']:.0f} | "
                     f"{cells[1]['blas']:.0f} / {cells[1]['vendored']:.0f} | "
-                    f"{cells[1]['vendored'] / cells[1]['blas']:.2f} |")
+                    f"{cells[1]['vendored'] / cells[1]['blas']:.2f} | {picked} |")
     K.set_gemm_backend(default)
     med = statistics.median(speedups)
-    faster = "vendored" if med >= 1.0 else "blas"
     wins = sum(default_wins)
     body = [
         machine_line("python bench/gemm.py", t0, load0) + ".",
         "",
         f"OpenBLAS core: {core} (OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}); CPU has "
-        f"AVX-512: {bool(K.raw.port_cpu_has_avx512())}; PORT's default GEMM here: **{default}** (kernels/src/"
-        "common.c: the vendored one where the CPU has AVX-512 and OpenBLAS's core does not). GFLOP/s = 2mnk / "
+        f"AVX-512: {bool(K.raw.port_cpu_has_avx512())}; PORT's default GEMM here: **{default}** "
+        "(kernels/include/port_kernels.h: 'auto' where the CPU and OpenBLAS's core have AVX-512 -- the vendored "
+        "GEMM, OpenBLAS for small products and n <= 16 --, the vendored one where only the CPU has it, OpenBLAS "
+        "elsewhere; the last column is the backend the default runs for the shape). GFLOP/s = 2mnk / "
         f"median time over {args.rounds} paired rounds (backends alternate who goes first).",
         "",
         "| GEMM | m x n x k | op | 1 thread GFLOP/s OpenBLAS / vendored | 2 threads OpenBLAS / vendored | "
-        "vendored / OpenBLAS (2 threads) |",
-        "|---|---|---|---|---|---|",
+        "vendored / OpenBLAS (2 threads) | default runs |",
+        "|---|---|---|---|---|---|---|",
         *rows,
         "",
         f"gemm: vendored/OpenBLAS median {med:.2f}x at 2 threads (min {min(speedups):.2f}, max {max(speedups):.2f}); "
-        f"default '{default}' is the faster backend on {wins} of {len(speedups)} shapes (target: the default is "
-        f"the faster on the median shape: {'met' if default == faster else 'NOT met'})",
+        f"default '{default}' runs the faster backend on {wins} of {len(speedups)} shapes (target: on at least "
+        f"half of them: {'met' if 2 * wins >= len(speedups) else 'NOT met'})",
     ]
     publish("GEMM backends", "\n".join(body), write=not args.no_write)
 

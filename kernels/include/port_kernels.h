@@ -69,15 +69,21 @@ PORT_API int port_get_num_threads(void);
 /* 1 if the vendored GEMM runs AVX-512 code on this CPU (runtime dispatch). */
 PORT_API int port_cpu_has_avx512(void);
 
-/* GEMM backend: PORT_GEMM_BLAS (OpenBLAS CBLAS) or PORT_GEMM_VENDORED
- * (blocked SGEMM in this library, AVX-512 / AVX2 / portable micro kernels by
- * run-time dispatch; also the test oracle).  Default: BLAS where the library
- * was built with OpenBLAS, except on a CPU with AVX-512 whose OpenBLAS runs a
- * core without it (e.g. OPENBLAS_CORETYPE=Haswell): there the vendored one. */
+/* GEMM backend: PORT_GEMM_BLAS (OpenBLAS CBLAS), PORT_GEMM_VENDORED (blocked
+ * SGEMM in this library, AVX-512 / AVX2 / portable micro kernels by run-time
+ * dispatch; also the test oracle) or PORT_GEMM_AUTO (OpenBLAS built in: the
+ * vendored one, but OpenBLAS for small products and n <= 16, by shape only).
+ * Default with OpenBLAS built in: AUTO on a CPU with AVX-512 whose OpenBLAS
+ * runs AVX-512 kernels, VENDORED on one whose OpenBLAS does not (e.g.
+ * OPENBLAS_CORETYPE=Haswell), BLAS elsewhere; without OpenBLAS: VENDORED. */
 #define PORT_GEMM_BLAS 0
 #define PORT_GEMM_VENDORED 1
+#define PORT_GEMM_AUTO 2
 PORT_API port_status port_set_gemm_backend(int backend);
 PORT_API int port_get_gemm_backend(void);
+/* The GEMM port_sgemm runs for op(A)[m x k] op(B)[k x n] under the current setting: PORT_GEMM_BLAS or
+ * PORT_GEMM_VENDORED (AUTO resolved by shape). */
+PORT_API int port_gemm_backend_for(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k);
 
 /* Row-major C[m,n] = alpha * op(A)[m,k] op(B)[k,n] + beta * C.
  * trans_a / trans_b: 0 = no transpose, 1 = transpose. */

@@ -52,10 +52,12 @@ static int blas_core_has_avx512(void) {
 
 __attribute__((constructor)) static void port__blas_single_threaded(void) {
     scipy_openblas_set_num_threads(1);
-    /* The default GEMM: OpenBLAS, unless this CPU has AVX-512 and OpenBLAS's core does not, where the vendored
-     * GEMM's 16-lane kernel is the faster one (1.3-1.7x on an AVX-512 EPYC against OpenBLAS's Haswell kernels:
-     * bench/RESULTS.md, "GEMM backends").  port_set_gemm_backend overrides it. */
-    if (port_cpu_has_avx512() && !blas_core_has_avx512()) g_gemm_backend = PORT_GEMM_VENDORED;
+    /* The default GEMM where the CPU has AVX-512: the vendored one's 12 x 32 kernel was the faster on every conv
+     * shape of bench/gemm.py (1.04-1.32x OpenBLAS's SkylakeX kernels on an Intel Xeon, 1.1-1.7x its Haswell
+     * kernels on an AVX-512 EPYC; bench/RESULTS.md, "GEMM backends"), but OpenBLAS's AVX-512 kernels win on small
+     * and narrow products (port__gemm_pick): where OpenBLAS runs them, AUTO; else the vendored one.  OpenBLAS
+     * on other CPUs.  port_set_gemm_backend overrides it. */
+    if (port_cpu_has_avx512()) g_gemm_backend = blas_core_has_avx512() ? PORT_GEMM_AUTO : PORT_GEMM_VENDORED;
 }
 #endif
 
@@ -89,16 +91,38 @@ int port_cpu_has_avx512(void) {
 port_status port_set_gemm_backend(int backend) {
     if (backend == PORT_GEMM_VENDORED) { g_gemm_backend = backend; return PORT_OK; }
 #ifdef PORT_HAVE_OPENBLAS
-    if (backend == PORT_GEMM_BLAS) { g_gemm_backend = backend; return PORT_OK; }
+    if (backend == PORT_GEMM_BLAS || backend == PORT_GEMM_AUTO) { g_gemm_backend = backend; return PORT_OK; }
     return PORT_ERR_ARG;
 #else
-    return backend == PORT_GEMM_BLAS ? PORT_ERR_UNSUPPORTED : PORT_ERR_ARG;
+    return backend == PORT_GEMM_BLAS || backend == PORT_GEMM_AUTO ? PORT_ERR_UNSUPPORTED : PORT_ERR_ARG;
 #endif
 }
 
 int port_get_gemm_backend(void) { return g_gemm_backend; }
 
-int port__gemm_bpack_ok(void) { return g_gemm_backend == PORT_GEMM_VENDORED; }
+int port_gemm_backend_for(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k) {
+    return port__gemm_pick(trans_a, trans_b, m, n, k);
+}
+
+/* The GEMM that runs op(A)[m x k] op(B)[k x n]: PORT_GEMM_BLAS or PORT_GEMM_VENDORED.  AUTO sends to OpenBLAS
+ * every product with n <= 16 and every small one (<= 2^20 multiply-adds), where its small-matrix kernels win.
+ * Measured on an Intel Xeon core (1 thread, GFLOP/s OpenBLAS / vendored): 64x128x27 136 / 104, 27x128x64 TN
+ * 155 / 114, 96x64x96 177 / 123, 4608x16x512 TN 65 / 63, 512x16x4608 65 / 60; but 32x256x288 103 / 147,
+ * 4608x128x512 TN 118 / 134, 576x1024x64 TN 115 / 146.  Small NT products alone ran faster vendored (64x27x128
+ * 63 / 85), but the patch kernels' weight gradients cut them into row bands (8 x 27 x 128), each re-packing B:
+ * there OpenBLAS was 1.4x faster (bench/kernels.py, patch8 on the CIFAR stems).  A choice by shape only: the
+ * same bits at any thread count. */
+int port__gemm_pick(int ta, int tb, int64_t m, int64_t n, int64_t k) {
+    (void)ta;
+    (void)tb;
+    if (g_gemm_backend != PORT_GEMM_AUTO) return g_gemm_backend;
+    if (n <= 16 || (double)m * (double)n * (double)k <= 1048576.0) return PORT_GEMM_BLAS;
+    return PORT_GEMM_VENDORED;
+}
+
+int port__gemm_bpack_ok(int64_t m, int64_t n, int64_t k) {
+    return port__gemm_pick(0, 0, m, n, k) == PORT_GEMM_VENDORED;
+}
 
 #ifdef PORT_HAVE_OPENBLAS
 /* The processors this process may run on (omp_get_num_procs), read once: the BLAS GEMM's block count. */
@@ -119,7 +143,7 @@ void port__gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, co
                 int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
     if (m <= 0 || n <= 0) return;
 #ifdef PORT_HAVE_OPENBLAS
-    if (g_gemm_backend == PORT_GEMM_BLAS) {
+    if (port__gemm_pick(ta, tb, m, n, k) == PORT_GEMM_BLAS) {
         if (k <= 0) { /* BLAS would still scale C; do it explicitly */
             for (int64_t i = 0; i < m; i++)
                 for (int64_t j = 0; j < n; j++)

@@ -691,7 +691,7 @@ void port__conv_fwd(float *y, const float *x, const float *w, const float *b,
                 }
                 beta = 1.0f;
             }
-            if (!direct && P >= PORT_CONV_PACK_MIN_COLS && p->stride_w == 1 && port__gemm_bpack_ok()) {
+            if (!direct && P >= PORT_CONV_PACK_MIN_COLS && p->stride_w == 1 && port__gemm_bpack_ok(cog, P, K)) {
                 im2col_src src = {xg, p};
                 port__bpack bs = {im2col_pack, &src};
                 port__sgemm_vendored_bpack(0, cog, P, K, 1.0f, w + g * cog * K, K, &bs, beta, yg, P);

@@ -269,8 +269,11 @@ typedef struct {
 /* C = alpha op(A) B + beta C with the vendored GEMM, B given by its packing function (port__gemm_bpack_ok). */
 void port__sgemm_vendored_bpack(int ta, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                                 const port__bpack *bs, float beta, float *c, int64_t ldc);
-/* 1 when port__gemm runs the vendored GEMM, so port__sgemm_vendored_bpack computes what it would */
-int port__gemm_bpack_ok(void);
+/* The backend port__gemm runs for these shapes (PORT_GEMM_BLAS or PORT_GEMM_VENDORED, never AUTO) */
+int port__gemm_pick(int ta, int tb, int64_t m, int64_t n, int64_t k);
+/* 1 when port__gemm runs the vendored GEMM on op(A)[m x k] B[k x n], so port__sgemm_vendored_bpack computes what it
+ * would */
+int port__gemm_bpack_ok(int64_t m, int64_t n, int64_t k);
 
 /* im2col of one image xg and one group into cols [K, T] (row stride T): rows [k0, k1) of K and the output
  * tile's rows [r0, r1) -- output rows oh0+r0 .. oh0+r1-1, columns [ow0, ow0+tw) -- written to columns

@@ -2,8 +2,40 @@
 #include "internal.h"
 #include <math.h>
 
-/* Reductions over a channel's hw values run in 8 independent partial sums (internal.h, PORT_LANES). */
-#define LANES PORT_LANES
+/* Per-channel loops over a channel's n segments of hw floats (segment i at i * stride), in 16-float vectors
+ * (GCC vector extensions: one AVX-512 register, two AVX or four SSE/NEON registers, scalars elsewhere).  A
+ * segment's sum runs in 32 lanes (element q into lane q % 32, two vectors), combined by a fixed tree at the
+ * segment's end, the rest (< 16 floats) added in order; segments are summed in double in image order.  Every
+ * ISA performs the same operations per lane (no FMA contraction under -std=c11), so the same bits; the ISA
+ * clones (PORT_ISA_CLONES) only widen the registers.  (With 8 lanes of 4-float vectors, the batch-norm kernels
+ * were compute-bound: 15 GB/s against 25 GB/s for an add of the same tensors.) */
+typedef float bn_v16 __attribute__((vector_size(64)));
+typedef int32_t bn_i16 __attribute__((vector_size(64)));
+typedef float bn_v8 __attribute__((vector_size(32)));
+typedef float bn_v4 __attribute__((vector_size(16)));
+typedef float bn_v16u __attribute__((vector_size(64), aligned(4), may_alias));
+#define BN_W 16
+/* loads and stores of 16 floats at any alignment, and the fold of two accumulators' lanes: 16 -> 8 -> 4 -> 2 -> 1
+ * (lane i + lane i + h at each step).
+ * Macros: a 64-byte vector passed by value changes the ABI between the ISA clones (GCC's -Wpsabi). */
+#define BN_LD(p) (*(const bn_v16u *)(p))
+#define BN_ST(p, v) (*(bn_v16u *)(p) = (v))
+#define BN_SPLAT(x) ((bn_v16){(x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x)})
+/* v where mask (a comparison's all-ones / zero lanes) is zero, +0.0f where it is all-ones */
+#define BN_ZERO_WHERE(v, mask) ((bn_v16)((bn_i16)(v) & ~(mask)))
+#define BN_HSUM(out, a, b)                                                  \
+    do {                                                                    \
+        bn_v16 s_ = (a) + (b);                                              \
+        bn_v8 l8_, h8_;                                                     \
+        memcpy(&l8_, &s_, sizeof l8_);                                      \
+        memcpy(&h8_, (const char *)&s_ + sizeof l8_, sizeof h8_);           \
+        bn_v8 s8_ = l8_ + h8_;                                              \
+        bn_v4 l4_, h4_;                                                     \
+        memcpy(&l4_, &s8_, sizeof l4_);                                     \
+        memcpy(&h4_, (const char *)&s8_ + sizeof l4_, sizeof h4_);          \
+        bn_v4 s4_ = l4_ + h4_;                                              \
+        (out) = (s4_[0] + s4_[2]) + (s4_[1] + s4_[3]);                      \
+    } while (0)
 
 static port_status bn_check(const port_batchnorm_params *p) {
     PORT_NOTNULL(p);
@@ -13,6 +45,74 @@ static port_status bn_check(const port_batchnorm_params *p) {
     return PORT_OK;
 }
 
+/* sum of the channel's values */
+PORT_ISA_CLONES static double bn_sum(const float *x, int64_t n, int64_t stride, int64_t hw) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const float *xp = x + i * stride;
+        bn_v16 a0 = {0}, a1 = {0};
+        int64_t q = 0;
+        for (; q + 2 * BN_W <= hw; q += 2 * BN_W) {
+            a0 += BN_LD(xp + q);
+            a1 += BN_LD(xp + q + BN_W);
+        }
+        if (q + BN_W <= hw) { a0 += BN_LD(xp + q); q += BN_W; }
+        float t;
+        BN_HSUM(t, a0, a1);
+        for (; q < hw; q++) t += xp[q];
+        s += t;
+    }
+    return s;
+}
+
+/* sum of the channel's squared deviations from fm */
+PORT_ISA_CLONES static double bn_sqdev(const float *x, int64_t n, int64_t stride, int64_t hw, float fm) {
+    double v = 0.0;
+    bn_v16 vm = BN_SPLAT(fm);
+    for (int64_t i = 0; i < n; i++) {
+        const float *xp = x + i * stride;
+        bn_v16 a0 = {0}, a1 = {0};
+        int64_t q = 0;
+        for (; q + 2 * BN_W <= hw; q += 2 * BN_W) {
+            bn_v16 d0 = BN_LD(xp + q) - vm, d1 = BN_LD(xp + q + BN_W) - vm;
+            a0 += d0 * d0;
+            a1 += d1 * d1;
+        }
+        if (q + BN_W <= hw) {
+            bn_v16 d0 = BN_LD(xp + q) - vm;
+            a0 += d0 * d0;
+            q += BN_W;
+        }
+        float t;
+        BN_HSUM(t, a0, a1);
+        for (; q < hw; q++) {
+            float d = xp[q] - fm;
+            t += d * d;
+        }
+        v += t;
+    }
+    return v;
+}
+
+/* y = (x - fm) * scale + b, then relu (t <= 0 -> 0: NaN propagates, as torch.relu) */
+PORT_ISA_CLONES static void bn_normalize(float *y, const float *x, int64_t n, int64_t stride, int64_t hw, float fm,
+                                         float scale, float b, int relu) {
+    bn_v16 vm = BN_SPLAT(fm), vs = BN_SPLAT(scale), vb = BN_SPLAT(b), z = {0};
+    for (int64_t i = 0; i < n; i++) {
+        const float *xp = x + i * stride;
+        float *yp = y + i * stride;
+        int64_t q = 0;
+        for (; q + BN_W <= hw; q += BN_W) {
+            bn_v16 t = (BN_LD(xp + q) - vm) * vs + vb;
+            BN_ST(yp + q, relu ? BN_ZERO_WHERE(t, t <= z) : t);
+        }
+        for (; q < hw; q++) {
+            float t = (xp[q] - fm) * scale + b;
+            yp[q] = relu && t <= 0.0f ? 0.0f : t;
+        }
+    }
+}
+
 void port__bn_train_forward(float *y, float *save_mean, float *save_invstd, float *running_mean,
                             float *running_var, const float *x, const float *gamma,
                             const float *beta, int64_t n, int64_t c, int64_t hw, float eps,
@@ -20,39 +120,10 @@ void port__bn_train_forward(float *y, float *save_mean, float *save_invstd, floa
     int64_t M = n * hw;
 #pragma omp parallel for schedule(static) if (M * c > PORT_PAR_MIN)
     for (int64_t ch = 0; ch < c; ch++) {
-        double s = 0.0;
-        for (int64_t i = 0; i < n; i++) {
-            const float *xp = x + (i * c + ch) * hw;
-            port_v4f f0 = port_splat4(0.0f), f1 = port_splat4(0.0f);
-            int64_t q = 0;
-            for (; q + LANES <= hw; q += LANES) {
-                f0 += port_ld4(xp + q);
-                f1 += port_ld4(xp + q + 4);
-            }
-            float t = port_hsum8(f0, f1);
-            for (; q < hw; q++) t += xp[q];
-            s += t;
-        }
-        double mean = s / (double)M;
+        const float *xc = x + ch * hw;
+        double mean = bn_sum(xc, n, c * hw, hw) / (double)M;
         float fm = (float)mean;
-        double v = 0.0;
-        for (int64_t i = 0; i < n; i++) {
-            const float *xp = x + (i * c + ch) * hw;
-            port_v4f f0 = port_splat4(0.0f), f1 = port_splat4(0.0f), vm = port_splat4(fm);
-            int64_t q = 0;
-            for (; q + LANES <= hw; q += LANES) {
-                port_v4f d0 = port_ld4(xp + q) - vm, d1 = port_ld4(xp + q + 4) - vm;
-                f0 += d0 * d0;
-                f1 += d1 * d1;
-            }
-            float t = port_hsum8(f0, f1);
-            for (; q < hw; q++) {
-                float d = xp[q] - fm;
-                t += d * d;
-            }
-            v += t;
-        }
-        double var = v / (double)M;
+        double var = bn_sqdev(xc, n, c * hw, hw, fm) / (double)M;
         float invstd = (float)(1.0 / sqrt(var + (double)eps));
         save_mean[ch] = fm;
         save_invstd[ch] = invstd;
@@ -62,48 +133,83 @@ void port__bn_train_forward(float *y, float *save_mean, float *save_invstd, floa
             running_var[ch] = (1.0f - momentum) * running_var[ch] +
                               momentum * (float)(var * (double)M / (double)(M - 1));
         float g = gamma ? gamma[ch] : 1.0f, b = beta ? beta[ch] : 0.0f;
-        float scale = g * invstd;
-        for (int64_t i = 0; i < n; i++) {
-            const float *xp = x + (i * c + ch) * hw;
-            float *yp = y + (i * c + ch) * hw;
-            if (relu) {
-                for (int64_t q = 0; q < hw; q++) {
-                    float t = (xp[q] - fm) * scale + b;
-                    yp[q] = t <= 0.0f ? 0.0f : t;   /* NaN propagates, as torch.relu */
-                }
-            } else {
-                for (int64_t q = 0; q < hw; q++) yp[q] = (xp[q] - fm) * scale + b;
-            }
-        }
+        bn_normalize(y + ch * hw, xc, n, c * hw, hw, fm, g * invstd, b, relu);
     }
 }
 
 /* Channel ch's sum(dy) and sum(dy * x-hat) with x-hat = (v - shift) * scale: v is the input (shift = mean,
- * scale = 1/std) or, for a batch norm that ran in place, the output (shift = beta, scale = 1/gamma). */
-static void channel_sums(double *sdy, double *sdyx, const float *dy, const float *v, float shift, float scale,
-                         int64_t n, int64_t c, int64_t hw, int64_t ch) {
+ * scale = 1/std) or, for a batch norm that ran in place, the output (shift = beta, scale = 1/gamma).  relu: dy
+ * counts only where the fused relu's output x-hat * g + b is positive (v the input). */
+PORT_ISA_CLONES static void bn_grad_sums(double *sdy, double *sdyx, const float *dy, const float *v, int64_t n,
+                                         int64_t stride, int64_t hw, float shift, float scale, int relu, float g,
+                                         float b) {
     double s0 = 0.0, s1 = 0.0;
+    bn_v16 vsh = BN_SPLAT(shift), vk = BN_SPLAT(scale), vg = BN_SPLAT(g), vb = BN_SPLAT(b), z = {0};
     for (int64_t i = 0; i < n; i++) {
-        const float *vp = v + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
-        port_v4f a0 = port_splat4(0.0f), a1 = a0, b0 = a0, b1 = a0, vs = port_splat4(shift), vk = port_splat4(scale);
+        const float *vp = v + i * stride, *dp = dy + i * stride;
+        bn_v16 a0 = {0}, a1 = {0}, b0 = {0}, b1 = {0};
         int64_t q = 0;
-        for (; q + LANES <= hw; q += LANES) {
-            port_v4f d0 = port_ld4(dp + q), d1 = port_ld4(dp + q + 4);
+        for (; q + 2 * BN_W <= hw; q += 2 * BN_W) {
+            bn_v16 x0 = (BN_LD(vp + q) - vsh) * vk, x1 = (BN_LD(vp + q + BN_W) - vsh) * vk;
+            bn_v16 d0 = BN_LD(dp + q), d1 = BN_LD(dp + q + BN_W);
+            if (relu) {
+                d0 = BN_ZERO_WHERE(d0, (x0 * vg + vb) <= z);
+                d1 = BN_ZERO_WHERE(d1, (x1 * vg + vb) <= z);
+            }
             a0 += d0;
             a1 += d1;
-            b0 += d0 * ((port_ld4(vp + q) - vs) * vk);
-            b1 += d1 * ((port_ld4(vp + q + 4) - vs) * vk);
+            b0 += d0 * x0;
+            b1 += d1 * x1;
         }
-        float a = port_hsum8(a0, a1), bb = port_hsum8(b0, b1);
+        if (q + BN_W <= hw) {
+            bn_v16 x0 = (BN_LD(vp + q) - vsh) * vk, d0 = BN_LD(dp + q);
+            if (relu) d0 = BN_ZERO_WHERE(d0, (x0 * vg + vb) <= z);
+            a0 += d0;
+            b0 += d0 * x0;
+            q += BN_W;
+        }
+        float a, bb;
+        BN_HSUM(a, a0, a1);
+        BN_HSUM(bb, b0, b1);
         for (; q < hw; q++) {
-            a += dp[q];
-            bb += dp[q] * ((vp[q] - shift) * scale);
+            float xh = (vp[q] - shift) * scale;
+            float d = relu && (xh * g + b) <= 0.0f ? 0.0f : dp[q];
+            a += d;
+            bb += d * xh;
         }
         s0 += a;
         s1 += bb;
     }
     *sdy = s0;
     *sdyx = s1;
+}
+static void channel_sums(double *sdy, double *sdyx, const float *dy, const float *v, float shift, float scale,
+                         int64_t n, int64_t c, int64_t hw, int64_t ch) {
+    bn_grad_sums(sdy, sdyx, dy + ch * hw, v + ch * hw, n, c * hw, hw, shift, scale, 0, 1.0f, 0.0f);
+}
+
+/* dx = k * (dy' - mdy - x-hat * mdyx), x-hat = (v - shift) * scale, dy' = dy masked by the fused relu (relu) */
+PORT_ISA_CLONES static void bn_grad_dx(float *dx, const float *dy, const float *v, int64_t n, int64_t stride,
+                                       int64_t hw, float shift, float scale, float k, float mdy, float mdyx,
+                                       int relu, float g, float b) {
+    bn_v16 vsh = BN_SPLAT(shift), vk = BN_SPLAT(scale), vkk = BN_SPLAT(k), vmdy = BN_SPLAT(mdy);
+    bn_v16 vmdyx = BN_SPLAT(mdyx), vg = BN_SPLAT(g), vb = BN_SPLAT(b), z = {0};
+    for (int64_t i = 0; i < n; i++) {
+        const float *vp = v + i * stride, *dp = dy + i * stride;
+        float *dxp = dx + i * stride;
+        int64_t q = 0;
+        for (; q + BN_W <= hw; q += BN_W) {
+            bn_v16 xh = (BN_LD(vp + q) - vsh) * vk, d = BN_LD(dp + q);
+            if (relu) d = BN_ZERO_WHERE(d, (xh * vg + vb) <= z);
+            BN_ST(dxp + q, vkk * (d - vmdy - xh * vmdyx));
+        }
+        for (; q < hw; q++) {
+            float xh = (vp[q] - shift) * scale;
+            float d = dp[q];
+            if (relu && (xh * g + b) <= 0.0f) d = 0.0f;
+            dxp[q] = k * (d - mdy - xh * mdyx);
+        }
+    }
 }
 
 void port__bn_train_backward(float *dx, float *dgamma, float *dbeta, const float *dy,
@@ -116,48 +222,12 @@ void port__bn_train_backward(float *dx, float *dgamma, float *dbeta, const float
         float m = mean[ch], is = invstd[ch];
         float g = gamma ? gamma[ch] : 1.0f, b = beta ? beta[ch] : 0.0f;
         double sdy = 0.0, sdyx = 0.0;
-        if (!relu) {
-            channel_sums(&sdy, &sdyx, dy, x, m, is, n, c, hw, ch);
-        } else {
-            for (int64_t i = 0; i < n; i++) { /* dy masked where the fused relu's output is 0 */
-                const float *xp = x + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
-                port_v4f a0 = port_splat4(0.0f), a1 = a0, b0 = a0, b1 = a0;
-                port_v4f vm = port_splat4(m), vi = port_splat4(is), vg = port_splat4(g), vb = port_splat4(b), z = port_splat4(0.0f);
-                int64_t q = 0;
-                for (; q + LANES <= hw; q += LANES) {
-                    port_v4f x0 = (port_ld4(xp + q) - vm) * vi, x1 = (port_ld4(xp + q + 4) - vm) * vi;
-                    port_v4f d0 = port_zero_where(port_ld4(dp + q), (x0 * vg + vb) <= z);
-                    port_v4f d1 = port_zero_where(port_ld4(dp + q + 4), (x1 * vg + vb) <= z);
-                    a0 += d0;
-                    a1 += d1;
-                    b0 += d0 * x0;
-                    b1 += d1 * x1;
-                }
-                float a = port_hsum8(a0, a1), bb = port_hsum8(b0, b1);
-                for (; q < hw; q++) {
-                    float xh = (xp[q] - m) * is;
-                    float d = (xh * g + b) <= 0.0f ? 0.0f : dp[q];
-                    a += d;
-                    bb += d * xh;
-                }
-                sdy += a;
-                sdyx += bb;
-            }
-        }
+        bn_grad_sums(&sdy, &sdyx, dy + ch * hw, x + ch * hw, n, c * hw, hw, m, is, relu, g, b);
         if (dgamma) dgamma[ch] += (float)sdyx;
         if (dbeta) dbeta[ch] += (float)sdy;
         if (!dx) continue;
         float k = g * is, mdy = (float)(sdy / (double)M), mdyx = (float)(sdyx / (double)M);
-        for (int64_t i = 0; i < n; i++) {
-            const float *xp = x + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
-            float *dxp = dx + (i * c + ch) * hw;
-            for (int64_t q = 0; q < hw; q++) {
-                float xh = (xp[q] - m) * is;
-                float d = dp[q];
-                if (relu && (xh * g + b) <= 0.0f) d = 0.0f;
-                dxp[q] = k * (d - mdy - xh * mdyx);
-            }
-        }
+        bn_grad_dx(dx + ch * hw, dy + ch * hw, x + ch * hw, n, c * hw, hw, m, is, k, mdy, mdyx, relu, g, b);
     }
 }
 
@@ -247,11 +317,7 @@ port_status port_batchnorm2d_backward_input_from_output(float *dx, const float *
         double sdy, sdyx;
         channel_sums(&sdy, &sdyx, dy, y, b, rg, n, c, hw, ch);
         float k = g * is, mdy = (float)(sdy / (double)M), mdyx = (float)(sdyx / (double)M);
-        for (int64_t i = 0; i < n; i++) {
-            const float *yp = y + (i * c + ch) * hw, *dp = dy + (i * c + ch) * hw;
-            float *dxp = dx + (i * c + ch) * hw;
-            for (int64_t q = 0; q < hw; q++) dxp[q] = k * (dp[q] - mdy - ((yp[q] - b) * rg) * mdyx);
-        }
+        bn_grad_dx(dx + ch * hw, dy + ch * hw, y + ch * hw, n, c * hw, hw, b, rg, k, mdy, mdyx, 0, 1.0f, 0.0f);
     }
     return PORT_OK;
 }

@@ -16,7 +16,7 @@ from port.exec import native as _native
 # --------------------------------------------------------------------------- constants
 PORT_OK, PORT_ERR_NULL, PORT_ERR_SHAPE, PORT_ERR_ARG, PORT_ERR_WORKSPACE, PORT_ERR_UNSUPPORTED, \
     PORT_ERR_ALIAS = range(7)
-GEMM_BLAS, GEMM_VENDORED = 0, 1
+GEMM_BLAS, GEMM_VENDORED, GEMM_AUTO = 0, 1, 2
 CONV_AUTO, CONV_IM2COL, CONV_DIRECT, CONV_WINOGRAD = 0, 1, 2, 3
 ATTN_PLAIN, ATTN_TILED = 0, 1
 _ALGOS = {"auto": CONV_AUTO, "im2col": CONV_IM2COL, "direct": CONV_DIRECT, "winograd": CONV_WINOGRAD}
@@ -106,6 +106,7 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_cpu_has_avx512", "int", ()),
     ("port_set_gemm_backend", "port_status", ("int",)),
     ("port_get_gemm_backend", "int", ()),
+    ("port_gemm_backend_for", "int", ("int", "int", "int64_t", "int64_t", "int64_t")),
     ("port_sgemm", "port_status", (_F, _CF, _CF, "int", "int", "int64_t", "int64_t", "int64_t",
                                    "float", "float", "int64_t", "int64_t", "int64_t")),
     ("port_conv2d_out_h", "int64_t", (_CP,)),

@@ -32,7 +32,7 @@ _native.configure_openmp_env()  # before torch loads the OpenMP runtime (see por
 import torch  # noqa: E402
 
 from port.exec.capi import (  # noqa: E402,F401  (the raw binding, re-exported)
-    ATTN_PLAIN, ATTN_TILED, CONV_AUTO, CONV_DIRECT, CONV_IM2COL, CONV_WINOGRAD, GEMM_BLAS, GEMM_VENDORED,
+    ATTN_PLAIN, ATTN_TILED, CONV_AUTO, CONV_DIRECT, CONV_IM2COL, CONV_WINOGRAD, GEMM_AUTO, GEMM_BLAS, GEMM_VENDORED,
     PORT_ERR_ALIAS, PORT_ERR_ARG, PORT_ERR_NULL, PORT_ERR_SHAPE, PORT_ERR_UNSUPPORTED, PORT_ERR_WORKSPACE, PORT_OK,
     SIGNATURES, AttentionParams, BatchNormParams, Conv2dParams, KernelError, KernelValueError, LinearParams,
     Pool2dParams, UnsupportedError, WorkspaceError, _ALGOS, check, ctype_of, raw, status_string)
@@ -52,16 +52,27 @@ def get_num_threads() -> int:
     return raw.port_get_num_threads()
 
 
+_GEMM_NAMES = {"blas": GEMM_BLAS, "vendored": GEMM_VENDORED, "auto": GEMM_AUTO}
+
+
 def set_gemm_backend(backend: str) -> None:
-    """'blas' (OpenBLAS) or 'vendored' (built-in blocked SGEMM)."""
-    code = {"blas": GEMM_BLAS, "vendored": GEMM_VENDORED}.get(backend)
+    """'blas' (OpenBLAS), 'vendored' (built-in blocked SGEMM) or 'auto' (the vendored one, OpenBLAS for small
+    products and n <= 16; needs OpenBLAS, see port_kernels.h)."""
+    code = _GEMM_NAMES.get(backend)
     if code is None:
-        raise ValueError(f"set_gemm_backend: backend must be 'blas' or 'vendored', got {backend!r}")
+        raise ValueError(f"set_gemm_backend: backend must be 'blas', 'vendored' or 'auto', got {backend!r}")
     check(raw.port_set_gemm_backend(code), "set_gemm_backend")
 
 
 def get_gemm_backend() -> str:
-    return "vendored" if raw.port_get_gemm_backend() == GEMM_VENDORED else "blas"
+    code = raw.port_get_gemm_backend()
+    return next(name for name, c in _GEMM_NAMES.items() if c == code)
+
+
+def gemm_backend_for(trans_a: bool, trans_b: bool, m: int, n: int, k: int) -> str:
+    """The GEMM ('blas' or 'vendored') that runs op(A)[m x k] op(B)[k x n] under the current setting ('auto'
+    resolved by shape, kernels/src/common.c port__gemm_pick)."""
+    return "vendored" if raw.port_gemm_backend_for(int(trans_a), int(trans_b), m, n, k) == GEMM_VENDORED else "blas"
 
 
 class gemm_backend:

@@ -171,9 +171,9 @@ def load() -> ctypes.CDLL:
 
 
 def build_id() -> str:
-    """A digest of the kernel library file (16 hex digits) and the GEMM it runs (``-blas`` / ``-vendored``: the
-    default depends on the CPU and on OpenBLAS's core, see port_kernels.h): profiles record it, and entries
-    measured with another build of the kernels or another GEMM are not reused."""
+    """A digest of the kernel library file (16 hex digits) and the GEMM setting (``-blas`` / ``-vendored`` /
+    ``-auto``: the default depends on the CPU and on OpenBLAS's core, see port_kernels.h): profiles record it, and
+    entries measured with another build of the kernels or another GEMM are not reused."""
     import hashlib
     try:
         with open(library_path(), "rb") as f:

@@ -91,7 +91,7 @@ def _tokens(vocab: int, b: int = 4, t: int = 64):
     return x, torch.randint(0, vocab, (b, t), generator=g)
 
 
-@pytest.mark.parametrize("backend", ["blas", "vendored"])
+@pytest.mark.parametrize("backend", ["blas", "vendored", "auto"])
 @pytest.mark.parametrize("name", ["resnet8", "mobilenetv2", "gpt_tiny"])
 def test_training_steps_give_the_same_bits_at_any_thread_count(backend, name):
     """Whole training steps (forward, backward, updates; conv algorithms as the default plan picks them, Winograd

@@ -214,17 +214,24 @@ def test_set_num_threads(K):
 
 
 def test_gemm_backend_switch(K):
+    prev = K.get_gemm_backend()
     with K.gemm_backend("vendored"):
         assert K.get_gemm_backend() == "vendored"
-    assert K.get_gemm_backend() == "blas"
+    assert K.get_gemm_backend() == prev
+    with K.gemm_backend("blas"):
+        assert K.get_gemm_backend() == "blas"
+    with K.gemm_backend("auto"):
+        assert K.get_gemm_backend() == "auto"
+    assert K.get_gemm_backend() == prev
     with pytest.raises(ValueError, match="backend"):
         K.set_gemm_backend("mkl")
 
 
 @pytest.mark.parametrize("coretype", ["Haswell", "SkylakeX"])
-def test_default_gemm_backend_follows_the_blas_core(coretype):
-    """The default GEMM is OpenBLAS unless the CPU has AVX-512 and OpenBLAS's core (OPENBLAS_CORETYPE here)
-    does not: then the vendored one."""
+def test_default_gemm_backend_follows_the_cpu(coretype):
+    """On a CPU with AVX-512 the default GEMM is 'auto' (the vendored one, OpenBLAS for small or narrow products)
+    where OpenBLAS runs AVX-512 kernels (OPENBLAS_CORETYPE here), the vendored one where it does not; OpenBLAS on
+    other CPUs."""
     import subprocess
     import sys
     from port.exec import kernels as K
@@ -235,8 +242,34 @@ def test_default_gemm_backend_follows_the_blas_core(coretype):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     backend, avx512 = out.stdout.split()
-    want = "vendored" if avx512 == "1" and coretype == "Haswell" else "blas"
+    want = ("auto" if coretype == "SkylakeX" else "vendored") if avx512 == "1" else "blas"
     assert backend == want, out.stdout
+
+
+@pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1)])
+def test_auto_gemm_runs_blas_on_small_or_narrow_products_and_vendored_on_large(K, ta, tb):
+    """'auto' picks by shape (port__gemm_pick): OpenBLAS for n <= 16 and for <= 2^20 multiply-adds, the vendored
+    GEMM otherwise; its results equal the picked backend's bit for bit."""
+    def run(backend, m, n, k):
+        g = torch.Generator().manual_seed(m * n + k)
+        a = torch.randn((k, m) if ta else (m, k), generator=g)
+        b = torch.randn((n, k) if tb else (k, n), generator=g)
+        with K.gemm_backend(backend):
+            return K.sgemm(a, b, trans_a=bool(ta), trans_b=bool(tb))
+    told_apart = 0
+    for m, n, k in [(64, 128, 27), (4608, 16, 512), (300, 8, 70), (64, 1024, 576), (200, 300, 100),
+                    (1000, 48, 100)]:
+        small = n <= 16 or m * n * k <= 2 ** 20
+        with K.gemm_backend("auto"):
+            assert K.gemm_backend_for(ta, tb, m, n, k) == ("blas" if small else "vendored")
+        for fixed in ("blas", "vendored"):
+            with K.gemm_backend(fixed):
+                assert K.gemm_backend_for(ta, tb, m, n, k) == fixed
+        auto = run("auto", m, n, k)
+        want = run("blas" if small else "vendored", m, n, k)
+        assert torch.equal(auto, want), (m, n, k)
+        told_apart += not torch.equal(want, run("vendored" if small else "blas", m, n, k))
+    assert told_apart >= 1   # the backends round differently on some shapes, so a wrong pick would show
 
 
 @pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
@@ -335,6 +368,8 @@ def test_build_id_names_the_gemm(K):
     from port.exec import native
     with K.gemm_backend("vendored"):
         vendored = native.build_id()
+    with K.gemm_backend("auto"):
+        auto = native.build_id()
     blas = native.build_id()          # the fixture's backend
-    assert vendored.endswith("-vendored") and blas.endswith("-blas"), (vendored, blas)
-    assert vendored[:16] == blas[:16] and len(vendored.split("-")[0]) == 16
+    assert vendored.endswith("-vendored") and blas.endswith("-blas") and auto.endswith("-auto"), (vendored, blas)
+    assert vendored[:16] == blas[:16] == auto[:16] and len(vendored.split("-")[0]) == 16

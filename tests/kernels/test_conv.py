@@ -193,7 +193,7 @@ def test_patch_workspace_scales_with_tile(K):
 
 # maps of >= 512 output pixels at stride 1: with the vendored GEMM, the forward builds im2col inside the GEMM's
 # B packing (kernels/src/conv.c, im2col_pack); column blocks of 512 and panels of 32 cut output rows anywhere
-@pytest.mark.parametrize("backend", ["vendored", "blas"])
+@pytest.mark.parametrize("backend", ["vendored", "blas", "auto"])
 @pytest.mark.parametrize("case", [(2, 5, 7, 23, 29, 3, 1, 1, 1), (1, 6, 4, 24, 33, 5, 1, 2, 2),
                                   (2, 3, 33, 40, 17, 3, 1, 0, 1), (1, 4, 9, 19, 61, 7, 1, 3, 1)], ids=_ids)
 def test_forward_with_im2col_in_gemm_packing(K, case, backend):
@@ -230,7 +230,7 @@ GEMM_SHAPES = [(1, 1, 1), (7, 5, 3), (64, 33, 17), (130, 70, 300), (9, 257, 65),
 
 @pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
 @pytest.mark.parametrize("mnk", quick_subset(GEMM_SHAPES, 2))
-@pytest.mark.parametrize("backend", ["blas", "vendored"])
+@pytest.mark.parametrize("backend", ["blas", "vendored", "auto"])
 def test_sgemm(K, backend, mnk, ta, tb):
     m, n, k = mnk
     a = torch.randn(k, m) if ta else torch.randn(m, k)

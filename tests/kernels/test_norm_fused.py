@@ -5,7 +5,8 @@ import torch.nn.functional as F
 
 from conftest import close, quick_subset
 
-BN_SHAPES = quick_subset([(1, 3, 5, 7), (3, 4, 7, 5), (2, 5, 1, 1), (4, 2, 3, 3)], 2)
+# maps of 35, 1, 9, 20 and 63 values: the kernels' 32- and 16-float blocks and their scalar rest
+BN_SHAPES = quick_subset([(1, 3, 5, 7), (3, 4, 7, 5), (2, 5, 1, 1), (4, 2, 3, 3), (2, 3, 4, 5), (2, 3, 7, 9)], 2)
 
 
 def _bn_ref(x, gamma, beta, rm, rv, dy, training, eps=1e-5, momentum=0.1):

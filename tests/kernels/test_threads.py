@@ -9,7 +9,7 @@ import torch
 QUICK = os.environ.get("PORT_KERNELS_QUICK") == "1"     # as conftest.QUICK (`make test-asan`)
 
 THREADS = (1, 2, 3)
-BACKENDS = ("blas", "vendored")
+BACKENDS = ("blas", "vendored", "auto")
 
 
 def _at_each_count(K, backend, fn):

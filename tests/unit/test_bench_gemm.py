@@ -14,6 +14,8 @@ def test_gemm_bench_headline():
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
-    assert len([ln for ln in lines if ln.startswith("| ") and "x" in ln.split("|")[2]]) == 10  # header + 9 shapes
-    assert re.match(r"gemm: vendored/OpenBLAS median \d+\.\d\dx at 2 threads .* default '(blas|vendored)' is the "
-                    r"faster backend on \d of 9 shapes \(target: .*: (met|NOT met)\)$", lines[-1]), lines[-1]
+    rows = [ln for ln in lines if ln.startswith("| ") and "x" in ln.split("|")[2]]
+    assert len(rows) == 13  # header + 12 shapes
+    assert all(ln.rstrip(" |").split("|")[-1].strip() in ("blas", "vendored") for ln in rows[1:]), rows
+    assert re.match(r"gemm: vendored/OpenBLAS median \d+\.\d\dx at 2 threads .* default '(blas|vendored|auto)' runs "
+                    r"the faster backend on \d+ of 12 shapes \(target: .*: (met|NOT met)\)$", lines[-1]), lines[-1]
