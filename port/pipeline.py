@@ -656,6 +656,19 @@ class Solved:
     plan: Any                         # port.plan.types.Plan
     budget: Budget
     sim: Any                          # port.verify.simulate.SimResult of the plan
+    notes: tuple[str, ...] = ()       # one line per memory solved apart (a host with a GPU), else none
+
+
+def memory_groups(device: Any, profile: Any) -> dict[str, tuple[str, ...]]:
+    """The profile's accelerators grouped by the memory their kernels run in on this machine
+    (port.cost.handoff.backend_memory): {"cpu": ("cpu-c", "cpu-torch"), "cuda": ("cuda",)} on a host with a
+    GPU. Accelerators the device description does not name count as host memory."""
+    from port.cost.handoff import backend_memory
+    backends = {a.id: a.backend for a in device.accelerators}
+    out: dict[str, list[str]] = {}
+    for acc in profile.accelerators:
+        out.setdefault(backend_memory(backends.get(acc, "c")), []).append(acc)
+    return {m: tuple(a) for m, a in out.items()}
 
 
 def solve_plan(job: Job, built: Built, prof: ProfileStep, budget: Budget) -> Solved:
@@ -663,8 +676,37 @@ def solve_plan(job: Job, built: Built, prof: ProfileStep, budget: Budget) -> Sol
     from port.solver import solve
     from port.verify.simulate import simulate
     s = job.config.solver
-    plan = solve(built.graph, prof.profile, budget.bytes, solver=s.name, time_limit_s=s.time_limit_s,
-                 gap=s.gap, allow_early_updates=job.graph_batch == job.config.batch_size, max_reruns=s.max_reruns)
+    groups = memory_groups(job.device, prof.profile)
+
+    def one(profile: Any) -> Any:
+        return solve(built.graph, profile, budget.bytes, solver=s.name, time_limit_s=s.time_limit_s, gap=s.gap,
+                     allow_early_updates=job.graph_batch == job.config.batch_size, max_reruns=s.max_reruns)
+    notes: list[str] = []
+    if len(groups) <= 1:
+        plan = one(prof.profile)
+    else:
+        # the executor runs a program in one memory (no GPU<->CPU hand-off copies): one plan per memory, the
+        # fastest that fits is kept (else the smallest peak, refused below with the floor)
+        found, errors, notes = [], [], []
+        for mem, accs in groups.items():
+            try:
+                p = one(prof.profile.only(accs))
+            except PortError as e:
+                errors.append(e)
+                notes.append(f"{mem} memory ({', '.join(accs)}): no plan ({str(e).splitlines()[0][:160]})")
+                continue
+            found.append((mem, p))
+            notes.append(f"{mem} memory ({', '.join(accs)}): predicted step {p.predicted_step_ms:.3f} ms, "
+                         f"peak {p.predicted_peak_bytes} B ({p.status})")
+        if not found:
+            raise errors[0]
+        fits = [mp for mp in found if mp[1].status != "infeasible"]
+        mem, plan = (min(fits, key=lambda mp: mp[1].predicted_step_ms) if fits
+                     else min(found, key=lambda mp: mp[1].predicted_peak_bytes))
+        import dataclasses
+        plan = dataclasses.replace(plan, profile_digest=prof.profile.digest())
+        notes.append(f"plan: the {mem} memory's (the executor runs a program in one memory: no GPU<->CPU "
+                     f"hand-offs)")
     if plan.status == "infeasible":   # a baseline's best plan is over the budget: never hand it on as a plan
         from port.config import format_size
         from port.errors import InfeasibleBudgetError
@@ -679,7 +721,7 @@ def solve_plan(job: Job, built: Built, prof: ProfileStep, budget: Budget) -> Sol
             f"solver {s.name!r} finds no plan within the budget of {format_size(budget.bytes)} ({budget.bytes} B): "
             f"its best plan peaks at {format_size(plan.predicted_peak_bytes)} ({plan.predicted_peak_bytes} B)"
             f"{floor}. Raise --budget, or use --solver highs", budget.bytes, mn, ())
-    return Solved(plan, budget, simulate(plan, built.graph, prof.profile))
+    return Solved(plan, budget, simulate(plan, built.graph, prof.profile), tuple(notes))
 
 
 def save_plan_file(solved: Solved, job: Job, built: Built, prof: ProfileStep, path: Path) -> Path:
@@ -1128,6 +1170,8 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
         solved = solve_plan(job, built, prof, bud)
     plan = solved.plan
     save_plan_file(solved, job, built, prof, run_dir / "plan.json")     # `port show` draws it
+    for n in solved.notes:
+        say(n)
     say(plan_summary(plan))
 
     # train

@@ -35,6 +35,8 @@ def solve_cmd(config: Path = typer.Argument(..., help="experiment YAML"),
     typer.echo(f"solver {s.name}, time limit {s.time_limit_s:g} s, gap {s.gap:g}")
     solved = P.solve_plan(job, built, prof, bud)
     plan = solved.plan
+    for n in solved.notes:
+        typer.echo(n)
     typer.echo(P.plan_summary(plan))
     typer.echo(f"predicted peak {format_size(plan.predicted_peak_bytes)} = "
                f"{plan.predicted_peak_bytes / bud.keep_everything_peak:.0%} of the {P.KEEP_EVERYTHING}")

@@ -26,8 +26,10 @@ def fit_latency_bandwidth(sizes: list[int], ms: list[float]) -> tuple[float, flo
     return max(0.0, a), 1.0 / b
 
 
-def _torch_device(backend: str) -> str:
-    return {"c": "cpu", "torch-cpu": "cpu", "torch-cuda": "cuda", "torch-mps": "mps"}[backend]
+def backend_memory(backend: str) -> str:
+    """The memory a backend's kernels read and write (a torch device type). ``modeled`` engines of a device
+    description run here on the C kernels (port.pipeline.stand_in_backends): host memory."""
+    return {"c": "cpu", "torch-cpu": "cpu", "torch-cuda": "cuda", "torch-mps": "mps", "modeled": "cpu"}[backend]
 
 
 def measure_handoff(device: DeviceConfig, present: list[str], quick: bool = False) -> list[HandoffCost]:
@@ -43,7 +45,7 @@ def measure_handoff(device: DeviceConfig, present: list[str], quick: bool = Fals
             bs, bd = accs[s].backend, accs[d].backend
             xs, ys = [], []
             for nbytes in sizes:
-                src_dev = _torch_device(bs)
+                src_dev = backend_memory(bs)
                 t = torch.empty(nbytes // 4, dtype=torch.float32, device=src_dev)
                 if bs in CPU_BACKENDS and bd in CPU_BACKENDS:
                     # zero-copy: the receiver checks layout and takes the pointer
@@ -51,7 +53,7 @@ def measure_handoff(device: DeviceConfig, present: list[str], quick: bool = Fals
                         return t.is_contiguous() and t.data_ptr()
                     sync = lambda: None  # noqa: E731
                 else:
-                    dst_dev = _torch_device(bd)
+                    dst_dev = backend_memory(bd)
                     def run(t=t, dst_dev=dst_dev):
                         return t.to(dst_dev)
                     def sync():

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 # =============================================================================================
 # profile: measured or modeled cost of every (op signature, accelerator, variant)
@@ -85,6 +86,15 @@ class Profile:
             idx = {k: tuple(v) for k, v in acc.items()}
             self._index["by_sig"] = idx
         return idx.get(signature, ())
+
+    def only(self, accelerators: Sequence[str]) -> "Profile":
+        """This profile restricted to ``accelerators`` (their entries, hand-offs between them, caps, footprints)."""
+        keep = tuple(a for a in self.accelerators if a in set(accelerators))
+        ks = set(keep)
+        return replace(self, accelerators=keep, entries=tuple(e for e in self.entries if e.accelerator in ks),
+                       handoff=tuple(h for h in self.handoff if h.src in ks and h.dst in ks),
+                       accelerator_caps=tuple(c for c in self.accelerator_caps if c[0] in ks),
+                       engine_bytes=tuple(c for c in self.engine_bytes if c[0] in ks), _index={})
 
     def engine_bytes_of(self, accelerator: str) -> int:
         """The resident footprint of ``accelerator``'s engine (0 when none is recorded)."""

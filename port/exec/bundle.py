@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from port.errors import PortError, ProgramError
 from port.exec import rtcall
@@ -62,8 +63,8 @@ def compile_check(program: Any) -> None:
                           f"only (port solve ... --accelerators cpu-c, or a device whose only engine is cpu-c)")
 
 
-def _encode_program(program: Any, layout: dict[int, tuple[int, int]]) -> list[rtcall.RtCall]:
-    out = []
+def _encode_program(program: Any, layout: dict[int, tuple[int, int]]) -> Iterator[rtcall.RtCall]:
+    """The program's calls as port-rt call records, one at a time (the caller copies each into the bundle)."""
     off = lambda t: program.slot(t).offset   # noqa: E731
     for c in program.calls:
         late = c.phase == "update" and not c.attr("early")
@@ -86,8 +87,7 @@ def _encode_program(program: Any, layout: dict[int, tuple[int, int]]) -> list[rt
         for i, t in enumerate(z):
             s = program.slot(t)
             r.zero_offset[i], r.zero_bytes[i] = s.offset, s.nbytes
-        out.append(r)
-    return out
+        yield r
 
 
 @dataclass(frozen=True)
@@ -130,9 +130,11 @@ def io_format(trainer: Any) -> tuple[int, int, int | None]:
     return INPUT_DTYPES[dt], per, trainer.executor.ignore_index
 
 
-def build_bundle(trainer: Any, image: bool = True) -> tuple[bytes, tuple]:
+def build_bundle(trainer: Any, image: bool = True) -> tuple[bytearray, tuple]:
     """The bundle bytes of ``trainer`` and BundleInfo's fields after ``path``. ``image=False``: without the
-    persistent region's bytes (flag PORT_RT_FLAG_NO_IMAGE), for a runtime on the trainer's own arena."""
+    persistent region's bytes (flag PORT_RT_FLAG_NO_IMAGE), for a runtime on the trainer's own arena.
+    Written into one buffer of the bundle's size, each call record copied in as it is encoded: a Trainer's
+    set-up builds one (port.exec.rtengine) and its transient copies were the set-up's memory peak."""
     from port.exec.spill import spill_layout
     tp, ep = trainer.program, trainer.eval_program
     if trainer.micro_batch != trainer.batch_size:
@@ -144,7 +146,7 @@ def build_bundle(trainer: Any, image: bool = True) -> tuple[bytes, tuple]:
     pages = {int(c.attr("key")): tp.slot(c.inputs[0]).nbytes for c in tp.calls
              if c.backend == "host" and c.kernel == "page_out"}
     layout, _ = spill_layout(pages)
-    calls = _encode_program(tp, layout) + _encode_program(ep, layout)
+    n_calls = len(tp.calls) + len(ep.calls)
     A = max(tp.arena_bytes, ep.arena_bytes)
     P = tp.persistent_bytes
     image = bytes(trainer.arena[:P].numpy().tobytes()) if image else b""
@@ -159,7 +161,8 @@ def build_bundle(trainer: Any, image: bool = True) -> tuple[bytes, tuple]:
     hdr = bytearray(HEADER_BYTES)
     sec_image = HEADER_BYTES
     sec_calls = sec_image + len(image) + _pad(len(image))
-    call_bytes = len(calls) * ctypes.sizeof(rtcall.RtCall)
+    rec = ctypes.sizeof(rtcall.RtCall)
+    call_bytes = n_calls * rec
     sec_zero = sec_calls + call_bytes + _pad(call_bytes)
     sec_ckpt = sec_zero + len(zeros) + _pad(len(zeros))
     end = sec_ckpt + len(ckpt[0]) + _pad(len(ckpt[0]))
@@ -181,16 +184,20 @@ def build_bundle(trainer: Any, image: bool = True) -> tuple[bytes, tuple]:
     gd, pd = tp.graph_digest.encode()[:64], _plan_digest(trainer).encode()[:64]
     hdr[264:264 + len(gd)] = gd
     hdr[328:328 + len(pd)] = pd
-    body = bytearray(hdr)
-    body += image + b"\0" * _pad(len(image))
-    for r in calls:
-        body += bytes(r)
-    body += b"\0" * _pad(call_bytes)
-    body += zeros + b"\0" * _pad(len(zeros))
-    body += ckpt[0] + b"\0" * _pad(len(ckpt[0]))
-    assert len(body) == end
-    body += hashlib.sha256(body).digest()
-    return bytes(body), (total, A, P, len(tp.calls), len(ep.calls), batch, classes, tp.graph_digest, pd.decode())
+    body = bytearray(total)                  # zero-filled: the sections' padding
+    body[:HEADER_BYTES] = hdr
+    body[sec_image:sec_image + len(image)] = image
+    del image
+    view = (ctypes.c_char * total).from_buffer(body)
+    at = ctypes.addressof(view) + sec_calls
+    for r in itertools.chain(_encode_program(tp, layout), _encode_program(ep, layout)):
+        ctypes.memmove(at, ctypes.addressof(r), rec)
+        at += rec
+    del view                                 # the buffer export (a bytearray with one cannot be resized)
+    body[sec_zero:sec_zero + len(zeros)] = zeros
+    body[sec_ckpt:sec_ckpt + len(ckpt[0])] = ckpt[0]
+    body[end:] = hashlib.sha256(memoryview(body)[:end]).digest()
+    return body, (total, A, P, len(tp.calls), len(ep.calls), batch, classes, tp.graph_digest, pd.decode())
 
 
 def _checkpoint_template(trainer: Any) -> tuple[bytes, int, int, int, int]:

@@ -8,6 +8,7 @@ parameters at the training program's offsets and its scratch inside the training
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -60,6 +61,117 @@ class BindContext:
         return self.ex.arena[call.workspace_offset:call.workspace_offset + call.workspace_bytes]
 
 
+def program_backends(program: Program) -> set[str]:
+    """The backends of a program's kernel calls (``host`` calls, paging, run wherever the arena is)."""
+    return {c.backend for c in program.calls} - {"host"}
+
+
+def program_device(program: Program, default: str = "cpu") -> str:
+    """The memory a program's arena lives in: ``cuda`` when its calls run on torch-cuda, ``cpu`` when they run on
+    CPU backends, ``default`` for a program of host calls alone. One
+    program runs in one memory: a program that mixes torch-cuda with CPU backends is refused (the executor has
+    no hand-off copies between memories; port.pipeline solves plans that run here within one memory)."""
+    backends = program_backends(program)
+    if "torch-cuda" not in backends:
+        return "cpu" if backends else default
+    if backends != {"torch-cuda"}:
+        raise ProgramError(f"the program mixes torch-cuda with CPU backends ({', '.join(sorted(backends))}): that "
+                           f"needs hand-off copies between GPU and CPU memory, which the executor does not do. "
+                           f"Fix: a plan within one memory (port.pipeline.solve_plan solves one per memory and "
+                           f"keeps the faster; or solve with --solver single:<accelerator>)")
+    return "cuda"
+
+
+def graph_refusal(program: Program, main_calls: list) -> str | None:
+    """Why a CUDA program's main pass cannot replay as a CUDA graph (None: it can). A graph fixes every launch:
+    page calls (host file I/O) and dropout (a fresh mask every step) would replay stale. PORT_CUDA_GRAPH=0 turns
+    graphs off."""
+    if os.environ.get("PORT_CUDA_GRAPH", "1") == "0":
+        return "PORT_CUDA_GRAPH=0"
+    for c in main_calls:
+        if c.backend == "host":
+            return f"call {c.index} ({c.name}) pages to storage"
+        if c.kernel == "dropout":
+            return f"call {c.index} ({c.name}) draws a dropout mask"
+    return None
+
+
+def update_key(calls: list, state: Any) -> tuple | None:
+    """The Python scalars the update calls among ``calls`` read when they run (port.exec.backends.torch_backend:
+    a graph replays them as captured, so a pass is re-captured when they change), or None when some change every
+    step (AdamW's bias corrections: such a pass runs eagerly)."""
+    from port.exec.backends.torch_backend import TorchBackend
+    keys = []
+    for c in calls:
+        if c.phase == PHASE_UPDATE:
+            k = TorchBackend.update_graph_key(c, state)
+            if k is None:
+                return None
+            keys.append(k)
+    return tuple(sorted(set(keys)))
+
+
+class _CudaGraphPass:
+    """Runs a list of calls on its own stream: eagerly for the first ``WARM`` passes (cuDNN and cuBLAS set up
+    their handles and workspaces on that stream), then captures them once and replays the graph from then on.
+    ``key()``: the Python scalars the calls read (update_key); a pass whose key differs from the captured one
+    runs eagerly and is captured again; None: eagerly, uncaptured. The stream waits for the caller's stream
+    before a pass and the caller's stream for it after, so copies before (the batch, zeroed gradients) and reads
+    after (the loss, the updates) are ordered."""
+    WARM = 2
+    MAX_CAPTURES = 8
+
+    def __init__(self, key: Callable[[], tuple | None]):
+        import torch
+        self.torch = torch
+        self.key = key
+        self.stream = torch.cuda.Stream()
+        self.graph = None
+        self.captured_key = None
+        self.passes = 0
+        self.captures = 0
+        self.failed = ""
+
+    def run(self, fns: list) -> None:
+        torch = self.torch
+        key = self.key()
+        if self.graph is not None and key != self.captured_key:
+            self.graph, self.passes = None, self.WARM - 1     # scalars changed: one eager pass, then capture
+            if self.captures >= self.MAX_CAPTURES:
+                self.failed = (f"the updates' scalars changed after {self.captures} captures (a learning-rate "
+                               f"schedule?); eager passes")
+        cur = torch.cuda.current_stream()
+        self.stream.wait_stream(cur)
+        with torch.cuda.stream(self.stream):
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                for f in fns:
+                    f()
+                self.passes += 1
+        cur.wait_stream(self.stream)
+        if self.graph is None and self.passes == self.WARM and key is not None and not self.failed:
+            g = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(g, stream=self.stream):     # recorded, not run: this pass already ran
+                    for f in fns:
+                        f()
+            except Exception as e:  # noqa: BLE001 - a call torch cannot capture: the passes stay eager
+                self.failed = f"capture failed ({type(e).__name__}: {e}); eager passes"
+                return
+            self.graph, self.captured_key = g, key
+            self.captures += 1
+
+    def status(self) -> str:
+        if self.graph is not None:
+            return "replayed"
+        if self.failed:
+            return f"eager: {self.failed}"
+        if self.key() is None:
+            return "eager: its updates' scalars change every step (AdamW)"
+        return "eager (warming up)"
+
+
 class Executor:
     def __init__(self, program: Program, state: RunState | None = None, arena=None, device: str = "cpu",
                  check: bool = True, spill_dir: str | None = None, drop_cache: bool = False):
@@ -68,14 +180,13 @@ class Executor:
             check_program(program)
         self.program = program
         self.state = state or RunState()
-        backends = {c.backend for c in program.calls} - {"host"}
-        if "torch-cuda" in backends:
-            if backends != {"torch-cuda"}:
-                raise ProgramError("a program mixing torch-cuda with CPU backends needs hand-offs between "
-                                   "memories, which the executor does not do yet")
-            device = "cuda"
+        device = program_device(program, default=device)
         if arena is None:
             arena = torch.zeros(max(program.arena_bytes, 64), dtype=torch.uint8, device=device)
+        if arena.device.type != device:
+            raise ProgramError(f"the program's calls run on {device} ({', '.join(sorted(program_backends(program)))})"
+                               f" but the arena given is in {arena.device.type} memory: allocate the arena on "
+                               f"{device}")
         if arena.numel() < program.arena_bytes:
             raise ProgramError(f"arena of {arena.numel()} B is smaller than the program's {program.arena_bytes} B")
         self.arena = arena
@@ -114,6 +225,15 @@ class Executor:
             (self.updates if late_update else self.main).append(fn)
             (self.update_calls if late_update else self.main_calls).append(c)
         self._zero = [arena[o:o + n] for o, n in program.zero_ranges]
+        # a CUDA arena's main pass (forward, loss, backward, recomputes) replays as one CUDA graph: every
+        # tensor is a fixed view of the arena, so the launches of a pass are the same every step
+        why = graph_refusal(program, self.main_calls) if arena.device.type == "cuda" else "not a CUDA arena"
+        self.graph_note = why or ""
+        self._graph = self._graph_updates = None
+        if why is None:
+            self._graph = _CudaGraphPass(lambda: update_key(self.main_calls, self.state))
+            if self.update_calls:
+                self._graph_updates = _CudaGraphPass(lambda: update_key(self.update_calls, self.state))
         # CPU arenas: zero gradient ranges with memset, not torch's zero_() (which wakes the intra-op thread
         # pool every step: ~7 ms per step on a loaded 2-core machine for a 57 KB range)
         self._memset = None
@@ -173,13 +293,35 @@ class Executor:
         for z in self._zero:
             z.zero_()
 
+    @property
+    def cuda_graph(self) -> str:
+        """How the main pass runs on a CUDA arena: "replayed" (one CUDA graph), "eager (warming up)", or why it
+        runs eagerly (the refusal, the capture error, per-step scalars). The late updates replay as a second
+        graph under the same rules (``update_graph``)."""
+        if self._graph is None:
+            return f"eager: {self.graph_note}"
+        return self._graph.status()
+
     def run_main(self) -> None:
         if self.num_classes is not None:
             self.check_labels()
+        if self._graph is not None:
+            self._graph.run(self.main)
+            return
         for f in self.main:
             f()
 
+    @property
+    def update_graph(self) -> str:
+        """How the late updates run on a CUDA arena (see ``cuda_graph``)."""
+        if self._graph_updates is None:
+            return f"eager: {self.graph_note or 'no late updates'}"
+        return self._graph_updates.status()
+
     def run_updates(self) -> None:
+        if self._graph_updates is not None:
+            self._graph_updates.run(self.updates)
+            return
         for f in self.updates:
             f()
 

@@ -37,8 +37,12 @@ class RtEngine:
             raise ProgramError("port_rt struct of the binding and the library differ: rebuild the C library")
         data, _info = build_bundle(trainer, image=False)   # the arena already holds the state
         n8 = (len(data) + 7) // 8
-        self._bundle = (ctypes.c_uint64 * n8)()           # 8-byte aligned: the call table is read in place
-        ctypes.memmove(self._bundle, data, len(data))
+        # the call table is read in place: 8-byte aligned (malloc'ed bytearrays are; else one aligned copy)
+        b = (ctypes.c_uint64 * n8).from_buffer(data) if len(data) % 8 == 0 else None
+        if b is None or ctypes.addressof(b) % 8:
+            b = (ctypes.c_uint64 * n8)()
+            ctypes.memmove(b, bytes(data), len(data))
+        self._bundle = b
         self.rt = capi.Rt()
         arena = trainer.arena
         st = raw.port_rt_load(ctypes.byref(self.rt), ctypes.cast(self._bundle, ctypes.c_void_p), len(data),

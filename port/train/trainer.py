@@ -123,11 +123,16 @@ class Trainer:
                                       accelerators=accelerators)
         # inference program on the same arena: forward only, eval-mode BN, no dropout
         self.eval_graph = inference_graph(model, ex_in)
-        eplan = default_plan(self.eval_graph, backend)
+        # the arena's memory follows the program (a plan solved for a GPU runs there whatever ``backend`` says)
+        from port.exec.executor import program_device
+        dev = program_device(self.program, default="cuda" if backend == "torch-cuda" else "cpu")
+        eplan = default_plan(self.eval_graph, "torch-cuda" if dev == "cuda" else backend)
         self.eval_program: Program = lower(self.eval_graph, eplan, phases=("forward",),
                                            persistent_from=self.program, strategy=strategy)
         size = max(self.program.arena_bytes, self.eval_program.arena_bytes)
-        dev = "cuda" if backend == "torch-cuda" else "cpu"
+        # tracing's and lowering's freed temporaries back to the OS before the arena's pages are touched: glibc
+        # keeps them resident otherwise, under the arena, and the set-up's peak is the process's peak
+        release_freed_heap()
         # CPU: the arena's pages are not touched here (a fresh mapping); _load_module moves the weights in one
         # tensor at a time (freeing the module's copy as it goes) and then zeroes the rest, so set-up never holds
         # the weights twice
@@ -154,6 +159,7 @@ class Trainer:
         self._grads = [self.executor.view(t) for t in gids]
         self._bn_batches = 0        # training forward passes (BN num_batches_tracked)
         self._load_module(model, bind=True)
+        release_freed_heap()     # the module's own weight copies, freed as they moved into the arena
         if engine not in ("auto", "rt", "python"):
             raise PortError(f"engine={engine!r}: expected 'auto', 'rt' or 'python'")
         from port.exec import rtengine

@@ -361,12 +361,3 @@ def test_recompute_program_json_round_trip():
     back = Program.from_json(prog.to_json())
     assert back == prog and back.live_until == prog.live_until
 
-
-def test_cuda_plans_skip_without_gpu():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device here: torch-cuda plans and CPU<->GPU hand-off copies are not exercised")
-    model = M.get("resnet8", seed=0)
-    batches = data("resnet8", 2, 3)
-    g = trace(model, batches[0][0], optimizer="sgd_momentum")
-    plan = default_plan(g, "torch-cuda")
-    compare(copy.deepcopy(model), batches, "sgd", lr=LR, plan=plan, backend="torch-cuda")

@@ -114,6 +114,7 @@ def test_threads_auto_from_the_command_line(run, tmp_path):
     ev = m["thread_events"]
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one CPU: the governor has no other count to try")
-    assert ev and ev[0]["why"] == "probe" and ev[0]["step"] > 3    # first probe after the warm-up
+    # the first decision comes after the warm-up: a probe, or a reaction to slow steps (a busy machine)
+    assert ev and ev[0]["why"] in ("probe", "slow") and ev[0]["step"] > 3
     assert all(e["to_threads"] >= 1 and e["why"] in ("probe", "slow", "faster", "kept") for e in ev)
     assert "at the end" in line

@@ -85,3 +85,33 @@ def test_optional_absent_accelerator_is_skipped(tmp_path):
     if sys.platform != "darwin":
         assert [a.id for a in d.accelerators] == ["a"] and d.skipped and d.skipped[0].startswith("g:")
     assert len(load_device(_write(tmp_path, text), present_only=False).accelerators) == 2
+
+
+def test_plans_for_a_host_with_a_gpu_stay_in_one_memory():
+    """With its GPU present `host` has engines in two memories; the executor runs a program in one (no hand-off
+    copies), so the pipeline solves one plan per memory and keeps the faster: the plain ILP mixes them here."""
+    import dataclasses
+    import port.pipeline as P
+    from port.cost.roofline import modeled_profile
+    from port.errors import ProgramError
+    from port.exec.executor import program_device
+    from port.lower.lower import lower
+    from port.solver import solve
+    full = load_device("host", present_only=False)
+    job = dataclasses.replace(P.load_job(model="resnet8", batch=8, budget="60%"), device=full)
+    built = P.build_graph(job)
+    prof = P.ProfileStep(modeled_profile(built.graph, full), None, "modeled", "roofline model")
+    groups = P.memory_groups(full, prof.profile)
+    assert groups == {"cpu": ("cpu-c", "cpu-torch"), "cuda": ("cuda",)}
+    mem = {a: m for m, accs in groups.items() for a in accs}
+    bud = P.resolve_budget(job, built.graph, prof.profile)
+    mixed = solve(built.graph, prof.profile, bud.bytes, time_limit_s=20)
+    assert {mem[d.accelerator] for d in mixed.ops} == {"cpu", "cuda"}
+    with pytest.raises(ProgramError, match="hand-off"):
+        program_device(lower(built.graph, mixed))
+    solved = P.solve_plan(job, built, prof, bud)
+    plan = solved.plan
+    assert [n.split(" ")[0] for n in solved.notes] == ["cpu", "cuda", "plan:"]
+    assert {mem[d.accelerator] for d in plan.ops} == {"cuda"}     # modeled: the GPU engine is far faster
+    assert plan.profile_digest == prof.profile.digest() and plan.predicted_peak_bytes <= bud.bytes
+    assert program_device(lower(built.graph, plan)) == "cuda"

@@ -123,14 +123,18 @@ class TorchBackend:
             dg, dbt = gr.get("weight"), gr.get("bias")
             if a.get("training"):
                 dy, x, stats = I
-                c = x.shape[1]
+                # aten's batch-norm backward reduces sum(dy * x-hat) and sum(dy) in one pass over x and dy (no
+                # x-hat temporary); neither depends on gamma, so a ones vector stands in for it
+                ones = torch.ones(x.shape[1], dtype=x.dtype, device=x.device)
+                mask = [False, dg is not None, dbt is not None]
 
                 def run():
-                    xhat = (x - stats[0].view(1, c, 1, 1)) * stats[1].view(1, c, 1, 1)
+                    r = aten.native_batch_norm_backward(dy, x, ones, None, None, stats[0], stats[1], True, eps,
+                                                        mask)
                     if dg is not None:
-                        dg.add_((dy * xhat).sum((0, 2, 3)))
+                        dg.add_(r[1])
                     if dbt is not None:
-                        dbt.add_(dy.sum((0, 2, 3)))
+                        dbt.add_(r[2])
                 return run
             dy, x, rm, rv = I
 
@@ -277,6 +281,17 @@ class TorchBackend:
         if kind == "update":
             return self._update(call, ctx, I)
         raise ProgramError(f"{where}: the {self.name} backend has no implementation of {kind!r}")
+
+    @staticmethod
+    def update_graph_key(call, state) -> tuple | None:
+        """The Python scalars ``call``'s update reads when it runs (a CUDA graph replays them as captured: the
+        executor re-captures when they change), or None when they change every step (AdamW's bias corrections:
+        not captured)."""
+        o = state.opt
+        if call.attr("optimizer") in ("sgd", "sgd_momentum"):
+            return (state.step == 0, o.lr, o.weight_decay, getattr(o, "momentum", 0.0),
+                    getattr(o, "dampening", 0.0), getattr(o, "nesterov", False))
+        return None
 
     def _update(self, call, ctx, I):
         st = ctx.state
