@@ -268,8 +268,12 @@ class Graph:
 
     def digest(self) -> str:
         """sha256 of the canonical JSON form without the display name: plans and profiles refer to graphs
-        by it, so the same model traced under another name is the same graph."""
-        d = self.to_dict()
-        d.pop("name")
-        blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
-        return hashlib.sha256(blob).hexdigest()
+        by it, so the same model traced under another name is the same graph. Computed once (the graph is
+        immutable; the JSON form of a transformer's graph is megabytes of transient memory)."""
+        h = self._index.get("digest")
+        if h is None:
+            d = self.to_dict()
+            d.pop("name")
+            blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+            h = self._index["digest"] = hashlib.sha256(blob).hexdigest()
+        return h
