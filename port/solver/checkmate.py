@@ -43,10 +43,11 @@ def matched_profile(profile: Profile, accelerator: str | None = None) -> Profile
     acc = accelerator or profile.accelerators[0]
     if acc not in profile.accelerators:
         raise PlanError(f"accelerator {acc!r} is not in profile {profile.device!r} ({', '.join(profile.accelerators)})")
-    ents = tuple(dataclasses.replace(e, workspace_bytes=0, peak_delta_bytes=0) for e in profile.entries
-                 if e.accelerator == acc and e.variant == "plain")
-    return dataclasses.replace(profile, accelerators=(acc,), entries=ents, handoff=(), storage=(),
-                               accelerator_caps=(), engine_bytes=(), _index={})
+    one = profile.only((acc,))
+    ents = tuple(dataclasses.replace(e, workspace_bytes=0, peak_delta_bytes=0) for e in one.entries
+                 if e.variant == "plain")
+    return dataclasses.replace(one, entries=ents, handoff=(), storage=(), accelerator_caps=(), engine_bytes=(),
+                               _index={})
 
 
 def working_set_bound(graph, profile: Profile, accelerator: str | None = None) -> tuple[int, str]:
