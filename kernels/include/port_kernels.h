@@ -423,10 +423,13 @@ PORT_API port_status port_ne_scalar_i64(uint8_t *y, const int64_t *x, int64_t co
  * A query row with every key masked gets o = 0, lse = -inf and zero gradients (no NaN).
  * algo PORT_ATTN_PLAIN (0): all bh score matrices materialised in the workspace (bh*tq*tk floats; backward
  *   2*bh*tq*tk) and computed with GEMMs;
- * algo PORT_ATTN_TILED (1): FlashAttention-style, online softmax over key blocks of 64, never materialises a
- *   T x T matrix; forward parallel over (bh, 64-query block), workspace one 64x64 tile (+ 2 x 64 floats) per
- *   (bh, query block); backward recomputes the scores block by block from q, k and lse, parallel over bh,
- *   workspace 2 tiles + 64 floats per bh.  Tiles shrink to tq / tk when these are below 64.
+ * algo PORT_ATTN_TILED (1): FlashAttention-style, online softmax over key blocks of 128, never materialises a
+ *   T x T matrix; forward parallel over (bh, 64-query block), backward recomputes the scores tile by tile from
+ *   q, k and lse, parallel over bh.  Its workspace is per worker thread, not per task: min(tasks, 8) slots (a
+ *   call runs on at most that many threads), a slot one 64x128 tile + 2 x 64 floats forward, two tiles + tq
+ *   floats backward; tiles shrink to tq x tk below 64 x 128.  So it does not grow with bh (the plain one does).
+ * Both exponentiate in float32 (port__expf_f32 of the sources: 1-2 ulp) with the row sums in 32 fixed lanes:
+ *   the same bits on every ISA and thread count.
  * port_attention_workspace_bytes gives the bytes each needs (backward != 0: for the backward call; 0 for
  * invalid params); a smaller ws -> PORT_ERR_WORKSPACE.  o must not overlap q, k, v. */
 #define PORT_ATTN_PLAIN 0

@@ -71,6 +71,92 @@ static inline port_v4f port_zero_where(port_v4f v, port_v4i mask) {
     return v;
 }
 
+/* A helper that must be compiled into its caller's ISA clone (a static inline one left out of line is built for
+ * the baseline ISA, where 16-float vectors are emulated). */
+#if defined(__GNUC__)
+#define PORT_ALWAYS_INLINE static inline __attribute__((always_inline))
+#else
+#define PORT_ALWAYS_INLINE static inline
+#endif
+/* 16-float vectors (GCC/Clang vector extensions: one AVX-512 register, two AVX or four SSE/NEON registers, scalar
+ * code elsewhere) for the per-channel and per-row loops (norm.c, transformer.c).  The same operations per lane in
+ * the same order on every ISA (no FMA contraction under -std=c11), so the same bits; PORT_ISA_CLONES only widens
+ * the registers. */
+typedef float port_v16 __attribute__((vector_size(64)));
+typedef int32_t port_i16 __attribute__((vector_size(64)));
+typedef float port_v8 __attribute__((vector_size(32)));
+typedef int32_t port_i8 __attribute__((vector_size(32)));
+typedef float port_v4 __attribute__((vector_size(16)));
+typedef float port_v16u __attribute__((vector_size(64), aligned(4), may_alias));
+#define PORT_V16_W 16
+/* loads and stores of 16 floats at any alignment, and the fold of two accumulators' lanes: 16 -> 8 -> 4 -> 2 -> 1
+ * (lane i + lane i + h at each step).
+ * Macros: a 64-byte vector passed by value changes the ABI between the ISA clones (GCC's -Wpsabi). */
+#define PORT_V16_LD(p) (*(const port_v16u *)(p))
+#define PORT_V16_ST(p, v) (*(port_v16u *)(p) = (v))
+#define PORT_V16_SPLAT(x) ((port_v16){(x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x)})
+/* v where mask (a comparison's all-ones / zero lanes) is zero, +0.0f where it is all-ones */
+#define PORT_V16_ZERO_WHERE(v, mask) ((port_v16)((port_i16)(v) & ~(mask)))
+#define PORT_V16_HSUM(out, a, b)                                                  \
+    do {                                                                    \
+        port_v16 s_ = (a) + (b);                                              \
+        port_v8 l8_, h8_;                                                     \
+        memcpy(&l8_, &s_, sizeof l8_);                                      \
+        memcpy(&h8_, (const char *)&s_ + sizeof l8_, sizeof h8_);           \
+        port_v8 s8_ = l8_ + h8_;                                              \
+        port_v4 l4_, h4_;                                                     \
+        memcpy(&l4_, &s8_, sizeof l4_);                                     \
+        memcpy(&h4_, (const char *)&s8_ + sizeof l4_, sizeof h4_);          \
+        port_v4 s4_ = l4_ + h4_;                                              \
+        (out) = (s4_[0] + s4_[2]) + (s4_[1] + s4_[3]);                      \
+    } while (0)
+
+/* db[j] += sum over the rows of dy[rows x cols]'s column j (linear.c): a fixed order (float sums of 32-row chunks,
+ * added in double), the same bits at any thread count */
+void port__colsum_acc(float *db, const float *dy, int64_t rows, int64_t cols);
+
+/* Sum of a[0..n) and of (a[j] - m)^2 in 32 lanes (element q into lane q % 32: two vectors), combined by
+ * PORT_V16_HSUM's fixed tree, then the tail (< 16) in order: a batch-norm segment (norm.c), a layer-norm or
+ * softmax row (transformer.c).  Always inlined, so they run in their caller's ISA clone. */
+PORT_ALWAYS_INLINE float port__v16_sum(const float *a, int64_t n) {
+    port_v16 a0 = {0}, a1 = {0};
+    int64_t j = 0;
+    for (; j + 2 * PORT_V16_W <= n; j += 2 * PORT_V16_W) {
+        a0 += PORT_V16_LD(a + j);
+        a1 += PORT_V16_LD(a + j + PORT_V16_W);
+    }
+    if (j + PORT_V16_W <= n) {
+        a0 += PORT_V16_LD(a + j);
+        j += PORT_V16_W;
+    }
+    float s;
+    PORT_V16_HSUM(s, a0, a1);
+    for (; j < n; j++) s += a[j];
+    return s;
+}
+
+PORT_ALWAYS_INLINE float port__v16_sqdev(const float *a, int64_t n, float m) {
+    port_v16 a0 = {0}, a1 = {0}, vm = PORT_V16_SPLAT(m);
+    int64_t j = 0;
+    for (; j + 2 * PORT_V16_W <= n; j += 2 * PORT_V16_W) {
+        port_v16 d0 = PORT_V16_LD(a + j) - vm, d1 = PORT_V16_LD(a + j + PORT_V16_W) - vm;
+        a0 += d0 * d0;
+        a1 += d1 * d1;
+    }
+    if (j + PORT_V16_W <= n) {
+        port_v16 d0 = PORT_V16_LD(a + j) - vm;
+        a0 += d0 * d0;
+        j += PORT_V16_W;
+    }
+    float s;
+    PORT_V16_HSUM(s, a0, a1);
+    for (; j < n; j++) {
+        float d = a[j] - m;
+        s += d * d;
+    }
+    return s;
+}
+
 /* Softmax cross-entropy gradient rows (loss.c): dlogits[i] = (probs[i] - smoothed one-hot(labels[i])) * scale,
  * zero rows where labels[i] == ignore_index (-1: none, labels in [0, k)) */
 void port__xent_grad_rows(float *dlogits, const float *probs, const int64_t *labels, int64_t n, int64_t k,
@@ -144,6 +230,30 @@ static inline float port__expf_inline(float xf) {
     y = xf > 88.73f ? PORT__INF : y;
     y = xf < -104.0f ? 0.0f : y;
     return xf != xf ? xf : y;
+}
+
+/* e^t in float32 arithmetic for t <= 88 (softmax's shifted scores, GELU's density term; neither needs libm-grade
+ * accuracy): t = k ln2 + r (Cody-Waite in float), |r| <= ln2/2, Cephes' degree-7 polynomial for e^r, 2^k built in
+ * the exponent bits; 0 below -87 (FLT_MIN is e^-87.3: no subnormal results), NaN for NaN.  About 1-2 float ulps
+ * against 0.5 for port__expf_inline, in 16-lane float vectors where that one runs in 8-lane double: 3-4x faster.
+ * Round-to-nearest of k by the 1.5 * 2^23 shift, so it vectorises without SSE4.1; branch-free. */
+static inline float port__expf_f32(float t) {
+    float tc = t > -87.0f ? t : -87.0f; /* NaN -> -87, patched below */
+    tc = tc < 88.0f ? tc : 88.0f;
+    float kf = (tc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = (tc - kf * 0.693359375f) + kf * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float e = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)kf + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    float y = t < -87.0f ? 0.0f : e * scale;
+    return t != t ? t : y;
 }
 
 /* double e^x; 2^k applied in two exact halves (k = k1 + k2) so that subnormal results round once. */

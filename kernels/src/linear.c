@@ -16,12 +16,23 @@ port_status port_linear_forward(float *y, const float *x, const float *w, const 
     if (st != PORT_OK) return st;
     PORT_NOTNULL(y); PORT_NOTNULL(x); PORT_NOTNULL(w);
     int64_t N = p->n, I = p->in_features, O = p->out_features;
-    float beta = 0.0f;
-    if (b) {
-        for (int64_t i = 0; i < N; i++) memcpy(y + i * O, b, (size_t)O * sizeof(float));
-        beta = 1.0f;
+    if (!b) {
+        port__gemm(0, 1, N, O, I, 1.0f, x, I, w, I, 0.0f, y, O);
+        return PORT_OK;
     }
-    port__gemm(0, 1, N, O, I, 1.0f, x, I, w, I, beta, y, O);
+    /* With a bias: blocks of rows (about 64 K floats of y each, a block count fixed by the shape), each one's
+     * rows set to b and then accumulated by a one-thread GEMM (beta = 1) while they are still in the cache; the
+     * blocks over the threads.  (b written over the whole of y first, then one GEMM reading it back from
+     * memory, cost 0.7 ms of 2.7 on a 4096 x 128 -> 512 layer, 2 threads.) */
+    int64_t rb = PORT_MAX((int64_t)16, (65536 / O + 15) / 16 * 16), nb = (N + rb - 1) / rb;
+    double work = (double)N * (double)O * (double)I;
+    (void)work;
+#pragma omp parallel for schedule(static) if (nb > 1 && work >= PORT_GEMM_PAR_MIN && !port__in_parallel())
+    for (int64_t t = 0; t < nb; t++) {
+        int64_t r0 = t * rb, r1 = PORT_MIN(N, r0 + rb);
+        for (int64_t i = r0; i < r1; i++) memcpy(y + i * O, b, (size_t)O * sizeof(float));
+        port__gemm(0, 1, r1 - r0, O, I, 1.0f, x + r0 * I, I, w, I, 1.0f, y + r0 * O, O);
+    }
     return PORT_OK;
 }
 
@@ -42,21 +53,31 @@ port_status port_linear_backward_weight(float *dw, float *db, const float *dy, c
     PORT_NOTNULL(dw); PORT_NOTNULL(dy); PORT_NOTNULL(x);
     int64_t N = p->n, I = p->in_features, O = p->out_features;
     port__gemm(1, 0, O, I, N, 1.0f, dy, O, x, I, 1.0f, dw, I);
-    if (db) {   /* column sums in row order (each column's additions in i order, as a column-wise loop), a
-                 * block of columns at a time so that dy is read along its rows */
-        enum { BLK = 256 };
-        double acc[BLK];
-        for (int64_t o0 = 0; o0 < O; o0 += BLK) {
-            int64_t nb = PORT_MIN((int64_t)BLK, O - o0);
-            for (int64_t j = 0; j < nb; j++) acc[j] = 0.0;
-            for (int64_t i = 0; i < N; i++) {
-                const float *row = dy + i * O + o0;
-                for (int64_t j = 0; j < nb; j++) acc[j] += row[j];
-            }
-            for (int64_t j = 0; j < nb; j++) db[o0 + j] += (float)acc[j];
-        }
-    }
+    if (db) port__colsum_acc(db, dy, N, O);
     return PORT_OK;
+}
+
+/* db[j] += sum of column j over rows [0, rows) for the 64 columns from j0 (w <= 64): rows in chunks of 32 summed
+ * in float vectors, the chunks' sums added in double in row order */
+PORT_ISA_CLONES static void colsum_block(float *db, const float *dy, int64_t rows, int64_t cols, int64_t j0,
+                                         int64_t w) {
+    double acc[64] = {0};
+    for (int64_t r0 = 0; r0 < rows; r0 += 32) {
+        float part[64] = {0};
+        int64_t r1 = PORT_MIN(rows, r0 + 32);
+        for (int64_t r = r0; r < r1; r++) {
+            const float *row = dy + r * cols + j0;
+            for (int64_t j = 0; j < w; j++) part[j] += row[j];
+        }
+        for (int64_t j = 0; j < w; j++) acc[j] += part[j];
+    }
+    for (int64_t j = 0; j < w; j++) db[j0 + j] += (float)acc[j];
+}
+
+void port__colsum_acc(float *db, const float *dy, int64_t rows, int64_t cols) {
+    int64_t nb = (cols + 63) / 64;
+#pragma omp parallel for schedule(static) if (nb > 1 && rows * cols > PORT_PAR_MIN && !port__in_parallel())
+    for (int64_t t = 0; t < nb; t++) colsum_block(db, dy, rows, cols, t * 64, PORT_MIN((int64_t)64, cols - t * 64));
 }
 
 port_status port_bias_backward(float *db, const float *dy, int64_t n, int64_t c, int64_t inner) {

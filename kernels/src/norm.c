@@ -3,40 +3,12 @@
 #include <math.h>
 
 /* Per-channel loops over a channel's n segments of hw floats (segment i at i * stride), in 16-float vectors
- * (GCC vector extensions: one AVX-512 register, two AVX or four SSE/NEON registers, scalars elsewhere).  A
+ * (port_v16 of internal.h: one AVX-512 register, two AVX or four SSE/NEON registers, scalars elsewhere).  A
  * segment's sum runs in 32 lanes (element q into lane q % 32, two vectors), combined by a fixed tree at the
  * segment's end, the rest (< 16 floats) added in order; segments are summed in double in image order.  Every
  * ISA performs the same operations per lane (no FMA contraction under -std=c11), so the same bits; the ISA
  * clones (PORT_ISA_CLONES) only widen the registers.  (With 8 lanes of 4-float vectors, the batch-norm kernels
  * were compute-bound: 15 GB/s against 25 GB/s for an add of the same tensors.) */
-typedef float bn_v16 __attribute__((vector_size(64)));
-typedef int32_t bn_i16 __attribute__((vector_size(64)));
-typedef float bn_v8 __attribute__((vector_size(32)));
-typedef float bn_v4 __attribute__((vector_size(16)));
-typedef float bn_v16u __attribute__((vector_size(64), aligned(4), may_alias));
-#define BN_W 16
-/* loads and stores of 16 floats at any alignment, and the fold of two accumulators' lanes: 16 -> 8 -> 4 -> 2 -> 1
- * (lane i + lane i + h at each step).
- * Macros: a 64-byte vector passed by value changes the ABI between the ISA clones (GCC's -Wpsabi). */
-#define BN_LD(p) (*(const bn_v16u *)(p))
-#define BN_ST(p, v) (*(bn_v16u *)(p) = (v))
-#define BN_SPLAT(x) ((bn_v16){(x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x)})
-/* v where mask (a comparison's all-ones / zero lanes) is zero, +0.0f where it is all-ones */
-#define BN_ZERO_WHERE(v, mask) ((bn_v16)((bn_i16)(v) & ~(mask)))
-#define BN_HSUM(out, a, b)                                                  \
-    do {                                                                    \
-        bn_v16 s_ = (a) + (b);                                              \
-        bn_v8 l8_, h8_;                                                     \
-        memcpy(&l8_, &s_, sizeof l8_);                                      \
-        memcpy(&h8_, (const char *)&s_ + sizeof l8_, sizeof h8_);           \
-        bn_v8 s8_ = l8_ + h8_;                                              \
-        bn_v4 l4_, h4_;                                                     \
-        memcpy(&l4_, &s8_, sizeof l4_);                                     \
-        memcpy(&h4_, (const char *)&s8_ + sizeof l4_, sizeof h4_);          \
-        bn_v4 s4_ = l4_ + h4_;                                              \
-        (out) = (s4_[0] + s4_[2]) + (s4_[1] + s4_[3]);                      \
-    } while (0)
-
 static port_status bn_check(const port_batchnorm_params *p) {
     PORT_NOTNULL(p);
     PORT_CHECK(p->n > 0 && p->c > 0 && p->h > 0 && p->w > 0, PORT_ERR_SHAPE);
@@ -45,66 +17,31 @@ static port_status bn_check(const port_batchnorm_params *p) {
     return PORT_OK;
 }
 
-/* sum of the channel's values */
+/* sum of the channel's values: each segment in 32 lanes (port__v16_sum), the segments in double */
 PORT_ISA_CLONES static double bn_sum(const float *x, int64_t n, int64_t stride, int64_t hw) {
     double s = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        const float *xp = x + i * stride;
-        bn_v16 a0 = {0}, a1 = {0};
-        int64_t q = 0;
-        for (; q + 2 * BN_W <= hw; q += 2 * BN_W) {
-            a0 += BN_LD(xp + q);
-            a1 += BN_LD(xp + q + BN_W);
-        }
-        if (q + BN_W <= hw) { a0 += BN_LD(xp + q); q += BN_W; }
-        float t;
-        BN_HSUM(t, a0, a1);
-        for (; q < hw; q++) t += xp[q];
-        s += t;
-    }
+    for (int64_t i = 0; i < n; i++) s += port__v16_sum(x + i * stride, hw);
     return s;
 }
 
-/* sum of the channel's squared deviations from fm */
+/* sum of the channel's squared deviations from fm, the same way */
 PORT_ISA_CLONES static double bn_sqdev(const float *x, int64_t n, int64_t stride, int64_t hw, float fm) {
     double v = 0.0;
-    bn_v16 vm = BN_SPLAT(fm);
-    for (int64_t i = 0; i < n; i++) {
-        const float *xp = x + i * stride;
-        bn_v16 a0 = {0}, a1 = {0};
-        int64_t q = 0;
-        for (; q + 2 * BN_W <= hw; q += 2 * BN_W) {
-            bn_v16 d0 = BN_LD(xp + q) - vm, d1 = BN_LD(xp + q + BN_W) - vm;
-            a0 += d0 * d0;
-            a1 += d1 * d1;
-        }
-        if (q + BN_W <= hw) {
-            bn_v16 d0 = BN_LD(xp + q) - vm;
-            a0 += d0 * d0;
-            q += BN_W;
-        }
-        float t;
-        BN_HSUM(t, a0, a1);
-        for (; q < hw; q++) {
-            float d = xp[q] - fm;
-            t += d * d;
-        }
-        v += t;
-    }
+    for (int64_t i = 0; i < n; i++) v += port__v16_sqdev(x + i * stride, hw, fm);
     return v;
 }
 
 /* y = (x - fm) * scale + b, then relu (t <= 0 -> 0: NaN propagates, as torch.relu) */
 PORT_ISA_CLONES static void bn_normalize(float *y, const float *x, int64_t n, int64_t stride, int64_t hw, float fm,
                                          float scale, float b, int relu) {
-    bn_v16 vm = BN_SPLAT(fm), vs = BN_SPLAT(scale), vb = BN_SPLAT(b), z = {0};
+    port_v16 vm = PORT_V16_SPLAT(fm), vs = PORT_V16_SPLAT(scale), vb = PORT_V16_SPLAT(b), z = {0};
     for (int64_t i = 0; i < n; i++) {
         const float *xp = x + i * stride;
         float *yp = y + i * stride;
         int64_t q = 0;
-        for (; q + BN_W <= hw; q += BN_W) {
-            bn_v16 t = (BN_LD(xp + q) - vm) * vs + vb;
-            BN_ST(yp + q, relu ? BN_ZERO_WHERE(t, t <= z) : t);
+        for (; q + PORT_V16_W <= hw; q += PORT_V16_W) {
+            port_v16 t = (PORT_V16_LD(xp + q) - vm) * vs + vb;
+            PORT_V16_ST(yp + q, relu ? PORT_V16_ZERO_WHERE(t, t <= z) : t);
         }
         for (; q < hw; q++) {
             float t = (xp[q] - fm) * scale + b;
@@ -144,33 +81,33 @@ PORT_ISA_CLONES static void bn_grad_sums(double *sdy, double *sdyx, const float 
                                          int64_t stride, int64_t hw, float shift, float scale, int relu, float g,
                                          float b) {
     double s0 = 0.0, s1 = 0.0;
-    bn_v16 vsh = BN_SPLAT(shift), vk = BN_SPLAT(scale), vg = BN_SPLAT(g), vb = BN_SPLAT(b), z = {0};
+    port_v16 vsh = PORT_V16_SPLAT(shift), vk = PORT_V16_SPLAT(scale), vg = PORT_V16_SPLAT(g), vb = PORT_V16_SPLAT(b), z = {0};
     for (int64_t i = 0; i < n; i++) {
         const float *vp = v + i * stride, *dp = dy + i * stride;
-        bn_v16 a0 = {0}, a1 = {0}, b0 = {0}, b1 = {0};
+        port_v16 a0 = {0}, a1 = {0}, b0 = {0}, b1 = {0};
         int64_t q = 0;
-        for (; q + 2 * BN_W <= hw; q += 2 * BN_W) {
-            bn_v16 x0 = (BN_LD(vp + q) - vsh) * vk, x1 = (BN_LD(vp + q + BN_W) - vsh) * vk;
-            bn_v16 d0 = BN_LD(dp + q), d1 = BN_LD(dp + q + BN_W);
+        for (; q + 2 * PORT_V16_W <= hw; q += 2 * PORT_V16_W) {
+            port_v16 x0 = (PORT_V16_LD(vp + q) - vsh) * vk, x1 = (PORT_V16_LD(vp + q + PORT_V16_W) - vsh) * vk;
+            port_v16 d0 = PORT_V16_LD(dp + q), d1 = PORT_V16_LD(dp + q + PORT_V16_W);
             if (relu) {
-                d0 = BN_ZERO_WHERE(d0, (x0 * vg + vb) <= z);
-                d1 = BN_ZERO_WHERE(d1, (x1 * vg + vb) <= z);
+                d0 = PORT_V16_ZERO_WHERE(d0, (x0 * vg + vb) <= z);
+                d1 = PORT_V16_ZERO_WHERE(d1, (x1 * vg + vb) <= z);
             }
             a0 += d0;
             a1 += d1;
             b0 += d0 * x0;
             b1 += d1 * x1;
         }
-        if (q + BN_W <= hw) {
-            bn_v16 x0 = (BN_LD(vp + q) - vsh) * vk, d0 = BN_LD(dp + q);
-            if (relu) d0 = BN_ZERO_WHERE(d0, (x0 * vg + vb) <= z);
+        if (q + PORT_V16_W <= hw) {
+            port_v16 x0 = (PORT_V16_LD(vp + q) - vsh) * vk, d0 = PORT_V16_LD(dp + q);
+            if (relu) d0 = PORT_V16_ZERO_WHERE(d0, (x0 * vg + vb) <= z);
             a0 += d0;
             b0 += d0 * x0;
-            q += BN_W;
+            q += PORT_V16_W;
         }
         float a, bb;
-        BN_HSUM(a, a0, a1);
-        BN_HSUM(bb, b0, b1);
+        PORT_V16_HSUM(a, a0, a1);
+        PORT_V16_HSUM(bb, b0, b1);
         for (; q < hw; q++) {
             float xh = (vp[q] - shift) * scale;
             float d = relu && (xh * g + b) <= 0.0f ? 0.0f : dp[q];
@@ -192,16 +129,16 @@ static void channel_sums(double *sdy, double *sdyx, const float *dy, const float
 PORT_ISA_CLONES static void bn_grad_dx(float *dx, const float *dy, const float *v, int64_t n, int64_t stride,
                                        int64_t hw, float shift, float scale, float k, float mdy, float mdyx,
                                        int relu, float g, float b) {
-    bn_v16 vsh = BN_SPLAT(shift), vk = BN_SPLAT(scale), vkk = BN_SPLAT(k), vmdy = BN_SPLAT(mdy);
-    bn_v16 vmdyx = BN_SPLAT(mdyx), vg = BN_SPLAT(g), vb = BN_SPLAT(b), z = {0};
+    port_v16 vsh = PORT_V16_SPLAT(shift), vk = PORT_V16_SPLAT(scale), vkk = PORT_V16_SPLAT(k), vmdy = PORT_V16_SPLAT(mdy);
+    port_v16 vmdyx = PORT_V16_SPLAT(mdyx), vg = PORT_V16_SPLAT(g), vb = PORT_V16_SPLAT(b), z = {0};
     for (int64_t i = 0; i < n; i++) {
         const float *vp = v + i * stride, *dp = dy + i * stride;
         float *dxp = dx + i * stride;
         int64_t q = 0;
-        for (; q + BN_W <= hw; q += BN_W) {
-            bn_v16 xh = (BN_LD(vp + q) - vsh) * vk, d = BN_LD(dp + q);
-            if (relu) d = BN_ZERO_WHERE(d, (xh * vg + vb) <= z);
-            BN_ST(dxp + q, vkk * (d - vmdy - xh * vmdyx));
+        for (; q + PORT_V16_W <= hw; q += PORT_V16_W) {
+            port_v16 xh = (PORT_V16_LD(vp + q) - vsh) * vk, d = PORT_V16_LD(dp + q);
+            if (relu) d = PORT_V16_ZERO_WHERE(d, (xh * vg + vb) <= z);
+            PORT_V16_ST(dxp + q, vkk * (d - vmdy - xh * vmdyx));
         }
         for (; q < hw; q++) {
             float xh = (vp[q] - shift) * scale;

@@ -24,8 +24,10 @@ DEFAULT_EFFICIENCY = {
 }
 # elementwise, pooling, normalisation, loss, update: the bound is bytes / bandwidth or vector FLOPs
 ELEMENTWISE_EFFICIENCY = 0.5   # fraction of bandwidth reached by elementwise kernels
+# tiled attention: its score tiles stay in the cache and causal tiles above the diagonal are skipped (measured on an
+# Intel Xeon, 2 threads, 128 heads x 128 x 128 x 32: forward 0.86x plain causal, 0.98x not; backward 0.95x)
 VARIANT_FACTOR = {"plain": 1.0, "inplace": 0.95, "fused": 0.8, "direct": 1.0, "patch4": 1.1, "patch8": 1.2,
-                  "tiled": 1.3}
+                  "tiled": 0.95}
 ZERO_COST_KINDS = ("reshape", "reshape.grad_input", "add.grad_input")
 WINOGRAD_MAC_FACTOR = 16 / 36   # F(2x2, 3x3): 16 multiplies per output tile and channel pair instead of 4 * 9
 

@@ -95,7 +95,10 @@ def test_bmm_and_linear_same_bits_at_any_thread_count(K, backend):
     x = torch.randn(64, 640)
     wl = torch.randn(300, 640)
     dy = torch.randn(64, 300)
+    xt, wt, bt, dyt = torch.randn(700, 64), torch.randn(130, 64), torch.randn(130), torch.randn(700, 130)
     outs = _at_each_count(K, backend, lambda: (
         K.bmm(a, bb, alpha=0.125), K.linear_forward(x, wl), *K.linear_backward_weight(dy, x),
-        K.linear_backward_input(dy, wl)))
+        K.linear_backward_input(dy, wl),
+        # a bias: row blocks of y set to b and accumulated by one-thread GEMMs; db's column blocks
+        K.linear_forward(xt, wt, bt), *K.linear_backward_weight(dyt, xt)))
     _same_bits(outs, f"bmm / linear on {backend}")

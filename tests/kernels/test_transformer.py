@@ -53,7 +53,8 @@ def test_embedding_bad_index(K):
 
 # --------------------------------------------------------------------------- layer norm
 @pytest.mark.parametrize("affine", [True, False])
-@pytest.mark.parametrize("shape,eps", [((7, 33), 1e-5), ((2, 5, 64), 1e-6), ((1, 1), 1e-5), ((300, 130), 1e-5)])
+@pytest.mark.parametrize("shape,eps", [((7, 33), 1e-5), ((2, 5, 64), 1e-6), ((1, 1), 1e-5), ((300, 130), 1e-5),
+                                       ((9, 48), 1e-5)])
 def test_layernorm(K, shape, eps, affine):
     d = shape[-1]
     x = torch.randn(shape) * 2 + 0.5
@@ -85,6 +86,24 @@ def test_layernorm(K, shape, eps, affine):
     else:
         ref = torch.nn.LayerNorm(d, eps=eps, elementwise_affine=False)
         close(y, ref(x.double()), 1e-5, 1e-5, "no affine")
+
+
+def test_layernorm_deterministic_over_threads(K):
+    """Layer norm's row and column sums run in fixed lanes: the same bits with 1, 2 and 3 threads."""
+    x, dy = torch.randn(700, 130) * 2 + 0.5, torch.randn(700, 130)
+    gamma, beta = torch.randn(130), torch.randn(130)
+    prev, outs = K.get_num_threads(), []
+    try:
+        for n in (1, 2, 3):
+            K.set_num_threads(n)
+            y, stats = K.layernorm_forward(x, gamma, beta, 1e-5)
+            dx = K.layernorm_backward_input(dy, x, stats, gamma)
+            dg, db = K.layernorm_backward_weight(dy, x, stats, dgamma=torch.zeros(130), dbeta=torch.zeros(130))
+            outs.append((y, stats, dx, dg, db))
+    finally:
+        K.set_num_threads(prev)
+    for other in outs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(outs[0], other))
 
 
 def test_layernorm_bad_args(K):
@@ -440,6 +459,21 @@ def test_attention_tiled_equals_plain(K, backend, causal, mask):
         close(t, a, 1e-5, 1e-5, name)
 
 
+@pytest.mark.parametrize("algo", ["plain", "tiled"])
+def test_attention_nan_propagates(K, algo):
+    """A NaN score is not taken for a masked key: its query row's output is NaN, as torch's (other rows finite)."""
+    bh, t, dh = 2, 40, 8
+    q, k, v = (torch.randn(bh, t, dh) for _ in range(3))
+    q[0, 3, 0] = float("nan")
+    o, lse = K.attention_forward(q, k, v, None, 1, False, None, algo)
+    ref = F.scaled_dot_product_attention(q, k, v)
+    assert bool(torch.isnan(o[0, 3]).all()) and bool(torch.isnan(ref[0, 3]).all())
+    assert bool(torch.isfinite(o[0, :3]).all()) and bool(torch.isfinite(o[1]).all())
+    k[1, :, :] = float("nan")     # every score of slice 1 NaN (no finite entry beside them)
+    o, lse = K.attention_forward(q, k, v, None, 1, False, None, algo)
+    assert bool(torch.isnan(o[1]).all())
+
+
 def test_attention_deterministic_over_threads(K):
     """Tiled and plain attention give the same bits with 1, 2 and 3 threads (vendored GEMM)."""
     K.set_gemm_backend("vendored")
@@ -451,7 +485,7 @@ def test_attention_deterministic_over_threads(K):
     try:
         for algo in ("plain", "tiled"):
             outs = []
-            for n in (1, 2, 3):
+            for n in (1, 2, 3, 12):     # 12: more threads than the tiled workspace's 8 slots
                 K.set_num_threads(n)
                 o, lse = K.attention_forward(q, k, v, km, heads, True, None, algo)
                 outs.append((o, lse) + K.attention_backward(dout, q, k, v, o, lse, km, heads, True, None, algo))
@@ -468,9 +502,16 @@ def test_attention_workspace(K):
     assert K.attention_workspace_bytes(p, "plain") == 4 * bh * tq * tk
     assert K.attention_workspace_bytes(p, "plain", backward=True) == 8 * bh * tq * tk
     fwd, bwd = K.attention_workspace_bytes(p, "tiled"), K.attention_workspace_bytes(p, "tiled", True)
-    assert fwd == 4 * bh * 2 * (64 * 64 + 2 * 64)       # 2 query blocks of 64 per bh
-    assert bwd == 4 * bh * (2 * 64 * 64 + 64)
-    assert fwd <= 4 * bh * 64 * tk * 2 and bwd < 4 * bh * 64 * tk * 2
+    # per worker slot, at most 8: forward 12 tasks (2 query blocks of 64 per bh) -> 8 slots of a 64 x 70 tile and
+    # 2 x 64 floats; backward 6 tasks (one per bh) -> 6 slots of two tiles and D of the slice (tq floats)
+    assert fwd == 4 * 8 * (64 * 70 + 2 * 64)
+    assert bwd == 4 * 6 * (2 * 64 * 70 + tq)
+    # the tiled workspace does not grow with bh (the plain one does) and tiles cap at 64 queries x 128 keys
+    big = K.attention_params((96, 512, 32), (96, 512, 32), heads=4, causal=True)
+    assert K.attention_workspace_bytes(big, "tiled") == 4 * 8 * (64 * 128 + 2 * 64)
+    assert K.attention_workspace_bytes(big, "tiled", True) == 4 * 8 * (2 * 64 * 128 + 512)
+    assert K.attention_workspace_bytes(big, "plain") == 4 * 96 * 512 * 512
+    assert K.attention_workspace_bytes(big, "tiled") * 100 < K.attention_workspace_bytes(big, "plain")
     small = K.attention_params((2, 5, 8), (2, 3, 8))
     assert K.attention_workspace_bytes(small, "tiled") == 4 * 2 * (5 * 3 + 2 * 5)   # tiles shrink to tq x tk
     assert K.raw.port_attention_workspace_bytes(K.AttentionParams(3, 2, 4, 4, 8, 0, 1.0), 1, 0) == 0  # bh % heads
