@@ -424,7 +424,7 @@ static void sgemm_driver(int ta, int tb, int64_t m, int64_t n, int64_t k, float 
     /* AVX-512 blocks are large: split them until every thread has a task (columns first, down to 64;
      * then rows, down to 36), so that a 256-column product is not one thread's work, and while fewer than 4
      * tasks per thread do not divide evenly among the threads (3 tasks on 2 threads ran at 2/3 of the rate) */
-    int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+    int nt = port__in_parallel() ? 1 : omp_get_max_threads();
     while (isa == 2 && par && nt > 1 &&
            (nchunks * mblocks < nt || (nchunks * mblocks % nt && nchunks * mblocks < 4 * nt))) {
         if (NC > 64 && (n >= m || MB <= 36)) nchunks++;
@@ -445,7 +445,7 @@ static void sgemm_driver(int ta, int tb, int64_t m, int64_t n, int64_t k, float 
     int64_t ntasks = nchunks * mblocks;
     par = par && ntasks > 1;
     (void)par;   /* read by the OpenMP pragma only */
-#pragma omp parallel for schedule(dynamic, 1) if (par)
+#pragma omp parallel for schedule(dynamic, 1) if (par && nt > 1)
     for (int64_t t = 0; t < ntasks; t++) {
         int64_t i0 = (t / nchunks) * MB, j0 = (t % nchunks) * NC;
         const float *a0 = ta ? a + i0 : a + i0 * lda;

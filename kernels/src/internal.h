@@ -25,10 +25,12 @@
 /* Split a BLAS GEMM over the OpenMP threads only above this many MACs. */
 #define PORT_GEMM_PAR_MIN 1048576.0
 
-/* Whether the caller runs inside an active parallel region (a team of more than one thread). */
+/* Whether the caller runs inside a parallel region, active or not: a kernel there must not open one of its own.
+ * (Inside an inactive region -- an `if` clause that came out false -- omp_in_parallel() is 0, and a nested region
+ * opened there gets a fresh team of threads each time: a linear layer at batch 1 took 22 ms instead of 0.2.) */
 static inline int port__in_parallel(void) {
 #ifdef _OPENMP
-    return omp_in_parallel();
+    return omp_get_level() > 0;
 #else
     return 0;
 #endif
