@@ -48,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # bench/ holds a profile.py that would shadow the stdlib module torch._dynamo imports: bench/ goes last
 sys.path[:] = [str(ROOT)] + [q for q in sys.path if Path(q or ".").resolve() != ROOT / "bench"] + [str(ROOT / "bench")]
+import _results  # noqa: E402,F401  (now: importing torch rebuilds sys.path without bench/; later imports find it loaded)
 
 MODELS = ("resnet18", "vgg11", "mobilenetv2", "dsnet")
 LABEL = {"resnet18": "ResNet-18", "vgg11": "VGG-11", "mobilenetv2": "MobileNetV2", "dsnet": "dsnet-37"}
