@@ -73,7 +73,7 @@ kernels/build/port-rt-aarch64: $(RT_SRC) $(wildcard kernels/include/*.h kernels/
 # `make port-rt-m4 M4_BUNDLE=DIR`), for the MPS2 AN386 board under qemu-system-arm (semihosting output):
 #   qemu-system-arm -M mps2-an386 -nographic -semihosting-config enable=on,target=native -kernel DIR/port-rt-m4.elf
 # Tools: apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm
-M4_FLAGS := -mcpu=cortex-m4 -mthumb -mfloat-abi=hard -mfpu=fpv4-sp-d16 -O2 -std=c11 -ffp-contract=off -DPORT_DW_PAD_MAX=0 -DPORT_WG_ROW_MAX=72 \
+M4_FLAGS := -mcpu=cortex-m4 -mthumb -mfloat-abi=hard -mfpu=fpv4-sp-d16 -O2 -std=c11 -ffp-contract=off -DPORT_DW_PAD_MAX=0 -DPORT_WG_ROW_MAX=72 -DPORT_LIN_KSPLIT=0 \
 	-fno-trapping-math -Wall -Wno-unused-parameter -Wno-unknown-pragmas -ffunction-sections -fdata-sections \
 	-Ikernels/include -Ikernels/src
 port-rt-m4:

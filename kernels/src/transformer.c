@@ -853,11 +853,13 @@ static void attn_tiled_bwd(float *dq, float *dk, float *dv, const float *dout, c
     if (dv) memset(dv, 0, (size_t)(tk * dh) * sizeof(float));
     if (dq || dk) rowdots(D, dout, o, tq, dh);
     for (int64_t j0 = 0; j0 < tk; j0 += bk) {
-        int64_t cb = PORT_MIN(bk, tk - j0);
+        int64_t cbk = PORT_MIN(bk, tk - j0);
         /* causal: the first query that sees key j0 is j0 - off */
         int64_t ifirst = p->causal ? PORT_MAX(0, j0 - off) : 0;
         for (int64_t i0 = ifirst / bq * bq; i0 < tq; i0 += bq) {
             int64_t rb = PORT_MIN(bq, tq - i0);
+            /* causal: keys past the block's last query's limit are masked for every row of the block */
+            int64_t cb = p->causal ? PORT_MIN(cbk, i0 + rb + off - j0) : cbk;
             port__gemm(0, 1, rb, cb, dh, p->scale, q + i0 * dh, dh, k + j0 * dh, dh, 0.0f, P, cb);
             probs_tile(P, rb, cb, i0, j0, lse, km, p);
             if (dv) port__gemm(1, 0, cb, dh, rb, 1.0f, P, cb, dout + i0 * dh, dh, 1.0f, dv + j0 * dh, dh);

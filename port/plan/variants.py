@@ -22,7 +22,8 @@ Variant names
                  softmax over key blocks that never materialises the T x T scores (the backward recomputes them
                  block by block from q, k and the saved log-sum-exp); ``plain`` holds every head's scores in
                  its workspace and runs GEMMs. Both save the same tensors (q, k, v, o, lse), so forward and
-                 backward choose independently: the ILP weighs workspace against time.
+                 backward choose independently: the ILP weighs workspace against time. ``tiled`` is the
+                 default plan's choice on the C backend (faster, and its workspace is per thread).
 ``fused``        conv2d (no bias) -> training batch_norm2d -> relu executed as one kernel (the C
                  library's conv2d_bn_relu) by the conv op; the batch-norm and relu ops then carry
                  variant ``fused`` and run no call of their own. Only chains that kernel computes are

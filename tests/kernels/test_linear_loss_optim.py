@@ -7,7 +7,7 @@ from conftest import close
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("n,i,o", [(1, 5, 3), (3, 17, 10), (8, 64, 33), (700, 64, 130)])  # 700: row blocks
+@pytest.mark.parametrize("n,i,o", [(1, 5, 3), (3, 17, 10), (8, 64, 33), (700, 64, 130), (2500, 40, 24)])  # 700: row blocks; 2500: weight gradient split over the rows
 @pytest.mark.parametrize("backend", ["blas", "vendored"])
 def test_linear(K, backend, n, i, o, bias):
     K.set_gemm_backend(backend)

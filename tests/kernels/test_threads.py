@@ -96,9 +96,12 @@ def test_bmm_and_linear_same_bits_at_any_thread_count(K, backend):
     wl = torch.randn(300, 640)
     dy = torch.randn(64, 300)
     xt, wt, bt, dyt = torch.randn(700, 64), torch.randn(130, 64), torch.randn(130), torch.randn(700, 130)
+    xk, dyk = torch.randn(2500, 40), torch.randn(2500, 24)
     outs = _at_each_count(K, backend, lambda: (
         K.bmm(a, bb, alpha=0.125), K.linear_forward(x, wl), *K.linear_backward_weight(dy, x),
         K.linear_backward_input(dy, wl),
         # a bias: row blocks of y set to b and accumulated by one-thread GEMMs; db's column blocks
-        K.linear_forward(xt, wt, bt), *K.linear_backward_weight(dyt, xt)))
+        K.linear_forward(xt, wt, bt), *K.linear_backward_weight(dyt, xt),
+        # a small weight from many rows: split over the rows, partials added in order
+        *K.linear_backward_weight(dyk, xk)))
     _same_bits(outs, f"bmm / linear on {backend}")
