@@ -88,7 +88,6 @@ typedef float port_v16 __attribute__((vector_size(64)));
 typedef int32_t port_i16 __attribute__((vector_size(64)));
 typedef float port_v8 __attribute__((vector_size(32)));
 typedef int32_t port_i8 __attribute__((vector_size(32)));
-typedef float port_v4 __attribute__((vector_size(16)));
 typedef float port_v16u __attribute__((vector_size(64), aligned(4), may_alias));
 #define PORT_V16_W 16
 /* loads and stores of 16 floats at any alignment, and the fold of two accumulators' lanes: 16 -> 8 -> 4 -> 2 -> 1
@@ -99,17 +98,17 @@ typedef float port_v16u __attribute__((vector_size(64), aligned(4), may_alias));
 #define PORT_V16_SPLAT(x) ((port_v16){(x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x)})
 /* v where mask (a comparison's all-ones / zero lanes) is zero, +0.0f where it is all-ones */
 #define PORT_V16_ZERO_WHERE(v, mask) ((port_v16)((port_i16)(v) & ~(mask)))
-#define PORT_V16_HSUM(out, a, b)                                                  \
+#define PORT_V16_HSUM(out, a, b)                                            \
     do {                                                                    \
-        port_v16 s_ = (a) + (b);                                              \
-        port_v8 l8_, h8_;                                                     \
+        port_v16 s_ = (a) + (b);                                            \
+        port_v8 l8_, h8_;                                                   \
         memcpy(&l8_, &s_, sizeof l8_);                                      \
         memcpy(&h8_, (const char *)&s_ + sizeof l8_, sizeof h8_);           \
-        port_v8 s8_ = l8_ + h8_;                                              \
-        port_v4 l4_, h4_;                                                     \
+        port_v8 s8_ = l8_ + h8_;                                            \
+        port_v4f l4_, h4_;                                                  \
         memcpy(&l4_, &s8_, sizeof l4_);                                     \
         memcpy(&h4_, (const char *)&s8_ + sizeof l4_, sizeof h4_);          \
-        port_v4 s4_ = l4_ + h4_;                                              \
+        port_v4f s4_ = l4_ + h4_;                                           \
         (out) = (s4_[0] + s4_[2]) + (s4_[1] + s4_[3]);                      \
     } while (0)
 

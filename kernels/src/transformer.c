@@ -645,7 +645,7 @@ PORT_ALWAYS_INLINE float row_max(const float *a, int64_t n) {
         memcpy(&l8, &m0, sizeof l8);
         memcpy(&h8, (const char *)&m0 + sizeof l8, sizeof h8);
         port_v8 m8 = (port_v8)(((port_i8)h8 & (h8 > l8)) | ((port_i8)l8 & ~(h8 > l8)));
-        port_v4 l4, h4;
+        port_v4f l4, h4;
         memcpy(&l4, &m8, sizeof l4);
         memcpy(&h4, (const char *)&m8 + sizeof l4, sizeof h4);
         for (int q = 0; q < 4; q++) {

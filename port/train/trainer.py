@@ -13,9 +13,8 @@ PyTorch gradient accumulation: the result then differs from full-batch training.
 """
 from __future__ import annotations
 
-import mmap
-
 import copy
+import mmap
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
