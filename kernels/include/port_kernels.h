@@ -71,8 +71,10 @@ PORT_API int port_cpu_has_avx512(void);
 
 /* GEMM backend: PORT_GEMM_BLAS (OpenBLAS CBLAS), PORT_GEMM_VENDORED (blocked
  * SGEMM in this library, AVX-512 / AVX2 / portable micro kernels by run-time
- * dispatch; also the test oracle) or PORT_GEMM_AUTO (OpenBLAS built in: the
- * vendored one, but OpenBLAS for small products and n <= 16, by shape only).
+ * dispatch, and AVX-512 kernels for narrow products: n <= 32 (n <= 64 untransposed), or
+ * B^T with k <= 16; also the test oracle) or PORT_GEMM_AUTO (OpenBLAS built in: the
+ * vendored one, but OpenBLAS for small products and n <= 16 that the narrow
+ * kernels do not take, by shape only).
  * Default with OpenBLAS built in: AUTO on a CPU with AVX-512 whose OpenBLAS
  * runs AVX-512 kernels, VENDORED on one whose OpenBLAS does not (e.g.
  * OPENBLAS_CORETYPE=Haswell), BLAS elsewhere; without OpenBLAS: VENDORED. */

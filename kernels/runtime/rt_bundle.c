@@ -4,12 +4,17 @@
 
 #include <math.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <unistd.h>
 #define PORT_RT_POSIX 1
 #endif
 
+#define PORT_RT_MAXU(a, b) ((a) > (b) ? (a) : (b))
+#define PORT_RT_MINU(a, b) ((a) < (b) ? (a) : (b))
 #define CALL_BYTES 288
 #define STATE_BYTES 88
 
@@ -193,6 +198,87 @@ static int run_call(port_rt *rt, uint32_t i) {
     return st;
 }
 
+/* The step's gradient zeroing: byte ranges of the arena (the persistent gradients), cut evenly over the threads
+ * when they add up to 1 MiB or more (one thread's memset reaches about half the machine's write bandwidth). */
+static void zero_grads(port_rt *rt) {
+    uint8_t *a = rt->arena;
+    uint64_t total = 0;
+    for (uint32_t z = 0; z < rt->n_zero; z++) total += rt->zero[2 * z + 1];
+#ifdef _OPENMP
+    if (total >= ((uint64_t)1 << 20) && omp_get_max_threads() > 1 && omp_get_level() == 0) {
+#pragma omp parallel
+        {
+            uint64_t nt = (uint64_t)omp_get_num_threads(), id = (uint64_t)omp_get_thread_num();
+            uint64_t lo = total * id / nt, hi = total * (id + 1) / nt, base = 0;
+            for (uint32_t z = 0; z < rt->n_zero && base < hi; z++) {
+                uint64_t n = rt->zero[2 * z + 1], s0 = PORT_RT_MAXU(lo, base), s1 = PORT_RT_MINU(hi, base + n);
+                if (s0 < s1) memset(a + rt->zero[2 * z] + (s0 - base), 0, (size_t)(s1 - s0));
+                base += n;
+            }
+        }
+        return;
+    }
+#endif
+    (void)total;
+    for (uint32_t z = 0; z < rt->n_zero; z++) memset(a + rt->zero[2 * z], 0, (size_t)rt->zero[2 * z + 1]);
+}
+
+/* The late optimizer updates as one pass: they are element-wise (SGD, AdamW: element j of a parameter, its
+ * gradient and its state buffers alone give element j's update), so the concatenation of their elements is cut
+ * evenly over the threads and each thread runs the kernels on its sub-ranges -- the same bits as call by call,
+ * without a parallel region per parameter (62 for ResNet-18, most of them too small to split) or the threads'
+ * imbalance on the large ones.  PORT_RT_SERIAL where a late call is anything else (the caller runs them one by
+ * one); else the status (the lowest failing call in rt->failed_call). */
+#define PORT_RT_SERIAL (-1)
+static int update_span(port_rt *rt, uint32_t i, int64_t off, int64_t len) {
+    port_rt_call c = rt->calls[i];
+    void *ptrs[PORT_RT_MAX_PTRS];
+    c.iv[0] = len;
+    for (int k = 0; k < PORT_RT_MAX_PTRS; k++)
+        ptrs[k] = c.ptr[k] < 0 ? NULL : rt->arena + c.ptr[k] + (uint64_t)off * sizeof(float);
+    return port_rt_exec(&c, ptrs, NULL, &rt->state);
+}
+
+static int updates_one_pass(port_rt *rt) {
+#ifdef _OPENMP
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < rt->n_train; i++) {
+        const port_rt_call *c = &rt->calls[i];
+        if (!(c->flags & PORT_RT_LATE_UPDATE)) continue;
+        if ((c->kernel != PORT_RT_SGD_STEP && c->kernel != PORT_RT_ADAMW_STEP) || c->ws_bytes || c->zero_bytes[0] ||
+            c->zero_bytes[1] || c->iv[0] < 0)
+            return PORT_RT_SERIAL;
+        total += (uint64_t)c->iv[0];
+    }
+    if (total < ((uint64_t)1 << 16) || omp_get_max_threads() < 2 || omp_get_level() > 0) return PORT_RT_SERIAL;
+    int64_t failed = -1;
+    int status = PORT_OK;
+#pragma omp parallel
+    {
+        uint64_t nt = (uint64_t)omp_get_num_threads(), id = (uint64_t)omp_get_thread_num();
+        uint64_t lo = total * id / nt, hi = total * (id + 1) / nt, base = 0;
+        for (uint32_t i = 0; i < rt->n_train && base < hi; i++) {
+            const port_rt_call *c = &rt->calls[i];
+            if (!(c->flags & PORT_RT_LATE_UPDATE)) continue;
+            uint64_t n = (uint64_t)c->iv[0], s0 = PORT_RT_MAXU(lo, base), s1 = PORT_RT_MINU(hi, base + n);
+            if (s0 < s1) {
+                int st = update_span(rt, i, (int64_t)(s0 - base), (int64_t)(s1 - s0));
+                if (st != PORT_OK) {
+#pragma omp critical(port_rt_update_failed)
+                    if (failed < 0 || (int64_t)i < failed) { failed = i; status = st; }
+                }
+            }
+            base += n;
+        }
+    }
+    if (failed >= 0) rt->failed_call = (int32_t)failed;
+    return status;
+#else
+    (void)rt;
+    return PORT_RT_SERIAL;
+#endif
+}
+
 static int check_labels(port_rt *rt, const int64_t *y) {
     for (int64_t i = 0; i < rt->batch * rt->labels_per_sample; i++) {
         if ((y[i] < 0 || y[i] >= rt->classes) && !(rt->has_ignore_index && y[i] == rt->ignore_index)) {
@@ -214,7 +300,7 @@ int port_rt_forward_backward(port_rt *rt, const void *x, const int64_t *y, float
     uint8_t *a = rt->arena;
     memcpy(a + rt->input_offset, x, (size_t)rt->input_bytes);
     memcpy(a + rt->label_offset, y, (size_t)rt->label_bytes);
-    for (uint32_t z = 0; z < rt->n_zero; z++) memset(a + rt->zero[2 * z], 0, (size_t)rt->zero[2 * z + 1]);
+    zero_grads(rt);
     for (uint32_t i = 0; i < rt->n_train; i++) {
         if (rt->calls[i].flags & PORT_RT_LATE_UPDATE) continue;
         if ((st = run_call(rt, i)) != PORT_OK) return st;
@@ -227,10 +313,15 @@ int port_rt_forward_backward(port_rt *rt, const void *x, const int64_t *y, float
 int port_rt_update(port_rt *rt) {
     if (!rt || !rt->arena) return PORT_ERR_NULL;
     rt->failed_call = -1;
+    int st = updates_one_pass(rt);
+    if (st != PORT_RT_SERIAL) {
+        if (st != PORT_OK) return st;
+        rt->state.step += 1;
+        return PORT_OK;
+    }
     for (uint32_t i = 0; i < rt->n_train; i++) {
         if (!(rt->calls[i].flags & PORT_RT_LATE_UPDATE)) continue;
-        int st = run_call(rt, i);
-        if (st != PORT_OK) return st;
+        if ((st = run_call(rt, i)) != PORT_OK) return st;
     }
     rt->state.step += 1;
     return PORT_OK;

@@ -110,12 +110,13 @@ int port_gemm_backend_for(int trans_a, int trans_b, int64_t m, int64_t n, int64_
  * 155 / 114, 96x64x96 177 / 123, 4608x16x512 TN 65 / 63, 512x16x4608 65 / 60; but 32x256x288 103 / 147,
  * 4608x128x512 TN 118 / 134, 576x1024x64 TN 115 / 146.  Small NT products alone ran faster vendored (64x27x128
  * 63 / 85), but the patch kernels' weight gradients cut them into row bands (8 x 27 x 128), each re-packing B:
- * there OpenBLAS was 1.4x faster (bench/kernels.py, patch8 on the CIFAR stems).  A choice by shape only: the
- * same bits at any thread count. */
+ * there OpenBLAS was 1.4x faster (bench/kernels.py, patch8 on the CIFAR stems).  Narrow products that the
+ * vendored GEMM's AVX-512 narrow kernels take (gemm_skinny.c: n <= 32, a batch-1 convolution on a small map) go
+ * to them: 512x16x4608 0.36 ms against OpenBLAS's 0.61 on 2 threads.  A choice by shape only: the same bits at
+ * any thread count. */
 int port__gemm_pick(int ta, int tb, int64_t m, int64_t n, int64_t k) {
-    (void)ta;
-    (void)tb;
     if (g_gemm_backend != PORT_GEMM_AUTO) return g_gemm_backend;
+    if (port__gemm_skinny_pick(ta, tb, m, n, k)) return PORT_GEMM_VENDORED; /* its narrow kernels, gemm_skinny.c */
     if (n <= 16 || (double)m * (double)n * (double)k <= 1048576.0) return PORT_GEMM_BLAS;
     return PORT_GEMM_VENDORED;
 }

@@ -12,6 +12,8 @@
  * instead (each B float would be used too few times to repay its packing).  The first K block of a product with
  * beta = 0 writes C without reading it (no separate zeroing pass); the kernel prefetches its C rows.
  *
+ * Narrow products (n <= 32 and the like, port__gemm_skinny_pick) go to gemm_skinny.c's AVX-512 kernels first.
+ *
  * Two configurations, chosen at run time with __builtin_cpu_supports:
  *   * AVX-512 (x86 with AVX-512F): a 12 x 32 micro kernel, 24 accumulator registers of 16 floats; per step of k
  *     two loads of B and 12 broadcasts of A feed 24 fused multiply-adds (the 8 x 16 kernel below did 8 FMAs per
@@ -466,6 +468,7 @@ static void sgemm_driver(int ta, int tb, int64_t m, int64_t n, int64_t k, float 
 
 void port__sgemm_vendored(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                           const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    if (port__gemm_skinny(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return; /* narrow: gemm_skinny.c */
     sgemm_driver(ta, tb, m, n, k, alpha, a, lda, b, ldb, NULL, beta, c, ldc);
 }
 

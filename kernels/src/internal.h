@@ -366,6 +366,11 @@ static inline double port__erf_inline(double x) {
 void port__gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                 int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 /* Vendored blocked SGEMM. */
+/* gemm_skinny.c: narrow products on AVX-512 (NN / TN with n <= 64, NT with k <= 64); returns 0 (and computes
+ * nothing) where it does not take the shape, so port__gemm runs its other GEMMs */
+int port__gemm_skinny_pick(int ta, int tb, int64_t m, int64_t n, int64_t k);
+int port__gemm_skinny(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                      const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
 void port__sgemm_vendored(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                           const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                           float *c, int64_t ldc);

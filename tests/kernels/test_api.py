@@ -248,8 +248,19 @@ def test_default_gemm_backend_follows_the_cpu(coretype):
 
 @pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1)])
 def test_auto_gemm_runs_blas_on_small_or_narrow_products_and_vendored_on_large(K, ta, tb):
-    """'auto' picks by shape (port__gemm_pick): OpenBLAS for n <= 16 and for <= 2^20 multiply-adds, the vendored
-    GEMM otherwise; its results equal the picked backend's bit for bit."""
+    """'auto' picks by shape (port__gemm_pick): the vendored GEMM's narrow kernels where they take the product
+    (AVX-512, m >= 16: NN/TN with m*k >= 65536 and n <= 32, or NN n in (32, 64] by 16s; NT k <= 16, n >= 64
+    and m*n >= 65536),
+    else OpenBLAS for n <= 16 and for <= 2^20 multiply-adds, the vendored GEMM otherwise; its results equal the
+    picked backend's bit for bit."""
+    avx512 = bool(K.raw.port_cpu_has_avx512())
+
+    def narrow(m, n, k):
+        if not avx512 or m < 16:
+            return False
+        if not tb:
+            return k >= 16 and m * k >= 65536 and (n <= 32 or (not ta and n <= 64 and n % 16 == 0))
+        return not ta and k <= 16 and n >= 64 and m * n >= 65536
     def run(backend, m, n, k):
         g = torch.Generator().manual_seed(m * n + k)
         a = torch.randn((k, m) if ta else (m, k), generator=g)
@@ -258,8 +269,8 @@ def test_auto_gemm_runs_blas_on_small_or_narrow_products_and_vendored_on_large(K
             return K.sgemm(a, b, trans_a=bool(ta), trans_b=bool(tb))
     told_apart = 0
     for m, n, k in [(64, 128, 27), (4608, 16, 512), (300, 8, 70), (64, 1024, 576), (200, 300, 100),
-                    (1000, 48, 100)]:
-        small = n <= 16 or m * n * k <= 2 ** 20
+                    (1000, 48, 100), (30, 20, 10), (512, 1152, 8), (300, 8, 700)]:
+        small = (n <= 16 or m * n * k <= 2 ** 20) and not narrow(m, n, k)
         with K.gemm_backend("auto"):
             assert K.gemm_backend_for(ta, tb, m, n, k) == ("blas" if small else "vendored")
         for fixed in ("blas", "vendored"):

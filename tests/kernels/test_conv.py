@@ -1,6 +1,7 @@
 """conv2d (im2col/direct/patch, vendored GEMM) vs PyTorch float64 references."""
 import ctypes
 import itertools
+import os
 
 import pytest
 import torch
@@ -244,6 +245,52 @@ def test_sgemm(K, backend, mnk, ta, tb):
     # beta = 0 must ignore NaN in C
     c = K.sgemm(a, bm, bool(ta), bool(tb), c=torch.full((m, n), float("nan")))
     close(c, 2 * (ref - 2.0 * c0.double()), 1e-4, 1e-4)
+
+
+# narrow products (kernels/src/gemm_skinny.c on AVX-512; the other GEMMs elsewhere): NN / TN with n <= 64 at odd
+# widths (one masked vector, several, a tail of 1), TN with k past one 16-term chunk, NT with k <= 16; inside
+# larger matrices (leading dimensions past the width), against float64 torch; beta = 0 ignores NaN in C
+NARROW = [(512, 16, 576, 0, 0), (37, 5, 1900, 0, 0), (100, 49, 300, 0, 0), (33, 64, 70, 0, 0), (19, 32, 3500, 0, 0),
+          (16, 1, 4100, 0, 0), (576, 16, 512, 1, 0), (700, 17, 330, 1, 0), (450, 31, 300, 1, 0), (16, 2, 4096, 1, 0),
+          (64, 1024, 16, 0, 1), (35, 2000, 4, 0, 1), (17, 4000, 1, 0, 1), (130, 640, 9, 0, 1)]
+
+
+@pytest.mark.parametrize("m,n,k,ta,tb", quick_subset(NARROW, 5))
+@pytest.mark.parametrize("backend", ["vendored", "auto"])
+def test_sgemm_narrow_with_leading_dims(K, backend, m, n, k, ta, tb):
+    pad = 3
+    ar, ac = (k, m) if ta else (m, k)
+    br, bc = (n, k) if tb else (k, n)
+    abuf, bbuf = torch.randn(ar, ac + pad), torch.randn(br, bc + pad)
+    a, b = abuf[:, :ac], bbuf[:, :bc]
+    c0 = torch.randn(m, n + pad)
+    ref = 0.5 * ((a.double().T if ta else a.double()) @ (b.double().T if tb else b.double()))
+    with K.gemm_backend(backend):
+        for beta, cbuf in ((2.0, c0.clone()), (0.0, torch.full((m, n + pad), float("nan")))):
+            assert K.raw.port_sgemm(cbuf.data_ptr(), abuf.data_ptr(), bbuf.data_ptr(), ta, tb, m, n, k, 0.5, beta,
+                                    ac + pad, bc + pad, n + pad) == 0
+            want = ref + beta * c0[:, :n].double() if beta else ref
+            close(cbuf[:, :n], want, 1e-4, 1e-4)
+            past = cbuf[:, n:]   # C's columns past n: untouched
+            assert torch.equal(past, c0[:, n:]) if beta else past.isnan().all(), "C changed past its n columns"
+
+
+@pytest.mark.skipif(bool(os.environ.get("PORT_KERNELS_LIB")),
+                    reason="the sanitizer build (-O1) leaves some of the vendored GEMM's a * b + c uncontracted")
+@pytest.mark.parametrize("m,n,k,ta,tb", quick_subset([c for c in NARROW if c[:3] not in ((100, 49, 300), (33, 64, 70))], 4))
+def test_narrow_gemm_gives_the_vendored_gemms_bits(K, m, n, k, ta, tb):
+    """The narrow kernels add in the vendored GEMM's order (K blocks of 256 summed from zero, then
+    C = fma(alpha, sum, beta C)), so a product equals, bit for bit, its rows computed one at a time (m = 1: the
+    blocked kernel) -- and the portable build stays bit-identical across ISAs (tests/e2e/test_rt_cross.py)."""
+    a = torch.randn((k, m) if ta else (m, k))
+    b = torch.randn((n, k) if tb else (k, n))
+    c0 = torch.randn(m, n)
+    with K.gemm_backend("vendored"):
+        for alpha, beta in ((1.0, 0.0), (0.5, 1.0), (0.7, 0.3)):
+            c = K.sgemm(a, b, bool(ta), bool(tb), alpha=alpha, beta=beta, c=c0.clone())
+            rows = torch.cat([K.sgemm(a[:, i:i + 1].contiguous() if ta else a[i:i + 1], b, bool(ta), bool(tb),
+                                      alpha=alpha, beta=beta, c=c0[i:i + 1].clone()) for i in range(m)])
+            assert torch.equal(c, rows), (alpha, beta, float((c - rows).abs().max()))
 
 
 # ----------------------------------------------------------------------------- the in-C reference convolution

@@ -37,7 +37,8 @@ def _same_bits(outs, what):
 
 # (m, n, k): split by rows (n < m) and by columns, a first layer's weight gradient (64 x 27 x 1024, whose
 # per-thread row blocks OpenBLAS summed differently), odd sizes
-GEMMS = [(64, 27, 1024), (64, 1024, 576), (576, 1024, 64), (301, 530, 270), (1100, 40, 700), (33, 2049, 31)]
+GEMMS = [(64, 27, 1024), (64, 1024, 576), (576, 1024, 64), (301, 530, 270), (1100, 40, 700), (33, 2049, 31),
+         (512, 16, 1152), (1152, 30, 256), (130, 2304, 16)]   # narrow (gemm_skinny.c): NN/TN n <= 32, NT k <= 16
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
