@@ -198,6 +198,15 @@ static int run_call(port_rt *rt, uint32_t i) {
     return st;
 }
 
+#ifdef _OPENMP
+/* The calling thread's share [lo, hi) of total units cut evenly over its team */
+static void team_share(uint64_t total, uint64_t *lo, uint64_t *hi) {
+    uint64_t nt = (uint64_t)omp_get_num_threads(), id = (uint64_t)omp_get_thread_num();
+    *lo = total * id / nt;
+    *hi = total * (id + 1) / nt;
+}
+#endif
+
 /* The step's gradient zeroing: byte ranges of the arena (the persistent gradients), cut evenly over the threads
  * when they add up to 1 MiB or more (one thread's memset reaches about half the machine's write bandwidth). */
 static void zero_grads(port_rt *rt) {
@@ -208,8 +217,8 @@ static void zero_grads(port_rt *rt) {
     if (total >= ((uint64_t)1 << 20) && omp_get_max_threads() > 1 && omp_get_level() == 0) {
 #pragma omp parallel
         {
-            uint64_t nt = (uint64_t)omp_get_num_threads(), id = (uint64_t)omp_get_thread_num();
-            uint64_t lo = total * id / nt, hi = total * (id + 1) / nt, base = 0;
+            uint64_t lo, hi, base = 0;
+            team_share(total, &lo, &hi);
             for (uint32_t z = 0; z < rt->n_zero && base < hi; z++) {
                 uint64_t n = rt->zero[2 * z + 1], s0 = PORT_RT_MAXU(lo, base), s1 = PORT_RT_MINU(hi, base + n);
                 if (s0 < s1) memset(a + rt->zero[2 * z] + (s0 - base), 0, (size_t)(s1 - s0));
@@ -255,8 +264,8 @@ static int updates_one_pass(port_rt *rt) {
     int status = PORT_OK;
 #pragma omp parallel
     {
-        uint64_t nt = (uint64_t)omp_get_num_threads(), id = (uint64_t)omp_get_thread_num();
-        uint64_t lo = total * id / nt, hi = total * (id + 1) / nt, base = 0;
+        uint64_t lo, hi, base = 0;
+        team_share(total, &lo, &hi);
         for (uint32_t i = 0; i < rt->n_train && base < hi; i++) {
             const port_rt_call *c = &rt->calls[i];
             if (!(c->flags & PORT_RT_LATE_UPDATE)) continue;

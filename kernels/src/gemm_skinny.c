@@ -264,7 +264,9 @@ SK_TGT static void sk_nt(int64_t m, int64_t n, int64_t k, float alpha, const flo
 #define PORT_GEMM_NARROW 1 /* -DPORT_GEMM_NARROW=0: every product to the blocked GEMM (a build for comparisons) */
 #endif
 int port__gemm_skinny_pick(int ta, int tb, int64_t m, int64_t n, int64_t k) {
-    if (!PORT_GEMM_NARROW || !port_cpu_has_avx512() || m <= 0 || n <= 0 || k <= 0) return 0;
+    static int avx512 = -1; /* read once (benign race: every thread stores the same value) */
+    if (avx512 < 0) avx512 = port_cpu_has_avx512();
+    if (!PORT_GEMM_NARROW || !avx512 || m <= 0 || n <= 0 || k <= 0) return 0;
     /* the large operand >= 2^16 floats: on smaller products OpenBLAS's small-matrix kernels are as fast */
     if (!tb && m >= 16 && k >= 16 && (double)m * (double)k >= 65536.0)
         return n <= 32 || (!ta && n <= 64 && n % 16 == 0); /* NN and TN; NN with 3 or 4 whole vectors */
