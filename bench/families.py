@@ -23,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [str(ROOT)] + [q for q in sys.path if Path(q or ".").resolve() != ROOT / "bench"] + [str(ROOT / "bench")]
+import _results  # noqa: E402  (now: importing torch rebuilds sys.path without bench/; later imports find it loaded)
 
 import port  # noqa: E402  (first: PORT's OpenMP wait policy is set before torch loads the runtime)
 from port.exec import kernels as K  # noqa: E402

@@ -134,6 +134,11 @@ PORT_API port_status port_conv2d_backward_input(float *dx, const float *dy, cons
 PORT_API port_status port_conv2d_backward_weight(float *dw, float *db, const float *dy,
                                                  const float *x, const port_conv2d_params *p,
                                                  int algo, void *ws, size_t ws_bytes);
+/* dw = corr(x, dy); db = sum(dy): the same values as port_conv2d_backward_weight into zeroed dw/db, without
+ * reading their old contents (a gradient's first writer in a step: no zeroing pass over it beforehand) */
+PORT_API port_status port_conv2d_backward_weight_overwrite(float *dw, float *db, const float *dy,
+                                                           const float *x, const port_conv2d_params *p,
+                                                           int algo, void *ws, size_t ws_bytes);
 
 /* Patch-based (spatially tiled) convolution: the output is computed in
  * tiles of tile_h x tile_w output pixels; im2col is done per tile with its

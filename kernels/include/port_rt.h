@@ -141,7 +141,8 @@ extern "C" {
     X(61, ATTENTION_FORWARD, port_attention_forward)                              \
     X(62, ATTENTION_BACKWARD, port_attention_backward)                            \
     X(63, SOFTMAX_XENT_IGNORE_FORWARD, port_softmax_xent_ignore_forward)          \
-    X(64, SOFTMAX_XENT_IGNORE_BACKWARD, port_softmax_xent_ignore_backward)
+    X(64, SOFTMAX_XENT_IGNORE_BACKWARD, port_softmax_xent_ignore_backward)       \
+    X(65, CONV2D_BACKWARD_WEIGHT_OVERWRITE, port_conv2d_backward_weight_overwrite)
 
 typedef enum {
 #define PORT_RT_ENUM_(id, NAME, fn) PORT_RT_##NAME = id,

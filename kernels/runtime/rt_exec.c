@@ -63,6 +63,10 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
         port_conv2d_params p = conv_p(v);
         return port_conv2d_backward_weight(F(0), F(1), CF(2), CF(3), &p, (int)v[14], ws, wsb);
     }
+    case PORT_RT_CONV2D_BACKWARD_WEIGHT_OVERWRITE: {
+        port_conv2d_params p = conv_p(v);
+        return port_conv2d_backward_weight_overwrite(F(0), F(1), CF(2), CF(3), &p, (int)v[14], ws, wsb);
+    }
     case PORT_RT_CONV2D_PATCH_FORWARD: {
         port_conv2d_params p = conv_p(v);
         return port_conv2d_patch_forward(F(0), CF(1), CF(2), CF(3), &p, v[15], PATCH_TW(v), ws, wsb);

@@ -630,7 +630,7 @@ static void fold_bwd_in(float *dx, const float *dy, const float *w, const port_c
 }
 
 static void fold_bwd_w(float *dw, const float *dy, const float *x, const port_conv2d_params *p,
-                       int64_t nb, float *ws) {
+                       int64_t nb, float *ws, int overwrite) {
     int64_t G = p->groups, cig = p->c_in / G, cog = p->c_out / G;
     int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p), K = cig * p->kh * p->kw;
     for (int64_t n0 = 0; n0 < p->n; n0 += nb) {
@@ -639,12 +639,17 @@ static void fold_bwd_w(float *dw, const float *dy, const float *x, const port_co
         for (int64_t g = 0; g < G; g++) {
             fold_move(blk, (float *)dy, NULL, 1, p, n0, nbc, g, P);
             fold_cols(cols, x, p, n0, nbc, g, K, P);
-            port__gemm(0, 1, cog, K, L, 1.0f, blk, L, cols, L, 1.0f, dw + g * cog * K, K);
+            port__gemm(0, 1, cog, K, L, 1.0f, blk, L, cols, L, overwrite && n0 == 0 ? 0.0f : 1.0f,
+                       dw + g * cog * K, K);
         }
     }
 }
 
 /* ---------------- generic drivers ---------------- */
+static size_t conv_wbytes(const port_conv2d_params *p) {
+    return (size_t)(p->c_out * (p->c_in / p->groups) * p->kh * p->kw) * sizeof(float);
+}
+
 static void bias_grad(float *db, const float *dy, int64_t n, int64_t cout, int64_t P) {
 #pragma omp parallel for schedule(static) if (n * cout * P > PORT_PAR_MIN)
     for (int64_t co = 0; co < cout; co++) {
@@ -743,7 +748,13 @@ void port__conv_bwd_in(float *dx, const float *dy, const float *w, const port_co
 }
 
 void port__conv_bwd_w(float *dw, float *db, const float *dy, const float *x,
-                      const port_conv2d_params *p, int algo, float *ws) {
+                      const port_conv2d_params *p, int algo, float *ws, int overwrite) {
+    /* overwrite: the first image's GEMM writes dw with beta = 0 (the same values as adding into zeros; the old
+     * contents are never read); the paths that accumulate by other means zero dw first, db is zeroed first */
+    if (overwrite && db) memset(db, 0, (size_t)p->c_out * sizeof(float));
+    if (overwrite && (algo == PORT_CONV_WINOGRAD ||
+                      (algo == PORT_CONV_DIRECT && port__conv_is_depthwise(p) && !port__conv_is_pointwise(p))))
+        memset(dw, 0, conv_wbytes(p));
     if (algo == PORT_CONV_WINOGRAD) {
         port__conv_winograd_bwd_w(dw, dy, x, p, ws);
         if (db) bias_grad(db, dy, p->n, p->c_out, port_conv2d_out_h(p) * port_conv2d_out_w(p));
@@ -755,7 +766,7 @@ void port__conv_bwd_w(float *dw, float *db, const float *dy, const float *x,
     }
     int64_t nb = conv_fold_w(p, algo);
     if (nb > 1) {
-        fold_bwd_w(dw, dy, x, p, nb, ws);
+        fold_bwd_w(dw, dy, x, p, nb, ws, overwrite);
         if (db) bias_grad(db, dy, p->n, p->c_out, port_conv2d_out_h(p) * port_conv2d_out_w(p));
         return;
     }
@@ -772,16 +783,14 @@ void port__conv_bwd_w(float *dw, float *db, const float *dy, const float *x,
                 port__im2col_part(ws, P, xg, p, 0, K, 0, 0, ho, 0, wo);
                 B = ws;
             }
-            port__gemm(0, 1, cog, K, P, 1.0f, dyg, P, B, P, 1.0f, dw + g * cog * K, K);
+            port__gemm(0, 1, cog, K, P, 1.0f, dyg, P, B, P, overwrite && n == 0 ? 0.0f : 1.0f, dw + g * cog * K,
+                       K);
         }
     }
     if (db) bias_grad(db, dy, p->n, p->c_out, P);
 }
 
 /* ---------------- public whole-tensor API ---------------- */
-static size_t conv_wbytes(const port_conv2d_params *p) {
-    return (size_t)(p->c_out * (p->c_in / p->groups) * p->kh * p->kw) * sizeof(float);
-}
 static size_t conv_xbytes(const port_conv2d_params *p) {
     return (size_t)(p->n * p->c_in * p->h * p->w) * sizeof(float);
 }
@@ -821,9 +830,9 @@ port_status port_conv2d_backward_input(float *dx, const float *dy, const float *
     return PORT_OK;
 }
 
-port_status port_conv2d_backward_weight(float *dw, float *db, const float *dy, const float *x,
+static port_status conv_backward_weight(float *dw, float *db, const float *dy, const float *x,
                                         const port_conv2d_params *p, int algo, void *ws,
-                                        size_t ws_bytes) {
+                                        size_t ws_bytes, int overwrite) {
     port_status st = port__conv_validate(p, &algo, ws, ws_bytes);
     if (st != PORT_OK) return st;
     PORT_NOTNULL(dw); PORT_NOTNULL(dy); PORT_NOTNULL(x);
@@ -833,8 +842,20 @@ port_status port_conv2d_backward_weight(float *dw, float *db, const float *dy, c
                    !port__ranges_overlap(dw, wb, ws, ws_bytes) &&
                    !port__ranges_overlap(dw, wb, db, (size_t)p->c_out * sizeof(float)),
                PORT_ERR_ALIAS);
-    port__conv_bwd_w(dw, db, dy, x, p, algo, (float *)ws);
+    port__conv_bwd_w(dw, db, dy, x, p, algo, (float *)ws, overwrite);
     return PORT_OK;
+}
+
+port_status port_conv2d_backward_weight(float *dw, float *db, const float *dy, const float *x,
+                                        const port_conv2d_params *p, int algo, void *ws,
+                                        size_t ws_bytes) {
+    return conv_backward_weight(dw, db, dy, x, p, algo, ws, ws_bytes, 0);
+}
+
+port_status port_conv2d_backward_weight_overwrite(float *dw, float *db, const float *dy, const float *x,
+                                                  const port_conv2d_params *p, int algo, void *ws,
+                                                  size_t ws_bytes) {
+    return conv_backward_weight(dw, db, dy, x, p, algo, ws, ws_bytes, 1);
 }
 
 /* ---------------- patch-based (tiled) conv ---------------- */

@@ -8,7 +8,11 @@
  *   TN:  C = alpha A^T B + beta C with A stored [k x m] (a convolution's input gradient W^T dy), n <= 32.  R
  *        consecutive rows of C take R consecutive floats of each row of A, 16 terms at a time (partial sums on the
  *        stack), so a chunk reads 16 rows of A as 16 sequential streams: term by term the rows are lda floats
- *        apart, a strided walk no prefetcher follows (2x slower inside a training step than in a loop).
+ *        apart, a strided walk no hardware prefetcher follows (2x slower inside a training step than in a loop),
+ *        so each term prefetches its row SK_PF_TN floats ahead; NN prefetches its R rows SK_PF floats ahead.
+ *        In a step the weights arrive cold (last read a step ago): 512x16x4608 NN 0.90 -> 0.60 ms, TN 0.69 ->
+ *        0.52 ms with 8 weight matrices in rotation (Intel Xeon, 2 threads); ResNet-18 batch-1 step 32.6 -> 30.1
+ *        ms.
  *   NT:  C = alpha A[m x k] B^T + beta C with B stored [n x k] (a weight gradient dy cols^T with few output pixels),
  *        k <= 16.  The rows of C split over the threads; each thread transposes B a chunk of columns at a time
  *        into a 64 KiB stack tile and walks its rows 4 at a time, 64 columns at a time (16 accumulators).
@@ -52,6 +56,8 @@ static inline void sk_my_rows(int64_t m, int64_t unit, int64_t *i0, int64_t *i1)
  * on every ISA): C = beta C first (beta = 0 and a product to add: C is overwritten, never read), then per block of
  * SK_KC terms, in order, the block's sum from zero by fused multiply-adds, added as C = fma(alpha, sum, C). */
 #define SK_KC 256 /* the vendored GEMM's K block (KC, KC5) */
+#define SK_PF 256   /* NN: floats ahead on each of the R rows of A (every 16 terms: one line per row) */
+#define SK_PF_TN 64 /* TN: floats ahead on the term's row of A (measured best of 0/64/128/256) */
 
 /* rows of C scaled by beta where the products do not overwrite them (ow: beta = 0 with a product to add) */
 static void sk_prescale(int64_t m, int64_t n, float beta, int ow, float *c, int64_t ldc) {
@@ -74,6 +80,11 @@ SK_INL void sk_rows(const int R, const int NV, int tn, int first, int last, int 
     for (int64_t p = 0; p < kc; p++) {
         __m512 bv[4];
         const float *bp = b + p * ldb;
+        if (!tn && SK_PF && (p & 15) == 0) {
+#pragma GCC unroll 16
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(a + r * lda + p + SK_PF), _MM_HINT_T0);
+        }
+        if (tn && SK_PF_TN) _mm_prefetch((const char *)(a + p * lda + SK_PF_TN), _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++)
             bv[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(ml, bp + 16 * v) : _mm512_loadu_ps(bp + 16 * v);

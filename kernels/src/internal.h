@@ -417,8 +417,9 @@ void port__conv_fwd(float *y, const float *x, const float *w, const float *b,
                     const port_conv2d_params *p, int algo, float *ws);
 void port__conv_bwd_in(float *dx, const float *dy, const float *w, const port_conv2d_params *p,
                        int algo, float *ws);
+/* overwrite: dw (and db) = the gradient (their old contents never read), else += */
 void port__conv_bwd_w(float *dw, float *db, const float *dy, const float *x,
-                      const port_conv2d_params *p, int algo, float *ws);
+                      const port_conv2d_params *p, int algo, float *ws, int overwrite);
 /* Winograd F(2x2,3x3) (kernels/src/winograd.c); ws holds port__conv_winograd_ws_floats(p) floats. */
 int port__conv_winograd_legal(const port_conv2d_params *p);
 int port__conv_winograd_pays(const port_conv2d_params *p); /* PORT_CONV_AUTO's choice */

@@ -118,6 +118,8 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_conv2d_backward_input", "port_status", (_F, _CF, _CF, _CP, "int", "void*", "size_t")),
     ("port_conv2d_backward_weight", "port_status", (_F, _F, _CF, _CF, _CP, "int", "void*",
                                                     "size_t")),
+    ("port_conv2d_backward_weight_overwrite", "port_status", (_F, _F, _CF, _CF, _CP, "int", "void*",
+                                                              "size_t")),
     ("port_conv2d_patch_workspace_bytes", "size_t", (_CP, "int64_t", "int64_t")),
     ("port_conv2d_patch_forward", "port_status", (_F, _CF, _CF, _CF, _CP, "int64_t", "int64_t",
                                                   "void*", "size_t")),

@@ -251,8 +251,9 @@ def conv2d_backward_input(dy, w, x_shape, stride=1, padding=0, groups=1, algo="a
 
 
 def conv2d_backward_weight(dy, x, w_shape, stride=1, padding=0, groups=1, bias=True,
-                           algo="auto", dw=None, db=None, workspace=None):
-    """Returns (dw, db) -- accumulated into dw/db when given (db None if bias=False)."""
+                           algo="auto", dw=None, db=None, workspace=None, overwrite=False):
+    """Returns (dw, db) -- accumulated into dw/db when given (db None if bias=False); overwrite=True: written
+    over them (port_conv2d_backward_weight_overwrite: their old contents are never read)."""
     _tensor(x, "x", ndim=4)
     p = conv2d_params(x.shape, w_shape, stride, padding, groups)
     _tensor(dy, "dy", conv2d_out_shape(p))
@@ -261,9 +262,9 @@ def conv2d_backward_weight(dy, x, w_shape, stride=1, padding=0, groups=1, bias=T
     _no_alias({"dw": dw, "db": db}, {"dy": dy, "x": x})
     a = _algo(algo)
     ws = workspace if workspace is not None else _workspace(conv2d_workspace_bytes(p, a))
-    check(raw.port_conv2d_backward_weight(dw.data_ptr(), _ptr(db), dy.data_ptr(), x.data_ptr(), p,
-                                          a, ws.data_ptr(), ws.numel() * ws.element_size()),
-          "conv2d_backward_weight")
+    fn = raw.port_conv2d_backward_weight_overwrite if overwrite else raw.port_conv2d_backward_weight
+    check(fn(dw.data_ptr(), _ptr(db), dy.data_ptr(), x.data_ptr(), p, a, ws.data_ptr(),
+             ws.numel() * ws.element_size()), "conv2d_backward_weight")
     return dw, db
 
 

@@ -38,7 +38,8 @@ BACKENDS = ("c", "torch-cpu", "torch-cuda")
 C_ENTRIES: dict[str, tuple[str, ...]] = {
     "conv2d": ("port_conv2d_forward", "port_conv2d_patch_forward"),
     "conv2d.grad_input": ("port_conv2d_backward_input", "port_conv2d_patch_backward_input"),
-    "conv2d.grad_weight": ("port_conv2d_backward_weight", "port_conv2d_patch_backward_weight"),
+    "conv2d.grad_weight": ("port_conv2d_backward_weight", "port_conv2d_patch_backward_weight",
+                           "port_conv2d_backward_weight_overwrite"),
     "conv2d_bn_relu": ("port_conv2d_bn_relu_forward_train",),
     "batch_norm2d": ("port_batchnorm2d_forward_train", "port_batchnorm2d_forward_eval"),
     "batch_norm2d.grad_input": ("port_batchnorm2d_backward_input", "port_batchnorm2d_backward_input_eval"),
@@ -127,6 +128,9 @@ def op_calls(graph: Graph, op: Op, variant: str, backend: str) -> tuple[CallSpec
             kernel, ins = "batch_norm2d.grad_input_from_output", (op.inputs[0], y, bn.outputs[1], gamma, beta)
         else:
             kernel, ins = "batch_norm2d.grad_weight_from_output", (op.inputs[0], y, gamma, beta)
+    elif op.kind == "conv2d.grad_weight" and backend == "c" and not variant.startswith("patch") \
+            and overwrites_gradients(graph, op):
+        attrs["overwrite"] = True
     elif op.kind == "cross_entropy.grad_input":
         ins = ins + (GRAD_SCALE_ID,)
     elif op.kind == "matmul.grad_input":     # one batched GEMM per operand that needs a gradient
@@ -136,6 +140,17 @@ def op_calls(graph: Graph, op: Op, variant: str, backend: str) -> tuple[CallSpec
                               tuple(sorted((base | {"operand": i}).items())))
                      for i, g in zip(attrs["grads"], outs))
     return (CallSpec(kernel, variant, backend, tuple(outs), tuple(ins), tuple(sorted(attrs.items())), covers),)
+
+
+def overwrites_gradients(graph: Graph, op: Op) -> bool:
+    """A conv weight-gradient op on the C backend writes its gradients (weight, and bias if it trains) with
+    ``port_conv2d_backward_weight_overwrite`` -- no zeroing pass over them before the step -- when it is the
+    only op writing them (so the step's first and only write; a parameter used twice gets one partial gradient
+    per use and a ``grad_accumulate``). Lowering keeps accumulating (and zeroing) under micro-batching, where a
+    step runs the program once per micro-batch (``lower(..., overwrite_gradients=False)``)."""
+    grads = op.attr("grads") or ()
+    return "weight" in grads and all(graph.writers(t) == 1 and graph.tensors[t].alias_of is None
+                                     for t in op.outputs)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -87,6 +87,10 @@ def encode(call: Any, shape: Callable[[int], tuple[int, ...]]) -> Encoded:
             if dw is None:                          # only the bias trains
                 n, co = IS[0][0], IS[0][1]
                 return Encoded("port_bias_backward", (db, I[0]), (n, co, numel(IS[0]) // (n * co)))
+            if a.get("overwrite"):
+                if patch:
+                    raise ProgramError(f"{where}: 'overwrite' applies to the whole-tensor weight gradient only")
+                return Encoded("port_conv2d_backward_weight_overwrite", (dw, db, I[0], I[1]), iv)
             return Encoded("port_conv2d_patch_backward_weight" if patch else "port_conv2d_backward_weight",
                            (dw, db, I[0], I[1]), iv)
         C = OS[2][1]   # fused: outs (y, z, stats, rm, rv), ins (x, w, gamma, beta, rm, rv)

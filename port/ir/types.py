@@ -149,6 +149,17 @@ class Graph:
             t = self.tensors[t.alias_of]
         return t.id
 
+    def writers(self, tid: int) -> int:
+        """How many ops write tensor ``tid``'s storage root (through any view); counted once per graph."""
+        w = self._index.get("writers")
+        if w is None:
+            w = {}
+            for o in self.ops:
+                for t in set(self.storage_root(t) for t in o.outputs):
+                    w[t] = w.get(t, 0) + 1
+            self._index["writers"] = w
+        return w.get(self.storage_root(tid), 0)
+
     def storage_bytes(self, tid: int) -> int:
         """Bytes this tensor owns: 0 for views (their root owns the storage)."""
         t = self.tensors[tid]

@@ -309,10 +309,10 @@ def _bad(field: str, value, expected: str) -> ProgramError:
 
 
 def _check_fields(program: Program) -> None:
-    from port.lower.program import PROGRAM_FORMAT_VERSION, Call, Slot
+    from port.lower.program import PROGRAM_FORMATS_READ, Call, Slot
     p = program
-    if p.version != PROGRAM_FORMAT_VERSION:
-        raise _bad("version", p.version, f"{PROGRAM_FORMAT_VERSION}")
+    if p.version not in PROGRAM_FORMATS_READ:
+        raise _bad("version", p.version, " or ".join(map(str, PROGRAM_FORMATS_READ)))
     for f in ("graph_name", "graph_digest", "optimizer"):
         if not isinstance(getattr(p, f), str):
             raise _bad(f, getattr(p, f), "a string")
@@ -405,6 +405,14 @@ def _check_ids_and_zero_ranges(program: Program, slot_of: dict) -> None:
                 raise ProgramError(f"program field zero_ranges[{k}] = ({o}, {nb}) covers {s.role or 'tensor'} "
                                    f"{s.name!r} [{s.offset}, {s.offset + s.nbytes}): only parameter gradients "
                                    f"may be zeroed")
+    # every persistent gradient starts the step at zero, or its writer overwrites it
+    written = {t for c in p.calls if c.attr("overwrite") for t in c.outputs}
+    for s in roots:
+        if s.role == ROLE_GRADIENT and s.offset < p.persistent_bytes and s.tensor not in written and not any(
+                o <= s.offset and s.offset + s.nbytes <= o + nb for o, nb in p.zero_ranges):
+            raise ProgramError(f"program field zero_ranges: gradient {s.name!r} [{s.offset}, "
+                               f"{s.offset + s.nbytes}) is neither zeroed before the step nor overwritten by a call "
+                               f"(attribute 'overwrite'): it would add to the last step's gradient")
 
 
 def _check_call(program: Program, c, slot_of: dict, pages: dict) -> None:

@@ -101,7 +101,7 @@ def _check_backends(graph: Graph, plan: Plan, phases, accelerators) -> dict[int,
 def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES, *,
           persistent_from: Program | None = None, strategy: str = "auto",
           accelerators: dict[str, str] | None = None, backend: str = "c", check: bool = True,
-          check_digest: bool = True) -> Program:
+          check_digest: bool = True, overwrite_gradients: bool = True) -> Program:
     """Lower ``graph`` under ``plan`` (default: ``default_plan(graph, backend)``) into a Program.
 
     phases: the graph phases to lower; ("forward",) gives an inference program (logits kept to the end).
@@ -115,6 +115,11 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
     saved root's life splits in two), the op, early updates. Every root version lives exactly from its
     allocating event to its free event. Gradients of early-updated parameters live in scratch (their first,
     accumulating writer zeroes them).
+
+    A gradient whose only writer is a C weight-gradient call (port.exec.registry.overwrites_gradients) is
+    written by it, not zeroed before the step and accumulated; ``overwrite_gradients=False`` (micro-batching:
+    the program runs once per micro-batch and the gradients add up over them) keeps every gradient zeroed and
+    accumulated.
     """
     if plan is None:
         plan = default_plan(graph, backend)
@@ -206,8 +211,16 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
     for v in pending:            # allocated by an event without calls: lives from the next call
         born[v] = n - 1
 
+    # gradients their only writer overwrites: never zeroed (with overwrite_gradients=False: accumulated)
+    overwritten: set[int] = set()
+    for dr in drafts:
+        if dr["attrs"].get("overwrite"):
+            if not overwrite_gradients:
+                del dr["attrs"]["overwrite"]
+            else:
+                overwritten.update(R(vbase.get(t, t)) for t in dr["outputs"])
     # early-updated gradients live in scratch: their first (accumulating) writer zeroes them
-    zeroed: set[int] = set()
+    zeroed: set[int] = set(overwritten)
     for dr in drafts:
         z = []
         for t in dr["outputs"]:
@@ -269,7 +282,7 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
             name, shape, dtype, role = spec(t)
             nb = numel(shape) * DTYPE_BYTES[dtype]
             slots[t] = Slot(t, name, shape, dtype, off, nb, REGION_PERSISTENT, t, role)
-            if role == ROLE_GRADIENT:
+            if role == ROLE_GRADIENT and t not in overwritten:
                 zero_ranges.append((off, align(nb)))
             off += align(nb)
         P = off

@@ -16,7 +16,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-PROGRAM_FORMAT_VERSION = 1
+PROGRAM_FORMAT_VERSION = 2     # 2: a call may carry attribute "overwrite" (its gradients are not zeroed first)
+PROGRAM_FORMATS_READ = (1, 2)  # a version-1 program zeroes every gradient: it means the same here
 ALIGN = 64
 
 REGION_PERSISTENT = "persistent"
@@ -81,7 +82,8 @@ class Program:
     label_id: int
     loss_id: int
     logits_id: int
-    zero_ranges: tuple[tuple[int, int], ...] = ()   # (offset, nbytes) zeroed at the start of each step
+    zero_ranges: tuple[tuple[int, int], ...] = ()   # (offset, nbytes) zeroed at the start of each step: the
+                                       # persistent gradients but those a call with attribute "overwrite" writes
     peak_live_bytes: int = 0           # persistent + max over calls of live scratch bytes (lower bound)
     live_timeline: tuple[int, ...] = ()  # scratch bytes live at each call (aligned sizes, incl. workspace)
     optimizer: str = ""
@@ -133,10 +135,10 @@ class Program:
 
     @staticmethod
     def from_dict(d: dict) -> "Program":
-        if d.get("version") != PROGRAM_FORMAT_VERSION:
+        if d.get("version") not in PROGRAM_FORMATS_READ:
             from port.errors import ProgramError
             raise ProgramError(f"program format version {d.get('version')} is not supported "
-                               f"(this PORT reads version {PROGRAM_FORMAT_VERSION})")
+                               f"(this PORT reads versions {', '.join(map(str, PROGRAM_FORMATS_READ))})")
         slots = tuple(Slot(**dict(s, shape=tuple(s["shape"]))) for s in d["slots"])
         calls = tuple(Call(**dict(c, outputs=tuple(c["outputs"]), inputs=tuple(c["inputs"]),
                                   covers=tuple(c["covers"]),

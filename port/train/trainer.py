@@ -120,8 +120,9 @@ class Trainer:
             warnings.warn(why + "; running its decisions anyway (allow_plan_mismatch=True): its predicted memory "
                           "does not apply", stacklevel=2)
             check_digest = False
+        # micro-batches add their gradients up: every gradient zeroed before the step and accumulated
         self.program: Program = lower(self.graph, self.plan, strategy=strategy, check_digest=check_digest,
-                                      accelerators=accelerators)
+                                      accelerators=accelerators, overwrite_gradients=mb == B)
         # inference program on the same arena: forward only, eval-mode BN, no dropout
         self.eval_graph = inference_graph(model, ex_in)
         # the arena's memory follows the program (a plan solved for a GPU runs there whatever ``backend`` says)

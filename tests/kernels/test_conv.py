@@ -99,6 +99,31 @@ def test_weight_grad_accumulates(K):
     close(dba, db1, 1e-4, 1e-5)
 
 
+# overwrite: every path (im2col per image, batch-folded (the first two FOLD_CASES below), winograd, depthwise and pointwise direct, the narrow
+# GEMMs of a batch-1 small map) -- the accumulating kernel's bits into zeros, whatever dw/db held before
+OVERWRITE_CASES = [c for c in _CASES if c[0] == 3][::5] + [(7, 5, 6, 5, 5, 3, 1, 1, 1), (7, 6, 4, 9, 9, 3, 2, 1, 2),
+    (1, 128, 64, 4, 4, 3, 1, 1, 1), (2, 8, 8, 12, 12, 3, 1, 1, 1), (1, 48, 24, 5, 7, 1, 1, 0, 1)]
+
+
+@pytest.mark.parametrize("algo", ["im2col", "auto", "direct", "winograd"])
+@pytest.mark.parametrize("case", OVERWRITE_CASES, ids=_ids)
+def test_weight_grad_overwrite_equals_accumulate_into_zeros(K, case, algo):
+    n, ci, co, h, w, k, s, p, g = case
+    prm = K.conv2d_params((n, ci, h, w), (co, ci // g, k, k), s, p, g)
+    if K.raw.port_conv2d_resolve_algo(ctypes.byref(prm), K._algo(algo)) < 0:
+        pytest.skip(f"{algo} does not apply")
+    x, wt, b, dy = _make(case, True)
+    dw0, db0 = K.conv2d_backward_weight(dy, x, wt.shape, s, p, g, bias=True, algo=algo)
+    junk_w, junk_b = torch.full_like(dw0, float("nan")), torch.full_like(db0, 7.0)
+    dw1, db1 = K.conv2d_backward_weight(dy, x, wt.shape, s, p, g, bias=True, algo=algo, dw=junk_w, db=junk_b,
+                                        overwrite=True)
+    assert dw1.data_ptr() == junk_w.data_ptr()
+    assert torch.equal(dw1, dw0) and torch.equal(db1, db0)
+    _, _, dw_ref, db_ref = _ref(x, wt, b, s, p, g, dy)
+    close(dw1, dw_ref, what="dw")
+    close(db1, db_ref, what="db")
+
+
 # Batch folding: maps below the fold threshold (64 output pixels) put several images into one GEMM; n is
 # chosen so the last chunk is partial (P=25 -> 3 images per GEMM; n=7 -> 3+3+1).
 FOLD_CASES = [(7, 5, 6, 5, 5, 3, 1, 1, 1), (7, 6, 4, 9, 9, 3, 2, 1, 2), (5, 5, 7, 5, 5, 1, 1, 0, 1),

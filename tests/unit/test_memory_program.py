@@ -47,6 +47,32 @@ def test_program_roundtrip_and_inplace_fusion():
     assert p.persistent_bytes > 0 and p.zero_ranges
 
 
+def _zeroed(p, s):
+    return any(o <= s.offset and s.offset + s.nbytes <= o + n for o, n in p.zero_ranges)
+
+
+def test_conv_weight_gradients_are_overwritten_not_zeroed():
+    """A conv weight gradient's only writer overwrites it (no zeroing pass before the step); every other
+    gradient is zeroed; overwrite_gradients=False (micro-batching) zeroes and accumulates them all."""
+    g, p = _prog()
+    grads = [s for s in p.slots if s.role == "gradient" and s.root == s.tensor and s.region == "persistent"]
+    ow = {t for c in p.calls if c.attr("overwrite") for t in c.outputs}
+    assert ow and all(c.kernel == "conv2d.grad_weight" for c in p.calls if c.attr("overwrite"))
+    conv_w = {s.tensor for s in grads if s.name.startswith("grad(") and len(s.shape) == 4}
+    assert conv_w and conv_w <= ow
+    for s in grads:
+        assert _zeroed(p, s) != (s.tensor in ow), s.name
+    acc = lower(g, default_plan(g, "c"), overwrite_gradients=False)
+    assert not any(c.attr("overwrite") for c in acc.calls)
+    assert all(_zeroed(acc, s) for s in acc.slots if s.role == "gradient" and s.root == s.tensor
+               and s.region == "persistent")
+    # a program that neither zeroes nor overwrites a gradient is refused
+    calls = tuple(dataclasses.replace(c, attrs=tuple(kv for kv in c.attrs if kv[0] != "overwrite"))
+                  for c in p.calls)
+    with pytest.raises(ProgramError, match="neither zeroed before the step nor overwritten"):
+        check_program(dataclasses.replace(p, calls=calls, _index={}))
+
+
 def _edit_slot(p, name, **kw):
     slots = tuple(dataclasses.replace(s, **kw) if s.name == name else s for s in p.slots)
     return dataclasses.replace(p, slots=slots, _index={})
