@@ -19,7 +19,8 @@ Accounting rules (the simulator/ILP should match these to predict ``Program.aren
 * Sizes are rounded up to 64 bytes; offsets are 64-byte aligned.
 * Persistent region (parameters, buffers, parameter gradients, optimizer state, constants) is placed first,
   sequentially, and is live for the whole program. Parameter gradients are one contiguous range, zeroed at
-  the start of each step (weight-gradient kernels accumulate).
+  the start of each step (weight-gradient kernels accumulate), but for those a call with attribute
+  ``overwrite`` writes (a conv weight gradient's only writer: port.exec.registry.overwrites_gradients).
 * ``peak_live_bytes`` = persistent + max over t of (aligned live scratch bytes + workspace at t): the
   lower bound any placement can reach; ``arena_bytes`` = persistent + the placement's high-water mark
   (>= peak_live_bytes by fragmentation).
@@ -405,7 +406,14 @@ def _check_ids_and_zero_ranges(program: Program, slot_of: dict) -> None:
                 raise ProgramError(f"program field zero_ranges[{k}] = ({o}, {nb}) covers {s.role or 'tensor'} "
                                    f"{s.name!r} [{s.offset}, {s.offset + s.nbytes}): only parameter gradients "
                                    f"may be zeroed")
-    # every persistent gradient starts the step at zero, or its writer overwrites it
+    # every persistent gradient starts the step at zero, or its writer overwrites it (only the C whole-tensor
+    # weight gradient can: port_conv2d_backward_weight_overwrite)
+    for c in p.calls:
+        if c.attr("overwrite") and not (c.kernel == "conv2d.grad_weight" and c.backend == "c"
+                                        and not c.variant.startswith("patch")):
+            raise ProgramError(f"call {c.index} ({c.name}): attribute 'overwrite' on a {c.backend} {c.kernel} "
+                               f"call ({c.variant}); only the C backend's whole-tensor conv2d.grad_weight "
+                               f"overwrites its gradients: drop the attribute and zero them (zero_ranges)")
     written = {t for c in p.calls if c.attr("overwrite") for t in c.outputs}
     for s in roots:
         if s.role == ROLE_GRADIENT and s.offset < p.persistent_bytes and s.tensor not in written and not any(

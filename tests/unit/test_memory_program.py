@@ -71,6 +71,11 @@ def test_conv_weight_gradients_are_overwritten_not_zeroed():
                   for c in p.calls)
     with pytest.raises(ProgramError, match="neither zeroed before the step nor overwritten"):
         check_program(dataclasses.replace(p, calls=calls, _index={}))
+    # ... and only the C conv weight gradient may claim to overwrite
+    bn = next(c for c in p.calls if c.kernel.startswith("batch_norm2d.grad_weight"))
+    calls = tuple(dataclasses.replace(c, attrs=c.attrs + (("overwrite", True),)) if c is bn else c for c in p.calls)
+    with pytest.raises(ProgramError, match="only the C backend's whole-tensor conv2d.grad_weight"):
+        check_program(dataclasses.replace(p, calls=calls, _index={}))
 
 
 def _edit_slot(p, name, **kw):
