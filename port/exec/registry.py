@@ -128,8 +128,7 @@ def op_calls(graph: Graph, op: Op, variant: str, backend: str) -> tuple[CallSpec
             kernel, ins = "batch_norm2d.grad_input_from_output", (op.inputs[0], y, bn.outputs[1], gamma, beta)
         else:
             kernel, ins = "batch_norm2d.grad_weight_from_output", (op.inputs[0], y, gamma, beta)
-    elif op.kind == "conv2d.grad_weight" and backend == "c" and not variant.startswith("patch") \
-            and overwrites_gradients(graph, op):
+    elif may_overwrite(op.kind, backend, variant) and overwrites_gradients(graph, op):
         attrs["overwrite"] = True
     elif op.kind == "cross_entropy.grad_input":
         ins = ins + (GRAD_SCALE_ID,)
@@ -140,6 +139,12 @@ def op_calls(graph: Graph, op: Op, variant: str, backend: str) -> tuple[CallSpec
                               tuple(sorted((base | {"operand": i}).items())))
                      for i, g in zip(attrs["grads"], outs))
     return (CallSpec(kernel, variant, backend, tuple(outs), tuple(ins), tuple(sorted(attrs.items())), covers),)
+
+
+def may_overwrite(kernel: str, backend: str, variant: str) -> bool:
+    """The calls that can carry attribute ``overwrite`` (port_conv2d_backward_weight_overwrite): the C backend's
+    whole-tensor conv weight gradient; every other call accumulates into its gradients."""
+    return kernel == "conv2d.grad_weight" and backend == "c" and not variant.startswith("patch")
 
 
 def overwrites_gradients(graph: Graph, op: Op) -> bool:

@@ -408,9 +408,9 @@ def _check_ids_and_zero_ranges(program: Program, slot_of: dict) -> None:
                                    f"may be zeroed")
     # every persistent gradient starts the step at zero, or its writer overwrites it (only the C whole-tensor
     # weight gradient can: port_conv2d_backward_weight_overwrite)
+    from port.exec.registry import may_overwrite
     for c in p.calls:
-        if c.attr("overwrite") and not (c.kernel == "conv2d.grad_weight" and c.backend == "c"
-                                        and not c.variant.startswith("patch")):
+        if c.attr("overwrite") and not may_overwrite(c.kernel, c.backend, c.variant):
             raise ProgramError(f"call {c.index} ({c.name}): attribute 'overwrite' on a {c.backend} {c.kernel} "
                                f"call ({c.variant}); only the C backend's whole-tensor conv2d.grad_weight "
                                f"overwrites its gradients: drop the attribute and zero them (zero_ranges)")
