@@ -105,14 +105,32 @@ def _extract(inst: Instance, v: Vars, vals: list[float]):
 
 FIRST_SHARE = 0.35      # of the time left: the first solve; then rolling-horizon improvement, then a final solve
 IMPROVE_SHARE = 0.6     # of the time left after the first solve: rolling horizon (port.solver.improve)
+PHASED_MIN_WINDOWS = 2  # the rolling horizon runs only on graphs longer than this many of its windows
+
+
+def _reserve_s(time_limit_s: float) -> float:
+    """Time kept back from the solver for what follows it (extracting, simulating and checking the plan), so
+    that a solve returns within its time limit."""
+    return 0.05 + 0.01 * time_limit_s
+
+
+def _phased(inst: Instance) -> bool:
+    """Whether a budgeted solve runs in phases (first solve, rolling horizon, final solve). On a graph of at
+    most PHASED_MIN_WINDOWS rolling-horizon windows of forward ops, a window's sub-MIP is most of the model,
+    and every restart repeats the solver's root work (ResNet-18 at 50% on jetson-orin-nano: ~7 s of cuts per
+    root); one solve with all the time finds better plans there (10 s: 341 -> 323 ms; 30 s: 309 -> 282 ms)."""
+    from port.ir.types import PHASE_FORWARD
+    from port.solver.improve import DEFAULT_WINDOW_OPS
+    return sum(1 for o in inst.graph.ops if o.phase == PHASE_FORWARD) > PHASED_MIN_WINDOWS * DEFAULT_WINDOW_OPS
 
 
 def _run(inst: Instance, budget: int | None, backend: str, time_limit_s: float, gap: float, warm,
          threads: int | None, allow_early: bool = True, max_reruns: int = 1,
          improve: bool = False) -> tuple[Result, Vars, Model]:
-    """Build and solve. ``improve`` (a budgeted model with a warm start): the solver gets FIRST_SHARE of the
-    time; if it stops above the gap, the rolling horizon improves its incumbent and a final solve starts from
-    that (solver/FORMULATION.md, "Phases"). The bound reported is the best of both solves."""
+    """Build and solve within ``time_limit_s`` (building included). ``improve`` (a budgeted model with a warm
+    start, on a graph long enough for ``_phased``): the solver gets FIRST_SHARE of the time; if it stops above
+    the gap, the rolling horizon improves its incumbent and a final solve starts from that
+    (solver/FORMULATION.md, "Phases"). The bound reported is the best of both solves."""
     t0 = time.perf_counter()
     unit = 1 if backend == "cpsat" else KiB
     m, v = build(inst, budget, mem_unit=unit, allow_early=allow_early, max_reruns=max_reruns)
@@ -123,8 +141,8 @@ def _run(inst: Instance, budget: int | None, backend: str, time_limit_s: float, 
             break
     solve = BACKENDS[backend]
     deadline = t0 + time_limit_s
-    if not improve or start is None or budget is None:
-        return solve(m, time_limit_s, gap, start=start, threads=threads), v, m
+    if not improve or start is None or budget is None or not _phased(inst):
+        return solve(m, max(0.1, deadline - time.perf_counter()), gap, start=start, threads=threads), v, m
     left = deadline - time.perf_counter()
     res = solve(m, max(min(left, 2.0), FIRST_SHARE * left), gap, start=start, threads=threads)
     left = deadline - time.perf_counter()
@@ -310,13 +328,13 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
     if budget < inst.static_bytes - (inst.grad_bytes if early_ok else 0):
         raise _infeasible(inst, budget, backend, threads, early_ok, max_reruns)
     warm = _baseline_warm(inst, budget, time_limit_s, early_ok, backend, threads) if warm_start else []
-    remaining = max(0.5, time_limit_s - (time.perf_counter() - t0))
+    remaining = max(0.5, time_limit_s - _reserve_s(time_limit_s) - (time.perf_counter() - t0))
     res, v, m = _run(inst, budget, backend, remaining, gap, warm, threads, early_ok, 1, improve=True)
     flat_infeasible = res.status == "infeasible"
     if res.values is None and max_reruns > 1 and res.status in ("infeasible", "timeout"):
         # below the single-level model's reach (or no plan in time): the multi-level model
         inst = build_instance(graph, profile, window=window, nested=True)
-        remaining = max(0.5, time_limit_s - (time.perf_counter() - t0))
+        remaining = max(0.5, time_limit_s - _reserve_s(time_limit_s) - (time.perf_counter() - t0))
         res, v, m = _run(inst, budget, backend, remaining, gap, warm, threads, early_ok, max_reruns, improve=True)
     if res.status == "infeasible":
         raise _infeasible(inst, budget, backend, threads, early_ok, max_reruns)
@@ -325,19 +343,24 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
             choice, rc, pg, at, early = warm[0]
             p = finish(inst, _plan(inst, choice, budget, rc, pg, at=at, early=early), budget, backend, t0)
             return dataclasses.replace(p, status="timeout", gap=float("nan"), objective_ms=p.predicted_step_ms)
-        if res.status == "timeout" and flat_infeasible:
-            # below the single-level model's reach and no multi-level plan in time: the minimum-peak search
-            # either finds a plan within the budget (returned, unproven) or names the smallest budget it reaches
-            found = min_feasible_budget(inst, backend, threads=threads, allow_early_updates=early_ok,
-                                        max_reruns=max_reruns)
-            if found[0] is not None and found[0] <= budget:
-                p = finish(inst, found[1], budget, backend, t0)
-                return dataclasses.replace(p, status="timeout", gap=float("nan"), objective_ms=p.predicted_step_ms)
+        if not (res.status == "timeout" and flat_infeasible):
+            if res.status == "timeout":
+                raise SolverError(f"{backend} found no plan within {time_limit_s:.1f} s and neither greedy nor "
+                                  f"Chen fits the budget; raise --time-limit or the budget")
+            raise SolverError(f"{backend} failed (status {res.status})")
+        # below the single-level model's reach and no multi-level plan in time: the minimum-peak search either
+        # finds a plan within the budget or names the smallest budget it reaches
+        found = min_feasible_budget(inst, backend, threads=threads, allow_early_updates=early_ok,
+                                    max_reruns=max_reruns)
+        if found[0] is None or found[0] > budget:
             raise _infeasible(inst, budget, backend, threads, early_ok, max_reruns, found=found)
-        if res.status == "timeout":
-            raise SolverError(f"{backend} found no plan within {time_limit_s:.1f} s and neither greedy nor Chen "
-                              f"fits the budget; raise --time-limit or the budget")
-        raise SolverError(f"{backend} failed (status {res.status})")
+        # a plan of least memory: it starts the budgeted multi-level solve (the time limit once more, the search
+        # having run past it), which trades the memory left over for time
+        res, v, m = _run(inst, budget, backend, max(0.5, time_limit_s - _reserve_s(time_limit_s)), gap,
+                         [_warm_of(inst, found[1])], threads, early_ok, max_reruns, improve=True)
+        if res.values is None:
+            p = finish(inst, found[1], budget, backend, t0)
+            return dataclasses.replace(p, status="timeout", gap=float("nan"), objective_ms=p.predicted_step_ms)
     choice, rc, pg, at, early = _extract(inst, v, res.values)
     full = _plan(inst, choice, budget, rc, pg, at=at, early=early)
     plan = _tidy(inst, full)       # a solution within the gap may carry a re-run nobody reads

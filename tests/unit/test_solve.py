@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+import port.solver
 from port import models
 from port.config import load_device
 from port.cost.roofline import modeled_profile
@@ -631,10 +632,31 @@ def test_solve_improves_an_incumbent_left_above_the_gap(resnet8_start, monkeypat
         return real(m, time_limit_s, gap, start=start, threads=threads)
 
     monkeypatch.setitem(BK.BACKENDS, "highs", first_stops)
+    monkeypatch.setattr(port.solver, "PHASED_MIN_WINDOWS", 0)    # resnet8 is short: phases only when asked
     p = solve(g, prof, B, gap=0.0, time_limit_s=120, max_reruns=1)
     assert len(calls) >= 3 and all(calls)          # first, windows, final: all from an incumbent
     assert p.status == "optimal" and p.predicted_peak_bytes <= B
     assert p.predicted_step_ms == pytest.approx(ref.predicted_step_ms, rel=1e-9)
+
+
+def test_a_short_graph_is_solved_in_one_solve_from_its_start(resnet8_start, monkeypatch):
+    """A graph of at most PHASED_MIN_WINDOWS rolling-horizon windows (resnet8: 26 forward ops) gets one solve
+    with the whole time limit, from the warm start (phases would repeat the solver's root work); the solve's time
+    limit leaves room for the plan's extraction and check within the caller's."""
+    from port.solver import backends as BK
+    g, prof, _inst, B, _m, _v, _start = resnet8_start
+    real = BK.BACKENDS["highs"]
+    calls = []
+
+    def record(m, time_limit_s, gap, start=None, threads=None):
+        calls.append((start is not None, time_limit_s))
+        return real(m, time_limit_s, gap, start=start, threads=threads)
+
+    monkeypatch.setitem(BK.BACKENDS, "highs", record)
+    p = solve(g, prof, B, gap=0.0, time_limit_s=120, max_reruns=1)
+    assert p.status == "optimal" and p.predicted_peak_bytes <= B
+    assert len(calls) == 1 and calls[0][0]
+    assert 100 < calls[0][1] <= 120 - port.solver._reserve_s(120)
 
 
 def test_no_multi_level_plan_in_time_falls_back_to_the_minimum_peak_search(monkeypatch):
@@ -671,6 +693,22 @@ def test_no_multi_level_plan_in_time_falls_back_to_the_minimum_peak_search(monke
     with pytest.raises(InfeasibleBudgetError) as ei:
         solve(g, prof, mn - 1, allow_early_updates=False, max_reruns=3)
     assert ei.value.min_feasible_bytes == mn
+    # the first budgeted multi-level solve times out; the least-memory plan starts a second one, which trades the
+    # budget's slack for time: a plan with a proven gap, no slower than the least-memory plan
+    nested = []
+
+    def first_nested_budget_times_out(m, time_limit_s, gap, start=None, threads=None):
+        if "peak" not in m.index and any(n.startswith("h[") for n in m.names):
+            nested.append(start is not None)
+            if len(nested) == 1:
+                return BK.Result("timeout", None, None, None, time_limit_s, "highs")
+        return real(m, time_limit_s, gap, start=start, threads=threads)
+
+    monkeypatch.setitem(BK.BACKENDS, "highs", first_nested_budget_times_out)
+    q = solve(g, prof, B, allow_early_updates=False, max_reruns=3, gap=0.0)
+    assert len(nested) == 2 and nested[1]
+    assert q.status == "optimal" and q.gap == 0.0 and q.predicted_peak_bytes <= B
+    assert q.predicted_step_ms <= p.predicted_step_ms * (1 + 1e-9)
 
 
 def test_no_baseline_fits_the_restricted_solve_seeds_the_ilp(monkeypatch):
