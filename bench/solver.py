@@ -227,7 +227,7 @@ def run_checkmate():
     multi-level), and at 70%/50% of A: Checkmate (HiGHS, CM_TIME_S) vs PORT single-level vs PORT default."""
     from port.plan.semantics import static_bytes
     from port.solver import min_feasible_budget
-    from port.solver.checkmate import build as cm_build, working_set_bound
+    from port.solver.checkmate import build as cm_build, window_bound, working_set_bound
     from port.solver.instance import build_instance
     rows, mins = [], []
     for name, batch, hw, width in CM_CASES:
@@ -236,6 +236,11 @@ def run_checkmate():
         S = static_bytes(g)
         act = keep.predicted_peak_bytes - S
         lb = working_set_bound(g, prof)[0] - S
+        wb = window_bound(g, prof, time_limit_s=CM_TIME_S)     # tightens lb: proven over a block's backward
+        wlb = max(lb, wb.bound_bytes - S)
+        wnote = (f"{wlb/1e6:.3f} ({wb.solve_s:.1f} s, {wb.status}; steps {wb.first_stage}-{wb.last_stage}, "
+                 f"roots >= " + (f"{wb.min_root_bytes/2**20:.0f} MiB)" if wb.min_root_bytes >= 2**20
+                                       else f"{wb.min_root_bytes/2**10:.1f} KiB)"))
         t0 = time.perf_counter()
         m1, _p, pr1 = min_feasible_budget(build_instance(g, prof, nested=False), allow_early_updates=False)
         t1 = time.perf_counter() - t0
@@ -254,9 +259,9 @@ def run_checkmate():
             sim = simulate(p3, g, prof)
             peak = f"{g.ops[sim.steps[sim.peak_step][1]].name}: " + ", ".join(
                 t for t in sim.peak_tensors if not t.startswith("static"))
-        mins.append(dict(case=label, ops=len(g.ops), act=act, lb=lb, m1=m1 - S if m1 else None, pr1=pr1, t1=t1,
+        mins.append(dict(case=label, ops=len(g.ops), act=act, lb=lb, wlb=wlb, wnote=wnote, m1=m1 - S if m1 else None, pr1=pr1, t1=t1,
                          m3=m3 - S if m3 else None, pr3=pr3, t3=t3, peak=peak, m24=m24, t24=t24))
-        print(f"{label}: A={act/1e6:.2f} MB lb={lb/1e6:.2f} single={fmt((m1 - S)/1e6 if m1 else None)} "
+        print(f"{label}: A={act/1e6:.2f} MB lb={lb/1e6:.2f} window lb={wnote} single={fmt((m1 - S)/1e6 if m1 else None)} "
               f"multi={fmt((m3 - S)/1e6 if m3 else None)} ({t3:.1f}s, proven {pr3})", flush=True)
         for frac in (0.7, 0.5):
             B = S + int(act * frac)
@@ -293,27 +298,34 @@ def checkmate_section(rows, mins, secs: float) -> tuple[str, str]:
         out.append(f"| {r['case']} ({r['ops']}; Checkmate {r['cm_vars']} binaries) | {int(r['frac']*100)}% | "
                    f"{c['status']}, {c['s']:.1f}, {pct(c['over'])} | {a['status']}, {a['s']:.1f}, {pct(a['over'])} | "
                    f"{b['status']}, {b['s']:.1f}, {fmt(b['gap'], 4)}, {pct(b['over'])}, {b['multi']} |")
-    out += ["", "| case | keep-everything activations A MB | lower bound (largest working set) MB | PORT min, single-level MB "
-            f"| PORT min, multi-level MB (s, proven) | multi-level min / bound | K={CM_WIDE_K} min MB (s, proven) / bound "
+    out += ["", "| case | keep-everything activations A MB | lower bound (largest working set) MB | proven lower bound "
+            "(window) MB (s, status; window) | PORT min, single-level MB | PORT min, multi-level MB (s, proven) | "
+            f"multi-level min / bound, / window bound | K={CM_WIDE_K} min MB (s, proven) / bound, / window bound "
             "| at the minimum's peak (op: live tensors) |",
-            "|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|"]
     for m in mins:
-        wide = (f"{m['m24']/1e6:.3f} ({m['t24'][0]:.1f}, {m['t24'][1]}) / {m['m24']/m['lb']:.2f}x" if m["m24"]
-                else "-")
-        out.append(f"| {m['case']} | {m['act']/1e6:.2f} | {m['lb']/1e6:.2f} | {fmt(m['m1']/1e6 if m['m1'] else None)} | "
+        wide = (f"{m['m24']/1e6:.3f} ({m['t24'][0]:.1f}, {m['t24'][1]}) / {m['m24']/m['lb']:.2f}x, "
+                f"{m['m24']/m['wlb']:.2f}x" if m["m24"] else "-")
+        ratio = f"{m['m3']/m['lb']:.2f}x, {m['m3']/m['wlb']:.2f}x" if m["m3"] else "-"
+        out.append(f"| {m['case']} | {m['act']/1e6:.2f} | {m['lb']/1e6:.2f} | {m['wnote']} | "
+                   f"{fmt(m['m1']/1e6 if m['m1'] else None)} | "
                    f"{fmt(m['m3']/1e6 if m['m3'] else None)} ({m['t3']:.1f}, {m['pr3']}) | "
-                   f"{fmt(m['m3']/m['lb'] if m['m3'] else None, 2)} | {wide} | {m['peak']} |")
-    out += ["", "Gap to the bound (ResNet-18): the bound counts one op's inputs and outputs (6.29 MB: a residual "
-            "gradient sum, `grad_accumulate`, two partial gradients and their sum, or a batch norm's input "
-            "gradient: dy, x and dx, each 2 MB). Any plan holds one more 2 MB checkpoint at such a step (a block "
-            "input that later backward ops need, unless re-run from the image through 17 ops), so 8.4 MB is about "
-            "the floor. PORT's minimum also holds what its window cannot re-run: with K=12, at the peak (several "
-            "plans tie; the table names one) the input of layer1.1 and two of its activations are held while "
-            "layer2.0 is re-run beside the residual gradients (another tie peaks at the gradient sum itself, a "
-            "new buffer, not accumulated in place); with K=24 the peak (in a run outside this table) was a re-run "
-            "of layer1.1's second batch norm during its backward, with the block input, two of its activations "
-            "and a gradient held, which deeper re-run chains (more re-runs per op than J=3 within one block) "
-            "would drop. The wider window's solve (minutes) is why it is not the default."]
+                   f"{ratio} | {wide} | {m['peak']} |")
+    out += ["", "Gap to the bound (ResNet-18): the working-set bound counts one op's inputs and outputs (6.29 MB: "
+            "a batch norm's input gradient, dy, x and dx, or a residual gradient sum, each tensor 2 MB). The "
+            "window bound (`port.solver.checkmate.window_bound`) is the least peak HiGHS proves for the backward "
+            "steps of the block around that op (layer1.1), relaxed so that it bounds every schedule of the graph "
+            "in Checkmate's space (graph order, any op re-run any number of times at backward steps): anything "
+            "may be held entering the window, any op may be re-run, roots under 2 MiB are free. It is five 2 MB "
+            "tensors, not four: the block's skip gradient (grad of layer1.1.add) is read by its first and last "
+            "backward steps and is held across them; conv2's weight gradient reads its output gradient and "
+            "relu1's output while relu1's input gradient, made one step earlier, waits for the next step; and "
+            "any re-run of a layer1 activation in those steps reads one 2 MB tensor and writes another beside "
+            "the held gradients. So the 1.5x target (9.43 MB) is below every schedule's peak; PORT's K=24 "
+            "minimum reaches the proven bound (optimal) and the default K=12 minimum is within the ratio shown: "
+            "at its peak (several plans tie; the table names one) layer1.1's input and two of its activations "
+            "are held while layer2.0 is re-run beside the residual gradients, which only a longer window "
+            "re-runs. The wider window's solve (minutes) is why it is not the default."]
     proven = [r for r in rows if r["cm"]["status"] == "optimal"]
     within = [r for r in proven if r["p3"]["over"] is not None and r["p3"]["over"] <= r["cm"]["over"] + 0.01]
     r18 = [m for m in mins if m["case"].startswith("resnet18")]
@@ -321,8 +333,10 @@ def checkmate_section(rows, mins, secs: float) -> tuple[str, str]:
             f"{len(within)}/{len(proven)} cases (target all), max PORT solve "
             f"{max(r['p3']['s'] for r in rows):.1f}s vs Checkmate {max(r['cm']['s'] for r in rows):.1f}s; "
             + "; ".join(f"{m['case']} min {m['m3']/m['lb']:.2f}x the working-set bound"
-                        + (f" (K={CM_WIDE_K}: {m['m24']/m['lb']:.2f}x)" if m["m24"] else "") for m in r18 if m["m3"])
-            + " (target <= 1.5x)")
+                        + (f" (K={CM_WIDE_K}: {m['m24']/m['lb']:.2f}x)" if m["m24"] else "") + " (target <= 1.5x"
+                        + (f", unreachable: every schedule peaks >= {m['wlb']/m['lb']:.2f}x, proven" if
+                           m["wlb"] > 1.5 * m["lb"] else "") + f"); min / proven window bound {m['m3']/m['wlb']:.2f}x"
+                        + (f" (K={CM_WIDE_K}: {m['m24']/m['wlb']:.2f}x)" if m["m24"] else "") for m in r18 if m["m3"]))
     sec = (f"## Solver vs Checkmate (matched memory model)\n\n`python bench/solver.py --checkmate --write` "
            f"({time.strftime('%Y-%m-%d')}, {_cpu()}, load {_load()}; {secs:.0f} s). Matched model: one "
            f"accelerator (host cpu-c, modeled), plain variants, no workspace, no hand-offs, no paging, no early "

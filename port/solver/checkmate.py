@@ -23,14 +23,22 @@ R[t,prod r] (1 when prod r = t); ``mem[t,k]``: the running sum U; ``free_*``: th
 Objective: sum of re-run latencies (the ops themselves are a constant). The solution becomes a PORT plan with
 ``recompute_at`` = {(p, t): R[t,p] = 1} (re-runs nothing reads are dropped: ``drop_idle_reruns``); the simulator then prices it
 under PORT's semantics, where every copy lives only to its last use (never longer than in the MILP).
+
+Lower bounds: ``working_set_bound`` (static + the largest op's working set) and ``window_bound``, the least
+peak of the same MILP over a window of backward stages with three relaxations (any root born before the
+window may be held entering it, any op owning a root may be re-run, roots below a size are free), solved to
+optimality by HiGHS: every schedule in Checkmate's space (graph order, any re-runs at backward steps) peaks
+at least that high, so a plan that reaches it is optimal.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 from port.cost.types import Profile
 from port.errors import PlanError
+from port.ir.types import PHASE_BACKWARD
 from port.plan import semantics as SEM
 from port.plan.types import OpDecision, Plan
 from port.solver.formulation import KiB, Model
@@ -73,9 +81,18 @@ class CheckmateModel:
     num_binaries: int
 
 
-def build(graph, profile: Profile, accelerator: str, budget_bytes: int, unit: int = KiB) -> CheckmateModel:
+def build(graph, profile: Profile, accelerator: str, budget_bytes: int | None, unit: int = KiB,
+          stages: tuple[int, int] | None = None, rerun_any: bool = False, min_root_bytes: int = 0) -> CheckmateModel:
+    """The MILP of the module docstring at ``budget_bytes``. ``budget_bytes=None``: no budget; instead a
+    variable ``P`` (bytes / unit above static memory) bounds every ``U`` and is minimised (the least peak).
+    ``stages=(a, b)``: only stages a..b, with any root born before a free to be held entering stage a (what a
+    full schedule holds there is one choice), and ``rerun_any``: any op that owns a root may be re-run at a
+    backward step, not only recomputable forward ops (Checkmate's own space); ``min_root_bytes``: smaller roots
+    are free (no bytes, always readable). All three only relax the model, so a least peak proven for such a
+    window is a lower bound on every full schedule's peak (``window_bound``)."""
     g = graph
     n = len(g.ops)
+    a, b = stages if stages is not None else (0, n - 1)
     cost, ws = [], []
     for o in g.ops:
         c = profile.lookup(g.signature(o), accelerator, "plain")
@@ -83,14 +100,16 @@ def build(graph, profile: Profile, accelerator: str, budget_bytes: int, unit: in
             raise PlanError(f"checkmate: op {o.name!r} has no plain entry on {accelerator!r} in the profile")
         cost.append(c.latency_ms)
         ws.append(c.extra_bytes)
-    roots = SEM.activation_roots(g)
+    roots = {r: R_ for r, R_ in SEM.activation_roots(g).items() if R_.bytes >= min_root_bytes}
     S0 = SEM.static_bytes(g)
     root_of = g.storage_root
     ins = [sorted({root_of(t) for t in o.inputs} & set(roots)) for o in g.ops]
     outs = [sorted({t for t in o.outputs if t in roots and roots[t].birth == o.id}) for o in g.ops]
     prod = {r: R_.birth for r, R_ in roots.items()}
-    rc = set(SEM.recompute_times(g))
-    bwd = [t for t in range(n) if SEM.is_backward(g, t)]
+    rc = {p for p in SEM.recompute_times(g) if outs[p]}
+    if rerun_any:
+        rc |= {o.id for o in g.ops if outs[o.id] and o.phase != "update"}
+    bwd = [t for t in range(a, b + 1) if SEM.is_backward(g, t)]
     readers = SEM.readers_by_root(g, skip=lambda t: SEM.is_static(g, t))
     # need[r]: the last step anything may read r (a re-run of a recomputable reader extends it)
     need_op: dict[int, int] = {}
@@ -114,14 +133,19 @@ def build(graph, profile: Profile, accelerator: str, budget_bytes: int, unit: in
                 Rv[t, p] = m.var(f"R[{t},{p}]")
     Sv: dict[tuple[int, int], int] = {}
     for r, R_ in roots.items():
-        for t in range(R_.birth + 1, need[r] + 1):
+        for t in range(max(R_.birth + 1, a), min(need[r], b) + 1):
             Sv[t, r] = m.var(f"S[{t},{r}]")
 
     def run(t: int, k: int):      # (var or None, constant)
         return (None, 1.0) if k == t else ((Rv[t, k], 0.0) if (t, k) in Rv else (None, 0.0))
 
-    cap = (budget_bytes - S0) / unit
-    for t in range(n):
+    peak = None
+    if budget_bytes is None:
+        cap = float(sum(R_.bytes for R_ in roots.values()) + max(ws, default=0)) / unit
+        peak = m.var("P", 0.0, cap, integer=False)
+    else:
+        cap = (budget_bytes - S0) / unit
+    for t in range(a, b + 1):
         ks = [p for p in sorted(rc) if (t, p) in Rv] + [t]
         # dependencies: a node runs only when each root it reads is held or re-run earlier in the stage
         for k in ks:
@@ -172,7 +196,12 @@ def build(graph, profile: Profile, accelerator: str, budget_bytes: int, unit: in
                 for var, b in prev_free.items():
                     row[var] = row.get(var, 0.0) + b
             m.row(f"mem[{t},{k}]", row, const, const)
-            if ws[k]:
+            if peak is not None:
+                crow = {u: 1.0, peak: -1.0}
+                if rv is not None:
+                    crow[rv] = ws[k] / unit
+                m.row(f"peak[{t},{k}]", crow, hi=0.0 if rv is not None else -ws[k] / unit)
+            elif ws[k]:
                 crow = {u: 1.0}
                 if rv is not None:
                     crow[rv] = ws[k] / unit
@@ -195,7 +224,7 @@ def build(graph, profile: Profile, accelerator: str, budget_bytes: int, unit: in
                 # r is freed at most once per stage: by the last node that reads it (the rows above)
                 prev_free[f] = roots[r].bytes / unit
             prev_u = u
-    m.obj = {v: cost[p] for (t, p), v in Rv.items()}
+    m.obj = {peak: 1.0} if peak is not None else {v: cost[p] for (t, p), v in Rv.items()}
     nb = sum(1 for x in m.integer if x)
     return CheckmateModel(m, Rv, S0, nb)
 
@@ -234,3 +263,56 @@ def solve_checkmate(graph, profile, budget_bytes, time_limit_s: float = 30.0, ga
         total = res.objective + sum(profile.lookup(graph.signature(o), acc, "plain").latency_ms for o in graph.ops)
         gap_step = max(0.0, (res.objective - res.bound) / max(total, 1e-12))
     return dataclasses.replace(out, status=status, gap=gap_step)
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowBound:
+    """A proven lower bound on the peak of every schedule of the graph in Checkmate's space (plain variants,
+    one accelerator, the graph's order, any op re-run any number of times at backward steps, at most once per
+    stage): static bytes + HiGHS's dual bound on the least peak over stages ``first_stage..last_stage`` of the
+    relaxed model (``build(stages=..., rerun_any=True, min_root_bytes=...)``). ``best_bytes``: the least
+    peak of a relaxed window schedule HiGHS found (equal to the bound when ``status`` is "optimal")."""
+    bound_bytes: int
+    best_bytes: int | None
+    status: str
+    first_stage: int
+    last_stage: int
+    min_root_bytes: int
+    solve_s: float
+
+
+def block_window(graph, profile: Profile, accelerator: str | None = None) -> tuple[int, int]:
+    """The backward steps of the module block around the op with the largest working set
+    (``working_set_bound``): from the first to the last backward op named ``<block>.*``, where ``<block>``
+    is that op's name less its last two parts (``layer1.1`` for ``layer1.1.bn2.grad_input``); ops 6 either
+    side when the name has no such prefix."""
+    name = working_set_bound(graph, profile, accelerator)[1]
+    at = next(o.id for o in graph.ops if o.name == name)
+    parts = name.split(".")
+    if len(parts) > 2:
+        pre = ".".join(parts[:-2]) + "."
+        ids = [o.id for o in graph.ops if o.phase == PHASE_BACKWARD and o.name.startswith(pre)]
+        if ids:
+            return min(ids), max(ids)
+    return max(0, at - 6), min(len(graph.ops) - 1, at + 6)
+
+
+def window_bound(graph, profile: Profile, stages: tuple[int, int] | None = None, time_limit_s: float = 60.0,
+                 min_root_bytes: int | None = None, accelerator: str | None = None,
+                 threads: int | None = None) -> WindowBound:
+    """The least peak over a window of stages (default ``block_window``), relaxed as in ``build`` so that it
+    bounds every full schedule from below; roots smaller than ``min_root_bytes`` (default: the largest
+    activation root's size) are free, which keeps the MILP small. It tightens ``working_set_bound`` by
+    what the ops around the largest working set must hold beside it."""
+    from port.solver.backends import BACKENDS
+    acc = accelerator or profile.accelerators[0]
+    a, b = stages if stages is not None else block_window(graph, profile, acc)
+    if min_root_bytes is None:
+        min_root_bytes = max((r.bytes for r in SEM.activation_roots(graph).values()), default=0)
+    cm = build(graph, profile, acc, None, stages=(a, b), rerun_any=True, min_root_bytes=min_root_bytes)
+    res = BACKENDS["highs"](cm.model, time_limit_s, 0.0, start=None, threads=threads)
+    unit = cm.model.mem_unit
+    lo = res.bound if res.bound is not None else 0.0
+    bound = cm.static_bytes + max(0, int(math.floor(lo * unit + 1e-6)))
+    best = cm.static_bytes + int(math.ceil(res.objective * unit - 1e-6)) if res.objective is not None else None
+    return WindowBound(bound, best, res.status, a, b, min_root_bytes, res.solve_time_s)

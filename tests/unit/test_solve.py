@@ -532,6 +532,25 @@ def test_checkmate_and_multi_level_ilp_equal_brute_force(narrow):
     assert proven and mn == lo
 
 
+def test_window_bound_is_a_lower_bound_that_the_brute_force_optimum_reaches(narrow):
+    """``window_bound`` over all stages equals the least peak of every plan with up to two re-runs per op
+    (brute force); a window of the backward steps, or free small roots, only relax it (never above); the
+    working-set bound is never above it either."""
+    from port.solver.checkmate import window_bound, working_set_bound
+    g, prof, bf_fn = narrow
+    lo = min(v[0] for v in bf_fn(g, prof).values())
+    n = len(g.ops)
+    full = window_bound(g, prof, stages=(0, n - 1), min_root_bytes=0, time_limit_s=30)
+    assert full.status == "optimal" and full.best_bytes == full.bound_bytes
+    assert full.bound_bytes == lo
+    assert working_set_bound(g, prof)[0] <= full.bound_bytes
+    first_bwd = next(o.id for o in g.ops if o.phase == "backward")
+    for kw in (dict(stages=(first_bwd, n - 1), min_root_bytes=0), dict(stages=(0, n - 1), min_root_bytes=4096),
+               dict(stages=(first_bwd + 2, first_bwd + 4), min_root_bytes=0)):
+        part = window_bound(g, prof, time_limit_s=30, **kw)
+        assert part.status == "optimal" and part.bound_bytes <= full.bound_bytes, kw
+
+
 def test_multi_level_recompute_reaches_below_single_level():
     """A stem and one depthwise-separable block (43 ops, batch 4, 9x9) at 50% of keep-everything activations:
     the single-level model has no plan; the multi-level one re-runs ops twice and equals Checkmate's proven
