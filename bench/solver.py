@@ -158,7 +158,8 @@ def notes(rows) -> str:
     for r in miss:
         why = ("no plan found (and neither greedy nor Chen fits)" if r["status"].startswith("error")
                else "below the single-level model's reach, the multi-level model found no plan in the time limit: "
-                    "the minimum-peak search (up to 60 s) found one, and a second budgeted solve started from it"
+                    "the minimum-peak search, stopped at its first plan within the budget, found one, and a second "
+                    "budgeted solve started from it"
                if r["time"] > 2 * r["target"]
                else "HiGHS stopped at the time limit with this gap")
         lines.append(f"- MISSED target: {r['model']} b{r['batch']} {r['device']} {int(r['frac']*100)}%: {r['status'][:40]} in "

@@ -126,7 +126,7 @@ def _phased(inst: Instance) -> bool:
 
 def _run(inst: Instance, budget: int | None, backend: str, time_limit_s: float, gap: float, warm,
          threads: int | None, allow_early: bool = True, max_reruns: int = 1,
-         improve: bool = False) -> tuple[Result, Vars, Model]:
+         improve: bool = False, target_bytes: int | None = None) -> tuple[Result, Vars, Model]:
     """Build and solve within ``time_limit_s`` (building included). ``improve`` (a budgeted model with a warm
     start, on a graph long enough for ``_phased``): the solver gets FIRST_SHARE of the time; if it stops above
     the gap, the rolling horizon improves its incumbent and a final solve starts from that
@@ -142,7 +142,8 @@ def _run(inst: Instance, budget: int | None, backend: str, time_limit_s: float, 
     solve = BACKENDS[backend]
     deadline = t0 + time_limit_s
     if not improve or start is None or budget is None or not _phased(inst):
-        return solve(m, max(0.1, deadline - time.perf_counter()), gap, start=start, threads=threads), v, m
+        kw = {"target": target_bytes / unit} if target_bytes is not None and backend == "highs" else {}
+        return solve(m, max(0.1, deadline - time.perf_counter()), gap, start=start, threads=threads, **kw), v, m
     left = deadline - time.perf_counter()
     res = solve(m, max(min(left, 2.0), FIRST_SHARE * left), gap, start=start, threads=threads)
     left = deadline - time.perf_counter()
@@ -168,10 +169,12 @@ def _run(inst: Instance, budget: int | None, backend: str, time_limit_s: float, 
 
 def min_feasible_budget(inst: Instance, solver: str = "highs", time_limit_s: float = MIN_PEAK_TIME_LIMIT_S,
                         threads: int | None = None, allow_early_updates: bool = True,
-                        max_reruns: int = DEFAULT_MAX_RERUNS) -> tuple[int | None, Plan | None, bool]:
+                        max_reruns: int = DEFAULT_MAX_RERUNS,
+                        target_bytes: int | None = None) -> tuple[int | None, Plan | None, bool]:
     """Smallest peak any plan reaches (solved to optimality with the same model): (bytes, plan, proven).
     With ``max_reruns`` > 1 and a nested instance, the single-level minimum is found first and warm-starts the
-    multi-level (nested recompute) model."""
+    multi-level (nested recompute) model. ``target_bytes`` (HiGHS): stop at the first plan whose modeled peak
+    is within it (not proven minimal then): the search for any plan within a budget."""
     t0 = time.perf_counter()
     backend = solver if solver in BACKENDS else "highs"
     warm = None
@@ -183,7 +186,8 @@ def min_feasible_budget(inst: Instance, solver: str = "highs", time_limit_s: flo
     elif not inst.nested:
         max_reruns = 1
     left = max(1.0, time_limit_s - (time.perf_counter() - t0))
-    res, v, m = _run(inst, None, backend, left, 0.0, warm, threads, allow_early_updates, max_reruns)
+    res, v, m = _run(inst, None, backend, left, 0.0, warm, threads, allow_early_updates, max_reruns,
+                     target_bytes=target_bytes)
     if res.values is None:
         return None, None, False
     choice, rc, pg, at, early = _extract(inst, v, res.values)
@@ -351,7 +355,7 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
         # below the single-level model's reach and no multi-level plan in time: the minimum-peak search either
         # finds a plan within the budget or names the smallest budget it reaches
         found = min_feasible_budget(inst, backend, threads=threads, allow_early_updates=early_ok,
-                                    max_reruns=max_reruns)
+                                    max_reruns=max_reruns, target_bytes=budget)
         if found[0] is None or found[0] > budget:
             raise _infeasible(inst, budget, backend, threads, early_ok, max_reruns, found=found)
         # a plan of least memory: it starts the budgeted multi-level solve (the time limit once more, the search

@@ -117,9 +117,13 @@ def _highs_threads(h, threads: int | None) -> None:
 
 
 def solve_highs(m: Model, time_limit_s: float, gap: float, start: list[float] | None = None,
-                threads: int | None = None) -> Result:
+                threads: int | None = None, target: float | None = None) -> Result:
+    """``target``: stop at the first solution with objective <= target (HiGHS's objective_target; status
+    "feasible"), e.g. the first plan within a memory budget in the min-peak model."""
     import highspy
     h = _highs_model(m)
+    if target is not None:
+        h.setOptionValue("objective_target", float(target))
     h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
     h.setOptionValue("mip_rel_gap", float(gap))
     # tighter than HiGHS's 1e-7: with the defaults, presolve proved a worse incumbent optimal on resnet8's

@@ -699,16 +699,24 @@ def test_no_multi_level_plan_in_time_falls_back_to_the_minimum_peak_search(monke
         solve(g, prof, B, allow_early_updates=False, max_reruns=1)
     real = BK.BACKENDS["highs"]
 
-    def nested_budget_times_out(m, time_limit_s, gap, start=None, threads=None):
+    targets = []
+
+    def nested_budget_times_out(m, time_limit_s, gap, start=None, threads=None, **kw):
         if "peak" not in m.index and any(n.startswith("h[") for n in m.names):
             return BK.Result("timeout", None, None, None, time_limit_s, "highs")
-        return real(m, time_limit_s, gap, start=start, threads=threads)
+        targets.append(kw.get("target"))
+        return real(m, time_limit_s, gap, start=start, threads=threads, **kw)
 
     monkeypatch.setitem(BK.BACKENDS, "highs", nested_budget_times_out)
     p = solve(g, prof, B, allow_early_updates=False, max_reruns=3)
     assert p.status == "timeout" and p.predicted_peak_bytes <= B
     assert any([q for q, _t in p.recompute_at].count(q) > 1 for q, _t in p.recompute_at)
-    mn = p.predicted_peak_bytes
+    assert targets[-1] is not None and targets[-1] * 1024 == B   # the search stops at a plan within the budget
+    from port.solver import min_feasible_budget
+    mn, _plan, proven = min_feasible_budget(build_instance(g, prof), allow_early_updates=False)
+    assert proven and mn <= p.predicted_peak_bytes
+    mt, pt, proven_t = min_feasible_budget(build_instance(g, prof), allow_early_updates=False, target_bytes=B)
+    assert mn <= mt <= B and pt.predicted_peak_bytes == mt and not proven_t    # stopped within B, not proven
     with pytest.raises(InfeasibleBudgetError) as ei:
         solve(g, prof, mn - 1, allow_early_updates=False, max_reruns=3)
     assert ei.value.min_feasible_bytes == mn
@@ -716,12 +724,12 @@ def test_no_multi_level_plan_in_time_falls_back_to_the_minimum_peak_search(monke
     # budget's slack for time: a plan with a proven gap, no slower than the least-memory plan
     nested = []
 
-    def first_nested_budget_times_out(m, time_limit_s, gap, start=None, threads=None):
+    def first_nested_budget_times_out(m, time_limit_s, gap, start=None, threads=None, **kw):
         if "peak" not in m.index and any(n.startswith("h[") for n in m.names):
             nested.append(start is not None)
             if len(nested) == 1:
                 return BK.Result("timeout", None, None, None, time_limit_s, "highs")
-        return real(m, time_limit_s, gap, start=start, threads=threads)
+        return real(m, time_limit_s, gap, start=start, threads=threads, **kw)
 
     monkeypatch.setitem(BK.BACKENDS, "highs", first_nested_budget_times_out)
     q = solve(g, prof, B, allow_early_updates=False, max_reruns=3, gap=0.0)
