@@ -1,6 +1,6 @@
 """Solver benchmark: ResNet-18, VGG-16, MobileNetV2 (CIFAR) and a depthwise-separable net with an odd input
-size (examples/dsnet, width 32, 37x37), batch 32 and 8, on host, jetson-orin-nano and iphone-15-pro (modeled
-profiles), budgets 100/50/25% of the naive peak (the simulator's peak of the
+size (examples/dsnet, width 32, 37x37), batch 32 and 8, on host (a profile measured here, quick timing; kept
+under runs/bench_profiles/host and reused while valid), jetson-orin-nano and iphone-15-pro (modeled profiles), budgets 100/50/25% of the naive peak (the simulator's peak of the
 single-accelerator keep-everything plain late-update plan), every ILP backend vs the baselines; per (model,
 device) the minimum feasible budget (min-peak solve) as % of the naive peak; plus ResNet-50 and ResNet-101
 (1245 ops) on host.
@@ -60,6 +60,40 @@ def graph_of(name: str, batch: int = 32):
     return trace(model, torch.randn(batch, *shape), optimizer="sgd_momentum", name=name)
 
 
+PROFILE_DIR = ROOT / "runs" / "bench_profiles" / "host"   # measured host profiles, reused while still valid
+PROFILED = {}   # (model, batch) -> how the host profile came about (for the section's text)
+
+
+def host_profile(name: str, batch: int, g):
+    """The host's measured profile (quick timing: port.cost.measure's QUICK_* blocks) of ``g``, reusing the
+    entries of an earlier run's file unless it was measured on another CPU model or C-kernel build
+    (port.pipeline.stale_reason); the measured-profile rule every command follows."""
+    from port.cost import measure as M
+    from port.cost.io import load_profile, save_profile
+    from port.pipeline import stale_reason
+    PROFILE_DIR.mkdir(parents=True, exist_ok=True)
+    path = PROFILE_DIR / f"solver_{name}_b{batch}.json"
+    cache = None
+    if path.exists():
+        try:
+            cache = load_profile(path, device="host")
+            if stale_reason(cache):
+                cache = None
+        except Exception as e:  # noqa: BLE001  (an unreadable file is measured again)
+            print(f"ignoring {path}: {e}")
+            cache = None
+    t = time.perf_counter()
+    prof, rep = M.profile_with_report(g, load_device("host"), cache=cache, blocks=M.QUICK_BLOCKS,
+                                      block_ms=M.QUICK_BLOCK_MS, warmup_ms=M.QUICK_WARMUP_MS)
+    if rep.measured:
+        save_profile(prof, path)
+    PROFILED[name, batch] = (time.perf_counter() - t, rep.measured, rep.reused,
+                             sum(not e.measured for e in prof.entries))
+    print(f"{name} b{batch} host profile: measured {rep.measured}, reused {rep.reused} in "
+          f"{time.perf_counter() - t:.1f}s -> {path.relative_to(ROOT)}", flush=True)
+    return prof
+
+
 def fmt(x, nd=3):
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
 
@@ -71,7 +105,7 @@ def run(quick: bool):
         for dev in DEVICES:
             if mname in BIGS and dev != "host":
                 continue
-            prof = modeled_profile(g, load_device(dev))
+            prof = host_profile(mname, batch, g) if dev == "host" else modeled_profile(g, load_device(dev))
             base = SOLVERS["single"](g, prof, 10**15, accelerator=prof.accelerators[0])
             naive = base.predicted_peak_bytes
             fracs = (0.5,) if (mname in BIGS or batch != 32) and quick else FRACS
@@ -399,15 +433,20 @@ def main() -> None:
     md = table(rows)
     head = headline(rows)
     print(md)
+    prof_s = sum(v[0] for v in PROFILED.values())
+    n_meas, n_reuse, n_model = (sum(v[k] for v in PROFILED.values()) for k in (1, 2, 3))
     if a.write:
         sec = (f"## Solver\n\n`python bench/solver.py{' --quick' if a.quick else ''} --write` "
-               f"({time.strftime('%Y-%m-%d')}, {_cpu()}, load average {load0} at start, {_load()} at end; modeled "
-               f"profiles; {time.perf_counter() - t0:.0f} s total). "
+               f"({time.strftime('%Y-%m-%d')}, {_cpu()}, load average {load0} at start, {_load()} at end; "
+               f"{time.perf_counter() - t0:.0f} s total, {prof_s:.0f} s of it measuring host profiles). "
                f"Naive peak = simulator peak of the single-accelerator, plain, keep-everything plan (static "
                f"parameters+gradients+optimizer state+input included). Time targets: 10 s ResNet-18/VGG-16/dsnet, 30 s "
                f"MobileNetV2, 60 s ResNet-50/ResNet-101; gap 1%. dsnet = examples/dsnet (depthwise-separable, width "
-               f"{DSNET['width']}, odd input {DSNET['hw']}x{DSNET['hw']}). Host is the modeled profile of the host "
-               f"description (a measured profile of this VM would time its kernels for minutes per model)."
+               f"{DSNET['width']}, odd input {DSNET['hw']}x{DSNET['hw']}). Host rows use a profile measured on this machine (every op signature x variant "
+               f"timed by port.cost.measure with its quick blocks, 3 x 5 ms; files under runs/bench_profiles/host, "
+               f"reused while the CPU model and C-kernel build match; {n_meas} entries measured this run, {n_reuse} "
+               f"reused, {n_model} left modeled); jetson-orin-nano and iphone-15-pro rows use modeled (roofline) "
+               f"profiles."
                f"\n\n{md}\n\nMinimum feasible budget per (model, device), batch 32:\n\n{min_table()}\n\n{notes(rows)}\n\n{head}\n")
         _write_section("## Solver", sec)
     print(head)
