@@ -258,28 +258,15 @@ class Worker(_TRAIN.Worker):
 
 # ----------------------------------------------------------------------------- driver
 def get_profile(name: str, batch: int, graph, max_s: float, threads: int):
-    from port.cost.io import load_profile, save_profile
-    from port.cost.measure import profile_with_report
     from port.cost.measure import entry_keys
     from port.config import load_device
-    PROFILE_DIR.mkdir(parents=True, exist_ok=True)
+    from port.pipeline import remeasure
     path = PROFILE_DIR / f"{name}_b{batch}.json"
-    cache = None
-    if path.exists():
-        try:
-            cache = load_profile(path, device="host")
-        except Exception as e:  # noqa: BLE001
-            print(f"ignoring cache {path}: {e}")
     t = time.perf_counter()
-    from port.cost import measure as M
-    timing = (dict(blocks=M.QUICK_BLOCKS, block_ms=M.QUICK_BLOCK_MS, warmup_ms=M.QUICK_WARMUP_MS) if QUICK[0]
-              else {})
-    prof, rep = profile_with_report(graph, "host", cache=cache, max_time_s=max_s, threads=threads, **timing)
+    prof, rep = remeasure(graph, load_device("host"), path, quick=QUICK[0], max_time_s=max_s, threads=threads)
     secs = time.perf_counter() - t
     n_keys = len(entry_keys(graph, load_device("host")))
     n_meas = sum(e.measured for e in prof.entries)
-    if rep.measured:
-        save_profile(prof, path)
     return prof, {"path": str(path.relative_to(ROOT)), "seconds": secs, "measured_now": rep.measured,
                   "reused": rep.reused, "modeled": n_keys - n_meas, "entries": n_keys, "failed": len(rep.failed)}
 

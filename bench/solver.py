@@ -65,28 +65,12 @@ PROFILED = {}   # (model, batch) -> how the host profile came about (for the sec
 
 
 def host_profile(name: str, batch: int, g):
-    """The host's measured profile (quick timing: port.cost.measure's QUICK_* blocks) of ``g``, reusing the
-    entries of an earlier run's file unless it was measured on another CPU model or C-kernel build
-    (port.pipeline.stale_reason); the measured-profile rule every command follows."""
-    from port.cost import measure as M
-    from port.cost.io import load_profile, save_profile
-    from port.pipeline import stale_reason
-    PROFILE_DIR.mkdir(parents=True, exist_ok=True)
+    """The host's measured profile of ``g`` (quick timing: port.cost.measure's QUICK_* blocks), reusing an
+    earlier run's file while it applies here (port.pipeline.remeasure)."""
+    from port.pipeline import remeasure
     path = PROFILE_DIR / f"solver_{name}_b{batch}.json"
-    cache = None
-    if path.exists():
-        try:
-            cache = load_profile(path, device="host")
-            if stale_reason(cache):
-                cache = None
-        except Exception as e:  # noqa: BLE001  (an unreadable file is measured again)
-            print(f"ignoring {path}: {e}")
-            cache = None
     t = time.perf_counter()
-    prof, rep = M.profile_with_report(g, load_device("host"), cache=cache, blocks=M.QUICK_BLOCKS,
-                                      block_ms=M.QUICK_BLOCK_MS, warmup_ms=M.QUICK_WARMUP_MS)
-    if rep.measured:
-        save_profile(prof, path)
+    prof, rep = remeasure(g, load_device("host"), path, quick=True)
     PROFILED[name, batch] = (time.perf_counter() - t, rep.measured, rep.reused,
                              sum(not e.measured for e in prof.entries))
     print(f"{name} b{batch} host profile: measured {rep.measured}, reused {rep.reused} in "

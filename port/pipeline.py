@@ -571,6 +571,33 @@ def profile_to_file(job: Job, graph: Any, *, fresh: bool = False, echo: Echo = _
     return measure_profile(job, graph, path, cache=cache, **measure_kw)
 
 
+def remeasure(graph: Any, device: Any, path: Path, *, quick: bool = True, max_time_s: float | None = None,
+              threads: int | None = None, echo: Echo = _print) -> tuple[Any, Any]:
+    """Measure ``graph`` on ``device`` into ``path``, reusing the measured entries already in that file unless it
+    no longer applies here (``stale_reason``: another CPU model or C-kernel build) or cannot be read; the file is
+    rewritten only when something was measured. For benchmarks, which keep one file per (model, batch).
+    Returns (profile, report)."""
+    from port.cost import measure as M
+    from port.cost.io import load_profile, save_profile
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cache = None
+    if path.exists():
+        try:
+            cache = load_profile(path, device=getattr(device, "name", device))
+        except PortError as e:
+            echo(f"profile: {path} not reused: {e}")
+        why = stale_reason(cache) if cache is not None else None
+        if why:
+            echo(f"profile: {path} not reused: {why}")
+            cache = None
+    timing = (dict(blocks=M.QUICK_BLOCKS, block_ms=M.QUICK_BLOCK_MS, warmup_ms=M.QUICK_WARMUP_MS) if quick else {})
+    prof, rep = M.profile_with_report(graph, device, cache=cache, max_time_s=max_time_s, threads=threads, **timing)
+    if rep.measured:
+        save_profile(prof, path)
+    return prof, rep
+
+
 def merge_profile_files(inputs: Sequence[Path], output: Path, device: str | None = None) -> Any:
     from port.cost.io import merge_profiles, save_profile
     if len(inputs) < 2:

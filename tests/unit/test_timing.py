@@ -80,3 +80,22 @@ def test_profile_from_another_cpu_model_is_refused_with_the_reason(graph, monkey
     why = P.stale_reason(prof)
     assert why and "another CPU model" in why and "Imaginary CPU 9000" in why and "AMD EPYC" in why
     assert isinstance(e, OpCost)
+
+
+def test_remeasure_reuses_its_file_until_it_no_longer_applies(graph, tmp_path, monkeypatch):
+    """port.pipeline.remeasure (the benchmarks' measured profiles): the first call measures and writes the file,
+    the second reuses every entry and measures none, a file from another CPU model is measured again."""
+    from port import pipeline as P
+    dev = load_device("host")
+    path = tmp_path / "host" / "g.json"
+    said = []
+    prof1, rep1 = P.remeasure(graph, dev, path, echo=said.append)
+    assert path.exists() and rep1.measured > 0 and rep1.reused == 0
+    prof2, rep2 = P.remeasure(graph, dev, path, echo=said.append)
+    assert rep2.measured == 0 and rep2.reused == rep1.measured and not said
+    assert {(e.signature, e.accelerator, e.variant) for e in prof2.entries} == \
+        {(e.signature, e.accelerator, e.variant) for e in prof1.entries}
+    monkeypatch.setattr(P, "_this_cpu", lambda: "Imaginary CPU 9000")
+    _prof3, rep3 = P.remeasure(graph, dev, path, echo=said.append)
+    assert rep3.measured == rep1.measured and rep3.reused == 0
+    assert len(said) == 1 and "another CPU model" in said[0] and str(path) in said[0]
