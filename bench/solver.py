@@ -71,10 +71,10 @@ def host_profile(name: str, batch: int, g):
     path = PROFILE_DIR / f"solver_{name}_b{batch}.json"
     t = time.perf_counter()
     prof, rep = remeasure(g, load_device("host"), path, quick=True)
-    PROFILED[name, batch] = (time.perf_counter() - t, rep.measured, rep.reused,
-                             sum(not e.measured for e in prof.entries))
-    print(f"{name} b{batch} host profile: measured {rep.measured}, reused {rep.reused} in "
-          f"{time.perf_counter() - t:.1f}s -> {path.relative_to(ROOT)}", flush=True)
+    secs = time.perf_counter() - t
+    PROFILED[name, batch] = (secs, rep.measured, rep.reused, sum(not e.measured for e in prof.entries))
+    print(f"{name} b{batch} host profile: measured {rep.measured}, reused {rep.reused} in {secs:.1f}s -> "
+          f"{path.relative_to(ROOT)}", flush=True)
     return prof
 
 

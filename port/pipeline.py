@@ -515,20 +515,50 @@ def get_profile(job: Job, graph: Any, *, measure: bool = True, replan_signatures
     return step
 
 
+def _timing(quick: bool, blocks: int | None = None, block_ms: float | None = None) -> dict:
+    """Timing blocks of a measurement: the quick ones (`--quick`) or the defaults, single values overridden."""
+    from port.cost import measure as M
+    return dict(blocks=blocks or (M.QUICK_BLOCKS if quick else M.DEFAULT_BLOCKS),
+                block_ms=block_ms or (M.QUICK_BLOCK_MS if quick else M.DEFAULT_BLOCK_MS),
+                warmup_ms=M.QUICK_WARMUP_MS if quick else M.DEFAULT_WARMUP_MS)
+
+
+def reusable_profile(path: Path, device_name: str, *, strict: bool, echo: Echo = _print) -> Any:
+    """The profile file at ``path`` as a cache of measured entries, or None: missing, of an outdated format, or
+    measured on another CPU model or C-kernel build (``stale_reason``; said). A corrupt or truncated file, or
+    one for another device, is an error when ``strict`` (`port profile`), else said and measured again."""
+    from port.cost.io import load_profile
+    if not path.exists():
+        return None
+    old = outdated_format(path)
+    if old:
+        echo(f"profile: {path}: {old}; measuring everything again")
+        return None
+    try:
+        cache = load_profile(path, device=device_name)
+    except ProfileError as e:
+        if strict:
+            raise ProfileError(f"{e} (the existing profile is reused as a cache; pass --fresh to overwrite "
+                               f"it)") from None
+        echo(f"profile: {path}: {e}; measuring everything again")
+        return None
+    stale = stale_reason(cache)
+    if stale:
+        echo(f"profile: {path}: {stale}; measuring everything again")
+        return None
+    return cache
+
+
 def measure_profile(job: Job, graph: Any, path: Path, *, cache: Any = None, quick: bool = False,
                     blocks: int | None = None, block_ms: float | None = None, threads: int | None = None,
                     max_time_s: float | None = None, progress: bool = True) -> tuple[ProfileStep, Any]:
     """Measure ``graph`` on the job's device (reusing ``cache``'s measured entries) and write ``path``."""
     from port.cost.io import save_profile
-    from port.cost.measure import (DEFAULT_BLOCK_MS, DEFAULT_BLOCKS, DEFAULT_WARMUP_MS, QUICK_BLOCK_MS,
-                                   QUICK_BLOCKS, QUICK_WARMUP_MS, profile_with_report)
+    from port.cost.measure import profile_with_report
     cfg = job.config
-    nb = blocks or (QUICK_BLOCKS if quick else DEFAULT_BLOCKS)
-    bm = block_ms or (QUICK_BLOCK_MS if quick else DEFAULT_BLOCK_MS)
-    wm = QUICK_WARMUP_MS if quick else DEFAULT_WARMUP_MS
-    prof, rep = profile_with_report(graph, job.device, cache=cache, max_time_s=max_time_s, blocks=nb,
-                                    block_ms=bm, warmup_ms=wm, threads=threads or _fixed_threads(cfg),
-                                    progress=progress, optimizer_kwargs=optimizer_kwargs(cfg))
+    prof, rep = profile_with_report(graph, job.device, cache=cache, max_time_s=max_time_s,
+                                    threads=threads or _fixed_threads(cfg), progress=progress,
+                                    optimizer_kwargs=optimizer_kwargs(cfg), **_timing(quick, blocks, block_ms))
     if cache is not None:   # keep the file's entries of other graphs (another batch size, say): no ping-pong
         from dataclasses import replace
         have = {(e.signature, e.accelerator, e.variant) for e in prof.entries}
@@ -548,22 +578,8 @@ def profile_to_file(job: Job, graph: Any, *, fresh: bool = False, echo: Echo = _
                     ) -> tuple[ProfileStep, Any]:
     """`port profile`: measure ``graph`` into the job's profile file, reusing the measured entries of an
     existing file (unless ``fresh`` or it was measured on another CPU). Returns (step, ProfileReport)."""
-    from port.cost.io import load_profile
     path = job.profile_path
-    cache = None
-    old = outdated_format(path) if path.exists() and not fresh else None
-    if old:
-        echo(f"profile: {path}: {old}; measuring everything again")
-    elif path.exists() and not fresh:
-        try:   # refused with a clear error when corrupt, truncated or for another device
-            cache = load_profile(path, device=job.device.name)
-        except ProfileError as e:
-            raise ProfileError(f"{e} (the existing profile is reused as a cache; pass --fresh to overwrite "
-                               f"it)") from None
-        stale = stale_reason(cache)
-        if stale:
-            echo(f"profile: {path}: {stale}; measuring everything again")
-            cache = None
+    cache = None if fresh else reusable_profile(path, job.device.name, strict=True, echo=echo)
     present = present_accelerators(job.device)
     echo(f"profile: {path} ({'updating' if cache is not None else 'writing'}; device {job.device.name}: "
          + (f"measuring on {', '.join(present)}" if present else
@@ -573,26 +589,16 @@ def profile_to_file(job: Job, graph: Any, *, fresh: bool = False, echo: Echo = _
 
 def remeasure(graph: Any, device: Any, path: Path, *, quick: bool = True, max_time_s: float | None = None,
               threads: int | None = None, echo: Echo = _print) -> tuple[Any, Any]:
-    """Measure ``graph`` on ``device`` into ``path``, reusing the measured entries already in that file unless it
-    no longer applies here (``stale_reason``: another CPU model or C-kernel build) or cannot be read; the file is
-    rewritten only when something was measured. For benchmarks, which keep one file per (model, batch).
-    Returns (profile, report)."""
-    from port.cost import measure as M
-    from port.cost.io import load_profile, save_profile
+    """For benchmarks, which keep one profile file per (model, batch) outside any config: measure ``graph`` on
+    ``device`` into ``path``, reusing the file's measured entries where ``reusable_profile`` allows; the file
+    is rewritten only when something was measured. Returns (profile, ProfileReport)."""
+    from port.cost.io import save_profile
+    from port.cost.measure import profile_with_report
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    cache = None
-    if path.exists():
-        try:
-            cache = load_profile(path, device=getattr(device, "name", device))
-        except PortError as e:
-            echo(f"profile: {path} not reused: {e}")
-        why = stale_reason(cache) if cache is not None else None
-        if why:
-            echo(f"profile: {path} not reused: {why}")
-            cache = None
-    timing = (dict(blocks=M.QUICK_BLOCKS, block_ms=M.QUICK_BLOCK_MS, warmup_ms=M.QUICK_WARMUP_MS) if quick else {})
-    prof, rep = M.profile_with_report(graph, device, cache=cache, max_time_s=max_time_s, threads=threads, **timing)
+    cache = reusable_profile(path, device.name, strict=False, echo=echo)
+    prof, rep = profile_with_report(graph, device, cache=cache, max_time_s=max_time_s, threads=threads,
+                                    **_timing(quick))
     if rep.measured:
         save_profile(prof, path)
     return prof, rep

@@ -99,3 +99,10 @@ def test_remeasure_reuses_its_file_until_it_no_longer_applies(graph, tmp_path, m
     _prof3, rep3 = P.remeasure(graph, dev, path, echo=said.append)
     assert rep3.measured == rep1.measured and rep3.reused == 0
     assert len(said) == 1 and "another CPU model" in said[0] and str(path) in said[0]
+    monkeypatch.undo()
+    path.write_text(path.read_text()[:200])        # truncated: said and measured again (`port profile` refuses it)
+    _prof4, rep4 = P.remeasure(graph, dev, path, echo=said.append)
+    assert rep4.measured == rep1.measured and len(said) == 2 and str(path) in said[1]
+    with pytest.raises(P.ProfileError, match="--fresh"):
+        path.write_text(path.read_text()[:200])
+        P.reusable_profile(path, dev.name, strict=True)
