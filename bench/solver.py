@@ -169,7 +169,9 @@ def notes(rows) -> str:
              "reach; on graphs of more than 120 forward ops a solve that stops above the gap continues with the rolling "
              "horizon (windows of 60 forward ops re-solved with the rest fixed) and a final solve from its incumbent "
              "(shorter graphs: one solve with all the time); when neither greedy nor Chen fits, the start is a "
-             "restricted solve (every op fixed to its fastest plain option); when the multi-level model finds no plan "
+             "restricted solve (every op fixed to the option its LP relaxation weights most, else to its fastest plain "
+             "option); budgeted HiGHS models carry the memory rows that bind in the LP written out (mem_agg) and, "
+             "single-level, the interval form of the re-run input rows (rc_avail_iv); when the multi-level model finds no plan "
              "in time, the minimum-peak plan starts a second budgeted solve (solver/FORMULATION.md, Phases).",
              "- chen = Chen's sqrt(n) checkpointing with real segment recompute (explicit recompute_at), late updates, "
              "regardless of budget; greedy = fastest variants + early updates + single-op recompute/paging by bytes/ms."]

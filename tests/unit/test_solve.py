@@ -739,11 +739,12 @@ def test_no_multi_level_plan_in_time_falls_back_to_the_minimum_peak_search(monke
 
 
 def test_no_baseline_fits_the_restricted_solve_seeds_the_ilp(monkeypatch):
-    """When neither greedy nor Chen fits, the model with every op fixed to its fastest plain option (only
-    keep/re-run/page/early decisions left) gives the warm start: a solution of the full model that fits. When
-    the full solve then finds nothing in time, that plan is returned (status "timeout"), not "no plan"."""
+    """When neither greedy nor Chen fits, the model with every op's placement and variant fixed (only
+    keep/re-run/page/early decisions left) gives the warm start: first the LP-guided choice (lp_choice), else
+    every op's fastest plain option; either plan is a solution of the full model that fits. When the full
+    solve then finds nothing in time, that plan is returned (status "timeout"), not "no plan"."""
     import port.solver as S
-    from port.solver import _restricted_warm, _warm_values, plain_choice
+    from port.solver import _restricted_warm, _warm_values, lp_choice, plain_choice
     from port.solver import backends as BK
     from port.solver.baselines import fastest_choice
     from port.solver.formulation import build
@@ -752,14 +753,21 @@ def test_no_baseline_fits_the_restricted_solve_seeds_the_ilp(monkeypatch):
     prof = modeled_profile(g, load_device("jetson-orin-nano"))
     B = int(0.6 * SOLVERS["single"](g, prof, 10**15).predicted_peak_bytes)
     inst = build_instance(g, prof, nested=False)
-    (w,) = _restricted_warm(inst, B, "highs", 20.0, None, True)
-    choice, rc, pg, at, early = w
-    assert [tuple(c) for c in choice] == plain_choice(inst) and rc
-    assert len({a for a, _v in choice}) == 2              # placed on both accelerators, as the plain optimum is
     m, v = build(inst, B)
-    assert _warm_values(inst, m, v, *w) is not None       # a solution of the full model
-    start = simulate(S._plan(inst, choice, B, rc, pg, at=at, early=early), g, prof)
-    assert start.peak_bytes <= B
+    guided = lp_choice(inst, m, v)[0]
+    assert guided != plain_choice(inst)
+    starts = {}
+    for name, lp in (("guided", S.lp_choice), ("plain", lambda *a: None)):
+        monkeypatch.setattr(S, "lp_choice", lp)
+        (w,) = _restricted_warm(inst, B, "highs", 20.0, None, True)
+        choice, rc, pg, at, early = w
+        assert [tuple(c) for c in choice] == (guided if name == "guided" else plain_choice(inst)) and rc
+        assert _warm_values(inst, m, v, *w) is not None       # a solution of the full model
+        starts[name] = simulate(S._plan(inst, choice, B, rc, pg, at=at, early=early), g, prof)
+        assert starts[name].peak_bytes <= B
+    assert starts["guided"].step_ms < starts["plain"].step_ms
+    monkeypatch.setattr(S, "lp_choice", lp_choice)
+    start = starts["guided"]
 
     keep_all = lambda inst, *a, **k: (fastest_choice(inst), set(), set(), set())            # noqa: E731
     monkeypatch.setattr(S, "greedy_plan", keep_all)
@@ -777,5 +785,97 @@ def test_no_baseline_fits_the_restricted_solve_seeds_the_ilp(monkeypatch):
     monkeypatch.setitem(BK.BACKENDS, "highs", full_model_times_out)
     p = solve(g, prof, B, time_limit_s=30)
     assert p.status == "timeout" and p.predicted_peak_bytes <= B
-    assert [(d.accelerator, d.variant) for d in p.ops] == plain_choice(inst)
+    assert [(d.accelerator, d.variant) for d in p.ops] == guided
     assert p.predicted_step_ms == pytest.approx(start.step_ms, rel=1e-9)
+
+
+@pytest.fixture(scope="module")
+def resnet8_jetson():
+    torch.manual_seed(0)
+    g = trace(models.get("resnet8", seed=0), torch.randn(8, 3, 32, 32), optimizer="sgd_momentum", name="resnet8")
+    prof = modeled_profile(g, load_device("jetson-orin-nano"))
+    return g, prof, SOLVERS["single"](g, prof, 10**15).predicted_peak_bytes
+
+
+def _lp(m):
+    import highspy
+    from port.solver.backends import _highs_model
+    h = _highs_model(m, mip=False)
+    h.run()
+    assert h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    return h.getInfo().objective_function_value, list(h.getSolution().col_value)
+
+
+def test_interval_rows_tighten_the_lp_and_keep_every_plan(resnet8_jetson):
+    """rc_avail_iv (single-level model) raises the LP bound (the LP can no longer spread a re-run over several
+    steps against its input's producer) and cuts off no plan: the optimum without those rows satisfies them."""
+    from port.solver.backends import solve_highs
+    from port.solver.formulation import build
+    g, prof, naive = resnet8_jetson
+    inst = build_instance(g, prof, nested=False)
+    m, v = build(inst, int(0.5 * naive))
+    without = dataclasses.replace(m, rows=[r for r in m.rows if not r[0].startswith("rc_avail_iv[")])
+    assert len(without.rows) < len(m.rows)
+    assert _lp(m)[0] > _lp(without)[0] * 1.01           # 8.007 against 7.857 ms
+    res = solve_highs(without, 60.0, 0.0)
+    assert res.status == "optimal"
+    for name, terms, lo, hi in m.rows:
+        if name.startswith("rc_avail_iv["):
+            assert sum(c * res.values[j] for j, c in terms.items()) <= hi + 1e-6, name
+    assert solve_highs(m, 60.0, 0.0).objective == pytest.approx(res.objective, rel=1e-6)
+    nested = build_instance(g, prof, nested=True)        # the multi-level model has none (several re-runs)
+    assert not any(r[0].startswith("rc_avail_iv[") for r in build(nested, int(0.5 * naive), max_reruns=3)[0].rows)
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_aggregated_memory_rows_are_the_memory_rows_written_out(resnet8_jetson, nested):
+    """expand_memory writes every running sum (L[t], A[t,P]) over the decision variables: at an LP solution each
+    expansion has the variable's value. The aggregated rows of the binding memory rows hold with equality
+    there, leave the LP optimum unchanged, and every plan satisfies them (the optimum without them does)."""
+    from port.solver.backends import solve_highs
+    from port.solver.formulation import add_aggregated_memory_rows, build, expand_memory
+    g, prof, naive = resnet8_jetson
+    inst = build_instance(g, prof, nested=nested)
+    m, v = build(inst, int(0.6 * naive), max_reruns=3 if nested else 1)
+    obj, x = _lp(m)
+    assert any(m.names[j].startswith("A[") for j in v.defs) and len(v.defs) > len(g.ops)
+    for j in v.defs:
+        e, c = expand_memory(m, v, {j: 1.0})
+        assert not set(e) & set(v.defs)
+        assert sum(a * x[k] for k, a in e.items()) + c == pytest.approx(x[j], rel=1e-7, abs=1e-6), m.names[j]
+    base = dataclasses.replace(m, rows=list(m.rows))
+    n = add_aggregated_memory_rows(m, v, x)
+    assert n > 0 and len(m.rows) == len(base.rows) + n
+    for name, terms, lo, hi in m.rows[-n:]:
+        assert name.startswith("mem_agg[") and sum(a * x[k] for k, a in terms.items()) == pytest.approx(hi, abs=1e-5)
+    assert _lp(m)[0] == pytest.approx(obj, rel=1e-9)
+    res = solve_highs(base, 60.0, 0.01)
+    assert res.values is not None
+    for name, terms, lo, hi in m.rows[-n:]:
+        assert sum(a * res.values[k] for k, a in terms.items()) <= hi + 1e-5, name
+
+
+def test_lp_choice_is_a_consistent_choice(resnet8_jetson):
+    """lp_choice's per-op options obey every rule on options (fused chains whole, no two conflicting in-place
+    ops, batch-norm backward ops coupled), follow the LP where it is integral, and only list re-run steps the LP
+    leaves at zero (with and without the choice fixed; none when the LP with it fixed has no solution)."""
+    from port.plan.semantics import coupled_variants
+    from port.plan.variants import inplace_conflicts
+    from port.solver import lp_choice
+    from port.solver.formulation import build
+    g, prof, naive = resnet8_jetson
+    inst = build_instance(g, prof, nested=False)
+    m, v = build(inst, int(0.6 * naive))
+    _obj, x = _lp(m)
+    choice, off = lp_choice(inst, m, v)
+    for i, (a, var) in enumerate(choice):
+        k = next(k for k, o in enumerate(inst.options[i]) if (o.acc, o.var) == (a, var))
+        if max(x[v.x[i, kk]] for kk in range(len(inst.options[i]))) > 1 - 1e-9 and not any(
+                i in ch for ch in inst.chains.values()):
+            assert x[v.x[i, k]] > 1 - 1e-9 or (i in {b for _f, b in coupled_variants(g)}), g.ops[i].name
+    for conv, chain in inst.chains.items():
+        assert len({choice[j] for j in chain if choice[conv][1] == "fused"} | {None}) <= 2
+        assert all((choice[j][1] == "fused") == (choice[conv][1] == "fused") for j in chain)
+    assert not any(choice[a][1] == choice[b][1] == "inplace" for a, b in inplace_conflicts(g))
+    assert all((choice[f][1] == "inplace") == (choice[b][1] == "inplace") for f, b in coupled_variants(g))
+    assert off and all(x[j] <= 1e-6 for j in off) and set(off) <= set(v.rt.values())
