@@ -44,6 +44,7 @@ class ProfileReport:
     failed: list[str] = field(default_factory=list)   # "key: error" for entries whose runner failed (modeled)
     notes: list[str] = field(default_factory=list)    # skipped accelerators, absent backends, thread changes
     remeasured: int = 0               # extra timing blocks given to noisy entries
+    engine_measured: int = 0          # engine footprints measured in this run (not taken from the cache)
     seconds: float = 0.0
 
     @property
@@ -312,8 +313,13 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
         bar.close()
 
     # this CPU's peak figures (~1 s), recorded in the profile; the roofline prices present CPU entries with them
+    # nothing measured this time (every entry from the cache): the cache's machine figures (peaks, hand-off,
+    # storage) stand too, so a reused profile is the cache's, not a fresh draw of ~1 s calibrations
+    reuse_all = cache is not None and not todo
     peaks: dict[str, str] = {}
-    if present and calibrate_peaks and not out_of_time():
+    if reuse_all:
+        peaks = {k: v for k, v in cp.host if k.startswith("calibrated.")}
+    elif present and calibrate_peaks and not out_of_time():
         try:
             pk = calibrate_host_peaks(max(acc_threads.values()) if acc_threads else None,
                                       seconds=1.0 if block_ms >= DEFAULT_BLOCK_MS else 0.4)
@@ -341,7 +347,10 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
 
     # hand-off
     hand: dict[tuple[str, str], HandoffCost] = {(h.src, h.dst): h for h in CM.modeled_handoff(dev)}
-    if handoff and len(present) > 1 and not out_of_time():
+    cached_hand = {(h.src, h.dst): h for h in cp.handoff if h.measured} if cache is not None else {}
+    if reuse_all and cached_hand:
+        hand.update(cached_hand)
+    elif handoff and len(present) > 1 and not out_of_time():
         from port.cost.handoff import measure_handoff
         try:
             for h in measure_handoff(dev, list(present), quick=block_ms < DEFAULT_BLOCK_MS):
@@ -364,7 +373,11 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
     info["block_ms"] = str(block_ms)
     caps = tuple((a.id, a.memory_cap) for a in dev.accelerators if a.memory_cap is not None)
     from port.cost.storage import profile_storage   # measured on the spill path when the config leaves it out
-    storage = profile_storage(dev, measure=not out_of_time(), quick=block_ms < DEFAULT_BLOCK_MS, notes=rep.notes)
+    if reuse_all and dev.storage is not None and dev.storage.measured and dict(cp.storage).get("measured"):
+        storage = tuple(cp.storage)
+    else:
+        storage = profile_storage(dev, measure=not out_of_time(), quick=block_ms < DEFAULT_BLOCK_MS,
+                                  notes=rep.notes)
     entries = tuple(results[k] for k in sorted(results))
     prof = Profile(device=dev.name, accelerators=tuple(a.id for a in dev.accelerators), entries=entries,
                    handoff=tuple(hand[k] for k in sorted(hand)),
@@ -428,6 +441,7 @@ def _engine_footprints(graph: Graph, dev: DeviceConfig, present: dict, acc_threa
             rep.notes.append(f"{acc_id}: engine footprint measurement failed ({e}); plans pay none")
             continue
         out[acc_id] = int(r["engine_bytes"])
+        rep.engine_measured += 1
         rep.notes.append(f"{acc_id}: engine footprint {r['engine_bytes'] / 2**20:.1f} MiB resident after "
                          f"{r['steps']} steps of the all-{backend} plan (anonymous {r['anon_bytes'] / 2**20:.1f}, "
                          f"file-backed {r['file_bytes'] / 2**20:.1f} MiB)")

@@ -144,10 +144,29 @@ class Graph:
         return tuple(o for o in self.ops if o.phase == phase)
 
     def storage_root(self, tid: int) -> int:
+        roots = self._index.get("roots")
+        if roots is None:
+            roots = []
+            for t in self.tensors:      # topological: a view's base comes before it
+                a = t.alias_of
+                roots.append(t.id if a is None else (roots[a] if a < t.id else self._root_of(a)))
+            self._index["roots"] = roots
+        return roots[tid]
+
+    def _root_of(self, tid: int) -> int:
         t = self.tensors[tid]
         while t.alias_of is not None:
             t = self.tensors[t.alias_of]
         return t.id
+
+    def memo(self, key, fn):
+        """``fn()``, computed once per graph: facts derived from an immutable graph (the planner asks for
+        the same ones thousands of times while solving)."""
+        try:
+            return self._index[key]
+        except KeyError:
+            out = self._index[key] = fn()
+            return out
 
     def writers(self, tid: int) -> int:
         """How many ops write tensor ``tid``'s storage root (through any view); counted once per graph."""
@@ -236,6 +255,11 @@ class Graph:
     def signature(self, op: Op | int) -> str:
         """Profiling key: identical layers (kind, input/output shapes, attributes) share it."""
         o = self.ops[op] if isinstance(op, int) else op
+        if 0 <= o.id < len(self.ops) and self.ops[o.id] is o:
+            return self.memo(("signature", o.id), lambda: self._signature(o))
+        return self._signature(o)
+
+    def _signature(self, o: Op) -> str:
         shapes_in = [list(self.tensors[t].shape) for t in o.inputs]
         shapes_out = [list(self.tensors[t].shape) for t in o.outputs]
         return json.dumps([o.kind, shapes_in, shapes_out, [[k, v] for k, v in o.attrs]],

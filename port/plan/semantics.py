@@ -167,6 +167,20 @@ def param_grad_roots(graph: Graph, param: int) -> tuple[int, ...]:
 def early_update_info(graph: Graph, uid: int) -> tuple[int, int, tuple[int, ...]]:
     """(parameter id, p_u = last producer of its gradient, gradient roots) for update op ``uid``; PlanError when
     an early update of it is not legal."""
+    out = graph.memo(("early_update_info", uid), lambda: _early_update_info(graph, uid))
+    if isinstance(out, str):
+        raise PlanError(out)
+    return out
+
+
+def _early_update_info(graph: Graph, uid: int) -> tuple[int, int, tuple[int, ...]] | str:
+    try:
+        return _early_update_checked(graph, uid)
+    except PlanError as e:
+        return str(e)
+
+
+def _early_update_checked(graph: Graph, uid: int) -> tuple[int, int, tuple[int, ...]]:
     if not (0 <= uid < len(graph.ops)) or graph.ops[uid].phase != PHASE_UPDATE:
         raise PlanError(f"early_updates names op {uid}, which is not an update op")
     o = graph.ops[uid]
@@ -198,11 +212,9 @@ def early_update_candidates(graph: Graph) -> dict[int, tuple[int, int, tuple[int
 def coupled_variants(graph: Graph) -> tuple[tuple[int, int], ...]:
     """(forward batch norm, backward op) pairs whose ``inplace`` choice must agree: an in-place batch norm
     overwrites its input, so its backward ops rebuild x-hat from the output (the *_from_output kernels)."""
-    out = []
-    for o in graph.ops:
-        if o.forward_op is not None and V.follows_forward_inplace(graph, o):
-            out.append((o.forward_op, o.id))
-    return tuple(out)
+    return graph.memo("coupled_variants", lambda: tuple((o.forward_op, o.id) for o in graph.ops
+                                                        if o.forward_op is not None
+                                                        and V.follows_forward_inplace(graph, o)))
 
 
 # =============================================================================================

@@ -98,6 +98,12 @@ def winograd_legal(graph: Graph, op: Op) -> bool:
 
 
 def inplace_legal(graph: Graph, op: Op) -> bool:
+    if graph.ops[op.id] is not op:
+        return _inplace_legal(graph, op)
+    return graph.memo(("inplace_legal", op.id), lambda: _inplace_legal(graph, op))
+
+
+def _inplace_legal(graph: Graph, op: Op) -> bool:
     if op.kind in BACKWARD_INPLACE_KINDS:
         return _backward_inplace_legal(graph, op)
     if op.phase != PHASE_FORWARD or op.kind not in INPLACE_KINDS:
@@ -257,6 +263,10 @@ def patch_tile_hw(variant: str, out_h: int, out_w: int) -> tuple[int, int] | Non
 def inplace_conflicts(graph: Graph) -> tuple[tuple[int, int], ...]:
     """Pairs (a, b) of ops that must not both run ``inplace``: an in-place batch norm ``a`` saves its
     output y for its backward, so the op ``b`` that reads y may not overwrite it."""
+    return graph.memo("inplace_conflicts", lambda: _inplace_conflicts(graph))
+
+
+def _inplace_conflicts(graph: Graph) -> tuple[tuple[int, int], ...]:
     out = []
     cons = graph.consumers()
     for op in graph.ops:

@@ -127,14 +127,10 @@ def _phased(inst: Instance) -> bool:
 def _aggregate(m: Model, v: Vars) -> int:
     """Add the memory rows that bind at the LP optimum in aggregated form (formulation.add_aggregated_memory_rows):
     the knapsack structure for HiGHS's cuts."""
-    import highspy
-    from port.solver.backends import _highs_model
+    from port.solver.backends import solve_lp
     from port.solver.formulation import add_aggregated_memory_rows
-    h = _highs_model(m, mip=False)
-    h.run()
-    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-        return 0
-    return add_aggregated_memory_rows(m, v, list(h.getSolution().col_value))
+    val = solve_lp(m)
+    return 0 if val is None else add_aggregated_memory_rows(m, v, val)
 
 
 def _run(inst: Instance, budget: int | None, backend: str, time_limit_s: float, gap: float, warm,
@@ -304,15 +300,12 @@ def lp_choice(inst: Instance, m: Model, v: Vars) -> tuple[list[tuple[str, str]],
     (to be kept off). The restricted solve on it is near the optimum in about a second where the fastest
     plain options are far from it (ResNet-18 b32 at 50% on jetson-orin-nano: 275.8 ms in 0.8 s, against
     385.5 ms in 13 s; the optimum is 269.8 ms)."""
-    import highspy
     from port.plan.variants import inplace_conflicts
-    from port.solver.backends import _highs_model
+    from port.solver.backends import solve_lp
     from port.solver.baselines import _coupled
-    h = _highs_model(m, mip=False)
-    h.run()
-    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+    val = solve_lp(m)
+    if val is None:
         return None
-    val = list(h.getSolution().col_value)
 
     def best(i: int, ok=lambda o: True) -> int:
         ks = [k for k, o in enumerate(inst.options[i]) if ok(o)] or list(range(len(inst.options[i])))
@@ -339,16 +332,15 @@ def lp_choice(inst: Instance, m: Model, v: Vars) -> tuple[list[tuple[str, str]],
             w = a if ipl(a) < ipl(b) else b
             pick[w] = best(w, lambda o: o.var != "inplace")
     choice = _coupled(inst, [(inst.options[i][k].acc, inst.options[i][k].var) for i, k in enumerate(pick)])
-    for d in (v.x, v.rcx):
-        for (i, k), j in d.items():
-            o = inst.options[i][k]
-            if (o.acc, o.var) != tuple(choice[i]):
-                h.changeColBounds(j, 0.0, 0.0)
-    h.run()
-    fixed = list(h.getSolution().col_value) if h.getModelStatus() == highspy.HighsModelStatus.kOptimal else None
-    off = tuple(j for j in v.rt.values() if val[j] <= 1e-6 and (fixed is None or fixed[j] <= 1e-6)) \
-        if fixed is not None else ()
+    fixed = solve_lp(m, _other_options(inst, v, choice))
+    off = () if fixed is None else tuple(j for j in v.rt.values() if val[j] <= 1e-6 and fixed[j] <= 1e-6)
     return choice, off
+
+
+def _other_options(inst: Instance, v: Vars, choice) -> list[int]:
+    """The option columns (x, and rcx of re-runs) of every option other than ``choice``'s, op by op."""
+    return [j for d in (v.x, v.rcx) for (i, k), j in d.items()
+            if (inst.options[i][k].acc, inst.options[i][k].var) != tuple(choice[i])]
 
 
 def _restricted_warm(inst: Instance, budget: int, backend: str, time_limit_s: float, threads,
@@ -370,18 +362,13 @@ def _restricted_warm(inst: Instance, budget: int, backend: str, time_limit_s: fl
     except PortError:
         pass
     for k, (choice, off) in enumerate(cands):
-        if (choice, off) in cands[:k] or (off == () and k and lp is not None and not lp[1] and choice == lp[0]):
+        if (choice, off) in cands[:k]:
             continue
         left = time_limit_s - (time.perf_counter() - t0)
         if left < 0.2:
             break
         sub = dataclasses.replace(m, lb=list(m.lb), ub=list(m.ub))
-        for d in (v.x, v.rcx):
-            for (i, kk), j in d.items():
-                o = inst.options[i][kk]
-                if (o.acc, o.var) != tuple(choice[i]):
-                    sub.ub[j] = 0.0
-        for j in off:
+        for j in _other_options(inst, v, choice) + list(off):
             sub.ub[j] = 0.0
         res = BACKENDS[backend](sub, left if k == len(cands) - 1 else 0.5 * left, 0.01, threads=threads)
         if res.values is not None:

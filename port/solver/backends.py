@@ -85,6 +85,19 @@ def _highs_model(m: Model, mip: bool = True):
     return h
 
 
+def solve_lp(m: Model, zero=()) -> list[float] | None:
+    """The LP relaxation of ``m`` with the columns ``zero`` fixed at 0: its optimal values (None when it has
+    no optimum)."""
+    import highspy
+    h = _highs_model(m, mip=False)
+    for j in zero:
+        h.changeColBounds(j, 0.0, 0.0)
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    return list(h.getSolution().col_value)
+
+
 def complete_solution(m: Model, fixed: dict[int, float]) -> list[float] | None:
     """Fix the given integer values and solve the remaining LP: a full start vector (or None if infeasible)."""
     import highspy

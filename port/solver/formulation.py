@@ -618,12 +618,12 @@ def expand_memory(m: Model, v: Vars, terms: dict[int, float]) -> tuple[dict[int,
     def definition(j: int) -> tuple[dict[int, float], float]:
         if j in memo:
             return memo[j]
-        order, stack = [], [j]          # iterative: L[t] refers to L[t-1] (graphs of thousands of steps)
+        order, stack = set(), [j]       # iterative: L[t] refers to L[t-1] (graphs of thousands of steps)
         while stack:
             k = stack.pop()
             if k in memo or k in order:
                 continue
-            order.append(k)
+            order.add(k)
             _n, row, lo, _hi = m.rows[v.defs[k]]
             stack.extend(x for x in row if x != k and x in v.defs and x not in memo)
         for k in sorted(order, key=lambda k: v.defs[k]):   # rows are built in dependency order
@@ -661,7 +661,7 @@ def add_aggregated_memory_rows(m: Model, v: Vars, lp_values: list[float], rel_sl
     """mem_agg[...]: every memory-cap row that binds at the LP optimum ``lp_values``, written out over the
     decision variables (running sums expanded). Redundant for the LP, but the knapsack structure it exposes
     (which tensors are live at that step, with their bytes) lets the MIP solver's cover and MIR cuts see it;
-    the running sums hide it (ResNet-18 b32 at 50% on jetson-orin-nano: bound after 8 s 245-248 -> 257-259
+    the running sums hide it (ResNet-18 b32 at 50% on jetson-orin-nano: bound after 8 s 245-248 -> 255-259
     ms). Returns how many rows were added."""
     added = 0
     for i in list(v.caps):

@@ -88,6 +88,38 @@ def test_cache_reuse_measures_nothing_new(graph, host_profile, tmp_path):
     assert rep.measured == 0 and rep.reused == sum(e.measured for e in prof.entries)
     assert {e.signature: e.latency_ms for e in again.entries if e.measured} == \
            {e.signature: e.latency_ms for e in prof.entries if e.measured}
+    # nothing measured: the machine figures are the cache's too (hand-off, storage, calibrated peaks), not a
+    # fresh draw of the ~1 s calibrations (which made a reused profile differ run to run)
+    assert again.handoff == prof.handoff and again.storage == prof.storage
+    calib = lambda p: {k: v for k, v in p.host if k.startswith("calibrated.")}  # noqa: E731
+    assert calib(again) == calib(prof)
+
+
+def test_remeasure_rewrites_a_changed_graphs_footprint_once(graph, host_profile, tmp_path, monkeypatch):
+    """A cache of another graph with the same op signatures: every entry is reused, the engine footprint is
+    measured again (it depends on the graph) and the file rewritten, so the next run measures nothing."""
+    from dataclasses import replace
+    from port.cost import footprint as FP
+    from port.pipeline import remeasure
+    prof, _ = host_profile
+    calls = []
+
+    def fake(g, backend, threads, seed=0):
+        calls.append(backend)
+        return {"engine_bytes": 4096 * (7 + len(calls)), "steps": 2, "anon_bytes": 0, "file_bytes": 0}
+    monkeypatch.setenv("PORT_PROFILE_ENGINE", "1")
+    monkeypatch.setattr(FP, "measure_engine_bytes", fake)
+    other = replace(prof, host=tuple((k, "0" * 64 if k == "graph_digest" else v) for k, v in prof.host),
+                    engine_bytes=(("cpu-torch", 1),), _index={})
+    path = save_profile(other, tmp_path / "p.json")
+    first, rep = remeasure(graph, load_device("host"), path, quick=True, echo=lambda *_: None)
+    assert rep.measured == 0 and rep.engine_measured == len(calls) >= 1
+    assert dict(first.engine_bytes)["cpu-torch"] != 1
+    assert dict(load_profile(path, device="host").host)["graph_digest"] == graph.digest()
+    n = len(calls)
+    again, rep2 = remeasure(graph, load_device("host"), path, quick=True, echo=lambda *_: None)
+    assert rep2.measured == 0 and rep2.engine_measured == 0 and len(calls) == n
+    assert again.engine_bytes == first.engine_bytes and again.handoff == first.handoff
 
 
 def test_budget_leaves_modeled_entries(graph):
