@@ -591,8 +591,8 @@ def remeasure(graph: Any, device: Any, path: Path, *, quick: bool = True, max_ti
               threads: int | None = None, echo: Echo = _print) -> tuple[Any, Any]:
     """For benchmarks, which keep one profile file per (model, batch) outside any config: measure ``graph`` on
     ``device`` into ``path``, reusing the file's measured entries where ``reusable_profile`` allows; the file
-    is rewritten only when something was measured (an entry, or an engine footprint: the graph changed), so a
-    rerun takes every figure from it. Returns (profile, ProfileReport)."""
+    is rewritten only when something was measured (an entry; or, the graph having changed, an engine footprint or
+    the step overhead), so a rerun takes every figure from it. Returns (profile, ProfileReport)."""
     from port.cost.io import save_profile
     from port.cost.measure import profile_with_report
     path = Path(path)
@@ -600,7 +600,7 @@ def remeasure(graph: Any, device: Any, path: Path, *, quick: bool = True, max_ti
     cache = reusable_profile(path, device.name, strict=False, echo=echo)
     prof, rep = profile_with_report(graph, device, cache=cache, max_time_s=max_time_s, threads=threads,
                                     **_timing(quick))
-    if rep.measured or rep.engine_measured:
+    if rep.measured or rep.engine_measured or rep.overhead_measured:
         save_profile(prof, path)
     return prof, rep
 

@@ -45,6 +45,7 @@ class ProfileReport:
     notes: list[str] = field(default_factory=list)    # skipped accelerators, absent backends, thread changes
     remeasured: int = 0               # extra timing blocks given to noisy entries
     engine_measured: int = 0          # engine footprints measured in this run (not taken from the cache)
+    overhead_measured: bool = False   # the step overhead measured on a cache's entries (another graph's cache)
     seconds: float = 0.0
 
     @property
@@ -389,7 +390,14 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
     if engine:
         prof = replace(prof, engine_bytes=tuple(sorted(engine.items())), _index={})
     fresh = {k for k in results if k not in cached and results[k].measured}
-    if program_order and fresh:
+    # nothing new timed on the graph the cache was measured on: its program-order figures stand (the executor's
+    # per-step overhead above all: without it every plan's predicted step loses that time)
+    same_graph = cache is not None and dict(cp.host).get("graph_digest") == graph.digest()
+    kept = {k: v for k, v in cp.host if k.startswith((STEP_OVERHEAD_KEY, "in_program."))} \
+        if same_graph and not fresh else {}
+    if kept:
+        prof = replace(prof, host=tuple(sorted({**dict(prof.host), **kept}.items())), _index={})
+    elif program_order and (fresh or cache is not None):
         from port.lower.lower import default_plan
         from port.plan.types import Plan
         plans = []
@@ -405,8 +413,15 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                 plans.append(plan)
         if plans:
             try:
-                prof, notes = calibrate_in_program(graph, prof, plans, seed=seed, fresh=fresh)
-                rep.notes += [f"{k}: {v}" for k, v in notes.items()]
+                timed, notes = calibrate_in_program(graph, prof, plans, seed=seed, fresh=fresh)
+                if fresh:
+                    prof = timed
+                    rep.notes += [f"{k}: {v}" for k, v in notes.items()]
+                elif STEP_OVERHEAD_KEY in notes:   # every entry cached (another graph): only the step overhead
+                    prof = with_step_overhead(prof, float(notes[STEP_OVERHEAD_KEY]),
+                                              "profile: untimed step wall - timed calls, default plan")
+                    rep.overhead_measured = True
+                    rep.notes.append(f"{STEP_OVERHEAD_KEY}: {notes[STEP_OVERHEAD_KEY]}")
             except Exception as e:  # noqa: BLE001 - keep the isolated timings
                 rep.notes.append(f"program-order re-timing failed ({type(e).__name__}: {e}); isolated timings kept")
     rep.seconds = time.perf_counter() - t_start

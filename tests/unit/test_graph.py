@@ -1,6 +1,8 @@
 """The training graph against PyTorch's own accounting, on every zoo model."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn as nn
@@ -129,6 +131,35 @@ def test_graph_is_immutable_and_deterministic(graphs):
         g.ops[0].name = "x"  # frozen
     again = port.trace(_model("resnet8"), _x("resnet8"), name="resnet8")
     assert again.digest() == g.digest()
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenetv2"])
+def test_memoized_graph_facts_equal_a_fresh_computation(name, graphs):
+    """Graph.memo keeps facts the planner asks for thousands of times (storage roots, signatures, in-place
+    legality, early-update rules); each must equal its computation on a graph that has cached nothing."""
+    from port.errors import PlanError
+    from port.plan import semantics as S
+    from port.plan import variants as V
+    g = graphs[name]
+    from port.ir.types import Graph
+    fresh = Graph.from_dict(g.to_dict())
+    assert not fresh._index
+    for _ in range(2):                          # the second round answers from the memo
+        for t in g.tensors:
+            assert g.storage_root(t.id) == g._root_of(t.id)
+        for o in g.ops:
+            assert g.signature(o) == g._signature(o) == g.signature(o.id)
+            assert V.inplace_legal(g, o) == V._inplace_legal(g, o)
+            if o.phase == "update":
+                try:
+                    want = S._early_update_checked(g, o.id)
+                except PlanError as e:
+                    with pytest.raises(PlanError, match=re.escape(str(e))):
+                        S.early_update_info(g, o.id)
+                else:
+                    assert S.early_update_info(g, o.id) == want
+        assert V.inplace_conflicts(g) == V._inplace_conflicts(g)
+    assert S.coupled_variants(g) == S.coupled_variants(fresh) and V.inplace_conflicts(fresh) == V.inplace_conflicts(g)
 
 
 def test_optimizer_state_sizes():

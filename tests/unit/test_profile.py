@@ -93,11 +93,19 @@ def test_cache_reuse_measures_nothing_new(graph, host_profile, tmp_path):
     assert again.handoff == prof.handoff and again.storage == prof.storage
     calib = lambda p: {k: v for k, v in p.host if k.startswith("calibrated.")}  # noqa: E731
     assert calib(again) == calib(prof)
+    # and the program-order figures of the same graph: the executor's per-step overhead is part of every
+    # predicted step (a reused profile without it predicted every host plan that much faster)
+    from port.cost.measure import STEP_OVERHEAD_KEY
+    from port.verify.simulate import step_overhead_ms
+    assert STEP_OVERHEAD_KEY in dict(prof.host)
+    assert dict(again.host)[STEP_OVERHEAD_KEY] == dict(prof.host)[STEP_OVERHEAD_KEY]
+    assert step_overhead_ms(again) == step_overhead_ms(prof)
 
 
 def test_remeasure_rewrites_a_changed_graphs_footprint_once(graph, host_profile, tmp_path, monkeypatch):
-    """A cache of another graph with the same op signatures: every entry is reused, the engine footprint is
-    measured again (it depends on the graph) and the file rewritten, so the next run measures nothing."""
+    """A cache of another graph with the same op signatures: every entry is reused, the engine footprint and
+    the step overhead are measured again (they depend on the graph) and the file rewritten, so the next run
+    measures nothing."""
     from dataclasses import replace
     from port.cost import footprint as FP
     from port.pipeline import remeasure
@@ -113,13 +121,18 @@ def test_remeasure_rewrites_a_changed_graphs_footprint_once(graph, host_profile,
                     engine_bytes=(("cpu-torch", 1),), _index={})
     path = save_profile(other, tmp_path / "p.json")
     first, rep = remeasure(graph, load_device("host"), path, quick=True, echo=lambda *_: None)
-    assert rep.measured == 0 and rep.engine_measured == len(calls) >= 1
+    assert rep.measured == 0 and rep.engine_measured == len(calls) >= 1 and rep.overhead_measured
     assert dict(first.engine_bytes)["cpu-torch"] != 1
     assert dict(load_profile(path, device="host").host)["graph_digest"] == graph.digest()
     n = len(calls)
     again, rep2 = remeasure(graph, load_device("host"), path, quick=True, echo=lambda *_: None)
-    assert rep2.measured == 0 and rep2.engine_measured == 0 and len(calls) == n
+    assert rep2.measured == 0 and rep2.engine_measured == 0 and not rep2.overhead_measured and len(calls) == n
     assert again.engine_bytes == first.engine_bytes and again.handoff == first.handoff
+    from port.cost.measure import STEP_OVERHEAD_KEY
+    assert dict(again.host)[STEP_OVERHEAD_KEY] == dict(first.host)[STEP_OVERHEAD_KEY]
+    # the cached entries stand: only the overhead was taken on the new graph
+    assert {(e.signature, e.accelerator, e.variant): e.latency_ms for e in first.entries} == \
+           {(e.signature, e.accelerator, e.variant): e.latency_ms for e in prof.entries}
 
 
 def test_budget_leaves_modeled_entries(graph):
