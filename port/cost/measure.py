@@ -613,10 +613,11 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
     run on cache-hot inputs; in a step their inputs come from the op before, so memory-bound ops in particular
     run slower there. Measured entries no call exercised are scaled by the median in-program / isolated ratio
     of their op kind on that accelerator (else of the accelerator); ``fresh``: only these keys are scaled (entries
-    taken from a cache were scaled when they were measured). The first plan's program is also run untimed, as
-    Trainer.step runs it (zero the gradients, copy the batch in, run, read the loss, update): its wall time
-    minus the sum of its timed calls is the executor's per-step overhead (recorded, see
-    :func:`with_step_overhead`). Returns the profile and notes for its host record."""
+    taken from a cache were scaled when they were measured). The first plan's program is also run untimed after each
+    instrumented step, as Trainer.step runs it (zero the gradients, copy the batch in, run, read the loss,
+    update): the median over these pairs of its wall time minus the timed step's calls is the executor's
+    per-step overhead (recorded, see :func:`with_step_overhead`; paired, so that a change of load between the
+    timed and the untimed steps does not enter it). Returns the profile and notes for its host record."""
     import statistics as st
     import time as _time
 
@@ -640,29 +641,30 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
         if ex.labels is not None:
             y = torch.randint(0, graph.tensors[graph.logits_id].shape[-1], ex.labels.shape, generator=gen)
             ex.labels.copy_(y)
-        sums = []
+        def untimed_ms() -> float:     # one step as Trainer.step runs it
+            t0 = _time.perf_counter()
+            ex.zero_grads()
+            ex.input.copy_(x)
+            if y is not None:
+                ex.labels.copy_(y)
+            ex.run_main()
+            if ex.labels is not None:
+                float(ex.loss)
+            ex.run_updates()
+            return (_time.perf_counter() - t0) * 1e3
+
+        diffs = []
         for k in range(steps + 1):
             ex.zero_grads()
             r = ex.run(timing=True)
             if k == 0:
                 continue
-            sums.append(r["total_ms"])
             for key, ms in in_program_times(graph, plan, r["calls"]).items():
                 seen.setdefault(key, []).append(ms)
-        if pi == 0 and sums:
-            walls = []
-            for _ in range(max(steps, 3)):
-                t0 = _time.perf_counter()
-                ex.zero_grads()
-                ex.input.copy_(x)
-                if y is not None:
-                    ex.labels.copy_(y)
-                ex.run_main()
-                if ex.labels is not None:
-                    float(ex.loss)
-                ex.run_updates()
-                walls.append((_time.perf_counter() - t0) * 1e3)
-            overhead = st.median(walls) - st.median(sums)
+            if pi == 0:   # paired with the timed step just run: a load change between them cancels out
+                diffs.append(untimed_ms() - r["total_ms"])
+        if diffs:
+            overhead = st.median(diffs)
     prof, notes = apply_in_program(graph, profile, seen, fresh)
     if overhead is not None:
         prof = with_step_overhead(prof, overhead, "profile: untimed step wall - timed calls, default plan")
