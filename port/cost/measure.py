@@ -314,9 +314,12 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
         bar.close()
 
     # this CPU's peak figures (~1 s), recorded in the profile; the roofline prices present CPU entries with them
-    # nothing measured this time (every entry from the cache): the cache's machine figures (peaks, hand-off,
-    # storage) stand too, so a reused profile is the cache's, not a fresh draw of ~1 s calibrations
-    reuse_all = cache is not None and not todo
+    # nothing measured this time (every entry from the cache, or every timing failed) and the cache taken with
+    # these thread counts: the cache's machine figures (peaks, hand-off, storage) stand too, so a reused profile
+    # is the cache's, not a fresh draw of ~1 s calibrations
+    fresh = {k for k, _op in todo if k in results and results[k].measured}    # timed in this run
+    reuse_all = cache is not None and not fresh and not stale
+    same_graph = _cache_of_graph(cp if cache is not None else None, graph)
     peaks: dict[str, str] = {}
     if reuse_all:
         peaks = {k: v for k, v in cp.host if k.startswith("calibrated.")}
@@ -385,16 +388,14 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                    threads=max(acc_threads.values()) if acc_threads else 0,
                    host=tuple(sorted(info.items())), memory_bytes=dev.memory, accelerator_caps=caps,
                    storage=storage)
-    engine = _engine_footprints(graph, dev, present, acc_threads, cp if cache is not None else None, stale, rep,
-                                seed, out_of_time)
+    engine = _engine_footprints(graph, dev, present, acc_threads, dict(cp.engine_bytes) if same_graph else {},
+                                stale, rep, seed, out_of_time)
     if engine:
         prof = replace(prof, engine_bytes=tuple(sorted(engine.items())), _index={})
-    fresh = {k for k in results if k not in cached and results[k].measured}
     # nothing new timed on the graph the cache was measured on: its program-order figures stand (the executor's
     # per-step overhead above all: without it every plan's predicted step loses that time)
-    same_graph = cache is not None and dict(cp.host).get("graph_digest") == graph.digest()
     kept = {k: v for k, v in cp.host if k.startswith((STEP_OVERHEAD_KEY, "in_program."))} \
-        if same_graph and not fresh else {}
+        if same_graph and reuse_all else {}
     if kept:
         prof = replace(prof, host=tuple(sorted({**dict(prof.host), **kept}.items())), _index={})
     elif program_order and (fresh or cache is not None):
@@ -413,7 +414,8 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                 plans.append(plan)
         if plans:
             try:
-                timed, notes = calibrate_in_program(graph, prof, plans, seed=seed, fresh=fresh)
+                timed, notes = calibrate_in_program(graph, prof, plans, seed=seed, fresh=fresh,
+                                                    overhead_only=not fresh)
                 if fresh:
                     prof = timed
                     rep.notes += [f"{k}: {v}" for k, v in notes.items()]
@@ -428,20 +430,26 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
     return prof, rep
 
 
-def _engine_footprints(graph: Graph, dev: DeviceConfig, present: dict, acc_threads: dict[str, int], cp, stale: set,
-                       rep: ProfileReport, seed: int, out_of_time: Callable[[], bool]) -> dict[str, int]:
+def _cache_of_graph(cp: Profile | None, graph: Graph) -> bool:
+    """Whether the cache profile ``cp`` was measured on ``graph`` (its host record's graph digest): only then do
+    its graph-level figures (engine footprints, program-order step overhead) carry over."""
+    return cp is not None and dict(cp.host).get("graph_digest") == graph.digest()
+
+
+def _engine_footprints(graph: Graph, dev: DeviceConfig, present: dict, acc_threads: dict[str, int],
+                       cached: dict[str, int], stale: set, rep: ProfileReport, seed: int,
+                       out_of_time: Callable[[], bool]) -> dict[str, int]:
     """{accelerator: engine footprint bytes} for the present host-memory engines (port.cost.footprint): taken
-    from the cache profile when it was measured on this graph (and, for C engines, this build of the kernels),
-    else measured in a fresh process. Failures and PORT_PROFILE_ENGINE=0 leave an accelerator out (noted)."""
+    from ``cached`` (the cache profile's, when it was measured on this graph; for C engines only if this build of
+    the kernels is not ``stale``), else measured in a fresh process. Failures and PORT_PROFILE_ENGINE=0 leave an
+    accelerator out (noted)."""
     from port.cost import footprint as FP
     out: dict[str, int] = {}
-    cached = dict(cp.engine_bytes) if cp is not None else {}
-    same_graph = cp is not None and dict(cp.host).get("graph_digest") == graph.digest()
     for acc_id in present:
         backend = dev.accelerator(acc_id).backend
         if backend not in FP.HOST_BACKENDS:
             continue
-        if same_graph and acc_id in cached and acc_id not in stale:
+        if acc_id in cached and acc_id not in stale:
             out[acc_id] = int(cached[acc_id])
             continue
         if not FP.enabled():
@@ -606,7 +614,7 @@ def correct_from_run(graph: Graph, profile: Profile, plan: Any, op_ms: dict[int,
 
 
 def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int = 3, seed: int = 0,
-                         fresh: set | None = None) -> tuple[Profile, dict[str, str]]:
+                         fresh: set | None = None, overhead_only: bool = False) -> tuple[Profile, dict[str, str]]:
     """Re-time ``profile``'s measured entries in program order: run each plan's program (lowered exactly as
     training runs it, on a zeroed arena with a random batch) for ``steps`` instrumented steps after one warm-up
     step, and replace every entry a call exercised by the median of its in-program call times. Ops timed alone
@@ -617,7 +625,9 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
     instrumented step, as Trainer.step runs it (zero the gradients, copy the batch in, run, read the loss,
     update): the median over these pairs of its wall time minus the timed step's calls is the executor's
     per-step overhead (recorded, see :func:`with_step_overhead`; paired, so that a change of load between the
-    timed and the untimed steps does not enter it). Returns the profile and notes for its host record."""
+    timed and the untimed steps does not enter it). ``overhead_only``: only that (the first plan's program; no
+    entry re-timed: a cache of another graph whose entries were calibrated when measured). Returns the profile
+    and notes for its host record."""
     import statistics as st
     import time as _time
 
@@ -629,7 +639,7 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
     seen: dict[tuple[str, str, str], list[float]] = {}
     gen = torch.Generator().manual_seed(seed)
     overhead = None
-    for pi, plan in enumerate(plans):
+    for pi, plan in enumerate(plans[:1] if overhead_only else plans):
         prog = lower(graph, plan, check_digest=False)
         backends = {c.backend for c in prog.calls} - {"host"}
         runner = get_runner(sorted(backends)[0], graph, None, seed=seed)
@@ -665,7 +675,7 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
                 diffs.append(untimed_ms() - r["total_ms"])
         if diffs:
             overhead = st.median(diffs)
-    prof, notes = apply_in_program(graph, profile, seen, fresh)
+    prof, notes = (profile, {}) if overhead_only else apply_in_program(graph, profile, seen, fresh)
     if overhead is not None:
         prof = with_step_overhead(prof, overhead, "profile: untimed step wall - timed calls, default plan")
         notes[STEP_OVERHEAD_KEY] = f"{max(0.0, overhead):.4f}"

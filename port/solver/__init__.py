@@ -266,7 +266,7 @@ def _baseline_warm(inst: Instance, budget: int, time_limit_s: float, early_ok: b
 
     choice, rc, at, early = chen_plan(inst, budget, segments=inst.window + 1, allow_early=early_ok, in_model=True)
     consider(choice, rc, set(), at, early)
-    choice, rc, pg, early = greedy_plan(inst, budget, min(10.0, 0.1 * time_limit_s), early_ok)
+    choice, rc, pg, early = greedy_plan(inst, budget, min(10.0, 0.1 * time_limit_s), early_ok, give_up=True)
     consider(choice, rc, pg, {p: inst.tau[p] for p in rc}, early)
     if found:
         return [w for _ms, _k, w in sorted(found, key=lambda f: f[:2])]
@@ -296,8 +296,8 @@ def lp_choice(inst: Instance, m: Model, v: Vars) -> tuple[list[tuple[str, str]],
     option the LP weights most, made consistent (in-place and fused variants only where the LP picks them
     whole: they keep tensors from being dropped, so a rounded-up one can leave no plan; a fused chain fused on
     its conv's accelerator or not at all; of two conflicting in-place ops, the one the LP favours less runs
-    its best other option; batch-norm backward ops coupled), and the re-run steps r[P,t] that neither the LP nor the LP with that choice uses
-    (to be kept off). The restricted solve on it is near the optimum in about a second where the fastest
+    its best other option; batch-norm backward ops coupled), and the re-run steps r[P,t] that neither the LP
+    nor the LP with that choice uses (to be kept off). The restricted solve on it is near the optimum in about a second where the fastest
     plain options are far from it (ResNet-18 b32 at 50% on jetson-orin-nano: 275.8 ms in 0.8 s, against
     385.5 ms in 13 s; the optimum is 269.8 ms)."""
     from port.plan.variants import inplace_conflicts

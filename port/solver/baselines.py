@@ -103,11 +103,13 @@ def _try(inst: Instance, choice, budget, rc, pg, at=None, early=()):
 
 
 def greedy_plan(inst: Instance, budget: int, time_limit_s: float = 60.0,
-                allow_early: bool = True) -> tuple[list, set, set, set]:
+                allow_early: bool = True, give_up: bool = False) -> tuple[list, set, set, set]:
     """Fastest option per op; over budget: every legal early update first (free in time), then drop saved
     tensors (page or recompute at the legacy time tau) in order of bytes saved per ms added, keeping each
     drop that the simulator accepts and that lowers the peak. In-place choices on tensors that get dropped
-    are reverted to their best non-in-place option. Returns (choice, recomputed ops, paged roots, early)."""
+    are reverted to their best non-in-place option. ``give_up``: stop as soon as the candidates left cannot
+    bring the peak within the budget (a warm start needs a plan that fits; the baseline itself returns its
+    lowest peak). Returns (choice, recomputed ops, paged roots, early)."""
     t_end = time.perf_counter() + time_limit_s
     choice = fastest_choice(inst)
     rc: set[int] = set()
@@ -131,9 +133,16 @@ def greedy_plan(inst: Instance, budget: int, time_limit_s: float = 60.0,
     for r in inst.page_roots:
         cands.append((inst.roots[r].bytes / max(inst.page_ms[r], 1e-6), "pg", r))
     cands.sort(key=lambda c: (-c[0], c[1], c[2]))
+    # a drop lowers the memory of any step by at most its bytes, so once the bytes of the candidates left are
+    # below peak - budget no more drops can fit the budget (ResNet-18 b32 at 50%: greedy ends ~20% over)
+    left = [0] * (len(cands) + 1)
+    for j in range(len(cands) - 1, -1, -1):
+        kind, k = cands[j][1:]
+        left[j] = left[j + 1] + (inst.roots[k].bytes if kind == "pg" else sum(
+            inst.roots[r].bytes for r in inst.rc_outputs[k] if inst.roots[r].bwd_first is not None))
     peak = sim.peak_bytes
-    for _score, kind, k in cands:
-        if peak <= budget or time.perf_counter() > t_end:
+    for j, (_score, kind, k) in enumerate(cands):
+        if peak <= budget or (give_up and peak - budget > left[j]) or time.perf_counter() > t_end:
             break
         trial = list(choice)
         if kind == "rc":

@@ -102,6 +102,23 @@ def test_cache_reuse_measures_nothing_new(graph, host_profile, tmp_path):
     assert step_overhead_ms(again) == step_overhead_ms(prof)
 
 
+def test_cache_of_other_threads_is_remeasured_and_recalibrated(graph, host_profile, tmp_path):
+    """Entries cached with another thread count are timed again; they are this run's measurements, so the
+    machine figures are drawn again and the program-order pass re-times them (they used to count as cached:
+    the cache's calibrated peaks and step overhead stood beside entries measured with other threads)."""
+    from dataclasses import replace
+    from port.cost.measure import STEP_OVERHEAD_KEY
+    prof, _ = host_profile
+    n = dict(prof.host)["threads.cpu-torch"]
+    other = replace(prof, host=tuple((k, str(int(n) + 1) if k == "threads.cpu-torch" else v) for k, v in prof.host),
+                    _index={})
+    again, rep = profile_with_report(graph, "host", cache=save_profile(other, tmp_path / "p.json"), **FAST)
+    assert rep.measured >= 1 and any("threads" in m and "re-measured" in m for m in rep.notes)
+    assert any(m.startswith(STEP_OVERHEAD_KEY) for m in rep.notes)      # program order re-timed, not kept
+    calib = lambda p: {k: v for k, v in p.host if k.startswith("calibrated.")}  # noqa: E731
+    assert calib(again) and calib(again) != calib(other)
+
+
 def test_remeasure_rewrites_a_changed_graphs_footprint_once(graph, host_profile, tmp_path, monkeypatch):
     """A cache of another graph with the same op signatures: every entry is reused, the engine footprint and
     the step overhead are measured again (they depend on the graph) and the file rewritten, so the next run

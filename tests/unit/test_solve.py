@@ -235,6 +235,43 @@ def test_ilp_never_worse_than_baselines(cnn_graph, frac):
             assert p.predicted_step_ms <= b.predicted_step_ms * (1 + 1e-9) + 1e-12, name
 
 
+def test_greedy_gives_up_only_when_no_drop_can_fit(cnn_graph, monkeypatch):
+    """give_up=True (the warm start) stops once the bytes of the drops left are below peak - budget; below that
+    line its plan is the full greedy's, and where greedy fits it is the same plan."""
+    import port.solver.baselines as BL
+    from port.solver.instance import build_instance
+    g = cnn_graph
+    prof = modeled_profile(g, load_device("host"))
+    inst = build_instance(g, prof)
+    tries = []
+    real = BL._try
+    monkeypatch.setattr(BL, "_try", lambda *a, **k: tries.append(1) or real(*a, **k))
+    naive = naive_peak(g, prof)
+    fits = 0
+    for frac in (1.5, 1.2, 1.0, 0.6):       # the fastest options' peak is ~1.25x the naive one here
+        B = int(naive * frac)
+        tries.clear()
+        full = BL.greedy_plan(inst, B, 60.0, True)
+        n_full = len(tries)
+        tries.clear()
+        quick = BL.greedy_plan(inst, B, 60.0, True, give_up=True)
+        n_quick = len(tries)
+        sim = real(inst, full[0], B, full[1], full[2], early=full[3])
+        if sim is not None and sim.peak_bytes <= B:
+            fits += 1
+            assert quick == full and n_quick == n_full
+        else:
+            assert n_quick <= n_full
+    assert 0 < fits < 4      # both sides of the line exercised
+    tries.clear()
+    hopeless = int(naive * 0.05)      # below static memory: no drop can fit, greedy gives up at once
+    BL.greedy_plan(inst, hopeless, 60.0, True)
+    n_full = len(tries)
+    tries.clear()
+    BL.greedy_plan(inst, hopeless, 60.0, True, give_up=True)
+    assert len(tries) < n_full
+
+
 def test_backends_agree(cnn_graph):
     g = cnn_graph
     prof = two_acc_profile(g, free_ops=[0, 1, 2, 3], seed=2)
