@@ -297,9 +297,9 @@ def lp_choice(inst: Instance, m: Model, v: Vars) -> tuple[list[tuple[str, str]],
     whole: they keep tensors from being dropped, so a rounded-up one can leave no plan; a fused chain fused on
     its conv's accelerator or not at all; of two conflicting in-place ops, the one the LP favours less runs
     its best other option; batch-norm backward ops coupled), and the re-run steps r[P,t] that neither the LP
-    nor the LP with that choice uses (to be kept off). The restricted solve on it is near the optimum in about a second where the fastest
-    plain options are far from it (ResNet-18 b32 at 50% on jetson-orin-nano: 275.8 ms in 0.8 s, against
-    385.5 ms in 13 s; the optimum is 269.8 ms)."""
+    nor the LP with that choice uses (to be kept off). The restricted solve on it is near the optimum in about
+    a second where the fastest plain options are far from it (ResNet-18 b32 at 50% on jetson-orin-nano:
+    275.8 ms in 0.8 s, against 385.5 ms in 13 s; the optimum is 269.8 ms)."""
     from port.plan.variants import inplace_conflicts
     from port.solver.backends import solve_lp
     from port.solver.baselines import _coupled
