@@ -144,14 +144,14 @@ class Graph:
         return tuple(o for o in self.ops if o.phase == phase)
 
     def storage_root(self, tid: int) -> int:
-        roots = self._index.get("roots")
-        if roots is None:
-            roots = []
-            for t in self.tensors:      # topological: a view's base comes before it
-                a = t.alias_of
-                roots.append(t.id if a is None else (roots[a] if a < t.id else self._root_of(a)))
-            self._index["roots"] = roots
-        return roots[tid]
+        return self.memo("roots", self._roots)[tid]
+
+    def _roots(self) -> list[int]:
+        roots: list[int] = []
+        for t in self.tensors:      # topological: a view's base comes before it
+            a = t.alias_of
+            roots.append(t.id if a is None else (roots[a] if a < t.id else self._root_of(a)))
+        return roots
 
     def _root_of(self, tid: int) -> int:
         t = self.tensors[tid]
@@ -167,6 +167,10 @@ class Graph:
         except KeyError:
             out = self._index[key] = fn()
             return out
+
+    def owns(self, op: Op) -> bool:
+        """Whether ``op`` is this graph's op of its id (facts about it may be memoized by id)."""
+        return 0 <= op.id < len(self.ops) and self.ops[op.id] is op
 
     def writers(self, tid: int) -> int:
         """How many ops write tensor ``tid``'s storage root (through any view); counted once per graph."""
@@ -255,7 +259,7 @@ class Graph:
     def signature(self, op: Op | int) -> str:
         """Profiling key: identical layers (kind, input/output shapes, attributes) share it."""
         o = self.ops[op] if isinstance(op, int) else op
-        if 0 <= o.id < len(self.ops) and self.ops[o.id] is o:
+        if self.owns(o):
             return self.memo(("signature", o.id), lambda: self._signature(o))
         return self._signature(o)
 

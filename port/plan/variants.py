@@ -98,7 +98,7 @@ def winograd_legal(graph: Graph, op: Op) -> bool:
 
 
 def inplace_legal(graph: Graph, op: Op) -> bool:
-    if graph.ops[op.id] is not op:
+    if not graph.owns(op):
         return _inplace_legal(graph, op)
     return graph.memo(("inplace_legal", op.id), lambda: _inplace_legal(graph, op))
 

@@ -332,7 +332,7 @@ def lp_choice(inst: Instance, m: Model, v: Vars) -> tuple[list[tuple[str, str]],
             w = a if ipl(a) < ipl(b) else b
             pick[w] = best(w, lambda o: o.var != "inplace")
     choice = _coupled(inst, [(inst.options[i][k].acc, inst.options[i][k].var) for i, k in enumerate(pick)])
-    fixed = solve_lp(m, _other_options(inst, v, choice))
+    fixed = solve_lp(m, dict.fromkeys(_other_options(inst, v, choice), 0.0))
     off = () if fixed is None else tuple(j for j in v.rt.values() if val[j] <= 1e-6 and fixed[j] <= 1e-6)
     return choice, off
 

@@ -85,13 +85,13 @@ def _highs_model(m: Model, mip: bool = True):
     return h
 
 
-def solve_lp(m: Model, zero=()) -> list[float] | None:
-    """The LP relaxation of ``m`` with the columns ``zero`` fixed at 0: its optimal values (None when it has
-    no optimum)."""
+def solve_lp(m: Model, fixed: dict[int, float] | None = None) -> list[float] | None:
+    """The LP relaxation of ``m`` with the columns of ``fixed`` fixed at their values: its optimal values (None
+    when it has no optimum)."""
     import highspy
     h = _highs_model(m, mip=False)
-    for j in zero:
-        h.changeColBounds(j, 0.0, 0.0)
+    for j, val in (fixed or {}).items():
+        h.changeColBounds(j, val, val)
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return None
@@ -99,19 +99,9 @@ def solve_lp(m: Model, zero=()) -> list[float] | None:
 
 
 def complete_solution(m: Model, fixed: dict[int, float]) -> list[float] | None:
-    """Fix the given integer values and solve the remaining LP: a full start vector (or None if infeasible)."""
-    import highspy
-    import numpy as np
-    h = _highs_model(m, mip=False)
-    for j, v in fixed.items():
-        h.changeColBounds(j, v, v)
-    for j in range(m.num_vars):
-        if m.integer[j] and j not in fixed:
-            h.changeColBounds(j, 0.0, 0.0)
-    h.run()
-    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-        return None
-    return list(np.array(h.getSolution().col_value))
+    """Fix the given integer values (every other integer column at 0) and solve the remaining LP: a full start
+    vector (or None if infeasible)."""
+    return solve_lp(m, {**{j: 0.0 for j in range(m.num_vars) if m.integer[j]}, **fixed})
 
 
 _HIGHS_THREADS: list[int | None] = [None]    # the thread count HiGHS's global scheduler was last set up for
