@@ -408,10 +408,13 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                 plan = default_plan(graph, backend)
             except Exception:  # noqa: BLE001 - a backend without a default plan is not re-timed
                 continue
-            ops = tuple(type(d)(d.op, acc_id, d.variant) for d in plan.ops)
-            plan = Plan(graph.digest(), prof.digest(), 0, ops, batch_size=graph.batch_size)
-            if all(prof.lookup(graph.signature(o), acc_id, plan.ops[o.id].variant) for o in graph.ops):
-                plans.append(plan)
+            # the default plan's variants; all plain when the profile lacks one of them (a profile of
+            # variants=("plain",)): every op then runs a call this profile prices
+            for plain in (False, True):
+                ops = tuple(type(d)(d.op, acc_id, "plain" if plain else d.variant) for d in plan.ops)
+                if all(prof.lookup(graph.signature(o), acc_id, ops[o.id].variant) for o in graph.ops):
+                    plans.append(Plan(graph.digest(), prof.digest(), 0, ops, batch_size=graph.batch_size))
+                    break
         if plans:
             try:
                 timed, notes = calibrate_in_program(graph, prof, plans, seed=seed, fresh=fresh,

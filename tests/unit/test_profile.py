@@ -102,6 +102,20 @@ def test_cache_reuse_measures_nothing_new(graph, host_profile, tmp_path):
     assert step_overhead_ms(again) == step_overhead_ms(prof)
 
 
+def test_plain_only_profile_is_retimed_in_program_order(graph):
+    """A profile of plain variants only is re-timed in program order too (the default plan's in-place/fused
+    variants have no entries in it; the all-plain plan runs instead): its entries are the in-program times and
+    the executor's step overhead is recorded (bench/profile.py measures such profiles; they used to keep the
+    isolated times silently)."""
+    from port.cost.measure import STEP_OVERHEAD_KEY
+    prof, rep = profile_with_report(graph, "host", accelerators=("cpu-torch",), variants=("plain",), handoff=False,
+                                    peak_memory=False, **FAST)
+    assert {e.variant for e in prof.entries} == {"plain"}
+    host = dict(prof.host)
+    assert STEP_OVERHEAD_KEY in host and "in_program.cpu-torch" in host, rep.notes
+    assert not any("re-timing failed" in m for m in rep.notes)
+
+
 def test_cache_of_other_threads_is_remeasured_and_recalibrated(graph, host_profile, tmp_path):
     """Entries cached with another thread count are timed again; they are this run's measurements, so the
     machine figures are drawn again and the program-order pass re-times them (they used to count as cached:
