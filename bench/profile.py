@@ -43,7 +43,7 @@ from port.verify.simulate import simulate  # noqa: E402
 SETTLE_S = 0.05   # pause after each step, untimed (as bench/e2e.py's SETTLE_MS)
 
 
-def training_steps(name: str, graph, plans: dict, batch: int, threads: int, warmup: int, steps: int
+def training_steps(name: str, plans: dict, batch: int, threads: int, warmup: int, steps: int
                    ) -> tuple[dict[str, float], float, dict[str, int]]:
     """Median step wall time (ms) of each plan's Trainer and of PyTorch eager, in alternating rounds (the order
     rotates each round): ({accelerator: ms}, eager ms, {accelerator: kernel threads after the last step})."""
@@ -128,7 +128,7 @@ def main() -> None:
         p1, _ = profile_with_report(g, dev, accelerators=ids, variants=("plain",), handoff=False, peak_memory=False,
                                     **timing)
         plans = {a.id: solve_single(g, p1, 10 ** 15, accelerator=a.id) for a in present}
-        wall, eager, thr = training_steps(name, g, plans, args.batch, threads, warmup, steps)
+        wall, eager, thr = training_steps(name, plans, args.batch, threads, warmup, steps)
         t_mid = time.time()
         p2, _ = profile_with_report(g, dev, accelerators=ids, variants=("plain",), handoff=False, peak_memory=False,
                                     **timing)
