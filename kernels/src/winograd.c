@@ -13,6 +13,10 @@
  * Tiles (n, ti, tj) over the output map are processed in chunks of `wg_chunk` tiles so the workspace is
  * 16 c_in c_out floats (U or dU) plus 16 (c_in + c_out) floats per chunk tile, bounded by
  * PORT_WG_CHUNK_FLOATS; edge tiles read zeros outside the input and write only the valid outputs.
+ * When all tiles fit one chunk (small maps: ResNet's last stages) the GEMMs' output channels are taken in
+ * blocks of PORT_WG_BLOCK rows instead: each block's U (or dU) rows are made, used and dropped in turn, so
+ * 16 * PORT_WG_BLOCK * c_in floats stand in for the 16 c_in c_out (512 x 512 channels: 16.8 of a 25 MB
+ * workspace), at no extra work (the input transform V is made once either way).
  * Accuracy: the transforms have entries 0, +-1, +-1/2, so results differ from the direct sum by a few
  * float32 ulps of the partial sums (tests/kernels/test_conv.py compares with torch in float64).
  * The plain reference beside it is kernels/src/conv_ref.c. */
@@ -27,6 +31,9 @@
 #define WG_HALF (WG_ROW_MAX / 2)
 #ifndef PORT_WG_CHUNK_FLOATS
 #define PORT_WG_CHUNK_FLOATS (1 << 21) /* V and M blocks of one chunk: 8 MiB */
+#endif
+#ifndef PORT_WG_BLOCK
+#define PORT_WG_BLOCK 64 /* output-channel rows per block when the tiles fit one chunk */
 #endif
 
 int port__conv_winograd_legal(const port_conv2d_params *p) {
@@ -60,12 +67,24 @@ static int64_t wg_chunk(int64_t cin, int64_t cout, int64_t tiles) {
     return PORT_MIN(tc, tiles);
 }
 
+/* Output-channel rows per block of a pass with `rows` GEMM rows over `cols` channels and T tiles: all of them
+ * unless the tiles fit one chunk and there are more rows than PORT_WG_BLOCK. */
+static int64_t wg_block(int64_t rows, int64_t cols, int64_t T) {
+    return (T <= wg_chunk(rows, cols, T) && rows > PORT_WG_BLOCK) ? PORT_WG_BLOCK : rows;
+}
+
+/* Floats one pass needs: U or dU rows (kb x cols), V (cols per chunk tile), M or Y (kb per chunk tile). */
+static int64_t wg_pass_floats(int64_t rows, int64_t cols, int64_t T) {
+    int64_t tc = wg_chunk(rows, cols, T), kb = wg_block(rows, cols, T);
+    return 16 * (wg_ps(kb * cols) + wg_ps(cols * tc) + wg_ps(kb * tc));
+}
+
 size_t port__conv_winograd_ws_floats(const port_conv2d_params *p) {
-    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
-    /* forward and backward weight tile the output map, backward input tiles the input map */
-    int64_t t = PORT_MAX(wg_tiles(p->n, ho, wo), wg_tiles(p->n, p->h, p->w));
-    int64_t tc = wg_chunk(p->c_in, p->c_out, t);
-    return (size_t)(16 * (wg_ps(p->c_in * p->c_out) + wg_ps(p->c_in * tc) + wg_ps(p->c_out * tc)));
+    int64_t to = wg_tiles(p->n, port_conv2d_out_h(p), port_conv2d_out_w(p)), ti = wg_tiles(p->n, p->h, p->w);
+    /* forward: c_out rows over c_in, output tiles; backward input: c_in rows over c_out, input tiles;
+     * backward weight: dU's c_out rows over c_in, output tiles */
+    int64_t f = wg_pass_floats(p->c_out, p->c_in, to), bi = wg_pass_floats(p->c_in, p->c_out, ti);
+    return (size_t)PORT_MAX(f, bi);
 }
 
 /* U[xi][o][i] = (G g G^T)[xi] for g = w[o][i] (flip = 0) or, for the backward input's kernels,
@@ -73,10 +92,10 @@ size_t port__conv_winograd_ws_floats(const port_conv2d_params *p) {
  * One row o of U per call, vectorised along i (the kernels' loads are strided, U's stores contiguous): as a
  * scalar loop per (o, i) it took longer than the 16 GEMMs at 256 channels on 8x8 maps. */
 PORT_ISA_CLONES static void wg_weights_row(float *restrict U, const float *restrict w, int64_t rows, int64_t cols,
-                                           int flip, int64_t o) {
-    int64_t RC = wg_ps(rows * cols), st = flip ? rows * 9 : 9;
+                                           int flip, int64_t o, int64_t o0, int64_t kb) {
+    int64_t RC = wg_ps(kb * cols), st = flip ? rows * 9 : 9;
     const float *base = flip ? w + o * 9 : w + o * cols * 9;
-    float *u = U + o * cols;
+    float *u = U + (o - o0) * cols;
 #pragma omp simd
     for (int64_t i = 0; i < cols; i++) {
         const float *s = base + i * st;
@@ -99,9 +118,10 @@ PORT_ISA_CLONES static void wg_weights_row(float *restrict U, const float *restr
     }
 }
 
-static void wg_weights(float *U, const float *w, int64_t rows, int64_t cols, int flip) {
-#pragma omp parallel for schedule(static) if (rows * cols * 16 > PORT_PAR_MIN)
-    for (int64_t o = 0; o < rows; o++) wg_weights_row(U, w, rows, cols, flip, o);
+/* rows o0 .. o0+kb-1 of U (of `rows`), stored as a kb-row U */
+static void wg_weights(float *U, const float *w, int64_t rows, int64_t cols, int flip, int64_t o0, int64_t kb) {
+#pragma omp parallel for schedule(static) if (kb * cols * 16 > PORT_PAR_MIN)
+    for (int64_t o = o0; o < o0 + kb; o++) wg_weights_row(U, w, rows, cols, flip, o, o0, kb);
 }
 
 /* A chunk's tiles t0..t0+tcc-1 (flattened (n, ti, tj), row-major) are walked as row segments: the one
@@ -187,19 +207,19 @@ static void wg_input(float *V, const float *in, int64_t C, int64_t h, int64_t w,
     for (int64_t c = 0; c < C; c++) wg_input_channel(V, in, C, h, w, th, tw, ph, pw, t0, tcc, c);
 }
 
-/* out[n][k][oh][ow] (tiles t0..t0+tcc) = A^T M A (+ bias[k]) */
-static void wg_output(float *out, const float *M, const float *bias, int64_t Kc, int64_t oh, int64_t ow,
-                      int64_t t0, int64_t tcc) {
-    int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2, KT = wg_ps(Kc * tcc);
-#pragma omp parallel for schedule(static) if (Kc * tcc * 16 > PORT_PAR_MIN)
-    for (int64_t k = 0; k < Kc; k++) {
-        float bv = bias ? bias[k] : 0.0f;
+/* out[n][k0 + k][oh][ow] (tiles t0..t0+tcc, k < kb of Kc channels) = A^T M A (+ bias) for M's kb rows */
+static void wg_output(float *out, const float *M, const float *bias, int64_t Kc, int64_t k0, int64_t kb,
+                      int64_t oh, int64_t ow, int64_t t0, int64_t tcc) {
+    int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2, KT = wg_ps(kb * tcc);
+#pragma omp parallel for schedule(static) if (kb * tcc * 16 > PORT_PAR_MIN)
+    for (int64_t k = 0; k < kb; k++) {
+        float bv = bias ? bias[k0 + k] : 0.0f;
         float row[2][WG_ROW_MAX];
         for (int64_t j = 0; j < tcc;) {
             wg_seg sg = wg_segment(t0, j, tcc, th, tw);
             int64_t n = sg.n, ti = sg.ti, tj0 = sg.tj0, tj1 = sg.tj1;
             const float *m = M + k * tcc + j - tj0;
-            float *yk = out + (n * Kc + k) * oh * ow;
+            float *yk = out + (n * Kc + k0 + k) * oh * ow;
             int64_t r0 = 2 * ti;
 #pragma omp simd
             for (int64_t tj = tj0; tj < tj1; tj++) {
@@ -223,17 +243,18 @@ static void wg_output(float *out, const float *M, const float *bias, int64_t Kc,
     }
 }
 
-/* Y[xi][k][j] = (A dy A^T)[xi] for the 2x2 output tiles t0 + j of dy[n][k][oh][ow] (zeros outside) */
-static void wg_grad_output(float *Y, const float *dy, int64_t Kc, int64_t oh, int64_t ow, int64_t t0,
-                           int64_t tcc) {
-    int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2, KT = wg_ps(Kc * tcc);
-#pragma omp parallel for schedule(static) if (Kc * tcc * 16 > PORT_PAR_MIN)
-    for (int64_t k = 0; k < Kc; k++) {
+/* Y[xi][k][j] = (A dy A^T)[xi] for the 2x2 output tiles t0 + j of dy[n][k0 + k][oh][ow] (zeros outside),
+ * k < kb of Kc channels */
+static void wg_grad_output(float *Y, const float *dy, int64_t Kc, int64_t k0, int64_t kb, int64_t oh, int64_t ow,
+                           int64_t t0, int64_t tcc) {
+    int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2, KT = wg_ps(kb * tcc);
+#pragma omp parallel for schedule(static) if (kb * tcc * 16 > PORT_PAR_MIN)
+    for (int64_t k = 0; k < kb; k++) {
         float row[2][WG_ROW_MAX];
         for (int64_t j = 0; j < tcc;) {
             wg_seg sg = wg_segment(t0, j, tcc, th, tw);
             int64_t n = sg.n, ti = sg.ti, tj0 = sg.tj0, tj1 = sg.tj1;
-            const float *g = dy + (n * Kc + k) * oh * ow;
+            const float *g = dy + (n * Kc + k0 + k) * oh * ow;
             float *y = Y + k * tcc + j - tj0;
             int64_t r0 = 2 * ti;
             int64_t lo = 2 * tj0, hi = 2 * tj1, vh = PORT_MIN(hi, ow);
@@ -278,49 +299,43 @@ static void wg_gemms(int ta, int tb, int64_t m, int64_t n, int64_t k, const floa
         port__gemm(ta, tb, m, n, k, 1.0f, A + xi * sa, lda, B + xi * sb, ldb, beta, C + xi * sc, ldc);
 }
 
-/* out[n][Kc][oh][ow] = conv3x3(in[n][C][h][w]) with transformed kernels U[16][Kc][C] */
-static void wg_conv(float *out, const float *in, const float *U, const float *bias, int64_t N, int64_t C,
-                    int64_t h, int64_t w, int64_t Kc, int64_t oh, int64_t ow, int64_t ph, int64_t pw,
+/* out[n][Kc][oh][ow] = conv3x3(in[n][C][h][w]) with the kernels wt (U[16][Kc][C] = their transform, flipped
+ * for the backward input: see wg_weights_row). Whole U and chunks of tiles, or, when the tiles fit one chunk,
+ * blocks of kb output channels with their own U rows (wg_block). */
+static void wg_conv(float *out, const float *in, const float *wt, int flip, const float *bias, int64_t N,
+                    int64_t C, int64_t h, int64_t w, int64_t Kc, int64_t oh, int64_t ow, int64_t ph, int64_t pw,
                     float *ws) {
-    int64_t T = wg_tiles(N, oh, ow), tc = wg_chunk(C, Kc, T);
-    float *V = ws, *M = ws + 16 * wg_ps(C * tc);
+    int64_t T = wg_tiles(N, oh, ow), tc = wg_chunk(Kc, C, T), kb = wg_block(Kc, C, T);
+    float *U = ws, *V = U + 16 * wg_ps(kb * C), *M = V + 16 * wg_ps(C * tc);
+    if (kb == Kc) wg_weights(U, wt, Kc, C, flip, 0, Kc);
     for (int64_t t0 = 0; t0 < T; t0 += tc) {
         int64_t tcc = PORT_MIN(tc, T - t0);
         wg_input(V, in, C, h, w, oh, ow, ph, pw, t0, tcc);
-        wg_gemms(0, 0, Kc, tcc, C, U, wg_ps(Kc * C), C, V, wg_ps(C * tcc), tcc, 0.0f, M, wg_ps(Kc * tcc), tcc);
-        wg_output(out, M, bias, Kc, oh, ow, t0, tcc);
+        for (int64_t k0 = 0; k0 < Kc; k0 += kb) {   /* one pass unless blocked (then t0 = 0, tcc = T) */
+            int64_t kbb = PORT_MIN(kb, Kc - k0);
+            if (kb < Kc) wg_weights(U, wt, Kc, C, flip, k0, kbb);
+            wg_gemms(0, 0, kbb, tcc, C, U, wg_ps(kbb * C), C, V, wg_ps(C * tcc), tcc, 0.0f, M,
+                     wg_ps(kbb * tcc), tcc);
+            wg_output(out, M, bias, Kc, k0, kbb, oh, ow, t0, tcc);
+        }
     }
 }
 
 void port__conv_winograd_fwd(float *y, const float *x, const float *w, const float *b,
                              const port_conv2d_params *p, float *ws) {
-    float *U = ws;
-    wg_weights(U, w, p->c_out, p->c_in, 0);
-    wg_conv(y, x, U, b, p->n, p->c_in, p->h, p->w, p->c_out, port_conv2d_out_h(p), port_conv2d_out_w(p),
-            p->pad_h, p->pad_w, ws + 16 * wg_ps(p->c_in * p->c_out));
+    wg_conv(y, x, w, 0, b, p->n, p->c_in, p->h, p->w, p->c_out, port_conv2d_out_h(p), port_conv2d_out_w(p),
+            p->pad_h, p->pad_w, ws);
 }
 
 void port__conv_winograd_bwd_in(float *dx, const float *dy, const float *w, const port_conv2d_params *p,
                                 float *ws) {
-    float *U = ws;
-    wg_weights(U, w, p->c_in, p->c_out, 1);
-    wg_conv(dx, dy, U, NULL, p->n, p->c_out, port_conv2d_out_h(p), port_conv2d_out_w(p), p->c_in, p->h,
-            p->w, 2 - p->pad_h, 2 - p->pad_w, ws + 16 * wg_ps(p->c_in * p->c_out));
+    wg_conv(dx, dy, w, 1, NULL, p->n, p->c_out, port_conv2d_out_h(p), port_conv2d_out_w(p), p->c_in, p->h,
+            p->w, 2 - p->pad_h, 2 - p->pad_w, ws);
 }
 
-void port__conv_winograd_bwd_w(float *dw, const float *dy, const float *x, const port_conv2d_params *p,
-                               float *ws) {
-    int64_t C = p->c_in, Kc = p->c_out, oh = port_conv2d_out_h(p), ow = port_conv2d_out_w(p);
-    int64_t T = wg_tiles(p->n, oh, ow), tc = wg_chunk(C, Kc, T);
-    float *dU = ws, *V = ws + 16 * wg_ps(C * Kc), *Y = V + 16 * wg_ps(C * tc);
-    for (int64_t t0 = 0; t0 < T; t0 += tc) {
-        int64_t tcc = PORT_MIN(tc, T - t0);
-        wg_input(V, x, C, p->h, p->w, oh, ow, p->pad_h, p->pad_w, t0, tcc);
-        wg_grad_output(Y, dy, Kc, oh, ow, t0, tcc);
-        wg_gemms(0, 1, Kc, C, tcc, Y, wg_ps(Kc * tcc), tcc, V, wg_ps(C * tcc), tcc, t0 == 0 ? 0.0f : 1.0f, dU,
-                 wg_ps(Kc * C), C);
-    }
-    int64_t KC = Kc * C, sdu = wg_ps(KC);
+/* dw[kc] += G^T dU[kc] G for the kc < KC (output, input) channel pairs of dU's rows */
+static void wg_dw(float *dw, const float *dU, int64_t KC) {
+    int64_t sdu = wg_ps(KC);
 #pragma omp parallel for schedule(static) if (KC * 16 > PORT_PAR_MIN)
     for (int64_t kc = 0; kc < KC; kc++) {
         float u[4][4], s[3][4];
@@ -337,5 +352,25 @@ void port__conv_winograd_bwd_w(float *dw, const float *dy, const float *x, const
             g[a * 3 + 1] += 0.5f * (s[a][1] - s[a][2]);
             g[a * 3 + 2] += 0.5f * (s[a][1] + s[a][2]) + s[a][3];
         }
+    }
+}
+
+void port__conv_winograd_bwd_w(float *dw, const float *dy, const float *x, const port_conv2d_params *p,
+                               float *ws) {
+    int64_t C = p->c_in, Kc = p->c_out, oh = port_conv2d_out_h(p), ow = port_conv2d_out_w(p);
+    int64_t T = wg_tiles(p->n, oh, ow), tc = wg_chunk(Kc, C, T), kb = wg_block(Kc, C, T);
+    float *dU = ws, *V = ws + 16 * wg_ps(kb * C), *Y = V + 16 * wg_ps(C * tc);
+    if (kb < Kc)   /* blocked: the tiles fit one chunk, V is made once */
+        wg_input(V, x, C, p->h, p->w, oh, ow, p->pad_h, p->pad_w, 0, T);
+    for (int64_t k0 = 0; k0 < Kc; k0 += kb) {
+        int64_t kbb = PORT_MIN(kb, Kc - k0);
+        for (int64_t t0 = 0; t0 < T; t0 += tc) {
+            int64_t tcc = PORT_MIN(tc, T - t0);
+            if (kb == Kc) wg_input(V, x, C, p->h, p->w, oh, ow, p->pad_h, p->pad_w, t0, tcc);
+            wg_grad_output(Y, dy, Kc, k0, kbb, oh, ow, t0, tcc);
+            wg_gemms(0, 1, kbb, C, tcc, Y, wg_ps(kbb * tcc), tcc, V, wg_ps(C * tcc), tcc, t0 == 0 ? 0.0f : 1.0f,
+                     dU, wg_ps(kbb * C), C);
+        }
+        wg_dw(dw + k0 * C * 9, dU, kbb * C);
     }
 }

@@ -403,9 +403,13 @@ def test_patch_threaded_tiles_equal_torch(K, case):
 # Winograd F(2x2, 3x3): 3x3, stride 1, groups 1, padding <= 2. Odd maps (partial edge tiles), 1x1 and 1xN
 # maps, every padding, and one case large enough to run several tile chunks (c_in + c_out = 1024 -> chunks
 # of 128 tiles; 4 images of 7x6 tiles = 168 tiles: the second chunk starts mid-row in the fourth image).
+# Tiles that fit one chunk with more than PORT_WG_BLOCK (64) output rows run in blocks of 64 channels: 72 and
+# 66 output channels (a partial last block), 70 and 130 input channels (the backward input's rows), and
+# ResNet-18's last stage at batch 8 (512 x 512 on 4x4 maps: 8 blocks).
 WINOGRAD_CASES = [(2, 5, 7, 9, 11, 3, 1, 1, 1), (1, 3, 4, 5, 5, 3, 1, 0, 1), (3, 6, 5, 7, 4, 3, 1, 2, 1),
                   (2, 16, 8, 1, 1, 3, 1, 1, 1), (1, 4, 4, 2, 3, 3, 1, 1, 1), (2, 33, 17, 13, 6, 3, 1, 1, 1),
-                  (1, 2, 3, 3, 8, 3, 1, 0, 1), (4, 512, 512, 13, 11, 3, 1, 1, 1)]
+                  (1, 2, 3, 3, 8, 3, 1, 0, 1), (4, 512, 512, 13, 11, 3, 1, 1, 1), (2, 70, 72, 5, 5, 3, 1, 1, 1),
+                  (1, 130, 66, 3, 4, 3, 1, 2, 1), (8, 512, 512, 4, 4, 3, 1, 1, 1)]
 
 
 @pytest.mark.parametrize("case", WINOGRAD_CASES, ids=_ids)
@@ -425,6 +429,18 @@ def test_winograd_vs_torch_float64(K, case):
     # the variant equals the plain one (im2col)
     close(K.conv2d_forward(x, wt, b, s, p, g, algo="winograd"), K.conv2d_forward(x, wt, b, s, p, g, algo="im2col"),
           tol, tol, what="winograd vs im2col y")
+
+
+def test_winograd_blocks_hold_a_fraction_of_the_transformed_kernels(K):
+    """Tiles that fit one chunk: the output channels run in blocks of 64, so the workspace holds 64 rows of the
+    16 transformed kernel planes, not all 512 (ResNet-18's last stage: 25.2 MB at batch 32 before, 6.8 now);
+    several chunks keep the whole transform."""
+    planes = lambda ci, co: 16 * ci * co * 4   # noqa: E731 - U (or dU) in bytes, all rows
+    for n in (8, 32):
+        ws = K.conv2d_workspace_bytes(K.conv2d_params((n, 512, 4, 4), (512, 512, 3, 3), 1, 1, 1), "winograd")
+        assert 0 < ws < planes(512, 512) / 2, (n, ws)
+    many = K.conv2d_workspace_bytes(K.conv2d_params((4, 512, 13, 11), (512, 512, 3, 3), 1, 1, 1), "winograd")
+    assert many >= planes(512, 512)
 
 
 def _resolve(algo, *params):
