@@ -133,7 +133,7 @@ def run(quick: bool):
                 from port.solver import min_feasible_budget
                 from port.solver.instance import build_instance
                 t0 = time.perf_counter()
-                inst = build_instance(g, prof)
+                inst = build_instance(g, prof, prune=True)
                 mn, _p, proven = min_feasible_budget(inst, time_limit_s=TARGET_S[mname] * 2)
                 MINB[mname, dev] = (mn, naive, proven, None)
                 print(f"{mname} {dev} min-peak solve {time.perf_counter() - t0:.1f}s", flush=True)

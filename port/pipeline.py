@@ -746,7 +746,7 @@ def solve_plan(job: Job, built: Built, prof: ProfileStep, budget: Budget) -> Sol
         from port.errors import InfeasibleBudgetError
         from port.solver import min_feasible_budget
         from port.solver.instance import build_instance
-        mn, _p, proven = min_feasible_budget(build_instance(built.graph, prof.profile),
+        mn, _p, proven = min_feasible_budget(build_instance(built.graph, prof.profile, prune=True),
                                              allow_early_updates=job.graph_batch == job.config.batch_size)
         floor = (f"; the smallest budget any plan fits is {format_size(mn)} ({mn} B)"
                  f"{'' if proven else ' (best found, not proven minimal)'}, found by the ILP (--solver highs)"

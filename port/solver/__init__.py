@@ -190,7 +190,7 @@ def min_feasible_budget(inst: Instance, solver: str = "highs", time_limit_s: flo
     backend = solver if solver in BACKENDS else "highs"
     warm = None
     if inst.nested and max_reruns > 1:
-        flat = build_instance(inst.graph, inst.profile, window=inst.window, nested=False)
+        flat = build_instance(inst.graph, inst.profile, window=inst.window, nested=False, prune=inst.pruned)
         _mn1, plan1, _p = min_feasible_budget(flat, solver, time_limit_s / 3, threads, allow_early_updates, 1)
         if plan1 is not None:
             warm = [_warm_of(inst, plan1)]
@@ -224,7 +224,7 @@ def _infeasible(inst: Instance, budget: int, solver: str, threads, allow_early: 
                 max_reruns: int = DEFAULT_MAX_RERUNS, found=None) -> InfeasibleBudgetError:
     """found: an earlier min_feasible_budget result on ``inst`` (else it is solved here)."""
     if max_reruns > 1 and not inst.nested:
-        inst = build_instance(inst.graph, inst.profile, window=inst.window, nested=True)
+        inst = build_instance(inst.graph, inst.profile, window=inst.window, nested=True, prune=inst.pruned)
     mn, plan, proven = found or min_feasible_budget(inst, solver, threads=threads, allow_early_updates=allow_early,
                                                     max_reruns=max_reruns)
     from port.config import format_size
@@ -391,7 +391,7 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
     early_ok = bool(allow_early_updates)
     if not isinstance(max_reruns, int) or max_reruns < 1:
         raise PortError(f"max_reruns={max_reruns!r}: give 1 or more (how often one op may be re-run)")
-    inst = build_instance(graph, profile, window=window, nested=False)
+    inst = build_instance(graph, profile, window=window, nested=False, prune=True)
     if budget < inst.static_bytes - (inst.grad_bytes if early_ok else 0):
         raise _infeasible(inst, budget, backend, threads, early_ok, max_reruns)
     warm = _baseline_warm(inst, budget, time_limit_s, early_ok, backend, threads) if warm_start else []
@@ -400,7 +400,7 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
     flat_infeasible = res.status == "infeasible"
     if res.values is None and max_reruns > 1 and res.status in ("infeasible", "timeout"):
         # below the single-level model's reach (or no plan in time): the multi-level model
-        inst = build_instance(graph, profile, window=window, nested=True)
+        inst = build_instance(graph, profile, window=window, nested=True, prune=True)
         remaining = max(0.5, time_limit_s - _reserve_s(time_limit_s) - (time.perf_counter() - t0))
         res, v, m = _run(inst, budget, backend, remaining, gap, warm, threads, early_ok, max_reruns, improve=True)
     if res.status == "infeasible":

@@ -54,14 +54,76 @@ class Instance:
     rc_inplace: dict[int, tuple[int, int, frozenset]] = field(default_factory=dict)  # candidate Q -> (input
     #   root x, its producer P, the accelerators the profile runs Q inplace on): Q's re-run there may take over
     #   x's copy (Plan.inplace_reruns)
+    pruned: bool = False                        # built with prune=True (dominated accelerators' options dropped)
 
     def handoff_ms(self, a: str, b: str, nbytes: int) -> float:
         return 0.0 if a == b else self.profile.handoff_cost(a, b).cost_ms(nbytes)
 
 
-def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW, nested: bool = True) -> Instance:
+def _link_no_dearer(profile: Profile, src_b: str, dst_b: str, src_a: str, dst_a: str) -> bool:
+    """Whether handing any tensor src_b -> dst_b costs no more than src_a -> dst_a, whatever its size."""
+    try:
+        hb, ha = profile.handoff_cost(src_b, dst_b), profile.handoff_cost(src_a, dst_a)
+    except KeyError:
+        return False
+    return hb.latency_ms <= ha.latency_ms and hb.bytes_per_ms >= ha.bytes_per_ms
+
+
+def dominating_accelerator(profile: Profile, options: list[list[Option]], accs: tuple[str, ...],
+                           a: str) -> str | None:
+    """An accelerator b that dominates ``a``: for every op, every option (a, v) has an option (b, v) no slower and
+    with no more workspace; b's engine footprint is no larger than a's; and a hand-off to or from b costs no more
+    than the same hand-off to or from a, for every third accelerator. Then moving every op of a plan from a to b
+    keeps it legal (same variants, so the same in-place, fusion, re-run and coupling rules), within the same
+    memory at every step and no slower, so some optimal plan uses no a. None when no accelerator does."""
+    for b in accs:
+        if b == a or profile.engine_bytes_of(b) > profile.engine_bytes_of(a):
+            continue
+        if not all(_link_no_dearer(profile, b, c, a, c) and _link_no_dearer(profile, c, b, c, a)
+                   for c in accs if c not in (a, b)):
+            continue
+        ok = True
+        for opts in options:
+            on_b = {o.var: o for o in opts if o.acc == b}
+            for o in opts:
+                if o.acc == a:
+                    p = on_b.get(o.var)
+                    if p is None or p.ms > o.ms or p.ws > o.ws:
+                        ok = False
+                        break
+            if not ok:
+                break
+        if ok:
+            return b
+    return None
+
+
+def prune_dominated(profile: Profile, options: list[list[Option]], excluded: list) -> tuple[list[list[Option]],
+                                                                                            tuple[str, ...]]:
+    """Drop the options of dominated accelerators (``dominating_accelerator``), one accelerator at a time (two
+    identical accelerators: the later one goes), until none is dominated. Returns (options, accelerators left);
+    every dropped option is recorded in ``excluded`` with the accelerator that dominates it."""
+    accs = tuple(profile.accelerators)
+    while len(accs) > 1:
+        for a in reversed(accs):
+            b = dominating_accelerator(profile, options, accs, a)
+            if b is not None:
+                break
+        else:
+            break
+        excluded.extend((i, o.acc, o.var, f"dominated by {b}") for i, opts in enumerate(options)
+                        for o in opts if o.acc == a)
+        options = [[o for o in opts if o.acc != a] for opts in options]
+        accs = tuple(c for c in accs if c != a)
+    return options, accs
+
+
+def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW, nested: bool = True,
+                   prune: bool = False) -> Instance:
     """nested=False: the re-run steps of single-level chain recompute only (each op re-run at most once, at or
-    before its first backward reader): a smaller model, the first phase of ``port.solver.solve_ilp``."""
+    before its first backward reader): a smaller model, the first phase of ``port.solver.solve_ilp``.
+    prune=True: without the options of dominated accelerators (``prune_dominated``): the same optimum, a
+    smaller model; for the solvers that search every placement (the ILP), not for baselines that pin one."""
     from port.errors import PlanError
     prods = graph.producers()
     caps = dict(profile.accelerator_caps)
@@ -95,6 +157,9 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW,
                             f"{profile.device!r}: profile it or lift the memory cap")
         opts.sort(key=lambda x: (x.acc, x.var))
         options.append(opts)
+    accs = tuple(profile.accelerators)
+    if prune:
+        options, accs = prune_dominated(profile, options, excluded)
     S = SEM.static_bytes(graph)
     readers = SEM.readers_by_root(graph, skip=lambda t: SEM.is_static(graph, t))
     roots = SEM.activation_roots(graph)
@@ -261,4 +326,4 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW,
             rc_inplace[q] = (x, p, accs_q)
     return Instance(graph, profile, options, S, roots, chains, nonmat, inplace_ops, tau, rc_outputs, rc_needs,
                     own, rc_times, rc_cover, rc_ends, rc_in, early, grad_bytes, window,
-                    page_roots, page_ms, edges, tuple(profile.accelerators), excluded, nested, rc_inplace)
+                    page_roots, page_ms, edges, accs, excluded, nested, rc_inplace, prune)

@@ -916,3 +916,58 @@ def test_lp_choice_is_a_consistent_choice(resnet8_jetson):
     assert not any(choice[a][1] == choice[b][1] == "inplace" for a, b in inplace_conflicts(g))
     assert all((choice[f][1] == "inplace") == (choice[b][1] == "inplace") for f, b in coupled_variants(g))
     assert off and all(x[j] <= 1e-6 for j in off) and set(off) <= set(v.rt.values())
+
+
+def _with_copy(prof, src, new, slower, engine=None, handoff_scale=1.0, faster_sig=None):
+    """``prof`` plus accelerator ``new``: every ``src`` entry again at ``slower`` times its latency, with the same
+    workspace (``faster_sig``: that signature's entries at half of src's instead); hand-offs to and from ``new``
+    as ``src``'s, the ones out of ``new`` at ``handoff_scale`` times their latency; ``engine``: engine bytes."""
+    ents = list(prof.entries)
+    for e in prof.entries:
+        if e.accelerator == src:
+            f = 0.5 if e.signature == faster_sig else slower
+            ents.append(dataclasses.replace(e, accelerator=new, latency_ms=e.latency_ms * f))
+    ho = list(prof.handoff)
+    for h in prof.handoff:
+        if h.src == src:
+            ho.append(dataclasses.replace(h, src=new, latency_ms=h.latency_ms * handoff_scale))
+        if h.dst == src:
+            ho.append(dataclasses.replace(h, dst=new))
+    ho += [HandoffCost(src, new, 0.001, 1e6), HandoffCost(new, src, 0.001, 1e6)]
+    eng = tuple(prof.engine_bytes) + (((new, engine),) if engine else ())
+    return dataclasses.replace(prof, accelerators=prof.accelerators + (new,), entries=tuple(sorted(
+        ents, key=lambda e: (e.signature, e.accelerator, e.variant))), handoff=tuple(ho), engine_bytes=eng,
+        _index={})
+
+
+def test_dominated_accelerator_is_pruned_and_the_optimum_stays(mlp_graph):
+    """An accelerator that is nowhere faster, has no smaller workspace, no smaller engine and no cheaper hand-off
+    than another is left out of the ILP (prune=True, as solve_ilp builds it): same optimum, fewer options;
+    anything it does better keeps it."""
+    from port.solver import _run
+    from port.solver.instance import dominating_accelerator
+    g = mlp_graph
+    base = two_acc_profile(g, free_ops=[0, 1, 3])
+    prof = _with_copy(base, "cpu-torch", "slow", 1.25)
+    full, inst = build_instance(g, prof, nested=False), build_instance(g, prof, nested=False, prune=True)
+    assert "slow" in full.accs and any(o.acc == "slow" for opts in full.options for o in opts)
+    assert "slow" not in inst.accs and not any(o.acc == "slow" for opts in inst.options for o in opts)
+    assert {(i, a, v) for i, a, v, why in inst.excluded if why.startswith("dominated by")} == {
+        (i, o.acc, o.var) for i, opts in enumerate(full.options) for o in opts if o.acc == "slow"}
+    B = int(naive_peak(g, base) * 0.8)
+    r_full = _run(full, B, "highs", 60.0, 0.0, None, None, max_reruns=1)[0]
+    r_pruned = _run(inst, B, "highs", 60.0, 0.0, None, None, max_reruns=1)[0]
+    assert r_full.status == r_pruned.status == "optimal"
+    assert r_pruned.objective == pytest.approx(r_full.objective, rel=1e-6, abs=1e-9)
+    assert all(d.accelerator != "slow" for d in solve(g, prof, B).ops)
+    # what keeps "slow" out of cpu-torch's shadow (the test can fail: each is the dominated profile above, changed)
+    opts = lambda p: build_instance(g, p, nested=False).options      # noqa: E731
+    accs = lambda p: tuple(p.accelerators)                             # noqa: E731
+    assert dominating_accelerator(prof, opts(prof), accs(prof), "slow") == "cpu-torch"
+    sig = g.signature(g.ops[0])
+    for changed in (_with_copy(base, "cpu-torch", "slow", 1.25, faster_sig=sig),          # one op faster there
+                    _with_copy(_with_engine(base, {"cpu-torch": 2 << 20}), "cpu-torch", "slow", 1.25,
+                               engine=1 << 20),                                          # a smaller engine
+                    _with_copy(base, "cpu-torch", "slow", 1.25, handoff_scale=0.5)):     # a cheaper hand-off
+        assert dominating_accelerator(changed, opts(changed), accs(changed), "slow") != "cpu-torch"
+
