@@ -144,7 +144,8 @@ def brute_force(graph, profile, budget, chain=True, early=True, peak=False):
 def exact_solve(graph, profile, budget, bf):
     """The ILP's proven optimum (gap 0) with HiGHS. HiGHS very rarely proves a worse incumbent optimal
     (seen once in about twenty full-suite runs, never in isolation; wrong optimality proofs are a known class of
-    HiGHS bugs, e.g. ERGO-Code/HiGHS#1334, #2325). What these tests check is the formulation, not HiGHS: when
+    HiGHS bugs, e.g. ERGO-Code/HiGHS#1334, #2325; one, a warm start returned unchanged, solve_highs now
+    catches: test_highs_returns_the_plan_it_proves_optimal). What these tests check is the formulation: when
     HiGHS's optimum is worse than the brute force, CBC, an independent exact solver, must find the brute-force
     optimum on the same model. A formulation that prices or forbids a plan wrongly fails with both."""
     p = solve(graph, profile, budget, gap=0.0, time_limit_s=30)
@@ -971,3 +972,15 @@ def test_dominated_accelerator_is_pruned_and_the_optimum_stays(mlp_graph):
                     _with_copy(base, "cpu-torch", "slow", 1.25, handoff_scale=0.5)):     # a cheaper hand-off
         assert dominating_accelerator(changed, opts(changed), accs(changed), "slow") != "cpu-torch"
 
+
+
+def test_highs_returns_the_plan_it_proves_optimal(mlp_graph):
+    """With a warm start that HiGHS 1.16's presolve improves, HiGHS reported the better objective as optimal yet
+    returned the start's columns (0.568 ms returned, 0.438 proven); solve_highs detects the mismatch and solves
+    again without presolve, so the plan is the brute-force optimum without the CBC fallback of exact_solve."""
+    g = mlp_graph
+    prof = two_acc_profile(g, free_ops=[0, 1, 3])
+    B = naive_peak(g, prof)
+    p = solve(g, prof, B, gap=0.0, time_limit_s=30)
+    assert p.status == "optimal"
+    assert p.predicted_step_ms == pytest.approx(brute_force(g, prof, B), rel=1e-6, abs=1e-9)
