@@ -46,7 +46,7 @@ SETTLE_S = 0.05   # pause after each step, untimed (as bench/e2e.py's SETTLE_MS)
 def training_steps(name: str, plans: dict, batch: int, threads: int, warmup: int, steps: int
                    ) -> tuple[dict[str, float], float, dict[str, int]]:
     """Median step wall time (ms) of each plan's Trainer and of PyTorch eager, in alternating rounds (the order
-    rotates each round): ({accelerator: ms}, eager ms, {accelerator: kernel threads after the last step})."""
+    rotates each round): ({accelerator: ms}, eager ms, {accelerator: kernel threads after its Trainer's last step})."""
     import torch.nn.functional as F
     from port.exec import kernels as K
     from port.train.optim import SGD as PortSGD
@@ -74,6 +74,7 @@ def training_steps(name: str, plans: dict, batch: int, threads: int, warmup: int
         runs[acc] = tr.step
     keys = list(runs)
     times: dict[str, list[float]] = {k: [] for k in keys}
+    threads_after: dict[str, int] = {}     # the kernel thread count each Trainer left after its own last step
     for rnd in range(warmup + steps):
         order = keys[rnd % len(keys):] + keys[:rnd % len(keys)]
         x, y = batches[rnd % len(batches)]
@@ -82,9 +83,11 @@ def training_steps(name: str, plans: dict, batch: int, threads: int, warmup: int
             runs[k](x, y)
             if rnd >= warmup:
                 times[k].append((time.perf_counter() - t0) * 1e3)
+            if k in trainers:
+                threads_after[k] = K.get_num_threads()
             time.sleep(SETTLE_S)    # the previous step's OpenMP threads go idle before the next step starts
     med = {k: statistics.median(v) for k, v in times.items()}
-    return ({a: med[a] for a in plans}, med["eager"], {a: K.get_num_threads() for a in trainers})
+    return ({a: med[a] for a in plans}, med["eager"], threads_after)
 
 
 def profile_sum(graph, prof, acc: str) -> float:
