@@ -33,10 +33,11 @@ from port.plan.types import OpDecision, Plan  # noqa: E402,F401
 
 
 def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable: Any = None,
-          optimizer: str = "sgd_momentum", name: str | None = None) -> Graph:
-    """Trace a torch.nn.Module into PORT's training graph (see port.ir.trace.trace)."""
+          optimizer: str = "sgd_momentum", name: str | None = None, output: Any = None) -> Graph:
+    """Capture a torch.nn.Module into PORT's training graph (see port.ir.trace.trace)."""
     from port.ir.trace import trace as _trace
-    return _trace(model, example_input, loss=loss, trainable=trainable, optimizer=optimizer, name=name)
+    return _trace(model, example_input, loss=loss, trainable=trainable, optimizer=optimizer, name=name,
+                  output=output)
 
 
 def profile(graph: Graph, device: Any, quick: bool = False, **kw: Any) -> Profile:

@@ -797,6 +797,7 @@ def plan_summary(plan: Any) -> str:
 # =============================================================================================
 def graph_report(g: Any) -> dict[str, Any]:
     """The JSON form of `port inspect`: ops and totals."""
+    from port.ir.capture import aten_of
     T = g.tensors
     counted: set[int] = set()
     ops = []
@@ -810,7 +811,8 @@ def graph_report(g: Any) -> dict[str, Any]:
             saved += T[r].bytes
         params = sum(T[t].bytes for t in o.inputs if T[t].role == "parameter") if o.phase == "forward" else 0
         out = T[o.outputs[0]].shape if o.outputs else ()
-        ops.append({"name": o.name, "layer": o.layer, "kind": o.kind, "phase": o.phase,
+        kind = o.kind if not o.kind.startswith("torch_op") else f"{o.kind} ({aten_of(o)})"
+        ops.append({"name": o.name, "layer": o.layer, "kind": kind, "phase": o.phase,
                     "output_shape": list(out), "flops": o.flops, "vector_flops": o.vector_flops,
                     "saved_bytes": saved, "param_bytes": params, "bytes_moved": o.bytes_moved})
     return {"graph": g.name, "batch_size": g.batch_size, "optimizer": g.optimizer, "digest": g.digest(),
@@ -1438,6 +1440,14 @@ def compile_bundle(config: str | Path, out_dir: str | Path, *, plan_path: str | 
     job = load_job(config, budget=budget, profile=profile)
     cfg = job.config
     built = build_graph(job)
+    from port.ir.capture import torch_ops
+    missing = torch_ops(built.graph)
+    if missing:
+        names = ", ".join(f"{n} ({a})" for n, a in missing[:12]) + (", ..." if len(missing) > 12 else "")
+        raise PortError(f"{config}: port-rt runs C kernels only, and {len(missing)} op(s) of {built.graph.name} have "
+                        f"none: they run on PyTorch's kernels (torch_op): {names}. Missing C kernels: "
+                        f"{', '.join(sorted({a for _, a in missing}))}. Train it with `port train` instead, or "
+                        f"replace those layers.")
     out = Path(out_dir)
     if plan_path is not None:
         plan = load_plan(plan_path, graph=built.graph)

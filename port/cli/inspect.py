@@ -51,6 +51,11 @@ def print_report(rep: dict[str, Any], title: str, peak_note: str, all_ops: bool 
         f"{_fmt_bytes(tot['naive_peak_activation_bytes'])}")
     say(peak_note)
     say(f"FLOPs: forward {_fmt_flops(tot['forward_flops'])}, backward {_fmt_flops(tot['backward_flops'])}")
+    fallback = [o for o in rep["ops"] if o["phase"] == "forward" and o["kind"].startswith("torch_op")]
+    if fallback:
+        say(f"torch_op: {len(fallback)} forward op(s) run on PyTorch's own kernels and derivatives (no PORT kernel; "
+            f"the torch engine only, not in port-rt bundles): "
+            + ", ".join(sorted({o['kind'][len('torch_op ('):-1] for o in fallback})))
 
 
 def register(app: typer.Typer) -> None:

@@ -484,6 +484,10 @@ def call_shapes(kernel: str, attrs: dict, in_shapes, out_shapes) -> tuple[list, 
         return [p] * (2 + n), [p] * (1 + n)
     if k in SEQ_KERNELS:
         return _seq_shapes(k, attrs, I, O, at)
+    if k in TORCH_ONLY_KERNELS:      # the aten op itself checks its operands; the graph fixed their shapes
+        if not isinstance(attrs.get("call"), str):
+            raise CallShapeError(f"attribute call={attrs.get('call')!r}: expected the aten call as JSON")
+        return [(s, None) for s in I], [(s, None) for s in O]
     if k == "page_out":
         x = at(I, 0, "input 0")
         return [(x, None)], []
@@ -493,9 +497,15 @@ def call_shapes(kernel: str, attrs: dict, in_shapes, out_shapes) -> tuple[list, 
     raise CallShapeError(f"unknown kernel {kernel!r}")
 
 
+# ops that run PyTorch's own kernel and derivative (port.ir.capture): on the torch backends only
+TORCH_ONLY_KERNELS = ("torch_op", "torch_op.grad_input", "torch_op.grad_weight")
+
+
 def known_kernel(kernel: str, backend: str) -> bool:
     if backend == "host":
         return kernel in HOST_KERNELS
+    if kernel in TORCH_ONLY_KERNELS:
+        return backend in ("torch-cpu", "torch-cuda")
     return backend in BACKENDS and kernel in C_ENTRIES
 
 

@@ -1,7 +1,7 @@
-"""trace(): any supported torch.nn.Module -> an immutable training Graph.
+"""trace(): any torch.nn.Module -> an immutable training Graph.
 
-Forward ops come from torch.fx symbolic tracing plus shape propagation (module paths kept as layer
-names). Backward ops are derived here from the forward ops (input-gradient and weight-gradient as
+Forward ops come from torch.export (port.ir.capture: one op per aten op, module paths kept as layer
+names; ops without a PORT kind run as ``torch_op``, PyTorch's kernel and derivative). Backward ops are derived here from the forward ops (input-gradient and weight-gradient as
 separate ops), followed by one optimizer-update op per trainable parameter.
 
 Saved tensors follow PyTorch autograd's own choice for the plain kernels (relu saves its output,
@@ -13,30 +13,18 @@ from __future__ import annotations
 
 import copy
 import fnmatch
-import operator
-import traceback
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from port.errors import PortTraceError
+from port.ir import capture as C
 from port.ir import seqops
 from port.ir.types import DTYPE_BYTES, PHASE_BACKWARD, PHASE_FORWARD, PHASE_LOSS, PHASE_UPDATE, ROLE_ACTIVATION, ROLE_BUFFER, ROLE_GRADIENT, ROLE_INPUT, ROLE_LABEL, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER, Graph, Op, TensorSpec, numel
 
-SUPPORTED_OPS = (
-    "conv2d (any groups, stride, padding, bias or not)", "batch_norm2d (training or frozen/eval)",
-    "relu", "relu6", "hardswish", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d to 1x1 / mean over H,W",
-    "flatten/view/reshape", "linear (on [..., features])", "add (residual; a trailing-shape operand broadcast)",
-    "dropout", "identity", "embedding", "layer_norm (last dim)", "gelu (exact, tanh)", "tanh",
-    "softmax (last dim)", "matmul/bmm", "scaled_dot_product_attention (causal, key-padding mask)",
-    "transpose/permute", "contiguous", "mul/div by a constant", "mean over a non-last dim", "arange", "!= constant",
-)
 SUPPORTED_LOSSES = ("cross_entropy",)
 IGNORE_INDEX = -100      # token-level cross-entropy skips these labels (torch's default ignore_index)
 OPTIMIZERS = {"sgd": 0, "sgd_momentum": 1, "adamw": 2}  # optimizer-state tensors per parameter
-
-
-def _supported_list() -> str:
-    return ", ".join(SUPPORTED_OPS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,17 +114,19 @@ def _dtype_name(dt: Any) -> str:
 # trace
 # ---------------------------------------------------------------------------------------------
 def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable: Sequence[str] | str | None = None,
-          optimizer: str = "sgd_momentum", name: str | None = None) -> Graph:
-    """Trace ``model`` on ``example_input`` ([N, ...], float32) into a training Graph.
+          optimizer: str = "sgd_momentum", name: str | None = None, output: str | int | None = None) -> Graph:
+    """Capture ``model`` on ``example_input`` ([N, ...] float32, or int64 token ids) into a training Graph
+    (port.ir.capture: torch.export, one forward op per aten op).
 
-    loss: "cross_entropy" (mean reduction) on the model's [N, K] output.
+    loss: "cross_entropy" (mean reduction) on the model's [N, K] output (or [N, T, vocab]).
     trainable: module-name patterns (fnmatch, or a prefix such as "layer4" for "layer4.0.conv1");
       parameters outside them are frozen. None trains every parameter with requires_grad.
     optimizer: "sgd" (no state), "sgd_momentum" (one buffer per parameter) or "adamw" (two).
+    output: which of the model's outputs are the logits when it returns several: a key of a dict or
+      ``ModelOutput`` (default ``"logits"`` where present) or a position; else the first tensor.
+    Optional ``forward`` arguments left at their defaults are not inputs.
     """
     import torch
-    import torch.fx as fx
-    from torch.fx.passes.shape_prop import ShapeProp
 
     if loss not in SUPPORTED_LOSSES:
         raise PortTraceError(f"loss {loss!r} is not supported; supported losses: {', '.join(SUPPORTED_LOSSES)}")
@@ -149,467 +139,775 @@ def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable
     if isinstance(trainable, str):
         trainable = [trainable]
     model_name = name or type(model).__name__
+    return _in_child(_capture, model, example_input, model_name, trainable, optimizer, output)
 
-    # shape propagation runs the model: on a copy (the user's running stats stay intact) whose parameters and
-    # buffers are meta tensors (shapes and dtypes only), so tracing allocates no copy of the weights and no
-    # activations; a model whose ops have no meta kernel falls back to a real copy
-    user_model = model
-    model = meta_copy(user_model)
-    on_meta = model is not None
-    if model is None:
-        model = copy.deepcopy(user_model)
 
-    class _Proxy(fx.Proxy):
-        """fx's Proxy has no __iadd__, so ``h += y`` would trace as ``h = h + y`` and lose the mutation
-        that other names of ``h`` see in eager mode; record it as operator.iadd (an in-place add)."""
-        def __iadd__(self, other):
-            return self.tracer.create_proxy("call_function", operator.iadd, (self, other), {}, name="add")
+def _in_child(fn, *args) -> Graph:
+    """``fn(*args)`` (a Graph) computed in a forked child process, so the caller never imports torch.export's
+    compiler stack (sympy, torch._dynamo, ...: ~80 MiB that would stay resident in a training process): the
+    child inherits the model copy-on-write, captures on meta tensors and sends the graph back as JSON.
+    PORT_CAPTURE=inprocess (or a platform without fork) captures in this process."""
+    import json
+    import os
+    import traceback as tb
+    if os.environ.get("PORT_CAPTURE") == "inprocess" or not hasattr(os, "fork"):
+        return fn(*args)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                   # the child: capture, write, exit without cleanup
+        os.close(r)
+        try:
+            out = {"graph": fn(*args).to_dict()}
+        except PortTraceError as e:
+            out = {"error": str(e)}
+        except BaseException as e:  # noqa: BLE001 - reported by the parent as an internal error
+            out = {"internal": f"{type(e).__name__}: {e}", "traceback": tb.format_exc()}
+        data = json.dumps(out).encode()
+        with os.fdopen(w, "wb") as f:
+            f.write(data)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        from port.errors import InternalError
+        raise InternalError(f"the capture process died (wait status {status}); PORT_CAPTURE=inprocess captures "
+                            f"in this process to see why")
+    out = json.loads(data)
+    if "error" in out:
+        raise PortTraceError(out["error"])
+    if "internal" in out:
+        from port.errors import InternalError
+        raise InternalError(f"capture failed: {out['internal']}\n{out['traceback']}")
+    return Graph.from_dict(out["graph"])
 
-        def __isub__(self, other):
-            return self.tracer.create_proxy("call_function", operator.isub, (self, other), {}, name="sub")
 
-        def __imul__(self, other):
-            return self.tracer.create_proxy("call_function", operator.imul, (self, other), {}, name="mul")
-
-        def __itruediv__(self, other):
-            return self.tracer.create_proxy("call_function", operator.itruediv, (self, other), {}, name="truediv")
-
-    class _Tracer(fx.Tracer):
-        def proxy(self, node):
-            return _Proxy(node, self)
-
-        def create_node(self, *args, **kwargs):
-            n = super().create_node(*args, **kwargs)
-            n.meta["port_src"] = _caller_source()
-            return n
-
-    tracer = _Tracer()
-    try:
-        fx_graph = tracer.trace(model)
-    except Exception as e:  # noqa: BLE001 - fx raises many kinds; turn them into one clear error
-        where = list(tracer.module_stack.keys())[-1] if getattr(tracer, "module_stack", None) else ""
-        frame = _user_frame(e)
-        what = "data-dependent control flow" if "control flow" in str(e) or "iteration" in str(e) else "untraceable code"
-        raise PortTraceError(
-            f"{model_name}: {what} at module path '{where or '<root>'}'{frame}: PORT traces models "
-            f"symbolically and needs a static graph ({type(e).__name__}: {str(e).splitlines()[0]}). "
-            f"Supported ops: {_supported_list()}.") from None
-    gm = fx.GraphModule(model, fx_graph)
-    try:
-        if on_meta:
-            try:
-                with torch.no_grad():
-                    ShapeProp(gm).propagate(torch.empty_like(example_input, device="meta"))
-            except Exception:  # noqa: BLE001 - an op without a meta kernel: propagate on real tensors
-                model = copy.deepcopy(user_model)
-                fx_graph = tracer.trace(model)
-                gm = fx.GraphModule(model, fx_graph)
-                on_meta = False
-        if not on_meta:
-            with torch.no_grad():
-                ShapeProp(gm).propagate(example_input.detach().clone())  # in-place ops must not touch the caller's
-    except Exception as e:  # noqa: BLE001
-        raise PortTraceError(f"{model_name}: running the model on an input of shape "
-                             f"{tuple(example_input.shape)} failed: {type(e).__name__}: {e}") from None
-
-    b = _Builder()
+def _capture(model: Any, example_input: Any, model_name: str, trainable: Sequence[str] | None, optimizer: str,
+             output: str | int | None) -> Graph:
+    import torch
     batch = int(example_input.shape[0])
-    env: dict[str, int] = {}          # fx node name -> tensor id of its value
+
+    # export runs the model on fake tensors: on a copy whose parameters and buffers are meta tensors (no copy
+    # of the weights, the user's running statistics untouched); a model that does not copy that way, or whose
+    # code needs real values, is exported from a real copy
+    # (a Hugging Face model's key/value cache is for generation, not training: left out, as HF's trainer does)
+    kwargs = {"use_cache": False} if getattr(getattr(model, "config", None), "use_cache", False) else {}
+    ep = None
+    mc = meta_copy(model)
+    if mc is not None:
+        try:
+            ep = C.export(mc, (torch.empty_like(example_input, device="meta"),), kwargs, model_name)
+        except PortTraceError:
+            ep = None
+    if ep is None:
+        ep = C.export(copy.deepcopy(model), (example_input.detach().clone(),), kwargs, model_name)
+    return _from_export(ep, model, example_input, model_name, batch, trainable, optimizer, output)
+
+
+def _module_is_trainable(trainable: Sequence[str] | None, path: str) -> bool:
+    if trainable is None:
+        return True
+    return any(fnmatch.fnmatchcase(path, p) or path == p or path.startswith(p.rstrip(".") + ".")
+               for p in trainable)
+
+
+def _logits_index(ep: Any, output: str | int | None, model_name: str) -> int:
+    """Position of the logits among the exported program's user outputs."""
+    import torch.utils._pytree as pytree
+    n = sum(1 for s in ep.graph_signature.output_specs if s.kind.name == "USER_OUTPUT")
+    try:
+        tree = pytree.tree_unflatten(list(range(n)), ep.call_spec.out_spec)
+    except Exception:  # noqa: BLE001 - an output container that does not rebuild from ints
+        tree = list(range(n))
+    if isinstance(tree, int):
+        if output not in (None, 0):
+            raise PortTraceError(f"{model_name}: output={output!r}, but the model returns one tensor")
+        return tree
+    keys: dict = {}
+    if hasattr(tree, "items"):
+        keys = {k: v for k, v in tree.items() if v is not None}
+    elif isinstance(tree, (list, tuple)):
+        keys = dict(enumerate(tree))
+    if output is None:
+        output = "logits" if "logits" in keys else next(iter(keys), None)
+    if output not in keys:
+        raise PortTraceError(f"{model_name}: output={output!r} is not among the model's outputs "
+                             f"({', '.join(map(repr, keys))}); pass output= one of them")
+    leaf = keys[output]
+    leaves = pytree.tree_leaves(leaf)
+    if not leaves:
+        raise PortTraceError(f"{model_name}: output {output!r} holds no tensor")
+    return leaves[0]
+
+
+def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, batch: int,
+                 trainable: Sequence[str] | None, optimizer: str, output: str | int | None) -> Graph:
+    """The training graph of an exported (functional) program."""
+    import torch
+    import torch.fx as fx
+
+    sig = ep.graph_signature
+    b = _Builder()
     fwds: list[_Fwd] = []
-    param_ids: dict[str, int] = {}    # qualified parameter name -> tensor id
+    env: dict[str, int] = {}                 # node name -> tensor id of its value
+    multi: dict[str, dict[int, int]] = {}    # multi-output node -> {index: tensor id} made by its rule
     trainable_params: set[int] = set()
+    kinds_of: dict[int, str] = {}            # placeholder tensor id -> role
 
-    def module_is_trainable(path: str) -> bool:
-        if trainable is None:
-            return True
-        return any(fnmatch.fnmatchcase(path, p) or path == p or path.startswith(p.rstrip(".") + ".")
-                   for p in trainable)
+    # tied parameters: export lifts each object once, under its first name; trainable if any holder is
+    names_of: dict[int, list[str]] = {}
+    for qn, p in user_model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(qn)
+    qual = {qn: id(p) for qn, p in user_model.named_parameters(remove_duplicate=False)}
+    frozen = {qn for qn, p in user_model.named_parameters(remove_duplicate=False) if not p.requires_grad}
 
-    # shared (tied) parameters and buffers: one tensor per object, named by its first state_dict name
-    # (model.named_parameters()'s choice), trainable if any module holding it is; every use then adds a
-    # weight-gradient contribution to that one tensor (accumulated like any tensor used twice)
-    obj_names: dict[int, list[str]] = {}
-    for qn, p in list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False)):
-        obj_names.setdefault(id(p), []).append(qn)
-    obj_ids: dict[int, int] = {}      # id(parameter or buffer object) -> tensor id
-
-    def param(mod_path: str, mod: Any, attr: str) -> int | None:
-        p = getattr(mod, attr, None)
-        if p is None:
-            return None
-        q = f"{mod_path}.{attr}" if mod_path else attr
-        if q in param_ids:
-            return param_ids[q]
-        if id(p) in obj_ids:
-            param_ids[q] = obj_ids[id(p)]
-            return param_ids[q]
-        names = obj_names.get(id(p)) or [q]
-        if isinstance(p, torch.nn.Parameter):
-            tid = b.tensor(names[0], p.shape, _dtype_name(p.dtype), ROLE_PARAMETER)
-            if p.requires_grad and any(module_is_trainable(n.rsplit(".", 1)[0] if "." in n else "")
-                                       for n in names):
-                trainable_params.add(tid)
-        else:
-            tid = b.tensor(names[0], p.shape, _dtype_name(p.dtype), ROLE_BUFFER)
-        param_ids[q] = tid
-        obj_ids[id(p)] = tid
-        return tid
-
-    def out_tensor(node: Any, opname: str) -> int:
-        tm = node.meta.get("tensor_meta")
-        if tm is None or not hasattr(tm, "shape"):
-            raise PortTraceError(f"{model_name}: op '{opname}' does not produce a single tensor; "
-                                 f"supported ops: {_supported_list()}")
-        return b.tensor(f"{opname}:out", tuple(tm.shape), _dtype_name(tm.dtype), ROLE_ACTIVATION)
-
-    def scope_of(node: Any) -> str:
-        stack = node.meta.get("nn_module_stack")
-        if stack:
-            return list(stack.keys())[-1] if not isinstance(stack, dict) else list(stack)[-1]
-        return ""
-
-    def located(node: Any) -> str:
-        """"at module path '<path>' (fx node '<name>', <source line>)": where an error message points."""
-        path = node.target if node.op == "call_module" else scope_of(node) or "<root>"
-        src = node.meta.get("port_src", "")
-        return f"at module path '{path}' (fx node '{node.name}'{', ' + src if src else ''})"
-
-    def unsupported(node: Any, what: str) -> PortTraceError:
-        return PortTraceError(
-            f"{model_name}: unsupported op {what} {located(node)}. "
-            f"Supported ops: {_supported_list()}; loss: {', '.join(SUPPORTED_LOSSES)}. Replace the layer "
-            f"or freeze it outside the traced model.")
-
-    # functionalization of in-place ops: an in-place op's result replaces the mutated tensor for every later
-    # use, under any name (fx node, identity alias): latest[t] is the tensor that now holds t's value.
-    latest: dict[int, int] = {}
-
-    def resolve(t: int) -> int:
-        while t in latest:
-            t = latest[t]
-        return t
-
-    def tensor_arg(node: Any, a: Any) -> int:
-        if isinstance(a, fx.Node) and a.name in env:
-            return resolve(env[a.name])
-        raise unsupported(node, f"with a non-tensor or constant operand ({a!r})")
-
-    order = {n.name: i for i, n in enumerate(gm.graph.nodes)}
-    fx_nodes = {n.name: n for n in gm.graph.nodes}
-
-    def storage_root(t: int) -> int:
-        while b.tensors[t].alias_of is not None:
-            t = b.tensors[t].alias_of
-        return t
-
-    def check_inplace(node: Any, opname: str, t: int) -> None:
-        """Refuse, by name, an in-place op whose mutation PORT's functional graph cannot reproduce."""
-        T = b.tensors
-        why = None
-        root = storage_root(t)
-        group = {x.id for x in T if storage_root(x.id) == root}     # t, the tensor it views, its other views
-        readers = [f for f in fwds if any(x in group for x in f.x)]
-        producer = next((f for f in fwds if root in f.outputs), None)
-        unsafe = [f for f in readers if f.kind not in _INPLACE_SAFE_READERS and f.kind != "reshape"]
-        # another alias (view or viewed tensor) of t read at or after this op would see the mutation
-        others = {x for x in group if x != t}
-        alias_later = next((n for n in env if resolve(env[n]) in others for u in fx_nodes[n].users
-                            if u is node or order[u.name] > order[node.name]), None)
-        if root == input_id:
-            why = "the model input (PyTorch would modify the caller's batch)"
-        elif T[root].role in (ROLE_PARAMETER, ROLE_BUFFER):
-            why = f"the {T[root].role} '{T[root].name}'"
-        elif alias_later is not None:
-            what = "a view of" if T[t].alias_of is not None else "a tensor viewed by"
-            why = (f"{what} '{T[env[alias_later]].name}', which is read later (fx node '{alias_later}'): the "
-                   f"mutation would show through the alias")
-        elif unsafe:
-            r = unsafe[0]
-            why = (f"a tensor the earlier op '{r.name}' ({r.kind}) saved for its backward (PyTorch autograd fails "
-                   f"with 'modified by an inplace operation')")
-        elif producer is not None and producer.kind == "relu":
-            why = (f"the output of '{producer.name}' ({producer.kind}), which its backward reads (PyTorch autograd "
-                   f"fails with 'modified by an inplace operation')")
-        if why is not None:
-            raise PortTraceError(
-                f"{model_name}: in-place op '{opname}' {located(node)} modifies {why}. PORT traces in-place ops by replacing the "
-                f"modified tensor with the result, which is only sound when nothing else observes the old "
-                f"value. Fix: use the out-of-place form and rebind the name (e.g. h = F.relu(h), h = h + y, "
-                f"nn.ReLU(inplace=False)).")
+    # which nodes the logits depend on (the rest: buffer updates PORT's kernels do themselves, asserts)
+    user_outs = [s for s in sig.output_specs if s.kind.name == "USER_OUTPUT"]
+    li = _logits_index(ep, output, model_name)
+    out_node_name = user_outs[li].arg.name
+    nodes = {n.name: n for n in ep.graph.nodes}
+    needed: set[str] = set()
+    stack = [out_node_name]
+    while stack:
+        nm = stack.pop()
+        if nm in needed or nm not in nodes:
+            continue
+        needed.add(nm)
+        for a in nodes[nm].all_input_nodes:
+            stack.append(a.name)
+    for s in sig.output_specs:
+        if s.kind.name in ("PARAMETER_MUTATION",) and s.arg.name in needed | {s.arg.name}:
+            raise PortTraceError(f"{model_name}: forward() modifies the parameter '{s.target}' in place; PORT "
+                                 f"trains parameters only through their gradients. Fix: compute a new tensor "
+                                 f"instead of writing into the parameter.")
 
     input_id = -1
-    logits_id = -1
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
+    obj_tensor: dict = {}                    # id(parameter object) -> tensor id
+    in_specs = {s.arg.name: s for s in sig.input_specs if hasattr(s.arg, "name")}
+    for node in ep.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        spec = in_specs.get(node.name)
+        kind = spec.kind.name if spec is not None else "USER_INPUT"
+        val = C.val_of(node)
+        if kind == "USER_INPUT":
+            if not isinstance(val, torch.Tensor):
+                continue                          # a constant Python argument
             if input_id >= 0:
-                raise PortTraceError(f"{model_name}: forward() takes more than one input ('{node.name}'); "
-                                     "PORT models take one input tensor")
+                raise PortTraceError(f"{model_name}: forward() takes more than one tensor input ('{node.name}'); "
+                                     f"PORT models take one input tensor (optional arguments left at their "
+                                     f"defaults are not inputs)")
             input_id = b.tensor("input", example_input.shape, _dtype_name(example_input.dtype), ROLE_INPUT)
             env[node.name] = input_id
-            continue
-        if node.op == "output":
-            res = node.args[0]
-            if isinstance(res, (tuple, list)) or not isinstance(res, fx.Node) or res.name not in env:
-                raise PortTraceError(f"{model_name}: forward() must return one logits tensor [N, classes]")
-            logits_id = resolve(env[res.name])
-            continue
-        if node.op == "get_attr":
-            raise unsupported(node, f"direct parameter access '{node.target}' (functional layers)")
+        elif kind == "PARAMETER":
+            qn = spec.target
+            obj = qual.get(qn, qn)
+            if obj in obj_tensor:              # a tied parameter lifted under a second name: the same tensor
+                env[node.name] = obj_tensor[obj]
+                continue
+            holders = names_of.get(obj, [qn])
+            tid = obj_tensor[obj] = b.tensor(holders[0], val.shape, _dtype_name(val.dtype), ROLE_PARAMETER)
+            if qn not in frozen and any(_module_is_trainable(trainable, h.rsplit(".", 1)[0] if "." in h else "")
+                                        for h in holders):
+                trainable_params.add(tid)
+            env[node.name] = tid
+            kinds_of[tid] = ROLE_PARAMETER
+        elif kind == "BUFFER":
+            tid = b.tensor(spec.target, val.shape, _dtype_name(val.dtype), ROLE_BUFFER)
+            env[node.name] = tid
+            kinds_of[tid] = ROLE_BUFFER
+        elif kind == "CONSTANT_TENSOR":
+            if node.name not in needed:
+                continue
+            value = ep.constants[spec.target]
+            if value.numel() > C.MAX_CONSTANT_NUMEL:
+                raise PortTraceError(
+                    f"{model_name}: the tensor constant '{spec.target}' ({list(value.shape)}) is made in forward() "
+                    f"or kept as a plain attribute; PORT keeps constants of at most {C.MAX_CONSTANT_NUMEL} "
+                    f"elements in the graph. Fix: register it as a buffer (self.register_buffer(...)).")
+            y = b.tensor(f"{spec.target}:const", value.shape, _dtype_name(value.dtype), ROLE_ACTIVATION)
+            fwds.append(_Fwd(f"constant.{spec.target}", "", C.TORCH_OP, dict(call=C.constant_call(value)), (), {}, {},
+                             (y,), 0, 0))
+            env[node.name] = y
+        else:
+            raise PortTraceError(f"{model_name}: unsupported input kind {kind} ('{node.name}')")
+    if input_id < 0:
+        raise PortTraceError(f"{model_name}: forward() takes no tensor input")
 
-        tm = node.meta.get("tensor_meta")
-        if node.op == "call_method" and node.target in ("size", "dim"):
-            continue  # python ints feeding view(): no tensor
-        if tm is None or not hasattr(tm, "shape"):
-            if node.op == "call_function" and (node.target is getattr or not any(
-                    _is_tensor_node(a) for a in _flat_nodes((node.args, node.kwargs)))):
-                continue      # python arithmetic on sizes (N, T = x.shape; d // h): no tensor
-            raise unsupported(node, f"'{getattr(node.target, '__name__', node.target)}' returning a non-tensor")
-
-        mutated = _inplace_operand(node, gm, unsupported)
-        if mutated is not None:
-            check_inplace(node, _op_label(node), tensor_arg(node, mutated))
-        f = _forward_from_node(node, gm, b, env, param, out_tensor, tensor_arg, unsupported, scope_of, batch)
-        if f is None:  # identity: alias the input
+    leaf_seen: set[str] = set()
+    leafs = {n for n, m in user_model.named_modules() if not any(True for _ in m.children())}
+    ctx = _Ctx(b, env, multi, kinds_of, model_name, batch)
+    for node in ep.graph.nodes:
+        if node.op != "call_function" or node.name not in needed:
             continue
-        fwds.append(f)
-        env[node.name] = f.outputs[0]
-        if mutated is not None and f.x and f.x[0] != f.outputs[0]:
-            latest[f.x[0]] = f.outputs[0]     # later uses of the mutated tensor read the result
+        path, _cls = C.module_path(node)
+        if path in leafs and path not in leaf_seen:
+            opname = path
+            leaf_seen.add(path)
+        else:
+            opname = f"{path}.{node.name}" if path else node.name
+        ctx.node, ctx.opname, ctx.scope = node, opname, path
+        made = _translate(ctx)
+        if made is None:
+            continue
+        made = made if isinstance(made, list) else [made]
+        fwds.extend(made)
+        if node.name not in env and node.name not in multi:
+            env[node.name] = made[-1].outputs[0]
 
-    if logits_id < 0:
+    res = nodes[out_node_name]
+    if res.name not in env:
         raise PortTraceError(f"{model_name}: forward() returned no tensor")
+    logits_id = env[res.name]
     logits = b.tensors[logits_id]
     if len(logits.shape) not in (2, 3) or logits.shape[0] != batch or logits.dtype != "float32":
         raise PortTraceError(f"{model_name}: cross_entropy needs float32 logits [N, classes] (or [N, T, vocab] for a "
                              f"token-level loss); the model returns {list(logits.shape)} ({logits.dtype}). "
-                             f"Flatten before the classifier.")
+                             f"Flatten before the classifier, or pick another output with output=.")
+    if b.tensors[logits_id].role != ROLE_ACTIVATION or not any(logits_id in f.outputs for f in fwds):
+        raise PortTraceError(f"{model_name}: forward() returns a tensor no op computes ({logits.name})")
     if not trainable_params:
         raise PortTraceError(f"{model_name}: no trainable parameters (trainable={trainable!r} matched "
                              f"no module with parameters)")
     return _assemble(b, fwds, model_name, batch, input_id, logits_id, trainable_params, optimizer)
 
 
-# earlier readers that leave a tensor free to be modified in place: their backward does not read it
-# (add saves nothing, relu its output, dropout its mask), as in PyTorch autograd
-_INPLACE_SAFE_READERS = ("add", "relu", "dropout")
-_INPLACE_FUNCTIONS = ("iadd", "isub", "imul", "itruediv", "relu_")
-_INPLACE_KWARG_FUNCTIONS = ("relu", "relu6", "hardswish", "dropout", "hardtanh", "elu", "leaky_relu", "silu",
-                            "threshold", "celu", "selu", "rrelu", "mish", "hardsigmoid")
+@dataclass
+class _Ctx:
+    """What translating one exported node needs: the builder, node -> tensor maps, the node and its name."""
+    b: _Builder
+    env: dict
+    multi: dict
+    roles: dict
+    model_name: str
+    batch: int
+    node: Any = None
+    opname: str = ""
+    scope: str = ""
 
+    def shape(self, t: int) -> tuple[int, ...]:
+        return self.b.tensors[t].shape
 
-def _op_label(node: Any) -> str:
-    if node.op == "call_module":
-        return node.target
-    t = node.target
-    name = t if isinstance(t, str) else getattr(t, "__name__", str(t))
-    return {"iadd": "+= (iadd)", "isub": "-= (isub)", "imul": "*= (imul)", "itruediv": "/= (itruediv)"}.get(name, name)
+    def dtype(self, t: int) -> str:
+        return self.b.tensors[t].dtype
 
+    def t(self, a: Any) -> int:
+        """Tensor id of an argument node."""
+        try:
+            return self.env[a.name]
+        except (KeyError, AttributeError):
+            raise self.error(f"an operand ({a!r}) that is not a tensor PORT tracked") from None
 
-def _inplace_operand(node: Any, gm: Any, unsupported: Any) -> Any:
-    """The fx node an in-place op modifies (its first argument), or None for an out-of-place op.
-    In-place: tensor methods ending in '_' (relu_, add_, ...), ``x += y`` (operator.iadd, recorded by
-    trace's tracer), torch.relu_ / F.relu_, functionals called with inplace=True and modules built with
-    inplace=True. ``out=`` is refused."""
-    import torch.fx as fx
-    import torch.nn as nn
-    if node.kwargs.get("out") is not None:
-        raise unsupported(node, f"'{_op_label(node)}' with out= (write the result to a new tensor instead)")
-    if node.op == "call_module":
-        mod = gm.get_submodule(node.target)
-        hit = bool(getattr(mod, "inplace", False)) and not (isinstance(mod, nn.Dropout) and not mod.training)
-    elif node.op == "call_method":
-        hit = node.target.endswith("_") and not node.target.startswith("_")
-    elif node.op == "call_function":
-        name = getattr(node.target, "__name__", "")
-        hit = name in _INPLACE_FUNCTIONS or (name in _INPLACE_KWARG_FUNCTIONS and bool(node.kwargs.get("inplace")))
-        if not hit and name in _INPLACE_KWARG_FUNCTIONS and node.args[-1:] == (True,) and len(node.args) > 1:
-            hit = name != "dropout" or len(node.args) == 4   # F.relu(x, True); F.dropout(x, p, training, True)
-    else:
-        return None
-    if not hit or not node.args or not isinstance(node.args[0], fx.Node):
-        return None
-    return node.args[0]
+    def out(self, suffix: str = "", val: Any = None) -> int:
+        v = C.val_of(self.node) if val is None else val
+        return self.b.tensor(f"{self.opname}{suffix}:out" if not suffix else f"{self.opname}:{suffix}",
+                             tuple(v.shape), C.dtype_name(v.dtype), ROLE_ACTIVATION)
 
+    def is_param(self, a: Any) -> bool:
+        return hasattr(a, "name") and self.roles.get(self.env.get(a.name, -1)) == ROLE_PARAMETER
 
-def _caller_source() -> str:
-    """'file:line: code' of the user's line that created the fx node being traced ('' if none)."""
-    import linecache
-    import sys
-    fr = sys._getframe(1)
-    while fr is not None:
-        fn = fr.f_code.co_filename
-        if "/torch/" not in fn and fn != __file__ and not fn.startswith("<"):
-            line = linecache.getline(fn, fr.f_lineno).strip()
-            return f"{fn}:{fr.f_lineno}" + (f": {line}" if line else "")
-        fr = fr.f_back
-    return ""
+    def is_buffer(self, a: Any) -> bool:
+        return hasattr(a, "name") and self.roles.get(self.env.get(a.name, -1)) == ROLE_BUFFER
 
+    def error(self, what: str) -> PortTraceError:
+        src = C.source_line(self.node)
+        return PortTraceError(f"{self.model_name}: {what} at module path '{self.scope or '<root>'}' (aten node "
+                              f"'{self.node.name}' {self.node.target}{', ' + src if src else ''})")
 
-def _user_frame(e: BaseException) -> str:
-    tb = traceback.extract_tb(e.__traceback__)
-    for fr in reversed(tb):
-        if "/torch/" not in fr.filename and "/port/" not in fr.filename:
-            return f" ({fr.filename}:{fr.lineno}, in {fr.name})"
-    return ""
-
-
-def _forward_from_node(node, gm, b: _Builder, env, param, out_tensor, tensor_arg, unsupported, scope_of,
-                       batch) -> _Fwd | None:
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-
-    def shape(t: int) -> tuple[int, ...]:
-        return b.tensors[t].shape
-
-    if node.op == "call_module":
-        path = node.target
-        mod = gm.get_submodule(path)
-        x = tensor_arg(node, node.args[0]) if node.args else None
-        if len(node.args) != 1 or node.kwargs:
-            raise unsupported(node, f"{type(mod).__name__} called with {len(node.args)} arguments")
-        if isinstance(mod, nn.Identity):
-            env[node.name] = x
+    def alias(self, x: int) -> None:
+        """The node's value is ``x``'s bytes (the same shape, or a reshape of them)."""
+        v = C.val_of(self.node)
+        if tuple(v.shape) == self.shape(x) and C.dtype_name(v.dtype) == self.dtype(x):
+            self.env[self.node.name] = x
             return None
-        if isinstance(mod, nn.Dropout) and (not mod.training or mod.p == 0):     # p = 0: the identity (as aten)
-            env[node.name] = x
+        y = self.out()
+        return _view(self.b, self.opname, self.scope, x, y)
+
+
+def _arg(node: Any, i: int, name: str, default: Any = None) -> Any:
+    if len(node.args) > i:
+        return node.args[i]
+    return node.kwargs.get(name, default)
+
+
+def _translate(ctx: _Ctx) -> _Fwd | None:
+    """The forward op of ``ctx.node``: a PORT kind where a rule applies, else a torch_op; None when the node only
+    names another tensor (alias, getitem of a rule's output)."""
+    import operator
+    node = ctx.node
+    if node.target is operator.getitem:
+        src, i = node.args
+        if src.name in ctx.multi:
+            if i not in ctx.multi[src.name]:
+                raise ctx.error(f"output {i} of '{src.name}', which PORT does not keep")
+            ctx.env[node.name] = ctx.multi[src.name][i]
             return None
-        y = out_tensor(node, path)
-        ys = shape(y)
-        if isinstance(mod, nn.Conv2d):
-            if mod.dilation not in ((1, 1), 1) or mod.padding_mode != "zeros" or isinstance(mod.padding, str) and mod.padding != "valid":
-                raise unsupported(node, "conv2d with dilation, non-zero padding mode or 'same' padding")
-            pad = (0, 0) if mod.padding == "valid" else _pair(mod.padding)
-            kh, kw = mod.kernel_size
-            w = param(path, mod, "weight")
-            bias = param(path, mod, "bias")
-            attrs = dict(stride=_pair(mod.stride), padding=pad, groups=int(mod.groups), kernel=(kh, kw),
-                         bias=bias is not None)
-            flops = 2 * batch * ys[1] * ys[2] * ys[3] * (mod.in_channels // mod.groups) * kh * kw
-            params = {"weight": w} | ({"bias": bias} if bias is not None else {})
-            return _Fwd(path, path, "conv2d", attrs, (x,), params, {}, (y,), flops, numel(ys) if bias is not None else 0)
-        if isinstance(mod, nn.BatchNorm2d):
-            if not mod.affine:
-                raise unsupported(node, "batch_norm2d without affine scale and shift")
-            training = bool(mod.training or not mod.track_running_stats)
-            params = {"weight": param(path, mod, "weight"), "bias": param(path, mod, "bias")}
-            buffers = {}
-            if mod.track_running_stats:
-                buffers = {"running_mean": param(path, mod, "running_mean"),
-                           "running_var": param(path, mod, "running_var")}
-            outs: tuple[int, ...] = (y,)
-            if training:  # save_mean and save_invstd, [2, C]
-                outs = (y, b.tensor(f"{path}:stats", (2, ys[1]), "float32", ROLE_ACTIVATION))
-            attrs = dict(training=training, eps=float(mod.eps),
-                         momentum=float(mod.momentum) if mod.momentum is not None else 0.1)
-            return _Fwd(path, path, "batch_norm2d", attrs, (x,), params, buffers, outs, 0,
-                        (8 if training else 2) * numel(ys))
-        if isinstance(mod, (nn.ReLU, nn.ReLU6, nn.Hardswish)):
-            kind = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.Hardswish: "hardswish"}[type(mod)]
-            return _Fwd(path, path, kind, {}, (x,), {}, {}, (y,), 0, numel(ys) * (4 if kind == "hardswish" else 1))
-        if isinstance(mod, nn.MaxPool2d):
-            if mod.dilation not in (1, (1, 1)) or mod.ceil_mode or mod.return_indices:
-                raise unsupported(node, "max_pool2d with dilation, ceil_mode or return_indices")
-            k = _pair(mod.kernel_size)
-            s = _pair(mod.stride if mod.stride is not None else mod.kernel_size)
-            idx = b.tensor(f"{path}:indices", ys, "int64", ROLE_ACTIVATION)
-            return _Fwd(path, path, "max_pool2d", dict(kernel=k, stride=s, padding=_pair(mod.padding)),
-                        (x,), {}, {}, (y, idx), 0, numel(ys) * k[0] * k[1])
-        if isinstance(mod, nn.AvgPool2d):
-            if mod.ceil_mode or not mod.count_include_pad or mod.divisor_override:
-                raise unsupported(node, "avg_pool2d with ceil_mode, count_include_pad=False or divisor_override")
-            k = _pair(mod.kernel_size)
-            s = _pair(mod.stride if mod.stride is not None else mod.kernel_size)
-            return _Fwd(path, path, "avg_pool2d", dict(kernel=k, stride=s, padding=_pair(mod.padding)),
-                        (x,), {}, {}, (y,), 0, numel(ys) * k[0] * k[1])
-        if isinstance(mod, nn.AdaptiveAvgPool2d):
-            if _pair(mod.output_size) != (1, 1):
-                raise unsupported(node, f"adaptive_avg_pool2d to {mod.output_size} (only 1x1 is supported)")
-            return _Fwd(path, path, "global_avg_pool2d", {}, (x,), {}, {}, (y,), 0, numel(shape(x)))
-        if isinstance(mod, nn.Flatten):
-            return _view(b, path, path, x, y)
-        if isinstance(mod, nn.Linear):
-            w = param(path, mod, "weight")
-            bias = param(path, mod, "bias")
-            xs = shape(x)
-            params = {"weight": w} | ({"bias": bias} if bias is not None else {})
-            return _Fwd(path, path, "linear", dict(bias=bias is not None), (x,), params, {}, (y,),
-                        2 * numel(xs[:-1]) * mod.in_features * mod.out_features, numel(ys) if bias is not None else 0)
-        if isinstance(mod, nn.Dropout):
-            mask = b.tensor(f"{path}:mask", ys, "uint8", ROLE_ACTIVATION)
-            return _Fwd(path, path, "dropout", dict(p=float(mod.p)), (x,), {}, {}, (y, mask), 0, 2 * numel(ys))
-        f = seqops.module_forward(node, mod, path, x, y, b, param, shape, unsupported, _Fwd)
-        if f is not None:
+        return _torch_op(ctx, src, index=i)
+    if not hasattr(node.target, "_overloadpacket"):
+        raise ctx.error(f"a call of {node.target!r}, which is not an aten op")
+    rule = _RULES.get(node.target._overloadpacket.__name__)
+    if rule is not None:
+        f = rule(ctx)
+        if f is not False:
             return f
-        raise unsupported(node, type(mod).__name__)
-
-    # call_function / call_method
-    scope = scope_of(node)
-    tgt = node.target
-    fname = tgt if isinstance(tgt, str) else getattr(tgt, "__name__", str(tgt))
-    fname = {"iadd": "add"}.get(fname, fname)   # ``h += y``: named as before in-place adds were recorded
-    opname = f"{scope}.{fname}" if scope else node.name
-    args = list(node.args)
-    is_m = node.op == "call_method"
-
-    if tgt in (operator.add, torch.add, operator.iadd) or (is_m and tgt in ("add", "add_")):
-        if len(args) != 2 or node.kwargs:
-            raise unsupported(node, "add with alpha or a constant")
-        a, c = tensor_arg(node, args[0]), tensor_arg(node, args[1])
-        if shape(a) != shape(c):
-            return seqops.broadcast_add(node, opname, scope, a, c, out_tensor, shape, unsupported, _Fwd)
-        y = out_tensor(node, opname)
-        return _Fwd(opname, scope, "add", {}, (a, c), {}, {}, (y,), 0, numel(shape(y)))
-    if tgt in (F.relu, torch.relu, F.relu_, torch.relu_) or (is_m and tgt in ("relu", "relu_")):
-        x = tensor_arg(node, args[0]); y = out_tensor(node, opname)
-        return _Fwd(opname, scope, "relu", {}, (x,), {}, {}, (y,), 0, numel(shape(y)))
-    if tgt is F.relu6:
-        x = tensor_arg(node, args[0]); y = out_tensor(node, opname)
-        return _Fwd(opname, scope, "relu6", {}, (x,), {}, {}, (y,), 0, numel(shape(y)))
-    if tgt is F.hardswish:
-        x = tensor_arg(node, args[0]); y = out_tensor(node, opname)
-        return _Fwd(opname, scope, "hardswish", {}, (x,), {}, {}, (y,), 0, 4 * numel(shape(y)))
-    if tgt is torch.flatten or tgt is torch.reshape or (is_m and tgt in ("flatten", "view", "reshape")):
-        x = tensor_arg(node, args[0]); y = out_tensor(node, opname)
-        return _view(b, opname, scope, x, y)
-    if tgt is F.adaptive_avg_pool2d:
-        x = tensor_arg(node, args[0])
-        if _pair(args[1] if len(args) > 1 else node.kwargs.get("output_size")) != (1, 1):
-            raise unsupported(node, "adaptive_avg_pool2d to a size other than 1x1")
-        y = out_tensor(node, opname)
-        return _Fwd(opname, scope, "global_avg_pool2d", {}, (x,), {}, {}, (y,), 0, numel(shape(x)))
-    if (is_m and tgt == "mean") or tgt is torch.mean:
-        x = tensor_arg(node, args[0])
-        dims = args[1] if len(args) > 1 else node.kwargs.get("dim")
-        dims = tuple(d % len(shape(x)) for d in (dims if isinstance(dims, (tuple, list)) else (dims,))) if dims is not None else ()
-        if len(shape(x)) != 4 or sorted(dims) != [2, 3]:
-            f = seqops.function_forward(node, opname, scope, b, tensor_arg, out_tensor, shape, unsupported, _Fwd,
-                                        _view)
-            if f is not None:
-                return f
-            raise unsupported(node, f"mean over dims {dims} (only the spatial mean of [N, C, H, W] and the mean "
-                                    f"over one non-last dim are supported)")
-        y = out_tensor(node, opname)
-        return _Fwd(opname, scope, "global_avg_pool2d", {}, (x,), {}, {}, (y,), 0, numel(shape(x)))
-    f = seqops.function_forward(node, opname, scope, b, tensor_arg, out_tensor, shape, unsupported, _Fwd, _view)
-    if f == "identity":
-        env[node.name] = tensor_arg(node, args[0])
-        return None
-    if f is not None:
-        return f
-    raise unsupported(node, f"'{fname}'")
+    if isinstance(C.val_of(node), (tuple, list)):
+        return None          # a multi-output op: each getitem of it becomes its own torch_op
+    return _torch_op(ctx, node)
 
 
-def _flat_nodes(args: Any) -> list:
+def _torch_op(ctx: _Ctx, src: Any, index: int | None = None) -> _Fwd:
+    """A torch_op running ``src``'s aten op (its ``index``-th output), differentiated by PyTorch."""
     import torch.fx as fx
-    out: list = []
-    fx.node.map_arg(args, out.append)
-    return out
+    node = ctx.node
+    operands: list = []
+    fx.node.map_arg((src.args, src.kwargs), lambda a: operands.append(a) if a.name not in
+                    [o.name for o in operands] else None)
+    xs = [a for a in operands if not ctx.is_param(a) and not ctx.is_buffer(a)]
+    ps = [a for a in operands if ctx.is_param(a)]
+    bs = [a for a in operands if ctx.is_buffer(a)]
+    order = {a.name: i for i, a in enumerate(xs + ps + bs)}
+    try:
+        call = C.call_json(src.target, src.args, src.kwargs, index, lambda a: order[a.name])
+    except TypeError as e:
+        raise ctx.error(f"an argument PORT cannot store ({e})") from None
+    v = C.val_of(node)
+    import torch
+    if not isinstance(v, torch.Tensor):
+        raise ctx.error(f"'{src.target}' returning {type(v).__name__}, not a tensor")
+    y = ctx.out()
+    attrs: dict[str, Any] = dict(call=call)
+    if C.is_random(call):
+        attrs["random"] = True
+    if not _differentiable(src, index):
+        attrs["no_grad"] = True          # new_zeros(x, ...), comparisons: no gradient flows back
+    flops = _torch_op_flops(src, index)
+    return _Fwd(ctx.opname, ctx.scope, C.TORCH_OP, attrs, tuple(ctx.t(a) for a in xs),
+                {f"in{order[a.name]}": ctx.t(a) for a in ps}, {f"in{order[a.name]}": ctx.t(a) for a in bs}, (y,),
+                flops, numel(tuple(v.shape)))
 
 
-def _is_tensor_node(a: Any) -> bool:
-    tm = getattr(a, "meta", {}).get("tensor_meta") if a is not None else None
-    return tm is not None and hasattr(tm, "shape")
+def _meta_args(src: Any, grad: bool):
+    import torch
+    import torch.fx as fx
+
+    def meta(a):
+        v = C.val_of(a)
+        if not isinstance(v, torch.Tensor):
+            return v
+        t = torch.empty(v.shape, dtype=v.dtype, device="meta")
+        return t.requires_grad_(True) if grad and t.is_floating_point() else t
+    return fx.node.map_arg(src.args, meta), fx.node.map_arg(src.kwargs, meta)
+
+
+def _differentiable(src: Any, index: int | None) -> bool:
+    """Whether autograd tracks the aten call's result (probed on meta tensors); True when the probe fails."""
+    import torch
+    try:
+        args, kwargs = _meta_args(src, True)
+        with torch.enable_grad():
+            r = src.target(*args, **kwargs)
+        r = r[index] if index is not None else r
+        return bool(r.requires_grad)
+    except Exception:  # noqa: BLE001 - an op without a meta kernel
+        return True
+
+
+def _torch_op_flops(src: Any, index: int | None) -> int:
+    """FLOPs of an aten call by torch.utils.flop_counter (counted on meta tensors of the recorded shapes)."""
+    import torch
+    import torch.fx as fx
+    from torch.utils.flop_counter import FlopCounterMode
+    try:
+        args, kwargs = _meta_args(src, False)
+        with FlopCounterMode(display=False) as fc:
+            src.target(*args, **kwargs)
+        return int(fc.get_total_flops())
+    except Exception:  # noqa: BLE001 - an op without a meta kernel: counted as elementwise work only
+        return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# rules: aten op -> PORT kind (False: not this kind here, the op becomes a torch_op)
+# ---------------------------------------------------------------------------------------------
+def _float32(ctx: _Ctx, *ts: int) -> bool:
+    return all(ctx.dtype(t) == "float32" for t in ts)
+
+
+def _r_alias(ctx: _Ctx):
+    x = ctx.t(ctx.node.args[0])
+    v = C.val_of(ctx.node)
+    if numel(tuple(v.shape)) != numel(ctx.shape(x)) or C.dtype_name(v.dtype) != ctx.dtype(x):
+        return False
+    return ctx.alias(x)
+
+
+def _r_slice(ctx: _Ctx):
+    x = ctx.t(ctx.node.args[0])
+    v = C.val_of(ctx.node)
+    if tuple(v.shape) == ctx.shape(x) and _arg(ctx.node, 4, "step", 1) == 1:
+        return ctx.alias(x)           # a slice over the whole dim
+    return False
+
+
+def _r_to_copy(ctx: _Ctx):
+    x = ctx.t(ctx.node.args[0])
+    v = C.val_of(ctx.node)
+    if C.dtype_name(v.dtype) == ctx.dtype(x):
+        return ctx.alias(x)
+    return False
+
+
+def _r_copy(ctx: _Ctx):
+    """aten.copy(self, src) (functionalized slice assignment): a tensor of self's shape holding src's values."""
+    n = ctx.node
+    dst, src = ctx.t(n.args[0]), ctx.t(n.args[1])
+    if ctx.shape(dst) == ctx.shape(src) and ctx.dtype(dst) == ctx.dtype(src):
+        return ctx.alias(src)
+    return False
+
+
+def _r_conv2d(ctx: _Ctx):
+    n = ctx.node
+    xa, wa, ba = n.args[0], n.args[1], _arg(n, 2, "bias")
+    stride, pad, dil, groups = (_arg(n, 3, "stride", [1, 1]), _arg(n, 4, "padding", [0, 0]),
+                                _arg(n, 5, "dilation", [1, 1]), _arg(n, 6, "groups", 1))
+    x = ctx.t(xa)
+    if (len(ctx.shape(x)) != 4 or isinstance(pad, str) or _pair(dil) != (1, 1) or not ctx.is_param(wa)
+            or (ba is not None and not ctx.is_param(ba)) or not _float32(ctx, x)):
+        return False
+    w = ctx.t(wa)
+    kh, kw = ctx.shape(w)[2:]
+    y = ctx.out()
+    ys = ctx.shape(y)
+    bias = ctx.t(ba) if ba is not None else None
+    attrs = dict(stride=_pair(stride), padding=_pair(pad), groups=int(groups), kernel=(kh, kw), bias=bias is not None)
+    flops = 2 * ctx.batch * ys[1] * ys[2] * ys[3] * ctx.shape(w)[1] * kh * kw
+    params = {"weight": w} | ({"bias": bias} if bias is not None else {})
+    return _Fwd(ctx.opname, ctx.scope, "conv2d", attrs, (x,), params, {}, (y,), flops,
+                numel(ys) if bias is not None else 0)
+
+
+def _r_batch_norm(ctx: _Ctx):
+    """_native_batch_norm_legit_functional (training: outputs y, mean, rstd, new running mean/var) and
+    _native_batch_norm_legit_no_training (eval: y, and two empty tensors)."""
+    n = ctx.node
+    packet = n.target._overloadpacket.__name__
+    training = packet == "_native_batch_norm_legit_functional"
+    if training:
+        xa, wa, ba, rma, rva, tr, mom, eps = n.args[:8]
+        if not tr:
+            return False
+    else:
+        xa, wa, ba, rma, rva, mom, eps = n.args[:7]
+    x = ctx.t(xa)
+    if (len(ctx.shape(x)) != 4 or not ctx.is_param(wa) or not ctx.is_param(ba) or not ctx.is_buffer(rma)
+            or not ctx.is_buffer(rva) or not _float32(ctx, x)):
+        return False
+    vals = C.val_of(n)
+    y = ctx.out(val=vals[0])
+    outs: tuple[int, ...] = (y,)
+    ys = ctx.shape(y)
+    if training:
+        outs = (y, ctx.b.tensor(f"{ctx.opname}:stats", (2, ys[1]), "float32", ROLE_ACTIVATION))
+    ctx.multi[n.name] = {0: y}
+    attrs = dict(training=training, eps=float(eps), momentum=float(mom))
+    return _Fwd(ctx.opname, ctx.scope, "batch_norm2d", attrs, (x,), {"weight": ctx.t(wa), "bias": ctx.t(ba)},
+                {"running_mean": ctx.t(rma), "running_var": ctx.t(rva)}, outs, 0, (8 if training else 2) * numel(ys))
+
+
+def _unary(kind: str, vf: int):
+    def rule(ctx: _Ctx):
+        x = ctx.t(ctx.node.args[0])
+        if not _float32(ctx, x):
+            return False
+        y = ctx.out()
+        return _Fwd(ctx.opname, ctx.scope, kind, {}, (x,), {}, {}, (y,), 0, vf * numel(ctx.shape(y)))
+    return rule
+
+
+def _r_hardtanh(ctx: _Ctx):
+    n = ctx.node
+    if (float(_arg(n, 1, "min_val", -1.0)), float(_arg(n, 2, "max_val", 1.0))) != (0.0, 6.0):
+        return False
+    return _unary("relu6", 1)(ctx)
+
+
+def _r_max_pool2d(ctx: _Ctx):
+    n = ctx.node
+    x = ctx.t(n.args[0])
+    k = _pair(n.args[1])
+    s = _pair(_arg(n, 2, "stride", []) or k)
+    p = _pair(_arg(n, 3, "padding", 0))
+    if (_pair(_arg(n, 4, "dilation", 1)) != (1, 1) or _arg(n, 5, "ceil_mode", False) or len(ctx.shape(x)) != 4
+            or 2 * p[0] > k[0] or 2 * p[1] > k[1] or not _float32(ctx, x)):
+        return False
+    y = ctx.out()
+    idx = ctx.b.tensor(f"{ctx.opname}:indices", ctx.shape(y), "int64", ROLE_ACTIVATION)
+    return _Fwd(ctx.opname, ctx.scope, "max_pool2d", dict(kernel=k, stride=s, padding=p), (x,), {}, {}, (y, idx),
+                0, numel(ctx.shape(y)) * k[0] * k[1])
+
+
+def _r_avg_pool2d(ctx: _Ctx):
+    n = ctx.node
+    x = ctx.t(n.args[0])
+    k = _pair(n.args[1])
+    s = _pair(_arg(n, 2, "stride", []) or k)
+    p = _pair(_arg(n, 3, "padding", 0))
+    if (_arg(n, 4, "ceil_mode", False) or not _arg(n, 5, "count_include_pad", True)
+            or _arg(n, 6, "divisor_override") is not None or len(ctx.shape(x)) != 4 or 2 * p[0] > k[0]
+            or 2 * p[1] > k[1] or not _float32(ctx, x)):
+        return False
+    y = ctx.out()
+    return _Fwd(ctx.opname, ctx.scope, "avg_pool2d", dict(kernel=k, stride=s, padding=p), (x,), {}, {}, (y,), 0,
+                numel(ctx.shape(y)) * k[0] * k[1])
+
+
+def _global_pool(ctx: _Ctx, x: int) -> _Fwd:
+    """The spatial mean of [N, C, H, W] as global_avg_pool2d ([N, C, 1, 1]), then a view to the node's shape."""
+    v = C.val_of(ctx.node)
+    n_, c = ctx.shape(x)[:2]
+    y = ctx.b.tensor(f"{ctx.opname}:out", (n_, c, 1, 1), "float32", ROLE_ACTIVATION)
+    f = _Fwd(ctx.opname, ctx.scope, "global_avg_pool2d", {}, (x,), {}, {}, (y,), 0, numel(ctx.shape(x)))
+    if tuple(v.shape) == (n_, c, 1, 1):
+        return f
+    return [f, _view(ctx.b, f"{ctx.opname}.view", ctx.scope, y, ctx.b.tensor(
+        f"{ctx.opname}.view:out", tuple(v.shape), "float32", ROLE_ACTIVATION))]
+
+
+def _r_adaptive_avg(ctx: _Ctx):
+    x = ctx.t(ctx.node.args[0])
+    if len(ctx.shape(x)) != 4 or _pair(ctx.node.args[1]) != (1, 1) or not _float32(ctx, x):
+        return False
+    return _global_pool(ctx, x)
+
+
+def _r_mean(ctx: _Ctx):
+    n = ctx.node
+    x = ctx.t(n.args[0])
+    xs = ctx.shape(x)
+    dims = _arg(n, 1, "dim")
+    keep = bool(_arg(n, 2, "keepdim", False))
+    if dims is None or n.kwargs.get("dtype") is not None or not _float32(ctx, x):
+        return False
+    dims = sorted(d % len(xs) for d in (dims if isinstance(dims, (list, tuple)) else [dims]))
+    if len(xs) == 4 and dims == [2, 3]:
+        return _global_pool(ctx, x)
+    if len(dims) == 1 and not keep and dims[0] != len(xs) - 1 and len(xs) >= 2:
+        y = ctx.out()
+        return _Fwd(ctx.opname, ctx.scope, "mean_mid", dict(dim=dims[0]), (x,), {}, {}, (y,), 0, numel(xs))
+    return False
+
+
+def _r_linear(ctx: _Ctx):
+    n = ctx.node
+    xa, wa, ba = n.args[0], n.args[1], _arg(n, 2, "bias")
+    x = ctx.t(xa)
+    if (not ctx.is_param(wa) or (ba is not None and not ctx.is_param(ba)) or len(ctx.shape(x)) < 2
+            or not _float32(ctx, x)):
+        return False
+    w = ctx.t(wa)
+    y = ctx.out()
+    bias = ctx.t(ba) if ba is not None else None
+    params = {"weight": w} | ({"bias": bias} if bias is not None else {})
+    rows = numel(ctx.shape(x)[:-1])
+    return _Fwd(ctx.opname, ctx.scope, "linear", dict(bias=bias is not None), (x,), params, {}, (y,),
+                2 * rows * ctx.shape(w)[0] * ctx.shape(w)[1], rows * ctx.shape(w)[0] if bias is not None else 0)
+
+
+def _r_add(ctx: _Ctx):
+    n = ctx.node
+    a, c = n.args[0], n.args[1]
+    if not hasattr(a, "name") or not hasattr(c, "name") or _arg(n, 2, "alpha", 1) != 1:
+        return False
+    ta, tc = ctx.t(a), ctx.t(c)
+    if not _float32(ctx, ta, tc):
+        return False
+    sa, sc = ctx.shape(ta), ctx.shape(tc)
+    if sa == sc:
+        y = ctx.out()
+        return _Fwd(ctx.opname, ctx.scope, "add", {}, (ta, tc), {}, {}, (y,), 0, numel(sa))
+    if len(sc) > len(sa):
+        ta, tc, sa, sc = tc, ta, sc, sa
+    if sc and len(sc) < len(sa) and tuple(sa[len(sa) - len(sc):]) == tuple(sc):
+        y = ctx.out()
+        return _Fwd(ctx.opname, ctx.scope, "add_bcast", {}, (ta, tc), {}, {}, (y,), 0, numel(sa))
+    return False
+
+
+def _r_dropout(ctx: _Ctx):
+    """native_dropout(x, p, train) -> (y, mask); dropout(x, p, train) -> y."""
+    n = ctx.node
+    x = ctx.t(n.args[0])
+    p, train = float(_arg(n, 1, "p")), _arg(n, 2, "train", True)
+    if not train or p == 0.0:
+        if n.target._overloadpacket.__name__ == "native_dropout":
+            ctx.multi[n.name] = {0: x}
+            return None
+        return ctx.alias(x)
+    if not _float32(ctx, x) or not 0.0 < p < 1.0:
+        return False
+    v = C.val_of(n)
+    y = ctx.out(val=v[0] if isinstance(v, (tuple, list)) else v)
+    mask = ctx.b.tensor(f"{ctx.opname}:mask", ctx.shape(y), "uint8", ROLE_ACTIVATION)
+    if isinstance(v, (tuple, list)):
+        ctx.multi[n.name] = {0: y}
+    return _Fwd(ctx.opname, ctx.scope, "dropout", dict(p=p), (x,), {}, {}, (y, mask), 0, 2 * numel(ctx.shape(y)))
+
+
+def _r_embedding(ctx: _Ctx):
+    n = ctx.node
+    wa, ia = n.args[0], n.args[1]
+    if (_arg(n, 2, "padding_idx", -1) != -1 or _arg(n, 3, "scale_grad_by_freq", False) or _arg(n, 4, "sparse", False)
+            or not ctx.is_param(wa) or ctx.dtype(ctx.t(ia)) != "int64"):
+        return False
+    y = ctx.out()
+    return _Fwd(ctx.opname, ctx.scope, "embedding", {}, (ctx.t(ia),), {"weight": ctx.t(wa)}, {}, (y,), 0, 0)
+
+
+def _r_layer_norm(ctx: _Ctx):
+    n = ctx.node
+    x = ctx.t(n.args[0])
+    shape_ = list(n.args[1])
+    wa, ba, eps = _arg(n, 2, "weight"), _arg(n, 3, "bias"), float(_arg(n, 4, "eps", 1e-5))
+    xs = ctx.shape(x)
+    if (len(shape_) != 1 or shape_[0] != xs[-1] or (wa is not None and not ctx.is_param(wa))
+            or (ba is not None and not ctx.is_param(ba)) or (wa is None and ba is not None) or not _float32(ctx, x)):
+        return False
+    params = {}
+    if wa is not None:
+        params["weight"] = ctx.t(wa)
+    if ba is not None:
+        params["bias"] = ctx.t(ba)
+    y = ctx.out()
+    stats = ctx.b.tensor(f"{ctx.opname}:stats", (2, numel(xs[:-1])), "float32", ROLE_ACTIVATION)
+    return _Fwd(ctx.opname, ctx.scope, "layer_norm", dict(eps=eps, affine=tuple(params)), (x,), params, {},
+                (y, stats), 0, 8 * numel(xs))
+
+
+def _r_gelu(ctx: _Ctx):
+    n = ctx.node
+    x = ctx.t(n.args[0])
+    approx = n.kwargs.get("approximate", "none")
+    if approx not in ("none", "tanh") or not _float32(ctx, x):
+        return False
+    y = ctx.out()
+    return _Fwd(ctx.opname, ctx.scope, "gelu", dict(approximate=approx), (x,), {}, {}, (y,), 0, 8 * numel(ctx.shape(y)))
+
+
+def _r_softmax(ctx: _Ctx):
+    n = ctx.node
+    x = ctx.t(n.args[0])
+    d = n.args[1]
+    if d % len(ctx.shape(x)) != len(ctx.shape(x)) - 1 or not _float32(ctx, x) or \
+            (n.target._overloadpacket.__name__ == "_softmax" and n.args[2]) or n.kwargs.get("dtype") is not None \
+            or (len(n.args) > 2 and n.target._overloadpacket.__name__ == "softmax" and n.args[2] is not None):
+        return False
+    y = ctx.out()
+    return _Fwd(ctx.opname, ctx.scope, "softmax", {}, (x,), {}, {}, (y,), 0, 4 * numel(ctx.shape(y)))
+
+
+def _r_matmul(ctx: _Ctx):
+    a, c = ctx.t(ctx.node.args[0]), ctx.t(ctx.node.args[1])
+    sa, sc = ctx.shape(a), ctx.shape(c)
+    if len(sa) < 2 or len(sa) != len(sc) or sa[:-2] != sc[:-2] or sa[-1] != sc[-2] or not _float32(ctx, a, c):
+        return False
+    y = ctx.out()
+    return _Fwd(ctx.opname, ctx.scope, "matmul", {}, (a, c), {}, {}, (y,), 2 * numel(sa[:-2]) * sa[-2] * sc[-1] * sa[-1], 0)
+
+
+def _r_sdpa(ctx: _Ctx):
+    n = ctx.node
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    a = dict(zip(names, n.args)) | dict(n.kwargs)
+    if float(a.get("dropout_p", 0.0) or 0.0) != 0.0 or a.get("enable_gqa"):
+        return False
+    q, k, v = (ctx.t(a[x]) for x in ("query", "key", "value"))
+    sq, sk, sv = ctx.shape(q), ctx.shape(k), ctx.shape(v)
+    if len(sq) != 4 or sk != sv or sq[:2] != sk[:2] or sq[3] != sk[3] or not _float32(ctx, q, k, v):
+        return False
+    n_, h, tq, d = sq
+    tk = sk[2]
+    scale = a.get("scale")
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    ins = (q, k, v)
+    mask = a.get("attn_mask")
+    if mask is not None:
+        m = ctx.t(mask)
+        if ctx.dtype(m) != "bool" or tuple(ctx.shape(m)) != (n_, 1, 1, tk):
+            return False
+        ins = ins + (m,)
+    y = ctx.out()
+    lse = ctx.b.tensor(f"{ctx.opname}:lse", (n_, h, tq), "float32", ROLE_ACTIVATION)
+    attrs = dict(causal=bool(a.get("is_causal", False)), scale=scale, masked=mask is not None)
+    return _Fwd(ctx.opname, ctx.scope, "attention", attrs, ins, {}, {}, (y, lse), 4 * n_ * h * tq * tk * d,
+                6 * n_ * h * tq * tk)
+
+
+def _r_permute(ctx: _Ctx):
+    n = ctx.node
+    x = ctx.t(n.args[0])
+    r = len(ctx.shape(x))
+    packet = n.target._overloadpacket.__name__
+    if packet == "permute":
+        perm = [d % r for d in n.args[1]]
+    else:
+        d0, d1 = (n.args[1], n.args[2]) if packet == "transpose" else (0, 1)
+        perm = list(range(r))
+        perm[d0 % r], perm[d1 % r] = perm[d1 % r], perm[d0 % r]
+    if perm == list(range(r)):
+        return ctx.alias(x)
+    if r > 6 or not _float32(ctx, x):
+        return False
+    y = ctx.out()
+    return _Fwd(ctx.opname, ctx.scope, "permute", dict(perm=tuple(perm)), (x,), {}, {}, (y,), 0, 0)
+
+
+def _r_scale(ctx: _Ctx):
+    n = ctx.node
+    a, c = n.args[0], n.args[1]
+    if not hasattr(a, "name") or hasattr(c, "name") or isinstance(c, bool) or not isinstance(c, (int, float)) \
+            or n.kwargs.get("rounding_mode"):
+        return False
+    x = ctx.t(a)
+    if not _float32(ctx, x):
+        return False
+    alpha = float(c) if n.target._overloadpacket.__name__ == "mul" else 1.0 / float(c)
+    y = ctx.out()
+    return _Fwd(ctx.opname, ctx.scope, "scale", dict(alpha=alpha), (x,), {}, {}, (y,), 0, numel(ctx.shape(y)))
+
+
+def _r_ne(ctx: _Ctx):
+    n = ctx.node
+    x = ctx.t(n.args[0])
+    c = n.args[1]
+    if ctx.dtype(x) != "int64" or not isinstance(c, int) or isinstance(c, bool):
+        return False
+    y = ctx.out()
+    return _Fwd(ctx.opname, ctx.scope, "ne_scalar", dict(value=int(c)), (x,), {}, {}, (y,), 0, numel(ctx.shape(y)))
+
+
+def _r_arange(ctx: _Ctx):
+    n = ctx.node
+    v = C.val_of(n)
+    if len(n.args) != 1 or C.dtype_name(v.dtype) != "int64":
+        return False
+    y = ctx.out()
+    return _Fwd(ctx.opname, ctx.scope, "arange", dict(start=0), (), {}, {}, (y,), 0, 0)
+
+
+_RULES: dict[str, Callable[[_Ctx], Any]] = {
+    **{k: _r_alias for k in C._ALIAS_OPS}, "slice": _r_slice, "_to_copy": _r_to_copy, "copy": _r_copy, "to": _r_to_copy,
+    "conv2d": _r_conv2d, "_native_batch_norm_legit_functional": _r_batch_norm,
+    "_native_batch_norm_legit_no_training": _r_batch_norm,
+    "relu": _unary("relu", 1), "hardswish": _unary("hardswish", 4), "hardtanh": _r_hardtanh,
+    "tanh": _unary("tanh", 4), "max_pool2d": _r_max_pool2d, "avg_pool2d": _r_avg_pool2d,
+    "adaptive_avg_pool2d": _r_adaptive_avg, "mean": _r_mean, "linear": _r_linear, "add": _r_add,
+    "dropout": _r_dropout, "native_dropout": _r_dropout, "embedding": _r_embedding, "layer_norm": _r_layer_norm,
+    "gelu": _r_gelu, "softmax": _r_softmax, "_softmax": _r_softmax, "matmul": _r_matmul, "bmm": _r_matmul,
+    "scaled_dot_product_attention": _r_sdpa, "transpose": _r_permute, "permute": _r_permute, "t": _r_permute,
+    "mul": _r_scale, "div": _r_scale, "ne": _r_ne, "arange": _r_arange,
+}
 
 
 def _view(b: _Builder, name: str, layer: str, x: int, y: int) -> _Fwd:
@@ -628,7 +926,9 @@ def _assemble(b: _Builder, fwds: list[_Fwd], model_name: str, batch: int, input_
     # which activations carry gradients: anything downstream of a trainable parameter
     needs_grad: set[int] = set(trainable_params)
     for f in fwds:
-        if any(t in needs_grad for t in f.x) or any(p in needs_grad for p in f.params.values()):
+        if (any(t in needs_grad for t in f.x) or any(p in needs_grad for p in f.params.values())) \
+                and T[f.outputs[0]].dtype.startswith("float") and not f.attrs.get("no_grad"):
+            # (integer and boolean results carry none, nor results autograd does not track)
             needs_grad.add(f.outputs[0])
     # prune: a gradient is only needed if it leads to a trainable parameter. Walk backwards.
     wanted: set[int] = {logits_id} if logits_id in needs_grad else set()
@@ -725,6 +1025,9 @@ def _assemble(b: _Builder, fwds: list[_Fwd], model_name: str, batch: int, input_
                      vector_flops=numel(T[y].shape), forward_op=fo.id)
                 contribute(c, g, f.layer)
             continue
+        if f.kind == C.TORCH_OP:
+            _torch_op_backward(b, f, fo, gy, xs_needing, trainable_params if gw else set(), new_grad, contribute)
+            continue
         if f.kind in seqops.MULTI_GRAD_KINDS:
             need = tuple(i for i, t in enumerate(f.x[:3]) if t in xs_needing)
             if need:
@@ -782,12 +1085,36 @@ def _assemble(b: _Builder, fwds: list[_Fwd], model_name: str, batch: int, input_
     return Graph(model_name, tuple(b.tensors), tuple(ops), input_id, label_id, loss_id, logits_id, optimizer, batch)
 
 
+def _torch_op_backward(b: _Builder, f: _Fwd, fo: Op, gy: int, xs_needing: list[int], trained: set[int],
+                       new_grad, contribute) -> None:
+    """A torch_op's backward: PyTorch's derivative of its aten call, re-run on the op's inputs (all saved). One
+    ``torch_op.grad_input`` op writes the gradients of the activation inputs that need one (overwriting), one
+    ``torch_op.grad_weight`` op those of its trained parameters (accumulating, as every weight gradient)."""
+    T = b.tensors
+    ins = fo.inputs
+    call = f.attrs["call"]
+    for kind, pos in (("grad_input", [i for i, t in enumerate(ins) if t in xs_needing and i < len(f.x)]),
+                      ("grad_weight", [i for i, t in enumerate(ins) if t in trained and t in f.params.values()])):
+        if not pos:
+            continue
+        outs = [(ins[i], new_grad(ins[i], "")) for i in pos]
+        b.op(f"{f.name}.{kind}", f.layer, f"{C.TORCH_OP}.{kind}", PHASE_BACKWARD,
+             dict(call=call, grads=tuple(pos)) | ({"random": True} if f.attrs.get("random") else {}),
+             (gy,) + ins, tuple(g for _, g in outs), flops=2 * f.flops, vector_flops=2 * f.vector_flops,
+             forward_op=fo.id)
+        for t, g in outs:
+            contribute(t, g, f.layer)
+
+
 def _saved_for(f: _Fwd, T, grad_input: bool, grad_weight: bool, wanted: set[int] = frozenset()) -> tuple[int, ...]:
-    """Tensors a forward op's backward reads, as PyTorch's plain kernels choose them."""
+    """Tensors a forward op's backward reads, as PyTorch's plain kernels choose them (a torch_op's backward
+    re-runs its aten call: it reads every input)."""
     x = f.x[0] if f.x else None
     k = f.kind
     if not grad_input and not grad_weight:
         return ()
+    if k == C.TORCH_OP:
+        return f.x + tuple(f.params.values()) + tuple(f.buffers.values())
     if k in ("conv2d", "linear"):
         s = []
         if grad_weight:

@@ -75,7 +75,9 @@ class Op:
     kind: forward kinds are ``conv2d``, ``batch_norm2d``, ``relu``, ``relu6``, ``hardswish``,
     ``max_pool2d``, ``avg_pool2d``, ``global_avg_pool2d``, ``reshape``, ``linear``, ``add``, ``dropout``, and
     the sequence-model kinds of port.ir.seqops (``embedding``, ``layer_norm``, ``gelu``, ``tanh``, ``softmax``,
-    ``scale``, ``permute``, ``matmul``, ``attention``, ``add_bcast``, ``mean_mid``, ``arange``, ``ne_scalar``);
+    ``scale``, ``permute``, ``matmul``, ``attention``, ``add_bcast``, ``mean_mid``, ``arange``, ``ne_scalar``),
+    and ``torch_op`` (an aten op PORT has no kind for, run by PyTorch: attribute ``call`` holds the aten call as
+    JSON, port.ir.capture; its backward ops are ``torch_op.grad_input``/``torch_op.grad_weight``);
     the loss is ``cross_entropy``; backward kinds are ``<forward kind>.grad_input`` and
     ``<forward kind>.grad_weight`` plus ``grad_accumulate``; updates are ``update``.
 
@@ -86,7 +88,7 @@ class Op:
 
     id: int
     name: str                          # unique, e.g. "layer1.0.conv1", "layer1.0.conv1.grad_input"
-    layer: str                         # module path (the fx target), e.g. "layer1.0.conv1"
+    layer: str                         # module path (nn_module_stack), e.g. "layer1.0.conv1"
     kind: str
     phase: str
     attrs: tuple[tuple[str, Any], ...]  # sorted (key, value) pairs; values are ints/floats/bools/str/tuples

@@ -75,7 +75,11 @@ def default_plan(graph: Graph, backend: str = "c", fuse: bool = True, inplace: b
         for o in graph.ops:
             if o.kind in ("relu", "relu6", "add") and variant[o.id] == "plain" and V.inplace_legal(graph, o):
                 variant[o.id] = "inplace"
-    ops = tuple(OpDecision(o.id, acc, variant[o.id]) for o in graph.ops)
+    # ops the backend cannot run (torch_op on the C backend: PyTorch's own kernels) go to the torch engine of the
+    # same device, which shares the arena zero-copy
+    torch_acc = BACKEND_ACCELERATORS["torch-cuda" if backend == "torch-cuda" else "torch-cpu"]
+    ops = tuple(OpDecision(o.id, acc if V.variants(graph, o, backend) else torch_acc, variant[o.id])
+                for o in graph.ops)
     return Plan(graph_digest=graph.digest(), profile_digest="", budget_bytes=0, ops=ops, solver="default",
                 status="feasible", batch_size=graph.batch_size)
 

@@ -58,6 +58,7 @@ from port.ir.types import PHASE_FORWARD, PHASE_LOSS, Graph, Op
 
 PATCH_TILES = (4, 8)
 TORCH_BACKENDS = ("torch-cpu", "torch-cuda", "torch-mps")
+TORCH_OP = "torch_op"      # PyTorch's kernel and derivative for an aten op PORT has no kind for (port.ir.capture)
 INPLACE_KINDS = ("relu", "relu6", "batch_norm2d", "add")
 # element-wise input gradients whose ``inplace`` writes dx over dy (the kernels allow dx == dy)
 BACKWARD_INPLACE_KINDS = ("relu.grad_input", "relu6.grad_input", "gelu.grad_input", "tanh.grad_input")
@@ -196,7 +197,10 @@ def follows_forward_inplace(graph: Graph, op: Op) -> bool:
 
 
 def variants(graph: Graph, op: Op, backend: str) -> tuple[str, ...]:
-    """Legal variants of ``op`` on an accelerator with ``backend``; the first is the default."""
+    """Legal variants of ``op`` on an accelerator with ``backend``; the first is the default; none where the
+    backend cannot run it (a torch_op, PyTorch's own kernel, runs on the torch backends only)."""
+    if op.kind.startswith(TORCH_OP):
+        return ("plain",) if backend in TORCH_BACKENDS else ()
     if backend in TORCH_BACKENDS:
         if (op.kind in ("relu", "relu6", "add") + BACKWARD_INPLACE_KINDS and inplace_legal(graph, op)) \
                 or follows_forward_inplace(graph, op):

@@ -240,17 +240,16 @@ class _Sigmoid(nn.Module):
         return self.fc(torch.sigmoid(self.inner(x)))
 
 
-def test_unsupported_module_names_path_op_and_list():
-    with pytest.raises(PortTraceError) as e:
-        port.trace(_Silu(), torch.randn(2, 4))
-    msg = str(e.value)
-    assert "'body.1'" in msg and "SiLU" in msg and "conv2d" in msg and "batch_norm2d" in msg
-
-
-def test_unsupported_function_names_op():
-    with pytest.raises(PortTraceError) as e:
-        port.trace(_Sigmoid(), torch.randn(2, 4))
-    assert "sigmoid" in str(e.value) and "Supported ops" in str(e.value)
+def test_ops_without_a_kind_run_as_torch_ops_named_by_module_path():
+    """An op PORT has no kind for is still captured: a torch_op (PyTorch's kernel and derivative), named by its
+    module path like every op, with its gradient ops."""
+    g = port.trace(_Silu(), torch.randn(2, 4))
+    silu = g.op("body.1")
+    assert silu.kind == "torch_op" and "aten.silu.default" in silu.attr("call")
+    assert any(o.kind == "torch_op.grad_input" and o.forward_op == silu.id for o in g.ops)
+    g = port.trace(_Sigmoid(), torch.randn(2, 4))
+    sig = [o for o in g.ops if o.kind == "torch_op"]
+    assert len(sig) == 1 and "aten.sigmoid.default" in sig[0].attr("call") and sig[0].layer == ""
 
 
 def test_data_dependent_control_flow_is_a_clear_error():

@@ -254,6 +254,8 @@ class TorchBackend:
             return run
         if kind in _SEQ:
             return _SEQ[kind](a, I, O, torch, F)
+        if kind.startswith("torch_op"):
+            return _torch_op(kind, a, I, O, ctx.state, call.op, torch)
         if kind in ("cross_entropy", "cross_entropy.grad_input") and "ignore_index" in a:
             return _token_xent(kind, a, I, O, torch, F)
         if kind == "cross_entropy":
@@ -516,3 +518,59 @@ _SEQ = {
                                                               + O[0].numel(), out=O[0])),
     "ne_scalar": lambda a, I, O, torch, F: (lambda: torch.ne(I[0], int(a["value"]), out=O[0])),
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# torch_op (port.ir.capture): an aten op PORT has no kind for, run by PyTorch with PyTorch's derivative
+# ---------------------------------------------------------------------------------------------
+def _seeded(random: bool, st, op: int, torch):
+    """A context that seeds torch's generator for a random aten op from the run's seed, the forward-pass counter
+    and the op (as dropout's masks): a re-run in the same step draws the same values."""
+    import contextlib
+    if not random:
+        return contextlib.nullcontext()
+    from port.exec.registry import dropout_seed
+
+    @contextlib.contextmanager
+    def ctx():
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(dropout_seed(st.seed, st.dropout_counter, op) & 0x7FFFFFFFFFFFFFFF)
+            yield
+    return ctx()
+
+
+def _torch_op(kind, a, I, O, st, op, torch):
+    """Forward: the aten call on the input views, its result copied into the output's arena slot (aten allocates
+    it: the torch engine's transient memory). Backward (``grads``: input positions): the call re-run under
+    autograd on the saved inputs and differentiated by PyTorch (torch.autograd.grad); input gradients overwrite
+    their slots, weight gradients (``torch_op.grad_weight``) accumulate."""
+    from port.ir.capture import make_call
+    random = bool(a.get("random"))
+    if kind == "torch_op":
+        dev = O[0].device if O else (I[0].device if I else None)
+        fn = make_call(a["call"], dev)
+        y = O[0]
+
+        def run():
+            with torch.no_grad(), _seeded(random, st, op, torch):
+                y.copy_(fn(I))
+        return run
+    fn = make_call(a["call"], I[0].device)
+    grads = tuple(a["grads"])
+    acc = kind == "torch_op.grad_weight"
+    gy, xs = I[0], I[1:]
+
+    def run():
+        with torch.enable_grad(), _seeded(random, st, op, torch):
+            leaves = [x.detach().requires_grad_(True) if i in grads else x for i, x in enumerate(xs)]
+            out = fn(leaves)
+            gs = torch.autograd.grad(out, [leaves[i] for i in grads], gy, allow_unused=True)
+        for o, g in zip(O, gs):
+            if g is None:
+                if not acc:
+                    o.zero_()
+            elif acc:
+                o.add_(g.reshape(o.shape))
+            else:
+                o.copy_(g.reshape(o.shape))
+    return run

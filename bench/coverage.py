@@ -1,0 +1,90 @@
+"""Coverage benchmark (issue 52): do published models nobody here wrote train under PORT, equal to PyTorch eager?
+
+    python bench/coverage.py                 # every model of bench/published.py (torchvision, timm, HF, peft, ...)
+    python bench/coverage.py --only tv.resnet18,hf.llama_lm --no-write
+
+Each model runs in a fresh process (bench/published.compare): built from its constructor (random init, seeded),
+batch 4, 3 SGD-momentum steps (lr 1e-3) under port.Trainer's default plan (C kernels; ops without a PORT kind as
+torch_ops on the torch engine) and in eager float32 and float64 from the same weights and batch. Columns:
+captured, forward+backward+update ops on the C engine / on the torch engine, equal (PORT's losses within 1e-4
+of eager float32's, or no farther from float64 eager's than 2x float32 eager's distance + 1e-4, every step),
+the fastest of the 3 steps for PORT and eager (first steps: warm-up included, so indicative only), set-up
+seconds (capture + lowering), and the error when a model is refused. Headline (last line): trained-equal
+share of the list (target >= 95%) and internal errors (target 0).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]   # bench/profile.py != stdlib
+sys.path.insert(0, str(ROOT))
+
+_CHILD = """
+import json, sys, importlib.util, dataclasses
+spec = importlib.util.spec_from_file_location("published", sys.argv[1])
+P = importlib.util.module_from_spec(spec); sys.modules["published"] = P; spec.loader.exec_module(P)
+P.import_zoo()
+r = P.compare(P.MODELS[sys.argv[2]])
+print("ROW " + json.dumps(dataclasses.asdict(r)))
+"""
+
+
+def run_one(name: str, timeout_s: float) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    try:
+        p = subprocess.run([sys.executable, "-c", _CHILD, str(ROOT / "bench" / "published.py"), name],
+                           capture_output=True, text=True, timeout=timeout_s, env=env, cwd=str(ROOT))
+    except subprocess.TimeoutExpired:
+        return {"name": name, "error": f"timed out after {timeout_s:.0f} s", "internal": True}
+    for line in p.stdout.splitlines():
+        if line.startswith("ROW "):
+            return json.loads(line[4:])
+    tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return {"name": name, "error": f"the worker died (exit {p.returncode}): {tail[:200]}", "internal": True}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="", help="comma-separated model names")
+    ap.add_argument("--timeout-s", type=float, default=600.0)
+    ap.add_argument("--no-write", action="store_true")
+    a = ap.parse_args()
+    sys.path.append(str(ROOT / "bench"))
+    from _results import machine_line, publish
+    import published as P
+    names = [n for n in a.only.split(",") if n] or list(P.MODELS)
+    t0, load0 = time.time(), os.getloadavg()[0]
+    rows = []
+    for n in names:
+        r = run_one(n, a.timeout_s)
+        r.setdefault("family", P.MODELS[n].family)
+        rows.append(r)
+        print(f"{n}: captured={r.get('captured')} equal={r.get('trained_equal')} {r.get('error', '')}", flush=True)
+    lines = [machine_line("python bench/coverage.py" + (f" --only {a.only}" if a.only else ""), t0, load0) + ".",
+             "", "| model | family | captured | ops C / torch | equal | losses PORT | losses eager f32 | "
+             "losses eager f64 | step ms PORT / eager | set-up s | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda ls: " ".join(f"{v:.5g}" for v in ls or [])  # noqa: E731
+    for r in rows:
+        lines.append(f"| {r['name']} | {r.get('family', '')} | {'yes' if r.get('captured') else 'no'} | "
+                     f"{r.get('ops_c', 0)} / {r.get('ops_torch', 0)} | {'yes' if r.get('trained_equal') else 'NO'} | "
+                     f"{fmt(r.get('losses_port'))} | {fmt(r.get('losses_eager'))} | {fmt(r.get('losses_f64'))} | "
+                     f"{r.get('port_step_ms', 0):.1f} / {r.get('eager_step_ms', 0):.1f} | {r.get('setup_s', 0):.1f} | "
+                     f"{(r.get('error') or '').replace('|', '/')[:160]} |")
+    eq = sum(1 for r in rows if r.get("trained_equal"))
+    cap = sum(1 for r in rows if r.get("captured"))
+    internal = sum(1 for r in rows if r.get("internal"))
+    lines += ["", f"Coverage headline: {eq}/{len(rows)} trained equal to eager ({100 * eq / max(1, len(rows)):.0f}%, "
+              f"target >= 95%), {cap}/{len(rows)} captured, {internal} internal errors (target 0)."]
+    publish("Coverage", "\n".join(lines), not a.no_write)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,399 @@
+"""Published models nobody here wrote, built from their constructors (random init: nothing is downloaded), and
+the equality check of training them under PORT against PyTorch eager. Used by bench/coverage.py (the whole
+list) and tests/e2e/test_published.py (a quick subset).
+
+    MODELS: {name: Spec}     build() -> (model, example input, labels); every model returns logits [N, K] or
+                             [N, T, vocab] (token models: labels [N, T]; a UNet: [N, H*W, K] per pixel)
+    compare(spec, steps=3)   -> Row: captured, ops on C / on torch, losses of PORT, eager float32 and float64,
+                                equal (the issue's rule), step ms of both, set-up seconds
+
+torchvision, timm and transformers come from the ``zoo`` extra (``pip install -e '.[zoo]'``). PyPI's
+torchvision for Linux is a CUDA build whose C extension does not load against the CPU torch; ``import_zoo()``
+defines the two op schemas it registers fakes for (``torchvision::nms``/``qnms``, used by no classification
+model) before importing it.
+
+Dropout and stochastic depth are set to 0 in both runs (``deterministic``): PORT draws its masks from its own
+per-call seeds, so with them on the two runs see other masks and no loss can be compared.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+_ZOO: dict = {}
+
+
+def import_zoo() -> dict:
+    """{"torchvision", "timm", "transformers", "peft"} modules that import here (absent ones left out)."""
+    if _ZOO:
+        return _ZOO
+    import torch
+    try:
+        torch.ops.torchvision.nms          # noqa: B018 - a working torchvision already registered it
+    except (AttributeError, RuntimeError):
+        lib = torch.library.Library("torchvision", "DEF")   # noqa: F841 - kept alive in _ZOO
+        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        lib.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
+        _ZOO["_lib"] = lib
+    for name in ("torchvision", "timm", "transformers", "peft"):
+        try:
+            _ZOO[name] = __import__(name)
+        except Exception:  # noqa: BLE001 - not installed, or an import that fails here
+            pass
+    return _ZOO
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    family: str                     # torchvision | timm | transformers | peft | hand-written
+    build: Callable[[], Any]        # -> nn.Module (seeded inside)
+    input_shape: tuple[int, ...]    # per sample
+    tokens: int = 0                 # > 0: int64 token ids in [0, tokens)
+    classes: int = 10
+    label_shape: tuple[int, ...] = ()   # per sample: () for [N, K] logits, (T,) for token/pixel logits
+    batch: int = 4
+    quick: bool = False             # in the test suite's quick subset
+
+
+def _seed():
+    import torch
+    torch.manual_seed(0)
+
+
+def _tv(name: str, **kw):
+    def build():
+        _seed()
+        tv = import_zoo()["torchvision"]
+        return getattr(tv.models, name)(weights=None, num_classes=10, **kw)
+    return build
+
+
+def _timm(name: str, **kw):
+    def build():
+        _seed()
+        return import_zoo()["timm"].create_model(name, pretrained=False, num_classes=10, **kw)
+    return build
+
+
+def _hf(config_cls: str, model_cls: str, peft_targets: tuple[str, ...] = (), **cfg):
+    def build():
+        _seed()
+        tr = import_zoo()["transformers"]
+        c = getattr(tr, config_cls)(**cfg)
+        for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout",
+                  "resid_pdrop", "embd_pdrop", "attn_pdrop", "seq_classif_dropout", "classifier_dropout"):
+            if hasattr(c, k) and isinstance(getattr(c, k), float):
+                setattr(c, k, 0.0)
+        m = getattr(tr, model_cls)(c)
+        if peft_targets:
+            pf = import_zoo()["peft"]
+            m = pf.get_peft_model(m, pf.LoraConfig(r=4, lora_alpha=8, target_modules=list(peft_targets),
+                                                   lora_dropout=0.0))
+        return m          # returns its ModelOutput as is: PORT takes ``.logits``
+    return build
+
+
+def _nn():
+    import torch.nn as nn
+    return nn
+
+
+# ---- hand-written nets (the idioms published code uses) -------------------------------------------------
+def _se_net():
+    nn = _nn()
+    import torch
+
+    class SE(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Conv2d(c, c // 4, 1), nn.Conv2d(c // 4, c, 1)
+
+        def forward(self, x):
+            g = torch.sigmoid(self.fc2(torch.relu(self.fc1(x.mean((2, 3), keepdim=True)))))
+            return x * g
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.BatchNorm2d(16), nn.SiLU())
+            self.se = SE(16)
+            self.branch_a = nn.Conv2d(16, 8, 1)
+            self.branch_b = nn.Conv2d(16, 8, 3, padding=1)
+            self.head = nn.Linear(16, 10)
+
+        def forward(self, x):
+            h = self.se(self.stem(x))
+            h = torch.cat([self.branch_a(h), self.branch_b(h)], 1)
+            return self.head(h.mean([2, 3]))
+    _seed()
+    return Net()
+
+
+def _unet():
+    nn = _nn()
+    import torch
+    import torch.nn.functional as F
+
+    def block(i, o):
+        return nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU())
+
+    class UNet(nn.Module):
+        """Two levels, skip connections by ``torch.cat``, bilinear upsampling; per-pixel logits [N, H*W, K]."""
+        def __init__(self, k=4):
+            super().__init__()
+            self.d1, self.d2, self.mid = block(3, 8), block(8, 16), block(16, 16)
+            self.u2, self.u1 = block(32, 8), block(16, 8)
+            self.out = nn.Conv2d(8, k, 1)
+
+        def forward(self, x):
+            a = self.d1(x)
+            b = self.d2(F.max_pool2d(a, 2))
+            m = self.mid(F.max_pool2d(b, 2))
+            b2 = self.u2(torch.cat([F.interpolate(m, scale_factor=2, mode="bilinear", align_corners=False), b], 1))
+            a2 = self.u1(torch.cat([F.interpolate(b2, scale_factor=2, mode="nearest"), a], 1))
+            y = self.out(a2)
+            n, k, h, w = y.shape
+            return y.permute(0, 2, 3, 1).reshape(n, h * w, k)
+    _seed()
+    return UNet()
+
+
+def _nanogpt():
+    nn = _nn()
+    import torch
+    import torch.nn.functional as F
+
+    class CausalSelfAttention(nn.Module):
+        def __init__(self, d, h, t):
+            super().__init__()
+            self.c_attn, self.c_proj, self.h = nn.Linear(d, 3 * d), nn.Linear(d, d), h
+            self.register_buffer("bias", torch.tril(torch.ones(t, t)).view(1, 1, t, t))
+
+        def forward(self, x):
+            B, T, C = x.size()
+            q, k, v = self.c_attn(x).split(C, dim=2)
+            q = q.view(B, T, self.h, C // self.h).transpose(1, 2)
+            k = k.view(B, T, self.h, C // self.h).transpose(1, 2)
+            v = v.view(B, T, self.h, C // self.h).transpose(1, 2)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+            att = F.softmax(att, dim=-1)
+            y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+            return self.c_proj(y)
+
+    class Block(nn.Module):
+        def __init__(self, d, h, t):
+            super().__init__()
+            self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(d), CausalSelfAttention(d, h, t), nn.LayerNorm(d)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class GPT(nn.Module):
+        def __init__(self, v=64, d=32, h=4, t=32, n=2):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(v, d), nn.Embedding(t, d)
+            self.h = nn.ModuleList(Block(d, h, t) for _ in range(n))
+            self.ln_f, self.lm_head = nn.LayerNorm(d), nn.Linear(d, v, bias=False)
+            self.wte.weight = self.lm_head.weight
+
+        def forward(self, idx, targets=None):
+            b, t = idx.size()
+            x = self.wte(idx) + self.wpe(torch.arange(0, t, dtype=torch.long, device=idx.device))
+            for blk in self.h:
+                x = blk(x)
+            return self.lm_head(self.ln_f(x))
+    _seed()
+    return GPT()
+
+
+_LLAMA = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+_BERT = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+             max_position_embeddings=64, num_labels=10)
+_GPT2 = dict(vocab_size=128, n_embd=32, n_layer=2, n_head=2, n_positions=64, num_labels=10, pad_token_id=0)
+_DBERT = dict(vocab_size=128, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64,
+              num_labels=10)
+
+IMG = (3, 32, 32)
+MODELS: dict[str, Spec] = {s.name: s for s in [
+    # torchvision classification: every family, at the smallest input it accepts
+    Spec("tv.resnet18", "torchvision", _tv("resnet18"), IMG, quick=True),
+    Spec("tv.resnet50", "torchvision", _tv("resnet50"), IMG),
+    Spec("tv.resnext50_32x4d", "torchvision", _tv("resnext50_32x4d"), IMG),
+    Spec("tv.vgg11_bn", "torchvision", _tv("vgg11_bn", dropout=0.0), IMG),
+    Spec("tv.alexnet", "torchvision", _tv("alexnet", dropout=0.0), (3, 64, 64)),
+    Spec("tv.squeezenet1_1", "torchvision", _tv("squeezenet1_1", dropout=0.0), IMG),
+    Spec("tv.densenet121", "torchvision", _tv("densenet121"), IMG),
+    Spec("tv.shufflenet_v2_x0_5", "torchvision", _tv("shufflenet_v2_x0_5"), IMG, quick=True),
+    Spec("tv.mobilenet_v2", "torchvision", _tv("mobilenet_v2", dropout=0.0), IMG),
+    Spec("tv.mobilenet_v3_small", "torchvision", _tv("mobilenet_v3_small", dropout=0.0), IMG, quick=True),
+    Spec("tv.mobilenet_v3_large", "torchvision", _tv("mobilenet_v3_large", dropout=0.0), IMG),
+    Spec("tv.mnasnet0_5", "torchvision", _tv("mnasnet0_5", dropout=0.0), IMG, quick=True),
+    Spec("tv.efficientnet_b0", "torchvision", _tv("efficientnet_b0", dropout=0.0, stochastic_depth_prob=0.0), IMG),
+    Spec("tv.efficientnet_v2_s", "torchvision", _tv("efficientnet_v2_s", dropout=0.0, stochastic_depth_prob=0.0),
+         IMG),
+    Spec("tv.regnet_y_400mf", "torchvision", _tv("regnet_y_400mf"), IMG),
+    Spec("tv.regnet_x_400mf", "torchvision", _tv("regnet_x_400mf"), IMG),
+    Spec("tv.convnext_tiny", "torchvision", _tv("convnext_tiny", stochastic_depth_prob=0.0), IMG),
+    Spec("tv.googlenet", "torchvision", _tv("googlenet", aux_logits=False, init_weights=True, dropout=0.0), IMG),
+    Spec("tv.inception_v3", "torchvision", _tv("inception_v3", aux_logits=False, init_weights=True, dropout=0.0),
+         (3, 75, 75)),
+    Spec("tv.vit_b_16", "torchvision", _tv("vit_b_16", image_size=32), IMG),
+    Spec("tv.swin_t", "torchvision", _tv("swin_t"), (3, 64, 64)),
+    # timm's mobile and ViT families
+    Spec("timm.mobilenetv3_small_050", "timm", _timm("mobilenetv3_small_050"), IMG, quick=True),
+    Spec("timm.efficientnet_b0", "timm", _timm("efficientnet_b0"), IMG),
+    Spec("timm.mixnet_s", "timm", _timm("mixnet_s"), IMG),
+    Spec("timm.lcnet_050", "timm", _timm("lcnet_050"), IMG),
+    Spec("timm.ghostnet_050", "timm", _timm("ghostnet_050"), IMG),
+    Spec("timm.regnetx_002", "timm", _timm("regnetx_002"), IMG),
+    Spec("timm.convnext_atto", "timm", _timm("convnext_atto"), IMG),
+    Spec("timm.vit_tiny_patch16_224", "timm", _timm("vit_tiny_patch16_224", img_size=32), IMG, quick=True),
+    Spec("timm.deit_tiny_patch16_224", "timm", _timm("deit_tiny_patch16_224", img_size=32), IMG),
+    Spec("timm.mobilevit_xxs", "timm", _timm("mobilevit_xxs"), (3, 64, 64)),
+    # Hugging Face transformers, tiny configs, random init
+    Spec("hf.bert_seqcls", "transformers", _hf("BertConfig", "BertForSequenceClassification", **_BERT), (16,),
+         tokens=128, quick=True),
+    Spec("hf.distilbert_seqcls", "transformers", _hf("DistilBertConfig", "DistilBertForSequenceClassification",
+                                                     **_DBERT), (16,), tokens=128),
+    Spec("hf.gpt2_lm", "transformers", _hf("GPT2Config", "GPT2LMHeadModel", **_GPT2), (16,), tokens=128,
+         classes=128, label_shape=(16,), quick=True),
+    Spec("hf.gpt2_seqcls", "transformers", _hf("GPT2Config", "GPT2ForSequenceClassification", **_GPT2), (16,),
+         tokens=128),
+    Spec("hf.llama_lm", "transformers", _hf("LlamaConfig", "LlamaForCausalLM", **_LLAMA), (16,), tokens=128,
+         classes=128, label_shape=(16,), quick=True),
+    Spec("hf.llama_seqcls", "transformers", _hf("LlamaConfig", "LlamaForSequenceClassification", num_labels=10,
+                                                **_LLAMA), (16,), tokens=128),
+    Spec("peft.lora_gpt2_lm", "peft", _hf("GPT2Config", "GPT2LMHeadModel", ("c_attn",), **_GPT2), (16,),
+         tokens=128, classes=128, label_shape=(16,)),
+    Spec("peft.lora_llama_lm", "peft", _hf("LlamaConfig", "LlamaForCausalLM", ("q_proj", "v_proj"), **_LLAMA),
+         (16,), tokens=128, classes=128, label_shape=(16,)),
+    # hand-written nets with the idioms published code uses
+    Spec("hand.se_cat_net", "hand-written", _se_net, IMG, quick=True),
+    Spec("hand.nanogpt", "hand-written", _nanogpt, (32,), tokens=64, classes=64, label_shape=(32,), quick=True),
+    Spec("hand.unet_per_pixel", "hand-written", _unet, (3, 16, 16), classes=4, label_shape=(256,), quick=True),
+]}
+
+
+def batch_of(spec: Spec, seed: int = 0):
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    if spec.tokens:
+        x = torch.randint(1, spec.tokens, (spec.batch, *spec.input_shape), generator=g)
+    else:
+        x = torch.randn(spec.batch, *spec.input_shape, generator=g)
+    y = torch.randint(0, spec.classes, (spec.batch, *spec.label_shape), generator=g)
+    return x, y
+
+
+@dataclass
+class Row:
+    name: str
+    family: str
+    captured: bool = False
+    trained_equal: bool = False
+    ops_c: int = 0
+    ops_torch: int = 0
+    losses_port: list = field(default_factory=list)
+    losses_eager: list = field(default_factory=list)
+    losses_f64: list = field(default_factory=list)
+    port_step_ms: float = 0.0
+    eager_step_ms: float = 0.0
+    setup_s: float = 0.0
+    plan_peak_bytes: int = 0
+    error: str = ""
+    internal: bool = False          # the failure was PORT's (not a clear refusal)
+
+
+def deterministic(model):
+    """Dropout and stochastic depth off (p = 0) in every module: PORT seeds its own masks, eager draws others."""
+    import torch.nn as nn
+    for m in model.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd) or type(m).__name__ == "StochasticDepth":
+            m.p = 0.0
+        if hasattr(m, "drop_prob") and isinstance(m.drop_prob, float):
+            m.drop_prob = 0.0
+    return model
+
+
+def _eager(model, x, y, steps: int, dtype, lr: float):
+    import torch
+    import torch.nn.functional as F
+    m = copy.deepcopy(model).to(dtype)
+    xx = x if not x.is_floating_point() else x.to(dtype)
+    opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=lr, momentum=0.9)
+    out, times = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        z = m(xx)
+        z = getattr(z, "logits", z) if not isinstance(z, torch.Tensor) else z
+        z = z if isinstance(z, torch.Tensor) else z[0]
+        loss = F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        times.append((time.perf_counter() - t0) * 1e3)
+        out.append(float(loss))
+    return out, times
+
+
+def equal(port: list, f32: list, f64: list) -> bool:
+    """PORT's losses within 1e-4 of eager float32's, or no farther from float64 eager's than 2x float32 eager's
+    distance + 1e-4 (step by step)."""
+    for p, a, d in zip(port, f32, f64):
+        if not (abs(p - a) <= 1e-4 * max(1.0, abs(a)) or abs(p - d) <= 2 * abs(a - d) + 1e-4):
+            return False
+    return len(port) == len(f32) and all(math.isfinite(p) for p in port)
+
+
+LR = 1e-3     # small steps: at batch 4 on 32x32 maps deep nets amplify float32 rounding (see equal())
+
+
+def compare(spec: Spec, steps: int = 3, lr: float = LR) -> Row:
+    """Train ``spec``'s model ``steps`` SGD-momentum steps under PORT (default plan: C kernels, torch_ops on the
+    torch engine) and in eager float32 and float64, from the same weights and batch."""
+    import torch
+    from port.errors import PortError
+    from port.train.optim import SGD
+    from port.train.trainer import Trainer
+    row = Row(spec.name, spec.family)
+    model = deterministic(spec.build())
+    model.train()
+    x, y = batch_of(spec)
+    row.losses_eager, et = _eager(model, x, y, steps, torch.float32, lr)
+    row.losses_f64, _ = _eager(model, x, y, steps, torch.float64, lr)
+    t0 = time.perf_counter()
+    try:
+        tr = Trainer(copy.deepcopy(model), x, optimizer=SGD(lr, momentum=0.9))
+    except PortError as e:
+        row.error = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        return row
+    except Exception as e:  # noqa: BLE001 - an internal failure: reported as such
+        row.error, row.internal = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}", True
+        return row
+    row.setup_s = time.perf_counter() - t0
+    row.captured = True
+    fwd = [o for o in tr.graph.ops]
+    acc = {d.op: d.accelerator for d in tr.plan.ops}
+    row.ops_torch = sum(1 for o in fwd if acc[o.id] != "cpu-c")
+    row.ops_c = len(fwd) - row.ops_torch
+    row.plan_peak_bytes = int(tr.program.arena_bytes) if hasattr(tr.program, "arena_bytes") else 0
+    pt = []
+    try:
+        for _ in range(steps):
+            t1 = time.perf_counter()
+            row.losses_port.append(float(tr.step(x, y)))
+            pt.append((time.perf_counter() - t1) * 1e3)
+    except Exception as e:  # noqa: BLE001
+        row.error, row.internal = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}", True
+        return row
+    row.port_step_ms, row.eager_step_ms = min(pt), min(et)
+    row.trained_equal = equal(row.losses_port, row.losses_eager, row.losses_f64)
+    return row

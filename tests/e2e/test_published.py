@@ -1,0 +1,156 @@
+"""Models nobody here wrote train under PORT like PyTorch eager (issue 52): a quick subset of bench/published.py's
+list (torchvision, timm, Hugging Face, hand-written idioms), and the torch_op fallback on its own.
+
+Equality, per step of 3 SGD-momentum steps: PORT's loss within 1e-4 of eager float32's, or no farther from eager
+float64's than 2x float32 eager's distance + 1e-4 (bench/published.equal)."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import port
+from port.train.optim import SGD, AdamW
+from port.train.trainer import Trainer
+
+_spec = importlib.util.spec_from_file_location("published", Path(__file__).resolve().parents[2] / "bench" / "published.py")
+P = importlib.util.module_from_spec(_spec)
+sys.modules["published"] = P
+_spec.loader.exec_module(P)
+ZOO = P.import_zoo()
+QUICK = [n for n, s in P.MODELS.items() if s.quick]
+
+
+def _needs(spec):
+    fam = {"torchvision": "torchvision", "timm": "timm", "transformers": "transformers", "peft": "peft"}.get(spec.family)
+    if fam is not None and fam not in ZOO:
+        pytest.skip(f"{fam} is not installed (pip install -e '.[zoo]')")
+
+
+@pytest.mark.parametrize("name", QUICK)
+def test_published_model_trains_like_eager(name):
+    spec = P.MODELS[name]
+    _needs(spec)
+    row = P.compare(spec, steps=3)
+    assert row.captured, row.error
+    assert not row.error, row.error
+    assert row.trained_equal, (f"{name}: PORT {row.losses_port}, eager float32 {row.losses_eager}, "
+                               f"float64 {row.losses_f64}")
+    assert row.ops_c > 0        # PORT's own kernels run what they can
+
+
+# ---- the fallback: an aten op PORT has no kind for ------------------------------------------------------
+class _Fallback(nn.Module):
+    """Ops without a PORT kind: sigmoid gating with a broadcast tensor multiply, a parameter used directly,
+    cat, chunk, a ceil-mode pool, an (int) argmax feeding nothing differentiable, a small lifted constant."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.gamma = nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        self.extra = nn.Parameter(torch.randn(1, 4))
+        self.fc = nn.Linear(20, 5)
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x))
+        h = h * torch.sigmoid(h.mean((2, 3), keepdim=True)) * self.gamma.view(1, -1, 1, 1)
+        a, b = h.chunk(2, dim=1)
+        h = F.max_pool2d(torch.cat([b, a], 1), 2, ceil_mode=True)
+        z = h.amax((2, 3)) * torch.tensor(0.5)
+        return self.fc(torch.cat([z, F.silu(z), self.extra.expand(z.shape[0], -1)], 1))
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adamw"])
+def test_torch_op_fallback_trains_like_eager(opt):
+    m = _Fallback()
+    ref = copy.deepcopy(m)
+    x = torch.randn(4, 3, 7, 9)        # odd spatial shape: the ceil-mode pool pads
+    y = torch.randint(0, 5, (4,))
+    popt, topt = ((SGD(0.05, momentum=0.9), torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9))
+                  if opt == "sgd" else (AdamW(1e-2), torch.optim.AdamW(ref.parameters(), lr=1e-2)))
+    tr = Trainer(m, x, optimizer=popt)
+    kinds = {o.kind for o in tr.graph.ops}
+    assert {"torch_op", "torch_op.grad_input", "torch_op.grad_weight", "conv2d", "linear"} <= kinds
+    assert {d.accelerator for d in tr.plan.ops} == {"cpu-c", "cpu-torch"}
+    for i in range(4):
+        lp = tr.step(x, y)
+        topt.zero_grad()
+        lt = F.cross_entropy(ref(x), y)
+        lt.backward()
+        topt.step()
+        assert abs(lp - float(lt)) <= 1e-5 * abs(float(lt)) + 1e-6, f"step {i}: {lp} vs {float(lt)}"
+    sd, rsd = tr.state_dict(), ref.state_dict()
+    for k in rsd:
+        torch.testing.assert_close(sd[k], rsd[k], rtol=1e-4, atol=1e-5)
+
+
+def test_torch_op_gradients_equal_autograd_in_float64():
+    """A torch_op's backward is PyTorch's derivative of the aten call: checked through the torch backend's binding
+    on float64 views, odd shapes, against torch.autograd on the same function."""
+    from types import SimpleNamespace
+    from port.exec.backends.torch_backend import _torch_op
+    g = port.trace(_Fallback(), torch.randn(3, 3, 5, 7))
+    ops = [o for o in g.ops if o.kind == "torch_op.grad_input"]
+    assert ops
+    gen = torch.Generator().manual_seed(0)
+    state = SimpleNamespace(seed=0, dropout_counter=0)
+    checked = 0
+    for o in ops:
+        ins = [torch.randn(g.tensors[t].shape, dtype=torch.float64, generator=gen)
+               if g.tensors[t].dtype.startswith("float") else torch.zeros(g.tensors[t].shape, dtype=torch.int64)
+               for t in o.inputs]
+        outs = [torch.empty(g.tensors[t].shape, dtype=torch.float64) for t in o.outputs]
+        _torch_op(o.kind, dict(o.attrs), ins, outs, state, o.id, torch)()
+        from port.ir.capture import make_call
+        fn = make_call(o.attr("call"), None)
+        xs = [t.clone().requires_grad_(i in o.attr("grads")) for i, t in enumerate(ins[1:])]
+        want = torch.autograd.grad(fn(xs), [xs[i] for i in o.attr("grads")], ins[0])
+        for a, w in zip(outs, want):
+            torch.testing.assert_close(a, w.reshape(a.shape), rtol=1e-12, atol=1e-12)
+        checked += 1
+    assert checked >= 4
+
+
+def test_model_output_dicts_and_output_choice():
+    class Multi(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(6, 3), nn.Linear(6, 4)
+
+        def forward(self, x):
+            return {"aux": self.a(x), "logits": self.b(x)}
+    x = torch.randn(2, 6)
+    assert port.trace(Multi(), x).tensors[port.trace(Multi(), x).logits_id].shape == (2, 4)
+    assert port.trace(Multi(), x, output="aux").tensors[port.trace(Multi(), x, output="aux").logits_id].shape == (2, 3)
+    with pytest.raises(port.errors.PortTraceError, match="output='nope'"):
+        port.trace(Multi(), x, output="nope")
+
+
+def test_spatial_mean_without_keepdim_lowers():
+    """x.mean([2, 3]) without keepdim (torchvision MNASNet) is the spatial mean and a free view, not an error."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 3)
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(self.c(x).mean([2, 3]))
+    tr = Trainer(Net(), torch.randn(2, 3, 6, 6))
+    assert any(o.kind == "global_avg_pool2d" for o in tr.graph.ops)
+    assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
+    tr.step(torch.randn(2, 3, 6, 6), torch.tensor([0, 1]))
+
+
+def test_torch_ops_are_listed_with_their_aten_op():
+    from port.ir.capture import torch_ops
+    g = port.trace(_Fallback(), torch.randn(2, 3, 5, 5))
+    names = dict(torch_ops(g))
+    assert any("aten.sigmoid" in a for a in names.values()) and any("aten.cat" in a for a in names.values())
