@@ -235,7 +235,7 @@ MODELS: dict[str, Spec] = {s.name: s for s in [
     Spec("tv.mobilenet_v2", "torchvision", _tv("mobilenet_v2", dropout=0.0), IMG),
     Spec("tv.mobilenet_v3_small", "torchvision", _tv("mobilenet_v3_small", dropout=0.0), IMG, quick=True),
     Spec("tv.mobilenet_v3_large", "torchvision", _tv("mobilenet_v3_large", dropout=0.0), IMG),
-    Spec("tv.mnasnet0_5", "torchvision", _tv("mnasnet0_5", dropout=0.0), IMG, quick=True),
+    Spec("tv.mnasnet0_5", "torchvision", _tv("mnasnet0_5", dropout=0.0), IMG),
     Spec("tv.efficientnet_b0", "torchvision", _tv("efficientnet_b0", dropout=0.0, stochastic_depth_prob=0.0), IMG),
     Spec("tv.efficientnet_v2_s", "torchvision", _tv("efficientnet_v2_s", dropout=0.0, stochastic_depth_prob=0.0),
          IMG),

@@ -48,6 +48,11 @@ def export(model: Any, args: tuple, kwargs: dict, model_name: str):
     except Exception as e:  # noqa: BLE001 - export raises many kinds; one clear error
         msg = str(e).strip().splitlines()
         first = msg[0] if msg else type(e).__name__
+        if "leaf Variable that requires grad" in str(e):
+            raise PortTraceError(
+                f"{model_name}: an in-place write to a parameter{user_frame(e)} ({first}): PORT trains parameters "
+                f"only through their gradients. Fix: compute a new tensor (w = self.weight * 0.5) instead of "
+                f"writing into the parameter.") from None
         what = ("data-dependent control flow or shapes" if any(s in str(e) for s in (
             "data-dependent", "Could not guard", "GuardOnDataDependent", "control flow", "Data dependent"))
             else "code torch.export cannot capture")
