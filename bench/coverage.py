@@ -31,15 +31,19 @@ import json, sys, importlib.util, dataclasses
 spec = importlib.util.spec_from_file_location("published", sys.argv[1])
 P = importlib.util.module_from_spec(spec); sys.modules["published"] = P; spec.loader.exec_module(P)
 P.import_zoo()
-r = P.compare(P.MODELS[sys.argv[2]])
-print("ROW " + json.dumps(dataclasses.asdict(r)))
+if sys.argv[3] == "predict":
+    r = P.predict(P.MODELS[sys.argv[2]])
+    print("ROW " + json.dumps(dataclasses.asdict(r) | {"rel_error": r.rel_error}))
+else:
+    r = P.compare(P.MODELS[sys.argv[2]])
+    print("ROW " + json.dumps(dataclasses.asdict(r)))
 """
 
 
-def run_one(name: str, timeout_s: float) -> dict:
+def run_one(name: str, timeout_s: float, what: str = "compare") -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     try:
-        p = subprocess.run([sys.executable, "-c", _CHILD, str(ROOT / "bench" / "published.py"), name],
+        p = subprocess.run([sys.executable, "-c", _CHILD, str(ROOT / "bench" / "published.py"), name, what],
                            capture_output=True, text=True, timeout=timeout_s, env=env, cwd=str(ROOT))
     except subprocess.TimeoutExpired:
         return {"name": name, "error": f"timed out after {timeout_s:.0f} s", "internal": True}
@@ -55,10 +59,14 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated model names")
     ap.add_argument("--timeout-s", type=float, default=600.0)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--predict", default="", help="comma-separated models whose plan is held to what runs: "
+                    "profile (quick) + solve, predicted vs measured step (section 'Coverage: predicted vs measured')")
     a = ap.parse_args()
     sys.path.append(str(ROOT / "bench"))
     from _results import machine_line, publish
     import published as P
+    if a.predict:
+        return predict_table([n for n in a.predict.split(",") if n], a, machine_line, publish)
     names = [n for n in a.only.split(",") if n] or list(P.MODELS)
     t0, load0 = time.time(), os.getloadavg()[0]
     rows = []
@@ -84,6 +92,26 @@ def main() -> None:
     lines += ["", f"Coverage headline: {eq}/{len(rows)} trained equal to eager ({100 * eq / max(1, len(rows)):.0f}%, "
               f"target >= 95%), {cap}/{len(rows)} captured, {internal} internal errors (target 0)."]
     publish("Coverage", "\n".join(lines), not a.no_write)
+
+
+def predict_table(names: list[str], a, machine_line, publish) -> None:
+    t0, load0 = time.time(), os.getloadavg()[0]
+    rows, ok, done = [], 0, 0
+    for n in names:
+        r = run_one(n, a.timeout_s, "predict")
+        err = r.get("error") or ""
+        rel = r.get("rel_error")
+        good = not err and rel is not None and abs(rel) <= 0.15
+        ok += good
+        done += not err
+        rows.append(f"| {n} | {r.get('predicted_ms', 0):.1f} | {r.get('measured_ms', 0):.1f} | "
+                    f"{100 * rel:+.1f}% |" if not err else f"| {n} | - | - | {err[:120]} |")
+        print(rows[-1], flush=True)
+    lines = [machine_line("python bench/coverage.py --predict " + ",".join(names), t0, load0) + ".", "",
+             "| model | predicted step ms | measured step ms (median of 12) | measured vs predicted |",
+             "|---|---|---|---|", *rows, "",
+             f"Predicted-vs-measured headline: {ok}/{len(names)} models within 15% (target: all), {done} ran."]
+    publish("Coverage: predicted vs measured", "\n".join(lines), not a.no_write)
 
 
 if __name__ == "__main__":

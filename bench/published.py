@@ -57,6 +57,7 @@ class Spec:
     label_shape: tuple[int, ...] = ()   # per sample: () for [N, K] logits, (T,) for token/pixel logits
     batch: int = 4
     quick: bool = False             # in the test suite's quick subset
+    mask: bool = False              # token models: called with input_ids and an attention_mask (keywords)
 
 
 def _seed():
@@ -261,6 +262,14 @@ MODELS: dict[str, Spec] = {s.name: s for s in [
     # Hugging Face transformers, tiny configs, random init
     Spec("hf.bert_seqcls", "transformers", _hf("BertConfig", "BertForSequenceClassification", **_BERT), (16,),
          tokens=128, quick=True),
+    Spec("hf.bert_seqcls_mask", "transformers", _hf("BertConfig", "BertForSequenceClassification", **_BERT), (16,),
+         tokens=128, mask=True, quick=True),
+    Spec("hf.distilbert_seqcls_mask", "transformers", _hf("DistilBertConfig", "DistilBertForSequenceClassification",
+                                                          **_DBERT), (16,), tokens=128, mask=True),
+    Spec("hf.llama_lm_mask", "transformers", _hf("LlamaConfig", "LlamaForCausalLM", **_LLAMA), (16,), tokens=128,
+         classes=128, label_shape=(16,), mask=True),
+    Spec("hf.gpt2_lm_mask", "transformers", _hf("GPT2Config", "GPT2LMHeadModel", **_GPT2), (16,), tokens=128,
+         classes=128, label_shape=(16,), mask=True),
     Spec("hf.distilbert_seqcls", "transformers", _hf("DistilBertConfig", "DistilBertForSequenceClassification",
                                                      **_DBERT), (16,), tokens=128),
     Spec("hf.gpt2_lm", "transformers", _hf("GPT2Config", "GPT2LMHeadModel", **_GPT2), (16,), tokens=128,
@@ -290,6 +299,10 @@ def batch_of(spec: Spec, seed: int = 0):
     else:
         x = torch.randn(spec.batch, *spec.input_shape, generator=g)
     y = torch.randint(0, spec.classes, (spec.batch, *spec.label_shape), generator=g)
+    if spec.mask:         # padded sequences: the last quarter of every other row is padding
+        m = torch.ones_like(x)
+        m[::2, -spec.input_shape[-1] // 4:] = 0
+        x = {"input_ids": x, "attention_mask": m}
     return x, y
 
 
@@ -327,13 +340,14 @@ def _eager(model, x, y, steps: int, dtype, lr: float):
     import torch
     import torch.nn.functional as F
     m = copy.deepcopy(model).to(dtype)
-    xx = x if not x.is_floating_point() else x.to(dtype)
+    cast = lambda t: t.to(dtype) if t.is_floating_point() else t  # noqa: E731
+    xx = {k: cast(v) for k, v in x.items()} if isinstance(x, dict) else cast(x)
     opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=lr, momentum=0.9)
     out, times = [], []
     for _ in range(steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        z = m(xx)
+        z = m(**xx) if isinstance(xx, dict) else m(xx)
         z = getattr(z, "logits", z) if not isinstance(z, torch.Tensor) else z
         z = z if isinstance(z, torch.Tensor) else z[0]
         loss = F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1))
@@ -396,4 +410,47 @@ def compare(spec: Spec, steps: int = 3, lr: float = LR) -> Row:
         return row
     row.port_step_ms, row.eager_step_ms = min(pt), min(et)
     row.trained_equal = equal(row.losses_port, row.losses_eager, row.losses_f64)
+    return row
+
+
+@dataclass
+class PredictRow:
+    name: str
+    predicted_ms: float = 0.0
+    measured_ms: float = 0.0
+    profile_s: float = 0.0
+    error: str = ""
+
+    @property
+    def rel_error(self) -> float:
+        return (self.measured_ms - self.predicted_ms) / self.predicted_ms if self.predicted_ms else float("nan")
+
+
+def predict(spec: Spec, steps: int = 12, max_profile_s: float = 240.0) -> PredictRow:
+    """The plan held to what runs, on a model nobody tuned for: ``port.profile`` (quick) on ``host``, then
+    ``port.solve`` (device memory), then port.Trainer with that plan; the plan's predicted step against the median
+    of ``steps`` measured steps (after 3 warm-up steps), as a user would run it (no --replan)."""
+    import statistics
+    import port
+    from port.train.optim import SGD
+    row = PredictRow(spec.name)
+    model = deterministic(spec.build())
+    x, y = batch_of(spec)
+    try:
+        g = port.trace(model, x, optimizer="sgd_momentum")
+        t0 = time.perf_counter()
+        prof = port.profile(g, "host", quick=True, max_time_s=max_profile_s)
+        row.profile_s = time.perf_counter() - t0
+        plan = port.solve(g, prof, None, time_limit_s=30)
+        tr = port.Trainer(model, x, plan=plan, optimizer=SGD(1e-3, momentum=0.9))
+        for _ in range(3):
+            tr.step(x, y)
+        ts = []
+        for _ in range(steps):
+            t1 = time.perf_counter()
+            tr.step(x, y)
+            ts.append((time.perf_counter() - t1) * 1e3)
+        row.predicted_ms, row.measured_ms = plan.predicted_step_ms, statistics.median(ts)
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        row.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     return row

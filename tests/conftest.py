@@ -9,6 +9,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 # Engine footprints (port.cost.footprint) take a fresh process per engine (~2 s each): the quick profiles the
 # suite takes by the hundred skip them; tests/unit/test_footprint.py measures them.
 os.environ.setdefault("PORT_PROFILE_ENGINE", "0")
+# Capture (torch.export) runs in a forked child by default, so a training process never imports the compiler
+# stack; the child re-imports it each time (~1.5 s). The suite captures hundreds of models: in this process (the
+# stack imported once). tests/e2e/test_memory_measured.py runs the default path in fresh processes.
+os.environ.setdefault("PORT_CAPTURE", "inprocess")
 
 # Before torch loads its OpenMP runtime: passive waiting (a spinning pool on an oversubscribed 2-core
 # machine makes every parallel region 100x slower; see port/_native.py).

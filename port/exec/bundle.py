@@ -123,6 +123,9 @@ def io_format(trainer: Any) -> tuple[int, int, int | None]:
     """(input dtype code, int64 labels per sample, ignore index or None) of ``trainer``'s training program:
     what bundle format 2 adds to format 1 (float32 inputs, one label per sample, no ignored label)."""
     tp = trainer.program
+    if tp.extra_input_ids:
+        raise BundleError(f"the model takes {1 + len(tp.extra_input_ids)} inputs; port-rt feeds one input tensor a "
+                          f"sample")
     dt = tp.slot(tp.input_id).dtype
     if dt not in INPUT_DTYPES:
         raise BundleError(f"the program's input is {dt}; port-rt takes float32 samples or int64 token ids")

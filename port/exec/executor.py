@@ -242,6 +242,7 @@ class Executor:
             self._memset = [(self.base + o, n) for o, n in program.zero_ranges]
             self._c_memset = ctypes.memset
         self.input = self.view(program.input_id)
+        self.extra_inputs = [self.view(t) for t in program.extra_input_ids]   # (an attention mask ...)
         self.labels = self.view(program.label_id) if program.label_id >= 0 else None
         self.loss = self.view(program.loss_id) if program.loss_id >= 0 else None
         self.logits = self.view(program.logits_id)

@@ -17,6 +17,8 @@ def eligible(trainer: Any) -> str:
         return "the arena is not in CPU memory"
     if trainer.micro_batch != trainer.batch_size:
         return "micro-batching"
+    if trainer.program.extra_input_ids:
+        return "the model takes several inputs"
     other = sorted({c.backend for c in trainer.program.calls} - {"c", "host"})
     if other:
         return f"the plan runs ops on {', '.join(other)}"

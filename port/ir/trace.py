@@ -14,7 +14,8 @@ from __future__ import annotations
 import copy
 import fnmatch
 import math
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
 from port.errors import PortTraceError
@@ -126,23 +127,137 @@ def trace(model: Any, example_input: Any, loss: str = "cross_entropy", trainable
       ``ModelOutput`` (default ``"logits"`` where present) or a position; else the first tensor.
     Optional ``forward`` arguments left at their defaults are not inputs.
     """
-    import torch
+    return trace_many([dict(model=model, example_input=example_input, loss=loss, trainable=trainable,
+                            optimizer=optimizer, name=name, output=output)])[0]
 
+
+def trace_many(jobs: Sequence[dict]) -> list[Graph]:
+    """``trace(**job)`` for each job, the captures not cached run in one capture process (a Trainer's training
+    and inference graphs: torch.export's compiler stack is imported once)."""
+    prepared = [_prepare(**job) for job in jobs]
+    todo = [p for p in prepared if p[0] is None or p[0] not in _CACHE]
+    made = _in_child(_capture_all, [p[1] for p in todo]) if todo else []
+    for p, g in zip(todo, made):
+        p.append(g)
+        if p[0] is not None:
+            _CACHE[p[0]] = g
+            while len(_CACHE) > 32:
+                _CACHE.popitem(last=False)
+    out = []
+    for p in prepared:
+        g = p[2] if len(p) > 2 else _CACHE[p[0]]
+        if p[0] is not None:
+            _CACHE.move_to_end(p[0])
+        name = p[1][2]
+        out.append(g if g.name == name else replace(g, name=name, _index={}))
+    return out
+
+
+def _prepare(model: Any, example_input: Any, loss: str = "cross_entropy", trainable: Sequence[str] | str | None = None,
+             optimizer: str = "sgd_momentum", name: str | None = None, output: str | int | None = None) -> list:
+    """[cache key or None, the arguments of _capture]: the job's arguments checked."""
+    import torch
     if loss not in SUPPORTED_LOSSES:
         raise PortTraceError(f"loss {loss!r} is not supported; supported losses: {', '.join(SUPPORTED_LOSSES)}")
     if optimizer not in OPTIMIZERS:
         raise PortTraceError(f"optimizer {optimizer!r} is not supported; choose one of {', '.join(OPTIMIZERS)}")
     if not isinstance(model, torch.nn.Module):
         raise PortTraceError(f"trace() needs a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(example_input, torch.Tensor) or example_input.dim() < 2:
-        raise PortTraceError("example_input must be a tensor [N, ...] with the batch dimension first")
+    named = example_inputs(example_input)
+    batch = int(named[0][1].shape[0])
+    for k, v in named:
+        if v.shape[0] != batch:
+            raise PortTraceError(f"example input {k!r} has batch {v.shape[0]}, the first input {batch}: every input "
+                                 f"needs the same batch dimension first")
     if isinstance(trainable, str):
         trainable = [trainable]
     model_name = name or type(model).__name__
-    return _in_child(_capture, model, example_input, model_name, trainable, optimizer, output)
+    key = capture_key(model, example_input, (loss, tuple(trainable) if trainable else None, optimizer, output))
+    return [key, (model, example_input, model_name, trainable, optimizer, output)]
 
 
-def _in_child(fn, *args) -> Graph:
+def _capture_all(jobs: list) -> list[Graph]:
+    return [_capture(*j) for j in jobs]
+
+
+_CACHE: "OrderedDict[str, Graph]" = OrderedDict()    # capture_key -> graph (this process's last 32 captures)
+
+
+def capture_key(model: Any, example_input: Any, settings: tuple) -> str | None:
+    """A digest of everything a capture reads: each module's class (this process's class object: the code),
+    mode, plain attributes (flags such as ``causal``, a Hugging Face config) and hooks, the parameters' and
+    buffers' names, shapes, dtypes, requires_grad and tying, the example inputs' names, shapes and dtypes, and
+    the trace settings. Not the weights' values, which a capture does not read (tensor attributes that are
+    neither parameters nor buffers are captured as constants: their values are part of the key). None when a
+    module holds something the key cannot describe (an instance-level ``forward``, hooks)."""
+    import hashlib
+    import torch
+    h = hashlib.sha256()
+
+    def put(*xs):
+        h.update(repr(xs).encode())
+    for name, m in model.named_modules():
+        if "forward" in m.__dict__ or m._forward_hooks or m._forward_pre_hooks or \
+                getattr(m, "_forward_hooks_with_kwargs", None) or getattr(m, "_backward_hooks", None):
+            return None
+        put(name, id(type(m)), m.training)
+        for k, v in sorted(m.__dict__.items()):
+            if k.startswith("_") or k == "training":
+                continue
+            if isinstance(v, (bool, int, float, str, type(None))) or (
+                    isinstance(v, (tuple, list)) and all(isinstance(x, (bool, int, float, str)) for x in v)):
+                put(k, v)
+            elif isinstance(v, torch.Tensor):
+                put(k, tuple(v.shape), str(v.dtype), v.detach().cpu().reshape(-1)[:4096].tolist()
+                    if v.device.type != "meta" else None)
+            elif hasattr(v, "to_json_string"):
+                put(k, v.to_json_string())
+            elif callable(v) or isinstance(v, torch.dtype):
+                put(k, id(v) if callable(v) else str(v))
+            else:
+                return None
+    first: dict[int, str] = {}
+    for qn, p in list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False)):
+        put(qn, tuple(p.shape), str(p.dtype), bool(p.requires_grad), first.setdefault(id(p), qn))
+    for k, v in example_inputs(example_input):
+        put(k, tuple(v.shape), str(v.dtype))
+    put(type(example_input).__name__, settings)
+    return h.hexdigest()
+
+
+def example_inputs(example_input: Any) -> list[tuple[str, Any]]:
+    """[(name, tensor)] of what a model is called with: one tensor ("input"), a tuple of positional tensors
+    ("input", "input1", ...) or a dict of keyword tensors (their keys, e.g. input_ids, attention_mask). The first
+    is the graph's main input; each must be a tensor [N, ...] with the batch dimension first."""
+    import torch
+    if isinstance(example_input, torch.Tensor):
+        items = [("input", example_input)]
+    elif isinstance(example_input, (tuple, list)) and example_input:
+        items = [("input" if i == 0 else f"input{i}", v) for i, v in enumerate(example_input)]
+    elif isinstance(example_input, dict) and example_input:
+        items = [(str(k), v) for k, v in example_input.items()]
+    else:
+        raise PortTraceError("example_input must be a tensor [N, ...] with the batch dimension first, a tuple of "
+                             "such tensors (positional arguments) or a dict of them (keyword arguments)")
+    for k, v in items:
+        if not isinstance(v, torch.Tensor) or v.dim() < 1 or (k == items[0][0] and v.dim() < 2 and
+                                                               v.is_floating_point()):
+            raise PortTraceError(f"example input {k!r} must be a tensor [N, ...] with the batch dimension first, "
+                                 f"got {type(v).__name__}{list(v.shape) if isinstance(v, torch.Tensor) else ''}")
+    return items
+
+
+def call_args(example_input: Any, fn=lambda v: v) -> tuple[tuple, dict]:
+    """(args, kwargs) to call the model with, each tensor mapped by ``fn``."""
+    import torch
+    if isinstance(example_input, torch.Tensor):
+        return (fn(example_input),), {}
+    if isinstance(example_input, dict):
+        return (), {str(k): fn(v) for k, v in example_input.items()}
+    return tuple(fn(v) for v in example_input), {}
+
+
+def _in_child(fn, *args) -> list[Graph]:
     """``fn(*args)`` (a Graph) computed in a forked child process, so the caller never imports torch.export's
     compiler stack (sympy, torch._dynamo, ...: ~80 MiB that would stay resident in a training process): the
     child inherits the model copy-on-write, captures on meta tensors and sends the graph back as JSON.
@@ -157,7 +272,7 @@ def _in_child(fn, *args) -> Graph:
     if pid == 0:                                   # the child: capture, write, exit without cleanup
         os.close(r)
         try:
-            out = {"graph": fn(*args).to_dict()}
+            out = {"graphs": [g.to_dict() for g in fn(*args)]}
         except PortTraceError as e:
             out = {"error": str(e)}
         except BaseException as e:  # noqa: BLE001 - reported by the parent as an internal error
@@ -180,13 +295,13 @@ def _in_child(fn, *args) -> Graph:
     if "internal" in out:
         from port.errors import InternalError
         raise InternalError(f"capture failed: {out['internal']}\n{out['traceback']}")
-    return Graph.from_dict(out["graph"])
+    return [Graph.from_dict(d) for d in out["graphs"]]
 
 
 def _capture(model: Any, example_input: Any, model_name: str, trainable: Sequence[str] | None, optimizer: str,
              output: str | int | None) -> Graph:
     import torch
-    batch = int(example_input.shape[0])
+    batch = int(example_inputs(example_input)[0][1].shape[0])
 
     # export runs the model on fake tensors: on a copy whose parameters and buffers are meta tensors (no copy
     # of the weights, the user's running statistics untouched); a model that does not copy that way, or whose
@@ -197,11 +312,13 @@ def _capture(model: Any, example_input: Any, model_name: str, trainable: Sequenc
     mc = meta_copy(model)
     if mc is not None:
         try:
-            ep = C.export(mc, (torch.empty_like(example_input, device="meta"),), kwargs, model_name)
+            a, kw = call_args(example_input, lambda v: torch.empty_like(v, device="meta"))
+            ep = C.export(mc, a, kw | kwargs, model_name)
         except PortTraceError:
             ep = None
     if ep is None:
-        ep = C.export(copy.deepcopy(model), (example_input.detach().clone(),), kwargs, model_name)
+        a, kw = call_args(example_input, lambda v: v.detach().clone())
+        ep = C.export(copy.deepcopy(model), a, kw | kwargs, model_name)
     return _from_export(ep, model, example_input, model_name, batch, trainable, optimizer, output)
 
 
@@ -283,6 +400,9 @@ def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, 
                                  f"instead of writing into the parameter.")
 
     input_id = -1
+    extra: list[tuple[str, int]] = []        # further inputs (name, tensor id)
+    by_name = dict(_flat_inputs(example_input))          # matched by name first, else in pytree order
+    order = list(by_name)
     obj_tensor: dict = {}                    # id(parameter object) -> tensor id
     in_specs = {s.arg.name: s for s in sig.input_specs if hasattr(s.arg, "name")}
     for node in ep.graph.nodes:
@@ -294,12 +414,17 @@ def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, 
         if kind == "USER_INPUT":
             if not isinstance(val, torch.Tensor):
                 continue                          # a constant Python argument
-            if input_id >= 0:
-                raise PortTraceError(f"{model_name}: forward() takes more than one tensor input ('{node.name}'); "
-                                     f"PORT models take one input tensor (optional arguments left at their "
-                                     f"defaults are not inputs)")
-            input_id = b.tensor("input", example_input.shape, _dtype_name(example_input.dtype), ROLE_INPUT)
-            env[node.name] = input_id
+            k = node.name if node.name in by_name else next((n for n in order if n in by_name), None)
+            if k is None:
+                raise PortTraceError(f"{model_name}: the exported program has an input '{node.name}' PORT cannot "
+                                     f"match to the example inputs {list(dict(_flat_inputs(example_input)))}")
+            v = by_name.pop(k)
+            tid = b.tensor("input" if input_id < 0 else k, v.shape, _dtype_name(v.dtype), ROLE_INPUT)
+            if input_id < 0:
+                input_id = tid
+            else:
+                extra.append((k, tid))
+            env[node.name] = tid
         elif kind == "PARAMETER":
             qn = spec.target
             obj = qual.get(qn, qn)
@@ -370,7 +495,14 @@ def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, 
     if not trainable_params:
         raise PortTraceError(f"{model_name}: no trainable parameters (trainable={trainable!r} matched "
                              f"no module with parameters)")
-    return _assemble(b, fwds, model_name, batch, input_id, logits_id, trainable_params, optimizer)
+    g = _assemble(b, fwds, model_name, batch, input_id, logits_id, trainable_params, optimizer)
+    return replace(g, extra_inputs=tuple(extra)) if extra else g
+
+
+def _flat_inputs(example_input: Any) -> list[tuple[str, Any]]:
+    """(name, tensor) in the order torch.export lifts user inputs: positional ones in order, keyword ones in the
+    dict's order (the pytree leaves of (args, kwargs))."""
+    return example_inputs(example_input)
 
 
 @dataclass

@@ -124,7 +124,14 @@ class Graph:
     logits_id: int
     optimizer: str                    # "sgd", "sgd_momentum", "adamw": decides optimizer-state tensors
     batch_size: int
+    extra_inputs: tuple[tuple[str, int], ...] = ()   # further model inputs (keyword name, tensor id), e.g.
+                                      # an attention mask beside the token ids; ``input_id`` is the first
     _index: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    @property
+    def input_ids(self) -> tuple[int, ...]:
+        """Every model input's tensor id, the main one first."""
+        return (self.input_id,) + tuple(t for _, t in self.extra_inputs)
 
     # -- lookup -------------------------------------------------------------------------------
     def tensor(self, tid: int) -> TensorSpec:
@@ -272,7 +279,8 @@ class Graph:
                           separators=(",", ":"), default=list)
 
     def to_dict(self) -> dict:
-        return {
+        extra = {"extra_inputs": [[k, t] for k, t in self.extra_inputs]} if self.extra_inputs else {}
+        return extra | {
             "name": self.name,
             "optimizer": self.optimizer,
             "batch_size": self.batch_size,
@@ -305,7 +313,7 @@ class Graph:
                        tuple(o["outputs"]), tuple(o.get("saved", ())), o.get("flops", 0), o.get("vector_flops", 0),
                        o.get("bytes_moved", 0), o.get("forward_op")) for o in d["ops"])
         return Graph(d["name"], tensors, ops, d["input_id"], d["label_id"], d["loss_id"], d["logits_id"],
-                     d["optimizer"], d["batch_size"])
+                     d["optimizer"], d["batch_size"], tuple((str(k), int(t)) for k, t in d.get("extra_inputs", ())))
 
     def digest(self) -> str:
         """sha256 of the canonical JSON form without the display name: plans and profiles refer to graphs

@@ -143,7 +143,7 @@ def liveness(program: Program) -> dict[int, tuple[int, int]]:
     n = len(program.calls)
     live: dict[int, list[int]] = {}
     slot_of = {s.tensor: s for s in program.slots}
-    pre = {program.input_id, program.label_id}
+    pre = {*program.input_ids, program.label_id}
     for c in program.calls:
         for t in c.inputs + c.outputs:
             s = slot_of.get(t)
@@ -221,14 +221,14 @@ def check_program(program: Program) -> None:
 
     n = len(program.calls)
     written = {s.root for s in program.slots if s.region == REGION_PERSISTENT}
-    written |= {slot_of[t].root for t in (program.input_id, program.label_id) if t in slot_of}
+    written |= {slot_of[t].root for t in program.input_ids + (program.label_id,) if t in slot_of}
     pages: dict = {}
     # in-place outputs are new tensor ids on their input's bytes: a tensor some call writes may be read only
     # after that call (views, written by no call, follow their root). Reading an input whose bytes a later
     # in-place call overwrote is allowed: relu6's in-place backward reads the output through x's id.
     produced = {t for c in program.calls if isinstance(c.outputs, tuple) for t in c.outputs}
     written_ids = {s.tensor for s in program.slots if s.region == REGION_PERSISTENT}
-    written_ids |= {program.input_id, program.label_id}
+    written_ids |= {*program.input_ids, program.label_id}
     for i, c in enumerate(program.calls):
         if c.index != i:
             raise ProgramError(f"call {c.name!r} has index {c.index} at position {i}")
@@ -377,6 +377,9 @@ def _check_ids_and_zero_ranges(program: Program, slot_of: dict) -> None:
     s = slot_of.get(p.input_id)
     if s is None or s.dtype not in ("float32", "int64"):
         raise _bad("input_id", p.input_id, "the id of a float32 (or int64 token-id) tensor with a slot")
+    for t in p.extra_input_ids:
+        if not _is_int(t) or slot_of.get(t) is None or (slot_of[t].role and slot_of[t].role != "input"):
+            raise _bad("extra_input_ids", p.extra_input_ids, "ids of input tensors with a slot")
     if p.label_id != -1:
         s = slot_of.get(p.label_id)
         if s is None or s.dtype != "int64" or len(s.shape) not in (1, 2):

@@ -244,7 +244,7 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
             if t not in seen:
                 seen.add(t)
                 used.append(t)
-    for t in (graph.input_id, graph.logits_id):
+    for t in graph.input_ids + (graph.logits_id,):
         if t not in seen:
             seen.add(t)
             used.append(t)
@@ -320,7 +320,7 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
             last[r] = max(last[r], d)
     # the step's input batch and labels are written before call 0 and stay for the whole step (static memory
     # in the plan's semantics); the loss (and, for inference, the logits) stay readable after the step
-    for t in (graph.input_id, graph.label_id):
+    for t in graph.input_ids + (graph.label_id,):
         if t in seen:
             r = VR(t)
             first[r] = 0
@@ -378,7 +378,7 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
                    input_id=graph.input_id, label_id=graph.label_id if graph.label_id in slots else -1,
                    loss_id=graph.loss_id if graph.loss_id in slots else -1, logits_id=graph.logits_id,
                    zero_ranges=tuple(zero_ranges), optimizer=graph.optimizer, phases=phases,
-                   live_until=hold)
+                   live_until=hold, extra_input_ids=tuple(t for _, t in graph.extra_inputs if t in slots))
     tl = live_timeline(prog)
     from dataclasses import replace
     prog = replace(prog, live_timeline=tl, peak_live_bytes=int(P + (max(tl) if tl else 0)))
@@ -389,11 +389,17 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
 
 def inference_graph(model: Any, example_input: Any, name: str | None = None) -> Graph:
     """Trace ``model`` in eval mode (BN with running stats, dropout off) for an inference program."""
+    from port.ir.trace import trace_many
+    return trace_many([inference_job(model, example_input, name)])[0]
+
+
+def inference_job(model: Any, example_input: Any, name: str | None = None) -> dict:
+    """port.ir.trace.trace_many's job for ``model``'s inference graph (an eval-mode copy without the weights)."""
     import copy
-    from port.ir.trace import meta_copy, trace
+    from port.ir.trace import meta_copy
     m = meta_copy(model)        # no copy of the weights (trace copies again, meta to meta: free)
     m = (m if m is not None else copy.deepcopy(model)).eval()
-    return trace(m, example_input, optimizer="sgd", name=name)
+    return dict(model=m, example_input=example_input, optimizer="sgd", name=name)
 
 
 CHECKPOINT_KINDS = ("relu", "relu6", "hardswish", "add", "max_pool2d", "avg_pool2d", "global_avg_pool2d",

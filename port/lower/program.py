@@ -92,7 +92,12 @@ class Program:
                                        # call: recomputed outputs no backward op reads live to the end of
                                        # their recompute group (port.verify.simulate's rule 3)
     version: int = PROGRAM_FORMAT_VERSION
+    extra_input_ids: tuple[int, ...] = ()   # further model inputs (an attention mask), written like input_id
     _index: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    @property
+    def input_ids(self) -> tuple[int, ...]:
+        return (self.input_id,) + tuple(self.extra_input_ids)
 
     def slot(self, tid: int) -> Slot:
         idx = self._index.get("slots")
@@ -148,6 +153,7 @@ class Program:
         rest["live_timeline"] = tuple(rest.get("live_timeline", ()))
         rest["phases"] = tuple(rest.get("phases", ()))
         rest["live_until"] = tuple(tuple(r) for r in rest.get("live_until", ()))
+        rest["extra_input_ids"] = tuple(rest.get("extra_input_ids", ()))
         return Program(slots=slots, calls=calls, **rest)
 
     @staticmethod

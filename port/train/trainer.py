@@ -20,7 +20,7 @@ from typing import Any, Iterable, Sequence
 
 from port.errors import NonFiniteError, PortError
 from port.exec.executor import Executor, RunState
-from port.lower.lower import default_plan, inference_graph, lower
+from port.lower.lower import default_plan, inference_job, lower
 from port.train.optim import SGD, AdamW
 from port.lower.program import Program
 from port.ir.types import ROLE_BUFFER, ROLE_GRADIENT, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER
@@ -61,7 +61,7 @@ class Trainer:
         kernels give the same bits at any thread count, so a governed run is bitwise the run of a fixed count.
         An int: that many, fixed; None: as set now, fixed."""
         import torch
-        from port.ir.trace import trace
+        from port.ir.trace import trace_many
         from port.train.memwatch import rss_bytes
         self.rss = {"before_bytes": rss_bytes()}   # the process's resident memory before / after set-up
         self._governor = None
@@ -71,6 +71,18 @@ class Trainer:
         self.on_nonfinite = on_nonfinite
         self.skipped_steps = 0
         import torch
+        # several inputs (a tuple of positional tensors or a dict of keyword tensors, e.g. input_ids and
+        # attention_mask): the first is the main input, the rest ride along in every batch the same way
+        self.extra_names: tuple[str, ...] = ()
+        extra: dict = {}
+        if isinstance(example_input, (tuple, dict)):
+            from port.ir.trace import example_inputs
+            named = example_inputs(example_input)
+            self._input_kind = "dict" if isinstance(example_input, dict) else "tuple"
+            self.extra_names = tuple(k for k, _ in named[1:])
+            extra = {k: _as_tensor(v, k) for k, v in named[1:]}
+            self._main_name = named[0][0]
+            example_input = named[0][1]
         example_input = _as_tensor(example_input, "example_input")
         if example_input.dim() < 2 or example_input.shape[0] < 1:
             raise PortError(f"example_input must be a batch [B, *sample shape] with B >= 1, got shape "
@@ -92,7 +104,12 @@ class Trainer:
         ex_in = ex_in if self.tokens else ex_in.float()
         # token ids valid for this model (a random float batch stands in for any other input, e.g. in export)
         self.example_tokens = ex_in.clone() if self.tokens else None
-        self.graph = trace(model, ex_in, trainable=trainable, optimizer=self.opt.graph_name)
+        self.extra_shapes = {k: (tuple(v.shape[1:]), v.dtype) for k, v in extra.items()}
+        ex_all = self._pack(ex_in, {k: v[:mb].detach().contiguous() for k, v in extra.items()})
+        # the training graph and the inference graph (eval mode: BN running stats, no dropout), one capture
+        self.graph, self.eval_graph = trace_many([
+            dict(model=model, example_input=ex_all, trainable=trainable, optimizer=self.opt.graph_name),
+            inference_job(model, ex_all)])
         self.label_shape = tuple(self.graph.tensors[self.graph.label_id].shape[1:])   # () or (T,) for tokens
         plan_batch = None          # the batch a plan file says it was solved for (port.pipeline writes it)
         if isinstance(plan, (str, Path)):
@@ -124,7 +141,6 @@ class Trainer:
         self.program: Program = lower(self.graph, self.plan, strategy=strategy, check_digest=check_digest,
                                       accelerators=accelerators, overwrite_gradients=mb == B)
         # inference program on the same arena: forward only, eval-mode BN, no dropout
-        self.eval_graph = inference_graph(model, ex_in)
         # the arena's memory follows the program (a plan solved for a GPU runs there whatever ``backend`` says)
         from port.exec.executor import program_device
         dev = program_device(self.program, default="cuda" if backend == "torch-cuda" else "cpu")
@@ -292,11 +308,42 @@ class Trainer:
                 t.data = v.view(t.shape)
 
     # -- training -----------------------------------------------------------------------------
+    def _pack(self, x: Any, extra: dict) -> Any:
+        """The model's call input from the main tensor and the others (as the example was given)."""
+        if not self.extra_names:
+            return x
+        if self._input_kind == "dict":
+            return {self._main_name: x} | {k: extra[k] for k in self.extra_names}
+        return (x,) + tuple(extra[k] for k in self.extra_names)
+
+    def _unpack(self, x: Any, what: str, batch: int | None) -> tuple[Any, list]:
+        """(main tensor, [the other inputs in graph order]) of a batch given like the example (tuple or dict)."""
+        if not self.extra_names:
+            return x, []
+        from port.ir.trace import example_inputs
+        try:
+            named = dict(example_inputs(tuple(x) if isinstance(x, list) else x))
+        except PortError as e:
+            raise PortError(f"{what}(): {e}") from None
+        names = (self._main_name,) + self.extra_names
+        if set(named) != set(names) if self._input_kind == "dict" else len(named) != len(names):
+            raise PortError(f"{what}() expects the inputs {list(names)} (as the example input), got {list(named)}")
+        vals = list(named.values()) if self._input_kind == "tuple" else [named[k] for k in names]
+        out = []
+        for k, v in zip(self.extra_names, vals[1:]):
+            v = _as_tensor(v, k)
+            shp, dt = self.extra_shapes[k]
+            if tuple(v.shape[1:]) != shp or (batch is not None and v.shape[0] != batch):
+                raise PortError(f"{what}() expects input {k!r} of shape {[batch or 'M', *shp]}, got {list(v.shape)}")
+            out.append(v.to(dt))
+        return vals[0], out
+
     def _check_batch(self, x: Any, y: Any, what: str) -> tuple[Any, Any]:
         """x, y as tensors of the compiled shapes and dtypes (numpy arrays and lists are converted); a named
         PortError with the expected and the given shape/dtype otherwise."""
         import torch
         B = self.batch_size
+        x, self._extra_batch = self._unpack(x, what, B)
         x = _as_tensor(x, "x")
         y = _as_tensor(y, "y")
         if x.shape[0] != B or tuple(x.shape[1:]) != self.example_shape:
@@ -352,6 +399,8 @@ class Trainer:
         w = self._micro_weights(y)
         for j, i in enumerate(range(0, B, mb)):
             ex.input.copy_(x[i:i + mb])
+            for v, e in zip(ex.extra_inputs, self._extra_batch):
+                v.copy_(e[i:i + mb])
             ex.labels.copy_(y[i:i + mb])
             if w is not None:
                 ex.set_grad_scale(w[j])
@@ -440,6 +489,8 @@ class Trainer:
         w = self._micro_weights(y)
         for j, i in enumerate(range(0, B, mb)):
             ex.input.copy_(x[i:i + mb])
+            for v, e in zip(ex.extra_inputs, self._extra_batch):
+                v.copy_(e[i:i + mb])
             ex.labels.copy_(y[i:i + mb])
             if w is not None:
                 ex.set_grad_scale(w[j])
@@ -475,6 +526,7 @@ class Trainer:
     def predict(self, x: Any):
         """Logits for x [M, ...] (any M) with eval-mode semantics (running BN stats, no dropout)."""
         import torch
+        x, extra = self._unpack(x, "predict", None)
         x = _as_tensor(x, "x")
         if x.dim() < 1 or tuple(x.shape[1:]) != self.example_shape:
             raise PortError(f"predict() expects x of shape [M, {', '.join(map(str, self.example_shape))}] (any M), "
@@ -487,7 +539,11 @@ class Trainer:
             m = chunk.shape[0]
             if m < n:
                 ex.input.zero_()
+                for v in ex.extra_inputs:
+                    v.zero_()
             ex.input[:m].copy_(chunk)
+            for v, e in zip(ex.extra_inputs, extra):
+                v[:m].copy_(e[i:i + n])
             ex.run_main()
             outs.append(ex.logits[:m].clone())
         return torch.cat(outs) if outs else torch.empty(0)

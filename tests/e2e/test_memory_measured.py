@@ -4,6 +4,7 @@ arena, and the measured RSS reaches the run's report."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -122,7 +123,9 @@ def test_rss_growth_within_arena_resnet18():
     (which move into it) plus a small fixed runtime overhead, during set-up and the steps; the set-up's peak
     holds no second copy of the weights, and the rest of the arena (a fresh mapping) becomes resident in the
     first step, not during set-up."""
-    r = subprocess.run([sys.executable, "-c", _CHILD, "resnet18", "2"], capture_output=True, text=True, timeout=580)
+    env = {k: v for k, v in os.environ.items() if k != "PORT_CAPTURE"}     # capture as users do: in a child
+    r = subprocess.run([sys.executable, "-c", _CHILD, "resnet18", "2"], capture_output=True, text=True, timeout=580,
+                       env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads(r.stdout.strip().splitlines()[-1])
     assert d["shared"]

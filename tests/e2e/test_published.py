@@ -154,3 +154,69 @@ def test_torch_ops_are_listed_with_their_aten_op():
     g = port.trace(_Fallback(), torch.randn(2, 3, 5, 5))
     names = dict(torch_ops(g))
     assert any("aten.sigmoid" in a for a in names.values()) and any("aten.cat" in a for a in names.values())
+
+
+def test_capture_in_a_child_process_gives_the_same_graph(monkeypatch):
+    """The default capture path (a forked child: the caller never imports torch.export's compiler stack) and the
+    in-process one give the same graph, torch_ops and several inputs included; an error keeps its message."""
+    from port.ir import trace as T
+    x = torch.randn(2, 3, 5, 5)
+    monkeypatch.setenv("PORT_CAPTURE", "inprocess")
+    T._CACHE.clear()
+    here = port.trace(_Fallback(), x)
+    monkeypatch.delenv("PORT_CAPTURE")
+    T._CACHE.clear()
+    child = port.trace(_Fallback(), x)
+    assert child.digest() == here.digest() and child.to_dict() == here.to_dict()
+
+    class TwoInputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 3)
+
+        def forward(self, a, scale=None):
+            return self.fc(a * scale)
+    g = port.trace(TwoInputs(), {"a": torch.randn(2, 6), "scale": torch.rand(2, 6)})
+    assert [g.tensors[t].name for t in g.input_ids] == ["input", "scale"]
+
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(x) if x.sum() > 0 else -self.fc(x)
+    with pytest.raises(port.errors.PortTraceError, match="data-dependent"):
+        port.trace(Branchy(), torch.randn(2, 4))
+
+
+def test_several_inputs_train_like_eager():
+    """A model called with keyword tensors (token ids and an attention mask) takes them in every batch as given."""
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb, self.fc = nn.Embedding(20, 8), nn.Linear(8, 3)
+
+        def forward(self, input_ids, attention_mask=None):
+            h = self.emb(input_ids) * attention_mask.unsqueeze(-1).float()
+            return self.fc(h.sum(1) / attention_mask.sum(1, keepdim=True).float())
+    m = Masked()
+    ref = copy.deepcopy(m)
+    ids = torch.randint(0, 20, (4, 7))
+    mask = torch.ones(4, 7, dtype=torch.long)
+    mask[1:, 5:] = 0
+    y = torch.tensor([0, 2, 1, 0])
+    tr = Trainer(m, {"input_ids": ids, "attention_mask": mask}, optimizer=SGD(0.1))
+    topt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for i in range(3):
+        lp = tr.step({"input_ids": ids, "attention_mask": mask}, y)
+        topt.zero_grad()
+        lt = F.cross_entropy(ref(input_ids=ids, attention_mask=mask), y)
+        lt.backward()
+        topt.step()
+        assert abs(lp - float(lt)) <= 1e-5, (i, lp, float(lt))
+    torch.testing.assert_close(tr.predict({"input_ids": ids[:3], "attention_mask": mask[:3]}),
+                               ref(input_ids=ids[:3], attention_mask=mask[:3]), rtol=1e-4, atol=1e-5)
+    with pytest.raises(port.errors.PortError, match="attention_mask"):
+        tr.step({"input_ids": ids}, y)
