@@ -41,10 +41,13 @@ _ALIAS_OPS = ("view", "_unsafe_view", "reshape", "flatten", "unsqueeze", "squeez
 def export(model: Any, args: tuple, kwargs: dict, model_name: str):
     """The functional ExportedProgram of ``model`` on (args, kwargs); PortTraceError naming the user's code
     where export fails."""
+    import warnings
     import torch
     try:
-        ep = torch.export.export(model, args, kwargs, strict=False)
-        return ep.run_decompositions({})
+        with warnings.catch_warnings():     # torch's own deprecation notices about its pytree internals
+            warnings.simplefilter("ignore", FutureWarning)
+            ep = torch.export.export(model, args, kwargs, strict=False)
+            return ep.run_decompositions({})
     except Exception as e:  # noqa: BLE001 - export raises many kinds; one clear error
         msg = str(e).strip().splitlines()
         first = msg[0] if msg else type(e).__name__

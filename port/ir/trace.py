@@ -140,12 +140,12 @@ def trace_many(jobs: Sequence[dict]) -> list[Graph]:
     for p, g in zip(todo, made):
         p.append(g)
         if p[0] is not None:
-            _CACHE[p[0]] = g
+            _CACHE[p[0]] = (g, tuple({id(type(m)): type(m) for m in p[1][0].modules()}.values()))
             while len(_CACHE) > 32:
                 _CACHE.popitem(last=False)
     out = []
     for p in prepared:
-        g = p[2] if len(p) > 2 else _CACHE[p[0]]
+        g = p[2] if len(p) > 2 else _CACHE[p[0]][0]
         if p[0] is not None:
             _CACHE.move_to_end(p[0])
         name = p[1][2]
@@ -180,7 +180,9 @@ def _capture_all(jobs: list) -> list[Graph]:
     return [_capture(*j) for j in jobs]
 
 
-_CACHE: "OrderedDict[str, Graph]" = OrderedDict()    # capture_key -> graph (this process's last 32 captures)
+# capture_key -> (graph, the model's module classes): this process's last 32 captures. The classes are held so
+# that their ids, which the key names, cannot be reused by other classes while the entry lives.
+_CACHE: "OrderedDict[str, tuple]" = OrderedDict()
 
 
 def capture_key(model: Any, example_input: Any, settings: tuple) -> str | None:
@@ -333,8 +335,11 @@ def _logits_index(ep: Any, output: str | int | None, model_name: str) -> int:
     """Position of the logits among the exported program's user outputs."""
     import torch.utils._pytree as pytree
     n = sum(1 for s in ep.graph_signature.output_specs if s.kind.name == "USER_OUTPUT")
+    import warnings
     try:
-        tree = pytree.tree_unflatten(list(range(n)), ep.call_spec.out_spec)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            tree = pytree.tree_unflatten(list(range(n)), ep.call_spec.out_spec)
     except Exception:  # noqa: BLE001 - an output container that does not rebuild from ints
         tree = list(range(n))
     if isinstance(tree, int):
@@ -1032,7 +1037,8 @@ _RULES: dict[str, Callable[[_Ctx], Any]] = {
     **{k: _r_alias for k in C._ALIAS_OPS}, "slice": _r_slice, "_to_copy": _r_to_copy, "copy": _r_copy, "to": _r_to_copy,
     "conv2d": _r_conv2d, "_native_batch_norm_legit_functional": _r_batch_norm,
     "_native_batch_norm_legit_no_training": _r_batch_norm,
-    "relu": _unary("relu", 1), "hardswish": _unary("hardswish", 4), "hardtanh": _r_hardtanh,
+    "relu": _unary("relu", 1), "relu6": _unary("relu6", 1), "hardswish": _unary("hardswish", 4),
+    "hardtanh": _r_hardtanh,
     "tanh": _unary("tanh", 4), "max_pool2d": _r_max_pool2d, "avg_pool2d": _r_avg_pool2d,
     "adaptive_avg_pool2d": _r_adaptive_avg, "mean": _r_mean, "linear": _r_linear, "add": _r_add,
     "dropout": _r_dropout, "native_dropout": _r_dropout, "embedding": _r_embedding, "layer_norm": _r_layer_norm,
