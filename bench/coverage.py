@@ -4,7 +4,8 @@
     python bench/coverage.py --only tv.resnet18,hf.llama_lm --no-write
 
 Each model runs in a fresh process (bench/published.compare): built from its constructor (random init, seeded),
-batch 4, 3 SGD-momentum steps (lr 1e-3) under port.Trainer's default plan (C kernels; ops without a PORT kind as
+batch 4 (8 for the CNNs that are chaotic at batch 4 on 32x32: 64x64 inputs; the input column says), 3
+SGD-momentum steps (lr 1e-3) under port.Trainer's default plan (C kernels; ops without a PORT kind as
 torch_ops on the torch engine) and in eager float32 and float64 from the same weights and batch. Columns:
 captured, forward+backward+update ops on the C engine / on the torch engine, equal (PORT's losses within 1e-4
 of eager float32's, or no farther from float64 eager's than 2x float32 eager's distance + 1e-4, every step),
@@ -76,12 +77,15 @@ def main() -> None:
         rows.append(r)
         print(f"{n}: captured={r.get('captured')} equal={r.get('trained_equal')} {r.get('error', '')}", flush=True)
     lines = [machine_line("python bench/coverage.py" + (f" --only {a.only}" if a.only else ""), t0, load0) + ".",
-             "", "| model | family | captured | ops C / torch | equal | losses PORT | losses eager f32 | "
+             "", "| model | family | input (batch) | captured | ops C / torch | equal | losses PORT | losses eager f32 | "
              "losses eager f64 | step ms PORT / eager | set-up s | error |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda ls: " ".join(f"{v:.5g}" for v in ls or [])  # noqa: E731
     for r in rows:
-        lines.append(f"| {r['name']} | {r.get('family', '')} | {'yes' if r.get('captured') else 'no'} | "
+        sp = P.MODELS[r["name"]]
+        shape = "x".join(map(str, sp.input_shape)) + (" tokens" if sp.tokens else "") + (" + mask" if sp.mask else "")
+        lines.append(f"| {r['name']} | {r.get('family', '')} | {shape} ({sp.batch}) | "
+                     f"{'yes' if r.get('captured') else 'no'} | "
                      f"{r.get('ops_c', 0)} / {r.get('ops_torch', 0)} | {'yes' if r.get('trained_equal') else 'NO'} | "
                      f"{fmt(r.get('losses_port'))} | {fmt(r.get('losses_eager'))} | {fmt(r.get('losses_f64'))} | "
                      f"{r.get('port_step_ms', 0):.1f} / {r.get('eager_step_ms', 0):.1f} | {r.get('setup_s', 0):.1f} | "
