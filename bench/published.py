@@ -430,7 +430,7 @@ class PredictRow:
         return (self.measured_ms - self.predicted_ms) / self.predicted_ms if self.predicted_ms else float("nan")
 
 
-def predict(spec: Spec, steps: int = 12, max_profile_s: float = 240.0) -> PredictRow:
+def predict(spec: Spec, steps: int = 12, max_profile_s: float = 90.0) -> PredictRow:
     """The plan held to what runs, on a model nobody tuned for: ``port.profile`` (quick) on ``host``, then
     ``port.solve`` (device memory), then port.Trainer with that plan; the plan's predicted step against the median
     of ``steps`` measured steps (after 3 warm-up steps), as a user would run it (no --replan)."""
