@@ -399,14 +399,14 @@ def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, 
         for a in nodes[nm].all_input_nodes:
             stack.append(a.name)
     for s in sig.output_specs:
-        if s.kind.name in ("PARAMETER_MUTATION",) and s.arg.name in needed | {s.arg.name}:
+        if s.kind.name == "PARAMETER_MUTATION":
             raise PortTraceError(f"{model_name}: forward() modifies the parameter '{s.target}' in place; PORT "
                                  f"trains parameters only through their gradients. Fix: compute a new tensor "
                                  f"instead of writing into the parameter.")
 
     input_id = -1
     extra: list[tuple[str, int]] = []        # further inputs (name, tensor id)
-    by_name = dict(_flat_inputs(example_input))          # matched by name first, else in pytree order
+    by_name = dict(example_inputs(example_input))          # matched by name first, else in pytree order
     order = list(by_name)
     obj_tensor: dict = {}                    # id(parameter object) -> tensor id
     in_specs = {s.arg.name: s for s in sig.input_specs if hasattr(s.arg, "name")}
@@ -422,7 +422,7 @@ def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, 
             k = node.name if node.name in by_name else next((n for n in order if n in by_name), None)
             if k is None:
                 raise PortTraceError(f"{model_name}: the exported program has an input '{node.name}' PORT cannot "
-                                     f"match to the example inputs {list(dict(_flat_inputs(example_input)))}")
+                                     f"match to the example inputs {list(dict(example_inputs(example_input)))}")
             v = by_name.pop(k)
             tid = b.tensor("input" if input_id < 0 else k, v.shape, _dtype_name(v.dtype), ROLE_INPUT)
             if input_id < 0:
@@ -502,12 +502,6 @@ def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, 
                              f"no module with parameters)")
     g = _assemble(b, fwds, model_name, batch, input_id, logits_id, trainable_params, optimizer)
     return replace(g, extra_inputs=tuple(extra)) if extra else g
-
-
-def _flat_inputs(example_input: Any) -> list[tuple[str, Any]]:
-    """(name, tensor) in the order torch.export lifts user inputs: positional ones in order, keyword ones in the
-    dict's order (the pytree leaves of (args, kwargs))."""
-    return example_inputs(example_input)
 
 
 @dataclass
