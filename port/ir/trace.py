@@ -764,15 +764,24 @@ def _r_hardtanh(ctx: _Ctx):
     return _unary("relu6", 1)(ctx)
 
 
-def _r_max_pool2d(ctx: _Ctx):
+def _pool_args(ctx: _Ctx):
+    """(x, kernel, stride, padding) of an aten pool call, or None where PORT's pool kernels do not apply (not a
+    float32 [N, C, H, W] input, or padding over half the kernel)."""
     n = ctx.node
     x = ctx.t(n.args[0])
     k = _pair(n.args[1])
     s = _pair(_arg(n, 2, "stride", []) or k)
     p = _pair(_arg(n, 3, "padding", 0))
-    if (_pair(_arg(n, 4, "dilation", 1)) != (1, 1) or _arg(n, 5, "ceil_mode", False) or len(ctx.shape(x)) != 4
-            or 2 * p[0] > k[0] or 2 * p[1] > k[1] or not _float32(ctx, x)):
+    if len(ctx.shape(x)) != 4 or 2 * p[0] > k[0] or 2 * p[1] > k[1] or not _float32(ctx, x):
+        return None
+    return x, k, s, p
+
+
+def _r_max_pool2d(ctx: _Ctx):
+    n, a = ctx.node, _pool_args(ctx)
+    if a is None or _pair(_arg(n, 4, "dilation", 1)) != (1, 1) or _arg(n, 5, "ceil_mode", False):
         return False
+    x, k, s, p = a
     y = ctx.out()
     idx = ctx.b.tensor(f"{ctx.opname}:indices", ctx.shape(y), "int64", ROLE_ACTIVATION)
     return _Fwd(ctx.opname, ctx.scope, "max_pool2d", dict(kernel=k, stride=s, padding=p), (x,), {}, {}, (y, idx),
@@ -780,15 +789,11 @@ def _r_max_pool2d(ctx: _Ctx):
 
 
 def _r_avg_pool2d(ctx: _Ctx):
-    n = ctx.node
-    x = ctx.t(n.args[0])
-    k = _pair(n.args[1])
-    s = _pair(_arg(n, 2, "stride", []) or k)
-    p = _pair(_arg(n, 3, "padding", 0))
-    if (_arg(n, 4, "ceil_mode", False) or not _arg(n, 5, "count_include_pad", True)
-            or _arg(n, 6, "divisor_override") is not None or len(ctx.shape(x)) != 4 or 2 * p[0] > k[0]
-            or 2 * p[1] > k[1] or not _float32(ctx, x)):
+    n, a = ctx.node, _pool_args(ctx)
+    if (a is None or _arg(n, 4, "ceil_mode", False) or not _arg(n, 5, "count_include_pad", True)
+            or _arg(n, 6, "divisor_override") is not None):
         return False
+    x, k, s, p = a
     y = ctx.out()
     return _Fwd(ctx.opname, ctx.scope, "avg_pool2d", dict(kernel=k, stride=s, padding=p), (x,), {}, {}, (y,), 0,
                 numel(ctx.shape(y)) * k[0] * k[1])
