@@ -30,9 +30,6 @@ from port.ir.types import DTYPE_BYTES, ROLE_ACTIVATION, ROLE_BUFFER, ROLE_INPUT,
 TORCH_OP = "torch_op"
 CONSTANT = "port.tensor_constant"   # the call of a torch_op that makes a small lifted tensor constant
 MAX_CONSTANT_NUMEL = 4096     # lifted tensor constants up to this size are stored in the graph (attrs)
-# aten ops whose result is their input's bytes (PORT's tensors are contiguous, so a reshape is free)
-_ALIAS_OPS = ("view", "_unsafe_view", "reshape", "flatten", "unsqueeze", "squeeze", "alias", "clone",
-              "contiguous", "lift_fresh_copy", "view_as")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,9 +223,12 @@ def aten_of(op: Any) -> str:
 
 
 def torch_ops(graph: Any) -> list[tuple[str, str]]:
-    """(op name, aten op) of every forward torch_op of ``graph``: the ops that run on PyTorch's kernels because
-    PORT has no kernel kind for them (and no C kernel: a port-rt bundle cannot hold them)."""
-    return [(o.name, aten_of(o)) for o in graph.ops if o.kind == TORCH_OP]
+    """(op name, what runs it) of every forward op with no C kernel, which therefore runs on PyTorch's kernels
+    (the torch engines) and cannot go into a port-rt bundle: a ``torch_op`` (named by its aten op) or an op
+    whose record has a torch binding only (named by its kind)."""
+    from port import ops
+    return [(o.name, aten_of(o) if o.kind == TORCH_OP else o.kind) for o in graph.ops
+            if o.phase == "forward" and not ops.has_c(o.kind)]
 
 
 def dtype_name(dt: Any) -> str:

@@ -72,12 +72,9 @@ class TensorSpec:
 class Op:
     """One op of the training graph, in execution order.
 
-    kind: forward kinds are ``conv2d``, ``batch_norm2d``, ``relu``, ``relu6``, ``hardswish``,
-    ``max_pool2d``, ``avg_pool2d``, ``global_avg_pool2d``, ``reshape``, ``linear``, ``add``, ``dropout``, and
-    the sequence-model kinds of port.ir.seqops (``embedding``, ``layer_norm``, ``gelu``, ``tanh``, ``softmax``,
-    ``scale``, ``permute``, ``matmul``, ``attention``, ``add_bcast``, ``mean_mid``, ``arange``, ``ne_scalar``),
-    and ``torch_op`` (an aten op PORT has no kind for, run by PyTorch: attribute ``call`` holds the aten call as
-    JSON, port.ir.capture; its backward ops are ``torch_op.grad_input``/``torch_op.grad_weight``);
+    kind: a forward kind has an op record (port.ops: ``conv2d``, ``batch_norm2d``, ``relu``, ``linear``,
+    ``attention``, ... and ``torch_op``, an aten op no record takes, run by PyTorch: attribute ``call`` holds the
+    aten call as JSON, port.ir.capture);
     the loss is ``cross_entropy``; backward kinds are ``<forward kind>.grad_input`` and
     ``<forward kind>.grad_weight`` plus ``grad_accumulate``; updates are ``update``.
 

@@ -26,6 +26,7 @@ from port.exec import registry
 from port.ir.types import (DTYPE_BYTES, PHASE_BACKWARD, PHASE_FORWARD, PHASE_LOSS, PHASES, ROLE_BUFFER, ROLE_GRADIENT,
                            ROLE_INPUT, ROLE_LABEL, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER, Graph, numel)
 from port.plan import semantics as SEM
+from port import ops
 from port.plan import variants as V
 from port.plan.types import OpDecision, Plan
 
@@ -73,7 +74,7 @@ def default_plan(graph: Graph, backend: str = "c", fuse: bool = True, inplace: b
                         variant[i] = "fused"
     if inplace:
         for o in graph.ops:
-            if o.kind in ("relu", "relu6", "add") and variant[o.id] == "plain" and V.inplace_legal(graph, o):
+            if o.kind in V.RERUN_INPLACE_KINDS and variant[o.id] == "plain" and V.inplace_legal(graph, o):
                 variant[o.id] = "inplace"
     # ops the backend cannot run (torch_op on the C backend: PyTorch's own kernels) go to the torch engine of the
     # same device, which shares the arena zero-copy
@@ -402,8 +403,7 @@ def inference_job(model: Any, example_input: Any, name: str | None = None) -> di
     return dict(model=m, example_input=example_input, optimizer="sgd", name=name)
 
 
-CHECKPOINT_KINDS = ("relu", "relu6", "hardswish", "add", "max_pool2d", "avg_pool2d", "global_avg_pool2d",
-                    "linear")
+CHECKPOINT_KINDS = ops.with_tag("checkpoint")     # cheap to re-run (their records' tag)
 
 
 def recompute_plan(graph: Graph, plan: Plan, only: Sequence[int] | None = None,

@@ -61,10 +61,11 @@ from port.errors import PlanError
 from port.ir.types import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_LOSS, PHASE_UPDATE, PHASES, ROLE_ACTIVATION,
                            ROLE_BUFFER, ROLE_GRADIENT, ROLE_INPUT, ROLE_LABEL, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER,
                            Graph)
+from port import ops
 from port.plan import variants as V
 from port.plan.types import Plan
 
-NOT_RECOMPUTABLE_KINDS = ("reshape", "dropout")   # views cost nothing; dropout's mask must not be redrawn
+NOT_RECOMPUTABLE_KINDS = ops.with_tag("not_recomputable")   # views cost nothing; a random mask must not be redrawn
 
 
 # =============================================================================================

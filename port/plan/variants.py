@@ -54,17 +54,18 @@ Legality (pure functions of the graph, used by solver, simulator and lowering al
 """
 from __future__ import annotations
 
+from port import ops
 from port.ir.types import PHASE_FORWARD, PHASE_LOSS, Graph, Op
 
 PATCH_TILES = (4, 8)
 TORCH_BACKENDS = ("torch-cpu", "torch-cuda", "torch-mps")
-TORCH_OP = "torch_op"      # PyTorch's kernel and derivative for an aten op PORT has no kind for (port.ir.capture)
-INPLACE_KINDS = ("relu", "relu6", "batch_norm2d", "add")
+# the kind tuples the rules below read, from the op records' tags (port.ops.base.TAGS)
+INPLACE_KINDS = ops.with_tag("inplace")
 # element-wise input gradients whose ``inplace`` writes dx over dy (the kernels allow dx == dy)
-BACKWARD_INPLACE_KINDS = ("relu.grad_input", "relu6.grad_input", "gelu.grad_input", "tanh.grad_input")
-ACTIVATIONS = ("relu", "relu6")
-CONV_KINDS = ("conv2d", "conv2d.grad_input", "conv2d.grad_weight")
-ATTENTION_KINDS = ("attention", "attention.grad_input")
+BACKWARD_INPLACE_KINDS = tuple(f"{k}.grad_input" for k in ops.with_tag("backward_inplace"))
+RERUN_INPLACE_KINDS = ops.with_tag("rerun_inplace")   # elementwise, with an ``inplace`` call on every backend
+CONV_KINDS = tuple(k for c in ops.with_tag("conv_variants") for k in ops.op_kinds(c))
+ATTENTION_KINDS = tuple(k for c in ops.with_tag("tiled_variant") for k in ops.op_kinds(c))
 
 
 def _conv_attrs(op: Op) -> tuple[int, int, int, int, int]:
@@ -141,9 +142,6 @@ def _backward_inplace_legal(graph: Graph, op: Op) -> bool:
     return not any(graph.storage_root(t) == dy for o in graph.ops[op.id + 1:] for t in o.inputs)
 
 
-RERUN_INPLACE_KINDS = ("relu", "relu6", "add")   # elementwise, with an ``inplace`` call on every backend
-
-
 def rerun_inplace_inputs(graph: Graph) -> dict[int, int]:
     """Forward op -> the input root a re-run of it may overwrite (Plan.inplace_reruns): a relu, relu6 or add
     whose first input is an activation storage root of the same size that no other op reads (no view of it
@@ -199,10 +197,10 @@ def follows_forward_inplace(graph: Graph, op: Op) -> bool:
 def variants(graph: Graph, op: Op, backend: str) -> tuple[str, ...]:
     """Legal variants of ``op`` on an accelerator with ``backend``; the first is the default; none where the
     backend cannot run it (a torch_op, PyTorch's own kernel, runs on the torch backends only)."""
-    if op.kind.startswith(TORCH_OP):
-        return ("plain",) if backend in TORCH_BACKENDS else ()
+    if backend not in TORCH_BACKENDS and not ops.has_c(op.kind):
+        return ()        # no C kernel (a torch_op, or a record with a torch binding only): the torch engines
     if backend in TORCH_BACKENDS:
-        if (op.kind in ("relu", "relu6", "add") + BACKWARD_INPLACE_KINDS and inplace_legal(graph, op)) \
+        if (op.kind in RERUN_INPLACE_KINDS + BACKWARD_INPLACE_KINDS and inplace_legal(graph, op)) \
                 or follows_forward_inplace(graph, op):
             return ("plain", "inplace")
         return ("plain",)

@@ -158,7 +158,7 @@ def test_sha256_matches_hashlib():
 
 
 def test_dropout_seed_matches_python():
-    from port.exec.registry import dropout_seed
+    from port.ops.random import dropout_seed
     for s, c, o in ((0, 0, 0), (12345, 7, 3), (2**63 + 5, 2**40, 99)):
         assert kernels.raw.port_rt_dropout_seed(s, c, o) == dropout_seed(s, c, o)
 

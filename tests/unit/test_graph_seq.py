@@ -1,4 +1,4 @@
-"""Transformer graphs (port.ir.seqops) against PyTorch's own accounting: FLOPs (FlopCounterMode), saved bytes
+"""Transformer graphs (the sequence-model op records of port.ops) against PyTorch's own accounting: FLOPs (FlopCounterMode), saved bytes
 (saved_tensors_hooks), shapes, weight tying and LoRA's sparse update."""
 from __future__ import annotations
 

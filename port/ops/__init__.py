@@ -1,0 +1,94 @@
+"""The op records: one definition per op kind (port.ops.base.OpRecord), grouped by family.
+
+    conv.py        conv2d (and the fused conv + batch norm + relu kernel)
+    linear.py      linear
+    norm.py        batch_norm2d, layer_norm
+    activation.py  relu, relu6, hardswish, gelu, tanh, softmax; sigmoid, hardsigmoid, silu (torch engines only)
+    elementwise.py add, add_bcast, scale, grad_accumulate; mul with broadcasting (torch engines only)
+    shape.py       reshape (views), permute, arange, ne_scalar; cat (torch engines only)
+    pooling.py     max_pool2d, avg_pool2d, global_avg_pool2d, mean_mid
+    attention.py   matmul, attention
+    embedding.py   embedding
+    random.py      dropout
+    loss.py        cross_entropy
+    optimizer.py   update
+    fallback.py    torch_op: any other aten op, on PyTorch's kernel and derivative
+
+The tracer (port.ir.trace), the registry and the program checker (port.exec.registry), the C-call encoder
+(port.exec.rtcall), the torch backend and the planner's rules (port.plan.variants) read these records; none
+keeps its own table of kinds. Adding an op kind means: its record in a family file, its C kernel (or none: it
+then runs on the torch engines), its tests.
+"""
+from __future__ import annotations
+
+from port.ops.base import CallShapeError, Encoded, Fwd, OpRecord  # noqa: F401
+
+RECORDS: dict[str, OpRecord] = {}          # kind -> record
+_BY_KERNEL: dict[str, OpRecord] = {}       # kernel name -> the record that owns it
+
+
+def register(*recs: OpRecord) -> None:
+    for r in recs:
+        if r.kind in RECORDS:
+            raise ValueError(f"op kind {r.kind!r} has two records")
+        for k in r.kernels:
+            if k in _BY_KERNEL:
+                raise ValueError(f"kernel {k!r} is claimed by {_BY_KERNEL[k].kind!r} and {r.kind!r}")
+        RECORDS[r.kind] = r
+        for k in r.kernels:
+            _BY_KERNEL[k] = r
+
+
+def record(kind: str) -> OpRecord:
+    """The record of a forward op kind, or of the kind a backward kind (``relu.grad_input``) derives from."""
+    r = RECORDS.get(kind) or _BY_KERNEL.get(kind)
+    if r is None:
+        raise KeyError(f"no op record for {kind!r}")
+    return r
+
+
+def owner(kernel: str) -> OpRecord | None:
+    """The record that owns a kernel name (None: unknown)."""
+    return _BY_KERNEL.get(kernel)
+
+
+def kernels() -> tuple[str, ...]:
+    return tuple(_BY_KERNEL)
+
+
+def c_entries(kernel: str) -> tuple[str, ...]:
+    """The C entry points that run ``kernel`` (empty: the torch engines only)."""
+    r = _BY_KERNEL.get(kernel)
+    return r.c_entries(kernel) if r is not None else ()
+
+
+def has_c(kernel: str) -> bool:
+    r = _BY_KERNEL.get(kernel)
+    return r is not None and (bool(r.c_entries(kernel)) or kernel in r.views)
+
+
+def with_tag(tag: str) -> tuple[str, ...]:
+    """The kinds whose records carry ``tag`` (port.ops.base.TAGS)."""
+    return tuple(k for k, r in RECORDS.items() if tag in r.tags)
+
+
+def op_kinds(kind: str) -> tuple[str, ...]:
+    """A forward kind and the graph op kinds derived from it (its kernels that are ``kind`` or ``kind.*``)."""
+    return tuple(k for k in record(kind).kernels if k == kind or k.startswith(kind + "."))
+
+
+def capture_rules() -> dict[str, list]:
+    """aten overload packet -> the capture rules that read it, in registration order (the first that does not
+    decline wins; a node no rule takes becomes a torch_op)."""
+    out: dict[str, list] = {}
+    for r in RECORDS.values():
+        if r.capture is None:
+            continue
+        for a in r.aten:
+            if r.capture not in out.setdefault(a, []):
+                out[a].append(r.capture)
+    return out
+
+
+from port.ops import (activation, attention, conv, elementwise, embedding, fallback, linear, loss,  # noqa: E402,F401
+                      norm, optimizer, pooling, random, shape)

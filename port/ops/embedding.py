@@ -1,0 +1,50 @@
+"""embedding: rows of a weight [V, D] picked by int64 indices (no padding_idx, dense gradient). The weight
+gradient scatters-adds dy into the picked rows; it saves the indices.
+"""
+from __future__ import annotations
+
+from port.ir.types import numel
+from port.ops import register
+from port.ops.base import F32, I64, CallShapeError, Encoded, OpRecord, arg, fwd, rank
+
+
+def _capture(ctx):
+    n = ctx.node
+    wa, ia = n.args[0], n.args[1]
+    if (arg(n, 2, "padding_idx", -1) != -1 or arg(n, 3, "scale_grad_by_freq", False) or arg(n, 4, "sparse", False)
+            or not ctx.is_param(wa) or ctx.dtype(ctx.t(ia)) != I64):
+        return False
+    return fwd(ctx, "embedding", {}, (ctx.t(ia),), (ctx.out(),), params={"weight": ctx.t(wa)})
+
+
+def _shapes(k, attrs, I, O, at):
+    if k == "embedding":
+        idx, w = at(I, 0, "input 0 (idx)"), rank(at(I, 1, "input 1 (weight)"), 2, "weight")
+        return [(idx, I64), (w, F32)], [(tuple(idx) + (w[1],), F32)]
+    dy, idx = at(I, 0, "input 0 (dy)"), at(I, 1, "input 1 (idx)")
+    if tuple(dy[:-1]) != tuple(idx):
+        raise CallShapeError(f"dy {list(dy)} does not match the indices {list(idx)}")
+    return [(dy, F32), (idx, I64)], [(at(O, 0, "output 0 (dw)"), F32)]
+
+
+def _encode(kind, a, IS, OS, I, O, variant, call):
+    if kind == "embedding":
+        return Encoded("port_embedding_forward", (O[0], I[0], I[1]), (numel(IS[0]), IS[1][0], IS[1][1]))
+    return Encoded("port_embedding_backward_weight", (O[0], I[0], I[1]), (numel(IS[1]), OS[0][0], OS[0][1]))
+
+
+def _torch(kind, a, I, O, env):
+    torch = env.torch
+    if kind == "embedding":
+        return lambda: torch.index_select(I[1], 0, I[0].reshape(-1), out=O[0].view(-1, I[1].shape[1]))
+    dy, idx = I
+    dw = O[0]
+    d = dw.shape[1]
+    return lambda: dw.index_add_(0, idx.reshape(-1), dy.reshape(-1, d))
+
+
+register(OpRecord(
+    kind="embedding", family="embedding",
+    kernels={"embedding": ("port_embedding_forward",), "embedding.grad_weight": ("port_embedding_backward_weight",)},
+    shapes=_shapes, torch=_torch, encode=_encode, aten=("embedding",), capture=_capture,
+    saved=lambda f, gi, gw, wanted: (f.x[0],) if gw else (), grad_weight_reads=lambda f: (f.x[0],), doc=__doc__))

@@ -1,0 +1,98 @@
+"""linear: y = x W^T + b over the last dim of x ([..., in] -> [..., out]); the forward's FLOPs again for each
+gradient. Saved: x for the weight gradient, the weight for the input gradient.
+"""
+from __future__ import annotations
+
+from port.ir.types import numel
+from port.ops import register
+from port.ops.base import F32, CallShapeError, Encoded, OpRecord, arg, float32, fwd, grads, rank
+
+
+def _capture(ctx):
+    n = ctx.node
+    xa, wa, ba = n.args[0], n.args[1], arg(n, 2, "bias")
+    x = ctx.t(xa)
+    if (not ctx.is_param(wa) or (ba is not None and not ctx.is_param(ba)) or len(ctx.shape(x)) < 2
+            or not float32(ctx, x)):
+        return False
+    w = ctx.t(wa)
+    bias = ctx.t(ba) if ba is not None else None
+    params = {"weight": w} | ({"bias": bias} if bias is not None else {})
+    rows = numel(ctx.shape(x)[:-1])
+    return fwd(ctx, "linear", dict(bias=bias is not None), (x,), (ctx.out(),),
+               2 * rows * ctx.shape(w)[0] * ctx.shape(w)[1], rows * ctx.shape(w)[0] if bias is not None else 0,
+               params=params)
+
+
+def _saved(f, gi, gw, wanted):
+    return tuple(([f.x[0]] if gw else []) + ([f.params["weight"]] if gi else []))
+
+
+def _shapes(k, attrs, I, O, at):
+    xt = at(I, 0, "input 0 (x)") if k == "linear" else (at(O, 0, "output 0 (dx)") if k.endswith("input")
+                                                          else at(I, 1, "input 1 (x)"))
+    if xt is None or len(xt) < 2:
+        raise CallShapeError(f"x has shape {list(xt) if xt is not None else None}: expected >= 2 dims")
+    lead = tuple(xt[:-1])
+    fo = (rank(at(I, 1, "input 1 (weight)"), 2, "weight")[0] if k != "linear.grad_weight"
+          else at(I, 0, "input 0 (dy)")[-1])
+    x = (lead + (xt[-1],))
+    w, y, b = ((fo, x[-1]), F32), (lead + (fo,), F32), ((fo,), F32)
+    if k == "linear":
+        return [(x, F32), w] + ([b] if attrs.get("bias") else []), [y]
+    if k == "linear.grad_input":
+        return [y, w], [(x, F32)]
+    return [y, (x, F32)], grads(attrs, {"weight": w[0], "bias": b[0]})
+
+
+def _encode(kind, a, IS, OS, I, O, variant, call):
+    if kind == "linear":
+        fin = IS[0][-1]
+        return Encoded("port_linear_forward", (O[0], I[0], I[1], I[2] if a.get("bias") else None),
+                       (numel(IS[0]) // fin, fin, IS[1][0]))
+    if kind == "linear.grad_input":
+        fin = OS[0][-1]
+        return Encoded("port_linear_backward_input", (O[0], I[0], I[1]), (numel(OS[0]) // fin, fin, IS[1][0]))
+    fin, fout = IS[1][-1], IS[0][-1]
+    n = numel(IS[1]) // fin
+    g = dict(zip(a["grads"], O))
+    if g.get("weight") is None:
+        return Encoded("port_bias_backward", (g.get("bias"), I[0]), (n, fout, 1))
+    return Encoded("port_linear_backward_weight", (g.get("weight"), g.get("bias"), I[0], I[1]), (n, fin, fout))
+
+
+def _torch(kind, a, I, O, env):
+    torch = env.torch
+    if I[0].dim() > 2:     # [..., features]: the same call on [rows, features]
+        I = [t.reshape(-1, t.shape[-1]) if t.dim() > 2 else t for t in I]
+        O = [t.reshape(-1, t.shape[-1]) if t.dim() > 2 else t for t in O]
+    if kind == "linear":
+        x, w = I[0], I[1]
+        y = O[0]
+        if a.get("bias"):
+            b = I[2]
+            return lambda: torch.addmm(b, x, w.t(), out=y)
+        return lambda: torch.mm(x, w.t(), out=y)
+    if kind == "linear.grad_input":
+        dy, w = I
+        dx = O[0]
+        return lambda: torch.mm(dy, w, out=dx)
+    dy, x = I
+    gr = dict(zip(a["grads"], O))
+    dw, db = gr.get("weight"), gr.get("bias")
+
+    def run():
+        if dw is not None:
+            dw.addmm_(dy.t(), x)
+        if db is not None:
+            db.add_(dy.sum(0))
+    return run
+
+
+register(OpRecord(
+    kind="linear", family="linear",
+    kernels={"linear": ("port_linear_forward",), "linear.grad_input": ("port_linear_backward_input",),
+             "linear.grad_weight": ("port_linear_backward_weight", "port_bias_backward")},
+    shapes=_shapes, torch=_torch, encode=_encode, aten=("linear",), capture=_capture, saved=_saved,
+    grad_input_reads=lambda f: (f.params["weight"],), grad_weight_reads=lambda f: (f.x[0],), weight_flops=True,
+    tags=frozenset({"checkpoint"}), doc=__doc__))

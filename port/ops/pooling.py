@@ -1,0 +1,217 @@
+"""Pooling and means: max_pool2d (saves its argmax indices), avg_pool2d (count_include_pad, no ceil mode),
+global_avg_pool2d (adaptive average pooling to 1x1, or the mean over dims 2 and 3, then a view to the node's
+shape) and mean_mid (the mean over one dim that is not the last).
+"""
+from __future__ import annotations
+
+from port.ir.types import ROLE_ACTIVATION, numel
+from port.ops import register
+from port.ops.base import F32, I64, CallShapeError, Encoded, OpRecord, arg, attr_pair, float32, fwd, pair, rank
+
+
+def _pool_args(ctx):
+    """(x, kernel, stride, padding) of an aten pool call, or None where PORT's pool kernels do not apply (not a
+    float32 [N, C, H, W] input, or padding over half the kernel)."""
+    n = ctx.node
+    x = ctx.t(n.args[0])
+    k = pair(n.args[1])
+    s = pair(arg(n, 2, "stride", []) or k)
+    p = pair(arg(n, 3, "padding", 0))
+    if len(ctx.shape(x)) != 4 or 2 * p[0] > k[0] or 2 * p[1] > k[1] or not float32(ctx, x):
+        return None
+    return x, k, s, p
+
+
+def _max_capture(ctx):
+    n, a = ctx.node, _pool_args(ctx)
+    if a is None or pair(arg(n, 4, "dilation", 1)) != (1, 1) or arg(n, 5, "ceil_mode", False):
+        return False
+    x, k, s, p = a
+    y = ctx.out()
+    idx = ctx.b.tensor(f"{ctx.opname}:indices", ctx.shape(y), I64, ROLE_ACTIVATION)
+    return fwd(ctx, "max_pool2d", dict(kernel=k, stride=s, padding=p), (x,), (y, idx), 0,
+               numel(ctx.shape(y)) * k[0] * k[1])
+
+
+def _avg_capture(ctx):
+    n, a = ctx.node, _pool_args(ctx)
+    if (a is None or arg(n, 4, "ceil_mode", False) or not arg(n, 5, "count_include_pad", True)
+            or arg(n, 6, "divisor_override") is not None):
+        return False
+    x, k, s, p = a
+    y = ctx.out()
+    return fwd(ctx, "avg_pool2d", dict(kernel=k, stride=s, padding=p), (x,), (y,), 0,
+               numel(ctx.shape(y)) * k[0] * k[1])
+
+
+def pool_out_hw(x_shape, attrs: dict) -> tuple[int, int]:
+    from port.ops.conv import conv_out_hw
+    kh, kw = attr_pair(attrs, "kernel", 1)
+    ph, pw = attr_pair(attrs, "padding", 0)
+    if 2 * ph > kh or 2 * pw > kw:
+        raise CallShapeError(f"padding {(ph, pw)} exceeds half the kernel {(kh, kw)}")
+    return conv_out_hw(x_shape, attrs)
+
+
+def _pool_shapes(k, attrs, I, O, at):
+    x = rank(at(I, 0, "input 0 (x)") if "." not in k else at(O, 0, "output 0 (dx)"), 4, "x")
+    attr_pair(attrs, "stride", 1)
+    ho, wo = pool_out_hw(x, attrs)
+    y = ((x[0], x[1], ho, wo), F32)
+    idx = ((x[0], x[1], ho, wo), I64)
+    if k == "max_pool2d":
+        return [(x, F32)], [y, idx]
+    if k == "avg_pool2d":
+        return [(x, F32)], [y]
+    if k == "max_pool2d.grad_input":
+        return [y, idx], [(x, F32)]
+    return [y], [(x, F32)]
+
+
+def _pool_encode(kind, a, IS, OS, I, O, variant, call):
+    n, c, h, w = IS[0] if "." not in kind else OS[0]
+    y_shape = OS[0] if "." not in kind else IS[0]
+    iv = (n, c, h, w, *a["kernel"], *a["stride"], *a["padding"], y_shape[2], y_shape[3])
+    if kind == "max_pool2d":
+        return Encoded("port_maxpool2d_forward", (O[0], O[1], I[0]), iv)
+    if kind == "max_pool2d.grad_input":
+        return Encoded("port_maxpool2d_backward_input", (O[0], I[0], I[1]), iv)
+    if kind == "avg_pool2d":
+        return Encoded("port_avgpool2d_forward", (O[0], I[0]), iv)
+    return Encoded("port_avgpool2d_backward_input", (O[0], I[0]), iv)
+
+
+def _pool_torch(kind, a, I, O, env):
+    aten = env.aten
+    k, s, p = list(a["kernel"]), list(a["stride"]), list(a["padding"])
+    if kind == "max_pool2d":
+        x = I[0]
+        y, idx = O
+        return lambda: aten.max_pool2d_with_indices.out(x, k, s, p, out=y, indices=idx)   # into the arena slots
+    if kind == "max_pool2d.grad_input":
+        dy, idx = I
+        dx = O[0]
+        return lambda: aten.max_pool2d_with_indices_backward.grad_input(dy, dx, k, s, p, [1, 1], False, idx,
+                                                                        grad_input=dx)
+    if kind == "avg_pool2d":
+        x, y = I[0], O[0]
+        return lambda: aten.avg_pool2d.out(x, k, s, p, False, True, None, out=y)
+    dy, dx = I[0], O[0]
+    return lambda: aten.avg_pool2d_backward.grad_input(dy, dx, k, s, p, False, True, None, grad_input=dx)
+
+
+# ---------------------------------------------------------------------------------------------
+# global_avg_pool2d, mean_mid
+# ---------------------------------------------------------------------------------------------
+def _global_pool(ctx, x: int):
+    """The spatial mean of [N, C, H, W] as global_avg_pool2d ([N, C, 1, 1]), then a view to the node's shape."""
+    from port.ir import capture as C
+    from port.ops.shape import view_fwd
+    v = C.val_of(ctx.node)
+    n_, c = ctx.shape(x)[:2]
+    y = ctx.b.tensor(f"{ctx.opname}:out", (n_, c, 1, 1), F32, ROLE_ACTIVATION)
+    f = fwd(ctx, "global_avg_pool2d", {}, (x,), (y,), 0, numel(ctx.shape(x)))
+    if tuple(v.shape) == (n_, c, 1, 1):
+        return f
+    return [f, view_fwd(ctx.b, f"{ctx.opname}.view", ctx.scope, y, ctx.b.tensor(
+        f"{ctx.opname}.view:out", tuple(v.shape), F32, ROLE_ACTIVATION))]
+
+
+def _adaptive_capture(ctx):
+    x = ctx.t(ctx.node.args[0])
+    if len(ctx.shape(x)) != 4 or pair(ctx.node.args[1]) != (1, 1) or not float32(ctx, x):
+        return False
+    return _global_pool(ctx, x)
+
+
+def _mean_capture(ctx):
+    n = ctx.node
+    if n.target._overloadpacket.__name__ == "adaptive_avg_pool2d":
+        return _adaptive_capture(ctx)
+    x = ctx.t(n.args[0])
+    xs = ctx.shape(x)
+    dims = arg(n, 1, "dim")
+    keep = bool(arg(n, 2, "keepdim", False))
+    if dims is None or n.kwargs.get("dtype") is not None or not float32(ctx, x):
+        return False
+    dims = sorted(d % len(xs) for d in (dims if isinstance(dims, (list, tuple)) else [dims]))
+    if len(xs) == 4 and dims == [2, 3]:
+        return _global_pool(ctx, x)
+    if len(dims) == 1 and not keep and dims[0] != len(xs) - 1 and len(xs) >= 2:
+        return fwd(ctx, "mean_mid", dict(dim=dims[0]), (x,), (ctx.out(),), 0, numel(xs))
+    return False
+
+
+def _gap_shapes(k, attrs, I, O, at):
+    x = rank(at(I, 0, "input 0 (x)") if "." not in k else at(O, 0, "output 0 (dx)"), 4, "x")
+    y = ((x[0], x[1], 1, 1), F32)
+    return ([(x, F32)], [y]) if "." not in k else ([y], [(x, F32)])
+
+
+def _gap_encode(kind, a, IS, OS, I, O, variant, call):
+    n, c, h, w = IS[0] if kind == "global_avg_pool2d" else OS[0]
+    entry = "port_global_avgpool_forward" if kind == "global_avg_pool2d" else "port_global_avgpool_backward_input"
+    return Encoded(entry, (O[0], I[0]), (n, c, h * w))
+
+
+def _gap_torch(kind, a, I, O, env):
+    if kind == "global_avg_pool2d":
+        x, y = I[0], O[0]
+        return lambda: y.copy_(x.mean((2, 3)).view(y.shape))
+    dy, dx = I[0], O[0]
+    n, c, h, w = dx.shape
+    return lambda: dx.copy_((dy.reshape(n, c, 1, 1) / (h * w)).expand(n, c, h, w))
+
+
+def _mid(x, d):
+    return numel(x[:d]), x[d], numel(x[d + 1:])
+
+
+def _mean_shapes(k, attrs, I, O, at):
+    x = at(I, 0, "input 0 (x)") if k == "mean_mid" else at(O, 0, "output 0 (dx)")
+    d = attrs.get("dim")
+    if type(d) is not int or not 0 <= d < len(x) - 1:
+        raise CallShapeError(f"attribute dim={d!r}: expected a non-last dim of {list(x)}")
+    y = tuple(x[:d]) + tuple(x[d + 1:])
+    return ([(x, F32)], [(y, F32)]) if k == "mean_mid" else ([(y, F32)], [(x, F32)])
+
+
+def _mean_encode(kind, a, IS, OS, I, O, variant, call):
+    if kind == "mean_mid":
+        return Encoded("port_mean_mid_forward", (O[0], I[0]), _mid(IS[0], a["dim"]))
+    return Encoded("port_mean_mid_backward", (O[0], I[0]), _mid(OS[0], a["dim"]))
+
+
+def _mean_torch(kind, a, I, O, env):
+    if kind == "mean_mid":
+        return lambda: env.torch.mean(I[0], a["dim"], out=O[0])
+    return lambda: O[0].copy_((I[0].unsqueeze(a["dim"]) / O[0].shape[a["dim"]]).expand(O[0].shape))
+
+
+def _x_numel(f, T):
+    return numel(T[f.x[0]].shape)
+
+
+register(
+    OpRecord(kind="max_pool2d", family="pooling",
+             kernels={"max_pool2d": ("port_maxpool2d_forward",),
+                      "max_pool2d.grad_input": ("port_maxpool2d_backward_input",)},
+             shapes=_pool_shapes, torch=_pool_torch, encode=_pool_encode, aten=("max_pool2d",), capture=_max_capture,
+             saved=lambda f, gi, gw, w: (f.outputs[1],), grad_input_reads=lambda f: (f.outputs[1],),
+             bwd_vector_flops=lambda f, T: numel(T[f.outputs[0]].shape), tags=frozenset({"checkpoint"}),
+             doc=__doc__),
+    OpRecord(kind="avg_pool2d", family="pooling",
+             kernels={"avg_pool2d": ("port_avgpool2d_forward",),
+                      "avg_pool2d.grad_input": ("port_avgpool2d_backward_input",)},
+             shapes=_pool_shapes, torch=_pool_torch, encode=_pool_encode, aten=("avg_pool2d",), capture=_avg_capture,
+             bwd_vector_flops=_x_numel, tags=frozenset({"checkpoint"}), doc=__doc__),
+    OpRecord(kind="global_avg_pool2d", family="pooling",
+             kernels={"global_avg_pool2d": ("port_global_avgpool_forward",),
+                      "global_avg_pool2d.grad_input": ("port_global_avgpool_backward_input",)},
+             shapes=_gap_shapes, torch=_gap_torch, encode=_gap_encode, aten=("adaptive_avg_pool2d", "mean"),
+             capture=_mean_capture, bwd_vector_flops=_x_numel, tags=frozenset({"checkpoint"}), doc=__doc__),
+    OpRecord(kind="mean_mid", family="pooling",
+             kernels={"mean_mid": ("port_mean_mid_forward",), "mean_mid.grad_input": ("port_mean_mid_backward",)},
+             shapes=_mean_shapes, torch=_mean_torch, encode=_mean_encode, aten=("mean",), capture=_mean_capture,
+             bwd_vector_flops=_x_numel, doc=__doc__),
+)

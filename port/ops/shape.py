@@ -1,0 +1,237 @@
+"""Shape ops: ``reshape`` (every aten op whose result is its input's bytes: view, reshape, flatten,
+(un)squeeze, clone, a full slice, a same-dtype copy; a view, no call), ``permute`` (transpose, permute, t: a
+copy, the kernels read contiguous tensors), and the integer ops ``arange`` and ``ne_scalar`` (x != value:
+attention masks from token ids).
+"""
+from __future__ import annotations
+
+from port.ir.types import ROLE_ACTIVATION, TensorSpec, numel
+from port.ops import register
+from port.ops.base import F32, I64, CallShapeError, Encoded, Fwd, OpRecord, arg, float32, fwd, rank
+
+# aten ops whose result is their input's bytes (PORT's tensors are contiguous, so a reshape is free)
+ALIAS_OPS = ("view", "_unsafe_view", "reshape", "flatten", "unsqueeze", "squeeze", "alias", "clone",
+             "contiguous", "lift_fresh_copy", "view_as")
+
+
+def view_fwd(b, name: str, layer: str, x: int, y: int) -> Fwd:
+    """A reshape op making ``y`` a view of ``x``'s bytes."""
+    t = b.tensors[y]
+    b.tensors[y] = TensorSpec(t.id, t.name, t.shape, t.dtype, t.role, alias_of=x)
+    return Fwd(name, layer, "reshape", dict(shape=t.shape), (x,), {}, {}, (y,), 0, 0)
+
+
+def _reshape_capture(ctx):
+    from port.ir import capture as C
+    n = ctx.node
+    packet = n.target._overloadpacket.__name__
+    v = C.val_of(n)
+    if packet == "copy":      # aten.copy(self, src) (functionalized slice assignment): self's shape, src's values
+        dst, src = ctx.t(n.args[0]), ctx.t(n.args[1])
+        if ctx.shape(dst) == ctx.shape(src) and ctx.dtype(dst) == ctx.dtype(src):
+            return ctx.alias(src)
+        return False
+    x = ctx.t(n.args[0])
+    if packet == "slice":      # a slice over the whole dim
+        if tuple(v.shape) == ctx.shape(x) and arg(n, 4, "step", 1) == 1:
+            return ctx.alias(x)
+        return False
+    if packet in ("_to_copy", "to"):
+        return ctx.alias(x) if C.dtype_name(v.dtype) == ctx.dtype(x) else False
+    if numel(tuple(v.shape)) != numel(ctx.shape(x)) or C.dtype_name(v.dtype) != ctx.dtype(x):
+        return False
+    return ctx.alias(x)
+
+
+def _reshape_backward(bc, f, fo, gy, xs_needing, trained):
+    if xs_needing:
+        x = f.x[0]
+        g = bc.view_grad(x, gy)
+        bc.op(f"{f.name}.grad_input", f.layer, "reshape.grad_input", dict(shape=bc.T[x].shape), (gy,), (g,),
+              forward_op=fo.id)
+        bc.contribute(x, g, f.layer)
+
+
+def _no_shapes(k, attrs, I, O, at):
+    raise CallShapeError(f"{k} is a view: no call runs it")
+
+
+# ---------------------------------------------------------------------------------------------
+# permute
+# ---------------------------------------------------------------------------------------------
+def inverse_perm(perm) -> tuple[int, ...]:
+    """The permutation that undoes ``perm`` (a permute's gradient permutes back with it)."""
+    inv = [0] * len(perm)
+    for i, j in enumerate(perm):
+        inv[j] = i
+    return tuple(inv)
+
+
+def _permute_capture(ctx):
+    n = ctx.node
+    x = ctx.t(n.args[0])
+    r = len(ctx.shape(x))
+    packet = n.target._overloadpacket.__name__
+    if packet == "permute":
+        perm = [d % r for d in n.args[1]]
+    else:
+        d0, d1 = (n.args[1], n.args[2]) if packet == "transpose" else (0, 1)
+        perm = list(range(r))
+        perm[d0 % r], perm[d1 % r] = perm[d1 % r], perm[d0 % r]
+    if perm == list(range(r)):
+        return ctx.alias(x)
+    if r > 6 or not float32(ctx, x):
+        return False
+    return fwd(ctx, "permute", dict(perm=tuple(perm)), (x,), (ctx.out(),))
+
+
+def _perm_attr(attrs: dict, r: int) -> tuple[int, ...]:
+    p = attrs.get("perm")
+    if not isinstance(p, tuple) or sorted(p) != list(range(r)) or not 1 <= r <= 6:
+        raise CallShapeError(f"attribute perm={p!r}: expected a permutation of 0..{r - 1} (rank <= 6)")
+    return p
+
+
+def _permute_shapes(k, attrs, I, O, at):
+    x = at(I, 0, "input 0")
+    p = _perm_attr(attrs, len(x))
+    if k == "permute.grad_input":
+        p = inverse_perm(p)
+    return [(x, F32)], [(tuple(x[i] for i in p), F32)]
+
+
+def _permute_encode(kind, a, IS, OS, I, O, variant, call):
+    x = IS[0]
+    p = list(inverse_perm(a["perm"]) if kind == "permute.grad_input" else a["perm"])
+    r = len(x)
+    return Encoded("port_permute", (O[0], I[0]), (r, *(list(x) + [1] * (6 - r)), *(p + list(range(r, 6)))))
+
+
+def _permute_torch(kind, a, I, O, env):
+    p = list(inverse_perm(a["perm"]) if kind == "permute.grad_input" else a["perm"])
+    x, y = I[0], O[0]
+    return lambda: y.copy_(x.permute(p))
+
+
+# ---------------------------------------------------------------------------------------------
+# arange, ne_scalar (integer results: no gradient)
+# ---------------------------------------------------------------------------------------------
+def _arange_capture(ctx):
+    from port.ir import capture as C
+    n = ctx.node
+    if len(n.args) != 1 or C.dtype_name(C.val_of(n).dtype) != I64:
+        return False
+    return fwd(ctx, "arange", dict(start=0), (), (ctx.out(),))
+
+
+def _arange_shapes(k, attrs, I, O, at):
+    return [], [(rank(at(O, 0, "output 0"), 1, "y"), I64)]
+
+
+def _ne_capture(ctx):
+    n = ctx.node
+    x = ctx.t(n.args[0])
+    c = n.args[1]
+    if ctx.dtype(x) != I64 or not isinstance(c, int) or isinstance(c, bool):
+        return False
+    y = ctx.out()
+    return fwd(ctx, "ne_scalar", dict(value=int(c)), (x,), (y,), 0, numel(ctx.shape(y)))
+
+
+def _ne_shapes(k, attrs, I, O, at):
+    x = at(I, 0, "input 0")
+    if type(attrs.get("value")) is not int:
+        raise CallShapeError(f"attribute value={attrs.get('value')!r}: expected an int")
+    return [(x, I64)], [(x, "bool")]
+
+
+register(
+    OpRecord(kind="reshape", family="shape", kernels={"reshape": (), "reshape.grad_input": ()}, shapes=_no_shapes,
+             aten=ALIAS_OPS + ("slice", "_to_copy", "to", "copy"), capture=_reshape_capture,
+             backward=_reshape_backward, views=("reshape", "reshape.grad_input"),
+             tags=frozenset({"not_recomputable"}), doc=__doc__),
+    OpRecord(kind="permute", family="shape", kernels={"permute": ("port_permute",),
+                                                      "permute.grad_input": ("port_permute",)},
+             shapes=_permute_shapes, torch=_permute_torch, encode=_permute_encode,
+             aten=("transpose", "permute", "t"), capture=_permute_capture, doc=__doc__),
+    OpRecord(kind="arange", family="shape", kernels={"arange": ("port_arange_i64",)}, shapes=_arange_shapes,
+             torch=lambda k, a, I, O, env: (lambda: env.torch.arange(
+                 int(a.get("start", 0)), int(a.get("start", 0)) + O[0].numel(), out=O[0])),
+             encode=lambda k, a, IS, OS, I, O, v, call: Encoded("port_arange_i64", (O[0],),
+                                                                (numel(OS[0]), int(a.get("start", 0)))),
+             aten=("arange",), capture=_arange_capture, tags=frozenset({"no_grad"}), doc=__doc__),
+    OpRecord(kind="ne_scalar", family="shape", kernels={"ne_scalar": ("port_ne_scalar_i64",)}, shapes=_ne_shapes,
+             torch=lambda k, a, I, O, env: (lambda: env.torch.ne(I[0], int(a["value"]), out=O[0])),
+             encode=lambda k, a, IS, OS, I, O, v, call: Encoded("port_ne_scalar_i64", (O[0], I[0]),
+                                                                (numel(IS[0]), int(a["value"]))),
+             aten=("ne",), capture=_ne_capture, tags=frozenset({"no_grad"}), doc=__doc__),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# cat: a copy along one dim (PyTorch's kernel for now); its gradient hands each input its slice of dy
+# ---------------------------------------------------------------------------------------------
+def _cat_capture(ctx):
+    n = ctx.node
+    parts, dim = n.args[0], arg(n, 1, "dim", 0)
+    if not isinstance(parts, (list, tuple)) or not parts or any(
+            not hasattr(p, "name") or ctx.is_param(p) or ctx.is_buffer(p) for p in parts):
+        return False
+    xs = tuple(ctx.t(p) for p in parts)
+    if not float32(ctx, *xs) or len({len(ctx.shape(x)) for x in xs}) != 1:
+        return False       # (a legacy empty [0] operand, or not float32: a torch_op)
+    y = ctx.out()
+    d = dim % len(ctx.shape(y))
+    return fwd(ctx, "cat", dict(dim=d, sizes=tuple(ctx.shape(x)[d] for x in xs)), xs, (y,), 0, numel(ctx.shape(y)))
+
+
+def _cat_backward(bc, f, fo, gy, xs_needing, trained):
+    need = tuple(i for i, t in enumerate(f.x) if t in xs_needing)
+    if not need:
+        return
+    outs = [(f.x[i], bc.new_grad(f.x[i], "")) for i in need]
+    bc.op(f"{f.name}.grad_input", f.layer, "cat.grad_input", dict(dim=f.attrs["dim"], sizes=f.attrs["sizes"],
+                                                                  grads=need),
+          (gy,), tuple(g for _, g in outs), vector_flops=sum(numel(bc.T[t].shape) for t, _ in outs),
+          forward_op=fo.id)
+    for x, g in outs:
+        bc.contribute(x, g, f.layer)
+
+
+def _cat_shapes(k, attrs, I, O, at):
+    d, sizes = attrs.get("dim"), attrs.get("sizes")
+    if not isinstance(sizes, tuple) or not sizes or any(type(s) is not int or s < 0 for s in sizes):
+        raise CallShapeError(f"attribute sizes={sizes!r}: expected a tuple of ints >= 0")
+    y = at(O, 0, "output 0") if k == "cat" else at(I, 0, "input 0 (dy)")
+    if type(d) is not int or not 0 <= d < len(y) or y[d] != sum(sizes):
+        raise CallShapeError(f"attribute dim={d!r}, sizes={sizes!r} do not fit the concatenation {list(y)}")
+    part = lambda s: (tuple(y[:d]) + (s,) + tuple(y[d + 1:]), F32)      # noqa: E731
+    if k == "cat":
+        return [part(s) for s in sizes], [(tuple(y), F32)]
+    g = attrs.get("grads")
+    if not isinstance(g, tuple) or not g or any(type(i) is not int or not 0 <= i < len(sizes) for i in g) \
+            or list(g) != sorted(set(g)):
+        raise CallShapeError(f"attribute grads={g!r}: expected increasing input indices below {len(sizes)}")
+    return [(tuple(y), F32)], [part(sizes[i]) for i in g]
+
+
+def _cat_torch(kind, a, I, O, env):
+    torch, d = env.torch, a["dim"]
+    if kind == "cat":
+        return lambda: torch.cat(I, d, out=O[0])
+    starts = [sum(a["sizes"][:i]) for i in range(len(a["sizes"]))]
+    slices = [(o, starts[i], a["sizes"][i]) for i, o in zip(a["grads"], O)]
+    dy = I[0]
+
+    def run():
+        for o, s, n in slices:
+            o.copy_(dy.narrow(d, s, n))
+    return run
+
+
+register(OpRecord(kind="cat", family="shape", kernels={"cat": (), "cat.grad_input": ()}, shapes=_cat_shapes,
+                  torch=_cat_torch, aten=("cat",), capture=_cat_capture, backward=_cat_backward,
+                  tags=frozenset({"checkpoint", "multi_grad"}),
+                  doc="cat: inputs concatenated along ``dim`` (attribute ``sizes``: each input's extent); the "
+                      "gradient copies each input's slice of dy. Saves nothing. PyTorch's kernels (no C kernel "
+                      "yet)."))
