@@ -236,13 +236,14 @@ def call_shapes(kernel: str, attrs: dict, in_shapes, out_shapes) -> tuple[list, 
     return r.shapes(kernel, attrs, I, O, at)
 
 
-def known_kernel(kernel: str, backend: str) -> bool:
+def known_kernel(kernel: str, backend: str, attrs: dict | None = None) -> bool:
+    """The backend runs ``kernel`` (with these attributes: some C kernels take only some)."""
     if backend == "host":
         return kernel in HOST_KERNELS
     r = ops.owner(kernel)
     if r is None or kernel in r.views or backend not in BACKENDS:
         return False
-    return backend != "c" or bool(r.c_entries(kernel))
+    return backend != "c" or ops.has_c(kernel, attrs)
 
 
 def known_variant(kernel: str, variant: str, backend: str) -> bool:

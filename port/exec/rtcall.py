@@ -43,7 +43,7 @@ def encode(call: Any, shape: Callable[[int], tuple[int, ...]]) -> Encoded:
     kind, a, variant = call.kernel, dict(call.attrs), call.variant
     ins, outs = list(call.inputs), list(call.outputs)
     r = ops.owner(kind)
-    if r is None or r.encode is None or not r.c_entries(kind):
+    if r is None or r.encode is None or not ops.has_c(kind, a):
         raise ProgramError(f"call {call.index} ({call.name}, {kind}): the c backend has no kernel for {kind!r} "
                            f"(variant {variant})")
     return r.encode(kind, a, [shape(t) for t in ins], [shape(t) for t in outs], [(t, 0) for t in ins],

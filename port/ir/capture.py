@@ -228,7 +228,7 @@ def torch_ops(graph: Any) -> list[tuple[str, str]]:
     whose record has a torch binding only (named by its kind)."""
     from port import ops
     return [(o.name, aten_of(o) if o.kind == TORCH_OP else o.kind) for o in graph.ops
-            if o.phase == "forward" and not ops.has_c(o.kind)]
+            if o.phase == "forward" and not ops.has_c(o.kind, dict(o.attrs))]
 
 
 def dtype_name(dt: Any) -> str:

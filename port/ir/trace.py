@@ -497,6 +497,8 @@ class _Ctx:
     node: Any = None
     opname: str = ""
     scope: str = ""
+    src: Any = None          # a getitem's multi-output node (rules keyed "<packet>[]"), and the item's index
+    index: int | None = None
 
     def shape(self, t: int) -> tuple[int, ...]:
         return self.b.tensors[t].shape
@@ -549,6 +551,15 @@ def _translate(ctx: _Ctx) -> Fwd | None:
                 raise ctx.error(f"output {i} of '{src.name}', which PORT does not keep")
             ctx.env[node.name] = ctx.multi[src.name][i]
             return None
+        if hasattr(src.target, "_overloadpacket"):       # an item of split, unbind, ...: "<packet>[]" rules
+            ctx.src, ctx.index = src, i
+            try:
+                for rule in _rules().get(src.target._overloadpacket.__name__ + "[]", ()):
+                    f = rule(ctx)
+                    if f is not False:
+                        return f
+            finally:
+                ctx.src, ctx.index = None, None
         return capture_node(ctx, src, index=i)
     if not hasattr(node.target, "_overloadpacket"):
         raise ctx.error(f"a call of {node.target!r}, which is not an aten op")

@@ -434,7 +434,7 @@ def _check_call(program: Program, c, slot_of: dict, pages: dict) -> None:
     where = f"call {c.index} ({c.name}, {c.kernel})"
     if c.backend not in R.BACKENDS + ("host",):
         raise ProgramError(f"{where}: backend {c.backend!r}: expected one of {R.BACKENDS + ('host',)}")
-    if not R.known_kernel(c.kernel, c.backend):
+    if not R.known_kernel(c.kernel, c.backend, dict(c.attrs)):
         raise ProgramError(f"{where}: kernel {c.kernel!r} is unknown to the {c.backend} backend (registry)")
     if c.backend != "host" and not R.known_variant(c.kernel, c.variant, c.backend):
         raise ProgramError(f"{where}: variant {c.variant!r} does not apply to kernel {c.kernel!r} on {c.backend}")

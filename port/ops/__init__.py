@@ -62,9 +62,14 @@ def c_entries(kernel: str) -> tuple[str, ...]:
     return r.c_entries(kernel) if r is not None else ()
 
 
-def has_c(kernel: str) -> bool:
+def has_c(kernel: str, attrs: dict | None = None) -> bool:
+    """A C kernel runs ``kernel`` (with these attributes, where the record's C kernels take only some)."""
     r = _BY_KERNEL.get(kernel)
-    return r is not None and (bool(r.c_entries(kernel)) or kernel in r.views)
+    if r is None:
+        return False
+    if kernel in r.views:
+        return True
+    return bool(r.c_entries(kernel)) and (attrs is None or r.c_supports is None or r.c_supports(attrs))
 
 
 def with_tag(tag: str) -> tuple[str, ...]:

@@ -103,6 +103,7 @@ class OpRecord:
     views: tuple[str, ...] = ()                       # kernels that are views: no call
     inplace_pairs: Callable[[str, dict], tuple] = _none      # (kernel, attrs) -> (output, input) index pairs
     workspace: Callable[..., int] | None = None       # (kernel, variant, attrs, IS, OS) -> bytes (C backend)
+    c_supports: Callable[[dict], bool] | None = None  # attributes the C kernels take (None: all of them)
     tags: frozenset = field(default_factory=frozenset)
     doc: str = ""
 

@@ -157,76 +157,206 @@ def broadcast_shape(a, b) -> tuple[int, ...] | None:
     return tuple(reversed(out))
 
 
-def _mul_capture(ctx):
-    n = ctx.node
-    a, c = n.args[0], n.args[1]
-    if not hasattr(a, "name") or not hasattr(c, "name") or any(ctx.is_param(v) or ctx.is_buffer(v) for v in (a, c)):
-        return False       # a parameter operand (layer scale): a torch_op
-    ta, tc = ctx.t(a), ctx.t(c)
-    if not float32(ctx, ta, tc):
-        return False
-    y = ctx.out()
-    if broadcast_shape(ctx.shape(ta), ctx.shape(tc)) != ctx.shape(y):
-        return False
-    return fwd(ctx, "mul", {}, (ta, tc), (y,), 0, numel(ctx.shape(y)))
+# kind -> (aten packet, commutative, forward(torch, a, b, out), gradient of operand i from (dy, a, b, y), the
+#          operands each operand's gradient reads)
+_BINARY = {
+    "mul": ("mul", True, lambda t, a, b, out: t.mul(a, b, out=out),
+            (lambda dy, a, b: dy * b, lambda dy, a, b: dy * a), ((1,), (0,))),
+    "add_nd": ("add", True, lambda t, a, b, out: t.add(a, b, out=out),
+               (lambda dy, a, b: dy, lambda dy, a, b: dy), ((), ())),
+    "sub": ("sub", False, lambda t, a, b, out: t.sub(a, b, out=out),
+            (lambda dy, a, b: dy, lambda dy, a, b: -dy), ((), ())),
+    "div": ("div", False, lambda t, a, b, out: t.div(a, b, out=out),
+            (lambda dy, a, b: dy / b, lambda dy, a, b: -dy * a / (b * b)), ((1,), (0, 1))),
+}
 
 
-def _mul_saved(f, gi, gw, wanted):
-    a, c = f.x       # da reads b, db reads a (autograd saves the other operand of each gradient)
-    return tuple(t for t, need in ((c, a in wanted), (a, c in wanted)) if need)
+def _binary_capture(kind: str):
+    packet, commutative = _BINARY[kind][:2]
+
+    def rule(ctx):
+        n = ctx.node
+        a, c = n.args[0], n.args[1]
+        if not hasattr(a, "name") or not hasattr(c, "name") or any(ctx.is_buffer(v) for v in (a, c)) \
+                or arg(n, 2, "alpha", 1) != 1 or n.kwargs.get("rounding_mode") is not None:
+            return False
+        if ctx.is_param(a) and (ctx.is_param(c) or not commutative):
+            return False       # parameter op parameter, or a parameter first in sub/div: a torch_op
+        ta, tc = ctx.t(a), ctx.t(c)
+        if not float32(ctx, ta, tc):
+            return False
+        y = ctx.out()
+        if broadcast_shape(ctx.shape(ta), ctx.shape(tc)) != ctx.shape(y):
+            return False
+        if ctx.is_param(a) or ctx.is_param(c):         # x op gamma (layer scale, position embedding)
+            x, w = (tc, ta) if ctx.is_param(a) else (ta, tc)
+            return fwd(ctx, kind, {}, (x,), (y,), 0, numel(ctx.shape(y)), params={"weight": w})
+        return fwd(ctx, kind, {}, (ta, tc), (y,), 0, numel(ctx.shape(y)))
+    return rule
 
 
-def _mul_backward(bc, f, fo, gy, xs_needing, trained):
-    """One ``mul.grad_input`` op: d(operand i) = dy * (the other operand), summed to operand i's shape."""
-    need = tuple(i for i, t in enumerate(f.x) if t in xs_needing)
-    if not need:
-        return
-    outs = [(f.x[i], bc.new_grad(f.x[i], "")) for i in need]
+def _operands(f) -> tuple[int, int]:
+    return tuple(f.x) + tuple(f.params.values())
+
+
+def _binary_saved(f, gi, gw, wanted):
+    reads = _BINARY[f.kind][4]
+    ops_ = _operands(f)
+    need = [i for i, t in enumerate(f.x) if t in wanted] + ([1] if gw else [])
+    return tuple(dict.fromkeys(ops_[j] for i in need for j in reads[i]))
+
+
+def _binary_backward(bc, f, fo, gy, xs_needing, trained):
+    """``<kind>.grad_input``: the gradients of the activation operands that need one (each summed to its
+    operand's shape, overwriting); ``<kind>.grad_weight``: a parameter operand's (accumulating). Attribute
+    ``reads``: the operands (0: a, 1: b) the call reads after dy, in that order."""
+    reads = _BINARY[f.kind][4]
     n = numel(bc.T[f.outputs[0]].shape)
-    bc.op(f"{f.name}.grad_input", f.layer, "mul.grad_input", {"grads": need},
-          (gy,) + tuple(f.x[1 - i] for i in need), tuple(g for _, g in outs), vector_flops=2 * n * len(need),
-          forward_op=fo.id)
-    for x, g in outs:
-        bc.contribute(x, g, f.layer)
+    ops_ = _operands(f)
+    need = tuple(i for i, t in enumerate(f.x) if t in xs_needing)
+    w = f.params.get("weight")
+    for kind, grads, idx in ((f"{f.kind}.grad_input", need, need),
+                             (f"{f.kind}.grad_weight", ("weight",) if w is not None and w in trained else (), (1,))):
+        if not grads:
+            continue
+        rd = tuple(sorted({j for i in idx for j in reads[i]}))
+        outs = [(ops_[i], bc.new_grad(ops_[i], "")) for i in idx]
+        bc.op(f"{f.name}.{kind.split('.')[1]}", f.layer, kind, {"grads": grads, "reads": rd},
+              (gy,) + tuple(ops_[j] for j in rd), tuple(g for _, g in outs), vector_flops=2 * n * len(idx),
+              forward_op=fo.id)
+        for t, g in outs:
+            bc.contribute(t, g, f.layer)
 
 
-def _mul_shapes(k, attrs, I, O, at):
-    if k == "mul":
+def _binary_shapes(k, attrs, I, O, at):
+    if "." not in k:
         a, b = at(I, 0, "input 0 (a)"), at(I, 1, "input 1 (b)")
         y = broadcast_shape(a, b)
         if y is None:
-            raise CallShapeError(f"mul of {list(a)} and {list(b)}: the shapes do not broadcast")
+            raise CallShapeError(f"{k} of {list(a)} and {list(b)}: the shapes do not broadcast")
         return [(a, F32), (b, F32)], [(y, F32)]
-    g = attrs.get("grads")
-    if not isinstance(g, tuple) or not g or any(i not in (0, 1) for i in g) or list(g) != sorted(set(g)):
-        raise CallShapeError(f"attribute grads={g!r}: expected increasing operand indices among 0, 1")
-    dy = at(I, 0, "input 0 (dy)")
-    ins, outs = [(dy, F32)], []
-    for j in range(len(g)):
-        other, d = at(I, 1 + j, f"input {1 + j} (the other operand)"), at(O, j, f"output {j}")
-        if broadcast_shape(other, d) is None or broadcast_shape(broadcast_shape(other, d), dy) != tuple(dy):
-            raise CallShapeError(f"mul gradient {list(d)} from dy {list(dy)} and {list(other)}: no broadcast")
-        ins.append((other, F32))
-        outs.append((d, F32))
+    g, rd = attrs.get("grads"), attrs.get("reads")
+    if k.endswith(".grad_weight"):
+        ok = g == ("weight",)
+    else:
+        ok = isinstance(g, tuple) and g and all(i in (0, 1) for i in g) and list(g) == sorted(set(g))
+    if not ok or not isinstance(rd, tuple) or any(i not in (0, 1) for i in rd) or list(rd) != sorted(set(rd)):
+        raise CallShapeError(f"attributes grads={g!r}, reads={rd!r}: expected operand indices among 0, 1 "
+                             f"('weight' for a weight gradient)")
+    dy = tuple(at(I, 0, "input 0 (dy)"))
+    ins = [(dy, F32)] + [(at(I, 1 + j, f"input {1 + j}"), F32) for j in range(len(rd))]
+    outs = [(at(O, j, f"output {j}"), F32) for j in range(len(g))]
+    for s_, _ in ins[1:] + outs:
+        if broadcast_shape(s_, dy) != dy:
+            raise CallShapeError(f"{k}: {list(s_)} does not broadcast to dy {list(dy)}")
     return ins, outs
 
 
-def _mul_torch(kind, a, I, O, env):
+def _binary_torch(kind, a, I, O, env):
     torch = env.torch
-    if kind == "mul":
-        return lambda: torch.mul(I[0], I[1], out=O[0])
+    base = kind.split(".")[0]
+    fwd_, dfn = _BINARY[base][2], _BINARY[base][3]
+    if "." not in kind:
+        return lambda: fwd_(torch, I[0], I[1], O[0])
     dy = I[0]
-    pairs = list(zip(I[1:], O))
+    got = dict(zip(a["reads"], I[1:]))
+    idx = (1,) if kind.endswith(".grad_weight") else a["grads"]
+    acc = kind.endswith(".grad_weight")      # weight gradients accumulate, input gradients overwrite
 
     def run():
-        for other, d in pairs:
-            p = dy * other
-            d.copy_(p if p.shape == d.shape else p.sum_to_size(d.shape))
+        for i, d in zip(idx, O):
+            p = dfn[i](dy, got.get(0), got.get(1))
+            p = p if p.shape == d.shape else p.sum_to_size(d.shape)
+            d.add_(p) if acc else d.copy_(p)
     return run
 
 
-register(OpRecord(kind="mul", family="elementwise", kernels={"mul": (), "mul.grad_input": ()},
-                  shapes=_mul_shapes, torch=_mul_torch, aten=("mul",), capture=_mul_capture, saved=_mul_saved,
-                  backward=_mul_backward, tags=frozenset({"checkpoint", "multi_grad"}),
-                  doc="mul: a * b with full broadcasting; da = dy * b and db = dy * a, each summed to its "
-                      "operand's shape (saves the other operand). PyTorch's kernels (no C kernel yet)."))
+register(*(OpRecord(
+    kind=k, family="elementwise", kernels={k: (), f"{k}.grad_input": (), f"{k}.grad_weight": ()},
+    shapes=_binary_shapes, torch=_binary_torch, aten=(v[0],), capture=_binary_capture(k), saved=_binary_saved,
+    backward=_binary_backward, tags=frozenset({"checkpoint"}),
+    doc=f"{k}: {v[0]} of two tensors with full broadcasting (either operand may be a parameter"
+        f"{'' if v[1] else ' in second place'}: layer scale, position embeddings; it is then ``weight``); each "
+        f"gradient summed to its operand's shape; saves the operands its gradients read. PyTorch's kernels (no C "
+        f"kernel yet).") for k, v in _BINARY.items()))
+
+
+# ---------------------------------------------------------------------------------------------
+# unary math (RMSNorm's pow, rsqrt and eps shift; rotary embeddings' cos, sin, neg; exp): PyTorch's kernels
+# ---------------------------------------------------------------------------------------------
+# kind -> (aten packet, saves: "x" | "y" | "", forward(torch, x, out, attrs), dx from (dy, saved, attrs), vector
+#          FLOPs per element forward, backward)
+_UNARY = {
+    "neg": ("neg", "", lambda t, x, out, a: t.neg(x, out=out), lambda dy, s, a: -dy, 1, 1),
+    "rsqrt": ("rsqrt", "y", lambda t, x, out, a: t.rsqrt(x, out=out), lambda dy, y, a: dy * y.pow(3) * -0.5, 2, 3),
+    "exp": ("exp", "y", lambda t, x, out, a: t.exp(x, out=out), lambda dy, y, a: dy * y, 4, 1),
+    "cos": ("cos", "x", lambda t, x, out, a: t.cos(x, out=out), lambda dy, x, a: -dy * x.sin(), 4, 5),
+    "sin": ("sin", "x", lambda t, x, out, a: t.sin(x, out=out), lambda dy, x, a: dy * x.cos(), 4, 5),
+    "pow_scalar": ("pow", "x", lambda t, x, out, a: t.pow(x, a["exponent"], out=out),
+                   lambda dy, x, a: dy * a["exponent"] * x.pow(a["exponent"] - 1.0), 2, 3),
+    "shift": ("add", "", lambda t, x, out, a: t.add(x, a["value"], out=out), lambda dy, s, a: dy, 1, 0),
+}
+
+
+def _unary_capture(kind: str):
+    packet, _, _, _, vf, _ = _UNARY[kind]
+
+    def rule(ctx):
+        n = ctx.node
+        xa = n.args[0]
+        if not hasattr(xa, "name") or ctx.is_param(xa) or ctx.is_buffer(xa):
+            return False
+        x = ctx.t(xa)
+        if not float32(ctx, x):
+            return False
+        attrs: dict = {}
+        if kind == "pow_scalar":
+            e = n.args[1]
+            if hasattr(e, "name") or isinstance(e, bool) or not isinstance(e, (int, float)):
+                return False
+            attrs["exponent"] = float(e)
+        elif kind == "shift":          # x + c, x - c (aten add/sub with a Python number)
+            c = n.args[1]
+            if hasattr(c, "name") or isinstance(c, bool) or not isinstance(c, (int, float)):
+                return False
+            sign = -1.0 if n.target._overloadpacket.__name__ == "sub" else 1.0
+            attrs["value"] = sign * float(c) * float(arg(n, 2, "alpha", 1))
+        y = ctx.out()
+        return fwd(ctx, kind, attrs, (x,), (y,), 0, vf * numel(ctx.shape(y)))
+    return rule
+
+
+def _unary_shapes(k, attrs, I, O, at):
+    base = k.split(".")[0]
+    for key in {"pow_scalar": ("exponent",), "shift": ("value",)}.get(base, ()):
+        v = attrs.get(key)
+        if not isinstance(v, float) or v != v or v in (float("inf"), float("-inf")):
+            raise CallShapeError(f"attribute {key}={v!r}: expected a finite float")
+    return same_shape(k, attrs, I, O, at, n_grad_in=2 if _UNARY[base][1] else 1)
+
+
+def _unary_torch(kind, a, I, O, env):
+    torch = env.torch
+    base = kind.split(".")[0]
+    _, saves, fwd_, dfn, _, _ = _UNARY[base]
+    if "." not in kind:
+        return lambda: fwd_(torch, I[0], O[0], a)
+    dy, s = I[0], (I[1] if saves else None)
+    dx = O[0]
+    return lambda: dx.copy_(dfn(dy, s, a))
+
+
+def _unary_keep(kind: str):
+    saves = _UNARY[kind][1]
+    return (lambda f: (f.outputs[0],)) if saves == "y" else (lambda f: (f.x[0],)) if saves == "x" else \
+        (lambda f: ())
+
+
+register(*(OpRecord(
+    kind=k, family="elementwise", kernels={k: (), f"{k}.grad_input": ()}, shapes=_unary_shapes, torch=_unary_torch,
+    aten=(v[0],) + (("sub",) if k == "shift" else ()), capture=_unary_capture(k),
+    saved=(lambda keep: lambda f, gi, gw, wanted: keep(f))(_unary_keep(k)), grad_input_reads=_unary_keep(k),
+    bwd_vector_flops=(lambda m: lambda f, T: m * numel(T[f.outputs[0]].shape))(v[5]), tags=frozenset({"checkpoint"}),
+    doc=f"{k}: element-wise ({v[0]}{', with a Python number' if k in ('pow_scalar', 'shift') else ''}); saves "
+        f"{({'x': 'its input', 'y': 'its output'}).get(v[1], 'nothing')}. PyTorch's kernels (no C kernel yet).")
+    for k, v in _UNARY.items()))

@@ -1,5 +1,6 @@
-"""embedding: rows of a weight [V, D] picked by int64 indices (no padding_idx, dense gradient). The weight
-gradient scatters-adds dy into the picked rows; it saves the indices.
+"""embedding: rows of a weight [V, D] picked by int64 indices (dense gradient). The weight gradient
+scatters-adds dy into the picked rows (none into row ``padding_idx`` where set: the torch engines only); it
+saves the indices.
 """
 from __future__ import annotations
 
@@ -11,13 +12,18 @@ from port.ops.base import F32, I64, CallShapeError, Encoded, OpRecord, arg, fwd,
 def _capture(ctx):
     n = ctx.node
     wa, ia = n.args[0], n.args[1]
-    if (arg(n, 2, "padding_idx", -1) != -1 or arg(n, 3, "scale_grad_by_freq", False) or arg(n, 4, "sparse", False)
-            or not ctx.is_param(wa) or ctx.dtype(ctx.t(ia)) != I64):
+    pad = arg(n, 2, "padding_idx", -1)
+    if (arg(n, 3, "scale_grad_by_freq", False) or arg(n, 4, "sparse", False) or not ctx.is_param(wa)
+            or ctx.dtype(ctx.t(ia)) != I64):
         return False
-    return fwd(ctx, "embedding", {}, (ctx.t(ia),), (ctx.out(),), params={"weight": ctx.t(wa)})
+    attrs = {"padding_idx": int(pad) % ctx.shape(ctx.t(wa))[0]} if pad is not None and pad != -1 else {}
+    return fwd(ctx, "embedding", attrs, (ctx.t(ia),), (ctx.out(),), params={"weight": ctx.t(wa)})
 
 
 def _shapes(k, attrs, I, O, at):
+    pad = attrs.get("padding_idx")
+    if pad is not None and type(pad) is not int:
+        raise CallShapeError(f"attribute padding_idx={pad!r}: expected an int")
     if k == "embedding":
         idx, w = at(I, 0, "input 0 (idx)"), rank(at(I, 1, "input 1 (weight)"), 2, "weight")
         return [(idx, I64), (w, F32)], [(tuple(idx) + (w[1],), F32)]
@@ -40,11 +46,20 @@ def _torch(kind, a, I, O, env):
     dy, idx = I
     dw = O[0]
     d = dw.shape[1]
-    return lambda: dw.index_add_(0, idx.reshape(-1), dy.reshape(-1, d))
+    pad = a.get("padding_idx")
+    if pad is None:
+        return lambda: dw.index_add_(0, idx.reshape(-1), dy.reshape(-1, d))
+
+    def run():        # the padding row gets no gradient (as PyTorch's embedding backward)
+        i = idx.reshape(-1)
+        keep = i != pad
+        dw.index_add_(0, i[keep], dy.reshape(-1, d)[keep])
+    return run
 
 
 register(OpRecord(
     kind="embedding", family="embedding",
     kernels={"embedding": ("port_embedding_forward",), "embedding.grad_weight": ("port_embedding_backward_weight",)},
     shapes=_shapes, torch=_torch, encode=_encode, aten=("embedding",), capture=_capture,
+    c_supports=lambda a: "padding_idx" not in a,
     saved=lambda f, gi, gw, wanted: (f.x[0],) if gw else (), grad_weight_reads=lambda f: (f.x[0],), doc=__doc__))

@@ -23,14 +23,17 @@ def _pool_args(ctx):
 
 
 def _max_capture(ctx):
+    """max_pool2d; dilation and ceil_mode (attributes only when not the defaults) run on the torch engines."""
     n, a = ctx.node, _pool_args(ctx)
-    if a is None or pair(arg(n, 4, "dilation", 1)) != (1, 1) or arg(n, 5, "ceil_mode", False):
+    if a is None:
         return False
     x, k, s, p = a
+    dil, ceil = pair(arg(n, 4, "dilation", 1)), bool(arg(n, 5, "ceil_mode", False))
     y = ctx.out()
     idx = ctx.b.tensor(f"{ctx.opname}:indices", ctx.shape(y), I64, ROLE_ACTIVATION)
-    return fwd(ctx, "max_pool2d", dict(kernel=k, stride=s, padding=p), (x,), (y, idx), 0,
-               numel(ctx.shape(y)) * k[0] * k[1])
+    attrs = dict(kernel=k, stride=s, padding=p) | ({"dilation": dil} if dil != (1, 1) else {}) \
+        | ({"ceil_mode": True} if ceil else {})
+    return fwd(ctx, "max_pool2d", attrs, (x,), (y, idx), 0, numel(ctx.shape(y)) * k[0] * k[1])
 
 
 def _avg_capture(ctx):
@@ -45,12 +48,30 @@ def _avg_capture(ctx):
 
 
 def pool_out_hw(x_shape, attrs: dict) -> tuple[int, int]:
-    from port.ops.conv import conv_out_hw
+    """Output rows and columns of a pool: PyTorch's rule, with ``dilation`` and ``ceil_mode`` (a last window
+    must start inside the input or its left padding)."""
     kh, kw = attr_pair(attrs, "kernel", 1)
+    sh, sw = attr_pair(attrs, "stride", 1)
     ph, pw = attr_pair(attrs, "padding", 0)
+    dh, dw = 1, 1
+    if "dilation" in attrs:
+        dh, dw = attr_pair(attrs, "dilation", 1)
+    ceil = attrs.get("ceil_mode", False)
+    if not isinstance(ceil, bool):
+        raise CallShapeError(f"attribute ceil_mode={ceil!r}: expected a bool")
     if 2 * ph > kh or 2 * pw > kw:
         raise CallShapeError(f"padding {(ph, pw)} exceeds half the kernel {(kh, kw)}")
-    return conv_out_hw(x_shape, attrs)
+
+    def out(size, k, s, p, d):
+        span = size + 2 * p - d * (k - 1) - 1
+        if span < 0:
+            raise CallShapeError(f"kernel {(kh, kw)} (dilation {(dh, dw)}) with padding {(ph, pw)} does not fit the "
+                                 f"input {x_shape[2]}x{x_shape[3]}")
+        o = -(-span // s) + 1 if ceil else span // s + 1
+        if ceil and (o - 1) * s >= size + p:
+            o -= 1
+        return o
+    return out(x_shape[2], kh, sh, ph, dh), out(x_shape[3], kw, sw, pw, dw)
 
 
 def _pool_shapes(k, attrs, I, O, at):
@@ -84,14 +105,15 @@ def _pool_encode(kind, a, IS, OS, I, O, variant, call):
 def _pool_torch(kind, a, I, O, env):
     aten = env.aten
     k, s, p = list(a["kernel"]), list(a["stride"]), list(a["padding"])
+    dil, ceil = list(a.get("dilation", (1, 1))), bool(a.get("ceil_mode", False))
     if kind == "max_pool2d":
         x = I[0]
         y, idx = O
-        return lambda: aten.max_pool2d_with_indices.out(x, k, s, p, out=y, indices=idx)   # into the arena slots
+        return lambda: aten.max_pool2d_with_indices.out(x, k, s, p, dil, ceil, out=y, indices=idx)   # into the arena
     if kind == "max_pool2d.grad_input":
         dy, idx = I
         dx = O[0]
-        return lambda: aten.max_pool2d_with_indices_backward.grad_input(dy, dx, k, s, p, [1, 1], False, idx,
+        return lambda: aten.max_pool2d_with_indices_backward.grad_input(dy, dx, k, s, p, dil, ceil, idx,
                                                                         grad_input=dx)
     if kind == "avg_pool2d":
         x, y = I[0], O[0]
@@ -197,6 +219,7 @@ register(
              kernels={"max_pool2d": ("port_maxpool2d_forward",),
                       "max_pool2d.grad_input": ("port_maxpool2d_backward_input",)},
              shapes=_pool_shapes, torch=_pool_torch, encode=_pool_encode, aten=("max_pool2d",), capture=_max_capture,
+             c_supports=lambda a: "dilation" not in a and "ceil_mode" not in a,
              saved=lambda f, gi, gw, w: (f.outputs[1],), grad_input_reads=lambda f: (f.outputs[1],),
              bwd_vector_flops=lambda f, T: numel(T[f.outputs[0]].shape), tags=frozenset({"checkpoint"}),
              doc=__doc__),
@@ -214,4 +237,152 @@ register(
              kernels={"mean_mid": ("port_mean_mid_forward",), "mean_mid.grad_input": ("port_mean_mid_backward",)},
              shapes=_mean_shapes, torch=_mean_torch, encode=_mean_encode, aten=("mean",), capture=_mean_capture,
              bwd_vector_flops=_x_numel, doc=__doc__),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# reduce_mean, reduce_sum: over any dims (keepdim or not) where the C kernels' forms do not apply (RMSNorm's
+# mean over the last dim, token means); PyTorch's kernels. The gradient broadcasts dy back (/ count for mean).
+# ---------------------------------------------------------------------------------------------
+def _reduce_capture(kind: str):
+    def rule(ctx):
+        n = ctx.node
+        x = ctx.t(n.args[0])
+        xs = ctx.shape(x)
+        dims = arg(n, 1, "dim")
+        if dims is None or not xs or n.kwargs.get("dtype") is not None or not float32(ctx, x):
+            return False
+        dims = tuple(sorted({d % len(xs) for d in (dims if isinstance(dims, (list, tuple)) else [dims])}))
+        if not dims:
+            return False
+        y = ctx.out()
+        return fwd(ctx, kind, dict(dims=dims, keepdim=bool(arg(n, 2, "keepdim", False))), (x,), (y,), 0, numel(xs))
+    return rule
+
+
+def _reduced(x, attrs: dict) -> tuple[int, ...]:
+    dims, keep = attrs.get("dims"), attrs.get("keepdim")
+    if not isinstance(dims, tuple) or not dims or any(type(d) is not int or not 0 <= d < len(x) for d in dims) \
+            or list(dims) != sorted(set(dims)) or not isinstance(keep, bool):
+        raise CallShapeError(f"attributes dims={dims!r}, keepdim={keep!r}: expected increasing dims of {list(x)}")
+    return tuple(1 if i in dims else s for i, s in enumerate(x)) if keep else \
+        tuple(s for i, s in enumerate(x) if i not in dims)
+
+
+def _reduce_shapes(k, attrs, I, O, at):
+    x = at(I, 0, "input 0 (x)") if "." not in k else at(O, 0, "output 0 (dx)")
+    y = _reduced(tuple(x), attrs)
+    return ([(tuple(x), F32)], [(y, F32)]) if "." not in k else ([(y, F32)], [(tuple(x), F32)])
+
+
+def _reduce_torch(kind, a, I, O, env):
+    torch = env.torch
+    dims, keep = list(a["dims"]), a["keepdim"]
+    mean = kind.startswith("reduce_mean")
+    if "." not in kind:
+        fn = torch.mean if mean else torch.sum
+        return lambda: fn(I[0], dims, keep, out=O[0])
+    dy, dx = I[0], O[0]
+    kshape = tuple(1 if i in a["dims"] else s for i, s in enumerate(dx.shape))
+    count = numel(tuple(dx.shape[d] for d in a["dims"]))
+    scale = 1.0 / count if mean else 1.0
+    return lambda: dx.copy_(dy.reshape(kshape).expand(dx.shape)).mul_(scale)
+
+
+register(*(OpRecord(
+    kind=k, family="pooling", kernels={k: (), f"{k}.grad_input": ()}, shapes=_reduce_shapes, torch=_reduce_torch,
+    aten=(p,), capture=_reduce_capture(k), bwd_vector_flops=_x_numel, tags=frozenset({"checkpoint"}),
+    doc=f"{k}: {p} over ``dims`` (``keepdim``) where global_avg_pool2d and mean_mid do not apply; saves nothing; "
+        f"the gradient broadcasts dy back{' / count' if p == 'mean' else ''}. PyTorch's kernels (no C kernel yet).")
+    for k, p in (("reduce_mean", "mean"), ("reduce_sum", "sum"))))
+
+
+# ---------------------------------------------------------------------------------------------
+# adaptive_avg_pool2d to any size, upsample (interpolate nearest / bilinear): PyTorch's kernels
+# ---------------------------------------------------------------------------------------------
+def _adaptive_any_capture(ctx):
+    n = ctx.node
+    x = ctx.t(n.args[0])
+    if len(ctx.shape(x)) != 4 or not float32(ctx, x):
+        return False
+    y = ctx.out()
+    return fwd(ctx, "adaptive_avg_pool2d", dict(size=tuple(ctx.shape(y)[2:])), (x,), (y,), 0, numel(ctx.shape(x)))
+
+
+def _adaptive_shapes(k, attrs, I, O, at):
+    x = rank(at(I, 0, "input 0 (x)") if "." not in k else at(O, 0, "output 0 (dx)"), 4, "x")
+    size = attr_pair(attrs, "size", 1)
+    y = ((x[0], x[1]) + tuple(size), F32)
+    return ([(x, F32)], [y]) if "." not in k else ([y], [(x, F32)])
+
+
+def _adaptive_torch(kind, a, I, O, env):
+    aten = env.aten
+    if "." not in kind:
+        return lambda: O[0].copy_(aten._adaptive_avg_pool2d(I[0], list(a["size"])))
+    dy, dx = I[0], O[0]
+    return lambda: dx.copy_(aten._adaptive_avg_pool2d_backward(dy, dx))   # (dx: its input's shape only)
+
+
+def _upsample_capture(ctx):
+    """upsample_nearest2d.vec(x, output_size, scale_factors), upsample_bilinear2d.vec(x, output_size,
+    align_corners, scale_factors): the call's own size or scales kept (they pick the source pixels)."""
+    n = ctx.node
+    packet = n.target._overloadpacket.__name__
+    x = ctx.t(n.args[0])
+    if len(ctx.shape(x)) != 4 or not float32(ctx, x) or not str(n.target).endswith(".vec"):
+        return False
+    size = n.args[1]
+    bilinear = packet == "upsample_bilinear2d"
+    scales = arg(n, 3 if bilinear else 2, "scale_factors")
+    y = ctx.out()
+    attrs = dict(mode="bilinear" if bilinear else "nearest", size=tuple(ctx.shape(y)[2:]),
+                 scales=tuple(float(v) for v in scales) if scales is not None and size is None else None)
+    if bilinear:
+        attrs["align_corners"] = bool(n.args[2])
+    return fwd(ctx, "upsample", attrs, (x,), (y,), 0, (8 if bilinear else 1) * numel(ctx.shape(y)))
+
+
+def _upsample_shapes(k, attrs, I, O, at):
+    if attrs.get("mode") not in ("nearest", "bilinear") or (attrs["mode"] == "bilinear") != ("align_corners" in attrs):
+        raise CallShapeError(f"attribute mode={attrs.get('mode')!r}: expected 'nearest' or 'bilinear' "
+                             f"(with align_corners)")
+    sc = attrs.get("scales")
+    if sc is not None and (not isinstance(sc, tuple) or len(sc) != 2 or not all(isinstance(v, float) and v > 0
+                                                                                for v in sc)):
+        raise CallShapeError(f"attribute scales={sc!r}: expected two positive floats or None")
+    return _adaptive_shapes(k, attrs, I, O, at)
+
+
+def _upsample_torch(kind, a, I, O, env):
+    aten = env.aten
+    size, sc = list(a["size"]), a.get("scales")
+    bil = a["mode"] == "bilinear"
+    if "." not in kind:
+        x, y = I[0], O[0]
+        if bil:
+            return lambda: y.copy_(aten.upsample_bilinear2d.vec(x, None if sc else size, a["align_corners"],
+                                                                list(sc) if sc else None))
+        return lambda: y.copy_(aten.upsample_nearest2d.vec(x, None if sc else size, list(sc) if sc else None))
+    dy, dx = I[0], O[0]
+    sh, sw = sc if sc else (None, None)
+    if bil:
+        return lambda: aten.upsample_bilinear2d_backward.grad_input(dy, size, list(dx.shape), a["align_corners"], sh,
+                                                                    sw, grad_input=dx)
+    return lambda: aten.upsample_nearest2d_backward.grad_input(dy, size, list(dx.shape), sh, sw, grad_input=dx)
+
+
+register(
+    OpRecord(kind="adaptive_avg_pool2d", family="pooling",
+             kernels={"adaptive_avg_pool2d": (), "adaptive_avg_pool2d.grad_input": ()}, shapes=_adaptive_shapes,
+             torch=_adaptive_torch, aten=("adaptive_avg_pool2d",), capture=_adaptive_any_capture,
+             bwd_vector_flops=_x_numel, tags=frozenset({"checkpoint"}),
+             doc="adaptive_avg_pool2d to an output ``size`` other than 1x1 (global_avg_pool2d takes that); saves "
+                 "nothing. PyTorch's kernels (no C kernel yet)."),
+    OpRecord(kind="upsample", family="pooling", kernels={"upsample": (), "upsample.grad_input": ()},
+             shapes=_upsample_shapes, torch=_upsample_torch, aten=("upsample_nearest2d", "upsample_bilinear2d"),
+             capture=_upsample_capture, bwd_vector_flops=lambda f, T: 2 * numel(T[f.outputs[0]].shape),
+             tags=frozenset({"checkpoint"}),
+             doc="upsample: F.interpolate nearest or bilinear (``align_corners`` either way) to ``size`` (or by the "
+                 "call's ``scales``); saves nothing. PyTorch's kernels (no C kernel yet)."),
 )

@@ -235,3 +235,158 @@ register(OpRecord(kind="cat", family="shape", kernels={"cat": (), "cat.grad_inpu
                   doc="cat: inputs concatenated along ``dim`` (attribute ``sizes``: each input's extent); the "
                       "gradient copies each input's slice of dy. Saves nothing. PyTorch's kernels (no C kernel "
                       "yet)."))
+
+
+# ---------------------------------------------------------------------------------------------
+# narrow: a contiguous range along one dim (slice with step 1, select, the items of split, chunk, unbind); a
+# copy (PyTorch's kernel for now). Its gradient writes dy into that range of a zeroed dx.
+# ---------------------------------------------------------------------------------------------
+def _clamp_start(start, size: int) -> int:
+    s = 0 if start is None else int(start)
+    s = s + size if s < 0 else s
+    return min(max(s, 0), size)
+
+
+def _narrow_capture(ctx):
+    """slice.Tensor (step 1), select.int, and an item of split / split_with_sizes / unbind (``ctx.src``)."""
+    from port.ir import capture as C
+    n = ctx.src if ctx.src is not None else ctx.node
+    packet = n.target._overloadpacket.__name__
+    xa = n.args[0]
+    if not hasattr(xa, "name") or ctx.is_param(xa):
+        return False               # a parameter's slice: a torch_op (its gradient accumulates into the weight)
+    x = ctx.t(xa)
+    xs = ctx.shape(x)
+    if not xs:
+        return False
+    squeeze = False
+    if ctx.src is not None:
+        i = ctx.index
+        if packet == "unbind":
+            d = arg(n, 1, "dim", 0) % len(xs)
+            start, length, squeeze = i, 1, True
+        elif packet in ("split", "split_with_sizes"):
+            d = arg(n, 2, "dim", 0) % len(xs)
+            sz = n.args[1]
+            sizes = list(sz) if isinstance(sz, (list, tuple)) else \
+                [min(int(sz), xs[d] - k) for k in range(0, xs[d], int(sz))]
+            if i >= len(sizes):
+                return False
+            start, length = sum(sizes[:i]), sizes[i]
+        else:
+            return False
+    elif packet == "select":
+        d = n.args[1] % len(xs)
+        idx = int(n.args[2])
+        start, length, squeeze = idx + xs[d] if idx < 0 else idx, 1, True
+    else:                          # slice(x, dim, start, end, step)
+        if arg(n, 4, "step", 1) != 1:
+            return False
+        d = arg(n, 1, "dim", 0) % len(xs)
+        start = _clamp_start(arg(n, 2, "start"), xs[d])
+        length = tuple(C.val_of(ctx.node).shape)[d]
+    y = ctx.out()
+    attrs = dict(dim=d, start=int(start), length=int(length), size=int(xs[d]), squeeze=squeeze)
+    if ctx.is_buffer(xa):          # a slice of a buffer (position ids): no gradient
+        return fwd(ctx, "narrow", attrs, (), (y,), buffers={"in0": x})
+    return fwd(ctx, "narrow", attrs, (x,), (y,))
+
+
+def _narrow_attrs(attrs: dict, r: int) -> tuple[int, int, int, int, bool]:
+    d, s, n, size, sq = (attrs.get(k) for k in ("dim", "start", "length", "size", "squeeze"))
+    if not all(type(v) is int for v in (d, s, n, size)) or not 0 <= d < r or not 0 <= s <= s + n <= size \
+            or not isinstance(sq, bool) or (sq and n != 1):
+        raise CallShapeError(f"attributes dim={d!r}, start={s!r}, length={n!r}, size={size!r}, squeeze={sq!r}: "
+                             f"expected a range inside a dim of {r} dims")
+    return d, s, n, size, sq
+
+
+def _narrow_shapes(k, attrs, I, O, at):
+    if k == "narrow":
+        x = at(I, 0, "input 0 (x)")
+        d, s, n, size, sq = _narrow_attrs(attrs, len(x))
+        if x[d] != size:
+            raise CallShapeError(f"x {list(x)} has {x[d]} along dim {d}, attribute size={size}")
+        y = tuple(x[:d]) + (() if sq else (n,)) + tuple(x[d + 1:])
+        return [(tuple(x), None)], [(y, None)]
+    dx = at(O, 0, "output 0 (dx)")
+    d, s, n, size, sq = _narrow_attrs(attrs, len(dx))
+    y = tuple(dx[:d]) + (() if sq else (n,)) + tuple(dx[d + 1:])
+    if dx[d] != size:
+        raise CallShapeError(f"dx {list(dx)} has {dx[d]} along dim {d}, attribute size={size}")
+    return [(y, F32)], [(tuple(dx), F32)]
+
+
+def _narrow_torch(kind, a, I, O, env):
+    d, s, n = a["dim"], a["start"], a["length"]
+    if kind == "narrow":
+        x, y = I[0], O[0]
+        yv = y.unsqueeze(d) if a["squeeze"] else y
+        return lambda: yv.copy_(x.narrow(d, s, n))
+    dy, dx = I[0], O[0]
+    dyv = dy.unsqueeze(d) if a["squeeze"] else dy
+    part = dx.narrow(d, s, n)
+
+    def run():
+        dx.zero_()
+        part.copy_(dyv)
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# expand: a broadcast materialised (a copy; class tokens expanded over the batch); the gradient sums back
+# ---------------------------------------------------------------------------------------------
+def _expand_capture(ctx):
+    from port.ops.elementwise import broadcast_shape
+    n = ctx.node
+    xa = n.args[0]
+    if not hasattr(xa, "name") or ctx.is_buffer(xa):
+        return False
+    x = ctx.t(xa)
+    if not float32(ctx, x):
+        return False
+    y = ctx.out()
+    if broadcast_shape(ctx.shape(x), ctx.shape(y)) != ctx.shape(y):
+        return False
+    if ctx.is_param(xa):
+        return fwd(ctx, "expand", {}, (), (y,), 0, 0, params={"weight": x})
+    return fwd(ctx, "expand", {}, (x,), (y,))
+
+
+def _expand_shapes(k, attrs, I, O, at):
+    from port.ops.elementwise import broadcast_shape
+    if k == "expand":
+        x, y = at(I, 0, "input 0 (x)"), at(O, 0, "output 0 (y)")
+    else:
+        y, x = at(I, 0, "input 0 (dy)"), at(O, 0, "output 0 (dx)")
+        if k == "expand.grad_weight" and attrs.get("grads") != ("weight",):
+            raise CallShapeError(f"attribute grads={attrs.get('grads')!r}: expected ('weight',)")
+    if broadcast_shape(x, y) != tuple(y):
+        raise CallShapeError(f"expand of {list(x)} to {list(y)}: not a broadcast")
+    return ([(x, F32)], [(y, F32)]) if k == "expand" else ([(y, F32)], [(x, F32)])
+
+
+def _expand_torch(kind, a, I, O, env):
+    if kind == "expand":
+        x, y = I[0], O[0]
+        return lambda: y.copy_(x.expand(y.shape))
+    dy, dx = I[0], O[0]
+    if kind == "expand.grad_weight":
+        return lambda: dx.add_(dy.sum_to_size(dx.shape))
+    return lambda: dx.copy_(dy.sum_to_size(dx.shape))
+
+
+register(
+    OpRecord(kind="narrow", family="shape", kernels={"narrow": (), "narrow.grad_input": ()}, shapes=_narrow_shapes,
+             torch=_narrow_torch, aten=("slice", "select", "split[]", "split_with_sizes[]", "unbind[]"),
+             capture=_narrow_capture, bwd_vector_flops=lambda f, T: numel(T[f.x[0]].shape),
+             tags=frozenset({"checkpoint"}),
+             doc="narrow: the range [start, start + length) of dim ``dim`` (``size`` long), squeezed for select "
+                 "and unbind; slice (step 1), select and the items of split and unbind. A copy; its gradient "
+                 "zeroes dx and writes dy into the range. Saves nothing. PyTorch's kernels (no C kernel yet)."),
+    OpRecord(kind="expand", family="shape", kernels={"expand": (), "expand.grad_input": (), "expand.grad_weight": ()},
+             shapes=_expand_shapes, torch=_expand_torch, aten=("expand",), capture=_expand_capture,
+             bwd_vector_flops=lambda f, T: numel(T[f.outputs[0]].shape), tags=frozenset({"checkpoint"}),
+             doc="expand: x broadcast to the output's shape (a copy); the gradient sums dy back to x's shape (a "
+                 "parameter's accumulates). Saves nothing. PyTorch's kernels (no C kernel yet)."),
+)

@@ -197,7 +197,7 @@ def follows_forward_inplace(graph: Graph, op: Op) -> bool:
 def variants(graph: Graph, op: Op, backend: str) -> tuple[str, ...]:
     """Legal variants of ``op`` on an accelerator with ``backend``; the first is the default; none where the
     backend cannot run it (a torch_op, PyTorch's own kernel, runs on the torch backends only)."""
-    if backend not in TORCH_BACKENDS and not ops.has_c(op.kind):
+    if backend not in TORCH_BACKENDS and not ops.has_c(op.kind, dict(op.attrs)):
         return ()        # no C kernel (a torch_op, or a record with a torch binding only): the torch engines
     if backend in TORCH_BACKENDS:
         if (op.kind in RERUN_INPLACE_KINDS + BACKWARD_INPLACE_KINDS and inplace_legal(graph, op)) \

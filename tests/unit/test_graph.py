@@ -209,10 +209,10 @@ def test_requires_grad_false_freezes_and_frozen_bn_uses_running_stats():
 
 
 # ---- clear errors ----------------------------------------------------------------------------
-class _Silu(nn.Module):
+class _Softplus(nn.Module):
     def __init__(self):
         super().__init__()
-        self.body = nn.Sequential(nn.Linear(4, 4), nn.SiLU())
+        self.body = nn.Sequential(nn.Linear(4, 4), nn.Softplus())
         self.head = nn.Linear(4, 2)
 
     def forward(self, x):
@@ -230,26 +230,26 @@ class _Branchy(nn.Module):
         return -self.fc(x)
 
 
-class _Sigmoid(nn.Module):
+class _Erf(nn.Module):
     def __init__(self):
         super().__init__()
         self.inner = nn.Sequential(nn.Linear(4, 4))
         self.fc = nn.Linear(4, 2)
 
     def forward(self, x):
-        return self.fc(torch.sigmoid(self.inner(x)))
+        return self.fc(torch.erf(self.inner(x)))
 
 
 def test_ops_without_a_kind_run_as_torch_ops_named_by_module_path():
     """An op PORT has no kind for is still captured: a torch_op (PyTorch's kernel and derivative), named by its
     module path like every op, with its gradient ops."""
-    g = port.trace(_Silu(), torch.randn(2, 4))
-    silu = g.op("body.1")
-    assert silu.kind == "torch_op" and "aten.silu.default" in silu.attr("call")
-    assert any(o.kind == "torch_op.grad_input" and o.forward_op == silu.id for o in g.ops)
-    g = port.trace(_Sigmoid(), torch.randn(2, 4))
-    sig = [o for o in g.ops if o.kind == "torch_op"]
-    assert len(sig) == 1 and "aten.sigmoid.default" in sig[0].attr("call") and sig[0].layer == ""
+    g = port.trace(_Softplus(), torch.randn(2, 4))
+    sp = g.op("body.1")
+    assert sp.kind == "torch_op" and "aten.softplus.default" in sp.attr("call")
+    assert any(o.kind == "torch_op.grad_input" and o.forward_op == sp.id for o in g.ops)
+    g = port.trace(_Erf(), torch.randn(2, 4))
+    erf = [o for o in g.ops if o.kind == "torch_op"]
+    assert len(erf) == 1 and "aten.erf.default" in erf[0].attr("call") and erf[0].layer == ""
 
 
 def test_data_dependent_control_flow_is_a_clear_error():

@@ -65,7 +65,7 @@ def test_kind_tuples_come_from_tags():
 
 
 def test_torch_only_records_have_no_c_variants():
-    for kind in ("sigmoid", "hardsigmoid", "silu", "mul", "cat", "torch_op"):
+    for kind in ("sigmoid", "hardsigmoid", "silu", "mul", "add_nd", "sub", "div", "cat", "narrow", "expand", "torch_op"):
         assert not ops.has_c(kind) and not registry.known_kernel(kind, "c")
         assert registry.known_kernel(kind, "torch-cpu")
     assert ops.has_c("conv2d") and ops.has_c("reshape")
@@ -96,28 +96,63 @@ def test_unary_records_equal_autograd(kind, ref, saves_output):
     assert registry.call_shapes(kind, {}, [x.shape], [x.shape]) == ([(x.shape, "float32")], [(x.shape, "float32")])
 
 
+def test_narrow_and_expand_records_equal_autograd():
+    gen = torch.Generator().manual_seed(4)
+    x = _rand((3, 7, 5), gen)
+    for attrs, ref in (({"dim": 1, "start": 2, "length": 4, "size": 7, "squeeze": False}, lambda t: t[:, 2:6]),
+                       ({"dim": 2, "start": 4, "length": 1, "size": 5, "squeeze": True}, lambda t: t[:, :, 4])):
+        (ins, outs) = registry.call_shapes("narrow", attrs, [x.shape], [None])
+        y = torch.empty(outs[0][0], dtype=torch.float64)
+        ops.record("narrow").torch("narrow", attrs, [x], [y], _env())()
+        torch.testing.assert_close(y, ref(x), rtol=0, atol=0)
+        dy, dx = _rand(y.shape, gen), torch.full_like(x, 3.0)
+        ops.record("narrow").torch("narrow.grad_input", attrs, [dy], [dx], _env())()
+        xr = x.clone().requires_grad_(True)
+        torch.testing.assert_close(dx, torch.autograd.grad(ref(xr), xr, dy)[0], rtol=0, atol=0)
+    with pytest.raises(CallShapeError):
+        registry.call_shapes("narrow", {"dim": 1, "start": 5, "length": 4, "size": 7, "squeeze": False}, [x.shape], [None])
+    p = _rand((1, 1, 5), gen)
+    y = torch.empty(3, 4, 5, dtype=torch.float64)
+    ops.record("expand").torch("expand", {}, [p], [y], _env())()
+    torch.testing.assert_close(y, p.expand(3, 4, 5), rtol=0, atol=0)
+    dy, dp = _rand(y.shape, gen), torch.ones_like(p)
+    ops.record("expand").torch("expand.grad_weight", {"grads": ("weight",)}, [dy], [dp], _env())()
+    torch.testing.assert_close(dp, dy.sum((0, 1), keepdim=True) + 1, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("kind,ref", [("mul", torch.mul), ("add_nd", torch.add), ("sub", torch.sub),
+                                      ("div", torch.div)])
 @pytest.mark.parametrize("sa,sb", [((3, 5, 7), (3, 5, 7)), ((2, 5, 3, 3), (2, 5, 1, 1)), ((3, 1, 5, 1), (1, 4, 1, 7)),
                                    ((6, 5), (5,)), ((1, 7), (3, 1))])
-def test_mul_broadcasts_on_every_axis(sa, sb):
+def test_binary_records_broadcast_on_every_axis(kind, ref, sa, sb):
     gen = torch.Generator().manual_seed(2)
-    r = ops.record("mul")
-    a, b = _rand(sa, gen), _rand(sb, gen)
+    r = ops.record(kind)
+    a, b = _rand(sa, gen), _rand(sb, gen).abs() + 0.5
     y = torch.empty(torch.broadcast_shapes(sa, sb), dtype=torch.float64)
-    ins, outs = registry.call_shapes("mul", {}, [sa, sb], [y.shape])
+    ins, outs = registry.call_shapes(kind, {}, [sa, sb], [y.shape])
     assert outs[0][0] == tuple(y.shape)
-    r.torch("mul", {}, [a, b], [y], _env())()
-    torch.testing.assert_close(y, a * b, rtol=0, atol=0)
+    r.torch(kind, {}, [a, b], [y], _env())()
+    torch.testing.assert_close(y, ref(a, b), rtol=0, atol=0)
     dy = _rand(y.shape, gen)
-    da, db = torch.empty_like(a), torch.empty_like(b)
-    attrs = {"grads": (0, 1)}
-    registry.call_shapes("mul.grad_input", attrs, [y.shape, sb, sa], [sa, sb])
-    r.torch("mul.grad_input", attrs, [dy, b, a], [da, db], _env())()
     ar, br = a.clone().requires_grad_(True), b.clone().requires_grad_(True)
-    wa, wb = torch.autograd.grad(ar * br, (ar, br), dy)
-    torch.testing.assert_close(da, wa, rtol=1e-13, atol=1e-13)
-    torch.testing.assert_close(db, wb, rtol=1e-13, atol=1e-13)
+    wa, wb = torch.autograd.grad(ref(ar, br), (ar, br), dy)
+    for grads, want in (((0, 1), (wa, wb)), ((0,), (wa,)), ((1,), (wb,))):
+        rd = tuple(sorted({j for i in grads for j in ((1,), (0,)) [i]})) if kind == "mul" else \
+            {"add_nd": (), "sub": (), "div": tuple(sorted({j for i in grads for j in ((1,), (0, 1))[i]}))}[kind]
+        attrs = {"grads": grads, "reads": rd}
+        shp = {0: sa, 1: sb}
+        registry.call_shapes(f"{kind}.grad_input", attrs, [y.shape] + [shp[j] for j in rd], [shp[i] for i in grads])
+        outs = [torch.full(shp[i], 7.0, dtype=torch.float64) for i in grads]
+        r.torch(f"{kind}.grad_input", attrs, [dy] + [(a, b)[j] for j in rd], outs, _env())()
+        for o, w in zip(outs, want):       # input gradients overwrite
+            torch.testing.assert_close(o, w, rtol=1e-13, atol=1e-13)
+    # a parameter operand: its gradient accumulates
+    rd = {"mul": (0,), "add_nd": (), "sub": (), "div": (0, 1)}[kind]
+    dw = torch.ones(sb, dtype=torch.float64)
+    r.torch(f"{kind}.grad_weight", {"grads": ("weight",), "reads": rd}, [dy] + [(a, b)[j] for j in rd], [dw], _env())()
+    torch.testing.assert_close(dw, wb + 1, rtol=1e-13, atol=1e-13)
     with pytest.raises(CallShapeError):
-        registry.call_shapes("mul", {}, [(3, 4), (5,)], [(3, 4)])
+        registry.call_shapes(kind, {}, [(3, 4), (5,)], [(3, 4)])
 
 
 def test_cat_forward_and_slices_of_the_gradient():
@@ -142,7 +177,8 @@ def test_cat_forward_and_slices_of_the_gradient():
 
 
 class _Gates(nn.Module):
-    """Squeeze-excitation with sigmoid and hardsigmoid gates, SiLU, a broadcast multiply and cat."""
+    """Squeeze-excitation with sigmoid and hardsigmoid gates, SiLU, broadcast multiplies (one by a layer-scale
+    parameter) and cat."""
 
     def __init__(self):
         super().__init__()
@@ -150,12 +186,13 @@ class _Gates(nn.Module):
         self.conv = nn.Conv2d(3, 6, 3, padding=1)
         self.se = nn.Conv2d(6, 6, 1)
         self.fc = nn.Linear(12, 4)
+        self.gamma = nn.Parameter(torch.linspace(0.5, 1.5, 6).view(6, 1, 1))
 
     def forward(self, x):
         h = nn.functional.silu(self.conv(x))
         s = h.mean((2, 3), keepdim=True)
         h = h * torch.sigmoid(self.se(s)) + h * nn.functional.hardsigmoid(s)
-        h = torch.cat([h, torch.relu(h)], 1)
+        h = torch.cat([h, self.gamma * torch.relu(h)], 1)
         return self.fc(h.mean((2, 3)))
 
 
@@ -165,6 +202,7 @@ def test_records_capture_instead_of_torch_ops_and_train_like_eager():
     kinds = {o.kind for o in tr.graph.ops}
     assert {"silu", "sigmoid", "hardsigmoid", "mul", "cat"} <= kinds and "torch_op" not in kinds, kinds
     # ops with no C kernel run on the torch engine of the same memory; the rest on C
+    assert any(o.kind == "mul.grad_weight" for o in tr.graph.ops)
     acc = {tr.graph.ops[d.op].kind: d.accelerator for d in tr.plan.ops}
     assert acc["mul"] == "cpu-torch" and acc["conv2d"] == "cpu-c"
     ref = _Gates()
@@ -176,3 +214,211 @@ def test_records_capture_instead_of_torch_ops_and_train_like_eager():
         want.backward()
         opt.step()
         assert abs(float(loss) - want.item()) < 1e-5
+
+
+class _Tokens(nn.Module):
+    """A ViT-like head: a class token expanded over the batch and cat-ed, a position embedding added, chunk /
+    split / unbind / select / slice of activations, sub and div of activations."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(6, 8)
+        self.cls = nn.Parameter(torch.randn(1, 1, 8) * 0.1)
+        self.pos = nn.Parameter(torch.randn(1, 6, 8) * 0.1)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):                                    # x [N, 5, 6]
+        h = self.proj(x)
+        h = torch.cat([self.cls.expand(x.shape[0], -1, -1), h], 1) + self.pos
+        a, b = h.chunk(2, dim=2)                             # split items
+        q, k = torch.unbind(h.view(h.shape[0], 6, 2, 4), 2)  # unbind items
+        h = torch.cat([a * b, q - k], 2) / (h[:, :, :1].abs() + 1.0)
+        return self.fc(h[:, 0] + h[:, 1:4].mean(1))          # select, slice
+
+
+def test_shape_and_broadcast_records_capture_and_train_like_eager():
+    x, y = torch.randn(4, 5, 6), torch.tensor([0, 1, 2, 1])
+    tr = port.Trainer(_Tokens(), x, optimizer=SGD(0.1))
+    kinds = {o.kind for o in tr.graph.ops}
+    assert {"narrow", "expand", "add_nd", "sub", "div", "mul", "cat", "expand.grad_weight",
+            "add_nd.grad_weight"} <= kinds, kinds
+    ref = _Tokens()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for _ in range(3):
+        loss = tr.step(x, y)
+        opt.zero_grad()
+        want = nn.functional.cross_entropy(ref(x), y)
+        want.backward()
+        opt.step()
+        assert abs(float(loss) - want.item()) < 1e-5
+
+
+@pytest.mark.parametrize("kind,attrs,ref", [
+    ("neg", {}, torch.neg), ("rsqrt", {}, torch.rsqrt), ("exp", {}, torch.exp), ("cos", {}, torch.cos),
+    ("sin", {}, torch.sin), ("pow_scalar", {"exponent": 3.0}, lambda t: t.pow(3.0)),
+    ("pow_scalar", {"exponent": -0.5}, lambda t: t.pow(-0.5)), ("shift", {"value": 1e-6}, lambda t: t + 1e-6)])
+def test_unary_math_records_equal_autograd(kind, attrs, ref):
+    gen = torch.Generator().manual_seed(5)
+    r = ops.record(kind)
+    x = _rand((3, 5, 7), gen).abs() + 0.1
+    y = torch.empty_like(x)
+    registry.call_shapes(kind, attrs, [x.shape], [x.shape])
+    r.torch(kind, attrs, [x], [y], _env())()
+    torch.testing.assert_close(y, ref(x), rtol=1e-14, atol=0)
+    dy = _rand(x.shape, gen)
+    xr = x.clone().requires_grad_(True)
+    want, = torch.autograd.grad(ref(xr), xr, dy)
+    saved = [y] if kind in ("rsqrt", "exp") else [x] if kind in ("cos", "sin", "pow_scalar") else []
+    ins, _ = registry.call_shapes(f"{kind}.grad_input", attrs, [dy.shape] + [s.shape for s in saved], [x.shape])
+    assert len(ins) == 1 + len(saved)
+    dx = torch.empty_like(x)
+    r.torch(f"{kind}.grad_input", attrs, [dy] + saved, [dx], _env())()
+    torch.testing.assert_close(dx, want, rtol=1e-12, atol=1e-14)
+
+
+class _RMSRotary(nn.Module):
+    """Llama's RMSNorm (pow, mean over the last dim, shift by eps, rsqrt, weight * x) and rotary embedding
+    (cos, sin, neg, cat of halves)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(6, 8)
+        self.weight = nn.Parameter(torch.linspace(0.8, 1.2, 8))
+        self.fc = nn.Linear(8, 3)
+        self.register_buffer("freq", torch.linspace(0.1, 1.0, 8))
+
+    def forward(self, x):                                    # [N, T, 6]
+        h = self.proj(x)
+        h = self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
+        t = torch.arange(h.shape[1], dtype=torch.float32, device=x.device)[:, None] * self.freq
+        cos, sin = t.cos(), t.sin()
+        x1, x2 = h[..., :4], h[..., 4:]
+        h = h * cos + torch.cat([-x2, x1], -1) * sin
+        return self.fc(h.exp().mean(1))
+
+
+def test_rmsnorm_and_rotary_capture_as_records_and_train_like_eager():
+    x, y = torch.randn(4, 5, 6), torch.tensor([0, 1, 2, 1])
+    tr = port.Trainer(_RMSRotary(), x, optimizer=SGD(0.05))
+    kinds = {o.kind for o in tr.graph.ops}
+    assert {"pow_scalar", "rsqrt", "shift", "neg", "mul.grad_weight", "exp", "narrow"} <= kinds, kinds
+    ref = _RMSRotary()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    for _ in range(3):
+        loss = tr.step(x, y)
+        opt.zero_grad()
+        want = nn.functional.cross_entropy(ref(x), y)
+        want.backward()
+        opt.step()
+        assert abs(float(loss) - want.item()) < 1e-5
+
+
+@pytest.mark.parametrize("attrs", [dict(kernel=(3, 3), stride=(2, 2), padding=(1, 1), ceil_mode=True),
+                                   dict(kernel=(2, 3), stride=(2, 1), padding=(0, 1), dilation=(2, 1)),
+                                   dict(kernel=(3, 3), stride=(2, 2), padding=(0, 0), ceil_mode=True, dilation=(1, 2))])
+def test_max_pool_ceil_mode_and_dilation_run_on_torch(attrs):
+    gen = torch.Generator().manual_seed(6)
+    x = _rand((2, 3, 9, 8), gen)
+    assert not ops.has_c("max_pool2d", attrs) and ops.has_c("max_pool2d", {"kernel": (2, 2)})
+    assert not registry.known_kernel("max_pool2d", "c", attrs) and registry.known_kernel("max_pool2d", "torch-cpu", attrs)
+    kw = dict(kernel_size=attrs["kernel"], stride=attrs["stride"], padding=attrs["padding"],
+              dilation=attrs.get("dilation", 1), ceil_mode=attrs.get("ceil_mode", False))
+    want = torch.nn.functional.max_pool2d(x, **kw)
+    _, outs = registry.call_shapes("max_pool2d", attrs, [x.shape], [None, None])
+    assert outs[0][0] == tuple(want.shape)
+    y, idx = torch.empty(want.shape, dtype=torch.float64), torch.empty(want.shape, dtype=torch.int64)
+    ops.record("max_pool2d").torch("max_pool2d", attrs, [x], [y, idx], _env())()
+    torch.testing.assert_close(y, want, rtol=0, atol=0)
+    dy, dx = _rand(y.shape, gen), torch.empty_like(x)
+    ops.record("max_pool2d").torch("max_pool2d.grad_input", attrs, [dy, idx], [dx], _env())()
+    xr = x.clone().requires_grad_(True)
+    torch.testing.assert_close(dx, torch.autograd.grad(torch.nn.functional.max_pool2d(xr, **kw), xr, dy)[0])
+
+
+@pytest.mark.parametrize("dims,keep", [((1,), False), ((2,), True), ((0, 2), False), ((1, 2), True)])
+@pytest.mark.parametrize("kind,ref", [("reduce_mean", torch.mean), ("reduce_sum", torch.sum)])
+def test_reductions_equal_autograd(kind, ref, dims, keep):
+    gen = torch.Generator().manual_seed(7)
+    x = _rand((3, 5, 7), gen)
+    attrs = {"dims": dims, "keepdim": keep}
+    want = ref(x, dims, keep)
+    assert registry.call_shapes(kind, attrs, [x.shape], [None])[1][0][0] == tuple(want.shape)
+    y = torch.empty(want.shape, dtype=torch.float64)
+    ops.record(kind).torch(kind, attrs, [x], [y], _env())()
+    torch.testing.assert_close(y, want, rtol=1e-14, atol=1e-14)
+    dy, dx = _rand(y.shape, gen), torch.empty_like(x)
+    ops.record(kind).torch(f"{kind}.grad_input", attrs, [dy], [dx], _env())()
+    xr = x.clone().requires_grad_(True)
+    torch.testing.assert_close(dx, torch.autograd.grad(ref(xr, dims, keep), xr, dy)[0], rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("mode,kw", [("nearest", dict(scale_factor=2)), ("nearest", dict(size=(7, 5))),
+                                     ("bilinear", dict(scale_factor=2, align_corners=False)),
+                                     ("bilinear", dict(size=(7, 9), align_corners=True))])
+def test_upsample_and_adaptive_pool_capture_and_equal_autograd(mode, kw):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.c = nn.Conv2d(2, 3, 3, padding=1)
+            self.fc = nn.Linear(3 * 6, 4)
+
+        def forward(self, x):
+            h = nn.functional.interpolate(self.c(x), mode=mode, **kw)
+            return self.fc(nn.functional.adaptive_avg_pool2d(h, (3, 2)).flatten(1))
+    x = torch.randn(2, 2, 4, 3)
+    g = port.trace(M(), x)
+    up = next(o for o in g.ops if o.kind == "upsample")
+    ad = next(o for o in g.ops if o.kind == "adaptive_avg_pool2d")
+    gen = torch.Generator().manual_seed(8)
+    for o, ref in ((up, lambda t: nn.functional.interpolate(t, mode=mode, **kw)),
+                   (ad, lambda t: nn.functional.adaptive_avg_pool2d(t, (3, 2)))):
+        a = dict(o.attrs)
+        xi = _rand(g.tensors[o.inputs[0]].shape, gen)
+        y = torch.empty(g.tensors[o.outputs[0]].shape, dtype=torch.float64)
+        ops.record(o.kind).torch(o.kind, a, [xi], [y], _env())()
+        torch.testing.assert_close(y, ref(xi), rtol=1e-14, atol=1e-14)
+        dy, dx = _rand(y.shape, gen), torch.empty_like(xi)
+        ops.record(o.kind).torch(f"{o.kind}.grad_input", a, [dy], [dx], _env())()
+        xr = xi.clone().requires_grad_(True)
+        torch.testing.assert_close(dx, torch.autograd.grad(ref(xr), xr, dy)[0], rtol=1e-13, atol=1e-13)
+    tr = port.Trainer(M(), x, optimizer=SGD(0.1))
+    ref_m = M()
+    opt = torch.optim.SGD(ref_m.parameters(), lr=0.1)
+    y = torch.tensor([1, 3])
+    for _ in range(2):
+        loss = tr.step(x, y)
+        opt.zero_grad()
+        want = nn.functional.cross_entropy(ref_m(x), y)
+        want.backward()
+        opt.step()
+        assert abs(float(loss) - want.item()) < 1e-5
+
+
+def test_embedding_padding_idx_runs_on_torch_without_a_padding_gradient():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.e = nn.Embedding(11, 6, padding_idx=0)
+            self.fc = nn.Linear(6, 3)
+
+        def forward(self, ids):
+            return self.fc(self.e(ids).mean(1))
+    ids = torch.tensor([[0, 3, 4, 0], [5, 0, 9, 10]])
+    tr = port.Trainer(M(), ids, optimizer=SGD(0.5))
+    emb = next(o for o in tr.graph.ops if o.kind == "embedding")
+    assert emb.attr("padding_idx") == 0 and not ops.has_c("embedding", dict(emb.attrs))
+    ref = M()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    y = torch.tensor([1, 2])
+    for _ in range(2):
+        loss = tr.step(ids, y)
+        opt.zero_grad()
+        want = nn.functional.cross_entropy(ref(ids), y)
+        want.backward()
+        opt.step()
+        assert abs(float(loss) - want.item()) < 1e-5
+    torch.testing.assert_close(tr.state_dict()["e.weight"], ref.e.weight.detach(), rtol=1e-5, atol=1e-6)
