@@ -21,6 +21,18 @@ from port.train.optim import SGD
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _steps_like_eager(tr, ref: nn.Module, x, y, lr: float, steps: int = 3) -> None:
+    """``steps`` SGD steps of a port.Trainer and of ``ref`` (the same module, same init) give the same losses."""
+    opt = torch.optim.SGD(ref.parameters(), lr=lr)
+    for _ in range(steps):
+        loss = tr.step(x, y)
+        opt.zero_grad()
+        want = nn.functional.cross_entropy(ref(x), y)
+        want.backward()
+        opt.step()
+        assert abs(float(loss) - want.item()) < 1e-5
+
+
 def _env(op: int = 0) -> TorchEnv:
     return TorchEnv(torch, torch.nn.functional, torch.ops.aten, SimpleNamespace(seed=0, dropout_counter=0), op)
 
@@ -206,14 +218,7 @@ def test_records_capture_instead_of_torch_ops_and_train_like_eager():
     acc = {tr.graph.ops[d.op].kind: d.accelerator for d in tr.plan.ops}
     assert acc["mul"] == "cpu-torch" and acc["conv2d"] == "cpu-c"
     ref = _Gates()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    for _ in range(3):
-        loss = tr.step(x, y)
-        opt.zero_grad()
-        want = nn.functional.cross_entropy(ref(x), y)
-        want.backward()
-        opt.step()
-        assert abs(float(loss) - want.item()) < 1e-5
+    _steps_like_eager(tr, ref, x, y, 0.1, 3)
 
 
 class _Tokens(nn.Module):
@@ -244,14 +249,7 @@ def test_shape_and_broadcast_records_capture_and_train_like_eager():
     assert {"narrow", "expand", "add_nd", "sub", "div", "mul", "cat", "expand.grad_weight",
             "add_nd.grad_weight"} <= kinds, kinds
     ref = _Tokens()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    for _ in range(3):
-        loss = tr.step(x, y)
-        opt.zero_grad()
-        want = nn.functional.cross_entropy(ref(x), y)
-        want.backward()
-        opt.step()
-        assert abs(float(loss) - want.item()) < 1e-5
+    _steps_like_eager(tr, ref, x, y, 0.1, 3)
 
 
 @pytest.mark.parametrize("kind,attrs,ref", [
@@ -305,14 +303,7 @@ def test_rmsnorm_and_rotary_capture_as_records_and_train_like_eager():
     kinds = {o.kind for o in tr.graph.ops}
     assert {"pow_scalar", "rsqrt", "shift", "neg", "mul.grad_weight", "exp", "narrow"} <= kinds, kinds
     ref = _RMSRotary()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.05)
-    for _ in range(3):
-        loss = tr.step(x, y)
-        opt.zero_grad()
-        want = nn.functional.cross_entropy(ref(x), y)
-        want.backward()
-        opt.step()
-        assert abs(float(loss) - want.item()) < 1e-5
+    _steps_like_eager(tr, ref, x, y, 0.05, 3)
 
 
 @pytest.mark.parametrize("attrs", [dict(kernel=(3, 3), stride=(2, 2), padding=(1, 1), ceil_mode=True),
@@ -385,16 +376,9 @@ def test_upsample_and_adaptive_pool_capture_and_equal_autograd(mode, kw):
         xr = xi.clone().requires_grad_(True)
         torch.testing.assert_close(dx, torch.autograd.grad(ref(xr), xr, dy)[0], rtol=1e-13, atol=1e-13)
     tr = port.Trainer(M(), x, optimizer=SGD(0.1))
-    ref_m = M()
-    opt = torch.optim.SGD(ref_m.parameters(), lr=0.1)
     y = torch.tensor([1, 3])
-    for _ in range(2):
-        loss = tr.step(x, y)
-        opt.zero_grad()
-        want = nn.functional.cross_entropy(ref_m(x), y)
-        want.backward()
-        opt.step()
-        assert abs(float(loss) - want.item()) < 1e-5
+    ref_m = M()
+    _steps_like_eager(tr, ref_m, x, y, 0.1, 2)
 
 
 def test_embedding_padding_idx_runs_on_torch_without_a_padding_gradient():
@@ -411,14 +395,7 @@ def test_embedding_padding_idx_runs_on_torch_without_a_padding_gradient():
     tr = port.Trainer(M(), ids, optimizer=SGD(0.5))
     emb = next(o for o in tr.graph.ops if o.kind == "embedding")
     assert emb.attr("padding_idx") == 0 and not ops.has_c("embedding", dict(emb.attrs))
-    ref = M()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
     y = torch.tensor([1, 2])
-    for _ in range(2):
-        loss = tr.step(ids, y)
-        opt.zero_grad()
-        want = nn.functional.cross_entropy(ref(ids), y)
-        want.backward()
-        opt.step()
-        assert abs(float(loss) - want.item()) < 1e-5
+    ref = M()
+    _steps_like_eager(tr, ref, ids, y, 0.5, 2)
     torch.testing.assert_close(tr.state_dict()["e.weight"], ref.e.weight.detach(), rtol=1e-5, atol=1e-6)
