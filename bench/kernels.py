@@ -28,9 +28,9 @@ import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, ROOT)
-from port.exec import native as _native
+from port.exec import capi
 
-_native.configure_openmp_env()  # before torch loads the OpenMP runtime (PORT's wait policy)
+capi.configure_openmp_env()  # before torch loads the OpenMP runtime (PORT's wait policy)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -343,7 +343,7 @@ def main(argv=None):
         "forward time outside the per-image GEMMs; patch = the patch8 variant (bands of H_out // 8 whole output "
         "rows, each band's rows split over the threads), workspace and fwd+bwd time relative to whole-tensor "
         f"im2col. GEMM backend: {K.get_gemm_backend()} (the default). "
-        f"Threads: one OpenMP pool shared by PORT and torch ({os.path.basename(_native.openmp_runtime() or '?')}, "
+        f"Threads: one OpenMP pool shared by PORT and torch ({os.path.basename(capi.openmp_runtime() or '?')}, "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', 'unset')}); OpenBLAS single-threaded, "
         "PORT splits large GEMMs over the pool. "
         f"Shared 2-vCPU VM (other jobs running: load average {load0[0]:.1f} at start, {load1[0]:.1f} at end), "

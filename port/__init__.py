@@ -21,9 +21,9 @@ __version__ = "0.1.0"
 
 # Before any OpenMP runtime loads (torch's or the kernels'): passive waiting, so idle pool threads do not
 # spin on CPUs that other threads need (on a 2-core device a spinning pool costs 100x; see bench/RESULTS.md).
-from port.exec import native as _native_env  # noqa: E402  (imports no torch)
+from port.exec import capi as _capi  # noqa: E402  (imports no torch, loads no library)
 
-_native_env.configure_openmp_env()
+_capi.configure_openmp_env()
 
 from port.errors import (ConfigError, InfeasibleBudgetError, PlanError, PortError, PortTraceError,  # noqa: E402,F401
                          ProfileError, ProgramError)

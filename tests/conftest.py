@@ -15,5 +15,5 @@ os.environ.setdefault("PORT_PROFILE_ENGINE", "0")
 os.environ.setdefault("PORT_CAPTURE", "inprocess")
 
 # Before torch loads its OpenMP runtime: passive waiting (a spinning pool on an oversubscribed 2-core
-# machine makes every parallel region 100x slower; see port/_native.py).
+# machine makes every parallel region 100x slower; see port/exec/capi.py).
 import port  # noqa: E402,F401

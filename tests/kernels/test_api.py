@@ -323,13 +323,15 @@ def test_single_openmp_runtime_in_process(torch_first):
     """Whatever the import order, exactly one OpenMP runtime is mapped and PORT resolves its symbols there."""
     import subprocess
     import sys
-    imports = "import torch; import port.exec.kernels as K" if torch_first else "import port.exec.kernels as K; import torch"
+    load = "from port.exec import capi; capi.load()"
+    imports = f"import torch; {load}" if torch_first else f"{load}; import torch"
     code = (f"{imports}\n"
+            "import port.exec.kernels as K\n"
             "import re, torch.nn.functional as F\n"
             "K.set_num_threads(2); x = torch.randn(2, 8, 16, 16); w = torch.randn(8, 8, 3, 3)\n"
             "K.conv2d_forward(x, w, padding=1); F.conv2d(x, w, padding=1)\n"
             "maps = {l.split()[-1] for l in open('/proc/self/maps') if re.search(r'/lib(gomp|iomp5|omp)[-.]', l)}\n"
-            "print(len(maps), K._native.openmp_runtime() is not None or bool(K._native.loaded_path()))\n")
+            "print(len(maps), capi.openmp_runtime() is not None or bool(capi.loaded_path()))\n")
     env = dict(os.environ, PYTHONPATH=ROOT)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -345,8 +347,8 @@ def test_loading_the_kernels_starts_no_openblas_pool():
     import sys
     code = ("import os, torch, numpy\n"
             "n0 = len(os.listdir('/proc/self/task'))\n"
-            "from port.exec import native\n"
-            "native.load()\n"
+            "from port.exec import capi\n"
+            "capi.load()\n"
             "print(len(os.listdir('/proc/self/task')) - n0, os.environ.get('OPENBLAS_NUM_THREADS', '-'))\n")
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
                                                           "OMP_NUM_THREADS")}
@@ -376,11 +378,11 @@ def test_sgemm_split_over_threads(K, ta, tb, m, n, k):
 def test_build_id_names_the_gemm(K):
     """Profiles record build_id(): the kernel library's digest and the GEMM backend, whose default depends on the
     CPU and OpenBLAS's core, so times measured with one GEMM are not reused under the other."""
-    from port.exec import native
+    from port.exec import capi
     with K.gemm_backend("vendored"):
-        vendored = native.build_id()
+        vendored = capi.build_id()
     with K.gemm_backend("auto"):
-        auto = native.build_id()
-    blas = native.build_id()          # the fixture's backend
+        auto = capi.build_id()
+    blas = capi.build_id()          # the fixture's backend
     assert vendored.endswith("-vendored") and blas.endswith("-blas") and auto.endswith("-auto"), (vendored, blas)
     assert vendored[:16] == blas[:16] == auto[:16] and len(vendored.split("-")[0]) == 16
