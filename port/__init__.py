@@ -77,7 +77,7 @@ def compile(trainer: Any, path: Any) -> Any:   # noqa: A001 - the verb users exp
 _LAZY = {
     "models": ("port.models", None),
     "config": ("port.config", None),
-    "kernels": ("port.exec.kernels", None),
+    "kernels": ("port.exec.capi", None),    # the C library's settings: threads, GEMM backend
     "optim": ("port.train.optim", None),
     "Trainer": ("port.train.trainer", "Trainer"),
     "default_plan": ("port.lower.lower", "default_plan"),

@@ -5,6 +5,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/reference.py
+sys.path.append(str(Path(__file__).resolve().parent / "kernels"))  # tests/kernels/checked.py
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 # Engine footprints (port.cost.footprint) take a fresh process per engine (~2 s each): the quick profiles the
 # suite takes by the hundred skip them; tests/unit/test_footprint.py measures them.

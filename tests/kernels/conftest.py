@@ -45,7 +45,8 @@ def _seed():
 
 @pytest.fixture
 def K():
-    import port.exec.kernels as kernels
-    kernels.set_gemm_backend("blas")
-    yield kernels
-    kernels.set_gemm_backend("blas")
+    """The checked tensor wrappers (tests/kernels/checked.py), with the GEMM backend at 'blas'."""
+    import checked
+    capi.set_gemm_backend("blas")
+    yield checked
+    capi.set_gemm_backend("blas")

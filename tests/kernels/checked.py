@@ -1,22 +1,15 @@
-"""Python binding of PORT's C kernel library (kernels/include/port_kernels.h).
+"""Checked torch-tensor wrappers of PORT's C kernels: test support (the kernel tests and bench/ use them; port
+itself runs the kernels through port.exec.capi's raw functions only).
 
-Two levels:
+Each function takes torch tensors, validates shape, dtype (float32 activations, int64 labels/indices, uint8
+masks), device, contiguity and aliasing, allocates outputs/workspace when not given, raises ValueError naming the
+offending argument, and calls the raw C function (``port.exec.capi.raw``), raising on a non-OK status.
 
-* Raw fast path -- ``port.exec.kernels.raw.<c_function>(...)``: the ctypes function
-  objects with argtypes from ``SIGNATURES`` (mirrors the header; a test checks
-  it).  Pointer arguments are plain integer addresses (e.g. ``arena_base +
-  offset``), param structs are ``Conv2dParams``/``BatchNormParams``/... instances
-  (build them once, reuse them).  Every kernel returns an int status
-  (0 == PORT_OK); call ``check(status, "name")`` to raise.  No validation is done
-  on this path beyond what C does (it checks params/workspace and returns status).
+Gradient semantics follow the header: weight gradients ACCUMULATE (+=) into the given buffers (zero-initialised
+when not given), input gradients OVERWRITE.
 
-* Checked API -- the functions below take torch tensors, validate shape, dtype
-  (float32 activations, int64 labels/indices, uint8 masks), device, contiguity
-  and aliasing, allocate outputs/workspace when not given and raise ValueError
-  naming the offending argument.
-
-Gradient semantics follow the header: weight gradients ACCUMULATE (+=) into the
-given buffers (zero-initialised when not given), input gradients OVERWRITE.
+Import it as ``checked`` with tests/kernels on sys.path (tests/conftest.py puts it there; bench/_results.py's
+``checked_kernels()`` for the benchmarks).
 """
 from __future__ import annotations
 
@@ -25,14 +18,11 @@ import math
 from typing import Sequence
 
 # port first: importing it applies PORT's OpenMP wait policy before torch loads the runtime
-from port.exec.capi import (  # noqa: F401  (the raw binding and the settings, re-exported)
-    ATTN_PLAIN, ATTN_TILED, CONV_AUTO, CONV_DIRECT, CONV_IM2COL, CONV_WINOGRAD, GEMM_AUTO, GEMM_BLAS, GEMM_VENDORED,
-    PORT_ERR_ALIAS, PORT_ERR_ARG, PORT_ERR_NULL, PORT_ERR_SHAPE, PORT_ERR_UNSUPPORTED, PORT_ERR_WORKSPACE, PORT_OK,
-    SIGNATURES, AttentionParams, BatchNormParams, Conv2dParams, KernelError, KernelValueError, LinearParams,
-    Pool2dParams, UnsupportedError, WorkspaceError, _ALGOS, check, ctype_of, gemm_backend, gemm_backend_for,
-    get_gemm_backend, get_num_threads, raw, set_gemm_backend, set_num_threads, status_string)
+from port.exec.capi import (ATTN_PLAIN, ATTN_TILED, PORT_OK, _ALGOS, AttentionParams, BatchNormParams,
+                            Conv2dParams, LinearParams, Pool2dParams, check, raw, status_string)
 
 import torch  # noqa: E402
+
 
 # --------------------------------------------------------------------------- validation helpers
 def _ptr(t: torch.Tensor | None) -> int | None:
