@@ -1,19 +1,19 @@
 """Build of PORT's C kernel library (kernels/src/*.c -> port/exec/_port_kernels*.so).
 
-The library is a plain shared object loaded with ctypes (port/exec/native.py); it is
+The library is a plain shared object loaded with ctypes (port/exec/capi.py); it is
 built as a setuptools Extension only so that `pip install -e .` builds it.
 
 * Portable flags only (-O3 -fopenmp -std=c11); ISA-specific code is behind
   runtime CPU dispatch in the sources.  PORT_NATIVE=1 adds -march=native.
 * GEMM goes to OpenBLAS from the PyPI wheel scipy-openblas32 (symbols prefixed
-  scipy_cblas_*).  Its lib dir is added as rpath; at run time port/exec/native.py
+  scipy_cblas_*).  Its lib dir is added as rpath; at run time port/exec/capi.py
   additionally pre-loads libscipy_openblas.so from the *installed* wheel (the
   build may run in an isolated, temporary environment).
   PORT_NO_BLAS=1 builds without BLAS (vendored SGEMM only).
 
 OpenMP: the sources are compiled with -fopenmp, but on Linux the library is
 linked WITHOUT the OpenMP runtime (no DT_NEEDED libgomp; GOMP_*/omp_* stay
-undefined).  port/exec/native.py loads, RTLD_GLOBAL and before the library, the
+undefined).  port/exec/capi.py loads, RTLD_GLOBAL and before the library, the
 OpenMP runtime torch already uses (torch/lib/libgomp*.so*), else the system
 libgomp.so.1 -- so PORT and torch share ONE OpenMP thread pool (a second
 libgomp copy would be a second spinning pool).  OpenBLAS is used
@@ -91,7 +91,7 @@ class BuildAsan(Command):
 
 
 def _openmp_link():
-    """Link flags for OpenMP: none on Linux (runtime pre-loaded by port/exec/native.py)."""
+    """Link flags for OpenMP: none on Linux (runtime pre-loaded by port/exec/capi.py)."""
     if sys.platform.startswith("linux") and os.environ.get("PORT_LINK_OPENMP") != "1":
         return []
     return ["-fopenmp"]

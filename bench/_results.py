@@ -29,13 +29,24 @@ def write_section(title: str, body: str) -> None:
         os.fsync(f.fileno())
 
 
+def checked_kernels():
+    """tests/kernels/checked.py, the checked torch-tensor wrappers of the C kernels (test support: ``sgemm``,
+    ``conv2d_params``, ...), imported with tests/kernels appended to sys.path (appended: bench/ itself must not
+    come first either, its profile.py shadows the stdlib module)."""
+    kdir = str(Path(__file__).resolve().parent.parent / "tests" / "kernels")
+    if kdir not in sys.path:
+        sys.path.append(kdir)
+    import checked
+    return checked
+
+
 def sgemm_gflops(n: int = 2048, reps: int = 5, with_torch: bool = False) -> dict:
     """The machine's measured sgemm rate in GFLOP/s (n x n x n, best of ``reps``) at the thread counts in force:
     {"port": PORT's GEMM (OpenBLAS split over the kernel threads)} and, with ``with_torch``, torch.mm's. The one
     measurement every benchmark's "% of sgemm" divides by."""
     import time
     import torch
-    from port.exec import kernels as K
+    K = checked_kernels()
     a, b, c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
     fns = {"port": lambda: K.sgemm(a, b, c=c)}
     if with_torch:

@@ -73,14 +73,13 @@ def _status() -> dict[str, int]:
 
 # ----------------------------------------------------------------------------- worker (fresh process)
 def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> None:
-    from port.exec import native
-    native.configure_openmp_env()   # PORT's wait policy before torch loads the runtime (eager: left at defaults)
+    from port.exec import capi
+    capi.configure_openmp_env()     # PORT's wait policy before torch loads the runtime (eager: left at defaults)
     import torch
     torch.set_num_threads(threads)
     import torch.nn.functional as F
-    from port.exec import kernels as K
     from port import models
-    K.set_num_threads(threads)
+    capi.set_num_threads(threads)
     from port.train.optim import SGD as PortSGD
     from port.train.trainer import Trainer
     from port.train.memwatch import release_freed_heap, reset_peak
@@ -220,7 +219,7 @@ def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> No
     rec = {"impl": impl, "model": name, "batch": batch, "steps_run": len(losses), "setup_s": setup_s,
            "pre": pre, "setup": setup, "setup_hwm": setup_hwm, "peak": extra.get("peak_before_prof", peak()), "end": st["VmRSS"],
            "method": method, "param_bytes": param_bytes, "buffer_bytes": buffer_bytes, "report": report,
-           "kernel_threads": K.get_num_threads(), "loss_first": losses[0] if losses else None,
+           "kernel_threads": capi.get_num_threads(), "loss_first": losses[0] if losses else None,
            "thread_events": [[e.step, e.from_threads, e.to_threads, e.why] for e in tr.thread_events] if tr else [],
            **extra}
     out.write(json.dumps(rec) + "\n")

@@ -26,7 +26,7 @@ sys.path[:] = [str(ROOT)] + [q for q in sys.path if Path(q or ".").resolve() != 
 import _results  # noqa: E402  (now: importing torch rebuilds sys.path without bench/; later imports find it loaded)
 
 import port  # noqa: E402  (first: PORT's OpenMP wait policy is set before torch loads the runtime)
-from port.exec import kernels as K  # noqa: E402
+from port.exec import capi  # noqa: E402
 import torch  # noqa: E402
 
 FAMILIES = ("conv fwd", "conv fwd (depthwise)", "conv grad input", "conv grad input (depthwise)",
@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args()
-    K.set_num_threads(a.threads)
+    capi.set_num_threads(a.threads)
     torch.set_num_threads(a.threads)
     steps = 3 if a.quick else 7
     t0, load0 = time.time(), os.getloadavg()[0]

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench._results import machine_line, publish  # noqa: E402
+from bench._results import checked_kernels, machine_line, publish  # noqa: E402
 
 # (label, m, n, k, trans_a, trans_b): ResNet-18's 3x3 convolutions at batch 8 (per-image im2col GEMMs, 32x32 map
 # = 1024 columns; small maps folded to 64+ columns) -- forward W[c_out, K] col[K, P], input gradient
@@ -58,10 +58,11 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     import torch
-    from port.exec import kernels as K
+    from port.exec import capi
+    K = checked_kernels()
 
     t0, load0 = time.time(), os.getloadavg()[0]
-    default = K.get_gemm_backend()
+    default = capi.get_gemm_backend()
     core = blas_core()
     rows, speedups, default_wins = [], [], []
     for label, m, n, k, ta, tb in SHAPES:
@@ -70,15 +71,15 @@ def main() -> None:
         c = torch.empty(m, n)
         cells = []
         for threads in (1, 2):
-            K.set_num_threads(threads)
+            capi.set_num_threads(threads)
             times: dict[str, list[float]] = {"blas": [], "vendored": []}
             order = ["blas", "vendored"]
             for be in order:  # warm-up
-                K.set_gemm_backend(be)
+                capi.set_gemm_backend(be)
                 K.sgemm(a, b, bool(ta), bool(tb), c=c)
             for r in range(args.rounds):
                 for be in (order if r % 2 == 0 else order[::-1]):
-                    K.set_gemm_backend(be)
+                    capi.set_gemm_backend(be)
                     t = time.perf_counter()
                     K.sgemm(a, b, bool(ta), bool(tb), c=c)
                     times[be].append(time.perf_counter() - t)
@@ -87,21 +88,21 @@ def main() -> None:
             if threads == 2:
                 speedups.append(gf["vendored"] / gf["blas"])
                 faster = max(gf, key=gf.get)
-                K.set_gemm_backend(default)
-                picked = K.gemm_backend_for(bool(ta), bool(tb), m, n, k)
+                capi.set_gemm_backend(default)
+                picked = capi.gemm_backend_for(bool(ta), bool(tb), m, n, k)
                 default_wins.append(faster == picked)
         rows.append(f"| {label} | {m}x{n}x{k} | {'T' if ta else 'N'}{'T' if tb else 'N'} | "
                     f"{cells[0]['blas']:.0f} / {cells[0]['vendored']:.0f} | "
                     f"{cells[1]['blas']:.0f} / {cells[1]['vendored']:.0f} | "
                     f"{cells[1]['vendored'] / cells[1]['blas']:.2f} | {picked} |")
-    K.set_gemm_backend(default)
+    capi.set_gemm_backend(default)
     med = statistics.median(speedups)
     wins = sum(default_wins)
     body = [
         machine_line("python bench/gemm.py", t0, load0) + ".",
         "",
         f"OpenBLAS core: {core} (OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}); CPU has "
-        f"AVX-512: {bool(K.raw.port_cpu_has_avx512())}; PORT's default GEMM here: **{default}** "
+        f"AVX-512: {bool(capi.raw.port_cpu_has_avx512())}; PORT's default GEMM here: **{default}** "
         "(kernels/include/port_kernels.h: 'auto' where the CPU and OpenBLAS's core have AVX-512 -- the vendored "
         "GEMM, OpenBLAS for small products and n <= 16 --, the vendored one where only the CPU has it, OpenBLAS "
         "elsewhere; the last column is the backend the default runs for the shape). GFLOP/s = 2mnk / "

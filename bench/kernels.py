@@ -28,18 +28,19 @@ import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, ROOT)
-from port.exec import native as _native
+from port.exec import capi
 
-_native.configure_openmp_env()  # before torch loads the OpenMP runtime (PORT's wait policy)
+capi.configure_openmp_env()  # before torch loads the OpenMP runtime (PORT's wait policy)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import port.exec.kernels as K  # noqa: E402
 from port.plan import variants as V  # noqa: E402
 
 sys.path.append(os.path.join(ROOT, "bench"))   # last: bench/profile.py shadows the stdlib module
-from _results import sgemm_gflops, write_section  # noqa: E402
+from _results import checked_kernels, sgemm_gflops, write_section  # noqa: E402
+
+K = checked_kernels()
 
 
 # ----------------------------------------------------------------------------- layer lists
@@ -112,7 +113,7 @@ def timeit(fn, blocks, block_s):
 
 def ok(st):
     if st != 0:
-        raise RuntimeError(K.status_string(st))
+        raise RuntimeError(capi.status_string(st))
 
 
 def bench_layer(layer, n, blocks, block_s, do_patch=True):
@@ -120,14 +121,14 @@ def bench_layer(layer, n, blocks, block_s, do_patch=True):
     x = torch.randn(n, ci, h, w)
     wt = torch.randn(co, ci // g, k, k) * 0.1
     prm = K.conv2d_params(x.shape, wt.shape, s, p, g)
-    ho, wo = K.raw.port_conv2d_out_h(prm), K.raw.port_conv2d_out_w(prm)
+    ho, wo = capi.raw.port_conv2d_out_h(prm), capi.raw.port_conv2d_out_w(prm)
     P = ho * wo
     Kd = ci // g * k * k
     y, dy = torch.empty(n, co, ho, wo), torch.randn(n, co, ho, wo)
     dx, dw = torch.empty_like(x), torch.zeros_like(wt)
-    ws_bytes = max(K.raw.port_conv2d_workspace_bytes(prm, a) for a in (K.CONV_AUTO, K.CONV_IM2COL))
+    ws_bytes = max(capi.raw.port_conv2d_workspace_bytes(prm, a) for a in (capi.CONV_AUTO, capi.CONV_IM2COL))
     ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8)
-    R = K.raw
+    R = capi.raw
     xp, wp, yp, dyp, dxp, dwp, wsp = (t.data_ptr() for t in (x, wt, y, dy, dx, dw, ws))
 
     def directions(algo, key):
@@ -141,11 +142,11 @@ def bench_layer(layer, n, blocks, block_s, do_patch=True):
                                    blocks, block_s)
 
     res = {}
-    auto = R.port_conv2d_resolve_algo(prm, K.CONV_AUTO)
-    res["algo"] = {K.CONV_IM2COL: "im2col", K.CONV_DIRECT: "direct", K.CONV_WINOGRAD: "winograd"}[auto]
-    directions(K.CONV_AUTO, "port")           # what PORT runs by default (PORT_CONV_AUTO)
-    if auto == K.CONV_WINOGRAD:               # the im2col + GEMM path of the same layer, for the GEMM-rate target
-        directions(K.CONV_IM2COL, "im2col")
+    auto = R.port_conv2d_resolve_algo(prm, capi.CONV_AUTO)
+    res["algo"] = {capi.CONV_IM2COL: "im2col", capi.CONV_DIRECT: "direct", capi.CONV_WINOGRAD: "winograd"}[auto]
+    directions(capi.CONV_AUTO, "port")           # what PORT runs by default (PORT_CONV_AUTO)
+    if auto == capi.CONV_WINOGRAD:               # the im2col + GEMM path of the same layer, for the GEMM-rate target
+        directions(capi.CONV_IM2COL, "im2col")
     else:
         res.update({f"im2col_{d}": res[f"port_{d}"] for d in ("fwd", "bwi", "bww")})
     cb = torch.ops.aten.convolution_backward
@@ -176,7 +177,7 @@ def bench_layer(layer, n, blocks, block_s, do_patch=True):
                     R.port_sgemm(yp + 4 * (i * co + gg * cog) * P, wp + 4 * gg * cog * Kd, cpp, 0,
                                  0, cog, P, Kd, 1.0, 0.0, Kd, P, P)
         res["gemm_only_fwd"] = timeit(gemms, blocks, block_s)
-        ws_im2col = R.port_conv2d_workspace_bytes(prm, K.CONV_IM2COL)
+        ws_im2col = R.port_conv2d_workspace_bytes(prm, capi.CONV_IM2COL)
         if do_patch:
             th, tw = V.patch_tile_hw("patch8", ho, wo)
             pws = R.port_conv2d_patch_workspace_bytes(prm, th, tw)
@@ -219,7 +220,7 @@ def main(argv=None):
     t_start = time.time()
     sgemm_rate = {}
     for nt in threads:
-        K.set_num_threads(nt)
+        capi.set_num_threads(nt)
         sgemm_rate[nt] = sgemm_gflops()["port"]
         print(f"# threads={nt}: machine sgemm (PORT's GEMM, 2048^3) {sgemm_rate[nt]:.0f} GFLOP/s", flush=True)
         for n in batches:
@@ -228,7 +229,7 @@ def main(argv=None):
                 r.update(net=layer[0], name=layer[1], n=n, threads=nt, layer=layer)
                 rows.append(r)
             print(f"# threads={nt} batch={n} done ({time.time() - t_start:.0f}s)", flush=True)
-    K.set_num_threads(os.cpu_count() or 1)
+    capi.set_num_threads(os.cpu_count() or 1)
     load1 = os.getloadavg()
 
     lines = []
@@ -329,7 +330,7 @@ def main(argv=None):
                 f"{'quick' if args.quick else 'full'})")
     from port.cost.measure import host_info
     env = (f"{host_info().get('cpu') or platform.machine()}, {os.cpu_count()} CPUs, torch "
-           f"{torch.__version__}, AVX-512 microkernel: {bool(K.raw.port_cpu_has_avx512())}")
+           f"{torch.__version__}, AVX-512 microkernel: {bool(capi.raw.port_cpu_has_avx512())}")
     section = "\n".join([
         "## Kernels", "",
         f"`python bench/kernels.py{' --quick' if args.quick else ''}` -- {env}. Times are medians "
@@ -342,8 +343,8 @@ def main(argv=None):
         "im2col + GEMM path; effective = the same FLOPs over the time of what AUTO runs; im2col % = im2col "
         "forward time outside the per-image GEMMs; patch = the patch8 variant (bands of H_out // 8 whole output "
         "rows, each band's rows split over the threads), workspace and fwd+bwd time relative to whole-tensor "
-        f"im2col. GEMM backend: {K.get_gemm_backend()} (the default). "
-        f"Threads: one OpenMP pool shared by PORT and torch ({os.path.basename(_native.openmp_runtime() or '?')}, "
+        f"im2col. GEMM backend: {capi.get_gemm_backend()} (the default). "
+        f"Threads: one OpenMP pool shared by PORT and torch ({os.path.basename(capi.openmp_runtime() or '?')}, "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT', 'unset')}); OpenBLAS single-threaded, "
         "PORT splits large GEMMs over the pool. "
         f"Shared 2-vCPU VM (other jobs running: load average {load0[0]:.1f} at start, {load1[0]:.1f} at end), "

@@ -48,11 +48,11 @@ def training_steps(name: str, plans: dict, batch: int, threads: int, warmup: int
     """Median step wall time (ms) of each plan's Trainer and of PyTorch eager, in alternating rounds (the order
     rotates each round): ({accelerator: ms}, eager ms, {accelerator: kernel threads after its Trainer's last step})."""
     import torch.nn.functional as F
-    from port.exec import kernels as K
+    from port.exec import capi
     from port.train.optim import SGD as PortSGD
     from port.train.trainer import Trainer
     torch.set_num_threads(threads)
-    K.set_num_threads(threads)
+    capi.set_num_threads(threads)
     gen = torch.Generator().manual_seed(1234)
     batches = [(torch.randn(batch, 3, 32, 32, generator=gen), torch.randint(0, 10, (batch,), generator=gen))
                for _ in range(4)]
@@ -84,7 +84,7 @@ def training_steps(name: str, plans: dict, batch: int, threads: int, warmup: int
             if rnd >= warmup:
                 times[k].append((time.perf_counter() - t0) * 1e3)
             if k in trainers:
-                threads_after[k] = K.get_num_threads()
+                threads_after[k] = capi.get_num_threads()
             time.sleep(SETTLE_S)    # the previous step's OpenMP threads go idle before the next step starts
     med = {k: statistics.median(v) for k, v in times.items()}
     return ({a: med[a] for a in plans}, med["eager"], threads_after)

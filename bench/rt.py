@@ -78,9 +78,9 @@ def worker_eager(name: str, batch: int, steps: int) -> None:
 def worker_port(name: str, batch: int, steps: int, plan_path: str) -> None:
     import port
     from port import models
-    from port.exec import kernels
+    from port.exec import capi
     from port.plan.io import load_plan
-    kernels.set_num_threads(THREADS)
+    capi.set_num_threads(THREADS)
     x, y = _data(name)
     plan = load_plan(plan_path)
     trs = {e: port.Trainer(models.get(name, seed=0), x[:batch], plan=plan, engine=e,

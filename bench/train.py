@@ -9,7 +9,7 @@ Every (model, batch, implementation) runs in a FRESH subprocess (``--worker``), 
   * same model (``port.models.get(name, seed=0)``, train mode), same data (a new seeded random batch x
     [B,3,32,32] and labels every step, the same sequence in every worker), SGD lr 0.01 momentum 0.9 (torch.optim.SGD defaults otherwise: foreach off on CPU,
     zero_grad(set_to_none=True)); PORT: ``Trainer(model, x, optimizer=SGD(0.01, momentum=0.9), backend="c")``.
-  * threads: ``torch.set_num_threads(2)`` and ``port.exec.kernels.set_num_threads(2)`` in both (``--threads N`` to
+  * threads: ``torch.set_num_threads(2)`` and ``port.exec.capi.set_num_threads(2)`` in both (``--threads N`` to
     change); PORT's Trainer runs its default thread governor (``threads="auto"``, up to that count) and its
     settled count per phase is recorded, as is torch's.
   * step time: median of ``--steps`` timed steps after ``--warmup`` untimed steps (time.perf_counter around
@@ -127,14 +127,13 @@ def worker(impl: str, name: str, batch: int, steps: int, warmup: int, threads: i
     # the OpenMP runtime reads its wait policy once, when it loads (with torch): PORT's policy is set first, as
     # `import port` before `import torch` (or `port train`) does; the "torch" worker runs with
     # PORT_OMP_WAIT_POLICY=default, where this leaves libgomp's defaults alone
-    from port.exec import native
-    native.configure_openmp_env()
+    from port.exec import capi
+    capi.configure_openmp_env()
     import torch
     torch.set_num_threads(threads)
     import torch.nn.functional as F
     from port import models
-    from port.exec import kernels as K
-    K.set_num_threads(threads)      # kernel OpenMP pool (+ torch intra-op): same call in both workers
+    capi.set_num_threads(threads)   # kernel OpenMP pool (+ torch intra-op): same call in both workers
     from port.train.optim import SGD as PortSGD
     from port.train.trainer import Trainer
     # the same heavy imports in both workers before the baseline: torch.optim's first construction imports
@@ -221,7 +220,7 @@ def worker(impl: str, name: str, batch: int, steps: int, warmup: int, threads: i
             "omp_env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}, "model": name, "batch": batch, "steps_run": len(losses),
             "setup_s": setup_s, "pre": pre, "setup": setup, "peak": peak,
             "end": st["VmRSS"], "method": method, "param_bytes": param_bytes, "buffer_bytes": buffer_bytes,
-            "torch_threads": torch.get_num_threads(), "trim": trim, "kernel_threads": K.get_num_threads(),
+            "torch_threads": torch.get_num_threads(), "trim": trim, "kernel_threads": capi.get_num_threads(),
             "report": report, "loss_first": losses[0] if losses else None,
             "loss_last": losses[-1] if losses else None}
 
@@ -230,10 +229,10 @@ def gemm_worker(threads: int) -> dict:
     """The machine's measured sgemm rate (GFLOP/s, 2048^3, best of 5): PORT's GEMM (OpenBLAS, split over the
     kernel threads) and torch.mm, each with ``threads`` threads."""
     import torch
-    from port.exec import kernels as K
+    from port.exec import capi
     from _results import sgemm_gflops
     torch.set_num_threads(threads)
-    K.set_num_threads(threads)
+    capi.set_num_threads(threads)
     return sgemm_gflops(with_torch=True)
 
 
@@ -631,7 +630,7 @@ def main() -> None:
     method = sorted({d["method"] for d in rows if "method" in d})
     cmd = ("python bench/train.py" + (" --quick" if a.quick else "") + (f" --batches {a.batches}" if a.batches else "")
            + (f" --models {a.models}" if a.models != ",".join(MODELS) else ""))
-    notes = f"""`{cmd}` ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()}-vCPU host shared with other jobs: load average {load0[0]:.1f} at start, {load1[0]:.1f} at end; {wall:.0f} s total). Every (model, batch, implementation) in a fresh subprocess; the PyTorch and the PORT worker of one (model, batch) are set up one after the other, then driven in alternating blocks of consecutive steps (who goes first alternates each round; a block's first step untimed, see Speed below) so machine-load drift hits both: {warmup} warm-up steps (whole blocks; PORT's thread governor makes its first probe in them), then rounds until each worker has {steps} timed steps (at least 3 rounds; capped at {max_s:.0f} s per configuration); median step time, their ratio, and in brackets the median of the per-round PORT/PyTorch ratios. Same model (seed 0, train mode), same random data (a new batch every step, the same sequence in every worker: a fixed batch is memorised within ~20 steps and its denormal gradients slow both implementations 10-30x), SGD lr 0.01 momentum 0.9 (PyTorch: torch.optim.SGD, zero_grad(set_to_none=True)). torch.set_num_threads(2) and port.exec.kernels.set_num_threads(2) in both; PORT's Trainer governed its kernels' thread count (its default, `threads="auto"`, up to 2); the threads column shows port.exec.kernels.get_num_threads() after the last step.
+    notes = f"""`{cmd}` ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()}-vCPU host shared with other jobs: load average {load0[0]:.1f} at start, {load1[0]:.1f} at end; {wall:.0f} s total). Every (model, batch, implementation) in a fresh subprocess; the PyTorch and the PORT worker of one (model, batch) are set up one after the other, then driven in alternating blocks of consecutive steps (who goes first alternates each round; a block's first step untimed, see Speed below) so machine-load drift hits both: {warmup} warm-up steps (whole blocks; PORT's thread governor makes its first probe in them), then rounds until each worker has {steps} timed steps (at least 3 rounds; capped at {max_s:.0f} s per configuration); median step time, their ratio, and in brackets the median of the per-round PORT/PyTorch ratios. Same model (seed 0, train mode), same random data (a new batch every step, the same sequence in every worker: a fixed batch is memorised within ~20 steps and its denormal gradients slow both implementations 10-30x), SGD lr 0.01 momentum 0.9 (PyTorch: torch.optim.SGD, zero_grad(set_to_none=True)). torch.set_num_threads(2) and port.exec.capi.set_num_threads(2) in both; PORT's Trainer governed its kernels' thread count (its default, `threads="auto"`, up to 2); the threads column shows port.exec.capi.get_num_threads() after the last step.
 
 {tab}
 

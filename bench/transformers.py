@@ -63,9 +63,9 @@ def _c_device(dev):
 def worker(impl: str, name: str, mode: str, batch: int, steps: int, warmup: int) -> dict:
     import torch
     import torch.nn.functional as F
-    from port.exec import kernels as K
+    from port.exec import capi
     from port.transformers import bert_tiny, gpt_tiny, lora
-    K.set_num_threads(2)
+    capi.set_num_threads(2)
     torch.manual_seed(0)
     m = (gpt_tiny if name == "gpt_tiny" else bert_tiny)(**MODELS[name])
     if mode == "lora":

@@ -21,9 +21,9 @@ __version__ = "0.1.0"
 
 # Before any OpenMP runtime loads (torch's or the kernels'): passive waiting, so idle pool threads do not
 # spin on CPUs that other threads need (on a 2-core device a spinning pool costs 100x; see bench/RESULTS.md).
-from port.exec import native as _native_env  # noqa: E402  (imports no torch)
+from port.exec import capi as _capi  # noqa: E402  (imports no torch, loads no library)
 
-_native_env.configure_openmp_env()
+_capi.configure_openmp_env()
 
 from port.errors import (ConfigError, InfeasibleBudgetError, PlanError, PortError, PortTraceError,  # noqa: E402,F401
                          ProfileError, ProgramError)
@@ -77,7 +77,7 @@ def compile(trainer: Any, path: Any) -> Any:   # noqa: A001 - the verb users exp
 _LAZY = {
     "models": ("port.models", None),
     "config": ("port.config", None),
-    "kernels": ("port.exec.kernels", None),
+    "kernels": ("port.exec.capi", None),    # the C library's settings: threads, GEMM backend
     "optim": ("port.train.optim", None),
     "Trainer": ("port.train.trainer", "Trainer"),
     "default_plan": ("port.lower.lower", "default_plan"),

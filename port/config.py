@@ -244,8 +244,8 @@ def requirement_met(req: Optional[str]) -> tuple[bool, str]:
         return (True, "") if torch.backends.mps.is_available() else (False, "torch reports MPS unavailable")
     if req == "c-kernels":
         try:
-            from port.exec import native as _native
-            _native.load()
+            from port.exec import capi
+            capi.load()
             return True, ""
         except Exception as e:  # noqa: BLE001 - any load failure means "not present"
             return False, f"PORT C kernels not loadable ({type(e).__name__}: {e})"

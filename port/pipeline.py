@@ -384,7 +384,7 @@ def stale_reason(profile: Any) -> Optional[str]:
     if theirs and ours and theirs != ours:
         return (f"it was measured on another CPU model ({theirs!r}; this machine has {ours!r}): per-op times do "
                 f"not carry over between CPU models")
-    from port.exec.native import build_id
+    from port.exec.capi import build_id
     kb, now = dict(profile.host).get("kernels_build", ""), build_id()
     if now and kb != now:
         return (f"it was measured with another build of PORT's C kernels ({kb or 'unrecorded'}, this one is "
@@ -1136,7 +1136,7 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
     from port import config as C
     from port.config import format_size
     from port.cost.io import save_profile
-    from port.exec import kernels as K
+    from port.exec import capi
     from port.io import atomic_write_text
     from port.train.trainer import Trainer
 
@@ -1149,7 +1149,7 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
                    train={"steps": steps, "on_nonfinite": on_nonfinite, "threads": threads})
     cfg = job.config
     if _fixed_threads(cfg):
-        K.set_num_threads(_fixed_threads(cfg))
+        capi.set_num_threads(_fixed_threads(cfg))
     run_dir = Path(out_dir) / cfg.name
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(C.dump_experiment(cfg), sort_keys=False))

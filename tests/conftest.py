@@ -5,6 +5,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/reference.py
+sys.path.append(str(Path(__file__).resolve().parent / "kernels"))  # tests/kernels/checked.py
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 # Engine footprints (port.cost.footprint) take a fresh process per engine (~2 s each): the quick profiles the
 # suite takes by the hundred skip them; tests/unit/test_footprint.py measures them.
@@ -15,5 +16,5 @@ os.environ.setdefault("PORT_PROFILE_ENGINE", "0")
 os.environ.setdefault("PORT_CAPTURE", "inprocess")
 
 # Before torch loads its OpenMP runtime: passive waiting (a spinning pool on an oversubscribed 2-core
-# machine makes every parallel region 100x slower; see port/_native.py).
+# machine makes every parallel region 100x slower; see port/exec/capi.py).
 import port  # noqa: E402,F401

@@ -29,7 +29,7 @@ const char *port_status_string(int status) {
 int port_abi_version(void) { return PORT_ABI_VERSION; }
 
 /* One thread pool: the OpenMP runtime (shared with torch when both are in the
- * process; see port/_native.py).  OpenBLAS always runs single-threaded -- its
+ * process; see port/exec/capi.py).  OpenBLAS always runs single-threaded -- its
  * own pthread pool would spin against the OpenMP workers -- and port__gemm
  * splits large GEMMs over the OpenMP threads itself. */
 #ifdef PORT_HAVE_OPENBLAS

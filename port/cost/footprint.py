@@ -57,9 +57,9 @@ def measure_engine_bytes(graph: Graph, backend: str, threads: int, seed: int = 0
 
 
 def _child(req: dict[str, Any]) -> dict[str, int]:
-    from port.exec import native
+    from port.exec import capi
     from port.train.memwatch import release_freed_heap, reset_peak, status_bytes
-    native.configure_openmp_env()
+    capi.configure_openmp_env()
     import torch
 
     from port.cost.runners import get_runner

@@ -97,7 +97,7 @@ def host_info(graph: Graph | None = None) -> dict[str, str]:
         info["port"] = __version__
     except ImportError:
         pass
-    from port.exec.native import build_id
+    from port.exec.capi import build_id
     info["kernels_build"] = build_id()
     if graph is not None:
         info["graph"] = graph.name

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from port.errors import ProfileError
-from port.exec import registry
+from port.exec import capi, registry
 from port.plan import variants as V
 from port.ir.types import Graph, Op
 from port.lower.program import GRAD_SCALE_ID, Call
@@ -82,8 +82,7 @@ class Runner:
         self.device = torch.device("cuda" if backend == "torch-cuda" else "cpu")
         if threads:
             if backend == "c":
-                from port.exec import kernels
-                kernels.set_num_threads(int(threads))   # kernel OpenMP + BLAS + torch intra-op threads
+                capi.set_num_threads(int(threads))   # kernel OpenMP + BLAS + torch intra-op threads
             else:
                 torch.set_num_threads(int(threads))
         self.threads = torch.get_num_threads()

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from port.errors import PortError, ProgramError
-from port.exec import rtcall
+from port.exec import capi, rtcall
 from port.io import atomic_writer
 
 MAGIC = b"PORTRTB\0"
@@ -226,11 +226,10 @@ def _plan_digest(trainer: Any) -> str:
 
 def check_bundle(path: str | Path) -> int:
     """Check a bundle with the C loader's own checks (port_rt_bundle_check); returns its arena bytes."""
-    from port.exec.kernels import raw
     data = Path(path).read_bytes()
     buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
     arena = ctypes.c_uint64(0)
-    st = raw.port_rt_bundle_check(buf, len(data), ctypes.byref(arena))
+    st = capi.raw.port_rt_bundle_check(buf, len(data), ctypes.byref(arena))
     if st:
         raise BundleError(f"{path}: not a valid port-rt bundle (status {st}: wrong magic, version, size, "
                           f"checksum or an offset outside the arena). Fix: compile it again with `port compile`")

@@ -1,17 +1,52 @@
-"""PORT's C kernel library through ctypes, without torch: constants, param structs, the signature table that
-mirrors ``kernels/include/port_kernels.h`` (a test parses the header and compares), the raw functions
-(``raw.port_<name>`` and the short alias ``raw.<name>``) and status checking.
+"""The one Python module that knows PORT's C ABI (kernels/include/port_kernels.h, port_rt.h), without torch:
+loading the library, the OpenMP environment, constants, param structs, the signature table (a test parses the
+header and compares), the raw functions (``raw.port_<name>`` and the short alias ``raw.<name>``), status
+checking and the library's settings (threads, GEMM backend).
 
-Lowering uses this module's workspace queries (pure functions of shapes) without importing torch; the checked
-tensor API in ``port.exec.kernels`` and the executor's backends build on it.
+Raw path: ``raw.<c_function>(...)`` are ctypes function objects with argtypes from ``SIGNATURES``. Pointer
+arguments are plain integer addresses (e.g. ``arena_base + offset``), param structs are
+``Conv2dParams``/``BatchNormParams``/... instances (build them once, reuse them). Every kernel returns an int
+status (0 == PORT_OK); ``check(status, "name")`` raises. No validation beyond what C does. The executor's
+backends, lowering's workspace queries (pure functions of shapes, no torch) and port-rt's Python engine use it;
+the torch-tensor wrappers the kernel tests use live in tests/kernels/checked.py.
+
+Loading. Importing this module loads nothing: the library is loaded and ``raw`` bound on first use (``load()``,
+or any ``raw.<name>``). Search order: $PORT_KERNELS_LIB (e.g. the ASan build), then the file built by
+`pip install -e .` next to this module (port/exec/_port_kernels*.so). OpenBLAS from the scipy-openblas32 wheel
+is pre-loaded RTLD_GLOBAL so the library resolves its `scipy_cblas_*` symbols from the installed wheel.
+
+One thread pool. The library is linked without an OpenMP runtime (setup.py); before loading it, the OpenMP
+runtime that torch uses is loaded RTLD_GLOBAL (the one already mapped into the process, else
+torch/lib/libgomp*.so*, else the system libgomp.so.1), so PORT's parallel regions, torch's intra-op threads and
+`omp_set_num_threads`/`torch.set_num_threads` all act on the same pool. OpenBLAS is pre-loaded with
+OPENBLAS_NUM_THREADS=1 (no pthread pool is created) and kept single-threaded by the library.
+
+Wait policy.  A parallel region's workers wait for the next region by spinning, then sleeping.  PORT leaves
+libgomp's defaults (spin ~300k iterations, a few ms, then sleep): the same policy as PyTorch's own ops in the same
+process, so PORT never slows the torch-backend ops it hosts.  Measured side by side on a 2-vCPU VM
+(bench/train.py, 2026-11-23), the alternatives were worse: passive waiting (sleep at once) costs every 2-thread
+region a futex wake-up, ~150 us, tens of ms per training step (PyTorch eager ResNet-18 batch 8: 305 ms with the
+defaults, 420 ms passive); a bounded spin (GOMP_SPINCOUNT=30000, ~0.3-1 ms) was no faster on a quiet machine
+and 1.4-3.6x slower with a CPU-bound process beside the steps (a sleeping worker waits for a scheduler slice to
+be woken).  Two pools never spin against each other: OpenBLAS is single-threaded and PORT splits GEMMs over the
+one OpenMP pool.  ``configure_openmp_env()`` applies PORT_OMP_WAIT_POLICY=passive|active|bounded (bounded:
+GOMP_SPINCOUNT=30000) unless the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT; it only has an effect if called
+before the OpenMP runtime is loaded, i.e. before ``import torch`` (``import port`` calls it first thing).
+
+Gradient semantics follow the header: weight gradients ACCUMULATE (+=) into the given buffers, input gradients
+OVERWRITE.
 """
 from __future__ import annotations
 
 import ctypes
+import glob
+import hashlib
+import os
+import re
+import sys
 from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
 
 from port.errors import InternalError as _PortErrorBase
-from port.exec import native as _native
 
 # --------------------------------------------------------------------------- constants
 PORT_OK, PORT_ERR_NULL, PORT_ERR_SHAPE, PORT_ERR_ARG, PORT_ERR_WORKSPACE, PORT_ERR_UNSUPPORTED, \
@@ -239,18 +274,183 @@ def ctype_of(ctype: str):
     raise TypeError(f"unmapped C type {ctype!r}")
 
 
+# --------------------------------------------------------------------------- loading the library
+_lib: ctypes.CDLL | None = None
+_path: str | None = None
+
+
+def library_path() -> str:
+    env = os.environ.get("PORT_KERNELS_LIB")
+    if env:
+        if not os.path.isfile(env):
+            raise ImportError(f"PORT_KERNELS_LIB={env!r} does not exist")
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    cands = sorted(glob.glob(os.path.join(here, "_port_kernels*.so")) +
+                   glob.glob(os.path.join(here, "_port_kernels*.dylib")) +
+                   glob.glob(os.path.join(here, "_port_kernels*.pyd")))
+    if not cands:
+        raise ImportError("PORT C kernels are not built: run `pip install -c constraints.txt -e .` "
+                          "(or `make install`) in the repository root")
+    return cands[0]
+
+
+def _preload_openblas() -> None:
+    # `import scipy_openblas32` already loads the library (its constructor sizes the pthread pool from
+    # OPENBLAS_NUM_THREADS then): PORT calls OpenBLAS single-threaded, so the import runs with the variable at 1
+    # and no pool is created (a pool's threads spin ~0.1 s after start, beside PORT's first steps).  If another
+    # module imported it first, its pool exists; it is set to one thread below and stays idle.
+    prev = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        try:
+            import scipy_openblas32 as ob
+        except ImportError:
+            return
+        libdir = ob.get_lib_dir()
+        for name in (f"lib{ob.get_library()}.so", f"lib{ob.get_library()}.dylib"):
+            path = os.path.join(libdir, name)
+            if os.path.exists(path):
+                lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                for fn in ("scipy_openblas_set_num_threads", "openblas_set_num_threads"):
+                    if hasattr(lib, fn):
+                        getattr(lib, fn)(1)
+                        break
+                return
+    finally:
+        if prev is None:
+            os.environ.pop("OPENBLAS_NUM_THREADS", None)
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = prev
+
+
+_OMP_RE = re.compile(r"/lib(gomp|iomp5|omp)[-.][^/]*\.so[^/]*$|/lib(gomp|iomp5|omp)\.so[^/]*$")
+_omp_path: str | None = None
+
+
+def _mapped_openmp() -> str | None:
+    """Path of an OpenMP runtime already mapped into this process (Linux), else None."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and _OMP_RE.search(parts[5].strip()):
+                    return parts[5].strip()
+    except OSError:
+        pass
+    return None
+
+
+SPINCOUNT = "30000"   # PORT_OMP_WAIT_POLICY=bounded
+
+
+def configure_openmp_env() -> None:
+    """Apply PORT_OMP_WAIT_POLICY (passive | active | bounded; unset or "default": libgomp's defaults) if no OpenMP
+    runtime is loaded yet and the user set no OMP_WAIT_POLICY / GOMP_SPINCOUNT (see the module docstring)."""
+    choice = os.environ.get("PORT_OMP_WAIT_POLICY", "").lower()
+    if choice in ("", "default"):
+        return
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return
+    if "torch" in sys.modules or _mapped_openmp() is not None:
+        return  # too late: the runtime has read its environment already
+    if choice in ("passive", "active"):
+        os.environ["OMP_WAIT_POLICY"] = choice.upper()
+    elif choice == "bounded":
+        os.environ["GOMP_SPINCOUNT"] = SPINCOUNT
+
+
+def _torch_openmp() -> str | None:
+    """Torch's OpenMP runtime, found by path without importing torch (lowering queries workspaces through the
+    library and must stay torch-free). Its SONAME is the system's (libgomp.so.1), so when torch loads later
+    the dynamic loader reuses this very copy: one pool."""
+    mapped = _mapped_openmp()
+    if mapped:
+        return mapped
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    tdir = os.path.join(list(spec.submodule_search_locations)[0], "lib")
+    cands = sorted(glob.glob(os.path.join(tdir, "libgomp*.so*")) +
+                   glob.glob(os.path.join(tdir, "libiomp5*.so*")))
+    return cands[0] if cands else None
+
+
+def _preload_openmp() -> None:
+    """Load torch's OpenMP runtime (else the system libgomp) RTLD_GLOBAL: the library's GOMP_*/omp_* symbols
+    resolve to it, so PORT and torch share one thread pool."""
+    global _omp_path
+    if not sys.platform.startswith("linux"):
+        return  # elsewhere the library links its OpenMP runtime itself
+    configure_openmp_env()
+    path = _mapped_openmp() or _torch_openmp()
+    for cand in ([path] if path else []) + ["libgomp.so.1"]:
+        try:
+            ctypes.CDLL(cand, mode=ctypes.RTLD_GLOBAL)
+            _omp_path = cand
+            return
+        except OSError:
+            continue
+
+
+def openmp_runtime() -> str | None:
+    """The OpenMP runtime PORT's kernels use (after load())."""
+    return _omp_path
+
+
 class _Raw:
-    """Namespace of the raw ctypes functions (attributes named like the C functions)."""
+    """Namespace of the raw ctypes functions (attributes named like the C functions, with and without the
+    ``port_`` prefix). Bound by ``load()``; the first attribute looked up before that loads the library."""
+
+    def __getattr__(self, name: str):
+        if _lib is None and not name.startswith("__"):
+            load()
+            return getattr(self, name)
+        raise AttributeError(f"the PORT C library binding has no function {name!r} (see SIGNATURES)")
 
 
 raw = _Raw()
-_lib = _native.load()  # loads torch's OpenMP runtime by path, not torch
-for _name, _ret, _args in SIGNATURES:
-    _fn = getattr(_lib, _name)
-    _fn.restype = ctype_of(_ret)
-    _fn.argtypes = [ctype_of(a) for a in _args]
-    setattr(raw, _name, _fn)
-    setattr(raw, _name[len("port_"):], _fn)  # short alias, e.g. raw.relu_forward
+
+
+def load() -> ctypes.CDLL:
+    """Load the library (once; torch's OpenMP runtime by path, not torch) and bind ``raw`` from SIGNATURES."""
+    global _lib, _path
+    if _lib is None:
+        _preload_openmp()
+        _preload_openblas()
+        path = library_path()
+        lib = ctypes.CDLL(path)
+        for name, ret, args in SIGNATURES:
+            fn = getattr(lib, name)
+            fn.restype = ctype_of(ret)
+            fn.argtypes = [ctype_of(a) for a in args]
+            setattr(raw, name, fn)
+            setattr(raw, name[len("port_"):], fn)  # short alias, e.g. raw.relu_forward
+        _lib, _path = lib, path
+    return _lib
+
+
+def build_id() -> str:
+    """A digest of the kernel library file (16 hex digits) and the GEMM setting (``-blas`` / ``-vendored`` /
+    ``-auto``: the default depends on the CPU and on OpenBLAS's core, see port_kernels.h): profiles record it, and
+    entries measured with another build of the kernels or another GEMM are not reused."""
+    try:
+        with open(library_path(), "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    except (OSError, ImportError):
+        return ""
+    try:
+        return f"{digest}-{get_gemm_backend()}"
+    except (OSError, ImportError):
+        return digest
+
+
+def loaded_path() -> str | None:
+    return _path
 
 
 # --------------------------------------------------------------------------- errors
@@ -292,3 +492,55 @@ def status_string(status: int) -> str:
     return raw.port_status_string(status).decode()
 
 
+# --------------------------------------------------------------------------- settings
+def set_num_threads(n: int) -> None:
+    """One setting for kernel OpenMP threads, BLAS and torch intra-op threads: one shared OpenMP pool
+    (OpenBLAS itself stays single-threaded; PORT splits GEMMs over the pool)."""
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"set_num_threads: n must be >= 1, got {n}")
+    raw.port_set_num_threads(n)
+    import torch  # here, not at the top: importing this module must not load torch (see the module docstring)
+    torch.set_num_threads(n)
+
+
+def get_num_threads() -> int:
+    return raw.port_get_num_threads()
+
+
+_GEMM_NAMES = {"blas": GEMM_BLAS, "vendored": GEMM_VENDORED, "auto": GEMM_AUTO}
+
+
+def set_gemm_backend(backend: str) -> None:
+    """'blas' (OpenBLAS), 'vendored' (built-in blocked SGEMM) or 'auto' (the vendored one, OpenBLAS for small
+    products and n <= 16; needs OpenBLAS, see port_kernels.h)."""
+    code = _GEMM_NAMES.get(backend)
+    if code is None:
+        raise ValueError(f"set_gemm_backend: backend must be 'blas', 'vendored' or 'auto', got {backend!r}")
+    check(raw.port_set_gemm_backend(code), "set_gemm_backend")
+
+
+def get_gemm_backend() -> str:
+    code = raw.port_get_gemm_backend()
+    return next(name for name, c in _GEMM_NAMES.items() if c == code)
+
+
+def gemm_backend_for(trans_a: bool, trans_b: bool, m: int, n: int, k: int) -> str:
+    """The GEMM ('blas' or 'vendored') that runs op(A)[m x k] op(B)[k x n] under the current setting ('auto'
+    resolved by shape, kernels/src/common.c port__gemm_pick)."""
+    return "vendored" if raw.port_gemm_backend_for(int(trans_a), int(trans_b), m, n, k) == GEMM_VENDORED else "blas"
+
+
+class gemm_backend:
+    """Context manager: ``with gemm_backend('vendored'): ...``"""
+
+    def __init__(self, backend: str):
+        self.backend, self.prev = backend, None
+
+    def __enter__(self):
+        self.prev = get_gemm_backend()
+        set_gemm_backend(self.backend)
+        return self
+
+    def __exit__(self, *exc):
+        set_gemm_backend(self.prev)

@@ -198,7 +198,8 @@ def available(name: str) -> tuple[bool, str]:
                                                                      "is False)")
     if name == "c":
         try:
-            from port.exec import capi  # noqa: F401
+            from port.exec import capi
+            capi.load()
         except Exception as e:  # noqa: BLE001 - ImportError, OSError from the loader
             return False, f"C kernels not built or not loadable ({type(e).__name__}: {e})"
         return True, ""

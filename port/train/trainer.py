@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from port.errors import NonFiniteError, PortError
+from port.exec import capi
 from port.exec.executor import Executor, RunState
 from port.lower.lower import default_plan, inference_job, lower
 from port.train.optim import SGD, AdamW
@@ -54,7 +55,7 @@ class Trainer:
         (port.exec.executor). "auto" (default): "rt" when every op of the plan runs on the C kernels, on the
         CPU, without micro-batching. Both run the same calls and give the same bits; ``profile_step``,
         ``evaluate`` and ``predict`` always use the per-call executor.
-        ``threads``: the kernels' thread count (port.exec.kernels.set_num_threads). "auto" (default): ``step``
+        ``threads``: the kernels' thread count (port.exec.capi.set_num_threads). "auto" (default): ``step``
         picks it from its own step times (port.exec.threads.ThreadGovernor, up to the count set now): fewer
         threads while another process keeps cores busy (a 2-thread step then waits at every barrier for a
         descheduled worker), all of them again when it stops; ``thread_events`` lists its decisions. The C
@@ -195,27 +196,25 @@ class Trainer:
         """The kernels' thread count from the next step on: an int, "auto" (governed by the step times, up to
         the count set now, or the governor's own maximum when one runs) or None (keep the current setting; a
         governor stops). See __init__."""
-        from port.exec import kernels as K
         if threads is not None and threads != "auto" and (isinstance(threads, bool) or not isinstance(threads, int)
                                                             or threads < 1):
             raise PortError(f"threads={threads!r}: expected a thread count >= 1, 'auto' or None (keep the "
-                            f"current setting, {K.get_num_threads()})")
-        top = self._governor.candidates[0] if self._governor is not None else K.get_num_threads()
+                            f"current setting, {capi.get_num_threads()})")
+        top = self._governor.candidates[0] if self._governor is not None else capi.get_num_threads()
         if threads == "auto":
             from port.exec.threads import ThreadGovernor
             self._governor = ThreadGovernor(top)
-            K.set_num_threads(top)
+            capi.set_num_threads(top)
             return
         self._governor = None
         if threads is not None:
-            K.set_num_threads(threads)
+            capi.set_num_threads(threads)
 
     @property
     def threads(self) -> int:
         """The thread count steps run with: the governor's settled count under threads="auto" (a probe's
         count only for the step that probes), else the kernels' current setting."""
-        from port.exec import kernels as K
-        return self._governor.home if self._governor is not None else K.get_num_threads()
+        return self._governor.home if self._governor is not None else capi.get_num_threads()
 
     @property
     def thread_events(self) -> list:
@@ -378,12 +377,11 @@ class Trainer:
         if self._governor is None:
             return self._step(x, y)
         import time
-        from port.exec import kernels as K
         t0 = time.perf_counter()
         loss = self._step(x, y)       # a step that raised (bad batch, non-finite stop) is no timing evidence
         n = self._governor.record((time.perf_counter() - t0) * 1e3)
-        if n != K.get_num_threads():
-            K.set_num_threads(n)
+        if n != capi.get_num_threads():
+            capi.set_num_threads(n)
         return loss
 
     def _step(self, x: Any, y: Any) -> float:
@@ -464,12 +462,11 @@ class Trainer:
         g = self._governor
         if g is None or g.home == g.current:
             return self._profile_step(x, y, commit)
-        from port.exec import kernels as K
-        K.set_num_threads(g.home)
+        capi.set_num_threads(g.home)
         try:
             return self._profile_step(x, y, commit)
         finally:
-            K.set_num_threads(g.current)
+            capi.set_num_threads(g.current)
 
     def _profile_step(self, x: Any, y: Any, commit: bool) -> dict:
         B, mb = self.batch_size, self.micro_batch

@@ -214,8 +214,7 @@ def test_no_second_dispatcher():
     offenders = []
     for f in root.rglob("*.py"):
         rel = f.relative_to(root).as_posix()
-        if rel.startswith(("exec/backends/", "ops/")) or rel in ("exec/registry.py", "exec/kernels.py", "exec/capi.py",
-                                                         "exec/rtcall.py"):
+        if rel.startswith(("exec/backends/", "ops/")) or rel in ("exec/registry.py", "exec/capi.py", "exec/rtcall.py"):
             continue
         # port-rt's runtime entry points (load a bundle, run a whole step) run the registry's encoded calls
         text = f.read_text().replace("raw.port_rt_", "").replace("raw.port_sha256", "")

@@ -19,7 +19,7 @@ import torch
 
 import port
 from port import models
-from port.exec import kernels
+from port.exec import capi
 from port.exec.bundle import BundleError, check_bundle, write_bundle, write_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +61,7 @@ def test_port_rt_equals_python_executor_bit_for_bit(port_rt, tmp_path, name, sha
     info = write_bundle(tr, tmp_path / "m.portrt")
     assert info.train_calls == len(tr.program.calls) and info.arena_bytes >= tr.program.arena_bytes
     write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), 10)
-    threads = kernels.get_num_threads()
+    threads = capi.get_num_threads()
     r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 20,
              "--threads", threads)
     assert r.returncode == 0, r.stderr
@@ -80,7 +80,7 @@ def test_port_rt_eval_matches_predict(port_rt, tmp_path):
     write_bundle(tr, tmp_path / "m.portrt")
     write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), 10)
     r = _run(port_rt, "eval", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata",
-             "--threads", kernels.get_num_threads())
+             "--threads", capi.get_num_threads())
     assert r.returncode == 0, r.stderr
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("eval "))
     correct = int(line.split()[4])
@@ -148,7 +148,7 @@ def test_compile_refuses_torch_ops(tmp_path):
 
 
 def test_sha256_matches_hashlib():
-    raw = kernels.raw
+    raw = capi.raw
     for n in (0, 1, 55, 56, 63, 64, 65, 119, 120, 1000, 4097):
         data = bytes((i * 7 + 3) % 256 for i in range(n))
         out = (ctypes.c_uint8 * 32)()
@@ -160,7 +160,7 @@ def test_sha256_matches_hashlib():
 def test_dropout_seed_matches_python():
     from port.ops.random import dropout_seed
     for s, c, o in ((0, 0, 0), (12345, 7, 3), (2**63 + 5, 2**40, 99)):
-        assert kernels.raw.port_rt_dropout_seed(s, c, o) == dropout_seed(s, c, o)
+        assert capi.raw.port_rt_dropout_seed(s, c, o) == dropout_seed(s, c, o)
 
 
 @pytest.mark.parametrize("name,shape,kw,opt", [
@@ -234,7 +234,7 @@ def test_checkpoints_resume_across_python_and_port_rt(port_rt, tmp_path):
     port.compile(tr, tmp_path / "m.portrt")
     write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), 10)
     r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 5,
-             "--checkpoint", ck, "--resume", "--threads", kernels.get_num_threads())
+             "--checkpoint", ck, "--resume", "--threads", capi.get_num_threads())
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stdout and "at step 5" in r.stdout and "checkpoint" in r.stdout.splitlines()[-2]
     got = [np.float32(ln.split()[3]) for ln in r.stdout.splitlines() if ln.startswith("step ")]
@@ -289,7 +289,7 @@ def test_port_rt_pages_to_a_spill_file(port_rt, tmp_path):
     spill = tmp_path / "spill"
     spill.mkdir()
     r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 4,
-             "--threads", kernels.get_num_threads(), "--spill-dir", spill)
+             "--threads", capi.get_num_threads(), "--spill-dir", spill)
     assert r.returncode == 0, r.stderr
     got = [np.float32(ln.split()[3]) for ln in r.stdout.splitlines() if ln.startswith("step ")]
     ref = [np.float32(tr.step(x[(s * B) % N:(s * B) % N + B], y[(s * B) % N:(s * B) % N + B])) for s in range(4)]
@@ -333,7 +333,7 @@ def test_port_rt_trains_sequence_models_bit_for_bit(port_rt, tmp_path, name):
     write_bundle(tr, tmp_path / "m.portrt")
     write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), classes,
                ignore_index=-100 if name == "gpt_tiny" else None)
-    threads = kernels.get_num_threads()
+    threads = capi.get_num_threads()
     r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 8,
              "--threads", threads, "--checkpoint", tmp_path / "c.ckpt")
     assert r.returncode == 0, r.stderr

@@ -4,7 +4,7 @@ import torch
 
 from port import models
 from port.errors import PortError
-from port.exec import kernels as K
+from port.exec import capi
 from port.train.optim import SGD
 from port.train.trainer import Trainer
 
@@ -12,10 +12,10 @@ from port.train.trainer import Trainer
 @pytest.fixture
 def two_threads():
     """Kernel threads at 2 for the test, the previous count restored afterwards."""
-    prev = K.get_num_threads()
-    K.set_num_threads(2)
+    prev = capi.get_num_threads()
+    capi.set_num_threads(2)
     yield
-    K.set_num_threads(prev)
+    capi.set_num_threads(prev)
 
 
 def _data(b=8):
@@ -26,7 +26,7 @@ def _data(b=8):
 def test_fixed_count_and_bad_values(two_threads):
     x, _ = _data()
     Trainer(models.get("digits_cnn", seed=0), x, optimizer=SGD(0.05), threads=1)
-    assert K.get_num_threads() == 1
+    assert capi.get_num_threads() == 1
     for bad in (0, -2, "many", 1.5, True):
         with pytest.raises(PortError, match="threads="):
             Trainer(models.get("digits_cnn", seed=0), x, threads=bad)
@@ -43,7 +43,7 @@ def test_auto_trains_like_a_fixed_count_and_records_its_decisions(two_threads):
     ev = auto.thread_events
     g = auto._governor
     assert ev and ev[0].step == g.warmup + g.first_probe and ev[0].why == "probe"   # warm-up steps are no evidence
-    assert K.get_num_threads() in (1, 2)
+    assert capi.get_num_threads() in (1, 2)
     auto.set_threads(None)                           # governor off: the count stays as it is
     assert auto.thread_events == [] and auto._governor is None
 
@@ -54,12 +54,12 @@ def test_profile_step_runs_at_the_settled_count_not_a_probe(two_threads):
     g = tr._governor
     while g.current == g.home:        # run until a probe of another count is under way
         tr.step(x, y)
-    assert K.get_num_threads() == g.current == 1
+    assert capi.get_num_threads() == g.current == 1
     seen = []
-    real = K.get_num_threads
+    real = capi.get_num_threads
     tr._profile_step = lambda *a: seen.append(real()) or {}
     tr.profile_step(x, y)
-    assert seen == [g.home] == [2] and K.get_num_threads() == 1    # the probe goes on afterwards
+    assert seen == [g.home] == [2] and capi.get_num_threads() == 1    # the probe goes on afterwards
 
 
 def test_a_rejected_batch_is_no_timing_evidence(two_threads):
@@ -74,15 +74,15 @@ def test_a_rejected_batch_is_no_timing_evidence(two_threads):
 
 def _steps_at(threads: int, backend: str, model_fn, x, y, steps: int = 2):
     """Losses and final state of ``steps`` training steps at a fixed thread count and GEMM backend."""
-    prev = K.get_num_threads()
+    prev = capi.get_num_threads()
     try:
-        with K.gemm_backend(backend):
-            K.set_num_threads(threads)
+        with capi.gemm_backend(backend):
+            capi.set_num_threads(threads)
             tr = Trainer(model_fn(), x, optimizer=SGD(0.05, momentum=0.9), threads=threads)
             losses = [tr.step(x, y) for _ in range(steps)]
             return losses, {k: v.detach().clone() for k, v in tr.state_dict().items()}
     finally:
-        K.set_num_threads(prev)
+        capi.set_num_threads(prev)
 
 
 def _tokens(vocab: int, b: int = 4, t: int = 64):

@@ -11,9 +11,9 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from port.exec import native as _native
+from port.exec import capi  # noqa: E402
 
-_native.configure_openmp_env()  # PORT_OMP_WAIT_POLICY, if set and torch is not imported yet
+capi.configure_openmp_env()  # PORT_OMP_WAIT_POLICY, if set and torch is not imported yet
 
 import torch  # noqa: E402
 
@@ -45,7 +45,8 @@ def _seed():
 
 @pytest.fixture
 def K():
-    import port.exec.kernels as kernels
-    kernels.set_gemm_backend("blas")
-    yield kernels
-    kernels.set_gemm_backend("blas")
+    """The checked tensor wrappers (tests/kernels/checked.py), with the GEMM backend at 'blas'."""
+    import checked
+    capi.set_gemm_backend("blas")
+    yield checked
+    capi.set_gemm_backend("blas")

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import ROOT
+from port.exec import capi
 
 HEADER = os.path.join(ROOT, "kernels", "include", "port_kernels.h")
 RT_HEADER = os.path.join(ROOT, "kernels", "include", "port_rt.h")
@@ -35,24 +36,24 @@ def _parse_header():
 
 def test_header_matches_binding_table(K):
     decls = _parse_header()
-    table = {name: (ret, tuple(args)) for name, ret, args in K.SIGNATURES}
-    assert len(table) == len(K.SIGNATURES), "duplicate names in SIGNATURES"
+    table = {name: (ret, tuple(args)) for name, ret, args in capi.SIGNATURES}
+    assert len(table) == len(capi.SIGNATURES), "duplicate names in SIGNATURES"
     assert set(decls) == set(table), (f"only in header: {sorted(set(decls) - set(table))}; "
                                       f"only in binding: {sorted(set(table) - set(decls))}")
     for name, (ret, args) in decls.items():
         assert table[name][0] == ret, f"{name}: return type {table[name][0]} vs header {ret}"
         assert len(table[name][1]) == len(args), f"{name}: arg count differs"
         assert table[name][1] == args, f"{name}: arg types {table[name][1]} vs header {args}"
-        fn = getattr(K.raw, name)
+        fn = getattr(capi.raw, name)
         assert len(fn.argtypes) == len(args)
 
 
 def test_param_structs_match_header(K):
     src = open(HEADER).read()
-    for cname, cls in (("port_conv2d_params", K.Conv2dParams),
-                       ("port_batchnorm_params", K.BatchNormParams),
-                       ("port_pool2d_params", K.Pool2dParams),
-                       ("port_linear_params", K.LinearParams)):
+    for cname, cls in (("port_conv2d_params", capi.Conv2dParams),
+                       ("port_batchnorm_params", capi.BatchNormParams),
+                       ("port_pool2d_params", capi.Pool2dParams),
+                       ("port_linear_params", capi.LinearParams)):
         body = re.search(r"typedef struct \{([^}]*)\}\s*" + cname + ";", src).group(1)
         body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
         fields = []
@@ -68,78 +69,78 @@ def test_param_structs_match_header(K):
 
 
 def test_status_strings(K):
-    assert K.status_string(0) == "ok"
-    assert "workspace" in K.status_string(K.PORT_ERR_WORKSPACE)
-    assert K.raw.port_abi_version() == 2
+    assert capi.status_string(0) == "ok"
+    assert "workspace" in capi.status_string(capi.PORT_ERR_WORKSPACE)
+    assert capi.raw.port_abi_version() == 2
 
 
 def test_raw_conv_status_codes(K):
-    P = K.Conv2dParams
+    P = capi.Conv2dParams
     x, w, y = torch.randn(1, 4, 5, 5), torch.randn(6, 2, 3, 3), torch.empty(1, 6, 5, 5)
     ws = torch.empty(10_000, dtype=torch.uint8)
     good = P(1, 4, 5, 5, 6, 3, 3, 1, 1, 1, 1, 2)
-    f = K.raw.port_conv2d_forward
+    f = capi.raw.port_conv2d_forward
     args = lambda p, wsb=ws.numel(): (y.data_ptr(), x.data_ptr(), w.data_ptr(), None, p,  # noqa
-                                      K.CONV_IM2COL, ws.data_ptr(), wsb)
-    assert f(*args(good)) == K.PORT_OK
-    assert f(*args(P(1, 4, 5, 5, 6, 3, 3, 1, 1, 1, 1, 3))) == K.PORT_ERR_SHAPE  # groups
-    assert f(*args(P(1, 4, 5, 5, 6, 3, 3, 0, 1, 1, 1, 2))) == K.PORT_ERR_ARG  # stride 0
-    assert f(*args(P(0, 4, 5, 5, 6, 3, 3, 1, 1, 1, 1, 2))) == K.PORT_ERR_SHAPE  # n = 0
-    assert f(*args(P(1, 4, 1, 1, 6, 3, 3, 1, 1, 0, 0, 2))) == K.PORT_ERR_SHAPE  # kernel > input
-    need = K.raw.port_conv2d_workspace_bytes(good, K.CONV_IM2COL)
+                                      capi.CONV_IM2COL, ws.data_ptr(), wsb)
+    assert f(*args(good)) == capi.PORT_OK
+    assert f(*args(P(1, 4, 5, 5, 6, 3, 3, 1, 1, 1, 1, 3))) == capi.PORT_ERR_SHAPE  # groups
+    assert f(*args(P(1, 4, 5, 5, 6, 3, 3, 0, 1, 1, 1, 2))) == capi.PORT_ERR_ARG  # stride 0
+    assert f(*args(P(0, 4, 5, 5, 6, 3, 3, 1, 1, 1, 1, 2))) == capi.PORT_ERR_SHAPE  # n = 0
+    assert f(*args(P(1, 4, 1, 1, 6, 3, 3, 1, 1, 0, 0, 2))) == capi.PORT_ERR_SHAPE  # kernel > input
+    need = capi.raw.port_conv2d_workspace_bytes(good, capi.CONV_IM2COL)
     assert need == 2 * 9 * 25 * 4
-    assert f(*args(good, need)) == K.PORT_OK
-    assert f(*args(good, need - 1)) == K.PORT_ERR_WORKSPACE
-    assert f(y.data_ptr(), x.data_ptr(), w.data_ptr(), None, good, K.CONV_IM2COL, None,
-             need) == K.PORT_ERR_WORKSPACE
-    assert f(None, x.data_ptr(), w.data_ptr(), None, good, K.CONV_IM2COL, ws.data_ptr(),
-             need) == K.PORT_ERR_NULL
-    assert f(*args(good)[:5], K.CONV_DIRECT, ws.data_ptr(), need) == K.PORT_ERR_UNSUPPORTED
-    assert f(*args(good)[:5], 7, ws.data_ptr(), need) == K.PORT_ERR_ARG
+    assert f(*args(good, need)) == capi.PORT_OK
+    assert f(*args(good, need - 1)) == capi.PORT_ERR_WORKSPACE
+    assert f(y.data_ptr(), x.data_ptr(), w.data_ptr(), None, good, capi.CONV_IM2COL, None,
+             need) == capi.PORT_ERR_WORKSPACE
+    assert f(None, x.data_ptr(), w.data_ptr(), None, good, capi.CONV_IM2COL, ws.data_ptr(),
+             need) == capi.PORT_ERR_NULL
+    assert f(*args(good)[:5], capi.CONV_DIRECT, ws.data_ptr(), need) == capi.PORT_ERR_UNSUPPORTED
+    assert f(*args(good)[:5], 7, ws.data_ptr(), need) == capi.PORT_ERR_ARG
     # output aliasing its input is refused by C as well
     xa = torch.randn(1, 4, 5, 5)
     assert f(xa.data_ptr(), xa.data_ptr(), w.data_ptr(), None, P(1, 4, 5, 5, 4, 3, 3, 1, 1, 1, 1, 2),
-             K.CONV_IM2COL, ws.data_ptr(), ws.numel()) == K.PORT_ERR_ALIAS
+             capi.CONV_IM2COL, ws.data_ptr(), ws.numel()) == capi.PORT_ERR_ALIAS
     # patch workspace
-    pw = K.raw.port_conv2d_patch_workspace_bytes(good, 2, 2)
+    pw = capi.raw.port_conv2d_patch_workspace_bytes(good, 2, 2)
     assert pw == (18 + 3) * 4 * 4  # tile narrower than W_out: + output-tile buffer
-    assert K.raw.port_conv2d_patch_workspace_bytes(good, 2, 5) == 18 * 10 * 4  # full width
-    assert K.raw.port_conv2d_patch_forward(y.data_ptr(), x.data_ptr(), w.data_ptr(), None, good, 2,
-                                           2, ws.data_ptr(), pw - 4) == K.PORT_ERR_WORKSPACE
-    assert K.raw.port_conv2d_patch_forward(y.data_ptr(), x.data_ptr(), w.data_ptr(), None, good, 0,
-                                           2, ws.data_ptr(), pw) == K.PORT_ERR_ARG
+    assert capi.raw.port_conv2d_patch_workspace_bytes(good, 2, 5) == 18 * 10 * 4  # full width
+    assert capi.raw.port_conv2d_patch_forward(y.data_ptr(), x.data_ptr(), w.data_ptr(), None, good, 2,
+                                           2, ws.data_ptr(), pw - 4) == capi.PORT_ERR_WORKSPACE
+    assert capi.raw.port_conv2d_patch_forward(y.data_ptr(), x.data_ptr(), w.data_ptr(), None, good, 0,
+                                           2, ws.data_ptr(), pw) == capi.PORT_ERR_ARG
 
 
 def test_raw_other_status_codes(K):
     t = torch.randn(10)
-    assert K.raw.port_relu_forward(t.data_ptr(), None, 10) == K.PORT_ERR_NULL
-    assert K.raw.port_relu_forward(t.data_ptr(), t.data_ptr(), -1) == K.PORT_ERR_SHAPE
+    assert capi.raw.port_relu_forward(t.data_ptr(), None, 10) == capi.PORT_ERR_NULL
+    assert capi.raw.port_relu_forward(t.data_ptr(), t.data_ptr(), -1) == capi.PORT_ERR_SHAPE
     m = torch.empty(10, dtype=torch.uint8)
-    assert K.raw.port_dropout_forward(t.data_ptr(), m.data_ptr(), t.data_ptr(), 10, 1.0,
-                                      0) == K.PORT_ERR_ARG
-    bn = K.BatchNormParams(1, 10, 1, 1, 1e-5, 0.1)
+    assert capi.raw.port_dropout_forward(t.data_ptr(), m.data_ptr(), t.data_ptr(), 10, 1.0,
+                                      0) == capi.PORT_ERR_ARG
+    bn = capi.BatchNormParams(1, 10, 1, 1, 1e-5, 0.1)
     sm, si = torch.empty(10), torch.empty(10)
-    assert K.raw.port_batchnorm2d_forward_train(t.data_ptr(), sm.data_ptr(), si.data_ptr(), None,
+    assert capi.raw.port_batchnorm2d_forward_train(t.data_ptr(), sm.data_ptr(), si.data_ptr(), None,
                                                 None, t.data_ptr(), None, None,
-                                                bn) == K.PORT_ERR_SHAPE  # 1 value per channel
-    bn = K.BatchNormParams(2, 5, 1, 1, -1.0, 0.1)
-    assert K.raw.port_batchnorm2d_forward_train(t.data_ptr(), sm.data_ptr(), si.data_ptr(), None,
+                                                bn) == capi.PORT_ERR_SHAPE  # 1 value per channel
+    bn = capi.BatchNormParams(2, 5, 1, 1, -1.0, 0.1)
+    assert capi.raw.port_batchnorm2d_forward_train(t.data_ptr(), sm.data_ptr(), si.data_ptr(), None,
                                                 None, t.data_ptr(), None, None,
-                                                bn) == K.PORT_ERR_ARG  # eps < 0
+                                                bn) == capi.PORT_ERR_ARG  # eps < 0
     lab = torch.tensor([0, 5], dtype=torch.int64)
     loss, pr = torch.empty(1), torch.empty(2, 5)
-    assert K.raw.port_softmax_xent_forward(loss.data_ptr(), pr.data_ptr(), t.data_ptr(),
-                                           lab.data_ptr(), 2, 5, 0.0) == K.PORT_ERR_ARG
-    pp = K.Pool2dParams(1, 1, 4, 4, 2, 2, 2, 2, 2, 2)  # pad > kernel/2
-    assert K.raw.port_maxpool2d_forward(t.data_ptr(), t.data_ptr(), t.data_ptr(),
-                                        pp) == K.PORT_ERR_ARG
-    assert K.raw.port_sgd_step(t.data_ptr(), None, t.data_ptr(), 10, 0.1, 0.9, 0.0, 0.0, 0,
-                               1) == K.PORT_ERR_NULL
-    assert K.raw.port_adamw_step(t.data_ptr(), t.data_ptr(), t.data_ptr(), t.data_ptr(), 10, 0.1,
-                                 0.9, 0.999, 1e-8, 0.0, 0) == K.PORT_ERR_ARG
-    assert K.raw.port_set_gemm_backend(5) == K.PORT_ERR_ARG
-    assert K.raw.port_sgemm(t.data_ptr(), t.data_ptr(), t.data_ptr(), 0, 0, 2, 2, 2, 1.0, 0.0, 1,
-                            2, 2) == K.PORT_ERR_SHAPE  # lda < k
+    assert capi.raw.port_softmax_xent_forward(loss.data_ptr(), pr.data_ptr(), t.data_ptr(),
+                                           lab.data_ptr(), 2, 5, 0.0) == capi.PORT_ERR_ARG
+    pp = capi.Pool2dParams(1, 1, 4, 4, 2, 2, 2, 2, 2, 2)  # pad > kernel/2
+    assert capi.raw.port_maxpool2d_forward(t.data_ptr(), t.data_ptr(), t.data_ptr(),
+                                        pp) == capi.PORT_ERR_ARG
+    assert capi.raw.port_sgd_step(t.data_ptr(), None, t.data_ptr(), 10, 0.1, 0.9, 0.0, 0.0, 0,
+                               1) == capi.PORT_ERR_NULL
+    assert capi.raw.port_adamw_step(t.data_ptr(), t.data_ptr(), t.data_ptr(), t.data_ptr(), 10, 0.1,
+                                 0.9, 0.999, 1e-8, 0.0, 0) == capi.PORT_ERR_ARG
+    assert capi.raw.port_set_gemm_backend(5) == capi.PORT_ERR_ARG
+    assert capi.raw.port_sgemm(t.data_ptr(), t.data_ptr(), t.data_ptr(), 0, 0, 2, 2, 2, 1.0, 0.0, 1,
+                            2, 2) == capi.PORT_ERR_SHAPE  # lda < k
 
 
 def test_wrapper_errors(K):
@@ -184,10 +185,10 @@ def test_wrapper_errors(K):
     with pytest.raises(ValueError, match=r"^out: output aliases x"):
         K.hardswish_forward(t, out=t)  # hardswish backward needs x: no in-place forward
     # C-side failure surfaces as an exception with the C message
-    with pytest.raises(K.WorkspaceError, match="workspace too small"):
+    with pytest.raises(capi.WorkspaceError, match="workspace too small"):
         K.conv2d_forward(x, w, padding=1, workspace=torch.empty(16, dtype=torch.uint8))
     with pytest.raises(ValueError, match="invalid scalar"):
-        K.check(K.PORT_ERR_ARG, "somewhere")
+        capi.check(capi.PORT_ERR_ARG, "somewhere")
 
 
 def test_workspace_query_respected(K):
@@ -205,26 +206,26 @@ def test_workspace_query_respected(K):
 
 
 def test_set_num_threads(K):
-    K.set_num_threads(1)
-    assert K.get_num_threads() == 1 and torch.get_num_threads() == 1
-    K.set_num_threads(2)
-    assert K.get_num_threads() == 2 and torch.get_num_threads() == 2
+    capi.set_num_threads(1)
+    assert capi.get_num_threads() == 1 and torch.get_num_threads() == 1
+    capi.set_num_threads(2)
+    assert capi.get_num_threads() == 2 and torch.get_num_threads() == 2
     with pytest.raises(ValueError):
-        K.set_num_threads(0)
+        capi.set_num_threads(0)
 
 
 def test_gemm_backend_switch(K):
-    prev = K.get_gemm_backend()
-    with K.gemm_backend("vendored"):
-        assert K.get_gemm_backend() == "vendored"
-    assert K.get_gemm_backend() == prev
-    with K.gemm_backend("blas"):
-        assert K.get_gemm_backend() == "blas"
-    with K.gemm_backend("auto"):
-        assert K.get_gemm_backend() == "auto"
-    assert K.get_gemm_backend() == prev
+    prev = capi.get_gemm_backend()
+    with capi.gemm_backend("vendored"):
+        assert capi.get_gemm_backend() == "vendored"
+    assert capi.get_gemm_backend() == prev
+    with capi.gemm_backend("blas"):
+        assert capi.get_gemm_backend() == "blas"
+    with capi.gemm_backend("auto"):
+        assert capi.get_gemm_backend() == "auto"
+    assert capi.get_gemm_backend() == prev
     with pytest.raises(ValueError, match="backend"):
-        K.set_gemm_backend("mkl")
+        capi.set_gemm_backend("mkl")
 
 
 @pytest.mark.parametrize("coretype", ["Haswell", "SkylakeX"])
@@ -234,10 +235,9 @@ def test_default_gemm_backend_follows_the_cpu(coretype):
     other CPUs."""
     import subprocess
     import sys
-    from port.exec import kernels as K
-    if not K.raw.port_cpu_has_avx512() and coretype == "SkylakeX":
+    if not capi.raw.port_cpu_has_avx512() and coretype == "SkylakeX":
         pytest.skip("OpenBLAS cannot run SkylakeX kernels on a CPU without AVX-512")
-    code = "import port.exec.kernels as K; print(K.get_gemm_backend(), K.raw.port_cpu_has_avx512())"
+    code = "from port.exec import capi; print(capi.get_gemm_backend(), capi.raw.port_cpu_has_avx512())"
     env = dict(os.environ, PYTHONPATH=ROOT, OPENBLAS_CORETYPE=coretype)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -253,7 +253,7 @@ def test_auto_gemm_runs_blas_on_small_or_narrow_products_and_vendored_on_large(K
     and m*n >= 65536),
     else OpenBLAS for n <= 16 and for <= 2^20 multiply-adds, the vendored GEMM otherwise; its results equal the
     picked backend's bit for bit."""
-    avx512 = bool(K.raw.port_cpu_has_avx512())
+    avx512 = bool(capi.raw.port_cpu_has_avx512())
 
     def narrow(m, n, k):
         if not avx512 or m < 16:
@@ -265,17 +265,17 @@ def test_auto_gemm_runs_blas_on_small_or_narrow_products_and_vendored_on_large(K
         g = torch.Generator().manual_seed(m * n + k)
         a = torch.randn((k, m) if ta else (m, k), generator=g)
         b = torch.randn((n, k) if tb else (k, n), generator=g)
-        with K.gemm_backend(backend):
+        with capi.gemm_backend(backend):
             return K.sgemm(a, b, trans_a=bool(ta), trans_b=bool(tb))
     told_apart = 0
     for m, n, k in [(64, 128, 27), (4608, 16, 512), (300, 8, 70), (64, 1024, 576), (200, 300, 100),
                     (1000, 48, 100), (30, 20, 10), (512, 1152, 8), (300, 8, 700)]:
         small = (n <= 16 or m * n * k <= 2 ** 20) and not narrow(m, n, k)
-        with K.gemm_backend("auto"):
-            assert K.gemm_backend_for(ta, tb, m, n, k) == ("blas" if small else "vendored")
+        with capi.gemm_backend("auto"):
+            assert capi.gemm_backend_for(ta, tb, m, n, k) == ("blas" if small else "vendored")
         for fixed in ("blas", "vendored"):
-            with K.gemm_backend(fixed):
-                assert K.gemm_backend_for(ta, tb, m, n, k) == fixed
+            with capi.gemm_backend(fixed):
+                assert capi.gemm_backend_for(ta, tb, m, n, k) == fixed
         auto = run("auto", m, n, k)
         want = run("blas" if small else "vendored", m, n, k)
         assert torch.equal(auto, want), (m, n, k)
@@ -292,15 +292,15 @@ def test_vendored_sgemm_blocks_and_threads(K, ta, tb, m, n, k):
     a = torch.randn((k, m) if ta else (m, k))
     b = torch.randn((n, k) if tb else (k, n))
     ref = (a.T if ta else a).double() @ (b.T if tb else b).double()
-    prev = K.get_num_threads()
+    prev = capi.get_num_threads()
     outs = []
     try:
-        with K.gemm_backend("vendored"):
+        with capi.gemm_backend("vendored"):
             for t in (1, 2, 3):
-                K.set_num_threads(t)
+                capi.set_num_threads(t)
                 outs.append(K.sgemm(a, b, trans_a=bool(ta), trans_b=bool(tb), alpha=0.5))
     finally:
-        K.set_num_threads(prev)
+        capi.set_num_threads(prev)
     assert torch.allclose(outs[0].double(), 0.5 * ref, atol=1e-3, rtol=1e-4)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
@@ -310,11 +310,11 @@ def test_one_openmp_pool_shared_with_torch(K):
     prev = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert K.get_num_threads() == 1
+        assert capi.get_num_threads() == 1
         torch.set_num_threads(2)
-        assert K.get_num_threads() == 2
+        assert capi.get_num_threads() == 2
     finally:
-        K.set_num_threads(prev)
+        capi.set_num_threads(prev)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="Linux only")
@@ -323,14 +323,16 @@ def test_single_openmp_runtime_in_process(torch_first):
     """Whatever the import order, exactly one OpenMP runtime is mapped and PORT resolves its symbols there."""
     import subprocess
     import sys
-    imports = "import torch; import port.exec.kernels as K" if torch_first else "import port.exec.kernels as K; import torch"
+    load = "from port.exec import capi; capi.load()"
+    imports = f"import torch; {load}" if torch_first else f"{load}; import torch"
     code = (f"{imports}\n"
+            "import checked as K\n"
             "import re, torch.nn.functional as F\n"
-            "K.set_num_threads(2); x = torch.randn(2, 8, 16, 16); w = torch.randn(8, 8, 3, 3)\n"
+            "capi.set_num_threads(2); x = torch.randn(2, 8, 16, 16); w = torch.randn(8, 8, 3, 3)\n"
             "K.conv2d_forward(x, w, padding=1); F.conv2d(x, w, padding=1)\n"
             "maps = {l.split()[-1] for l in open('/proc/self/maps') if re.search(r'/lib(gomp|iomp5|omp)[-.]', l)}\n"
-            "print(len(maps), K._native.openmp_runtime() is not None or bool(K._native.loaded_path()))\n")
-    env = dict(os.environ, PYTHONPATH=ROOT)
+            "print(len(maps), capi.openmp_runtime() is not None or bool(capi.loaded_path()))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests", "kernels")]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "True"], out.stdout
@@ -345,8 +347,8 @@ def test_loading_the_kernels_starts_no_openblas_pool():
     import sys
     code = ("import os, torch, numpy\n"
             "n0 = len(os.listdir('/proc/self/task'))\n"
-            "from port.exec import native\n"
-            "native.load()\n"
+            "from port.exec import capi\n"
+            "capi.load()\n"
             "print(len(os.listdir('/proc/self/task')) - n0, os.environ.get('OPENBLAS_NUM_THREADS', '-'))\n")
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
                                                           "OMP_NUM_THREADS")}
@@ -363,24 +365,23 @@ def test_sgemm_split_over_threads(K, ta, tb, m, n, k):
     a = torch.randn((k, m) if ta else (m, k))
     b = torch.randn((n, k) if tb else (k, n))
     ref = (a.T if ta else a).double() @ (b.T if tb else b).double()
-    prev = K.get_num_threads()
+    prev = capi.get_num_threads()
     try:
         for t in (1, 2, 3):
-            K.set_num_threads(t)
+            capi.set_num_threads(t)
             c = K.sgemm(a, b, trans_a=bool(ta), trans_b=bool(tb))
             assert torch.allclose(c.double(), ref, atol=1e-3, rtol=1e-4), t
     finally:
-        K.set_num_threads(prev)
+        capi.set_num_threads(prev)
 
 
 def test_build_id_names_the_gemm(K):
     """Profiles record build_id(): the kernel library's digest and the GEMM backend, whose default depends on the
     CPU and OpenBLAS's core, so times measured with one GEMM are not reused under the other."""
-    from port.exec import native
-    with K.gemm_backend("vendored"):
-        vendored = native.build_id()
-    with K.gemm_backend("auto"):
-        auto = native.build_id()
-    blas = native.build_id()          # the fixture's backend
+    with capi.gemm_backend("vendored"):
+        vendored = capi.build_id()
+    with capi.gemm_backend("auto"):
+        auto = capi.build_id()
+    blas = capi.build_id()          # the fixture's backend
     assert vendored.endswith("-vendored") and blas.endswith("-blas") and auto.endswith("-auto"), (vendored, blas)
     assert vendored[:16] == blas[:16] == auto[:16] and len(vendored.split("-")[0]) == 16

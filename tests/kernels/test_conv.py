@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import close, quick_subset
+from port.exec import capi
 
 # (n, c_in, c_out, h, w, k, stride, pad, groups)
 _CASES = []
@@ -110,7 +111,7 @@ OVERWRITE_CASES = [c for c in _CASES if c[0] == 3][::5] + [(7, 5, 6, 5, 5, 3, 1,
 def test_weight_grad_overwrite_equals_accumulate_into_zeros(K, case, algo):
     n, ci, co, h, w, k, s, p, g = case
     prm = K.conv2d_params((n, ci, h, w), (co, ci // g, k, k), s, p, g)
-    if K.raw.port_conv2d_resolve_algo(ctypes.byref(prm), K._algo(algo)) < 0:
+    if capi.raw.port_conv2d_resolve_algo(ctypes.byref(prm), K._algo(algo)) < 0:
         pytest.skip(f"{algo} does not apply")
     x, wt, b, dy = _make(case, True)
     dw0, db0 = K.conv2d_backward_weight(dy, x, wt.shape, s, p, g, bias=True, algo=algo)
@@ -227,12 +228,12 @@ def test_forward_with_im2col_in_gemm_packing(K, case, backend):
     x, wt, b, dy = _make(case, True)
     y_ref = _ref(x, wt, b, s, p, g, dy)[0]
     assert y_ref.shape[2] * y_ref.shape[3] >= 512
-    prev = K.get_gemm_backend()
+    prev = capi.get_gemm_backend()
     try:
-        K.set_gemm_backend(backend)
+        capi.set_gemm_backend(backend)
         y = K.conv2d_forward(x, wt, b, s, p, g, algo="im2col")
     finally:
-        K.set_gemm_backend(prev)
+        capi.set_gemm_backend(prev)
     close(y, y_ref, what="y")
 
 
@@ -242,7 +243,7 @@ def test_vendored_gemm_conv_equals_blas(K, case):
     n, ci, co, h, w, k, s, p, g = case
     res = []
     for backend in ("blas", "vendored"):
-        K.set_gemm_backend(backend)
+        capi.set_gemm_backend(backend)
         y = K.conv2d_forward(x, wt, b, s, p, g, algo="im2col")
         dx = K.conv2d_backward_input(dy, wt, x.shape, s, p, g, algo="im2col")
         dw, db = K.conv2d_backward_weight(dy, x, wt.shape, s, p, g, algo="im2col")
@@ -264,7 +265,7 @@ def test_sgemm(K, backend, mnk, ta, tb):
     c0 = torch.randn(m, n)
     ref = 0.5 * ((a.double().T if ta else a.double()) @ (bm.double().T if tb else bm.double())) \
         + 2.0 * c0.double()
-    K.set_gemm_backend(backend)
+    capi.set_gemm_backend(backend)
     c = K.sgemm(a, bm, bool(ta), bool(tb), alpha=0.5, beta=2.0, c=c0.clone())
     close(c, ref, 1e-4, 1e-4)
     # beta = 0 must ignore NaN in C
@@ -290,9 +291,9 @@ def test_sgemm_narrow_with_leading_dims(K, backend, m, n, k, ta, tb):
     a, b = abuf[:, :ac], bbuf[:, :bc]
     c0 = torch.randn(m, n + pad)
     ref = 0.5 * ((a.double().T if ta else a.double()) @ (b.double().T if tb else b.double()))
-    with K.gemm_backend(backend):
+    with capi.gemm_backend(backend):
         for beta, cbuf in ((2.0, c0.clone()), (0.0, torch.full((m, n + pad), float("nan")))):
-            assert K.raw.port_sgemm(cbuf.data_ptr(), abuf.data_ptr(), bbuf.data_ptr(), ta, tb, m, n, k, 0.5, beta,
+            assert capi.raw.port_sgemm(cbuf.data_ptr(), abuf.data_ptr(), bbuf.data_ptr(), ta, tb, m, n, k, 0.5, beta,
                                     ac + pad, bc + pad, n + pad) == 0
             want = ref + beta * c0[:, :n].double() if beta else ref
             close(cbuf[:, :n], want, 1e-4, 1e-4)
@@ -310,7 +311,7 @@ def test_narrow_gemm_gives_the_vendored_gemms_bits(K, m, n, k, ta, tb):
     a = torch.randn((k, m) if ta else (m, k))
     b = torch.randn((n, k) if tb else (k, n))
     c0 = torch.randn(m, n)
-    with K.gemm_backend("vendored"):
+    with capi.gemm_backend("vendored"):
         for alpha, beta in ((1.0, 0.0), (0.5, 1.0), (0.7, 0.3)):
             c = K.sgemm(a, b, bool(ta), bool(tb), alpha=alpha, beta=beta, c=c0.clone())
             rows = torch.cat([K.sgemm(a[:, i:i + 1].contiguous() if ta else a[i:i + 1], b, bool(ta), bool(tb),
@@ -321,7 +322,6 @@ def test_narrow_gemm_gives_the_vendored_gemms_bits(K, m, n, k, ta, tb):
 # ----------------------------------------------------------------------------- the in-C reference convolution
 def _ref_c(K, x, wt, b, dy, s, p, g):
     """port_conv2d_reference_* (plain loops, double accumulators) on float32 tensors."""
-    from port.exec import capi
     prm = K._conv_setup(x.shape, wt, s, p, g)
     y = torch.empty_like(dy)
     dx = torch.empty_like(x)
@@ -445,12 +445,10 @@ def test_winograd_blocks_hold_a_fraction_of_the_transformed_kernels(K):
 
 def _resolve(algo, *params):
     """The C library's resolution of ``algo`` for Conv2dParams(*params) (-1: does not apply)."""
-    from port.exec import capi
     return capi.raw.port_conv2d_resolve_algo(ctypes.byref(capi.Conv2dParams(*params)), algo)
 
 
 def test_winograd_legality_and_auto_choice(K):
-    from port.exec import capi
     resolve = lambda *a: _resolve(capi.CONV_WINOGRAD, *a)  # noqa: E731
     # n, c_in, h, w, c_out, kh, kw, sh, sw, ph, pw, groups
     assert resolve(1, 4, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1) == capi.CONV_WINOGRAD
@@ -474,7 +472,6 @@ def test_winograd_legality_and_auto_choice(K):
 def test_rt_patch_call_reads_band_and_square_tiles(K):
     """port_rt_exec's patch calls: iv[15] = tile height, iv[14] = tile width (bundles written before row bands
     carry 0 there and mean square tiles of iv[15]); both tilings give the convolution."""
-    from port.exec import capi
     n, ci, co, h, w, k, s, p, g = 2, 5, 12, 19, 17, 3, 2, 1, 1
     x, wt, b, _ = _make((n, ci, co, h, w, k, s, p, g), True)
     ho, wo = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
@@ -492,5 +489,5 @@ def test_rt_patch_call_reads_band_and_square_tiles(K):
             rc.iv[i] = v
         ptrs = (ctypes.c_void_p * capi.RT_MAX_PTRS)(y.data_ptr(), x.data_ptr(), wt.data_ptr(), b.data_ptr())
         st = capi.raw.port_rt_exec(ctypes.byref(rc), ptrs, ws.data_ptr(), ctypes.byref(capi.RtState()))
-        assert st == 0, K.status_string(st)
+        assert st == 0, capi.status_string(st)
         close(y, y_ref, 1e-5, 1e-5, what=f"tile {th}x{tw}")

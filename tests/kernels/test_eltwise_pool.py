@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import ROOT, close, quick_subset
+from port.exec import capi
 
 SHAPES = [(3, 4, 7, 5), (1, 1, 1, 1), (2, 3, 5, 9)]
 
@@ -101,13 +102,14 @@ def test_dropout_mask_independent_of_threads(K):
     x = torch.randn(300_000)
     masks = []
     for t in (1, 2, 3):
-        K.set_num_threads(t)
+        capi.set_num_threads(t)
         masks.append(K.dropout_forward(x, 0.3, seed=99)[1])
-    K.set_num_threads(2)
+    capi.set_num_threads(2)
     assert torch.equal(masks[0], masks[1]) and torch.equal(masks[0], masks[2])
     # a chunk of a tensor gets the same mask as the same elements of the whole tensor
     # only if offsets match: mask depends on (seed, flat index) alone
-    code = ("import torch, port.exec.kernels as K; K.set_num_threads({t}); "
+    code = ("import sys; sys.path.append('tests/kernels'); import torch, checked as K; from port.exec import capi; "
+            "capi.set_num_threads({t}); "
             "x=torch.ones(300000); print(int(K.dropout_forward(x,0.3,seed=99)[1].sum()))")
     outs = {subprocess.run([sys.executable, "-c", code.format(t=t)], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout.strip() for t in (1, 2)}

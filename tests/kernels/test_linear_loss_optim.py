@@ -4,13 +4,14 @@ import torch
 import torch.nn.functional as F
 
 from conftest import close
+from port.exec import capi
 
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("n,i,o", [(1, 5, 3), (3, 17, 10), (8, 64, 33), (700, 64, 130), (2500, 40, 24)])  # 700: row blocks; 2500: weight gradient split over the rows
 @pytest.mark.parametrize("backend", ["blas", "vendored"])
 def test_linear(K, backend, n, i, o, bias):
-    K.set_gemm_backend(backend)
+    capi.set_gemm_backend(backend)
     x, w = torch.randn(n, i), torch.randn(o, i)
     b = torch.randn(o) if bias else None
     dy = torch.randn(n, o)

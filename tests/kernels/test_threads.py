@@ -6,6 +6,8 @@ import os
 import pytest
 import torch
 
+from port.exec import capi
+
 QUICK = os.environ.get("PORT_KERNELS_QUICK") == "1"     # as conftest.QUICK (`make test-asan`)
 
 THREADS = (1, 2, 3)
@@ -14,17 +16,17 @@ BACKENDS = ("blas", "vendored", "auto")
 
 def _at_each_count(K, backend, fn):
     """fn()'s tensors at 1, 2 and 3 threads with the given GEMM backend."""
-    prev = K.get_num_threads()
+    prev = capi.get_num_threads()
     outs = []
     try:
-        with K.gemm_backend(backend):
+        with capi.gemm_backend(backend):
             for t in THREADS:
-                K.set_num_threads(t)
+                capi.set_num_threads(t)
                 r = fn()
                 r = r if isinstance(r, (tuple, list)) else (r,)
                 outs.append([v.clone() for v in r if isinstance(v, torch.Tensor)])
     finally:
-        K.set_num_threads(prev)
+        capi.set_num_threads(prev)
     return outs
 
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import QUICK, close, quick_subset
+from port.exec import capi
 
 
 def _leaf(t):
@@ -44,9 +45,9 @@ def test_embedding_bad_index(K):
         with pytest.raises(ValueError, match=r"^idx"):
             K.embedding_backward_weight(torch.randn(3, 4), idx, w.shape)
         y = torch.empty(3, 4)
-        assert K.raw.port_embedding_forward(y.data_ptr(), idx.data_ptr(), w.data_ptr(), 3, 5, 4) == K.PORT_ERR_ARG
-        assert K.raw.port_embedding_backward_weight(w.data_ptr(), y.data_ptr(), idx.data_ptr(), 3, 5,
-                                                    4) == K.PORT_ERR_ARG
+        assert capi.raw.port_embedding_forward(y.data_ptr(), idx.data_ptr(), w.data_ptr(), 3, 5, 4) == capi.PORT_ERR_ARG
+        assert capi.raw.port_embedding_backward_weight(w.data_ptr(), y.data_ptr(), idx.data_ptr(), 3, 5,
+                                                    4) == capi.PORT_ERR_ARG
     with pytest.raises(ValueError, match=r"^idx: expected dtype torch.int64"):
         K.embedding_forward(torch.zeros(3, dtype=torch.int32), w)
 
@@ -92,16 +93,16 @@ def test_layernorm_deterministic_over_threads(K):
     """Layer norm's row and column sums run in fixed lanes: the same bits with 1, 2 and 3 threads."""
     x, dy = torch.randn(700, 130) * 2 + 0.5, torch.randn(700, 130)
     gamma, beta = torch.randn(130), torch.randn(130)
-    prev, outs = K.get_num_threads(), []
+    prev, outs = capi.get_num_threads(), []
     try:
         for n in (1, 2, 3):
-            K.set_num_threads(n)
+            capi.set_num_threads(n)
             y, stats = K.layernorm_forward(x, gamma, beta, 1e-5)
             dx = K.layernorm_backward_input(dy, x, stats, gamma)
             dg, db = K.layernorm_backward_weight(dy, x, stats, dgamma=torch.zeros(130), dbeta=torch.zeros(130))
             outs.append((y, stats, dx, dg, db))
     finally:
-        K.set_num_threads(prev)
+        capi.set_num_threads(prev)
     for other in outs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(outs[0], other))
 
@@ -109,12 +110,12 @@ def test_layernorm_deterministic_over_threads(K):
 def test_layernorm_bad_args(K):
     x = torch.randn(3, 4)
     y, st = torch.empty(3, 4), torch.empty(6)
-    assert K.raw.port_layernorm_forward(y.data_ptr(), st.data_ptr(), x.data_ptr(), None, None, 3, 4,
-                                        -1.0) == K.PORT_ERR_ARG
-    assert K.raw.port_layernorm_forward(y.data_ptr(), st.data_ptr(), x.data_ptr(), None, None, 0, 4,
-                                        1e-5) == K.PORT_ERR_SHAPE
-    assert K.raw.port_layernorm_backward_weight(None, None, x.data_ptr(), x.data_ptr(), st.data_ptr(), 3,
-                                                4) == K.PORT_ERR_NULL
+    assert capi.raw.port_layernorm_forward(y.data_ptr(), st.data_ptr(), x.data_ptr(), None, None, 3, 4,
+                                        -1.0) == capi.PORT_ERR_ARG
+    assert capi.raw.port_layernorm_forward(y.data_ptr(), st.data_ptr(), x.data_ptr(), None, None, 0, 4,
+                                        1e-5) == capi.PORT_ERR_SHAPE
+    assert capi.raw.port_layernorm_backward_weight(None, None, x.data_ptr(), x.data_ptr(), st.data_ptr(), 3,
+                                                4) == capi.PORT_ERR_NULL
     with pytest.raises(ValueError, match=r"^gamma: expected shape \(4,\)"):
         K.layernorm_forward(x, torch.randn(5))
 
@@ -156,8 +157,8 @@ def test_gelu(K, approximate):
     assert torch.equal(g, dx)
     with pytest.raises(ValueError, match=r"^out: output aliases x"):
         K.gelu_forward(x, approximate, out=x)
-    assert K.raw.port_gelu_forward(x.data_ptr(), x.data_ptr(), x.numel(), 0) == K.PORT_ERR_ALIAS
-    assert K.raw.port_gelu_forward(y.data_ptr(), x.data_ptr(), x.numel(), 2) == K.PORT_ERR_ARG
+    assert capi.raw.port_gelu_forward(x.data_ptr(), x.data_ptr(), x.numel(), 0) == capi.PORT_ERR_ALIAS
+    assert capi.raw.port_gelu_forward(y.data_ptr(), x.data_ptr(), x.numel(), 2) == capi.PORT_ERR_ARG
     with pytest.raises(ValueError, match=r"^approximate"):
         K.gelu_forward(x, "erf")
 
@@ -211,7 +212,7 @@ def test_softmax(K, shape, mag):
 @pytest.mark.parametrize("batch,m,n,k,alpha,beta", [(3, 5, 7, 9, 1.0, 0.0), (4, 17, 6, 33, 1.5, 0.5),
                                                      (1, 40, 33, 70, -0.5, 1.0), (6, 64, 64, 32, 0.3, 2.0)])
 def test_bmm(K, backend, ta, tb, batch, m, n, k, alpha, beta):
-    K.set_gemm_backend(backend)
+    capi.set_gemm_backend(backend)
     a = torch.randn((batch, k, m) if ta else (batch, m, k))
     b = torch.randn((batch, n, k) if tb else (batch, k, n))
     c0 = torch.randn(batch, m, n)
@@ -246,8 +247,8 @@ def test_bmm_errors(K):
     with pytest.raises(ValueError, match=r"^c: output aliases a"):
         K.bmm(a, torch.randn(2, 4, 4), c=a)
     c = torch.empty(2, 3, 5)
-    assert K.raw.port_bmm(c.data_ptr(), a.data_ptr(), b.data_ptr(), 2, 3, 5, 4, 2, 0, 1.0, 0.0) == K.PORT_ERR_ARG
-    assert K.raw.port_bmm(a.data_ptr(), a.data_ptr(), b.data_ptr(), 2, 3, 4, 4, 0, 0, 1.0, 0.0) == K.PORT_ERR_ALIAS
+    assert capi.raw.port_bmm(c.data_ptr(), a.data_ptr(), b.data_ptr(), 2, 3, 5, 4, 2, 0, 1.0, 0.0) == capi.PORT_ERR_ARG
+    assert capi.raw.port_bmm(a.data_ptr(), a.data_ptr(), b.data_ptr(), 2, 3, 4, 4, 0, 0, 1.0, 0.0) == capi.PORT_ERR_ALIAS
 
 
 # --------------------------------------------------------------------------- permute
@@ -287,10 +288,10 @@ def test_permute_errors(K):
     sh = (ctypes.c_int64 * 6)(2, 3, 4)
     bad = (ctypes.c_int64 * 6)(0, 0, 2)
     y = torch.empty(24)
-    assert K.raw.port_permute(y.data_ptr(), x.data_ptr(), 3, ctypes.addressof(sh),
-                              ctypes.addressof(bad)) == K.PORT_ERR_ARG
-    assert K.raw.port_permute(y.data_ptr(), x.data_ptr(), 7, ctypes.addressof(sh),
-                              ctypes.addressof(bad)) == K.PORT_ERR_ARG
+    assert capi.raw.port_permute(y.data_ptr(), x.data_ptr(), 3, ctypes.addressof(sh),
+                              ctypes.addressof(bad)) == capi.PORT_ERR_ARG
+    assert capi.raw.port_permute(y.data_ptr(), x.data_ptr(), 7, ctypes.addressof(sh),
+                              ctypes.addressof(bad)) == capi.PORT_ERR_ARG
 
 
 # --------------------------------------------------------------------------- broadcast add, row sums, mean
@@ -445,7 +446,7 @@ def test_attention_matches_torch_sdpa(K, b, heads, t, dh, causal, pad):
 @pytest.mark.parametrize("backend", ["blas", "vendored"])
 @pytest.mark.parametrize("causal,mask", [(False, None), (True, "pad")])
 def test_attention_tiled_equals_plain(K, backend, causal, mask):
-    K.set_gemm_backend(backend)
+    capi.set_gemm_backend(backend)
     b, heads, tq, tk, dh = 2, 3, 150, 150, 32
     bh = b * heads
     q, k, v = torch.randn(bh, tq, dh), torch.randn(bh, tk, dh), torch.randn(bh, tk, dh)
@@ -476,24 +477,24 @@ def test_attention_nan_propagates(K, algo):
 
 def test_attention_deterministic_over_threads(K):
     """Tiled and plain attention give the same bits with 1, 2 and 3 threads (vendored GEMM)."""
-    K.set_gemm_backend("vendored")
+    capi.set_gemm_backend("vendored")
     b, heads, t, dh = 2, 4, 130, 16
     q, k, v = (torch.randn(b * heads, t, dh) for _ in range(3))
     dout = torch.randn(b * heads, t, dh)
     km = _key_mask(b, t, "pad")
-    prev = K.get_num_threads()
+    prev = capi.get_num_threads()
     try:
         for algo in ("plain", "tiled"):
             outs = []
             for n in (1, 2, 3, 12):     # 12: more threads than the tiled workspace's 8 slots
-                K.set_num_threads(n)
+                capi.set_num_threads(n)
                 o, lse = K.attention_forward(q, k, v, km, heads, True, None, algo)
                 outs.append((o, lse) + K.attention_backward(dout, q, k, v, o, lse, km, heads, True, None, algo))
             for other in outs[1:]:
                 for a, c in zip(outs[0], other):
                     assert torch.equal(a, c), algo
     finally:
-        K.set_num_threads(prev)
+        capi.set_num_threads(prev)
 
 
 def test_attention_workspace(K):
@@ -514,27 +515,27 @@ def test_attention_workspace(K):
     assert K.attention_workspace_bytes(big, "tiled") * 100 < K.attention_workspace_bytes(big, "plain")
     small = K.attention_params((2, 5, 8), (2, 3, 8))
     assert K.attention_workspace_bytes(small, "tiled") == 4 * 2 * (5 * 3 + 2 * 5)   # tiles shrink to tq x tk
-    assert K.raw.port_attention_workspace_bytes(K.AttentionParams(3, 2, 4, 4, 8, 0, 1.0), 1, 0) == 0  # bh % heads
+    assert capi.raw.port_attention_workspace_bytes(capi.AttentionParams(3, 2, 4, 4, 8, 0, 1.0), 1, 0) == 0  # bh % heads
     q, k, v = torch.randn(bh, tq, dh), torch.randn(bh, tk, dh), torch.randn(bh, tk, dh)
     dout = torch.randn(bh, tq, dh)
     for algo in ("plain", "tiled"):
         need = K.attention_workspace_bytes(p, algo)
-        with pytest.raises(K.WorkspaceError, match="workspace too small"):
+        with pytest.raises(capi.WorkspaceError, match="workspace too small"):
             K.attention_forward(q, k, v, None, 2, True, None, algo, workspace=torch.empty(need - 1, dtype=torch.uint8))
         # the kernels stay inside the queried workspace (guard bytes survive)
         ws = torch.full((need + 64,), 0xAB, dtype=torch.uint8)
         o, lse = K.attention_forward(q, k, v, None, 2, True, None, algo, workspace=ws[:need])
         assert bool((ws[need:] == 0xAB).all())
         needb = K.attention_workspace_bytes(p, algo, True)
-        with pytest.raises(K.WorkspaceError):
+        with pytest.raises(capi.WorkspaceError):
             K.attention_backward(dout, q, k, v, o, lse, None, 2, True, None, algo,
                                  workspace=torch.empty(needb - 4, dtype=torch.uint8))
         ws = torch.full((needb + 64,), 0xAB, dtype=torch.uint8)
         K.attention_backward(dout, q, k, v, o, lse, None, 2, True, None, algo, workspace=ws[:needb])
         assert bool((ws[needb:] == 0xAB).all())
         a = 0 if algo == "plain" else 1
-        assert K.raw.port_attention_forward(o.data_ptr(), lse.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                            None, p, a, None, need) == K.PORT_ERR_WORKSPACE
+        assert capi.raw.port_attention_forward(o.data_ptr(), lse.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                            None, p, a, None, need) == capi.PORT_ERR_WORKSPACE
 
 
 def test_attention_params_match_header(K):
@@ -549,8 +550,8 @@ def test_attention_params_match_header(K):
             typ, names = decl.split(None, 1)
             fields += [(n.strip(), typ) for n in names.split(",")]
     names = {ctypes.c_int64: "int64_t", ctypes.c_float: "float"}
-    assert [(f, names[t]) for f, t in K.AttentionParams._fields_] == fields
-    assert (K.ATTN_PLAIN, K.ATTN_TILED) == (0, 1)
+    assert [(f, names[t]) for f, t in capi.AttentionParams._fields_] == fields
+    assert (capi.ATTN_PLAIN, capi.ATTN_TILED) == (0, 1)
     assert "#define PORT_ATTN_PLAIN 0" in src and "#define PORT_ATTN_TILED 1" in src
 
 
@@ -566,18 +567,18 @@ def test_attention_errors(K):
         K.attention_forward(q, k, k, algo="flash")
     o, lse = torch.empty(4, 5, 8), torch.empty(4, 5)
     ws = torch.empty(1 << 16, dtype=torch.uint8)
-    p = K.AttentionParams(4, 1, 5, 6, 8, 0, 0.5)
+    p = capi.AttentionParams(4, 1, 5, 6, 8, 0, 0.5)
     args = (lse.data_ptr(), q.data_ptr(), k.data_ptr(), k.data_ptr(), None, p)
-    assert K.raw.port_attention_forward(o.data_ptr(), *args, 2, ws.data_ptr(), ws.numel()) == K.PORT_ERR_ARG
-    assert K.raw.port_attention_forward(q.data_ptr(), *args, 1, ws.data_ptr(), ws.numel()) == K.PORT_ERR_ALIAS
-    assert K.raw.port_attention_forward(o.data_ptr(), lse.data_ptr(), q.data_ptr(), None, k.data_ptr(), None, p, 1,
-                                        ws.data_ptr(), ws.numel()) == K.PORT_ERR_NULL
-    assert K.raw.port_attention_backward(None, None, None, o.data_ptr(), q.data_ptr(), k.data_ptr(), k.data_ptr(),
+    assert capi.raw.port_attention_forward(o.data_ptr(), *args, 2, ws.data_ptr(), ws.numel()) == capi.PORT_ERR_ARG
+    assert capi.raw.port_attention_forward(q.data_ptr(), *args, 1, ws.data_ptr(), ws.numel()) == capi.PORT_ERR_ALIAS
+    assert capi.raw.port_attention_forward(o.data_ptr(), lse.data_ptr(), q.data_ptr(), None, k.data_ptr(), None, p, 1,
+                                        ws.data_ptr(), ws.numel()) == capi.PORT_ERR_NULL
+    assert capi.raw.port_attention_backward(None, None, None, o.data_ptr(), q.data_ptr(), k.data_ptr(), k.data_ptr(),
                                          o.data_ptr(), lse.data_ptr(), None, p, 1, ws.data_ptr(),
-                                         ws.numel()) == K.PORT_ERR_NULL   # no gradient asked for
-    bad = K.AttentionParams(4, 1, 5, 6, 8, 0, float("nan"))
-    assert K.raw.port_attention_forward(o.data_ptr(), lse.data_ptr(), q.data_ptr(), k.data_ptr(), k.data_ptr(), None,
-                                        bad, 1, ws.data_ptr(), ws.numel()) == K.PORT_ERR_ARG
+                                         ws.numel()) == capi.PORT_ERR_NULL   # no gradient asked for
+    bad = capi.AttentionParams(4, 1, 5, 6, 8, 0, float("nan"))
+    assert capi.raw.port_attention_forward(o.data_ptr(), lse.data_ptr(), q.data_ptr(), k.data_ptr(), k.data_ptr(), None,
+                                        bad, 1, ws.data_ptr(), ws.numel()) == capi.PORT_ERR_ARG
 
 
 # --------------------------------------------------------------------------- cross-entropy with ignore_index
@@ -617,10 +618,10 @@ def test_softmax_xent_ignore_all_ignored_and_bad_labels(K):
         with pytest.raises(ValueError, match=r"^labels"):
             K.softmax_xent_ignore_backward(probs, lab)
         loss = torch.empty(1)
-        assert K.raw.port_softmax_xent_ignore_forward(loss.data_ptr(), probs.data_ptr(), logits.data_ptr(),
-                                                      lab.data_ptr(), 4, 6, 0.0, -100) == K.PORT_ERR_ARG
-        assert K.raw.port_softmax_xent_ignore_backward(logits.data_ptr(), probs.data_ptr(), lab.data_ptr(),
-                                                       torch.ones(1).data_ptr(), 4, 6, 0.0, -100) == K.PORT_ERR_ARG
+        assert capi.raw.port_softmax_xent_ignore_forward(loss.data_ptr(), probs.data_ptr(), logits.data_ptr(),
+                                                      lab.data_ptr(), 4, 6, 0.0, -100) == capi.PORT_ERR_ARG
+        assert capi.raw.port_softmax_xent_ignore_backward(logits.data_ptr(), probs.data_ptr(), lab.data_ptr(),
+                                                       torch.ones(1).data_ptr(), 4, 6, 0.0, -100) == capi.PORT_ERR_ARG
 
 
 # --------------------------------------------------------------------------- port_rt_exec mapping
@@ -637,7 +638,7 @@ def _rt(K, name, ptrs, iv=(), fv=(), ws=None):
     if ws is not None:
         c.ws_bytes = ws.numel()
     arr = (ctypes.c_void_p * 10)(*[None if t is None else t.data_ptr() for t in ptrs])
-    return K.raw.port_rt_exec(ctypes.byref(c), arr, None if ws is None else ws.data_ptr(), ctypes.byref(RtState()))
+    return capi.raw.port_rt_exec(ctypes.byref(c), arr, None if ws is None else ws.data_ptr(), ctypes.byref(RtState()))
 
 
 def test_rt_ids_in_order(K):
@@ -720,7 +721,7 @@ def test_rt_exec_mapping(K):
         assert E("port_attention_backward", grads + [do, q, k, v, o, lse, km], iv, (0.3,), ws=ws) == 0
         for gr, rf in zip(grads, K.attention_backward(do, q, k, v, o, lse, km, heads, True, 0.3, algo)):
             assert torch.equal(gr, rf)
-        assert E("port_attention_forward", [o, lse, q, k, v, km], iv, (0.3,), ws=ws[:10]) == K.PORT_ERR_WORKSPACE
+        assert E("port_attention_forward", [o, lse, q, k, v, km], iv, (0.3,), ws=ws[:10]) == capi.PORT_ERR_WORKSPACE
     logits, labels = torch.randn(6, 5), torch.tensor([0, 4, -1, 2, -1, 1])
     loss, probs = torch.empty(1), torch.empty(6, 5)
     assert E("port_softmax_xent_ignore_forward", [loss, probs, logits, labels], (6, 5, -1), (0.1,)) == 0
@@ -734,12 +735,12 @@ def test_rt_exec_mapping(K):
 @pytest.mark.skipif(QUICK, reason="timing-free determinism check, skipped in the quick (ASan) run")
 def test_layernorm_and_reductions_thread_independent(K):
     x, dy = torch.randn(300, 200), torch.randn(300, 200)
-    prev = K.get_num_threads()
+    prev = capi.get_num_threads()
     try:
         gamma, idx, labels = torch.randn(200), torch.randint(0, 7, (300,)), torch.randint(0, 200, (300,))
         outs = []
         for n in (1, 2, 3):
-            K.set_num_threads(n)
+            capi.set_num_threads(n)
             y, st = K.layernorm_forward(x, gamma, None)
             outs.append((y, st, K.layernorm_backward_input(dy, x, st, gamma), K.layernorm_backward_weight(dy, x, st)[0],
                          K.sum_rows(dy, (200,)), K.mean_mid_forward(x.view(3, 100, 200), 1),
@@ -749,4 +750,4 @@ def test_layernorm_and_reductions_thread_independent(K):
             for a, b in zip(outs[0], other):
                 assert torch.equal(a, b)
     finally:
-        K.set_num_threads(prev)
+        capi.set_num_threads(prev)

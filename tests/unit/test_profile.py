@@ -62,7 +62,7 @@ def test_c_workspace_equals_kernel_query(graph, host_profile):
     prof, _ = host_profile
     if not backend_available("c")[0]:
         pytest.skip("C kernels not built: cpu-c entries are modeled")
-    import port.exec.kernels as K
+    import checked as K
     checked = 0
     for op in graph.ops:
         if op.kind != "conv2d":

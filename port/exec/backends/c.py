@@ -9,14 +9,11 @@ from __future__ import annotations
 import ctypes
 from typing import Callable
 
-
-def _k():
-    from port.exec import kernels
-    return kernels
+from port.exec import capi
 
 
 class CBackend:
-    """Kernel threads follow port.exec.kernels.set_num_threads (one OpenMP pool shared with torch).
+    """Kernel threads follow port.exec.capi.set_num_threads (one OpenMP pool shared with torch).
 
     Every call is encoded once (port.exec.rtcall.encode: kernel id, pointer arguments, parameters) and runs
     through the C library's ``port_rt_exec``, the same dispatcher port-rt uses."""
@@ -24,8 +21,7 @@ class CBackend:
 
     def bind(self, call, ctx) -> Callable[[], None]:
         from port.exec import rtcall
-        k = _k()
-        raw, check = k.raw, k.check
+        raw, check = capi.raw, capi.check
         enc = rtcall.encode(call, ctx.shape)
         rc = rtcall.to_struct(enc, call, lambda t: 0)     # pointers are passed resolved, below
         ws = ctx.ws_ptr(call)
@@ -59,7 +55,6 @@ class CBackend:
 
     def _loss(self, call, ctx, fn, rcp, ptrs, sp, where, enc):
         """Cross-entropy: a label outside [0, classes) is named (value, index, num_classes)."""
-        k = _k()
         kk = enc.iv[1]
         lab_tid = call.inputs[1]
         ws = ctx.ws_ptr(call)
@@ -70,11 +65,11 @@ class CBackend:
                 from port.errors import LabelError
                 y = ctx.view(lab_tid).reshape(-1)
                 bad = ((y < 0) | (y >= kk)).nonzero()
-                if st == k.PORT_ERR_ARG and len(bad):
+                if st == capi.PORT_ERR_ARG and len(bad):
                     i = int(bad[0])
                     raise LabelError(f"{where}: label {int(y[i])} at index {i} of the batch is not a class "
                                      f"index: expected 0 <= label < num_classes = {kk}")
-                k.check(st, where)
+                capi.check(st, where)
         run.entry = enc.entry
         run.keep = (rcp, ptrs, sp)
         return run

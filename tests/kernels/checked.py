@@ -1,93 +1,27 @@
-"""Python binding of PORT's C kernel library (kernels/include/port_kernels.h).
+"""Checked torch-tensor wrappers of PORT's C kernels: test support (the kernel tests and bench/ use them; port
+itself runs the kernels through port.exec.capi's raw functions only).
 
-Two levels:
+Each function takes torch tensors, validates shape, dtype (float32 activations, int64 labels/indices, uint8
+masks), device, contiguity and aliasing, allocates outputs/workspace when not given, raises ValueError naming the
+offending argument, and calls the raw C function (``port.exec.capi.raw``), raising on a non-OK status.
 
-* Raw fast path -- ``port.exec.kernels.raw.<c_function>(...)``: the ctypes function
-  objects with argtypes from ``SIGNATURES`` (mirrors the header; a test checks
-  it).  Pointer arguments are plain integer addresses (e.g. ``arena_base +
-  offset``), param structs are ``Conv2dParams``/``BatchNormParams``/... instances
-  (build them once, reuse them).  Every kernel returns an int status
-  (0 == PORT_OK); call ``check(status, "name")`` to raise.  No validation is done
-  on this path beyond what C does (it checks params/workspace and returns status).
+Gradient semantics follow the header: weight gradients ACCUMULATE (+=) into the given buffers (zero-initialised
+when not given), input gradients OVERWRITE.
 
-* Checked API -- the functions below take torch tensors, validate shape, dtype
-  (float32 activations, int64 labels/indices, uint8 masks), device, contiguity
-  and aliasing, allocate outputs/workspace when not given and raise ValueError
-  naming the offending argument.
-
-Gradient semantics follow the header: weight gradients ACCUMULATE (+=) into the
-given buffers (zero-initialised when not given), input gradients OVERWRITE.
+Import it as ``checked`` with tests/kernels on sys.path (tests/conftest.py puts it there; bench/_results.py's
+``checked_kernels()`` for the benchmarks).
 """
 from __future__ import annotations
 
 import ctypes
 import math
-from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
 from typing import Sequence
 
-from port.exec import native as _native
-
-_native.configure_openmp_env()  # before torch loads the OpenMP runtime (see port/_native.py)
+# port first: importing it applies PORT's OpenMP wait policy before torch loads the runtime
+from port.exec.capi import (ATTN_PLAIN, ATTN_TILED, PORT_OK, _ALGOS, AttentionParams, BatchNormParams,
+                            Conv2dParams, LinearParams, Pool2dParams, check, raw, status_string)
 
 import torch  # noqa: E402
-
-from port.exec.capi import (  # noqa: E402,F401  (the raw binding, re-exported)
-    ATTN_PLAIN, ATTN_TILED, CONV_AUTO, CONV_DIRECT, CONV_IM2COL, CONV_WINOGRAD, GEMM_AUTO, GEMM_BLAS, GEMM_VENDORED,
-    PORT_ERR_ALIAS, PORT_ERR_ARG, PORT_ERR_NULL, PORT_ERR_SHAPE, PORT_ERR_UNSUPPORTED, PORT_ERR_WORKSPACE, PORT_OK,
-    SIGNATURES, AttentionParams, BatchNormParams, Conv2dParams, KernelError, KernelValueError, LinearParams,
-    Pool2dParams, UnsupportedError, WorkspaceError, _ALGOS, check, ctype_of, raw, status_string)
-
-# --------------------------------------------------------------------------- settings
-def set_num_threads(n: int) -> None:
-    """One setting for kernel OpenMP threads, BLAS and torch intra-op threads: one shared OpenMP pool
-    (OpenBLAS itself stays single-threaded; PORT splits GEMMs over the pool)."""
-    n = int(n)
-    if n < 1:
-        raise ValueError(f"set_num_threads: n must be >= 1, got {n}")
-    raw.port_set_num_threads(n)
-    torch.set_num_threads(n)
-
-
-def get_num_threads() -> int:
-    return raw.port_get_num_threads()
-
-
-_GEMM_NAMES = {"blas": GEMM_BLAS, "vendored": GEMM_VENDORED, "auto": GEMM_AUTO}
-
-
-def set_gemm_backend(backend: str) -> None:
-    """'blas' (OpenBLAS), 'vendored' (built-in blocked SGEMM) or 'auto' (the vendored one, OpenBLAS for small
-    products and n <= 16; needs OpenBLAS, see port_kernels.h)."""
-    code = _GEMM_NAMES.get(backend)
-    if code is None:
-        raise ValueError(f"set_gemm_backend: backend must be 'blas', 'vendored' or 'auto', got {backend!r}")
-    check(raw.port_set_gemm_backend(code), "set_gemm_backend")
-
-
-def get_gemm_backend() -> str:
-    code = raw.port_get_gemm_backend()
-    return next(name for name, c in _GEMM_NAMES.items() if c == code)
-
-
-def gemm_backend_for(trans_a: bool, trans_b: bool, m: int, n: int, k: int) -> str:
-    """The GEMM ('blas' or 'vendored') that runs op(A)[m x k] op(B)[k x n] under the current setting ('auto'
-    resolved by shape, kernels/src/common.c port__gemm_pick)."""
-    return "vendored" if raw.port_gemm_backend_for(int(trans_a), int(trans_b), m, n, k) == GEMM_VENDORED else "blas"
-
-
-class gemm_backend:
-    """Context manager: ``with gemm_backend('vendored'): ...``"""
-
-    def __init__(self, backend: str):
-        self.backend, self.prev = backend, None
-
-    def __enter__(self):
-        self.prev = get_gemm_backend()
-        set_gemm_backend(self.backend)
-        return self
-
-    def __exit__(self, *exc):
-        set_gemm_backend(self.prev)
 
 
 # --------------------------------------------------------------------------- validation helpers
