@@ -13,7 +13,6 @@ PyTorch gradient accumulation: the result then differs from full-batch training.
 """
 from __future__ import annotations
 
-import copy
 import mmap
 from pathlib import Path
 from typing import Any, Iterable, Sequence
