@@ -294,6 +294,7 @@ _UNARY = {
     "sin": ("sin", "x", lambda t, x, out, a: t.sin(x, out=out), lambda dy, x, a: dy * x.cos(), 4, 5),
     "pow_scalar": ("pow", "x", lambda t, x, out, a: t.pow(x, a["exponent"], out=out),
                    lambda dy, x, a: dy * a["exponent"] * x.pow(a["exponent"] - 1.0), 2, 3),
+    "abs": ("abs", "x", lambda t, x, out, a: t.abs(x, out=out), lambda dy, x, a: dy * x.sign(), 1, 2),
     "shift": ("add", "", lambda t, x, out, a: t.add(x, a["value"], out=out), lambda dy, s, a: dy, 1, 0),
 }
 

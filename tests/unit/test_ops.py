@@ -247,19 +247,21 @@ def test_shape_and_broadcast_records_capture_and_train_like_eager():
     tr = port.Trainer(_Tokens(), x, optimizer=SGD(0.1))
     kinds = {o.kind for o in tr.graph.ops}
     assert {"narrow", "expand", "add_nd", "sub", "div", "mul", "cat", "expand.grad_weight",
-            "add_nd.grad_weight"} <= kinds, kinds
+            "add_nd.grad_weight", "abs"} <= kinds and "torch_op" not in kinds, kinds
     ref = _Tokens()
     _steps_like_eager(tr, ref, x, y, 0.1, 3)
 
 
 @pytest.mark.parametrize("kind,attrs,ref", [
     ("neg", {}, torch.neg), ("rsqrt", {}, torch.rsqrt), ("exp", {}, torch.exp), ("cos", {}, torch.cos),
-    ("sin", {}, torch.sin), ("pow_scalar", {"exponent": 3.0}, lambda t: t.pow(3.0)),
+    ("sin", {}, torch.sin), ("abs", {}, torch.abs), ("pow_scalar", {"exponent": 3.0}, lambda t: t.pow(3.0)),
     ("pow_scalar", {"exponent": -0.5}, lambda t: t.pow(-0.5)), ("shift", {"value": 1e-6}, lambda t: t + 1e-6)])
 def test_unary_math_records_equal_autograd(kind, attrs, ref):
     gen = torch.Generator().manual_seed(5)
     r = ops.record(kind)
     x = _rand((3, 5, 7), gen).abs() + 0.1
+    if kind == "abs":
+        x = x * torch.sign(_rand(x.shape, gen))       # both signs
     y = torch.empty_like(x)
     registry.call_shapes(kind, attrs, [x.shape], [x.shape])
     r.torch(kind, attrs, [x], [y], _env())()
@@ -267,7 +269,7 @@ def test_unary_math_records_equal_autograd(kind, attrs, ref):
     dy = _rand(x.shape, gen)
     xr = x.clone().requires_grad_(True)
     want, = torch.autograd.grad(ref(xr), xr, dy)
-    saved = [y] if kind in ("rsqrt", "exp") else [x] if kind in ("cos", "sin", "pow_scalar") else []
+    saved = [y] if kind in ("rsqrt", "exp") else [x] if kind in ("cos", "sin", "abs", "pow_scalar") else []
     ins, _ = registry.call_shapes(f"{kind}.grad_input", attrs, [dy.shape] + [s.shape for s in saved], [x.shape])
     assert len(ins) == 1 + len(saved)
     dx = torch.empty_like(x)
