@@ -409,10 +409,16 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
             except Exception:  # noqa: BLE001 - a backend without a default plan is not re-timed
                 continue
             # the default plan's variants; all plain when the profile lacks one of them (a profile of
-            # variants=("plain",)): every op then runs a call this profile prices
+            # variants=("plain",)): every op then runs a call this profile prices. Ops the backend cannot run
+            # (no C kernel) stay where the default plan put them (the torch engine of the same memory), when
+            # this device has that engine
+            own = {o.id for o in graph.ops if V.variants(graph, o, backend)}
+            if any(d.op not in own and d.accelerator not in present for d in plan.ops):
+                continue
             for plain in (False, True):
-                ops = tuple(type(d)(d.op, acc_id, "plain" if plain else d.variant) for d in plan.ops)
-                if all(prof.lookup(graph.signature(o), acc_id, ops[o.id].variant) for o in graph.ops):
+                ops = tuple(type(d)(d.op, acc_id if d.op in own else d.accelerator,
+                                    "plain" if plain or d.op not in own else d.variant) for d in plan.ops)
+                if all(prof.lookup(graph.signature(o), ops[o.id].accelerator, ops[o.id].variant) for o in graph.ops):
                     plans.append(Plan(graph.digest(), prof.digest(), 0, ops, batch_size=graph.batch_size))
                     break
         if plans:
@@ -648,7 +654,8 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
         runner = get_runner(sorted(backends)[0], graph, None, seed=seed)
         ex = Executor(prog)
         ex.state.opt, ex.state.step = runner.state.opt, runner.state.step
-        x = torch.randn(ex.input.shape, generator=gen)
+        x = torch.randn(ex.input.shape, generator=gen) if ex.input.dtype.is_floating_point \
+            else torch.zeros(ex.input.shape, dtype=ex.input.dtype)       # token ids: id 0
         ex.input.copy_(x)
         y = None
         if ex.labels is not None:

@@ -116,6 +116,27 @@ def test_plain_only_profile_is_retimed_in_program_order(graph):
     assert not any("re-timing failed" in m for m in rep.notes)
 
 
+def test_ops_without_c_kernels_do_not_stop_the_c_engine_being_retimed_in_program_order():
+    """A model with ops that have no C kernel (SiLU, a broadcast multiply, a torch_op) and int64 token input:
+    the C engine's default plan (those ops on the torch engine) is re-timed in program order too, and the
+    executor's step overhead is measured on it."""
+    from port.cost.measure import STEP_OVERHEAD_KEY
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.e, self.fc = torch.nn.Embedding(20, 8), torch.nn.Linear(8, 3)
+
+        def forward(self, ids):
+            h = torch.nn.functional.silu(self.e(ids))
+            return self.fc((h * torch.erf(h)).mean(1))
+    g = port.trace(Net(), torch.randint(0, 20, (4, 6)), optimizer="sgd_momentum")
+    prof, rep = profile_with_report(g, "host", handoff=False, peak_memory=False, **FAST)
+    host = dict(prof.host)
+    assert "in_program.cpu-c" in host and "in_program.cpu-torch" in host and STEP_OVERHEAD_KEY in host, rep.notes
+    assert not any("re-timing failed" in m for m in rep.notes), rep.notes
+
+
 def test_cache_of_other_threads_is_remeasured_and_recalibrated(graph, host_profile, tmp_path):
     """Entries cached with another thread count are timed again; they are this run's measurements, so the
     machine figures are drawn again and the program-order pass re-times them (they used to count as cached:
