@@ -27,7 +27,6 @@ from typing import Any, Callable
 
 from port.errors import PlanError
 from port.ir.types import Graph, Op, numel
-from port.lower.program import GRAD_SCALE_ID  # the loss-gradient scale (1 / micro-batches): a constant slot
 from port.plan import variants as V
 from port import ops
 from port.ops.attention import ATTENTION_KERNELS, ATTN_ALGO, attention_params  # noqa: F401
@@ -63,47 +62,24 @@ class CallSpec:
 
 def op_calls(graph: Graph, op: Op, variant: str, backend: str) -> tuple[CallSpec, ...]:
     """The calls that run ``op`` with ``variant`` on ``backend``: none for views and for the batch norm and relu
-    of a fused chain (the conv's fused call computes them), one otherwise."""
+    of a fused chain (the conv's fused call computes them); what the op's record says where it maps an op to
+    other calls (``OpRecord.calls``: the fused chain, read-modify-write statistics, one GEMM per operand); else
+    one call of the op's kind."""
     if op.kind in NO_CALL_KINDS:
         return ()
     if variant == "fused" and op.kind != "conv2d":
         if V.fused_into(graph, op) is None:
             raise PlanError(f"op {op.name!r}: variant 'fused' without a fused chain")
         return ()
+    r = ops.record(op.kind)
+    custom = r.calls(graph, op, variant) if r.calls is not None else None
+    if custom is not None:        # the record's own mapping (a fused chain, read-modify-write, several calls)
+        return tuple(CallSpec(k, variant, backend, tuple(o), tuple(i), tuple(sorted(a.items())), tuple(cv))
+                     for k, o, i, a, cv in custom)
     attrs = dict(op.attrs)
-    outs, ins, kernel = op.outputs, op.inputs, op.kind
-    covers: tuple[int, ...] = ()
-    if op.kind == "conv2d" and variant == "fused":
-        chain = V.fusion_chain(graph, op)
-        if chain is None:
-            raise PlanError(f"op {op.name!r}: variant 'fused' is not legal here")
-        bn, act = graph.ops[chain[1]], graph.ops[chain[2]]
-        # outputs: y (relu), z (conv out), stats; read-modify-write: running mean/var
-        outs = (act.outputs[0], op.outputs[0], bn.outputs[1], bn.inputs[3], bn.inputs[4])
-        ins = (op.inputs[0], op.inputs[1], bn.inputs[1], bn.inputs[2], bn.inputs[3], bn.inputs[4])
-        attrs.update(eps=bn.attr("eps"), momentum=bn.attr("momentum"))
-        kernel, covers = "conv2d_bn_relu", chain[1:]
-    elif op.kind == "batch_norm2d" and attrs.get("training"):
-        outs = outs + (op.inputs[3], op.inputs[4])     # running statistics are updated
-    elif variant == "inplace" and op.kind in ("batch_norm2d.grad_input", "batch_norm2d.grad_weight"):
-        # the forward overwrote x with y: rebuild x-hat from y, gamma, beta
-        bn = graph.ops[op.forward_op]
-        y, gamma, beta = bn.outputs[0], bn.inputs[1], bn.inputs[2]
-        if op.kind == "batch_norm2d.grad_input":
-            kernel, ins = "batch_norm2d.grad_input_from_output", (op.inputs[0], y, bn.outputs[1], gamma, beta)
-        else:
-            kernel, ins = "batch_norm2d.grad_weight_from_output", (op.inputs[0], y, gamma, beta)
-    elif may_overwrite(op.kind, backend, variant) and overwrites_gradients(graph, op):
+    if may_overwrite(op.kind, backend, variant) and overwrites_gradients(graph, op):
         attrs["overwrite"] = True
-    elif op.kind == "cross_entropy.grad_input":
-        ins = ins + (GRAD_SCALE_ID,)
-    elif op.kind == "matmul.grad_input":     # one batched GEMM per operand that needs a gradient
-        gy, a, b = ins
-        base = {k: v for k, v in attrs.items() if k != "grads"}
-        return tuple(CallSpec(kernel, variant, backend, (g,), (gy, b if i == 0 else a),
-                              tuple(sorted((base | {"operand": i}).items())))
-                     for i, g in zip(attrs["grads"], outs))
-    return (CallSpec(kernel, variant, backend, tuple(outs), tuple(ins), tuple(sorted(attrs.items())), covers),)
+    return (CallSpec(op.kind, variant, backend, tuple(op.outputs), tuple(op.inputs), tuple(sorted(attrs.items()))),)
 
 
 def may_overwrite(kernel: str, backend: str, variant: str) -> bool:

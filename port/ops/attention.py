@@ -219,7 +219,17 @@ def _attn_bwd_vf(f, T):
     return 8 * q[0] * q[1] * q[2] * k[2]
 
 
-_MATMUL = OpRecord(kind="matmul", family="attention", kernels={"matmul": ("port_bmm",), "matmul.grad_input": ("port_bmm",)},
+def _mm_calls(graph, op, variant):
+    """matmul.grad_input: one batched GEMM per operand that needs a gradient (attribute ``operand``)."""
+    if op.kind != "matmul.grad_input":
+        return None
+    gy, a, b = op.inputs
+    base = {k: v for k, v in op.attrs if k != "grads"}
+    return [(op.kind, (g,), (gy, b if i == 0 else a), base | {"operand": i}, ())
+            for i, g in zip(op.attr("grads"), op.outputs)]
+
+
+_MATMUL = OpRecord(kind="matmul", calls=_mm_calls, family="attention", kernels={"matmul": ("port_bmm",), "matmul.grad_input": ("port_bmm",)},
                    shapes=_mm_shapes, torch=_mm_torch, encode=_mm_encode, aten=("matmul", "bmm"), capture=_mm_capture,
                    saved=_mm_saved, grad_input_reads=lambda f: f.x,
                    backward=lambda *a: multi_grad_backward(_MATMUL, *a), tags=frozenset({"multi_grad"}), doc=__doc__)

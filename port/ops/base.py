@@ -104,6 +104,8 @@ class OpRecord:
     inplace_pairs: Callable[[str, dict], tuple] = _none      # (kernel, attrs) -> (output, input) index pairs
     workspace: Callable[..., int] | None = None       # (kernel, variant, attrs, IS, OS) -> bytes (C backend)
     c_supports: Callable[[dict], bool] | None = None  # attributes the C kernels take (None: all of them)
+    calls: Callable[..., Any] | None = None           # (graph, op, variant) -> [(kernel, outs, ins, attrs, covers)]
+                                                      # or None: one call of the op's kind on its own tensors
     tags: frozenset = field(default_factory=frozenset)
     doc: str = ""
 

@@ -206,8 +206,25 @@ def _torch(kind, a, I, O, env):
     return run
 
 
+def _calls(graph, op, variant):
+    """A ``fused`` conv2d runs its chain's one call (conv2d_bn_relu: outputs y, z, stats and the running
+    statistics, read-modify-write)."""
+    if op.kind != "conv2d" or variant != "fused":
+        return None
+    from port.errors import PlanError
+    from port.plan import variants as V
+    chain = V.fusion_chain(graph, op)
+    if chain is None:
+        raise PlanError(f"op {op.name!r}: variant 'fused' is not legal here")
+    bn, act = graph.ops[chain[1]], graph.ops[chain[2]]
+    outs = (act.outputs[0], op.outputs[0], bn.outputs[1], bn.inputs[3], bn.inputs[4])
+    ins = (op.inputs[0], op.inputs[1], bn.inputs[1], bn.inputs[2], bn.inputs[3], bn.inputs[4])
+    attrs = dict(op.attrs) | dict(eps=bn.attr("eps"), momentum=bn.attr("momentum"))
+    return [("conv2d_bn_relu", outs, ins, attrs, chain[1:])]
+
+
 register(OpRecord(
-    kind="conv2d", family="conv",
+    kind="conv2d", family="conv", calls=_calls,
     kernels={"conv2d": ("port_conv2d_forward", "port_conv2d_patch_forward"),
              "conv2d.grad_input": ("port_conv2d_backward_input", "port_conv2d_patch_backward_input"),
              "conv2d.grad_weight": ("port_conv2d_backward_weight", "port_conv2d_patch_backward_weight",

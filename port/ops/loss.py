@@ -93,8 +93,16 @@ def _torch(kind, a, I, O, env):
     return run
 
 
+def _calls(graph, op, variant):
+    """The input gradient also reads the loss-gradient scale (1 / micro-batches: a constant slot)."""
+    if op.kind != "cross_entropy.grad_input":
+        return None
+    from port.lower.program import GRAD_SCALE_ID
+    return [(op.kind, op.outputs, op.inputs + (GRAD_SCALE_ID,), dict(op.attrs), ())]
+
+
 register(OpRecord(
-    kind="cross_entropy", family="loss",
+    kind="cross_entropy", family="loss", calls=_calls,
     kernels={"cross_entropy": ("port_softmax_xent_forward", "port_softmax_xent_ignore_forward"),
              "cross_entropy.grad_input": ("port_softmax_xent_backward", "port_softmax_xent_ignore_backward")},
     shapes=_shapes, torch=_torch, encode=_encode, doc=__doc__))

@@ -213,6 +213,22 @@ def _bn_torch(kind, a, I, O, env):
     return run
 
 
+def _bn_calls(graph, op, variant):
+    """Training batch norm also writes its running statistics (read-modify-write); the backward of an in-place
+    forward (x overwritten by y) rebuilds x-hat from y, gamma and beta."""
+    a = dict(op.attrs)
+    if op.kind == "batch_norm2d" and a.get("training"):
+        return [(op.kind, op.outputs + (op.inputs[3], op.inputs[4]), op.inputs, a, ())]
+    if variant == "inplace" and op.kind in ("batch_norm2d.grad_input", "batch_norm2d.grad_weight"):
+        bn = graph.ops[op.forward_op]
+        y, gamma, beta = bn.outputs[0], bn.inputs[1], bn.inputs[2]
+        if op.kind == "batch_norm2d.grad_input":
+            return [("batch_norm2d.grad_input_from_output", op.outputs, (op.inputs[0], y, bn.outputs[1], gamma, beta),
+                     a, ())]
+        return [("batch_norm2d.grad_weight_from_output", op.outputs, (op.inputs[0], y, gamma, beta), a, ())]
+    return None
+
+
 def _bn_pairs(k, a):
     return ((2, 3), (3, 4)) if k == "batch_norm2d" and a.get("training") else ()
 
@@ -229,7 +245,7 @@ register(OpRecord(
     aten=("_native_batch_norm_legit_functional", "_native_batch_norm_legit_no_training"), capture=_bn_capture,
     saved=_bn_saved, grad_input_reads=_bn_gi_reads, grad_weight_reads=_bn_gw_reads,
     bwd_vector_flops=lambda f, T: 8 * numel(T[f.outputs[0]].shape), weight_vector_factor=2,
-    inplace_pairs=_bn_pairs, tags=frozenset({"inplace"}), doc=__doc__))
+    inplace_pairs=_bn_pairs, calls=_bn_calls, tags=frozenset({"inplace"}), doc=__doc__))
 
 
 # =============================================================================================
