@@ -1,5 +1,7 @@
 """linear: y = x W^T + b over the last dim of x ([..., in] -> [..., out]); the forward's FLOPs again for each
-gradient. Saved: x for the weight gradient, the weight for the input gradient.
+gradient. Saved: x for the weight gradient, the weight for the input gradient. ``addmm(b, x, W)`` and
+``mm(x, W)`` with a parameter W stored [in, out] (Hugging Face GPT-2's Conv1D) are linear with attribute
+``weight_t``: the torch engines run those (the C kernels take W [out, in]).
 """
 from __future__ import annotations
 
@@ -10,18 +12,31 @@ from port.ops.base import F32, CallShapeError, Encoded, OpRecord, arg, float32, 
 
 def _capture(ctx):
     n = ctx.node
-    xa, wa, ba = n.args[0], n.args[1], arg(n, 2, "bias")
+    packet = n.target._overloadpacket.__name__
+    if packet == "linear":
+        xa, wa, ba = n.args[0], n.args[1], arg(n, 2, "bias")
+    elif packet == "addmm":       # addmm(bias, x, W): W [in, out]
+        ba, xa, wa = n.args[0], n.args[1], n.args[2]
+        if arg(n, 3, "beta", 1) != 1 or arg(n, 4, "alpha", 1) != 1:
+            return False
+    else:                         # mm(x, W)
+        xa, wa, ba = n.args[0], n.args[1], None
+    if not hasattr(xa, "name") or not hasattr(wa, "name"):
+        return False
     x = ctx.t(xa)
     if (not ctx.is_param(wa) or (ba is not None and not ctx.is_param(ba)) or len(ctx.shape(x)) < 2
             or not float32(ctx, x)):
         return False
     w = ctx.t(wa)
+    wt = packet != "linear"
+    fo = ctx.shape(w)[1 if wt else 0]
     bias = ctx.t(ba) if ba is not None else None
+    if bias is not None and tuple(ctx.shape(bias)) != (fo,):
+        return False              # (a bias broadcast over rows only)
     params = {"weight": w} | ({"bias": bias} if bias is not None else {})
     rows = numel(ctx.shape(x)[:-1])
-    return fwd(ctx, "linear", dict(bias=bias is not None), (x,), (ctx.out(),),
-               2 * rows * ctx.shape(w)[0] * ctx.shape(w)[1], rows * ctx.shape(w)[0] if bias is not None else 0,
-               params=params)
+    return fwd(ctx, "linear", dict(bias=bias is not None) | ({"weight_t": True} if wt else {}), (x,), (ctx.out(),),
+               2 * rows * ctx.shape(w)[0] * ctx.shape(w)[1], rows * fo if bias is not None else 0, params=params)
 
 
 def _saved(f, gi, gw, wanted):
@@ -34,10 +49,11 @@ def _shapes(k, attrs, I, O, at):
     if xt is None or len(xt) < 2:
         raise CallShapeError(f"x has shape {list(xt) if xt is not None else None}: expected >= 2 dims")
     lead = tuple(xt[:-1])
-    fo = (rank(at(I, 1, "input 1 (weight)"), 2, "weight")[0] if k != "linear.grad_weight"
+    wt = bool(attrs.get("weight_t"))
+    fo = (rank(at(I, 1, "input 1 (weight)"), 2, "weight")[1 if wt else 0] if k != "linear.grad_weight"
           else at(I, 0, "input 0 (dy)")[-1])
     x = (lead + (xt[-1],))
-    w, y, b = ((fo, x[-1]), F32), (lead + (fo,), F32), ((fo,), F32)
+    w, y, b = (((x[-1], fo) if wt else (fo, x[-1])), F32), (lead + (fo,), F32), ((fo,), F32)
     if k == "linear":
         return [(x, F32), w] + ([b] if attrs.get("bias") else []), [y]
     if k == "linear.grad_input":
@@ -66,23 +82,28 @@ def _torch(kind, a, I, O, env):
     if I[0].dim() > 2:     # [..., features]: the same call on [rows, features]
         I = [t.reshape(-1, t.shape[-1]) if t.dim() > 2 else t for t in I]
         O = [t.reshape(-1, t.shape[-1]) if t.dim() > 2 else t for t in O]
+    wt = bool(a.get("weight_t"))       # W stored [in, out]
     if kind == "linear":
         x, w = I[0], I[1]
         y = O[0]
+        wm = w if wt else w.t()
         if a.get("bias"):
             b = I[2]
-            return lambda: torch.addmm(b, x, w.t(), out=y)
-        return lambda: torch.mm(x, w.t(), out=y)
+            return lambda: torch.addmm(b, x, wm, out=y)
+        return lambda: torch.mm(x, wm, out=y)
     if kind == "linear.grad_input":
         dy, w = I
         dx = O[0]
-        return lambda: torch.mm(dy, w, out=dx)
+        wm = w.t() if wt else w
+        return lambda: torch.mm(dy, wm, out=dx)
     dy, x = I
     gr = dict(zip(a["grads"], O))
     dw, db = gr.get("weight"), gr.get("bias")
 
     def run():
-        if dw is not None:
+        if dw is not None and wt:
+            dw.addmm_(x.t(), dy)
+        elif dw is not None:
             dw.addmm_(dy.t(), x)
         if db is not None:
             db.add_(dy.sum(0))
@@ -93,6 +114,7 @@ register(OpRecord(
     kind="linear", family="linear",
     kernels={"linear": ("port_linear_forward",), "linear.grad_input": ("port_linear_backward_input",),
              "linear.grad_weight": ("port_linear_backward_weight", "port_bias_backward")},
-    shapes=_shapes, torch=_torch, encode=_encode, aten=("linear",), capture=_capture, saved=_saved,
+    shapes=_shapes, torch=_torch, encode=_encode, aten=("linear", "addmm", "mm"), capture=_capture, saved=_saved,
+    c_supports=lambda a: not a.get("weight_t"),
     grad_input_reads=lambda f: (f.params["weight"],), grad_weight_reads=lambda f: (f.x[0],), weight_flops=True,
     tags=frozenset({"checkpoint"}), doc=__doc__))

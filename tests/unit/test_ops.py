@@ -401,3 +401,34 @@ def test_embedding_padding_idx_runs_on_torch_without_a_padding_gradient():
     ref = M()
     _steps_like_eager(tr, ref, ids, y, 0.5, 2)
     torch.testing.assert_close(tr.state_dict()["e.weight"], ref.e.weight.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_addmm_with_a_weight_stored_in_out_is_a_linear_on_torch():
+    """Hugging Face GPT-2's Conv1D: addmm(bias, x, W) with W [in, out] (and mm without a bias)."""
+    class Conv1D(nn.Module):
+        def __init__(self, nx, nf, bias=True):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(nx, nf) * 0.2)
+            self.bias = nn.Parameter(torch.randn(nf) * 0.1) if bias else None
+
+        def forward(self, x):
+            h = x.reshape(-1, x.shape[-1])
+            h = torch.addmm(self.bias, h, self.weight) if self.bias is not None else torch.mm(h, self.weight)
+            return h.reshape(*x.shape[:-1], -1)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a, self.b, self.fc = Conv1D(6, 10), Conv1D(10, 8, bias=False), nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.fc(torch.tanh(self.b(torch.tanh(self.a(x)))).mean(1))
+    x, y = torch.randn(4, 5, 6), torch.tensor([0, 1, 2, 1])
+    tr = port.Trainer(M(), x, optimizer=SGD(0.1))
+    lin = [o for o in tr.graph.ops if o.kind == "linear"]
+    assert len(lin) == 3 and sum(bool(o.attr("weight_t")) for o in lin) == 2
+    assert "torch_op" not in {o.kind for o in tr.graph.ops}
+    assert registry.call_shapes("linear", {"bias": True, "weight_t": True}, [(20, 6), (6, 10), (10,)], [None])[1] == \
+        [((20, 10), "float32")]
+    _steps_like_eager(tr, M(), x, y, 0.1, 3)
