@@ -28,6 +28,11 @@ import sys
 import time
 from pathlib import Path
 
+if __name__ != "__main__":
+    # a script, not the ``cuda`` package: torch probes ``from cuda.bindings import ...``, which found this file
+    # whenever bench/ was on sys.path and turned engine footprints off in the importing process (see below)
+    raise ImportError("bench/cuda.py is a script (python bench/cuda.py), not an importable module")
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]   # bench/profile.py != stdlib
 sys.path.insert(0, str(ROOT))
