@@ -232,7 +232,7 @@ def _mm_calls(graph, op, variant):
 _MATMUL = OpRecord(kind="matmul", calls=_mm_calls, family="attention", kernels={"matmul": ("port_bmm",), "matmul.grad_input": ("port_bmm",)},
                    shapes=_mm_shapes, torch=_mm_torch, encode=_mm_encode, aten=("matmul", "bmm"), capture=_mm_capture,
                    saved=_mm_saved, grad_input_reads=lambda f: f.x,
-                   backward=lambda *a: multi_grad_backward(_MATMUL, *a), tags=frozenset({"multi_grad"}), doc=__doc__)
+                   backward=lambda *a: multi_grad_backward(_MATMUL, *a), doc=__doc__)
 _ATTENTION = OpRecord(kind="attention", family="attention",
                       kernels={"attention": ("port_attention_forward",),
                                "attention.grad_input": ("port_attention_backward",)},
@@ -240,5 +240,5 @@ _ATTENTION = OpRecord(kind="attention", family="attention",
                       aten=("scaled_dot_product_attention",), capture=_sdpa_capture,
                       saved=lambda f, gi, gw, w: _attn_reads(f), grad_input_reads=_attn_reads,
                       bwd_vector_flops=_attn_bwd_vf, backward=lambda *a: multi_grad_backward(_ATTENTION, *a),
-                      workspace=_attn_workspace, tags=frozenset({"multi_grad", "tiled_variant"}), doc=__doc__)
+                      workspace=_attn_workspace, tags=frozenset({"tiled_variant"}), doc=__doc__)
 register(_MATMUL, _ATTENTION)

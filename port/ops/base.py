@@ -32,7 +32,6 @@ TAGS = {
     "rerun_inplace": "a re-run of the forward may overwrite its first input (Plan.inplace_reruns)",
     "backward_inplace": "its .grad_input may write dx over dy (``inplace``)",
     "checkpoint": "cheap to re-run: recompute_plan drops its output by default",
-    "multi_grad": "one grad_input op writes the gradients of several inputs",
     "no_grad": "integer results: no gradient flows back",
     "not_recomputable": "never re-run (views cost nothing; a random mask must not be redrawn)",
     "conv_variants": "im2col/direct/winograd/patch/fused variants on the C backend",

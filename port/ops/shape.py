@@ -231,7 +231,7 @@ def _cat_torch(kind, a, I, O, env):
 
 register(OpRecord(kind="cat", family="shape", kernels={"cat": (), "cat.grad_input": ()}, shapes=_cat_shapes,
                   torch=_cat_torch, aten=("cat",), capture=_cat_capture, backward=_cat_backward,
-                  tags=frozenset({"checkpoint", "multi_grad"}),
+                  tags=frozenset({"checkpoint"}),
                   doc="cat: inputs concatenated along ``dim`` (attribute ``sizes``: each input's extent); the "
                       "gradient copies each input's slice of dy. Saves nothing. PyTorch's kernels (no C kernel "
                       "yet)."))
