@@ -45,6 +45,20 @@ def test_published_model_trains_like_eager(name):
     assert row.ops_c > 0        # PORT's own kernels run what they can
 
 
+def test_equality_criterion():
+    """The criterion can fail: a run farther from float64 than twice float32's spread is not equal."""
+    f64 = [2.0, 1.5, 1.0]
+    f32 = [2.0, 1.5, 1.01]            # float32 eager, default threads: 1e-2 from float64 at step 3
+    f32_1t = [2.0, 1.5, 0.97]         # one thread: 3e-2
+    assert P.equal([2.0, 1.5, 1.01001], f32, f64)            # within 1e-4 of eager
+    assert P.equal([2.0, 1.5, 0.985], f32, f64)              # 1.5e-2 <= 2 * 1e-2
+    assert not P.equal([2.0, 1.5, 0.95], f32, f64)           # 5e-2 > 2 * 1e-2 + 1e-4
+    assert P.equal([2.0, 1.5, 0.95], f32, f64, (f32_1t,))    # 5e-2 <= 2 * 3e-2: the spread of both runs
+    assert not P.equal([2.0, 1.5, 0.9], f32, f64, (f32_1t,))
+    assert not P.equal([2.0, 1.6, 1.0], f32, f64, (f32_1t,))  # step 2 where float32 agrees with float64 exactly
+    assert not P.equal([2.0, float("nan"), 1.0], f32, f64)
+
+
 # ---- the fallback: an aten op PORT has no kind for ------------------------------------------------------
 class _Fallback(nn.Module):
     """Ops without C kernels: sigmoid gating with a broadcast tensor multiply, a parameter used directly (a
