@@ -2,8 +2,12 @@
 
 Forward: the aten call (attribute ``call``: the overload and its non-tensor arguments as JSON) on the torch
 engine, its result copied into the op's arena slot. Backward: PyTorch's own derivative, autograd over the call
-re-run on the saved inputs (every input is saved): ``torch_op.grad_input`` overwrites the activation inputs'
-gradients, ``torch_op.grad_weight`` accumulates the parameters'. Random ops (``random``) are seeded per call from
+re-run on the saved inputs: ``torch_op.grad_input`` overwrites the activation inputs' gradients,
+``torch_op.grad_weight`` accumulates the parameters'. What is saved is measured at capture: the call runs on meta
+tensors under ``torch.autograd.graph.saved_tensors_hooks`` and the operands autograd packs are the ones kept
+(attribute ``saves``: their positions); the re-run gets zeros for the others (the derivative does not read
+them: a pad, flip or slice_scatter saves nothing, a product the other operand). When autograd saves its output
+or a tensor of its own (exp, sigmoid, index's index list), or the probe fails, every input is saved. Random ops (``random``) are seeded per call from
 (run seed, forward-pass counter, op), so the re-run draws the same values. FLOPs from torch's FlopCounterMode on
 meta tensors. No C kernel: torch engines only, never in a port-rt bundle.
 """
@@ -44,6 +48,10 @@ def capture_node(ctx, src: Any, index: int | None = None) -> Fwd:
         attrs["random"] = True
     if not _differentiable(src, index):
         attrs["no_grad"] = True          # new_zeros(x, ...), comparisons: no gradient flows back
+    else:
+        saves = _saved_operands(src, [a.name for a in xs + ps + bs])
+        if saves is not None and not attrs.get("random") and len(saves) < len(order):
+            attrs["saves"] = saves
     return Fwd(ctx.opname, ctx.scope, TORCH_OP, attrs, tuple(ctx.t(a) for a in xs),
                {f"in{order[a.name]}": ctx.t(a) for a in ps}, {f"in{order[a.name]}": ctx.t(a) for a in bs}, (y,),
                _flops(src, index), numel(tuple(v.shape)))
@@ -61,6 +69,39 @@ def _meta_args(src: Any, grad: bool):
         t = torch.empty(v.shape, dtype=v.dtype, device="meta")
         return t.requires_grad_(True) if grad and t.is_floating_point() else t
     return fx.node.map_arg(src.args, meta), fx.node.map_arg(src.kwargs, meta)
+
+
+def _saved_operands(src: Any, names: list[str]) -> tuple[int, ...] | None:
+    """Positions (in ``names``) of the operands autograd saves for the aten call's backward, every floating operand
+    requiring a gradient (probed on meta tensors with saved_tensors_hooks); None when it saves anything else (its
+    output, a tensor it made) or the probe fails: then the backward needs every input."""
+    import torch
+    import torch.fx as fx
+    from port.ir import capture as C
+    made: dict[int, int] = {}
+
+    def meta(a):
+        v = C.val_of(a)
+        if not isinstance(v, torch.Tensor):
+            return v
+        t = torch.empty(v.shape, dtype=v.dtype, device="meta")
+        t = t.requires_grad_(True) if t.is_floating_point() else t
+        made[id(t)] = names.index(a.name)
+        return t
+    packed: list = []
+    try:
+        args, kwargs = fx.node.map_arg(src.args, meta), fx.node.map_arg(src.kwargs, meta)
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t,
+                                                                           lambda t: t):
+            src.target(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - no meta kernel: save everything
+        return None
+    pos = set()
+    for t in packed:
+        if id(t) not in made:
+            return None
+        pos.add(made[id(t)])
+    return tuple(sorted(pos))
 
 
 def _differentiable(src: Any, index: int | None) -> bool:
@@ -93,14 +134,18 @@ def _backward(bc, f, fo, gy, xs_needing, trained):
     (overwriting), one ``torch_op.grad_weight`` op those of its trained parameters (accumulating)."""
     ins = fo.inputs
     call = f.attrs["call"]
+    saves = f.attrs.get("saves")
+    kept = tuple(range(len(ins))) if saves is None else tuple(saves)
+    extra = {} if saves is None else {"saves": kept, "absent": tuple((i, bc.T[ins[i]].shape, bc.T[ins[i]].dtype)
+                                                                     for i in range(len(ins)) if i not in kept)}
     for kind, pos in (("grad_input", [i for i, t in enumerate(ins) if t in xs_needing and i < len(f.x)]),
                       ("grad_weight", [i for i, t in enumerate(ins) if t in trained and t in f.params.values()])):
         if not pos:
             continue
         outs = [(ins[i], bc.new_grad(ins[i], "")) for i in pos]
         bc.op(f"{f.name}.{kind}", f.layer, f"{TORCH_OP}.{kind}",
-              dict(call=call, grads=tuple(pos)) | ({"random": True} if f.attrs.get("random") else {}),
-              (gy,) + ins, tuple(g for _, g in outs), flops=2 * f.flops, vector_flops=2 * f.vector_flops,
+              dict(call=call, grads=tuple(pos)) | extra | ({"random": True} if f.attrs.get("random") else {}),
+              (gy,) + tuple(ins[i] for i in kept), tuple(g for _, g in outs), flops=2 * f.flops, vector_flops=2 * f.vector_flops,
               forward_op=fo.id)
         for t, g in outs:
             bc.contribute(t, g, f.layer)
@@ -148,7 +193,11 @@ def _torch(kind, a, I, O, env):
     fn = make_call(a["call"], I[0].device)
     grads = tuple(a["grads"])
     acc = kind == "torch_op.grad_weight"
-    gy, xs = I[0], I[1:]
+    gy, xs = I[0], list(I[1:])
+    if "saves" in a:       # operands the derivative does not read: zeros of their shape (floating ones in gy's dtype)
+        for i, shape, dtype in a["absent"]:
+            xs.insert(i, torch.zeros(shape, dtype=gy.dtype if dtype.startswith("float") else getattr(torch, dtype),
+                                     device=gy.device))
 
     def run():
         with torch.enable_grad(), seeded(random, st, op, torch):
@@ -170,4 +219,10 @@ register(OpRecord(
     kind=TORCH_OP, family="fallback",
     kernels={TORCH_OP: (), "torch_op.grad_input": (), "torch_op.grad_weight": ()},
     shapes=_shapes, torch=_torch, backward=_backward,
-    saved=lambda f, gi, gw, wanted: f.x + tuple(f.params.values()) + tuple(f.buffers.values()), doc=__doc__))
+    saved=lambda f, gi, gw, wanted: _saved(f), doc=__doc__))
+
+
+def _saved(f) -> tuple[int, ...]:
+    ins = f.x + tuple(f.params.values()) + tuple(f.buffers.values())
+    saves = f.attrs.get("saves")
+    return ins if saves is None else tuple(ins[i] for i in saves)

@@ -126,12 +126,63 @@ def test_torch_op_gradients_equal_autograd_in_float64():
         records.record(o.kind).torch(o.kind, dict(o.attrs), ins, outs, env)()
         from port.ir.capture import make_call
         fn = make_call(o.attr("call"), None)
-        xs = [t.clone().requires_grad_(i in o.attr("grads")) for i, t in enumerate(ins[1:])]
+        full = list(ins[1:])          # the saved operands, and zeros for those the derivative does not read
+        for i, shape, dtype in (dict(o.attrs).get("absent") or ()):
+            full.insert(i, torch.zeros(shape, dtype=torch.float64 if dtype.startswith("float") else torch.int64))
+        xs = [t.clone().requires_grad_(i in o.attr("grads")) for i, t in enumerate(full)]
         want = torch.autograd.grad(fn(xs), [xs[i] for i in o.attr("grads")], ins[0])
         for a, w in zip(outs, want):
             torch.testing.assert_close(a, w.reshape(a.shape), rtol=1e-12, atol=1e-12)
         checked += 1
     assert checked >= 2 and {o.kind for o in ops} == {"torch_op.grad_input", "torch_op.grad_weight"}
+
+
+class _Saves(nn.Module):
+    """torch_ops whose derivative reads none of their operands (pad, flip, roll), one operand (a product with a
+    parameter through an op PORT has no record for: addcmul: self is not read) or their output (expm1's backward:
+    every input)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, 4).view(1, 4, 1, 1))
+        self.fc = nn.Linear(4 * 7 * 9, 3)
+
+    def forward(self, x):
+        h = F.pad(self.conv(x), (1, 1, 1, 1))
+        h = torch.flip(h, [3]).roll(1, 2)
+        h = torch.addcmul(h, h.detach() * 0 + 1.0, self.w)
+        return self.fc(torch.expm1(-h.abs()).flatten(1))
+
+
+def test_torch_op_saves_what_autograd_saves():
+    """The saved bytes of a torch_op are measured at capture (saved_tensors_hooks): pad/flip/roll keep nothing of
+    their input for the backward, addcmul its two factors, expm1 every input, and training stays equal to eager."""
+    m = _Saves()
+    x, y = torch.randn(2, 3, 7, 9), torch.tensor([0, 2])
+    g = port.trace(m, x)
+    from port.ir.capture import aten_of
+    by_aten = {}
+    for o in g.ops:
+        if o.kind == "torch_op":
+            by_aten.setdefault(aten_of(o).split(".")[1], o)
+    for name in ("pad", "flip", "roll"):
+        o = by_aten[name]
+        assert o.attr("saves") == () and o.saved == (), (name, o.attrs, o.saved)
+    assert by_aten["addcmul"].attr("saves") == (1, 2) and len(by_aten["addcmul"].saved) == 2
+    e = by_aten["expm1"]
+    assert "saves" not in dict(e.attrs) and e.saved == e.inputs
+    ref = copy.deepcopy(m)
+    tr = Trainer(m, x, optimizer=SGD(0.1))
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for i in range(3):
+        lp = tr.step(x, y)
+        opt.zero_grad()
+        lt = F.cross_entropy(ref(x), y)
+        lt.backward()
+        opt.step()
+        assert abs(lp - float(lt)) <= 1e-5 * abs(float(lt)) + 1e-6, f"step {i}: {lp} vs {float(lt)}"
 
 
 def test_model_output_dicts_and_output_choice():
