@@ -448,7 +448,8 @@ def predict(spec: Spec, steps: int = 15, max_profile_s: float = 300.0) -> Predic
     """The plan held to what runs, on a model nobody tuned for: ``port.profile`` (the default, full profile: the
     quick one's few short blocks are 20-50% off on millisecond steps on this VM) on ``host``, then
     ``port.solve`` (device memory), then port.Trainer with that plan; the plan's predicted step against the median
-    of ``steps`` measured steps (after 3 warm-up steps), as a user would run it (no --replan)."""
+    of ``steps`` measured steps (after 3 warm-up steps), as a user would run it (no --replan), at the profile's
+    thread count."""
     import statistics
     import port
     from port.train.optim import SGD
@@ -461,7 +462,10 @@ def predict(spec: Spec, steps: int = 15, max_profile_s: float = 300.0) -> Predic
         prof = port.profile(g, "host", max_time_s=max_profile_s)
         row.profile_s = time.perf_counter() - t0
         plan = port.solve(g, prof, None, time_limit_s=30)
-        tr = port.Trainer(model, x, plan=plan, optimizer=SGD(1e-3, momentum=0.9))
+        # the thread count the profile was taken with: the plan's times hold for it (Trainer's default governor
+        # moves to fewer threads when that is faster: then the run is not the plan's)
+        threads = int(dict(prof.host).get("threads.cpu-c", 0)) or "auto"
+        tr = port.Trainer(model, x, plan=plan, optimizer=SGD(1e-3, momentum=0.9), threads=threads)
         for _ in range(3):
             tr.step(x, y)
         ts = []
