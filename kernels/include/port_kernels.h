@@ -247,6 +247,15 @@ PORT_API port_status port_hardswish_forward(float *y, const float *x, int64_t co
 /* dx MAY ALIAS dy. */
 PORT_API port_status port_hardswish_backward(float *dx, const float *dy, const float *x,
                                              int64_t count);
+
+/* sigmoid (backward from the output y), hardsigmoid relu6(x + 3) / 6 and silu x sigmoid(x) (backward from the
+ * input x), as torch.sigmoid / F.hardsigmoid / F.silu and their derivatives. y may be x (in place); dx may be dy. */
+PORT_API port_status port_sigmoid_forward(float *y, const float *x, int64_t count);
+PORT_API port_status port_sigmoid_backward(float *dx, const float *dy, const float *y, int64_t count);
+PORT_API port_status port_hardsigmoid_forward(float *y, const float *x, int64_t count);
+PORT_API port_status port_hardsigmoid_backward(float *dx, const float *dy, const float *x, int64_t count);
+PORT_API port_status port_silu_forward(float *y, const float *x, int64_t count);
+PORT_API port_status port_silu_backward(float *dx, const float *dy, const float *x, int64_t count);
 /* y = a + b; y MAY ALIAS a or b.  Backward is the identity (no kernel). */
 PORT_API port_status port_add(float *y, const float *a, const float *b, int64_t count);
 /* a += b */

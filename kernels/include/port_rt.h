@@ -142,7 +142,13 @@ extern "C" {
     X(62, ATTENTION_BACKWARD, port_attention_backward)                            \
     X(63, SOFTMAX_XENT_IGNORE_FORWARD, port_softmax_xent_ignore_forward)          \
     X(64, SOFTMAX_XENT_IGNORE_BACKWARD, port_softmax_xent_ignore_backward)       \
-    X(65, CONV2D_BACKWARD_WEIGHT_OVERWRITE, port_conv2d_backward_weight_overwrite)
+    X(65, CONV2D_BACKWARD_WEIGHT_OVERWRITE, port_conv2d_backward_weight_overwrite) \
+    X(66, SIGMOID_FORWARD, port_sigmoid_forward)                                  \
+    X(67, SIGMOID_BACKWARD, port_sigmoid_backward)                                \
+    X(68, HARDSIGMOID_FORWARD, port_hardsigmoid_forward)                          \
+    X(69, HARDSIGMOID_BACKWARD, port_hardsigmoid_backward)                        \
+    X(70, SILU_FORWARD, port_silu_forward)                                        \
+    X(71, SILU_BACKWARD, port_silu_backward)
 
 typedef enum {
 #define PORT_RT_ENUM_(id, NAME, fn) PORT_RT_##NAME = id,

@@ -123,6 +123,12 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
     case PORT_RT_RELU6_BACKWARD: return port_relu6_backward(F(0), CF(1), CF(2), v[0]);
     case PORT_RT_HARDSWISH_FORWARD: return port_hardswish_forward(F(0), CF(1), v[0]);
     case PORT_RT_HARDSWISH_BACKWARD: return port_hardswish_backward(F(0), CF(1), CF(2), v[0]);
+    case PORT_RT_SIGMOID_FORWARD: return port_sigmoid_forward(F(0), CF(1), v[0]);
+    case PORT_RT_SIGMOID_BACKWARD: return port_sigmoid_backward(F(0), CF(1), CF(2), v[0]);
+    case PORT_RT_HARDSIGMOID_FORWARD: return port_hardsigmoid_forward(F(0), CF(1), v[0]);
+    case PORT_RT_HARDSIGMOID_BACKWARD: return port_hardsigmoid_backward(F(0), CF(1), CF(2), v[0]);
+    case PORT_RT_SILU_FORWARD: return port_silu_forward(F(0), CF(1), v[0]);
+    case PORT_RT_SILU_BACKWARD: return port_silu_backward(F(0), CF(1), CF(2), v[0]);
     case PORT_RT_ADD: return port_add(F(0), CF(1), CF(2), v[0]);
     case PORT_RT_DROPOUT_FORWARD:
         return port_dropout_forward(F(0), (uint8_t *)ptrs[1], CF(2), v[0], (float)c->fv[0],

@@ -1,4 +1,4 @@
-/* Element-wise kernels: relu, relu6, hardswish, add, accumulate, dropout. */
+/* Element-wise kernels: relu, relu6, hardswish, sigmoid, hardsigmoid, silu, add, accumulate, dropout. */
 #include "internal.h"
 
 #define ELT_CHECK(out, in, count) \
@@ -80,6 +80,56 @@ port_status port_hardswish_backward(float *dx, const float *dy, const float *x, 
         float r = v < 3.0f ? mid : g;
         dx[i] = v <= -3.0f ? 0.0f : r;
     );
+    return PORT_OK;
+}
+
+/* sigmoid and silu: the logistic in double from the portable exp (same bits on every ISA), rounded once */
+static inline double sigm(double v) { return 1.0 / (1.0 + port__exp_inline(-v)); }
+
+port_status port_sigmoid_forward(float *y, const float *x, int64_t count) {
+    ELT_CHECK(y, x, count);
+    ELT_LOOP(y[i] = (float)sigm((double)x[i]););
+    return PORT_OK;
+}
+
+port_status port_sigmoid_backward(float *dx, const float *dy, const float *y, int64_t count) {
+    ELT_CHECK(dx, dy, count);
+    PORT_NOTNULL(y);
+    /* as torch's sigmoid_backward: dy (1 - y) y */
+    ELT_LOOP(float t = y[i]; dx[i] = dy[i] * (1.0f - t) * t;);
+    return PORT_OK;
+}
+
+port_status port_hardsigmoid_forward(float *y, const float *x, int64_t count) {
+    ELT_CHECK(y, x, count);
+    ELT_LOOP(
+        float v = x[i] + 3.0f;           /* NaN propagates */
+        v = v <= 0.0f ? 0.0f : v;
+        v = v >= 6.0f ? 6.0f : v;
+        y[i] = v / 6.0f;
+    );
+    return PORT_OK;
+}
+
+port_status port_hardsigmoid_backward(float *dx, const float *dy, const float *x, int64_t count) {
+    ELT_CHECK(dx, dy, count);
+    PORT_NOTNULL(x);
+    /* as torch's hardsigmoid_backward: dy / 6 where -3 < x < 3, else 0 */
+    ELT_LOOP(float g = dy[i]; float v = x[i]; dx[i] = (v > -3.0f) & (v < 3.0f) ? g / 6.0f : 0.0f;);
+    return PORT_OK;
+}
+
+port_status port_silu_forward(float *y, const float *x, int64_t count) {
+    ELT_CHECK(y, x, count);
+    ELT_LOOP(double v = x[i]; y[i] = (float)(v * sigm(v)););
+    return PORT_OK;
+}
+
+port_status port_silu_backward(float *dx, const float *dy, const float *x, int64_t count) {
+    ELT_CHECK(dx, dy, count);
+    PORT_NOTNULL(x);
+    /* as torch's silu_backward: dy s (1 + x (1 - s)), s = sigmoid(x) */
+    ELT_LOOP(double v = x[i]; double s = sigm(v); dx[i] = (float)((double)dy[i] * s * (1.0 + v * (1.0 - s))););
     return PORT_OK;
 }
 

@@ -3,7 +3,7 @@
     conv.py        conv2d (and the fused conv + batch norm + relu kernel)
     linear.py      linear
     norm.py        batch_norm2d, layer_norm
-    activation.py  relu, relu6, hardswish, gelu, tanh, softmax; sigmoid, hardsigmoid, silu (torch engines only)
+    activation.py  relu, relu6, hardswish, gelu, tanh, softmax, sigmoid, hardsigmoid, silu
     elementwise.py add, add_bcast, scale, grad_accumulate; mul with broadcasting (torch engines only)
     shape.py       reshape (views), permute, arange, ne_scalar; cat (torch engines only)
     pooling.py     max_pool2d, avg_pool2d, global_avg_pool2d, mean_mid

@@ -1,8 +1,9 @@
-"""Activations: element-wise relu, relu6 (``hardtanh(0, 6)``), hardswish, gelu (exact or tanh), tanh, and the
-softmax over the last dim.
+"""Activations: element-wise relu, relu6 (``hardtanh(0, 6)``), hardswish, gelu (exact or tanh), tanh, sigmoid,
+hardsigmoid, silu, and the softmax over the last dim.
 
-Saved (autograd's choice): relu, tanh and softmax their output; relu6, hardswish and gelu their input. relu and
-relu6 have an ``inplace`` forward; the input gradients of relu, relu6, gelu and tanh may write dx over dy.
+Saved (autograd's choice): relu, tanh, sigmoid and softmax their output; relu6, hardswish, gelu, hardsigmoid and
+silu their input. relu and relu6 have an ``inplace`` forward; the input gradients of relu, relu6, gelu, tanh,
+sigmoid, hardsigmoid and silu may write dx over dy.
 """
 from __future__ import annotations
 
@@ -75,6 +76,9 @@ _C = {  # kind -> (forward entry, backward entry, extra int parameter from the a
     "tanh": ("port_tanh_forward", "port_tanh_backward"),
     "gelu": ("port_gelu_forward", "port_gelu_backward"),
     "softmax": ("port_softmax_forward", "port_softmax_backward"),
+    "sigmoid": ("port_sigmoid_forward", "port_sigmoid_backward"),
+    "hardsigmoid": ("port_hardsigmoid_forward", "port_hardsigmoid_backward"),
+    "silu": ("port_silu_forward", "port_silu_backward"),
 }
 
 
@@ -106,6 +110,12 @@ def _torch(kind, a, I, O, env):
         return lambda: torch.tanh(I[0], out=O[0])
     if kind == "softmax":
         return lambda: torch.softmax(I[0], -1, out=O[0])
+    if kind == "sigmoid":
+        return lambda: torch.sigmoid(I[0], out=O[0])
+    if kind == "hardsigmoid":
+        return lambda: aten.hardsigmoid.out(I[0], out=O[0])
+    if kind == "silu":
+        return lambda: aten.silu.out(I[0], out=O[0])
     dy, s = I
     dx = O[0]
     if kind == "relu.grad_input":
@@ -120,6 +130,12 @@ def _torch(kind, a, I, O, env):
         return lambda: aten.tanh_backward.grad_input(dy, s, grad_input=dx)
     if kind == "softmax.grad_input":
         return lambda: aten._softmax_backward_data.out(dy, s, -1, dy.dtype, out=dx)
+    if kind == "sigmoid.grad_input":
+        return lambda: aten.sigmoid_backward.grad_input(dy, s, grad_input=dx)
+    if kind == "hardsigmoid.grad_input":
+        return lambda: aten.hardsigmoid_backward.grad_input(dy, s, grad_input=dx)
+    if kind == "silu.grad_input":
+        return lambda: aten.silu_backward.grad_input(dy, s, grad_input=dx)
     return None
 
 
@@ -142,42 +158,8 @@ register(
     _record("gelu", ("gelu",), _gelu, False, 10, ("backward_inplace",), shapes=_gelu_shapes),
     _record("tanh", ("tanh",), unary_capture("tanh", 4), True, 2, ("backward_inplace",)),
     _record("softmax", ("softmax", "_softmax"), _softmax, True, 3),
+    _record("sigmoid", ("sigmoid",), unary_capture("sigmoid", 4), True, 2, ("checkpoint", "backward_inplace")),
+    _record("hardsigmoid", ("hardsigmoid",), unary_capture("hardsigmoid", 2), False, 1,
+            ("checkpoint", "backward_inplace")),
+    _record("silu", ("silu",), unary_capture("silu", 5), False, 6, ("checkpoint", "backward_inplace")),
 )
-
-
-# ---------------------------------------------------------------------------------------------
-# sigmoid, hardsigmoid, silu: PyTorch's kernels (no C kernel yet: the torch engines run them)
-# ---------------------------------------------------------------------------------------------
-_TORCH_ONLY = {  # kind -> (forward, backward from (dy, saved)), saved is y for sigmoid, x otherwise
-    "sigmoid": (lambda env, x, y: env.torch.sigmoid(x, out=y),
-                lambda env, dy, s, dx: env.aten.sigmoid_backward.grad_input(dy, s, grad_input=dx)),
-    "hardsigmoid": (lambda env, x, y: env.aten.hardsigmoid.out(x, out=y),
-                    lambda env, dy, s, dx: env.aten.hardsigmoid_backward.grad_input(dy, s, grad_input=dx)),
-    "silu": (lambda env, x, y: env.aten.silu.out(x, out=y),
-             lambda env, dy, s, dx: env.aten.silu_backward.grad_input(dy, s, grad_input=dx)),
-}
-
-
-def _torch_only(kind, a, I, O, env):
-    fwd_, bwd_ = _TORCH_ONLY[kind.split(".")[0]]
-    if "." not in kind:
-        x, y = I[0], O[0]
-        return lambda: fwd_(env, x, y)
-    dy, s = I
-    dx = O[0]
-    return lambda: bwd_(env, dy, s, dx)
-
-
-def _torch_record(kind: str, saves_output: bool, vf: int, bwd_vf: int) -> OpRecord:
-    keep = (lambda f: (f.outputs[0],)) if saves_output else (lambda f: (f.x[0],))
-    return OpRecord(
-        kind=kind, family="activation", kernels={kind: (), f"{kind}.grad_input": ()},
-        shapes=same_shape, torch=_torch_only, aten=(kind,), capture=unary_capture(kind, vf),
-        saved=lambda f, gi, gw, wanted: keep(f), grad_input_reads=keep,
-        bwd_vector_flops=lambda f, T: bwd_vf * numel(T[f.outputs[0]].shape), tags=frozenset({"checkpoint"}),
-        doc=f"{kind}: element-wise, saves its {'output' if saves_output else 'input'} (autograd's choice); "
-            f"PyTorch's kernels on the torch engines (no C kernel yet).")
-
-
-register(_torch_record("sigmoid", True, 4, 2), _torch_record("hardsigmoid", False, 2, 1),
-         _torch_record("silu", False, 5, 6))

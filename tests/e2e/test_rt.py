@@ -392,3 +392,39 @@ def test_format_1_bundles_still_load(tmp_path):
     q.write_bytes(bytes(_rechecksum(b)))
     with pytest.raises(BundleError, match="not a valid port-rt bundle"):
         check_bundle(q)
+
+
+class _Gates(torch.nn.Module):
+    """SiLU, sigmoid and hardsigmoid activations (issue 54's first C kernels) between convolution and linears."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        nn = torch.nn
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc1, self.fc2 = nn.Linear(8 * 36, 16), nn.Linear(16, 10)
+
+    def forward(self, x):
+        h = torch.nn.functional.silu(self.conv(x)).flatten(1)
+        return self.fc2(torch.nn.functional.hardsigmoid(torch.sigmoid(self.fc1(h)) * 6))
+
+
+def test_port_rt_runs_sigmoid_hardsigmoid_silu_bit_for_bit(port_rt, tmp_path):
+    """sigmoid, hardsigmoid and silu run on C kernels (forward and backward), compile into a bundle and train in
+    port-rt bit for bit like the Python executor."""
+    x, y = torch.randn(N, 3, 6, 6), torch.randint(0, 10, (N,))
+    B = 8
+    tr = port.Trainer(_Gates(), x[:B], optimizer=port.optim.SGD(0.05, momentum=0.9))
+    on_c = {o.kind for o in tr.graph.ops if tr.plan.ops[o.id].accelerator == "cpu-c"}
+    assert {"sigmoid", "hardsigmoid", "silu", "sigmoid.grad_input", "hardsigmoid.grad_input",
+            "silu.grad_input"} <= on_c
+    assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
+    write_bundle(tr, tmp_path / "m.portrt")
+    write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), 10)
+    r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 6,
+             "--threads", capi.get_num_threads())
+    assert r.returncode == 0, r.stderr
+    got = [np.float32(line.split()[3]) for line in r.stdout.splitlines() if line.startswith("step ")]
+    ref = [np.float32(tr.step(x[[(s * B + j) % N for j in range(B)]], y[[(s * B + j) % N for j in range(B)]]))
+           for s in range(6)]
+    assert [a.tobytes() for a in got] == [b.tobytes() for b in ref], list(zip(ref, got))

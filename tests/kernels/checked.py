@@ -427,6 +427,30 @@ def hardswish_backward(dy, x, out=None, inplace=False):
     return _unary_bwd("port_hardswish_backward", dy, x, "x", dy if inplace else out)
 
 
+def sigmoid_forward(x, out=None, inplace=False):
+    return _unary("port_sigmoid_forward", x, x if inplace else out)
+
+
+def sigmoid_backward(dy, y, out=None, inplace=False):
+    return _unary_bwd("port_sigmoid_backward", dy, y, "y", dy if inplace else out)
+
+
+def hardsigmoid_forward(x, out=None, inplace=False):
+    return _unary("port_hardsigmoid_forward", x, x if inplace else out)
+
+
+def hardsigmoid_backward(dy, x, out=None, inplace=False):
+    return _unary_bwd("port_hardsigmoid_backward", dy, x, "x", dy if inplace else out)
+
+
+def silu_forward(x, out=None, inplace=False):
+    return _unary("port_silu_forward", x, x if inplace else out)
+
+
+def silu_backward(dy, x, out=None, inplace=False):
+    return _unary_bwd("port_silu_backward", dy, x, "x", dy if inplace else out)
+
+
 def add(a, b, out=None):
     """y = a + b; out may be a or b (in-place add)."""
     _tensor(a, "a")

@@ -61,6 +61,34 @@ def test_hardswish(K, shape):
         K.hardswish_forward(x, out=x)
 
 
+@pytest.mark.parametrize("shape", SHAPES + [(2, 5, 33, 17)])      # the last one crosses the parallel threshold
+@pytest.mark.parametrize("name", ["sigmoid", "hardsigmoid", "silu"])
+def test_sigmoid_family(K, name, shape):
+    """Forward and backward (sigmoid's from its output, hardsigmoid's and silu's from the input) against float64
+    autograd, at the kinks (+-3), large magnitudes (the exp's range) and NaN; dx over dy and y over x in place."""
+    torch.manual_seed(0)
+    x = torch.randn(shape) * 6
+    flat = x.view(-1)
+    for i, v in enumerate([-3.0, 3.0, 0.0, 95.0, -120.0, 1e30, -1e30][: flat.numel()]):
+        flat[i] = v
+    dy = torch.randn(shape)
+    fn = {"sigmoid": torch.sigmoid, "hardsigmoid": F.hardsigmoid, "silu": F.silu}[name]
+    y_r, dx_r = _grad(fn, x, dy)
+    fwd, bwd = getattr(K, f"{name}_forward"), getattr(K, f"{name}_backward")
+    y = fwd(x)
+    close(y, y_r, 2e-7, 1e-7)
+    saved = y if name == "sigmoid" else x
+    close(bwd(dy, saved), dx_r, 2e-6, 1e-7)
+    dyb = dy.clone()
+    dxi = bwd(dyb, saved, inplace=True)
+    assert dxi.data_ptr() == dyb.data_ptr()
+    close(dxi, dx_r, 2e-6, 1e-7)
+    xb = x.clone()
+    close(fwd(xb, inplace=True), y, 0, 0)
+    n = torch.tensor([float("nan")])
+    assert fwd(n).isnan().all()
+
+
 def test_add_and_accumulate(K):
     a, b = torch.randn(3, 5, 7), torch.randn(3, 5, 7)
     close(K.add(a, b), a + b, 0, 0)
