@@ -343,10 +343,10 @@ class TrainConfig(_Strict):
     @field_validator("threads", mode="before")
     @classmethod
     def _threads(cls, v: Any) -> Any:
-        from port.exec.capi import max_threads   # 4 x this machine's CPUs (huge counts crash the OpenMP runtime)
+        from port.exec.capi import max_threads   # max(64, 4 x the CPUs): huge counts crash the OpenMP runtime
         if v is None or v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= max_threads()):
             return v
-        raise ValueError(f"expected a thread count 1..{max_threads()} (4 x this machine's CPUs) or 'auto' (e.g. "
+        raise ValueError(f"expected a thread count 1..{max_threads()} (max(64, 4 x this machine's CPUs)) or 'auto' (e.g. "
                          f"train: {{threads: auto}} or --threads auto)")
 
 

@@ -12,8 +12,8 @@
  * holder's PID inside) while it runs: a second train on the same checkpoint exits 2 naming that PID.
  * --resume (train) and eval read the checkpoint first; every header field is range-checked (the key named).
  * Checkpoints are the Python Trainer's format, so `port train --resume` and port-rt continue each other.
- * --threads T: at most 4 x this machine's online CPUs (more only slows the barriers; huge counts crash the
- * OpenMP runtime).  --key FILE verifies a signed bundle (`port compile --sign-key FILE`; HMAC-SHA-256, layout
+ * --threads T: at most max(64, 4 x this machine's online CPUs) (more only slows the barriers; huge counts crash
+ * the OpenMP runtime).  --key FILE verifies a signed bundle (`port compile --sign-key FILE`; HMAC-SHA-256, layout
  * in port_rt.h) and warns about an unsigned one; --require-signed (needs --key) refuses unsigned bundles.
  *
  * train prints one line per --every K steps ("step I loss L ms T"), then a summary with the arena size and the
@@ -177,10 +177,14 @@ static void usage(void) {
 
 /* SIGINT / SIGTERM only set a flag, which the loop checks after each step (the checkpoint it then writes is of
  * a whole step); a second signal stops at once (the previous checkpoint is intact). */
-static volatile sig_atomic_t stop_signal = 0;
+static volatile sig_atomic_t stop_signal = 0, writing_checkpoint = 0;
+static char checkpoint_tmp[4200];   /* the temporary file a checkpoint is written to (removed by a second signal) */
 
 static void on_signal(int sig) {
-    if (stop_signal) _exit(128 + sig);
+    if (stop_signal) {
+        if (writing_checkpoint) unlink(checkpoint_tmp);
+        _exit(128 + sig);
+    }
     stop_signal = sig;
 }
 
@@ -193,12 +197,14 @@ static void catch_signals(void) {
     sigaction(SIGTERM, &sa, NULL);
 }
 
-/* --threads' ceiling: 4 x the online CPUs (past the CPU count threads only wait at barriers; libgomp crashes or
- * hangs trying to start millions) */
-static long max_threads(void) {
+/* --threads' ceiling, as port.exec.capi.max_threads: 4 x the online CPUs, at least 64 (past the CPU count threads
+ * only wait at barriers; libgomp crashes or hangs trying to start millions) */
+static long online_cpus(void) {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    return 4 * (cpus > 0 ? cpus : 1);
+    return cpus > 0 ? cpus : 1;
 }
+
+static long max_threads(void) { return 4 * online_cpus() > 64 ? 4 * online_cpus() : 64; }
 
 static void hex8(char *out, const uint8_t *b) {
     for (int i = 0; i < 8; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
@@ -306,8 +312,9 @@ static int save_checkpoint(const port_rt *rt, const char *ckpath, uint8_t *buf, 
         fprintf(stderr, "port-rt: cannot build the checkpoint (the bundle has no checkpoint template?)\n");
         return 1;
     }
-    char tmp[4200], dir[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", ckpath, (long)getpid());
+    char *tmp = checkpoint_tmp, dir[4200];
+    snprintf(tmp, sizeof checkpoint_tmp, "%s.tmp.%ld", ckpath, (long)getpid());
+    writing_checkpoint = 1;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     uint64_t off = 0;
     while (fd >= 0 && off < got) {
@@ -318,8 +325,10 @@ static int save_checkpoint(const port_rt *rt, const char *ckpath, uint8_t *buf, 
     if (fd < 0 || off != got || fsync(fd) != 0 || close(fd) != 0 || rename(tmp, ckpath) != 0) {
         fprintf(stderr, "port-rt: cannot write the checkpoint %s: %s\n", ckpath, strerror(errno));
         unlink(tmp);
+        writing_checkpoint = 0;
         return 2;
     }
+    writing_checkpoint = 0;
     snprintf(dir, sizeof dir, "%s", ckpath);
     int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
@@ -459,9 +468,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (threads > max_threads()) {
-        fprintf(stderr, "port-rt: --threads %ld: at most %ld (4 x this machine's %ld online CPUs; past the CPU count "
-                        "threads only wait at barriers). Fix: --threads %ld or fewer, or 0 for the default\n",
-                threads, max_threads(), max_threads() / 4, max_threads() / 4);
+        fprintf(stderr, "port-rt: --threads %ld: at most %ld (the larger of 64 and 4 x this machine's %ld online "
+                        "CPUs; past the CPU count threads only wait at barriers). Fix: --threads %ld or fewer, or 0 "
+                        "for the default\n", threads, max_threads(), online_cpus(), online_cpus());
         return 2;
     }
     if (require_signed && !kpath) {

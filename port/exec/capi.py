@@ -502,14 +502,14 @@ class ThreadCountError(_UserError, ValueError):
     """A thread count below 1 or above max_threads()."""
 
 
-THREADS_PER_CPU = 4
+THREADS_PER_CPU, THREADS_FLOOR = 4, 64
 
 
 def max_threads() -> int:
-    """The largest thread count PORT accepts: 4 x the online CPUs (``os.cpu_count()``; port-rt's --threads takes
-    the same). Past the CPU count threads only wait at the parallel regions' barriers, and the OpenMP runtime
-    crashes or hangs trying to start millions."""
-    return THREADS_PER_CPU * (os.cpu_count() or 1)
+    """The largest thread count PORT accepts: 4 x the online CPUs (``os.cpu_count()``), and at least 64 (tests
+    oversubscribe small machines on purpose); port-rt's --threads takes the same. Past the CPU count threads only
+    wait at the parallel regions' barriers, and the OpenMP runtime crashes or hangs trying to start millions."""
+    return max(THREADS_FLOOR, THREADS_PER_CPU * (os.cpu_count() or 1))
 
 
 def check_thread_count(n: object, what: str = "threads") -> int:
@@ -518,8 +518,9 @@ def check_thread_count(n: object, what: str = "threads") -> int:
         raise ThreadCountError(f"{what}={n!r}: expected a thread count (an integer >= 1)")
     top = max_threads()
     if not 1 <= n <= top:
-        raise ThreadCountError(f"{what}={n}: expected 1..{top} ({THREADS_PER_CPU} x this machine's "
-                               f"{os.cpu_count() or 1} CPUs; past the CPU count threads only wait at barriers). "
+        raise ThreadCountError(f"{what}={n}: expected 1..{top} (the larger of {THREADS_FLOOR} and "
+                               f"{THREADS_PER_CPU} x this machine's {os.cpu_count() or 1} CPUs; past the CPU count "
+                               f"threads only wait at barriers). "
                                f"Fix: {what}={min(max(n, 1), os.cpu_count() or 1)}")
     return n
 
@@ -528,8 +529,7 @@ def set_num_threads(n: int) -> None:
     """One setting for kernel OpenMP threads, BLAS and torch intra-op threads: one shared OpenMP pool
     (OpenBLAS itself stays single-threaded; PORT splits GEMMs over the pool). ``n``: 1..max_threads(), else
     ThreadCountError (a PortError and a ValueError)."""
-    n = check_thread_count(int(n) if not isinstance(n, bool) and hasattr(n, "__index__") else n,
-                           "set_num_threads: n")
+    n = check_thread_count(n if isinstance(n, bool) else int(n), "set_num_threads: n")
     raw.port_set_num_threads(n)
     import torch  # here, not at the top: importing this module must not load torch (see the module docstring)
     torch.set_num_threads(n)

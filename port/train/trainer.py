@@ -54,8 +54,8 @@ class Trainer:
         (port.exec.executor). "auto" (default): "rt" when every op of the plan runs on the C kernels, on the
         CPU, without micro-batching. Both run the same calls and give the same bits; ``profile_step``,
         ``evaluate`` and ``predict`` always use the per-call executor.
-        ``threads``: the kernels' thread count (port.exec.capi.set_num_threads: 1 to 4 x the machine's CPUs,
-        capi.max_threads()). "auto" (default): ``step``
+        ``threads``: the kernels' thread count (port.exec.capi.set_num_threads: 1 to max(64, 4 x the machine's
+        CPUs), capi.max_threads()). "auto" (default): ``step``
         picks it from its own step times (port.exec.threads.ThreadGovernor, up to the count set now): fewer
         threads while another process keeps cores busy (a 2-thread step then waits at every barrier for a
         descheduled worker), all of them again when it stops; ``thread_events`` lists its decisions. The C
@@ -201,7 +201,7 @@ class Trainer:
             raise PortError(f"threads={threads!r}: expected a thread count >= 1, 'auto' or None (keep the "
                             f"current setting, {capi.get_num_threads()})")
         if threads is not None and threads != "auto":
-            capi.check_thread_count(threads, "threads")     # at most capi.max_threads(): 4 x the CPUs
+            capi.check_thread_count(threads, "threads")     # at most capi.max_threads(): max(64, 4 x the CPUs)
         top = self._governor.candidates[0] if self._governor is not None else capi.get_num_threads()
         if threads == "auto":
             from port.exec.threads import ThreadGovernor

@@ -254,7 +254,7 @@ def test_trainer_api_shapes_and_dtypes():
 
 def test_huge_thread_counts_are_refused(cwd, capsys):
     """threads=10^8 crashed or hung inside libgomp: Trainer(threads=), capi.set_num_threads and `port train
-    --threads` refuse counts above 4 x the CPUs, naming the limit, and the current count is kept."""
+    --threads` refuse counts above max(64, 4 x the CPUs), naming the limit, and the current count is kept."""
     from port.exec import capi
     top, before = capi.max_threads(), capi.get_num_threads()
     for bad in (10**8, top + 1):
