@@ -260,6 +260,7 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_rt_checkpoint_bytes", "uint64_t", ("const port_rt*",)),
     ("port_rt_write_checkpoint", "int", ("const port_rt*", "uint8_t*", "uint64_t", "uint64_t*")),
     ("port_rt_read_checkpoint", "int", ("port_rt*", "const uint8_t*", "uint64_t")),
+    ("port_rt_check_checkpoint", "int", ("const port_rt*", "const uint8_t*", "uint64_t", "port_rt_ckpt_problem*")),
 ]
 
 _SCALARS = {"int": c_int, "int64_t": c_int64, "uint64_t": c_uint64, "float": c_float,
