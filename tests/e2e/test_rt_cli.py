@@ -1,8 +1,8 @@
 """port-rt's command line against hostile and interrupted use (issue 53): signed bundles (HMAC-SHA-256 under a
 key given to `port compile --sign-key` and `port-rt --key`, `--require-signed`), thread counts capped at
-max(64, 4 x the CPUs), checkpoints every --every steps and on SIGINT / SIGTERM (exit 130 / 143, resumable bit for bit), a
-lock on the checkpoint, data files' labels and token ids checked before the first step, and every checkpoint
-header field range-checked on load (the file and key named)."""
+max(64, 4 x the CPUs), checkpoints every --every steps and on SIGINT / SIGTERM (exit 130 / 143, resumable bit
+for bit), a lock on the checkpoint, data files' labels and token ids checked before the first step, and every
+checkpoint header field range-checked on load (the file and key named)."""
 from __future__ import annotations
 
 import ctypes
