@@ -66,11 +66,12 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> Any:
     return _simulate(plan, graph, profile)
 
 
-def compile(trainer: Any, path: Any) -> Any:   # noqa: A001 - the verb users expect (`port compile`)
+def compile(trainer: Any, path: Any, sign_key: bytes | None = None) -> Any:   # noqa: A001 - the verb users expect
     """Write ``trainer`` (its plan's programs and current state) as a port-rt bundle at ``path``; returns
-    port.exec.bundle.BundleInfo. Plans with torch-backend ops are refused, naming them."""
+    port.exec.bundle.BundleInfo. Plans with torch-backend ops are refused, naming them. ``sign_key``
+    (port.exec.bundle.load_key): sign it with HMAC-SHA-256 for `port-rt --key FILE --require-signed`."""
     from port.exec.bundle import write_bundle
-    return write_bundle(trainer, path)
+    return write_bundle(trainer, path, sign_key=sign_key)
 
 
 # name -> (module, attribute or None for the module itself)

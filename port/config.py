@@ -343,9 +343,11 @@ class TrainConfig(_Strict):
     @field_validator("threads", mode="before")
     @classmethod
     def _threads(cls, v: Any) -> Any:
-        if v is None or v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+        from port.exec.capi import max_threads   # max(64, 4 x the CPUs): huge counts crash the OpenMP runtime
+        if v is None or v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= max_threads()):
             return v
-        raise ValueError("expected a thread count >= 1 or 'auto' (e.g. train: {threads: auto} or --threads auto)")
+        raise ValueError(f"expected a thread count >= 1 or 'auto', at most {max_threads()} (max(64, 4 x this "
+                         f"machine's CPUs)) (e.g. train: {{threads: auto}} or --threads auto)")
 
 
 NAME_HELP = ("a run name: letters, digits, '.', '_' or '-', starting with a letter or digit, at most 100 "

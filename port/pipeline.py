@@ -1428,15 +1428,17 @@ class Compiled:
 
 def compile_bundle(config: str | Path, out_dir: str | Path, *, plan_path: str | Path | None = None,
                    budget: Any = None, profile: str | Path | None = None, emit_c: bool = False,
-                   emit_samples: int = 16, echo: Echo = _print) -> Compiled:
+                   emit_samples: int = 16, echo: Echo = _print, sign_key: str | Path | None = None) -> Compiled:
     """`port compile`: solve the config's job for the C kernels only (or take --plan), build the Trainer and write
     ``<out>/<name>.portrt`` plus the config's data as ``train.portdata`` / ``test.portdata``; ``emit_c``: also
-    the bundle and the first ``emit_samples`` training samples as C source (port.exec.bundle.emit_c)."""
+    the bundle and the first ``emit_samples`` training samples as C source (port.exec.bundle.emit_c);
+    ``sign_key``: a key file, the bundle signed with HMAC-SHA-256 under it (port.exec.bundle.load_key)."""
     from port.config import format_size
     from port.exec import bundle as BU
     from port.exec.bundle import write_bundle, write_data
     from port.plan.io import load_plan
     from port.train.trainer import Trainer
+    key = BU.load_key(sign_key) if sign_key is not None else None   # a bad key file fails before the solve
     job = load_job(config, budget=budget, profile=profile)
     cfg = job.config
     built = build_graph(job)
@@ -1465,7 +1467,7 @@ def compile_bundle(config: str | Path, out_dir: str | Path, *, plan_path: str | 
                  trainable=list(built.trainable) if built.trainable else None,
                  accelerators=stand_in_backends(job.device) or None)
     bundle = out / f"{cfg.name}.portrt"
-    info = write_bundle(tr, bundle)
+    info = write_bundle(tr, bundle, sign_key=key)
     ds = load_data(job)
     ign = tr.executor.ignore_index
     trd = write_data(out / "train.portdata", ds.x_train.numpy(), ds.y_train.numpy(), cfg.num_classes, ign)
@@ -1473,6 +1475,9 @@ def compile_bundle(config: str | Path, out_dir: str | Path, *, plan_path: str | 
     echo(f"bundle {bundle}: {format_size(info.total_bytes)}, arena {format_size(info.arena_bytes)}, "
          f"{info.train_calls} training + {info.eval_calls} inference calls; data {trd} ({ds.x_train.shape[0]} "
          f"samples), {ted} ({ds.x_test.shape[0]})")
+    if info.key_id is not None:
+        echo(f"signed with HMAC-SHA-256, key id {info.key_id} ({sign_key}): port-rt ... --key {sign_key} "
+             f"--require-signed refuses it edited or unsigned")
     echo(f"run it: port-rt train {bundle} --data {trd} --steps {cfg.train.steps}  (build: make port-rt)")
     if emit_c:
         n = max(1, min(int(emit_samples), ds.x_train.shape[0]))

@@ -1,16 +1,27 @@
 /* port-rt: train or evaluate a compiled PORT bundle without Python.
  *
- *   port-rt info  BUNDLE
- *   port-rt train BUNDLE --data FILE [--steps N] [--threads T] [--gemm blas|vendored]
- *                        [--spill-dir DIR] [--every K] [--checkpoint FILE [--resume]]
+ *   port-rt info  BUNDLE [--key FILE [--require-signed]]
+ *   port-rt train BUNDLE --data FILE [--steps N] [--threads T] [--gemm blas|vendored] [--spill-dir DIR]
+ *                        [--every K] [--checkpoint FILE [--resume]] [--key FILE [--require-signed]]
  *   port-rt eval  BUNDLE --data FILE [--threads T] [--gemm blas|vendored] [--checkpoint FILE]
+ *                        [--key FILE [--require-signed]]
  *
- * --checkpoint FILE: train writes it (atomically) after the last step; --resume (train) and eval read it first.
+ * --checkpoint FILE: train writes it (atomically: a temporary file, fsync, rename, the directory fsync'ed) every
+ * --every K steps, after the last step, and when SIGINT or SIGTERM stops it (after the step under way; then it
+ * exits 130 / 143 as `port train` does; a second signal stops at once).  Train holds FILE.lock (flock, the
+ * holder's PID inside) while it runs: a second train on the same checkpoint exits 2 naming that PID.
+ * --resume (train) and eval read the checkpoint first; every header field is range-checked (the key named).
  * Checkpoints are the Python Trainer's format, so `port train --resume` and port-rt continue each other.
+ * --threads T: at most max(64, 4 x this machine's online CPUs) (more only slows the barriers; huge counts crash
+ * the OpenMP runtime).  --key FILE verifies a signed bundle (`port compile --sign-key FILE`; HMAC-SHA-256, layout
+ * in port_rt.h) and warns about an unsigned one; --require-signed (needs --key) refuses unsigned bundles.
  *
- * train prints one line per step ("step I loss L ms T"), then a summary with the arena size and the process's
- * peak resident memory (VmHWM).  Batches are taken in order from the data file, wrapping around: the batch of
- * step i (counted from the bundle's or checkpoint's step) holds samples (i*B + j) mod n.  Exit codes: 0 ok, 2 bad input (file, bundle, data, arguments), 1 a kernel failed.
+ * train prints one line per --every K steps ("step I loss L ms T"), then a summary with the arena size and the
+ * process's peak resident memory (VmHWM).  Batches are taken in order from the data file, wrapping around: the
+ * batch of step i (counted from the bundle's or checkpoint's step) holds samples (i*B + j) mod n.  Every label
+ * (a class index, or the bundle's ignore index) and every token id (below the vocabulary of the embedding that
+ * reads it) of the data file is checked before the first step.  Exit codes: 0 ok, 2 bad input (file, bundle,
+ * signature, data, arguments, checkpoint in use), 1 a kernel failed, 130 / 143 stopped by SIGINT / SIGTERM.
  * Data file layout: port/exec/bundle.py.  Bundle layout: port_rt.h. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -19,10 +30,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -154,11 +168,238 @@ static const char *rt_error(int st) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: port-rt info BUNDLE\n"
+    fprintf(stderr, "usage: port-rt info BUNDLE [--key FILE [--require-signed]]\n"
                     "       port-rt train BUNDLE --data FILE [--steps N] [--threads T] [--gemm blas|vendored] "
-                    "[--spill-dir DIR] [--every K] [--checkpoint FILE [--resume]]\n"
+                    "[--spill-dir DIR] [--every K] [--checkpoint FILE [--resume]] [--key FILE [--require-signed]]\n"
                     "       port-rt eval BUNDLE --data FILE [--threads T] [--gemm blas|vendored] "
-                    "[--checkpoint FILE]\n");
+                    "[--checkpoint FILE] [--key FILE [--require-signed]]\n");
+}
+
+/* SIGINT / SIGTERM only set a flag, which the loop checks after each step (the checkpoint it then writes is of
+ * a whole step); a second signal stops at once (the previous checkpoint is intact). */
+static volatile sig_atomic_t stop_signal = 0, writing_checkpoint = 0;
+static char checkpoint_tmp[4200];   /* the temporary file a checkpoint is written to (removed by a second signal) */
+
+static void on_signal(int sig) {
+    if (stop_signal) {
+        if (writing_checkpoint) unlink(checkpoint_tmp);
+        _exit(128 + sig);
+    }
+    stop_signal = sig;
+}
+
+static void catch_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* --threads' ceiling, as port.exec.capi.max_threads: 4 x the online CPUs, at least 64 (past the CPU count threads
+ * only wait at barriers; libgomp crashes or hangs trying to start millions) */
+static long online_cpus(void) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return cpus > 0 ? cpus : 1;
+}
+
+static long max_threads(void) { return 4 * online_cpus() > 64 ? 4 * online_cpus() : 64; }
+
+static void hex8(char *out, const uint8_t *b) {
+    for (int i = 0; i < 8; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
+}
+
+#define KEY_MIN 32
+#define KEY_MAX 4096
+
+static uint8_t *read_key(const char *path, uint64_t *n) {
+    errno = 0;
+    uint8_t *k = read_file(path, n);
+    if (!k) {
+        fprintf(stderr, "port-rt: cannot read the key file %s: %s\n", path, errno ? strerror(errno) : "empty file");
+        return NULL;
+    }
+    if (*n < KEY_MIN || *n > KEY_MAX) {
+        fprintf(stderr, "port-rt: key file %s holds %llu bytes: a key is %d to %d bytes. Fix: make one with "
+                        "`head -c 32 /dev/urandom > %s` and compile the bundle with `port compile ... --sign-key "
+                        "%s`\n", path, (unsigned long long)*n, KEY_MIN, KEY_MAX, path, path);
+        free(k);
+        return NULL;
+    }
+    return k;
+}
+
+/* The signature checks (port_rt.h: signed bundles): *body is the bundle's own bytes of the file, status says
+ * what was checked.  0, or the exit code after a message. */
+static int check_signature(const char *bpath, const uint8_t *f, uint64_t n, const char *kpath, const uint8_t *key,
+                           uint64_t kn, int require, uint64_t *body, char *status, size_t cap) {
+    int is_signed = 0;
+    if (port_rt_bundle_split(f, n, body, &is_signed) != PORT_OK) {
+        fprintf(stderr, "port-rt: %s: %s. Fix: compile it again with `port compile`\n", bpath,
+                rt_error(PORT_RT_ERR_BUNDLE));
+        return 2;
+    }
+    if (!is_signed) {
+        if (require) {
+            fprintf(stderr, "port-rt: %s is unsigned and --require-signed refuses it (its SHA-256 guards against "
+                            "accidents only: anyone can edit a bundle and hash it again). Fix: compile it with "
+                            "`port compile ... --sign-key KEYFILE`\n", bpath);
+            return 2;
+        }
+        if (key)
+            fprintf(stderr, "port-rt: warning: %s is unsigned: --key %s has nothing to verify (its SHA-256 guards "
+                            "against accidents only); --require-signed refuses unsigned bundles\n", bpath, kpath);
+        snprintf(status, cap, "unsigned");
+        return 0;
+    }
+    char theirs[17], mine[17];
+    hex8(theirs, f + *body + 16);
+    if (!key) {
+        snprintf(status, cap, "signed (key id %s), not verified (no --key)", theirs);
+        return 0;
+    }
+    uint8_t id[8];
+    port_rt_key_id(id, key, kn);
+    hex8(mine, id);
+    if (port_rt_bundle_verify(f, n, key, kn) != PORT_OK) {
+        fprintf(stderr, "port-rt: %s: the signature does not verify with --key %s: ", bpath, kpath);
+        if (strcmp(theirs, mine))
+            fprintf(stderr, "it was signed with another key (key id %s; this key's id is %s)", theirs, mine);
+        else
+            fprintf(stderr, "the bundle was changed after it was signed (the key ids match: %s)", mine);
+        fprintf(stderr, ". Fix: use the key it was signed with, or compile it again with `port compile ... "
+                        "--sign-key KEYFILE`\n");
+        return 2;
+    }
+    snprintf(status, cap, "signed (key id %s), verified", theirs);
+    return 0;
+}
+
+/* Hold CKPT.lock (flock, non-blocking; released when the process ends) with our PID inside.  0, or 2 after a
+ * message naming the holder. */
+static int lock_checkpoint(const char *ckpath) {
+    char lp[4200];
+    snprintf(lp, sizeof lp, "%s.lock", ckpath);
+    int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        fprintf(stderr, "port-rt: cannot create the lock file %s: %s (--checkpoint's directory)\n", lp,
+                strerror(errno));
+        return 2;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char pid[32] = "";
+        ssize_t k = pread(fd, pid, sizeof pid - 1, 0);
+        pid[k > 0 ? k : 0] = 0;
+        pid[strcspn(pid, "\n")] = 0;
+        fprintf(stderr, "port-rt: checkpoint %s is in use: process %s holds %s (another `port-rt train` on this "
+                        "checkpoint). Fix: wait for it to end, or train with another --checkpoint\n", ckpath,
+                pid[0] ? pid : "(PID not written yet)", lp);
+        close(fd);
+        return 2;
+    }
+    char pid[32];
+    int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)len, 0) != len)
+        fprintf(stderr, "port-rt: warning: cannot write the PID into %s: %s\n", lp, strerror(errno));
+    return 0;   /* fd stays open: the lock is held until exit */
+}
+
+/* The checkpoint, atomically: a temporary file beside it, fsync, rename over it, the directory fsync'ed. */
+static int save_checkpoint(const port_rt *rt, const char *ckpath, uint8_t *buf, uint64_t cap) {
+    uint64_t got = 0;
+    if (port_rt_write_checkpoint(rt, buf, cap, &got) != PORT_OK) {
+        fprintf(stderr, "port-rt: cannot build the checkpoint (the bundle has no checkpoint template?)\n");
+        return 1;
+    }
+    char *tmp = checkpoint_tmp, dir[4200];
+    snprintf(tmp, sizeof checkpoint_tmp, "%s.tmp.%ld", ckpath, (long)getpid());
+    writing_checkpoint = 1;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    uint64_t off = 0;
+    while (fd >= 0 && off < got) {
+        ssize_t k = write(fd, buf + off, (size_t)(got - off));
+        if (k <= 0) break;
+        off += (uint64_t)k;
+    }
+    if (fd < 0 || off != got || fsync(fd) != 0 || close(fd) != 0 || rename(tmp, ckpath) != 0) {
+        fprintf(stderr, "port-rt: cannot write the checkpoint %s: %s\n", ckpath, strerror(errno));
+        unlink(tmp);
+        writing_checkpoint = 0;
+        return 2;
+    }
+    writing_checkpoint = 0;
+    snprintf(dir, sizeof dir, "%s", ckpath);
+    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return 0;
+}
+
+/* The vocabulary of the embeddings that read the input token ids (the smallest; 0: none reads them). */
+static int64_t input_vocab(const port_rt *rt) {
+    int64_t v = 0;
+    for (uint32_t i = 0; i < rt->n_train + rt->n_eval; i++) {
+        const port_rt_call *c = &rt->calls[i];
+        int64_t in = i < rt->n_train ? rt->input_offset : rt->eval_input_offset;
+        if ((c->kernel == PORT_RT_EMBEDDING_FORWARD || c->kernel == PORT_RT_EMBEDDING_BACKWARD_WEIGHT)) {
+            int64_t ids = c->ptr[c->kernel == PORT_RT_EMBEDDING_FORWARD ? 1 : 2];
+            if (ids >= in && ids < in + rt->input_bytes && c->iv[1] > 0 && (v == 0 || c->iv[1] < v)) v = c->iv[1];
+        }
+    }
+    return v;
+}
+
+/* Every label a class index (or the bundle's ignore index) and every token id inside the vocabulary, before the
+ * first step: 0, or 2 after a message naming the data file, the record and the value. */
+static int check_data(const char *dpath, const data_t *d, const port_rt *rt) {
+    for (uint64_t i = 0; i < d->n * d->labels; i++) {
+        int64_t y = d->y[i];
+        if ((y >= 0 && y < rt->classes) || (rt->has_ignore_index && y == rt->ignore_index)) continue;
+        char at[64] = "", ign[64] = "";
+        if (d->labels > 1) snprintf(at, sizeof at, " position %llu", (unsigned long long)(i % d->labels));
+        if (rt->has_ignore_index) snprintf(ign, sizeof ign, " or the ignore index %lld", (long long)rt->ignore_index);
+        fprintf(stderr, "port-rt: %s: record %llu%s has label %lld: not a class index 0..%lld%s. Fix: write the "
+                        "data again with labels in range (port.exec.bundle.write_data checks them)\n", dpath,
+                (unsigned long long)(i / d->labels), at, (long long)y, (long long)rt->classes - 1, ign);
+        return 2;
+    }
+    int64_t vocab = d->dtype == PORT_RT_INPUT_I64 ? input_vocab(rt) : 0;
+    const int64_t *ids = (const int64_t *)(const void *)d->x;
+    for (uint64_t i = 0; vocab > 0 && i < d->n * d->sample_elems; i++) {
+        if (ids[i] >= 0 && ids[i] < vocab) continue;
+        fprintf(stderr, "port-rt: %s: record %llu position %llu has token id %lld: the model's embedding takes ids "
+                        "0..%lld. Fix: tokenize with the model's vocabulary (%lld ids)\n", dpath,
+                (unsigned long long)(i / d->sample_elems), (unsigned long long)(i % d->sample_elems),
+                (long long)ids[i], (long long)vocab - 1, (long long)vocab);
+        return 2;
+    }
+    return 0;
+}
+
+static int read_checkpoint(port_rt *rt, const char *ckpath) {
+    uint64_t cn = 0;
+    uint8_t *ck = read_file(ckpath, &cn);
+    if (!ck) {
+        fprintf(stderr, "port-rt: cannot read checkpoint %s: %s\n", ckpath, strerror(errno));
+        return 2;
+    }
+    port_rt_ckpt_problem why = {0};
+    int st = port_rt_check_checkpoint(rt, ck, cn, &why);
+    if (st == PORT_OK) st = port_rt_read_checkpoint(rt, ck, cn);
+    if (st != PORT_OK) {
+        fprintf(stderr, "port-rt: %s is not a checkpoint of this bundle: %s%s%.*s%s: expected %s. Fix: train "
+                        "without --resume, or use the checkpoint this bundle's model wrote\n", ckpath,
+                why.key ? why.key : "status", why.value ? " = " : "", (int)why.value_bytes,
+                why.value ? why.value : "", why.value_bytes == 80 ? "..." : "", why.want ? why.want : "a checkpoint");
+        free(ck);
+        return 2;
+    }
+    free(ck);
+    printf("resumed from %s at step %lld\n", ckpath, (long long)rt->state.step);
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -170,12 +411,13 @@ int main(int argc, char **argv) {
     if (!getenv("OPENBLAS_NUM_THREADS") && setenv("OPENBLAS_NUM_THREADS", "1", 1) == 0)
         execv("/proc/self/exe", argv);
 #endif
+    catch_signals();
     if (argc < 3) {
         usage();
         return 2;
     }
-    const char *cmd = argv[1], *bpath = argv[2], *dpath = NULL, *spill_dir = "/tmp", *ckpath = NULL;
-    int resume = 0;
+    const char *cmd = argv[1], *bpath = argv[2], *dpath = NULL, *spill_dir = "/tmp", *ckpath = NULL, *kpath = NULL;
+    int resume = 0, require_signed = 0;
     long steps = 10, threads = 0, every = 1;
     int gemm = -1;
     for (int i = 3; i < argc; i++) {
@@ -185,6 +427,10 @@ int main(int argc, char **argv) {
             resume = 1;
             continue;
         }
+        if (!strcmp(a, "--require-signed")) {
+            require_signed = 1;
+            continue;
+        }
         if (!v) {
             fprintf(stderr, "port-rt: option %s needs a value\n", a);
             return 2;
@@ -192,6 +438,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--data")) dpath = v;
         else if (!strcmp(a, "--checkpoint")) ckpath = v;
         else if (!strcmp(a, "--spill-dir")) spill_dir = v;
+        else if (!strcmp(a, "--key")) kpath = v;
         else if (!strcmp(a, "--gemm")) {
             if (!strcmp(v, "blas")) gemm = PORT_GEMM_BLAS;
             else if (!strcmp(v, "vendored")) gemm = PORT_GEMM_VENDORED;
@@ -200,8 +447,9 @@ int main(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(a, "--steps") || !strcmp(a, "--threads") || !strcmp(a, "--every")) {
+            errno = 0;
             long x = strtol(v, &end, 10);
-            if (!*v || *end || x < (strcmp(a, "--threads") ? 1 : 0) || x > 100000000) {
+            if (!*v || *end || errno || x < (strcmp(a, "--threads") ? 1 : 0) || x > 100000000) {
                 fprintf(stderr, "port-rt: %s %s: expected a positive integer\n", a, v);
                 return 2;
             }
@@ -219,19 +467,38 @@ int main(int argc, char **argv) {
         usage();
         return 2;
     }
+    if (threads > max_threads()) {
+        fprintf(stderr, "port-rt: --threads %ld: at most %ld (the larger of 64 and 4 x this machine's %ld online "
+                        "CPUs; past the CPU count threads only wait at barriers). Fix: --threads %ld or fewer, or 0 "
+                        "for the default\n", threads, max_threads(), online_cpus(), online_cpus());
+        return 2;
+    }
+    if (require_signed && !kpath) {
+        fprintf(stderr, "port-rt: --require-signed needs --key FILE (the key the bundle was signed with: `port "
+                        "compile ... --sign-key FILE`)\n");
+        return 2;
+    }
+    if (ckpath && strlen(ckpath) > 4000) {
+        fprintf(stderr, "port-rt: --checkpoint: a path of at most 4000 bytes\n");
+        return 2;
+    }
     if (threads > 0) port_set_num_threads((int)threads);
     if (gemm >= 0 && port_set_gemm_backend(gemm) != PORT_OK) {
         fprintf(stderr, "port-rt: --gemm blas: this build has no BLAS (built without OpenBLAS)\n");
         return 2;
     }
-    uint64_t bn = 0;
-    uint8_t *bundle = read_file(bpath, &bn);
+    uint64_t fn = 0, bn = 0, kn = 0;
+    uint8_t *bundle = read_file(bpath, &fn), *key = NULL;
     if (!bundle) {
         fprintf(stderr, "port-rt: cannot read bundle %s: %s\n", bpath, strerror(errno));
         return 2;
     }
+    if (kpath && !(key = read_key(kpath, &kn))) return 2;
+    char sig[128];
+    int st = check_signature(bpath, bundle, fn, kpath, key, kn, require_signed, &bn, sig, sizeof sig);
+    if (st) return st;
     uint64_t A = 0;
-    int st = port_rt_bundle_check(bundle, bn, &A);
+    st = port_rt_bundle_check(bundle, bn, &A);
     if (st != PORT_OK) {
         fprintf(stderr, "port-rt: %s: %s. Fix: compile it again with `port compile`\n", bpath, rt_error(st));
         return 2;
@@ -248,10 +515,10 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "info")) {
         printf("bundle %s: %llu bytes, arena %llu bytes (persistent %llu), %u training calls, %u inference "
-               "calls, batch %lld, %lld classes, step %lld, graph %.16s, plan %.16s\n",
+               "calls, batch %lld, %lld classes, step %lld, graph %.16s, plan %.16s, %s\n",
                bpath, (unsigned long long)bn, (unsigned long long)A, (unsigned long long)rt.persistent_bytes,
                rt.n_train, rt.n_eval, (long long)rt.batch, (long long)rt.classes, (long long)rt.state.step,
-               rt.graph_digest, rt.plan_digest);
+               rt.graph_digest, rt.plan_digest, sig);
         return 0;
     }
     if (!dpath) {
@@ -262,22 +529,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "port-rt: --resume needs --checkpoint FILE\n");
         return 2;
     }
-    if (ckpath && (resume || !strcmp(cmd, "eval"))) {
-        uint64_t cn = 0;
-        uint8_t *ck = read_file(ckpath, &cn);
-        if (!ck) {
-            fprintf(stderr, "port-rt: cannot read checkpoint %s: %s\n", ckpath, strerror(errno));
-            return 2;
-        }
-        if ((st = port_rt_read_checkpoint(&rt, ck, cn)) != PORT_OK) {
-            fprintf(stderr, "port-rt: %s is not a checkpoint of this bundle (magic, version, checksum, graph or "
-                            "tensors differ; status %d). Fix: train without --resume, or use the checkpoint this "
-                            "bundle's model wrote\n", ckpath, st);
-            return 2;
-        }
-        free(ck);
-        printf("resumed from %s at step %lld\n", ckpath, (long long)rt.state.step);
-    }
+    int train = !strcmp(cmd, "train");
+    if (ckpath && train && (st = lock_checkpoint(ckpath)) != 0) return st;
+    if (ckpath && (resume || !train) && (st = read_checkpoint(&rt, ckpath)) != 0) return st;
     data_t d;
     void *downer = NULL;
     if ((st = load_data(dpath, &d, &downer)) != 0) return st;
@@ -293,11 +547,19 @@ int main(int argc, char **argv) {
                 rt.input_dtype ? "token ids" : "floats", (long long)L, (long long)rt.classes);
         return 2;
     }
-    uint8_t *xb = NULL;
+    if ((st = check_data(dpath, &d, &rt)) != 0) return st;
+    uint8_t *xb = NULL, *ckbuf = NULL;
     float *logits = NULL;
     int64_t *yb = NULL;
+    uint64_t ckcap = ckpath && train ? port_rt_checkpoint_bytes(&rt) : 0;
+    if (ckpath && train && !ckcap) {
+        fprintf(stderr, "port-rt: %s has no checkpoint template: compile it again with `port compile` to "
+                        "checkpoint\n", bpath);
+        return 2;
+    }
     if (posix_memalign((void **)&xb, 64, (size_t)rt.input_bytes) || posix_memalign((void **)&yb, 64, B * L * 8) ||
-        posix_memalign((void **)&logits, 64, B * L * (uint64_t)rt.classes * 4)) {
+        posix_memalign((void **)&logits, 64, B * L * (uint64_t)rt.classes * 4) ||
+        (ckcap && !(ckbuf = malloc((size_t)ckcap)))) {
         fprintf(stderr, "port-rt: out of memory for one batch\n");
         return 1;
     }
@@ -314,11 +576,11 @@ int main(int argc, char **argv) {
         }
         unlink(spill_path);   /* deleted on open: gone when the process ends */
     }
-    long n_batches = !strcmp(cmd, "eval") ? (long)((d.n + B - 1) / B) : steps;
+    long n_batches = !train ? (long)((d.n + B - 1) / B) : steps, done = 0;
     double total_ms = 0.0;
-    int64_t correct = 0, seen = 0;
-    int64_t step0 = !strcmp(cmd, "eval") ? 0 : rt.state.step;
-    for (long s = 0; s < n_batches; s++) {
+    int64_t correct = 0, seen = 0, saved = -1;
+    int64_t step0 = !train ? 0 : rt.state.step;
+    for (long s = 0; s < n_batches && !stop_signal; s++) {
         for (uint64_t j = 0; j < B; j++) {
             uint64_t k = ((uint64_t)(step0 + s) * B + j) % d.n;
             memcpy(xb + j * sample_bytes, d.x + k * sample_bytes, sample_bytes);
@@ -326,7 +588,7 @@ int main(int argc, char **argv) {
         }
         double t0 = now_ms();
         float loss = 0.0f;
-        st = !strcmp(cmd, "eval") ? port_rt_evaluate(&rt, xb, yb, logits, NULL) : port_rt_step(&rt, xb, yb, &loss);
+        st = !train ? port_rt_evaluate(&rt, xb, yb, logits, NULL) : port_rt_step(&rt, xb, yb, &loss);
         double ms = now_ms() - t0;
         if (st != PORT_OK) {
             if (st == PORT_RT_ERR_LABEL)
@@ -338,7 +600,8 @@ int main(int argc, char **argv) {
             return st == PORT_RT_ERR_LABEL || st == PORT_RT_ERR_NONFINITE ? 2 : 1;
         }
         total_ms += ms;
-        if (!strcmp(cmd, "eval")) {
+        done = s + 1;
+        if (!train) {
             /* the last batch wraps around: only the samples not seen yet count; rows (samples, or tokens of a
              * sequence model) whose label is the ignore index do not count */
             uint64_t valid = (uint64_t)s * B + B <= d.n ? B : d.n - (uint64_t)s * B;
@@ -352,33 +615,27 @@ int main(int argc, char **argv) {
             }
         } else if ((s + 1) % every == 0 || s + 1 == n_batches) {
             printf("step %lld loss %.9g ms %.3f\n", (long long)rt.state.step, (double)loss, ms);
+            if (ckbuf && (s + 1) % every == 0 && s + 1 < n_batches) {
+                if ((st = save_checkpoint(&rt, ckpath, ckbuf, ckcap)) != 0) return st;
+                saved = rt.state.step;
+            }
+            fflush(stdout);
         }
     }
-    if (ckpath && !strcmp(cmd, "train")) {
-        uint64_t cap = port_rt_checkpoint_bytes(&rt), got = 0;
-        uint8_t *buf = cap ? malloc((size_t)cap) : NULL;
-        if (!buf || port_rt_write_checkpoint(&rt, buf, cap, &got) != PORT_OK) {
-            fprintf(stderr, "port-rt: cannot build the checkpoint (the bundle has no checkpoint template?)\n");
-            return 1;
-        }
-        char tmp[4200];
-        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", ckpath, (long)getpid());
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-        uint64_t off = 0;
-        while (fd >= 0 && off < got) {
-            ssize_t k = write(fd, buf + off, (size_t)(got - off));
-            if (k <= 0) break;
-            off += (uint64_t)k;
-        }
-        if (fd < 0 || off != got || fsync(fd) != 0 || close(fd) != 0 || rename(tmp, ckpath) != 0) {
-            fprintf(stderr, "port-rt: cannot write the checkpoint %s: %s\n", ckpath, strerror(errno));
-            unlink(tmp);
-            return 2;
-        }
-        free(buf);
+    if (ckbuf) {
+        if (saved != rt.state.step && (st = save_checkpoint(&rt, ckpath, ckbuf, ckcap)) != 0) return st;
         printf("checkpoint %s at step %lld\n", ckpath, (long long)rt.state.step);
     }
-    if (!strcmp(cmd, "eval"))
+    if (stop_signal) {
+        int sig = stop_signal;
+        fprintf(stderr, "port-rt: %s after %ld of %ld %s%s%s\n", sig == SIGINT ? "SIGINT" : "SIGTERM", done,
+                n_batches, train ? "steps" : "batches", ckbuf ? "; the checkpoint holds them: --resume continues"
+                                                             : "", !ckbuf && train ? " (no --checkpoint: not saved)"
+                                                                                    : "");
+        fflush(stdout);
+        return 128 + sig;
+    }
+    if (!train)
         printf("eval %s %lld correct %lld accuracy %.6f ms %.3f\n", L > 1 ? "tokens" : "samples", (long long)seen,
                (long long)correct,
                seen ? (double)correct / (double)seen : 0.0, total_ms);

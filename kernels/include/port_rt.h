@@ -61,6 +61,18 @@
  *   512  ...  sections (each 64-byte aligned)
  *   total-32  32  SHA-256 of bytes [0, total-32)
  *
+ * A signed bundle (`port compile --sign-key FILE`) is the bundle above followed by a 64-byte signature trailer
+ * (the file is total + 64 bytes; the header's total does not count the trailer, so the bundle's own bytes and
+ * checks are those of an unsigned one):
+ *   total     8  magic "PORTSIG\0"
+ *   total+8   4  u32 signature version (1)         total+12  4  u32 algorithm (1: HMAC-SHA-256)
+ *   total+16  8  key id: the first 8 bytes of HMAC-SHA-256(key, "port-rt key id") (names the key in errors)
+ *   total+24  8  zero
+ *   total+32 32  tag: HMAC-SHA-256(key, file bytes [0, total+32)), the bundle and the trailer's first 32 bytes
+ * The SHA-256 alone guards against accidents only (a torn copy, a flipped bit): anyone can edit a bundle and
+ * hash it again.  The tag guards against edits by whoever lacks the key; a reader that needs that refuses
+ * unsigned bundles (port-rt --key FILE --require-signed), since stripping the trailer leaves a valid unsigned one.
+ *
  * port_rt_call record: 288 bytes, the struct below with no padding.
  */
 #ifndef PORT_RT_H
@@ -292,8 +304,36 @@ PORT_API uint64_t port_rt_checkpoint_bytes(const port_rt *rt);
 PORT_API int port_rt_write_checkpoint(const port_rt *rt, uint8_t *out, uint64_t n, uint64_t *written);
 PORT_API int port_rt_read_checkpoint(port_rt *rt, const uint8_t *ckpt, uint64_t n);
 
+/* Why port_rt_check_checkpoint refused a checkpoint: the header key (or "magic", "format version", "header
+ * length", "checksum", "size"), what it must be, and the value's bytes in the checkpoint (value: NULL where the
+ * key is missing or the file is too short to hold it). */
+typedef struct {
+    const char *key, *want, *value;
+    uint32_t value_bytes;
+} port_rt_ckpt_problem;
+/* port_rt_read_checkpoint's checks without restoring anything: magic, version, length, checksum, tensor table,
+ * graph digest and the range of every header field a reader uses (step, rng.dropout_counter and bn_batches in
+ * [0, 2^53], rng.seed in [-2^63, 2^64), the optimizer's lr, eps in (0, 1e6], momentum, dampening, weight_decay in
+ * [0, 1e6], betas in [0, 1), finite).  PORT_RT_ERR_CHECKPOINT with *why (if why is given) on the first failure. */
+PORT_API int port_rt_check_checkpoint(const port_rt *rt, const uint8_t *ckpt, uint64_t n, port_rt_ckpt_problem *why);
+
 /* SHA-256 (FIPS 180-4), for bundles and checkpoints. */
 PORT_API void port_sha256(uint8_t *out, const void *data, uint64_t n);   /* out: 32 bytes */
+/* HMAC-SHA-256 (RFC 2104), for signed bundles.  out: 32 bytes. */
+PORT_API void port_hmac_sha256(uint8_t *out, const void *key, uint64_t key_bytes, const void *data, uint64_t n);
+
+/* Signed bundles (the trailer: the layout comment above).  port_rt_bundle_split: the bundle's own bytes of a
+ * file (*bundle_bytes, what port_rt_bundle_check and port_rt_load take) and whether a signature trailer follows
+ * (*is_signed); PORT_RT_ERR_BUNDLE when the file is neither a bundle nor a bundle and a trailer (its size field
+ * says otherwise).  port_rt_bundle_verify: PORT_OK when the file is signed and its tag is HMAC-SHA-256 under key
+ * (compared in constant time); PORT_RT_ERR_UNSIGNED without a trailer; PORT_RT_ERR_SIGNATURE when the tag
+ * differs (a byte was edited, or another key signed it: compare port_rt_key_id with the trailer's key id). */
+#define PORT_RT_ERR_UNSIGNED 30
+#define PORT_RT_ERR_SIGNATURE 31
+#define PORT_RT_SIG_BYTES 64
+PORT_API int port_rt_bundle_split(const uint8_t *file, uint64_t n, uint64_t *bundle_bytes, int *is_signed);
+PORT_API int port_rt_bundle_verify(const uint8_t *file, uint64_t n, const void *key, uint64_t key_bytes);
+PORT_API void port_rt_key_id(uint8_t *out, const void *key, uint64_t key_bytes);   /* out: 8 bytes */
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,6 @@
-/* SHA-256 (FIPS 180-4), plain and portable: bundles and checkpoints are checked with it on devices
- * without a crypto library. Checked against Python's hashlib in tests/kernels/test_rt.py. */
+/* SHA-256 (FIPS 180-4) and HMAC-SHA-256 (RFC 2104), plain and portable: bundles and checkpoints are checked with
+ * them on devices without a crypto library. Checked against Python's hashlib and hmac in tests/e2e/test_rt.py and
+ * tests/e2e/test_rt_sign.py. */
 #include "port_rt.h"
 
 #include <string.h>
@@ -35,29 +36,80 @@ static void block(uint32_t h[8], const uint8_t *p) {
     h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += k;
 }
 
-void port_sha256(uint8_t *out, const void *data, uint64_t n) {
-    uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                     0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+/* A running SHA-256: whole blocks are hashed in place, a partial one waits in buf. */
+typedef struct {
+    uint32_t h[8];
+    uint8_t buf[64];
+    uint64_t n; /* bytes taken so far */
+} sha256_ctx;
+
+static void sha_init(sha256_ctx *c) {
+    static const uint32_t H0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    memcpy(c->h, H0, sizeof H0);
+    c->n = 0;
+}
+
+static void sha_update(sha256_ctx *c, const void *data, uint64_t n) {
     const uint8_t *p = (const uint8_t *)data;
-    uint64_t left = n;
-    while (left >= 64) {
-        block(h, p);
-        p += 64;
-        left -= 64;
+    size_t have = (size_t)(c->n % 64);
+    c->n += n;
+    if (have) {
+        size_t take = 64 - have < n ? 64 - have : (size_t)n;
+        memcpy(c->buf + have, p, take);
+        p += take;
+        n -= take;
+        if (have + take < 64) return;
+        block(c->h, c->buf);
     }
+    for (; n >= 64; p += 64, n -= 64) block(c->h, p);
+    if (n) memcpy(c->buf, p, (size_t)n);
+}
+
+static void sha_final(sha256_ctx *c, uint8_t *out) {
     uint8_t tail[128];
+    size_t left = (size_t)(c->n % 64);
     memset(tail, 0, sizeof tail);
-    if (left) memcpy(tail, p, (size_t)left);
+    memcpy(tail, c->buf, left);
     tail[left] = 0x80;
     size_t tl = left < 56 ? 64 : 128;
-    uint64_t bits = n * 8;
+    uint64_t bits = c->n * 8;
     for (int i = 0; i < 8; i++) tail[tl - 1 - i] = (uint8_t)(bits >> (8 * i));
-    block(h, tail);
-    if (tl == 128) block(h, tail + 64);
+    block(c->h, tail);
+    if (tl == 128) block(c->h, tail + 64);
     for (int i = 0; i < 8; i++) {
-        out[4 * i] = (uint8_t)(h[i] >> 24);
-        out[4 * i + 1] = (uint8_t)(h[i] >> 16);
-        out[4 * i + 2] = (uint8_t)(h[i] >> 8);
-        out[4 * i + 3] = (uint8_t)h[i];
+        out[4 * i] = (uint8_t)(c->h[i] >> 24);
+        out[4 * i + 1] = (uint8_t)(c->h[i] >> 16);
+        out[4 * i + 2] = (uint8_t)(c->h[i] >> 8);
+        out[4 * i + 3] = (uint8_t)c->h[i];
     }
+}
+
+void port_sha256(uint8_t *out, const void *data, uint64_t n) {
+    sha256_ctx c;
+    sha_init(&c);
+    sha_update(&c, data, n);
+    sha_final(&c, out);
+}
+
+/* HMAC (RFC 2104) over SHA-256: H((K ^ opad) || H((K ^ ipad) || m)), K the key zero-padded to the 64-byte
+ * block (a longer key is hashed first). Checked against Python's hmac and RFC 4231 in tests/e2e/test_rt_sign.py. */
+void port_hmac_sha256(uint8_t *out, const void *key, uint64_t key_bytes, const void *data, uint64_t n) {
+    uint8_t k[64], pad[64], inner[32];
+    memset(k, 0, sizeof k);
+    if (key_bytes > 64) port_sha256(k, key, key_bytes);
+    else if (key_bytes) memcpy(k, key, (size_t)key_bytes);
+    sha256_ctx c;
+    for (int i = 0; i < 64; i++) pad[i] = (uint8_t)(k[i] ^ 0x36);
+    sha_init(&c);
+    sha_update(&c, pad, 64);
+    sha_update(&c, data, n);
+    sha_final(&c, inner);
+    for (int i = 0; i < 64; i++) pad[i] = (uint8_t)(k[i] ^ 0x5c);
+    sha_init(&c);
+    sha_update(&c, pad, 64);
+    sha_update(&c, inner, 32);
+    sha_final(&c, out);
+    memset(k, 0, sizeof k);
+    memset(pad, 0, sizeof pad);
 }

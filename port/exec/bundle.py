@@ -6,6 +6,13 @@ encoded for ``port_rt_exec`` (port.exec.rtcall), the arena size, the persistent 
 settings, steps done, dropout seed and counter) and the graph and plan digests. Byte layout: the comment at the
 top of kernels/include/port_rt.h; the file ends with the SHA-256 of everything before it. Written atomically.
 
+The SHA-256 guards against accidents only (a torn copy, a flipped bit): anyone can edit a bundle and hash it
+again. A bundle that travels can be signed: ``write_bundle(..., sign_key=key)`` (``port compile --sign-key FILE``)
+appends a 64-byte trailer with HMAC-SHA-256 under a shared key (layout in port_rt.h), which ``port-rt --key FILE``
+and ``check_bundle(path, key=...)`` verify; ``--require-signed`` / ``require_signed=True`` refuse unsigned
+bundles (stripping the trailer leaves a valid unsigned bundle, so a reader that needs authenticity must refuse
+them). A key file holds 32 to 4096 bytes: ``head -c 32 /dev/urandom > port.key`` makes one.
+
 A data file (``.portdata``) holds samples for ``port-rt train --data``:
 
     0   8   magic b"PORTDATA"
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import hmac
 import itertools
 import struct
 from dataclasses import dataclass
@@ -47,6 +55,45 @@ _ALIGN = 64
 
 class BundleError(PortError, ValueError):
     """A bundle or data file is malformed, of another version, or does not fit the runtime."""
+
+
+SIG_MAGIC = b"PORTSIG\0"
+SIG_VERSION = 1
+SIG_HMAC_SHA256 = 1
+SIG_BYTES = 64
+KEY_MIN_BYTES, KEY_MAX_BYTES = 32, 4096
+_KEY_ID_MESSAGE = b"port-rt key id"
+_KEY_FIX = "make one with `head -c 32 /dev/urandom > port.key` (keep it secret; port-rt --key takes the same file)"
+
+
+def load_key(path: str | Path) -> bytes:
+    """The signing key in a key file (its bytes as they are, 32 to 4096 of them)."""
+    try:
+        key = Path(path).read_bytes()
+    except OSError as e:
+        raise BundleError(f"{path}: cannot read the key file ({e.strerror}). Fix: {_KEY_FIX}") from None
+    if not KEY_MIN_BYTES <= len(key) <= KEY_MAX_BYTES:
+        raise BundleError(f"{path}: a key file holds {KEY_MIN_BYTES} to {KEY_MAX_BYTES} bytes, this one {len(key)}. "
+                          f"Fix: {_KEY_FIX}")
+    return key
+
+
+def key_id(key: bytes) -> str:
+    """The key's id as a signed bundle records it (hex of the first 8 bytes of HMAC-SHA-256(key, "port-rt key
+    id")): names the key in errors without revealing it."""
+    return hmac.new(key, _KEY_ID_MESSAGE, hashlib.sha256).digest()[:8].hex()
+
+
+def signature_trailer(bundle: bytes | bytearray, key: bytes) -> bytes:
+    """The 64-byte trailer that signs ``bundle`` (an unsigned bundle's bytes) under ``key``: magic, version,
+    algorithm, key id, then HMAC-SHA-256(key, bundle + the trailer's first 32 bytes)."""
+    if len(bundle) < HEADER_BYTES + 32 or bytes(bundle[:8]) != MAGIC or \
+            struct.unpack_from("<Q", bundle, 16)[0] != len(bundle):
+        raise BundleError("signature_trailer: not an unsigned bundle (magic or size field)")
+    head = SIG_MAGIC + struct.pack("<II", SIG_VERSION, SIG_HMAC_SHA256) + bytes.fromhex(key_id(key)) + bytes(8)
+    h = hmac.new(key, memoryview(bundle), hashlib.sha256)
+    h.update(head)
+    return head + h.digest()
 
 
 def _pad(n: int) -> int:
@@ -102,16 +149,23 @@ class BundleInfo:
     classes: int
     graph_digest: str
     plan_digest: str
+    key_id: str | None = None       # a signed bundle's key id (the trailer after total_bytes), None: unsigned
 
 
-def write_bundle(trainer: Any, path: str | Path) -> BundleInfo:
-    """Compile ``trainer`` (a port.Trainer: its plan, programs and current state) into a bundle at ``path``."""
+def write_bundle(trainer: Any, path: str | Path, sign_key: bytes | None = None) -> BundleInfo:
+    """Compile ``trainer`` (a port.Trainer: its plan, programs and current state) into a bundle at ``path``;
+    ``sign_key`` (load_key): signed with HMAC-SHA-256 (the trailer: port_rt.h), for port-rt --key to verify."""
+    if sign_key is not None and not KEY_MIN_BYTES <= len(sign_key) <= KEY_MAX_BYTES:
+        raise BundleError(f"sign_key: {len(sign_key)} bytes; a key is {KEY_MIN_BYTES} to {KEY_MAX_BYTES}. "
+                          f"Fix: {_KEY_FIX}")
     data, info = build_bundle(trainer)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_writer(path) as f:
         f.write(data)
-    return BundleInfo(path, *info)
+        if sign_key is not None:
+            f.write(signature_trailer(data, sign_key))
+    return BundleInfo(path, *info, key_id=key_id(sign_key) if sign_key is not None else None)
 
 
 NO_IMAGE = 1       # PORT_RT_FLAG_NO_IMAGE
@@ -224,12 +278,35 @@ def _plan_digest(trainer: Any) -> str:
     return plan_checksum(plan_to_dict(trainer.plan))
 
 
-def check_bundle(path: str | Path) -> int:
-    """Check a bundle with the C loader's own checks (port_rt_bundle_check); returns its arena bytes."""
+_ERR_UNSIGNED, _ERR_SIGNATURE = 30, 31     # PORT_RT_ERR_UNSIGNED, PORT_RT_ERR_SIGNATURE
+
+
+def check_bundle(path: str | Path, key: bytes | None = None, require_signed: bool = False) -> int:
+    """Check a bundle with the C loader's own checks (port_rt_bundle_split, port_rt_bundle_verify,
+    port_rt_bundle_check); returns its arena bytes. ``key``: a signed bundle's tag must verify under it;
+    ``require_signed``: an unsigned bundle is refused (needs ``key``), as port-rt --key FILE --require-signed."""
+    if require_signed and key is None:
+        raise BundleError("check_bundle(require_signed=True) needs the key the bundle was signed with (key=...)")
     data = Path(path).read_bytes()
-    buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+    buf = (ctypes.c_uint8 * max(len(data), 1)).from_buffer_copy(data or b"\0")
+    body, signed = ctypes.c_uint64(0), ctypes.c_int(0)
+    st = capi.raw.port_rt_bundle_split(buf, len(data), ctypes.byref(body), ctypes.byref(signed))
+    if not st and not signed.value and require_signed:
+        raise BundleError(f"{path}: unsigned bundle refused (require_signed): its SHA-256 guards against accidents "
+                          f"only, anyone can edit a bundle and hash it again. Fix: compile it with `port compile "
+                          f"... --sign-key KEYFILE`")
+    if not st and signed.value and key is not None:
+        vst = capi.raw.port_rt_bundle_verify(buf, len(data), key, len(key))
+        if vst == _ERR_SIGNATURE:
+            theirs = bytes(data[body.value + 16:body.value + 24]).hex()
+            why = (f"it was signed with another key (key id {theirs}; this key's id is {key_id(key)})"
+                   if theirs != key_id(key) else "the bundle was changed after it was signed (the key ids match)")
+            raise BundleError(f"{path}: the signature does not verify: {why}. Fix: use the key it was signed with, "
+                              f"or compile it again with `port compile ... --sign-key KEYFILE`")
+        st = vst
     arena = ctypes.c_uint64(0)
-    st = capi.raw.port_rt_bundle_check(buf, len(data), ctypes.byref(arena))
+    if not st:
+        st = capi.raw.port_rt_bundle_check(buf, body.value, ctypes.byref(arena))
     if st:
         raise BundleError(f"{path}: not a valid port-rt bundle (status {st}: wrong magic, version, size, "
                           f"checksum or an offset outside the arena). Fix: compile it again with `port compile`")
@@ -284,6 +361,7 @@ def emit_c(bundle: bytes, out_dir: str | Path, x: Any = None, y: Any = None) -> 
     import numpy as np
     if bundle[:8] != MAGIC:
         raise BundleError("emit_c: not a bundle (wrong magic)")
+    bundle = bundle[:struct.unpack_from("<Q", bundle, 16)[0]]   # a signature trailer stays out (no key on board)
     A = struct.unpack_from("<Q", bundle, 24)[0]
     in_bytes, batch = struct.unpack_from("<q", bundle, 88)[0], struct.unpack_from("<q", bundle, 128)[0]
     out = Path(out_dir)

@@ -47,6 +47,7 @@ import sys
 from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
 
 from port.errors import InternalError as _PortErrorBase
+from port.errors import PortError as _UserError
 
 # --------------------------------------------------------------------------- constants
 PORT_OK, PORT_ERR_NULL, PORT_ERR_SHAPE, PORT_ERR_ARG, PORT_ERR_WORKSPACE, PORT_ERR_UNSUPPORTED, \
@@ -258,9 +259,14 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_rt_struct_bytes", "uint64_t", ()),
     ("port_rt_evaluate", "int", ("port_rt*", "const void*", "const int64_t*", "float*", "int64_t*")),
     ("port_sha256", "void", ("uint8_t*", "const void*", "uint64_t")),
+    ("port_hmac_sha256", "void", ("uint8_t*", "const void*", "uint64_t", "const void*", "uint64_t")),
+    ("port_rt_bundle_split", "int", ("const uint8_t*", "uint64_t", "uint64_t*", "int*")),
+    ("port_rt_bundle_verify", "int", ("const uint8_t*", "uint64_t", "const void*", "uint64_t")),
+    ("port_rt_key_id", "void", ("uint8_t*", "const void*", "uint64_t")),
     ("port_rt_checkpoint_bytes", "uint64_t", ("const port_rt*",)),
     ("port_rt_write_checkpoint", "int", ("const port_rt*", "uint8_t*", "uint64_t", "uint64_t*")),
     ("port_rt_read_checkpoint", "int", ("port_rt*", "const uint8_t*", "uint64_t")),
+    ("port_rt_check_checkpoint", "int", ("const port_rt*", "const uint8_t*", "uint64_t", "port_rt_ckpt_problem*")),
 ]
 
 _SCALARS = {"int": c_int, "int64_t": c_int64, "uint64_t": c_uint64, "float": c_float,
@@ -499,12 +505,38 @@ def status_string(status: int) -> str:
 
 
 # --------------------------------------------------------------------------- settings
+class ThreadCountError(_UserError, ValueError):
+    """A thread count below 1 or above max_threads()."""
+
+
+THREADS_PER_CPU, THREADS_FLOOR = 4, 64
+
+
+def max_threads() -> int:
+    """The largest thread count PORT accepts: 4 x the online CPUs (``os.cpu_count()``), and at least 64 (tests
+    oversubscribe small machines on purpose); port-rt's --threads takes the same. Past the CPU count threads only
+    wait at the parallel regions' barriers, and the OpenMP runtime crashes or hangs trying to start millions."""
+    return max(THREADS_FLOOR, THREADS_PER_CPU * (os.cpu_count() or 1))
+
+
+def check_thread_count(n: object, what: str = "threads") -> int:
+    """``n`` as an int in [1, max_threads()], else ThreadCountError naming ``what``, the value and the limit."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise ThreadCountError(f"{what}={n!r}: expected a thread count (an integer >= 1)")
+    top = max_threads()
+    if not 1 <= n <= top:
+        raise ThreadCountError(f"{what}={n}: expected 1..{top} (the larger of {THREADS_FLOOR} and "
+                               f"{THREADS_PER_CPU} x this machine's {os.cpu_count() or 1} CPUs; past the CPU count "
+                               f"threads only wait at barriers). "
+                               f"Fix: {what}={min(max(n, 1), os.cpu_count() or 1)}")
+    return n
+
+
 def set_num_threads(n: int) -> None:
     """One setting for kernel OpenMP threads, BLAS and torch intra-op threads: one shared OpenMP pool
-    (OpenBLAS itself stays single-threaded; PORT splits GEMMs over the pool)."""
-    n = int(n)
-    if n < 1:
-        raise ValueError(f"set_num_threads: n must be >= 1, got {n}")
+    (OpenBLAS itself stays single-threaded; PORT splits GEMMs over the pool). ``n``: 1..max_threads(), else
+    ThreadCountError (a PortError and a ValueError)."""
+    n = check_thread_count(n if isinstance(n, bool) else int(n), "set_num_threads: n")
     raw.port_set_num_threads(n)
     import torch  # here, not at the top: importing this module must not load torch (see the module docstring)
     torch.set_num_threads(n)

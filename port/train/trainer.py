@@ -54,7 +54,8 @@ class Trainer:
         (port.exec.executor). "auto" (default): "rt" when every op of the plan runs on the C kernels, on the
         CPU, without micro-batching. Both run the same calls and give the same bits; ``profile_step``,
         ``evaluate`` and ``predict`` always use the per-call executor.
-        ``threads``: the kernels' thread count (port.exec.capi.set_num_threads). "auto" (default): ``step``
+        ``threads``: the kernels' thread count (port.exec.capi.set_num_threads: 1 to max(64, 4 x the machine's
+        CPUs), capi.max_threads()). "auto" (default): ``step``
         picks it from its own step times (port.exec.threads.ThreadGovernor, up to the count set now): fewer
         threads while another process keeps cores busy (a 2-thread step then waits at every barrier for a
         descheduled worker), all of them again when it stops; ``thread_events`` lists its decisions. The C
@@ -199,6 +200,8 @@ class Trainer:
                                                             or threads < 1):
             raise PortError(f"threads={threads!r}: expected a thread count >= 1, 'auto' or None (keep the "
                             f"current setting, {capi.get_num_threads()})")
+        if threads is not None and threads != "auto":
+            capi.check_thread_count(threads, "threads")     # at most capi.max_threads(): max(64, 4 x the CPUs)
         top = self._governor.candidates[0] if self._governor is not None else capi.get_num_threads()
         if threads == "auto":
             from port.exec.threads import ThreadGovernor
@@ -641,11 +644,12 @@ class Trainer:
         load_into_trainer(t, path)
         return t
 
-    def compile(self, path: str | Path):
+    def compile(self, path: str | Path, sign_key: bytes | None = None):
         """Write this trainer (its programs, weights, optimizer state and counters) as a port-rt bundle that the
-        `port-rt` binary trains without Python (port.exec.bundle; layout in kernels/include/port_rt.h)."""
+        `port-rt` binary trains without Python (port.exec.bundle; layout in kernels/include/port_rt.h);
+        ``sign_key``: signed with HMAC-SHA-256 (port.exec.bundle.load_key)."""
         from port.exec.bundle import write_bundle
-        return write_bundle(self, path)
+        return write_bundle(self, path, sign_key=sign_key)
 
     def export(self, path: str | Path, format: str = "onnx") -> Path:
         from port.train.export import export

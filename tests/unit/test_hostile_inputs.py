@@ -252,6 +252,23 @@ def test_trainer_api_shapes_and_dtypes():
     assert l1 == l2 and tr.predict(x[:3]).shape == (3, 10) and t2.predict(x[:3].numpy()).shape == (3, 10)
 
 
+def test_huge_thread_counts_are_refused(cwd, capsys):
+    """threads=10^8 crashed or hung inside libgomp: Trainer(threads=), capi.set_num_threads and `port train
+    --threads` refuse counts above max(64, 4 x the CPUs), naming the limit, and the current count is kept."""
+    from port.exec import capi
+    top, before = capi.max_threads(), capi.get_num_threads()
+    for bad in (10**8, top + 1):
+        with pytest.raises(PortError, match=rf"threads={bad}: expected 1\.\.{top}"):
+            Trainer(M.get("mlp", seed=0), torch.randn(8, 64), threads=bad)
+        with pytest.raises(capi.ThreadCountError, match=f"expected 1..{top}"):
+            capi.set_num_threads(bad)
+        rc, text = port(capsys, "train", cfg(cwd), "--threads", bad)
+        assert rc == 2 and "train.threads" in text and f"at most {top}" in text, text
+    assert capi.get_num_threads() == before
+    assert Trainer(M.get("mlp", seed=0), torch.randn(8, 64), threads=top).threads == top
+    capi.set_num_threads(before)
+
+
 def test_wrong_input_shape_names_key_without_traceback(cwd, capsys):
     rc, text = port(capsys, "inspect", cfg(cwd, "s", model="digits_cnn", input_shape=[3, 32]))
     assert rc == 2 and "key 'input_shape'" in text and "[3, 32]" in text, text
