@@ -419,6 +419,27 @@ PORT_API port_status port_permute(float *y, const float *x, int64_t rank, const 
                                   const int64_t *perm);
 
 /* y[o,i] = a[o,i] + b[i] (b broadcast over leading dims); y MAY ALIAS a */
+/* Binary element-wise ops with full broadcasting (binary.c): y = a op b, contiguous operands.  dims: the
+ * output's shape (rank 1..PORT_BINARY_MAX_RANK; callers merge neighbouring dims that broadcast alike); bit i of
+ * a_bcast / b_bcast: that operand has size 1 along dim i (its shape is dims with those dims set to 1). */
+#define PORT_BINARY_MAX_RANK 6
+enum { PORT_BINARY_ADD = 0, PORT_BINARY_SUB = 1, PORT_BINARY_MUL = 2, PORT_BINARY_DIV = 3 };
+typedef struct {
+    int64_t op, rank, a_bcast, b_bcast;
+    int64_t dims[PORT_BINARY_MAX_RANK];
+} port_binary_params;
+
+/* elements of operand 0 (a), 1 (b) or 2 (y); -1 for invalid params */
+PORT_API int64_t port_binary_numel(const port_binary_params *p, int operand);
+/* y may be the full-shape operand (in place). */
+PORT_API port_status port_binary_forward(float *y, const float *a, const float *b, const port_binary_params *p);
+/* da / db (either may be NULL: not computed) = dy * d(a op b)/da, .../db, each summed over its operand's broadcast
+ * dims; accumulate = 1 adds into them, 0 overwrites.  a and b may be NULL where no wanted gradient reads them
+ * (add, sub: neither; mul: da reads b, db reads a; div: da reads b, db reads a and b).  No aliasing of a gradient
+ * with dy, a, b or the other gradient. */
+PORT_API port_status port_binary_backward(float *da, float *db, const float *dy, const float *a, const float *b,
+                                          const port_binary_params *p, int accumulate);
+
 PORT_API port_status port_add_broadcast(float *y, const float *a, const float *b, int64_t outer, int64_t inner);
 /* db[i] = sum_o dy[o,i]  (OVERWRITES; summed in o order) */
 PORT_API port_status port_sum_rows(float *db, const float *dy, int64_t outer, int64_t inner);

@@ -160,7 +160,9 @@ extern "C" {
     X(68, HARDSIGMOID_FORWARD, port_hardsigmoid_forward)                          \
     X(69, HARDSIGMOID_BACKWARD, port_hardsigmoid_backward)                        \
     X(70, SILU_FORWARD, port_silu_forward)                                        \
-    X(71, SILU_BACKWARD, port_silu_backward)
+    X(71, SILU_BACKWARD, port_silu_backward)                                      \
+    X(72, BINARY_FORWARD, port_binary_forward)                                    \
+    X(73, BINARY_BACKWARD, port_binary_backward)
 
 typedef enum {
 #define PORT_RT_ENUM_(id, NAME, fn) PORT_RT_##NAME = id,

@@ -41,6 +41,11 @@ static port_pool2d_params pool_p(const int64_t *v) {
     return p;
 }
 
+static port_binary_params binary_p(const int64_t *v) {
+    port_binary_params p = {v[0], v[1], v[2], v[3], {v[4], v[5], v[6], v[7], v[8], v[9]}};
+    return p;
+}
+
 /* patch calls: iv[15] = tile height, iv[14] = tile width (0 in bundles before row bands: square tiles) */
 #define PATCH_TW(v) ((v)[14] > 0 ? (v)[14] : (v)[15])
 #define F(i) ((float *)ptrs[i])
@@ -129,6 +134,14 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
     case PORT_RT_HARDSIGMOID_BACKWARD: return port_hardsigmoid_backward(F(0), CF(1), CF(2), v[0]);
     case PORT_RT_SILU_FORWARD: return port_silu_forward(F(0), CF(1), v[0]);
     case PORT_RT_SILU_BACKWARD: return port_silu_backward(F(0), CF(1), CF(2), v[0]);
+    case PORT_RT_BINARY_FORWARD: {   /* iv: op, rank, a_bcast, b_bcast, dims[6] */
+        port_binary_params p = binary_p(v);
+        return port_binary_forward(F(0), CF(1), CF(2), &p);
+    }
+    case PORT_RT_BINARY_BACKWARD: {  /* iv: as forward, then accumulate */
+        port_binary_params p = binary_p(v);
+        return port_binary_backward(F(0), F(1), CF(2), CF(3), CF(4), &p, (int)v[10]);
+    }
     case PORT_RT_ADD: return port_add(F(0), CF(1), CF(2), v[0]);
     case PORT_RT_DROPOUT_FORWARD:
         return port_dropout_forward(F(0), (uint8_t *)ptrs[1], CF(2), v[0], (float)c->fv[0],

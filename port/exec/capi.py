@@ -83,6 +83,15 @@ class AttentionParams(ctypes.Structure):
                 ("causal", c_int64), ("scale", c_float)]
 
 
+BINARY_MAX_RANK = 6     # PORT_BINARY_MAX_RANK
+BINARY_OPS = {"add_nd": 0, "sub": 1, "mul": 2, "div": 3}     # PORT_BINARY_ADD ... DIV
+
+
+class BinaryParams(ctypes.Structure):
+    _fields_ = [("op", c_int64), ("rank", c_int64), ("a_bcast", c_int64), ("b_bcast", c_int64),
+                ("dims", c_int64 * BINARY_MAX_RANK)]
+
+
 RT_MAX_PTRS, RT_MAX_INTS, RT_MAX_FLOATS = 10, 16, 2
 
 
@@ -122,7 +131,7 @@ class Rt(ctypes.Structure):
 
 _STRUCTS = {"port_rt": Rt, "port_rt_call": RtCall, "port_rt_state": RtState, "port_conv2d_params": Conv2dParams, "port_batchnorm_params": BatchNormParams,
             "port_pool2d_params": Pool2dParams, "port_linear_params": LinearParams,
-            "port_attention_params": AttentionParams}
+            "port_attention_params": AttentionParams, "port_binary_params": BinaryParams}
 
 # --------------------------------------------------------------------------- signature table
 # (name, C return type, (C argument types...)) -- mirrors port_kernels.h exactly
@@ -132,6 +141,7 @@ _BP = "const port_batchnorm_params*"
 _PP = "const port_pool2d_params*"
 _LP = "const port_linear_params*"
 _AP = "const port_attention_params*"
+_BinP = "const port_binary_params*"
 _CI64, _CU8 = "const int64_t*", "const uint8_t*"
 _F, _CF = "float*", "const float*"
 SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
@@ -188,6 +198,9 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_hardsigmoid_backward", "port_status", (_F, _CF, _CF, "int64_t")),
     ("port_silu_forward", "port_status", (_F, _CF, "int64_t")),
     ("port_silu_backward", "port_status", (_F, _CF, _CF, "int64_t")),
+    ("port_binary_numel", "int64_t", (_BinP, "int")),
+    ("port_binary_forward", "port_status", (_F, _CF, _CF, _BinP)),
+    ("port_binary_backward", "port_status", (_F, _F, _CF, _CF, _CF, _BinP, "int")),
     ("port_add", "port_status", (_F, _CF, _CF, "int64_t")),
     ("port_accumulate", "port_status", (_F, _CF, "int64_t")),
     ("port_dropout_forward", "port_status", (_F, "uint8_t*", _CF, "int64_t", "float", "uint64_t")),

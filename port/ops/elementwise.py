@@ -143,7 +143,7 @@ register(
 
 
 # ---------------------------------------------------------------------------------------------
-# mul: tensor x tensor with full broadcasting (squeeze-excitation gates, SwiGLU); PyTorch's kernels for now
+# mul, add_nd, sub, div: tensor op tensor with full broadcasting (squeeze-excitation gates, SwiGLU, layer scale)
 # ---------------------------------------------------------------------------------------------
 def broadcast_shape(a, b) -> tuple[int, ...] | None:
     """numpy/PyTorch broadcasting of two shapes; None when they do not broadcast."""
@@ -171,6 +171,30 @@ _BINARY = {
 }
 
 
+def collapse(sa, sb, sy) -> tuple[list[int], int, int]:
+    """The C kernels' view of a broadcast (port_binary_params): the output's dims with size-1 dims dropped and
+    neighbouring dims that broadcast alike merged, and the masks of the dims where a / b have size 1."""
+    r = len(sy)
+    sa, sb = (1,) * (r - len(sa)) + tuple(sa), (1,) * (r - len(sb)) + tuple(sb)
+    dims: list[int] = []
+    flags: list[tuple[bool, bool]] = []
+    for d, x, z in zip(sy, sa, sb):
+        if d == 1:
+            continue
+        f = (x == 1, z == 1)
+        if dims and flags[-1] == f:
+            dims[-1] *= d
+        else:
+            dims.append(d)
+            flags.append(f)
+    if not dims:
+        dims, flags = [1], [(False, False)]
+    return dims, sum(1 << i for i, f in enumerate(flags) if f[0]), sum(1 << i for i, f in enumerate(flags) if f[1])
+
+
+_MAX_RANK = 6      # PORT_BINARY_MAX_RANK: a broadcast of more merged dims stays on the torch engines
+
+
 def _binary_capture(kind: str):
     packet, commutative = _BINARY[kind][:2]
 
@@ -188,10 +212,12 @@ def _binary_capture(kind: str):
         y = ctx.out()
         if broadcast_shape(ctx.shape(ta), ctx.shape(tc)) != ctx.shape(y):
             return False
+        r = len(collapse(ctx.shape(ta), ctx.shape(tc), ctx.shape(y))[0])
+        attrs = {"bcast_rank": r} if r > _MAX_RANK else {}
         if ctx.is_param(a) or ctx.is_param(c):         # x op gamma (layer scale, position embedding)
             x, w = (tc, ta) if ctx.is_param(a) else (ta, tc)
-            return fwd(ctx, kind, {}, (x,), (y,), 0, numel(ctx.shape(y)), params={"weight": w})
-        return fwd(ctx, kind, {}, (ta, tc), (y,), 0, numel(ctx.shape(y)))
+            return fwd(ctx, kind, attrs, (x,), (y,), 0, numel(ctx.shape(y)), params={"weight": w})
+        return fwd(ctx, kind, attrs, (ta, tc), (y,), 0, numel(ctx.shape(y)))
     return rule
 
 
@@ -221,7 +247,8 @@ def _binary_backward(bc, f, fo, gy, xs_needing, trained):
             continue
         rd = tuple(sorted({j for i in idx for j in reads[i]}))
         outs = [(ops_[i], bc.new_grad(ops_[i], "")) for i in idx]
-        bc.op(f"{f.name}.{kind.split('.')[1]}", f.layer, kind, {"grads": grads, "reads": rd},
+        extra = {"bcast_rank": f.attrs["bcast_rank"]} if "bcast_rank" in f.attrs else {}
+        bc.op(f"{f.name}.{kind.split('.')[1]}", f.layer, kind, {"grads": grads, "reads": rd} | extra,
               (gy,) + tuple(ops_[j] for j in rd), tuple(g for _, g in outs), vector_flops=2 * n * len(idx),
               forward_op=fo.id)
         for t, g in outs:
@@ -252,6 +279,26 @@ def _binary_shapes(k, attrs, I, O, at):
     return ins, outs
 
 
+def _binary_encode(kind, a, IS, OS, I, O, variant, call):
+    """port_binary_forward (y, a, b) / port_binary_backward (da, db, dy, a, b; NULL where not wanted or not
+    read; weight gradients accumulate). An operand the call neither reads nor writes takes the output's shape."""
+    from port.exec.capi import BINARY_OPS
+    base = kind.split(".")[0]
+    if "." not in kind:
+        dims, am, bm = collapse(IS[0], IS[1], OS[0])
+        return Encoded("port_binary_forward", (O[0], I[0], I[1]),
+                       (BINARY_OPS[base], len(dims), am, bm, *dims, *[1] * (_MAX_RANK - len(dims))))
+    wgrad = kind.endswith(".grad_weight")
+    idx, rd = ((1,) if wgrad else tuple(a["grads"])), tuple(a["reads"])
+    sy = tuple(IS[0])
+    shape = {i: tuple(IS[1 + j]) for j, i in enumerate(rd)} | {i: tuple(OS[j]) for j, i in enumerate(idx)}
+    dims, am, bm = collapse(shape.get(0, sy), shape.get(1, sy), sy)
+    ptr = lambda seq, pos, i: seq[pos.index(i)] if i in pos else None  # noqa: E731
+    return Encoded("port_binary_backward",
+                   (ptr(O, idx, 0), ptr(O, idx, 1), I[0], ptr(I[1:], rd, 0), ptr(I[1:], rd, 1)),
+                   (BINARY_OPS[base], len(dims), am, bm, *dims, *[1] * (_MAX_RANK - len(dims)), int(wgrad)))
+
+
 def _binary_torch(kind, a, I, O, env):
     torch = env.torch
     base = kind.split(".")[0]
@@ -272,13 +319,17 @@ def _binary_torch(kind, a, I, O, env):
 
 
 register(*(OpRecord(
-    kind=k, family="elementwise", kernels={k: (), f"{k}.grad_input": (), f"{k}.grad_weight": ()},
-    shapes=_binary_shapes, torch=_binary_torch, aten=(v[0],), capture=_binary_capture(k), saved=_binary_saved,
-    backward=_binary_backward, tags=frozenset({"checkpoint"}),
+    kind=k, family="elementwise",
+    kernels={k: ("port_binary_forward",), f"{k}.grad_input": ("port_binary_backward",),
+             f"{k}.grad_weight": ("port_binary_backward",)},
+    shapes=_binary_shapes, torch=_binary_torch, encode=_binary_encode, aten=(v[0],), capture=_binary_capture(k),
+    saved=_binary_saved, backward=_binary_backward, tags=frozenset({"checkpoint"}),
+    c_supports=lambda a: a.get("bcast_rank", 0) <= _MAX_RANK,
     doc=f"{k}: {v[0]} of two tensors with full broadcasting (either operand may be a parameter"
         f"{'' if v[1] else ' in second place'}: layer scale, position embeddings; it is then ``weight``); each "
-        f"gradient summed to its operand's shape; saves the operands its gradients read. PyTorch's kernels (no C "
-        f"kernel yet).") for k, v in _BINARY.items()))
+        f"gradient summed to its operand's shape; saves the operands its gradients read. C kernels "
+        f"port_binary_forward/backward (up to {_MAX_RANK} merged dims; more stay on PyTorch's kernels).")
+    for k, v in _BINARY.items()))
 
 
 # ---------------------------------------------------------------------------------------------

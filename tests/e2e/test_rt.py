@@ -395,29 +395,34 @@ def test_format_1_bundles_still_load(tmp_path):
 
 
 class _Gates(torch.nn.Module):
-    """SiLU, sigmoid and hardsigmoid activations (issue 54's first C kernels) between convolution and linears."""
+    """SiLU, sigmoid and hardsigmoid activations and a squeeze-excitation gate (a broadcast mul) and a layer
+    scale (a parameter operand): issue 54's first C kernels."""
 
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
         nn = torch.nn
         self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.se1, self.se2 = nn.Linear(8, 4), nn.Linear(4, 8)
+        self.gamma = nn.Parameter(torch.linspace(0.5, 1.5, 16))
         self.fc1, self.fc2 = nn.Linear(8 * 36, 16), nn.Linear(16, 10)
 
     def forward(self, x):
-        h = torch.nn.functional.silu(self.conv(x)).flatten(1)
-        return self.fc2(torch.nn.functional.hardsigmoid(torch.sigmoid(self.fc1(h)) * 6))
+        h = torch.nn.functional.silu(self.conv(x))
+        s = torch.nn.functional.hardsigmoid(self.se2(torch.relu(self.se1(h.mean((2, 3))))))
+        h = (h * s.view(s.shape[0], -1, 1, 1)).flatten(1)
+        return self.fc2(torch.sigmoid(self.fc1(h)) * self.gamma)
 
 
 def test_port_rt_runs_sigmoid_hardsigmoid_silu_bit_for_bit(port_rt, tmp_path):
-    """sigmoid, hardsigmoid and silu run on C kernels (forward and backward), compile into a bundle and train in
-    port-rt bit for bit like the Python executor."""
+    """sigmoid, hardsigmoid, silu and broadcast mul run on C kernels (forward and backward), compile into a bundle
+    and train in port-rt bit for bit like the Python executor."""
     x, y = torch.randn(N, 3, 6, 6), torch.randint(0, 10, (N,))
     B = 8
     tr = port.Trainer(_Gates(), x[:B], optimizer=port.optim.SGD(0.05, momentum=0.9))
     on_c = {o.kind for o in tr.graph.ops if tr.plan.ops[o.id].accelerator == "cpu-c"}
     assert {"sigmoid", "hardsigmoid", "silu", "sigmoid.grad_input", "hardsigmoid.grad_input",
-            "silu.grad_input"} <= on_c
+            "silu.grad_input", "mul", "mul.grad_input", "mul.grad_weight"} <= on_c
     assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
     write_bundle(tr, tmp_path / "m.portrt")
     write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), 10)

@@ -451,6 +451,38 @@ def silu_backward(dy, x, out=None, inplace=False):
     return _unary_bwd("port_silu_backward", dy, x, "x", dy if inplace else out)
 
 
+def _binary_params(kind, sa, sb, sy):
+    from port.exec.capi import BINARY_OPS, BinaryParams
+    from port.ops.elementwise import collapse
+    dims, am, bm = collapse(tuple(sa), tuple(sb), tuple(sy))
+    p = BinaryParams(BINARY_OPS[kind], len(dims), am, bm)
+    for i, d in enumerate(dims):
+        p.dims[i] = d
+    return p
+
+
+def binary_forward(kind, a, b):
+    """y = a op b with full broadcasting (kind: add_nd, sub, mul, div)."""
+    _tensor(a, "a")
+    _tensor(b, "b")
+    y = torch.empty(torch.broadcast_shapes(a.shape, b.shape))
+    p = _binary_params(kind, a.shape, b.shape, y.shape)
+    check(raw.port_binary_forward(y.data_ptr(), a.data_ptr(), b.data_ptr(), ctypes.byref(p)), "binary_forward")
+    return y
+
+
+def binary_backward(kind, dy, a, b, want=(0, 1), accumulate_into=None):
+    """(da, db) of y = a op b (None where not wanted); accumulate_into: (da, db) to add into."""
+    _tensor(dy, "dy")
+    p = _binary_params(kind, a.shape, b.shape, dy.shape)
+    outs = list(accumulate_into) if accumulate_into is not None else \
+        [torch.empty(t.shape) if i in want else None for i, t in enumerate((a, b))]
+    ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+    check(raw.port_binary_backward(ptr(outs[0]), ptr(outs[1]), dy.data_ptr(), a.data_ptr(), b.data_ptr(),
+                                   ctypes.byref(p), int(accumulate_into is not None)), "binary_backward")
+    return tuple(outs)
+
+
 def add(a, b, out=None):
     """y = a + b; out may be a or b (in-place add)."""
     _tensor(a, "a")

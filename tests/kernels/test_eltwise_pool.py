@@ -1,4 +1,5 @@
 """Element-wise kernels, dropout and pooling vs PyTorch float64."""
+import ctypes
 import subprocess
 import sys
 
@@ -87,6 +88,66 @@ def test_sigmoid_family(K, name, shape):
     close(fwd(xb, inplace=True), y, 0, 0)
     n = torch.tensor([float("nan")])
     assert fwd(n).isnan().all()
+
+
+BROADCASTS = [((3, 5, 7, 2), (3, 5, 1, 1)),      # squeeze-excitation gate
+              ((1, 1, 7, 9), (3, 5, 7, 9)),      # the broadcast operand first
+              ((4, 6, 10), (10,)),               # layer scale over the last dim
+              ((2, 1, 5, 1, 3), (1, 4, 1, 6, 1)),  # both broadcast, alternating (5 merged dims)
+              ((3, 5), (3, 5)),                  # same shape
+              ((1,), (17, 33, 65))]              # a scalar operand; crosses the parallel threshold
+
+
+@pytest.mark.parametrize("sa,sb", BROADCASTS)
+@pytest.mark.parametrize("kind", ["add_nd", "sub", "mul", "div"])
+def test_binary_broadcast(K, kind, sa, sb):
+    """port_binary_forward/backward vs float64 autograd: every operand's gradient summed to its shape, gradients
+    overwritten or accumulated, each one alone (the other operand NULL where it is not read)."""
+    g = torch.Generator().manual_seed(len(sa) * 7 + len(sb))
+    a, b = torch.randn(sa, generator=g), torch.randn(sb, generator=g)
+    if kind == "div":
+        b = b.sign() * (b.abs() + 0.5)
+    fn = {"add_nd": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}[kind]
+    a64, b64 = a.double().requires_grad_(), b.double().requires_grad_()
+    y64 = fn(a64, b64)
+    dy = torch.randn(y64.shape, generator=g)
+    y64.backward(dy.double())
+    close(K.binary_forward(kind, a, b), y64.detach(), 1e-6, 1e-6)
+    da, db = K.binary_backward(kind, dy, a, b)
+    close(da, a64.grad, 1e-5, 1e-5)
+    close(db, b64.grad, 1e-5, 1e-5)
+    for k in (0, 1):
+        got = K.binary_backward(kind, dy, a, b, want=(k,))
+        assert got[1 - k] is None
+        close(got[k], (a64, b64)[k].grad, 1e-5, 1e-5)
+    base = (torch.ones(sa), torch.ones(sb))
+    acc = K.binary_backward(kind, dy, a, b, accumulate_into=tuple(t.clone() for t in base))
+    close(acc[0], a64.grad + 1, 1e-5, 1e-5)
+    close(acc[1], b64.grad + 1, 1e-5, 1e-5)
+
+
+def test_binary_broadcast_refusals(K):
+    from port.exec import capi
+    from checked import _binary_params
+    a, b, dy = torch.randn(3, 4), torch.randn(3, 1), torch.randn(3, 4)
+    p = _binary_params("mul", a.shape, b.shape, dy.shape)
+    P = ctypes.byref(p)
+    assert capi.raw.port_binary_forward(a.data_ptr(), a.data_ptr(), b.data_ptr(), P) == capi.PORT_OK   # in place
+    assert capi.raw.port_binary_backward(dy.data_ptr(), None, dy.data_ptr(), a.data_ptr(), b.data_ptr(), P, 0) \
+        == capi.PORT_ERR_ALIAS                                   # a gradient over dy
+    assert capi.raw.port_binary_backward(a.data_ptr(), None, dy.data_ptr(), a.data_ptr(), None, P, 0) \
+        == capi.PORT_ERR_NULL                                    # mul's da reads b
+    assert capi.raw.port_binary_backward(None, None, dy.data_ptr(), a.data_ptr(), b.data_ptr(), P, 0) \
+        == capi.PORT_ERR_NULL
+    assert capi.raw.port_binary_backward(a.data_ptr(), None, dy.data_ptr(), None, b.data_ptr(), P, 2) \
+        == capi.PORT_ERR_ARG
+    for field, v in (("rank", 0), ("rank", 7), ("op", 4), ("a_bcast", 4)):
+        q = _binary_params("mul", a.shape, b.shape, dy.shape)
+        setattr(q, field, v)
+        assert capi.raw.port_binary_forward(dy.data_ptr(), a.data_ptr(), b.data_ptr(), ctypes.byref(q)) \
+            == capi.PORT_ERR_SHAPE, field
+    assert capi.raw.port_binary_numel(P, 0) == 12 and capi.raw.port_binary_numel(P, 1) == 3 \
+        and capi.raw.port_binary_numel(P, 2) == 12
 
 
 def test_add_and_accumulate(K):

@@ -108,3 +108,13 @@ def test_bmm_and_linear_same_bits_at_any_thread_count(K, backend):
         # a small weight from many rows: split over the rows, partials added in order
         *K.linear_backward_weight(dyk, xk)))
     _same_bits(outs, f"bmm / linear on {backend}")
+
+
+@pytest.mark.parametrize("sa,sb", [((8, 64, 33, 35), (8, 64, 1, 1)), ((64, 33, 35), (35,)), ((1,), (50, 2000))])
+def test_binary_broadcast_same_bits_at_any_thread_count(K, sa, sb):
+    """Broadcast mul's gradients (each element summed over the broadcast dims by one thread)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(sa, generator=g), torch.randn(sb, generator=g)
+    dy = torch.randn(torch.broadcast_shapes(a.shape, b.shape), generator=g)
+    _same_bits(_at_each_count(K, "auto", lambda: (K.binary_forward("mul", a, b),
+                                                  *K.binary_backward("mul", dy, a, b))), "binary mul")
