@@ -27,6 +27,8 @@ keeps every activation and runs every op plain on one accelerator, which is what
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import math
 import re
@@ -37,7 +39,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from port.errors import ConfigError, NonFiniteError, PortError, PortTraceError, ProfileError
 
@@ -225,21 +227,51 @@ class Built:
                 f"optimizer {g.optimizer}")
 
 
+def factory_dir(spec: str, search_dirs: Sequence[Path]) -> Optional[Path]:
+    """The first of ``search_dirs`` that holds the top-level module of ``spec``'s ``module`` as a file
+    (``mynet.py``) or a regular package (``mynet/__init__.py``); None: it comes from the Python path."""
+    from importlib.machinery import PathFinder
+    top = spec.partition(":")[0].split(".")[0]
+    if not top:
+        return None
+    for d in search_dirs:
+        found = PathFinder.find_spec(top, [str(d)])
+        if found is not None and found.origin is not None and found.loader is not None:   # not a bare folder
+            return Path(d)
+    return None
+
+
+@contextlib.contextmanager
+def scoped_path(folder: Optional[Path]) -> Iterator[None]:
+    """``folder`` first on sys.path for the block only (the user's model module and the modules beside it that
+    it imports); nothing when ``folder`` is None. The folder never stays on sys.path: a file there named like an
+    installed module (``onnxruntime.py``) must not replace that module for the rest of the process."""
+    if folder is None:
+        yield
+        return
+    d = str(folder)
+    sys.path.insert(0, d)
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        try:
+            sys.path.remove(d)        # the first occurrence: the one inserted above
+        except ValueError:
+            pass
+
+
 def import_factory(spec: str, search_dirs: Sequence[Path], where: str = "") -> Callable[..., Any]:
-    """``module:factory`` -> the factory, importing ``module`` from ``search_dirs`` (the config file's folder
-    and the working directory, in that order) or the Python path. Errors name what was searched (exit 2)."""
-    import importlib
+    """``module:factory`` -> the factory, importing ``module`` from the first of ``search_dirs`` (the config file's
+    folder and the working directory, in that order) that holds it, else from the Python path. Only that folder,
+    and only during the import, is on sys.path (:func:`scoped_path`). Errors name what was searched (exit 2)."""
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise ConfigError(f"{where}key 'model.name': {spec!r}: expected module:factory (e.g. mynet:make)")
-    for d in reversed([str(p) for p in search_dirs]):
-        if d in sys.path:
-            sys.path.remove(d)
-        sys.path.insert(0, d)
-    importlib.invalidate_caches()
     rel = mod_name.replace(".", "/")
     try:
-        module = importlib.import_module(mod_name)
+        with scoped_path(factory_dir(spec, search_dirs)):
+            module = importlib.import_module(mod_name)
     except ModuleNotFoundError as e:
         top = mod_name.split(".")[0]
         if e.name in (mod_name, top) or (e.name and mod_name.startswith(e.name + ".")):
@@ -288,7 +320,8 @@ def load_model(job: Job, seed: int | None = None) -> Any:
     except ValueError:       # no signature available (C callables): let the call decide
         pass
     torch.manual_seed(seed)
-    return factory(**kwargs)      # an exception inside the user's factory is theirs (exit 1, with traceback)
+    with scoped_path(factory_dir(spec, job.search_dirs)):     # a factory's lazy imports of modules beside it
+        return factory(**kwargs)  # an exception inside the user's factory is theirs (exit 1, with traceback)
 
 
 def build_graph(job: Job, seed: int | None = None) -> Built:
