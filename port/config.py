@@ -109,6 +109,21 @@ def format_size(n: int | float) -> str:
     return f"{n:.2f} GiB"
 
 
+NAME_HELP = ("a run name: letters, digits, '.', '_' or '-', starting with a letter or digit, at most 100 "
+             "characters (it names runs/<name>/ and profiles/<device>/<name>.json)")
+DEVICE_NAME_HELP = ("a device name: letters, digits, '.', '_' or '-', starting with a letter or digit, at most 100 "
+                    "characters (it names the folder profiles/<device>/)")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def check_name(v: str, help: str = NAME_HELP) -> str:
+    """A name that becomes one path component (runs/<name>/, profiles/<device>/): no separators, no '..', not
+    hidden, not absolute. Raises ValueError naming the allowed form."""
+    if not isinstance(v, str) or not _NAME_RE.match(v) or ".." in v:
+        raise ValueError(f"expected {help}")
+    return v
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -195,6 +210,7 @@ class DeviceConfig(_Strict):
     skipped: tuple[str, ...] = ()               # filled by load_device: "<id>: <why>" for dropped optional engines
 
     _mem = field_validator("memory", mode="before")(classmethod(lambda cls, v: parse_size(v)))
+    _name = field_validator("name")(classmethod(lambda cls, v: check_name(v, DEVICE_NAME_HELP)))
 
     @model_validator(mode="after")
     def _check_ids(self) -> "DeviceConfig":
@@ -350,11 +366,6 @@ class TrainConfig(_Strict):
                          f"machine's CPUs)) (e.g. train: {{threads: auto}} or --threads auto)")
 
 
-NAME_HELP = ("a run name: letters, digits, '.', '_' or '-', starting with a letter or digit, at most 100 "
-             "characters (it names runs/<name>/ and profiles/<device>/<name>.json)")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-
-
 class ExperimentConfig(_Strict):
     name: str
     model: ModelConfig
@@ -375,12 +386,7 @@ class ExperimentConfig(_Strict):
     def _budget(cls, v: Any) -> Any:
         return None if v is None else parse_budget(v)
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not _NAME_RE.match(v) or ".." in v:
-            raise ValueError(f"expected {NAME_HELP}")
-        return v
+    _name = field_validator("name")(classmethod(lambda cls, v: check_name(v)))
 
     def budget_bytes(self, naive_peak_bytes: int, device_memory_bytes: int) -> int:
         """The budget in bytes: a size, a percentage of ``naive_peak_bytes`` (the keep-everything plan's

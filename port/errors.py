@@ -25,6 +25,30 @@ class PlanError(PortError, ValueError):
     """A plan file is invalid or does not belong to this graph/profile."""
 
 
+class DiskFullError(PortError, OSError):
+    """No space left (ENOSPC, or a disk quota: EDQUOT) while writing an artifact: the message names the file; the
+    previous file of that name is kept unchanged (port.io.atomic_writer writes beside it and renames only a
+    complete file). An OSError too (errno, filename), so handlers of write failures keep catching it."""
+
+    def __init__(self, path, errno_: int, detail: str = ""):
+        import os
+        OSError.__init__(self, errno_, os.strerror(errno_), str(path))
+        self.path = str(path)
+        self.message = detail
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class LockedError(PortError):
+    """Another process holds the lock of a directory PORT writes (a run directory of `port train`): the message
+    names the directory and the holder's PID (exit 2)."""
+
+    def __init__(self, message: str, pid: int | None):
+        super().__init__(message)
+        self.pid = pid
+
+
 class NonFiniteError(PortError):
     """Training produced a non-finite loss or gradient (diverged): names the step, the loss and the fix."""
 

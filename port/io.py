@@ -1,10 +1,12 @@
-"""Atomic file writes: a crash mid-write leaves the previous file intact (tmp file + fsync + os.replace).
+"""Atomic file writes: a crash mid-write leaves the previous file intact (tmp file + fsync + os.replace); a full
+disk is a port.errors.DiskFullError naming the file (the previous one kept). ``dir_lock``: one writer per folder.
 
 Files are created with the user's umask like any ``open(path, "w")`` would (``0o666 & ~umask``), not with
 ``mkstemp``'s private 0600: plans, profiles, checkpoints and reports are meant to be shared."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import tempfile
@@ -86,9 +88,14 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
     The new file gets the user's umask (0o666 & ~umask), like a plain ``open(path, "w")``. Temporary files that
     a killed writer of ``path`` left behind are removed first (:func:`clean_stale_temps`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.p{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_temps(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.p{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise_if_disk_full(e, path, existed)
+        raise
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), default_file_mode())
@@ -96,11 +103,13 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError):
+            raise_if_disk_full(e, path, existed)
         raise
     try:  # make the rename durable
         dfd = os.open(path.parent, os.O_RDONLY)
@@ -112,6 +121,26 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
         pass
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def raise_if_disk_full(e: OSError, path: str | os.PathLike, existed: bool = True, kept: str | None = None) -> None:
+    """Re-raise a no-space OSError (ENOSPC, EDQUOT) of writing ``path`` as port.errors.DiskFullError naming the
+    file, what was kept (``kept``, or for an atomic write: the previous file, if ``existed``) and the fix; anything
+    else returns (the caller re-raises it)."""
+    from port.errors import DiskFullError
+    if isinstance(e, DiskFullError) or e.errno not in DISK_FULL:
+        return
+    path = Path(path)
+    if kept is None:
+        kept = (f"the previous {path.name} is kept unchanged" if existed
+                else f"no {path.name} was written (no partial file is left)")
+    what = "no space left on the device" if e.errno == errno.ENOSPC else "disk quota exceeded"
+    raise DiskFullError(path, e.errno, f"{path}: {what} while writing it; {kept}. Fix: free some space in "
+                                       f"{path.parent.resolve()} (or write elsewhere) and run the command "
+                                       f"again") from e
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     with atomic_writer(path) as f:
         f.write(data)
@@ -119,3 +148,57 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+LOCK_NAME = ".port.lock"
+
+
+@contextlib.contextmanager
+def dir_lock(folder: str | os.PathLike, what: str = "port train") -> Iterator[Path]:
+    """Hold ``folder``'s lock (``folder/.port.lock``, an exclusive ``flock`` with the holder's PID written in it)
+    for the block; another holder makes it raise port.errors.LockedError naming ``folder`` and that PID.
+
+    The kernel drops a ``flock`` when its holder exits, however it exits (SIGKILL too): the lock file a dead
+    process left (its PID still in it) is simply taken over. The file is never removed (removing it would let
+    two processes lock two different files). Platforms without ``fcntl`` (Windows) do not lock."""
+    from port.errors import LockedError
+    folder = Path(folder)
+    lock = folder / LOCK_NAME
+    try:
+        import fcntl
+    except ImportError:       # pragma: no cover - Windows
+        yield lock
+        return
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, default_file_mode())
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _lock_holder(fd)
+            who = f"PID {pid}" if pid is not None else "a process whose PID is not written yet"
+            raise LockedError(f"{folder}: another `{what}` ({who}) is using this directory (lock file {lock}); "
+                              f"wait for it to finish (or stop it), or write elsewhere (e.g. --out another "
+                              f"folder)", pid) from None
+        try:      # the PID is for the message only: a full disk does not stop the lock
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass
+        try:
+            yield lock
+        finally:
+            try:
+                os.ftruncate(fd, 0)
+            except OSError:
+                pass
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _lock_holder(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        return int(text) if text else None
+    except (OSError, ValueError):
+        return None

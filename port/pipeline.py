@@ -27,6 +27,8 @@ keeps every activation and runs every op plain on one accelerator, which is what
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import math
 import re
@@ -37,7 +39,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from port.errors import ConfigError, NonFiniteError, PortError, PortTraceError, ProfileError
 
@@ -225,21 +227,51 @@ class Built:
                 f"optimizer {g.optimizer}")
 
 
+def factory_dir(spec: str, search_dirs: Sequence[Path]) -> Optional[Path]:
+    """The first of ``search_dirs`` that holds the top-level module of ``spec``'s ``module`` as a file
+    (``mynet.py``) or a regular package (``mynet/__init__.py``); None: it comes from the Python path."""
+    from importlib.machinery import PathFinder
+    top = spec.partition(":")[0].split(".")[0]
+    if not top:
+        return None
+    for d in search_dirs:
+        found = PathFinder.find_spec(top, [str(d)])
+        if found is not None and found.origin is not None and found.loader is not None:   # not a bare folder
+            return Path(d)
+    return None
+
+
+@contextlib.contextmanager
+def scoped_path(folder: Optional[Path]) -> Iterator[None]:
+    """``folder`` first on sys.path for the block only (the user's model module and the modules beside it that
+    it imports); nothing when ``folder`` is None. The folder never stays on sys.path: a file there named like an
+    installed module (``onnxruntime.py``) must not replace that module for the rest of the process."""
+    if folder is None:
+        yield
+        return
+    d = str(folder)
+    sys.path.insert(0, d)
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        try:
+            sys.path.remove(d)        # the first occurrence: the one inserted above
+        except ValueError:
+            pass
+
+
 def import_factory(spec: str, search_dirs: Sequence[Path], where: str = "") -> Callable[..., Any]:
-    """``module:factory`` -> the factory, importing ``module`` from ``search_dirs`` (the config file's folder
-    and the working directory, in that order) or the Python path. Errors name what was searched (exit 2)."""
-    import importlib
+    """``module:factory`` -> the factory, importing ``module`` from the first of ``search_dirs`` (the config file's
+    folder and the working directory, in that order) that holds it, else from the Python path. Only that folder,
+    and only during the import, is on sys.path (:func:`scoped_path`). Errors name what was searched (exit 2)."""
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise ConfigError(f"{where}key 'model.name': {spec!r}: expected module:factory (e.g. mynet:make)")
-    for d in reversed([str(p) for p in search_dirs]):
-        if d in sys.path:
-            sys.path.remove(d)
-        sys.path.insert(0, d)
-    importlib.invalidate_caches()
     rel = mod_name.replace(".", "/")
     try:
-        module = importlib.import_module(mod_name)
+        with scoped_path(factory_dir(spec, search_dirs)):
+            module = importlib.import_module(mod_name)
     except ModuleNotFoundError as e:
         top = mod_name.split(".")[0]
         if e.name in (mod_name, top) or (e.name and mod_name.startswith(e.name + ".")):
@@ -288,7 +320,8 @@ def load_model(job: Job, seed: int | None = None) -> Any:
     except ValueError:       # no signature available (C callables): let the call decide
         pass
     torch.manual_seed(seed)
-    return factory(**kwargs)      # an exception inside the user's factory is theirs (exit 1, with traceback)
+    with scoped_path(factory_dir(spec, job.search_dirs)):     # a factory's lazy imports of modules beside it
+        return factory(**kwargs)  # an exception inside the user's factory is theirs (exit 1, with traceback)
 
 
 def build_graph(job: Job, seed: int | None = None) -> Built:
@@ -896,7 +929,6 @@ def plan_charts(view: PlanView, out_dir: Optional[Path] = None) -> tuple[Path, P
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from port.io import apply_default_mode
     plan, d = view.plan, view.data
     out = Path(out_dir) if out_dir is not None else view.path.parent
     out.mkdir(parents=True, exist_ok=True)
@@ -913,8 +945,7 @@ def plan_charts(view: PlanView, out_dir: Optional[Path] = None) -> tuple[Path, P
     ax.set_title(f"{stem}: memory timeline")
     fig.tight_layout()
     p1 = out / f"{stem}_memory.png"
-    fig.savefig(p1, dpi=110)
-    plt.close(fig)
+    _save_figure(fig, p1)
     gantt = d.get("gantt") or []
     accs = sorted({g[1] for g in gantt})
     fig, ax = plt.subplots(figsize=(10, 1 + 0.6 * max(1, len(accs))))
@@ -927,11 +958,22 @@ def plan_charts(view: PlanView, out_dir: Optional[Path] = None) -> tuple[Path, P
     ax.set_title(f"{stem}: ops on accelerators (orange: recompute)")
     fig.tight_layout()
     p2 = out / f"{stem}_gantt.png"
-    fig.savefig(p2, dpi=110)
-    plt.close(fig)
-    for p in (p1, p2):
-        apply_default_mode(p)
+    _save_figure(fig, p2)
     return p1, p2
+
+
+def _save_figure(fig: Any, path: Path, dpi: int = 110) -> None:
+    """A matplotlib figure as a PNG, rendered in memory and written atomically (then closed)."""
+    import io
+
+    import matplotlib.pyplot as plt
+    from port.io import atomic_write_bytes
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 # =============================================================================================
@@ -1128,7 +1170,20 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
     """`port train CONFIG`: trace -> profile (the location rule) -> solve -> train -> export -> report.
 
     SIGINT / SIGTERM while training writes a checkpoint at the current step and raises Interrupted (the CLI
-    exits 130 / 143); ``resume=True`` continues from it, keeping runs/<name>/metrics.jsonl free of duplicates."""
+    exits 130 / 143); ``resume=True`` continues from it, keeping runs/<name>/metrics.jsonl free of duplicates.
+    The run directory is locked for the whole run (port.io.dir_lock): a second `port train` on it stops with a
+    LockedError naming the first one's PID (exit 2) before it writes anything there."""
+    with contextlib.ExitStack() as held:
+        return _run_training(config, held, resume=resume, steps=steps, out_dir=out_dir, quiet=quiet, replan=replan,
+                             budget=budget, solver=solver, profile=profile, export=export, progress=progress,
+                             on_nonfinite=on_nonfinite, threads=threads)
+
+
+def _run_training(config: str | Path, held: contextlib.ExitStack, *, resume: bool, steps: int | None,
+                  out_dir: str | Path, quiet: bool, replan: bool, budget: Any, solver: str | None,
+                  profile: str | Path | None, export: bool, progress: bool, on_nonfinite: str | None,
+                  threads: int | str | None) -> TrainResult:
+    """run_training's body; ``held`` keeps the run directory's lock until run_training returns or raises."""
     import yaml
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -1137,7 +1192,7 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
     from port.config import format_size
     from port.cost.io import save_profile
     from port.exec import capi
-    from port.io import atomic_write_text
+    from port.io import atomic_write_text, dir_lock, raise_if_disk_full
     from port.train.trainer import Trainer
 
     console = Console(quiet=quiet, highlight=False, soft_wrap=True)
@@ -1152,6 +1207,7 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
         capi.set_num_threads(_fixed_threads(cfg))
     run_dir = Path(out_dir) / cfg.name
     run_dir.mkdir(parents=True, exist_ok=True)
+    held.enter_context(dir_lock(run_dir))
     atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(C.dump_experiment(cfg), sort_keys=False))
     ckpt = run_dir / "checkpoint.port"
 
@@ -1291,7 +1347,14 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
             last = (x, y)
             losses.append(loss)
             s = tr.step_count
-            metrics.write(json.dumps({"step": s, "loss": loss, "step_ms": round(step_ms, 4), "epoch": epoch}) + "\n")
+            try:
+                metrics.write(json.dumps({"step": s, "loss": loss, "step_ms": round(step_ms, 4), "epoch": epoch})
+                              + "\n")
+            except OSError as e:
+                prog.stop()
+                raise_if_disk_full(e, mpath, kept=f"the lines of the steps before step {s} are kept (a resumed run "
+                                                  f"drops a torn last line); the last checkpoint is intact")
+                raise
             if s % cfg.train.checkpoint_every == 0 or s == total:
                 tr.save_checkpoint(ckpt, meta={"config": str(config), "epoch": epoch})
             if cfg.train.eval_every and s % cfg.train.eval_every == 0:
@@ -1367,9 +1430,12 @@ def run_training(config: str | Path, *, resume: bool = False, steps: int | None 
     measured["config_path"] = str(Path(config).resolve())
     atomic_write_text(run_dir / "measured.json", json.dumps(measured, indent=1))
     if export:
+        from port.errors import DiskFullError
         for fmt, name in (("onnx", "model.onnx"), ("torch", "model.pt")):
             try:
                 tr.export(run_dir / name, fmt)
+            except DiskFullError:
+                raise                   # names the file; the previous export is kept
             except Exception as e:  # noqa: BLE001 - export is a convenience at the end of a run
                 say(f"export {fmt} failed: {type(e).__name__}: {e}")
     if cfg.train.threads in (None, "auto"):
@@ -1540,19 +1606,22 @@ def read_measured(path: Path) -> dict:
     if not isinstance(d, dict):
         raise ConfigError(f"{path}: not a measurements file (top level is {type(d).__name__}); {fix}")
 
-    def num(v):
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    from port.cost.io import MAX_BYTES, MAX_MS
+
+    def num(v, hi=MAX_MS):       # a time (ms) or a size (bytes): finite, >= 0, below the profiles' sane maxima
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= hi
     checks = {"step_ms": num, "config_path": lambda v: isinstance(v, str),
               "op_ms": lambda v: isinstance(v, dict) and all(num(x) for x in v.values()),
-              "timeline_bytes": lambda v: isinstance(v, list) and all(num(x) for x in v),
-              "rss_timeline_bytes": lambda v: isinstance(v, list) and all(num(x) for x in v),
+              "timeline_bytes": lambda v: isinstance(v, list) and all(num(x, MAX_BYTES) for x in v),
+              "rss_timeline_bytes": lambda v: isinstance(v, list) and all(num(x, MAX_BYTES) for x in v),
               "memory": lambda v: isinstance(v, dict),
               "timeline_ops": lambda v: isinstance(v, list) and all(
-                  isinstance(x, list) and len(x) == 2 and num(x[0]) for x in v),
+                  isinstance(x, list) and len(x) == 2 and isinstance(x[0], int) for x in v),
               "flagged_signatures": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)}
     for k, ok in checks.items():
         if k in d and not ok(d[k]):
-            raise ConfigError(f"{path}: key {k!r} is malformed ({d[k]!r:.60}); {fix}")
+            raise ConfigError(f"{path}: key {k!r} is malformed or out of range ({d[k]!r:.60}; times and sizes "
+                              f"must be finite numbers >= 0); {fix}")
     return d
 
 

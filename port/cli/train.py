@@ -5,6 +5,8 @@ Each run writes ``runs/<name>/``: ``config.yaml`` (resolved), ``profile.json``, 
 ``checkpoint.port``, ``metrics.jsonl`` (one line per step), ``measured.json`` (per-op times and the memory
 timeline of instrumented steps), ``model.onnx`` / ``model.pt`` (inference exports) and ``report.html``.
 Ctrl-C (SIGINT) or SIGTERM writes a checkpoint at the current step and exits 130 / 143; ``--resume`` continues.
+One `port train` at a time per run directory (``.port.lock``; a second one exits 2 naming the first one's PID);
+a full disk stops it with the file named (exit 2), the previous version of that file kept.
 """
 from __future__ import annotations
 

@@ -103,6 +103,42 @@ def profile_from_dict(d: Any, where: str = "profile", device: str | None = None)
         raise ProfileError(f"{where}: malformed profile ({type(e).__name__}: {e}); re-run `port profile`") from None
 
 
+# Sane ranges of a profile's numbers: a latency above MAX_MS (about 28 hours for one op) or a size above MAX_BYTES
+# (1 PiB) is a corrupt or hand-edited file, not a measurement (and would wreck the ILP's numerics).
+MAX_MS = 1e8
+MAX_BYTES = 2**50
+MAX_COUNT = 2**31
+_RERUN = "re-run `port profile`"
+
+
+def _number(v: Any, where: str, key: str, lo: float = 0.0, hi: float = MAX_MS, positive: bool = False,
+            unit: str = "ms") -> float:
+    """A finite number in [lo, hi] (``positive``: > lo); else a ProfileError naming ``where`` and ``key``."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if ok:
+        f = float(v) if not isinstance(v, int) or abs(v) < 2**1000 else math.inf
+        ok = math.isfinite(f) and (f > lo if positive else f >= lo) and f <= hi
+    if not ok:
+        rng = f"{'(' if positive else '['}{lo:g}, {hi:g}]"
+        raise ProfileError(f"{where}: key '{key}' = {_shown(v)}: expected a finite number in {rng} ({unit}); "
+                           f"{_RERUN}")
+    return float(v)
+
+
+def _integer(v: Any, where: str, key: str, hi: int = MAX_BYTES, unit: str = "bytes") -> int:
+    """An integer in [0, hi]; else a ProfileError naming ``where`` and ``key``."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi:
+        top = "2^50 (1 PiB)" if hi == MAX_BYTES else "2^31"
+        raise ProfileError(f"{where}: key '{key}' = {_shown(v)}: expected an integer in [0, {top}] ({unit}); "
+                           f"{_RERUN}")
+    return v
+
+
+def _shown(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else f"{r[:20]}...({len(r)} characters)"
+
+
 def _profile_body(d: dict, dev: str, where: str) -> Profile:
     accs = _need(d, "accelerators", list, where)
     if not all(isinstance(a, str) for a in accs):
@@ -119,45 +155,50 @@ def _profile_body(d: dict, dev: str, where: str) -> Profile:
         vals = {k: _need(e, k, t, w) for k, t in _ENTRY_FIELDS.items()}
         if vals["accelerator"] not in accs:
             raise ProfileError(f"{w}: accelerator {vals['accelerator']!r} is not one of {accs}")
-        if not (vals["latency_ms"] >= 0 and math.isfinite(vals["latency_ms"])):
-            raise ProfileError(f"{w}: key 'latency_ms' must be a finite number >= 0, got {vals['latency_ms']!r}")
-        entries.append(OpCost(vals["signature"], vals["accelerator"], vals["variant"], float(vals["latency_ms"]),
-                              float(vals["spread_ms"]), vals["workspace_bytes"], vals["peak_delta_bytes"],
-                              vals["measured"], vals["samples"]))
+        entries.append(OpCost(vals["signature"], vals["accelerator"], vals["variant"],
+                              _number(vals["latency_ms"], w, "latency_ms"), _number(vals["spread_ms"], w, "spread_ms"),
+                              _integer(vals["workspace_bytes"], w, "workspace_bytes"),
+                              _integer(vals["peak_delta_bytes"], w, "peak_delta_bytes"),
+                              vals["measured"], _integer(vals["samples"], w, "samples", MAX_COUNT, "a count")))
     hand = []
     for i, h in enumerate(d.get("handoff", [])):
         w = f"{where}: handoff[{i}]"
         if not isinstance(h, dict):
             raise ProfileError(f"{w}: expected an object")
+        src, dst = _need(h, "src", str, w), _need(h, "dst", str, w)
+        for end in (src, dst):
+            if end not in accs:
+                raise ProfileError(f"{w}: accelerator {end!r} is not one of {accs}; {_RERUN}")
         bpm = h.get("bytes_per_ms")
-        hand.append(HandoffCost(_need(h, "src", str, w), _need(h, "dst", str, w),
-                                float(_need(h, "latency_ms", (int, float), w)),
-                                math.inf if bpm is None else float(bpm), bool(h.get("measured", False))))
+        hand.append(HandoffCost(src, dst, _number(_need(h, "latency_ms", (int, float), w), w, "latency_ms"),
+                                math.inf if bpm is None else _number(bpm, w, "bytes_per_ms", hi=1e300, positive=True,
+                                                                     unit="bytes per ms; null: zero-copy"),
+                                bool(h.get("measured", False))))
     host = d.get("host", {})
     if not isinstance(host, dict):
         raise ProfileError(f"{where}: key 'host' should be an object")
-    for k in ("threads", "memory_bytes"):
-        v = d.get(k, 0)
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**62:
-            raise ProfileError(f"{where}: key {k!r} = {v!r}: expected an integer >= 0; re-run `port profile`")
+    threads = _integer(d.get("threads", 0), where, "threads", MAX_COUNT, "a count")
+    memory = _integer(d.get("memory_bytes", 0), where, "memory_bytes")
     for k in ("accelerator_caps", "storage", "engine_bytes"):
         if not isinstance(d.get(k, {}), dict):
             raise ProfileError(f"{where}: key {k!r} should be an object; re-run `port profile`")
-    for k, v in d.get("engine_bytes", {}).items():
-        if k not in accs:
-            raise ProfileError(f"{where}: key 'engine_bytes' names accelerator {k!r}, not one of {accs}; "
-                               f"re-run `port profile`")
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**62:
-            raise ProfileError(f"{where}: key 'engine_bytes.{k}' = {v!r}: expected an integer >= 0 (bytes); "
-                               f"re-run `port profile`")
+    caps, engine = {}, {}
+    for key, out in (("accelerator_caps", caps), ("engine_bytes", engine)):
+        for k, v in d.get(key, {}).items():
+            if k not in accs:
+                raise ProfileError(f"{where}: key '{key}' names accelerator {k!r}, not one of {accs}; {_RERUN}")
+            out[k] = _integer(v, where, f"{key}.{k}")
+    storage = {}
+    for k, v in d.get("storage", {}).items():      # bandwidths in GB/s (> 0), latencies in ms, flags 0/1
+        gbps = k.endswith("_gbps")
+        storage[k] = _number(v, where, f"storage.{k}", hi=1e6 if gbps else MAX_MS, positive=gbps,
+                             unit="GB/s" if gbps else ("ms" if k.endswith("_ms") else "a number"))
     entries.sort(key=lambda e: (e.signature, e.accelerator, e.variant))
     return Profile(device=dev, accelerators=tuple(accs), entries=tuple(entries),
                    handoff=tuple(sorted(hand, key=lambda h: (h.src, h.dst))),
-                   threads=int(d.get("threads", 0)), host=tuple(sorted((str(k), str(v)) for k, v in host.items())),
-                   memory_bytes=int(d.get("memory_bytes", 0)),
-                   accelerator_caps=tuple(sorted((str(k), int(v)) for k, v in d.get("accelerator_caps", {}).items())),
-                   storage=tuple(sorted((str(k), float(v)) for k, v in d.get("storage", {}).items())),
-                   engine_bytes=tuple(sorted((str(k), int(v)) for k, v in d.get("engine_bytes", {}).items())))
+                   threads=threads, host=tuple(sorted((str(k), str(v)) for k, v in host.items())),
+                   memory_bytes=memory, accelerator_caps=tuple(sorted(caps.items())),
+                   storage=tuple(sorted(storage.items())), engine_bytes=tuple(sorted(engine.items())))
 
 
 def save_profile(p: Profile, path: str | Path) -> Path:

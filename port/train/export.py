@@ -2,14 +2,20 @@
 
 format="onnx": torch.onnx.export(dynamo=False), checked with onnxruntime against the trained model (logits
 within 1e-4). format="torch": TorchScript (torch.jit.trace + save).
+
+Both are serialized into memory first and written with port.io.atomic_write_bytes: the exporters' own file
+writers are C++ that aborts the process (std::terminate) when the disk is full and leaves a truncated file; here
+a full disk is a port.errors.DiskFullError naming the file, and the previous export is kept.
 """
 from __future__ import annotations
 
 import copy
+import io
 from pathlib import Path
 from typing import Any
 
 from port.errors import PortError
+from port.io import atomic_write_bytes
 
 
 def folded_module(model: Any):
@@ -25,7 +31,6 @@ def folded_module(model: Any):
 def export(trainer, path: str | Path, format: str = "onnx", check: bool = True, atol: float = 1e-4) -> Path:
     import torch
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     model = trainer.to_torch(_own_copy(trainer.model))
     folded = folded_module(model)
     if trainer.example_tokens is not None:       # token ids: the ones the model was traced with
@@ -34,12 +39,13 @@ def export(trainer, path: str | Path, format: str = "onnx", check: bool = True, 
         x = torch.randn(trainer.micro_batch, *trainer.example_shape, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = trainer.predict(x)
+    buf = io.BytesIO()
     if format == "onnx":
-        torch.onnx.export(folded, (x,), str(path), dynamo=False, input_names=["input"], output_names=["logits"],
+        torch.onnx.export(folded, (x,), buf, dynamo=False, input_names=["input"], output_names=["logits"],
                           dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
         if check:
             import onnxruntime as ort
-            sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            sess = ort.InferenceSession(buf.getvalue(), providers=["CPUExecutionProvider"])
             got = torch.from_numpy(sess.run(None, {"input": x.numpy()})[0])
             err = float((got - want).abs().max())
             if err > atol * max(1.0, float(want.abs().max())):
@@ -47,9 +53,10 @@ def export(trainer, path: str | Path, format: str = "onnx", check: bool = True, 
     elif format == "torch":
         with torch.no_grad():
             ts = torch.jit.trace(folded, x)
-        ts.save(str(path))
+        torch.jit.save(ts, buf)
     else:
         raise PortError(f"unknown export format {format!r}; choose 'onnx' or 'torch'")
+    atomic_write_bytes(path, buf.getvalue())      # checked first, then written whole (or not at all)
     return path
 
 
