@@ -239,7 +239,7 @@ def _replies(monkeypatch, deltas_and_counts, clients=None):
     return out
 
 
-def _aggregate(fed, st, replies, **agg):
+def _aggregate(fed, st, replies, checked=True, **agg):
     """(new global state, the round's failed list) of the server's strategy over ``replies``."""
     from flwr.app import Array, ArrayRecord
     from port.federated import AggregationConfig, delta_keys
@@ -247,7 +247,8 @@ def _aggregate(fed, st, replies, **agg):
     from port.pipeline import build_graph, load_job
     keys = delta_keys(build_graph(load_job(fed.config_path)).graph, st)
     got = {}
-    s = delta_strategy(AggregationConfig(**agg), check=reply_check(fed, st, keys), min_train_nodes=1,
+    s = delta_strategy(AggregationConfig(**agg), check=reply_check(fed, st, keys) if checked else None,
+                       min_train_nodes=1,
                        min_available_nodes=1,
                        on_round=lambda r, arrays, clients, inf, failed, lost: got.update(failed=failed,
                                                                                           clients=clients))
@@ -284,6 +285,11 @@ def test_the_server_drops_a_bad_reply_and_says_why(fed_two, monkeypatch):
             np.testing.assert_allclose(new[k], want[k], rtol=1e-6, atol=1e-7)
     _new, failed, _c = _aggregate(fed_two, st, _replies(monkeypatch, [(good, n0), (good, 16)], clients=[0, 5]))
     assert "client index 5.0 is not one of 0..1" in failed[0]["reason"]
+    # the last guard, should a bad delta get past the checks: an aggregate that is not finite is not applied
+    new, failed, _c = _aggregate(fed_two, st, _replies(monkeypatch, [(good, n0), (bads["non-finite"], 16)]),
+                                 checked=False)
+    assert "the aggregate is not finite" in failed[0]["reason"]
+    assert all(np.array_equal(new[k], st[k]) for k in st)
 
 
 def test_robust_aggregation_withstands_a_boosted_delta(fed_config, monkeypatch):
