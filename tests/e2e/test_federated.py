@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from port.errors import InfeasibleBudgetError
-from port.federated import (ClientUpdate, client_evaluate, client_plan, client_update, fedavg, global_state, load_federation,
-                            partition_label_skew)
+from port.federated import (ClientUpdate, client_evaluate, client_plan, client_update, fedavg, global_state,
+                            load_federation, partition_label_skew)
 
 EXPERIMENT = """model: digits_cnn
 input_shape: [1, 8, 8]
@@ -360,7 +360,8 @@ def _make_tls(d: Path):
     return TlsFiles(d / "ca.pem", d / "server.pem", d / "server.key")
 
 
-POISON_CLIENT = '''"""Test only: client 1 sends an all-NaN weight, a vector of the wrong shape, 700x deltas, 10**6 examples."""
+POISON_CLIENT = '''"""Test only: client 1 sends an all-NaN weight, a vector of the wrong shape, 700x deltas and
+claims 10**6 examples."""
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -479,7 +480,8 @@ def test_bad_setups_are_refused_before_anything_starts(tmp_path, monkeypatch, ca
     with pytest.raises(ConfigError, match=r"checkpoint.npz: unreadable checkpoint .*--fresh"):
         launch.federate(cfg, work, echo=lambda _m: None)
     np.savez(work / "checkpoint.npz", **dict(st, **{"0.weight": st["0.weight"][:1]}))
-    with pytest.raises(ConfigError, match=r"checkpoint.npz does not fit this config's model: 0.weight: shape .*--fresh"):
+    with pytest.raises(ConfigError, match=r"checkpoint.npz does not fit this config's model: 0.weight: shape "
+                                          r".*--fresh"):
         launch.federate(cfg, work, echo=lambda _m: None)
     (work / "history.json").write_text('{"rounds": [{"round"')
     assert cli(["federate", str(cfg), "--out", str(work)]) == 2          # the CLI: exit 2, not a traceback
