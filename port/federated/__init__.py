@@ -10,6 +10,7 @@ The config is an experiment config (port.config.ExperimentConfig: model, data, o
       round_timeout_s: 600           # how long a round waits for the clients' replies
       evaluate_clients: false        # true: after each round every client evaluates the new global model on its
                                      # own data (a second message per client per round)
+      aggregation: {kind: fedavg}    # or trimmed_mean (beta), median, krum (num_malicious): see AggregationConfig
       clients:
         - {device: jetson-orin-nano, budget: 50%}
         - {device: raspberry-pi-4b, budget: 25%}
@@ -21,6 +22,8 @@ Pure pieces (no Flower needed), used by the Flower apps in port.federated.flower
     client_update(fed, index, global_state, round, cache_dir) -> ClientUpdate (deltas, examples, metrics)
     client_evaluate(fed, index, global_state, cache_dir) -> the global model's loss/accuracy on the client's data
     fedavg(global_state, updates) -> new global state (FedAvg of the deltas, weighted by examples)
+    check_state(state, template, what) -> problems of a state against the expected keys/shapes/dtypes (finite)
+    check_delta(delta, expected, num_examples, max_examples) -> why a client's reply is unusable, or None
     global_state(fed) -> the initial global parameters and float buffers (numpy arrays by state-dict name)
 
 Updates are deltas: ``Trainer.parameter_delta`` (new - global) for every trained parameter, with zeros for one
@@ -30,19 +33,31 @@ so the up-link shrinks with a sparse update, and every client sends the same key
 that). Averaging deltas weighted by examples (a missing key counting zero) and adding them to the global state is
 FedAvg exactly. A client whose budget fits no plan raises InfeasibleBudgetError; the server reports it with its
 minimum.
+
+Nothing received is trusted: a client refuses a global state with missing or extra keys, another shape or
+dtype, or a non-finite value (InvalidStateError, replied as an error); the server drops a reply whose delta has
+the wrong keys, shapes or dtypes, a non-finite value, or claims more examples than the client's partition holds
+(local_epochs x its size), and records it under ``failed`` with the reason. A delta that is well formed but
+large (a boosted update) is what ``aggregation`` is for.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from pydantic import Field, field_validator
 
 from port.config import ExperimentConfig, _Strict, parse_budget
-from port.errors import ConfigError, InfeasibleBudgetError
+from port.errors import ConfigError, InfeasibleBudgetError, PortError
+
+
+class InvalidStateError(PortError):
+    """A global state (or a checkpoint) that does not fit the model: missing or extra keys, another shape or
+    dtype, or non-finite values; the message lists them."""
 
 
 class ClientConfig(_Strict):
@@ -60,6 +75,25 @@ class PartitionConfig(_Strict):
     seed: int = 0
 
 
+class AggregationConfig(_Strict):
+    """How the server combines the clients' deltas: one of Flower's strategies (flwr.serverapp.strategy).
+
+    fedavg: the mean weighted by examples, FedAvg exactly and the fastest to converge on skewed data, but one
+        client with a large delta (a boosted or broken update) moves the global model as far as it likes.
+    trimmed_mean (FedTrimmedAvg): per coordinate, drop the ``beta`` fraction of the highest and of the lowest
+        values and average the rest, unweighted; trims only when int(beta * n) >= 1, i.e. with n >= 1/beta
+        clients replying (5 at the default 0.2); honest outliers (a client with rare classes) are cut too.
+    median (FedMedian): the coordinate-wise median, unweighted; withstands fewer than half the clients being
+        bad (with 3 clients, one), but with 2 it is their mean and it converges more slowly than fedavg on
+        non-IID data (the minority's updates are ignored).
+    krum (Krum): the one delta with the smallest distance to its n - num_malicious - 2 nearest others; needs
+        n > 2 num_malicious + 2 clients to exclude anybody and uses one client's update per round (the others'
+        data count only by vote), so it is the slowest to converge."""
+    kind: Literal["fedavg", "trimmed_mean", "median", "krum"] = "fedavg"
+    beta: float = Field(default=0.2, ge=0, lt=0.5, allow_inf_nan=False)   # trimmed_mean: fraction cut per tail
+    num_malicious: int = Field(default=0, ge=0)                          # krum: bad clients to tolerate
+
+
 class FederationSection(_Strict):
     rounds: int = Field(default=5, ge=1)
     local_epochs: int = Field(default=1, ge=1)
@@ -67,6 +101,7 @@ class FederationSection(_Strict):
     partition: PartitionConfig = PartitionConfig()
     round_timeout_s: float = Field(default=600.0, gt=0)
     evaluate_clients: bool = False      # each round, every client also evaluates the new global model on its data
+    aggregation: AggregationConfig = AggregationConfig()
 
 
 class FederatedConfig(ExperimentConfig):
@@ -211,6 +246,12 @@ def _client_trainer(fed: Federation, index: int, state: dict, cache_dir: str | P
     from port import Trainer
     from port.pipeline import stand_in_backends
     cp, job, built = client_plan(fed, index, cache_dir)
+    template = {k: v for k, v in built.model.state_dict().items() if v.is_floating_point()}
+    problems = check_state(state, template, "the global state received")
+    if problems:
+        raise InvalidStateError(f"client {index}: the global state received does not fit the model of "
+                                f"{fed.config_path}: " + "; ".join(problems[:8]) + "; the server runs another "
+                                f"config or model (or sent a corrupt state): give both the same config")
     tr = Trainer(built.model, built.example, plan=cp.plan, optimizer=built.optimizer,
                  trainable=list(built.trainable) if built.trainable else None, seed=fed.config.train.seed,
                  accelerators=stand_in_backends(job.device) or None)
@@ -253,14 +294,13 @@ def client_update(fed: Federation, index: int, state: dict, server_round: int, c
     train_growth = max(0, peak_bytes() - rss0)
     new = tr.state_dict()
     changed = tr.parameter_delta(base)
-    trained = {t.name for t in tr.graph.trainable_parameters()}
     params = {t.name for t in tr.graph.parameters()}
     delta = {}
-    for k in state:
-        if k in trained:
+    for k in delta_keys(tr.graph, state):
+        if k in params:                         # a trained parameter
             d = changed.get(k)
             delta[k] = (d.numpy() if d is not None else np.zeros_like(new[k].numpy())).reshape(np.shape(state[k]))
-        elif k not in params and k in new:      # a float buffer
+        elif k in new:                          # a float buffer
             delta[k] = (new[k] - base[k].reshape(new[k].shape).to(new[k].dtype)).numpy().reshape(np.shape(state[k]))
     ev = tr.evaluate(ds.test_batches(B))
     metrics = {"train_loss": float(np.mean(losses)) if losses else float("nan"), "steps": len(losses),
@@ -269,6 +309,60 @@ def client_update(fed: Federation, index: int, state: dict, server_round: int, c
                "train_rss_growth_bytes": int(train_growth),
                "keep_everything_peak_bytes": cp.keep_everything_peak_bytes}
     return ClientUpdate(index, delta, len(losses) * B, metrics)
+
+
+def delta_keys(graph: Any, state: dict) -> list[str]:
+    """The keys of ``state`` a client sends a delta for: the trained parameters and the float buffers (not the
+    frozen parameters), in the state's order."""
+    trained = {t.name for t in graph.trainable_parameters()}
+    params = {t.name for t in graph.parameters()}
+    return [k for k in state if k in trained or k not in params]
+
+
+def _dtype(v: Any) -> str:
+    import numpy as np
+    return str(v.dtype).replace("torch.", "") if hasattr(v, "dtype") else str(np.asarray(v).dtype)
+
+
+def check_state(state: dict, template: dict, what: str, keys: Optional[list] = None) -> list[str]:
+    """The problems of ``state`` against ``template`` (arrays or tensors by name): missing and extra keys (of
+    ``keys`` when given, else the template's), another shape or dtype, non-finite values. [] when it fits."""
+    import numpy as np
+    want = list(template) if keys is None else list(keys)
+    out = []
+    missing = [k for k in want if k not in state]
+    extra = [k for k in state if k not in set(want)]
+    if missing:
+        out.append(f"{what} lacks {len(missing)} key(s): {', '.join(missing[:5])}")
+    if extra:
+        out.append(f"{what} has {len(extra)} unknown key(s): {', '.join(map(str, extra[:5]))}")
+    for k in want:
+        if k not in state:
+            continue
+        v, t = state[k], template[k]
+        shape, tshape = tuple(np.shape(v)), tuple(t.shape)
+        if shape != tshape:
+            out.append(f"{k}: shape {list(shape)}, the model's is {list(tshape)}")
+            continue
+        dt, tdt = _dtype(v), _dtype(t)
+        if dt != tdt:
+            out.append(f"{k}: dtype {dt}, the model's is {tdt}")
+            continue
+        a = np.asarray(v)
+        if not np.isfinite(a).all():
+            out.append(f"{k}: {int(np.size(a) - np.isfinite(a).sum())} non-finite value(s)")
+    return out
+
+
+def check_delta(delta: dict, state: dict, keys: list, num_examples: Any, max_examples: int) -> Optional[str]:
+    """Why a client's reply is unusable (its delta against the global ``state`` and the expected ``keys``, its
+    claimed example count against ``max_examples``), or None when it is fine."""
+    problems = check_state(delta, state, "the delta", keys)
+    n = num_examples
+    if not (isinstance(n, (int, float)) and math.isfinite(n) and float(n).is_integer() and 0 <= n <= max_examples):
+        problems.append(f"num-examples {num_examples!r}: expected an integer in [0, {max_examples}] (local "
+                        f"epochs x the client's partition)")
+    return "; ".join(problems[:8]) or None
 
 
 def fedavg(state: dict, updates: list[ClientUpdate]) -> dict:
@@ -282,5 +376,6 @@ def fedavg(state: dict, updates: list[ClientUpdate]) -> dict:
             .astype(np.asarray(v).dtype) for k, v in state.items()}     # averaged in float64, kept in the state's dtype
 
 
-__all__ = ["FederatedConfig", "Federation", "ClientUpdate", "ClientPlan", "load_federated", "load_federation",
+__all__ = ["FederatedConfig", "Federation", "AggregationConfig", "InvalidStateError", "check_state", "check_delta",
+           "delta_keys", "ClientUpdate", "ClientPlan", "load_federated", "load_federation",
            "partition_label_skew", "client_plan", "client_update", "client_evaluate", "fedavg", "global_state"]

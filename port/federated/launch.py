@@ -9,6 +9,20 @@ minute in flwr 1.41), then averages the replies it has and records the node unde
 (up to the same timeout) for the restarted node and does not send to the lost one (see DeltaFedAvg). The server
 checkpoints the global model after every round, so an interrupted federation resumes where it stopped.
 Flower's Ray-based simulation engine is not used.
+
+Before any process starts, every client's device file and budget are loaded and its plan solved (into the plan
+cache the clients read), and the checkpoint and history are read and checked against the model: a bad device
+file, a federation where no client's budget fits a plan, or a corrupt or foreign checkpoint is a ConfigError
+naming the file and the fix (exit 2), not a round that fails on every client.
+
+Security (off loopback): ``tls=TlsFiles(ca, cert, key)`` runs the SuperLink with ``--ssl-ca-certfile/
+--ssl-certfile/--ssl-keyfile`` and the SuperNodes (and ``flwr``) with ``--root-certificates`` (the CA) instead
+of ``--insecure``; ``auth_supernodes=True`` has the SuperLink admit only registered SuperNodes
+(``--enable-supernode-auth``): each client gets an EC key pair (``<work>/keys/client<I>``, made once), its
+public key is registered with ``flwr supernode register`` and the SuperNode signs with its private key
+(``--auth-supernode-private-key``); ``trusted_entities`` (a YAML of public key ids to ed25519 keys) makes the
+SuperNodes run only FABs signed by one of them (``--trusted-entities``; a FAB ``flwr run`` builds from a local
+directory is unsigned, so it is refused: use it with a FAB published and verified on Flower's platform).
 """
 from __future__ import annotations
 
@@ -75,6 +89,43 @@ def free_ports(n: int) -> list[int]:
     return out
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """The SuperLink's TLS files (PEM): the CA certificate (the SuperNodes' and flwr's root certificates), the
+    server certificate (valid for 127.0.0.1) and its private key."""
+    ca: Path
+    cert: Path
+    key: Path
+
+    def check(self) -> "TlsFiles":
+        for flag, f in (("--ssl-ca-certfile", self.ca), ("--ssl-certfile", self.cert), ("--ssl-keyfile", self.key)):
+            if not Path(f).is_file():
+                raise ConfigError(f"{flag} {f}: no such file; give the PEM file (all three of --ssl-ca-certfile, "
+                                  f"--ssl-certfile and --ssl-keyfile for TLS)")
+        return TlsFiles(Path(self.ca).resolve(), Path(self.cert).resolve(), Path(self.key).resolve())
+
+
+def supernode_keys(key_dir: Path, n: int) -> list[tuple[Path, Path]]:
+    """(private, public) OpenSSH EC (NIST P-384) key pair files for SuperNode authentication, one per client
+    (``client<I>`` and ``client<I>.pub`` in ``key_dir``); existing pairs are kept."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    key_dir.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i in range(n):
+        priv, pub = key_dir / f"client{i}", key_dir / f"client{i}.pub"
+        if not (priv.exists() and pub.exists()):
+            k = ec.generate_private_key(ec.SECP384R1())
+            fd = os.open(priv, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                        serialization.NoEncryption()))
+            pub.write_bytes(k.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                        serialization.PublicFormat.OpenSSH))
+        out.append((priv, pub))
+    return out
+
+
 @dataclass
 class LocalFederation:
     """The processes of a local federation (SuperLink + SuperNodes); ``stop()`` ends them all."""
@@ -86,6 +137,17 @@ class LocalFederation:
     link: Optional[subprocess.Popen] = None
     nodes: Optional[list] = None
     restarts: int = 0
+    tls: Optional[TlsFiles] = None
+    auth_keys: Optional[list] = None             # per client: (private, public) key files; None: no node auth
+    trusted_entities: Optional[Path] = None
+
+    def _security(self, node: bool) -> list[str]:
+        if self.tls is None:
+            return ["--insecure"]
+        if node:
+            return ["--root-certificates", str(self.tls.ca)]
+        return ["--ssl-ca-certfile", str(self.tls.ca), "--ssl-certfile", str(self.tls.cert),
+                "--ssl-keyfile", str(self.tls.key)]
 
     def _log(self, name: str):
         return open(self.work / "logs" / f"{name}.log", "ab")
@@ -94,19 +156,41 @@ class LocalFederation:
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
         home = Path(self.env["FLWR_HOME"])
         home.mkdir(parents=True, exist_ok=True)
+        sec = (f'root-certificates = "{self.tls.ca}"\n' if self.tls is not None else "insecure = true\n")
         (home / "config.toml").write_text(f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
-                                          f'address = "127.0.0.1:{self.link_port}"\ninsecure = true\n')
-        self.link = subprocess.Popen(["flower-superlink", "--insecure", "--host", "127.0.0.1", "--port",
-                                      str(self.link_port), "--disable-runtime-dependency-installation"],
+                                          f'address = "127.0.0.1:{self.link_port}"\n{sec}')
+        self.link = subprocess.Popen(["flower-superlink", *self._security(node=False), "--host", "127.0.0.1",
+                                      "--port", str(self.link_port), "--disable-runtime-dependency-installation",
+                                      *(["--enable-supernode-auth"] if self.auth_keys else [])],
                                      env=self.env, stdout=self._log("superlink"), stderr=subprocess.STDOUT,
                                      cwd=self.work)
+        if self.auth_keys:
+            self._register()
         self.nodes = [self._node(i) for i in range(self.n_clients)]
         return self
 
+    def _register(self, wait_s: float = 60.0) -> None:
+        """Register every client's public key with the SuperLink (retried while it starts listening)."""
+        for i, (_priv, pub) in enumerate(self.auth_keys):
+            t_end = time.time() + wait_s
+            while True:
+                out = _flwr(self.env, self.work, "supernode", "register", str(pub), "local", check=False)
+                if out.get("success") or "already" in json.dumps(out).lower():
+                    break
+                if self.link.poll() is not None or time.time() > t_end:
+                    raise PortError(f"could not register client {i}'s SuperNode key {pub}: {json.dumps(out)[:600]}; "
+                                    f"see {self.work / 'logs' / 'superlink.log'}")
+                time.sleep(0.5)
+
     def _node(self, i: int) -> subprocess.Popen:
-        return subprocess.Popen(["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.link_port}",
-                                 "--host", "127.0.0.1", "--port", str(self.node_ports[i]),
-                                 "--node-config", f"client-index={i}"],
+        extra = []
+        if self.auth_keys:
+            extra += ["--auth-supernode-private-key", str(self.auth_keys[i][0])]
+        if self.trusted_entities is not None:
+            extra += ["--trusted-entities", str(self.trusted_entities)]
+        return subprocess.Popen(["flower-supernode", *self._security(node=True), "--superlink",
+                                 f"127.0.0.1:{self.link_port}", "--host", "127.0.0.1", "--port",
+                                 str(self.node_ports[i]), "--node-config", f"client-index={i}", *extra],
                                 env=self.env, stdout=self._log(f"client{i}"), stderr=subprocess.STDOUT, cwd=self.work)
 
     def watch(self) -> list[int]:
@@ -136,13 +220,15 @@ class LocalFederation:
                 p.wait()
 
 
-def _flwr(env: dict, cwd: Path, *args: str, timeout: float = 120.0) -> dict:
+def _flwr(env: dict, cwd: Path, *args: str, timeout: float = 120.0, check: bool = True) -> dict:
     r = subprocess.run(["flwr", *args, "--format", "json"], env=env, cwd=cwd, capture_output=True, text=True,
                        timeout=timeout)
     out = r.stdout.strip()
     try:
         return json.loads(out[out.index("{"):]) if "{" in out else {}
     except ValueError:
+        if not check:
+            return {"success": False, "output": out[-600:] + r.stderr[-600:]}
         raise PortError(f"flwr {' '.join(args)} printed no JSON (exit {r.returncode}): {out[-800:]} "
                         f"{r.stderr[-800:]}") from None
 
@@ -158,14 +244,15 @@ class FederationResult:
 
 def federate(config: str | Path, work_dir: str | Path | None = None, rounds: Optional[int] = None,
              fresh: bool = False, echo: Callable[[str], None] = print,
-             on_start: Optional[Callable[[LocalFederation], None]] = None) -> FederationResult:
+             on_start: Optional[Callable[[LocalFederation], None]] = None, tls: Optional[TlsFiles] = None,
+             auth_supernodes: bool = False, trusted_entities: str | Path | None = None) -> FederationResult:
     """Run the federation of ``config`` locally (see the module docstring); returns its history."""
     try:
         import flwr  # noqa: F401
     except ImportError:
         raise ConfigError("port federate needs Flower: pip install 'port[federated]' (flwr==1.41.0)") from None
-    from port.federated import load_federation
-    from port.federated.flower import load_checkpoint
+    from port.federated import global_state, load_federation
+    from port.federated.flower import check_checkpoint, load_checkpoint
     cfg_path = Path(config).resolve()
     fed = load_federation(cfg_path)
     if rounds is not None:
@@ -176,13 +263,25 @@ def federate(config: str | Path, work_dir: str | Path | None = None, rounds: Opt
         for name in ("checkpoint.npz", "history.json"):
             (work / name).unlink(missing_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    hist = load_checkpoint(work)[1]
+    tls = tls.check() if tls is not None else None
+    if trusted_entities is not None:
+        check_trusted_entities(Path(trusted_entities))
+    hist = load_checkpoint(work)[1]         # ConfigError naming the file and --fresh when unreadable
+    check_checkpoint(work, global_state(fed))
+    check_clients(fed, work / "plans", echo)
     if hist["rounds"]:
         echo(f"resuming from {work / 'checkpoint.npz'} after round {len(hist['rounds'])}")
     app = write_app(work / "app")
     env = flower_env(work / "flwr-home")
     ports = free_ports(fed.num_clients + 1)
-    lf = LocalFederation(work, fed.num_clients, env, ports[0], ports[1:]).start()
+    keys = supernode_keys(work / "keys", fed.num_clients) if auth_supernodes else None
+    lf = LocalFederation(work, fed.num_clients, env, ports[0], ports[1:], tls=tls, auth_keys=keys,
+                         trusted_entities=Path(trusted_entities).resolve() if trusted_entities else None)
+    try:
+        lf.start()
+    except BaseException:
+        lf.stop()
+        raise
     t0 = time.time()
     status = "unknown"
     try:
@@ -201,7 +300,7 @@ def federate(config: str | Path, work_dir: str | Path | None = None, rounds: Opt
         run_id = str(sub["run-id"])
         echo(f"federation: run {run_id}, {fed.num_clients} clients on 127.0.0.1 (SuperLink :{ports[0]}), "
              f"logs in {work / 'logs'}")
-        seen = len(hist["rounds"])
+        seen = seen0 = len(hist["rounds"])
         while True:
             time.sleep(1.0)
             for i in lf.watch():
@@ -221,7 +320,62 @@ def federate(config: str | Path, work_dir: str | Path | None = None, rounds: Opt
     if status != "finished:completed":
         raise PortError(f"the federation ended with status {status!r} after {len(hist['rounds'])} round(s); see "
                         f"{work / 'logs'}; run again to resume from the checkpoint")
+    ran = hist["rounds"][seen0:]
+    if not ran or not any(r["clients"] for r in ran):
+        why = "; ".join(f"{f.get('reason', '')[:200]}" for r in ran for f in r.get("failed", [])[:2])
+        raise PortError(f"the federation finished but no client's update was applied ({len(ran)} round(s) "
+                        f"recorded{': ' + why if why else ''}); see {work / 'history.json'} and {work / 'logs'}")
     return FederationResult(work, hist, status, time.time() - t0, lf.restarts)
+
+
+def check_trusted_entities(path: Path) -> None:
+    """A --trusted-entities file must map public key ids to OpenSSH ed25519 public keys (what flower-supernode
+    accepts; it exits on anything else, which would have the SuperNodes restarted for ever)."""
+    import yaml
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    from cryptography.hazmat.primitives.serialization import load_ssh_public_key
+    fix = "give a YAML mapping public key ids to ed25519 keys, e.g. {fpk_1: 'ssh-ed25519 AAAA... comment'}"
+    if not path.is_file():
+        raise ConfigError(f"--trusted-entities {path}: no such file; {fix}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not YAML ({e}); {fix}") from None
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"{path}: not a non-empty mapping; {fix}")
+    for k, v in data.items():
+        try:
+            ok = isinstance(load_ssh_public_key(str(v).encode()), ed25519.Ed25519PublicKey)
+        except (ValueError, TypeError):
+            ok = False
+        if not ok:
+            raise ConfigError(f"{path}: key {k!r}: {str(v)[:40]!r} is not an OpenSSH ed25519 public key; {fix}")
+
+
+def check_clients(fed, plan_dir: Path, echo: Callable[[str], None] = print) -> None:
+    """Load every client's device file and budget and solve its plan (into ``plan_dir``, the cache the clients
+    read) before anything starts: a bad device file raises its ConfigError naming the client; a federation where
+    no client's budget fits a plan raises ConfigError listing each budget and its smallest feasible one; an
+    infeasible client among feasible ones is said (the server lists it every round)."""
+    from port.config import format_size
+    from port.errors import InfeasibleBudgetError
+    from port.federated import client_plan
+    bad = []
+    for i, c in enumerate(fed.config.federation.clients):
+        try:
+            client_plan(fed, i, plan_dir)
+        except InfeasibleBudgetError as e:
+            low = format_size(e.min_feasible_bytes) if e.min_feasible_bytes else "unknown"
+            bad.append(f"client {i} ({c.device}): budget {format_size(e.budget_bytes)} fits no plan (smallest "
+                       f"feasible {low})")
+        except ConfigError as e:
+            raise ConfigError(f"{fed.config_path}: federation.clients[{i}] (device {c.device!r}): {e}") from None
+    if len(bad) == fed.num_clients:
+        raise ConfigError(f"{fed.config_path}: no client's budget fits a plan, so no round could train: "
+                          + "; ".join(bad) + "; raise federation.clients[*].budget to at least the smallest "
+                          "feasible one")
+    for b in bad:
+        echo(f"warning: {b}; it will be listed every round and send no update")
 
 
 def _round_line(r: dict) -> str:
