@@ -15,7 +15,7 @@
 
 /* A new kernel id needs its rule below (shape_of's switch) before it can be loaded: the build stops here so
  * that adding one to PORT_RT_KERNELS without a rule cannot pass unnoticed. */
-_Static_assert(PORT_RT_KERNEL_END <= 72, "a kernel id was added to PORT_RT_KERNELS: add its rule to rt_check.c");
+_Static_assert(PORT_RT_KERNEL_END <= 74, "a kernel id was added to PORT_RT_KERNELS: add its rule to rt_check.c");
 
 #define BAD PORT_RT_ERR_BUNDLE
 
@@ -296,6 +296,38 @@ static int permute(ctx *x) {
     return PORT_OK;
 }
 
+/* ---------------------------------------------------------------- broadcast binary (ids 72, 73) */
+/* iv: op (0 add .. 3 div), rank 1..6, a_bcast, b_bcast (bit i: size 1 along dim i), dims[6] (1 past the rank);
+ * backward: then accumulate (0/1).  Forward (y, a, b): y may be a full-shape operand; backward (da, db, dy, a, b):
+ * no gradient overlaps anything. */
+static int binary(ctx *x, int backward) {
+    const int64_t *v = x->c->iv;
+    if (iv_in(x, 0, 0, 3, "binary op (0 add, 1 sub, 2 mul, 3 div)") ||
+        iv_in(x, 1, 1, 6, "binary rank must lie in 1..6"))
+        return BAD;
+    int64_t r = v[1], mask = ((int64_t)1 << r) - 1, ny = 1, na = 1, nb = 1;
+    if (iv_in(x, 2, 0, mask, "a's broadcast mask: bits below the rank") ||
+        iv_in(x, 3, 0, mask, "b's broadcast mask: bits below the rank"))
+        return BAD;
+    for (int i = 0; i < 6; i++) {
+        if (i < r ? pos(x, 4 + i) : iv_in(x, 4 + i, 1, 1, "a binary dimension past the rank must be 1")) return BAD;
+        ny = smul(ny, v[4 + i]);
+        na = smul(na, (v[2] >> i) & 1 ? 1 : v[4 + i]);
+        nb = smul(nb, (v[3] >> i) & 1 ? 1 : v[4 + i]);
+    }
+    if (!backward) {
+        args(x, 3, 10, 0);
+        op(x, 0, ny, 4, 1), op(x, 1, na, 4, 0), op(x, 2, nb, 4, 0);
+        if (!v[2]) inplace(x, 0, 1);
+        if (!v[3]) inplace(x, 0, 2);
+        return PORT_OK;
+    }
+    if (iv_in(x, 10, 0, 1, "accumulate must be 0 or 1")) return BAD;
+    args(x, 5, 11, 0);
+    op(x, 0, na, 4, 1), op(x, 1, nb, 4, 1), op(x, 2, ny, 4, 0), op(x, 3, na, 4, 0), op(x, 4, nb, 4, 0);
+    return PORT_OK;
+}
+
 /* ---------------------------------------------------------------- the rest, by kernel id */
 /* element-wise: out, in (, in2): count v[0] floats */
 static int eltwise(ctx *x, int nptr, int alias_in) {
@@ -318,6 +350,7 @@ static int shape_of(ctx *x) {
         return eltwise(x, 2, 1);
     case 67: case 69: case 71:   /* their backward: dx, dy, y|x; dx may be dy */
         return eltwise(x, 3, 1);
+    case 72: case 73: return binary(x, k == 73);   /* port_binary_forward / _backward (a later PORT_RT_KERNELS) */
     case PORT_RT_CONV2D_FORWARD:
     case PORT_RT_CONV2D_BACKWARD_INPUT:
     case PORT_RT_CONV2D_BACKWARD_WEIGHT:
