@@ -9,7 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 KERNEL_SRC := $(wildcard kernels/src/*.c kernels/runtime/*.c kernels/include/*.h)
 STAMP := $(VENV)/.port-installed
 
-.PHONY: install demo test test-asan bench clean port-rt port-rt-portable port-rt-aarch64 port-rt-m4
+.PHONY: install demo test test-asan bench clean port-rt port-rt-asan port-rt-portable port-rt-aarch64 port-rt-m4
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,15 +26,20 @@ demo: install
 test: install
 	$(PY) -m pytest -q tests
 
-# Kernel tests, the hostile-program tests and the program fuzzer against an ASan+UBSan build of the C library
-# (separate .so, quick parametrisation).
+# Kernel tests, the hostile-program tests, the program fuzzer and the call rule's tests against an ASan+UBSan
+# build of the C library (separate .so, quick parametrisation); the bundle fuzzer (300 mutants) against an
+# ASan+UBSan build of port-rt (kernels/build/port-rt-asan), so a write outside the arena fails.
 ASAN_LIB := $(CURDIR)/kernels/build/asan/libport_kernels_asan.so
-test-asan: install
+RT_ASAN_BIN := kernels/build/port-rt-asan
+test-asan: install $(RT_ASAN_BIN)
 	$(PY) setup.py -q build_asan
-	PORT_KERNELS_LIB=$(ASAN_LIB) PORT_KERNELS_QUICK=1 \
+	PORT_KERNELS_LIB=$(ASAN_LIB) PORT_KERNELS_QUICK=1 PORT_RT_BIN=$(CURDIR)/$(RT_ASAN_BIN) \
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	$(PY) -m pytest -q -s -p no:cacheprovider tests/kernels tests/unit/test_fuzz_program.py tests/unit/test_hostile_program.py
+	$(PY) -m pytest -q -s -p no:cacheprovider tests/kernels tests/unit/test_fuzz_program.py tests/unit/test_hostile_program.py \
+	  tests/unit/test_call_rule.py
+	PORT_RT_BIN=$(CURDIR)/$(RT_ASAN_BIN) PORT_FUZZ_BUNDLES=300 $(PY) -m pytest -q -p no:cacheprovider \
+	  tests/unit/test_fuzz_bundle.py
 
 bench: install
 	$(PY) bench/kernels.py --quick
@@ -54,6 +59,13 @@ $(RT_BIN): $(STAMP) $(RT_SRC) $(wildcard kernels/include/*.h kernels/src/*.h)
 	  set -x; gcc $(RT_CFLAGS) -DPORT_HAVE_OPENBLAS=1 -I$$inc $(RT_SRC) -o $@ -L$$lib -lscipy_openblas \
 	    -Wl,-rpath,$$lib -lm; \
 	else set -x; gcc $(RT_CFLAGS) $(RT_SRC) -o $@ -lm; fi
+
+# port-rt with AddressSanitizer and UndefinedBehaviorSanitizer (vendored GEMM), for test-asan's bundle fuzzer
+port-rt-asan: $(RT_ASAN_BIN)
+$(RT_ASAN_BIN): $(RT_SRC) $(wildcard kernels/include/*.h kernels/src/*.h)
+	@mkdir -p kernels/build
+	gcc $(RT_CFLAGS) -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined \
+	  $(RT_SRC) -o $@ -lm
 
 # The portable flavour: vendored GEMM only and -ffp-contract=off (no fused multiply-add contraction), so its
 # results are bit-identical on every ISA; port-rt-aarch64 is the same cross-built for aarch64 Linux (static, runs

@@ -156,6 +156,25 @@ bad:
     return 2;
 }
 
+/* Why the loader refused a bundle: the call (index, kernel), its field, the rule and the values (exit 2). */
+static int bundle_refused(const char *path, const uint8_t *bundle, uint64_t bn) {
+    port_rt_call_problem why;
+    memset(&why, 0, sizeof why);
+    why.call = -1;
+    port_rt_bundle_check_why(bundle, bn, NULL, &why);
+    if (why.call < 0) {
+        fprintf(stderr, "port-rt: %s: not a valid bundle: %s. Fix: compile it again with `port compile`\n", path,
+                why.what ? why.what : "refused by the loader");
+        return 2;
+    }
+    const char *name = port_rt_kernel_name(why.kernel);
+    fprintf(stderr, "port-rt: %s: not a valid bundle: call %d (kernel %d, %s): %s: %s (value %lld, extent %lld "
+                    "bytes, bound %lld). Fix: compile it again with `port compile`\n", path, (int)why.call,
+            (int)why.kernel, name ? name : "unknown", why.field ? why.field : "?", why.what ? why.what : "refused",
+            (long long)why.value, (long long)why.bytes, (long long)why.limit);
+    return 2;
+}
+
 static const char *rt_error(int st) {
     switch (st) {
     case PORT_RT_ERR_BUNDLE: return "not a valid bundle (magic, version, size, checksum or an offset outside the arena)";
@@ -500,6 +519,7 @@ int main(int argc, char **argv) {
     uint64_t A = 0;
     st = port_rt_bundle_check(bundle, bn, &A);
     if (st != PORT_OK) {
+        if (st == PORT_RT_ERR_BUNDLE) return bundle_refused(bpath, bundle, bn);   /* names the call and its rule */
         fprintf(stderr, "port-rt: %s: %s. Fix: compile it again with `port compile`\n", bpath, rt_error(st));
         return 2;
     }

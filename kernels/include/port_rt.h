@@ -269,6 +269,49 @@ typedef struct {
  * the arena) and report the arena it needs. */
 PORT_API int port_rt_bundle_check(const uint8_t *bundle, uint64_t bundle_bytes,
                                   uint64_t *arena_bytes);
+
+/* The call rule (kernels/runtime/rt_check.c), the one definition of a well-formed call that the bundle loader
+ * and Python's program check (port.lower.arena.check_program) both apply.
+ *
+ * port_rt_call_shape: what a call's parameters imply.  nptrs / nints / nfloats: the arguments its kernel takes
+ * (ptr[i >= nptrs] must be -1, iv[i >= nints] and fv[i >= nfloats] zero); bytes[i]: the bytes the kernel
+ * touches from ptr[i] (from the integer parameters, computed without overflow: a product past INT64_MAX reads
+ * as INT64_MAX); elem[i]: its element size (ptr[i] must be a multiple); writes: bit i set where the kernel writes
+ * through ptr[i]; may_alias[i]: bit j set where output i may be input j in place (the same offset and bytes: the
+ * kernels' "MAY ALIAS"); ws_bytes: the workspace the kernel's query asks for.
+ *
+ * port_rt_call_problem: why a call (or a bundle) was refused.  call: its index in the bundle (-1: the header or
+ * a section, not a call); kernel: its kernel id; field: "ptr[2]", "iv[0]", "fv[1]", "ws", "zero[0]", "flags",
+ * "kernel", "header", ...; what: the rule it breaks; value, bytes, limit: the offending value, the extent it
+ * implies, and the bound it had to respect (0 where they do not apply).  All strings are static. */
+typedef struct {
+    int32_t nptrs, nints, nfloats, writes;
+    int64_t bytes[PORT_RT_MAX_PTRS];
+    int32_t elem[PORT_RT_MAX_PTRS];
+    int32_t may_alias[PORT_RT_MAX_PTRS];
+    int64_t ws_bytes;
+} port_rt_call_shape;
+
+typedef struct {
+    int32_t call, kernel;
+    const char *field, *what;
+    int64_t value, bytes, limit;
+} port_rt_call_problem;
+
+/* The shape of one call (PORT_RT_ERR_BUNDLE, with *why if given, when a parameter is out of range: a count or
+ * dimension below 1, an enum or flag outside its values, a float that is not finite or outside its range). */
+PORT_API int port_rt_call_shape_of(const port_rt_call *c, port_rt_call_shape *shape, port_rt_call_problem *why);
+/* The whole rule for one call in an arena of arena_bytes whose first persistent_bytes are the persistent
+ * region: its kernel id, flags and reserved fields; port_rt_call_shape_of; every non-NULL operand's full extent
+ * inside the arena and aligned to its element size; unused arguments empty; the workspace at least the kernel's
+ * query, 64-byte aligned inside the scratch region; zero ranges inside the arena; no output overlapping another
+ * operand or the workspace except an allowed in-place pair (exactly the same bytes).  PAGE_OUT / PAGE_IN: their
+ * range inside the arena and a non-negative file offset.  PORT_OK or PORT_RT_ERR_BUNDLE (*why if given). */
+PORT_API int port_rt_call_check(const port_rt_call *c, uint64_t arena_bytes, uint64_t persistent_bytes,
+                                port_rt_call_problem *why);
+/* port_rt_bundle_check, saying why a bundle was refused (*why; why->call >= 0 for a call). */
+PORT_API int port_rt_bundle_check_why(const uint8_t *bundle, uint64_t bundle_bytes, uint64_t *arena_bytes,
+                                      port_rt_call_problem *why);
 /* Check the bundle, then initialise rt and the caller's arena (64-byte
  * aligned, at least the bundle's arena bytes): zeroed, with the persistent
  * image copied in (unless the bundle says PORT_RT_FLAG_NO_IMAGE: then the

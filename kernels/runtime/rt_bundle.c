@@ -42,74 +42,106 @@ static int inside(int64_t off, int64_t n, uint64_t limit) {
     return off >= 0 && n >= 0 && (uint64_t)off <= limit && (uint64_t)n <= limit - (uint64_t)off;
 }
 
-static int check_call(const port_rt_call *c, uint64_t arena) {
-    if (c->kernel < 1 || c->kernel >= PORT_RT_KERNEL_END) return PORT_RT_ERR_BUNDLE;
-    for (int i = 0; i < PORT_RT_MAX_PTRS; i++)
-        if (c->ptr[i] != -1 && !inside(c->ptr[i], 1, arena)) return PORT_RT_ERR_BUNDLE;
-    if (c->ws_bytes && !inside(c->ws_offset, c->ws_bytes, arena)) return PORT_RT_ERR_BUNDLE;
-    for (int i = 0; i < 2; i++)
-        if (c->zero_bytes[i] && !inside(c->zero_offset[i], c->zero_bytes[i], arena)) return PORT_RT_ERR_BUNDLE;
-    if (c->kernel == PORT_RT_PAGE_OUT || c->kernel == PORT_RT_PAGE_IN)
-        if (!inside(c->ptr[0], c->iv[0], arena) || c->iv[1] < 0) return PORT_RT_ERR_BUNDLE;
-    return PORT_OK;
+/* the bundle's run state (header bytes 176..264): the optimizer and its settings, the counters */
+static const char *bad_state(const port_rt_state *s) {
+    if (s->optimizer < 0 || s->optimizer > PORT_RT_OPT_ADAMW) return "run state: unknown optimizer";
+    if (s->nesterov != 0 && s->nesterov != 1) return "run state: nesterov must be 0 or 1";
+    const double v[5] = {s->lr, s->momentum, s->dampening, s->weight_decay, s->eps};
+    for (int i = 0; i < 5; i++)
+        if (!isfinite(v[i]) || v[i] < 0.0 || v[i] > 1e6)
+            return "run state: lr, momentum, dampening, weight decay and eps must be finite, in [0, 1e6]";
+    if (!(s->beta1 >= 0.0 && s->beta1 < 1.0 && s->beta2 >= 0.0 && s->beta2 < 1.0))
+        return "run state: AdamW betas must lie in [0, 1)";
+    if (s->step < 0 || s->dropout_counter < 0) return "run state: negative step or dropout counter";
+    return NULL;
 }
 
-int port_rt_bundle_check(const uint8_t *b, uint64_t n, uint64_t *arena_bytes) {
+/* the header or a section is wrong: why says which rule */
+#define REFUSE(text)                                                     \
+    do {                                                                 \
+        if (why) {                                                       \
+            why->call = -1;                                              \
+            why->kernel = 0;                                             \
+            why->field = "header";                                       \
+            why->what = (text);                                          \
+            why->value = why->bytes = why->limit = 0;                    \
+        }                                                                \
+        return PORT_RT_ERR_BUNDLE;                                       \
+    } while (0)
+
+int port_rt_bundle_check_why(const uint8_t *b, uint64_t n, uint64_t *arena_bytes, port_rt_call_problem *why) {
     if (!b) return PORT_ERR_NULL;
-    if (n < PORT_RT_HEADER_BYTES + 32) return PORT_RT_ERR_BUNDLE;
-    if (memcmp(b, "PORTRTB\0", 8) != 0) return PORT_RT_ERR_BUNDLE;
+    if (n < PORT_RT_HEADER_BYTES + 32) REFUSE("shorter than a header and a checksum");
+    if (memcmp(b, "PORTRTB\0", 8) != 0) REFUSE("wrong magic (not a port-rt bundle)");
     uint32_t ver = u32(b, 8);
-    if ((ver != 1 && ver != PORT_RT_BUNDLE_VERSION) || u32(b, 12) != PORT_RT_HEADER_BYTES) return PORT_RT_ERR_BUNDLE;
+    if ((ver != 1 && ver != PORT_RT_BUNDLE_VERSION) || u32(b, 12) != PORT_RT_HEADER_BYTES)
+        REFUSE("unknown format version or header size");
     for (size_t z = ver == 1 ? 424 : 440; z < PORT_RT_HEADER_BYTES; z++)   /* reserved bytes are zero */
-        if (b[z]) return PORT_RT_ERR_BUNDLE;
-    if (u64(b, 16) != n) return PORT_RT_ERR_BUNDLE;
+        if (b[z]) REFUSE("reserved header bytes are not zero");
+    if (u64(b, 16) != n) REFUSE("the size field differs from the file size");
     uint8_t h[32];
     port_sha256(h, b, n - 32);
-    if (memcmp(h, b + n - 32, 32) != 0) return PORT_RT_ERR_BUNDLE;
+    if (memcmp(h, b + n - 32, 32) != 0) REFUSE("SHA-256 checksum mismatch (a damaged or truncated file)");
     uint64_t A = u64(b, 24), P = u64(b, 32), body = n - 32;
-    if (A == 0 || P > A || A > ((uint64_t)1 << 62)) return PORT_RT_ERR_BUNDLE;
+    if (A == 0 || P > A || A > ((uint64_t)1 << 62)) REFUSE("arena or persistent bytes out of range");
     uint32_t flags = u32(b, 76);
-    if (flags & ~(uint32_t)(PORT_RT_FLAG_NO_IMAGE | PORT_RT_FLAG_IGNORE_INDEX)) return PORT_RT_ERR_BUNDLE;
-    if (ver == 1 && (flags & PORT_RT_FLAG_IGNORE_INDEX)) return PORT_RT_ERR_BUNDLE;
+    if (flags & ~(uint32_t)(PORT_RT_FLAG_NO_IMAGE | PORT_RT_FLAG_IGNORE_INDEX)) REFUSE("unknown header flags");
+    if (ver == 1 && (flags & PORT_RT_FLAG_IGNORE_INDEX)) REFUSE("unknown header flags");
     uint32_t dtype = u32(b, 424);
     int64_t L = u32(b, 428) ? (int64_t)u32(b, 428) : 1;
-    if (dtype != PORT_RT_INPUT_F32 && dtype != PORT_RT_INPUT_I64) return PORT_RT_ERR_BUNDLE;
-    if (!(flags & PORT_RT_FLAG_NO_IMAGE) && !inside((int64_t)u64(b, 40), (int64_t)P, body)) return PORT_RT_ERR_BUNDLE;
+    if (dtype != PORT_RT_INPUT_F32 && dtype != PORT_RT_INPUT_I64) REFUSE("unknown input dtype");
+    if (!(flags & PORT_RT_FLAG_NO_IMAGE) && !inside((int64_t)u64(b, 40), (int64_t)P, body))
+        REFUSE("the persistent image lies outside the file");
     uint64_t nc = (uint64_t)u32(b, 56) + u32(b, 60), co = u64(b, 48);
-    if (co % 8 || !inside((int64_t)co, (int64_t)(nc * CALL_BYTES), body)) return PORT_RT_ERR_BUNDLE;
+    if (co % 8 || !inside((int64_t)co, (int64_t)(nc * CALL_BYTES), body))
+        REFUSE("the call table lies outside the file");
     uint64_t zo = u64(b, 64), nz = u32(b, 72);
-    if (zo % 8 || !inside((int64_t)zo, (int64_t)(nz * 16), body)) return PORT_RT_ERR_BUNDLE;
+    if (zo % 8 || !inside((int64_t)zo, (int64_t)(nz * 16), body)) REFUSE("the zero ranges lie outside the file");
     for (uint64_t i = 0; i < nz; i++)
-        if (!inside(i64(b, zo + 16 * i), i64(b, zo + 16 * i + 8), A)) return PORT_RT_ERR_BUNDLE;
+        if (!inside(i64(b, zo + 16 * i), i64(b, zo + 16 * i + 8), A)) REFUSE("a zero range lies outside the arena");
     int64_t batch = i64(b, 128), classes = i64(b, 136);
     if (batch <= 0 || classes <= 0 || batch > ((int64_t)1 << 31) || classes > ((int64_t)1 << 31) ||
         L > ((int64_t)1 << 24) || batch * L > ((int64_t)1 << 31))
-        return PORT_RT_ERR_BUNDLE;
+        REFUSE("batch, classes or labels per sample out of range");
     int64_t rows = batch * L, esz = dtype == PORT_RT_INPUT_I64 ? 8 : 4;
-    if (rows > ((int64_t)1 << 62) / 4 / classes) return PORT_RT_ERR_BUNDLE;
+    if (rows > ((int64_t)1 << 62) / 4 / classes) REFUSE("batch, classes or labels per sample out of range");
     if (!inside(i64(b, 80), i64(b, 88), A) || i64(b, 88) <= 0 || i64(b, 88) % (batch * esz) ||
         !inside(i64(b, 96), i64(b, 104), A) || i64(b, 104) != rows * 8 || !inside(i64(b, 112), 4, A) ||
         !inside(i64(b, 120), rows * classes * 4, A) || !inside(i64(b, 144), i64(b, 88), A) ||
         !inside(i64(b, 152), rows * classes * 4, A) || (i64(b, 160) != -1 && !inside(i64(b, 160), 4, A)) ||
         (i64(b, 168) != -1 && !inside(i64(b, 168), rows * 8, A)))
-        return PORT_RT_ERR_BUNDLE;
+        REFUSE("an input, label, loss or logits slot lies outside the arena");
+    if (i64(b, 80) % esz || i64(b, 96) % 8 || i64(b, 112) % 4 || i64(b, 120) % 4 || i64(b, 144) % esz ||
+        i64(b, 152) % 4 || (i64(b, 160) != -1 && i64(b, 160) % 4) || (i64(b, 168) != -1 && i64(b, 168) % 8))
+        REFUSE("an input, label, loss or logits slot is not aligned to its element size");
+    port_rt_state state;
+    memcpy(&state, b + 176, STATE_BYTES);
+    const char *bs = bad_state(&state);
+    if (bs) REFUSE(bs);
     uint64_t ko = u64(b, 392);
     if (ko) {   /* the checkpoint template */
         uint64_t kn = u32(b, 400), fl = u32(b, 404), tl = u32(b, 408), db = u64(b, 416);
         if (ko % 8 || !inside((int64_t)ko, (int64_t)(kn * 24 + fl + tl), body) || db > ((uint64_t)1 << 62))
-            return PORT_RT_ERR_BUNDLE;
+            REFUSE("the checkpoint template lies outside the file");
         for (uint64_t i = 0; i < kn; i++) {
             int64_t ao = i64(b, ko + 24 * i), nb = i64(b, ko + 24 * i + 8), dof = i64(b, ko + 24 * i + 16);
-            if (!inside(ao, nb, P) || !inside(dof, nb, db)) return PORT_RT_ERR_BUNDLE;
+            if (!inside(ao, nb, P) || !inside(dof, nb, db)) REFUSE("a checkpointed tensor lies outside its region");
         }
     }
-    for (uint64_t i = 0; i < nc; i++) {
+    for (uint64_t i = 0; i < nc; i++) {   /* every call: the call rule (rt_check.c) */
         port_rt_call c;
         memcpy(&c, b + co + i * CALL_BYTES, CALL_BYTES);
-        if (check_call(&c, A) != PORT_OK) return PORT_RT_ERR_BUNDLE;
+        if (port_rt_call_check(&c, A, P, why) != PORT_OK) {
+            if (why) why->call = (int32_t)i;
+            return PORT_RT_ERR_BUNDLE;
+        }
     }
     if (arena_bytes) *arena_bytes = A;
     return PORT_OK;
+}
+
+int port_rt_bundle_check(const uint8_t *b, uint64_t n, uint64_t *arena_bytes) {
+    return port_rt_bundle_check_why(b, n, arena_bytes, NULL);
 }
 
 int port_rt_load(port_rt *rt, const uint8_t *b, uint64_t n, uint8_t *arena, uint64_t arena_bytes) {

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from port.errors import PortError, ProgramError
+from port.errors import PortError
 from port.exec import capi, rtcall
 from port.io import atomic_writer
 
@@ -112,7 +112,6 @@ def compile_check(program: Any) -> None:
 
 def _encode_program(program: Any, layout: dict[int, tuple[int, int]]) -> Iterator[rtcall.RtCall]:
     """The program's calls as port-rt call records, one at a time (the caller copies each into the bundle)."""
-    off = lambda t: program.slot(t).offset   # noqa: E731
     for c in program.calls:
         late = c.phase == "update" and not c.attr("early")
         flags = rtcall.LATE_UPDATE if late else 0
@@ -126,14 +125,9 @@ def _encode_program(program: Any, layout: dict[int, tuple[int, int]]) -> Iterato
             s = program.slot(tid)
             foff, n = layout[int(c.attr("key"))]
             r.ptr[0], r.iv[0], r.iv[1] = s.offset, s.nbytes, foff
+            rtcall.zero_ranges(r, c, program.slot)
         else:
-            r = rtcall.to_struct(rtcall.encode(c, lambda t: program.slot(t).shape), c, off, flags)
-        z = c.attr("zero_outputs") or ()
-        if len(z) > 2:
-            raise ProgramError(f"call {c.index} ({c.name}): {len(z)} outputs to zero first; port-rt takes 2")
-        for i, t in enumerate(z):
-            s = program.slot(t)
-            r.zero_offset[i], r.zero_bytes[i] = s.offset, s.nbytes
+            r = rtcall.record(c, program.slot, flags)
         yield r
 
 
@@ -308,9 +302,25 @@ def check_bundle(path: str | Path, key: bytes | None = None, require_signed: boo
     if not st:
         st = capi.raw.port_rt_bundle_check(buf, body.value, ctypes.byref(arena))
     if st:
-        raise BundleError(f"{path}: not a valid port-rt bundle (status {st}: wrong magic, version, size, "
-                          f"checksum or an offset outside the arena). Fix: compile it again with `port compile`")
+        raise BundleError(refusal(path, data, st))
     return int(arena.value)
+
+
+def refusal(path: str | Path, data: bytes, status: int) -> str:
+    """Why the C loader refuses a bundle (port_rt_bundle_check_why): the header rule, or the call (index, kernel),
+    its field and the call rule it breaks (kernels/runtime/rt_check.c). ``data``: the file's bytes (a trailer
+    after the bundle's own ``total`` bytes is left out)."""
+    n = len(data)
+    if n >= 24:
+        n = min(n, struct.unpack_from("<Q", data, 16)[0]) or n
+    buf = (ctypes.c_uint8 * max(n, 1)).from_buffer_copy(data[:n] or b"\0")
+    why = capi.RtCallProblem()
+    why.call = -1
+    capi.raw.port_rt_bundle_check_why(buf, n, None, ctypes.byref(why))
+    at = "" if why.call < 0 else (f"call {why.call} (kernel {why.kernel}, "
+                                  f"{(capi.raw.port_rt_kernel_name(why.kernel) or b'?').decode()}): ")
+    return (f"{path}: not a valid port-rt bundle (status {status}): {at}{why.text()}. Fix: compile it again with "
+            f"`port compile`")
 
 
 def write_data(path: str | Path, x: Any, y: Any, classes: int, ignore_index: int | None = None) -> Path:

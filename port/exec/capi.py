@@ -129,7 +129,27 @@ class Rt(ctypes.Structure):
          ("ignore_index", c_int64)]
 
 
-_STRUCTS = {"port_rt": Rt, "port_rt_call": RtCall, "port_rt_state": RtState, "port_conv2d_params": Conv2dParams, "port_batchnorm_params": BatchNormParams,
+class RtCallShape(ctypes.Structure):
+    """port_rt_call_shape: what a call's parameters imply (operand bytes, element sizes, outputs, workspace)."""
+    _fields_ = [("nptrs", ctypes.c_int32), ("nints", ctypes.c_int32), ("nfloats", ctypes.c_int32),
+                ("writes", ctypes.c_int32), ("bytes", ctypes.c_int64 * RT_MAX_PTRS),
+                ("elem", ctypes.c_int32 * RT_MAX_PTRS), ("may_alias", ctypes.c_int32 * RT_MAX_PTRS),
+                ("ws_bytes", ctypes.c_int64)]
+
+
+class RtCallProblem(ctypes.Structure):
+    """port_rt_call_problem: why the call rule refused a call or a bundle (static strings)."""
+    _fields_ = [("call", ctypes.c_int32), ("kernel", ctypes.c_int32), ("field", c_char_p), ("what", c_char_p),
+                ("value", c_int64), ("bytes", c_int64), ("limit", c_int64)]
+
+    def text(self) -> str:
+        """``field: rule (value v, extent b bytes, bound l)``."""
+        f = (self.field or b"?").decode()
+        w = (self.what or b"refused").decode()
+        return f"{f}: {w} (value {self.value}, extent {self.bytes} bytes, bound {self.limit})"
+
+
+_STRUCTS = {"port_rt_call_shape": RtCallShape, "port_rt_call_problem": RtCallProblem, "port_rt": Rt, "port_rt_call": RtCall, "port_rt_state": RtState, "port_conv2d_params": Conv2dParams, "port_batchnorm_params": BatchNormParams,
             "port_pool2d_params": Pool2dParams, "port_linear_params": LinearParams,
             "port_attention_params": AttentionParams, "port_binary_params": BinaryParams}
 
@@ -265,6 +285,9 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_rt_dropout_seed", "uint64_t", ("uint64_t", "int64_t", "int64_t")),
     ("port_rt_exec", "port_status", ("const port_rt_call*", "void*const*", "void*", "const port_rt_state*")),
     ("port_rt_bundle_check", "int", ("const uint8_t*", "uint64_t", "uint64_t*")),
+    ("port_rt_call_shape_of", "int", ("const port_rt_call*", "port_rt_call_shape*", "port_rt_call_problem*")),
+    ("port_rt_call_check", "int", ("const port_rt_call*", "uint64_t", "uint64_t", "port_rt_call_problem*")),
+    ("port_rt_bundle_check_why", "int", ("const uint8_t*", "uint64_t", "uint64_t*", "port_rt_call_problem*")),
     ("port_rt_load", "int", ("port_rt*", "const uint8_t*", "uint64_t", "uint8_t*", "uint64_t")),
     ("port_rt_step", "int", ("port_rt*", "const void*", "const int64_t*", "float*")),
     ("port_rt_forward_backward", "int", ("port_rt*", "const void*", "const int64_t*", "float*")),

@@ -11,6 +11,7 @@ call's workspace), in the kernel's argument order. Layouts: kernels/include/port
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Callable, Optional
 
 from port import ops
@@ -89,3 +90,43 @@ def to_struct(enc: Encoded, call: Any, offset: Callable[[int], int], flags: int 
         r.fv[i] = float(v)
     r.ws_offset, r.ws_bytes = int(call.workspace_offset), int(call.workspace_bytes)
     return r
+
+
+def record(call: Any, slot: Callable[[int], Any], flags: int = 0) -> RtCall:
+    """The whole port-rt record of a C-backend call: ``to_struct`` of its encoding with its slots' offsets
+    (``slot(tid)`` gives a port.lower.program.Slot), and the outputs it zeroes first (attribute zero_outputs)."""
+    r = to_struct(encode(call, lambda t: slot(t).shape), call, lambda t: slot(t).offset, flags)
+    zero_ranges(r, call, slot)
+    return r
+
+
+def zero_ranges(r: RtCall, call: Any, slot: Callable[[int], Any]) -> None:
+    """Set the record's zero ranges: the outputs the call zeroes before its kernel runs (at most 2)."""
+    z = call.attr("zero_outputs") or ()
+    if len(z) > 2:
+        raise ProgramError(f"call {call.index} ({call.name}): {len(z)} outputs to zero first; port-rt takes 2")
+    for i, t in enumerate(z):
+        s = slot(t)
+        r.zero_offset[i], r.zero_bytes[i] = s.offset, s.nbytes
+
+
+def check_record(r: RtCall, call: Any, arena_bytes: int, persistent_bytes: int) -> None:
+    """The call rule (kernels/runtime/rt_check.c, port_rt_call_check: the one the bundle loader applies) on one
+    record; ProgramError naming the call, its kernel, the field and the rule."""
+    from port.exec.capi import RtCallProblem, raw
+    why = RtCallProblem()
+    if raw.port_rt_call_check(ctypes.byref(r), int(arena_bytes), int(persistent_bytes), ctypes.byref(why)):
+        raise ProgramError(f"call {call.index} ({call.name}, {call.kernel}, C kernel "
+                           f"{(raw.port_rt_kernel_name(r.kernel) or b'?').decode()}): {why.text()}: the bytes or "
+                           f"parameters the kernel would use are outside the arena or its rule "
+                           f"(kernels/runtime/rt_check.c)")
+
+
+def call_shape(r: RtCall) -> Any:
+    """port_rt_call_shape of a record (operand bytes, element sizes, written operands, workspace)."""
+    from port.exec.capi import RtCallProblem, RtCallShape, raw
+    s, why = RtCallShape(), RtCallProblem()
+    if raw.port_rt_call_shape_of(ctypes.byref(r), ctypes.byref(s), ctypes.byref(why)):
+        raise ProgramError(f"kernel id {r.kernel}: {why.text()}")
+    return s
+

@@ -177,7 +177,9 @@ def check_program(program: Program) -> None:
     Checks: every slot and workspace inside the arena (persistent slots inside the persistent region,
     scratch ones after it), 64-byte aligned roots, sizes matching shapes, aliases consistent with their
     root, every tensor a call touches has a slot, every read after its write, and no two simultaneously
-    live roots (or a call's workspace and a live root) overlapping in bytes.
+    live roots (or a call's workspace and a live root) overlapping in bytes. Every C-backend call, encoded as
+    port-rt and the executor run it, must pass the C call rule (port_rt_call_check, kernels/runtime/rt_check.c:
+    the one the bundle loader applies to every call of a bundle).
     """
     from port.ir.types import DTYPE_BYTES, numel
 
@@ -484,3 +486,12 @@ def _check_call(program: Program, c, slot_of: dict, pages: dict) -> None:
     if c.workspace_bytes != need:
         raise ProgramError(f"{where}: workspace_bytes {c.workspace_bytes}, expected {need} (the kernel's query for "
                            f"these shapes, attributes and variant {c.variant!r})")
+    if c.backend == "c":     # the call as port-rt and the executor run it: the C call rule (rt_check.c)
+        from port.exec import rtcall
+        try:
+            r = rtcall.record(c, slot_of.__getitem__)
+        except ProgramError:
+            raise
+        except Exception as e:  # noqa: BLE001 - an encoder on attributes it cannot read
+            raise ProgramError(f"{where}: cannot encode the C call ({type(e).__name__}: {e})") from None
+        rtcall.check_record(r, c, program.arena_bytes, program.persistent_bytes)

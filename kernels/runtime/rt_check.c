@@ -1,0 +1,633 @@
+/* The call rule: what a well-formed port_rt_call is (port_rt.h, port_rt_call_check).  The one definition that
+ * the bundle loader (rt_bundle.c) applies to every call before anything runs, and that Python's program check
+ * (port.lower.arena.check_program, through port.exec.capi) applies to every encoded C call of a program.
+ *
+ * For each kernel id: the operands its integer parameters imply (bytes from each pointer, computed with
+ * saturating products so a huge parameter cannot wrap to a small extent), the parameters' ranges (counts and
+ * dimensions >= 1, enums and flags, finite floats), its workspace query, and which outputs may be which inputs
+ * in place.  port_rt_call_check then holds every operand, the workspace and the zero ranges inside the arena.
+ * Argument layouts: port_rt_exec (rt_exec.c) and the encoders of port/ops. */
+#include "port_rt.h"
+
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+/* A new kernel id needs its rule below (shape_of's switch) before it can be loaded: the build stops here so
+ * that adding one to PORT_RT_KERNELS without a rule cannot pass unnoticed. */
+_Static_assert(PORT_RT_KERNEL_END <= 74, "a kernel id was added to PORT_RT_KERNELS: add its rule to rt_check.c");
+
+#define BAD PORT_RT_ERR_BUNDLE
+
+static const char *const PTR_NAMES[PORT_RT_MAX_PTRS] = {"ptr[0]", "ptr[1]", "ptr[2]", "ptr[3]", "ptr[4]",
+                                                        "ptr[5]", "ptr[6]", "ptr[7]", "ptr[8]", "ptr[9]"};
+static const char *const IV_NAMES[PORT_RT_MAX_INTS] = {"iv[0]", "iv[1]", "iv[2]",  "iv[3]",  "iv[4]",  "iv[5]",
+                                                       "iv[6]", "iv[7]", "iv[8]",  "iv[9]",  "iv[10]", "iv[11]",
+                                                       "iv[12]", "iv[13]", "iv[14]", "iv[15]"};
+static const char *const FV_NAMES[PORT_RT_MAX_FLOATS] = {"fv[0]", "fv[1]"};
+
+static int fail(port_rt_call_problem *why, const char *field, const char *what, int64_t value, int64_t bytes,
+                int64_t limit) {
+    if (why) {
+        why->field = field;
+        why->what = what;
+        why->value = value;
+        why->bytes = bytes;
+        why->limit = limit;
+    }
+    return BAD;
+}
+
+/* a * b for non-negative a, b; INT64_MAX where the product does not fit */
+static int64_t smul(int64_t a, int64_t b) {
+    if (a == 0 || b == 0) return 0;
+    if (a > INT64_MAX / b) return INT64_MAX;
+    return a * b;
+}
+static int64_t smul3(int64_t a, int64_t b, int64_t c) { return smul(smul(a, b), c); }
+static int64_t smul4(int64_t a, int64_t b, int64_t c, int64_t d) { return smul(smul(a, b), smul(c, d)); }
+
+typedef struct {
+    const port_rt_call *c;
+    port_rt_call_shape *s;
+    port_rt_call_problem *why;
+} ctx;
+
+/* the kernel takes np pointers, ni ints, nf floats */
+static void args(ctx *x, int np, int ni, int nf) {
+    x->s->nptrs = np;
+    x->s->nints = ni;
+    x->s->nfloats = nf;
+}
+/* operand i: elems elements of esz bytes; out: the kernel writes it */
+static void op(ctx *x, int i, int64_t elems, int esz, int out) {
+    x->s->bytes[i] = smul(elems, esz);
+    x->s->elem[i] = esz;
+    if (out) x->s->writes |= 1 << i;
+}
+static void inplace(ctx *x, int out, int in) { x->s->may_alias[out] |= 1 << in; }
+
+/* iv[i] in [lo, hi] */
+static int iv_in(ctx *x, int i, int64_t lo, int64_t hi, const char *what) {
+    int64_t v = x->c->iv[i];
+    return v < lo || v > hi ? fail(x->why, IV_NAMES[i], what, v, 0, v < lo ? lo : hi) : PORT_OK;
+}
+static int pos(ctx *x, int i) { return iv_in(x, i, 1, INT64_MAX, "a count or dimension must be at least 1"); }
+/* iv[a..b] all >= 1 */
+static int pos_range(ctx *x, int a, int b) {
+    for (int i = a; i <= b; i++)
+        if (pos(x, i)) return BAD;
+    return PORT_OK;
+}
+/* fv[i] finite and in [lo, hi] (hi_open: below hi) */
+static int fv_in(ctx *x, int i, double lo, double hi, int hi_open, const char *what) {
+    double v = x->c->fv[i];
+    if (!isfinite(v) || v < lo || v > hi || (hi_open && v == hi))
+        return fail(x->why, FV_NAMES[i], what, isfinite(v) ? (int64_t)v : 0, 0, 0);
+    return PORT_OK;
+}
+static int fv_finite(ctx *x, int i) { return fv_in(x, i, -HUGE_VAL, HUGE_VAL, 0, "must be finite"); }
+
+/* ---------------------------------------------------------------- convolutions */
+static int conv_params(ctx *x, port_conv2d_params *p) {
+    const int64_t *v = x->c->iv;
+    if (pos_range(x, 0, 8) || iv_in(x, 9, 0, INT64_MAX, "padding must be >= 0") ||
+        iv_in(x, 10, 0, INT64_MAX, "padding must be >= 0") || pos(x, 11) ||
+        iv_in(x, 12, 0, INT64_MAX, "output height must be >= 0 (0: not given)") ||
+        iv_in(x, 13, 0, INT64_MAX, "output width must be >= 0 (0: not given)"))
+        return BAD;
+    port_conv2d_params q = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13]};
+    /* bound the dimensions first: port_conv2d_check's own products must not overflow */
+    for (int i = 0; i < 14; i++)
+        if (v[i] > ((int64_t)1 << 31)) return fail(x->why, IV_NAMES[i], "a convolution parameter above 2^31", v[i], 0,
+                                                   (int64_t)1 << 31);
+    if (port_conv2d_check(&q) != PORT_OK)
+        return fail(x->why, "iv[0..13]", "inconsistent convolution parameters (port_conv2d_check refuses them)",
+                    0, 0, 0);
+    *p = q;
+    return PORT_OK;
+}
+
+/* conv operands: x, y, w sizes */
+static void conv_sizes(const port_conv2d_params *p, int64_t *xs, int64_t *ys, int64_t *ws) {
+    *xs = smul4(p->n, p->c_in, p->h, p->w);
+    *ys = smul4(p->n, p->c_out, port_conv2d_out_h(p), port_conv2d_out_w(p));
+    *ws = smul4(p->c_out, p->c_in / p->groups, p->kh, p->kw);
+}
+
+static int conv(ctx *x, int k) {
+    port_conv2d_params p;
+    if (conv_params(x, &p)) return BAD;
+    const int64_t *v = x->c->iv;
+    int64_t xs, ys, ws;
+    conv_sizes(&p, &xs, &ys, &ws);
+    int patch = k == PORT_RT_CONV2D_PATCH_FORWARD || k == PORT_RT_CONV2D_PATCH_BACKWARD_INPUT ||
+                k == PORT_RT_CONV2D_PATCH_BACKWARD_WEIGHT;
+    if (patch) {   /* iv[15] tile height, iv[14] tile width (0: square tiles) */
+        if (pos(x, 15) || iv_in(x, 14, 0, INT64_MAX, "tile width must be >= 0 (0: the tile height)")) return BAD;
+        x->s->ws_bytes = (int64_t)port_conv2d_patch_workspace_bytes(&p, v[15], v[14] > 0 ? v[14] : v[15]);
+    } else {
+        if (iv_in(x, 14, PORT_CONV_AUTO, PORT_CONV_WINOGRAD, "convolution algorithm (0 auto .. 3 winograd)") ||
+            iv_in(x, 15, 0, 0, "must be 0 outside patch convolutions"))
+            return BAD;
+        if (port_conv2d_resolve_algo(&p, (int)v[14]) < 0)
+            return fail(x->why, "iv[14]", "the convolution algorithm does not apply to these parameters", v[14], 0,
+                        0);
+        x->s->ws_bytes = (int64_t)port_conv2d_workspace_bytes(&p, (int)v[14]);
+    }
+    switch (k) {
+    case PORT_RT_CONV2D_FORWARD:
+    case PORT_RT_CONV2D_PATCH_FORWARD:   /* y, x, w, b */
+        args(x, 4, 16, 0);
+        op(x, 0, ys, 4, 1), op(x, 1, xs, 4, 0), op(x, 2, ws, 4, 0), op(x, 3, p.c_out, 4, 0);
+        return PORT_OK;
+    case PORT_RT_CONV2D_BACKWARD_INPUT:
+    case PORT_RT_CONV2D_PATCH_BACKWARD_INPUT:   /* dx, dy, w */
+        args(x, 3, 16, 0);
+        op(x, 0, xs, 4, 1), op(x, 1, ys, 4, 0), op(x, 2, ws, 4, 0);
+        return PORT_OK;
+    case PORT_RT_CONV2D_BN_RELU_FORWARD_TRAIN:   /* y, z, mean, invstd, rm, rv, x, w, gamma, beta */
+        args(x, 10, 16, 2);
+        op(x, 0, ys, 4, 1), op(x, 1, ys, 4, 1);
+        for (int i = 2; i < 6; i++) op(x, i, p.c_out, 4, 1);
+        op(x, 6, xs, 4, 0), op(x, 7, ws, 4, 0), op(x, 8, p.c_out, 4, 0), op(x, 9, p.c_out, 4, 0);
+        if (fv_in(x, 0, 1e-30, HUGE_VAL, 0, "batch-norm eps must be > 0 and finite") ||
+            fv_in(x, 1, 0.0, 1.0, 0, "batch-norm momentum must lie in [0, 1]"))
+            return BAD;
+        return PORT_OK;
+    default:   /* backward weight (plain, overwrite, patch): dw, db, dy, x */
+        args(x, 4, 16, 0);
+        op(x, 0, ws, 4, 1), op(x, 1, p.c_out, 4, 1), op(x, 2, ys, 4, 0), op(x, 3, xs, 4, 0);
+        return PORT_OK;
+    }
+}
+
+/* ---------------------------------------------------------------- batch norm */
+static int batchnorm(ctx *x, int k) {
+    if (pos_range(x, 0, 3) || fv_in(x, 0, 1e-30, HUGE_VAL, 0, "batch-norm eps must be > 0 and finite") ||
+        fv_in(x, 1, 0.0, 1.0, 0, "batch-norm momentum must lie in [0, 1]"))
+        return BAD;
+    /* (float)eps must stay > 0 too: the kernels check the float */
+    if (!((float)x->c->fv[0] > 0.0f) || !isfinite((float)x->c->fv[0]))
+        return fail(x->why, "fv[0]", "batch-norm eps must be > 0 and finite as a float", 0, 0, 0);
+    const int64_t *v = x->c->iv;
+    int64_t t = smul4(v[0], v[1], v[2], v[3]), c = v[1];
+    switch (k) {
+    case PORT_RT_BATCHNORM2D_FORWARD_TRAIN:   /* y, mean, invstd, rm, rv, x, gamma, beta */
+        args(x, 8, 4, 2);
+        op(x, 0, t, 4, 1);
+        for (int i = 1; i < 5; i++) op(x, i, c, 4, 1);
+        op(x, 5, t, 4, 0), op(x, 6, c, 4, 0), op(x, 7, c, 4, 0);
+        inplace(x, 0, 5);
+        return PORT_OK;
+    case PORT_RT_BATCHNORM2D_FORWARD_EVAL:   /* y, x, gamma, beta, rm, rv */
+        args(x, 6, 4, 2);
+        op(x, 0, t, 4, 1), op(x, 1, t, 4, 0);
+        for (int i = 2; i < 6; i++) op(x, i, c, 4, 0);
+        inplace(x, 0, 1);
+        return PORT_OK;
+    case PORT_RT_BATCHNORM2D_BACKWARD_INPUT:               /* dx, dy, x, gamma, mean, invstd */
+    case PORT_RT_BATCHNORM2D_BACKWARD_INPUT_FROM_OUTPUT:   /* dx, dy, y, gamma, beta, invstd */
+        args(x, 6, 4, 2);
+        op(x, 0, t, 4, 1), op(x, 1, t, 4, 0), op(x, 2, t, 4, 0);
+        for (int i = 3; i < 6; i++) op(x, i, c, 4, 0);
+        inplace(x, 0, 1);
+        return PORT_OK;
+    case PORT_RT_BATCHNORM2D_BACKWARD_INPUT_EVAL:   /* dx, dy, gamma, rv */
+        args(x, 4, 4, 2);
+        op(x, 0, t, 4, 1), op(x, 1, t, 4, 0), op(x, 2, c, 4, 0), op(x, 3, c, 4, 0);
+        inplace(x, 0, 1);
+        return PORT_OK;
+    default:   /* backward weight (train: dy, x, mean, invstd; from output: dy, y, gamma, beta; eval: dy, x, rm, rv) */
+        args(x, 6, 4, 2);
+        op(x, 0, c, 4, 1), op(x, 1, c, 4, 1), op(x, 2, t, 4, 0), op(x, 3, t, 4, 0), op(x, 4, c, 4, 0),
+            op(x, 5, c, 4, 0);
+        return PORT_OK;
+    }
+}
+
+/* ---------------------------------------------------------------- pooling */
+static int pooling(ctx *x, int k) {
+    const int64_t *v = x->c->iv;
+    if (pos_range(x, 0, 7) || iv_in(x, 8, 0, INT64_MAX, "padding must be >= 0") ||
+        iv_in(x, 9, 0, INT64_MAX, "padding must be >= 0") ||
+        iv_in(x, 10, 0, INT64_MAX, "output height must be >= 0 (0: not given)") ||
+        iv_in(x, 11, 0, INT64_MAX, "output width must be >= 0 (0: not given)"))
+        return BAD;
+    for (int i = 0; i < 12; i++)
+        if (v[i] > ((int64_t)1 << 31)) return fail(x->why, IV_NAMES[i], "a pooling parameter above 2^31", v[i], 0,
+                                                   (int64_t)1 << 31);
+    port_pool2d_params p = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
+    int64_t ho = port_pool2d_out_h(&p), wo = port_pool2d_out_w(&p);
+    if (2 * p.pad_h > p.kh || 2 * p.pad_w > p.kw || p.h + 2 * p.pad_h < p.kh || p.w + 2 * p.pad_w < p.kw ||
+        ho < 1 || wo < 1 || (p.h_out && p.h_out != ho) || (p.w_out && p.w_out != wo))
+        return fail(x->why, "iv[0..11]", "inconsistent pooling parameters (window, padding and output size)", 0, 0,
+                    0);
+    int64_t xs = smul4(p.n, p.c, p.h, p.w), ys = smul4(p.n, p.c, ho, wo);
+    switch (k) {
+    case PORT_RT_MAXPOOL2D_FORWARD:   /* y, indices, x */
+        args(x, 3, 12, 0);
+        op(x, 0, ys, 4, 1), op(x, 1, ys, 8, 1), op(x, 2, xs, 4, 0);
+        return PORT_OK;
+    case PORT_RT_MAXPOOL2D_BACKWARD_INPUT:   /* dx, dy, indices */
+        args(x, 3, 12, 0);
+        op(x, 0, xs, 4, 1), op(x, 1, ys, 4, 0), op(x, 2, ys, 8, 0);
+        return PORT_OK;
+    case PORT_RT_AVGPOOL2D_FORWARD:   /* y, x */
+        args(x, 2, 12, 0);
+        op(x, 0, ys, 4, 1), op(x, 1, xs, 4, 0);
+        return PORT_OK;
+    default:   /* avg pool backward: dx, dy */
+        args(x, 2, 12, 0);
+        op(x, 0, xs, 4, 1), op(x, 1, ys, 4, 0);
+        return PORT_OK;
+    }
+}
+
+/* ---------------------------------------------------------------- attention */
+static int attention(ctx *x, int k) {
+    const int64_t *v = x->c->iv;
+    if (pos_range(x, 0, 4) || iv_in(x, 5, 0, 1, "causal flag must be 0 or 1") ||
+        iv_in(x, 6, PORT_ATTN_PLAIN, PORT_ATTN_TILED, "attention algorithm (0 plain, 1 tiled)") || fv_finite(x, 0))
+        return BAD;
+    if (v[0] % v[1]) return fail(x->why, "iv[1]", "heads must divide the batch x heads count iv[0]", v[1], 0, v[0]);
+    for (int i = 0; i < 5; i++)
+        if (v[i] > ((int64_t)1 << 31)) return fail(x->why, IV_NAMES[i], "an attention dimension above 2^31", v[i], 0,
+                                                   (int64_t)1 << 31);
+    port_attention_params p = {v[0], v[1], v[2], v[3], v[4], v[5], (float)x->c->fv[0]};
+    int back = k == PORT_RT_ATTENTION_BACKWARD;
+    int64_t qs = smul3(p.bh, p.tq, p.dh), ks = smul3(p.bh, p.tk, p.dh), lse = smul(p.bh, p.tq),
+            mask = smul(p.bh / p.heads, p.tk);
+    size_t need = port_attention_workspace_bytes(&p, (int)v[6], back);   /* 0: parameters it refuses */
+    if (need == 0)
+        return fail(x->why, "iv[0..6]", "attention parameters the kernel refuses", 0, 0, 0);
+    x->s->ws_bytes = (int64_t)need;
+    if (!back) {   /* o, lse, q, k, v, mask */
+        args(x, 6, 7, 1);
+        op(x, 0, qs, 4, 1), op(x, 1, lse, 4, 1), op(x, 2, qs, 4, 0), op(x, 3, ks, 4, 0), op(x, 4, ks, 4, 0),
+            op(x, 5, mask, 1, 0);
+        return PORT_OK;
+    }
+    /* dq, dk, dv, dout, q, k, v, o, lse, mask */
+    args(x, 10, 7, 1);
+    op(x, 0, qs, 4, 1), op(x, 1, ks, 4, 1), op(x, 2, ks, 4, 1), op(x, 3, qs, 4, 0), op(x, 4, qs, 4, 0),
+        op(x, 5, ks, 4, 0), op(x, 6, ks, 4, 0), op(x, 7, qs, 4, 0), op(x, 8, lse, 4, 0), op(x, 9, mask, 1, 0);
+    return PORT_OK;
+}
+
+/* ---------------------------------------------------------------- permute */
+static int permute(ctx *x) {
+    const int64_t *v = x->c->iv;
+    if (iv_in(x, 0, 1, 6, "permute rank must lie in 1..6")) return BAD;
+    int64_t r = v[0], total = 1;
+    int seen = 0;
+    for (int i = 0; i < 6; i++) {
+        if (i < r ? pos(x, 1 + i) : iv_in(x, 1 + i, 1, 1, "a permute dimension past the rank must be 1"))
+            return BAD;
+        if (iv_in(x, 7 + i, i < r ? 0 : i, i < r ? r - 1 : i, "permute axes: a permutation of 0..rank-1 (then i)"))
+            return BAD;
+        if (i < r && (seen & (1 << v[7 + i])))
+            return fail(x->why, IV_NAMES[7 + i], "permute axes repeat an axis", v[7 + i], 0, 0);
+        if (i < r) seen |= 1 << v[7 + i];
+        total = smul(total, v[1 + i]);
+    }
+    args(x, 2, 13, 0);
+    op(x, 0, total, 4, 1), op(x, 1, total, 4, 0);
+    return PORT_OK;
+}
+
+/* ---------------------------------------------------------------- broadcast binary (ids 72, 73) */
+/* iv: op (0 add .. 3 div), rank 1..6, a_bcast, b_bcast (bit i: size 1 along dim i), dims[6] (1 past the rank);
+ * backward: then accumulate (0/1).  Forward (y, a, b): y may be a full-shape operand; backward (da, db, dy, a, b):
+ * no gradient overlaps anything. */
+static int binary(ctx *x, int backward) {
+    const int64_t *v = x->c->iv;
+    if (iv_in(x, 0, 0, 3, "binary op (0 add, 1 sub, 2 mul, 3 div)") ||
+        iv_in(x, 1, 1, 6, "binary rank must lie in 1..6"))
+        return BAD;
+    int64_t r = v[1], mask = ((int64_t)1 << r) - 1, ny = 1, na = 1, nb = 1;
+    if (iv_in(x, 2, 0, mask, "a's broadcast mask: bits below the rank") ||
+        iv_in(x, 3, 0, mask, "b's broadcast mask: bits below the rank"))
+        return BAD;
+    for (int i = 0; i < 6; i++) {
+        if (i < r ? pos(x, 4 + i) : iv_in(x, 4 + i, 1, 1, "a binary dimension past the rank must be 1")) return BAD;
+        ny = smul(ny, v[4 + i]);
+        na = smul(na, (v[2] >> i) & 1 ? 1 : v[4 + i]);
+        nb = smul(nb, (v[3] >> i) & 1 ? 1 : v[4 + i]);
+    }
+    if (!backward) {
+        args(x, 3, 10, 0);
+        op(x, 0, ny, 4, 1), op(x, 1, na, 4, 0), op(x, 2, nb, 4, 0);
+        if (!v[2]) inplace(x, 0, 1);
+        if (!v[3]) inplace(x, 0, 2);
+        return PORT_OK;
+    }
+    if (iv_in(x, 10, 0, 1, "accumulate must be 0 or 1")) return BAD;
+    args(x, 5, 11, 0);
+    op(x, 0, na, 4, 1), op(x, 1, nb, 4, 1), op(x, 2, ny, 4, 0), op(x, 3, na, 4, 0), op(x, 4, nb, 4, 0);
+    return PORT_OK;
+}
+
+/* ---------------------------------------------------------------- the rest, by kernel id */
+/* element-wise: out, in (, in2): count v[0] floats */
+static int eltwise(ctx *x, int nptr, int alias_in) {
+    if (pos(x, 0)) return BAD;
+    args(x, nptr, 1, 0);
+    op(x, 0, x->c->iv[0], 4, 1);
+    for (int i = 1; i < nptr; i++) op(x, i, x->c->iv[0], 4, 0);
+    if (alias_in >= 0) inplace(x, 0, alias_in);
+    return PORT_OK;
+}
+
+static int shape_of(ctx *x) {
+    const port_rt_call *c = x->c;
+    const int64_t *v = c->iv;
+    int k = c->kernel;
+    if (k < 1 || k >= PORT_RT_KERNEL_END)
+        return fail(x->why, "kernel", "unknown kernel id", k, 0, PORT_RT_KERNEL_END - 1);
+    switch (k) {
+    case 66: case 68: case 70:   /* sigmoid, hardsigmoid, silu forward (ids of a later PORT_RT_KERNELS): y may be x */
+        return eltwise(x, 2, 1);
+    case 67: case 69: case 71:   /* their backward: dx, dy, y|x; dx may be dy */
+        return eltwise(x, 3, 1);
+    case 72: case 73: return binary(x, k == 73);   /* port_binary_forward / _backward (a later PORT_RT_KERNELS) */
+    case PORT_RT_CONV2D_FORWARD:
+    case PORT_RT_CONV2D_BACKWARD_INPUT:
+    case PORT_RT_CONV2D_BACKWARD_WEIGHT:
+    case PORT_RT_CONV2D_BACKWARD_WEIGHT_OVERWRITE:
+    case PORT_RT_CONV2D_PATCH_FORWARD:
+    case PORT_RT_CONV2D_PATCH_BACKWARD_INPUT:
+    case PORT_RT_CONV2D_PATCH_BACKWARD_WEIGHT:
+    case PORT_RT_CONV2D_BN_RELU_FORWARD_TRAIN: return conv(x, k);
+    case PORT_RT_BATCHNORM2D_FORWARD_TRAIN:
+    case PORT_RT_BATCHNORM2D_FORWARD_EVAL:
+    case PORT_RT_BATCHNORM2D_BACKWARD_INPUT:
+    case PORT_RT_BATCHNORM2D_BACKWARD_WEIGHT:
+    case PORT_RT_BATCHNORM2D_BACKWARD_INPUT_FROM_OUTPUT:
+    case PORT_RT_BATCHNORM2D_BACKWARD_WEIGHT_FROM_OUTPUT:
+    case PORT_RT_BATCHNORM2D_BACKWARD_INPUT_EVAL:
+    case PORT_RT_BATCHNORM2D_BACKWARD_WEIGHT_EVAL: return batchnorm(x, k);
+    case PORT_RT_RELU_FORWARD:
+    case PORT_RT_RELU6_FORWARD:
+    case PORT_RT_TANH_FORWARD: return eltwise(x, 2, 1);     /* y, x: y may be x */
+    case PORT_RT_HARDSWISH_FORWARD: return eltwise(x, 2, -1);   /* y must not alias x (backward reads x) */
+    case PORT_RT_RELU_BACKWARD:
+    case PORT_RT_RELU6_BACKWARD:
+    case PORT_RT_HARDSWISH_BACKWARD:
+    case PORT_RT_TANH_BACKWARD: return eltwise(x, 3, 1);    /* dx, dy, y|x: dx may be dy */
+    case PORT_RT_ADD:
+        if (eltwise(x, 3, 1)) return BAD;   /* y may be a or b */
+        inplace(x, 0, 2);
+        return PORT_OK;
+    case PORT_RT_SCALE:
+        if (eltwise(x, 2, 1) || fv_finite(x, 0)) return BAD;
+        args(x, 2, 1, 1);
+        return PORT_OK;
+    case PORT_RT_DROPOUT_FORWARD:   /* y, mask, x */
+    case PORT_RT_DROPOUT_BACKWARD:  /* dx, dy, mask */
+        if (pos(x, 0) || fv_in(x, 0, 0.0, 1.0, 1, "dropout p must lie in [0, 1)")) return BAD;
+        args(x, 3, 1, 1);
+        op(x, 0, v[0], 4, 1);
+        if (k == PORT_RT_DROPOUT_FORWARD) {
+            op(x, 1, v[0], 1, 1), op(x, 2, v[0], 4, 0);
+            inplace(x, 0, 2);
+        } else {
+            op(x, 1, v[0], 4, 0), op(x, 2, v[0], 1, 0);
+            inplace(x, 0, 1);
+        }
+        return PORT_OK;
+    case PORT_RT_MAXPOOL2D_FORWARD:
+    case PORT_RT_MAXPOOL2D_BACKWARD_INPUT:
+    case PORT_RT_AVGPOOL2D_FORWARD:
+    case PORT_RT_AVGPOOL2D_BACKWARD_INPUT: return pooling(x, k);
+    case PORT_RT_GLOBAL_AVGPOOL_FORWARD:          /* y [n, c], x [n, c, hw] */
+    case PORT_RT_GLOBAL_AVGPOOL_BACKWARD_INPUT:   /* dx [n, c, hw], dy [n, c] */
+    case PORT_RT_MEAN_MID_FORWARD:                /* y [o, i], x [o, m, i] */
+    case PORT_RT_MEAN_MID_BACKWARD: {             /* dx [o, m, i], dy [o, i] */
+        if (pos_range(x, 0, 2)) return BAD;
+        int gap = k == PORT_RT_GLOBAL_AVGPOOL_FORWARD || k == PORT_RT_GLOBAL_AVGPOOL_BACKWARD_INPUT;
+        int fw = k == PORT_RT_GLOBAL_AVGPOOL_FORWARD || k == PORT_RT_MEAN_MID_FORWARD;
+        int64_t small = smul(v[0], v[gap ? 1 : 2]), big = smul3(v[0], v[1], v[2]);
+        args(x, 2, 3, 0);
+        op(x, 0, fw ? small : big, 4, 1), op(x, 1, fw ? big : small, 4, 0);
+        return PORT_OK;
+    }
+    case PORT_RT_LINEAR_FORWARD:          /* y [n, out], x [n, in], w [out, in], b [out] */
+    case PORT_RT_LINEAR_BACKWARD_INPUT:   /* dx [n, in], dy [n, out], w */
+    case PORT_RT_LINEAR_BACKWARD_WEIGHT: { /* dw, db, dy, x */
+        if (pos_range(x, 0, 2)) return BAD;
+        int64_t xs = smul(v[0], v[1]), ys = smul(v[0], v[2]), ws = smul(v[2], v[1]);
+        if (k == PORT_RT_LINEAR_FORWARD) {
+            args(x, 4, 3, 0);
+            op(x, 0, ys, 4, 1), op(x, 1, xs, 4, 0), op(x, 2, ws, 4, 0), op(x, 3, v[2], 4, 0);
+        } else if (k == PORT_RT_LINEAR_BACKWARD_INPUT) {
+            args(x, 3, 3, 0);
+            op(x, 0, xs, 4, 1), op(x, 1, ys, 4, 0), op(x, 2, ws, 4, 0);
+        } else {
+            args(x, 4, 3, 0);
+            op(x, 0, ws, 4, 1), op(x, 1, v[2], 4, 1), op(x, 2, ys, 4, 0), op(x, 3, xs, 4, 0);
+        }
+        return PORT_OK;
+    }
+    case PORT_RT_SOFTMAX_XENT_FORWARD:           /* loss, probs [n, k], logits [n, k], labels [n] */
+    case PORT_RT_SOFTMAX_XENT_IGNORE_FORWARD:
+    case PORT_RT_SOFTMAX_XENT_BACKWARD:          /* dlogits [n, k], probs, labels, grad_loss [1] */
+    case PORT_RT_SOFTMAX_XENT_IGNORE_BACKWARD: {
+        int ign = k == PORT_RT_SOFTMAX_XENT_IGNORE_FORWARD || k == PORT_RT_SOFTMAX_XENT_IGNORE_BACKWARD;
+        if (pos_range(x, 0, 1) || fv_in(x, 0, 0.0, 1.0, 0, "label smoothing must lie in [0, 1]")) return BAD;
+        int64_t z = smul(v[0], v[1]);
+        args(x, 4, ign ? 3 : 2, 1);
+        if (k == PORT_RT_SOFTMAX_XENT_FORWARD || k == PORT_RT_SOFTMAX_XENT_IGNORE_FORWARD) {
+            op(x, 0, 1, 4, 1), op(x, 1, z, 4, 1), op(x, 2, z, 4, 0), op(x, 3, v[0], 8, 0);
+        } else {
+            op(x, 0, z, 4, 1), op(x, 1, z, 4, 0), op(x, 2, v[0], 8, 0), op(x, 3, 1, 4, 0);
+            inplace(x, 0, 1);
+        }
+        return PORT_OK;
+    }
+    case PORT_RT_SGD_STEP:     /* param, momentum buffer (NULL: no momentum), grad */
+    case PORT_RT_ADAMW_STEP: { /* param, exp_avg, exp_avg_sq, grad */
+        if (pos(x, 0)) return BAD;
+        int n = k == PORT_RT_SGD_STEP ? 3 : 4;
+        args(x, n, 1, 0);
+        for (int i = 0; i < n; i++) op(x, i, v[0], 4, i < n - 1);
+        return PORT_OK;
+    }
+    case PORT_RT_BIAS_BACKWARD:   /* db [c], dy [n, c, inner] */
+        if (pos_range(x, 0, 2)) return BAD;
+        args(x, 2, 3, 0);
+        op(x, 0, v[1], 4, 1), op(x, 1, smul3(v[0], v[1], v[2]), 4, 0);
+        return PORT_OK;
+    case PORT_RT_EMBEDDING_FORWARD:          /* y [n, d], idx [n], w [v, d] */
+    case PORT_RT_EMBEDDING_BACKWARD_WEIGHT:  /* dw [v, d], dy [n, d], idx [n] */
+        if (pos_range(x, 0, 2)) return BAD;
+        args(x, 3, 3, 0);
+        if (k == PORT_RT_EMBEDDING_FORWARD)
+            op(x, 0, smul(v[0], v[2]), 4, 1), op(x, 1, v[0], 8, 0), op(x, 2, smul(v[1], v[2]), 4, 0);
+        else
+            op(x, 0, smul(v[1], v[2]), 4, 1), op(x, 1, smul(v[0], v[2]), 4, 0), op(x, 2, v[0], 8, 0);
+        return PORT_OK;
+    case PORT_RT_LAYERNORM_FORWARD:          /* y, stats [2 rows], x, gamma [d], beta [d] */
+    case PORT_RT_LAYERNORM_BACKWARD_INPUT:   /* dx, dy, x, stats, gamma */
+    case PORT_RT_LAYERNORM_BACKWARD_WEIGHT: { /* dgamma, dbeta, dy, x, stats */
+        if (pos_range(x, 0, 1)) return BAD;
+        int64_t t = smul(v[0], v[1]), st = smul(2, v[0]);
+        if (k == PORT_RT_LAYERNORM_FORWARD) {
+            if (fv_in(x, 0, 0.0, HUGE_VAL, 0, "layer-norm eps must be >= 0 and finite")) return BAD;
+            args(x, 5, 2, 1);
+            op(x, 0, t, 4, 1), op(x, 1, st, 4, 1), op(x, 2, t, 4, 0), op(x, 3, v[1], 4, 0), op(x, 4, v[1], 4, 0);
+        } else if (k == PORT_RT_LAYERNORM_BACKWARD_INPUT) {
+            args(x, 5, 2, 0);
+            op(x, 0, t, 4, 1), op(x, 1, t, 4, 0), op(x, 2, t, 4, 0), op(x, 3, st, 4, 0), op(x, 4, v[1], 4, 0);
+        } else {
+            args(x, 5, 2, 0);
+            op(x, 0, v[1], 4, 1), op(x, 1, v[1], 4, 1), op(x, 2, t, 4, 0), op(x, 3, t, 4, 0), op(x, 4, st, 4, 0);
+        }
+        return PORT_OK;
+    }
+    case PORT_RT_GELU_FORWARD:    /* y, x (no alias: the backward reads x) */
+    case PORT_RT_GELU_BACKWARD: { /* dx, dy, x */
+        int fw = k == PORT_RT_GELU_FORWARD;
+        if (eltwise(x, fw ? 2 : 3, fw ? -1 : 1) || iv_in(x, 1, 0, 1, "gelu approximation (0 erf, 1 tanh)")) return BAD;
+        args(x, fw ? 2 : 3, 2, 0);
+        return PORT_OK;
+    }
+    case PORT_RT_SOFTMAX_FORWARD:    /* y, x [rows, d] */
+    case PORT_RT_SOFTMAX_BACKWARD: { /* dx, dy, y */
+        if (pos_range(x, 0, 1)) return BAD;
+        int n = k == PORT_RT_SOFTMAX_FORWARD ? 2 : 3;
+        args(x, n, 2, 0);
+        for (int i = 0; i < n; i++) op(x, i, smul(v[0], v[1]), 4, i == 0);
+        inplace(x, 0, 1);
+        return PORT_OK;
+    }
+    case PORT_RT_BMM: { /* c [b, m, n], a [b, m, k], b [b, k, n]: batch, m, n, k, trans_a, trans_b; alpha, beta */
+        if (pos_range(x, 0, 3) || iv_in(x, 4, 0, 1, "trans_a must be 0 or 1") ||
+            iv_in(x, 5, 0, 1, "trans_b must be 0 or 1") || fv_finite(x, 0) || fv_finite(x, 1))
+            return BAD;
+        for (int i = 1; i < 4; i++)
+            if (v[i] > INT_MAX) return fail(x->why, IV_NAMES[i], "a matrix dimension above INT_MAX", v[i], 0, INT_MAX);
+        args(x, 3, 6, 2);
+        op(x, 0, smul3(v[0], v[1], v[2]), 4, 1), op(x, 1, smul3(v[0], v[1], v[3]), 4, 0),
+            op(x, 2, smul3(v[0], v[3], v[2]), 4, 0);
+        return PORT_OK;
+    }
+    case PORT_RT_PERMUTE: return permute(x);
+    case PORT_RT_ADD_BROADCAST: /* y [o, i], a [o, i], b [i] */
+    case PORT_RT_SUM_ROWS:      /* db [i], dy [o, i] */
+        if (pos_range(x, 0, 1)) return BAD;
+        if (k == PORT_RT_ADD_BROADCAST) {
+            args(x, 3, 2, 0);
+            op(x, 0, smul(v[0], v[1]), 4, 1), op(x, 1, smul(v[0], v[1]), 4, 0), op(x, 2, v[1], 4, 0);
+            inplace(x, 0, 1);
+        } else {
+            args(x, 2, 2, 0);
+            op(x, 0, v[1], 4, 1), op(x, 1, smul(v[0], v[1]), 4, 0);
+        }
+        return PORT_OK;
+    case PORT_RT_ARANGE_I64:    /* y int64 [count]; start */
+    case PORT_RT_NE_SCALAR_I64: /* y uint8 [count], x int64 [count]; value */
+        if (pos(x, 0)) return BAD;
+        if (k == PORT_RT_ARANGE_I64) {
+            args(x, 1, 2, 0);
+            op(x, 0, v[0], 8, 1);
+        } else {
+            args(x, 2, 2, 0);
+            op(x, 0, v[0], 1, 1), op(x, 1, v[0], 8, 0);
+        }
+        return PORT_OK;
+    case PORT_RT_ATTENTION_FORWARD:
+    case PORT_RT_ATTENTION_BACKWARD: return attention(x, k);
+    case PORT_RT_PAGE_OUT:   /* ptr[0]: the bytes; iv[0] their count, iv[1] the spill file offset */
+    case PORT_RT_PAGE_IN:
+        if (pos(x, 0) || iv_in(x, 1, 0, INT64_MAX, "the spill file offset must be >= 0")) return BAD;
+        if (c->ptr[0] == -1) return fail(x->why, "ptr[0]", "a page call needs its arena bytes", -1, 0, 0);
+        args(x, 1, 2, 0);
+        op(x, 0, v[0], 1, k == PORT_RT_PAGE_IN);
+        return PORT_OK;
+    default: return fail(x->why, "kernel", "unknown kernel id", k, 0, PORT_RT_KERNEL_END - 1);
+    }
+}
+
+int port_rt_call_shape_of(const port_rt_call *c, port_rt_call_shape *shape, port_rt_call_problem *why) {
+    if (!c || !shape) return PORT_ERR_NULL;
+    memset(shape, 0, sizeof *shape);
+    if (why) {
+        why->kernel = c->kernel;
+        why->field = why->what = NULL;
+        why->value = why->bytes = why->limit = 0;
+    }
+    ctx x = {c, shape, why};
+    return shape_of(&x);
+}
+
+/* [off, off + n) inside [lo, hi) */
+static int within(int64_t off, int64_t n, uint64_t lo, uint64_t hi) {
+    return off >= 0 && n >= 0 && (uint64_t)off >= lo && (uint64_t)off <= hi && (uint64_t)n <= hi - (uint64_t)off;
+}
+static int overlap(int64_t a, int64_t na, int64_t b, int64_t nb) {
+    return na > 0 && nb > 0 && a < b + nb && b < a + na;
+}
+
+int port_rt_call_check(const port_rt_call *c, uint64_t A, uint64_t P, port_rt_call_problem *why) {
+    if (!c) return PORT_ERR_NULL;
+    port_rt_call_shape s;
+    int st = port_rt_call_shape_of(c, &s, why);
+    if (st != PORT_OK) return st;
+    if (c->flags & ~PORT_RT_LATE_UPDATE)
+        return fail(why, "flags", "unknown call flags", c->flags, 0, PORT_RT_LATE_UPDATE);
+    if (c->reserved) return fail(why, "reserved", "must be 0", c->reserved, 0, 0);
+    if (P > A) return fail(why, "header", "the persistent region is larger than the arena", (int64_t)P, 0, (int64_t)A);
+    for (int i = s.nints; i < PORT_RT_MAX_INTS; i++)
+        if (c->iv[i])
+            return fail(why, IV_NAMES[i], "an integer parameter the kernel does not take must be 0", c->iv[i], 0, 0);
+    for (int i = s.nfloats; i < PORT_RT_MAX_FLOATS; i++)
+        if (c->fv[i] != 0.0)
+            return fail(why, FV_NAMES[i], "a float parameter the kernel does not take must be 0", 0, 0, 0);
+    for (int i = 0; i < PORT_RT_MAX_PTRS; i++) {
+        int64_t p = c->ptr[i];
+        if (p == -1) continue;
+        if (i >= s.nptrs) return fail(why, PTR_NAMES[i], "a pointer the kernel does not take must be -1", p, 0, 0);
+        if (!within(p, s.bytes[i], 0, A))
+            return fail(why, PTR_NAMES[i],
+                        "the operand's bytes (from the call's shape parameters) lie outside the arena", p, s.bytes[i],
+                        (int64_t)A);
+        if (p % s.elem[i])
+            return fail(why, PTR_NAMES[i], "offset not a multiple of the operand's element size", p, 0, s.elem[i]);
+    }
+    if (c->ws_bytes < 0 || c->ws_bytes < s.ws_bytes)
+        return fail(why, "ws", "workspace smaller than the kernel's query for these parameters", c->ws_bytes,
+                    s.ws_bytes, 0);
+    if (c->ws_bytes) {
+        if (!within(c->ws_offset, c->ws_bytes, P, A))
+            return fail(why, "ws", "the workspace lies outside the arena's scratch region", c->ws_offset,
+                        c->ws_bytes, (int64_t)A);
+        if (c->ws_offset % 64) return fail(why, "ws", "workspace offset not 64-byte aligned", c->ws_offset, 0, 64);
+    } else if (c->ws_offset < 0) {
+        return fail(why, "ws", "workspace offset must be >= 0", c->ws_offset, 0, 0);
+    }
+    for (int z = 0; z < 2; z++) {
+        static const char *const names[2] = {"zero[0]", "zero[1]"};
+        if (c->zero_bytes[z] < 0 || (c->zero_bytes[z] && !within(c->zero_offset[z], c->zero_bytes[z], 0, A)) ||
+            (!c->zero_bytes[z] && c->zero_offset[z] < 0))
+            return fail(why, names[z], "a zero range outside the arena", c->zero_offset[z], c->zero_bytes[z],
+                        (int64_t)A);
+    }
+    /* outputs overlap nothing but the inputs they may be in place (the same bytes) */
+    for (int i = 0; i < s.nptrs; i++) {
+        if (!(s.writes & (1 << i)) || c->ptr[i] < 0) continue;
+        for (int j = 0; j < s.nptrs; j++) {
+            if (j == i || c->ptr[j] < 0 || !overlap(c->ptr[i], s.bytes[i], c->ptr[j], s.bytes[j])) continue;
+            int same = c->ptr[i] == c->ptr[j] && s.bytes[i] == s.bytes[j];
+            if (!(same && (s.may_alias[i] & (1 << j)) && !(s.writes & (1 << j))))
+                return fail(why, PTR_NAMES[i], (s.writes & (1 << j)) ? "two outputs of the call overlap"
+                                                                     : "an output overlaps an input it may not alias",
+                            c->ptr[i], s.bytes[i], c->ptr[j]);
+        }
+    }
+    for (int j = 0; j < s.nptrs; j++)   /* no operand overlaps the workspace: the kernel writes it */
+        if (c->ptr[j] >= 0 && c->ws_bytes && overlap(c->ptr[j], s.bytes[j], c->ws_offset, c->ws_bytes))
+            return fail(why, PTR_NAMES[j], "an operand overlaps the call's workspace", c->ptr[j], s.bytes[j],
+                        c->ws_offset);
+    return PORT_OK;
+}
