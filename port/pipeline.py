@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from port.errors import ConfigError, NonFiniteError, PortError, PortTraceError, ProfileError
+from port.errors import ConfigError, NonFiniteError, PortError, PortTraceError, ProfileError, TokenError
 
 PROFILE_DIR = Path("profiles")       # relative to the working directory
 KEEP_EVERYTHING = "keep-everything peak"
@@ -312,6 +312,11 @@ def build_graph(job: Job, seed: int | None = None) -> Built:
         with contextlib.redirect_stderr(err):
             graph = trace(model, x, trainable=list(trainable) if trainable else None, optimizer=opt.graph_name,
                           name=cfg.model.name)
+    except TokenError as e:      # the config's token data does not fit the model's embeddings
+        key = {"length": "input_shape", "dtype": "data.kind"}.get(e.kind, "model")
+        raise ConfigError(f"{job.where}key {key!r}: the job's inputs (data.kind {cfg.data.kind}" + (
+            ": byte ids 0..255" if is_tokens(cfg) else "") + f", input_shape {list(cfg.input_shape)}) do not fit "
+            f"model {cfg.model.name!r}: {e}") from None
     except (PortTraceError, RuntimeError):
         why = _eager_failure(model, x)
         if why is not None:   # the model does not even run on this input: the config's input_shape is wrong
