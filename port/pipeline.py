@@ -278,8 +278,14 @@ def load_model(job: Job, seed: int | None = None) -> Any:
         kwargs.setdefault("num_classes", cfg.num_classes)
         try:     # zoo factories take **kw: a wrong keyword shows up as a TypeError of the call
             return models.get(spec, seed=seed, **kwargs)
-        except TypeError as e:
+        except (TypeError, ValueError) as e:     # a ValueError: a value the zoo model refuses (dim % heads)
             raise ConfigError(f"{job.where}key 'model.kwargs': {kwargs} do not fit zoo model {spec!r}: {e}") from None
+        except (RuntimeError, MemoryError) as e:
+            if "allocate" not in str(e) and not isinstance(e, MemoryError):
+                raise
+            raise ConfigError(f"{job.where}keys 'model.kwargs' / 'num_classes': zoo model {spec!r} with {kwargs} "
+                              f"does not fit in this machine's memory ({str(e).splitlines()[-1][:200]}). Fix: "
+                              f"smaller sizes (num_classes, hidden widths, layers)") from None
     factory = import_factory(spec, job.search_dirs, job.where)
     try:
         inspect.signature(factory).bind(**kwargs)
@@ -301,6 +307,7 @@ def build_graph(job: Job, seed: int | None = None) -> Built:
     gen = torch.Generator().manual_seed(cfg.train.seed if seed is None else seed)
     from port import models
     from port.train.data import is_tokens
+    _check_fits(job, cfg.batch_size, "batch_size", "one batch")
     example = models.example_input(cfg.batch_size, tuple(cfg.input_shape), is_tokens(cfg), gen)
     opt = from_config(cfg.optimizer)
     trainable = tuple(cfg.train.trainable) if cfg.train.trainable else None
@@ -970,8 +977,31 @@ def _rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _check_fits(job: Job, n: int, key: str, what: str) -> None:
+    """ConfigError naming ``key`` when ``n`` samples of input_shape (float32 or int64 ids, with their labels)
+    take more than half of this machine's physical memory: allocating them would fail (exit 1) or end in the
+    OOM killer, not in a message."""
+    import math
+    import os
+    from port.config import format_size
+    from port.train.data import is_tokens
+    cfg = job.config
+    per = math.prod(cfg.input_shape) * (16 if is_tokens(cfg) else 4) + 8     # x (and per-token labels) + a label
+    need = n * per
+    try:
+        phys = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > phys // 2:
+        raise ConfigError(f"{job.where}key {key!r}: {what} of {n} samples of shape {list(cfg.input_shape)} takes "
+                          f"{format_size(need)}, more than half of this machine's memory ({format_size(phys)}). "
+                          f"Fix: a smaller {key}")
+
+
 def load_data(job: Job) -> Any:
     from port.train import data as D
+    if job.config.data.kind != "digits":        # digits: scikit-learn's 1797 samples, whatever num_samples says
+        _check_fits(job, job.config.data.num_samples, "data.num_samples", "the data set")
     try:
         return D.load(job.config)
     except ConfigError as e:

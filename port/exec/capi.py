@@ -52,6 +52,9 @@ from port.errors import InternalError as _PortErrorBase
 PORT_OK, PORT_ERR_NULL, PORT_ERR_SHAPE, PORT_ERR_ARG, PORT_ERR_WORKSPACE, PORT_ERR_UNSUPPORTED, \
     PORT_ERR_ALIAS = range(7)
 GEMM_BLAS, GEMM_VENDORED, GEMM_AUTO = 0, 1, 2
+# the most kernel threads a setting may ask for: far more than any core count PORT targets; the OpenMP runtime
+# crashes (SIGSEGV) when asked for ~100k threads, so a count beyond this is refused by name
+MAX_THREADS = 1024
 CONV_AUTO, CONV_IM2COL, CONV_DIRECT, CONV_WINOGRAD = 0, 1, 2, 3
 ATTN_PLAIN, ATTN_TILED = 0, 1
 _ALGOS = {"auto": CONV_AUTO, "im2col": CONV_IM2COL, "direct": CONV_DIRECT, "winograd": CONV_WINOGRAD}
@@ -497,8 +500,8 @@ def set_num_threads(n: int) -> None:
     """One setting for kernel OpenMP threads, BLAS and torch intra-op threads: one shared OpenMP pool
     (OpenBLAS itself stays single-threaded; PORT splits GEMMs over the pool)."""
     n = int(n)
-    if n < 1:
-        raise ValueError(f"set_num_threads: n must be >= 1, got {n}")
+    if n < 1 or n > MAX_THREADS:
+        raise ValueError(f"set_num_threads: n must be in 1..{MAX_THREADS}, got {n}")
     raw.port_set_num_threads(n)
     import torch  # here, not at the top: importing this module must not load torch (see the module docstring)
     torch.set_num_threads(n)

@@ -204,9 +204,9 @@ class Trainer:
         the count set now, or the governor's own maximum when one runs) or None (keep the current setting; a
         governor stops). See __init__."""
         if threads is not None and threads != "auto" and (isinstance(threads, bool) or not isinstance(threads, int)
-                                                            or threads < 1):
-            raise PortError(f"threads={threads!r}: expected a thread count >= 1, 'auto' or None (keep the "
-                            f"current setting, {capi.get_num_threads()})")
+                                                            or not 1 <= threads <= capi.MAX_THREADS):
+            raise ArgumentError(f"threads={threads!r}: expected a thread count in 1..{capi.MAX_THREADS}, 'auto' or "
+                                f"None (keep the current setting, {capi.get_num_threads()})")
         top = self._governor.candidates[0] if self._governor is not None else capi.get_num_threads()
         if threads == "auto":
             from port.exec.threads import ThreadGovernor
