@@ -346,7 +346,7 @@ class TrainConfig(_Strict):
     def _threads(cls, v: Any) -> Any:
         if v is None or v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_THREADS):
             return v
-        raise ValueError(f"expected a thread count >= 1 (at most {MAX_THREADS}) or 'auto' (e.g. train: "
+        raise ValueError(f"expected a thread count >= 1 or 'auto' (a count at most {MAX_THREADS}; e.g. train: "
                          f"{{threads: auto}} or --threads auto)")
 
 
