@@ -14,10 +14,9 @@ PyTorch gradient accumulation: the result then differs from full-batch training.
 from __future__ import annotations
 
 import mmap
+import weakref
 from pathlib import Path
 from typing import Any, Iterable, Sequence
-
-import weakref
 
 from port.errors import ArgumentError, NonFiniteError, PortError
 from port.exec import capi
@@ -27,8 +26,8 @@ from port.train.optim import SGD, AdamW
 from port.lower.program import Program
 from port.ir.types import ROLE_BUFFER, ROLE_GRADIENT, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER
 from port.plan.types import Plan
-from port.train.memwatch import release_freed_heap
 from port.ir.tokens import check_tokens, token_bounds
+from port.train.memwatch import release_freed_heap
 
 
 class Trainer:
@@ -70,7 +69,7 @@ class Trainer:
         self._governor = None
         self.set_threads(threads)
         if on_nonfinite not in ("stop", "skip"):
-            raise PortError(f"on_nonfinite={on_nonfinite!r}: expected 'stop' or 'skip'")
+            raise ArgumentError(f"on_nonfinite={on_nonfinite!r}: expected 'stop' or 'skip'")
         self.on_nonfinite = on_nonfinite
         self.skipped_steps = 0
         # the arguments checked before any work (tracing, lowering, the arena)
