@@ -573,7 +573,15 @@ class Trainer:
         import torch.nn.functional as F
         tot_loss, correct, count = 0.0, 0, 0
         for x, y in loader:
+            y = _as_tensor(y, "y")
+            if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():
+                raise ArgumentError(f"evaluate() expects labels y of an integer dtype (int64 class indices), got "
+                                    f"{y.dtype}")
+            self.executor.check_labels(y)      # before predict runs: a LabelError naming y, not torch's IndexError
             logits = self.predict(x)
+            if logits.shape[:y.dim()] != y.shape:
+                raise ArgumentError(f"evaluate() expects labels y of shape {list(logits.shape[:-1])} (one per "
+                                    f"{'position' if logits.dim() == 3 else 'sample'} of x), got {list(y.shape)}")
             if logits.dim() == 3:        # token-level: every non-ignored position counts
                 from port.ir.trace import IGNORE_INDEX
                 z, t = logits.reshape(-1, logits.shape[-1]), torch.as_tensor(y).reshape(-1)

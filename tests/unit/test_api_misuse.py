@@ -338,3 +338,19 @@ def test_two_trainers_on_one_module(monkeypatch):
     d = Trainer(m, x, optimizer=SGD(0.1))
     d.close()
     b.close()
+
+
+def test_evaluate_checks_labels_before_predicting():
+    tr = Trainer(M.get("mlp", seed=0), torch.randn(8, 64), optimizer=SGD(0.05))
+    x = torch.randn(5, 64)
+    w = Watch(tr)
+    for y, err, needle in ((torch.tensor([0, 1, 12, 3, 4]), LabelError, r"labels y: label 12 at index 2"),
+                           (torch.tensor([0, 1, -1, 3, 4]), LabelError, "label -1"),
+                           (torch.zeros(5), ArgumentError, "integer dtype")):
+        with pytest.raises(err, match=needle):
+            tr.evaluate([(x, y)])
+    assert w.untouched()                                  # refused before predict ran
+    with pytest.raises(ArgumentError, match=r"labels y of shape \[5\] \(one per sample of x\), got \[4\]"):
+        tr.evaluate([(x, torch.zeros(4, dtype=torch.int64))])
+    assert set(tr.evaluate([(x, torch.tensor([0, 1, 2, 3, 4]))])) == {"loss", "accuracy"}
+    tr.close()
