@@ -1003,10 +1003,18 @@ def load_data(job: Job) -> Any:
     if job.config.data.kind != "digits":        # digits: scikit-learn's 1797 samples, whatever num_samples says
         _check_fits(job, job.config.data.num_samples, "data.num_samples", "the data set")
     try:
-        return D.load(job.config)
+        ds = D.load(job.config)
     except ConfigError as e:
         raise ConfigError(f"{job.where}key 'input_shape': {e}. Fix: input_shape must match the data "
                           f"(data.kind {job.config.data.kind!r})") from None
+    K = job.config.num_classes
+    for y in (ds.y_train, ds.y_test):      # the labels fit the model's classes (every step would refuse them)
+        v = y[y != -100] if y.dim() > 1 else y
+        if v.numel() and (int(v.min()) < 0 or int(v.max()) >= K):
+            raise ConfigError(f"{job.where}key 'num_classes': data.kind {job.config.data.kind!r} has labels "
+                              f"{int(v.min())}..{int(v.max())}, but num_classes is {K}. Fix: num_classes "
+                              f"{int(v.max()) + 1} (or more)")
+    return ds
 
 
 def measure_steps(trainer: Any, x: Any, y: Any, repeats: int = 5) -> dict[str, Any]:

@@ -56,6 +56,7 @@ def files(tmp_path_factory):
         "huge_model": _yaml(d / "hugemodel.yaml", num_classes=10**11),
         "bad_heads": _yaml(d / "badheads.yaml", model={"name": "gpt_tiny", "kwargs": {"dim": 32, "heads": 3}},
                            input_shape=[16], num_classes=256, data={"kind": "text", "num_samples": 16}),
+        "few_classes": _yaml(d / "fewclasses.yaml", num_classes=5, data={"kind": "digits"}),
         "typo_trainable": _yaml(d / "typo.yaml", model="resnet8", input_shape=[3, 8, 8],
                                 train={"steps": 1, "trainable": ["fc", "layer9"]}),
     }
@@ -135,6 +136,7 @@ CASES = {
     "data-beyond-memory": ("train {huge_data} --out {dir}/runs --no-progress", "key 'data.num_samples'"),
     "model-beyond-memory": ("inspect {huge_model}", "does not fit in this machine's memory"),
     "zoo-kwargs-refused": ("inspect {bad_heads}", "not divisible by heads=3"),
+    "labels-beyond-num-classes": ("train {few_classes} --out {dir}/runs --no-progress", "key 'num_classes'"),
     "trainable-typo": ("inspect {typo_trainable}", "['layer9'] matched no module with parameters"),
 }
 
