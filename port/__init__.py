@@ -25,8 +25,8 @@ from port.exec import capi as _capi  # noqa: E402  (imports no torch, loads no l
 
 _capi.configure_openmp_env()
 
-from port.errors import (ConfigError, InfeasibleBudgetError, PlanError, PortError, PortTraceError,  # noqa: E402,F401
-                         ProfileError, ProgramError)
+from port.errors import (ArgumentError, ConfigError, InfeasibleBudgetError, PlanError,  # noqa: E402,F401
+                         PortError, PortTraceError, ProfileError, ProgramError, TokenError)
 from port.ir.types import Graph, Op, TensorSpec  # noqa: E402,F401
 from port.cost.types import OpCost, Profile  # noqa: E402,F401
 from port.plan.types import OpDecision, Plan  # noqa: E402,F401

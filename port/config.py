@@ -19,6 +19,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from port.errors import ConfigError
+from port.exec.capi import MAX_THREADS
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = ROOT / "configs"
@@ -141,7 +142,7 @@ class AcceleratorConfig(_Strict):
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
     kind: Literal["cpu", "gpu", "npu"]
     backend: Literal["c", "torch-cpu", "torch-cuda", "torch-mps", "modeled"]
-    threads: int = Field(default=1, ge=1)
+    threads: int = Field(default=1, ge=1, le=MAX_THREADS)
     peak_gflops: float = Field(gt=0)            # for the roofline model
     mem_gbps: float = Field(gt=0)               # memory bandwidth, GB/s
     memory_cap: Optional[int] = None            # bytes this engine may use (None: the device memory)
@@ -432,7 +433,7 @@ class ProfileOptions(_Strict):
     max_time_s: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)
     blocks: Optional[int] = Field(default=None, ge=1)
     block_ms: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)
-    threads: Optional[int] = Field(default=None, ge=1)
+    threads: Optional[int] = Field(default=None, ge=1, le=MAX_THREADS)
 
 
 _FLAG_OF = {"max_time_s": "--max-time", "blocks": "--blocks", "block_ms": "--block-ms", "threads": "--threads",

@@ -80,3 +80,20 @@ class SolverError(InternalError):
 class LabelError(PortError, ValueError):
     """A batch's labels do not fit the model (a class index outside [0, num_classes)); the message names the
     label value, its index in the batch and num_classes. Raised before the step touches the arena."""
+
+
+class ArgumentError(PortError, ValueError):
+    """A Python API argument is invalid (an optimizer setting, a LoRA rank, a batch, a module another Trainer
+    trains): the message names the argument, the value given and the values allowed. Raised before any work
+    (tracing, profiling, the arena)."""
+
+
+class TokenError(ArgumentError):
+    """Token ids a model's embeddings cannot look up: an id outside [0, num_embeddings) or a sequence longer
+    than the model's context (its position embedding); the message names the input, the value, its place in
+    the batch, the embedding and its size. ``kind``: "id" (a token id), "length" (the sequence length) or
+    "dtype" (floating-point ids)."""
+
+    def __init__(self, message: str, kind: str = "id"):
+        super().__init__(message)
+        self.kind = kind

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from port.errors import ConfigError, NonFiniteError, PortError, PortTraceError, ProfileError
+from port.errors import ConfigError, NonFiniteError, PortError, PortTraceError, ProfileError, TokenError
 
 PROFILE_DIR = Path("profiles")       # relative to the working directory
 KEEP_EVERYTHING = "keep-everything peak"
@@ -310,8 +310,14 @@ def load_model(job: Job, seed: int | None = None) -> Any:
         kwargs.setdefault("num_classes", cfg.num_classes)
         try:     # zoo factories take **kw: a wrong keyword shows up as a TypeError of the call
             return models.get(spec, seed=seed, **kwargs)
-        except TypeError as e:
+        except (TypeError, ValueError) as e:     # a ValueError: a value the zoo model refuses (dim % heads)
             raise ConfigError(f"{job.where}key 'model.kwargs': {kwargs} do not fit zoo model {spec!r}: {e}") from None
+        except (RuntimeError, MemoryError) as e:
+            if "allocate" not in str(e) and not isinstance(e, MemoryError):
+                raise
+            raise ConfigError(f"{job.where}keys 'model.kwargs' / 'num_classes': zoo model {spec!r} with {kwargs} "
+                              f"does not fit in this machine's memory ({str(e).splitlines()[-1][:200]}). Fix: "
+                              f"smaller sizes (num_classes, hidden widths, layers)") from None
     factory = import_factory(spec, job.search_dirs, job.where)
     try:
         inspect.signature(factory).bind(**kwargs)
@@ -334,6 +340,7 @@ def build_graph(job: Job, seed: int | None = None) -> Built:
     gen = torch.Generator().manual_seed(cfg.train.seed if seed is None else seed)
     from port import models
     from port.train.data import is_tokens
+    _check_fits(job, cfg.batch_size, "batch_size", "one batch")
     example = models.example_input(cfg.batch_size, tuple(cfg.input_shape), is_tokens(cfg), gen)
     opt = from_config(cfg.optimizer)
     trainable = tuple(cfg.train.trainable) if cfg.train.trainable else None
@@ -345,6 +352,11 @@ def build_graph(job: Job, seed: int | None = None) -> Built:
         with contextlib.redirect_stderr(err):
             graph = trace(model, x, trainable=list(trainable) if trainable else None, optimizer=opt.graph_name,
                           name=cfg.model.name)
+    except TokenError as e:      # the config's token data does not fit the model's embeddings
+        key = {"length": "input_shape", "dtype": "data.kind"}.get(e.kind, "model")
+        raise ConfigError(f"{job.where}key {key!r}: the job's inputs (data.kind {cfg.data.kind}" + (
+            ": byte ids 0..255" if is_tokens(cfg) else "") + f", input_shape {list(cfg.input_shape)}) do not fit "
+            f"model {cfg.model.name!r}: {e}") from None
     except (PortTraceError, RuntimeError):
         why = _eager_failure(model, x)
         if why is not None:   # the model does not even run on this input: the config's input_shape is wrong
@@ -1007,13 +1019,44 @@ def _rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _check_fits(job: Job, n: int, key: str, what: str) -> None:
+    """ConfigError naming ``key`` when ``n`` samples of input_shape (float32 or int64 ids, with their labels)
+    take more than half of this machine's physical memory: allocating them would fail (exit 1) or end in the
+    OOM killer, not in a message."""
+    import math
+    import os
+    from port.config import format_size
+    from port.train.data import is_tokens
+    cfg = job.config
+    per = math.prod(cfg.input_shape) * (16 if is_tokens(cfg) else 4) + 8     # x (and per-token labels) + a label
+    need = n * per
+    try:
+        phys = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > phys // 2:
+        raise ConfigError(f"{job.where}key {key!r}: {what} of {n} samples of shape {list(cfg.input_shape)} takes "
+                          f"{format_size(need)}, more than half of this machine's memory ({format_size(phys)}). "
+                          f"Fix: a smaller {key}")
+
+
 def load_data(job: Job) -> Any:
     from port.train import data as D
+    if job.config.data.kind != "digits":        # digits: scikit-learn's 1797 samples, whatever num_samples says
+        _check_fits(job, job.config.data.num_samples, "data.num_samples", "the data set")
     try:
-        return D.load(job.config)
+        ds = D.load(job.config)
     except ConfigError as e:
         raise ConfigError(f"{job.where}key 'input_shape': {e}. Fix: input_shape must match the data "
                           f"(data.kind {job.config.data.kind!r})") from None
+    K = job.config.num_classes
+    for y in (ds.y_train, ds.y_test):      # the labels fit the model's classes (every step would refuse them)
+        v = y[y != -100] if y.dim() > 1 else y
+        if v.numel() and (int(v.min()) < 0 or int(v.max()) >= K):
+            raise ConfigError(f"{job.where}key 'num_classes': data.kind {job.config.data.kind!r} has labels "
+                              f"{int(v.min())}..{int(v.max())}, but num_classes is {K}. Fix: num_classes "
+                              f"{int(v.max()) + 1} (or more)")
+    return ds
 
 
 def measure_steps(trainer: Any, x: Any, y: Any, repeats: int = 5) -> dict[str, Any]:

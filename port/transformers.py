@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import numbers
 from typing import Any, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from port.errors import ArgumentError
 
 
 class SelfAttention(nn.Module):
@@ -132,8 +135,9 @@ class LoRALinear(nn.Module):
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
         super().__init__()
-        if rank < 1:
-            raise ValueError(f"LoRA rank must be >= 1, got {rank}")
+        _check_rank_alpha(rank, alpha)
+        if not isinstance(base, nn.Linear):
+            raise ArgumentError(f"LoRALinear base: expected an nn.Linear, got {type(base).__name__}")
         self.base = base
         for p in self.base.parameters():
             p.requires_grad_(False)
@@ -158,19 +162,48 @@ class LoRALinear(nn.Module):
         return lin.to(self.base.weight.device)
 
 
+def _check_rank_alpha(rank: Any, alpha: Any) -> None:
+    if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 1:
+        raise ArgumentError(f"lora rank={rank!r}: expected an int >= 1 (the adapters' inner width, e.g. 8)")
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not math.isfinite(alpha) or alpha <= 0:
+        raise ArgumentError(f"lora alpha={alpha!r}: expected a finite number > 0 (the update is scaled by "
+                            f"alpha / rank; e.g. alpha = 2 * rank)")
+
+
+def _patterns(what: str, pats: Any) -> list[str]:
+    pats = [pats] if isinstance(pats, str) else pats
+    if not isinstance(pats, (list, tuple)) or not all(isinstance(p, str) and p for p in pats):
+        raise ArgumentError(f"lora {what}={pats!r}: expected a list of module-path patterns (fnmatch, e.g. "
+                            f"['*.attn.q', '*.attn.v'])")
+    return list(pats)
+
+
 def lora(model: nn.Module, targets: Sequence[str] = ("*.q", "*.v"), rank: int = 8, alpha: float = 16.0,
          train: Sequence[str] = ()) -> nn.Module:
     """Wrap the ``nn.Linear`` layers whose module path matches one of ``targets`` (fnmatch patterns) in
     LoRALinear, in place, and freeze every other parameter except those of modules matching ``train`` (e.g. a
-    new classifier head). Returns ``model``. Raises ValueError when no layer matches."""
-    if isinstance(targets, str):
-        targets = [targets]
-    hits = [name for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and any(fnmatch.fnmatchcase(name, t) for t in targets)]
-    if not hits:
-        linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-        raise ValueError(f"lora: targets {list(targets)} match no nn.Linear; the model's linear layers are "
-                         f"{linears[:12]}{' ...' if len(linears) > 12 else ''}")
+    new classifier head). Returns ``model``. Every argument is checked before the model changes: a rank that is
+    not an int >= 1, an alpha that is not a finite number > 0, or a pattern of ``targets`` (``train``) that
+    matches no nn.Linear (no module with parameters) raises port.errors.ArgumentError (a ValueError) naming
+    it and what is allowed (the model's linear layers)."""
+    if not isinstance(model, nn.Module):
+        raise ArgumentError(f"lora model: expected a torch.nn.Module, got {type(model).__name__}")
+    _check_rank_alpha(rank, alpha)
+    targets, train = _patterns("targets", targets), _patterns("train", train)
+    if not targets:
+        raise ArgumentError("lora targets=[]: give at least one pattern of the linear layers to adapt")
+    named = list(model.named_modules())
+    linears = [n for n, m in named if isinstance(m, nn.Linear)]
+    hits = [n for n in linears if any(fnmatch.fnmatchcase(n, t) for t in targets)]
+    idle = [t for t in targets if not any(fnmatch.fnmatchcase(n, t) for n in linears)]
+    if idle:
+        raise ArgumentError(f"lora targets: {idle} match no nn.Linear; the model's linear layers are "
+                            f"{linears[:12]}{' ...' if len(linears) > 12 else ''}")
+    with_params = [n for n, m in named if n and next(m.parameters(), None) is not None]
+    idle = [t for t in train if not any(fnmatch.fnmatchcase(n, t) for n in with_params)]
+    if idle:
+        raise ArgumentError(f"lora train: {idle} match no module with parameters; the model's are "
+                            f"{with_params[:12]}{' ...' if len(with_params) > 12 else ''}")
     for p in model.parameters():
         p.requires_grad_(False)
     for name in hits:

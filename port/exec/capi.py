@@ -53,6 +53,9 @@ from port.errors import PortError as _UserError
 PORT_OK, PORT_ERR_NULL, PORT_ERR_SHAPE, PORT_ERR_ARG, PORT_ERR_WORKSPACE, PORT_ERR_UNSUPPORTED, \
     PORT_ERR_ALIAS = range(7)
 GEMM_BLAS, GEMM_VENDORED, GEMM_AUTO = 0, 1, 2
+# the most kernel threads any setting may ask for (a device YAML describes another machine: its schema takes up to
+# this); the OpenMP runtime crashes (SIGSEGV) when asked for ~100k threads. On this machine max_threads() applies.
+MAX_THREADS = 1024
 CONV_AUTO, CONV_IM2COL, CONV_DIRECT, CONV_WINOGRAD = 0, 1, 2, 3
 ATTN_PLAIN, ATTN_TILED = 0, 1
 _ALGOS = {"auto": CONV_AUTO, "im2col": CONV_IM2COL, "direct": CONV_DIRECT, "winograd": CONV_WINOGRAD}
@@ -549,10 +552,11 @@ THREADS_PER_CPU, THREADS_FLOOR = 4, 64
 
 
 def max_threads() -> int:
-    """The largest thread count PORT accepts: 4 x the online CPUs (``os.cpu_count()``), and at least 64 (tests
+    """The largest thread count PORT accepts on this machine: 4 x the online CPUs (``os.cpu_count()``), at least 64
+    and at most MAX_THREADS (tests
     oversubscribe small machines on purpose); port-rt's --threads takes the same. Past the CPU count threads only
     wait at the parallel regions' barriers, and the OpenMP runtime crashes or hangs trying to start millions."""
-    return max(THREADS_FLOOR, THREADS_PER_CPU * (os.cpu_count() or 1))
+    return min(MAX_THREADS, max(THREADS_FLOOR, THREADS_PER_CPU * (os.cpu_count() or 1)))
 
 
 def check_thread_count(n: object, what: str = "threads") -> int:

@@ -271,8 +271,9 @@ class Executor:
         if lo < 0 or hi >= K:
             bad = ((y < 0) | (y >= K)).reshape(-1).nonzero()
             i = int(bad[0])
-            raise LabelError(f"label {int(y.reshape(-1)[i])} at index {i} of the batch is not a class index: "
-                             f"expected 0 <= label < num_classes = {K}")
+            ign = f" (or {self.ignore_index}: ignored)" if self.ignore_index is not None else ""
+            raise LabelError(f"labels y: label {int(y.reshape(-1)[i])} at index {i} of the batch is not a class "
+                             f"index: expected 0 <= label < num_classes = {K}{ign}")
 
     def view(self, tid: int):
         v = self._views.get(tid)

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
-from port.errors import PortTraceError
+from port.errors import ArgumentError, PortTraceError
 from port.ir import capture as C
 from port import ops
 from port.ops.base import BackwardCtx, Fwd, default_backward
@@ -117,7 +117,12 @@ def trace_many(jobs: Sequence[dict]) -> list[Graph]:
     and inference graphs: torch.export's compiler stack is imported once)."""
     prepared = [_prepare(**job) for job in jobs]
     todo = [p for p in prepared if p[0] is None or p[0] not in _CACHE]
-    made = _in_child(_capture_all, [p[1] for p in todo]) if todo else []
+    try:
+        made = _in_child(_capture_all, [p[1] for p in todo]) if todo else []
+    except PortTraceError as e:
+        from port.ir.tokens import explain_float_ids
+        explain_float_ids([p[1] for p in todo], e)   # raises a TokenError when float ids were the cause
+        raise
     for p, g in zip(todo, made):
         p.append(g)
         if p[0] is not None:
@@ -125,8 +130,10 @@ def trace_many(jobs: Sequence[dict]) -> list[Graph]:
             while len(_CACHE) > 32:
                 _CACHE.popitem(last=False)
     out = []
+    from port.ir.tokens import check_example
     for p in prepared:
         g = p[2] if len(p) > 2 else _CACHE[p[0]][0]
+        check_example(g, example_inputs(p[1][1]))   # token ids and sequence length (not in the cache key)
         if p[0] is not None:
             _CACHE.move_to_end(p[0])
         name = p[1][2]
@@ -153,6 +160,8 @@ def _prepare(model: Any, example_input: Any, loss: str = "cross_entropy", traina
     if isinstance(trainable, str):
         trainable = [trainable]
     model_name = name or type(model).__name__
+    if trainable is not None:
+        _check_trainable(model, model_name, trainable)
     key = capture_key(model, example_input, (loss, tuple(trainable) if trainable else None, optimizer, output))
     return [key, (model, example_input, model_name, trainable, optimizer, output)]
 
@@ -303,6 +312,20 @@ def _capture(model: Any, example_input: Any, model_name: str, trainable: Sequenc
         a, kw = call_args(example_input, lambda v: v.detach().clone())
         ep = C.export(copy.deepcopy(model), a, kw | kwargs, model_name)
     return _from_export(ep, model, example_input, model_name, batch, trainable, optimizer, output)
+
+
+def _check_trainable(model: Any, model_name: str, trainable: Any) -> None:
+    """Before the capture: every pattern of ``trainable`` matches a module with parameters (a typo would
+    silently freeze what it meant to train)."""
+    if not isinstance(trainable, (list, tuple)) or not all(isinstance(p, str) for p in trainable):
+        raise ArgumentError(f"{model_name}: trainable={trainable!r}: expected None (train every parameter) or a list "
+                            f"of module-name patterns (fnmatch, or a prefix such as 'layer4')")
+    owners = sorted({qn.rsplit(".", 1)[0] if "." in qn else "" for qn, _ in
+                     model.named_parameters(remove_duplicate=False)})
+    idle = [p for p in trainable if not any(_module_is_trainable([p], o) for o in owners)]
+    if idle:
+        raise ArgumentError(f"{model_name}: trainable pattern(s) {idle} matched no module with parameters; the "
+                            f"model's are {owners[:12]}{' ...' if len(owners) > 12 else ''}")
 
 
 def _module_is_trainable(trainable: Sequence[str] | None, path: str) -> bool:

@@ -3,16 +3,69 @@
 off). Objects are mutable so a learning-rate schedule can set ``opt.lr`` between steps."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
+
+from port.errors import ArgumentError
+
+
+def _number(owner: str, key: str, v: object, lo: float, hi: float | None = None, lo_open: bool = False,
+            hi_open: bool = True) -> float:
+    """``v`` as a float when it is a finite real number in the range, else an ArgumentError naming
+    ``owner``'s ``key``, the value and the range."""
+    ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and \
+        (v > lo if lo_open else v >= lo) and (hi is None or (v < hi if hi_open else v <= hi))
+    if not ok:
+        rng = (f"{'>' if lo_open else '>='} {lo:g}" if hi is None else
+               f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}")
+        raise ArgumentError(f"{owner} {key}={v!r}: expected a finite number {rng}")
+    return float(v)
+
+
+class _Checked:
+    """Every field is checked when it is set (at construction and by a schedule between steps, e.g.
+    ``opt.lr = 0.01``), with an ArgumentError naming it, the value and the allowed values."""
+
+    def __setattr__(self, key: str, value: object) -> None:
+        if key in self.__dataclass_fields__:
+            value = self._field(key, value)
+        object.__setattr__(self, key, value)
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Every field again, and the rules between fields (Trainer calls this before it traces)."""
+        for k in self.__dataclass_fields__:
+            self._field(k, getattr(self, k))
 
 
 @dataclass
-class SGD:
+class SGD(_Checked):
+    """torch.optim.SGD's settings and rules: lr >= 0, momentum in [0, 1), weight_decay >= 0, dampening in
+    [0, 1], nesterov only with momentum > 0 and dampening 0."""
     lr: float = 0.01
     momentum: float = 0.0
     weight_decay: float = 0.0
     nesterov: bool = False
     dampening: float = 0.0
+
+    def _field(self, key: str, v: object) -> object:
+        if key == "nesterov":
+            if not isinstance(v, bool):
+                raise ArgumentError(f"SGD nesterov={v!r}: expected True or False")
+            return v
+        if key == "momentum":
+            return _number("SGD", key, v, 0.0, 1.0)
+        if key == "dampening":
+            return _number("SGD", key, v, 0.0, 1.0, hi_open=False)
+        return _number("SGD", key, v, 0.0)
+
+    def check(self) -> None:
+        super().check()
+        if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
+            raise ArgumentError(f"SGD nesterov=True needs momentum > 0 and dampening 0 (as torch.optim.SGD), got "
+                                f"momentum={self.momentum!r}, dampening={self.dampening!r}")
 
     @property
     def graph_name(self) -> str:
@@ -24,7 +77,8 @@ class SGD:
 
 
 @dataclass
-class AdamW:
+class AdamW(_Checked):
+    """torch.optim.AdamW's settings: lr >= 0, betas two numbers in [0, 1), eps > 0, weight_decay >= 0."""
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
@@ -32,15 +86,22 @@ class AdamW:
 
     graph_name = "adamw"
 
+    def _field(self, key: str, v: object) -> object:
+        if key == "betas":
+            if not isinstance(v, (list, tuple)) or len(v) != 2:
+                raise ArgumentError(f"AdamW betas={v!r}: expected a pair (beta1, beta2) of numbers in [0, 1), "
+                                    f"e.g. (0.9, 0.999)")
+            return tuple(_number("AdamW", f"betas[{i}]", b, 0.0, 1.0) for i, b in enumerate(v))
+        return _number("AdamW", key, v, 0.0, lo_open=key == "eps")
+
     def to_dict(self) -> dict:
         return {"name": "AdamW", "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
                 "weight_decay": self.weight_decay}
 
 
 def from_dict(d: dict):
-    """The inverse of ``to_dict``; raises ValueError naming the key for unknown names/keys or values that are
-    not finite numbers in range (a checkpoint header is read through here)."""
-    import math
+    """The inverse of ``to_dict``; raises ValueError (ArgumentError for a value) naming the key for unknown
+    names/keys or values outside the optimizer's rules (a checkpoint header is read through here)."""
     if not isinstance(d, dict):
         raise ValueError(f"expected an object, got {type(d).__name__}")
     d = dict(d)
@@ -48,26 +109,9 @@ def from_dict(d: dict):
     cls = {"SGD": SGD, "AdamW": AdamW}.get(name) if isinstance(name, str) else None
     if cls is None:
         raise ValueError(f"unknown optimizer {name!r} (SGD or AdamW)")
-    fields = set(cls.__dataclass_fields__)
-    unknown = sorted(set(d) - fields)
+    unknown = sorted(set(d) - set(cls.__dataclass_fields__))
     if unknown:
         raise ValueError(f"unknown key(s) {unknown} for {name}")
-
-    def num(k, v, lo=0.0, lo_open=False, hi=None):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo or \
-                (lo_open and v == lo) or (hi is not None and v >= hi):
-            raise ValueError(f"key {k!r} = {v!r} is not a finite number in range")
-        return float(v)
-    for k, v in list(d.items()):
-        if k == "nesterov":
-            if not isinstance(v, bool):
-                raise ValueError(f"key 'nesterov' = {v!r} is not a boolean")
-        elif k == "betas":
-            if not isinstance(v, (list, tuple)) or len(v) != 2:
-                raise ValueError(f"key 'betas' = {v!r} is not a pair of numbers")
-            d[k] = tuple(num("betas", b, hi=1.0) for b in v)
-        else:
-            d[k] = num(k, v, lo_open=k in ("lr", "eps"))
     return cls(**d)
 
 

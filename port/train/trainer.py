@@ -14,10 +14,11 @@ PyTorch gradient accumulation: the result then differs from full-batch training.
 from __future__ import annotations
 
 import mmap
+import weakref
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from port.errors import NonFiniteError, PortError
+from port.errors import ArgumentError, NonFiniteError, PortError
 from port.exec import capi
 from port.exec.executor import Executor, RunState
 from port.lower.lower import default_plan, inference_job, lower
@@ -25,6 +26,7 @@ from port.train.optim import SGD, AdamW
 from port.lower.program import Program
 from port.ir.types import ROLE_BUFFER, ROLE_GRADIENT, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER
 from port.plan.types import Plan
+from port.ir.tokens import check_tokens, token_bounds
 from port.train.memwatch import release_freed_heap
 
 
@@ -68,9 +70,11 @@ class Trainer:
         self._governor = None
         self.set_threads(threads)
         if on_nonfinite not in ("stop", "skip"):
-            raise PortError(f"on_nonfinite={on_nonfinite!r}: expected 'stop' or 'skip'")
+            raise ArgumentError(f"on_nonfinite={on_nonfinite!r}: expected 'stop' or 'skip'")
         self.on_nonfinite = on_nonfinite
         self.skipped_steps = 0
+        # the arguments checked before any work (tracing, lowering, the arena)
+        _check_args(model, optimizer, plan, micro_batch, engine, backend)
         import torch
         # several inputs (a tuple of positional tensors or a dict of keyword tensors, e.g. input_ids and
         # attention_mask): the first is the main input, the rest ride along in every batch the same way
@@ -96,9 +100,10 @@ class Trainer:
         self.opt = optimizer if optimizer is not None else SGD(0.01)
         self.backend = backend
         B = int(example_input.shape[0])
-        mb = int(micro_batch) if micro_batch else B
+        mb = int(micro_batch) if micro_batch is not None else B
         if mb < 1 or B % mb:
-            raise PortError(f"micro_batch={micro_batch} must divide the batch size {B}")
+            raise ArgumentError(f"micro_batch={micro_batch}: expected a positive divisor of the batch size {B} "
+                                f"(the example's first dimension), or None")
         self.batch_size, self.micro_batch = B, mb
         self.example_shape = tuple(example_input.shape[1:])
         ex_in = example_input[:mb].detach().contiguous()
@@ -112,14 +117,15 @@ class Trainer:
             dict(model=model, example_input=ex_all, trainable=trainable, optimizer=self.opt.graph_name),
             inference_job(model, ex_all)])
         self.label_shape = tuple(self.graph.tensors[self.graph.label_id].shape[1:])   # () or (T,) for tokens
+        # the embeddings that look up an input's ids: every batch's ids are checked against them (trace checked
+        # the example's)
+        self._token_bounds = token_bounds(self.graph)
         plan_batch = None          # the batch a plan file says it was solved for (port.pipeline writes it)
         if isinstance(plan, (str, Path)):
             from port.plan.io import load_plan
             plan_path = Path(plan)
             plan = load_plan(plan_path)
             plan_batch = _plan_file_batch(plan_path)
-        if plan is not None and not isinstance(plan, Plan):
-            raise PortError(f"plan must be a port.types.Plan or a plan file path, got {type(plan).__name__}")
         if plan is not None and plan.batch_size:
             plan_batch = plan.batch_size
         if plan is not None and plan.early_updates and mb != B:
@@ -180,8 +186,6 @@ class Trainer:
         self._bn_batches = 0        # training forward passes (BN num_batches_tracked)
         self._load_module(model, bind=True)
         release_freed_heap()     # the module's own weight copies, freed as they moved into the arena
-        if engine not in ("auto", "rt", "python"):
-            raise PortError(f"engine={engine!r}: expected 'auto', 'rt' or 'python'")
         from port.exec import rtengine
         why = rtengine.eligible(self)
         if engine == "rt" and why:
@@ -190,6 +194,9 @@ class Trainer:
         self.engine = "rt" if self._rt is not None else "python"
         release_freed_heap()     # set-up's freed temporaries: glibc keeps small allocations' pages otherwise
         self.rss["after_setup_bytes"] = rss_bytes()
+        self.closed = False
+        for m in model.modules():          # this trainer's arena holds the module's weights now (see _check_args)
+            _OWNERS[m] = weakref.ref(self)
 
 
     def set_threads(self, threads: int | str | None) -> None:
@@ -198,7 +205,7 @@ class Trainer:
         governor stops). See __init__."""
         if threads is not None and threads != "auto" and (isinstance(threads, bool) or not isinstance(threads, int)
                                                             or threads < 1):
-            raise PortError(f"threads={threads!r}: expected a thread count >= 1, 'auto' or None (keep the "
+            raise ArgumentError(f"threads={threads!r}: expected a thread count >= 1, 'auto' or None (keep the "
                             f"current setting, {capi.get_num_threads()})")
         if threads is not None and threads != "auto":
             capi.check_thread_count(threads, "threads")     # at most capi.max_threads(): max(64, 4 x the CPUs)
@@ -343,16 +350,16 @@ class Trainer:
         """x, y as tensors of the compiled shapes and dtypes (numpy arrays and lists are converted); a named
         PortError with the expected and the given shape/dtype otherwise."""
         import torch
+        self._check_open(what)
         B = self.batch_size
         x, self._extra_batch = self._unpack(x, what, B)
         x = _as_tensor(x, "x")
         y = _as_tensor(y, "y")
-        if x.shape[0] != B or tuple(x.shape[1:]) != self.example_shape:
-            raise PortError(f"{what}() expects x of shape {[B, *self.example_shape]}, got {list(x.shape)} "
-                            f"(the program is compiled for batch {B})")
-        if not (x.is_floating_point() or x.dtype in (torch.int8, torch.int16, torch.int32, torch.int64,
-                                                     torch.uint8)) or x.is_complex():
-            raise PortError(f"{what}() expects x of a real number dtype (float32), got {x.dtype}")
+        if x.dim() < 1 or x.shape[0] != B or tuple(x.shape[1:]) != self.example_shape:
+            raise ArgumentError(f"{what}() expects x of shape {[B, *self.example_shape]}, got {list(x.shape)} (the "
+                                f"example input's shape: the program is compiled for batch {B}" + (
+                                    f" and sequence length {self.example_shape[0]}" if self.tokens else "") + ")")
+        self._check_x(x, what)
         want = (B,) + self.label_shape
         if tuple(y.shape) != want:
             raise PortError(f"{what}() expects labels y of shape {list(want)} (" + (
@@ -362,6 +369,20 @@ class Trainer:
             raise PortError(f"{what}() expects labels y of an integer dtype (int64 class indices), got {y.dtype}; "
                             f"convert with y.long() if they are whole numbers")
         return x, y
+
+    def _check_x(self, x: Any, what: str, extra: Any = None) -> None:
+        """x's dtype (token ids: an integer dtype; else a real number dtype) and every input's token ids
+        against the embeddings that look them up (port.ir.tokens)."""
+        import torch
+        if self.tokens and (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool):
+            raise ArgumentError(f"{what}() expects x of token ids of an integer dtype (int64, as the example input), "
+                                f"got {x.dtype}. Fix: x.long() if the values are whole numbers")
+        if not (x.is_floating_point() or x.dtype in (torch.int8, torch.int16, torch.int32, torch.int64,
+                                                     torch.uint8)) or x.is_complex():
+            raise ArgumentError(f"{what}() expects x of a real number dtype (float32), got {x.dtype}")
+        if self._token_bounds:
+            names = ["x"] + [f"x[{k!r}]" for k in self.extra_names]
+            check_tokens(self._token_bounds, [x, *(self._extra_batch if extra is None else extra)], names)
 
     def _nonfinite(self, loss: float) -> bool:
         import math
@@ -525,11 +546,13 @@ class Trainer:
     def predict(self, x: Any):
         """Logits for x [M, ...] (any M) with eval-mode semantics (running BN stats, no dropout)."""
         import torch
+        self._check_open("predict")
         x, extra = self._unpack(x, "predict", None)
         x = _as_tensor(x, "x")
         if x.dim() < 1 or tuple(x.shape[1:]) != self.example_shape:
-            raise PortError(f"predict() expects x of shape [M, {', '.join(map(str, self.example_shape))}] (any M), "
-                            f"got {list(x.shape)}")
+            raise ArgumentError(f"predict() expects x of shape [M, {', '.join(map(str, self.example_shape))}] "
+                                f"(any M), got {list(x.shape)}")
+        self._check_x(x, "predict", extra)
         ex = self.eval_executor
         n = ex.input.shape[0]
         outs = []
@@ -553,7 +576,15 @@ class Trainer:
         import torch.nn.functional as F
         tot_loss, correct, count = 0.0, 0, 0
         for x, y in loader:
+            y = _as_tensor(y, "y")
+            if y.dtype == torch.bool or y.is_floating_point() or y.is_complex():
+                raise ArgumentError(f"evaluate() expects labels y of an integer dtype (int64 class indices), got "
+                                    f"{y.dtype}")
+            self.executor.check_labels(y)      # before predict runs: a LabelError naming y, not torch's IndexError
             logits = self.predict(x)
+            if logits.shape[:y.dim()] != y.shape:
+                raise ArgumentError(f"evaluate() expects labels y of shape {list(logits.shape[:-1])} (one per "
+                                    f"{'position' if logits.dim() == 3 else 'sample'} of x), got {list(y.shape)}")
             if logits.dim() == 3:        # token-level: every non-ignored position counts
                 from port.ir.trace import IGNORE_INDEX
                 z, t = logits.reshape(-1, logits.shape[-1]), torch.as_tensor(y).reshape(-1)
@@ -593,6 +624,9 @@ class Trainer:
         writes the whole arena, of a copy only the tensor). Another ``model`` gets the values copied in."""
         import torch
         m = self.model if model is None else model
+        if m is self.model and self.closed:
+            raise PortError("to_torch(): this Trainer was closed and its module handed back (it holds the trained "
+                            "weights as its own tensors); pass model= to copy the weights into another module")
         with torch.no_grad():
             mine = {id(t): v for t, v in self._module_tensors(m)}
             for k, t in list(m.named_parameters(remove_duplicate=False)) + \
@@ -623,6 +657,24 @@ class Trainer:
             if bool(d.any()):
                 out[s.name] = d
         return out
+
+    def close(self) -> None:
+        """Hand the module back: its parameters and buffers become tensors of their own holding the trained
+        values (``to_torch(detach=True)``), so another Trainer may train it; this trainer then refuses to
+        step, predict or bind a module again (its arena is freed with it)."""
+        if self.closed:
+            return
+        self.to_torch(detach=True)
+        for m in self.model.modules():
+            ref = _OWNERS.get(m)
+            if ref is not None and ref() is self:
+                del _OWNERS[m]
+        self.closed = True
+
+    def _check_open(self, what: str) -> None:
+        if self.closed:
+            raise PortError(f"{what}(): this Trainer was closed (close() handed its module back); make a new "
+                            f"Trainer to train it again")
 
     # -- checkpoints and export ---------------------------------------------------------------
     def save_checkpoint(self, path: str | Path, meta: dict | None = None) -> None:
@@ -664,6 +716,53 @@ class Trainer:
                 "eval_arena_bytes": self.eval_program.arena_bytes, "persistent_bytes": p.persistent_bytes,
                 "scratch_bytes": p.scratch_bytes, "peak_live_bytes": p.peak_live_bytes,
                 "rss_before_bytes": self.rss["before_bytes"], "rss_after_setup_bytes": self.rss["after_setup_bytes"]}
+
+
+# module -> weakref to the live Trainer whose arena holds its weights (every submodule too): a second Trainer
+# on the same module (or a part or a parent of it) would rebind the same parameters to its own arena
+_OWNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _owner(model: Any) -> "Trainer | None":
+    """The live, open Trainer that trains ``model`` or one of its submodules or parents, if any."""
+    for m in model.modules():
+        ref = _OWNERS.get(m)
+        t = ref() if ref is not None else None
+        if t is not None and not t.closed:
+            return t
+    return None
+
+
+def _check_args(model: Any, optimizer: Any, plan: Any, micro_batch: Any, engine: Any, backend: Any) -> None:
+    """Trainer's arguments that need no tracing, checked before any: a named ArgumentError otherwise."""
+    import torch
+    from port.lower.lower import BACKENDS
+    if not isinstance(model, torch.nn.Module):
+        raise ArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, (SGD, AdamW)):
+        raise ArgumentError(f"optimizer must be port.optim.SGD(...) or port.optim.AdamW(...) (or None: SGD(0.01)), "
+                            f"got {type(optimizer).__module__}.{type(optimizer).__qualname__}")
+    if optimizer is not None:
+        optimizer.check()
+    if plan is not None and not isinstance(plan, (Plan, str, Path)):
+        raise ArgumentError(f"plan must be a port.Plan, a plan file path or None, got {type(plan).__name__}")
+    if micro_batch is not None and (isinstance(micro_batch, bool) or not isinstance(micro_batch, int)
+                                    or micro_batch < 1):
+        raise ArgumentError(f"micro_batch={micro_batch!r}: expected None or a positive int that divides the batch "
+                            f"size")
+    if engine not in ("auto", "rt", "python"):
+        raise ArgumentError(f"engine={engine!r}: expected 'auto', 'rt' or 'python'")
+    if backend not in BACKENDS:
+        raise ArgumentError(f"backend={backend!r}: expected one of {', '.join(map(repr, BACKENDS))}")
+    if _owner(model) is not None:
+        import gc
+        gc.collect()            # a trainer nobody holds may live on in a reference cycle until collected
+    if _owner(model) is not None:
+        raise ArgumentError(
+            "model: another live Trainer trains this module (or a part of it): its parameters are views of that "
+            "trainer's arena, and a second Trainer would rebind the same parameters to its own (each would "
+            "silently change the other's module). Fix: pass a copy (Trainer(copy.deepcopy(model), ...)), or "
+            "call close() on the first trainer (the module then keeps its trained weights as its own tensors)")
 
 
 def _as_tensor(v: Any, what: str):
