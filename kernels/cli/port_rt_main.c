@@ -138,18 +138,6 @@ static int load_data(const char *path, data_t *d, void **owner) {
     uint8_t h[32];
     port_sha256(h, b, n - 32);
     if (memcmp(h, b + n - 32, 32) != 0) goto bad;
-    /* every label a class index (or the ignore index), checked once: eval would count a bad one as a miss */
-    for (uint64_t i = 0; i < cnt * labels; i++) {
-        int64_t v;
-        memcpy(&v, b + yoff + i * 8, 8);
-        if ((v < 0 || (uint64_t)v >= cls) && !((flags & 1) && v == ignore)) {
-            fprintf(stderr, "port-rt: %s: label %lld of sample %llu is not a class index (0..%llu%s). Fix: write "
-                            "the data with labels in range (port.exec.bundle.write_data checks them)\n", path,
-                    (long long)v, (unsigned long long)(i / labels), (unsigned long long)(cls - 1),
-                    (flags & 1) ? " or the ignore index" : "");
-            return 2;
-        }
-    }
     d->x = b + hb;
     d->y = (const int64_t *)(const void *)(b + yoff);
     d->n = cnt;

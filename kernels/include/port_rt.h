@@ -194,6 +194,10 @@ typedef struct {
     int64_t zero_offset[2], zero_bytes[2];
 } port_rt_call;
 
+/* the largest optimizer setting (lr, momentum, dampening, weight decay, eps) a bundle or checkpoint may hold: the
+ * kernels take them as floats, so FLT_MAX (a larger finite double would be inf there) */
+#define PORT_RT_MAX_SETTING 3.4028234663852886e38
+
 #define PORT_RT_LATE_UPDATE 1
 #define PORT_RT_FLAG_NO_IMAGE 1
 #define PORT_RT_FLAG_IGNORE_INDEX 2

@@ -46,10 +46,11 @@ static int inside(int64_t off, int64_t n, uint64_t limit) {
 static const char *bad_state(const port_rt_state *s) {
     if (s->optimizer < 0 || s->optimizer > PORT_RT_OPT_ADAMW) return "run state: unknown optimizer";
     if (s->nesterov != 0 && s->nesterov != 1) return "run state: nesterov must be 0 or 1";
+    /* at most FLT_MAX: the kernels take these settings as floats (a larger finite double is inf there) */
     const double v[5] = {s->lr, s->momentum, s->dampening, s->weight_decay, s->eps};
     for (int i = 0; i < 5; i++)
-        if (!isfinite(v[i]) || v[i] < 0.0 || v[i] > 1e6)
-            return "run state: lr, momentum, dampening, weight decay and eps must be finite, in [0, 1e6]";
+        if (!isfinite(v[i]) || v[i] < 0.0 || v[i] > PORT_RT_MAX_SETTING)
+            return "run state: lr, momentum, dampening, weight decay and eps must be finite, in [0, 3.4e38]";
     if (!(s->beta1 >= 0.0 && s->beta1 < 1.0 && s->beta2 >= 0.0 && s->beta2 < 1.0))
         return "run state: AdamW betas must lie in [0, 1)";
     if (s->step < 0 || s->dropout_counter < 0) return "run state: negative step or dropout counter";

@@ -178,7 +178,7 @@ static int refuse(port_rt_ckpt_problem *why, const char *key, const char *want, 
 }
 
 #define MAX_COUNT ((uint64_t)1 << 53)
-#define MAX_SETTING 1e6
+#define MAX_SETTING PORT_RT_MAX_SETTING
 
 int port_rt_check_checkpoint(const port_rt *rt, const uint8_t *ck, uint64_t n, port_rt_ckpt_problem *why) {
     if (!rt || !ck) return PORT_ERR_NULL;
@@ -233,13 +233,13 @@ int port_rt_check_checkpoint(const port_rt *rt, const uint8_t *ck, uint64_t n, p
             v = ve = NULL;
             int st = member(o, oe, open_keys[i], &v, &ve);
             if (st < 0 || (st == 0 && parse_num(v, ve, 0.0, 1, MAX_SETTING)))
-                return refuse(why, open_names[i], "a finite number in (0, 1e6]", v, ve);
+                return refuse(why, open_names[i], "a finite number in (0, 3.4e38] (a float32)", v, ve);
         }
         for (int i = 0; i < 3; i++) {
             v = ve = NULL;
             int st = member(o, oe, closed_keys[i], &v, &ve);
             if (st < 0 || (st == 0 && parse_num(v, ve, 0.0, 0, MAX_SETTING)))
-                return refuse(why, closed_names[i], "a finite number in [0, 1e6]", v, ve);
+                return refuse(why, closed_names[i], "a finite number in [0, 3.4e38] (a float32)", v, ve);
         }
         v = ve = NULL;
         int st = member(o, oe, "betas", &v, &ve);
