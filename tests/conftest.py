@@ -18,3 +18,22 @@ os.environ.setdefault("PORT_CAPTURE", "inprocess")
 # Before torch loads its OpenMP runtime: passive waiting (a spinning pool on an oversubscribed 2-core
 # machine makes every parallel region 100x slower; see port/exec/capi.py).
 import port  # noqa: E402,F401
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def port_rt():
+    """The port-rt binary: PORT_RT_BIN when set (make test-asan: the ASan+UBSan build), else `make port-rt`'s."""
+    import shutil
+    import subprocess
+    if "PORT_RT_BIN" in os.environ:
+        b = Path(os.environ["PORT_RT_BIN"])
+        assert b.is_file(), f"PORT_RT_BIN={b} does not exist"
+        return b
+    if shutil.which("gcc") is None:
+        pytest.skip("no C compiler: apt-get install -y gcc")
+    r = subprocess.run(["make", "-s", "port-rt"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return ROOT / "kernels" / "build" / "port-rt"

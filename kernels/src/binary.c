@@ -99,6 +99,19 @@ static int needs(int64_t op, int k, int other) {   /* does operand k's gradient 
     return 0;
 }
 
+/* adds to *oy, *oa, *ob the offsets of the flat index `idx` over the dims dim[0..n) (the last one fastest) */
+static inline void add_offsets(int64_t idx, const int64_t *dim, int64_t n, const port_binary_params *p,
+                               const int64_t *sy, const int64_t *sa, const int64_t *sb, int64_t *oy, int64_t *oa,
+                               int64_t *ob) {
+    for (int64_t j = n - 1; j >= 0; j--) {
+        int64_t i = dim[j], c = idx % p->dims[i];
+        idx /= p->dims[i];
+        *oy += c * sy[i];
+        *oa += c * sa[i];
+        *ob += c * sb[i];
+    }
+}
+
 static void grad_of(float *d, int k, const float *dy, const float *a, const float *b, const port_binary_params *p,
                     int accumulate) {
     const int64_t r = p->rank, op = p->op, m = k ? p->b_bcast : p->a_bcast;
@@ -116,24 +129,12 @@ static void grad_of(float *d, int k, const float *dy, const float *a, const floa
     const int64_t da_ = a ? 1 : 0, db_ = b ? 1 : 0;     /* an operand not read: its pointer stays on a zero */
 #pragma omp parallel for schedule(static) if (n_kept * n_red > PORT_PAR_MIN && n_kept > 1)
     for (int64_t e = 0; e < n_kept; e++) {
-        int64_t oy = 0, oa = 0, ob = 0, rest = e;
-        for (int64_t j = nk - 1; j >= 0; j--) {
-            int64_t i = kept[j], c = rest % p->dims[i];
-            rest /= p->dims[i];
-            oy += c * sy[i];
-            oa += c * sa[i];
-            ob += c * sb[i];
-        }
+        int64_t oy = 0, oa = 0, ob = 0;
+        add_offsets(e, kept, nk, p, sy, sa, sb, &oy, &oa, &ob);
         double s = 0.0;
         for (int64_t t = 0; t < n_red; t++) {
-            int64_t ry = oy, ra = oa, rb = ob, rr = t;
-            for (int64_t j = nr - 1; j >= 0; j--) {
-                int64_t i = red[j], c = rr % p->dims[i];
-                rr /= p->dims[i];
-                ry += c * sy[i];
-                ra += c * sa[i];
-                rb += c * sb[i];
-            }
+            int64_t ry = oy, ra = oa, rb = ob;
+            add_offsets(t, red, nr, p, sy, sa, sb, &ry, &ra, &rb);
             s += term(op, k, (double)dy[ry], A + ra * da_, B + rb * db_);
         }
         d[e] = accumulate ? d[e] + (float)s : (float)s;

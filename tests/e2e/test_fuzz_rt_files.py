@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import shutil
 import struct
 import subprocess
 import time
@@ -26,22 +25,12 @@ from port.errors import InternalError, PortError
 from port.exec.bundle import DATA_HEADER_BYTES, write_data
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / "kernels" / "build" / "port-rt"
 SECONDS = 6.0             # per file kind
 SEED = 20260531
 B, N = 4, 12
 ODD_U32 = [0, 1, 2, 3, 5, 0xFFFFFFFF, 0x80000000, 1 << 24, (1 << 24) + 1]
 ODD_U64 = [0, 1, 2, 7, 63, 64, 65, N - 1, N + 1, 1 << 30, (1 << 30) + 1, 1 << 40, (1 << 40) + 1, 2**63, 2**64 - 1]
 ODD_JSON = ["x", "", [], {}, None, True, -1, 0, 2**70, 1e308, float("nan"), float("inf"), 1.5, [1, "a"]]
-
-
-@pytest.fixture(scope="module")
-def port_rt():
-    if shutil.which("gcc") is None:
-        pytest.skip("no C compiler: apt-get install -y gcc")
-    r = subprocess.run(["make", "-s", "port-rt"], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return BIN
 
 
 @pytest.fixture(scope="module")

@@ -59,6 +59,17 @@ def test_equality_criterion():
     assert not P.equal([2.0, float("nan"), 1.0], f32, f64)
 
 
+def _losses_like_eager(tr, ref, opt, x, y, steps):
+    """``steps`` steps of the Trainer and of eager ``ref`` with ``opt``: every loss equal to 1e-5."""
+    for i in range(steps):
+        lp = tr.step(x, y)
+        opt.zero_grad()
+        lt = F.cross_entropy(ref(x), y)
+        lt.backward()
+        opt.step()
+        assert abs(lp - float(lt)) <= 1e-5 * abs(float(lt)) + 1e-6, f"step {i}: {lp} vs {float(lt)}"
+
+
 # ---- the fallback: an aten op PORT has no kind for ------------------------------------------------------
 class _Fallback(nn.Module):
     """Ops without C kernels: sigmoid gating with a broadcast tensor multiply, a parameter used directly (a
@@ -93,13 +104,7 @@ def test_torch_op_fallback_trains_like_eager(opt):
     kinds = {o.kind for o in tr.graph.ops}
     assert {"torch_op", "torch_op.grad_input", "torch_op.grad_weight", "conv2d", "linear"} <= kinds
     assert {d.accelerator for d in tr.plan.ops} == {"cpu-c", "cpu-torch"}
-    for i in range(4):
-        lp = tr.step(x, y)
-        topt.zero_grad()
-        lt = F.cross_entropy(ref(x), y)
-        lt.backward()
-        topt.step()
-        assert abs(lp - float(lt)) <= 1e-5 * abs(float(lt)) + 1e-6, f"step {i}: {lp} vs {float(lt)}"
+    _losses_like_eager(tr, ref, topt, x, y, 4)
     sd, rsd = tr.state_dict(), ref.state_dict()
     for k in rsd:
         torch.testing.assert_close(sd[k], rsd[k], rtol=1e-4, atol=1e-5)
@@ -176,13 +181,7 @@ def test_torch_op_saves_what_autograd_saves():
     ref = copy.deepcopy(m)
     tr = Trainer(m, x, optimizer=SGD(0.1))
     opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    for i in range(3):
-        lp = tr.step(x, y)
-        opt.zero_grad()
-        lt = F.cross_entropy(ref(x), y)
-        lt.backward()
-        opt.step()
-        assert abs(lp - float(lt)) <= 1e-5 * abs(float(lt)) + 1e-6, f"step {i}: {lp} vs {float(lt)}"
+    _losses_like_eager(tr, ref, opt, x, y, 3)
 
 
 def test_model_output_dicts_and_output_choice():

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -23,17 +22,7 @@ from port.exec import capi
 from port.exec.bundle import BundleError, check_bundle, write_bundle, write_data
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / "kernels" / "build" / "port-rt"
 N = 40
-
-
-@pytest.fixture(scope="module")
-def port_rt():
-    if shutil.which("gcc") is None:
-        pytest.skip("no C compiler: apt-get install -y gcc")
-    r = subprocess.run(["make", "-s", "port-rt"], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return BIN
 
 
 def _case(name, shape, B=8, optimizer=None, seed=0):

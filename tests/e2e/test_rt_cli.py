@@ -26,7 +26,7 @@ from port.errors import PortError
 from port.exec import capi
 from port.exec.bundle import (BundleError, check_bundle, key_id, load_key, signature_trailer, write_bundle,
                               write_data)
-from test_rt import _case, _rechecksum, _run, _seq_case, port_rt  # noqa: F401  (port_rt: the binary's fixture)
+from test_rt import _case, _rechecksum, _run, _seq_case
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 40

@@ -16,7 +16,6 @@ import dataclasses
 import hashlib
 import math
 import os
-import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -36,7 +35,6 @@ from port.plan import variants as V
 from port.plan.types import OpDecision
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / "kernels" / "build" / "port-rt"
 CALL_BYTES = ctypes.sizeof(capi.RtCall)
 
 
@@ -259,17 +257,6 @@ def _bundle_with(data, index, record):
 
 def _run_rt(binary, path):
     return subprocess.run([str(binary), "info", str(path)], capture_output=True, text=True, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def port_rt():
-    if "PORT_RT_BIN" in os.environ:      # make test-asan: the ASan+UBSan build
-        return Path(os.environ["PORT_RT_BIN"])
-    if shutil.which("gcc") is None:
-        pytest.skip("no C compiler: apt-get install -y gcc")
-    r = subprocess.run(["make", "-s", "port-rt"], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return BIN
 
 
 def test_mutated_calls_are_refused_by_loader_and_check_program(zoo, port_rt, tmp_path):

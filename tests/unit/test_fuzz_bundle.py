@@ -19,7 +19,6 @@ import hashlib
 import math
 import os
 import random
-import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -31,23 +30,10 @@ from port.exec import capi
 from port.exec.bundle import build_bundle, write_data
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(os.environ.get("PORT_RT_BIN", ROOT / "kernels" / "build" / "port-rt"))
 MUTANTS = int(os.environ.get("PORT_FUZZ_BUNDLES", "48"))
 SEED = 53
 CALL_BYTES = ctypes.sizeof(capi.RtCall)
 SANITIZER = ("AddressSanitizer", "runtime error:", "LeakSanitizer", "UndefinedBehaviorSanitizer")
-
-
-@pytest.fixture(scope="module")
-def port_rt():
-    if "PORT_RT_BIN" in os.environ:
-        assert BIN.is_file(), f"PORT_RT_BIN={BIN} does not exist"
-        return BIN
-    if shutil.which("gcc") is None:
-        pytest.skip("no C compiler: apt-get install -y gcc")
-    r = subprocess.run(["make", "-s", "port-rt"], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return BIN
 
 
 @pytest.fixture(scope="module")
