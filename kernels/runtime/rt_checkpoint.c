@@ -224,18 +224,20 @@ int port_rt_check_checkpoint(const port_rt *rt, const uint8_t *ck, uint64_t n, p
     has = member(j, end, "optimizer", &o, &oe);
     if (has < 0) return refuse(why, "optimizer", "an object of optimizer settings", o, oe);
     if (has == 0) {
-        static const char *const open_keys[] = {"lr", "eps"}, *const closed_keys[] = {"momentum", "dampening",
-                                                                                      "weight_decay"};
-        static const char *const open_names[] = {"optimizer.lr", "optimizer.eps"},
-                                 *const closed_names[] = {"optimizer.momentum", "optimizer.dampening",
-                                                          "optimizer.weight_decay"};
-        for (int i = 0; i < 2; i++) {
+        /* the Python reader's rule (port/train/optim.py): eps > 0; lr >= 0 as torch.optim allows (a schedule may
+           start at 0); every setting a finite float32 */
+        static const char *const open_keys[] = {"eps"}, *const closed_keys[] = {"lr", "momentum", "dampening",
+                                                                                "weight_decay"};
+        static const char *const open_names[] = {"optimizer.eps"},
+                                 *const closed_names[] = {"optimizer.lr", "optimizer.momentum",
+                                                          "optimizer.dampening", "optimizer.weight_decay"};
+        for (int i = 0; i < 1; i++) {
             v = ve = NULL;
             int st = member(o, oe, open_keys[i], &v, &ve);
             if (st < 0 || (st == 0 && parse_num(v, ve, 0.0, 1, MAX_SETTING)))
                 return refuse(why, open_names[i], "a finite number in (0, 3.4e38] (a float32)", v, ve);
         }
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             v = ve = NULL;
             int st = member(o, oe, closed_keys[i], &v, &ve);
             if (st < 0 || (st == 0 && parse_num(v, ve, 0.0, 0, MAX_SETTING)))

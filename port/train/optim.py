@@ -8,16 +8,22 @@ from dataclasses import asdict, dataclass
 
 from port.errors import ArgumentError
 
+#: the largest float32: settings run in float32 kernels (C and port-rt), so a larger value would become inf there
+#: (port-rt's loader and checkpoint reader hold the same bound, PORT_RT_MAX_SETTING in port_rt.h)
+FLOAT32_MAX = 3.4028234663852886e38
+
 
 def _number(owner: str, key: str, v: object, lo: float, hi: float | None = None, lo_open: bool = False,
             hi_open: bool = True) -> float:
-    """``v`` as a float when it is a finite real number in the range, else an ArgumentError naming
-    ``owner``'s ``key``, the value and the range."""
-    ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and \
-        (v > lo if lo_open else v >= lo) and (hi is None or (v < hi if hi_open else v <= hi))
+    """``v`` as a float when it is a finite real number in the range (and a finite float32: at most
+    FLOAT32_MAX), else an ArgumentError naming ``owner``'s ``key``, the value and the range."""
+    ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and abs(v) <= FLOAT32_MAX \
+        and (v > lo if lo_open else v >= lo) and (hi is None or (v < hi if hi_open else v <= hi))
     if not ok:
         rng = (f"{'>' if lo_open else '>='} {lo:g}" if hi is None else
                f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}")
+        if hi is None:
+            rng += f" and at most {FLOAT32_MAX:.4g} (a float32)"
         raise ArgumentError(f"{owner} {key}={v!r}: expected a finite number {rng}")
     return float(v)
 

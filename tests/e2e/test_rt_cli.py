@@ -291,7 +291,7 @@ def _set(path, value):
     ("sgd", _set(["bn_batches"], -5), "bn_batches", "-5"),
     ("sgd", _set(["optimizer", "lr"], 1e308), "optimizer.lr", "1e+308"),
     ("sgd", _set(["optimizer", "lr"], float("nan")), "optimizer.lr", "NaN"),
-    ("sgd", _set(["optimizer", "lr"], 0.0), "optimizer.lr", "0.0"),
+    ("sgd", _set(["optimizer", "lr"], -0.1), "optimizer.lr", "-0.1"),
     ("sgd", _set(["optimizer", "momentum"], -0.5), "optimizer.momentum", "-0.5"),
     ("sgd", _set(["optimizer", "weight_decay"], float("inf")), "optimizer.weight_decay", "Infinity"),
     ("adamw", _set(["optimizer", "betas"], [0.9, 1.5]), "optimizer.betas", "[0.9, 1.5]"),
@@ -316,6 +316,27 @@ def test_checkpoint_fields_are_range_checked(port_rt, tmp_path, opt, edit, key, 
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"{bad} is not a checkpoint of this bundle: {key} = {shown}" in r.stderr, r.stderr
     assert "expected" in r.stderr
+
+
+def test_checkpoint_settings_follow_the_python_rule(port_rt, tmp_path):
+    """One rule for optimizer settings in both readers: lr 0 (torch.optim allows it: a schedule may start there)
+    loads in port-rt as in Python; a value beyond float32 is refused by both."""
+    from port.train.checkpoint import CheckpointError, read_checkpoint
+    tr, x, y = _case("mlp", (64,), optimizer=port.optim.SGD(0.05, momentum=0.9))
+    tr.step(x[:8], y[:8])
+    write_bundle(tr, tmp_path / "m.portrt")
+    write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), 10)
+    tr.save_checkpoint(tmp_path / "good.port")
+    args = ("train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 1, "--resume",
+            "--checkpoint")
+    zero = _forge_ckpt(tmp_path / "good.port", tmp_path / "zero.port", _set(["optimizer", "lr"], 0.0))
+    assert read_checkpoint(zero)[0]["optimizer"]["lr"] == 0.0
+    r = _run(port_rt, *args, zero)
+    assert r.returncode == 0 and "at step 1" in r.stdout, r.stdout + r.stderr
+    big = _forge_ckpt(tmp_path / "good.port", tmp_path / "big.port", _set(["optimizer", "lr"], 1e308))
+    with pytest.raises(CheckpointError, match="optimizer"):
+        read_checkpoint(big)
+    assert _run(port_rt, *args, big).returncode == 2
 
 
 # ------------------------------------------------------------------------------------------------ data files

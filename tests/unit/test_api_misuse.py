@@ -108,6 +108,11 @@ def test_optimizer_schedule_assignments_are_checked():
         opt.lr = NAN
     with pytest.raises(ArgumentError, match=r"SGD momentum=-0.1"):
         opt.momentum = -0.1
+    # settings run in float32 kernels (and port-rt refuses larger ones): 1e308 would be inf there
+    with pytest.raises(ArgumentError, match=r"SGD lr=1e\+308: expected a finite number >= 0 and at most 3.403e\+38"):
+        opt.lr = 1e308
+    opt.lr = 3.0e38                # the largest float32s are still settings
+    opt.lr = 0.0
     assert opt.lr == 0.0 and opt.momentum == 0.9       # the refused values were not stored
     a = AdamW()
     with pytest.raises(ArgumentError, match=r"AdamW betas\[0\]=-0.5"):
