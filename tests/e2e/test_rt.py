@@ -21,6 +21,8 @@ from port import models
 from port.exec import capi
 from port.exec.bundle import BundleError, check_bundle, write_bundle, write_data
 
+from nets54 import NormPool
+
 ROOT = Path(__file__).resolve().parents[2]
 N = 40
 
@@ -430,50 +432,10 @@ def test_port_rt_runs_sigmoid_hardsigmoid_silu_bit_for_bit(port_rt, tmp_path):
                          "silu.grad_input", "mul", "mul.grad_input", "mul.grad_weight"})
 
 
-class _LlamaRMSNorm(torch.nn.Module):
-    """Llama's RMSNorm as transformers writes it (exported as pow, mean, add, rsqrt, mul, casts, mul)."""
-
-    def __init__(self, d, eps=1e-6):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, d))
-        self.eps = eps
-
-    def forward(self, h):
-        dt = h.dtype
-        h = h.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dt)
-
-
-class _NormPool(torch.nn.Module):
-    """Group norm (affine and not), a dilated ceil-mode max pool, bilinear and nearest resizes, adaptive average
-    pooling to 1x5, Llama's RMSNorm and F.rms_norm: issue 54's norms, pooling and resize."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        nn = torch.nn
-        self.conv = nn.Conv2d(3, 6, 3, padding=1)
-        self.gn, self.gn2 = nn.GroupNorm(3, 6), nn.GroupNorm(2, 6, affine=False)
-        self.rms = _LlamaRMSNorm(5)
-        self.w2 = nn.Parameter(torch.linspace(1.5, 0.5, 5))
-        self.fc = nn.Linear(6 * 5, 10)
-
-    def forward(self, x):
-        F = torch.nn.functional
-        h = self.gn2(self.gn(self.conv(x)))
-        h = F.max_pool2d(h, 3, 2, 1, dilation=2, ceil_mode=True)
-        h = F.interpolate(h, scale_factor=2, mode="bilinear", align_corners=False)
-        h = F.interpolate(h, size=(7, 9), mode="nearest")
-        h = F.interpolate(h, size=(8, 10), mode="bilinear", align_corners=True)
-        h = F.adaptive_avg_pool2d(h, (1, 5)).flatten(2)
-        return self.fc((self.rms(h) + F.rms_norm(h, (5,), self.w2, 1e-5)).flatten(1))
-
-
 def test_port_rt_runs_norms_pools_and_resize_bit_for_bit(port_rt, tmp_path):
     """group_norm, rms_norm (Llama's pattern and F.rms_norm), max_pool2d with dilation and ceil_mode, upsample
     (bilinear both ways, nearest) and adaptive_avg_pool2d run on C, compile and train in port-rt bit for bit."""
     x, y = torch.randn(N, 3, 9, 11), torch.randint(0, 10, (N,))
-    _trains_bit_for_bit(port_rt, tmp_path, _NormPool(), x, y,
+    _trains_bit_for_bit(port_rt, tmp_path, NormPool(), x, y,
                         {k + g for k in ("group_norm", "rms_norm") for g in ("", ".grad_input", ".grad_weight")}
                         | {k + g for k in ("max_pool2d", "upsample", "adaptive_avg_pool2d") for g in ("", ".grad_input")})
