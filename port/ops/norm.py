@@ -601,7 +601,7 @@ def _gn_torch(kind, a, I, O, env):
 
     def grads_(w=None):
         return aten.native_group_norm_backward(dy, x, st[0].reshape(n, g), st[1].reshape(n, g),
-                                               w if w is not None else env.torch.ones(c), n, c, hw, g,
+                                               w if w is not None else env.torch.ones(c, dtype=x.dtype), n, c, hw, g,
                                                [not weight, weight, weight])
     if not weight:
         w = I[3] if len(I) > 3 else None

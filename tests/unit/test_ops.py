@@ -439,3 +439,54 @@ def test_addmm_with_a_weight_stored_in_out_is_a_linear_on_torch():
     assert registry.call_shapes("linear", {"bias": True, "weight_t": True}, [(20, 6), (6, 10), (10,)], [None])[1] == \
         [((20, 10), "float32")]
     _steps_like_eager(tr, M(), x, y, 0.1, 3)
+
+
+class _RMSVariants(nn.Module):
+    """An RMS norm whose mean of squares is read twice (no fusion: each op its own record) beside F.rms_norm
+    (eps None: float32's machine epsilon) and a group norm without affine parameters."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(6, 8)
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):                                    # [N, T, 6]
+        h = self.proj(x)
+        v = h.pow(2).mean(-1, keepdim=True)
+        a = h * torch.rsqrt(v + 1e-6) + v
+        b = nn.functional.rms_norm(h, (8,), self.w)
+        c = nn.functional.group_norm(h.transpose(1, 2), 4).transpose(1, 2)
+        return self.fc((a + b + c).mean(1))
+
+
+def test_rms_norm_fuses_only_its_pattern_and_records_equal_autograd():
+    x, y = torch.randn(4, 5, 6), torch.tensor([0, 1, 2, 1])
+    tr = port.Trainer(_RMSVariants(), x, optimizer=SGD(0.05))
+    kinds = [o.kind for o in tr.graph.ops]
+    assert kinds.count("rms_norm") == 1 and kinds.count("group_norm") == 1 and "pow_scalar" in kinds, kinds
+    rms = next(o for o in tr.graph.ops if o.kind == "rms_norm")
+    assert dict(rms.attrs)["eps"] == torch.finfo(torch.float32).eps
+    _steps_like_eager(tr, _RMSVariants(), x, y, 0.05, 3)
+    # the torch bindings (a plan may put either op on the torch engine) against float64 autograd
+    gen = torch.Generator().manual_seed(9)
+    w = _rand((8,), gen)
+    for kind, shape, attrs, ref in (("rms_norm", (3, 4, 8), dict(eps=1e-5, affine=("weight",)),
+                                     lambda t, ww: nn.functional.rms_norm(t, (8,), ww, 1e-5)),
+                                    ("group_norm", (3, 8, 5), dict(groups=2, eps=1e-5, affine=("weight",)),
+                                     lambda t, ww: nn.functional.group_norm(t, 2, ww, None, 1e-5))):
+        r = ops.record(kind)
+        xi, dy = _rand(shape, gen), _rand(shape, gen)
+        (ys, st), = [registry.call_shapes(kind, attrs, [xi.shape, w.shape], [None, None])[1]]
+        yv, sv = torch.empty(ys[0], dtype=torch.float64), torch.empty(st[0], dtype=torch.float64)
+        r.torch(kind, attrs, [xi, w], [yv, sv], _env())()
+        xr, wr = xi.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        want = ref(xr, wr)
+        torch.testing.assert_close(yv, want, rtol=1e-12, atol=1e-12)
+        gx, gw = torch.autograd.grad(want, (xr, wr), dy)
+        dx, dw = torch.empty_like(xi), torch.zeros_like(w)
+        r.torch(f"{kind}.grad_input", attrs, [dy, xi, sv, w], [dx], _env())()
+        r.torch(f"{kind}.grad_weight", attrs | {"grads": ("weight",)}, [dy, xi, sv], [dw], _env())()
+        torch.testing.assert_close(dx, gx, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(dw, gw, rtol=1e-10, atol=1e-10)
