@@ -278,12 +278,15 @@ typedef struct {
     /* Output dims of the caller's y/dy/indices buffers, or 0 (not given);
      * when given, dims other than port_pool2d_out_h/w give PORT_ERR_SHAPE. */
     int64_t h_out, w_out;
+    /* Max pool only (average pools refuse other values with PORT_ERR_ARG): dilation (0 or 1: none) and
+     * ceil_mode (0/1: PyTorch's rule, a last window must start inside the input or its left padding). */
+    int64_t dilation_h, dilation_w, ceil_mode;
 } port_pool2d_params;
 
 PORT_API int64_t port_pool2d_out_h(const port_pool2d_params *p);
 PORT_API int64_t port_pool2d_out_w(const port_pool2d_params *p);
-/* Max pool (padding = -inf). indices: int64 flat index in the input H*W
- * plane.  Saved: indices only. */
+/* Max pool (padding = -inf), with dilation and ceil_mode. indices: int64 flat index in the input H*W
+ * plane (the first maximum in window order; NaN wins).  Saved: indices only. */
 PORT_API port_status port_maxpool2d_forward(float *y, int64_t *indices, const float *x,
                                             const port_pool2d_params *p);
 PORT_API port_status port_maxpool2d_backward_input(float *dx, const float *dy,
@@ -497,6 +500,59 @@ PORT_API port_status port_softmax_xent_ignore_forward(float *loss, float *probs,
 PORT_API port_status port_softmax_xent_ignore_backward(float *dlogits, const float *probs, const int64_t *labels,
                                                        const float *grad_loss, int64_t n, int64_t k,
                                                        float label_smoothing, int64_t ignore_index);
+
+/* ------------------------------------------------------------------ */
+/* Norms, pooling and resize of issue 54 (normpool.c)                   */
+/* ------------------------------------------------------------------ */
+/* RMS norm over the last dim (Llama's RMSNorm, F.rms_norm): x, y [rows, d]; gamma [d] or NULL.
+ * rstd[r] = 1/sqrt(mean_j x[r,j]^2 + eps) (eps >= 0, finite; the mean in double), y = x * rstd * gamma.
+ * Saved for backward: x, rstd (and gamma).  y must not alias x. */
+PORT_API port_status port_rmsnorm_forward(float *y, float *rstd, const float *x, const float *gamma, int64_t rows,
+                                          int64_t d, float eps);
+/* dx OVERWRITES: g = dy * gamma, dx = rstd * (g - x * rstd^2 * mean(g * x)); gamma may be NULL; dx may be dy */
+PORT_API port_status port_rmsnorm_backward_input(float *dx, const float *dy, const float *x, const float *rstd,
+                                                 const float *gamma, int64_t rows, int64_t d);
+/* dgamma[j] += sum_r dy[r,j] * x[r,j] * rstd[r] (rows summed in order, in double) */
+PORT_API port_status port_rmsnorm_backward_weight(float *dgamma, const float *dy, const float *x, const float *rstd,
+                                                  int64_t rows, int64_t d);
+
+/* Group norm (nn.GroupNorm, F.group_norm): x, y [n, c, hw], groups divides c; statistics over each sample's
+ * group of c/groups consecutive channels (biased variance, in double).  stats [2 * n * groups]: mean, then
+ * rstd = 1/sqrt(var + eps) (eps > 0, finite).  gamma, beta [c] or NULL.  y may alias x only when nothing
+ * reads x afterwards (the backward reads x). */
+PORT_API port_status port_groupnorm_forward(float *y, float *stats, const float *x, const float *gamma,
+                                            const float *beta, int64_t n, int64_t c, int64_t hw, int64_t groups,
+                                            float eps);
+/* dx OVERWRITES (g = dy * gamma[c]): dx = rstd * (g - mean(g) - x-hat * mean(g * x-hat)) over the group;
+ * gamma may be NULL; dx may be dy */
+PORT_API port_status port_groupnorm_backward_input(float *dx, const float *dy, const float *x, const float *stats,
+                                                   const float *gamma, int64_t n, int64_t c, int64_t hw,
+                                                   int64_t groups);
+/* dgamma[c] += sum dy * x-hat, dbeta[c] += sum dy over the batch and hw (in order, in double); either NULL */
+PORT_API port_status port_groupnorm_backward_weight(float *dgamma, float *dbeta, const float *dy, const float *x,
+                                                    const float *stats, int64_t n, int64_t c, int64_t hw,
+                                                    int64_t groups);
+
+/* Resize of [n, c, h, w] to [n, c, ho, wo] (F.interpolate).  mode PORT_UPSAMPLE_NEAREST: source index
+ * min(floor(o * r), in - 1); PORT_UPSAMPLE_BILINEAR: align_corners (0/1) as PyTorch.  rh, rw: the source step
+ * per output pixel as PyTorch computes it from a scale factor s, (float)(1.0 / s), or 0: in / out from the sizes
+ * (align_corners ignores them).  y must not overlap x. */
+enum { PORT_UPSAMPLE_NEAREST = 0, PORT_UPSAMPLE_BILINEAR = 1 };
+typedef struct {
+    int64_t n, c, h, w, ho, wo, mode, align_corners;
+    float rh, rw;
+} port_upsample2d_params;
+PORT_API port_status port_upsample2d_forward(float *y, const float *x, const port_upsample2d_params *p);
+/* dx OVERWRITES: each dy pixel added to its sources in output order (one plane per thread) */
+PORT_API port_status port_upsample2d_backward_input(float *dx, const float *dy, const port_upsample2d_params *p);
+
+/* Adaptive average pool of [n, c, h, w] to [n, c, ho, wo] (any sizes >= 1): window i of an axis of size in
+ * covers [floor(i * in / out), ceil((i + 1) * in / out)).  y must not overlap x. */
+PORT_API port_status port_adaptive_avgpool2d_forward(float *y, const float *x, int64_t n, int64_t c, int64_t h,
+                                                     int64_t w, int64_t ho, int64_t wo);
+/* dx OVERWRITES */
+PORT_API port_status port_adaptive_avgpool2d_backward_input(float *dx, const float *dy, int64_t n, int64_t c,
+                                                            int64_t h, int64_t w, int64_t ho, int64_t wo);
 
 #ifdef __cplusplus
 }

@@ -162,7 +162,17 @@ extern "C" {
     X(70, SILU_FORWARD, port_silu_forward)                                        \
     X(71, SILU_BACKWARD, port_silu_backward)                                      \
     X(72, BINARY_FORWARD, port_binary_forward)                                    \
-    X(73, BINARY_BACKWARD, port_binary_backward)
+    X(73, BINARY_BACKWARD, port_binary_backward)                                  \
+    X(90, RMSNORM_FORWARD, port_rmsnorm_forward)                                  \
+    X(91, RMSNORM_BACKWARD_INPUT, port_rmsnorm_backward_input)                    \
+    X(92, RMSNORM_BACKWARD_WEIGHT, port_rmsnorm_backward_weight)                  \
+    X(93, GROUPNORM_FORWARD, port_groupnorm_forward)                              \
+    X(94, GROUPNORM_BACKWARD_INPUT, port_groupnorm_backward_input)                \
+    X(95, GROUPNORM_BACKWARD_WEIGHT, port_groupnorm_backward_weight)              \
+    X(96, UPSAMPLE2D_FORWARD, port_upsample2d_forward)                            \
+    X(97, UPSAMPLE2D_BACKWARD_INPUT, port_upsample2d_backward_input)              \
+    X(98, ADAPTIVE_AVGPOOL2D_FORWARD, port_adaptive_avgpool2d_forward)            \
+    X(99, ADAPTIVE_AVGPOOL2D_BACKWARD_INPUT, port_adaptive_avgpool2d_backward_input)
 
 typedef enum {
 #define PORT_RT_ENUM_(id, NAME, fn) PORT_RT_##NAME = id,

@@ -15,7 +15,7 @@
 
 /* A new kernel id needs its rule below (shape_of's switch) before it can be loaded: the build stops here so
  * that adding one to PORT_RT_KERNELS without a rule cannot pass unnoticed. */
-_Static_assert(PORT_RT_KERNEL_END <= 74, "a kernel id was added to PORT_RT_KERNELS: add its rule to rt_check.c");
+_Static_assert(PORT_RT_KERNEL_END <= 100, "a kernel id was added to PORT_RT_KERNELS: add its rule to rt_check.c");
 
 #define BAD PORT_RT_ERR_BUNDLE
 
@@ -209,28 +209,37 @@ static int batchnorm(ctx *x, int k) {
 /* ---------------------------------------------------------------- pooling */
 static int pooling(ctx *x, int k) {
     const int64_t *v = x->c->iv;
+    int maxp = k == PORT_RT_MAXPOOL2D_FORWARD || k == PORT_RT_MAXPOOL2D_BACKWARD_INPUT;
     if (pos_range(x, 0, 7) || iv_in(x, 8, 0, INT64_MAX, "padding must be >= 0") ||
         iv_in(x, 9, 0, INT64_MAX, "padding must be >= 0") ||
         iv_in(x, 10, 0, INT64_MAX, "output height must be >= 0 (0: not given)") ||
         iv_in(x, 11, 0, INT64_MAX, "output width must be >= 0 (0: not given)"))
         return BAD;
-    for (int i = 0; i < 12; i++)
+    /* max pools: iv[12], iv[13] dilation (0 or 1: none), iv[14] ceil_mode; average pools take neither */
+    if (maxp && (iv_in(x, 12, 0, INT64_MAX, "dilation must be >= 0 (0: 1)") ||
+                 iv_in(x, 13, 0, INT64_MAX, "dilation must be >= 0 (0: 1)") ||
+                 iv_in(x, 14, 0, 1, "ceil_mode must be 0 or 1")))
+        return BAD;
+    for (int i = 0; i < 14; i++)
         if (v[i] > ((int64_t)1 << 31)) return fail(x->why, IV_NAMES[i], "a pooling parameter above 2^31", v[i], 0,
                                                    (int64_t)1 << 31);
-    port_pool2d_params p = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
+    port_pool2d_params p = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11],
+                            maxp ? v[12] : 0, maxp ? v[13] : 0, maxp ? v[14] : 0};
     int64_t ho = port_pool2d_out_h(&p), wo = port_pool2d_out_w(&p);
-    if (2 * p.pad_h > p.kh || 2 * p.pad_w > p.kw || p.h + 2 * p.pad_h < p.kh || p.w + 2 * p.pad_w < p.kw ||
-        ho < 1 || wo < 1 || (p.h_out && p.h_out != ho) || (p.w_out && p.w_out != wo))
-        return fail(x->why, "iv[0..11]", "inconsistent pooling parameters (window, padding and output size)", 0, 0,
-                    0);
+    int64_t dh = p.dilation_h > 1 ? p.dilation_h : 1, dw = p.dilation_w > 1 ? p.dilation_w : 1;
+    if (2 * p.pad_h > p.kh || 2 * p.pad_w > p.kw || p.h + 2 * p.pad_h < dh * (p.kh - 1) + 1 ||
+        p.w + 2 * p.pad_w < dw * (p.kw - 1) + 1 || ho < 1 || wo < 1 || (p.h_out && p.h_out != ho) ||
+        (p.w_out && p.w_out != wo))
+        return fail(x->why, "iv[0..14]",
+                    "inconsistent pooling parameters (window, dilation, padding, ceil mode and output size)", 0, 0, 0);
     int64_t xs = smul4(p.n, p.c, p.h, p.w), ys = smul4(p.n, p.c, ho, wo);
     switch (k) {
     case PORT_RT_MAXPOOL2D_FORWARD:   /* y, indices, x */
-        args(x, 3, 12, 0);
+        args(x, 3, 15, 0);
         op(x, 0, ys, 4, 1), op(x, 1, ys, 8, 1), op(x, 2, xs, 4, 0);
         return PORT_OK;
     case PORT_RT_MAXPOOL2D_BACKWARD_INPUT:   /* dx, dy, indices */
-        args(x, 3, 12, 0);
+        args(x, 3, 15, 0);
         op(x, 0, xs, 4, 1), op(x, 1, ys, 4, 0), op(x, 2, ys, 8, 0);
         return PORT_OK;
     case PORT_RT_AVGPOOL2D_FORWARD:   /* y, x */
@@ -328,6 +337,75 @@ static int binary(ctx *x, int backward) {
     return PORT_OK;
 }
 
+/* ---------------------------------------------------------------- norms, pooling and resize (ids 90-99) */
+/* rms norm, iv: rows, d (fv[0] eps >= 0 in the forward); group norm, iv: n, c, hw, groups (fv[0] eps > 0) */
+static int norms(ctx *x, int k) {
+    const int64_t *v = x->c->iv;
+    if (k <= PORT_RT_RMSNORM_BACKWARD_WEIGHT) {
+        if (pos_range(x, 0, 1)) return BAD;
+        int64_t t = smul(v[0], v[1]);
+        if (k == PORT_RT_RMSNORM_FORWARD) {   /* y, rstd [rows], x, gamma [d] */
+            if (fv_in(x, 0, 0.0, HUGE_VAL, 0, "rms-norm eps must be >= 0 and finite") ||
+                !isfinite((float)x->c->fv[0]))
+                return fail(x->why, "fv[0]", "rms-norm eps must be >= 0 and finite as a float", 0, 0, 0);
+            args(x, 4, 2, 1);
+            op(x, 0, t, 4, 1), op(x, 1, v[0], 4, 1), op(x, 2, t, 4, 0), op(x, 3, v[1], 4, 0);
+        } else if (k == PORT_RT_RMSNORM_BACKWARD_INPUT) {   /* dx, dy, x, rstd, gamma: dx may be dy */
+            args(x, 5, 2, 0);
+            op(x, 0, t, 4, 1), op(x, 1, t, 4, 0), op(x, 2, t, 4, 0), op(x, 3, v[0], 4, 0), op(x, 4, v[1], 4, 0);
+            inplace(x, 0, 1);
+        } else {   /* dgamma, dy, x, rstd */
+            args(x, 4, 2, 0);
+            op(x, 0, v[1], 4, 1), op(x, 1, t, 4, 0), op(x, 2, t, 4, 0), op(x, 3, v[0], 4, 0);
+        }
+        return PORT_OK;
+    }
+    if (pos_range(x, 0, 3)) return BAD;
+    if (v[1] % v[3]) return fail(x->why, "iv[3]", "groups must divide the channels iv[1]", v[3], 0, v[1]);
+    int64_t t = smul3(v[0], v[1], v[2]), st = smul3(2, v[0], v[3]);
+    if (k == PORT_RT_GROUPNORM_FORWARD) {   /* y, stats [2 n groups], x, gamma [c], beta [c]: y may be x */
+        if (fv_in(x, 0, 1e-30, HUGE_VAL, 0, "group-norm eps must be > 0 and finite") ||
+            !((float)x->c->fv[0] > 0.0f) || !isfinite((float)x->c->fv[0]))
+            return fail(x->why, "fv[0]", "group-norm eps must be > 0 and finite as a float", 0, 0, 0);
+        args(x, 5, 4, 1);
+        op(x, 0, t, 4, 1), op(x, 1, st, 4, 1), op(x, 2, t, 4, 0), op(x, 3, v[1], 4, 0), op(x, 4, v[1], 4, 0);
+        inplace(x, 0, 2);
+    } else if (k == PORT_RT_GROUPNORM_BACKWARD_INPUT) {   /* dx, dy, x, stats, gamma: dx may be dy */
+        args(x, 5, 4, 0);
+        op(x, 0, t, 4, 1), op(x, 1, t, 4, 0), op(x, 2, t, 4, 0), op(x, 3, st, 4, 0), op(x, 4, v[1], 4, 0);
+        inplace(x, 0, 1);
+    } else {   /* dgamma, dbeta, dy, x, stats */
+        args(x, 5, 4, 0);
+        op(x, 0, v[1], 4, 1), op(x, 1, v[1], 4, 1), op(x, 2, t, 4, 0), op(x, 3, t, 4, 0), op(x, 4, st, 4, 0);
+    }
+    return PORT_OK;
+}
+
+/* resize, iv: n, c, h, w, ho, wo, mode, align_corners, fv: rh, rw; adaptive average pool, iv: n, c, h, w, ho, wo.
+ * Forward (y, x), backward (dx, dy): never in place. */
+static int resize(ctx *x, int k) {
+    const int64_t *v = x->c->iv;
+    if (pos_range(x, 0, 5)) return BAD;
+    for (int i = 0; i < 6; i++)
+        if (v[i] > ((int64_t)1 << 31)) return fail(x->why, IV_NAMES[i], "a resize dimension above 2^31", v[i], 0,
+                                                   (int64_t)1 << 31);
+    int up = k == PORT_RT_UPSAMPLE2D_FORWARD || k == PORT_RT_UPSAMPLE2D_BACKWARD_INPUT;
+    if (up) {
+        if (iv_in(x, 6, PORT_UPSAMPLE_NEAREST, PORT_UPSAMPLE_BILINEAR, "resize mode (0 nearest, 1 bilinear)") ||
+            iv_in(x, 7, 0, v[6] == PORT_UPSAMPLE_BILINEAR, "align_corners must be 0 or 1 (0 for nearest)") ||
+            fv_in(x, 0, 0.0, 3.0e38, 0, "the resize step must be >= 0 and finite as a float (0: from the sizes)") ||
+            fv_in(x, 1, 0.0, 3.0e38, 0, "the resize step must be >= 0 and finite as a float (0: from the sizes)"))
+            return BAD;
+        args(x, 2, 8, 2);
+    } else {
+        args(x, 2, 6, 0);
+    }
+    int64_t xs = smul4(v[0], v[1], v[2], v[3]), ys = smul4(v[0], v[1], v[4], v[5]);
+    int fw = k == PORT_RT_UPSAMPLE2D_FORWARD || k == PORT_RT_ADAPTIVE_AVGPOOL2D_FORWARD;
+    op(x, 0, fw ? ys : xs, 4, 1), op(x, 1, fw ? xs : ys, 4, 0);
+    return PORT_OK;
+}
+
 /* ---------------------------------------------------------------- the rest, by kernel id */
 /* element-wise: out, in (, in2): count v[0] floats */
 static int eltwise(ctx *x, int nptr, int alias_in) {
@@ -351,6 +429,16 @@ static int shape_of(ctx *x) {
     case 67: case 69: case 71:   /* their backward: dx, dy, y|x; dx may be dy */
         return eltwise(x, 3, 1);
     case 72: case 73: return binary(x, k == 73);   /* port_binary_forward / _backward (a later PORT_RT_KERNELS) */
+    case PORT_RT_RMSNORM_FORWARD:
+    case PORT_RT_RMSNORM_BACKWARD_INPUT:
+    case PORT_RT_RMSNORM_BACKWARD_WEIGHT:
+    case PORT_RT_GROUPNORM_FORWARD:
+    case PORT_RT_GROUPNORM_BACKWARD_INPUT:
+    case PORT_RT_GROUPNORM_BACKWARD_WEIGHT: return norms(x, k);
+    case PORT_RT_UPSAMPLE2D_FORWARD:
+    case PORT_RT_UPSAMPLE2D_BACKWARD_INPUT:
+    case PORT_RT_ADAPTIVE_AVGPOOL2D_FORWARD:
+    case PORT_RT_ADAPTIVE_AVGPOOL2D_BACKWARD_INPUT: return resize(x, k);
     case PORT_RT_CONV2D_FORWARD:
     case PORT_RT_CONV2D_BACKWARD_INPUT:
     case PORT_RT_CONV2D_BACKWARD_WEIGHT:

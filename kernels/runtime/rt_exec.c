@@ -37,7 +37,14 @@ static port_batchnorm_params bn_p(const port_rt_call *c) {
 }
 
 static port_pool2d_params pool_p(const int64_t *v) {
-    port_pool2d_params p = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
+    port_pool2d_params p = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11],
+                            v[12], v[13], v[14]};
+    return p;
+}
+
+static port_upsample2d_params upsample_p(const port_rt_call *c) {
+    const int64_t *v = c->iv;
+    port_upsample2d_params p = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], (float)c->fv[0], (float)c->fv[1]};
     return p;
 }
 
@@ -142,6 +149,29 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
         port_binary_params p = binary_p(v);
         return port_binary_backward(F(0), F(1), CF(2), CF(3), CF(4), &p, (int)v[10]);
     }
+    /* issue 54 norms, pooling and resize (ids 90-99) */
+    case PORT_RT_RMSNORM_FORWARD:   /* iv: rows, d; fv: eps */
+        return port_rmsnorm_forward(F(0), F(1), CF(2), CF(3), v[0], v[1], (float)c->fv[0]);
+    case PORT_RT_RMSNORM_BACKWARD_INPUT: return port_rmsnorm_backward_input(F(0), CF(1), CF(2), CF(3), CF(4), v[0], v[1]);
+    case PORT_RT_RMSNORM_BACKWARD_WEIGHT: return port_rmsnorm_backward_weight(F(0), CF(1), CF(2), CF(3), v[0], v[1]);
+    case PORT_RT_GROUPNORM_FORWARD:   /* iv: n, c, hw, groups; fv: eps */
+        return port_groupnorm_forward(F(0), F(1), CF(2), CF(3), CF(4), v[0], v[1], v[2], v[3], (float)c->fv[0]);
+    case PORT_RT_GROUPNORM_BACKWARD_INPUT:
+        return port_groupnorm_backward_input(F(0), CF(1), CF(2), CF(3), CF(4), v[0], v[1], v[2], v[3]);
+    case PORT_RT_GROUPNORM_BACKWARD_WEIGHT:
+        return port_groupnorm_backward_weight(F(0), F(1), CF(2), CF(3), CF(4), v[0], v[1], v[2], v[3]);
+    case PORT_RT_UPSAMPLE2D_FORWARD: {   /* iv: n, c, h, w, ho, wo, mode, align_corners; fv: rh, rw */
+        port_upsample2d_params p = upsample_p(c);
+        return port_upsample2d_forward(F(0), CF(1), &p);
+    }
+    case PORT_RT_UPSAMPLE2D_BACKWARD_INPUT: {
+        port_upsample2d_params p = upsample_p(c);
+        return port_upsample2d_backward_input(F(0), CF(1), &p);
+    }
+    case PORT_RT_ADAPTIVE_AVGPOOL2D_FORWARD:   /* iv: n, c, h, w, ho, wo */
+        return port_adaptive_avgpool2d_forward(F(0), CF(1), v[0], v[1], v[2], v[3], v[4], v[5]);
+    case PORT_RT_ADAPTIVE_AVGPOOL2D_BACKWARD_INPUT:
+        return port_adaptive_avgpool2d_backward_input(F(0), CF(1), v[0], v[1], v[2], v[3], v[4], v[5]);
     case PORT_RT_ADD: return port_add(F(0), CF(1), CF(2), v[0]);
     case PORT_RT_DROPOUT_FORWARD:
         return port_dropout_forward(F(0), (uint8_t *)ptrs[1], CF(2), v[0], (float)c->fv[0],

@@ -2,14 +2,25 @@
 #include "internal.h"
 #include <math.h>
 
+/* PyTorch's pooling_output_shape: (size + 2 pad - dil (k - 1) - 1 (+ stride - 1 in ceil mode)) / stride + 1, and
+ * in ceil mode one less where the last window would start past the input and its left padding */
+static int64_t out_size(int64_t size, int64_t k, int64_t s, int64_t pad, int64_t dil, int64_t ceil) {
+    int64_t d = dil > 1 ? dil : 1, span = size + 2 * pad - d * (k - 1) - 1;
+    if (span < 0) return -1;
+    int64_t o = (span + (ceil ? s - 1 : 0)) / s + 1;
+    if (ceil && (o - 1) * s >= size + pad) o--;
+    return o;
+}
 int64_t port_pool2d_out_h(const port_pool2d_params *p) {
     if (!p || p->stride_h < 1) return -1;
-    return (p->h + 2 * p->pad_h - p->kh) / p->stride_h + 1;
+    return out_size(p->h, p->kh, p->stride_h, p->pad_h, p->dilation_h, p->ceil_mode);
 }
 int64_t port_pool2d_out_w(const port_pool2d_params *p) {
     if (!p || p->stride_w < 1) return -1;
-    return (p->w + 2 * p->pad_w - p->kw) / p->stride_w + 1;
+    return out_size(p->w, p->kw, p->stride_w, p->pad_w, p->dilation_w, p->ceil_mode);
 }
+
+static int64_t dil(int64_t d) { return d > 1 ? d : 1; }
 
 static port_status pool_check(const port_pool2d_params *p) {
     PORT_NOTNULL(p);
@@ -17,13 +28,25 @@ static port_status pool_check(const port_pool2d_params *p) {
                PORT_ERR_SHAPE);
     PORT_CHECK(p->stride_h > 0 && p->stride_w > 0 && p->pad_h >= 0 && p->pad_w >= 0,
                PORT_ERR_ARG);
+    PORT_CHECK(p->dilation_h >= 0 && p->dilation_w >= 0 && (p->ceil_mode == 0 || p->ceil_mode == 1), PORT_ERR_ARG);
     /* PyTorch: pad must be at most half the kernel size */
     PORT_CHECK(2 * p->pad_h <= p->kh && 2 * p->pad_w <= p->kw, PORT_ERR_ARG);
-    PORT_CHECK(p->h + 2 * p->pad_h >= p->kh && p->w + 2 * p->pad_w >= p->kw, PORT_ERR_SHAPE);
+    PORT_CHECK(p->h + 2 * p->pad_h >= dil(p->dilation_h) * (p->kh - 1) + 1 &&
+                   p->w + 2 * p->pad_w >= dil(p->dilation_w) * (p->kw - 1) + 1,
+               PORT_ERR_SHAPE);
     PORT_CHECK(p->h_out >= 0 && p->w_out >= 0, PORT_ERR_SHAPE);
+    PORT_CHECK(port_pool2d_out_h(p) >= 1 && port_pool2d_out_w(p) >= 1, PORT_ERR_SHAPE);
     PORT_CHECK((p->h_out == 0 || p->h_out == port_pool2d_out_h(p)) &&
                    (p->w_out == 0 || p->w_out == port_pool2d_out_w(p)),
                PORT_ERR_SHAPE);
+    return PORT_OK;
+}
+
+/* average pools: no dilation, no ceil mode */
+static port_status avg_check(const port_pool2d_params *p) {
+    port_status st = pool_check(p);
+    if (st != PORT_OK) return st;
+    PORT_CHECK(dil(p->dilation_h) == 1 && dil(p->dilation_w) == 1 && !p->ceil_mode, PORT_ERR_ARG);
     return PORT_OK;
 }
 
@@ -33,21 +56,23 @@ port_status port_maxpool2d_forward(float *y, int64_t *indices, const float *x,
     if (st != PORT_OK) return st;
     PORT_NOTNULL(y); PORT_NOTNULL(indices); PORT_NOTNULL(x);
     int64_t H = p->h, W = p->w, ho = port_pool2d_out_h(p), wo = port_pool2d_out_w(p);
+    int64_t dh = dil(p->dilation_h), dw = dil(p->dilation_w);
 #pragma omp parallel for schedule(static) if (p->n * p->c * ho * wo * p->kh * p->kw > PORT_PAR_MIN)
     for (int64_t nc = 0; nc < p->n * p->c; nc++) {
         const float *xp = x + nc * H * W;
         float *yp = y + nc * ho * wo;
         int64_t *ip = indices + nc * ho * wo;
         for (int64_t oh = 0; oh < ho; oh++) {
-            int64_t h0 = oh * p->stride_h - p->pad_h;
-            int64_t hs = PORT_MAX(h0, 0), he = PORT_MIN(h0 + p->kh, H);
+            /* window rows h0, h0 + dh, ... below h0 + (kh - 1) dh + 1, those inside the input */
+            int64_t h0 = oh * p->stride_h - p->pad_h, he = PORT_MIN(h0 + (p->kh - 1) * dh + 1, H), hs = h0;
+            while (hs < 0) hs += dh;
             for (int64_t ow = 0; ow < wo; ow++) {
-                int64_t w0 = ow * p->stride_w - p->pad_w;
-                int64_t ws = PORT_MAX(w0, 0), we = PORT_MIN(w0 + p->kw, W);
+                int64_t w0 = ow * p->stride_w - p->pad_w, we = PORT_MIN(w0 + (p->kw - 1) * dw + 1, W), ws = w0;
+                while (ws < 0) ws += dw;
                 float best = -INFINITY;
                 int64_t bi = hs * W + ws;
-                for (int64_t ih = hs; ih < he; ih++)
-                    for (int64_t iw = ws; iw < we; iw++) {
+                for (int64_t ih = hs; ih < he; ih += dh)
+                    for (int64_t iw = ws; iw < we; iw += dw) {
                         float v = xp[ih * W + iw];
                         if (v > best || isnan(v)) {
                             best = v;
@@ -87,7 +112,7 @@ port_status port_maxpool2d_backward_input(float *dx, const float *dy, const int6
 }
 
 port_status port_avgpool2d_forward(float *y, const float *x, const port_pool2d_params *p) {
-    port_status st = pool_check(p);
+    port_status st = avg_check(p);
     if (st != PORT_OK) return st;
     PORT_NOTNULL(y); PORT_NOTNULL(x);
     int64_t H = p->h, W = p->w, ho = port_pool2d_out_h(p), wo = port_pool2d_out_w(p);
@@ -114,7 +139,7 @@ port_status port_avgpool2d_forward(float *y, const float *x, const port_pool2d_p
 
 port_status port_avgpool2d_backward_input(float *dx, const float *dy,
                                           const port_pool2d_params *p) {
-    port_status st = pool_check(p);
+    port_status st = avg_check(p);
     if (st != PORT_OK) return st;
     PORT_NOTNULL(dx); PORT_NOTNULL(dy);
     int64_t H = p->h, W = p->w, ho = port_pool2d_out_h(p), wo = port_pool2d_out_w(p);

@@ -74,7 +74,16 @@ class BatchNormParams(ctypes.Structure):
 
 class Pool2dParams(ctypes.Structure):
     _fields_ = [(f, c_int64) for f in ("n", "c", "h", "w", "kh", "kw", "stride_h", "stride_w",
-                                       "pad_h", "pad_w", "h_out", "w_out")]
+                                       "pad_h", "pad_w", "h_out", "w_out", "dilation_h", "dilation_w",
+                                       "ceil_mode")]
+
+
+UPSAMPLE_MODES = {"nearest": 0, "bilinear": 1}     # PORT_UPSAMPLE_NEAREST, _BILINEAR
+
+
+class Upsample2dParams(ctypes.Structure):
+    _fields_ = [(f, c_int64) for f in ("n", "c", "h", "w", "ho", "wo", "mode", "align_corners")] + \
+        [("rh", c_float), ("rw", c_float)]
 
 
 class LinearParams(ctypes.Structure):
@@ -154,7 +163,8 @@ class RtCallProblem(ctypes.Structure):
 
 _STRUCTS = {"port_rt_call_shape": RtCallShape, "port_rt_call_problem": RtCallProblem, "port_rt": Rt, "port_rt_call": RtCall, "port_rt_state": RtState, "port_conv2d_params": Conv2dParams, "port_batchnorm_params": BatchNormParams,
             "port_pool2d_params": Pool2dParams, "port_linear_params": LinearParams,
-            "port_attention_params": AttentionParams, "port_binary_params": BinaryParams}
+            "port_attention_params": AttentionParams, "port_binary_params": BinaryParams,
+            "port_upsample2d_params": Upsample2dParams}
 
 # --------------------------------------------------------------------------- signature table
 # (name, C return type, (C argument types...)) -- mirrors port_kernels.h exactly
@@ -165,6 +175,8 @@ _PP = "const port_pool2d_params*"
 _LP = "const port_linear_params*"
 _AP = "const port_attention_params*"
 _BinP = "const port_binary_params*"
+_UP = "const port_upsample2d_params*"
+_I = "int64_t"
 _CI64, _CU8 = "const int64_t*", "const uint8_t*"
 _F, _CF = "float*", "const float*"
 SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
@@ -224,6 +236,16 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_binary_numel", "int64_t", (_BinP, "int")),
     ("port_binary_forward", "port_status", (_F, _CF, _CF, _BinP)),
     ("port_binary_backward", "port_status", (_F, _F, _CF, _CF, _CF, _BinP, "int")),
+    ("port_rmsnorm_forward", "port_status", (_F, _F, _CF, _CF, _I, _I, "float")),
+    ("port_rmsnorm_backward_input", "port_status", (_F, _CF, _CF, _CF, _CF, _I, _I)),
+    ("port_rmsnorm_backward_weight", "port_status", (_F, _CF, _CF, _CF, _I, _I)),
+    ("port_groupnorm_forward", "port_status", (_F, _F, _CF, _CF, _CF, _I, _I, _I, _I, "float")),
+    ("port_groupnorm_backward_input", "port_status", (_F, _CF, _CF, _CF, _CF, _I, _I, _I, _I)),
+    ("port_groupnorm_backward_weight", "port_status", (_F, _F, _CF, _CF, _CF, _I, _I, _I, _I)),
+    ("port_upsample2d_forward", "port_status", (_F, _CF, _UP)),
+    ("port_upsample2d_backward_input", "port_status", (_F, _CF, _UP)),
+    ("port_adaptive_avgpool2d_forward", "port_status", (_F, _CF, _I, _I, _I, _I, _I, _I)),
+    ("port_adaptive_avgpool2d_backward_input", "port_status", (_F, _CF, _I, _I, _I, _I, _I, _I)),
     ("port_add", "port_status", (_F, _CF, _CF, "int64_t")),
     ("port_accumulate", "port_status", (_F, _CF, "int64_t")),
     ("port_dropout_forward", "port_status", (_F, "uint8_t*", _CF, "int64_t", "float", "uint64_t")),

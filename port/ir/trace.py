@@ -473,7 +473,7 @@ def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, 
     leafs = {n for n, m in user_model.named_modules() if not any(True for _ in m.children())}
     ctx = _Ctx(b, env, multi, kinds_of, model_name, batch)
     for node in ep.graph.nodes:
-        if node.op != "call_function" or node.name not in needed:
+        if node.op != "call_function" or node.name not in needed or node.name in ctx.skip:
             continue
         path, _cls = C.module_path(node)
         if path in leafs and path not in leaf_seen:
@@ -522,6 +522,7 @@ class _Ctx:
     scope: str = ""
     src: Any = None          # a getitem's multi-output node (rules keyed "<packet>[]"), and the item's index
     index: int | None = None
+    skip: set = field(default_factory=set)   # nodes an earlier rule fused into its op (rms_norm's pattern)
 
     def shape(self, t: int) -> tuple[int, ...]:
         return self.b.tensors[t].shape

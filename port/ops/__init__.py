@@ -83,10 +83,11 @@ def op_kinds(kind: str) -> tuple[str, ...]:
 
 
 def capture_rules() -> dict[str, list]:
-    """aten overload packet -> the capture rules that read it, in registration order (the first that does not
-    decline wins; a node no rule takes becomes a torch_op)."""
+    """aten overload packet -> the capture rules that read it, in registration order, records tagged ``pattern``
+    first (the first that does not decline wins; a node no rule takes becomes a torch_op)."""
     out: dict[str, list] = {}
-    for r in RECORDS.values():
+    recs = sorted(RECORDS.values(), key=lambda r: "pattern" not in r.tags)   # multi-node patterns first (stable)
+    for r in recs:
         if r.capture is None:
             continue
         for a in r.aten:

@@ -36,6 +36,7 @@ TAGS = {
     "not_recomputable": "never re-run (views cost nothing; a random mask must not be redrawn)",
     "conv_variants": "im2col/direct/winograd/patch/fused variants on the C backend",
     "tiled_variant": "a ``tiled`` variant on the C backend",
+    "pattern": "its capture rule recognises a multi-node pattern: tried before the one-node rules of its packets",
 }
 
 

@@ -355,3 +355,278 @@ register(OpRecord(
         (f.params["weight"],) if gi and "weight" in f.params else ()),
     grad_input_reads=_ln_reads, grad_weight_reads=lambda f: (f.x[0], f.outputs[1]),
     bwd_vector_flops=lambda f, T: 8 * numel(T[f.outputs[0]].shape), weight_vector_factor=2, doc=__doc__))
+
+
+# =============================================================================================
+# rms_norm (Llama's RMSNorm): F.rms_norm, or the decomposition LlamaRMSNorm is captured as
+# =============================================================================================
+_F32_EPS = 1.1920928955078125e-07     # torch.finfo(torch.float32).eps: F.rms_norm's eps=None
+
+
+def _packet(node) -> str:
+    t = getattr(node, "target", None)
+    return t._overloadpacket.__name__ if hasattr(t, "_overloadpacket") else ""
+
+
+def _users(node) -> list:
+    """The node's users, less export's metadata asserts (they read a value but compute nothing)."""
+    return [u for u in node.users if "_assert" not in str(u.target)]
+
+
+def _only_user(node, packet: str):
+    us = _users(node)
+    return us[0] if len(us) == 1 and _packet(us[0]) == packet else None
+
+
+def _rms_fwd(ctx, x: int, weight, eps: float, y: int):
+    params = {"weight": ctx.t(weight)} if weight is not None else {}
+    rows = numel(ctx.shape(x)[:-1])
+    stats = ctx.b.tensor(f"{ctx.opname}:rstd", (rows,), F32, ROLE_ACTIVATION)
+    from port.ops.base import fwd
+    return fwd(ctx, "rms_norm", dict(eps=float(eps), affine=tuple(params)), (x,), (y, stats), 0,
+               4 * numel(ctx.shape(x)), params=params)
+
+
+def _rms_capture(ctx):
+    """aten.rms_norm (F.rms_norm, nn.RMSNorm) over the last dim, and the decomposition Llama's RMSNorm is
+    exported as, recognised at its pow node: pow(x, 2) -> mean(-1, keepdim) -> add(eps) -> rsqrt -> mul(x, .)
+    [-> float32 casts -> mul(weight, .)], each intermediate read only by the next. Anything else declines (the
+    element-wise records take the nodes one by one)."""
+    from port.ir import capture as C
+    from port.ops.base import arg, float32
+    n = ctx.node
+    if _packet(n) == "rms_norm":
+        x = ctx.t(n.args[0])
+        shape_, wa, eps = list(n.args[1]), arg(n, 2, "weight"), arg(n, 3, "eps")
+        xs = ctx.shape(x)
+        if (len(shape_) != 1 or not xs or shape_[0] != xs[-1] or (wa is not None and not ctx.is_param(wa))
+                or not float32(ctx, x)):
+            return False
+        return _rms_fwd(ctx, x, wa, _F32_EPS if eps is None else float(eps), ctx.out())
+    if str(n.target) != "aten.pow.Tensor_Scalar" or n.args[1] != 2 or not hasattr(n.args[0], "name"):
+        return False
+    xa = n.args[0]
+    x = ctx.t(xa)
+    xs = ctx.shape(x)
+    if not xs or not float32(ctx, x):
+        return False
+    mean = _only_user(n, "mean")
+    if mean is None or str(mean.target) != "aten.mean.dim" or mean.kwargs.get("dtype") is not None:
+        return False
+    dims = arg(mean, 1, "dim")
+    dims = dims if isinstance(dims, (list, tuple)) else [dims]
+    if [d % len(xs) for d in dims] != [len(xs) - 1] or not arg(mean, 2, "keepdim", False):
+        return False
+    add = _only_user(mean, "add")
+    if add is None or add.args[0] is not mean or not isinstance(add.args[1], float) or add.kwargs.get("alpha", 1) != 1:
+        return False
+    eps = add.args[1]
+    rs = _only_user(add, "rsqrt")
+    mul = _only_user(rs, "mul") if rs is not None else None
+    if mul is None or set(mul.args) != {xa, rs} or len(mul.args) != 2 or eps < 0:
+        return False
+    fused, end, weight = [mean, add, rs, mul], mul, None
+    casts, nxt = [], mul
+    while True:                    # .to(float32) casts of a float32 value (Llama's .to(input_dtype))
+        us = _users(nxt)
+        if len(us) == 1 and _packet(us[0]) in ("to", "_to_copy") and C.dtype_name(C.val_of(us[0]).dtype) == F32:
+            casts.append(us[0])
+            nxt = us[0]
+            continue
+        break
+    us = _users(nxt)
+    if len(us) == 1 and _packet(us[0]) == "mul" and len(us[0].args) == 2 and nxt in us[0].args:
+        w = us[0].args[1] if us[0].args[0] is nxt else us[0].args[0]
+        if ctx.is_param(w) and ctx.shape(ctx.t(w)) == (xs[-1],) and tuple(C.val_of(us[0]).shape) == xs:
+            fused += casts + [us[0]]
+            end, weight = us[0], w
+    y = ctx.out(val=C.val_of(end))
+    ctx.env[end.name] = y
+    ctx.skip.update(f.name for f in fused)
+    return _rms_fwd(ctx, x, weight, eps, y)
+
+
+def _rms_reads(f):
+    return (f.x[0], f.outputs[1]) + ((f.params["weight"],) if "weight" in f.params else ())
+
+
+def _rms_shapes(k, attrs, I, O, at):
+    x = at(I, 0, "input 0 (x)") if k == "rms_norm" else at(I, 1, "input 1 (x)")
+    eps = attrs.get("eps")
+    if k == "rms_norm" and (not isinstance(eps, float) or not 0.0 <= eps < float("inf")):
+        raise CallShapeError(f"attribute eps={eps!r}: expected a finite float >= 0")
+    affine = attrs.get("affine", ())
+    if not x:
+        raise CallShapeError("x has no dims: rms_norm normalises the last one")
+    X, c, st = (tuple(x), F32), ((x[-1],), F32), ((numel(x[:-1]),), F32)
+    if k == "rms_norm":
+        return [X] + [c] * len(affine), [X, st]
+    if k == "rms_norm.grad_input":
+        return [X, X, st] + ([c] if "weight" in affine else []), [X]
+    return [X, X, st], grads(attrs, {"weight": c[0]})
+
+
+def _rms_encode(kind, a, IS, OS, I, O, variant, call):
+    x = IS[0] if kind == "rms_norm" else IS[1]
+    rows, d = numel(x) // x[-1], x[-1]
+    if kind == "rms_norm":
+        return Encoded("port_rmsnorm_forward", (O[0], O[1], I[0], I[1] if a["affine"] else None), (rows, d),
+                       (float(a["eps"]),))
+    if kind == "rms_norm.grad_input":
+        return Encoded("port_rmsnorm_backward_input", (O[0], I[0], I[1], I[2], I[3] if len(I) > 3 else None),
+                       (rows, d))
+    return Encoded("port_rmsnorm_backward_weight", (O[0], I[0], I[1], I[2]), (rows, d))
+
+
+def _rms_torch(kind, a, I, O, env):
+    torch = env.torch
+    if kind == "rms_norm":
+        x, w = I[0], (I[1] if len(I) > 1 else None)
+        y, st = O
+
+        def run():
+            r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + float(a["eps"]))
+            st.copy_(r.reshape(-1))
+            torch.mul(x, r, out=y)
+            if w is not None:
+                y.mul_(w)
+        return run
+    dy, x, st = I[0], I[1], I[2]
+    r = st.reshape(*x.shape[:-1], 1)
+    if kind == "rms_norm.grad_weight":
+        dw = O[0]
+        return lambda: dw.add_((dy * x * r).reshape(-1, x.shape[-1]).sum(0))
+    w = I[3] if len(I) > 3 else None
+    dx = O[0]
+
+    def run_dx():
+        g = dy * w if w is not None else dy
+        dx.copy_(r * (g - x * (r * r) * (g * x).mean(-1, keepdim=True)))
+    return run_dx
+
+
+register(OpRecord(
+    kind="rms_norm", family="norm",
+    kernels={"rms_norm": ("port_rmsnorm_forward",), "rms_norm.grad_input": ("port_rmsnorm_backward_input",),
+             "rms_norm.grad_weight": ("port_rmsnorm_backward_weight",)},
+    shapes=_rms_shapes, torch=_rms_torch, encode=_rms_encode, aten=("rms_norm", "pow"), capture=_rms_capture,
+    saved=lambda f, gi, gw, wanted: (f.x[0], f.outputs[1]) + (
+        (f.params["weight"],) if gi and "weight" in f.params else ()),
+    grad_input_reads=_rms_reads, grad_weight_reads=lambda f: (f.x[0], f.outputs[1]),
+    bwd_vector_flops=lambda f, T: 6 * numel(T[f.outputs[0]].shape), weight_vector_factor=3,
+    tags=frozenset({"pattern"}),
+    doc="rms_norm: y = x / sqrt(mean(x^2, last dim) + eps) * weight (F.rms_norm, or Llama's RMSNorm as exported: "
+        "pow -> mean -> add eps -> rsqrt -> mul [-> mul weight], fused at the pow node); saves x, rstd [rows] "
+        "and the weight. C kernels port_rmsnorm_*."))
+
+
+# =============================================================================================
+# group_norm
+# =============================================================================================
+def _gn_capture(ctx):
+    """aten.group_norm(x [N, C, *], groups, weight, bias, eps): any group count dividing C, affine or not."""
+    from port.ops.base import arg, float32, fwd
+    n = ctx.node
+    x = ctx.t(n.args[0])
+    xs = ctx.shape(x)
+    g, wa, ba, eps = int(n.args[1]), arg(n, 2, "weight"), arg(n, 3, "bias"), float(arg(n, 4, "eps", 1e-5))
+    if (len(xs) < 2 or g < 1 or xs[1] % g or (wa is not None and not ctx.is_param(wa))
+            or (ba is not None and not ctx.is_param(ba)) or not float32(ctx, x) or not eps > 0):
+        return False
+    params = {}
+    if wa is not None:
+        params["weight"] = ctx.t(wa)
+    if ba is not None:
+        params["bias"] = ctx.t(ba)
+    y = ctx.out()
+    stats = ctx.b.tensor(f"{ctx.opname}:stats", (2, xs[0] * g), F32, ROLE_ACTIVATION)
+    return fwd(ctx, "group_norm", dict(groups=g, eps=eps, affine=tuple(params)), (x,), (y, stats), 0,
+               8 * numel(xs), params=params)
+
+
+def _gn_dims(x, attrs) -> tuple[int, int, int, int]:
+    g = attrs.get("groups")
+    if len(x) < 2 or type(g) is not int or g < 1 or x[1] % g:
+        raise CallShapeError(f"attribute groups={g!r}: expected an int >= 1 dividing the channels of {list(x)}")
+    return x[0], x[1], numel(x[2:]), g
+
+
+def _gn_shapes(k, attrs, I, O, at):
+    x = tuple(at(I, 0, "input 0 (x)") if k == "group_norm" else at(I, 1, "input 1 (x)"))
+    n, c, _, g = _gn_dims(x, attrs)
+    eps = attrs.get("eps")
+    if k == "group_norm" and (not isinstance(eps, float) or not 0.0 < eps < float("inf")):
+        raise CallShapeError(f"attribute eps={eps!r}: expected a finite float > 0")
+    affine = attrs.get("affine", ())
+    X, cs, st = (x, F32), ((c,), F32), ((2, n * g), F32)
+    if k == "group_norm":
+        return [X] + [cs] * len(affine), [X, st]
+    if k == "group_norm.grad_input":
+        return [X, X, st] + ([cs] if "weight" in affine else []), [X]
+    return [X, X, st], grads(attrs, {nm: cs[0] for nm in affine})
+
+
+def _gn_encode(kind, a, IS, OS, I, O, variant, call):
+    iv = _gn_dims(tuple(IS[0] if kind == "group_norm" else IS[1]), a)
+    if kind == "group_norm":
+        aff = a["affine"]
+        return Encoded("port_groupnorm_forward", (O[0], O[1], I[0], I[1] if "weight" in aff else None,
+                                                  I[1 + ("weight" in aff)] if "bias" in aff else None),
+                       iv, (float(a["eps"]),))
+    if kind == "group_norm.grad_input":
+        return Encoded("port_groupnorm_backward_input", (O[0], I[0], I[1], I[2], I[3] if len(I) > 3 else None), iv)
+    g = dict(zip(a["grads"], O))
+    return Encoded("port_groupnorm_backward_weight", (g.get("weight"), g.get("bias"), I[0], I[1], I[2]), iv)
+
+
+def _gn_torch(kind, a, I, O, env):
+    aten = env.aten
+    if kind == "group_norm":
+        x = I[0]
+        aff = a["affine"]
+        w = I[1] if "weight" in aff else None
+        b = I[1 + (w is not None)] if "bias" in aff else None
+        y, st = O
+        n, c, hw, g = _gn_dims(tuple(x.shape), a)
+
+        def run():
+            r = aten.native_group_norm(x, w, b, n, c, hw, g, float(a["eps"]))
+            y.copy_(r[0])
+            st[0].copy_(r[1].reshape(-1))
+            st[1].copy_(r[2].reshape(-1))
+        return run
+    weight = kind == "group_norm.grad_weight"
+    dy, x, st = I[0], I[1], I[2]
+    n, c, hw, g = _gn_dims(tuple(x.shape), a)
+
+    def grads_(w=None):
+        return aten.native_group_norm_backward(dy, x, st[0].reshape(n, g), st[1].reshape(n, g),
+                                               w if w is not None else env.torch.ones(c, dtype=x.dtype), n, c, hw, g,
+                                               [not weight, weight, weight])
+    if not weight:
+        w = I[3] if len(I) > 3 else None
+        dx = O[0]
+        return lambda: dx.copy_(grads_(w)[0])
+    gr = dict(zip(a["grads"], O))
+
+    def run():
+        r = grads_()
+        if "weight" in gr:
+            gr["weight"].add_(r[1])
+        if "bias" in gr:
+            gr["bias"].add_(r[2])
+    return run
+
+
+register(OpRecord(
+    kind="group_norm", family="norm",
+    kernels={"group_norm": ("port_groupnorm_forward",), "group_norm.grad_input": ("port_groupnorm_backward_input",),
+             "group_norm.grad_weight": ("port_groupnorm_backward_weight",)},
+    shapes=_gn_shapes, torch=_gn_torch, encode=_gn_encode, aten=("group_norm",), capture=_gn_capture,
+    saved=lambda f, gi, gw, wanted: (f.x[0], f.outputs[1]) + (
+        (f.params["weight"],) if gi and "weight" in f.params else ()),
+    grad_input_reads=_ln_reads, grad_weight_reads=lambda f: (f.x[0], f.outputs[1]),
+    bwd_vector_flops=lambda f, T: 8 * numel(T[f.outputs[0]].shape), weight_vector_factor=2,
+    doc="group_norm: F.group_norm / nn.GroupNorm over [N, C, *] in ``groups`` groups of consecutive channels, "
+        "affine (weight, bias) or not; saves x, its statistics [2, N*groups] (mean, rstd) and the weight. C "
+        "kernels port_groupnorm_*."))

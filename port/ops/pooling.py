@@ -1,4 +1,4 @@
-"""Pooling and means: max_pool2d (saves its argmax indices), avg_pool2d (count_include_pad, no ceil mode),
+"""Pooling and means: max_pool2d (dilation, ceil_mode; saves its argmax indices), avg_pool2d (count_include_pad, no ceil mode),
 global_avg_pool2d (adaptive average pooling to 1x1, or the mean over dims 2 and 3, then a view to the node's
 shape) and mean_mid (the mean over one dim that is not the last).
 """
@@ -23,7 +23,7 @@ def _pool_args(ctx):
 
 
 def _max_capture(ctx):
-    """max_pool2d; dilation and ceil_mode (attributes only when not the defaults) run on the torch engines."""
+    """max_pool2d, with dilation and ceil_mode (attributes only when not the defaults)."""
     n, a = ctx.node, _pool_args(ctx)
     if a is None:
         return False
@@ -93,10 +93,11 @@ def _pool_encode(kind, a, IS, OS, I, O, variant, call):
     n, c, h, w = IS[0] if "." not in kind else OS[0]
     y_shape = OS[0] if "." not in kind else IS[0]
     iv = (n, c, h, w, *a["kernel"], *a["stride"], *a["padding"], y_shape[2], y_shape[3])
+    mp = (*a.get("dilation", (1, 1)), int(bool(a.get("ceil_mode", False))))   # max pools: dilation, ceil_mode
     if kind == "max_pool2d":
-        return Encoded("port_maxpool2d_forward", (O[0], O[1], I[0]), iv)
+        return Encoded("port_maxpool2d_forward", (O[0], O[1], I[0]), iv + mp)
     if kind == "max_pool2d.grad_input":
-        return Encoded("port_maxpool2d_backward_input", (O[0], I[0], I[1]), iv)
+        return Encoded("port_maxpool2d_backward_input", (O[0], I[0], I[1]), iv + mp)
     if kind == "avg_pool2d":
         return Encoded("port_avgpool2d_forward", (O[0], I[0]), iv)
     return Encoded("port_avgpool2d_backward_input", (O[0], I[0]), iv)
@@ -219,7 +220,6 @@ register(
              kernels={"max_pool2d": ("port_maxpool2d_forward",),
                       "max_pool2d.grad_input": ("port_maxpool2d_backward_input",)},
              shapes=_pool_shapes, torch=_pool_torch, encode=_pool_encode, aten=("max_pool2d",), capture=_max_capture,
-             c_supports=lambda a: "dilation" not in a and "ceil_mode" not in a,
              saved=lambda f, gi, gw, w: (f.outputs[1],), grad_input_reads=lambda f: (f.outputs[1],),
              bwd_vector_flops=lambda f, T: numel(T[f.outputs[0]].shape), tags=frozenset({"checkpoint"}),
              doc=__doc__),
@@ -298,7 +298,7 @@ register(*(OpRecord(
 
 
 # ---------------------------------------------------------------------------------------------
-# adaptive_avg_pool2d to any size, upsample (interpolate nearest / bilinear): PyTorch's kernels
+# adaptive_avg_pool2d to any size, upsample (interpolate nearest / bilinear)
 # ---------------------------------------------------------------------------------------------
 def _adaptive_any_capture(ctx):
     n = ctx.node
@@ -314,6 +314,26 @@ def _adaptive_shapes(k, attrs, I, O, at):
     size = attr_pair(attrs, "size", 1)
     y = ((x[0], x[1]) + tuple(size), F32)
     return ([(x, F32)], [y]) if "." not in k else ([y], [(x, F32)])
+
+
+def _adaptive_encode(kind, a, IS, OS, I, O, variant, call):
+    x, y = (IS[0], OS[0]) if "." not in kind else (OS[0], IS[0])
+    entry = "port_adaptive_avgpool2d_forward" if "." not in kind else "port_adaptive_avgpool2d_backward_input"
+    return Encoded(entry, (O[0], I[0]), (*x, y[2], y[3]))
+
+
+def _upsample_encode(kind, a, IS, OS, I, O, variant, call):
+    """port_upsample2d_forward / _backward_input: iv n, c, h, w, ho, wo, mode, align_corners; fv the source
+    step per output pixel as PyTorch computes it from the call's scale factors, (float)(1.0 / s), or 0 (from the
+    sizes; align_corners ignores the scales)."""
+    import ctypes
+    from port.exec.capi import UPSAMPLE_MODES
+    x, y = (IS[0], OS[0]) if "." not in kind else (OS[0], IS[0])
+    align = bool(a.get("align_corners", False))
+    sc = a.get("scales")
+    fv = (0.0, 0.0) if sc is None or align else tuple(ctypes.c_float(1.0 / s).value for s in sc)
+    entry = "port_upsample2d_forward" if "." not in kind else "port_upsample2d_backward_input"
+    return Encoded(entry, (O[0], I[0]), (*x, y[2], y[3], UPSAMPLE_MODES[a["mode"]], int(align)), fv)
 
 
 def _adaptive_torch(kind, a, I, O, env):
@@ -374,15 +394,18 @@ def _upsample_torch(kind, a, I, O, env):
 
 register(
     OpRecord(kind="adaptive_avg_pool2d", family="pooling",
-             kernels={"adaptive_avg_pool2d": (), "adaptive_avg_pool2d.grad_input": ()}, shapes=_adaptive_shapes,
-             torch=_adaptive_torch, aten=("adaptive_avg_pool2d",), capture=_adaptive_any_capture,
-             bwd_vector_flops=_x_numel, tags=frozenset({"checkpoint"}),
+             kernels={"adaptive_avg_pool2d": ("port_adaptive_avgpool2d_forward",),
+                      "adaptive_avg_pool2d.grad_input": ("port_adaptive_avgpool2d_backward_input",)},
+             shapes=_adaptive_shapes, torch=_adaptive_torch, encode=_adaptive_encode, aten=("adaptive_avg_pool2d",),
+             capture=_adaptive_any_capture, bwd_vector_flops=_x_numel, tags=frozenset({"checkpoint"}),
              doc="adaptive_avg_pool2d to an output ``size`` other than 1x1 (global_avg_pool2d takes that); saves "
-                 "nothing. PyTorch's kernels (no C kernel yet)."),
-    OpRecord(kind="upsample", family="pooling", kernels={"upsample": (), "upsample.grad_input": ()},
-             shapes=_upsample_shapes, torch=_upsample_torch, aten=("upsample_nearest2d", "upsample_bilinear2d"),
-             capture=_upsample_capture, bwd_vector_flops=lambda f, T: 2 * numel(T[f.outputs[0]].shape),
-             tags=frozenset({"checkpoint"}),
+                 "nothing. C kernels port_adaptive_avgpool2d_*."),
+    OpRecord(kind="upsample", family="pooling",
+             kernels={"upsample": ("port_upsample2d_forward",),
+                      "upsample.grad_input": ("port_upsample2d_backward_input",)},
+             shapes=_upsample_shapes, torch=_upsample_torch, encode=_upsample_encode,
+             aten=("upsample_nearest2d", "upsample_bilinear2d"), capture=_upsample_capture,
+             bwd_vector_flops=lambda f, T: 2 * numel(T[f.outputs[0]].shape), tags=frozenset({"checkpoint"}),
              doc="upsample: F.interpolate nearest or bilinear (``align_corners`` either way) to ``size`` (or by the "
-                 "call's ``scales``); saves nothing. PyTorch's kernels (no C kernel yet)."),
+                 "call's ``scales``); saves nothing. C kernels port_upsample2d_*."),
 )

@@ -21,6 +21,8 @@ from port import models
 from port.exec import capi
 from port.exec.bundle import BundleError, check_bundle, write_bundle, write_data
 
+from nets54 import NormPool
+
 ROOT = Path(__file__).resolve().parents[2]
 N = 40
 
@@ -403,18 +405,15 @@ class _Gates(torch.nn.Module):
         return self.fc2(torch.sigmoid(self.fc1(h)) * self.gamma)
 
 
-def test_port_rt_runs_sigmoid_hardsigmoid_silu_bit_for_bit(port_rt, tmp_path):
-    """sigmoid, hardsigmoid, silu and broadcast mul run on C kernels (forward and backward), compile into a bundle
-    and train in port-rt bit for bit like the Python executor."""
-    x, y = torch.randn(N, 3, 6, 6), torch.randint(0, 10, (N,))
-    B = 8
-    tr = port.Trainer(_Gates(), x[:B], optimizer=port.optim.SGD(0.05, momentum=0.9))
+def _trains_bit_for_bit(port_rt, tmp_path, model, x, y, kinds_on_c, classes=10, B=8):
+    """``model`` runs every op on C (``kinds_on_c`` among them), compiles into a bundle and trains 6 steps in
+    port-rt bit for bit like the Python executor."""
+    tr = port.Trainer(model, x[:B], optimizer=port.optim.SGD(0.05, momentum=0.9))
     on_c = {o.kind for o in tr.graph.ops if tr.plan.ops[o.id].accelerator == "cpu-c"}
-    assert {"sigmoid", "hardsigmoid", "silu", "sigmoid.grad_input", "hardsigmoid.grad_input",
-            "silu.grad_input", "mul", "mul.grad_input", "mul.grad_weight"} <= on_c
+    assert set(kinds_on_c) <= on_c, set(kinds_on_c) - on_c
     assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
     write_bundle(tr, tmp_path / "m.portrt")
-    write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), 10)
+    write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), classes)
     r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 6,
              "--threads", capi.get_num_threads())
     assert r.returncode == 0, r.stderr
@@ -422,3 +421,21 @@ def test_port_rt_runs_sigmoid_hardsigmoid_silu_bit_for_bit(port_rt, tmp_path):
     ref = [np.float32(tr.step(x[[(s * B + j) % N for j in range(B)]], y[[(s * B + j) % N for j in range(B)]]))
            for s in range(6)]
     assert [a.tobytes() for a in got] == [b.tobytes() for b in ref], list(zip(ref, got))
+
+
+def test_port_rt_runs_sigmoid_hardsigmoid_silu_bit_for_bit(port_rt, tmp_path):
+    """sigmoid, hardsigmoid, silu and broadcast mul run on C kernels (forward and backward), compile into a bundle
+    and train in port-rt bit for bit like the Python executor."""
+    x, y = torch.randn(N, 3, 6, 6), torch.randint(0, 10, (N,))
+    _trains_bit_for_bit(port_rt, tmp_path, _Gates(), x, y,
+                        {"sigmoid", "hardsigmoid", "silu", "sigmoid.grad_input", "hardsigmoid.grad_input",
+                         "silu.grad_input", "mul", "mul.grad_input", "mul.grad_weight"})
+
+
+def test_port_rt_runs_norms_pools_and_resize_bit_for_bit(port_rt, tmp_path):
+    """group_norm, rms_norm (Llama's pattern and F.rms_norm), max_pool2d with dilation and ceil_mode, upsample
+    (bilinear both ways, nearest) and adaptive_avg_pool2d run on C, compile and train in port-rt bit for bit."""
+    x, y = torch.randn(N, 3, 9, 11), torch.randint(0, 10, (N,))
+    _trains_bit_for_bit(port_rt, tmp_path, NormPool(), x, y,
+                        {k + g for k in ("group_norm", "rms_norm") for g in ("", ".grad_input", ".grad_weight")}
+                        | {k + g for k in ("max_pool2d", "upsample", "adaptive_avg_pool2d") for g in ("", ".grad_input")})

@@ -528,22 +528,23 @@ def dropout_backward(dy, mask, p, out=None):
 
 
 # --------------------------------------------------------------------------- pooling
-def pool2d_params(x_shape, kernel, stride=None, padding=0) -> Pool2dParams:
+def pool2d_params(x_shape, kernel, stride=None, padding=0, dilation=1, ceil_mode=False) -> Pool2dParams:
     n, c, h, w = (int(s) for s in x_shape)
     kh, kw = _pair(kernel, "kernel")
     sh, sw = _pair(kernel if stride is None else stride, "stride")
     ph, pw = _pair(padding, "padding")
-    return Pool2dParams(n, c, h, w, kh, kw, sh, sw, ph, pw)
+    dh, dw = _pair(dilation, "dilation")
+    return Pool2dParams(n, c, h, w, kh, kw, sh, sw, ph, pw, 0, 0, dh, dw, int(bool(ceil_mode)))
 
 
 def _pool_out(p):
     return p.n, p.c, raw.port_pool2d_out_h(p), raw.port_pool2d_out_w(p)
 
 
-def maxpool2d_forward(x, kernel, stride=None, padding=0):
+def maxpool2d_forward(x, kernel, stride=None, padding=0, dilation=1, ceil_mode=False):
     """Returns (y, indices int64 into the H*W plane)."""
     _tensor(x, "x", ndim=4)
-    p = pool2d_params(x.shape, kernel, stride, padding)
+    p = pool2d_params(x.shape, kernel, stride, padding, dilation, ceil_mode)
     shape = _pool_out(p)
     if min(shape) < 1:
         raise ValueError(f"kernel: window larger than the padded input {tuple(x.shape)}")
@@ -553,8 +554,9 @@ def maxpool2d_forward(x, kernel, stride=None, padding=0):
     return y, idx
 
 
-def maxpool2d_backward_input(dy, indices, x_shape, kernel, stride=None, padding=0, out=None):
-    p = pool2d_params(x_shape, kernel, stride, padding)
+def maxpool2d_backward_input(dy, indices, x_shape, kernel, stride=None, padding=0, out=None, dilation=1,
+                             ceil_mode=False):
+    p = pool2d_params(x_shape, kernel, stride, padding, dilation, ceil_mode)
     _tensor(dy, "dy", _pool_out(p))
     _tensor(indices, "indices", dy.shape, torch.int64)
     dx = _out(out, "out", x_shape)
@@ -1112,3 +1114,115 @@ def softmax_xent_ignore_backward(probs, labels, grad_loss=None, ignore_index=-10
                                                 n, k, float(label_smoothing), int(ignore_index)),
           "softmax_xent_ignore_backward")
     return d
+
+
+# --------------------------------------------------------------------------- norms, pooling, resize (issue 54)
+def rmsnorm_forward(x, gamma=None, eps=1e-6):
+    """RMS norm over the last dim. Returns (y, rstd [rows])."""
+    rows, d = _rows_d(x, "x")
+    _vec(gamma, "gamma", d, False)
+    y, rstd = torch.empty(x.shape), torch.empty(rows)
+    check(raw.port_rmsnorm_forward(y.data_ptr(), rstd.data_ptr(), x.data_ptr(), _ptr(gamma), rows, d, float(eps)),
+          "rmsnorm_forward")
+    return y, rstd
+
+
+def rmsnorm_backward_input(dy, x, rstd, gamma=None, out=None):
+    rows, d = _rows_d(x, "x")
+    _tensor(dy, "dy", x.shape)
+    _tensor(rstd, "rstd", (rows,))
+    dx = _out(out, "out", x.shape)
+    _no_alias({"out": dx}, {"x": x, "rstd": rstd, "gamma": gamma, **({} if dx is dy else {"dy": dy})})
+    check(raw.port_rmsnorm_backward_input(dx.data_ptr(), dy.data_ptr(), x.data_ptr(), rstd.data_ptr(), _ptr(gamma),
+                                          rows, d), "rmsnorm_backward_input")
+    return dx
+
+
+def rmsnorm_backward_weight(dy, x, rstd, dgamma=None):
+    rows, d = _rows_d(x, "x")
+    dgamma = _acc(dgamma, "dgamma", (d,))
+    check(raw.port_rmsnorm_backward_weight(dgamma.data_ptr(), dy.data_ptr(), x.data_ptr(), rstd.data_ptr(), rows, d),
+          "rmsnorm_backward_weight")
+    return dgamma
+
+
+def _gn(x, groups):
+    _tensor(x, "x")
+    if x.dim() < 2 or groups < 1 or x.shape[1] % groups:
+        raise ValueError(f"groups: {groups} must divide the channels of {tuple(x.shape)}")
+    return x.shape[0], x.shape[1], x.numel() // (x.shape[0] * x.shape[1]), groups
+
+
+def groupnorm_forward(x, groups, gamma=None, beta=None, eps=1e-5):
+    """Returns (y, stats [2 * n * groups]: means then rstds)."""
+    n, c, hw, g = _gn(x, groups)
+    y, st = torch.empty(x.shape), torch.empty(2 * n * g)
+    check(raw.port_groupnorm_forward(y.data_ptr(), st.data_ptr(), x.data_ptr(), _ptr(gamma), _ptr(beta), n, c, hw, g,
+                                     float(eps)), "groupnorm_forward")
+    return y, st
+
+
+def groupnorm_backward_input(dy, x, stats, groups, gamma=None):
+    n, c, hw, g = _gn(x, groups)
+    dx = torch.empty(x.shape)
+    check(raw.port_groupnorm_backward_input(dx.data_ptr(), dy.data_ptr(), x.data_ptr(), stats.data_ptr(),
+                                            _ptr(gamma), n, c, hw, g), "groupnorm_backward_input")
+    return dx
+
+
+def groupnorm_backward_weight(dy, x, stats, groups, weight=True, bias=True):
+    n, c, hw, g = _gn(x, groups)
+    dg = torch.zeros(c) if weight else None
+    db = torch.zeros(c) if bias else None
+    check(raw.port_groupnorm_backward_weight(_ptr(dg), _ptr(db), dy.data_ptr(), x.data_ptr(), stats.data_ptr(), n, c,
+                                             hw, g), "groupnorm_backward_weight")
+    return dg, db
+
+
+def upsample2d_params(x_shape, size, mode="nearest", align_corners=False, scale_factor=None):
+    """PyTorch's F.interpolate arguments as port_upsample2d_params (the step from the scale factors as PyTorch
+    computes it: (float)(1.0 / s))."""
+    from port.exec.capi import UPSAMPLE_MODES, Upsample2dParams
+    n, c, h, w = (int(s) for s in x_shape)
+    sf = (None, None) if scale_factor is None or align_corners else _fpair(scale_factor)
+    r = [0.0 if s is None else ctypes.c_float(1.0 / s).value for s in sf]
+    return Upsample2dParams(n, c, h, w, int(size[0]), int(size[1]), UPSAMPLE_MODES[mode], int(align_corners), *r)
+
+
+def _fpair(v):
+    return (float(v), float(v)) if isinstance(v, (int, float)) else (float(v[0]), float(v[1]))
+
+
+def upsample2d_forward(x, size, mode="nearest", align_corners=False, scale_factor=None):
+    _tensor(x, "x", ndim=4)
+    p = upsample2d_params(x.shape, size, mode, align_corners, scale_factor)
+    y = torch.empty(x.shape[0], x.shape[1], p.ho, p.wo)
+    check(raw.port_upsample2d_forward(y.data_ptr(), x.data_ptr(), ctypes.byref(p)), "upsample2d_forward")
+    return y
+
+
+def upsample2d_backward_input(dy, x_shape, mode="nearest", align_corners=False, scale_factor=None):
+    _tensor(dy, "dy", ndim=4)
+    p = upsample2d_params(x_shape, dy.shape[2:], mode, align_corners, scale_factor)
+    dx = torch.empty(tuple(x_shape))
+    check(raw.port_upsample2d_backward_input(dx.data_ptr(), dy.data_ptr(), ctypes.byref(p)),
+          "upsample2d_backward_input")
+    return dx
+
+
+def adaptive_avgpool2d_forward(x, size):
+    _tensor(x, "x", ndim=4)
+    n, c, h, w = x.shape
+    y = torch.empty(n, c, size[0], size[1])
+    check(raw.port_adaptive_avgpool2d_forward(y.data_ptr(), x.data_ptr(), n, c, h, w, size[0], size[1]),
+          "adaptive_avgpool2d_forward")
+    return y
+
+
+def adaptive_avgpool2d_backward_input(dy, x_shape):
+    _tensor(dy, "dy", ndim=4)
+    n, c, h, w = x_shape
+    dx = torch.empty(tuple(x_shape))
+    check(raw.port_adaptive_avgpool2d_backward_input(dx.data_ptr(), dy.data_ptr(), n, c, h, w, dy.shape[2],
+                                                     dy.shape[3]), "adaptive_avgpool2d_backward_input")
+    return dx

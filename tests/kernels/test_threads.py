@@ -118,3 +118,30 @@ def test_binary_broadcast_same_bits_at_any_thread_count(K, sa, sb):
     dy = torch.randn(torch.broadcast_shapes(a.shape, b.shape), generator=g)
     _same_bits(_at_each_count(K, "auto", lambda: (K.binary_forward("mul", a, b),
                                                   *K.binary_backward("mul", dy, a, b))), "binary mul")
+
+
+def test_norms_pools_and_resize_same_bits_at_any_thread_count(K):
+    """RMS norm, group norm, dilated ceil-mode max pool, resize and adaptive pooling (normpool.c, pool.c): rows,
+    groups, channels and planes split over threads, every sum in one order."""
+    g = torch.Generator().manual_seed(1)
+    t = torch.randn(64, 1030, generator=g)
+    dt = torch.randn(t.shape, generator=g)
+    w = torch.rand(1030, generator=g) + 0.5
+    x = torch.randn(4, 24, 33, 31, generator=g)
+    gx = torch.rand(24, generator=g) + 0.5
+    bx = torch.randn(24, generator=g)
+
+    def run():
+        y, r = K.rmsnorm_forward(t, w)
+        gy, st = K.groupnorm_forward(x, 6, gx, bx)
+        dgx = K.groupnorm_backward_input(x, x, st, 6, gx)
+        mp, idx = K.maxpool2d_forward(x, 3, 2, 1, dilation=2, ceil_mode=True)
+        up = K.upsample2d_forward(x, (50, 70), "bilinear", False, None)
+        ad = K.adaptive_avgpool2d_forward(x, (5, 7))
+        return (y, r, K.rmsnorm_backward_input(dt, t, r, w), K.rmsnorm_backward_weight(dt, t, r), gy, st, dgx,
+                *K.groupnorm_backward_weight(x, x, st, 6), mp, idx,
+                K.maxpool2d_backward_input(mp, idx, x.shape, 3, 2, 1, dilation=2, ceil_mode=True), up,
+                K.upsample2d_backward_input(up, x.shape, "bilinear", False, None),
+                K.upsample2d_backward_input(K.upsample2d_forward(x, (66, 62)), x.shape), ad,
+                K.adaptive_avgpool2d_backward_input(ad, x.shape))
+    _same_bits(_at_each_count(K, "auto", run), "norms / pools / resize")

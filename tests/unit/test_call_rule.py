@@ -34,6 +34,8 @@ from port.lower.lower import default_plan, lower
 from port.plan import variants as V
 from port.plan.types import OpDecision
 
+from nets54 import NormPool     # (tests/nets54.py: issue 54's norms, pooling and resize)
+
 ROOT = Path(__file__).resolve().parents[2]
 CALL_BYTES = ctypes.sizeof(capi.RtCall)
 
@@ -88,6 +90,7 @@ CASES = {
     "zoo": lambda: (Zoo(), torch.randn(2, 3, 16, 16), "sgd"),
     "gpt_tiny": lambda: (*_seq("gpt_tiny"), "sgd"),
     "bert_tiny": lambda: (*_seq("bert_tiny"), "adamw"),
+    "normpool": lambda: (NormPool(), torch.randn(2, 3, 9, 11), "sgd"),
 }
 
 
@@ -177,6 +180,11 @@ REACH = {
                  "port_attention_backward", "port_softmax_xent_ignore_forward", "port_softmax_xent_ignore_backward",
                  "port_arange_i64", "port_add_broadcast", "port_sum_rows", "port_permute"},
     "bert_tiny": {"port_ne_scalar_i64", "port_mean_mid_forward", "port_mean_mid_backward", "port_adamw_step"},
+    "normpool": {f"port_{k}" for k in ("rmsnorm_forward", "rmsnorm_backward_input", "rmsnorm_backward_weight",
+                                       "groupnorm_forward", "groupnorm_backward_input", "groupnorm_backward_weight",
+                                       "upsample2d_forward", "upsample2d_backward_input",
+                                       "adaptive_avgpool2d_forward", "adaptive_avgpool2d_backward_input",
+                                       "maxpool2d_forward", "maxpool2d_backward_input")},
 }
 
 

@@ -280,20 +280,23 @@ def test_unary_math_records_equal_autograd(kind, attrs, ref):
 
 
 class _RMSRotary(nn.Module):
-    """Llama's RMSNorm (pow, mean over the last dim, shift by eps, rsqrt, weight * x) and rotary embedding
-    (cos, sin, neg, cat of halves)."""
+    """Llama's RMSNorm (pow, mean over the last dim, shift by eps, rsqrt, weight * x: one rms_norm op), a
+    normalisation over the tokens (the same ops over dim 1: no RMS norm, each op its own record), a layer scale
+    and rotary embedding (cos, sin, neg, cat of halves)."""
 
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
         self.proj = nn.Linear(6, 8)
         self.weight = nn.Parameter(torch.linspace(0.8, 1.2, 8))
+        self.scale = nn.Parameter(torch.linspace(1.2, 0.8, 8))
         self.fc = nn.Linear(8, 3)
         self.register_buffer("freq", torch.linspace(0.1, 1.0, 8))
 
     def forward(self, x):                                    # [N, T, 6]
         h = self.proj(x)
         h = self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
+        h = h * torch.rsqrt(h.pow(2).mean(1, keepdim=True) + 1e-5) * self.scale
         t = torch.arange(h.shape[1], dtype=torch.float32, device=x.device)[:, None] * self.freq
         cos, sin = t.cos(), t.sin()
         x1, x2 = h[..., :4], h[..., 4:]
@@ -304,8 +307,10 @@ class _RMSRotary(nn.Module):
 def test_rmsnorm_and_rotary_capture_as_records_and_train_like_eager():
     x, y = torch.randn(4, 5, 6), torch.tensor([0, 1, 2, 1])
     tr = port.Trainer(_RMSRotary(), x, optimizer=SGD(0.05))
-    kinds = {o.kind for o in tr.graph.ops}
-    assert {"pow_scalar", "rsqrt", "shift", "neg", "mul.grad_weight", "exp", "narrow"} <= kinds, kinds
+    kinds = [o.kind for o in tr.graph.ops]
+    assert {"rms_norm", "rms_norm.grad_input", "rms_norm.grad_weight", "pow_scalar", "rsqrt", "shift", "neg",
+            "mul.grad_weight", "exp", "narrow"} <= set(kinds), kinds
+    assert kinds.count("rms_norm") == 1 and kinds.count("pow_scalar") == 1      # the token norm: not fused
     ref = _RMSRotary()
     _steps_like_eager(tr, ref, x, y, 0.05, 3)
 
@@ -313,11 +318,11 @@ def test_rmsnorm_and_rotary_capture_as_records_and_train_like_eager():
 @pytest.mark.parametrize("attrs", [dict(kernel=(3, 3), stride=(2, 2), padding=(1, 1), ceil_mode=True),
                                    dict(kernel=(2, 3), stride=(2, 1), padding=(0, 1), dilation=(2, 1)),
                                    dict(kernel=(3, 3), stride=(2, 2), padding=(0, 0), ceil_mode=True, dilation=(1, 2))])
-def test_max_pool_ceil_mode_and_dilation_run_on_torch(attrs):
+def test_max_pool_ceil_mode_and_dilation_torch_bindings_and_c_kernels(attrs):
     gen = torch.Generator().manual_seed(6)
     x = _rand((2, 3, 9, 8), gen)
-    assert not ops.has_c("max_pool2d", attrs) and ops.has_c("max_pool2d", {"kernel": (2, 2)})
-    assert not registry.known_kernel("max_pool2d", "c", attrs) and registry.known_kernel("max_pool2d", "torch-cpu", attrs)
+    assert ops.has_c("max_pool2d", attrs) and ops.has_c("max_pool2d", {"kernel": (2, 2)})     # (issue 54)
+    assert registry.known_kernel("max_pool2d", "c", attrs) and registry.known_kernel("max_pool2d", "torch-cpu", attrs)
     kw = dict(kernel_size=attrs["kernel"], stride=attrs["stride"], padding=attrs["padding"],
               dilation=attrs.get("dilation", 1), ceil_mode=attrs.get("ceil_mode", False))
     want = torch.nn.functional.max_pool2d(x, **kw)
@@ -434,3 +439,54 @@ def test_addmm_with_a_weight_stored_in_out_is_a_linear_on_torch():
     assert registry.call_shapes("linear", {"bias": True, "weight_t": True}, [(20, 6), (6, 10), (10,)], [None])[1] == \
         [((20, 10), "float32")]
     _steps_like_eager(tr, M(), x, y, 0.1, 3)
+
+
+class _RMSVariants(nn.Module):
+    """An RMS norm whose mean of squares is read twice (no fusion: each op its own record) beside F.rms_norm
+    (eps None: float32's machine epsilon) and a group norm without affine parameters."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(6, 8)
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):                                    # [N, T, 6]
+        h = self.proj(x)
+        v = h.pow(2).mean(-1, keepdim=True)
+        a = h * torch.rsqrt(v + 1e-6) + v
+        b = nn.functional.rms_norm(h, (8,), self.w)
+        c = nn.functional.group_norm(h.transpose(1, 2), 4).transpose(1, 2)
+        return self.fc((a + b + c).mean(1))
+
+
+def test_rms_norm_fuses_only_its_pattern_and_records_equal_autograd():
+    x, y = torch.randn(4, 5, 6), torch.tensor([0, 1, 2, 1])
+    tr = port.Trainer(_RMSVariants(), x, optimizer=SGD(0.05))
+    kinds = [o.kind for o in tr.graph.ops]
+    assert kinds.count("rms_norm") == 1 and kinds.count("group_norm") == 1 and "pow_scalar" in kinds, kinds
+    rms = next(o for o in tr.graph.ops if o.kind == "rms_norm")
+    assert dict(rms.attrs)["eps"] == torch.finfo(torch.float32).eps
+    _steps_like_eager(tr, _RMSVariants(), x, y, 0.05, 3)
+    # the torch bindings (a plan may put either op on the torch engine) against float64 autograd
+    gen = torch.Generator().manual_seed(9)
+    w = _rand((8,), gen)
+    for kind, shape, attrs, ref in (("rms_norm", (3, 4, 8), dict(eps=1e-5, affine=("weight",)),
+                                     lambda t, ww: nn.functional.rms_norm(t, (8,), ww, 1e-5)),
+                                    ("group_norm", (3, 8, 5), dict(groups=2, eps=1e-5, affine=("weight",)),
+                                     lambda t, ww: nn.functional.group_norm(t, 2, ww, None, 1e-5))):
+        r = ops.record(kind)
+        xi, dy = _rand(shape, gen), _rand(shape, gen)
+        (ys, st), = [registry.call_shapes(kind, attrs, [xi.shape, w.shape], [None, None])[1]]
+        yv, sv = torch.empty(ys[0], dtype=torch.float64), torch.empty(st[0], dtype=torch.float64)
+        r.torch(kind, attrs, [xi, w], [yv, sv], _env())()
+        xr, wr = xi.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        want = ref(xr, wr)
+        torch.testing.assert_close(yv, want, rtol=1e-12, atol=1e-12)
+        gx, gw = torch.autograd.grad(want, (xr, wr), dy)
+        dx, dw = torch.empty_like(xi), torch.zeros_like(w)
+        r.torch(f"{kind}.grad_input", attrs, [dy, xi, sv, w], [dx], _env())()
+        r.torch(f"{kind}.grad_weight", attrs | {"grads": ("weight",)}, [dy, xi, sv], [dw], _env())()
+        torch.testing.assert_close(dx, gx, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(dw, gw, rtol=1e-10, atol=1e-10)

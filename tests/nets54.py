@@ -1,0 +1,45 @@
+"""Small nets with the ops of issue 54's kernels, shared by the port-rt and call-rule tests (tests/ is on
+sys.path: tests/conftest.py)."""
+from __future__ import annotations
+
+import torch
+
+
+class LlamaRMSNorm(torch.nn.Module):
+    """Llama's RMSNorm as transformers writes it (exported as pow, mean, add, rsqrt, mul, casts, mul)."""
+
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, d))
+        self.eps = eps
+
+    def forward(self, h):
+        dt = h.dtype
+        h = h.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dt)
+
+
+class NormPool(torch.nn.Module):
+    """Group norm (affine and not), a dilated ceil-mode max pool, bilinear and nearest resizes, adaptive average
+    pooling to 1x5, Llama's RMSNorm and F.rms_norm: issue 54's norms, pooling and resize."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        nn = torch.nn
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.gn, self.gn2 = nn.GroupNorm(3, 6), nn.GroupNorm(2, 6, affine=False)
+        self.rms = LlamaRMSNorm(5)
+        self.w2 = nn.Parameter(torch.linspace(1.5, 0.5, 5))
+        self.fc = nn.Linear(6 * 5, 10)
+
+    def forward(self, x):
+        F = torch.nn.functional
+        h = self.gn2(self.gn(self.conv(x)))
+        h = F.max_pool2d(h, 3, 2, 1, dilation=2, ceil_mode=True)
+        h = F.interpolate(h, scale_factor=2, mode="bilinear", align_corners=False)
+        h = F.interpolate(h, size=(7, 9), mode="nearest")
+        h = F.interpolate(h, size=(8, 10), mode="bilinear", align_corners=True)
+        h = F.adaptive_avg_pool2d(h, (1, 5)).flatten(2)
+        return self.fc((self.rms(h) + F.rms_norm(h, (5,), self.w2, 1e-5)).flatten(1))
