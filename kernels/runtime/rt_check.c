@@ -264,8 +264,10 @@ static int attention(ctx *x, int k) {
     for (int i = 0; i < 4; i++) {
         int64_t d = v[9 + i];
         if (kind == PORT_ATTN_MASK_KEYS ? d != 0 : d != 1 && d != full[i])
-            return fail(x->why, IV_NAMES[9 + i], kind == PORT_ATTN_MASK_KEYS ? "a mask extent must be 0 with a key-padding mask"
-                        : "a mask extent must be 1 or the extent it broadcasts to", d, 0, full[i]);
+            return fail(x->why, IV_NAMES[9 + i],
+                        kind == PORT_ATTN_MASK_KEYS ? "a mask extent must be 0 with a key-padding mask"
+                                                    : "a mask extent must be 1 or the extent it broadcasts to",
+                        d, 0, full[i]);
     }
     port_attention_params p = {v[0], v[1], v[2], v[3], v[4], v[5], (float)x->c->fv[0], v[7], v[8],
                                {v[9], v[10], v[11], v[12]}, (float)x->c->fv[1], 0, 0};

@@ -73,7 +73,8 @@ def test_attention_masks_gqa_dropout_vs_float64(K, algo, case, p):
     assert torch.allclose(o.double(), ro, atol=2e-5, rtol=1e-4), float((o.double() - ro).abs().max())
     dq, dk, dv = K.attention_backward(dy, q, k, v, o, lse, km, **kw)
     for got, want, name in ((dq, rdq, "dq"), (dk, rdk, "dk"), (dv, rdv, "dv")):
-        assert torch.allclose(got.double(), want, atol=5e-5, rtol=1e-4), (name, float((got.double() - want).abs().max()))
+        err = float((got.double() - want).abs().max())
+        assert torch.allclose(got.double(), want, atol=5e-5, rtol=1e-4), (name, err)
     # each gradient alone is the same as with the others
     for i in range(3):
         alone = K.attention_backward(dy, q, k, v, o, lse, km, needs_grad=tuple(j == i for j in range(3)), **kw)

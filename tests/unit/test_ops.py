@@ -533,3 +533,17 @@ def test_stochastic_depth_is_a_bernoulli_record(form):
     assert "bernoulli" in kinds and "torch_op" not in kinds, kinds
     b = next(o for o in g.ops if o.kind == "bernoulli")
     assert tuple(g.tensors[b.outputs[0]].shape) == (4, 1) and b.attr("p") == 0.75 and not b.inputs
+
+
+def test_random_calls_refuse_cuda_graph_replay():
+    """A CUDA graph would replay a random call's mask: dropout, bernoulli and attention with dropout refuse it."""
+    from port.exec.executor import graph_refusal
+    from port.lower.program import Call
+
+    def call(kernel, attrs=()):
+        return Call(index=3, op=0, name="n", kernel=kernel, backend="torch-cuda", variant="plain", phase="forward",
+                    outputs=(), inputs=(), attrs=attrs)
+    for k, a in (("dropout", ()), ("bernoulli", ()), ("attention", (("p", 0.1),)),
+                 ("attention.grad_input", (("p", 0.1),))):
+        assert "mask" in graph_refusal(None, [call(k, a)]), k
+    assert graph_refusal(None, [call("attention"), call("relu")]) is None
