@@ -261,14 +261,27 @@ PORT_API port_status port_add(float *y, const float *a, const float *b, int64_t 
 /* a += b */
 PORT_API port_status port_accumulate(float *a, const float *b, int64_t count);
 
-/* Dropout: element i is kept iff hash(seed, i) >= p (counter-based RNG:
- * reproducible and independent of the thread count); y = x*mask/(1-p).
- * p in [0,1); y MAY ALIAS x.  Saved: mask (uint8 per element). */
-PORT_API port_status port_dropout_forward(float *y, uint8_t *mask, const float *x, int64_t count,
-                                          float p, uint64_t seed);
+/* ---- issue 54: random numbers (rng.c) --------------------------------------------------------------------
+ * PORT's one generator, Philox4x32-10 (Salmon et al., SC'11; Random123): element e of a call draws the 32-bit
+ * word e % 4 of Philox4x32-10 with key (seed low 32 bits, seed high 32 bits) and counter (e/4 low, e/4 high,
+ * stream low, stream high).  A pure function of (seed, stream, e): the same bits at any thread count, on every
+ * backend and in port-rt.  PORT's calls pass the run's seed and stream = port_rt_rng_stream(forward passes done,
+ * graph op id).  A draw u keeps an element of dropout(p) iff u >= ceil(p 2^32) and is a one of bernoulli(q) iff
+ * u < ceil(q 2^32). */
+/* One Philox4x32-10 block: out[4] of the counter ctr[4] under the key key[2] (for known-answer tests). */
+PORT_API void port_philox4x32_10(uint32_t *out, const uint32_t *ctr, const uint32_t *key);
+/* out[i] = the draw of element offset + i. */
+PORT_API port_status port_rng_u32(uint32_t *out, int64_t count, int64_t offset, uint64_t seed, uint64_t stream);
+/* Dropout: mask[i] = keep(i), y = x * mask / (1 - p).  p in [0, 1); y MAY ALIAS x.  Saved: mask (uint8). */
+PORT_API port_status port_dropout_forward(float *y, uint8_t *mask, const float *x, int64_t count, float p,
+                                          uint64_t seed, uint64_t stream);
 /* dx = dy*mask/(1-p).  dx MAY ALIAS dy. */
 PORT_API port_status port_dropout_backward(float *dx, const float *dy, const uint8_t *mask,
                                            int64_t count, float p);
+/* y[i] = 1 with probability prob, else 0 (torch's bernoulli_(prob): stochastic depth's per-sample mask).
+ * prob in [0, 1]. */
+PORT_API port_status port_bernoulli_forward(float *y, int64_t count, float prob, uint64_t seed, uint64_t stream);
+/* ---- end issue 54 random numbers ---------------------------------------------------------------------- */
 
 /* ------------------------------------------------------------------ */
 /* Pooling                                                               */
@@ -455,38 +468,60 @@ PORT_API port_status port_mean_mid_backward(float *dx, const float *dy, int64_t 
 PORT_API port_status port_arange_i64(int64_t *y, int64_t count, int64_t start);
 PORT_API port_status port_ne_scalar_i64(uint8_t *y, const int64_t *x, int64_t count, int64_t value);
 
-/* Scaled dot-product attention (torch.nn.functional.scaled_dot_product_attention without dropout).
- * q [bh,tq,dh]; k, v [bh,tk,dh]; o [bh,tq,dh]; lse [bh,tq] = log-sum-exp of each masked scaled score row (saved).
- * key_mask: NULL or uint8 [bh/heads, tk], 0 = that key is masked (padding) for every query of the heads of that
- * batch row (bh must be a multiple of heads).
- * causal != 0: key j is masked for query i when j > i + (tk - tq) (torch's is_causal for tq == tk).
+/* Scaled dot-product attention (torch.nn.functional.scaled_dot_product_attention: masks of any broadcastable
+ * shape, grouped-query attention, dropout).
+ * q [bh,tq,dh]; k, v [bkv,tk,dh] with bkv = bh/heads*kv_heads; o [bh,tq,dh]; lse [bh,tq] = log-sum-exp of each
+ * masked scaled score row (saved).  Query slice b = n*heads + h (batch row n, head h) reads key/value slice
+ * n*kv_heads + h/(heads/kv_heads) (grouped-query attention, torch's enable_gqa; kv_heads 0 means heads).
+ * mask, by mask_kind:
+ *   PORT_ATTN_MASK_KEYS (0): NULL or uint8 [bh/heads, tk], 0 = that key is masked (padding) for every query of
+ *     the heads of that batch row (bh must be a multiple of heads);
+ *   PORT_ATTN_MASK_BOOL (1): uint8 [mask_dims] (torch's boolean attn_mask: 0 = masked), broadcast to
+ *     [bh/heads, heads, tq, tk]: each mask_dims[i] is 1 or that extent;
+ *   PORT_ATTN_MASK_ADD (2): float [mask_dims], broadcast so, added to the scaled scores (torch's float attn_mask).
+ * causal != 0: key j is masked for query i when j > i + (tk - tq) (torch's is_causal for tq == tk); with a mask.
  * A query row with every key masked gets o = 0, lse = -inf and zero gradients (no NaN).
+ * dropout_p in [0, 1): the probabilities P[b,i,j] are kept with probability 1 - p and scaled by 1/(1-p) before
+ *   P V, the keep mask drawn from PORT's generator (rng.c) at element (b*tq + i)*tk + j of (seed, stream); the
+ *   backward draws it again (nothing saved).  lse stays the softmax's.
  * algo PORT_ATTN_PLAIN (0): all bh score matrices materialised in the workspace (bh*tq*tk floats; backward
- *   2*bh*tq*tk) and computed with GEMMs;
+ *   2*bkv*tq*tk) and computed with GEMMs;
  * algo PORT_ATTN_TILED (1): FlashAttention-style, online softmax over key blocks of 128, never materialises a
  *   T x T matrix; forward parallel over (bh, 64-query block), backward recomputes the scores tile by tile from
- *   q, k and lse, parallel over bh.  Its workspace is per worker thread, not per task: min(tasks, 8) slots (a
- *   call runs on at most that many threads), a slot one 64x128 tile + 2 x 64 floats forward, two tiles + tq
- *   floats backward; tiles shrink to tq x tk below 64 x 128.  So it does not grow with bh (the plain one does).
+ *   q, k and lse, parallel over bkv (the heads of a group in order: dk, dv summed in a fixed order).  Its
+ *   workspace is per worker thread, not per task: min(tasks, 8) slots (a call runs on at most that many
+ *   threads), a slot one 64x128 tile + 2 x 64 floats forward, two tiles + tq floats backward; tiles shrink to
+ *   tq x tk below 64 x 128.  So it does not grow with bh (the plain one does).
  * Both exponentiate in float32 (port__expf_f32 of the sources: 1-2 ulp) with the row sums in 32 fixed lanes:
  *   the same bits on every ISA and thread count.
  * port_attention_workspace_bytes gives the bytes each needs (backward != 0: for the backward call; 0 for
  * invalid params); a smaller ws -> PORT_ERR_WORKSPACE.  o must not overlap q, k, v. */
 #define PORT_ATTN_PLAIN 0
 #define PORT_ATTN_TILED 1
+#define PORT_ATTN_MASK_KEYS 0
+#define PORT_ATTN_MASK_BOOL 1
+#define PORT_ATTN_MASK_ADD 2
 typedef struct {
     int64_t bh, heads, tq, tk, dh, causal;
     float scale;
+    /* issue 54: grouped-query attention, broadcast masks, dropout */
+    int64_t kv_heads;        /* 0 (= heads) or a divisor of heads */
+    int64_t mask_kind;       /* PORT_ATTN_MASK_* */
+    int64_t mask_dims[4];    /* kinds BOOL and ADD: the mask's extents (bh/heads|1, heads|1, tq|1, tk|1) */
+    float dropout_p;
+    uint64_t seed, stream;   /* PORT's generator (read when dropout_p > 0) */
 } port_attention_params;
+/* elements of the mask operand (0 for invalid params; kind KEYS: bh/heads*tk) */
+PORT_API int64_t port_attention_mask_numel(const port_attention_params *p);
 PORT_API size_t port_attention_workspace_bytes(const port_attention_params *p, int algo, int backward);
 PORT_API port_status port_attention_forward(float *o, float *lse, const float *q, const float *k, const float *v,
-                                            const uint8_t *key_mask, const port_attention_params *p, int algo,
+                                            const void *mask, const port_attention_params *p, int algo,
                                             void *ws, size_t ws_bytes);
 /* dq, dk, dv OVERWRITE (no overlap with each other or the inputs); any of them may be NULL (that gradient is
  * not computed; not all three); reads o and lse of the forward */
 PORT_API port_status port_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                              const float *k, const float *v, const float *o, const float *lse,
-                                             const uint8_t *key_mask, const port_attention_params *p, int algo,
+                                             const void *mask, const port_attention_params *p, int algo,
                                              void *ws, size_t ws_bytes);
 
 /* Cross-entropy with ignore_index (token-level loss over n = batch*seq rows): as port_softmax_xent_forward, but

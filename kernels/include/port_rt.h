@@ -172,7 +172,8 @@ extern "C" {
     X(96, UPSAMPLE2D_FORWARD, port_upsample2d_forward)                            \
     X(97, UPSAMPLE2D_BACKWARD_INPUT, port_upsample2d_backward_input)              \
     X(98, ADAPTIVE_AVGPOOL2D_FORWARD, port_adaptive_avgpool2d_forward)            \
-    X(99, ADAPTIVE_AVGPOOL2D_BACKWARD_INPUT, port_adaptive_avgpool2d_backward_input)
+    X(99, ADAPTIVE_AVGPOOL2D_BACKWARD_INPUT, port_adaptive_avgpool2d_backward_input) \
+    X(110, BERNOULLI_FORWARD, port_bernoulli_forward)
 
 typedef enum {
 #define PORT_RT_ENUM_(id, NAME, fn) PORT_RT_##NAME = id,
@@ -231,8 +232,10 @@ typedef struct {
 PORT_API int port_rt_abi_version(void);
 /* The entry point a kernel id runs ("port_conv2d_forward"), or NULL. */
 PORT_API const char *port_rt_kernel_name(int kernel);
-/* The per-call dropout seed: splitmix64 mix of (run seed, forward passes done, op id). */
-PORT_API uint64_t port_rt_dropout_seed(uint64_t seed, int64_t counter, int64_t op);
+/* The stream of a random call (dropout, bernoulli, attention dropout; port_kernels.h's generator, keyed by the
+ * run's seed): (forward passes done mod 2^32) | (graph op id of the forward op mod 2^32) << 32.  A backward or a
+ * re-run in the same pass draws its forward's values again. */
+PORT_API uint64_t port_rt_rng_stream(int64_t counter, int64_t op);
 
 /* Run one call with resolved pointers (ptrs[i] = base + c->ptr[i], NULL where
  * c->ptr[i] < 0; ws = the call's workspace).  Zero ranges are the caller's.

@@ -15,7 +15,7 @@
 
 /* A new kernel id needs its rule below (shape_of's switch) before it can be loaded: the build stops here so
  * that adding one to PORT_RT_KERNELS without a rule cannot pass unnoticed. */
-_Static_assert(PORT_RT_KERNEL_END <= 100, "a kernel id was added to PORT_RT_KERNELS: add its rule to rt_check.c");
+_Static_assert(PORT_RT_KERNEL_END <= 111, "a kernel id was added to PORT_RT_KERNELS: add its rule to rt_check.c");
 
 #define BAD PORT_RT_ERR_BUNDLE
 
@@ -257,30 +257,50 @@ static int pooling(ctx *x, int k) {
 static int attention(ctx *x, int k) {
     const int64_t *v = x->c->iv;
     if (pos_range(x, 0, 4) || iv_in(x, 5, 0, 1, "causal flag must be 0 or 1") ||
-        iv_in(x, 6, PORT_ATTN_PLAIN, PORT_ATTN_TILED, "attention algorithm (0 plain, 1 tiled)") || fv_finite(x, 0))
+        iv_in(x, 6, PORT_ATTN_PLAIN, PORT_ATTN_TILED, "attention algorithm (0 plain, 1 tiled)") ||
+        iv_in(x, 7, 0, v[1], "key/value heads must lie in 0..heads (0: heads)") ||
+        iv_in(x, 8, PORT_ATTN_MASK_KEYS, PORT_ATTN_MASK_ADD, "mask kind (0 key padding, 1 boolean, 2 additive)") ||
+        iv_in(x, 13, 0, INT32_MAX, "the forward op id (dropout stream) must lie in 0..2^31-1") ||
+        fv_finite(x, 0) || fv_in(x, 1, 0.0, 1.0, 1, "attention dropout p must lie in [0, 1)"))
         return BAD;
     if (v[0] % v[1]) return fail(x->why, "iv[1]", "heads must divide the batch x heads count iv[0]", v[1], 0, v[0]);
+    if (v[7] && v[1] % v[7]) return fail(x->why, "iv[7]", "key/value heads must divide the heads iv[1]", v[7], 0, v[1]);
     for (int i = 0; i < 5; i++)
         if (v[i] > ((int64_t)1 << 31)) return fail(x->why, IV_NAMES[i], "an attention dimension above 2^31", v[i], 0,
                                                    (int64_t)1 << 31);
-    port_attention_params p = {v[0], v[1], v[2], v[3], v[4], v[5], (float)x->c->fv[0]};
+    int kind = (int)v[8];
+    const int64_t full[4] = {v[0] / v[1], v[1], v[2], v[3]};
+    for (int i = 0; i < 4; i++) {
+        int64_t d = v[9 + i];
+        if (kind == PORT_ATTN_MASK_KEYS ? d != 0 : d != 1 && d != full[i])
+            return fail(x->why, IV_NAMES[9 + i],
+                        kind == PORT_ATTN_MASK_KEYS ? "a mask extent must be 0 with a key-padding mask"
+                                                    : "a mask extent must be 1 or the extent it broadcasts to",
+                        d, 0, full[i]);
+    }
+    port_attention_params p = {v[0], v[1], v[2], v[3], v[4], v[5], (float)x->c->fv[0], v[7], v[8],
+                               {v[9], v[10], v[11], v[12]}, (float)x->c->fv[1], 0, 0};
     int back = k == PORT_RT_ATTENTION_BACKWARD;
-    int64_t qs = smul3(p.bh, p.tq, p.dh), ks = smul3(p.bh, p.tk, p.dh), lse = smul(p.bh, p.tq),
-            mask = smul(p.bh / p.heads, p.tk);
+    int64_t bkv = v[0] / v[1] * (v[7] ? v[7] : v[1]);
+    int64_t qs = smul3(p.bh, p.tq, p.dh), ks = smul3(bkv, p.tk, p.dh), lse = smul(p.bh, p.tq),
+            mask = port_attention_mask_numel(&p);
+    int msz = kind == PORT_ATTN_MASK_ADD ? 4 : 1;
     size_t need = port_attention_workspace_bytes(&p, (int)v[6], back);   /* 0: parameters it refuses */
     if (need == 0)
-        return fail(x->why, "iv[0..6]", "attention parameters the kernel refuses", 0, 0, 0);
+        return fail(x->why, "iv[0..12]", "attention parameters the kernel refuses", 0, 0, 0);
+    if (kind != PORT_ATTN_MASK_KEYS && x->c->ptr[back ? 9 : 5] == -1)
+        return fail(x->why, back ? "ptr[9]" : "ptr[5]", "a boolean or additive mask needs its operand", -1, 0, 0);
     x->s->ws_bytes = (int64_t)need;
     if (!back) {   /* o, lse, q, k, v, mask */
-        args(x, 6, 7, 1);
+        args(x, 6, 14, 2);
         op(x, 0, qs, 4, 1), op(x, 1, lse, 4, 1), op(x, 2, qs, 4, 0), op(x, 3, ks, 4, 0), op(x, 4, ks, 4, 0),
-            op(x, 5, mask, 1, 0);
+            op(x, 5, mask, msz, 0);
         return PORT_OK;
     }
     /* dq, dk, dv, dout, q, k, v, o, lse, mask */
-    args(x, 10, 7, 1);
+    args(x, 10, 14, 2);
     op(x, 0, qs, 4, 1), op(x, 1, ks, 4, 1), op(x, 2, ks, 4, 1), op(x, 3, qs, 4, 0), op(x, 4, qs, 4, 0),
-        op(x, 5, ks, 4, 0), op(x, 6, ks, 4, 0), op(x, 7, qs, 4, 0), op(x, 8, lse, 4, 0), op(x, 9, mask, 1, 0);
+        op(x, 5, ks, 4, 0), op(x, 6, ks, 4, 0), op(x, 7, qs, 4, 0), op(x, 8, lse, 4, 0), op(x, 9, mask, msz, 0);
     return PORT_OK;
 }
 
@@ -470,6 +490,11 @@ static int shape_of(ctx *x) {
     case PORT_RT_SCALE:
         if (eltwise(x, 2, 1) || fv_finite(x, 0)) return BAD;
         args(x, 2, 1, 1);
+        return PORT_OK;
+    case PORT_RT_BERNOULLI_FORWARD:   /* y [count]; prob in [0, 1] (issue 54) */
+        if (pos(x, 0) || fv_in(x, 0, 0.0, 1.0, 0, "bernoulli probability must lie in [0, 1]")) return BAD;
+        args(x, 1, 1, 1);
+        op(x, 0, v[0], 4, 1);
         return PORT_OK;
     case PORT_RT_DROPOUT_FORWARD:   /* y, mask, x */
     case PORT_RT_DROPOUT_BACKWARD:  /* dx, dy, mask */

@@ -16,12 +16,18 @@ const char *port_rt_kernel_name(int kernel) {
     }
 }
 
-uint64_t port_rt_dropout_seed(uint64_t seed, int64_t counter, int64_t op) {
-    uint64_t z = seed * 0x9E3779B97F4A7C15ULL + (uint64_t)counter * 0xBF58476D1CE4E5B9ULL +
-                 (uint64_t)op * 0x94D049BB133111EBULL + 1ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
+uint64_t port_rt_rng_stream(int64_t counter, int64_t op) {
+    return (uint64_t)(uint32_t)counter | (uint64_t)(uint32_t)op << 32;
+}
+
+/* attention calls: iv = bh, heads, tq, tk, dh, causal, algo, kv_heads, mask kind, mask dims[4], the forward op
+ * (the dropout stream); fv = scale, dropout p */
+static port_attention_params attn_p(const port_rt_call *c, const port_rt_state *s) {
+    const int64_t *v = c->iv;
+    port_attention_params p = {v[0], v[1], v[2], v[3], v[4], v[5], (float)c->fv[0], v[7], v[8],
+                               {v[9], v[10], v[11], v[12]}, (float)c->fv[1], s->seed,
+                               port_rt_rng_stream(s->dropout_counter, v[13])};
+    return p;
 }
 
 static port_conv2d_params conv_p(const int64_t *v) {
@@ -174,8 +180,11 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
         return port_adaptive_avgpool2d_backward_input(F(0), CF(1), v[0], v[1], v[2], v[3], v[4], v[5]);
     case PORT_RT_ADD: return port_add(F(0), CF(1), CF(2), v[0]);
     case PORT_RT_DROPOUT_FORWARD:
-        return port_dropout_forward(F(0), (uint8_t *)ptrs[1], CF(2), v[0], (float)c->fv[0],
-                                    port_rt_dropout_seed(s->seed, s->dropout_counter, c->op));
+        return port_dropout_forward(F(0), (uint8_t *)ptrs[1], CF(2), v[0], (float)c->fv[0], s->seed,
+                                    port_rt_rng_stream(s->dropout_counter, c->op));
+    case PORT_RT_BERNOULLI_FORWARD:
+        return port_bernoulli_forward(F(0), v[0], (float)c->fv[0], s->seed,
+                                      port_rt_rng_stream(s->dropout_counter, c->op));
     case PORT_RT_DROPOUT_BACKWARD:
         return port_dropout_backward(F(0), CF(1), (const uint8_t *)ptrs[2], v[0], (float)c->fv[0]);
     case PORT_RT_MAXPOOL2D_FORWARD: {
@@ -254,14 +263,13 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
     case PORT_RT_NE_SCALAR_I64:
         return port_ne_scalar_i64((uint8_t *)ptrs[0], (const int64_t *)ptrs[1], v[0], v[1]);
     case PORT_RT_ATTENTION_FORWARD: {
-        port_attention_params p = {v[0], v[1], v[2], v[3], v[4], v[5], (float)c->fv[0]};
-        return port_attention_forward(F(0), F(1), CF(2), CF(3), CF(4), (const uint8_t *)ptrs[5], &p, (int)v[6], ws,
-                                      wsb);
+        port_attention_params p = attn_p(c, s);
+        return port_attention_forward(F(0), F(1), CF(2), CF(3), CF(4), ptrs[5], &p, (int)v[6], ws, wsb);
     }
     case PORT_RT_ATTENTION_BACKWARD: {
-        port_attention_params p = {v[0], v[1], v[2], v[3], v[4], v[5], (float)c->fv[0]};
-        return port_attention_backward(F(0), F(1), F(2), CF(3), CF(4), CF(5), CF(6), CF(7), CF(8),
-                                       (const uint8_t *)ptrs[9], &p, (int)v[6], ws, wsb);
+        port_attention_params p = attn_p(c, s);
+        return port_attention_backward(F(0), F(1), F(2), CF(3), CF(4), CF(5), CF(6), CF(7), CF(8), ptrs[9], &p,
+                                       (int)v[6], ws, wsb);
     }
     case PORT_RT_SOFTMAX_XENT_IGNORE_FORWARD:
         return port_softmax_xent_ignore_forward(F(0), F(1), CF(2), (const int64_t *)ptrs[3], v[0], v[1],

@@ -1,4 +1,4 @@
-/* Element-wise kernels: relu, relu6, hardswish, sigmoid, hardsigmoid, silu, add, accumulate, dropout. */
+/* Element-wise kernels: relu, relu6, hardswish, sigmoid, hardsigmoid, silu, add, accumulate (dropout: rng.c). */
 #include "internal.h"
 
 #define ELT_CHECK(out, in, count) \
@@ -143,41 +143,5 @@ port_status port_add(float *y, const float *a, const float *b, int64_t count) {
 port_status port_accumulate(float *a, const float *b, int64_t count) {
     ELT_CHECK(a, b, count);
     ELT_LOOP(a[i] += b[i];);
-    return PORT_OK;
-}
-
-/* Counter-based RNG: splitmix64 finaliser of (seed, index). */
-static inline uint64_t mix64(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-port_status port_dropout_forward(float *y, uint8_t *mask, const float *x, int64_t count, float p,
-                                 uint64_t seed) {
-    ELT_CHECK(y, x, count);
-    PORT_NOTNULL(mask);
-    PORT_CHECK(p >= 0.0f && p < 1.0f, PORT_ERR_ARG);
-    float scale = (float)(1.0 / (1.0 - (double)p));
-    uint64_t s = mix64(seed);
-#pragma omp parallel for schedule(static) if (count > PORT_PAR_MIN)
-    for (int64_t i = 0; i < count; i++) {
-        uint64_t h = mix64(s ^ mix64((uint64_t)i));
-        float u = (float)(h >> 40) * (1.0f / 16777216.0f); /* [0,1), 24 bits */
-        uint8_t keep = u >= p;
-        mask[i] = keep;
-        y[i] = (x[i] * (float)keep) * scale;   /* as torch: input * mask * scale */
-    }
-    return PORT_OK;
-}
-
-port_status port_dropout_backward(float *dx, const float *dy, const uint8_t *mask,
-                                  int64_t count, float p) {
-    ELT_CHECK(dx, dy, count);
-    PORT_NOTNULL(mask);
-    PORT_CHECK(p >= 0.0f && p < 1.0f, PORT_ERR_ARG);
-    float scale = (float)(1.0 / (1.0 - (double)p));
-    ELT_LOOP(dx[i] = (dy[i] * (float)mask[i]) * scale;);   /* as torch: grad * mask * scale */
     return PORT_OK;
 }

@@ -114,6 +114,10 @@ typedef float port_v16u __attribute__((vector_size(64), aligned(4), may_alias));
 
 /* db[j] += sum over the rows of dy[rows x cols]'s column j (linear.c): a fixed order (float sums of 32-row chunks,
  * added in double), the same bits at any thread count */
+/* PORT's generator (rng.c): the integer threshold ceil(p 2^32) a draw is compared with (0 for p <= 0, 2^32 for
+ * p >= 1), and keep[i] = (draw of element e0 + i >= thr) for i < n. */
+uint64_t port__rng_threshold(double p);
+void port__rng_keep(uint8_t *keep, int64_t n, uint64_t e0, uint64_t seed, uint64_t stream, uint64_t thr);
 void port__colsum_acc(float *db, const float *dy, int64_t rows, int64_t cols);
 
 /* Sum of a[0..n) and of (a[j] - m)^2 in 32 lanes (element q into lane q % 32: two vectors), combined by

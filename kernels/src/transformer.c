@@ -566,22 +566,69 @@ port_status port_ne_scalar_i64(uint8_t *y, const int64_t *x, int64_t count, int6
 #define ATTN_BK 128
 #define ATTN_SLOTS 8
 
+/* key/value slices (grouped-query attention: bh / heads * kv_heads) and the group size heads / kv_heads */
+static inline int64_t attn_kvh(const port_attention_params *p) { return p->kv_heads > 0 ? p->kv_heads : p->heads; }
+static inline int64_t attn_bkv(const port_attention_params *p) { return p->bh / p->heads * attn_kvh(p); }
+
 static port_status attn_check(const port_attention_params *p, int algo) {
     PORT_NOTNULL(p);
     PORT_CHECK(p->bh > 0 && p->heads > 0 && p->tq > 0 && p->tk > 0 && p->dh > 0, PORT_ERR_SHAPE);
     PORT_CHECK(p->bh % p->heads == 0, PORT_ERR_SHAPE);
+    PORT_CHECK(p->kv_heads >= 0 && (p->kv_heads == 0 || p->heads % p->kv_heads == 0), PORT_ERR_SHAPE);
     PORT_CHECK(p->tq <= INT_MAX && p->tk <= INT_MAX && p->dh <= INT_MAX, PORT_ERR_SHAPE);
     /* the largest buffer (bh * max(tq,tk) * dh, or the plain workspace) must be addressable */
     double big = (double)p->bh * (double)PORT_MAX(p->tq, p->tk) * (double)PORT_MAX(p->dh, PORT_MAX(p->tq, p->tk));
     PORT_CHECK(big * 8.0 < 9.0e18, PORT_ERR_SHAPE);
     PORT_CHECK(isfinite(p->scale), PORT_ERR_ARG);
+    PORT_CHECK(p->dropout_p >= 0.0f && p->dropout_p < 1.0f, PORT_ERR_ARG);
+    PORT_CHECK(p->mask_kind >= PORT_ATTN_MASK_KEYS && p->mask_kind <= PORT_ATTN_MASK_ADD, PORT_ERR_ARG);
+    if (p->mask_kind != PORT_ATTN_MASK_KEYS) {
+        const int64_t full[4] = {p->bh / p->heads, p->heads, p->tq, p->tk};
+        for (int i = 0; i < 4; i++) PORT_CHECK(p->mask_dims[i] == 1 || p->mask_dims[i] == full[i], PORT_ERR_SHAPE);
+    }
     PORT_CHECK(algo == PORT_ATTN_PLAIN || algo == PORT_ATTN_TILED, PORT_ERR_ARG);
     return PORT_OK;
 }
 
+int64_t port_attention_mask_numel(const port_attention_params *p) {
+    if (attn_check(p, PORT_ATTN_PLAIN) != PORT_OK) return 0;
+    if (p->mask_kind == PORT_ATTN_MASK_KEYS) return p->bh / p->heads * p->tk;
+    return p->mask_dims[0] * p->mask_dims[1] * p->mask_dims[2] * p->mask_dims[3];
+}
+
+/* What one query slice b reads besides q, k, v: its mask rows (row of query i at i * sq, key j at j * sk; b or f
+ * set by the mask's kind, neither without a mask) and its dropout (thr 0: none; element (b tq + i) tk + j). */
+typedef struct {
+    const uint8_t *b;
+    const float *f;
+    int64_t sq, sk;
+    int64_t slice;
+    uint64_t thr;
+    float dscale;
+    const port_attention_params *p;
+} attn_slice;
+
+static attn_slice attn_slice_of(const void *mask, const port_attention_params *p, int64_t b) {
+    attn_slice a = {NULL, NULL, 0, 1, b, port__rng_threshold(p->dropout_p),
+                    (float)(1.0 / (1.0 - (double)p->dropout_p)), p};
+    if (!mask) return a;
+    if (p->mask_kind == PORT_ATTN_MASK_KEYS) {
+        a.b = (const uint8_t *)mask + (b / p->heads) * p->tk;
+        return a;
+    }
+    const int64_t *md = p->mask_dims;
+    int64_t n = b / p->heads, h = b % p->heads;
+    int64_t off = (md[0] > 1 ? n * md[1] * md[2] * md[3] : 0) + (md[1] > 1 ? h * md[2] * md[3] : 0);
+    a.sk = md[3] > 1;
+    a.sq = md[2] > 1 ? md[3] : 0;
+    if (p->mask_kind == PORT_ATTN_MASK_BOOL) a.b = (const uint8_t *)mask + off;
+    else a.f = (const float *)mask + off;
+    return a;
+}
+
 /* tiled: tasks of a call (forward: (bh, query block) pairs; backward: bh slices) and workspace slots */
 static int64_t attn_tasks(const port_attention_params *p, int backward) {
-    return backward ? p->bh : p->bh * ceil_div(p->tq, PORT_MIN(ATTN_BQ, p->tq));
+    return backward ? attn_bkv(p) : p->bh * ceil_div(p->tq, PORT_MIN(ATTN_BQ, p->tq));
 }
 static int64_t attn_slots(const port_attention_params *p, int backward) {
     return PORT_MIN(attn_tasks(p, backward), ATTN_SLOTS);
@@ -596,7 +643,7 @@ static int64_t attn_slot_floats(const port_attention_params *p, int backward) {
 
 /* floats of workspace */
 static int64_t attn_ws_floats(const port_attention_params *p, int algo, int backward) {
-    if (algo == PORT_ATTN_PLAIN) return (backward ? 2 : 1) * p->bh * p->tq * p->tk;
+    if (algo == PORT_ATTN_PLAIN) return (backward ? 2 * attn_bkv(p) : p->bh) * p->tq * p->tk;
     return attn_slots(p, backward) * attn_slot_floats(p, backward);
 }
 
@@ -673,26 +720,55 @@ PORT_ALWAYS_INLINE void exp_shift_row(float *row, int64_t n, int64_t cb, float m
     for (int64_t j = n; j < cb; j++) row[j] = 0.0f;
 }
 
-/* Visible prefix of a score row: keys j0 + c, c < cb, that query i may see under the causal limit lim (the last
- * visible key); the key mask km (NULL: none) then sets the masked ones in the prefix to -inf. */
-PORT_ALWAYS_INLINE int64_t visible_prefix(float *row, int64_t cb, int64_t j0, int64_t lim, const uint8_t *km) {
+/* Visible prefix of a score row of query i: keys j0 + c, c < cb, that it may see under the causal limit lim (the
+ * last visible key); the slice's mask then sets the masked ones in the prefix to -inf (boolean) or adds to them
+ * (additive). */
+PORT_ALWAYS_INLINE int64_t visible_prefix(float *row, int64_t cb, int64_t j0, int64_t lim, const attn_slice *a,
+                                          int64_t i) {
     int64_t n = lim - j0 + 1;
     n = n < 0 ? 0 : (n > cb ? cb : n);
-    if (km) {
-        const uint8_t *kr = km + j0;
-        for (int64_t c = 0; c < n; c++) row[c] = kr[c] ? row[c] : -PORT__INF;
+    if (a->b) {
+        const uint8_t *kr = a->b + i * a->sq + j0 * a->sk;
+        if (a->sk)
+            for (int64_t c = 0; c < n; c++) row[c] = kr[c] ? row[c] : -PORT__INF;
+        else if (!kr[0])
+            for (int64_t c = 0; c < n; c++) row[c] = -PORT__INF;
+    } else if (a->f) {
+        const float *fr = a->f + i * a->sq + j0 * a->sk;
+        if (a->sk)
+            for (int64_t c = 0; c < n; c++) row[c] += fr[c];
+        else
+            for (int64_t c = 0; c < n; c++) row[c] += fr[0];
     }
     return n;
+}
+
+/* Attention dropout of n probabilities of query i from key j0 (row P): P *= keep / (1 - p); with dS (the
+ * backward), first dS = P (dS keep / (1 - p) - D) from the undropped P.  The keep mask in chunks of 256. */
+static void drop_row(float *P, float *dS, int64_t n, int64_t i, int64_t j0, float D, const attn_slice *a) {
+    const port_attention_params *p = a->p;
+    uint64_t e0 = ((uint64_t)a->slice * (uint64_t)p->tq + (uint64_t)i) * (uint64_t)p->tk + (uint64_t)j0;
+    uint8_t keep[256];
+    for (int64_t c0 = 0; c0 < n; c0 += 256) {
+        int64_t m = PORT_MIN(256, n - c0);
+        port__rng_keep(keep, m, e0 + (uint64_t)c0, p->seed, p->stream, a->thr);
+        for (int64_t c = 0; c < m; c++) {
+            float s = keep[c] ? a->dscale : 0.0f, pr = P[c0 + c];
+            if (dS) dS[c0 + c] = pr * (dS[c0 + c] * s - D);
+            P[c0 + c] = pr * s;
+        }
+    }
 }
 
 /* Softmax of a whole score block in place (plain forward: rb rows of cb = tk keys, leading dim cb): P and the
  * rows' log-sum-exp; a row with every key masked gets P = 0 and lse = -inf. */
 PORT_ISA_CLONES static void softmax_block(float *S, float *lse, int64_t rb, int64_t cb, int64_t i0,
-                                          const uint8_t *km, const port_attention_params *p) {
+                                          const attn_slice *a) {
+    const port_attention_params *p = a->p;
     int64_t off = p->tk - p->tq;
     for (int64_t r = 0; r < rb; r++) {
         float *row = S + r * cb;
-        int64_t n = visible_prefix(row, cb, 0, p->causal ? i0 + r + off : cb - 1, km);
+        int64_t n = visible_prefix(row, cb, 0, p->causal ? i0 + r + off : cb - 1, a, i0 + r);
         float mx = n ? row_max(row, n) : -PORT__INF;
         if (mx == -PORT__INF) {
             memset(row, 0, (size_t)cb * sizeof(float));
@@ -703,6 +779,7 @@ PORT_ISA_CLONES static void softmax_block(float *S, float *lse, int64_t rb, int6
         float s = port__v16_sum(row, sum_span(n, cb)), inv = 1.0f / s;
         for (int64_t j = 0; j < n; j++) row[j] *= inv;
         lse[r] = (float)((double)mx + port__log((double)s));
+        if (a->thr) drop_row(row, NULL, n, i0 + r, 0, 0.0f, a);
     }
 }
 
@@ -710,12 +787,12 @@ PORT_ISA_CLONES static void softmax_block(float *S, float *lse, int64_t rb, int6
  * cb): exponentiates the tile against each row's new running max and rescales the row's running sum l and
  * output O (rows of dh floats) by e^(old max - new max). */
 PORT_ISA_CLONES static void online_softmax_tile(float *S, float *m, float *l, float *O, int64_t rb, int64_t cb,
-                                                int64_t i0, int64_t j0, const uint8_t *km,
-                                                const port_attention_params *p) {
+                                                int64_t i0, int64_t j0, const attn_slice *a) {
+    const port_attention_params *p = a->p;
     int64_t off = p->tk - p->tq, dh = p->dh;
     for (int64_t r = 0; r < rb; r++) {
         float *row = S + r * cb;
-        int64_t n = visible_prefix(row, cb, j0, p->causal ? i0 + r + off : p->tk - 1, km);
+        int64_t n = visible_prefix(row, cb, j0, p->causal ? i0 + r + off : p->tk - 1, a, i0 + r);
         float mx = n ? row_max(row, n) : -PORT__INF;
         if (mx == -PORT__INF) {   /* no visible key in this tile */
             memset(row, 0, (size_t)cb * sizeof(float));
@@ -735,6 +812,7 @@ PORT_ISA_CLONES static void online_softmax_tile(float *S, float *m, float *l, fl
             }
         }
         m[r] = mn;
+        if (a->thr) drop_row(row, NULL, n, i0 + r, j0, 0.0f, a);   /* l sums the undropped exps */
     }
 }
 
@@ -757,7 +835,8 @@ PORT_ISA_CLONES static void online_softmax_finish(float *O, float *lse, const fl
 /* Backward's probabilities of a recomputed S tile in place: P = e^(S - lse) for visible keys, else 0 (rows from
  * i0, keys from j0, leading dim cb) */
 PORT_ISA_CLONES static void probs_tile(float *P, int64_t rb, int64_t cb, int64_t i0, int64_t j0, const float *lse,
-                                       const uint8_t *km, const port_attention_params *p) {
+                                       const attn_slice *a) {
+    const port_attention_params *p = a->p;
     int64_t off = p->tk - p->tq;
     for (int64_t r = 0; r < rb; r++) {
         float *row = P + r * cb;
@@ -766,7 +845,7 @@ PORT_ISA_CLONES static void probs_tile(float *P, int64_t rb, int64_t cb, int64_t
             memset(row, 0, (size_t)cb * sizeof(float));
             continue;
         }
-        int64_t n = visible_prefix(row, cb, j0, p->causal ? i0 + r + off : p->tk - 1, km);
+        int64_t n = visible_prefix(row, cb, j0, p->causal ? i0 + r + off : p->tk - 1, a, i0 + r);
         exp_shift_row(row, n, cb, L);
     }
 }
@@ -791,38 +870,57 @@ static void rowdots(float *D, const float *dout, const float *o, int64_t tq, int
 }
 
 /* Plain forward of one (batch*head) slice (the reference of the tiled one): S = scale Q K^T (tq x tk), masked
- * softmax by rows, O = P V. */
-static void attn_plain_fwd(float *o, float *lse, const float *q, const float *k, const float *v, const uint8_t *km,
-                           const port_attention_params *p, float *S) {
+ * softmax by rows (dropped out), O = P V. */
+static void attn_plain_fwd(float *o, float *lse, const float *q, const float *k, const float *v,
+                           const attn_slice *a, float *S) {
+    const port_attention_params *p = a->p;
     int64_t tq = p->tq, tk = p->tk, dh = p->dh;
     port__gemm(0, 1, tq, tk, dh, p->scale, q, dh, k, dh, 0.0f, S, tk);
-    softmax_block(S, lse, tq, tk, 0, km, p);
+    softmax_block(S, lse, tq, tk, 0, a);
     port__gemm(0, 0, tq, dh, tk, 1.0f, S, tk, v, dh, 0.0f, o, dh);
 }
 
+/* dP (dS's buffer) -> dS = P (dP' - D), P -> the dropped P (dP' = dP keep / (1-p) with dropout) for rows from i0,
+ * keys from j0 (leading dim cb); D per query row of the slice */
+static void ds_rows(float *P, float *dS, int64_t rb, int64_t cb, int64_t i0, int64_t j0, const float *D,
+                    const attn_slice *a) {
+    if (!a->thr) {
+        ds_tile(dS, P, rb, cb, D + i0);
+        return;
+    }
+    for (int64_t r = 0; r < rb; r++) drop_row(P + r * cb, dS + r * cb, cb, i0 + r, j0, D[i0 + r], a);
+}
+
+/* Plain backward of one query slice; beta 0 overwrites dk, dv, 1 adds to them (the later heads of a group) */
 static void attn_plain_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                           const float *v, const float *o, const float *lse, const uint8_t *km,
-                           const port_attention_params *p, float *P) {
+                           const float *v, const float *o, const float *lse, const attn_slice *a, float beta,
+                           float *P) {
+    const port_attention_params *p = a->p;
     int64_t tq = p->tq, tk = p->tk, dh = p->dh;
     float *dS = P + tq * tk;
     port__gemm(0, 1, tq, tk, dh, p->scale, q, dh, k, dh, 0.0f, P, tk);
-    probs_tile(P, tq, tk, 0, 0, lse, km, p);
-    if (dv) port__gemm(1, 0, tk, dh, tq, 1.0f, P, tk, dout, dh, 0.0f, dv, dh);      /* dV = P^T dO */
-    if (!dq && !dk) return;
-    port__gemm(0, 1, tq, tk, dh, 1.0f, dout, dh, v, dh, 0.0f, dS, tk);              /* dP = dO V^T */
-    for (int64_t i = 0; i < tq; i++) {   /* dS = P * (dP - D), D = rowsum(dO * O) */
-        float d;
-        rowdots(&d, dout + i * dh, o + i * dh, 1, dh);
-        ds_tile(dS + i * tk, P + i * tk, 1, tk, &d);
+    probs_tile(P, tq, tk, 0, 0, lse, a);
+    if (dq || dk) {
+        port__gemm(0, 1, tq, tk, dh, 1.0f, dout, dh, v, dh, 0.0f, dS, tk);          /* dP = dO V^T */
+        for (int64_t i = 0; i < tq; i++) {   /* dS = P * (dP - D), D = rowsum(dO * O) */
+            float d;
+            rowdots(&d, dout + i * dh, o + i * dh, 1, dh);
+            if (a->thr) drop_row(P + i * tk, dS + i * tk, tk, i, 0, d, a);
+            else ds_tile(dS + i * tk, P + i * tk, 1, tk, &d);
+        }
+    } else if (a->thr) {
+        for (int64_t i = 0; i < tq; i++) drop_row(P + i * tk, NULL, tk, i, 0, 0.0f, a);
     }
+    if (dv) port__gemm(1, 0, tk, dh, tq, 1.0f, P, tk, dout, dh, beta, dv, dh);     /* dV = P'^T dO */
     if (dq) port__gemm(0, 0, tq, dh, tk, p->scale, dS, tk, k, dh, 0.0f, dq, dh);   /* dQ = scale dS K */
-    if (dk) port__gemm(1, 0, tk, dh, tq, p->scale, dS, tk, q, dh, 0.0f, dk, dh);   /* dK = scale dS^T Q */
+    if (dk) port__gemm(1, 0, tk, dh, tq, p->scale, dS, tk, q, dh, beta, dk, dh);   /* dK = scale dS^T Q */
 }
 
 /* Tiled forward of the query block [i0, i0+rb) of one slice: online softmax over key tiles; ws: S tile
  * (rb x ATTN_BK at most), running max m and sum l per row.  O accumulates in o. */
-static void attn_tiled_fwd(float *o, float *lse, const float *q, const float *k, const float *v, const uint8_t *km,
-                           const port_attention_params *p, int64_t i0, int64_t rb, float *S, float *m, float *l) {
+static void attn_tiled_fwd(float *o, float *lse, const float *q, const float *k, const float *v,
+                           const attn_slice *a, int64_t i0, int64_t rb, float *S, float *m, float *l) {
+    const port_attention_params *p = a->p;
     int64_t tq = p->tq, tk = p->tk, dh = p->dh, off = tk - tq;
     int64_t bk = PORT_MIN(ATTN_BK, tk);
     float *O = o + i0 * dh;
@@ -833,24 +931,26 @@ static void attn_tiled_fwd(float *o, float *lse, const float *q, const float *k,
     for (int64_t j0 = 0; j0 < jend; j0 += bk) {
         int64_t cb = PORT_MIN(bk, jend - j0);
         port__gemm(0, 1, rb, cb, dh, p->scale, q + i0 * dh, dh, k + j0 * dh, dh, 0.0f, S, cb);
-        online_softmax_tile(S, m, l, O, rb, cb, i0, j0, km, p);
+        online_softmax_tile(S, m, l, O, rb, cb, i0, j0, a);
         /* the first tile overwrites O (rows without a visible key there have S = 0: O = 0) */
         port__gemm(0, 0, rb, dh, cb, 1.0f, S, cb, v + j0 * dh, dh, j0 == 0 ? 0.0f : 1.0f, O, dh);
     }
     online_softmax_finish(O, lse + i0, m, l, rb, dh);
 }
 
-/* Tiled backward of one slice: key tiles outer, query tiles inner, dQ / dK / dV accumulated in a fixed order;
- * ws: P and dS tiles, D of the slice. */
+/* Tiled backward of one query slice: key tiles outer, query tiles inner, dQ / dK / dV accumulated in a fixed
+ * order; first: dk, dv are overwritten (zeroed first), else added to (the later heads of a group); ws: P and dS
+ * tiles, D of the slice. */
 static void attn_tiled_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                           const float *v, const float *o, const float *lse, const uint8_t *km,
-                           const port_attention_params *p, float *P) {
+                           const float *v, const float *o, const float *lse, const attn_slice *a, int first,
+                           float *P) {
+    const port_attention_params *p = a->p;
     int64_t tq = p->tq, tk = p->tk, dh = p->dh, off = tk - tq;
     int64_t bq = PORT_MIN(ATTN_BQ, tq), bk = PORT_MIN(ATTN_BK, tk);
     float *dS = P + bq * bk, *D = dS + bq * bk;
     if (dq) memset(dq, 0, (size_t)(tq * dh) * sizeof(float));
-    if (dk) memset(dk, 0, (size_t)(tk * dh) * sizeof(float));
-    if (dv) memset(dv, 0, (size_t)(tk * dh) * sizeof(float));
+    if (dk && first) memset(dk, 0, (size_t)(tk * dh) * sizeof(float));
+    if (dv && first) memset(dv, 0, (size_t)(tk * dh) * sizeof(float));
     if (dq || dk) rowdots(D, dout, o, tq, dh);
     for (int64_t j0 = 0; j0 < tk; j0 += bk) {
         int64_t cbk = PORT_MIN(bk, tk - j0);
@@ -861,11 +961,15 @@ static void attn_tiled_bwd(float *dq, float *dk, float *dv, const float *dout, c
             /* causal: keys past the block's last query's limit are masked for every row of the block */
             int64_t cb = p->causal ? PORT_MIN(cbk, i0 + rb + off - j0) : cbk;
             port__gemm(0, 1, rb, cb, dh, p->scale, q + i0 * dh, dh, k + j0 * dh, dh, 0.0f, P, cb);
-            probs_tile(P, rb, cb, i0, j0, lse, km, p);
+            probs_tile(P, rb, cb, i0, j0, lse, a);
+            if (dq || dk) {
+                port__gemm(0, 1, rb, cb, dh, 1.0f, dout + i0 * dh, dh, v + j0 * dh, dh, 0.0f, dS, cb);
+                ds_rows(P, dS, rb, cb, i0, j0, D, a);
+            } else if (a->thr) {
+                for (int64_t r = 0; r < rb; r++) drop_row(P + r * cb, NULL, cb, i0 + r, j0, 0.0f, a);
+            }
             if (dv) port__gemm(1, 0, cb, dh, rb, 1.0f, P, cb, dout + i0 * dh, dh, 1.0f, dv + j0 * dh, dh);
             if (!dq && !dk) continue;
-            port__gemm(0, 1, rb, cb, dh, 1.0f, dout + i0 * dh, dh, v + j0 * dh, dh, 0.0f, dS, cb);
-            ds_tile(dS, P, rb, cb, D + i0);
             if (dq) port__gemm(0, 0, rb, dh, cb, p->scale, dS, cb, k + j0 * dh, dh, 1.0f, dq + i0 * dh, dh);
             if (dk) port__gemm(1, 0, cb, dh, rb, p->scale, dS, cb, q + i0 * dh, dh, 1.0f, dk + j0 * dh, dh);
         }
@@ -885,16 +989,29 @@ static inline int attn_team(int64_t slots) {
     return (int)PORT_MIN((int64_t)port_get_num_threads(), slots);
 }
 
+/* the key/value slice query slice b reads */
+static inline int64_t attn_kv_of(const port_attention_params *p, int64_t b) {
+    int64_t kvh = attn_kvh(p);
+    return b / p->heads * kvh + (b % p->heads) / (p->heads / kvh);
+}
+
+static port_status attn_mask_check(const void *mask, const port_attention_params *p) {
+    PORT_CHECK(mask != NULL || p->mask_kind == PORT_ATTN_MASK_KEYS, PORT_ERR_NULL);
+    return PORT_OK;
+}
+
 port_status port_attention_forward(float *o, float *lse, const float *q, const float *k, const float *v,
-                                   const uint8_t *key_mask, const port_attention_params *p, int algo, void *ws,
+                                   const void *mask, const port_attention_params *p, int algo, void *ws,
                                    size_t ws_bytes) {
     port_status st = attn_check(p, algo);
     if (st != PORT_OK) return st;
     PORT_NOTNULL(o); PORT_NOTNULL(lse); PORT_NOTNULL(q); PORT_NOTNULL(k); PORT_NOTNULL(v);
+    st = attn_mask_check(mask, p);
+    if (st != PORT_OK) return st;
     int64_t bh = p->bh, tq = p->tq, tk = p->tk, dh = p->dh;
     size_t need = (size_t)attn_ws_floats(p, algo, 0) * sizeof(float);
     PORT_CHECK(ws_bytes >= need && (need == 0 || ws != NULL), PORT_ERR_WORKSPACE);
-    size_t ob = (size_t)(bh * tq * dh) * sizeof(float), kb = (size_t)(bh * tk * dh) * sizeof(float);
+    size_t ob = (size_t)(bh * tq * dh) * sizeof(float), kb = (size_t)(attn_bkv(p) * tk * dh) * sizeof(float);
     PORT_CHECK(!port__ranges_overlap(o, ob, q, ob) && !port__ranges_overlap(o, ob, k, kb) &&
                    !port__ranges_overlap(o, ob, v, kb) && !port__ranges_overlap(lse, (size_t)(bh * tq) * sizeof(float), o, ob),
                PORT_ERR_ALIAS);
@@ -903,9 +1020,12 @@ port_status port_attention_forward(float *o, float *lse, const float *q, const f
     (void)work;   /* read by the OpenMP pragmas only */
     if (algo == PORT_ATTN_PLAIN) {
 #pragma omp parallel for schedule(static) if (bh > 1 && work >= PORT_PAR_MIN_MACS)
-        for (int64_t b = 0; b < bh; b++)
-            attn_plain_fwd(o + b * tq * dh, lse + b * tq, q + b * tq * dh, k + b * tk * dh, v + b * tk * dh,
-                           key_mask ? key_mask + (b / p->heads) * tk : NULL, p, w + b * tq * tk);
+        for (int64_t b = 0; b < bh; b++) {
+            attn_slice a = attn_slice_of(mask, p, b);
+            int64_t c = attn_kv_of(p, b);
+            attn_plain_fwd(o + b * tq * dh, lse + b * tq, q + b * tq * dh, k + c * tk * dh, v + c * tk * dh, &a,
+                           w + b * tq * tk);
+        }
         return PORT_OK;
     }
     int64_t bq = PORT_MIN(ATTN_BQ, tq), bk = PORT_MIN(ATTN_BK, tk), nqb = ceil_div(tq, bq);
@@ -914,28 +1034,30 @@ port_status port_attention_forward(float *o, float *lse, const float *q, const f
     (void)team;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(team) if (tasks > 1 && work >= PORT_PAR_MIN_MACS)
     for (int64_t t = 0; t < tasks; t++) {
-        int64_t b = t / nqb, i0 = (t % nqb) * bq;
+        int64_t b = t / nqb, i0 = (t % nqb) * bq, c = attn_kv_of(p, b);
         float *S = w + attn_slot() * per;
-        attn_tiled_fwd(o + b * tq * dh, lse + b * tq, q + b * tq * dh, k + b * tk * dh, v + b * tk * dh,
-                       key_mask ? key_mask + (b / p->heads) * tk : NULL, p, i0, PORT_MIN(bq, tq - i0), S,
-                       S + bq * bk, S + bq * bk + bq);
+        attn_slice a = attn_slice_of(mask, p, b);
+        attn_tiled_fwd(o + b * tq * dh, lse + b * tq, q + b * tq * dh, k + c * tk * dh, v + c * tk * dh, &a, i0,
+                       PORT_MIN(bq, tq - i0), S, S + bq * bk, S + bq * bk + bq);
     }
     return PORT_OK;
 }
 
 port_status port_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                     const float *k, const float *v, const float *o, const float *lse,
-                                    const uint8_t *key_mask, const port_attention_params *p, int algo, void *ws,
+                                    const void *mask, const port_attention_params *p, int algo, void *ws,
                                     size_t ws_bytes) {
     port_status st = attn_check(p, algo);
     if (st != PORT_OK) return st;
     PORT_CHECK(dq || dk || dv, PORT_ERR_NULL);
     PORT_NOTNULL(dout); PORT_NOTNULL(q);
     PORT_NOTNULL(k); PORT_NOTNULL(v); PORT_NOTNULL(o); PORT_NOTNULL(lse);
-    int64_t bh = p->bh, tq = p->tq, tk = p->tk, dh = p->dh;
+    st = attn_mask_check(mask, p);
+    if (st != PORT_OK) return st;
+    int64_t tq = p->tq, tk = p->tk, dh = p->dh, bkv = attn_bkv(p), g = p->heads / attn_kvh(p);
     size_t need = (size_t)attn_ws_floats(p, algo, 1) * sizeof(float);
     PORT_CHECK(ws_bytes >= need && (need == 0 || ws != NULL), PORT_ERR_WORKSPACE);
-    size_t qb = (size_t)(bh * tq * dh) * sizeof(float), kb = (size_t)(bh * tk * dh) * sizeof(float);
+    size_t qb = (size_t)(p->bh * tq * dh) * sizeof(float), kb = (size_t)(bkv * tk * dh) * sizeof(float);
     const void *ins[5] = {dout, q, k, v, o};
     size_t insb[5] = {qb, qb, kb, kb, qb};
     for (int i = 0; i < 5; i++)
@@ -946,24 +1068,29 @@ port_status port_attention_backward(float *dq, float *dk, float *dv, const float
                    !port__ranges_overlap(dk, kb, dv, kb),
                PORT_ERR_ALIAS);
     float *w = (float *)ws;
-    double work = (double)bh * (double)tq * (double)tk * (double)dh;
+    double work = (double)p->bh * (double)tq * (double)tk * (double)dh;
     (void)work;   /* read by the OpenMP pragmas only */
-    if (algo == PORT_ATTN_PLAIN) {
-#pragma omp parallel for schedule(dynamic, 1) if (bh > 1 && work >= PORT_PAR_MIN_MACS)
-        for (int64_t b = 0; b < bh; b++)
-            attn_plain_bwd(dq ? dq + b * tq * dh : NULL, dk ? dk + b * tk * dh : NULL, dv ? dv + b * tk * dh : NULL,
-                           dout + b * tq * dh, q + b * tq * dh, k + b * tk * dh, v + b * tk * dh, o + b * tq * dh,
-                           lse + b * tq, key_mask ? key_mask + (b / p->heads) * tk : NULL, p, w + b * 2 * tq * tk);
-        return PORT_OK;
-    }
-    int64_t per = attn_slot_floats(p, 1);
-    int team = attn_team(attn_slots(p, 1));
+    int64_t per = algo == PORT_ATTN_PLAIN ? 2 * tq * tk : attn_slot_floats(p, 1);
+    int team = algo == PORT_ATTN_PLAIN ? port_get_num_threads() : attn_team(attn_slots(p, 1));
     (void)team;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(team) if (bh > 1 && work >= PORT_PAR_MIN_MACS)
-    for (int64_t b = 0; b < bh; b++)
-        attn_tiled_bwd(dq ? dq + b * tq * dh : NULL, dk ? dk + b * tk * dh : NULL, dv ? dv + b * tk * dh : NULL,
-                       dout + b * tq * dh, q + b * tq * dh, k + b * tk * dh, v + b * tk * dh, o + b * tq * dh,
-                       lse + b * tq, key_mask ? key_mask + (b / p->heads) * tk : NULL, p, w + attn_slot() * per);
+    /* one task per key/value slice c: the heads of its group in order (dk, dv summed over them) */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team) if (bkv > 1 && work >= PORT_PAR_MIN_MACS)
+    for (int64_t c = 0; c < bkv; c++) {
+        float *W = w + (algo == PORT_ATTN_PLAIN ? c : attn_slot()) * per;
+        float *dkc = dk ? dk + c * tk * dh : NULL, *dvc = dv ? dv + c * tk * dh : NULL;
+        const float *kc = k + c * tk * dh, *vc = v + c * tk * dh;
+        for (int64_t t = 0; t < g; t++) {
+            int64_t b = c / attn_kvh(p) * p->heads + (c % attn_kvh(p)) * g + t;
+            attn_slice a = attn_slice_of(mask, p, b);
+            float *dqb = dq ? dq + b * tq * dh : NULL;
+            if (algo == PORT_ATTN_PLAIN)
+                attn_plain_bwd(dqb, dkc, dvc, dout + b * tq * dh, q + b * tq * dh, kc, vc, o + b * tq * dh,
+                               lse + b * tq, &a, t ? 1.0f : 0.0f, W);
+            else
+                attn_tiled_bwd(dqb, dkc, dvc, dout + b * tq * dh, q + b * tq * dh, kc, vc, o + b * tq * dh,
+                               lse + b * tq, &a, t == 0, W);
+        }
+    }
     return PORT_OK;
 }
 

@@ -92,7 +92,11 @@ class LinearParams(ctypes.Structure):
 
 class AttentionParams(ctypes.Structure):
     _fields_ = [("bh", c_int64), ("heads", c_int64), ("tq", c_int64), ("tk", c_int64), ("dh", c_int64),
-                ("causal", c_int64), ("scale", c_float)]
+                ("causal", c_int64), ("scale", c_float), ("kv_heads", c_int64), ("mask_kind", c_int64),
+                ("mask_dims", c_int64 * 4), ("dropout_p", c_float), ("seed", c_uint64), ("stream", c_uint64)]
+
+
+ATTN_MASK_KEYS, ATTN_MASK_BOOL, ATTN_MASK_ADD = 0, 1, 2     # PORT_ATTN_MASK_*
 
 
 BINARY_MAX_RANK = 6     # PORT_BINARY_MAX_RANK
@@ -248,8 +252,11 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_adaptive_avgpool2d_backward_input", "port_status", (_F, _CF, _I, _I, _I, _I, _I, _I)),
     ("port_add", "port_status", (_F, _CF, _CF, "int64_t")),
     ("port_accumulate", "port_status", (_F, _CF, "int64_t")),
-    ("port_dropout_forward", "port_status", (_F, "uint8_t*", _CF, "int64_t", "float", "uint64_t")),
+    ("port_philox4x32_10", "void", ("uint32_t*", "const uint32_t*", "const uint32_t*")),
+    ("port_rng_u32", "port_status", ("uint32_t*", "int64_t", "int64_t", "uint64_t", "uint64_t")),
+    ("port_dropout_forward", "port_status", (_F, "uint8_t*", _CF, "int64_t", "float", "uint64_t", "uint64_t")),
     ("port_dropout_backward", "port_status", (_F, _CF, "const uint8_t*", "int64_t", "float")),
+    ("port_bernoulli_forward", "port_status", (_F, "int64_t", "float", "uint64_t", "uint64_t")),
     ("port_pool2d_out_h", "int64_t", (_PP,)),
     ("port_pool2d_out_w", "int64_t", (_PP,)),
     ("port_maxpool2d_forward", "port_status", (_F, "int64_t*", _CF, _PP)),
@@ -296,9 +303,11 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_mean_mid_backward", "port_status", (_F, _CF, "int64_t", "int64_t", "int64_t")),
     ("port_arange_i64", "port_status", ("int64_t*", "int64_t", "int64_t")),
     ("port_ne_scalar_i64", "port_status", ("uint8_t*", _CI64, "int64_t", "int64_t")),
+    ("port_attention_mask_numel", "int64_t", (_AP,)),
     ("port_attention_workspace_bytes", "size_t", (_AP, "int", "int")),
-    ("port_attention_forward", "port_status", (_F, _F, _CF, _CF, _CF, _CU8, _AP, "int", "void*", "size_t")),
-    ("port_attention_backward", "port_status", (_F, _F, _F, _CF, _CF, _CF, _CF, _CF, _CF, _CU8, _AP, "int",
+    ("port_attention_forward", "port_status", (_F, _F, _CF, _CF, _CF, "const void*", _AP, "int", "void*",
+                                               "size_t")),
+    ("port_attention_backward", "port_status", (_F, _F, _F, _CF, _CF, _CF, _CF, _CF, _CF, "const void*", _AP, "int",
                                                 "void*", "size_t")),
     ("port_softmax_xent_ignore_forward", "port_status", (_F, _F, _CF, _CI64, "int64_t", "int64_t", "float",
                                                          "int64_t")),
@@ -307,7 +316,7 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     # port_rt.h
     ("port_rt_abi_version", "int", ()),
     ("port_rt_kernel_name", "const char*", ("int",)),
-    ("port_rt_dropout_seed", "uint64_t", ("uint64_t", "int64_t", "int64_t")),
+    ("port_rt_rng_stream", "uint64_t", ("int64_t", "int64_t")),
     ("port_rt_exec", "port_status", ("const port_rt_call*", "void*const*", "void*", "const port_rt_state*")),
     ("port_rt_bundle_check", "int", ("const uint8_t*", "uint64_t", "uint64_t*")),
     ("port_rt_call_shape_of", "int", ("const port_rt_call*", "port_rt_call_shape*", "port_rt_call_problem*")),

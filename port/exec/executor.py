@@ -16,6 +16,7 @@ from port.errors import LabelError, ProgramError
 from port.lower.arena import check_program
 from port.lower.program import GRAD_SCALE_ID, Program
 from port.ir.types import PHASE_UPDATE
+from port.ops.attention import ATTENTION_KERNELS
 
 _TORCH_DTYPES = {}
 
@@ -84,15 +85,15 @@ def program_device(program: Program, default: str = "cpu") -> str:
 
 def graph_refusal(program: Program, main_calls: list) -> str | None:
     """Why a CUDA program's main pass cannot replay as a CUDA graph (None: it can). A graph fixes every launch:
-    page calls (host file I/O) and dropout (a fresh mask every step) would replay stale. PORT_CUDA_GRAPH=0 turns
-    graphs off."""
+    page calls (host file I/O) and random ops (dropout, bernoulli, attention dropout: fresh masks every step) would
+    replay stale. PORT_CUDA_GRAPH=0 turns graphs off."""
     if os.environ.get("PORT_CUDA_GRAPH", "1") == "0":
         return "PORT_CUDA_GRAPH=0"
     for c in main_calls:
         if c.backend == "host":
             return f"call {c.index} ({c.name}) pages to storage"
-        if c.kernel == "dropout":
-            return f"call {c.index} ({c.name}) draws a dropout mask"
+        if c.kernel in ("dropout", "bernoulli") or (c.kernel in ATTENTION_KERNELS and c.attr("p")):
+            return f"call {c.index} ({c.name}) draws a {'dropout' if c.kernel != 'bernoulli' else 'bernoulli'} mask"
     return None
 
 

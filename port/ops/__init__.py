@@ -7,9 +7,9 @@
     elementwise.py add, add_bcast, scale, grad_accumulate; mul with broadcasting (torch engines only)
     shape.py       reshape (views), permute, arange, ne_scalar; cat (torch engines only)
     pooling.py     max_pool2d, avg_pool2d, global_avg_pool2d, mean_mid
-    attention.py   matmul, attention
+    attention.py   matmul, attention (masks of any broadcastable shape, grouped-query, dropout)
     embedding.py   embedding
-    random.py      dropout
+    random.py      dropout, bernoulli (stochastic depth), all from PORT's one generator (Philox4x32-10)
     loss.py        cross_entropy
     optimizer.py   update
     fallback.py    torch_op: any other aten op, on PyTorch's kernel and derivative

@@ -1,7 +1,12 @@
-"""Attention: ``matmul`` (batched [B.., M, K] @ [B.., K, N]; bmm, matmul) and ``attention`` (scaled dot-product
-attention over [N, H, T, d], causal or with a boolean key mask [N, 1, 1, Tk]; saves q, k, v, o and the
-row log-sum-exp). One gradient op writes the gradients of every operand that needs one (``grads``). Attention
-has a ``tiled`` variant on the C backend (flash-style, a workspace per thread).
+"""Attention: ``matmul`` (batched [B.., M, K] @ [B.., K, N]; bmm, matmul) and ``attention``
+(scaled_dot_product_attention over q [N, H, Tq, d], k and v [N, Hkv, Tk, d]: causal and/or with a boolean or
+additive ``attn_mask`` of any shape that broadcasts to [N, H, Tq, Tk] (attribute ``mask``: "bool" or "add",
+``mask_dims``: its extents padded to 4 dims), grouped-query attention (``enable_gqa``: Hkv divides H; attribute
+``kv_heads``), and ``dropout_p`` (attribute ``p``: the probabilities dropped with PORT's generator,
+port/ops/random.py, at element (n H + h) Tq Tk + i Tk + j of the forward's stream; the backward draws the mask
+again: attribute ``rng_op`` = the forward op). Saves q, k, v, o, the row log-sum-exp and the mask. One gradient
+op writes the gradients of every operand that needs one (``grads``). Attention has a ``tiled`` variant on the C
+backend (flash-style, a workspace per thread).
 """
 from __future__ import annotations
 
@@ -10,20 +15,21 @@ import math
 
 from port.ir.types import ROLE_ACTIVATION, numel
 from port.ops import register
-from port.ops.base import F32, CallShapeError, Encoded, OpRecord, float32, fwd, public_attrs, rank
+from port.ops.base import F32, CallShapeError, Encoded, OpRecord, float32, fwd, public_attrs, rank, unit_float
 
 ATTN_ALGO = {"plain": 0, "tiled": 1}     # PORT_ATTN_PLAIN, PORT_ATTN_TILED
 ATTENTION_KERNELS = ("attention", "attention.grad_input")
 
 
-def multi_grad_backward(rec, bc, f, fo, gy, xs_needing, trained):
-    """One ``<kind>.grad_input`` op writing the gradients of the operands among the first three that need one."""
+def multi_grad_backward(rec, bc, f, fo, gy, xs_needing, trained, extra=None):
+    """One ``<kind>.grad_input`` op writing the gradients of the operands among the first three that need one
+    (``extra``: further attributes of it)."""
     need = tuple(i for i, t in enumerate(f.x[:3]) if t in xs_needing)
     if not need:
         return
     outs = [(f.x[i], bc.new_grad(f.x[i], "")) for i in need]
     fl = (f.flops // 2) * len(need) if f.kind == "matmul" else f.flops * 10 // 4
-    bc.op(f"{f.name}.grad_input", f.layer, f"{f.kind}.grad_input", public_attrs(f) | {"grads": need},
+    bc.op(f"{f.name}.grad_input", f.layer, f"{f.kind}.grad_input", public_attrs(f) | {"grads": need} | (extra or {}),
           (gy,) + rec.grad_input_reads(f), tuple(g for _, g in outs), flops=fl,
           vector_flops=rec.bwd_vector_flops(f, bc.T), forward_op=fo.id)
     for x, g in outs:
@@ -90,26 +96,37 @@ def _sdpa_capture(ctx):
     n = ctx.node
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
     a = dict(zip(names, n.args)) | dict(n.kwargs)
-    if float(a.get("dropout_p", 0.0) or 0.0) != 0.0 or a.get("enable_gqa"):
-        return False
+    p = float(a.get("dropout_p", 0.0) or 0.0)
     q, k, v = (ctx.t(a[x]) for x in ("query", "key", "value"))
     sq, sk, sv = ctx.shape(q), ctx.shape(k), ctx.shape(v)
-    if len(sq) != 4 or sk != sv or sq[:2] != sk[:2] or sq[3] != sk[3] or not float32(ctx, q, k, v):
+    if len(sq) != 4 or sk != sv or len(sk) != 4 or sq[0] != sk[0] or sq[3] != sk[3] or not float32(ctx, q, k, v) \
+            or not 0.0 <= p < 1.0:
         return False
     n_, h, tq, d = sq
-    tk = sk[2]
+    hkv, tk = sk[1], sk[2]
+    if hkv != h and not (a.get("enable_gqa") and hkv >= 1 and h % hkv == 0):
+        return False
     scale = a.get("scale")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
     ins = (q, k, v)
+    attrs = dict(causal=bool(a.get("is_causal", False)), scale=scale)
+    if hkv != h:
+        attrs["kv_heads"] = hkv
+    if p > 0.0:
+        attrs["p"] = p
     mask = a.get("attn_mask")
     if mask is not None:
         m = ctx.t(mask)
-        if ctx.dtype(m) != "bool" or tuple(ctx.shape(m)) != (n_, 1, 1, tk):
+        ms, full = tuple(ctx.shape(m)), (n_, h, tq, tk)
+        if ctx.dtype(m) not in ("bool", F32) or len(ms) > 4:
             return False
+        dims = (1,) * (4 - len(ms)) + ms
+        if any(e not in (1, f) for e, f in zip(dims, full)):
+            return False
+        attrs |= dict(mask="bool" if ctx.dtype(m) == "bool" else "add", mask_dims=dims)
         ins = ins + (m,)
     y = ctx.out()
     lse = ctx.b.tensor(f"{ctx.opname}:lse", (n_, h, tq), F32, ROLE_ACTIVATION)
-    attrs = dict(causal=bool(a.get("is_causal", False)), scale=scale, masked=mask is not None)
     return fwd(ctx, "attention", attrs, ins, (y, lse), 4 * n_ * h * tq * tk * d, 6 * n_ * h * tq * tk)
 
 
@@ -117,13 +134,38 @@ def _attn_reads(f):
     return f.x[:3] + f.outputs + f.x[3:]        # (q, k, v, o, lse[, mask])
 
 
+def _mask_dims(attrs, q, kk) -> tuple[int, ...] | None:
+    """The mask operand's 4 extents (None without a mask), checked against q [N, H, Tq, d] and k."""
+    kind = attrs.get("mask")
+    if kind is None:
+        return None
+    dims = attrs.get("mask_dims")
+    full = (q[0], q[1], q[2], kk[2])
+    if kind not in ("bool", "add") or not isinstance(dims, tuple) or len(dims) != 4 or \
+            any(type(e) is not int or e not in (1, f) for e, f in zip(dims, full)):
+        raise CallShapeError(f"attention mask={kind!r}, mask_dims={dims!r}: expected 'bool' or 'add' and 4 extents "
+                             f"each 1 or the one of {list(full)}")
+    return tuple(dims)
+
+
 def _attn_shapes(k, attrs, I, O, at):
     q = rank(at(I, 0 if k == "attention" else 1, "q"), 4, "q")
     kk = rank(at(I, 1 if k == "attention" else 2, "k"), 4, "k")
-    if kk[:2] != q[:2] or kk[3] != q[3] or not isinstance(attrs.get("scale"), float):
-        raise CallShapeError(f"attention of q {list(q)}, k {list(kk)} (scale={attrs.get('scale')!r})")
+    kvh = attrs.get("kv_heads", q[1])
+    if kk[0] != q[0] or kk[3] != q[3] or not isinstance(attrs.get("scale"), float) or type(kvh) is not int or \
+            kvh < 1 or q[1] % kvh or kk[1] != kvh:
+        raise CallShapeError(f"attention of q {list(q)}, k {list(kk)} (scale={attrs.get('scale')!r}, "
+                             f"kv_heads={attrs.get('kv_heads')!r})")
+    if "p" in attrs:
+        unit_float(attrs, "p")
     Q, K_, lse = (q, F32), (kk, F32), ((q[0], q[1], q[2]), F32)
-    mask = [((q[0], 1, 1, kk[2]), "bool")] if attrs.get("masked") else []
+    dims = _mask_dims(attrs, q, kk)
+    mask = []
+    if dims is not None:       # the mask tensor's own shape (rank <= 4), its extents padded with 1s: mask_dims
+        ms = at(I, 3 if k == "attention" else 6, "mask")
+        if ms is not None and (len(ms) > 4 or (1,) * (4 - len(ms)) + tuple(ms) != dims):
+            raise CallShapeError(f"attention mask of shape {list(ms)}: expected mask_dims {list(dims)}")
+        mask = [(tuple(ms) if ms is not None else dims, "bool" if attrs["mask"] == "bool" else F32)]
     if k == "attention":
         return [Q, K_, K_] + mask, [Q, lse]
     g = attrs.get("grads")
@@ -132,13 +174,21 @@ def _attn_shapes(k, attrs, I, O, at):
     return [Q, Q, K_, K_, Q, lse] + mask, [(Q, K_, K_)[i] for i in g]
 
 
+_MASK_KIND = {None: 0, "bool": 1, "add": 2}        # PORT_ATTN_MASK_KEYS (none here), _BOOL, _ADD
+
+
 def attention_params(capi, kernel: str, attrs: dict, in_shapes):
     """port_attention_params of an attention call from its slot shapes (q is input 0 of the forward, 1 of the
-    backward, whose input 0 is the output gradient)."""
+    backward, whose input 0 is the output gradient). The dropout seed and stream are the run's (left 0)."""
     q = in_shapes[0] if kernel == "attention" else in_shapes[1]
     k = in_shapes[1] if kernel == "attention" else in_shapes[2]
     n, h, tq, d = q
-    return capi.AttentionParams(n * h, h, tq, k[2], d, int(bool(attrs.get("causal"))), float(attrs["scale"]))
+    dims = _mask_dims(attrs, q, k) or (0, 0, 0, 0)
+    p = capi.AttentionParams(n * h, h, tq, k[2], d, int(bool(attrs.get("causal"))), float(attrs["scale"]),
+                             int(attrs.get("kv_heads", 0)), _MASK_KIND[attrs.get("mask")])
+    p.mask_dims[:] = dims
+    p.dropout_p = float(attrs.get("p", 0.0))
+    return p
 
 
 def _attn_workspace(kernel, variant, attrs, in_shapes, out_shapes) -> int:
@@ -148,70 +198,110 @@ def _attn_workspace(kernel, variant, attrs, in_shapes, out_shapes) -> int:
                                                        int(kernel != "attention")))
 
 
+def _rng_op(kind, a, call) -> int:
+    """The forward op whose stream the dropout mask comes from (0 without dropout)."""
+    if not a.get("p"):
+        return 0
+    return int(call.op) if kind == "attention" else int(a["rng_op"])
+
+
 def _attn_encode(kind, a, IS, OS, I, O, variant, call):
     backward = kind != "attention"
     q, k = (IS[0], IS[1]) if not backward else (IS[1], IS[2])
     n, h, tq, d = q
-    iv = (n * h, h, tq, k[2], d, int(bool(a.get("causal"))), ATTN_ALGO.get(variant, 0))
-    fv = (float(a["scale"]),)
-    masked = bool(a.get("masked"))
+    dims = _mask_dims(a, q, k) or (0, 0, 0, 0)
+    iv = (n * h, h, tq, k[2], d, int(bool(a.get("causal"))), ATTN_ALGO.get(variant, 0), int(a.get("kv_heads", 0)),
+          _MASK_KIND[a.get("mask")], *dims, _rng_op(kind, a, call))
+    fv = (float(a["scale"]), float(a.get("p", 0.0)))
+    masked = a.get("mask") is not None
+    state = bool(a.get("p"))
     if not backward:
-        return Encoded("port_attention_forward", (O[0], O[1], I[0], I[1], I[2], I[3] if masked else None), iv, fv)
+        return Encoded("port_attention_forward", (O[0], O[1], I[0], I[1], I[2], I[3] if masked else None), iv, fv,
+                       state)
     g = dict(zip(a["grads"], O))       # 0: dq, 1: dk, 2: dv (NULL where no gradient is needed)
     return Encoded("port_attention_backward", (g.get(0), g.get(1), g.get(2), I[0], I[1], I[2], I[3], I[4], I[5],
-                                               I[6] if masked else None), iv, fv)
+                                               I[6] if masked else None), iv, fv, state)
 
 
 def _attn_torch(kind, a, I, O, env):
+    """The math path in torch, the same function as the C kernels: grouped heads by repeating k, v (their
+    gradients summed over each group), the mask broadcast (boolean: -inf where False; additive: added), the
+    dropout keep mask from PORT's generator."""
+    from port.ops.random import call_stream, keep_mask
     torch = env.torch
-    scale, causal, masked = float(a["scale"]), bool(a.get("causal")), bool(a.get("masked"))
+    scale, causal, mk = float(a["scale"]), bool(a.get("causal")), a.get("mask")
+    pr = float(a.get("p", 0.0))
 
-    def bias(q, k, mask):
-        """The additive mask (or None) of the math path: -inf at masked keys and above the causal diagonal."""
-        if not masked and not causal:
-            return None
-        tq, tk = q.shape[2], k.shape[2]
-        m = torch.zeros(q.shape[0], 1, tq, tk, dtype=q.dtype, device=q.device)
-        if masked:
-            m.masked_fill_(~mask.reshape(q.shape[0], 1, 1, tk), float("-inf"))
+    def scores(q, k, mask):
+        """scale q k^T with the mask (boolean: -inf where False; additive: added) and the causal limit."""
+        s = torch.matmul(q, k.transpose(-1, -2)) * scale
+        if mk == "bool":
+            s = s.masked_fill(~mask.bool(), float("-inf"))
+        elif mk == "add":
+            s = s + mask
         if causal:
-            m.masked_fill_(torch.ones(tq, tk, dtype=torch.bool, device=q.device).triu(tk - tq + 1), float("-inf"))
-        return m
+            tq, tk = q.shape[2], k.shape[2]
+            s = s.masked_fill(torch.ones(tq, tk, dtype=torch.bool, device=q.device).triu(tk - tq + 1), float("-inf"))
+        return s
+
+    def rep(t, h):
+        return t if t.shape[1] == h else t.repeat_interleave(h // t.shape[1], 1)
+
+    def unrep(t, hkv):
+        n, h = t.shape[:2]
+        return t if h == hkv else t.reshape(n, hkv, h // hkv, *t.shape[2:]).sum(2)
+
+    def keep(shape, op):
+        if not pr:
+            return None
+        seed, stream = call_stream(env, op)
+        return keep_mask(torch, seed, stream, shape, pr, I[0].device).to(I[0].dtype) / (1.0 - _f32(pr))
 
     if kind == "attention":
         q, k, v = I[:3]
-        mask = I[3] if masked else None
+        mask = I[3] if mk else None
         o, lse = O
 
         def run():
-            s = torch.matmul(q, k.transpose(-1, -2)) * scale
-            bm = bias(q, k, mask)
-            if bm is not None:
-                s = s + bm
+            h = q.shape[1]
+            s = scores(q, rep(k, h), mask)
             l = torch.logsumexp(s, -1)
             p = torch.exp(s - l.unsqueeze(-1)).nan_to_num_(0.0)
-            torch.matmul(p, v, out=o)
+            kd = keep(p.shape, None)
+            torch.matmul(p if kd is None else p * kd, rep(v, h), out=o)
             lse.copy_(l)
         return run
     dout, q, k, v, o, lse = I[:6]
-    mask = I[6] if masked else None
+    mask = I[6] if mk else None
     g = dict(zip(a["grads"], O))
 
     def run():
-        s = torch.matmul(q, k.transpose(-1, -2)) * scale
-        bm = bias(q, k, mask)
-        if bm is not None:
-            s = s + bm
+        h, hkv = q.shape[1], k.shape[1]
+        kr, vr = rep(k, h), rep(v, h)
+        s = scores(q, kr, mask)
         p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num_(0.0)
-        dp = torch.matmul(dout, v.transpose(-1, -2))
+        kd = keep(p.shape, int(a.get("rng_op", 0)))
+        dp = torch.matmul(dout, vr.transpose(-1, -2))
+        if kd is not None:
+            dp = dp * kd
         ds = p * (dp - (dout * o).sum(-1, keepdim=True))
         if 0 in g:
-            torch.matmul(ds, k, out=g[0]).mul_(scale)
+            torch.matmul(ds, kr, out=g[0]).mul_(scale)
         if 1 in g:
-            torch.matmul(ds.transpose(-1, -2), q, out=g[1]).mul_(scale)
+            g[1].copy_(unrep(torch.matmul(ds.transpose(-1, -2), q), hkv)).mul_(scale)
         if 2 in g:
-            torch.matmul(p.transpose(-1, -2), dout, out=g[2])
+            g[2].copy_(unrep(torch.matmul((p if kd is None else p * kd).transpose(-1, -2), dout), hkv))
     return run
+
+
+def _f32(x: float) -> float:
+    return float(ctypes.c_float(x).value)
+
+
+def _attn_backward(bc, f, fo, gy, xs_needing, trained):
+    """multi_grad_backward, the gradient op also naming the forward op (``rng_op``) whose dropout stream it
+    redraws."""
+    multi_grad_backward(_ATTENTION, bc, f, fo, gy, xs_needing, trained, {"rng_op": fo.id} if "p" in f.attrs else None)
 
 
 def _attn_bwd_vf(f, T):
@@ -239,6 +329,6 @@ _ATTENTION = OpRecord(kind="attention", family="attention",
                       shapes=_attn_shapes, torch=_attn_torch, encode=_attn_encode,
                       aten=("scaled_dot_product_attention",), capture=_sdpa_capture,
                       saved=lambda f, gi, gw, w: _attn_reads(f), grad_input_reads=_attn_reads,
-                      bwd_vector_flops=_attn_bwd_vf, backward=lambda *a: multi_grad_backward(_ATTENTION, *a),
+                      bwd_vector_flops=_attn_bwd_vf, backward=_attn_backward,
                       workspace=_attn_workspace, tags=frozenset({"tiled_variant"}), doc=__doc__)
 register(_MATMUL, _ATTENTION)

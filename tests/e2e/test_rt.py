@@ -148,12 +148,6 @@ def test_sha256_matches_hashlib():
         assert bytes(out) == hashlib.sha256(data).digest(), n
 
 
-def test_dropout_seed_matches_python():
-    from port.ops.random import dropout_seed
-    for s, c, o in ((0, 0, 0), (12345, 7, 3), (2**63 + 5, 2**40, 99)):
-        assert capi.raw.port_rt_dropout_seed(s, c, o) == dropout_seed(s, c, o)
-
-
 @pytest.mark.parametrize("name,shape,kw,opt", [
     ("mlp", (64,), {"dropout": 0.3}, "adamw"),
     ("resnet8", (3, 32, 32), {}, "sgd"),
@@ -439,3 +433,63 @@ def test_port_rt_runs_norms_pools_and_resize_bit_for_bit(port_rt, tmp_path):
     _trains_bit_for_bit(port_rt, tmp_path, NormPool(), x, y,
                         {k + g for k in ("group_norm", "rms_norm") for g in ("", ".grad_input", ".grad_weight")}
                         | {k + g for k in ("max_pool2d", "upsample", "adaptive_avg_pool2d") for g in ("", ".grad_input")})
+class _RngAttn(torch.nn.Module):
+    """Issue 54's random ops and attention forms: grouped-query attention (enable_gqa) under a boolean mask with
+    attention dropout, attention under an additive mask, dropout, and stochastic depth (timm's drop path:
+    new_empty(...).bernoulli_(keep).div_(keep))."""
+
+    def __init__(self, d=12, t=6):
+        super().__init__()
+        torch.manual_seed(0)
+        nn = torch.nn
+        self.inp = nn.Linear(d, 24)
+        self.q, self.kv = nn.Linear(24, 24), nn.Linear(24, 12)      # 4 query heads of 6, 2 key/value heads
+        self.fc = nn.Linear(24, 10)
+        g = torch.Generator().manual_seed(1)
+        m = torch.rand(1, 1, t, t, generator=g) > 0.4
+        m[..., 0] = True
+        self.register_buffer("bmask", m)
+        self.register_buffer("amask", torch.randn(1, 4, 1, t, generator=g))
+
+    def forward(self, x):
+        F = torch.nn.functional
+        n, t, _ = x.shape
+        h = self.inp(x)
+        q = self.q(h).view(n, t, 4, 6).transpose(1, 2)
+        k, v = self.kv(h).view(n, t, 2, 6).transpose(1, 2), self.kv(h * 0.5).view(n, t, 2, 6).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=self.bmask, dropout_p=0.25, enable_gqa=True)
+        a = F.scaled_dot_product_attention(a, q, q, attn_mask=self.amask)
+        a = a.transpose(1, 2).reshape(n, t, 24)
+        keep = a.new_empty((n, 1, 1)).bernoulli_(0.7).div_(0.7)
+        h = h + F.dropout(a, 0.2, self.training) * keep
+        return self.fc(h.mean(1))
+
+
+def test_port_rt_runs_random_ops_and_attention_bit_for_bit(port_rt, tmp_path):
+    """Dropout, drop path and attention (GQA, boolean and additive masks, attention dropout) run on C kernels,
+    compile into a bundle and train in port-rt bit for bit like the Trainer: the masks come from one generator
+    keyed by (seed, forward pass, op), the same in both. The torch backend draws the same masks (losses equal to
+    float32 rounding)."""
+    x, y = torch.randn(N, 6, 12), torch.randint(0, 10, (N,))
+    B = 8
+    tr = port.Trainer(_RngAttn(), x[:B], optimizer=port.optim.SGD(0.05, momentum=0.9), seed=11)
+    kinds = {o.kind for o in tr.graph.ops}
+    assert {"attention", "attention.grad_input", "dropout", "dropout.grad_input", "bernoulli"} <= kinds
+    att = [o for o in tr.graph.ops if o.kind == "attention"]
+    assert [o.attr("kv_heads") for o in att] == [2, None] and [o.attr("mask") for o in att] == ["bool", "add"]
+    assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
+    write_bundle(tr, tmp_path / "m.portrt")
+    write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), 10)
+    r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 6,
+             "--threads", capi.get_num_threads())
+    assert r.returncode == 0, r.stderr
+    got = [np.float32(line.split()[3]) for line in r.stdout.splitlines() if line.startswith("step ")]
+    batches = [[(s * B + j) % N for j in range(B)] for s in range(6)]
+    ref = [np.float32(tr.step(x[b], y[b])) for b in batches]
+    assert [a.tobytes() for a in got] == [b.tobytes() for b in ref], list(zip(ref, got))
+    tt = port.Trainer(_RngAttn(), x[:B], optimizer=port.optim.SGD(0.05, momentum=0.9), seed=11, backend="torch-cpu")
+    assert all(d.accelerator == "cpu-torch" for d in tt.plan.ops)
+    other = [tt.step(x[b], y[b]) for b in batches]
+    assert np.allclose(other, ref, rtol=1e-4, atol=1e-5), list(zip(ref, other))
+    t2 = port.Trainer(_RngAttn(), x[:B], optimizer=port.optim.SGD(0.05, momentum=0.9), seed=12)
+    assert not np.allclose([t2.step(x[b], y[b]) for b in batches], ref, rtol=1e-4, atol=1e-5)  # another seed

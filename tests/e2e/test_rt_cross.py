@@ -53,3 +53,18 @@ def test_aarch64_build_equals_host_build(binaries, tmp_path, name, shape, batch,
     # "%.9g": every float32 bit. An aarch64 build with FMA contraction (-ffp-contract=fast) differed from step 30
     # on configs/default.yaml's digits CNN (1.299788 vs 1.29978788): the portable flavour turns it off
     assert len(a) == steps and a == b, list(zip(a, b))
+
+
+def test_aarch64_random_ops_and_attention_equal_host(binaries, tmp_path):
+    """Dropout, drop path and attention with masks, grouped-query heads and dropout (issue 54): the generator is
+    integer arithmetic, so the aarch64 build draws the host's masks and trains to its losses bit for bit."""
+    from test_rt import _RngAttn
+    host, arm = binaries
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 6, 12), torch.randint(0, 10, (16,))
+    tr = port.Trainer(_RngAttn(), x[:4], optimizer=port.optim.SGD(0.05, momentum=0.9), seed=3)
+    port.compile(tr, tmp_path / "m.portrt")
+    write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), 10)
+    a = _losses([str(host)], tmp_path / "m.portrt", tmp_path / "d.portdata", 4)
+    b = _losses(["qemu-aarch64", str(arm)], tmp_path / "m.portrt", tmp_path / "d.portdata", 4)
+    assert len(a) == 4 and a == b, list(zip(a, b))

@@ -18,6 +18,7 @@ import math
 from typing import Sequence
 
 # port first: importing it applies PORT's OpenMP wait policy before torch loads the runtime
+from port.exec import capi  # noqa: E402
 from port.exec.capi import (ATTN_PLAIN, ATTN_TILED, PORT_OK, _ALGOS, AttentionParams, BatchNormParams,
                             Conv2dParams, LinearParams, Pool2dParams, check, raw, status_string)
 
@@ -502,7 +503,7 @@ def accumulate(a, b):
     return a
 
 
-def dropout_forward(x, p, seed, out=None, mask=None):
+def dropout_forward(x, p, seed, out=None, mask=None, stream=0):
     """Returns (y, mask uint8). out=x allowed (in place)."""
     _tensor(x, "x")
     if not 0.0 <= p < 1.0:
@@ -511,7 +512,8 @@ def dropout_forward(x, p, seed, out=None, mask=None):
     m = _out(mask, "mask", x.shape, torch.uint8)
     _no_alias({"out": y, "mask": m}, {"x": x}, allow_equal=[("out", "x")])
     check(raw.port_dropout_forward(y.data_ptr(), m.data_ptr(), x.data_ptr(), x.numel(), p,
-                                   int(seed) & 0xFFFFFFFFFFFFFFFF), "dropout_forward")
+                                   int(seed) & 0xFFFFFFFFFFFFFFFF, int(stream) & 0xFFFFFFFFFFFFFFFF),
+          "dropout_forward")
     return y, m
 
 
@@ -1005,46 +1007,61 @@ def _attn_algo(algo) -> int:
     return _ATTN_ALGOS[algo]
 
 
-def attention_params(q_shape, k_shape, heads=1, causal=False, scale=None) -> AttentionParams:
-    """Params of q [bh, tq, dh] (or [b, heads, tq, dh]) and k [bh, tk, dh]; scale defaults to 1/sqrt(dh)."""
+def attention_params(q_shape, k_shape, heads=1, causal=False, scale=None, kv_heads=0, mask=None, dropout_p=0.0,
+                     seed=0, stream=0) -> AttentionParams:
+    """Params of q [bh, tq, dh] (or [b, heads, tq, dh]) and k [bkv, tk, dh] (or [b, kv_heads, tk, dh]); scale
+    defaults to 1/sqrt(dh). mask: None, a key mask [bh/heads, tk] (uint8/bool) or a 4-d boolean / float mask
+    broadcast to [b, heads, tq, tk]."""
     q_shape, k_shape = tuple(int(s) for s in q_shape), tuple(int(s) for s in k_shape)
     if len(q_shape) == 4:
         heads = q_shape[1]
+        if len(k_shape) == 4:
+            kv_heads = k_shape[1] if k_shape[1] != heads else kv_heads
+            k_shape = (k_shape[0] * k_shape[1],) + k_shape[2:]
         q_shape = (q_shape[0] * q_shape[1],) + q_shape[2:]
-        k_shape = (k_shape[0] * k_shape[1],) + k_shape[2:] if len(k_shape) == 4 else k_shape
     if len(q_shape) != 3 or len(k_shape) != 3:
         raise ValueError(f"q: expected [bh, t, dh] or [b, heads, t, dh] tensors, got {q_shape} and {k_shape}")
     bh, tq, dh = q_shape
-    if k_shape[0] != bh or k_shape[2] != dh:
-        raise ValueError(f"k: expected shape ({bh}, tk, {dh}), got {k_shape}")
-    heads = int(heads)
-    if heads < 1 or bh % heads:
-        raise ValueError(f"heads: {heads} must divide bh={bh}")
+    heads, kv_heads = int(heads), int(kv_heads)
+    if heads < 1 or bh % heads or kv_heads < 0 or (kv_heads and heads % kv_heads):
+        raise ValueError(f"heads: {heads} must divide bh={bh} and kv_heads={kv_heads} divide heads")
+    bkv = bh // heads * (kv_heads or heads)
+    if k_shape[0] != bkv or k_shape[2] != dh:
+        raise ValueError(f"k: expected shape ({bkv}, tk, {dh}), got {k_shape}")
     if min(bh, tq, k_shape[1], dh) < 1:
         raise ValueError(f"q: empty attention shapes {q_shape}, {k_shape}")
     sc = 1.0 / math.sqrt(dh) if scale is None else float(scale)
-    return AttentionParams(bh, heads, tq, k_shape[1], dh, int(bool(causal)), sc)
+    p = AttentionParams(bh, heads, tq, k_shape[1], dh, int(bool(causal)), sc, kv_heads)
+    if mask is not None and mask.dim() == 4:
+        p.mask_kind = capi.ATTN_MASK_BOOL if mask.dtype in (torch.bool, torch.uint8) else capi.ATTN_MASK_ADD
+        p.mask_dims[:] = tuple(mask.shape)
+    p.dropout_p, p.seed, p.stream = float(dropout_p), int(seed), int(stream)
+    return p
 
 
 def attention_workspace_bytes(p: AttentionParams, algo="tiled", backward=False) -> int:
     return raw.port_attention_workspace_bytes(p, _attn_algo(algo), int(bool(backward)))
 
 
-def _attn_mask(key_mask, p):
-    if key_mask is None:
+def _attn_mask(mask, p):
+    if mask is None:
         return None
-    if isinstance(key_mask, torch.Tensor) and key_mask.dtype == torch.bool:
-        key_mask = key_mask.view(torch.uint8)
-    return _tensor(key_mask, "key_mask", (p.bh // p.heads, p.tk), torch.uint8)
+    if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
+        mask = mask.view(torch.uint8)
+    if p.mask_kind == capi.ATTN_MASK_KEYS:
+        return _tensor(mask, "key_mask", (p.bh // p.heads, p.tk), torch.uint8)
+    return _tensor(mask, "mask", tuple(p.mask_dims),
+                   torch.uint8 if p.mask_kind == capi.ATTN_MASK_BOOL else torch.float32)
 
 
 def attention_forward(q, k, v, key_mask=None, heads=1, causal=False, scale=None, algo="tiled", out=None,
-                      workspace=None):
-    """Scaled dot-product attention. q [bh, tq, dh] (or [b, heads, tq, dh]), k and v likewise with tk keys;
-    key_mask uint8/bool [bh/heads, tk] (0 = masked). Returns (o, lse [bh, tq])."""
+                      workspace=None, kv_heads=0, dropout_p=0.0, seed=0, stream=0):
+    """Scaled dot-product attention. q [bh, tq, dh] (or [b, heads, tq, dh]), k and v likewise with tk keys (and
+    kv_heads heads: grouped-query); key_mask uint8/bool [bh/heads, tk] (0 = masked) or a 4-d boolean / float
+    mask. Returns (o, lse [bh, tq])."""
     _tensor(q, "q")
     _tensor(k, "k")
-    p = attention_params(q.shape, k.shape, heads, causal, scale)
+    p = attention_params(q.shape, k.shape, heads, causal, scale, kv_heads, key_mask, dropout_p, seed, stream)
     _tensor(v, "v", k.shape)
     km = _attn_mask(key_mask, p)
     a = _attn_algo(algo)
@@ -1059,11 +1076,11 @@ def attention_forward(q, k, v, key_mask=None, heads=1, causal=False, scale=None,
 
 
 def attention_backward(dout, q, k, v, o, lse, key_mask=None, heads=1, causal=False, scale=None, algo="tiled",
-                       workspace=None, needs_grad=(True, True, True)):
+                       workspace=None, needs_grad=(True, True, True), kv_heads=0, dropout_p=0.0, seed=0, stream=0):
     """Returns (dq, dk, dv) (overwritten); None for the ones needs_grad (q, k, v) marks False."""
     _tensor(q, "q")
     _tensor(k, "k")
-    p = attention_params(q.shape, k.shape, heads, causal, scale)
+    p = attention_params(q.shape, k.shape, heads, causal, scale, kv_heads, key_mask, dropout_p, seed, stream)
     _tensor(v, "v", k.shape)
     _tensor(o, "o", q.shape)
     _tensor(dout, "dout", q.shape)

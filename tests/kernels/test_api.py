@@ -117,7 +117,7 @@ def test_raw_other_status_codes(K):
     assert capi.raw.port_relu_forward(t.data_ptr(), t.data_ptr(), -1) == capi.PORT_ERR_SHAPE
     m = torch.empty(10, dtype=torch.uint8)
     assert capi.raw.port_dropout_forward(t.data_ptr(), m.data_ptr(), t.data_ptr(), 10, 1.0,
-                                      0) == capi.PORT_ERR_ARG
+                                      0, 0) == capi.PORT_ERR_ARG
     bn = capi.BatchNormParams(1, 10, 1, 1, 1e-5, 0.1)
     sm, si = torch.empty(10), torch.empty(10)
     assert capi.raw.port_batchnorm2d_forward_train(t.data_ptr(), sm.data_ptr(), si.data_ptr(), None,

@@ -549,10 +549,15 @@ def test_attention_params_match_header(K):
         if decl.strip():
             typ, names = decl.split(None, 1)
             fields += [(n.strip(), typ) for n in names.split(",")]
-    names = {ctypes.c_int64: "int64_t", ctypes.c_float: "float"}
-    assert [(f, names[t]) for f, t in capi.AttentionParams._fields_] == fields
+    names = {ctypes.c_int64: "int64_t", ctypes.c_float: "float", ctypes.c_uint64: "uint64_t",
+             ctypes.c_int64 * 4: "int64_t"}
+    assert [(f + ("[4]" if t == ctypes.c_int64 * 4 else ""), names[t]) for f, t in capi.AttentionParams._fields_] \
+        == fields
     assert (capi.ATTN_PLAIN, capi.ATTN_TILED) == (0, 1)
     assert "#define PORT_ATTN_PLAIN 0" in src and "#define PORT_ATTN_TILED 1" in src
+    assert (capi.ATTN_MASK_KEYS, capi.ATTN_MASK_BOOL, capi.ATTN_MASK_ADD) == (0, 1, 2)
+    for name, v in (("KEYS", 0), ("BOOL", 1), ("ADD", 2)):
+        assert f"#define PORT_ATTN_MASK_{name} {v}" in src
 
 
 def test_attention_errors(K):

@@ -75,6 +75,28 @@ class Zoo(nn.Module):
         return self.fc(x)
 
 
+class RngAttn(nn.Module):
+    """Issue 54's random ops and attention forms: causal grouped-query attention with attention dropout, attention
+    under a full additive mask and under a per-key boolean one, stochastic depth (bernoulli) and dropout."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.kv, self.fc = nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(8, 10)
+        g = torch.Generator().manual_seed(2)
+        self.register_buffer("add", torch.randn(2, 4, 5, 5, generator=g))
+        self.register_buffer("keys", torch.tensor([True, False, True, True, True]))
+
+    def forward(self, x):
+        F = nn.functional
+        n, t, _ = x.shape
+        q, kv = self.q(x).view(n, t, 4, 2).transpose(1, 2), self.kv(x).view(n, t, 2, 2).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, kv, kv, dropout_p=0.3, is_causal=True, enable_gqa=True)
+        a = F.scaled_dot_product_attention(a, q, q, attn_mask=self.add)
+        a = F.scaled_dot_product_attention(a, a, q, attn_mask=self.keys)
+        keep = x.new_empty((n, 1, 1)).bernoulli_(0.6).div_(0.6)
+        return self.fc(F.dropout(a.transpose(1, 2).reshape(n, t, 8) * keep, 0.1).mean(1))
+
+
 def _seq(name):
     from port.transformers import bert_tiny, gpt_tiny
     g = torch.Generator().manual_seed(3)
@@ -91,6 +113,7 @@ CASES = {
     "gpt_tiny": lambda: (*_seq("gpt_tiny"), "sgd"),
     "bert_tiny": lambda: (*_seq("bert_tiny"), "adamw"),
     "normpool": lambda: (NormPool(), torch.randn(2, 3, 9, 11), "sgd"),
+    "rng_attn": lambda: (RngAttn(), torch.randn(2, 5, 8), "sgd"),
 }
 
 
@@ -124,7 +147,7 @@ def _programs(name):
     if name in ("resnet8", "zoo"):
         progs += [lower(tr.graph, _variant_plan(tr, prefer)) for prefer in PREFER]
         progs.append(lower(tr.graph, default_plan(tr.graph, fuse=False), overwrite_gradients=False))
-    elif name == "gpt_tiny":
+    elif name in ("gpt_tiny", "rng_attn"):
         progs.append(lower(tr.graph, _variant_plan(tr, ("plain",))))
     return progs
 
@@ -185,6 +208,8 @@ REACH = {
                                        "upsample2d_forward", "upsample2d_backward_input",
                                        "adaptive_avgpool2d_forward", "adaptive_avgpool2d_backward_input",
                                        "maxpool2d_forward", "maxpool2d_backward_input")},
+    "rng_attn": {"port_attention_forward", "port_attention_backward", "port_bernoulli_forward",
+                 "port_dropout_forward", "port_dropout_backward"},
 }
 
 
@@ -205,7 +230,7 @@ def _call_of(prog, entry):
     raise AssertionError(f"no {entry} call")
 
 
-def _mutants(A):
+def _mutants(A, name="zoo"):
     """(name, kernel entry, how to change its record) -- each must be refused."""
     def setf(field, i, v):
         def f(r):
@@ -220,6 +245,21 @@ def _mutants(A):
 
     def alias(r):           # hardswish's output over its input: the backward reads the input
         r.ptr[0] = r.ptr[1]
+    if name == "rng_attn":
+        fwd, bwd = "port_attention_forward", "port_attention_backward"
+        return [
+            ("bernoulli probability 1.5", "port_bernoulli_forward", setf("fv", 0, 1.5)),
+            ("bernoulli count x 1000", "port_bernoulli_forward", lambda r: setf("iv", 0, r.iv[0] * 1000)(r)),
+            ("bernoulli extra int", "port_bernoulli_forward", setf("iv", 1, 1)),
+            ("attention dropout p = 1", fwd, setf("fv", 1, 1.0)),
+            ("attention dropout p NaN", bwd, setf("fv", 1, math.nan)),
+            ("attention kv heads 3 of 4", fwd, setf("iv", 7, 3)),
+            ("attention kv heads above heads", bwd, setf("iv", 7, 8)),
+            ("attention mask kind 3", fwd, setf("iv", 8, 3)),
+            ("attention mask extent 3", fwd, setf("iv", 12, 3)),
+            ("attention forward op id -1", bwd, setf("iv", 13, -1)),
+            ("attention extra int", fwd, setf("iv", 14, 1)),
+        ]
     return [
         ("relu count 2^28", "port_relu_forward", setf("iv", 0, 1 << 28)),
         ("relu count -1", "port_relu_forward", setf("iv", 0, -1)),
@@ -248,11 +288,11 @@ def _mutants(A):
     ]
 
 
-@pytest.fixture(scope="module")
-def zoo():
-    tr = _trainer("zoo")
+@pytest.fixture(scope="module", params=["zoo", "rng_attn"])
+def zoo(request):
+    tr = _trainer(request.param)
     data, _ = build_bundle(tr)
-    return tr, bytes(data)
+    return tr, bytes(data), request.param
 
 
 def _bundle_with(data, index, record):
@@ -268,11 +308,11 @@ def _run_rt(binary, path):
 
 
 def test_mutated_calls_are_refused_by_loader_and_check_program(zoo, port_rt, tmp_path):
-    tr, data = zoo
+    tr, data, name = zoo
     prog = tr.program
     A = struct.unpack_from("<Q", data, 24)[0]
     assert A == max(tr.program.arena_bytes, tr.eval_program.arena_bytes)
-    for what, entry, mutate in _mutants(A):
+    for what, entry, mutate in _mutants(A, name):
         c = _call_of(prog, entry)
         r = rtcall.record(c, prog.slot)
         rtcall.check_record(r, c, A, prog.persistent_bytes)       # the unmutated call passes
@@ -313,7 +353,7 @@ def test_check_program_applies_the_c_rule(monkeypatch):
 
 def test_bundle_state_is_checked(zoo, tmp_path):
     """The run state in the header (optimizer, lr, momentum, ...): a NaN learning rate is refused."""
-    _, data = zoo
+    data = zoo[1]
     b = bytearray(data)
     struct.pack_into("<d", b, 176 + 8, math.nan)    # port_rt_state.lr
     b[-32:] = hashlib.sha256(b[:-32]).digest()

@@ -490,3 +490,114 @@ def test_rms_norm_fuses_only_its_pattern_and_records_equal_autograd():
         r.torch(f"{kind}.grad_weight", attrs | {"grads": ("weight",)}, [dy, xi, sv], [dw], _env())()
         torch.testing.assert_close(dx, gx, rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(dw, gw, rtol=1e-10, atol=1e-10)
+class _Sdpa(nn.Module):
+    """scaled_dot_product_attention as published models call it: grouped-query (enable_gqa) under HF's boolean
+    [N, 1, T, T] mask, an additive per-head key mask, is_causal; with drop > 0 also attention dropout, dropout and
+    timm's drop path (new_empty(...).bernoulli_(keep).div_(keep))."""
+
+    def __init__(self, drop=0.0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.kv, self.fc, self.drop = nn.Linear(6, 8), nn.Linear(6, 4), nn.Linear(8, 3), drop
+        g = torch.Generator().manual_seed(1)
+        self.register_buffer("add", torch.randn(1, 4, 1, 5, generator=g))
+
+    def forward(self, x, mask):
+        F = nn.functional
+        n, t, _ = x.shape
+        q, kv = self.q(x).view(n, t, 4, 2).transpose(1, 2), self.kv(x).view(n, t, 2, 2).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask, dropout_p=self.drop, enable_gqa=True)
+        a = F.scaled_dot_product_attention(a, q, q, attn_mask=self.add)
+        a = F.scaled_dot_product_attention(a, a, a, is_causal=True).transpose(1, 2).reshape(n, t, 8)
+        if self.drop:
+            a = F.dropout(a, self.drop) * x.new_empty((n, 1, 1)).bernoulli_(1 - self.drop).div_(1 - self.drop)
+        return self.fc(a.mean(1))
+
+
+def _sdpa_batch():
+    x, y = torch.randn(3, 5, 6), torch.tensor([0, 1, 2])
+    mask = torch.ones(3, 1, 5, 5, dtype=torch.bool).tril()
+    mask[1, :, :, 3:] = False
+    mask[..., 0] = True
+    return x, mask, y
+
+
+def test_attention_masks_and_gqa_capture_on_c_and_train_like_eager():
+    """Boolean and additive masks and grouped-query attention are attention records on the C kernels (no
+    torch_op), and train like eager."""
+    x, mask, y = _sdpa_batch()
+    tr = port.Trainer(_Sdpa(), {"x": x, "mask": mask}, optimizer=SGD(0.1))
+    att = [o for o in tr.graph.ops if o.kind == "attention"]
+    assert [(o.attr("mask"), o.attr("mask_dims"), o.attr("kv_heads"), o.attr("causal")) for o in att] == \
+        [("bool", (3, 1, 5, 5), 2, False), ("add", (1, 4, 1, 5), None, False), (None, None, None, True)]
+    assert "torch_op" not in {o.kind for o in tr.graph.ops}
+    assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
+    ref = _Sdpa()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for _ in range(3):
+        loss = tr.step({"x": x, "mask": mask}, y)
+        opt.zero_grad()
+        want = nn.functional.cross_entropy(ref(x, mask), y)
+        want.backward()
+        opt.step()
+        assert abs(float(loss) - want.item()) < 1e-5
+
+
+def test_random_ops_capture_on_c_and_draw_per_pass():
+    """Attention dropout, dropout and drop path capture as PORT's random records (no torch_op, all C); a pass
+    draws new masks (another forward-pass counter), the same seed the same run."""
+    x, mask, y = _sdpa_batch()
+    runs = []
+    for _ in range(2):
+        tr = port.Trainer(_Sdpa(0.3), {"x": x, "mask": mask}, optimizer=SGD(0.0), seed=5)
+        kinds = [o.kind for o in tr.graph.ops]
+        assert {"bernoulli", "dropout"} <= set(kinds) and "torch_op" not in kinds
+        assert [o.attr("p") for o in tr.graph.ops if o.kind == "attention"] == [0.3, None, None]
+        assert [o.attr("rng_op") for o in tr.graph.ops if o.kind == "attention.grad_input"][-1] == \
+            next(o.id for o in tr.graph.ops if o.kind == "attention")
+        assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
+        runs.append([float(tr.step({"x": x, "mask": mask}, y)) for _ in range(3)])
+    assert runs[0] == runs[1] and len(set(runs[0])) == 3     # lr 0: only the masks change between passes
+
+
+class _DropPath(nn.Module):
+    """Stochastic depth as timm's drop_path (x.new_empty(shape).bernoulli_(keep).div_(keep)) and torchvision's
+    stochastic_depth (torch.empty(size, dtype, device).bernoulli_(keep).div_(keep)) write it."""
+
+    def __init__(self, form):
+        super().__init__()
+        self.form, self.a, self.b = form, nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.a(x)
+        keep = 0.75
+        if self.form == "timm":
+            noise = h.new_empty((h.shape[0],) + (1,) * (h.ndim - 1)).bernoulli_(keep)
+        else:
+            noise = torch.empty([h.shape[0]] + [1] * (h.ndim - 1), dtype=h.dtype, device=h.device).bernoulli_(keep)
+        return self.b(h * noise.div_(keep))
+
+
+@pytest.mark.parametrize("form", ["timm", "torchvision"])
+def test_stochastic_depth_is_a_bernoulli_record(form):
+    """timm's DropPath and torchvision's StochasticDepth (empty + bernoulli_ + div_ + mul) capture without a
+    torch_op: the empty tensor only the bernoulli fills is no op."""
+    g = port.trace(_DropPath(form), torch.randn(4, 6))
+    kinds = [o.kind for o in g.ops]
+    assert "bernoulli" in kinds and "torch_op" not in kinds, kinds
+    b = next(o for o in g.ops if o.kind == "bernoulli")
+    assert tuple(g.tensors[b.outputs[0]].shape) == (4, 1) and b.attr("p") == 0.75 and not b.inputs
+
+
+def test_random_calls_refuse_cuda_graph_replay():
+    """A CUDA graph would replay a random call's mask: dropout, bernoulli and attention with dropout refuse it."""
+    from port.exec.executor import graph_refusal
+    from port.lower.program import Call
+
+    def call(kernel, attrs=()):
+        return Call(index=3, op=0, name="n", kernel=kernel, backend="torch-cuda", variant="plain", phase="forward",
+                    outputs=(), inputs=(), attrs=attrs)
+    for k, a in (("dropout", ()), ("bernoulli", ()), ("attention", (("p", 0.1),)),
+                 ("attention.grad_input", (("p", 0.1),))):
+        assert "mask" in graph_refusal(None, [call(k, a)]), k
+    assert graph_refusal(None, [call("attention"), call("relu")]) is None
