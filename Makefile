@@ -101,4 +101,4 @@ port-rt-m4:
 	arm-none-eabi-size $(M4_BUNDLE)/port-rt-m4.elf
 
 clean:
-	rm -rf build kernels/build port/*.so port/exec/*.so *.egg-info
+	rm -rf build kernels/build port/*.so port/exec/*.so *.egg-info site
