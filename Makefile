@@ -9,13 +9,13 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 KERNEL_SRC := $(wildcard kernels/src/*.c kernels/runtime/*.c kernels/include/*.h)
 STAMP := $(VENV)/.port-installed
 
-.PHONY: install demo test test-asan bench clean port-rt port-rt-asan port-rt-portable port-rt-aarch64 port-rt-m4
+.PHONY: install demo test test-asan docs bench clean port-rt port-rt-asan port-rt-portable port-rt-aarch64 port-rt-m4
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(VENV)/bin/python pyproject.toml setup.py constraints.txt $(KERNEL_SRC)
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev,federated,zoo]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,federated,zoo,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -40,6 +40,10 @@ test-asan: install $(RT_ASAN_BIN)
 	  tests/unit/test_call_rule.py
 	PORT_RT_BIN=$(CURDIR)/$(RT_ASAN_BIN) PORT_FUZZ_BUNDLES=300 $(PY) -m pytest -q -p no:cacheprovider \
 	  tests/unit/test_fuzz_bundle.py
+
+# The documentation site (mkdocs.yml) into site/; --strict: a broken link, a missing snippet or API object fails
+docs: install
+	$(VENV)/bin/mkdocs build --strict -q
 
 bench: install
 	$(PY) bench/kernels.py --quick
@@ -97,4 +101,4 @@ port-rt-m4:
 	arm-none-eabi-size $(M4_BUNDLE)/port-rt-m4.elf
 
 clean:
-	rm -rf build kernels/build port/*.so port/exec/*.so *.egg-info
+	rm -rf build kernels/build port/*.so port/exec/*.so *.egg-info site

@@ -2,6 +2,7 @@
 
     python bench/coverage.py                 # every model of bench/published.py (torchvision, timm, HF, peft, ...)
     python bench/coverage.py --only tv.resnet18,hf.llama_lm --no-write
+    python bench/coverage.py --figure docs/img/coverage.png   # the Coverage table of bench/RESULTS.md, drawn
 
 Each model runs in a fresh process (bench/published.compare): built from its constructor (random init, seeded),
 batch 4 (8 for the CNNs that are chaotic at batch 4 on 32x32: 64x64 inputs; the input column says), 3
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -65,8 +67,12 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--predict", default="", help="comma-separated models whose plan is held to what runs: "
                     "profile (full) + solve, predicted vs measured step (section 'Coverage: predicted vs measured')")
+    ap.add_argument("--figure", type=Path, help="draw the Coverage table of bench/RESULTS.md as a PNG at this "
+                    "path (runs no model)")
     a = ap.parse_args()
     sys.path.append(str(ROOT / "bench"))
+    if a.figure:
+        return coverage_figure(a.figure)
     from _results import machine_line, publish
     import published as P
     if a.predict:
@@ -102,6 +108,52 @@ def main() -> None:
               f"target >= 95%; {strict}/{len(rows)} strict, against the default-threads float32 run alone), "
               f"{cap}/{len(rows)} captured, {internal} internal errors (target 0)."]
     publish("Coverage", "\n".join(lines), not a.no_write)
+
+
+def coverage_rows(results: str) -> list[dict]:
+    """The rows of the `## Coverage` table of a RESULTS.md text: name, family, C and torch op counts, equal."""
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.append(str(ROOT / "bench"))
+    from headlines import HeadlineError, sections
+    body = dict(sections(results)).get("Coverage")
+    if body is None:
+        raise HeadlineError("bench/RESULTS.md has no '## Coverage' section: run `python bench/coverage.py` first")
+    rows = []
+    for line in body.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 6 or not re.fullmatch(r"\d+ / \d+", cells[4]):
+            continue
+        c_ops, torch_ops = map(int, cells[4].split(" / "))
+        rows.append({"name": cells[0], "family": cells[1], "ops_c": c_ops, "ops_torch": torch_ops,
+                     "equal": cells[5].startswith("yes")})
+    return rows
+
+
+def coverage_figure(path: Path) -> None:
+    """The Coverage table as a chart: per published model, the share of its training ops on PORT's C kernels
+    and on PyTorch's (torch_ops), and whether it trained equal to eager."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = coverage_rows((ROOT / "bench" / "RESULTS.md").read_text())
+    fig, ax = plt.subplots(figsize=(9, 0.8 + 0.22 * len(rows)))
+    for y, r in enumerate(reversed(rows)):
+        total = max(1, r["ops_c"] + r["ops_torch"])
+        ax.barh(y, 100 * r["ops_c"] / total, color="tab:blue")
+        ax.barh(y, 100 * r["ops_torch"] / total, left=100 * r["ops_c"] / total, color="tab:orange")
+        if not r["equal"]:
+            ax.text(101, y, "not equal", va="center", fontsize=7, color="tab:red")
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"{r['name']} ({r['ops_c'] + r['ops_torch']})" for r in reversed(rows)], fontsize=7)
+    ax.set_xlim(0, 115)
+    ax.set_xlabel("% of the training step's ops (blue: PORT's C kernels, orange: PyTorch's, as torch_ops)")
+    eq = sum(r["equal"] for r in rows)
+    ax.set_title(f"{len(rows)} published models: {eq} train equal to PyTorch eager (bench/coverage.py)", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
 
 
 def predict_table(names: list[str], a, machine_line, publish) -> None:

@@ -62,9 +62,10 @@ def main() -> None:
             "| model | ops | fwd FLOPs ratio | bwd FLOPs ratio | saved bytes ratio | trace ms |\n|---|---|---|---|---|---|\n"
             + "\n".join(rows) + f"\n\n`port --help` wall time (fresh interpreter, median of 7): {help_s * 1e3:.0f} ms "
             "(target < 300 ms).\n")
-    write_section("Graph", body)
-    print(f"HEADLINE graph: worst |ratio-1| over zoo = {worst:.4f} (target <= 0.01 FLOPs, <= 0.05 bytes); "
-          f"port --help {help_s * 1e3:.0f} ms")
+    head = (f"HEADLINE graph: worst |ratio-1| over zoo = {worst:.4f} (target <= 0.01 FLOPs, <= 0.05 bytes); "
+            f"port --help {help_s * 1e3:.0f} ms (target < 300 ms)")
+    write_section("Graph", body + "\n" + head + "\n")   # the headline last: bench/headlines.py reads it there
+    print(head)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,19 @@
-"""Documentation is code: every fenced code block of README.md runs here, so a README example that breaks
-fails the suite (DESIGN.md, "Lessons of the first version": the old README's `port.solve(...)` never worked).
+"""Documentation is code: every fenced code block of README.md and of docs/*.md runs here, so an example that
+breaks fails the suite (DESIGN.md, "Lessons of the first version": the old README's `port.solve(...)` never
+worked).
 
-* ```python blocks: executed in README order, in one namespace, in a scratch directory;
-* ```bash blocks: run with bash (-e, -o pipefail), each in its own scratch directory holding a `configs` link
-  to the repository's configs and a `.venv/bin/port` that runs this interpreter's PORT. The block with
-  `make demo` / `make test` is NOT run as written (`make test` would recurse into this suite): instead
+* ```python blocks: executed in page order, one namespace per page, in a scratch directory;
+* ```bash blocks: run with bash (-e, -o pipefail), each in its own scratch directory holding `configs`,
+  `examples` and `bench` links to the repository's and a `.venv/bin/port` that runs this interpreter's PORT. The
+  block with `make demo` / `make test` is NOT run as written (`make test` would recurse into this suite): instead
   `make -n demo test` checks that the targets exist, and `port demo` (what `make demo` runs) runs once;
 * ```yaml blocks: parsed and loaded through the config loader (experiment configs, or device descriptions
   when they list accelerators);
-* ``` blocks without a language (diagrams) are skipped, and only if they contain no command.
+* ``` blocks without a language (diagrams) are skipped, and only if they contain no command; ```text blocks
+  only include a file (pymdownx.snippets: `--8<-- "path:first:last"`), checked below.
+
+A block that trains (TRAINS_RE) is marked slow; a page's Python blocks share a namespace, so they run as one
+test, slow when any of them trains. `mkdocs build --strict` runs here too (test_site_builds_strict).
 """
 from __future__ import annotations
 
@@ -23,7 +28,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-LANGS = ("python", "bash", "yaml", "")
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [README, *DOCS]
+LANGS = ("python", "bash", "yaml", "text", "")
+# what trains (a Trainer step, a training command, a federation): the blocks marked slow
+TRAINS_RE = re.compile(r"\.step\(|\bTrainer\(|\bport (train|demo|federate)\b|port-rt train|finetune_gpt|^make demo",
+                       re.M)
+SNIPPET_RE = re.compile(r'^--8<-- "([^"]+?)(?::(\d+):(\d+)|:([a-z][-_0-9a-z]*))?"$', re.M)
 # a line that looks like a command: what a diagram block must not contain
 COMMAND_RE = re.compile(r"^\s*(\$ |port |\.venv/|make |python|pip |bash |cd |mkdir |cat |import |from \w+ import )",
                         re.M)
@@ -34,13 +45,20 @@ class Block:
     lang: str
     text: str
     line: int          # 1-based line of the opening fence
+    page: str = "README.md"    # relative to the repository
 
     def __str__(self) -> str:
-        return f"README.md:{self.line} ({self.lang or 'no language'})"
+        return f"{self.page}:{self.line} ({self.lang or 'no language'})"
+
+    @property
+    def trains(self) -> bool:
+        return bool(TRAINS_RE.search(self.text))
 
 
-def readme_blocks(text: str | None = None) -> list[Block]:
-    text = README.read_text() if text is None else text
+def readme_blocks(text: str | None = None, page: Path = README) -> list[Block]:
+    """The fenced code blocks of a Markdown page (README.md unless said), in order."""
+    text = page.read_text() if text is None else text
+    name = str(page.relative_to(ROOT))
     out: list[Block] = []
     lines = text.splitlines()
     i = 0
@@ -55,19 +73,34 @@ def readme_blocks(text: str | None = None) -> list[Block]:
             body.append(lines[i])
             i += 1
         if i >= len(lines):
-            raise AssertionError(f"README.md:{start + 1}: code block is never closed")
-        out.append(Block(lang, "\n".join(body) + "\n", start + 1))
+            raise AssertionError(f"{name}:{start + 1}: code block is never closed")
+        out.append(Block(lang, "\n".join(body) + "\n", start + 1, name))
         i += 1
     return out
 
 
-BLOCKS = readme_blocks()
-BASH = [b for b in BLOCKS if b.lang == "bash"]
+def _slow_if(trains: bool, value, id_: str):
+    return pytest.param(value, id=id_, marks=[pytest.mark.slow] if trains else [])
+
+
+BLOCKS = [b for p in PAGES for b in readme_blocks(page=p)]
+# a bash block repeated word for word on another page (the set-up commands: README and docs/index.md) runs once
+_FIRST: dict[str, Block] = {}
+for _b in BLOCKS:
+    if _b.lang == "bash":
+        _FIRST.setdefault(_b.text, _b)
+BASH = [_slow_if(b.trains, b, str(b)) for b in _FIRST.values()]
+PYTHON_PAGES = {}
+for _b in BLOCKS:
+    if _b.lang == "python":
+        PYTHON_PAGES.setdefault(_b.page, []).append(_b)
 
 
 def test_extractor_finds_every_block():
-    assert len(BLOCKS) >= 8
+    assert len(DOCS) >= 10, "docs/ has lost its pages"
+    assert len(BLOCKS) >= 20
     assert {"python", "bash", "yaml"} <= {b.lang for b in BLOCKS}
+    assert {"python", "bash"} <= {b.lang for b in BLOCKS if b.page == "README.md"}
     # the extractor itself: fences with and without a language, in order
     demo = "x\n```bash\necho 1\n```\ntext\n```\nA --> B\n```\n"
     assert [(b.lang, b.text, b.line) for b in readme_blocks(demo)] == [("bash", "echo 1\n", 2), ("", "A --> B\n", 6)]
@@ -82,18 +115,26 @@ def test_block_language_is_handled(block):
 
 def run_python_blocks(blocks: list[Block], ns: dict) -> None:
     for b in blocks:
-        code = compile("\n" * b.line + b.text, str(README), "exec")   # tracebacks point at README lines
+        code = compile("\n" * b.line + b.text, str(ROOT / b.page), "exec")   # tracebacks point at the page's lines
         try:
             exec(code, ns)
         except Exception as e:  # noqa: BLE001
             raise AssertionError(f"{b} failed: {type(e).__name__}: {e}") from e
 
 
-def test_python_blocks_run_in_order(tmp_path, monkeypatch):
+@pytest.mark.parametrize("page", [_slow_if(any(b.trains for b in bs), p, p) for p, bs in PYTHON_PAGES.items()])
+def test_python_blocks_run_in_order(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    py = [b for b in BLOCKS if b.lang == "python"]
-    assert len(py) >= 4
-    run_python_blocks(py, {"__name__": "__readme__"})
+    run_python_blocks(PYTHON_PAGES[page], {"__name__": "__readme__"})
+
+
+def test_training_blocks_are_marked_slow():
+    """The marks follow TRAINS_RE: the README's example (a Trainer step) is slow, a graph-only block is not."""
+    assert Block("python", "trainer.step(x, y)\n", 1).trains
+    assert Block("bash", "port train configs/default.yaml --steps 5\n", 1).trains
+    assert not Block("bash", "port solve configs/default.yaml\n", 1).trains
+    marked = {p.id for p in BASH if p.marks}
+    assert any("port demo" in b.text or "make demo" in b.text for b in BLOCKS if str(b) in marked)
 
 
 def test_a_broken_block_fails(tmp_path):
@@ -112,6 +153,7 @@ def _scratch(tmp: Path) -> dict:
     port.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m port.cli "$@"\n')
     port.chmod(0o755)
     (tmp / "examples").symlink_to(ROOT / "examples")
+    (tmp / "bench").symlink_to(ROOT / "bench")
     py = venv_bin / "python"
     py.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     py.chmod(0o755)
@@ -167,10 +209,55 @@ def test_yaml_block_loads(block, tmp_path):
         C.resolve_device(cfg, ROOT / "configs" / "x.yaml")
 
 
-def test_readme_has_no_stale_references():
-    text = README.read_text()
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_page_has_no_stale_references(page):
+    text = page.read_text()
     for stale in ("port/graph.py", "costmodel.py", "cli_", "port/types.py", "budget_bytes=",
                   "profiles/<device>/<model>.json", "runs/<name>/profile.json` or"):
         assert stale not in text, stale
-    for path in re.findall(r"`(port/[\w/]+\.py|port/\w+/)`", text):
-        assert (ROOT / path).exists(), f"README names {path}, which does not exist"
+    for path in re.findall(r"`((?:port|bench|kernels|solver|configs|tests)/[\w/.-]+\.(?:py|h|c|md|yaml))`", text):
+        assert (ROOT / path).exists(), f"{page.name} names {path}, which does not exist"
+    for link in re.findall(r"\]\(([^)#:]+?)(?:#[^)]*)?\)", text):     # relative Markdown links and images
+        assert (page.parent / link).exists(), f"{page.name} links {link}, which does not exist"
+
+
+def test_readme_is_short():
+    """The README says what PORT is, how to set it up, an example, the commands, the results and where to read
+    on (issue 55); the rest lives in docs/."""
+    assert len(README.read_text().splitlines()) <= 200
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang == "text"], ids=str)
+def test_text_block_only_includes(block):
+    """A ```text block holds one include (`--8<-- "path:first:last"`) of a file that exists, with a line range
+    that still holds what the page says it does."""
+    m = SNIPPET_RE.fullmatch(block.text.strip())
+    assert m, f"{block}: a text block holds one `--8<-- \"path:first:last\"` include and nothing else"
+    src = ROOT / m.group(1)
+    assert src.exists(), f"{block}: includes {m.group(1)}, which does not exist"
+    if m.group(2):
+        lines = src.read_text().splitlines()[int(m.group(2)) - 1:int(m.group(3))]
+        if src.name == "port_rt.h":   # docs/runtime.md: the bundle layout comment, whole
+            assert "Bundle layout" in lines[0] and "port_rt_call record" in lines[-1], (
+                f"{block}: kernels/include/port_rt.h's bundle layout comment moved; fix the line range")
+
+
+def test_snippet_includes_exist():
+    """Every page's `--8<--` include names a file (and section) that exists: the site would not build."""
+    for page in DOCS:
+        for m in SNIPPET_RE.finditer(page.read_text()):
+            src = ROOT / m.group(1)
+            assert src.exists(), f"{page.name} includes {m.group(1)}, which does not exist"
+            if m.group(4):
+                assert f"--8<-- [start:{m.group(4)}]" in src.read_text(), f"{page.name}: no section {m.group(4)}"
+
+
+def test_site_builds_strict(tmp_path):
+    """`mkdocs build --strict` (the docs extra): a broken link, a missing image or snippet, or an API object that
+    no longer exists fails it."""
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f", str(ROOT / "mkdocs.yml"),
+                        "-d", str(tmp_path / "site")], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, f"mkdocs build --strict failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert (tmp_path / "site" / "api" / "index.html").exists()
