@@ -162,7 +162,11 @@ extern "C" {
     X(70, SILU_FORWARD, port_silu_forward)                                        \
     X(71, SILU_BACKWARD, port_silu_backward)                                      \
     X(72, BINARY_FORWARD, port_binary_forward)                                    \
-    X(73, BINARY_BACKWARD, port_binary_backward)
+    X(73, BINARY_BACKWARD, port_binary_backward)                                  \
+    X(74, UNARY_FORWARD, port_unary_forward)                                      \
+    X(75, UNARY_BACKWARD, port_unary_backward)                                    \
+    X(76, SLICE_COPY, port_slice_copy)                                            \
+    X(77, EXPAND, port_expand)
 
 typedef enum {
 #define PORT_RT_ENUM_(id, NAME, fn) PORT_RT_##NAME = id,
