@@ -162,3 +162,47 @@ def test_expand_refusals(K):
     d[1] = 0
     assert e(y.data_ptr(), x.data_ptr(), 2, 1, d) == capi.PORT_ERR_SHAPE
     assert math.prod([4, 3]) == y.numel()
+
+
+def _rule(kernel, ptrs, iv, fv=()):
+    """port_rt_call_check of one call record (arena 1 MiB, no persistent region): 0 or the refusal's field."""
+    from port.exec.rtcall import kernel_ids
+    r = capi.RtCall()
+    r.kernel, r.op = kernel_ids()[kernel], 0
+    for i in range(capi.RT_MAX_PTRS):
+        r.ptr[i] = ptrs[i] if i < len(ptrs) else -1
+    for i, v in enumerate(iv):
+        r.iv[i] = v
+    for i, v in enumerate(fv):
+        r.fv[i] = v
+    why = capi.RtCallProblem()
+    return 0 if not capi.raw.port_rt_call_check(ctypes.byref(r), 1 << 20, 0, ctypes.byref(why)) else \
+        why.field.decode()
+
+
+def test_call_rule_of_the_unary_and_shape_kernels():
+    """port-rt's call rule (rt_check.c) for ids 74-77: extents from the shape parameters, enums, finite scalars,
+    in-place only where the kernel allows it."""
+    u, ub, sc, ex = "port_unary_forward", "port_unary_backward", "port_slice_copy", "port_expand"
+    assert _rule(u, (0, 4096), (100, 5), (1.5,)) == 0
+    assert _rule(u, (0, 0), (100, 0)) == 0                       # in place
+    assert _rule(u, (0, 200), (100, 0)) == "ptr[0]"              # a partial overlap
+    assert _rule(u, (0, 4096), (100, 8)) == "iv[1]"              # unknown op
+    assert _rule(u, (0, 4096), (0, 0)) == "iv[0]"                # count 0
+    assert _rule(u, (0, 4096), (100, 5), (math.inf,)) == "fv[0]"
+    assert _rule(u, (0, (1 << 20) - 200), (100, 0)) == "ptr[1]"  # past the arena
+    assert _rule(ub, (0, 0, 4096), (100, 1)) == 0 and _rule(ub, (0, 4096, -1), (100, 0)) == 0
+    assert _rule(ub, (0, 4096, 0), (100, 1)) == "ptr[0]"         # dx over the saved tensor
+    ok = (2, 3, 2, 5, 2, 0, 3, 1)
+    assert _rule(sc, (0, 4096), ok) == 0
+    assert _rule(sc, (0, 40), ok) == "ptr[0]"                    # y [2, 2, 3] overlaps x
+    assert _rule(sc, (0, 4096), (2, 3, 2, 5, 2, 1, 3, 1)) == "iv[5]"
+    assert _rule(sc, (0, 4096), (2, 3, 2, 5, 2, 0, 4, 1)) == "iv[6]"
+    assert _rule(sc, (0, 4096), (2, 3, 2, 5, 2, 0, 3, 2)) == "iv[7]"
+    assert _rule(sc, (0, 4096), (2, 3, 2, 5, 0, 0, 3, 0)) == "iv[4]"
+    assert _rule(sc, (0, 4096), (1 << 20, 3, 2, 5, 2, 0, 3, 1)) == "ptr[0]"   # extents past the arena
+    assert _rule(ex, (0, 4096), (2, 1, 4, 3, 1, 1, 1, 1)) == 0
+    assert _rule(ex, (0, 4096), (2, 4, 4, 3, 1, 1, 1, 1)) == "iv[1]"          # a mask bit past the rank
+    assert _rule(ex, (0, 4096), (2, 1, 4, 3, 2, 1, 1, 1)) == "iv[4]"          # a dim past the rank not 1
+    assert _rule(ex, (0, 4096), (7, 1, 4, 3, 1, 1, 1, 1)) == "iv[0]"
+    assert _rule(ex, (0, 8), (2, 1, 4, 3, 1, 1, 1, 1)) == "ptr[0]"            # y [4, 3] over x [3]

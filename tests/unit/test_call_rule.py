@@ -81,6 +81,22 @@ def _seq(name):
     return bert_tiny(layers=1, dim=32, heads=2, context=16, vocab=48), torch.randint(1, 48, (2, 16), generator=g)
 
 
+class Shapes(nn.Module):
+    """Issue 54's shape copies and unary math: split, cat, slices, an expanded parameter, exp / neg / pow / rsqrt."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 5, 3, padding=1)
+        self.tok = nn.Parameter(torch.randn(1, 3))
+        self.fc = nn.Linear(6 * 16 + 3, 4)
+
+    def forward(self, x):
+        h = self.c1(x)
+        a, b = h.split([2, 3], 1)
+        h = torch.cat([b * torch.rsqrt(b.pow(2) + 1.0), a.exp(), -a[:, :1].cos()], 1)[:, :, 2:6, 2:6]
+        return self.fc(torch.cat([h.flatten(1), self.tok.expand(x.shape[0], -1)], 1))
+
+
 CASES = {
     "digits_cnn": lambda: (M.get("digits_cnn", seed=0), torch.randn(4, 1, 8, 8), "sgd"),
     "resnet8": lambda: (M.get("resnet8", seed=0), torch.randn(2, 3, 16, 16), "sgd"),
@@ -88,6 +104,7 @@ CASES = {
     "zoo": lambda: (Zoo(), torch.randn(2, 3, 16, 16), "sgd"),
     "gpt_tiny": lambda: (*_seq("gpt_tiny"), "sgd"),
     "bert_tiny": lambda: (*_seq("bert_tiny"), "adamw"),
+    "shapes": lambda: (Shapes(), torch.randn(2, 3, 8, 8), "sgd"),
 }
 
 
@@ -177,6 +194,8 @@ REACH = {
                  "port_attention_backward", "port_softmax_xent_ignore_forward", "port_softmax_xent_ignore_backward",
                  "port_arange_i64", "port_add_broadcast", "port_sum_rows", "port_permute"},
     "bert_tiny": {"port_ne_scalar_i64", "port_mean_mid_forward", "port_mean_mid_backward", "port_adamw_step"},
+    "shapes": {"port_unary_forward", "port_unary_backward", "port_slice_copy", "port_expand",
+               "port_binary_backward"},
 }
 
 
