@@ -434,3 +434,29 @@ def test_addmm_with_a_weight_stored_in_out_is_a_linear_on_torch():
     assert registry.call_shapes("linear", {"bias": True, "weight_t": True}, [(20, 6), (6, 10), (10,)], [None])[1] == \
         [((20, 10), "float32")]
     _steps_like_eager(tr, M(), x, y, 0.1, 3)
+
+
+class _PositionIds(nn.Module):
+    """BERT's position ids: a slice of an int64 buffer (copied on C as pairs of 4-byte words) into an embedding."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.register_buffer("pos_ids", torch.arange(12).flip(0).view(1, 12))
+        self.pos = nn.Embedding(12, 6)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):                                    # x [N, 5, 6]
+        p = self.pos(self.pos_ids[:, 2:2 + x.shape[1]])
+        return self.fc((x + p).mean(1))
+
+
+def test_narrow_of_an_int64_buffer_runs_on_c_and_trains_like_eager():
+    x, y = torch.randn(4, 5, 6), torch.tensor([0, 1, 2, 1])
+    tr = port.Trainer(_PositionIds(), x, optimizer=SGD(0.1))
+    narrow = [o for o in tr.graph.ops if o.kind == "narrow"]
+    assert narrow and narrow[0].attr("dtype") == "int64"
+    assert all(tr.plan.ops[o.id].accelerator == "cpu-c" for o in narrow)
+    _steps_like_eager(tr, _PositionIds(), x, y, 0.1, 3)
+    a = dict(narrow[0].attrs)
+    assert ops.has_c("narrow", a) and not ops.has_c("narrow", a | {"dtype": "bool"})   # (bool: PyTorch's kernels)
