@@ -456,6 +456,37 @@ PORT_API port_status port_binary_forward(float *y, const float *a, const float *
 PORT_API port_status port_binary_backward(float *da, float *db, const float *dy, const float *a, const float *b,
                                           const port_binary_params *p, int accumulate);
 
+/* ---- issue 54: generic unary math and shape copies (unary.c, shape.c; port-rt ids 74-77) ---------------- */
+/* Unary element-wise math: y = f(x) with op (scalar: pow's exponent, shift's constant; else ignored):
+ *   NEG -x; EXP e^x (portable exp); RSQRT 1/sqrt(x); COS, SIN (in double, rounded); POW x^scalar (integer
+ *   exponents by repeated squaring, 0.5 and -0.5 as sqrt and 1/sqrt, others exp(e log x), all in double, rounded; x < 0 with a
+ *   non-integer exponent is NaN); ABS |x|; SHIFT x + scalar.  y MAY ALIAS x. */
+enum { PORT_UNARY_NEG = 0, PORT_UNARY_EXP = 1, PORT_UNARY_RSQRT = 2, PORT_UNARY_COS = 3, PORT_UNARY_SIN = 4,
+       PORT_UNARY_POW = 5, PORT_UNARY_ABS = 6, PORT_UNARY_SHIFT = 7 };
+PORT_API port_status port_unary_forward(float *y, const float *x, int64_t count, int64_t op, float scalar);
+/* dx = dy * f'(.) from the saved tensor s (what port_unary_saves(op) says: 0 nothing (s may be NULL), 1 x, 2 y):
+ *   NEG -dy; EXP dy*y; RSQRT dy*y^3*-0.5; COS -dy*sin x; SIN dy*cos x; POW dy*e*x^(e-1) (0 where e == 0);
+ *   ABS dy*sign(x); SHIFT dy.  dx MAY ALIAS dy. */
+PORT_API port_status port_unary_backward(float *dx, const float *dy, const float *s, int64_t count, int64_t op,
+                                         float scalar);
+/* what op's backward reads: 0 nothing, 1 its input x, 2 its output y; -1 for an unknown op */
+PORT_API int port_unary_saves(int64_t op);
+
+/* A range copy along one dim: y viewed [outer, ny, inner], x viewed [outer, nx, inner];
+ * y[:, y_start + j, :] = x[:, x_start + j, :] for j < len.  fill = 1 also zeroes the rest of y (a narrow's
+ * gradient), 0 leaves it (one part of a cat).  narrow / select / split / unbind: y_start 0, ny len; cat: one
+ * call per input; their gradients the other way round.  y must not overlap x. */
+typedef struct {
+    int64_t outer, inner, ny, nx, len, y_start, x_start, fill;
+} port_slice_params;
+PORT_API port_status port_slice_copy(float *y, const float *x, const port_slice_params *p);
+
+/* y = x broadcast to dims (rank 1..PORT_BINARY_MAX_RANK): bit i of x_bcast says x has size 1 along dim i (x is
+ * contiguous with the other dims).  The gradient is port_binary_backward's (op add, dx as a, a_bcast = x_bcast).
+ * y must not overlap x. */
+PORT_API port_status port_expand(float *y, const float *x, int64_t rank, int64_t x_bcast, const int64_t *dims);
+/* ---- end of issue 54 unary / shape block ------------------------------------------------------------------ */
+
 PORT_API port_status port_add_broadcast(float *y, const float *a, const float *b, int64_t outer, int64_t inner);
 /* db[i] = sum_o dy[o,i]  (OVERWRITES; summed in o order) */
 PORT_API port_status port_sum_rows(float *db, const float *dy, int64_t outer, int64_t inner);

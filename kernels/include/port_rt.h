@@ -163,6 +163,10 @@ extern "C" {
     X(71, SILU_BACKWARD, port_silu_backward)                                      \
     X(72, BINARY_FORWARD, port_binary_forward)                                    \
     X(73, BINARY_BACKWARD, port_binary_backward)                                  \
+    X(74, UNARY_FORWARD, port_unary_forward)                                      \
+    X(75, UNARY_BACKWARD, port_unary_backward)                                    \
+    X(76, SLICE_COPY, port_slice_copy)                                            \
+    X(77, EXPAND, port_expand)                                                    \
     X(90, RMSNORM_FORWARD, port_rmsnorm_forward)                                  \
     X(91, RMSNORM_BACKWARD_INPUT, port_rmsnorm_backward_input)                    \
     X(92, RMSNORM_BACKWARD_WEIGHT, port_rmsnorm_backward_weight)                  \

@@ -426,6 +426,51 @@ static int resize(ctx *x, int k) {
     return PORT_OK;
 }
 
+/* ---------------------------------------------------------------- unary math, shape copies (ids 74-77) */
+/* unary (74: y, x; 75: dx, dy, s): iv count, op (0 neg .. 7 shift); fv[0] the scalar (finite).  y may be x, dx
+ * may be dy; the backward's s is x or y (or NULL where the op reads neither). */
+static int unary(ctx *x, int backward) {
+    const int64_t *v = x->c->iv;
+    if (pos(x, 0) || iv_in(x, 1, 0, 7, "unary op (0 neg, 1 exp, 2 rsqrt, 3 cos, 4 sin, 5 pow, 6 abs, 7 shift)") ||
+        fv_finite(x, 0))
+        return BAD;
+    args(x, backward ? 3 : 2, 2, 1);
+    op(x, 0, v[0], 4, 1), op(x, 1, v[0], 4, 0);
+    if (backward) op(x, 2, v[0], 4, 0);
+    inplace(x, 0, 1);
+    return PORT_OK;
+}
+
+/* slice copy (76: y [outer, ny, inner], x [outer, nx, inner]): iv outer, inner, ny, nx, len, y_start, x_start,
+ * fill; the range inside both; y overlaps nothing */
+static int slice_copy(ctx *x) {
+    const int64_t *v = x->c->iv;
+    if (pos_range(x, 0, 4) || iv_in(x, 5, 0, v[2] - v[4], "y_start + len must not pass ny") ||
+        iv_in(x, 6, 0, v[3] - v[4], "x_start + len must not pass nx") || iv_in(x, 7, 0, 1, "fill must be 0 or 1"))
+        return BAD;
+    args(x, 2, 8, 0);
+    op(x, 0, smul3(v[0], v[2], v[1]), 4, 1), op(x, 1, smul3(v[0], v[3], v[1]), 4, 0);
+    return PORT_OK;
+}
+
+/* expand (77: y, x): iv rank 1..6, x_bcast (bits below the rank), dims[6] (1 past the rank); y overlaps nothing */
+static int expand(ctx *x) {
+    const int64_t *v = x->c->iv;
+    if (iv_in(x, 0, 1, 6, "expand rank must lie in 1..6") ||
+        iv_in(x, 1, 0, ((int64_t)1 << v[0]) - 1, "x's broadcast mask: bits below the rank"))
+        return BAD;
+    int64_t ny = 1, nx = 1;
+    for (int i = 0; i < 6; i++) {
+        if (i < v[0] ? pos(x, 2 + i) : iv_in(x, 2 + i, 1, 1, "an expand dimension past the rank must be 1"))
+            return BAD;
+        ny = smul(ny, v[2 + i]);
+        nx = smul(nx, (v[1] >> i) & 1 ? 1 : v[2 + i]);
+    }
+    args(x, 2, 8, 0);
+    op(x, 0, ny, 4, 1), op(x, 1, nx, 4, 0);
+    return PORT_OK;
+}
+
 /* ---------------------------------------------------------------- the rest, by kernel id */
 /* element-wise: out, in (, in2): count v[0] floats */
 static int eltwise(ctx *x, int nptr, int alias_in) {
@@ -459,6 +504,10 @@ static int shape_of(ctx *x) {
     case PORT_RT_UPSAMPLE2D_BACKWARD_INPUT:
     case PORT_RT_ADAPTIVE_AVGPOOL2D_FORWARD:
     case PORT_RT_ADAPTIVE_AVGPOOL2D_BACKWARD_INPUT: return resize(x, k);
+    case PORT_RT_UNARY_FORWARD:
+    case PORT_RT_UNARY_BACKWARD: return unary(x, k == PORT_RT_UNARY_BACKWARD);
+    case PORT_RT_SLICE_COPY: return slice_copy(x);
+    case PORT_RT_EXPAND: return expand(x);
     case PORT_RT_CONV2D_FORWARD:
     case PORT_RT_CONV2D_BACKWARD_INPUT:
     case PORT_RT_CONV2D_BACKWARD_WEIGHT:

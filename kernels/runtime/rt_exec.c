@@ -178,6 +178,13 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
         return port_adaptive_avgpool2d_forward(F(0), CF(1), v[0], v[1], v[2], v[3], v[4], v[5]);
     case PORT_RT_ADAPTIVE_AVGPOOL2D_BACKWARD_INPUT:
         return port_adaptive_avgpool2d_backward_input(F(0), CF(1), v[0], v[1], v[2], v[3], v[4], v[5]);
+    case PORT_RT_UNARY_FORWARD: return port_unary_forward(F(0), CF(1), v[0], v[1], (float)c->fv[0]);
+    case PORT_RT_UNARY_BACKWARD: return port_unary_backward(F(0), CF(1), CF(2), v[0], v[1], (float)c->fv[0]);
+    case PORT_RT_SLICE_COPY: {   /* iv: outer, inner, ny, nx, len, y_start, x_start, fill */
+        port_slice_params p = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
+        return port_slice_copy(F(0), CF(1), &p);
+    }
+    case PORT_RT_EXPAND: return port_expand(F(0), CF(1), v[0], v[1], v + 2);   /* iv: rank, x_bcast, dims[6] */
     case PORT_RT_ADD: return port_add(F(0), CF(1), CF(2), v[0]);
     case PORT_RT_DROPOUT_FORWARD:
         return port_dropout_forward(F(0), (uint8_t *)ptrs[1], CF(2), v[0], (float)c->fv[0], s->seed,

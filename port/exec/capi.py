@@ -103,6 +103,13 @@ BINARY_MAX_RANK = 6     # PORT_BINARY_MAX_RANK
 BINARY_OPS = {"add_nd": 0, "sub": 1, "mul": 2, "div": 3}     # PORT_BINARY_ADD ... DIV
 
 
+UNARY_OPS = {"neg": 0, "exp": 1, "rsqrt": 2, "cos": 3, "sin": 4, "pow_scalar": 5, "abs": 6, "shift": 7}  # PORT_UNARY_*
+
+
+class SliceParams(ctypes.Structure):
+    _fields_ = [(n, c_int64) for n in ("outer", "inner", "ny", "nx", "len", "y_start", "x_start", "fill")]
+
+
 class BinaryParams(ctypes.Structure):
     _fields_ = [("op", c_int64), ("rank", c_int64), ("a_bcast", c_int64), ("b_bcast", c_int64),
                 ("dims", c_int64 * BINARY_MAX_RANK)]
@@ -168,7 +175,7 @@ class RtCallProblem(ctypes.Structure):
 _STRUCTS = {"port_rt_call_shape": RtCallShape, "port_rt_call_problem": RtCallProblem, "port_rt": Rt, "port_rt_call": RtCall, "port_rt_state": RtState, "port_conv2d_params": Conv2dParams, "port_batchnorm_params": BatchNormParams,
             "port_pool2d_params": Pool2dParams, "port_linear_params": LinearParams,
             "port_attention_params": AttentionParams, "port_binary_params": BinaryParams,
-            "port_upsample2d_params": Upsample2dParams}
+            "port_upsample2d_params": Upsample2dParams, "port_slice_params": SliceParams}
 
 # --------------------------------------------------------------------------- signature table
 # (name, C return type, (C argument types...)) -- mirrors port_kernels.h exactly
@@ -250,6 +257,11 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_upsample2d_backward_input", "port_status", (_F, _CF, _UP)),
     ("port_adaptive_avgpool2d_forward", "port_status", (_F, _CF, _I, _I, _I, _I, _I, _I)),
     ("port_adaptive_avgpool2d_backward_input", "port_status", (_F, _CF, _I, _I, _I, _I, _I, _I)),
+    ("port_unary_saves", "int", ("int64_t",)),
+    ("port_unary_forward", "port_status", (_F, _CF, "int64_t", "int64_t", "float")),
+    ("port_unary_backward", "port_status", (_F, _CF, _CF, "int64_t", "int64_t", "float")),
+    ("port_slice_copy", "port_status", (_F, _CF, "const port_slice_params*")),
+    ("port_expand", "port_status", (_F, _CF, "int64_t", "int64_t", _CI64)),
     ("port_add", "port_status", (_F, _CF, _CF, "int64_t")),
     ("port_accumulate", "port_status", (_F, _CF, "int64_t")),
     ("port_philox4x32_10", "void", ("uint32_t*", "const uint32_t*", "const uint32_t*")),

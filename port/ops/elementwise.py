@@ -333,7 +333,7 @@ register(*(OpRecord(
 
 
 # ---------------------------------------------------------------------------------------------
-# unary math (RMSNorm's pow, rsqrt and eps shift; rotary embeddings' cos, sin, neg; exp): PyTorch's kernels
+# unary math (RMSNorm's pow, rsqrt and eps shift; rotary embeddings' cos, sin, neg; exp): one C kernel, an op enum
 # ---------------------------------------------------------------------------------------------
 # kind -> (aten packet, saves: "x" | "y" | "", forward(torch, x, out, attrs), dx from (dy, saved, attrs), vector
 #          FLOPs per element forward, backward)
@@ -398,6 +398,27 @@ def _unary_torch(kind, a, I, O, env):
     return lambda: dx.copy_(dfn(dy, s, a))
 
 
+def _unary_encode(kind, a, IS, OS, I, O, variant, call):
+    """port_unary_forward (y, x) / port_unary_backward (dx, dy, saved x or y; NULL where the op reads neither):
+    count, op; the scalar (pow's exponent, shift's constant) as fv[0]."""
+    from port.exec.capi import UNARY_OPS
+    base = kind.split(".")[0]
+    iv, fv = (numel(IS[0]), UNARY_OPS[base]), (float(a.get("exponent", a.get("value", 0.0))),)
+    if "." not in kind:
+        return Encoded("port_unary_forward", (O[0], I[0]), iv, fv)
+    return Encoded("port_unary_backward", (O[0], I[0], I[1] if _UNARY[base][1] else None), iv, fv)
+
+
+def _unary_c_supports(a: dict) -> bool:
+    """The C kernels take the scalar as a float32: a finite one that float32 holds (else PyTorch's kernels)."""
+    import struct
+    v = a.get("exponent", a.get("value", 0.0))
+    try:
+        return struct.unpack("f", struct.pack("f", v))[0] not in (float("inf"), float("-inf"))
+    except OverflowError:
+        return False
+
+
 def _unary_keep(kind: str):
     saves = _UNARY[kind][1]
     return (lambda f: (f.outputs[0],)) if saves == "y" else (lambda f: (f.x[0],)) if saves == "x" else \
@@ -405,10 +426,12 @@ def _unary_keep(kind: str):
 
 
 register(*(OpRecord(
-    kind=k, family="elementwise", kernels={k: (), f"{k}.grad_input": ()}, shapes=_unary_shapes, torch=_unary_torch,
+    kind=k, family="elementwise", kernels={k: ("port_unary_forward",), f"{k}.grad_input": ("port_unary_backward",)},
+    shapes=_unary_shapes, torch=_unary_torch, encode=_unary_encode, c_supports=_unary_c_supports,
     aten=(v[0],) + (("sub",) if k == "shift" else ()), capture=_unary_capture(k),
     saved=(lambda keep: lambda f, gi, gw, wanted: keep(f))(_unary_keep(k)), grad_input_reads=_unary_keep(k),
     bwd_vector_flops=(lambda m: lambda f, T: m * numel(T[f.outputs[0]].shape))(v[5]), tags=frozenset({"checkpoint"}),
     doc=f"{k}: element-wise ({v[0]}{', with a Python number' if k in ('pow_scalar', 'shift') else ''}); saves "
-        f"{({'x': 'its input', 'y': 'its output'}).get(v[1], 'nothing')}. PyTorch's kernels (no C kernel yet).")
+        f"{({'x': 'its input', 'y': 'its output'}).get(v[1], 'nothing')}. C kernels port_unary_forward/backward (op "
+        f"{k}).")
     for k, v in _UNARY.items()))

@@ -169,7 +169,7 @@ register(
 
 
 # ---------------------------------------------------------------------------------------------
-# cat: a copy along one dim (PyTorch's kernel for now); its gradient hands each input its slice of dy
+# cat: a copy along one dim (one port_slice_copy per input); its gradient hands each input its slice of dy
 # ---------------------------------------------------------------------------------------------
 def _cat_capture(ctx):
     n = ctx.node
@@ -206,6 +206,11 @@ def _cat_shapes(k, attrs, I, O, at):
     if type(d) is not int or not 0 <= d < len(y) or y[d] != sum(sizes):
         raise CallShapeError(f"attribute dim={d!r}, sizes={sizes!r} do not fit the concatenation {list(y)}")
     part = lambda s: (tuple(y[:d]) + (s,) + tuple(y[d + 1:]), F32)      # noqa: E731
+    if "part" in attrs:              # one call per input (_cat_calls)
+        i = attrs["part"]
+        if type(i) is not int or not 0 <= i < len(sizes):
+            raise CallShapeError(f"attribute part={i!r}: expected an input index below {len(sizes)}")
+        return ([part(sizes[i])], [(tuple(y), F32)]) if k == "cat" else ([(tuple(y), F32)], [part(sizes[i])])
     if k == "cat":
         return [part(s) for s in sizes], [(tuple(y), F32)]
     g = attrs.get("grads")
@@ -215,8 +220,39 @@ def _cat_shapes(k, attrs, I, O, at):
     return [(tuple(y), F32)], [part(sizes[i]) for i in g]
 
 
+def _cat_calls(graph, op, variant):
+    """One call per input (attribute ``part``): the forward copies input i into its range of y, the gradient
+    copies each wanted input's range of dy out (port_slice_copy)."""
+    base = {k: v for k, v in op.attrs if k != "grads"}
+    if op.kind == "cat":
+        return [("cat", op.outputs, (x,), base | {"part": i}, ()) for i, x in enumerate(op.inputs)]
+    return [(op.kind, (g,), op.inputs, base | {"part": i}, ()) for i, g in zip(op.attr("grads"), op.outputs)]
+
+
+def _outer_inner(shape, d: int) -> tuple[int, int]:
+    return numel(shape[:d]), numel(shape[d + 1:])
+
+
+def _cat_encode(kind, a, IS, OS, I, O, variant, call):
+    """port_slice_copy of one part: input ``part`` into its range of y (forward), or that range of dy into the
+    part's gradient."""
+    d, sizes, i = a["dim"], a["sizes"], a["part"]
+    full = OS[0] if kind == "cat" else IS[0]
+    outer, inner = _outer_inner(full, d)
+    off, n = sum(sizes[:i]), sizes[i]
+    if kind == "cat":
+        return Encoded("port_slice_copy", (O[0], I[0]), (outer, inner, full[d], n, n, off, 0, 0))
+    return Encoded("port_slice_copy", (O[0], I[0]), (outer, inner, n, full[d], n, 0, off, 0))
+
+
 def _cat_torch(kind, a, I, O, env):
     torch, d = env.torch, a["dim"]
+    if "part" in a:                  # one input (its range of y; or that range of dy for its gradient)
+        i = a["part"]
+        off, n = sum(a["sizes"][:i]), a["sizes"][i]
+        if kind == "cat":
+            return lambda: O[0].narrow(d, off, n).copy_(I[0])
+        return lambda: O[0].copy_(I[0].narrow(d, off, n))
     if kind == "cat":
         return lambda: torch.cat(I, d, out=O[0])
     starts = [sum(a["sizes"][:i]) for i in range(len(a["sizes"]))]
@@ -229,17 +265,19 @@ def _cat_torch(kind, a, I, O, env):
     return run
 
 
-register(OpRecord(kind="cat", family="shape", kernels={"cat": (), "cat.grad_input": ()}, shapes=_cat_shapes,
-                  torch=_cat_torch, aten=("cat",), capture=_cat_capture, backward=_cat_backward,
-                  tags=frozenset({"checkpoint"}),
+register(OpRecord(kind="cat", family="shape", kernels={"cat": ("port_slice_copy",),
+                                                        "cat.grad_input": ("port_slice_copy",)},
+                  shapes=_cat_shapes, torch=_cat_torch, encode=_cat_encode, calls=_cat_calls, aten=("cat",),
+                  capture=_cat_capture, backward=_cat_backward, tags=frozenset({"checkpoint"}),
+                  c_supports=lambda a: all(s >= 1 for s in a.get("sizes", ())),
                   doc="cat: inputs concatenated along ``dim`` (attribute ``sizes``: each input's extent); the "
-                      "gradient copies each input's slice of dy. Saves nothing. PyTorch's kernels (no C kernel "
-                      "yet)."))
+                      "gradient copies each input's slice of dy. Saves nothing. One call per input (attribute "
+                      "``part``), C kernel port_slice_copy."))
 
 
 # ---------------------------------------------------------------------------------------------
 # narrow: a contiguous range along one dim (slice with step 1, select, the items of split, chunk, unbind); a
-# copy (PyTorch's kernel for now). Its gradient writes dy into that range of a zeroed dx.
+# copy (port_slice_copy). Its gradient writes dy into that range of a zeroed dx.
 # ---------------------------------------------------------------------------------------------
 def _clamp_start(start, size: int) -> int:
     s = 0 if start is None else int(start)
@@ -287,6 +325,8 @@ def _narrow_capture(ctx):
         length = tuple(C.val_of(ctx.node).shape)[d]
     y = ctx.out()
     attrs = dict(dim=d, start=int(start), length=int(length), size=int(xs[d]), squeeze=squeeze)
+    if ctx.dtype(x) != F32:        # (int64 position ids: copied as pairs of 4-byte words; other dtypes: torch)
+        attrs["dtype"] = ctx.dtype(x)
     if ctx.is_buffer(xa):          # a slice of a buffer (position ids): no gradient
         return fwd(ctx, "narrow", attrs, (), (y,), buffers={"in0": x})
     return fwd(ctx, "narrow", attrs, (x,), (y,))
@@ -317,6 +357,20 @@ def _narrow_shapes(k, attrs, I, O, at):
     return [(y, F32)], [(tuple(dx), F32)]
 
 
+_WORDS = {None: 1, I64: 2}         # 4-byte words per element of the dtypes port_slice_copy moves
+
+
+def _narrow_encode(kind, a, IS, OS, I, O, variant, call):
+    """port_slice_copy: x's range into y (forward); dy into that range of dx, the rest zeroed (fill)."""
+    d, s, n, size = a["dim"], a["start"], a["length"], a["size"]
+    full = IS[0] if kind == "narrow" else OS[0]
+    outer, inner = _outer_inner(full, d)
+    inner *= _WORDS[a.get("dtype")]
+    if kind == "narrow":
+        return Encoded("port_slice_copy", (O[0], I[0]), (outer, inner, n, size, n, 0, s, 0))
+    return Encoded("port_slice_copy", (O[0], I[0]), (outer, inner, size, n, n, s, 0, 1))
+
+
 def _narrow_torch(kind, a, I, O, env):
     d, s, n = a["dim"], a["start"], a["length"]
     if kind == "narrow":
@@ -336,8 +390,11 @@ def _narrow_torch(kind, a, I, O, env):
 # ---------------------------------------------------------------------------------------------
 # expand: a broadcast materialised (a copy; class tokens expanded over the batch); the gradient sums back
 # ---------------------------------------------------------------------------------------------
+_EXPAND_RANK = 6      # PORT_BINARY_MAX_RANK: an expand of more merged dims stays on the torch engines
+
+
 def _expand_capture(ctx):
-    from port.ops.elementwise import broadcast_shape
+    from port.ops.elementwise import broadcast_shape, collapse
     n = ctx.node
     xa = n.args[0]
     if not hasattr(xa, "name") or ctx.is_buffer(xa):
@@ -348,9 +405,11 @@ def _expand_capture(ctx):
     y = ctx.out()
     if broadcast_shape(ctx.shape(x), ctx.shape(y)) != ctx.shape(y):
         return False
+    r = len(collapse(ctx.shape(x), ctx.shape(y), ctx.shape(y))[0])
+    attrs = {"bcast_rank": r} if r > _EXPAND_RANK else {}
     if ctx.is_param(xa):
-        return fwd(ctx, "expand", {}, (), (y,), 0, 0, params={"weight": x})
-    return fwd(ctx, "expand", {}, (x,), (y,))
+        return fwd(ctx, "expand", attrs, (), (y,), 0, 0, params={"weight": x})
+    return fwd(ctx, "expand", attrs, (x,), (y,))
 
 
 def _expand_shapes(k, attrs, I, O, at):
@@ -366,6 +425,19 @@ def _expand_shapes(k, attrs, I, O, at):
     return ([(x, F32)], [(y, F32)]) if k == "expand" else ([(y, F32)], [(x, F32)])
 
 
+def _expand_encode(kind, a, IS, OS, I, O, variant, call):
+    """port_expand (y, x); the gradient port_binary_backward's add sum (dx as a; weights accumulate)."""
+    from port.exec.capi import BINARY_OPS
+    from port.ops.elementwise import collapse
+    x, y = (IS[0], OS[0]) if kind == "expand" else (OS[0], IS[0])
+    dims, xm, _ = collapse(x, y, y)
+    pad = [1] * (_EXPAND_RANK - len(dims))
+    if kind == "expand":
+        return Encoded("port_expand", (O[0], I[0]), (len(dims), xm, *dims, *pad))
+    return Encoded("port_binary_backward", (O[0], None, I[0], None, None),
+                   (BINARY_OPS["add_nd"], len(dims), xm, 0, *dims, *pad, int(kind == "expand.grad_weight")))
+
+
 def _expand_torch(kind, a, I, O, env):
     if kind == "expand":
         x, y = I[0], O[0]
@@ -377,16 +449,24 @@ def _expand_torch(kind, a, I, O, env):
 
 
 register(
-    OpRecord(kind="narrow", family="shape", kernels={"narrow": (), "narrow.grad_input": ()}, shapes=_narrow_shapes,
-             torch=_narrow_torch, aten=("slice", "select", "split[]", "split_with_sizes[]", "unbind[]"),
+    OpRecord(kind="narrow", family="shape",
+             kernels={"narrow": ("port_slice_copy",), "narrow.grad_input": ("port_slice_copy",)},
+             shapes=_narrow_shapes, torch=_narrow_torch, encode=_narrow_encode,
+             c_supports=lambda a: a.get("dtype") in _WORDS and a.get("length", 0) >= 1,
+             aten=("slice", "select", "split[]", "split_with_sizes[]", "unbind[]"),
              capture=_narrow_capture, bwd_vector_flops=lambda f, T: numel(T[f.x[0]].shape),
              tags=frozenset({"checkpoint"}),
              doc="narrow: the range [start, start + length) of dim ``dim`` (``size`` long), squeezed for select "
                  "and unbind; slice (step 1), select and the items of split and unbind. A copy; its gradient "
-                 "zeroes dx and writes dy into the range. Saves nothing. PyTorch's kernels (no C kernel yet)."),
-    OpRecord(kind="expand", family="shape", kernels={"expand": (), "expand.grad_input": (), "expand.grad_weight": ()},
-             shapes=_expand_shapes, torch=_expand_torch, aten=("expand",), capture=_expand_capture,
+                 "zeroes dx and writes dy into the range. Saves nothing. C kernel port_slice_copy (float32; "
+                 "int64 buffers as word pairs)."),
+    OpRecord(kind="expand", family="shape",
+             kernels={"expand": ("port_expand",), "expand.grad_input": ("port_binary_backward",),
+                      "expand.grad_weight": ("port_binary_backward",)},
+             shapes=_expand_shapes, torch=_expand_torch, encode=_expand_encode,
+             c_supports=lambda a: a.get("bcast_rank", 0) <= _EXPAND_RANK, aten=("expand",), capture=_expand_capture,
              bwd_vector_flops=lambda f, T: numel(T[f.outputs[0]].shape), tags=frozenset({"checkpoint"}),
              doc="expand: x broadcast to the output's shape (a copy); the gradient sums dy back to x's shape (a "
-                 "parameter's accumulates). Saves nothing. PyTorch's kernels (no C kernel yet)."),
+                 "parameter's accumulates). Saves nothing. C kernels port_expand and port_binary_backward (an add's "
+                 "sum; up to 6 merged dims)."),
 )

@@ -405,15 +405,21 @@ def _trains_bit_for_bit(port_rt, tmp_path, model, x, y, kinds_on_c, classes=10, 
     tr = port.Trainer(model, x[:B], optimizer=port.optim.SGD(0.05, momentum=0.9))
     on_c = {o.kind for o in tr.graph.ops if tr.plan.ops[o.id].accelerator == "cpu-c"}
     assert set(kinds_on_c) <= on_c, set(kinds_on_c) - on_c
+    _trains_like_the_trainer(port_rt, tmp_path, tr, x, y, B, classes=classes)
+
+
+def _trains_like_the_trainer(port_rt, tmp_path, tr, x, y, B, steps=6, classes=10):
+    """Every op of ``tr``'s plan is on C; compiled into a bundle, port-rt trains ``steps`` steps on (x, y) with the
+    same losses, bit for bit, as the Trainer."""
     assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
     write_bundle(tr, tmp_path / "m.portrt")
     write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), classes)
-    r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 6,
+    r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", steps,
              "--threads", capi.get_num_threads())
     assert r.returncode == 0, r.stderr
     got = [np.float32(line.split()[3]) for line in r.stdout.splitlines() if line.startswith("step ")]
     ref = [np.float32(tr.step(x[[(s * B + j) % N for j in range(B)]], y[[(s * B + j) % N for j in range(B)]]))
-           for s in range(6)]
+           for s in range(steps)]
     assert [a.tobytes() for a in got] == [b.tobytes() for b in ref], list(zip(ref, got))
 
 
@@ -433,6 +439,8 @@ def test_port_rt_runs_norms_pools_and_resize_bit_for_bit(port_rt, tmp_path):
     _trains_bit_for_bit(port_rt, tmp_path, NormPool(), x, y,
                         {k + g for k in ("group_norm", "rms_norm") for g in ("", ".grad_input", ".grad_weight")}
                         | {k + g for k in ("max_pool2d", "upsample", "adaptive_avg_pool2d") for g in ("", ".grad_input")})
+
+
 class _RngAttn(torch.nn.Module):
     """Issue 54's random ops and attention forms: grouped-query attention (enable_gqa) under a boolean mask with
     attention dropout, attention under an additive mask, dropout, and stochastic depth (timm's drop path:
@@ -493,3 +501,37 @@ def test_port_rt_runs_random_ops_and_attention_bit_for_bit(port_rt, tmp_path):
     assert np.allclose(other, ref, rtol=1e-4, atol=1e-5), list(zip(ref, other))
     t2 = port.Trainer(_RngAttn(), x[:B], optimizer=port.optim.SGD(0.05, momentum=0.9), seed=12)
     assert not np.allclose([t2.step(x[b], y[b]) for b in batches], ref, rtol=1e-4, atol=1e-5)  # another seed
+
+
+class _Shapes(torch.nn.Module):
+    """Issue 54's shape copies and unary math: a channel split and cats (a DenseNet / ShuffleNet block), slices, a
+    class token expanded over the batch, RMSNorm's pow / shift / rsqrt, rotary cos / sin / neg, exp and abs."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        nn = torch.nn
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.cls = nn.Parameter(torch.randn(1, 1, 5) * 0.1)
+        self.fc = nn.Linear(12 * 36 + 5, 10)
+
+    def forward(self, x):
+        h = self.conv(x)                                          # [N, 6, 6, 6]
+        a, b = h.split([2, 4], dim=1)
+        h = torch.cat([b, (a * 0.5).exp(), -a], 1)                # 8 channels
+        h = h * torch.rsqrt(h.pow(2).mean(1).unsqueeze(1) + 1e-6)
+        h = torch.cat([h[:, :4].cos() * h[:, 4:], h[:, 2:6].sin()], 1)
+        t = self.cls.expand(x.shape[0], -1, -1).flatten(1)
+        return self.fc(torch.cat([torch.cat([h, h[:, 1:5].abs()], 1).flatten(1), t], 1))
+
+
+def test_port_rt_runs_shape_copies_and_unary_math_bit_for_bit(port_rt, tmp_path):
+    """cat, narrow (split, slices), expand and the unary math (exp, neg, pow, shift, rsqrt, cos, sin, abs) run on
+    C kernels forward and backward, compile into a bundle and train in port-rt bit for bit like the Trainer."""
+    x, y = torch.randn(N, 3, 6, 6), torch.randint(0, 10, (N,))
+    B = 8
+    tr = port.Trainer(_Shapes(), x[:B], optimizer=port.optim.SGD(0.05, momentum=0.9))
+    kinds = {o.kind for o in tr.graph.ops}
+    assert {"cat", "cat.grad_input", "narrow", "narrow.grad_input", "expand", "expand.grad_weight", "exp", "neg",
+            "pow_scalar", "shift", "rsqrt", "cos", "sin", "abs", "cos.grad_input", "rsqrt.grad_input"} <= kinds
+    _trains_like_the_trainer(port_rt, tmp_path, tr, x, y, B)

@@ -1243,3 +1243,53 @@ def adaptive_avgpool2d_backward_input(dy, x_shape):
     check(raw.port_adaptive_avgpool2d_backward_input(dx.data_ptr(), dy.data_ptr(), n, c, h, w, dy.shape[2],
                                                      dy.shape[3]), "adaptive_avgpool2d_backward_input")
     return dx
+
+
+# --------------------------------------------------------------------------- issue 54: unary math, shape copies
+def unary_forward(kind, x, scalar=0.0, out=None):
+    """y = f(x) (kind: a key of port.exec.capi.UNARY_OPS; scalar: pow's exponent, shift's constant); out may be
+    x (in place)."""
+    from port.exec.capi import UNARY_OPS
+    _tensor(x, "x")
+    y = torch.empty_like(x) if out is None else _tensor(out, "out", x.shape)
+    check(raw.port_unary_forward(y.data_ptr(), x.data_ptr(), x.numel(), UNARY_OPS[kind], float(scalar)),
+          "unary_forward")
+    return y
+
+
+def unary_backward(kind, dy, saved, scalar=0.0, out=None):
+    """dx of y = f(x) from dy and the saved tensor (x or y as port_unary_saves says; None where it reads
+    neither); out may be dy (in place)."""
+    from port.exec.capi import UNARY_OPS
+    _tensor(dy, "dy")
+    dx = torch.empty_like(dy) if out is None else _tensor(out, "out", dy.shape)
+    check(raw.port_unary_backward(dx.data_ptr(), dy.data_ptr(), _ptr(saved), dy.numel(), UNARY_OPS[kind],
+                                  float(scalar)), "unary_backward")
+    return dx
+
+
+def slice_params(outer, inner, ny, nx, length, y_start, x_start, fill):
+    from port.exec.capi import SliceParams
+    return SliceParams(outer, inner, ny, nx, length, y_start, x_start, fill)
+
+
+def slice_copy(y, x, dim, y_start, x_start, length, fill):
+    """y.narrow(dim, y_start, length) = x.narrow(dim, x_start, length) (fill: zero the rest of y), in place in
+    y; y and x agree on every dim but ``dim``."""
+    _tensor(y, "y")
+    _tensor(x, "x")
+    outer, inner = math.prod(y.shape[:dim]), math.prod(y.shape[dim + 1:])
+    p = slice_params(outer, inner, y.shape[dim], x.shape[dim], length, y_start, x_start, fill)
+    check(raw.port_slice_copy(y.data_ptr(), x.data_ptr(), ctypes.byref(p)), "slice_copy")
+    return y
+
+
+def expand(x, shape):
+    """x broadcast to ``shape`` (a copy)."""
+    from port.ops.elementwise import collapse
+    _tensor(x, "x")
+    y = torch.empty(shape)
+    dims, xm, _ = collapse(tuple(x.shape), tuple(shape), tuple(shape))
+    d = (ctypes.c_int64 * 6)(*(dims + [1] * (6 - len(dims))))
+    check(raw.port_expand(y.data_ptr(), x.data_ptr(), len(dims), xm, d), "expand")
+    return y

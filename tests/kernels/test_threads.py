@@ -145,3 +145,17 @@ def test_norms_pools_and_resize_same_bits_at_any_thread_count(K):
                 K.upsample2d_backward_input(K.upsample2d_forward(x, (66, 62)), x.shape), ad,
                 K.adaptive_avgpool2d_backward_input(ad, x.shape))
     _same_bits(_at_each_count(K, "auto", run), "norms / pools / resize")
+
+
+def test_unary_and_shape_copies_same_bits_at_any_thread_count(K):
+    """The unary math (pow's exp-log path, cos, rsqrt), slice copies and expand across the parallel threshold."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(40000, generator=g) + 0.1
+    dy = torch.randn(40000, generator=g)
+    big = torch.randn(70, 3, 500, generator=g)
+    _same_bits(_at_each_count(K, "auto", lambda: (
+        K.unary_forward("pow_scalar", x, 1.7), K.unary_backward("pow_scalar", dy, x, 1.7),
+        K.unary_forward("cos", x * 50), K.unary_backward("rsqrt", dy, K.unary_forward("rsqrt", x)),
+        K.slice_copy(torch.empty(70, 2, 500), big, 1, 0, 1, 2, 0),
+        K.slice_copy(torch.ones(70, 3, 500), big[:, 1:2].contiguous(), 1, 2, 0, 1, 1),
+        K.expand(x[:500].view(1, 500), (80, 500)))), "unary / slice copy / expand")

@@ -105,6 +105,22 @@ def _seq(name):
     return bert_tiny(layers=1, dim=32, heads=2, context=16, vocab=48), torch.randint(1, 48, (2, 16), generator=g)
 
 
+class Shapes(nn.Module):
+    """Issue 54's shape copies and unary math: split, cat, slices, an expanded parameter, exp / neg / pow / rsqrt."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 5, 3, padding=1)
+        self.tok = nn.Parameter(torch.randn(1, 3))
+        self.fc = nn.Linear(6 * 16 + 3, 4)
+
+    def forward(self, x):
+        h = self.c1(x)
+        a, b = h.split([2, 3], 1)
+        h = torch.cat([b * torch.rsqrt(b.pow(2) + 1.0), a.exp(), -a[:, :1].cos()], 1)[:, :, 2:6, 2:6]
+        return self.fc(torch.cat([h.flatten(1), self.tok.expand(x.shape[0], -1)], 1))
+
+
 CASES = {
     "digits_cnn": lambda: (M.get("digits_cnn", seed=0), torch.randn(4, 1, 8, 8), "sgd"),
     "resnet8": lambda: (M.get("resnet8", seed=0), torch.randn(2, 3, 16, 16), "sgd"),
@@ -114,6 +130,7 @@ CASES = {
     "bert_tiny": lambda: (*_seq("bert_tiny"), "adamw"),
     "normpool": lambda: (NormPool(), torch.randn(2, 3, 9, 11), "sgd"),
     "rng_attn": lambda: (RngAttn(), torch.randn(2, 5, 8), "sgd"),
+    "shapes": lambda: (Shapes(), torch.randn(2, 3, 8, 8), "sgd"),
 }
 
 
@@ -210,6 +227,8 @@ REACH = {
                                        "maxpool2d_forward", "maxpool2d_backward_input")},
     "rng_attn": {"port_attention_forward", "port_attention_backward", "port_bernoulli_forward",
                  "port_dropout_forward", "port_dropout_backward"},
+    "shapes": {"port_unary_forward", "port_unary_backward", "port_slice_copy", "port_expand",
+               "port_binary_backward"},
 }
 
 

@@ -77,11 +77,11 @@ def test_kind_tuples_come_from_tags():
 
 
 def test_torch_only_records_have_no_c_variants():
-    for kind in ("cat", "narrow", "expand", "torch_op"):
-        assert not ops.has_c(kind) and not registry.known_kernel(kind, "c")
-        assert registry.known_kernel(kind, "torch-cpu")
+    assert not ops.has_c("torch_op") and not registry.known_kernel("torch_op", "c")
+    assert registry.known_kernel("torch_op", "torch-cpu")
     assert ops.has_c("conv2d") and ops.has_c("reshape")
-    for kind in ("sigmoid", "hardsigmoid", "silu", "mul", "add_nd", "sub", "div"):   # C kernels (issue 54) too
+    for kind in ("sigmoid", "hardsigmoid", "silu", "mul", "add_nd", "sub", "div", "cat", "narrow", "expand", "neg",
+                 "exp", "rsqrt", "cos", "sin", "pow_scalar", "abs", "shift"):   # C kernels (issue 54) too
         assert ops.has_c(kind) and registry.known_kernel(kind, "c") and registry.known_kernel(kind, "torch-cpu")
 
 
@@ -218,7 +218,7 @@ def test_records_capture_instead_of_torch_ops_and_train_like_eager():
     # ops with no C kernel run on the torch engine of the same memory; the rest on C
     assert any(o.kind == "mul.grad_weight" for o in tr.graph.ops)
     acc = {tr.graph.ops[d.op].kind: d.accelerator for d in tr.plan.ops}
-    assert acc["mul"] == acc["sigmoid"] == acc["conv2d"] == "cpu-c" and acc["cat"] == "cpu-torch"
+    assert acc["mul"] == acc["sigmoid"] == acc["conv2d"] == acc["cat"] == "cpu-c"
     ref = _Gates()
     _steps_like_eager(tr, ref, x, y, 0.1, 3)
 
@@ -601,3 +601,29 @@ def test_random_calls_refuse_cuda_graph_replay():
                  ("attention.grad_input", (("p", 0.1),))):
         assert "mask" in graph_refusal(None, [call(k, a)]), k
     assert graph_refusal(None, [call("attention"), call("relu")]) is None
+
+
+class _PositionIds(nn.Module):
+    """BERT's position ids: a slice of an int64 buffer (copied on C as pairs of 4-byte words) into an embedding."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.register_buffer("pos_ids", torch.arange(12).flip(0).view(1, 12))
+        self.pos = nn.Embedding(12, 6)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):                                    # x [N, 5, 6]
+        p = self.pos(self.pos_ids[:, 2:2 + x.shape[1]])
+        return self.fc((x + p).mean(1))
+
+
+def test_narrow_of_an_int64_buffer_runs_on_c_and_trains_like_eager():
+    x, y = torch.randn(4, 5, 6), torch.tensor([0, 1, 2, 1])
+    tr = port.Trainer(_PositionIds(), x, optimizer=SGD(0.1))
+    narrow = [o for o in tr.graph.ops if o.kind == "narrow"]
+    assert narrow and narrow[0].attr("dtype") == "int64"
+    assert all(tr.plan.ops[o.id].accelerator == "cpu-c" for o in narrow)
+    _steps_like_eager(tr, _PositionIds(), x, y, 0.1, 3)
+    a = dict(narrow[0].attrs)
+    assert ops.has_c("narrow", a) and not ops.has_c("narrow", a | {"dtype": "bool"})   # (bool: PyTorch's kernels)
