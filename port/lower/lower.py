@@ -32,9 +32,9 @@ from port.plan.types import OpDecision, Plan
 
 # accelerator id -> backend (plans name accelerators; the device YAML says which backend each has)
 ACCELERATOR_BACKENDS = {"cpu-c": "c", "cpu-torch": "torch-cpu", "gpu-torch": "torch-cuda", "cuda": "torch-cuda",
-                        "cpu": "c"}
-BACKEND_ACCELERATORS = {"c": "cpu-c", "torch-cpu": "cpu-torch", "torch-cuda": "gpu-torch"}
-BACKENDS = ("c", "torch-cpu", "torch-cuda")
+                        "cpu": "c", "opencl": "opencl", "gpu-opencl": "opencl"}
+BACKEND_ACCELERATORS = {"c": "cpu-c", "torch-cpu": "cpu-torch", "torch-cuda": "gpu-torch", "opencl": "opencl"}
+BACKENDS = ("c", "torch-cpu", "torch-cuda", "opencl")
 
 def backend_of(accelerator: str, accelerators: dict[str, str] | None = None) -> str:
     m = dict(ACCELERATOR_BACKENDS)
@@ -47,6 +47,16 @@ def backend_of(accelerator: str, accelerators: dict[str, str] | None = None) -> 
     except KeyError:
         raise PlanError(f"accelerator {accelerator!r} has no known backend; known: {sorted(m)} "
                         f"(pass accelerators={{id: backend}} to lower())") from None
+
+
+# engines that queue their calls (asynchronous, own queue): a tensor crossing to or from them is handed over by a
+# ``handoff`` call (port.exec.handoff); the CPU engines run synchronously on one arena and need none
+QUEUED_BACKENDS = ("opencl",)
+
+
+def needs_handoff_call(src: str, dst: str) -> bool:
+    """A tensor produced on backend ``src`` and read on ``dst`` needs a lowered ``handoff`` call."""
+    return src != dst and (src in QUEUED_BACKENDS or dst in QUEUED_BACKENDS)
 
 
 def default_plan(graph: Graph, backend: str = "c", fuse: bool = True, inplace: bool = True) -> Plan:
@@ -175,6 +185,15 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
         if ev.kind == "free":
             for r in ev.roots:
                 died[VR(Vr(r))] = len(drafts) - 1
+            continue
+        if ev.kind == "handoff":
+            src, dst = backend_of(ev.src, accelerators), be_of[ev.op]
+            if needs_handoff_call(src, dst):
+                x = ev.roots[0]
+                drafts.append(dict(op=ev.op, name=f"{T[x].name}.handoff", kernel="handoff", backend="host",
+                                   variant="plain", phase=graph.ops[ev.op].phase, outputs=(), inputs=(Vr(x),),
+                                   attrs={"src": src, "dst": dst} | ({"early": True} if ev.op in sch.early_at else {}),
+                                   covers=()))
             continue
         share = VR(Vr(ev.into[0])) if ev.into else None
         for r in ev.alloc:

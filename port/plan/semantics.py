@@ -30,6 +30,12 @@ At step t (op t in graph order) a plan runs, in this order (``schedule`` emits e
   4. ``op`` u for the early updates u whose gradient's last producer is op t (increasing op id);
   5. ``page_out`` every paged root whose last forward/loss reader was op t (or an early update of step 4);
   6. ``free`` every root whose last use was op t or an early update of step 4.
+  7. (within 2-4) right before each op or re-run Q that runs a kernel (views run none): a ``handoff`` of every
+     tensor Q reads whose bytes an earlier op produced on another accelerator (a view's are its base's; one
+     event per tensor; a re-run re-reads its inputs). The simulator prices it from
+     the profile's measured latency + bytes / bandwidth of that engine pair; lowering turns it into a ``handoff``
+     call where the engines do not share a queue (a copy on discrete memory, a synchronisation on unified memory;
+     none between the CPU engines, which share one arena and run synchronously).
 A *use* of a root is an op or a re-run reading it (or one of its views). Every root lives from its allocation
 to its last use, re-runs included: a kept input of a re-run stays until the re-run. A recomputed root has one
 *copy* per allocation: the forward one, then one per re-run of its producer (an op may be re-run at several
@@ -65,7 +71,8 @@ from port import ops
 from port.plan import variants as V
 from port.plan.types import Plan
 
-NOT_RECOMPUTABLE_KINDS = ops.with_tag("not_recomputable")   # views cost nothing; a random mask must not be redrawn
+NOT_RECOMPUTABLE_KINDS = ops.with_tag("not_recomputable")
+VIEW_KINDS = tuple(k for r in ops.RECORDS.values() for k in r.views)   # zero-copy: no call, no hand-off   # views cost nothing; a random mask must not be redrawn
 
 
 # =============================================================================================
@@ -281,15 +288,18 @@ def validate(graph: Graph, plan: Plan, phases: Sequence[str] = PHASES, check_dig
 # =============================================================================================
 @dataclass(frozen=True)
 class Event:
-    """One step of a plan's execution. kind: page_in | recompute | op | page_out | free.
-    op: the graph op (recompute, op) or -1; roots: the root paged (page_in, page_out) or freed (free);
-    alloc: roots allocated right before this event runs (op, recompute, page_in); into: for a re-run in place,
-    the input root whose copy ``alloc`` takes over (that copy is not freed: its bytes are the output's)."""
+    """One step of a plan's execution. kind: page_in | recompute | op | page_out | free | handoff.
+    op: the graph op (recompute, op; handoff: the reading op) or -1; roots: the root paged (page_in, page_out) or
+    freed (free), the tensor handed over (handoff); alloc: roots allocated right before this event runs (op,
+    recompute, page_in); into: for a re-run in place, the input root whose copy ``alloc`` takes over (that copy
+    is not freed: its bytes are the output's); src: a hand-off's source accelerator (its destination is the
+    reading op's)."""
     kind: str
     op: int = -1
     roots: tuple[int, ...] = ()
     alloc: tuple[int, ...] = ()
     into: tuple[int, ...] = ()
+    src: str = ""
 
 
 @dataclass(frozen=True)
@@ -589,18 +599,39 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
         into[(q, t)] = (x,)
 
     events: list[Event] = []
+
+    def handoffs(oid: int) -> None:
+        """Rule 7: a hand-off for every tensor ``oid`` reads that an earlier op produced on another
+        accelerator (a re-run re-reads its inputs), right before it runs."""
+        if graph.ops[oid].kind in VIEW_KINDS:
+            return
+        acc = dec[oid].accelerator
+        for x in dict.fromkeys(graph.ops[oid].inputs):
+            u = producer_of(x)
+            if u is not None and u < oid and dec[u].accelerator != acc:
+                events.append(Event("handoff", oid, (x,), src=dec[u].accelerator))
+
+    def producer_of(x: int) -> int | None:
+        """The op that wrote ``x``'s bytes: a view's (an op without a call) is its base's producer."""
+        while x in prods and T[x].alias_of is not None and graph.ops[prods[x]].kind in VIEW_KINDS:
+            x = T[x].alias_of
+        return prods.get(x)
+
     for o in ops:
         t = o.id
         for r in sorted(page_in_at.get(t, ())):
             events.append(Event("page_in", -1, (r,), (r,)))
         for p in sorted(groups.get(t, ())):
+            handoffs(p)
             events.append(Event("recompute", p, (), rc[p], into.get((p, t), ())))
             if transient.get((t, p)):
                 events.append(Event("free", -1, tuple(sorted(transient[t, p]))))
         if t not in early_at:
+            handoffs(t)
             events.append(Event("op", t, (), tuple(sorted(alloc_at.get(t, ())))))
         for u in early_after.get(t, ()):
             if u in in_phase:
+                handoffs(u)
                 events.append(Event("op", u, (), tuple(sorted(alloc_at.get(u, ())))))
         for r in sorted(page_out_after.get(t, ())):
             events.append(Event("page_out", -1, (r,)))
