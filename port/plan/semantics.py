@@ -217,6 +217,33 @@ def early_update_candidates(graph: Graph) -> dict[int, tuple[int, int, tuple[int
     return out
 
 
+def handoff_edges(graph: Graph) -> dict[int, tuple[tuple[int, int], ...]]:
+    """Reading op -> its (tensor, producer) edges a hand-off may cross (rule 7): every tensor an op that runs a
+    kernel reads, with the earlier op that wrote its bytes (a view's are its base's: views run no kernel). The ILP
+    prices the same edges (port.solver.instance)."""
+    def build():
+        prods = graph.producers()
+        T = graph.tensors
+
+        def producer_of(x: int) -> int | None:
+            while x in prods and T[x].alias_of is not None and graph.ops[prods[x]].kind in VIEW_KINDS:
+                x = T[x].alias_of
+            return prods.get(x)
+        out: dict[int, tuple[tuple[int, int], ...]] = {}
+        for o in graph.ops:
+            if o.kind in VIEW_KINDS:
+                continue
+            es = []
+            for x in dict.fromkeys(o.inputs):
+                u = producer_of(x)
+                if u is not None and u < o.id:
+                    es.append((x, u))
+            if es:
+                out[o.id] = tuple(es)
+        return out
+    return graph.memo("handoff_edges", build)
+
+
 def coupled_variants(graph: Graph) -> tuple[tuple[int, int], ...]:
     """(forward batch norm, backward op) pairs whose ``inplace`` choice must agree: an in-place batch norm
     overwrites its input, so its backward ops rebuild x-hat from the output (the *_from_output kernels)."""
@@ -600,22 +627,15 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
 
     events: list[Event] = []
 
-    def handoffs(oid: int) -> None:
-        """Rule 7: a hand-off for every tensor ``oid`` reads that an earlier op produced on another
-        accelerator (a re-run re-reads its inputs), right before it runs."""
-        if graph.ops[oid].kind in VIEW_KINDS:
-            return
-        acc = dec[oid].accelerator
-        for x in dict.fromkeys(graph.ops[oid].inputs):
-            u = producer_of(x)
-            if u is not None and u < oid and dec[u].accelerator != acc:
-                events.append(Event("handoff", oid, (x,), src=dec[u].accelerator))
+    edges = handoff_edges(graph)
 
-    def producer_of(x: int) -> int | None:
-        """The op that wrote ``x``'s bytes: a view's (an op without a call) is its base's producer."""
-        while x in prods and T[x].alias_of is not None and graph.ops[prods[x]].kind in VIEW_KINDS:
-            x = T[x].alias_of
-        return prods.get(x)
+    def handoffs(oid: int) -> None:
+        """Rule 7: a hand-off for every tensor ``oid`` reads whose bytes an earlier op produced, when that op
+        runs on another accelerator (a re-run re-reads its inputs), right before it runs."""
+        acc = dec[oid].accelerator
+        for x, u in edges.get(oid, ()):
+            if dec[u].accelerator != acc:
+                events.append(Event("handoff", oid, (x,), src=dec[u].accelerator))
 
     for o in ops:
         t = o.id

@@ -166,3 +166,24 @@ def test_unsupported_ops_stay_on_other_engines():
     assert not supports("dropout", {"p": 0.5})
     assert not supports("max_pool2d", {"kernel": (2, 2), "stride": (2, 2), "padding": (0, 0), "ceil_mode": True})
     assert supports("conv2d", {})
+
+
+def test_profiler_runs_and_hands_off_through_the_engine():
+    """The profiler times opencl ops through the registry (its runner waits for the queue) and measures the
+    engine's hand-offs: a wait to the host, nothing from it, no bytes moved (bandwidth inf) on unified memory."""
+    import math
+    from port.config import load_device
+    from port.cost.handoff import measure_handoff
+    from port.cost.runners import get_runner
+    g = _graph("sgd")
+    r = get_runner("opencl", g, threads=1)
+    conv = next(o for o in g.ops if o.kind == "conv2d.grad_weight")
+    run = r.prepare(conv)
+    run()
+    r.sync()
+    assert run.entries == ("opencl:conv2d.grad_weight",)
+    dev = load_device("configs/devices/host-opencl.yaml")
+    hs = {(h.src, h.dst): h for h in measure_handoff(dev, ["cpu-c", "opencl"], quick=True)}
+    assert set(hs) == {("cpu-c", "opencl"), ("opencl", "cpu-c")}
+    assert all(math.isinf(h.bytes_per_ms) and h.measured for h in hs.values())
+    assert hs[("opencl", "cpu-c")].latency_ms > 0

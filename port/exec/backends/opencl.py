@@ -85,7 +85,6 @@ class Engine:
         self.queue = cl.CommandQueue(self.ctx)
         self.prg = cl.Program(self.ctx, SOURCE.read_text()).build()
         self.k = {kn.function_name: kn for kn in self.prg.all_kernels()}
-        self._bufs: dict[tuple[int, int], Any] = {}
         self._scratch = None
         self.none = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, 64)   # stands in for absent operands
         self.pending = 0          # calls enqueued since the last finish
@@ -96,25 +95,21 @@ class Engine:
                                f"needs unified host memory (one arena, CL_MEM_USE_HOST_PTR); a device arena with "
                                f"copying hand-offs is not implemented")
 
-    def buffer_of(self, t) -> tuple[Any, int]:
-        """(cl.Buffer over ``t``'s whole host allocation, byte offset of ``t`` in it)."""
+    def buffer_of(self, t, cache: dict) -> tuple[Any, int]:
+        """(cl.Buffer over ``t``'s whole host allocation, byte offset of ``t`` in it). ``cache``: the buffers of
+        one bind context (an executor's arena: one buffer), alive as long as the calls bound with them."""
         st = t.untyped_storage()
         base, nb = st.data_ptr(), st.nbytes()
         key = (base, nb)
-        b = self._bufs.get(key)
+        b = cache.get(key)
         if b is None:
             import torch
             host = torch.empty(0, dtype=torch.uint8).set_(st).numpy() if nb else self.np.zeros(64, self.np.uint8)
             b = self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE | self.cl.mem_flags.USE_HOST_PTR,
                                hostbuf=host)
             b._port_keep = (st, host)     # the host bytes stay alive as long as the buffer
-            self._bufs[key] = b
+            cache[key] = b
         return b, t.data_ptr() - base
-
-    def forget(self, t) -> None:
-        """Drop the buffer over ``t``'s allocation (an arena about to be freed)."""
-        st = t.untyped_storage()
-        self._bufs.pop((st.data_ptr(), st.nbytes()), None)
 
     def scratch(self, nbytes: int):
         """The engine's scratch buffer (im2col columns), at least ``nbytes``; calls on the in-order queue take
@@ -168,7 +163,7 @@ def handoff_probe(t, to_host: bool) -> Callable[[], None]:
     host, a kernel on the queue writing its first element, then the wait; from the host, nothing (the queue reads
     the arena as it is when the reader is enqueued)."""
     e = engine()
-    x = Operand(*e.buffer_of(t.view(-1)[:1]), (1,))
+    x = Operand(*e.buffer_of(t.view(-1)[:1], {}), (1,))
 
     def run():
         e.run("act_fwd", (1,), None, *x.a(), *x.a(), _L(1), _I(0))
@@ -506,13 +501,17 @@ class OpenCLBackend:
             raise ProgramError(f"{where}: the opencl backend has no kernel for {call.kernel!r} with these "
                                f"attributes; such ops stay on the other engines")
         e = engine()
+        cache = getattr(ctx, "_opencl_buffers", None)
+        if cache is None:
+            cache = {}
+            ctx._opencl_buffers = cache
 
         def operand(tid):
             v = ctx.view(tid)
             if v.device.type != "cpu":
                 raise ProgramError(f"{where}: tensor {tid} is in {v.device.type} memory; the opencl engine works "
                                    f"on host memory (unified) only")
-            b, off = e.buffer_of(v)
+            b, off = e.buffer_of(v, cache)
             return Operand(b, off, tuple(int(d) for d in v.shape))
         I = [operand(t) for t in call.inputs]
         O = [operand(t) for t in call.outputs]
