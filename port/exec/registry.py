@@ -237,6 +237,8 @@ def known_kernel(kernel: str, backend: str, attrs: dict | None = None) -> bool:
 def known_variant(kernel: str, variant: str, backend: str) -> bool:
     if not isinstance(variant, str):
         return False
+    if backend == "opencl":        # plain kernels, element-wise ones in place too (port.exec.backends.opencl)
+        return variant in ("plain", "inplace")
     if variant.startswith("patch"):
         t = variant[5:]
         return backend == "c" and kernel in CONV_KERNELS and kernel != "conv2d_bn_relu" and t.isdigit() \

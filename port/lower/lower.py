@@ -177,6 +177,25 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
         return vroot.get(t, R(t) if 0 <= t < NT else t)
 
     drafts: list[dict[str, Any]] = []
+    wrote: dict[int, str] = {}          # root version -> backend of its last writer call in this pass
+    handed: dict[int, set] = {}         # root version -> backends it was handed to since
+
+    def hand_over(o, dst: str, ins: list[int], attrs: dict) -> None:
+        """The plan's hand-off events where the bytes cross engines (port.plan.semantics rule 7): a ``handoff``
+        call before a call reading a tensor whose last writer ran on an engine ``dst`` does not share a queue
+        with (needs_handoff_call). A view passes its base's bytes on: its hand-off happens where a kernel reads
+        them. port.lower.arena.check_program requires exactly this."""
+        for t in dict.fromkeys(ins):
+            r = VR(t)
+            src = wrote.get(r)
+            if src is not None and needs_handoff_call(src, dst) and dst not in handed.get(r, ()):
+                drafts.append(dict(op=o.id, name=f"{T[vbase.get(t, t)].name}.handoff", kernel="handoff",
+                                   backend="host", variant="plain", outputs=(), inputs=(t,),
+                                   phase="recompute" if attrs.get("recompute") else o.phase,
+                                   attrs={"src": src, "dst": dst} | ({"early": True} if attrs.get("early") else {}),
+                                   covers=()))
+                handed.setdefault(r, set()).add(dst)
+
     born: dict[int, int] = {}     # root version -> index of the first call at/after its allocating event
     died: dict[int, int] = {}     # root version -> index of the last call at/before its free event
     pending: list[int] = []
@@ -186,14 +205,7 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
             for r in ev.roots:
                 died[VR(Vr(r))] = len(drafts) - 1
             continue
-        if ev.kind == "handoff":
-            src, dst = backend_of(ev.src, accelerators), be_of[ev.op]
-            if needs_handoff_call(src, dst):
-                x = ev.roots[0]
-                drafts.append(dict(op=ev.op, name=f"{T[x].name}.handoff", kernel="handoff", backend="host",
-                                   variant="plain", phase=graph.ops[ev.op].phase, outputs=(), inputs=(Vr(x),),
-                                   attrs={"src": src, "dst": dst} | ({"early": True} if ev.op in sch.early_at else {}),
-                                   covers=()))
+        if ev.kind == "handoff":      # priced by the simulator; the calls follow the bytes (hand_over)
             continue
         share = VR(Vr(ev.into[0])) if ev.into else None
         for r in ev.alloc:
@@ -222,11 +234,15 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
                     attrs["recompute"] = True        # batch norm: do not update the running statistics again
                 if o.id in sch.early_at:
                     attrs["early"] = True
+                hand_over(o, spec.backend, [Vr(t) for t in spec.inputs], attrs)
                 drafts.append(dict(op=o.id, name=o.name + (".recompute" if rec else ""), kernel=spec.kernel,
                                    backend=spec.backend, variant=spec.variant,
                                    phase="recompute" if rec else o.phase,
                                    outputs=tuple(Vr(t) for t in spec.outputs),
                                    inputs=tuple(Vr(t) for t in spec.inputs), attrs=attrs, covers=spec.covers))
+                for t in spec.outputs:
+                    wrote[VR(Vr(t))] = spec.backend
+                    handed.pop(VR(Vr(t)), None)
         if len(drafts) > n0:
             for v in pending:
                 born[v] = n0

@@ -30,12 +30,13 @@ At step t (op t in graph order) a plan runs, in this order (``schedule`` emits e
   4. ``op`` u for the early updates u whose gradient's last producer is op t (increasing op id);
   5. ``page_out`` every paged root whose last forward/loss reader was op t (or an early update of step 4);
   6. ``free`` every root whose last use was op t or an early update of step 4.
-  7. (within 2-4) right before each op or re-run Q that runs a kernel (views run none): a ``handoff`` of every
-     tensor Q reads whose bytes an earlier op produced on another accelerator (a view's are its base's; one
-     event per tensor; a re-run re-reads its inputs). The simulator prices it from
-     the profile's measured latency + bytes / bandwidth of that engine pair; lowering turns it into a ``handoff``
-     call where the engines do not share a queue (a copy on discrete memory, a synchronisation on unified memory;
-     none between the CPU engines, which share one arena and run synchronously).
+  7. (within 2-4) right before each op or re-run Q: a ``handoff`` of every tensor Q reads that an earlier op
+     produced on another accelerator (one event per tensor, ``handoff_edges``; a re-run re-reads its inputs).
+     The simulator and the ILP price it from the profile's measured latency + bytes / bandwidth of that engine
+     pair; lowering turns it into a ``handoff`` call where the bytes cross engines that do not share a queue (a
+     synchronisation on unified memory; none between the CPU engines, which share one arena and run
+     synchronously). A view runs no kernel: the hand-off of the bytes it passes on happens where a kernel reads
+     them.
 A *use* of a root is an op or a re-run reading it (or one of its views). Every root lives from its allocation
 to its last use, re-runs included: a kept input of a re-run stays until the re-run. A recomputed root has one
 *copy* per allocation: the forward one, then one per re-run of its producer (an op may be re-run at several
@@ -71,8 +72,7 @@ from port import ops
 from port.plan import variants as V
 from port.plan.types import Plan
 
-NOT_RECOMPUTABLE_KINDS = ops.with_tag("not_recomputable")
-VIEW_KINDS = tuple(k for r in ops.RECORDS.values() for k in r.views)   # zero-copy: no call, no hand-off   # views cost nothing; a random mask must not be redrawn
+NOT_RECOMPUTABLE_KINDS = ops.with_tag("not_recomputable")   # views cost nothing; a random mask must not be redrawn
 
 
 # =============================================================================================
@@ -218,24 +218,16 @@ def early_update_candidates(graph: Graph) -> dict[int, tuple[int, int, tuple[int
 
 
 def handoff_edges(graph: Graph) -> dict[int, tuple[tuple[int, int], ...]]:
-    """Reading op -> its (tensor, producer) edges a hand-off may cross (rule 7): every tensor an op that runs a
-    kernel reads, with the earlier op that wrote its bytes (a view's are its base's: views run no kernel). The ILP
-    prices the same edges (port.solver.instance)."""
+    """Reading op -> its (tensor, producer) edges a hand-off may cross (rule 7): every tensor an op reads, with
+    the earlier op that produced it. The ILP prices the same edges (port.solver.instance). A view runs no kernel:
+    its edges stand for the bytes it passes on (lowering hands the bytes over where a kernel reads them)."""
     def build():
         prods = graph.producers()
-        T = graph.tensors
-
-        def producer_of(x: int) -> int | None:
-            while x in prods and T[x].alias_of is not None and graph.ops[prods[x]].kind in VIEW_KINDS:
-                x = T[x].alias_of
-            return prods.get(x)
         out: dict[int, tuple[tuple[int, int], ...]] = {}
         for o in graph.ops:
-            if o.kind in VIEW_KINDS:
-                continue
             es = []
             for x in dict.fromkeys(o.inputs):
-                u = producer_of(x)
+                u = prods.get(x)
                 if u is not None and u < o.id:
                     es.append((x, u))
             if es:
