@@ -17,7 +17,7 @@ from port.lower.arena import check_program
 from port.plan import semantics as SEM
 from port.plan import variants as V
 from port.plan.types import OpDecision
-from tests.e2e._equiv import compare, data
+from _equiv import compare, data
 
 OK, WHY = registry.available("opencl")
 pytestmark = pytest.mark.skipif(not OK, reason=f"opencl backend unavailable: {WHY}")
@@ -85,7 +85,7 @@ def test_simulator_prices_handoff_events():
 @pytest.mark.parametrize("opt", ["sgd", "adamw"])
 def test_alternating_resnet8_trains_equal_to_eager(opt):
     from port.train.trainer import Trainer
-    from tests.e2e._equiv import port_opt
+    from _equiv import port_opt
     batches = data("resnet8", 4, 3)
     m = M.get("resnet8", seed=0)
     tr = Trainer(M.get("resnet8", seed=0), batches[0][0], optimizer=port_opt(opt, 0.01 if opt == "sgd" else 1e-3))
