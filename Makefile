@@ -15,7 +15,7 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(VENV)/bin/python pyproject.toml setup.py constraints.txt $(KERNEL_SRC)
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev,federated,zoo,docs]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,federated,zoo,docs,opencl]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -141,7 +141,7 @@ def _size_field(v: Any) -> Optional[int]:
 class AcceleratorConfig(_Strict):
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
     kind: Literal["cpu", "gpu", "npu"]
-    backend: Literal["c", "torch-cpu", "torch-cuda", "torch-mps", "modeled"]
+    backend: Literal["c", "torch-cpu", "torch-cuda", "torch-mps", "opencl", "modeled"]
     threads: int = Field(default=1, ge=1, le=MAX_THREADS)
     peak_gflops: float = Field(gt=0)            # for the roofline model
     mem_gbps: float = Field(gt=0)               # memory bandwidth, GB/s
@@ -154,7 +154,7 @@ class AcceleratorConfig(_Strict):
     # present-or-skip: an optional accelerator whose requirement is not met on this machine is dropped
     # by load_device (with a note in DeviceConfig.skipped) instead of failing.
     optional: bool = False
-    requires: Optional[Literal["cuda", "mps", "c-kernels"]] = None
+    requires: Optional[Literal["cuda", "mps", "c-kernels", "opencl"]] = None
 
     _cap = field_validator("memory_cap", mode="before")(classmethod(lambda cls, v: _size_field(v)))
 
@@ -266,6 +266,9 @@ def requirement_met(req: Optional[str]) -> tuple[bool, str]:
             return True, ""
         except Exception as e:  # noqa: BLE001 - any load failure means "not present"
             return False, f"PORT C kernels not loadable ({type(e).__name__}: {e})"
+    if req == "opencl":
+        from port.exec.backends.opencl import available
+        return available()
     return False, f"unknown requirement {req!r}"
 
 

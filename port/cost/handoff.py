@@ -1,9 +1,12 @@
 """Hand-off cost between present accelerators, measured over tensor sizes and fitted as
 latency + bytes / bandwidth (least squares). CPU engines sharing memory (C kernels, torch-cpu) hand
-over zero-copy: only the pointer hand-over is timed (bandwidth = inf)."""
+over zero-copy: only the pointer hand-over is timed (bandwidth = inf). The opencl engine on unified memory hands
+over as the executor does (port.exec.handoff): to the host, a queued kernel on the tensor and the wait for it;
+from the host, nothing to wait for (bandwidth = inf either way: no bytes move)."""
 from __future__ import annotations
 
 import math
+import statistics
 
 from port.config import DeviceConfig
 from port.cost.types import HandoffCost
@@ -29,7 +32,8 @@ def fit_latency_bandwidth(sizes: list[int], ms: list[float]) -> tuple[float, flo
 def backend_memory(backend: str) -> str:
     """The memory a backend's kernels read and write (a torch device type). ``modeled`` engines of a device
     description run here on the C kernels (port.pipeline.stand_in_backends): host memory."""
-    return {"c": "cpu", "torch-cpu": "cpu", "torch-cuda": "cuda", "torch-mps": "mps", "modeled": "cpu"}[backend]
+    return {"c": "cpu", "torch-cpu": "cpu", "torch-cuda": "cuda", "torch-mps": "mps", "modeled": "cpu",
+            "opencl": "cpu"}[backend]
 
 
 def measure_handoff(device: DeviceConfig, present: list[str], quick: bool = False) -> list[HandoffCost]:
@@ -52,6 +56,9 @@ def measure_handoff(device: DeviceConfig, present: list[str], quick: bool = Fals
                     def run(t=t):
                         return t.is_contiguous() and t.data_ptr()
                     sync = lambda: None  # noqa: E731
+                elif "opencl" in (bs, bd):
+                    from port.exec.backends.opencl import handoff_probe
+                    run, sync = handoff_probe(t, to_host=bs == "opencl"), (lambda: None)
                 else:
                     dst_dev = backend_memory(bd)
                     def run(t=t, dst_dev=dst_dev):
@@ -66,6 +73,8 @@ def measure_handoff(device: DeviceConfig, present: list[str], quick: bool = Fals
                 del t
             if bs in CPU_BACKENDS and bd in CPU_BACKENDS:
                 lat, bpm = min(ys), math.inf
+            elif "opencl" in (bs, bd):      # unified memory: a wait, whatever the size
+                lat, bpm = statistics.median(ys), math.inf
             else:
                 lat, bpm = fit_latency_bandwidth(xs, ys)
             out.append(HandoffCost(s, d, lat, bpm, True))

@@ -102,6 +102,9 @@ class Runner:
     def sync(self) -> None:
         if self.device.type == "cuda":
             self.torch.cuda.synchronize(self.device)
+        elif self.backend == "opencl":      # its calls are queued (port.exec.backends.opencl)
+            from port.exec.backends.opencl import engine
+            engine().finish()
 
     # -- buffers ------------------------------------------------------------------------------
     def _init(self, tid: int):

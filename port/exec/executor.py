@@ -225,6 +225,13 @@ class Executor:
             late_update = c.phase == PHASE_UPDATE and not c.attr("early")
             (self.updates if late_update else self.main).append(fn)
             (self.update_calls if late_update else self.main_calls).append(c)
+        # asynchronous engines (opencl): drained before host-side calls that follow queued ones and at the end
+        # of each pass (port.exec.handoff)
+        from port.exec import handoff as H
+        self.queued = sorted(program_backends(program) & set(H.QUEUED))
+        if self.queued:
+            self.main = _then(H.drain_before(self.main_calls, self.main), H.finish_all(self.main_calls))
+            self.updates = _then(H.drain_before(self.update_calls, self.updates), H.finish_all(self.update_calls))
         self._zero = [arena[o:o + n] for o, n in program.zero_ranges]
         # a CUDA arena's main pass (forward, loss, backward, recomputes) replays as one CUDA graph: every
         # tensor is a fixed view of the arena, so the launches of a pass are the same every step
@@ -333,6 +340,9 @@ class Executor:
         by the next call); page_in: read them back into the new version's slot. CPU arenas are written and
         read in place (a numpy view of the slot: no copy of the tensor is allocated); a CUDA arena goes
         through one host staging buffer."""
+        if call.kernel == "handoff":
+            from port.exec.handoff import bind_handoff
+            return bind_handoff(call)
         key = int(call.attr("key"))
         if call.kernel not in ("page_out", "page_in"):
             raise ProgramError(f"call {call.index} ({call.name}): unknown host kernel {call.kernel!r}")
@@ -398,6 +408,9 @@ class Executor:
         import torch
         self.check_labels()
         sync = torch.cuda.synchronize if self.arena.device.type == "cuda" else (lambda: None)
+        if self.queued:        # each call's time includes its queued kernels
+            from port.exec.handoff import finish_all
+            sync = finish_all(self.program.calls)
         pairs = list(zip(self.main_calls, self.main))
         if updates:
             pairs += list(zip(self.update_calls, self.updates))
@@ -423,6 +436,18 @@ class Executor:
         return {"calls": rows, "total_ms": sum(r["ms"] for r in rows), "by_phase_ms": by_phase,
                 "timeline": timeline, "rss_timeline": [r["rss_bytes"] for r in rows], "peak_bytes": max(timeline) if timeline else P,
                 "arena_bytes": self.program.arena_bytes, "persistent_bytes": P}
+
+
+def _then(fns: list, last) -> list:
+    """``fns`` with ``last`` run after the final one."""
+    if not fns:
+        return fns
+    f = fns[-1]
+
+    def run():
+        f()
+        last()
+    return fns[:-1] + [run]
 
 
 def _zero_first(bufs, fn):

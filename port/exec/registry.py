@@ -36,7 +36,7 @@ from port.ops.optimizer import OPT_STATES  # noqa: F401
 from port.ops.pooling import pool_out_hw  # noqa: F401
 from port.ops.random import dropout_seed  # noqa: F401
 
-BACKENDS = ("c", "torch-cpu", "torch-cuda")
+BACKENDS = ("c", "torch-cpu", "torch-cuda", "opencl")
 
 # Python kernel name (what a Call runs) -> the C entry points the ``c`` backend calls for it (the op records'
 # own tables, port.ops; kernels/include/port_kernels.h). tests/e2e/test_registry.py checks every binding the
@@ -143,6 +143,9 @@ def backend(name: str):
     elif name in ("torch-cpu", "torch-cuda"):
         from port.exec.backends.torch_backend import TorchBackend
         b = TorchBackend(name.split("-")[1])
+    elif name == "opencl":
+        from port.exec.backends.opencl import OpenCLBackend
+        b = OpenCLBackend()
     else:
         raise PlanError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}")
     _BACKENDS[name] = b
@@ -179,6 +182,9 @@ def available(name: str) -> tuple[bool, str]:
         except Exception as e:  # noqa: BLE001 - ImportError, OSError from the loader
             return False, f"C kernels not built or not loadable ({type(e).__name__}: {e})"
         return True, ""
+    if name == "opencl":
+        from port.exec.backends import opencl
+        return opencl.available()
     return False, "modeled accelerator (not present on this machine)"
 
 
@@ -188,7 +194,7 @@ def available(name: str) -> tuple[bool, str]:
 # program's slots (lowering runs that check on every program it emits); the C backend passes the output dims
 # it implies to the kernels, which refuse others (port_conv2d_params / port_pool2d_params h_out, w_out).
 # ---------------------------------------------------------------------------------------------
-HOST_KERNELS = ("page_out", "page_in")
+HOST_KERNELS = ("page_out", "page_in", "handoff")
 
 
 def call_shapes(kernel: str, attrs: dict, in_shapes, out_shapes) -> tuple[list, list]:
@@ -207,6 +213,8 @@ def call_shapes(kernel: str, attrs: dict, in_shapes, out_shapes) -> tuple[list, 
         return [(at(I, 0, "input 0"), None)], []
     if kernel == "page_in":
         return [], [(at(O, 0, "output 0"), None)]
+    if kernel == "handoff":
+        return [(at(I, 0, "input 0"), None)], []
     r = ops.owner(kernel)
     if r is None or kernel in r.views:
         raise CallShapeError(f"unknown kernel {kernel!r}")
@@ -220,12 +228,17 @@ def known_kernel(kernel: str, backend: str, attrs: dict | None = None) -> bool:
     r = ops.owner(kernel)
     if r is None or kernel in r.views or backend not in BACKENDS:
         return False
+    if backend == "opencl":
+        from port.exec.backends.opencl import supports
+        return supports(kernel, attrs or {})
     return backend != "c" or ops.has_c(kernel, attrs)
 
 
 def known_variant(kernel: str, variant: str, backend: str) -> bool:
     if not isinstance(variant, str):
         return False
+    if backend == "opencl":        # plain kernels, element-wise ones in place too (port.exec.backends.opencl)
+        return variant in ("plain", "inplace")
     if variant.startswith("patch"):
         t = variant[5:]
         return backend == "c" and kernel in CONV_KERNELS and kernel != "conv2d_bn_relu" and t.isdigit() \

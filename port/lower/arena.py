@@ -254,6 +254,7 @@ def check_program(program: Program) -> None:
             raise ProgramError(f"call {i} ({c.name}): workspace offset {c.workspace_offset} is not {ALIGN}-byte "
                                "aligned (the kernels read floats from it)")
 
+    _check_handoffs(program, slot_of)
     for r, i in program.live_until:
         s = slot_of.get(r)
         if s is None or s.root != r or s.region != REGION_SCRATCH or not 0 <= i < max(n, 1):
@@ -428,6 +429,36 @@ def _check_ids_and_zero_ranges(program: Program, slot_of: dict) -> None:
                                f"(attribute 'overwrite'): it would add to the last step's gradient")
 
 
+def _check_handoffs(program: Program, slot_of: dict) -> None:
+    """Every tensor a call reads that a call on another engine wrote in this pass, where one of the two engines
+    queues its calls (port.lower.lower.needs_handoff_call), is handed over to the reader's engine first: a
+    ``handoff`` call with ``dst`` = the reader's backend between the write and the read (port.plan.semantics
+    rule 7). A pass starts with every tensor on the host (the executor drains the queues after each pass)."""
+    from port.lower.lower import needs_handoff_call
+    wrote: dict[int, str] = {}       # root -> backend of its last writer in this pass
+    handed: dict[int, set] = {}      # root -> backends it was handed to since that write
+    for c in program.calls:
+        if c.backend == "host" and c.kernel == "handoff":
+            r = slot_of[c.inputs[0]].root
+            if wrote.get(r, "host") != c.attr("src"):
+                raise ProgramError(f"call {c.index} ({c.name}): hands {slot_of[c.inputs[0]].name!r} over from "
+                                   f"{c.attr('src')}, but its last writer ran on {wrote.get(r, 'the host')}")
+            handed.setdefault(r, set()).add(c.attr("dst"))
+            continue
+        if c.backend != "host":
+            for t in dict.fromkeys(c.inputs):
+                r = slot_of[t].root
+                w = wrote.get(r)
+                if w not in (None, "host") and needs_handoff_call(w, c.backend) \
+                        and c.backend not in handed.get(r, ()):
+                    raise ProgramError(f"call {c.index} ({c.name}, {c.backend}) reads {slot_of[t].name!r}, written "
+                                       f"on {w} without a hand-off to {c.backend} in between (a handoff call)")
+        for t in c.outputs:
+            r = slot_of[t].root
+            wrote[r] = c.backend
+            handed.pop(r, None)
+
+
 def _check_call(program: Program, c, slot_of: dict, pages: dict) -> None:
     """One call against the kernel registry: known backend/kernel/variant, the per-kernel shape rule
     (port.exec.registry.call_shapes), read-modify-write pairs, persistent writes and the workspace size."""
@@ -469,6 +500,13 @@ def _check_call(program: Program, c, slot_of: dict, pages: dict) -> None:
     z = a.get("zero_outputs")
     if z is not None and (not isinstance(z, tuple) or not set(z) <= set(c.outputs)):
         raise ProgramError(f"{where}: attribute zero_outputs={z!r}: expected a tuple of the call's outputs")
+    if c.backend == "host" and c.kernel == "handoff":
+        from port.lower.lower import needs_handoff_call
+        src, dst = a.get("src"), a.get("dst")
+        if src not in R.BACKENDS or dst not in R.BACKENDS or not needs_handoff_call(src, dst):
+            raise ProgramError(f"{where}: attributes src={src!r} dst={dst!r}: expected two backends of "
+                               f"{R.BACKENDS} of which one queues its calls (a hand-off between them)")
+        return
     if c.backend == "host":
         key = a.get("key")
         if not _is_int(key):

@@ -32,9 +32,9 @@ from port.plan.types import OpDecision, Plan
 
 # accelerator id -> backend (plans name accelerators; the device YAML says which backend each has)
 ACCELERATOR_BACKENDS = {"cpu-c": "c", "cpu-torch": "torch-cpu", "gpu-torch": "torch-cuda", "cuda": "torch-cuda",
-                        "cpu": "c"}
-BACKEND_ACCELERATORS = {"c": "cpu-c", "torch-cpu": "cpu-torch", "torch-cuda": "gpu-torch"}
-BACKENDS = ("c", "torch-cpu", "torch-cuda")
+                        "cpu": "c", "opencl": "opencl", "gpu-opencl": "opencl"}
+BACKEND_ACCELERATORS = {"c": "cpu-c", "torch-cpu": "cpu-torch", "torch-cuda": "gpu-torch", "opencl": "opencl"}
+BACKENDS = ("c", "torch-cpu", "torch-cuda", "opencl")
 
 def backend_of(accelerator: str, accelerators: dict[str, str] | None = None) -> str:
     m = dict(ACCELERATOR_BACKENDS)
@@ -47,6 +47,16 @@ def backend_of(accelerator: str, accelerators: dict[str, str] | None = None) -> 
     except KeyError:
         raise PlanError(f"accelerator {accelerator!r} has no known backend; known: {sorted(m)} "
                         f"(pass accelerators={{id: backend}} to lower())") from None
+
+
+# engines that queue their calls (asynchronous, own queue): a tensor crossing to or from them is handed over by a
+# ``handoff`` call (port.exec.handoff); the CPU engines run synchronously on one arena and need none
+QUEUED_BACKENDS = ("opencl",)
+
+
+def needs_handoff_call(src: str, dst: str) -> bool:
+    """A tensor produced on backend ``src`` and read on ``dst`` needs a lowered ``handoff`` call."""
+    return src != dst and (src in QUEUED_BACKENDS or dst in QUEUED_BACKENDS)
 
 
 def default_plan(graph: Graph, backend: str = "c", fuse: bool = True, inplace: bool = True) -> Plan:
@@ -167,6 +177,25 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
         return vroot.get(t, R(t) if 0 <= t < NT else t)
 
     drafts: list[dict[str, Any]] = []
+    wrote: dict[int, str] = {}          # root version -> backend of its last writer call in this pass
+    handed: dict[int, set] = {}         # root version -> backends it was handed to since
+
+    def hand_over(o, dst: str, ins: list[int], attrs: dict) -> None:
+        """The plan's hand-off events where the bytes cross engines (port.plan.semantics rule 7): a ``handoff``
+        call before a call reading a tensor whose last writer ran on an engine ``dst`` does not share a queue
+        with (needs_handoff_call). A view passes its base's bytes on: its hand-off happens where a kernel reads
+        them. port.lower.arena.check_program requires exactly this."""
+        for t in dict.fromkeys(ins):
+            r = VR(t)
+            src = wrote.get(r)
+            if src is not None and needs_handoff_call(src, dst) and dst not in handed.get(r, ()):
+                drafts.append(dict(op=o.id, name=f"{T[vbase.get(t, t)].name}.handoff", kernel="handoff",
+                                   backend="host", variant="plain", outputs=(), inputs=(t,),
+                                   phase="recompute" if attrs.get("recompute") else o.phase,
+                                   attrs={"src": src, "dst": dst} | ({"early": True} if attrs.get("early") else {}),
+                                   covers=()))
+                handed.setdefault(r, set()).add(dst)
+
     born: dict[int, int] = {}     # root version -> index of the first call at/after its allocating event
     died: dict[int, int] = {}     # root version -> index of the last call at/before its free event
     pending: list[int] = []
@@ -175,6 +204,8 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
         if ev.kind == "free":
             for r in ev.roots:
                 died[VR(Vr(r))] = len(drafts) - 1
+            continue
+        if ev.kind == "handoff":      # priced by the simulator; the calls follow the bytes (hand_over)
             continue
         share = VR(Vr(ev.into[0])) if ev.into else None
         for r in ev.alloc:
@@ -203,11 +234,15 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
                     attrs["recompute"] = True        # batch norm: do not update the running statistics again
                 if o.id in sch.early_at:
                     attrs["early"] = True
+                hand_over(o, spec.backend, [Vr(t) for t in spec.inputs], attrs)
                 drafts.append(dict(op=o.id, name=o.name + (".recompute" if rec else ""), kernel=spec.kernel,
                                    backend=spec.backend, variant=spec.variant,
                                    phase="recompute" if rec else o.phase,
                                    outputs=tuple(Vr(t) for t in spec.outputs),
                                    inputs=tuple(Vr(t) for t in spec.inputs), attrs=attrs, covers=spec.covers))
+                for t in spec.outputs:
+                    wrote[VR(Vr(t))] = spec.backend
+                    handed.pop(VR(Vr(t)), None)
         if len(drafts) > n0:
             for v in pending:
                 born[v] = n0

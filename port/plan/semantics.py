@@ -30,6 +30,13 @@ At step t (op t in graph order) a plan runs, in this order (``schedule`` emits e
   4. ``op`` u for the early updates u whose gradient's last producer is op t (increasing op id);
   5. ``page_out`` every paged root whose last forward/loss reader was op t (or an early update of step 4);
   6. ``free`` every root whose last use was op t or an early update of step 4.
+  7. (within 2-4) right before each op or re-run Q: a ``handoff`` of every tensor Q reads that an earlier op
+     produced on another accelerator (one event per tensor, ``handoff_edges``; a re-run re-reads its inputs).
+     The simulator and the ILP price it from the profile's measured latency + bytes / bandwidth of that engine
+     pair; lowering turns it into a ``handoff`` call where the bytes cross engines that do not share a queue (a
+     synchronisation on unified memory; none between the CPU engines, which share one arena and run
+     synchronously). A view runs no kernel: the hand-off of the bytes it passes on happens where a kernel reads
+     them.
 A *use* of a root is an op or a re-run reading it (or one of its views). Every root lives from its allocation
 to its last use, re-runs included: a kept input of a re-run stays until the re-run. A recomputed root has one
 *copy* per allocation: the forward one, then one per re-run of its producer (an op may be re-run at several
@@ -210,6 +217,25 @@ def early_update_candidates(graph: Graph) -> dict[int, tuple[int, int, tuple[int
     return out
 
 
+def handoff_edges(graph: Graph) -> dict[int, tuple[tuple[int, int], ...]]:
+    """Reading op -> its (tensor, producer) edges a hand-off may cross (rule 7): every tensor an op reads, with
+    the earlier op that produced it. The ILP prices the same edges (port.solver.instance). A view runs no kernel:
+    its edges stand for the bytes it passes on (lowering hands the bytes over where a kernel reads them)."""
+    def build():
+        prods = graph.producers()
+        out: dict[int, tuple[tuple[int, int], ...]] = {}
+        for o in graph.ops:
+            es = []
+            for x in dict.fromkeys(o.inputs):
+                u = prods.get(x)
+                if u is not None and u < o.id:
+                    es.append((x, u))
+            if es:
+                out[o.id] = tuple(es)
+        return out
+    return graph.memo("handoff_edges", build)
+
+
 def coupled_variants(graph: Graph) -> tuple[tuple[int, int], ...]:
     """(forward batch norm, backward op) pairs whose ``inplace`` choice must agree: an in-place batch norm
     overwrites its input, so its backward ops rebuild x-hat from the output (the *_from_output kernels)."""
@@ -281,15 +307,18 @@ def validate(graph: Graph, plan: Plan, phases: Sequence[str] = PHASES, check_dig
 # =============================================================================================
 @dataclass(frozen=True)
 class Event:
-    """One step of a plan's execution. kind: page_in | recompute | op | page_out | free.
-    op: the graph op (recompute, op) or -1; roots: the root paged (page_in, page_out) or freed (free);
-    alloc: roots allocated right before this event runs (op, recompute, page_in); into: for a re-run in place,
-    the input root whose copy ``alloc`` takes over (that copy is not freed: its bytes are the output's)."""
+    """One step of a plan's execution. kind: page_in | recompute | op | page_out | free | handoff.
+    op: the graph op (recompute, op; handoff: the reading op) or -1; roots: the root paged (page_in, page_out) or
+    freed (free), the tensor handed over (handoff); alloc: roots allocated right before this event runs (op,
+    recompute, page_in); into: for a re-run in place, the input root whose copy ``alloc`` takes over (that copy
+    is not freed: its bytes are the output's); src: a hand-off's source accelerator (its destination is the
+    reading op's)."""
     kind: str
     op: int = -1
     roots: tuple[int, ...] = ()
     alloc: tuple[int, ...] = ()
     into: tuple[int, ...] = ()
+    src: str = ""
 
 
 @dataclass(frozen=True)
@@ -589,18 +618,32 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
         into[(q, t)] = (x,)
 
     events: list[Event] = []
+
+    edges = handoff_edges(graph)
+
+    def handoffs(oid: int) -> None:
+        """Rule 7: a hand-off for every tensor ``oid`` reads whose bytes an earlier op produced, when that op
+        runs on another accelerator (a re-run re-reads its inputs), right before it runs."""
+        acc = dec[oid].accelerator
+        for x, u in edges.get(oid, ()):
+            if dec[u].accelerator != acc:
+                events.append(Event("handoff", oid, (x,), src=dec[u].accelerator))
+
     for o in ops:
         t = o.id
         for r in sorted(page_in_at.get(t, ())):
             events.append(Event("page_in", -1, (r,), (r,)))
         for p in sorted(groups.get(t, ())):
+            handoffs(p)
             events.append(Event("recompute", p, (), rc[p], into.get((p, t), ())))
             if transient.get((t, p)):
                 events.append(Event("free", -1, tuple(sorted(transient[t, p]))))
         if t not in early_at:
+            handoffs(t)
             events.append(Event("op", t, (), tuple(sorted(alloc_at.get(t, ())))))
         for u in early_after.get(t, ()):
             if u in in_phase:
+                handoffs(u)
                 events.append(Event("op", u, (), tuple(sorted(alloc_at.get(u, ())))))
         for r in sorted(page_out_after.get(t, ())):
             events.append(Event("page_out", -1, (r,)))

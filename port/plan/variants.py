@@ -197,6 +197,13 @@ def follows_forward_inplace(graph: Graph, op: Op) -> bool:
 def variants(graph: Graph, op: Op, backend: str) -> tuple[str, ...]:
     """Legal variants of ``op`` on an accelerator with ``backend``; the first is the default; none where the
     backend cannot run it (a torch_op, PyTorch's own kernel, runs on the torch backends only)."""
+    if backend == "opencl":      # its kernels (port.exec.backends.opencl), run plain or in place like torch's
+        from port.exec.backends.opencl import supports
+        if not supports(op.kind, dict(op.attrs)):
+            return ()
+        if op.kind in RERUN_INPLACE_KINDS + BACKWARD_INPLACE_KINDS and inplace_legal(graph, op):
+            return ("plain", "inplace")
+        return ("plain",)        # (no batch-norm-from-output kernels: its batch norms run plain)
     if backend not in TORCH_BACKENDS and not ops.has_c(op.kind, dict(op.attrs)):
         return ()        # no C kernel (a torch_op, or a record with a torch binding only): the torch engines
     if backend in TORCH_BACKENDS:

@@ -312,12 +312,8 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW,
                 page_roots.append(r)
                 page_ms[r] = 2 * (lat + R.bytes / bw)
 
-    edges = []
-    for o in graph.ops:
-        for t in dict.fromkeys(o.inputs):
-            u = prods.get(t)
-            if u is not None and u < o.id:
-                edges.append((t, u, o.id, graph.tensors[t].bytes))
+    edges = [(t, u, w, graph.tensors[t].bytes)          # the plan semantics' hand-off edges (rule 7)
+             for w, es in sorted(SEM.handoff_edges(graph).items()) for t, u in es]
     rc_inplace = {}
     for q, x in V.rerun_inplace_inputs(graph).items():
         p = prods.get(x)

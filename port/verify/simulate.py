@@ -67,7 +67,6 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
     sch = SEM.schedule(graph, plan)
     costs = _costs(graph, profile, plan)
     dec = plan.ops
-    prods = graph.producers()
     T = graph.tensors
     S = sch.static_bytes
     E = SEM.engine_bytes(plan, profile)   # engines' resident footprint: outside the arena, the whole step
@@ -93,22 +92,24 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
         live[r] = sch.root_bytes(graph, r)
         total += live[r]
 
-    def handoff_ms(tid: int, consumer: int) -> float:
-        u = prods.get(tid)
-        if u is None or u >= consumer:
-            return 0.0
-        a, b = dec[u].accelerator, dec[consumer].accelerator
-        return 0.0 if a == b else profile.handoff_cost(a, b).cost_ms(T[tid].bytes)
+    def handoff(ev) -> None:
+        """A hand-off event (port.plan.semantics rule 7): the engine pair's latency + bytes / bandwidth."""
+        nonlocal clock, hand
+        tid = ev.roots[0]
+        h = profile.handoff_cost(ev.src, dec[ev.op].accelerator).cost_ms(T[tid].bytes)
+        hand += h
+        if h:
+            gantt.append((f"hand-off {T[tid].name} {ev.src}->{dec[ev.op].accelerator}", "handoff", clock, clock + h))
+        clock += h
 
     def run(kind: str, oid: int, taken: tuple[int, ...] = ()) -> None:
-        nonlocal clock, comp, rcomp, hand
+        nonlocal clock, comp, rcomp
         for t in graph.ops[oid].inputs:
             r = sch.root_of(t)
             if not sch.is_static(graph, t) and r not in sch.nonmat and r not in live and r not in taken:
                 raise PlanError(f"{'recompute of' if kind == 'recompute' else 'op'} {graph.ops[oid].name!r} reads "
                                 f"{T[t].name!r}, which is not in memory then (dropped and not restored)")
         c = costs[oid]
-        h = sum(handoff_ms(x, oid) for x in dict.fromkeys(graph.ops[oid].inputs))
         timeline.append(S + E + total + c.extra_bytes)
         arena_tl.append(S + total + c.workspace_bytes)
         steps.append((kind, oid))
@@ -117,10 +118,9 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
             rcomp += c.latency_ms
         else:
             comp += c.latency_ms
-        hand += h
         label = graph.ops[oid].name + (" (recompute)" if kind == "recompute" else "")
-        gantt.append((label, dec[oid].accelerator, clock + h, clock + h + c.latency_ms))
-        clock += h + c.latency_ms
+        gantt.append((label, dec[oid].accelerator, clock, clock + c.latency_ms))
+        clock += c.latency_ms
 
     def page(r: int, what: str) -> None:
         nonlocal clock, pagems
@@ -139,6 +139,8 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
             add(r)
         if ev.kind in ("op", "recompute"):
             run(ev.kind, ev.op, ev.into)
+        elif ev.kind == "handoff":
+            handoff(ev)
         elif ev.kind == "page_in":
             page(ev.roots[0], "page in")
         elif ev.kind == "page_out":

@@ -1,0 +1,108 @@
+"""Cross-engine plans on ``host-opencl`` (issue 56): the ILP's own plans for ResNet-8, ResNet-18 and MobileNetV2 at
+100% and 50% budgets over the C kernels, PyTorch's CPU kernels and the OpenCL engine, executed; predicted step
+(port.verify.simulate) against the measured median step.
+
+    python bench/opencl.py --quick                 # ResNet-8 only, batch 8, quick profile
+    python bench/opencl.py                         # ResNet-8, ResNet-18, MobileNetV2 at batch 8, budgets 1, 0.5
+    options: --models resnet8,resnet18 --batch 8 --budgets 1,0.5 --steps 10 --profile-max-s S --solve-s S
+             --profile-dir DIR (profiles are reused from there) --json PATH
+
+PoCL's OpenCL device computes on the same CPU cores as the other two engines: its timings are CPU timings, and
+an OpenCL op never runs beside a C op (the executor drains the queue at hand-offs: port.exec.handoff). Whether
+a plan "uses both engines" is reported per row (the ILP places an op on opencl only where the profile says it
+pays). Figures are for a quiet machine: the lead records them, not this script.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+sys.path[:] = [str(ROOT)] + [q for q in sys.path if Path(q or ".").resolve() != BENCH]
+
+MODELS = ("resnet8", "resnet18", "mobilenetv2")
+DEVICE = ROOT / "configs" / "devices" / "host-opencl.yaml"
+
+
+def run_model(name: str, batch: int, budgets: list[float], a) -> list[dict]:
+    import torch
+    import port
+    from port import models
+    from port.config import load_device
+    from port.cost.io import load_profile, save_profile
+    from port.train.optim import SGD
+    from port.train.trainer import Trainer
+
+    dev = load_device(str(DEVICE))
+    if "opencl" not in {acc.id for acc in dev.accelerators}:
+        raise SystemExit(f"host-opencl: the opencl engine is absent here ({'; '.join(dev.skipped)})")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, *models.INPUT_SHAPES[name], generator=gen)
+    y = torch.randint(0, 10, (batch,), generator=gen)
+    opt = SGD(0.01, momentum=0.9)
+    graph = port.trace(models.get(name, seed=0), x, optimizer=opt.graph_name)
+    ppath = Path(a.profile_dir) / f"{name}_b{batch}.json"
+    t0 = time.perf_counter()
+    if ppath.exists():
+        prof = load_profile(ppath)
+    else:
+        prof = port.profile(graph, dev, quick=a.quick, max_time_s=a.profile_max_s)
+        ppath.parent.mkdir(parents=True, exist_ok=True)
+        save_profile(prof, ppath)
+    prof_s = time.perf_counter() - t0
+    rows = []
+    for f in budgets:
+        plan = port.solve(graph, prof, budget=f"{f * 100:g}%", time_limit_s=a.solve_s)
+        sim = port.simulate(plan, graph, prof)
+        accs = sorted({d.accelerator for d in plan.ops})
+        tr = Trainer(models.get(name, seed=0), x, optimizer=SGD(0.01, momentum=0.9), plan=plan)
+        for _ in range(2):
+            tr.step(x, y)
+        ms = []
+        for _ in range(a.steps):
+            t = time.perf_counter()
+            tr.step(x, y)
+            ms.append((time.perf_counter() - t) * 1e3)
+        calls = tr.executor.program.calls
+        n_ocl = sum(c.backend == "opencl" for c in calls)
+        tr.close()
+        meas = statistics.median(ms)
+        rows.append({"model": name, "batch": batch, "budget": f, "accelerators": accs,
+                     "opencl_calls": n_ocl, "handoff_calls": sum(c.kernel == "handoff" for c in calls),
+                     "both_engines": n_ocl > 0 and len(accs) > 1, "predicted_ms": sim.step_ms,
+                     "handoff_ms": sim.breakdown.get("handoff_ms", 0.0), "measured_ms": meas,
+                     "error": (meas - sim.step_ms) / sim.step_ms, "profile_s": prof_s})
+        print(f"{name} b{batch} {f:.0%}: predicted {sim.step_ms:.1f} ms (hand-offs {rows[-1]['handoff_ms']:.2f}) "
+              f"measured {meas:.1f} ms ({rows[-1]['error']:+.0%}); engines {accs}, {n_ocl} opencl calls, "
+              f"{rows[-1]['handoff_calls']} hand-offs", flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--models", default=None)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--budgets", default="1,0.5")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--profile-max-s", type=float, default=None)
+    ap.add_argument("--solve-s", type=float, default=60.0)
+    ap.add_argument("--profile-dir", default=str(ROOT / "runs" / "bench_profiles" / "host-opencl"))
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    names = a.models.split(",") if a.models else (["resnet8"] if a.quick else list(MODELS))
+    budgets = [float(b) for b in a.budgets.split(",")]
+    rows = []
+    for n in names:
+        rows += run_model(n, a.batch, budgets, a)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,526 @@
+"""The ``opencl`` backend (reached through port.exec.registry): the CNN zoo's ops as OpenCL kernels
+(port/exec/backends/opencl_kernels.cl) through pyopencl, on any OpenCL 1.2+ device: PoCL's CPU device in tests
+and CI (``pocl-binary-distribution``, the ``opencl`` extra), a phone or desktop GPU on a device.
+
+Memory: a tensor is its host allocation wrapped once as a ``CL_MEM_USE_HOST_PTR`` buffer (the executor's
+arena: one buffer for the whole arena; the profiler's scratch tensors: one each) plus a byte offset. On a device
+with unified memory (``host_unified_memory``: PoCL, integrated GPUs) the kernels work on the arena's own bytes,
+so both engines share one arena and a hand-off is a synchronisation (port.exec.handoff), no copy. A discrete
+device would need its own arena and copies: refused (``check_unified``) until lowering places one.
+
+Asynchrony: a bound call enqueues its kernels on the engine's in-order queue and returns; ``Engine.finish``
+waits for them. The executor waits at hand-offs (a lowered ``handoff`` call) and at the end of a pass, the
+profiler after each timed run (``sync``).
+
+Kernels: conv2d via im2col + a tiled GEMM (per image and group; the column matrix lives in an engine scratch
+buffer outside the arena, reused by every call), depthwise conv direct, batch norm (train/eval), relu, relu6,
+hardswish, max/avg/global-average pools, linear, add, gradient accumulation, softmax cross-entropy, SGD and
+AdamW updates, forward and backward. Ops without a kernel here (``kernels()`` lists the ones with) stay on the
+other engines: ``supports(kind, attrs)`` is what port.plan.variants asks.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from port.errors import ProgramError
+
+SOURCE = Path(__file__).with_name("opencl_kernels.cl")
+ACT = {"relu": 0, "relu6": 1, "hardswish": 2}
+GEMM_TILE = 16
+BN_WG = 64
+
+
+def supports(kind: str, attrs: dict) -> bool:
+    """The opencl backend has kernels for a call of ``kind`` with ``attrs``."""
+    if kind not in BINDERS:
+        return False
+    if kind.startswith("cross_entropy") and "ignore_index" in attrs:
+        return False          # token-level losses: the other engines
+    if kind.startswith("max_pool2d") or kind.startswith("avg_pool2d"):
+        return tuple(attrs.get("dilation", (1, 1))) == (1, 1) and not attrs.get("ceil_mode", False)
+    return True
+
+
+def kernels() -> tuple[str, ...]:
+    return tuple(sorted(BINDERS))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the engine: context, queue, program, buffers
+# ---------------------------------------------------------------------------------------------------------
+class Engine:
+    """One OpenCL device with its context, in-order queue and built program. ``PORT_OPENCL_DEVICE`` picks the
+    device: an index into all platforms' devices, or a substring of '<platform> <device>' (default: the first
+    GPU, else the first device)."""
+
+    def __init__(self) -> None:
+        import numpy as np
+        import pyopencl as cl
+        self.cl, self.np = cl, np
+        devs = [(p, d) for p in cl.get_platforms() for d in p.get_devices()]
+        if not devs:
+            raise RuntimeError("no OpenCL device (no platform reports one; pip install pocl-binary-distribution "
+                               "for PoCL's CPU device)")
+        want = os.environ.get("PORT_OPENCL_DEVICE", "").strip()
+        if want.isdigit():
+            if int(want) >= len(devs):
+                raise RuntimeError(f"PORT_OPENCL_DEVICE={want}: only {len(devs)} OpenCL devices")
+            p, d = devs[int(want)]
+        elif want:
+            hit = [(p, d) for p, d in devs if want.lower() in f"{p.name} {d.name}".lower()]
+            if not hit:
+                raise RuntimeError(f"PORT_OPENCL_DEVICE={want!r} names none of "
+                                   f"{[f'{p.name} {d.name}' for p, d in devs]}")
+            p, d = hit[0]
+        else:
+            gpus = [(p, d) for p, d in devs if d.type & cl.device_type.GPU]
+            p, d = (gpus or devs)[0]
+        self.device = d
+        self.name = f"{p.name.strip()}: {d.name.strip()}"
+        self.unified = bool(d.host_unified_memory)
+        self.ctx = cl.Context(devices=[d])
+        self.queue = cl.CommandQueue(self.ctx)
+        self.prg = cl.Program(self.ctx, SOURCE.read_text()).build()
+        self.k = {kn.function_name: kn for kn in self.prg.all_kernels()}
+        self._scratch = None
+        self.none = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, 64)   # stands in for absent operands
+        self.pending = 0          # calls enqueued since the last finish
+
+    def check_unified(self) -> None:
+        if not self.unified:
+            raise ProgramError(f"OpenCL device {self.name} has discrete memory: the executor's opencl engine "
+                               f"needs unified host memory (one arena, CL_MEM_USE_HOST_PTR); a device arena with "
+                               f"copying hand-offs is not implemented")
+
+    def buffer_of(self, t, cache: dict) -> tuple[Any, int]:
+        """(cl.Buffer over ``t``'s whole host allocation, byte offset of ``t`` in it). ``cache``: the buffers of
+        one bind context (an executor's arena: one buffer), alive as long as the calls bound with them."""
+        st = t.untyped_storage()
+        base, nb = st.data_ptr(), st.nbytes()
+        key = (base, nb)
+        b = cache.get(key)
+        if b is None:
+            import torch
+            host = torch.empty(0, dtype=torch.uint8).set_(st).numpy() if nb else self.np.zeros(64, self.np.uint8)
+            b = self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE | self.cl.mem_flags.USE_HOST_PTR,
+                               hostbuf=host)
+            b._port_keep = (st, host)     # the host bytes stay alive as long as the buffer
+            cache[key] = b
+        return b, t.data_ptr() - base
+
+    def scratch(self, nbytes: int):
+        """The engine's scratch buffer (im2col columns), at least ``nbytes``; calls on the in-order queue take
+        turns on it. Outside the arena: device memory the engine keeps (like cuDNN's workspace)."""
+        if self._scratch is None or self._scratch.size < nbytes:
+            self.finish()
+            self._scratch = self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, max(nbytes, 64))
+        return self._scratch
+
+    def finish(self) -> None:
+        if self.pending:
+            self.queue.finish()
+            self.pending = 0
+
+    def run(self, name: str, gsize, lsize, *args) -> None:
+        self.k[name](self.queue, gsize, lsize, *args)
+        self.pending += 1
+
+
+_ENGINE: Engine | None = None
+_ENGINE_ERR: str | None = None
+
+
+def engine() -> Engine:
+    global _ENGINE, _ENGINE_ERR
+    if _ENGINE is None:
+        if _ENGINE_ERR is not None:
+            raise RuntimeError(_ENGINE_ERR)
+        try:
+            _ENGINE = Engine()
+        except Exception as e:  # noqa: BLE001 - import, platform or build failures: named once
+            _ENGINE_ERR = f"{type(e).__name__}: {e}"
+            raise RuntimeError(_ENGINE_ERR) from e
+    return _ENGINE
+
+
+def available() -> tuple[bool, str]:
+    try:
+        import pyopencl  # noqa: F401
+    except ImportError:
+        return False, "pyopencl is not installed (pip install -c constraints.txt '.[opencl]')"
+    try:
+        engine()
+    except RuntimeError as e:
+        return False, f"no usable OpenCL device ({e})"
+    return True, ""
+
+
+def handoff_probe(t, to_host: bool) -> Callable[[], None]:
+    """A hand-off of host tensor ``t`` as the executor runs one (port.exec.handoff), for ``port profile``: to the
+    host, a kernel on the queue writing its first element, then the wait; from the host, nothing (the queue reads
+    the arena as it is when the reader is enqueued)."""
+    e = engine()
+    x = Operand(*e.buffer_of(t.view(-1)[:1], {}), (1,))
+
+    def run():
+        e.run("act_fwd", (1,), None, *x.a(), *x.a(), _L(1), _I(0))
+        e.finish()
+    return run if to_host else (lambda: None)
+
+
+def _g(n: int, wg: int = 64) -> tuple[int]:
+    """A 1-D global size covering ``n`` work-items, a multiple of ``wg``."""
+    return (max(wg, (int(n) + wg - 1) // wg * wg),)
+
+
+def _L(v) -> Any:
+    import numpy as np
+    return np.int64(v)
+
+
+def _I(v) -> Any:
+    import numpy as np
+    return np.int32(v)
+
+
+def _F(v) -> Any:
+    import numpy as np
+    return np.float32(v)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# binders: (engine, call, attrs, I, O, ctx) -> run. I/O are Operands in the order of the op records' torch
+# bindings (port.ops); a kernel takes each operand as (buffer, byte offset): ``x.a()`` (``x.a(k)``: k floats in)
+# ---------------------------------------------------------------------------------------------------------
+class Operand:
+    __slots__ = ("m", "o", "s")
+
+    def __init__(self, m, o: int, s: tuple[int, ...]) -> None:
+        self.m, self.o, self.s = m, int(o), s
+
+    def a(self, k: int = 0) -> tuple:
+        """Kernel arguments: the buffer and the byte offset of float element ``k``."""
+        import numpy as np
+        return self.m, np.int64(self.o + 4 * k)
+
+
+def _absent(e) -> tuple:
+    """An operand the kernel does not touch (offset -1)."""
+    import numpy as np
+    return e.none, np.int64(-1)
+
+
+def _numel(shape) -> int:
+    return math.prod(int(s) for s in shape)
+
+
+def _elementwise(e, call, a, I, O, ctx):
+    y = O[0]
+    n = _numel(y.s)
+    if call.kernel in ("add", "grad_accumulate"):
+        return lambda: e.run("add", _g(n), None, *y.a(), *I[0].a(), *I[1].a(), _L(n))
+    if call.kernel in ACT:
+        k = ACT[call.kernel]
+        return lambda: e.run("act_fwd", _g(n), None, *y.a(), *I[0].a(), _L(n), _I(k))
+    k = ACT[call.kernel.split(".")[0]]
+    return lambda: e.run("act_bwd", _g(n), None, *y.a(), *I[0].a(), *I[1].a(), _L(n), _I(k))
+
+
+def _gemm(e, C, A, B, m, n, k, sam, sak, sbk, sbn, scm, scn, beta) -> None:
+    """C[m, n] (+)= A[m, k] @ B[k, n] with element strides; A, B, C: kernel argument pairs."""
+    gs = ((m + GEMM_TILE - 1) // GEMM_TILE * GEMM_TILE, (n + GEMM_TILE - 1) // GEMM_TILE * GEMM_TILE)
+    e.run("gemm", gs, (GEMM_TILE, GEMM_TILE), *C, *A, *B, _I(m), _I(n), _I(k), _I(sam), _I(sak), _I(sbk),
+          _I(sbn), _I(scm), _I(scn), _I(beta))
+
+
+def _conv(e, call, a, I, O, ctx):
+    """conv2d and its gradients: depthwise (groups == C_in) direct; else im2col + the tiled GEMM per image and
+    group, the column matrix [C/g * KH * KW, HO * WO] in the engine's scratch buffer."""
+    kind = call.kernel
+    g = int(a["groups"])
+    gr: dict = {}
+    if kind == "conv2d":
+        x, wt, y = I[0], I[1], O[0]
+        b = I[2] if a.get("bias") else None
+    elif kind == "conv2d.grad_input":
+        y, wt = I          # y: dy
+        x = O[0]           # x: dx
+    else:
+        y, x = I           # dy, x
+        gr = dict(zip(a["grads"], O))
+    n, c, h, w = (int(v) for v in x.s)
+    co, ho, wo = int(y.s[1]), int(y.s[2]), int(y.s[3])
+    kh, kw = (int(v) for v in a["kernel"])
+    sh, sw = (int(v) for v in a["stride"])
+    ph, pw = (int(v) for v in a["padding"])
+    P = ho * wo
+    dwg, bg = gr.get("weight"), gr.get("bias")
+    if g == c and g > 1:                       # depthwise: direct kernels
+        geom = tuple(_I(v) for v in (n, c, h, w, co, kh, kw, sh, sw, ph, pw, ho, wo))
+        if kind == "conv2d":
+            def run():
+                e.run("dw_fwd", _g(n * co * P), None, *y.a(), *x.a(), *wt.a(), *geom)
+                if b is not None:
+                    e.run("bias_add", _g(n * co * P), None, *y.a(), *b.a(), _I(co), _L(P), _L(n * co * P))
+            return run
+        if kind == "conv2d.grad_input":
+            return lambda: e.run("dw_bwd_input", _g(n * c * h * w), None, *x.a(), *y.a(), *wt.a(), *geom)
+
+        def run():
+            if dwg is not None:
+                e.run("dw_bwd_weight", _g(co * kh * kw), None, *dwg.a(), *y.a(), *x.a(), *geom)
+            if bg is not None:
+                e.run("bias_grad", _g(co), None, *bg.a(), *y.a(), _I(n), _I(co), _L(P))
+        return run
+    cg, cog = c // g, co // g
+    K = cg * kh * kw
+    col = (e.scratch(4 * K * P), _L(0))
+    cgeom = tuple(_I(v) for v in (cg, h, w, kh, kw, sh, sw, ph, pw, ho, wo))
+
+    def im2col(i, j):
+        e.run("im2col", _g(K * P), None, *col, *x.a((i * c + j * cg) * h * w), *cgeom)
+    if kind == "conv2d":
+        def run():
+            for i in range(n):
+                for j in range(g):      # y[i, j] = W[j] @ col   ([cog, K] @ [K, P])
+                    im2col(i, j)
+                    _gemm(e, y.a((i * co + j * cog) * P), wt.a(j * cog * K), col, cog, P, K, K, 1, P, 1, P, 1, 0)
+            if b is not None:
+                e.run("bias_add", _g(n * co * P), None, *y.a(), *b.a(), _I(co), _L(P), _L(n * co * P))
+        return run
+    if kind == "conv2d.grad_input":
+        def run():
+            for i in range(n):
+                for j in range(g):      # col = W[j]^T @ dy[i, j]   ([K, cog] @ [cog, P]), then scattered back
+                    _gemm(e, col, wt.a(j * cog * K), y.a((i * co + j * cog) * P), K, P, cog, 1, K, P, 1, P, 1, 0)
+                    e.run("col2im", _g(cg * h * w), None, *x.a((i * c + j * cg) * h * w), *col, *cgeom)
+        return run
+
+    def run():
+        if dwg is not None:
+            for i in range(n):
+                for j in range(g):      # dW[j] += dy[i, j] @ col^T   ([cog, P] @ [P, K])
+                    im2col(i, j)
+                    _gemm(e, dwg.a(j * cog * K), y.a((i * co + j * cog) * P), col, cog, K, P, P, 1, 1, P, K, 1, 1)
+        if bg is not None:
+            e.run("bias_grad", _g(co), None, *bg.a(), *y.a(), _I(n), _I(co), _L(P))
+    return run
+
+
+def _linear(e, call, a, I, O, ctx):
+    """y = x W^T + b (W [out, in]; ``weight_t``: W stored [in, out]); rows: every leading dim."""
+    t = bool(a.get("weight_t"))
+    kind = call.kernel
+    if kind == "linear":
+        x, wt, y = I[0], I[1], O[0]
+        b = I[2] if a.get("bias") else None
+    elif kind == "linear.grad_input":
+        y, wt = I
+        x = O[0]
+    else:
+        y, x = I
+    fin, fout = int(x.s[-1]), int(y.s[-1])
+    rows = _numel(x.s) // fin
+    if kind == "linear":
+        sk, sn = (fout, 1) if t else (1, fin)        # B[k=in, n=out] = W^T
+
+        def run():
+            _gemm(e, y.a(), x.a(), wt.a(), rows, fout, fin, fin, 1, sk, sn, fout, 1, 0)
+            if b is not None:
+                e.run("bias_add", _g(rows * fout), None, *y.a(), *b.a(), _I(fout), _L(1), _L(rows * fout))
+        return run
+    if kind == "linear.grad_input":
+        sk, sn = (1, fout) if t else (fin, 1)        # B[k=out, n=in] = W
+        return lambda: _gemm(e, x.a(), y.a(), wt.a(), rows, fin, fout, fout, 1, sk, sn, fin, 1, 0)
+    gr = dict(zip(a["grads"], O))
+    dw, db = gr.get("weight"), gr.get("bias")
+
+    def run():
+        if dw is not None:    # dW[out, in] += dy^T @ x   (weight_t: dW[in, out] += x^T @ dy)
+            if t:
+                _gemm(e, dw.a(), x.a(), y.a(), fin, fout, rows, 1, fin, fout, 1, fout, 1, 1)
+            else:
+                _gemm(e, dw.a(), y.a(), x.a(), fout, fin, rows, 1, fout, fin, 1, fin, 1, 1)
+        if db is not None:
+            e.run("bias_grad", _g(fout), None, *db.a(), *y.a(), _I(rows), _I(fout), _L(1))
+    return run
+
+
+def _bn(e, call, a, I, O, ctx):
+    kind = call.kernel
+    eps, mom = float(a["eps"]), float(a["momentum"])
+    no = _absent(e)
+    wg = (BN_WG,)
+    if kind == "batch_norm2d":
+        x, w, b, rm, rv = I
+        n, c, hw = int(x.s[0]), int(x.s[1]), _numel(x.s[2:])
+        y = O[0]
+        if a.get("training"):
+            st = O[1]
+            rerun = 1 if a.get("recompute") else 0     # a re-run: the running statistics do not move again
+            return lambda: e.run("bn_fwd_train", (c * BN_WG,), wg, *y.a(), *st.a(), *x.a(), *w.a(), *b.a(),
+                                 *rm.a(), *rv.a(), _I(n), _I(c), _L(hw), _F(eps), _F(mom), _I(rerun))
+        tot = _numel(x.s)
+        return lambda: e.run("bn_fwd_eval", _g(tot), None, *y.a(), *x.a(), *w.a(), *b.a(), *rm.a(), *rv.a(),
+                             _I(c), _L(hw), _F(eps), _L(tot))
+    if kind == "batch_norm2d.grad_input":
+        dx = O[0]
+        if a.get("training"):
+            dy, x, st, w = I
+            xa, sa, rva, ev = x.a(), st.a(), no, 0
+        else:
+            dy, w, rv = I
+            xa, sa, rva, ev = dy.a(), dy.a(), rv.a(), 1     # eval: dx = dy * w * invstd(running var)
+        n, c, hw = int(dy.s[0]), int(dy.s[1]), _numel(dy.s[2:])
+        return lambda: e.run("bn_bwd", (c * BN_WG,), wg, *dx.a(), *no, *no, *dy.a(), *xa, *sa, *w.a(), *rva,
+                             _I(n), _I(c), _L(hw), _F(eps), _I(ev))
+    gr = dict(zip(a["grads"], O))
+    ga = gr["weight"].a() if "weight" in gr else no
+    ba = gr["bias"].a() if "bias" in gr else no
+    if a.get("training"):
+        dy, x, st = I
+        sa, rva, ev = st.a(), no, 0
+    else:
+        dy, x, rm, rv = I
+        sa, rva, ev = rm.a(), rv.a(), 1
+    n, c, hw = int(dy.s[0]), int(dy.s[1]), _numel(dy.s[2:])
+    return lambda: e.run("bn_bwd", (c * BN_WG,), wg, *no, *ga, *ba, *dy.a(), *x.a(), *sa, *no, *rva, _I(n), _I(c),
+                         _L(hw), _F(eps), _I(ev))
+
+
+def _pool(e, call, a, I, O, ctx):
+    kind = call.kernel
+    kh, kw = (int(v) for v in a["kernel"])
+    sh, sw = (int(v) for v in a["stride"])
+    ph, pw = (int(v) for v in a["padding"])
+    fwd = kind in ("max_pool2d", "avg_pool2d")
+    x, y = (I[0], O[0]) if fwd else (O[0], I[0])        # backward: x is dx, y is dy
+    h, w, ho, wo = int(x.s[2]), int(x.s[3]), int(y.s[2]), int(y.s[3])
+    geom = tuple(_I(v) for v in (h, w, kh, kw, sh, sw, ph, pw, ho, wo))
+    ny, nx = _numel(y.s), _numel(x.s)
+    if kind == "max_pool2d":
+        idx = O[1]
+        return lambda: e.run("maxpool_fwd", _g(ny), None, *y.a(), *idx.a(), *x.a(), *geom, _L(ny))
+    if kind == "max_pool2d.grad_input":
+        idx = I[1]
+        return lambda: e.run("maxpool_bwd", _g(nx), None, *x.a(), *y.a(), *idx.a(), *geom, _L(nx))
+    if kind == "avg_pool2d":
+        return lambda: e.run("avgpool_fwd", _g(ny), None, *y.a(), *x.a(), *geom, _L(ny))
+    return lambda: e.run("avgpool_bwd", _g(nx), None, *x.a(), *y.a(), *geom, _L(nx))
+
+
+def _gap(e, call, a, I, O, ctx):
+    if call.kernel == "global_avg_pool2d":
+        x, y = I[0], O[0]
+        hw, planes = _numel(x.s[2:]), _numel(x.s[:2])
+        return lambda: e.run("gap_fwd", _g(planes), None, *y.a(), *x.a(), _L(hw), _L(planes))
+    dy, dx = I[0], O[0]
+    hw, nx = _numel(dx.s[2:]), _numel(dx.s)
+    return lambda: e.run("gap_bwd", _g(nx), None, *dx.a(), *dy.a(), _L(hw), _L(nx))
+
+
+def _xent(e, call, a, I, O, ctx):
+    ls = float(a.get("label_smoothing", 0.0))
+    if call.kernel == "cross_entropy":
+        z, lab = I
+        loss, probs = O
+        n, k = int(z.s[0]), int(z.s[1])
+        rows = Operand(e.cl.Buffer(e.ctx, e.cl.mem_flags.READ_WRITE, max(4 * n, 64)), 0, (n,))  # per-row losses
+
+        def run():
+            e.run("xent_rows", _g(n), None, *rows.a(), *probs.a(), *z.a(), *lab.a(), _I(k), _F(ls), _I(n))
+            e.run("xent_mean", (1,), None, *loss.a(), *rows.a(), _I(n))
+        run.keep = rows
+        return run
+    p, lab, scale = I
+    dl = O[0]
+    n, k = int(p.s[0]), int(p.s[1])
+    return lambda: e.run("xent_bwd", _g(n * k), None, *dl.a(), *p.a(), *lab.a(), *scale.a(), _I(k), _F(ls),
+                         _L(n * k))
+
+
+def _update(e, call, a, I, O, ctx):
+    st = ctx.state
+    opt = a.get("optimizer")
+    if opt in ("sgd", "sgd_momentum"):
+        p, g = I[0], I[1]
+        buf = I[2].a() if opt == "sgd_momentum" else _absent(e)
+        n = _numel(p.s)
+
+        def run():
+            o = st.opt
+            e.run("sgd", _g(n), None, *p.a(), *g.a(), *buf, _L(n), _F(o.lr), _F(o.weight_decay),
+                  _F(getattr(o, "momentum", 0.0) or 0.0), _F(getattr(o, "dampening", 0.0) or 0.0),
+                  _I(1 if getattr(o, "nesterov", False) else 0), _I(1 if st.step == 0 else 0))
+        return run
+    if opt == "adamw":
+        p, g, m1, m2 = I
+        n = _numel(p.s)
+
+        def run():
+            o = st.opt
+            step = st.step + 1
+            b1, b2 = o.betas
+            e.run("adamw", _g(n), None, *p.a(), *g.a(), *m1.a(), *m2.a(), _L(n), _F(o.lr), _F(o.weight_decay),
+                  _F(b1), _F(b2), _F(o.eps), _F(1.0 - b1 ** step), _F(math.sqrt(1.0 - b2 ** step)))
+        return run
+    raise ProgramError(f"call {call.index} ({call.name}, update): unknown optimizer {opt!r}")
+
+
+BINDERS: dict[str, Callable] = {}
+for _k in ("add", "grad_accumulate", "relu", "relu6", "hardswish", "relu.grad_input", "relu6.grad_input",
+           "hardswish.grad_input"):
+    BINDERS[_k] = _elementwise
+for _k in ("conv2d", "conv2d.grad_input", "conv2d.grad_weight"):
+    BINDERS[_k] = _conv
+for _k in ("linear", "linear.grad_input", "linear.grad_weight"):
+    BINDERS[_k] = _linear
+for _k in ("batch_norm2d", "batch_norm2d.grad_input", "batch_norm2d.grad_weight"):
+    BINDERS[_k] = _bn
+for _k in ("max_pool2d", "max_pool2d.grad_input", "avg_pool2d", "avg_pool2d.grad_input"):
+    BINDERS[_k] = _pool
+for _k in ("global_avg_pool2d", "global_avg_pool2d.grad_input"):
+    BINDERS[_k] = _gap
+for _k in ("cross_entropy", "cross_entropy.grad_input"):
+    BINDERS[_k] = _xent
+BINDERS["update"] = _update
+
+
+class OpenCLBackend:
+    name = "opencl"
+
+    def bind(self, call, ctx) -> Callable[[], None]:
+        where = f"call {call.index} ({call.name}, {call.kernel})"
+        a = dict(call.attrs)
+        if call.variant not in ("plain", "inplace"):
+            raise ProgramError(f"{where}: variant {call.variant!r} is not available on opencl")
+        if not supports(call.kernel, a):
+            raise ProgramError(f"{where}: the opencl backend has no kernel for {call.kernel!r} with these "
+                               f"attributes; such ops stay on the other engines")
+        e = engine()
+        cache = getattr(ctx, "_opencl_buffers", None)
+        if cache is None:
+            cache = {}
+            ctx._opencl_buffers = cache
+
+        def operand(tid):
+            v = ctx.view(tid)
+            if v.device.type != "cpu":
+                raise ProgramError(f"{where}: tensor {tid} is in {v.device.type} memory; the opencl engine works "
+                                   f"on host memory (unified) only")
+            b, off = e.buffer_of(v, cache)
+            return Operand(b, off, tuple(int(d) for d in v.shape))
+        I = [operand(t) for t in call.inputs]
+        O = [operand(t) for t in call.outputs]
+        run = BINDERS[call.kernel](e, call, a, I, O, ctx)
+        keep = (I, O, getattr(run, "keep", None))
+
+        def fn():
+            run()
+        fn.keep = keep
+        fn.entry = f"opencl:{call.kernel}"
+        fn.sync = e.finish
+        return fn
