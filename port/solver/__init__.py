@@ -2,7 +2,7 @@
 
     solve(graph, profile, budget, solver="highs", time_limit_s=30.0, gap=0.01,
           allow_early_updates=True, window=K) -> Plan
-      budget: bytes, "64MB", "1.5GiB" or "75%" of the keep-everything peak (port.pipeline)
+      budget: bytes, "64MB", "1.5GiB" or "75%" of the keep-everything peak (port.solver.budget)
     SOLVERS: name -> fn(graph, profile, budget_bytes, time_limit_s=..., gap=..., **kw) -> Plan
       ILP backends: "highs" (default), "cbc", "scip", "cpsat";
       baselines: "single" (accelerator=...; also "single:<acc>"), "greedy", "chen", "checkmate" (Checkmate's
@@ -475,7 +475,8 @@ def solve(graph, profile, budget: int | str | None = None, solver: str = "highs"
     """Plan one training step of ``graph`` on ``profile``'s device within the memory ``budget``.
 
     ``budget``: bytes (int), a size text (``"64MB"``, ``"1.5GiB"``) or ``"NN%"`` of the keep-everything peak
-    (port.pipeline.keep_everything_peak); None: the device memory recorded in the profile. ``budget_bytes=``
+    (port.solver.budget.keep_everything_peak); None: the device memory recorded in the profile (the one
+    budget rule: port.solver.budget). ``budget_bytes=``
     is the older keyword for the same argument.
     Raises InfeasibleBudgetError (with the smallest feasible budget and the tensors at its peak) when no
     plan fits. On a time limit the best plan found is returned with status "timeout" and its proven gap."""
@@ -483,7 +484,7 @@ def solve(graph, profile, budget: int | str | None = None, solver: str = "highs"
         if budget is not None:
             raise TypeError("solve(): give the budget once (budget or budget_bytes)")
         budget = budget_bytes
-    from port.pipeline import budget_bytes as _resolve_budget
+    from port.solver.budget import budget_bytes as _resolve_budget
     budget = _resolve_budget(budget, graph, profile)
     if solver.startswith("single:"):
         kw["accelerator"] = solver.split(":", 1)[1]
