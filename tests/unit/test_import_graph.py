@@ -99,3 +99,13 @@ def test_the_checker_finds_a_lazy_cycle(tmp_path):
     assert cycles(g) == [frozenset({"port.a", "port.sub.b"})]
     (pkg / "sub" / "b.py").write_text("def f():\n    return 1\n")
     assert cycles(import_graph(tmp_path)) == []
+
+
+def test_pipeline_steps_are_short_functions():
+    """port/pipeline/ is one module per step, each function at most 60 lines (run_training was 281)."""
+    long = []
+    for f in sorted((ROOT / "port" / "pipeline").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long.append(f"{f.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, long
