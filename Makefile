@@ -1,4 +1,5 @@
-# Two set-up commands on a fresh machine: `make demo` and `make test`.
+# Two set-up commands on a fresh machine: `make demo` and `make test` (the fast tier; `make test-all` runs every
+# test, as .ci/run does).
 # Both create .venv if missing and install PORT (building the C kernels) with torch pinned by constraints.txt.
 PYTHON ?= python3
 VENV   := .venv
@@ -9,7 +10,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 KERNEL_SRC := $(wildcard kernels/src/*.c kernels/runtime/*.c kernels/include/*.h)
 STAMP := $(VENV)/.port-installed
 
-.PHONY: install demo test test-asan docs bench clean port-rt port-rt-asan port-rt-portable port-rt-aarch64 port-rt-m4
+.PHONY: install demo test test-all test-asan docs bench clean port-rt port-rt-asan port-rt-portable port-rt-aarch64 port-rt-m4
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +24,14 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/port demo
 
+# The fast tier: every test but those marked slow (federation rounds, cross and MCU builds, the zoo's largest
+# models, README blocks that train; pyproject.toml registers the marker). test-all: everything, with the 25
+# slowest tests listed (pick what to mark slow from them).
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not slow" --durations=10 tests
+
+test-all: install
+	$(PY) -m pytest -q --durations=25 tests
 
 # Kernel tests, the hostile-program tests, the program fuzzer and the call rule's tests against an ASan+UBSan
 # build of the C library (separate .so, quick parametrisation); the bundle fuzzer (300 mutants) against an

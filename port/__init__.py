@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from port.version import __version__  # noqa: F401
 
 # Before any OpenMP runtime loads (torch's or the kernels'): passive waiting, so idle pool threads do not
 # spin on CPUs that other threads need (on a 2-core device a spinning pool costs 100x; see bench/RESULTS.md).
@@ -54,7 +54,7 @@ def profile(graph: Graph, device: Any, quick: bool = False, **kw: Any) -> Profil
 
 def solve(graph: Graph, profile: Profile, budget: Any = None, solver: str = "highs", **kw: Any) -> Plan:
     """The fastest plan of one training step of ``graph`` within the memory ``budget``: bytes (int),
-    ``"64MB"``, ``"1.5GiB"`` or ``"75%"`` of the keep-everything peak (port.pipeline.keep_everything_peak);
+    ``"64MB"``, ``"1.5GiB"`` or ``"75%"`` of the keep-everything peak (port.solver.budget.keep_everything_peak);
     None: the device memory. Keywords: time_limit_s, gap, allow_early_updates, ... (port.solver.solve)."""
     from port.solver import solve as _solve
     return _solve(graph, profile, budget, solver=solver, **kw)
@@ -89,7 +89,7 @@ _LAZY = {
     "modeled_profile": ("port.cost.roofline", "modeled_profile"),
     "load_device": ("port.config", "load_device"),
     "load_experiment": ("port.config", "load_experiment"),
-    "keep_everything_peak": ("port.pipeline", "keep_everything_peak"),
+    "keep_everything_peak": ("port.solver.budget", "keep_everything_peak"),
     "run_training": ("port.pipeline", "run_training"),
 }
 

@@ -61,7 +61,7 @@ def parse_budget(value: Any) -> int | str:
     """The one budget syntax (config key ``budget``, ``--budget``, ``port.solve(..., budget=...)``): a number of
     bytes, a size (``64MB`` = 64 * 10^6, ``1.5GiB`` = 1.5 * 2^30) or ``NN%`` of the keep-everything peak.
     Returns the bytes (int) or the normalised percentage text (``"75%"``); raises ValueError naming the forms.
-    Percentages are turned into bytes by ``port.pipeline.budget_bytes`` (one definition of the peak)."""
+    Turned into bytes by port.solver.budget, the one budget rule (percentages, and no budget)."""
     if isinstance(value, str) and value.strip().endswith("%"):
         try:
             pct = float(value.strip()[:-1])
@@ -76,20 +76,12 @@ def parse_budget(value: Any) -> int | str:
         raise ValueError(f"expected {BUDGET_HELP}") from None
 
 
-def budget_to_bytes(spec: int | str | None, keep_everything_peak: int | None, device_memory: int | None,
-                    engine_bytes: int = 0) -> int:
-    """A parsed budget in bytes: sizes as they are, ``NN%``: ``engine_bytes`` (the keep-everything plan's engine
-    footprint, within its peak) + NN% of the rest of ``keep_everything_peak``, None: the device's memory.
-    (port.pipeline.keep_everything defines both.)"""
-    if spec is None:
-        if not device_memory:
-            raise ConfigError("no budget given and the device memory is unknown; give a budget such as 64MB or 75%")
-        return int(device_memory)
-    if isinstance(spec, str):
-        if keep_everything_peak is None:
-            raise ValueError("a percentage budget needs the keep-everything peak")
-        return int(engine_bytes + (keep_everything_peak - engine_bytes) * float(spec[:-1]) / 100)
-    return int(spec)
+def parse_budget_option(value: Any, what: str = "--budget") -> int | str:
+    """parse_budget with the option or key (``what``) named in the error: ConfigError (exit 2)."""
+    try:
+        return parse_budget(value)
+    except ValueError as e:
+        raise ConfigError(f"{what} {value!r}: {e}") from None
 
 
 def format_budget(spec: int | str | None) -> str:
@@ -391,11 +383,6 @@ class ExperimentConfig(_Strict):
         return None if v is None else parse_budget(v)
 
     _name = field_validator("name")(classmethod(lambda cls, v: check_name(v)))
-
-    def budget_bytes(self, naive_peak_bytes: int, device_memory_bytes: int) -> int:
-        """The budget in bytes: a size, a percentage of ``naive_peak_bytes`` (the keep-everything plan's
-        peak, i.e. what PyTorch eager holds), or the device's memory when unset."""
-        return budget_to_bytes(self.budget, naive_peak_bytes, device_memory_bytes)
 
     @field_validator("model", mode="before")
     @classmethod

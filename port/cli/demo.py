@@ -15,10 +15,10 @@ def register(app: typer.Typer) -> None:
              no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars")) -> None:
         """Run the main job on the built-in default config: inspect, then profile, plan and train the digits CNN."""
         from port import pipeline as P
-        from port.cli.inspect import print_report
+        from port.cli.inspect import inspect_graph, print_report
         from port.config import DEFAULT_CONFIG
 
         job = P.load_job(DEFAULT_CONFIG, profile=profile)
-        ins = P.inspect_graph(job, P.build_graph(job))
+        ins = inspect_graph(job, P.build_graph(job))
         print_report(ins.report, ins.title, ins.peak_note)
         P.run_training(DEFAULT_CONFIG, profile=profile, progress=not no_progress)

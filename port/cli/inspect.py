@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -58,6 +59,61 @@ def print_report(rep: dict[str, Any], title: str, peak_note: str, all_ops: bool 
             + ", ".join(sorted({o['kind'][len('torch_op ('):-1] for o in fallback})))
 
 
+def graph_report(g: Any) -> dict[str, Any]:
+    """The JSON form of `port inspect`: ops and totals."""
+    from port.ir.capture import aten_of
+    T = g.tensors
+    counted: set[int] = set()
+    ops = []
+    for o in g.ops:
+        saved = 0
+        for t in o.saved:
+            r = g.storage_root(t)
+            if T[r].role in ("parameter", "buffer") or r in counted:
+                continue
+            counted.add(r)
+            saved += T[r].bytes
+        params = sum(T[t].bytes for t in o.inputs if T[t].role == "parameter") if o.phase == "forward" else 0
+        out = T[o.outputs[0]].shape if o.outputs else ()
+        kind = o.kind if not o.kind.startswith("torch_op") else f"{o.kind} ({aten_of(o)})"
+        ops.append({"name": o.name, "layer": o.layer, "kind": kind, "phase": o.phase,
+                    "output_shape": list(out), "flops": o.flops, "vector_flops": o.vector_flops,
+                    "saved_bytes": saved, "param_bytes": params, "bytes_moved": o.bytes_moved})
+    return {"graph": g.name, "batch_size": g.batch_size, "optimizer": g.optimizer, "digest": g.digest(),
+            "ops": ops, "totals": g.totals()}
+
+
+@dataclass(frozen=True)
+class Inspected:
+    report: dict                      # graph_report(...) plus keep_everything_peak_bytes and profile
+    title: str
+    peak_note: str                    # "keep-everything peak ... (workspace sizes from ...)"
+
+
+def inspect_graph(job: Any, built: Any) -> Inspected:
+    """The per-layer report and the keep-everything peak (workspace sizes from the profile at the job's
+    location when it exists and covers the graph, else modeled; never measures)."""
+    from port.config import format_size
+    from port.pipeline import KEEP_EVERYTHING, find_profile, present_accelerators
+    from port.solver.budget import keep_everything_peak
+    rep = graph_report(built.graph)
+    found = find_profile(job, built.graph)
+    if found is not None:
+        prof, src = found.profile, f"workspace sizes from profile {found.path}"
+    else:
+        from port.cost.roofline import modeled_profile
+        prof = modeled_profile(built.graph, job.device)
+        src = (f"workspace sizes modeled: no profile at {job.profile_path} yet" if present_accelerators(job.device)
+               else f"device {job.device.name!r} is fully modeled")
+    peak = keep_everything_peak(built.graph, prof)
+    rep["keep_everything_peak_bytes"] = peak
+    rep["profile"] = str(found.path) if found is not None else None
+    note = (f"{KEEP_EVERYTHING} {format_size(peak)} ({peak} B: activations, parameters, gradients, optimizer state "
+            f"and workspace with every activation kept; {src})")
+    return Inspected(rep, built.title, note)
+
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def inspect(
@@ -78,7 +134,7 @@ def register(app: typer.Typer) -> None:
         from port import pipeline as P
         job = P.load_job(config, model=model, input_shape=input, batch=batch, trainable=trainable,
                          optimizer=optimizer, profile=profile)
-        ins = P.inspect_graph(job, P.build_graph(job))
+        ins = inspect_graph(job, P.build_graph(job))
         if json_out == "-":
             json.dump(ins.report, sys.stdout, indent=1)
             sys.stdout.write("\n")

@@ -1,5 +1,5 @@
 """`port train CONFIG`: trace -> profile (the location rule; reused, measured when missing) -> solve -> train
--> export -> report, all in port.pipeline.run_training; `port report RUN_DIR` rebuilds a run's report.
+-> export -> report, all in port.pipeline.run_training; `port report RUN_DIR` rebuilds a run's report (run_report).
 
 Each run writes ``runs/<name>/``: ``config.yaml`` (resolved), ``profile.json``, ``plan.json``,
 ``checkpoint.port``, ``metrics.jsonl`` (one line per step), ``measured.json`` (per-op times and the memory
@@ -14,6 +14,29 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+
+
+def run_report(run_dir: str | Path) -> Path:
+    """Rebuild runs/<name>/report.html from the run's files."""
+    from port.cost.io import load_profile
+    from port.errors import ConfigError
+    from port.pipeline import build_graph, build_report, load_job, read_measured
+    from port.plan.io import load_plan
+    run_dir = Path(run_dir)
+    for f in ("config.yaml", "profile.json", "plan.json", "measured.json"):
+        if not (run_dir / f).exists():
+            raise ConfigError(f"{run_dir}: not a run directory (missing {f}); create one with `port train CONFIG`")
+    measured = read_measured(run_dir / "measured.json")
+    extra = [Path(measured["config_path"]).parent] if measured.get("config_path") else []
+    job = load_job(run_dir / "config.yaml", extra_search_dirs=extra)
+    built = build_graph(job)
+    profile = load_profile(run_dir / "profile.json", device=job.device.name)
+    plan = load_plan(run_dir / "plan.json", graph=built.graph, profile=profile)
+    build_report(run_dir, built.graph, profile, plan, measured,
+                 {"model": job.config.model.name, "device": job.device.name,
+                  "predicted step": f"{plan.predicted_step_ms:.2f} ms",
+                  "measured step": f"{measured.get('step_ms', float('nan')):.2f} ms"})
+    return run_dir / "report.html"
 
 
 def register(app: typer.Typer) -> None:
@@ -49,5 +72,4 @@ def register(app: typer.Typer) -> None:
     @app.command("report")
     def report(run_dir: Path = typer.Argument(..., help="a run directory, e.g. runs/digits")) -> None:
         """Write RUN_DIR/report.html: memory predicted vs measured, Gantt chart, placement, flagged ops."""
-        from port.pipeline import run_report
         typer.echo(f"wrote {run_report(run_dir)}")

@@ -93,7 +93,7 @@ def host_info(graph: Graph | None = None) -> dict[str, str]:
     except ImportError:
         pass
     try:
-        from port import __version__
+        from port.version import __version__
         info["port"] = __version__
     except ImportError:
         pass

@@ -102,7 +102,7 @@ def explain_float_ids(jobs: Sequence[tuple], error: Exception) -> None:
     if "'indices'" not in str(error):
         return
     for model, example, *_ in jobs:
-        from port.ir.trace import example_inputs
+        from port.ir.inputs import example_inputs
         floats = [k for k, v in example_inputs(example) if v.is_floating_point()]
         embs = [f"{n} ({m.num_embeddings} ids)" for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding)]
         if floats and embs:

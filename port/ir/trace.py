@@ -20,6 +20,7 @@ from typing import Any, Iterable, Sequence
 
 from port.errors import ArgumentError, PortTraceError
 from port.ir import capture as C
+from port.ir.inputs import example_inputs  # noqa: F401  (its home before port.ir.inputs; the trainer's import)
 from port import ops
 from port.ops.base import BackwardCtx, Fwd, default_backward
 from port.ops.fallback import capture_node
@@ -215,28 +216,6 @@ def capture_key(model: Any, example_input: Any, settings: tuple) -> str | None:
         put(k, tuple(v.shape), str(v.dtype))
     put(type(example_input).__name__, settings)
     return h.hexdigest()
-
-
-def example_inputs(example_input: Any) -> list[tuple[str, Any]]:
-    """[(name, tensor)] of what a model is called with: one tensor ("input"), a tuple of positional tensors
-    ("input", "input1", ...) or a dict of keyword tensors (their keys, e.g. input_ids, attention_mask). The first
-    is the graph's main input; each must be a tensor [N, ...] with the batch dimension first."""
-    import torch
-    if isinstance(example_input, torch.Tensor):
-        items = [("input", example_input)]
-    elif isinstance(example_input, (tuple, list)) and example_input:
-        items = [("input" if i == 0 else f"input{i}", v) for i, v in enumerate(example_input)]
-    elif isinstance(example_input, dict) and example_input:
-        items = [(str(k), v) for k, v in example_input.items()]
-    else:
-        raise PortTraceError("example_input must be a tensor [N, ...] with the batch dimension first, a tuple of "
-                             "such tensors (positional arguments) or a dict of them (keyword arguments)")
-    for k, v in items:
-        if not isinstance(v, torch.Tensor) or v.dim() < 1 or (k == items[0][0] and v.dim() < 2 and
-                                                               v.is_floating_point()):
-            raise PortTraceError(f"example input {k!r} must be a tensor [N, ...] with the batch dimension first, "
-                                 f"got {type(v).__name__}{list(v.shape) if isinstance(v, torch.Tensor) else ''}")
-    return items
 
 
 def call_args(example_input: Any, fn=lambda v: v) -> tuple[tuple, dict]:

@@ -88,6 +88,7 @@ def test_a_sparse_update_sends_only_the_trained_parameters(tmp_path):
     assert sum(v.nbytes for v in ups[0].delta.values()) < 0.5 * sum(v.nbytes for v in st.values())
 
 
+@pytest.mark.slow
 def test_one_round_over_flower_equals_fedavg_by_hand(fed_config, tmp_path):
     """A real local federation (SuperLink + 3 SuperNodes, one process each, loopback): after one round the
     global model equals FedAvg computed by hand from the clients' PORT deltas; the client whose budget fits
@@ -132,6 +133,7 @@ KILL_CONFIG = "name: fedkill\n" + EXPERIMENT + """federation:
 """
 
 
+@pytest.mark.slow
 def test_killing_a_client_mid_round_keeps_the_federation(tmp_path):
     """Client 1's SuperNode is killed while it trains round 1 (as soon as it has received the round's message):
     round 1 ends with client 0's delta alone and records the lost node; PORT starts the SuperNode again, round 2
@@ -388,6 +390,7 @@ def _train(msg, context):
 '''
 
 
+@pytest.mark.slow
 def test_tls_node_auth_and_a_poisoning_client_over_flower(tmp_path, monkeypatch):
     """A real federation over TLS (a CA and a 127.0.0.1 certificate made here; SuperNodes and flwr trust only that
     CA) with SuperNode authentication (each client's EC key registered; a SuperNode with an unregistered key is

@@ -118,6 +118,7 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_rss_growth_within_arena_resnet18():
     """ResNet-18 (43 MB of weights) at batch 2: the process grows by the arena less the module's weights
     (which move into it) plus a small fixed runtime overhead, during set-up and the steps; the set-up's peak

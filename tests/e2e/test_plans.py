@@ -36,7 +36,8 @@ STEPS = {"resnet8": 10, "mobilenetv2": 3}
 _KEEP_RUNS: dict = {}
 
 
-@pytest.fixture(scope="module", params=list(MODELS))
+@pytest.fixture(scope="module", params=[pytest.param(n, marks=[pytest.mark.slow] if n == "mobilenetv2" else [])
+                                        for n in MODELS])
 def setup(request):
     name = request.param
     model = M.get(name, seed=0, **MODELS[name])

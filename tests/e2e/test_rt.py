@@ -237,6 +237,7 @@ def test_checkpoints_resume_across_python_and_port_rt(port_rt, tmp_path):
     assert r.returncode == 2 and "not a checkpoint of this bundle" in r.stderr
 
 
+@pytest.mark.slow
 def test_vendored_gemm_is_thread_count_independent(port_rt, tmp_path):
     """With --gemm vendored every kernel gives the same bits at 1 and 2 threads (the OpenBLAS build splits
     large GEMMs into per-thread blocks, so it is compared at equal thread counts only)."""

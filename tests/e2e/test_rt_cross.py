@@ -15,6 +15,8 @@ import port
 from port import models
 from port.exec.bundle import write_data
 
+pytestmark = pytest.mark.slow      # cross builds and emulators: the slow tier (make test-all, .ci/run)
+
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = "apt-get install -y gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
 

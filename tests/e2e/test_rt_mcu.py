@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow      # cross builds and emulators: the slow tier (make test-all, .ci/run)
+
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = "apt-get install -y gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm"
 STEPS = 10

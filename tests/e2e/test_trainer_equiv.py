@@ -34,6 +34,7 @@ ZOO = [
     ("vgg16", 2, {}, True),
     ("resnet50", 2, {}, True),
 ]
+LARGEST = {"vgg11", "resnet18", "vgg16", "resnet50"}      # the zoo's largest: the slow tier (make test-all)
 LR = {"sgd": 0.005, "adamw": 1e-4}
 # AdamW on these (frozen BN, batch 2) is chaotic in float32, so a free-running comparison with PyTorch passes on
 # some CPUs and fails on others. vgg11: the failure seen on an AVX-512 Xeon (step 16: 1.53077 PORT vs 1.52999
@@ -48,7 +49,8 @@ SYNCED_ADAMW = {"vgg11", "resnet18", "vgg16", "resnet50"}
 
 
 @pytest.mark.parametrize("opt", ["sgd", "adamw"])
-@pytest.mark.parametrize("name,batch,kw,freeze", ZOO, ids=[z[0] for z in ZOO])
+@pytest.mark.parametrize("name,batch,kw,freeze", [pytest.param(*z, id=z[0], marks=[pytest.mark.slow] if z[0] in LARGEST
+                                                                 else []) for z in ZOO])
 def test_zoo_matches_pytorch(name, batch, kw, freeze, opt, request):
     m = M.get(name, seed=0, **kw)
     if freeze:
@@ -61,6 +63,7 @@ def test_zoo_matches_pytorch(name, batch, kw, freeze, opt, request):
     compare(m, data(name, batch, 20), opt, lr=LR[opt])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["vgg11", "resnet18"])
 def test_train_bn_deep_nets_as_accurate_as_pytorch(name):
     """Training-mode BN in deep nets at batch 2 (BN over a handful of values late in the net): float32 runs
@@ -69,6 +72,7 @@ def test_train_bn_deep_nets_as_accurate_as_pytorch(name):
     compare_to_float64(M.get(name, seed=0), data(name, 2, 10), "sgd", lr=LR["sgd"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opt", ["sgd", "adamw"])
 def test_mobilenetv2_frozen_bn_matches_pytorch(opt):
     """MobileNetV2 with frozen (eval-mode) batch norm: 1e-4 like the rest of the zoo; AdamW one step at a time
@@ -80,6 +84,7 @@ def test_mobilenetv2_frozen_bn_matches_pytorch(opt):
     compare(m, data("mobilenetv2", 2, 20), opt, lr=LR[opt])
 
 
+@pytest.mark.slow
 def test_mobilenetv2_train_bn_as_accurate_as_pytorch():
     """MobileNetV2 with training-mode BN at batch 2 is ill-conditioned at initialisation: PyTorch's own float32
     run leaves float64 training by ~1e-2 within a few steps, and any change of summation order (the C kernels,
@@ -137,6 +142,7 @@ def test_comparator_catches_drift():
         check_weights(tr.state_dict(), ref.state_dict())
 
 
+@pytest.mark.slow
 def test_deep_net_gradients_match_float64():
     """One step's parameter gradients of a deep net (resnet18, frozen BN, batch 2) within a few times PyTorch
     float32's own error from float64, tensor by tensor: the guard for kernel bugs that AdamW exposes (it normalises

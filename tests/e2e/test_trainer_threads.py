@@ -92,7 +92,7 @@ def _tokens(vocab: int, b: int = 4, t: int = 64):
 
 
 @pytest.mark.parametrize("backend", ["blas", "vendored", "auto"])
-@pytest.mark.parametrize("name", ["resnet8", "mobilenetv2", "gpt_tiny"])
+@pytest.mark.parametrize("name", ["resnet8", pytest.param("mobilenetv2", marks=pytest.mark.slow), "gpt_tiny"])
 def test_training_steps_give_the_same_bits_at_any_thread_count(backend, name):
     """Whole training steps (forward, backward, updates; conv algorithms as the default plan picks them, Winograd
     and batch folding included) at 1, 2 and 3 threads: every loss and every weight, buffer and optimizer state

@@ -76,7 +76,7 @@ def test_profile_from_another_cpu_model_is_refused_with_the_reason(graph, monkey
     e = prof.entries[0]
     prof = replace(prof, entries=(replace(e, measured=True),) + prof.entries[1:],
                    host=(("cpu", "Imaginary CPU 9000"),), _index={})
-    monkeypatch.setattr(P, "_this_cpu", lambda: "AMD EPYC")
+    monkeypatch.setattr(P.profiles, "_this_cpu", lambda: "AMD EPYC")
     why = P.stale_reason(prof)
     assert why and "another CPU model" in why and "Imaginary CPU 9000" in why and "AMD EPYC" in why
     assert isinstance(e, OpCost)
@@ -95,7 +95,7 @@ def test_remeasure_reuses_its_file_until_it_no_longer_applies(graph, tmp_path, m
     assert rep2.measured == 0 and rep2.reused == rep1.measured and not said
     assert {(e.signature, e.accelerator, e.variant) for e in prof2.entries} == \
         {(e.signature, e.accelerator, e.variant) for e in prof1.entries}
-    monkeypatch.setattr(P, "_this_cpu", lambda: "Imaginary CPU 9000")
+    monkeypatch.setattr(P.profiles, "_this_cpu", lambda: "Imaginary CPU 9000")
     _prof3, rep3 = P.remeasure(graph, dev, path, echo=said.append)
     assert rep3.measured == rep1.measured and rep3.reused == 0
     assert len(said) == 1 and "another CPU model" in said[0] and str(path) in said[0]
@@ -103,6 +103,7 @@ def test_remeasure_reuses_its_file_until_it_no_longer_applies(graph, tmp_path, m
     path.write_text(path.read_text()[:200])        # truncated: said and measured again (`port profile` refuses it)
     _prof4, rep4 = P.remeasure(graph, dev, path, echo=said.append)
     assert rep4.measured == rep1.measured and len(said) == 2 and str(path) in said[1]
-    with pytest.raises(P.ProfileError, match="--fresh"):
+    from port.errors import ProfileError
+    with pytest.raises(ProfileError, match="--fresh"):
         path.write_text(path.read_text()[:200])
         P.reusable_profile(path, dev.name, strict=True)
