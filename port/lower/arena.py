@@ -431,10 +431,10 @@ def _check_ids_and_zero_ranges(program: Program, slot_of: dict) -> None:
 
 def _check_handoffs(program: Program, slot_of: dict) -> None:
     """Every tensor a call reads that a call on another engine wrote in this pass, where one of the two engines
-    queues its calls (port.lower.lower.needs_handoff_call), is handed over to the reader's engine first: a
+    queues its calls (port.lower.program.needs_handoff_call), is handed over to the reader's engine first: a
     ``handoff`` call with ``dst`` = the reader's backend between the write and the read (port.plan.semantics
     rule 7). A pass starts with every tensor on the host (the executor drains the queues after each pass)."""
-    from port.lower.lower import needs_handoff_call
+    from port.lower.program import needs_handoff_call
     wrote: dict[int, str] = {}       # root -> backend of its last writer in this pass
     handed: dict[int, set] = {}      # root -> backends it was handed to since that write
     for c in program.calls:
@@ -501,7 +501,7 @@ def _check_call(program: Program, c, slot_of: dict, pages: dict) -> None:
     if z is not None and (not isinstance(z, tuple) or not set(z) <= set(c.outputs)):
         raise ProgramError(f"{where}: attribute zero_outputs={z!r}: expected a tuple of the call's outputs")
     if c.backend == "host" and c.kernel == "handoff":
-        from port.lower.lower import needs_handoff_call
+        from port.lower.program import needs_handoff_call
         src, dst = a.get("src"), a.get("dst")
         if src not in R.BACKENDS or dst not in R.BACKENDS or not needs_handoff_call(src, dst):
             raise ProgramError(f"{where}: attributes src={src!r} dst={dst!r}: expected two backends of "

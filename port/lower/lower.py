@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from port.errors import PlanError
 from port.lower.arena import assign_offsets, check_program, live_timeline
+from port.lower.program import QUEUED_BACKENDS, needs_handoff_call  # noqa: F401 - re-exported
 from port.lower.program import (GRAD_SCALE_ID, REGION_PERSISTENT, REGION_SCRATCH, Call, Program, Slot, align)
 from port.exec import registry
 from port.ir.types import (DTYPE_BYTES, PHASE_BACKWARD, PHASE_FORWARD, PHASE_LOSS, PHASES, ROLE_BUFFER, ROLE_GRADIENT,
@@ -47,16 +48,6 @@ def backend_of(accelerator: str, accelerators: dict[str, str] | None = None) -> 
     except KeyError:
         raise PlanError(f"accelerator {accelerator!r} has no known backend; known: {sorted(m)} "
                         f"(pass accelerators={{id: backend}} to lower())") from None
-
-
-# engines that queue their calls (asynchronous, own queue): a tensor crossing to or from them is handed over by a
-# ``handoff`` call (port.exec.handoff); the CPU engines run synchronously on one arena and need none
-QUEUED_BACKENDS = ("opencl",)
-
-
-def needs_handoff_call(src: str, dst: str) -> bool:
-    """A tensor produced on backend ``src`` and read on ``dst`` needs a lowered ``handoff`` call."""
-    return src != dst and (src in QUEUED_BACKENDS or dst in QUEUED_BACKENDS)
 
 
 def default_plan(graph: Graph, backend: str = "c", fuse: bool = True, inplace: bool = True) -> Plan:

@@ -175,3 +175,13 @@ def _untuple(v: Any) -> Any:
 
 def align(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
+
+
+# engines that queue their calls (asynchronous, own queue): a tensor crossing to or from them is handed over by a
+# ``handoff`` call (port.exec.handoff); the CPU engines run synchronously on one arena and need none
+QUEUED_BACKENDS = ("opencl",)
+
+
+def needs_handoff_call(src: str, dst: str) -> bool:
+    """A tensor produced on backend ``src`` and read on ``dst`` needs a lowered ``handoff`` call."""
+    return src != dst and (src in QUEUED_BACKENDS or dst in QUEUED_BACKENDS)
