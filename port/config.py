@@ -21,8 +21,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from port.errors import ConfigError
 from port.exec.capi import MAX_THREADS
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = ROOT / "configs"
+
+def shipped_dir(name: str) -> Path:
+    """A folder of files PORT ships (``configs``: the experiment configs and, under ``devices/``, the device
+    descriptions). In an installed wheel it is package data, ``port/<name>/`` (importlib.resources; setup.py's
+    build_py copies it there); in a checkout (editable install, PYTHONPATH) the repository's top-level
+    ``<name>/``, its one source. Paths a user gives are never looked up here: they are relative to the working
+    directory."""
+    import importlib.resources
+    packaged = importlib.resources.files("port") / name
+    if packaged.is_dir():
+        return Path(str(packaged))      # a wheel installs unzipped: the Traversable is a file-system path
+    return Path(__file__).resolve().parent.parent / name
+
+
+CONFIG_DIR = shipped_dir("configs")
 DEVICE_DIR = CONFIG_DIR / "devices"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
 

@@ -1205,28 +1205,31 @@ def _fixed_threads(cfg: Any) -> int | None:
     return t if isinstance(t, int) else None
 
 
-def run_training(config: str | Path, *, resume: bool = False, steps: int | None = None,
+def run_training(config: str | Path | None = None, *, model: str | None = None, input_shape: str | None = None,
+                 batch: int | None = None, resume: bool = False, steps: int | None = None,
                  out_dir: str | Path = "runs", quiet: bool = False, replan: bool = False, budget: Any = None,
                  solver: str | None = None, profile: str | Path | None = None, export: bool = True,
                  progress: bool = True, on_nonfinite: str | None = None,
                  threads: int | str | None = None) -> TrainResult:
-    """`port train CONFIG`: trace -> profile (the location rule) -> solve -> train -> export -> report.
+    """`port train CONFIG` (or `--model NAME`, as load_job takes it): trace -> profile (the location rule) ->
+    solve -> train -> export -> report.
 
     SIGINT / SIGTERM while training writes a checkpoint at the current step and raises Interrupted (the CLI
     exits 130 / 143); ``resume=True`` continues from it, keeping runs/<name>/metrics.jsonl free of duplicates.
     The run directory is locked for the whole run (port.io.dir_lock): a second `port train` on it stops with a
     LockedError naming the first one's PID (exit 2) before it writes anything there."""
     with contextlib.ExitStack() as held:
-        return _run_training(config, held, resume=resume, steps=steps, out_dir=out_dir, quiet=quiet, replan=replan,
-                             budget=budget, solver=solver, profile=profile, export=export, progress=progress,
-                             on_nonfinite=on_nonfinite, threads=threads)
+        job = load_job(config, model=model, input_shape=input_shape, batch=batch, budget=budget, solver=solver,
+                       profile=profile, train={"steps": steps, "on_nonfinite": on_nonfinite, "threads": threads})
+        return _run_training(job, held, resume=resume, steps=steps, out_dir=out_dir, quiet=quiet, replan=replan,
+                             export=export, progress=progress, overrides=budget is not None or solver is not None)
 
 
-def _run_training(config: str | Path, held: contextlib.ExitStack, *, resume: bool, steps: int | None,
-                  out_dir: str | Path, quiet: bool, replan: bool, budget: Any, solver: str | None,
-                  profile: str | Path | None, export: bool, progress: bool, on_nonfinite: str | None,
-                  threads: int | str | None) -> TrainResult:
-    """run_training's body; ``held`` keeps the run directory's lock until run_training returns or raises."""
+def _run_training(job: Job, held: contextlib.ExitStack, *, resume: bool, steps: int | None,
+                  out_dir: str | Path, quiet: bool, replan: bool, export: bool, progress: bool,
+                  overrides: bool) -> TrainResult:
+    """run_training's body; ``held`` keeps the run directory's lock until run_training returns or raises;
+    ``overrides``: --budget or --solver was given (a resumed run solves again instead of reusing its plan)."""
     import yaml
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -1243,8 +1246,7 @@ def _run_training(config: str | Path, held: contextlib.ExitStack, *, resume: boo
     def say(msg: str) -> None:
         console.print(msg, markup=False)
 
-    job = load_job(config, budget=budget, solver=solver, profile=profile,
-                   train={"steps": steps, "on_nonfinite": on_nonfinite, "threads": threads})
+    config = job.command_hint        # how the messages name the job: the config file, or CONFIG
     cfg = job.config
     if _fixed_threads(cfg):
         capi.set_num_threads(_fixed_threads(cfg))
@@ -1295,7 +1297,7 @@ def _run_training(config: str | Path, held: contextlib.ExitStack, *, resume: boo
     say(bud.peak_line())
     say(bud.describe())
     solved = None
-    if resume and not replan and budget is None and solver is None:
+    if resume and not replan and not overrides:
         reused = _reuse_plan(run_dir, graph, prof.profile, bud)
         if reused is not None:
             from port.verify.simulate import simulate
@@ -1470,11 +1472,12 @@ def _run_training(config: str | Path, held: contextlib.ExitStack, *, resume: boo
     measured["flagged"] = [r.op for r in flags]
     measured["flagged_signatures"] = sorted({sig_of[r.op] for r in flags if r.op in sig_of})
     measured["predicted_step_ms"] = plan.predicted_step_ms
-    measured["config_path"] = str(Path(config).resolve())
+    if job.config_path is not None:
+        measured["config_path"] = str(job.config_path.resolve())
     atomic_write_text(run_dir / "measured.json", json.dumps(measured, indent=1))
     if export:
         from port.errors import DiskFullError
-        for fmt, name in (("onnx", "model.onnx"), ("torch", "model.pt")):
+        for fmt, name in (("onnx", "model.onnx"), ("torch", "model.pt2")):
             try:
                 tr.export(run_dir / name, fmt)
             except DiskFullError:

@@ -1,7 +1,9 @@
 """Export a trained model for inference, batch norm folded into the preceding convolutions.
 
-format="onnx": torch.onnx.export(dynamo=False), checked with onnxruntime against the trained model (logits
-within 1e-4). format="torch": TorchScript (torch.jit.trace + save).
+format="onnx": PyTorch's torch.export-based ONNX exporter (``torch.onnx.export(dynamo=True)``, which needs
+onnxscript: the ``dev`` extra), the batch dimension dynamic where the model allows it; checked with onnxruntime
+against the trained model (logits within 1e-4). format="torch": a ``torch.export`` ExportedProgram
+(``torch.export.save``; load it with ``torch.export.load(path).module()``), the same batch rule.
 
 Both are serialized into memory first and written with port.io.atomic_write_bytes: the exporters' own file
 writers are C++ that aborts the process (std::terminate) when the disk is full and leaves a truncated file; here
@@ -40,9 +42,18 @@ def export(trainer, path: str | Path, format: str = "onnx", check: bool = True, 
     with torch.no_grad():
         want = trainer.predict(x)
     buf = io.BytesIO()
+    # the batch dimension is dynamic unless the model's code fixes it (Dim.AUTO specialises instead of failing)
+    dynamic = ({0: torch.export.Dim.AUTO},)
     if format == "onnx":
-        torch.onnx.export(folded, (x,), buf, dynamo=False, input_names=["input"], output_names=["logits"],
-                          dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+        try:
+            import onnxscript  # noqa: F401 - the exporter's dependency, named here so that its absence reads well
+        except ImportError:
+            raise PortError("ONNX export needs onnxscript: pip install -c constraints.txt 'port[dev]' (or "
+                            "onnxscript), or export with format='torch'") from None
+        with torch.no_grad():
+            program = torch.onnx.export(folded, (x,), dynamo=True, input_names=["input"], output_names=["logits"],
+                                        dynamic_shapes=dynamic, verbose=False)
+        buf.write(program.model_proto.SerializeToString())
         if check:
             import onnxruntime as ort
             sess = ort.InferenceSession(buf.getvalue(), providers=["CPUExecutionProvider"])
@@ -52,8 +63,8 @@ def export(trainer, path: str | Path, format: str = "onnx", check: bool = True, 
                 raise PortError(f"exported ONNX model differs from the trained model by {err:.2e}")
     elif format == "torch":
         with torch.no_grad():
-            ts = torch.jit.trace(folded, x)
-        torch.jit.save(ts, buf)
+            program = torch.export.export(folded, (x,), dynamic_shapes=dynamic)
+        torch.export.save(program, buf)
     else:
         raise PortError(f"unknown export format {format!r}; choose 'onnx' or 'torch'")
     atomic_write_bytes(path, buf.getvalue())      # checked first, then written whole (or not at all)
