@@ -541,7 +541,11 @@ def _unique_loader():
 def _read_yaml(path: Path) -> Any:
     import yaml
     if not path.exists():
-        raise ConfigError(f"{path}: file not found. Give a path to a YAML file (e.g. configs/default.yaml).")
+        shipped = CONFIG_DIR / path.name
+        hint = (f"; PORT ships one by that name: {shipped} (copy it, or give that path)"
+                if not path.is_absolute() and shipped.is_file() and path.resolve() != shipped.resolve() else "")
+        raise ConfigError(f"{path}: file not found (paths are relative to the working directory). Give a path "
+                          f"to a YAML file (e.g. configs/default.yaml){hint}.")
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory; give a YAML file.")
     try:

@@ -1,7 +1,7 @@
 """Export a trained model for inference, batch norm folded into the preceding convolutions.
 
 format="onnx": PyTorch's torch.export-based ONNX exporter (``torch.onnx.export(dynamo=True)``, which needs
-onnxscript: the ``dev`` extra), the batch dimension dynamic where the model allows it; checked with onnxruntime
+onnxscript, a dependency of PORT), the batch dimension dynamic where the model allows it; checked with onnxruntime
 against the trained model (logits within 1e-4). format="torch": a ``torch.export`` ExportedProgram
 (``torch.export.save``; load it with ``torch.export.load(path).module()``), the same batch rule.
 
@@ -48,8 +48,8 @@ def export(trainer, path: str | Path, format: str = "onnx", check: bool = True, 
         try:
             import onnxscript  # noqa: F401 - the exporter's dependency, named here so that its absence reads well
         except ImportError:
-            raise PortError("ONNX export needs onnxscript: pip install -c constraints.txt 'port[dev]' (or "
-                            "onnxscript), or export with format='torch'") from None
+            raise PortError("ONNX export needs onnxscript (a dependency of PORT): pip install -c constraints.txt "
+                            "onnxscript, or export with format='torch'") from None
         with torch.no_grad():
             program = torch.onnx.export(folded, (x,), dynamo=True, input_names=["input"], output_names=["logits"],
                                         dynamic_shapes=dynamic, verbose=False)
