@@ -1,4 +1,6 @@
-"""Build of PORT's C kernel library (kernels/src/*.c -> port/exec/_port_kernels*.so).
+"""Build of PORT's C kernel library (kernels/src/*.c -> port/exec/_port_kernels*.so), and the wheel's package
+data: build_py copies the top-level configs/ into port/configs/ (BuildPy below); MANIFEST.in puts the C
+sources, headers, port-rt's main and the Makefile into the sdist, so port-rt builds from it.
 
 The library is a plain shared object loaded with ctypes (port/exec/capi.py); it is
 built as a setuptools Extension only so that `pip install -e .` builds it.

@@ -52,7 +52,8 @@ def register(app: typer.Typer) -> None:
         if config is not None and (model is not None or input is not None):
             from port.errors import ConfigError
             raise ConfigError(f"give CONFIG ({config}) or --model/--input, not both")
-        run_training(config, model=model, input_shape=input, batch=batch, resume=resume, steps=steps, out_dir=out, replan=replan, budget=budget, solver=solver,
+        run_training(config, model=model, input_shape=input, batch=batch, resume=resume, steps=steps, out_dir=out,
+                     replan=replan, budget=budget, solver=solver,
                      profile=profile, progress=not no_progress, on_nonfinite=on_nonfinite,
                      threads=int(threads) if threads is not None and threads.isdigit() else threads)
 
