@@ -11,10 +11,12 @@ a full disk is a port.errors.DiskFullError naming the file, and the previous exp
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
+import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from port.errors import PortError
 from port.io import atomic_write_bytes
@@ -50,7 +52,7 @@ def export(trainer, path: str | Path, format: str = "onnx", check: bool = True, 
         except ImportError:
             raise PortError("ONNX export needs onnxscript (a dependency of PORT): pip install -c constraints.txt "
                             "onnxscript, or export with format='torch'") from None
-        with torch.no_grad():
+        with torch.no_grad(), _quiet_logger("torch.onnx._internal.exporter._registration"):
             program = torch.onnx.export(folded, (x,), dynamo=True, input_names=["input"], output_names=["logits"],
                                         dynamic_shapes=dynamic, verbose=False)
         buf.write(program.model_proto.SerializeToString())
@@ -69,6 +71,19 @@ def export(trainer, path: str | Path, format: str = "onnx", check: bool = True, 
         raise PortError(f"unknown export format {format!r}; choose 'onnx' or 'torch'")
     atomic_write_bytes(path, buf.getvalue())      # checked first, then written whole (or not at all)
     return path
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str) -> Iterator[None]:
+    """Raise logger ``name`` to ERROR for the block: the exporter's registry logs a line per torchvision op it
+    skips when torchvision is absent (not PORT's concern: PORT exports no torchvision op)."""
+    log = logging.getLogger(name)
+    old = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(old)
 
 
 def _own_copy(model: Any):
