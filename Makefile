@@ -10,7 +10,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 KERNEL_SRC := $(wildcard kernels/src/*.c kernels/runtime/*.c kernels/include/*.h)
 STAMP := $(VENV)/.port-installed
 
-.PHONY: install demo test test-all test-asan docs bench clean port-rt port-rt-asan port-rt-portable port-rt-aarch64 port-rt-m4
+.PHONY: install demo test test-all test-asan docs bench profiles clean port-rt port-rt-asan port-rt-portable port-rt-aarch64 port-rt-m4
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ docs: install
 
 bench: install
 	$(PY) bench/kernels.py --quick
+
+# the committed profiles of the modeled devices (profiles/README.md)
+profiles: install
+	$(VENV)/bin/port profile --all-modeled
 
 # port-rt: the Python-free runtime (kernels + kernels/runtime + kernels/cli), portable flags, OpenBLAS from the
 # venv's scipy-openblas32 wheel (the same GEMM the Python executor uses); PORT_RT_BLAS=0 builds the vendored GEMM only.

@@ -1,4 +1,6 @@
-"""Build of PORT's C kernel library (kernels/src/*.c -> port/exec/_port_kernels*.so).
+"""Build of PORT's C kernel library (kernels/src/*.c -> port/exec/_port_kernels*.so), and the wheel's package
+data: build_py copies the top-level configs/ into port/configs/ (BuildPy below); MANIFEST.in puts the C
+sources, headers, port-rt's main and the Makefile into the sdist, so port-rt builds from it.
 
 The library is a plain shared object loaded with ctypes (port/exec/capi.py); it is
 built as a setuptools Extension only so that `pip install -e .` builds it.
@@ -29,10 +31,14 @@ import os
 import subprocess
 import sys
 
+import shutil
+
 from setuptools import Command, Extension, setup
+from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 SOURCES = sorted(glob.glob(os.path.join("kernels", "src", "*.c")) + glob.glob(os.path.join("kernels", "runtime", "*.c")))
+SHIPPED = ("configs",)     # top-level folders the wheel carries as package data (port/<name>/)
 INCLUDE = [os.path.join("kernels", "include"), os.path.join("kernels", "src")]
 
 
@@ -90,6 +96,23 @@ class BuildAsan(Command):
         subprocess.check_call(cmd)
 
 
+class BuildPy(build_py):
+    """build_py that also copies the top-level configs/ (experiment configs, device descriptions) into the built
+    package as port/configs/: package data of the wheel, found by port.config.shipped_dir through
+    importlib.resources. The repository keeps one copy (configs/); an editable install reads it in place."""
+
+    def run(self):
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        for name in SHIPPED:
+            src = os.path.join(ROOT, name)
+            dst = os.path.join(self.build_lib, "port", name)
+            if os.path.isdir(dst):
+                shutil.rmtree(dst)
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.pyc", "__pycache__"))
+
+
 def _openmp_link():
     """Link flags for OpenMP: none on Linux (runtime pre-loaded by port/exec/capi.py)."""
     if sys.platform.startswith("linux") and os.environ.get("PORT_LINK_OPENMP") != "1":
@@ -112,4 +135,4 @@ ext = Extension(
     + glob.glob(os.path.join("kernels", "src", "*.h")),
 )
 
-setup(ext_modules=[ext], cmdclass={"build_asan": BuildAsan})
+setup(ext_modules=[ext], cmdclass={"build_asan": BuildAsan, "build_py": BuildPy})

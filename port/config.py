@@ -21,8 +21,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from port.errors import ConfigError
 from port.exec.capi import MAX_THREADS
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = ROOT / "configs"
+
+def shipped_dir(name: str) -> Path:
+    """A folder of files PORT ships (``configs``: the experiment configs and, under ``devices/``, the device
+    descriptions). In an installed wheel it is package data, ``port/<name>/`` (importlib.resources; setup.py's
+    build_py copies it there); in a checkout (editable install, PYTHONPATH) the repository's top-level
+    ``<name>/``, its one source. Paths a user gives are never looked up here: they are relative to the working
+    directory."""
+    import importlib.resources
+    packaged = importlib.resources.files("port") / name
+    if packaged.is_dir():
+        return Path(str(packaged))      # a wheel installs unzipped: the Traversable is a file-system path
+    return Path(__file__).resolve().parent.parent / name
+
+
+CONFIG_DIR = shipped_dir("configs")
 DEVICE_DIR = CONFIG_DIR / "devices"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
 
@@ -518,7 +531,11 @@ def _unique_loader():
 def _read_yaml(path: Path) -> Any:
     import yaml
     if not path.exists():
-        raise ConfigError(f"{path}: file not found. Give a path to a YAML file (e.g. configs/default.yaml).")
+        shipped = CONFIG_DIR / path.name
+        hint = (f"; PORT ships one by that name: {shipped} (copy it, or give that path)"
+                if not path.is_absolute() and shipped.is_file() and path.resolve() != shipped.resolve() else "")
+        raise ConfigError(f"{path}: file not found (paths are relative to the working directory). Give a path "
+                          f"to a YAML file (e.g. configs/default.yaml){hint}.")
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory; give a YAML file.")
     try:

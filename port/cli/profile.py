@@ -4,19 +4,65 @@
                                                                         profiles/<device>/<config name>.json)
     port profile CONFIG --calibrate [--calibration-out FILE]
     port profile --merge a.json b.json -o out.json [--device NAME]
+    port profile --all-modeled [-o DIR]     (the committed profiles of the modeled devices, profiles/README.md)
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import typer
+
+
+def committed_set() -> list[tuple[Path, str]]:
+    """(shipped config, modeled device) pairs whose profiles the repository commits under profiles/: every
+    device description marked ``modeled: true``, for every shipped config named after a zoo model, plus each
+    shipped config on its own device when that device is modeled (configs/digits_m4.yaml on cortex-m4f)."""
+    from port import config as C
+    from port import models
+    modeled = [n for n in C.device_names() if C.load_device(n, present_only=False).modeled]
+    pairs = []
+    for path in sorted(C.CONFIG_DIR.glob("*.yaml")):
+        own = C.load_experiment(path).device
+        pairs += [(path, d) for d in modeled if path.stem in models.ZOO or d == own]
+    return pairs
+
+
+def regenerate_modeled(out_dir: Path, echo: Callable[[str], None] = typer.echo,
+                       pairs: Optional[list[tuple[Path, str]]] = None) -> list[Path]:
+    """Write the committed set (``pairs``, default committed_set()) under ``out_dir`` (the location rule's layout,
+    <device>/<config name>.json): fully modeled profiles (the roofline model: deterministic), whose ``host``
+    record keeps only what identifies the graph, so that the same code writes the same bytes. Returns the paths."""
+    import itertools
+
+    from port import config as C
+    from port import pipeline as P
+    from port.cost.io import save_profile
+    from port.cost.roofline import modeled_profile
+
+    written = []
+    for cpath, group in itertools.groupby(committed_set() if pairs is None else pairs, key=lambda pair: pair[0]):
+        built = None
+        for _, dev_name in group:
+            job = P.load_job(cpath, device=dev_name)
+            built = built or P.build_graph(job)      # the graph does not depend on the device
+            g, dev = built.graph, C.load_device(dev_name, present_only=False)
+            prof = modeled_profile(g, dev)
+            prof = dataclasses.replace(prof, host=(("kind", "modeled"), ("graph", g.name),
+                                                   ("graph_digest", g.digest()), ("batch_size", str(g.batch_size))))
+            path = out_dir / P.profile_location(job.name, dev.name).relative_to(P.PROFILE_DIR)
+            save_profile(prof, path)
+            echo(f"wrote {path} ({len(prof.entries)} entries)")
+            written.append(path)
+    return written
 
 
 def register(app: typer.Typer) -> None:
     @app.command("profile")
     def profile_cmd(
-        inputs: List[Path] = typer.Argument(..., help="An experiment YAML (or, with --merge, profile JSON files)."),
+        inputs: Optional[List[Path]] = typer.Argument(None, help="An experiment YAML (or, with --merge, profile "
+                                                      "JSON files)."),
         output: Optional[Path] = typer.Option(None, "-o", "--output", "--profile",
                                               help="Profile file (default profiles/<device>/<config name>.json)."),
         max_time: Optional[float] = typer.Option(None, "--max-time", help="Time budget in seconds; entries not "
@@ -34,12 +80,23 @@ def register(app: typer.Typer) -> None:
         device: Optional[str] = typer.Option(None, "--device", help="Device name or YAML (overrides the config's; "
                                              "with --merge: the merged device's name)."),
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+        all_modeled: bool = typer.Option(False, "--all-modeled", help="Regenerate the committed profiles of the "
+                                         "modeled devices for the shipped zoo configs under -o DIR (default "
+                                         "profiles/); see profiles/README.md."),
     ) -> None:
         """Profile every op signature x variant x accelerator of a model (measured where present) and write
         it where `port solve` and `port train` look for it."""
         from port import pipeline as P
         from port.errors import ConfigError, ProfileError
 
+        inputs = inputs or []
+        if all_modeled:
+            if inputs or merge:
+                raise ConfigError("--all-modeled takes no CONFIG and no --merge (it writes every committed "
+                                  "profile; -o DIR picks the folder)")
+            written = regenerate_modeled(output if output is not None else P.PROFILE_DIR)
+            typer.echo(f"{len(written)} modeled profiles written")
+            return
         if merge:
             if output is None:
                 raise ProfileError("--merge needs -o OUT.json")

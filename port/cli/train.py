@@ -3,7 +3,8 @@
 
 Each run writes ``runs/<name>/``: ``config.yaml`` (resolved), ``profile.json``, ``plan.json``,
 ``checkpoint.port``, ``metrics.jsonl`` (one line per step), ``measured.json`` (per-op times and the memory
-timeline of instrumented steps), ``model.onnx`` / ``model.pt`` (inference exports) and ``report.html``.
+timeline of instrumented steps), ``model.onnx`` / ``model.pt2`` (inference exports: ONNX and torch.export) and
+``report.html``.
 Ctrl-C (SIGINT) or SIGTERM writes a checkpoint at the current step and exits 130 / 143; ``--resume`` continues.
 One `port train` at a time per run directory (``.port.lock``; a second one exits 2 naming the first one's PID);
 a full disk stops it with the file named (exit 2), the previous version of that file kept.
@@ -41,7 +42,13 @@ def run_report(run_dir: str | Path) -> Path:
 
 def register(app: typer.Typer) -> None:
     @app.command("train")
-    def train(config: Path = typer.Argument(..., help="experiment YAML, e.g. configs/default.yaml"),
+    def train(config: Optional[Path] = typer.Argument(None, help="experiment YAML, e.g. configs/default.yaml"),
+              model: Optional[str] = typer.Option(None, "--model", "-m", help="instead of CONFIG: a zoo model "
+                                                  "name (e.g. resnet8; synthetic data, as `port inspect --model`) "
+                                                  "or module:factory"),
+              input: Optional[str] = typer.Option(None, "--input", help="with --model: per-sample input shape, "
+                                                  "e.g. 3x32x32"),
+              batch: Optional[int] = typer.Option(None, "--batch", "-b", min=1, help="batch size"),
               resume: bool = typer.Option(False, "--resume", help="continue from runs/<name>/checkpoint.port"),
               steps: Optional[int] = typer.Option(None, "--steps", min=0, help="override train.steps (the total)"),
               budget: Optional[str] = typer.Option(None, "--budget", help="memory budget: bytes, 64MB, 1.5GiB or "
@@ -65,7 +72,11 @@ def register(app: typer.Typer) -> None:
         """Trace, profile (reused from `port profile`), solve under the budget, train with the plan, export
         and report."""
         from port.pipeline import run_training
-        run_training(config, resume=resume, steps=steps, out_dir=out, replan=replan, budget=budget, solver=solver,
+        if config is not None and (model is not None or input is not None):
+            from port.errors import ConfigError
+            raise ConfigError(f"give CONFIG ({config}) or --model/--input, not both")
+        run_training(config, model=model, input_shape=input, batch=batch, resume=resume, steps=steps, out_dir=out,
+                     replan=replan, budget=budget, solver=solver,
                      profile=profile, progress=not no_progress, on_nonfinite=on_nonfinite,
                      threads=int(threads) if threads is not None and threads.isdigit() else threads)
 

@@ -111,21 +111,23 @@ class _Loop:
     train_s: float = 0.0
 
 
-def run_training(config: str | Path, *, resume: bool = False, steps: int | None = None,
+def run_training(config: str | Path | None = None, *, model: str | None = None, input_shape: str | None = None,
+                 batch: int | None = None, resume: bool = False, steps: int | None = None,
                  out_dir: str | Path = "runs", quiet: bool = False, replan: bool = False, budget: Any = None,
                  solver: str | None = None, profile: str | Path | None = None, export: bool = True,
                  progress: bool = True, on_nonfinite: str | None = None,
                  threads: int | str | None = None) -> TrainResult:
-    """`port train CONFIG`: trace -> profile (the location rule) -> solve -> train -> export -> report.
+    """`port train CONFIG` (or `--model NAME`, as load_job takes it): trace -> profile (the location rule) ->
+    solve -> train -> export -> report.
 
     SIGINT / SIGTERM while training writes a checkpoint at the current step and raises Interrupted (the CLI
     exits 130 / 143); ``resume=True`` continues from it, keeping runs/<name>/metrics.jsonl free of duplicates.
     The run directory is locked for the whole run (port.io.dir_lock): a second `port train` on it stops with a
     LockedError naming the first one's PID (exit 2) before it writes anything there."""
     with contextlib.ExitStack() as held:      # holds the run directory's lock until the run returns or raises
-        job = load_job(config, budget=budget, solver=solver, profile=profile,
-                       train={"steps": steps, "on_nonfinite": on_nonfinite, "threads": threads})
-        run = _open_run(config, job, held, out_dir, quiet)
+        job = load_job(config, model=model, input_shape=input_shape, batch=batch, budget=budget, solver=solver,
+                       profile=profile, train={"steps": steps, "on_nonfinite": on_nonfinite, "threads": threads})
+        run = _open_run(job.command_hint, job, held, out_dir, quiet)   # messages name the config file, or CONFIG
         _plan_run(run, replan=replan, reuse=resume and not replan and budget is None and solver is None,
                   progress=progress and not quiet)
         tr, mem = _make_trainer(run, resume)
@@ -386,7 +388,8 @@ def _finish(run: _Run, tr: Any, loop: _Loop, mem: dict, export: bool) -> TrainRe
     measured["flagged"] = [r.op for r in flags]
     measured["flagged_signatures"] = sorted({sig_of[r.op] for r in flags if r.op in sig_of})
     measured["predicted_step_ms"] = plan.predicted_step_ms
-    measured["config_path"] = str(Path(run.config).resolve())
+    if run.job.config_path is not None:
+        measured["config_path"] = str(run.job.config_path.resolve())
     atomic_write_text(run.run_dir / "measured.json", json.dumps(measured, indent=1))
     if export:
         _export(run, tr)
@@ -455,7 +458,7 @@ def _summary(run: _Run, tr: Any, loop: _Loop, mem: dict, measured: dict, ev: dic
 def _export(run: _Run, tr: Any) -> None:
     """The inference exports (ONNX, TorchScript) beside the run's files; a failure is said, a full disk stops."""
     from port.errors import DiskFullError
-    for fmt, name in (("onnx", "model.onnx"), ("torch", "model.pt")):
+    for fmt, name in (("onnx", "model.onnx"), ("torch", "model.pt2")):
         try:
             tr.export(run.run_dir / name, fmt)
         except DiskFullError:

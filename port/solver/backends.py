@@ -1,7 +1,8 @@
 """Hand a ``formulation.Model`` to a MILP/CP solver; read back values, objective, bound and status.
 
 highs: highspy directly (the HiGHS behind ``pulp.HiGHS``; used directly so that the greedy warm start can
-be passed with ``setSolution`` and the bound read from ``getInfo()``); cbc: pulp + CBC (bound parsed from
+be passed with ``setSolution`` and the bound read from ``getInfo()``); cbc: pulp + CBC through the API PuLP 4.0
+keeps (``prob.add_variable``, ``COIN_CMD`` on the executable :func:`cbc_executable` finds; bound parsed from
 CBC's log, since pulp reports "Optimal" when CBC stops at the gap limit); scip: OR-Tools pywraplp SCIP;
 cpsat: OR-Tools CP-SAT (integer coefficients: bytes exact, milliseconds scaled by TIME_SCALE).
 """
@@ -13,6 +14,7 @@ import re
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from port.solver.formulation import Model
 
@@ -189,8 +191,8 @@ def _stale_start(m: Model, vals: list[float], reported: float) -> bool:
 def to_pulp(m: Model, name: str = "port_solve"):
     import pulp
     prob = pulp.LpProblem(name, pulp.LpMinimize)
-    xs = [pulp.LpVariable(n, lowBound=None if math.isinf(l) else l, upBound=None if math.isinf(u) else u,
-                          cat="Integer" if i else "Continuous")
+    xs = [prob.add_variable(n, lowBound=None if math.isinf(l) else l, upBound=None if math.isinf(u) else u,
+                            cat="Integer" if i else "Continuous")
           for n, l, u, i in zip(m.names, m.lb, m.ub, m.integer)]
     prob += pulp.LpAffineExpression([(xs[j], c) for j, c in m.obj.items()])
     for name_, terms, lo, hi in m.rows:
@@ -210,6 +212,23 @@ def write_lp(m: Model, path: str) -> None:
     prob.writeLP(path)
 
 
+def cbc_executable() -> str:
+    """The CBC executable for pulp.COIN_CMD: ``cbc`` on PATH (Debian's coinor-cbc), else the copy PuLP 3.x bundles
+    (PuLP 4.0 drops it, with the deprecated PULP_CBC_CMD that ran it). Raises ConfigError naming the fixes."""
+    import shutil
+
+    import pulp
+    found = shutil.which("cbc")
+    if found:
+        return found
+    bundled = getattr(pulp.apis.coin_api, "pulp_cbc_path", None)
+    if bundled and os.path.isfile(bundled) and os.access(bundled, os.X_OK):
+        return os.path.realpath(bundled)
+    from port.errors import ConfigError
+    raise ConfigError("solver 'cbc': no CBC executable found (no `cbc` on PATH, and this PuLP bundles none); "
+                      "install one (apt-get install coinor-cbc) or choose another solver (highs, scip, cpsat)")
+
+
 def solve_cbc(m: Model, time_limit_s: float, gap: float, start: list[float] | None = None,
               threads: int | None = None) -> Result:
     import pulp
@@ -220,12 +239,12 @@ def solve_cbc(m: Model, time_limit_s: float, gap: float, start: list[float] | No
     fd, log = tempfile.mkstemp(suffix=".log", prefix="port_cbc_")
     os.close(fd)
     try:
-        cmd = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, int(math.ceil(time_limit_s))), gapRel=gap,
-                                warmStart=start is not None, threads=threads, logPath=log)
+        cmd = pulp.COIN_CMD(path=cbc_executable(), msg=False, timeLimit=max(1, int(math.ceil(time_limit_s))),
+                            gapRel=gap, warmStart=start is not None, threads=threads, logPath=log)
         t0 = time.perf_counter()
         prob.solve(cmd)
         dt = time.perf_counter() - t0
-        text = open(log).read() if os.path.exists(log) else ""
+        text = Path(log).read_text(errors="replace") if os.path.exists(log) else ""
     finally:
         if os.path.exists(log):
             os.remove(log)

@@ -1,7 +1,9 @@
 """Export a trained model for inference, batch norm folded into the preceding convolutions.
 
-format="onnx": torch.onnx.export(dynamo=False), checked with onnxruntime against the trained model (logits
-within 1e-4). format="torch": TorchScript (torch.jit.trace + save).
+format="onnx": PyTorch's torch.export-based ONNX exporter (``torch.onnx.export(dynamo=True)``, which needs
+onnxscript, a dependency of PORT), the batch dimension dynamic where the model allows it; checked with onnxruntime
+against the trained model (logits within 1e-4). format="torch": a ``torch.export`` ExportedProgram
+(``torch.export.save``; load it with ``torch.export.load(path).module()``), the same batch rule.
 
 Both are serialized into memory first and written with port.io.atomic_write_bytes: the exporters' own file
 writers are C++ that aborts the process (std::terminate) when the disk is full and leaves a truncated file; here
@@ -9,10 +11,12 @@ a full disk is a port.errors.DiskFullError naming the file, and the previous exp
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
+import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from port.errors import PortError
 from port.io import atomic_write_bytes
@@ -40,9 +44,18 @@ def export(trainer, path: str | Path, format: str = "onnx", check: bool = True, 
     with torch.no_grad():
         want = trainer.predict(x)
     buf = io.BytesIO()
+    # the batch dimension is dynamic unless the model's code fixes it (Dim.AUTO specialises instead of failing)
+    dynamic = ({0: torch.export.Dim.AUTO},)
     if format == "onnx":
-        torch.onnx.export(folded, (x,), buf, dynamo=False, input_names=["input"], output_names=["logits"],
-                          dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+        try:
+            import onnxscript  # noqa: F401 - the exporter's dependency, named here so that its absence reads well
+        except ImportError:
+            raise PortError("ONNX export needs onnxscript (a dependency of PORT): pip install -c constraints.txt "
+                            "onnxscript, or export with format='torch'") from None
+        with torch.no_grad(), _quiet_logger("torch.onnx._internal.exporter._registration"):
+            program = torch.onnx.export(folded, (x,), dynamo=True, input_names=["input"], output_names=["logits"],
+                                        dynamic_shapes=dynamic, verbose=False)
+        buf.write(program.model_proto.SerializeToString())
         if check:
             import onnxruntime as ort
             sess = ort.InferenceSession(buf.getvalue(), providers=["CPUExecutionProvider"])
@@ -52,12 +65,25 @@ def export(trainer, path: str | Path, format: str = "onnx", check: bool = True, 
                 raise PortError(f"exported ONNX model differs from the trained model by {err:.2e}")
     elif format == "torch":
         with torch.no_grad():
-            ts = torch.jit.trace(folded, x)
-        torch.jit.save(ts, buf)
+            program = torch.export.export(folded, (x,), dynamic_shapes=dynamic)
+        torch.export.save(program, buf)
     else:
         raise PortError(f"unknown export format {format!r}; choose 'onnx' or 'torch'")
     atomic_write_bytes(path, buf.getvalue())      # checked first, then written whole (or not at all)
     return path
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str) -> Iterator[None]:
+    """Raise logger ``name`` to ERROR for the block: the exporter's registry logs a line per torchvision op it
+    skips when torchvision is absent (not PORT's concern: PORT exports no torchvision op)."""
+    log = logging.getLogger(name)
+    old = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(old)
 
 
 def _own_copy(model: Any):

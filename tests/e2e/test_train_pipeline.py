@@ -39,7 +39,7 @@ def run(work):
 def test_run_directory_and_plan_within_budget(run):
     d, stdout = run
     for f in ("config.yaml", "plan.json", "checkpoint.port", "metrics.jsonl", "measured.json", "model.onnx",
-              "model.pt", "report.html"):
+              "model.pt2", "report.html"):
         assert (d / f).exists(), f
     plan = json.loads((d / "plan.json").read_text())
     assert plan["predicted_peak_bytes"] <= plan["budget_bytes"]

@@ -96,7 +96,7 @@ while True:
 
 
 def test_export_onnx_and_torch(tmp_path):
-    pytest.importorskip("onnxruntime")
+    ort = pytest.importorskip("onnxruntime")
     batches = data("resnet8", 4, 3)
     tr = Trainer(M.get("resnet8", seed=0), batches[0][0], optimizer=SGD(0.05, momentum=0.9))
     _run(tr, batches)
@@ -104,9 +104,13 @@ def test_export_onnx_and_torch(tmp_path):
     import onnx
     g = onnx.load(str(p))
     assert not any(n.op_type == "BatchNormalization" for n in g.graph.node)
-    tr.export(tmp_path / "m.pt", format="torch")
-    ts = torch.jit.load(str(tmp_path / "m.pt"))
-    x = torch.randn(5, 3, 32, 32)
+    sess = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+    x = torch.randn(5, 3, 32, 32)                  # another batch size than the export's: the batch is dynamic
+    assert sess.get_inputs()[0].shape[0] != 4
+    assert torch.allclose(torch.from_numpy(sess.run(None, {"input": x.numpy()})[0]), tr.predict(x), atol=1e-4,
+                          rtol=1e-4)
+    tr.export(tmp_path / "m.pt2", format="torch")
+    ts = torch.export.load(str(tmp_path / "m.pt2")).module()
     assert torch.allclose(ts(x), tr.predict(x), atol=1e-4, rtol=1e-4)
 
 

@@ -231,3 +231,24 @@ def test_a_zoo_transformer_without_config_gets_its_text_data():
     assert job.config.data.kind == "text" and job.config.num_classes == 256 and job.config.input_shape == (128,)
     job = load_job(model="bert_tiny", batch=2, input_shape="64")
     assert job.config.data.kind == "text_files" and job.config.num_classes == 4 and job.config.input_shape == (64,)
+
+
+def test_a_missing_config_named_like_a_shipped_one_says_where_that_is(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"configs/resnet8\.yaml: file not found .*relative to the working "
+                       r"directory.*PORT ships one by that name: ") as e:
+        C.load_experiment("configs/resnet8.yaml")
+    assert str(C.CONFIG_DIR / "resnet8.yaml") in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        C.load_experiment("configs/mine.yaml")
+    assert "ships" not in str(e.value)
+
+
+def test_shipped_files_are_package_data_in_a_wheel_and_the_checkout_s_otherwise(tmp_path, monkeypatch):
+    """port.config.shipped_dir: port/configs/ when the installed package has it (setup.py's build_py copies it
+    into the wheel), else the checkout's top-level configs/."""
+    import importlib.resources
+    assert C.shipped_dir("configs") == ROOT / "configs" == C.CONFIG_DIR       # this checkout: no port/configs/
+    (tmp_path / "configs").mkdir()
+    monkeypatch.setattr(importlib.resources, "files", lambda pkg: tmp_path if pkg == "port" else None)
+    assert C.shipped_dir("configs") == tmp_path / "configs"

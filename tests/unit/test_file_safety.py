@@ -166,15 +166,15 @@ def test_train_on_a_full_disk_names_the_export_and_keeps_the_previous_one(cwd, c
     rc, text = port(capsys, "train", c, "--no-progress")
     assert rc == 0, text
     run_dir = cwd / "runs" / "t"
-    old = {n: (run_dir / n).read_bytes() for n in ("model.onnx", "model.pt", "checkpoint.port", "plan.json")}
-    assert torch.jit.load(str(run_dir / "model.pt")) is not None                  # written whole through memory
+    old = {n: (run_dir / n).read_bytes() for n in ("model.onnx", "model.pt2", "checkpoint.port", "plan.json")}
+    assert torch.export.load(str(run_dir / "model.pt2")) is not None             # written whole through memory
     ort.InferenceSession(str(run_dir / "model.onnx"), providers=["CPUExecutionProvider"])
-    monkeypatch.setattr(io_mod.os, "fsync", _fsync_full(("model.onnx", "model.pt")))
+    monkeypatch.setattr(io_mod.os, "fsync", _fsync_full(("model.onnx", "model.pt2")))
     rc, text = port(capsys, "train", c, "--no-progress", "--steps", "3")
     assert rc == 2 and str(Path("runs") / "t" / "model.onnx") in text and "no space left" in text, text
     assert "previous model.onnx is kept" in text
     assert (run_dir / "model.onnx").read_bytes() == old["model.onnx"]
-    assert (run_dir / "model.pt").read_bytes() == old["model.pt"]
+    assert (run_dir / "model.pt2").read_bytes() == old["model.pt2"]
     assert not [q.name for q in run_dir.iterdir() if q.name.endswith(".tmp")]
     # a full disk at the checkpoint: named, the previous checkpoint kept
     ck = (run_dir / "checkpoint.port").read_bytes()

@@ -428,7 +428,7 @@ def test_tied_parameters_checkpoint_resume(tmp_path):
     m = c.to_torch()
     assert m.a.weight is m.b.weight and torch.equal(m.b.weight.detach(), a.state_dict()["a.weight"])
     from port.train.export import export
-    ts = torch.jit.load(str(export(c, tmp_path / "t.pt", format="torch")))
+    ts = torch.export.load(str(export(c, tmp_path / "t.pt2", format="torch"))).module()
     x = batches[0][0]
     assert torch.allclose(ts(x), c.predict(x), atol=1e-5)
 
