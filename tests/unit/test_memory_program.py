@@ -37,6 +37,70 @@ def test_assign_offsets_no_overlap(strategy):
     assert peak <= high <= 2 * peak
 
 
+# digits_cnn batch 32, solved at 75% on the modeled host profile: (bytes, first call, last call) of its scratch
+# roots and workspaces. The four greedy orders leave it 5.9% above its live-bytes bound; auto's perturbed orders
+# reach the bound (the arena then fits the budget the plan's peak fits)
+DIGITS_75 = [(8192, 0, 47), (131072, 0, 36), (131072, 1, 2), (128, 1, 1), (131072, 2, 3), (262144, 3, 4),
+             (262144, 4, 5), (256, 4, 4), (262144, 5, 6), (65536, 6, 21), (131072, 6, 22), (65536, 7, 19),
+             (256, 8, 19), (65536, 9, 17), (4096, 10, 15), (1280, 11, 12), (256, 0, 47), (4, 12, 47), (1280, 12, 13),
+             (1280, 13, 15), (4096, 14, 16), (65536, 16, 19), (65536, 18, 21), (65536, 20, 22), (262144, 22, 30),
+             (262144, 29, 33), (131072, 31, 36), (18432, 32, 33), (131072, 35, 37), (131072, 23, 34), (128, 23, 36),
+             (262144, 25, 30), (262144, 26, 28), (256, 26, 30), (560128, 0, 0), (180224, 3, 3), (592896, 7, 7),
+             (592896, 20, 20), (592896, 21, 21), (180224, 25, 25), (180224, 31, 31), (180224, 32, 32),
+             (560128, 37, 37)]
+
+
+def _bound(items):
+    return max(sum(-(-s // 64) * 64 for _, s, a, b in items if a <= t <= b)
+               for t in range(max(b for *_, b in items) + 1))
+
+
+def test_auto_packs_to_the_live_bound_where_the_greedy_orders_do_not():
+    import time
+    items = [(i, s, a, b) for i, (s, a, b) in enumerate(DIGITS_75)]
+    bound = _bound(items)
+    for st in ("best_fit", "lowest", "area", "first_fit"):
+        assert assign_offsets(items, st)[1] > bound * 1.01, st
+    t0 = time.perf_counter()
+    offs, high = assign_offsets(items, "auto")
+    assert high == bound and time.perf_counter() - t0 < 5
+    assert assign_offsets(items, "auto") == (offs, high)        # deterministic: seeded, no clock
+    for i, (k1, s1, a1, b1) in enumerate(items):
+        for k2, s2, a2, b2 in items[i + 1:]:
+            if a1 <= b2 and a2 <= b1:
+                assert offs[k1] + s1 <= offs[k2] or offs[k2] + s2 <= offs[k1]
+
+
+def test_inference_program_fits_the_training_arena():
+    """The executor allocates max(training, inference arena); the budget covers the training program. digits_cnn
+    batch 32's inference default plan runs a Winograd conv whose 1.6 MB workspace made the demo's arena 2.03 MiB
+    against a 1.12 MiB training program (over its budget): inference_program trades it for a leaner variant."""
+    from port.lower.lower import inference_job, inference_program, recompute_plan
+    from port.ir.trace import trace_many
+    model = M.get("digits_cnn", seed=0)
+    g, eg = trace_many([dict(model=model, example_input=torch.randn(32, 1, 8, 8), optimizer="sgd_momentum"),
+                        inference_job(model, torch.randn(32, 1, 8, 8))])
+    # a lean training plan (as a solver picks under a tight budget): unfused, each op's least-workspace
+    # variant, recomputation
+    from port.exec.registry import op_workspace_bytes
+    from port.plan import variants as V
+    p = default_plan(g, "c", fuse=False)
+    p = dataclasses.replace(p, ops=tuple(d if d.variant == "inplace" else dataclasses.replace(d, variant=min(
+        V.variants(g, o, "c"), key=lambda v: (v == "inplace", op_workspace_bytes(g, o, v)))) for o, d in zip(g.ops, p.ops)))
+    train = lower(g, recompute_plan(g, p))
+    fast = lower(eg, default_plan(eg, "c"), phases=("forward",), persistent_from=train)
+    assert fast.arena_bytes > train.arena_bytes          # the case: the fastest variants do not fit
+    lean = inference_program(eg, train)
+    check_program(lean)
+    assert lean.arena_bytes <= train.arena_bytes
+    assert {s.name: s.offset for s in lean.slots if s.region == "persistent"} == \
+        {s.name: s.offset for s in train.slots if s.region == "persistent" and s.name in
+         {x.name for x in lean.slots if x.region == "persistent"}}
+    # a training arena it fits as it is: the default (fastest) plan unchanged
+    big = dataclasses.replace(train, arena_bytes=fast.arena_bytes)
+    assert inference_program(eg, big).calls == fast.calls
+
+
 def test_program_roundtrip_and_inplace_fusion():
     g, p = _prog()
     assert Program.from_json(p.to_json()) == p
