@@ -110,7 +110,7 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
         c = costs[oid]
         h = sum(handoff_ms(x, oid) for x in dict.fromkeys(graph.ops[oid].inputs))
         timeline.append(S + E + total + c.extra_bytes)
-        arena_tl.append(S + total + c.workspace_bytes)
+        arena_tl.append(S + total + c.arena_workspace_bytes)
         steps.append((kind, oid))
         snapshots.append(tuple(live))
         if kind == "recompute":
