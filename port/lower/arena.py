@@ -60,8 +60,9 @@ def assign_offsets(items: Sequence[tuple[Hashable, int, int, int]], strategy: st
     the bound with every order, at the bound with this).
     auto: the four orders, then (while above the lower bound max_t live bytes) lowest_block and its variants
     with ties by size x lifetime, by lifetime, by first use (bert_tiny batch 2 at its smallest budget: only the
-    last two reach the bound, gpt_tiny at 50%: only the first two come within 0.1% of it), then (while above it by more than AUTO_TOLERANCE) deterministic seeded
-    perturbations of the size order (``AUTO_TRIES_*``); the smallest high-water mark wins (``lower``'s default).
+    last two reach the bound, gpt_tiny at 50%: only the first two come within 0.1% of it), then (while above it
+    by more than AUTO_TOLERANCE) deterministic seeded perturbations of the size order (``AUTO_TRIES_*``); the
+    smallest high-water mark wins (``lower``'s default).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown memory strategy {strategy!r}; choose one of {STRATEGIES}")

@@ -5,8 +5,8 @@ its own accounting and shares none of the ILP's variables.
 
 Static memory (resident for the whole step): parameters, buffers, optimizer state, parameter gradients (except
 those of early-updated parameters) that an op reads or writes (``held_static_roots``: a buffer no op touches, as
-batch norm's ``num_batches_tracked``, has no arena slot), the input batch and the labels, and the loss-gradient scale (a one-float
-constant the loss's input gradient reads: 1 / micro-batches) where the graph's calls read it.
+batch norm's ``num_batches_tracked``, has no arena slot), the input batch and the labels, and the loss-gradient
+scale (a one-float constant the loss's input gradient reads: 1 / micro-batches) where the graph's calls read it.
 
 Bytes (the arena's rule, port.lower.arena): every storage root, static or not, takes its data's bytes rounded up
 to the arena's 64-byte alignment (``stored_bytes``: port.lower.program.ALIGN; a 4-byte loss or the scale takes
