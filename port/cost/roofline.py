@@ -47,11 +47,7 @@ def workspace_bytes(graph: Graph, op: Op, variant: str) -> int:
     """Scratch bytes of ``op`` with ``variant``: the C kernels' own workspace queries for the calls the op
     registry runs (modeled accelerators are priced as the C backend; measured entries record the same)."""
     from port.exec import registry
-    from port.lower.program import GRAD_SCALE_ID
-    shape = lambda t: (1,) if t == GRAD_SCALE_ID else tuple(graph.tensors[t].shape)  # noqa: E731
-    return max([registry.workspace_bytes(c.kernel, c.variant, c.backend, c.attr_dict(),
-                                         [shape(t) for t in c.inputs], [shape(t) for t in c.outputs])
-                for c in registry.op_calls(graph, op, variant, "c")] + [0])
+    return registry.op_workspace_bytes(graph, op, variant, "c")
 
 
 VECTOR_FRACTION = 0.25          # elementwise arithmetic reaches ~1/4 of the FMA peak

@@ -27,11 +27,18 @@ class OpCost:
     samples: int = 0
 
     @property
+    def arena_workspace_bytes(self) -> int:
+        """The bytes its workspace takes in the arena: rounded up to the arena's 64-byte alignment, as lowering
+        places it (port.plan.semantics: every memory figure of a plan counts stored bytes)."""
+        from port.lower.program import align
+        return align(int(self.workspace_bytes)) if self.workspace_bytes > 0 else 0
+
+    @property
     def extra_bytes(self) -> int:
-        """Memory the op needs beyond its live inputs and outputs while it runs: its arena workspace plus what
-        it allocates outside the arena (``peak_delta_bytes``: a torch kernel's temporaries, for example). The
-        solver and the simulator budget both; lowering sizes the arena with the workspace alone."""
-        return int(self.workspace_bytes) + max(0, int(self.peak_delta_bytes))
+        """Memory the op needs beyond its live inputs and outputs while it runs: its arena workspace (stored
+        bytes) plus what it allocates outside the arena (``peak_delta_bytes``: a torch kernel's temporaries, for
+        example). The solver and the simulator budget both; lowering sizes the arena with the workspace alone."""
+        return self.arena_workspace_bytes + max(0, int(self.peak_delta_bytes))
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,15 @@ def workspace_bytes(kernel: str, variant: str, backend: str, attrs: dict, in_sha
     return int(r.workspace(kernel, variant, attrs, in_shapes, out_shapes))
 
 
+def op_workspace_bytes(graph: Graph, op: Op, variant: str, backend: str = "c") -> int:
+    """The largest workspace of the calls ``op`` runs as ``variant`` on ``backend`` (the kernels' queries)."""
+    from port.lower.program import GRAD_SCALE_ID
+    shape = lambda t: (1,) if t == GRAD_SCALE_ID else tuple(graph.tensors[t].shape)  # noqa: E731
+    return max([workspace_bytes(c.kernel, c.variant, c.backend, c.attr_dict(), [shape(t) for t in c.inputs],
+                                [shape(t) for t in c.outputs])
+                for c in op_calls(graph, op, variant, backend)] + [0])
+
+
 def c_conv_algo(graph, op, variant: str = "fused") -> str | None:
     """The algorithm the C library runs this conv2d (or conv gradient) op's ``variant`` as -- ``direct``,
     ``winograd`` or ``plain`` (im2col) -- or None where it does not apply. ``fused`` asks PORT_CONV_AUTO (what

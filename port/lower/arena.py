@@ -27,6 +27,8 @@ Accounting rules (the simulator/ILP should match these to predict ``Program.aren
 """
 from __future__ import annotations
 
+import bisect
+import heapq
 from typing import Hashable, Iterable, Sequence
 
 import numpy as np
@@ -34,7 +36,12 @@ import numpy as np
 from port.errors import ProgramError
 from port.lower.program import ALIGN, REGION_PERSISTENT, REGION_SCRATCH, Program, align
 
-STRATEGIES = ("best_fit", "lowest", "first_fit", "area", "auto")
+STRATEGIES = ("best_fit", "lowest", "first_fit", "area", "lowest_block", "auto")
+# "auto": perturbed size orders tried after the fixed strategies: about AUTO_TRIES_WORK / n^2 of them (each
+# placement costs ~n^2), clamped to [AUTO_TRIES_MIN, AUTO_TRIES_MAX]; they stop within AUTO_TOLERANCE of the lower
+# bound (which no placement may reach)
+AUTO_TRIES_MIN, AUTO_TRIES_MAX, AUTO_TRIES_WORK = 24, 400, 4_000_000
+AUTO_TOLERANCE = 1e-4
 
 
 def assign_offsets(items: Sequence[tuple[Hashable, int, int, int]], strategy: str = "best_fit",
@@ -47,9 +54,15 @@ def assign_offsets(items: Sequence[tuple[Hashable, int, int, int]], strategy: st
     lowest: the same order, each at the lowest offset that fits.
     first_fit: blocks in order of first use, each at the lowest offset that fits.
     area: blocks in decreasing size x lifetime, smallest gap.
-    auto: all of the above, then (while the result is > 1% above the lower bound max_t live bytes) a few
-    deterministic seeded perturbations of the size order; the smallest high-water mark wins (``lower``'s
-    default).
+    lowest_block: no fixed order: of the blocks left, the one whose lowest fitting offset is lowest goes next
+    (ties: the larger, then the longer-lived), at that offset; the arena fills bottom-up, so the blocks live at
+    the peak stack without gaps where the orders above leave some (resnet8 batch 8 solved at 100%: 2.1% above
+    the bound with every order, at the bound with this).
+    auto: the four orders, then (while above the lower bound max_t live bytes) lowest_block and its variants
+    with ties by size x lifetime, by lifetime, by first use (bert_tiny batch 2 at its smallest budget: only the
+    last two reach the bound, gpt_tiny at 50%: only the first two come within 0.1% of it), then (while above it
+    by more than AUTO_TOLERANCE) deterministic seeded perturbations of the size order (``AUTO_TRIES_*``); the
+    smallest high-water mark wins (``lower``'s default).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown memory strategy {strategy!r}; choose one of {STRATEGIES}")
@@ -68,8 +81,12 @@ def assign_offsets(items: Sequence[tuple[Hashable, int, int, int]], strategy: st
             return sorted(range(n), key=lambda i: (-(S[i] * (L[i] - F[i] + 1)), F[i], i))
         return sorted(range(n), key=lambda i: (F[i], -S[i], i))
 
+    by_size = [(-S[i], -(L[i] - F[i]), i) for i in range(n)]
+    if strategy == "lowest_block":
+        offs, high = _place_lowest_block(by_size, S, F, L)
+        return {items[i][0]: o for i, o in offs.items()}, high
     if strategy != "auto":
-        offs, high = _place(order_of(strategy), sizes, firsts, lasts, tightest=strategy in ("best_fit", "area"))
+        offs, high = _place(order_of(strategy), S, F, L, tightest=strategy in ("best_fit", "area"))
         return {items[i][0]: o for i, o in offs.items()}, high
     tl = np.zeros(int(lasts.max()) + 2, dtype=np.int64)
     np.add.at(tl, firsts, sizes)
@@ -77,60 +94,96 @@ def assign_offsets(items: Sequence[tuple[Hashable, int, int, int]], strategy: st
     bound = int(np.cumsum(tl).max())
     best = None
     for st in ("lowest", "best_fit", "area", "first_fit"):
-        r = _place(order_of(st), sizes, firsts, lasts, tightest=st in ("best_fit", "area"))
+        r = _place(order_of(st), S, F, L, tightest=st in ("best_fit", "area"))
         if best is None or r[1] < best[1]:
             best = r
-    rng = np.random.default_rng(0)
-    for _ in range(24):
-        if best[1] <= bound * 1.01:
+    for ties in (lambda i: (-S[i], -(L[i] - F[i]), i), lambda i: (-(S[i] * (L[i] - F[i] + 1)), i),
+                 lambda i: (F[i] - L[i], -S[i], i), lambda i: (F[i], -S[i], i)):
+        if best[1] <= bound:
             break
-        jit = rng.uniform(0.7, 1.3, n)
+        r = _place_lowest_block([ties(i) for i in range(n)], S, F, L)
+        if r[1] < best[1]:
+            best = r
+    rng = np.random.default_rng(0)
+    # seeded perturbations of the size order until the bound is reached (a fixed count, not a clock: the same
+    # items always give the same placement); more of them for small programs, where each is cheap and a few
+    # percent of fragmentation can put the arena over a budget the plan's peak fits (digits_cnn at 75%: the
+    # four orders above leave 5.9%, ~240 perturbations reach the bound)
+    tries = max(AUTO_TRIES_MIN, min(AUTO_TRIES_MAX, AUTO_TRIES_WORK // max(n * n, 1)))
+    for _ in range(tries):
+        if best[1] <= bound * (1 + AUTO_TOLERANCE):
+            break
+        jit = rng.uniform(0.5, 1.5, n)
         order = sorted(range(n), key=lambda i: (-S[i] * jit[i], F[i], i))
         for tight in (False, True):
-            r = _place(order, sizes, firsts, lasts, tightest=tight)
+            r = _place(order, S, F, L, tightest=tight)
             if r[1] < best[1]:
                 best = r
     return {items[i][0]: o for i, o in best[0].items()}, best[1]
 
 
+def _place_lowest_block(ties, sizes, firsts, lasts) -> tuple[dict[int, int], int]:
+    """Place the block whose lowest fitting offset is lowest (``ties[i]``: smaller first), at that offset, until
+    none is left. Each block's candidate offset only rises, and only when a newly placed block overlaps it in
+    time and bytes: those are recomputed, and a heap with stale entries skipped picks the next."""
+    n = len(sizes)
+    S, F, L = np.asarray(sizes, dtype=np.int64), np.asarray(firsts, dtype=np.int64), np.asarray(lasts, dtype=np.int64)
+    placed: list[tuple[int, int, int, int]] = []    # (offset, end, first, last), sorted
+    cand = np.zeros(n, dtype=np.int64)
+    left = np.ones(n, dtype=bool)
+    heap = [(0, ties[i], i) for i in range(n)]
+    heapq.heapify(heap)
+    offsets: dict[int, int] = {}
+    high = 0
+    while heap:
+        c, _t, i = heapq.heappop(heap)
+        if not left[i] or c != cand[i]:
+            continue
+        left[i] = False
+        e, f, l = c + int(S[i]), int(F[i]), int(L[i])
+        offsets[i] = int(c)
+        high = max(high, e)
+        bisect.insort(placed, (c, e, f, l))
+        for j in np.flatnonzero(left & (F <= l) & (L >= f) & (cand < e) & (cand + S > c)).tolist():
+            cur, s, fj, lj = 0, int(S[j]), int(F[j]), int(L[j])
+            for o, oe, pf, pl in placed:
+                if pf > lj or pl < fj:
+                    continue
+                if o - cur >= s:
+                    break
+                if oe > cur:
+                    cur = oe
+            cand[j] = cur
+            heapq.heappush(heap, (cur, ties[j], j))
+    return offsets, high
+
+
 def _place(order, sizes, firsts, lasts, tightest: bool) -> tuple[dict[int, int], int]:
-    n = len(order)
-    p_first = np.empty(n, dtype=np.int64)
-    p_last = np.empty(n, dtype=np.int64)
-    p_off = np.empty(n, dtype=np.int64)
-    p_end = np.empty(n, dtype=np.int64)
-    k = 0
+    """Place blocks in ``order``: each into the first (``tightest``: the smallest) gap between the placed blocks
+    whose intervals overlap its own, else above them. The placed blocks are kept sorted by offset, so a gap
+    search is one pass (plain Python: ~10x faster than numpy masks at a few hundred blocks)."""
+    placed: list[tuple[int, int, int, int]] = []    # (offset, end, first, last), sorted
     offsets: dict[int, int] = {}
     high = 0
     for i in order:
-        size, f, l = int(sizes[i]), int(firsts[i]), int(lasts[i])
-        best = None
-        if k:
-            m = (p_first[:k] <= l) & (p_last[:k] >= f)
-            offs = p_off[:k][m]
-            ends = p_end[:k][m]
-        else:
-            offs = ends = np.empty(0, dtype=np.int64)
-        if len(offs):
-            srt = np.argsort(offs, kind="stable")
-            cur = 0
-            best_gap = None
-            for o, e in zip(offs[srt].tolist(), ends[srt].tolist()):
-                gap = o - cur
-                if gap >= size:
-                    if not tightest:
-                        best = cur
-                        break
-                    if best_gap is None or gap < best_gap:
-                        best, best_gap = cur, gap
-                cur = max(cur, e)
-            if best is None:
-                best = cur
-        else:
-            best = 0
+        size, f, l = sizes[i], firsts[i], lasts[i]
+        cur, best, best_gap = 0, None, None
+        for o, e, pf, pl in placed:
+            if pf > l or pl < f:
+                continue
+            gap = o - cur
+            if gap >= size:
+                if not tightest:
+                    best = cur
+                    break
+                if best_gap is None or gap < best_gap:
+                    best, best_gap = cur, gap
+            if e > cur:
+                cur = e
+        if best is None:
+            best = cur
         offsets[i] = best
-        p_first[k], p_last[k], p_off[k], p_end[k] = f, l, best, best + size
-        k += 1
+        bisect.insort(placed, (best, best + size, f, l))
         high = max(high, best + size)
     return offsets, high
 

@@ -4,7 +4,17 @@ rule; the simulator stays an independent check of the ILP because it replays ``s
 its own accounting and shares none of the ILP's variables.
 
 Static memory (resident for the whole step): parameters, buffers, optimizer state, parameter gradients (except
-those of early-updated parameters), the input batch and the labels.
+those of early-updated parameters) that an op reads or writes (``held_static_roots``: a buffer no op touches, as
+batch norm's ``num_batches_tracked``, has no arena slot), the input batch and the labels, and the loss-gradient
+scale (a one-float constant the loss's input gradient reads: 1 / micro-batches) where the graph's calls read it.
+
+Bytes (the arena's rule, port.lower.arena): every storage root, static or not, takes its data's bytes rounded up
+to the arena's 64-byte alignment (``stored_bytes``: port.lower.program.ALIGN; a 4-byte loss or the scale takes
+64 B), and so does an op's arena workspace (port.cost.types.OpCost.extra_bytes). The loss stays live from its
+producer to the end of the step (readable after it, as the lowered program keeps it). With these, a plan's
+memory at each op is exactly the bytes its lowered program holds live at that op's calls (the arena's live
+bound, ``Program.peak_live_bytes``, for a plan on the C backend), so a budget the plan's peak fits bounds the
+arena up to the packing's fragmentation.
 
 Engine memory (resident for the whole step, outside the arena): every accelerator the plan runs at least one op
 on brings its execution engine's footprint (``Profile.engine_bytes``: code pages, caches, retained heap that
@@ -69,6 +79,7 @@ from port.ir.types import (PHASE_BACKWARD, PHASE_FORWARD, PHASE_LOSS, PHASE_UPDA
                            ROLE_BUFFER, ROLE_GRADIENT, ROLE_INPUT, ROLE_LABEL, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER,
                            Graph)
 from port import ops
+from port.lower.program import ALIGN, GRAD_SCALE_ID, align
 from port.plan import variants as V
 from port.plan.types import Plan
 
@@ -85,8 +96,44 @@ def is_static(graph: Graph, tid: int) -> bool:
     return t.role == ROLE_GRADIENT and t.grad_of is not None and graph.tensors[t.grad_of].role == ROLE_PARAMETER
 
 
+def stored_bytes(tensor) -> int:
+    """The bytes a tensor's storage takes: its data rounded up to the arena's 64-byte alignment (each root's
+    offset is aligned). Every memory figure of a plan counts these."""
+    return align(tensor.bytes)
+
+
+def reads_grad_scale(graph: Graph) -> bool:
+    """Whether a call of ``graph`` reads the loss-gradient scale (a 64-byte constant slot of the program)."""
+    def find() -> bool:
+        for o in graph.ops:
+            r = ops.RECORDS.get(o.kind) or ops.owner(o.kind)
+            calls = r.calls(graph, o, "plain") if r is not None and r.calls is not None else None
+            if calls and any(GRAD_SCALE_ID in c[2] for c in calls):
+                return True
+        return False
+    return graph.memo("reads_grad_scale", find)
+
+
+def held_static_roots(graph: Graph) -> tuple[int, ...]:
+    """The static roots a step holds: the input batch and labels, and every static root an op reads or writes
+    (a buffer no op touches, batch norm's ``num_batches_tracked``, has no slot in the arena)."""
+    def find() -> tuple[int, ...]:
+        used = {graph.storage_root(t) for o in graph.ops for t in o.inputs + o.outputs}
+        used.update(graph.storage_root(t) for t in graph.input_ids + (graph.label_id,) if 0 <= t < len(graph.tensors))
+        return tuple(t.id for t in graph.tensors if t.alias_of is None and t.id in used and is_static(graph, t.id))
+    return graph.memo("held_static_roots", find)
+
+
 def static_bytes(graph: Graph) -> int:
-    return sum(t.bytes for t in graph.tensors if t.alias_of is None and is_static(graph, t.id))
+    """The stored bytes of the static roots a step holds, plus the loss-gradient scale's slot where the graph
+    reads it."""
+    return (sum(stored_bytes(graph.tensors[r]) for r in held_static_roots(graph))
+            + (ALIGN if reads_grad_scale(graph) else 0))
+
+
+def loss_root(graph: Graph) -> int | None:
+    """The storage root of the loss (kept to the end of the step), None when the graph has no loss."""
+    return graph.storage_root(graph.loss_id) if 0 <= graph.loss_id < len(graph.tensors) else None
 
 
 def engine_bytes(plan: Plan, profile) -> int:
@@ -156,6 +203,7 @@ class RootInfo:
 def activation_roots(graph: Graph) -> dict[int, RootInfo]:
     prods = graph.producers()
     readers = readers_by_root(graph, skip=lambda t: is_static(graph, t))
+    loss = loss_root(graph)
     out: dict[int, RootInfo] = {}
     for t in graph.tensors:
         if t.alias_of is None and not is_static(graph, t.id) and t.id in prods:
@@ -163,7 +211,9 @@ def activation_roots(graph: Graph) -> dict[int, RootInfo]:
             rd = readers.get(t.id, [])
             fw = [c for c in rd if not is_backward(graph, c)]
             bw = [c for c in rd if is_backward(graph, c)]
-            out[t.id] = RootInfo(t.id, t.bytes, p, max(rd + [p]), max(fw + [p]), min(bw) if bw else None)
+            end = len(graph.ops) - 1 if t.id == loss else p      # the loss: to the end of the step
+            out[t.id] = RootInfo(t.id, stored_bytes(t), p, max(rd + [p, end]), max(fw + [p]),
+                                 min(bw) if bw else None)
     return out
 
 
@@ -342,7 +392,7 @@ class Schedule:
         return is_static(graph, t) and graph.storage_root(t) not in self.dynamic_grads
 
     def root_bytes(self, graph: Graph, r: int) -> int:
-        return 0 if r in self.nonmat else graph.tensors[r].bytes
+        return 0 if r in self.nonmat else stored_bytes(graph.tensors[r])
 
 
 def schedule(graph: Graph, plan: Plan, phases: Sequence[str] = PHASES, check_digest: bool = True) -> Schedule:
@@ -554,6 +604,9 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
                 if not st(u) and root[u] in birth:
                     rc_uses.setdefault(root[u], []).append((t, p))
     op_uses = {r: sorted(pos(c) for c in readers.get(r, ())) for r in birth}
+    loss = loss_root(graph)
+    if PHASE_LOSS in phases and loss in op_uses:       # the loss stays to the end of the step
+        op_uses[loss].append(ops[-1].id)
 
     def free_copy(r: int, ops_at: list[int], rcs_at: list[tuple[int, int]], unread) -> None:
         """Free one copy of r after its last use; ``unread``: where a copy nobody reads goes (a step: after its
@@ -650,7 +703,7 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
         fr = sorted(set(free_after.get(t, ())))
         if fr:
             events.append(Event("free", -1, tuple(fr)))
-    S = static_bytes(graph) - sum(T[g].bytes for g in dyn)
+    S = static_bytes(graph) - sum(stored_bytes(T[g]) for g in dyn)
     return Schedule(events=tuple(events), root=root, nonmat=frozenset(nonmat), static_bytes=S,
                     dynamic_grads=frozenset(dyn), recompute=rc, recompute_at=when, early_at=early_at,
                     paged=tuple(paged), phases=phases, inplace_ok=frozenset(inplace_ok)), idle

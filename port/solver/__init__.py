@@ -37,7 +37,7 @@ ILP_SOLVERS = ("highs", "cbc", "scip", "cpsat")
 
 
 def solve(graph, profile, budget: int | str | None = None, solver: str = "highs", time_limit_s: float = 30.0,
-          gap: float = 0.01, *, budget_bytes: int | None = None, **kw) -> Plan:
+          gap: float = 0.01, *, budget_bytes: int | None = None, fit: bool = True, **kw) -> Plan:
     """Plan one training step of ``graph`` on ``profile``'s device within the memory ``budget``.
 
     ``budget``: bytes (int), a size text (``"64MB"``, ``"1.5GiB"``) or ``"NN%"`` of the keep-everything peak
@@ -45,7 +45,10 @@ def solve(graph, profile, budget: int | str | None = None, solver: str = "highs"
     budget rule: port.solver.budget). ``budget_bytes=``
     is the older keyword for the same argument.
     Raises InfeasibleBudgetError (with the smallest feasible budget and the tensors at its peak) when no
-    plan fits. On a time limit the best plan found is returned with status "timeout" and its proven gap."""
+    plan fits. On a time limit the best plan found is returned with status "timeout" and its proven gap.
+    ``fit``: the arena the plan lowers to fits the budget too (``fit_arena``, a last resort: the plan's accounting
+    is the arena's, only the packing's fragmentation can exceed it); False for a profile that prices the
+    kernels' workspaces otherwise than lowering (Checkmate's matched profile: no workspace at all)."""
     if budget_bytes is not None:
         if budget is not None:
             raise TypeError("solve(): give the budget once (budget or budget_bytes)")
@@ -57,7 +60,70 @@ def solve(graph, profile, budget: int | str | None = None, solver: str = "highs"
         solver = "single"
     if solver not in SOLVERS:
         raise PortError(f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)} or single:<accelerator>")
-    return SOLVERS[solver](graph, profile, budget, time_limit_s=time_limit_s, gap=gap, **kw)
+    run = partial(SOLVERS[solver], graph, profile, time_limit_s=time_limit_s, gap=gap, **kw)
+    plan = run(budget)
+    return fit_arena(graph, profile, plan, budget, run) if fit else plan
 
 
-__all__ = ["solve", "SOLVERS", "ILP_SOLVERS", "min_feasible_budget", "SolverError", "simulate"]
+ARENA_FIT_SLOWER = 0.02     # a re-solved plan this much slower than the ILP's first plan is announced (a warning)
+
+
+class ArenaFitWarning(UserWarning):
+    """fit_arena re-solved with a tighter budget and the plan it returns is noticeably slower."""
+
+
+def arena_bytes(graph, profile, plan: Plan) -> int | None:
+    """What the executor holds for ``plan`` in the budget's terms: its lowered training program's arena (packed
+    offsets) plus the engines' resident footprint (port.plan.semantics.engine_bytes). None where this machine
+    cannot lower the plan (an accelerator without a known backend whose variants the C backend does not share)."""
+    from port.errors import PlanError
+    from port.lower.lower import ACCELERATOR_BACKENDS, lower
+    from port.plan.semantics import engine_bytes
+    stand_in = {a: "c" for a in profile.accelerators if a not in ACCELERATOR_BACKENDS}   # modeled: priced as C
+    try:
+        prog = lower(graph, plan, accelerators=stand_in, check=False)
+    except PlanError:
+        return None
+    return prog.arena_bytes + engine_bytes(plan, profile)
+
+
+def fit_arena(graph, profile, plan: Plan, budget: int, run) -> Plan:
+    """``plan`` (solved within ``budget``) if its arena (+ engines) fits the budget too, else ``run(tighter)``'s
+    plan, the budget tightened by the overshoot, once.
+
+    The plan's accounting is the arena's (port.plan.semantics: stored bytes), so its peak is the lowered
+    program's live bound; the packer (port.lower.arena) reaches that bound on every zoo plan the tests solve, but
+    it is a heuristic: where it leaves gaps above a budget with no slack, this is the last resort. The plan
+    returned records the caller's budget; one ARENA_FIT_SLOWER or more slower than ``plan`` comes with an
+    ArenaFitWarning naming both step times. InfeasibleBudgetError when the tighter budget finds no plan or its
+    arena is still over, naming the arena as the budget to ask for."""
+    if plan.status == "infeasible":
+        return plan
+    held = arena_bytes(graph, profile, plan)
+    if held is None or held <= budget:
+        return plan
+    from port.config import format_size
+    over = held - budget
+    why = (f"the plan solved within the budget of {format_size(budget)} ({budget} B) lowers to an arena (+ engines) "
+           f"of {format_size(held)} ({held} B): the packing leaves {over} B of gaps above the plan's peak")
+    try:
+        fit = run(budget - over)
+    except InfeasibleBudgetError as e:
+        raise InfeasibleBudgetError(f"{why}, and no plan fits the budget tightened by them ({budget - over} B). Raise "
+                                    f"the budget to {format_size(held)} ({held} B) or more", budget, held,
+                                    e.peak_tensors) from None
+    again = arena_bytes(graph, profile, fit)
+    if fit.status == "infeasible" or (again is not None and again > budget):
+        raise InfeasibleBudgetError(f"{why}; the plan re-solved within {budget - over} B still lowers to "
+                                    f"{again} B. Raise the budget to {format_size(held)} ({held} B) or more",
+                                    budget, held, ())
+    if fit.predicted_step_ms > plan.predicted_step_ms * (1 + ARENA_FIT_SLOWER):
+        import warnings
+        warnings.warn(f"{why}; re-solved within {budget - over} B, the plan that fits predicts "
+                      f"{fit.predicted_step_ms:.3f} ms a step against {plan.predicted_step_ms:.3f} ms (raise the "
+                      f"budget by {over} B for the faster one)", ArenaFitWarning, stacklevel=2)
+    return dataclasses.replace(fit, budget_bytes=budget)
+
+
+__all__ = ["solve", "SOLVERS", "ILP_SOLVERS", "min_feasible_budget", "SolverError", "simulate", "arena_bytes",
+           "fit_arena", "ArenaFitWarning"]

@@ -135,6 +135,10 @@ def build(graph, profile: Profile, accelerator: str, budget_bytes: int | None, u
     for r, R_ in roots.items():
         for t in range(max(R_.birth + 1, a), min(need[r], b) + 1):
             Sv[t, r] = m.var(f"S[{t},{r}]")
+    loss = SEM.loss_root(g)           # held to the end of the step (port.plan.semantics), never dropped
+    for (t, r), v in Sv.items():
+        if r == loss:
+            m.row(f"keep[{t},{r}]", {v: 1.0}, lo=1.0)
 
     def run(t: int, k: int):      # (var or None, constant)
         return (None, 1.0) if k == t else ((Rv[t, k], 0.0) if (t, k) in Rv else (None, 0.0))

@@ -12,6 +12,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
+from port.plan.semantics import stored_bytes
 from port.solver.instance import Instance
 
 KiB = 1024
@@ -466,7 +467,7 @@ def _memory_deltas(inst: Instance, v: Vars, unit: int):
     for u, j in v.e.items():   # gradient roots of an early-able update: static when late, transient when early
         _param, pu, gs = inst.early[u]
         for gr in gs:
-            b = g.tensors[gr].bytes / unit
+            b = stored_bytes(g.tensors[gr]) / unit
             rd = [c for c in cons.get(gr, ()) if c != u] + ([pu] if u in cons.get(gr, ()) else [])
             end = min(max(rd + [prods[gr]]), pu)
             dcon[0] += b

@@ -300,7 +300,7 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW,
     rc_outputs = {p: outs_of[p] for p in set(rc_times) | set(tau)}
 
     early = SEM.early_update_candidates(graph)
-    grad_bytes = sum(graph.tensors[g].bytes for (_p, _pu, gs) in early.values() for g in gs)
+    grad_bytes = sum(SEM.stored_bytes(graph.tensors[g]) for (_p, _pu, gs) in early.values() for g in gs)
 
     page_roots, page_ms = [], {}
     if profile.storage:
@@ -310,7 +310,7 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW,
             if R.bwd_first is not None and graph.ops[R.birth].phase in (PHASE_FORWARD, PHASE_LOSS) \
                     and R.bwd_first > R.fwd_last + 1 and bw > 0:
                 page_roots.append(r)
-                page_ms[r] = 2 * (lat + R.bytes / bw)
+                page_ms[r] = 2 * (lat + graph.tensors[r].bytes / bw)     # the data, as the simulator pages it
 
     edges = [(t, u, w, graph.tensors[t].bytes)          # the plan semantics' hand-off edges (rule 7)
              for w, es in sorted(SEM.handoff_edges(graph).items()) for t, u in es]

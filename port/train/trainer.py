@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 from port.errors import ArgumentError, NonFiniteError, PortError
 from port.exec import capi
 from port.exec.executor import Executor, RunState
-from port.lower.lower import default_plan, inference_job, lower
+from port.lower.lower import default_plan, inference_job, inference_program, lower
 from port.train.optim import SGD, AdamW
 from port.lower.program import Program
 from port.ir.types import ROLE_BUFFER, ROLE_GRADIENT, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER
@@ -151,9 +151,9 @@ class Trainer:
         # the arena's memory follows the program (a plan solved for a GPU runs there whatever ``backend`` says)
         from port.exec.executor import program_device
         dev = program_device(self.program, default="cuda" if backend == "torch-cuda" else "cpu")
-        eplan = default_plan(self.eval_graph, "torch-cuda" if dev == "cuda" else backend)
-        self.eval_program: Program = lower(self.eval_graph, eplan, phases=("forward",),
-                                           persistent_from=self.program, strategy=strategy)
+        # (within the training arena where its variants allow: port.lower.lower.inference_program)
+        self.eval_program: Program = inference_program(self.eval_graph, self.program,
+                                                       "torch-cuda" if dev == "cuda" else backend, strategy)
         size = max(self.program.arena_bytes, self.eval_program.arena_bytes)
         # tracing's and lowering's freed temporaries back to the OS before the arena's pages are touched: glibc
         # keeps them resident otherwise, under the arena, and the set-up's peak is the process's peak (a full

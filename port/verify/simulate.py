@@ -111,7 +111,7 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
                                 f"{T[t].name!r}, which is not in memory then (dropped and not restored)")
         c = costs[oid]
         timeline.append(S + E + total + c.extra_bytes)
-        arena_tl.append(S + total + c.workspace_bytes)
+        arena_tl.append(S + total + c.arena_workspace_bytes)
         steps.append((kind, oid))
         snapshots.append(tuple(live))
         if kind == "recompute":

@@ -21,6 +21,11 @@ def port_cli(*args, cwd, timeout=600):
                           env=env, timeout=timeout)
 
 
+def _size(n):
+    from port.config import format_size
+    return format_size(n)
+
+
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
     return tmp_path_factory.mktemp("work")
@@ -47,6 +52,15 @@ def test_run_directory_and_plan_within_budget(run):
     assert len(lines) == 60 and json.loads(lines[-1])["step"] == 60
     m = json.loads((d / "measured.json").read_text())
     assert m["op_ms"] and max(m["timeline_bytes"]) <= plan["budget_bytes"]   # arena accounting within budget
+    # the arena the executor allocated (training and inference programs) and the engines fit the budget (issue
+    # 53: the demo allocated 2.07 MiB against 1.95 MiB); the run says both
+    from port.cost.io import load_profile
+    from port.plan.io import load_plan
+    from port.plan.semantics import engine_bytes
+    eng = engine_bytes(load_plan(d / "plan.json"), load_profile(d / "profile.json"))
+    mem = m["memory"]
+    assert mem["arena_bytes"] + eng <= mem["budget_bytes"] == plan["budget_bytes"], (mem, eng)
+    assert f"arena {_size(mem['arena_bytes'])}, budget {_size(plan['budget_bytes'])}" in stdout
     assert "plan:" in stdout and "test accuracy" in stdout and "keep-everything peak" in stdout
     html = (d / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 2 and "Placement" in html

@@ -9,6 +9,7 @@ from port.cost.roofline import modeled_profile
 from port.errors import PlanError
 from port.ir.trace import trace
 from port.verify.simulate import simulate
+from port.lower.program import align
 from port.plan.semantics import static_bytes
 from port.plan.types import OpDecision, Plan
 
@@ -40,15 +41,21 @@ def test_chain_memory_timeline_by_hand(chain):
     plan = Plan(g.digest(), p.digest(), 10**9, plain(g))
     s = simulate(plan, g, p)
     S = static_bytes(g)
-    # static: input 5x4, labels 5 (int64), params 8x4+8+2x8+2, their grads (sgd: no state)
-    assert S == 4 * 20 + 8 * 5 + 2 * 4 * (32 + 8 + 16 + 2)
-    h1, h2, out = 5 * 8 * 4, 5 * 8 * 4, 5 * 2 * 4
+    # every root counts its bytes rounded up to 64 (the arena's alignment: port.plan.semantics, stored bytes).
+    # static: input 5x4 f32 (80 -> 128), labels 5 int64 (40 -> 64), params 8x4 (128), 8 (32 -> 64), 2x8 (64),
+    # 2 (8 -> 64) and their grads (sgd: no state), plus the loss-gradient scale's 64-byte slot
+    assert S == 128 + 64 + 2 * (128 + 64 + 64 + 64) + 64 == 896
+    h1, h2, out, loss = 192, 192, 64, 64     # 5x8 f32 (160 -> 192) twice, the logits 5x2 (40 -> 64), the loss
     names = [o.name for o in g.ops]
     t = dict(zip(names, s.timeline))
     # step a: h1 born; step r: h1 (read) + h2; step b: h2 (saved by b and by r's backward) + logits
     assert t[names[0]] == S + h1
     assert t[names[1]] == S + h1 + h2          # h1 freed after r (nobody saves it)
     assert t[names[2]] == S + h2 + out
+    # the loss is live from its op to the end of the step (the program keeps it readable): the last op holds it
+    ce = next(o for o in g.ops if o.kind == "cross_entropy")
+    assert t[ce.name] - t[names[2]] == loss + 64    # h2 and the logits still live; the loss and probs (5x2) born
+    assert s.timeline[-1] == S + loss           # the last update: static memory and the loss only
     assert s.peak_bytes == max(s.timeline)
     assert len(s.timeline) == len(g.ops)
     assert s.step_ms == pytest.approx(sum(p.lookup(g.signature(o), "cpu-c", "plain").latency_ms for o in g.ops))
@@ -61,7 +68,7 @@ def test_inplace_relu_saves_its_output_bytes(chain):
     ops[relu.id] = OpDecision(relu.id, "cpu-c", "inplace")
     s0 = simulate(Plan("", "", 0, plain(g)), g, p)
     s1 = simulate(Plan("", "", 0, tuple(ops)), g, p)
-    assert s0.timeline[relu.id] - s1.timeline[relu.id] == 5 * 8 * 4
+    assert s0.timeline[relu.id] - s1.timeline[relu.id] == align(5 * 8 * 4)
 
 
 def test_recompute_inserts_op_and_frees(chain):
@@ -81,7 +88,7 @@ def test_recompute_inserts_op_and_frees(chain):
     # h2 is not live across the loss step any more
     loss = next(o for o in g.ops if o.kind == "cross_entropy")
     i = s.steps.index(("op", loss.id))
-    assert s.timeline[i] == base.timeline[loss.id] - 5 * 8 * 4
+    assert s.timeline[i] == base.timeline[loss.id] - align(5 * 8 * 4)
 
 
 def test_paging_requires_storage(chain):
@@ -132,8 +139,9 @@ def test_early_updates_reduce_peak_and_static(chain):
     ups = tuple(o.id for o in g.ops if o.phase == "update")
     base = simulate(Plan("", "", 0, plain(g)), g, p)
     s = simulate(Plan("", "", 0, plain(g), early_updates=ups), g, p)
-    grads = sum(t.bytes for t in g.tensors if t.role == "gradient" and t.alias_of is None
+    grads = sum(align(t.bytes) for t in g.tensors if t.role == "gradient" and t.alias_of is None
                 and g.tensors[t.grad_of].role == "parameter")
+    assert grads == 128 + 64 + 64 + 64            # stored bytes: each gradient rounded up to 64
     assert s.static_bytes == base.static_bytes - grads
     assert s.peak_bytes < base.peak_bytes
     assert s.step_ms == pytest.approx(base.step_ms)
@@ -196,13 +204,12 @@ def test_rerun_in_place_takes_over_its_input_copy(chain):
     assert inp.inplace_reruns == ((relu.id, first_bwd),)
     s0, s1 = simulate(out, g, p), simulate(inp, g, p)
     k = s0.steps.index(("recompute", relu.id))
-    assert s0.timeline[k] - s1.timeline[k] == 5 * 8 * 4           # h2's copy needs no bytes of its own
+    assert s0.timeline[k] - s1.timeline[k] == align(5 * 8 * 4)           # h2's copy needs no bytes of its own
     assert s1.step_ms == s0.step_ms
     prog = lower(g, inp)
     c = next(c for c in prog.calls if c.phase == "recompute" and c.op == relu.id)
     slot = {s.tensor: s for s in prog.slots}
     assert c.variant == "inplace" and slot[c.outputs[0]].offset == slot[c.inputs[0]].offset
-    from port.lower.arena import align
     assert lower(g, out).live_timeline[c.index] - prog.live_timeline[c.index] == align(5 * 8 * 4)
     # refused: h1 not re-made in the group (kept instead), linear is no relu/add, a step without that re-run
     only = Plan("", "", 0, plain(g), recompute=(relu.outputs[0],), recompute_at=((relu.id, first_bwd),))
@@ -224,7 +231,7 @@ def test_input_gradient_in_place_writes_dx_over_dy(chain):
     ops = list(plain(g))
     ops[gi.id] = OpDecision(gi.id, "cpu-c", "inplace")
     s0, s1 = simulate(Plan("", "", 0, plain(g)), g, p), simulate(Plan("", "", 0, tuple(ops)), g, p)
-    assert s0.timeline[gi.id] - s1.timeline[gi.id] == 5 * 8 * 4
+    assert s0.timeline[gi.id] - s1.timeline[gi.id] == align(5 * 8 * 4)
     prog = lower(g, Plan("", "", 0, tuple(ops)))
     c = next(c for c in prog.calls if c.op == gi.id)
     slot = {s.tensor: s for s in prog.slots}

@@ -148,12 +148,12 @@ def exact_solve(graph, profile, budget, bf):
     catches: test_highs_returns_the_plan_it_proves_optimal). What these tests check is the formulation: when
     HiGHS's optimum is worse than the brute force, CBC, an independent exact solver, must find the brute-force
     optimum on the same model. A formulation that prices or forbids a plan wrongly fails with both."""
-    p = solve(graph, profile, budget, gap=0.0, time_limit_s=30)
+    p = solve(graph, profile, budget, gap=0.0, time_limit_s=30, fit=False)
     if p.predicted_step_ms > bf * (1 + 1e-6) + 1e-9:
         import warnings
         warnings.warn(f"HiGHS proved {p.predicted_step_ms!r} ms optimal, the brute force found {bf!r} ms; "
                       f"checking the model with CBC")
-        p = solve(graph, profile, budget, solver="cbc", gap=0.0, time_limit_s=60)
+        p = solve(graph, profile, budget, solver="cbc", gap=0.0, time_limit_s=60, fit=False)
     return p
 
 
@@ -163,7 +163,7 @@ def assert_ilp_equals_brute_force(g, prof, B):
     bf = brute_force(g, prof, B)
     if bf is None:
         with pytest.raises(InfeasibleBudgetError):
-            solve(g, prof, B, gap=0.0)
+            solve(g, prof, B, gap=0.0, fit=False)
         return None
     p = exact_solve(g, prof, B, bf)
     assert p.predicted_peak_bytes <= B
@@ -298,10 +298,10 @@ def test_infeasible_budget_reports_minimum(cnn_graph):
     mn = e.min_feasible_bytes
     assert mn is not None and mn > 1000
     assert e.peak_tensors and str(mn) in str(e)
-    p = solve(g, prof, mn)                     # the minimum itself is feasible
+    p = solve(g, prof, mn, fit=False)          # the minimum itself is feasible (as a plan peak)
     assert p.predicted_peak_bytes <= mn
     with pytest.raises(InfeasibleBudgetError):
-        solve(g, prof, int(mn * 0.99))         # 1% below is not
+        solve(g, prof, int(mn * 0.99), fit=False)   # 1% below is not
 
 
 def test_same_inputs_same_plan(cnn_graph):
@@ -554,10 +554,10 @@ def test_checkmate_and_multi_level_ilp_equal_brute_force(narrow):
     lo, hi = min(v[0] for v in space.values()), max(v[0] for v in space.values())
     for B in (lo, (lo + hi) // 2):
         bf = min(v[1] for v in space.values() if v[0] <= B)
-        cm = solve(g, prof, B, solver="checkmate", gap=0.0, time_limit_s=30)
+        cm = solve(g, prof, B, solver="checkmate", gap=0.0, time_limit_s=30, fit=False)
         assert cm.status == "optimal" and cm.predicted_peak_bytes <= B
         assert cm.predicted_step_ms == pytest.approx(bf, rel=1e-9)
-        p = solve(g, prof, B, gap=0.0, allow_early_updates=False, max_reruns=2)
+        p = solve(g, prof, B, gap=0.0, allow_early_updates=False, max_reruns=2, fit=False)
         assert p.predicted_peak_bytes <= B and p.predicted_step_ms == pytest.approx(bf, rel=1e-9)
     from port.solver import min_feasible_budget
     mn, _plan, proven = min_feasible_budget(build_instance(g, prof), allow_early_updates=False, max_reruns=2)
@@ -603,12 +603,12 @@ def test_multi_level_recompute_reaches_below_single_level():
     B = S + (keep.predicted_peak_bytes - S) // 2
     assert working_set_bound(g, prof)[0] <= B
     with pytest.raises(InfeasibleBudgetError):
-        solve(g, prof, B, allow_early_updates=False, max_reruns=1)
-    p = solve(g, prof, B, allow_early_updates=False, max_reruns=3, gap=0.0)
+        solve(g, prof, B, allow_early_updates=False, max_reruns=1, fit=False)
+    p = solve(g, prof, B, allow_early_updates=False, max_reruns=3, gap=0.0, fit=False)
     assert p.status == "optimal" and p.predicted_peak_bytes <= B
     steps = [q for q, _t in p.recompute_at]
     assert any(steps.count(q) > 1 for q in steps), p.recompute_at
-    cm = solve(g, prof, B, solver="checkmate", gap=0.0, time_limit_s=120)
+    cm = solve(g, prof, B, solver="checkmate", gap=0.0, time_limit_s=120, fit=False)
     assert cm.status == "optimal" and cm.predicted_peak_bytes <= B
     assert p.predicted_step_ms == pytest.approx(cm.predicted_step_ms, rel=1e-9)
 
@@ -728,7 +728,7 @@ def test_no_multi_level_plan_in_time_falls_back_to_the_minimum_peak_search(monke
     S = static_bytes(g)
     B = S + (SOLVERS["single"](g, prof, 10**15).predicted_peak_bytes - S) // 2
     with pytest.raises(InfeasibleBudgetError):
-        solve(g, prof, B, allow_early_updates=False, max_reruns=1)
+        solve(g, prof, B, allow_early_updates=False, max_reruns=1, fit=False)
     real = BK.BACKENDS["highs"]
 
     targets = []
@@ -740,7 +740,7 @@ def test_no_multi_level_plan_in_time_falls_back_to_the_minimum_peak_search(monke
         return real(m, time_limit_s, gap, start=start, threads=threads, **kw)
 
     monkeypatch.setitem(BK.BACKENDS, "highs", nested_budget_times_out)
-    p = solve(g, prof, B, allow_early_updates=False, max_reruns=3)
+    p = solve(g, prof, B, allow_early_updates=False, max_reruns=3, fit=False)
     assert p.status == "timeout" and p.predicted_peak_bytes <= B
     assert any([q for q, _t in p.recompute_at].count(q) > 1 for q, _t in p.recompute_at)
     assert targets[-1] is not None and targets[-1] * 1024 == B   # the search stops at a plan within the budget
@@ -750,7 +750,7 @@ def test_no_multi_level_plan_in_time_falls_back_to_the_minimum_peak_search(monke
     mt, pt, proven_t = min_feasible_budget(build_instance(g, prof), allow_early_updates=False, target_bytes=B)
     assert mn <= mt <= B and pt.predicted_peak_bytes == mt and not proven_t    # stopped within B, not proven
     with pytest.raises(InfeasibleBudgetError) as ei:
-        solve(g, prof, mn - 1, allow_early_updates=False, max_reruns=3)
+        solve(g, prof, mn - 1, allow_early_updates=False, max_reruns=3, fit=False)
     assert ei.value.min_feasible_bytes == mn
     # the first budgeted multi-level solve times out; the least-memory plan starts a second one, which trades the
     # budget's slack for time: a plan with a proven gap, no slower than the least-memory plan
@@ -764,7 +764,7 @@ def test_no_multi_level_plan_in_time_falls_back_to_the_minimum_peak_search(monke
         return real(m, time_limit_s, gap, start=start, threads=threads, **kw)
 
     monkeypatch.setitem(BK.BACKENDS, "highs", first_nested_budget_times_out)
-    q = solve(g, prof, B, allow_early_updates=False, max_reruns=3, gap=0.0)
+    q = solve(g, prof, B, allow_early_updates=False, max_reruns=3, gap=0.0, fit=False)
     assert len(nested) == 2 and nested[1]
     assert q.status == "optimal" and q.gap == 0.0 and q.predicted_peak_bytes <= B
     assert q.predicted_step_ms <= p.predicted_step_ms * (1 + 1e-9)
@@ -978,3 +978,40 @@ def test_highs_returns_the_plan_it_proves_optimal(mlp_graph):
     p = solve(g, prof, B, gap=0.0, time_limit_s=30)
     assert p.status == "optimal"
     assert p.predicted_step_ms == pytest.approx(brute_force(g, prof, B), rel=1e-6, abs=1e-9)
+
+
+def test_fit_arena_is_a_last_resort_that_says_what_it_costs(monkeypatch):
+    """A plan whose lowered arena (+ engines) is over the budget is solved once more with the budget tightened
+    by the overshoot; the plan returned records the caller's budget, and one noticeably slower than the first
+    comes with an ArenaFitWarning naming both step times. A plan that fits is returned as it is; no plan at the
+    tighter budget, or one still over, is an InfeasibleBudgetError naming the arena as the budget to ask for."""
+    import warnings
+    import port.solver as S
+    base = Plan(graph_digest="", profile_digest="", budget_bytes=1000, ops=(), status="optimal",
+                predicted_step_ms=10.0)
+    held = {1000: 1320, 680: 990}            # plan solved at budget -> its arena + engines
+    monkeypatch.setattr(S, "arena_bytes", lambda g, p, plan: held.get(plan.budget_bytes, 1010))
+    asked = []
+
+    def run(b, ms=10.1):
+        asked.append(b)
+        return dataclasses.replace(base, budget_bytes=b, predicted_step_ms=ms)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = S.fit_arena(None, None, base, 1000, run)           # 1% slower: no warning
+    assert asked == [680] and out.budget_bytes == 1000 and out.predicted_step_ms == 10.1
+    with pytest.warns(S.ArenaFitWarning, match=r"13\.000 ms a step against 10\.000 ms .* by 320 B"):
+        S.fit_arena(None, None, base, 1000, lambda b: run(b, 13.0))
+    held[1000] = 1000                       # fits: no re-solve
+    asked.clear()
+    assert S.fit_arena(None, None, base, 1000, run) is base and not asked
+    held[1000] = 1320
+
+    def none_fits(b):
+        raise InfeasibleBudgetError("no plan", b, 1220)
+    with pytest.raises(InfeasibleBudgetError, match=r"gaps above the plan's peak, and no plan fits .*1320 B") as e:
+        S.fit_arena(None, None, base, 1000, none_fits)
+    assert e.value.min_feasible_bytes == 1320 and e.value.budget_bytes == 1000
+    del held[680]                           # the re-solved plan is still over (1010 B): refused, not returned
+    with pytest.raises(InfeasibleBudgetError, match="still lowers to 1010 B"):
+        S.fit_arena(None, None, base, 1000, run)
