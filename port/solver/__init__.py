@@ -14,6 +14,7 @@ port.verify.simulate, whose time and memory timeline fill the Plan's predicted_*
 """
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 from port.errors import InfeasibleBudgetError, PortError, SolverError  # noqa: F401  (SolverError re-exported)
