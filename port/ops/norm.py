@@ -305,6 +305,25 @@ def _ln_encode(kind, a, IS, OS, I, O, variant, call):
     return Encoded("port_layernorm_backward_weight", (g.get("weight"), g.get("bias"), I[0], I[1], I[2]), (rows, d))
 
 
+def _native_norm_backward(grads_, a, I, O, weight: bool):
+    """The torch binding of a norm's backward from aten's native_*_norm_backward (``grads_(w)`` -> (dx, dw, db)):
+    grad_input writes dx (the weight read from I[3] where the op is affine); grad_weight accumulates dw, db into
+    the gradients the op's ``grads`` attribute names."""
+    if not weight:
+        w = I[3] if len(I) > 3 else None
+        dx = O[0]
+        return lambda: dx.copy_(grads_(w)[0])
+    g = dict(zip(a["grads"], O))
+
+    def run():
+        r = grads_()
+        if "weight" in g:
+            g["weight"].add_(r[1])
+        if "bias" in g:
+            g["bias"].add_(r[2])
+    return run
+
+
 def _ln_torch(kind, a, I, O, env):
     torch = env.torch
     if kind == "layer_norm":
@@ -331,19 +350,7 @@ def _ln_torch(kind, a, I, O, env):
         return torch.ops.aten.native_layer_norm_backward(
             dy, x, [d], mean, rstd, w if w is not None else torch.ones(d, dtype=x.dtype, device=x.device),
             torch.zeros(d, dtype=x.dtype, device=x.device), [not weight, weight, weight])
-    if not weight:
-        w = I[3] if len(I) > 3 else None
-        dx = O[0]
-        return lambda: dx.copy_(grads_(w)[0])
-    g = dict(zip(a["grads"], O))
-
-    def run():
-        r = grads_()
-        if "weight" in g:
-            g["weight"].add_(r[1])
-        if "bias" in g:
-            g["bias"].add_(r[2])
-    return run
+    return _native_norm_backward(grads_, a, I, O, weight)
 
 
 register(OpRecord(
@@ -603,19 +610,7 @@ def _gn_torch(kind, a, I, O, env):
         return aten.native_group_norm_backward(dy, x, st[0].reshape(n, g), st[1].reshape(n, g),
                                                w if w is not None else env.torch.ones(c, dtype=x.dtype), n, c, hw, g,
                                                [not weight, weight, weight])
-    if not weight:
-        w = I[3] if len(I) > 3 else None
-        dx = O[0]
-        return lambda: dx.copy_(grads_(w)[0])
-    gr = dict(zip(a["grads"], O))
-
-    def run():
-        r = grads_()
-        if "weight" in gr:
-            gr["weight"].add_(r[1])
-        if "bias" in gr:
-            gr["bias"].add_(r[2])
-    return run
+    return _native_norm_backward(grads_, a, I, O, weight)
 
 
 register(OpRecord(

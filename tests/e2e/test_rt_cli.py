@@ -282,6 +282,19 @@ def _set(path, value):
     return edit
 
 
+def _resume_case(tmp_path, optimizer) -> tuple:
+    """An mlp trained one step with ``optimizer``: its bundle, data and checkpoint (good.port) in tmp_path; the
+    port-rt arguments that resume from a checkpoint named next."""
+    tr, x, y = _case("mlp", (64,), optimizer=optimizer)
+    tr.step(x[:8], y[:8])
+    write_bundle(tr, tmp_path / "m.portrt")
+    write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), 10)
+    tr.save_checkpoint(tmp_path / "good.port")
+    args = ("train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 1, "--resume",
+            "--checkpoint")
+    return args
+
+
 @pytest.mark.parametrize("opt,edit,key,shown", [
     ("sgd", _set(["step"], 2**57), "step", str(2**57)),
     ("sgd", _set(["step"], -1), "step", "-1"),
@@ -302,13 +315,7 @@ def _set(path, value):
 ])
 def test_checkpoint_fields_are_range_checked(port_rt, tmp_path, opt, edit, key, shown):
     o = port.optim.AdamW(1e-3) if opt == "adamw" else port.optim.SGD(0.05, momentum=0.9)
-    tr, x, y = _case("mlp", (64,), optimizer=o)
-    tr.step(x[:8], y[:8])
-    write_bundle(tr, tmp_path / "m.portrt")
-    write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), 10)
-    tr.save_checkpoint(tmp_path / "good.port")
-    args = ("train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 1, "--resume",
-            "--checkpoint")
+    args = _resume_case(tmp_path, o)
     ok = _run(port_rt, *args, _forge_ckpt(tmp_path / "good.port", tmp_path / "same.port", lambda h: None))
     assert ok.returncode == 0 and "at step 1" in ok.stdout, ok.stderr
     bad = _forge_ckpt(tmp_path / "good.port", tmp_path / "bad.port", edit)
@@ -322,13 +329,7 @@ def test_checkpoint_settings_follow_the_python_rule(port_rt, tmp_path):
     """One rule for optimizer settings in both readers: lr 0 (torch.optim allows it: a schedule may start there)
     loads in port-rt as in Python; a value beyond float32 is refused by both."""
     from port.train.checkpoint import CheckpointError, read_checkpoint
-    tr, x, y = _case("mlp", (64,), optimizer=port.optim.SGD(0.05, momentum=0.9))
-    tr.step(x[:8], y[:8])
-    write_bundle(tr, tmp_path / "m.portrt")
-    write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), 10)
-    tr.save_checkpoint(tmp_path / "good.port")
-    args = ("train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 1, "--resume",
-            "--checkpoint")
+    args = _resume_case(tmp_path, port.optim.SGD(0.05, momentum=0.9))
     zero = _forge_ckpt(tmp_path / "good.port", tmp_path / "zero.port", _set(["optimizer", "lr"], 0.0))
     assert read_checkpoint(zero)[0]["optimizer"]["lr"] == 0.0
     r = _run(port_rt, *args, zero)
