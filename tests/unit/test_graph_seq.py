@@ -38,7 +38,7 @@ def test_flops_and_saved_bytes_match_torch(name):
     # (2) torch turns a boolean key mask into a float mask [N, 1, 1, T] per attention call, PORT keeps the one
     # bool mask; (3) autograd's loss also saves a 4-byte total_weight.
     layers = sum(1 for o in g.ops if o.kind == "attention")
-    masked = any(o.kind == "attention" and o.attr("masked") for o in g.ops)
+    masked = any(o.kind == "attention" and o.attr("mask") is not None for o in g.ops)
     d = g.tensors[next(o for o in g.ops if o.kind == "attention").outputs[0]].shape
     copy = layers * N * T * d[1] * d[3] * 4
     mask = (layers * N * T * 4 - N * T) if masked else 0
@@ -68,7 +68,7 @@ def test_bert_mask_and_pooling():
     g = port.trace(m, x)
     att = next(o for o in g.ops if o.kind == "attention")
     mask = g.tensors[att.inputs[3]]
-    assert att.attr("masked") and mask.dtype == "bool" and mask.shape == (N, 1, 1, T)
+    assert att.attr("mask") == "bool" and mask.dtype == "bool" and mask.shape == (N, 1, 1, T)
     assert any(o.kind == "ne_scalar" for o in g.ops) and any(o.kind == "mean_mid" for o in g.ops)
     assert g.tensors[g.logits_id].shape == (N, 2)
 
@@ -100,8 +100,8 @@ def test_lora_prunes_base_weight_gradients_and_merges():
 
 def test_sequence_ops_without_c_kernels_run_on_torch():
     """An embedding with padding_idx is the embedding kind, run on the torch engine (the C kernel has no padding
-    row); attention with dropout has no PORT kind: a torch_op (its dropout drawn from PORT's per-call seed, so a
-    re-run draws the same mask)."""
+    row); attention with dropout is the attention kind with its probability, on C (its mask drawn from the one
+    counter-based generator, so the backward and a re-run draw the same one), not a torch_op."""
     from port import ops as records
 
     class Bad(nn.Module):
@@ -124,5 +124,6 @@ def test_sequence_ops_without_c_kernels_run_on_torch():
             q = self.e(x).unsqueeze(1)
             return F.scaled_dot_product_attention(q, q, q, dropout_p=0.1).mean(2).flatten(1)
     g = port.trace(Drop(), torch.randint(0, 10, (2, 5)))
-    ops = [o for o in g.ops if o.kind == "torch_op" and o.phase == "forward"]
-    assert ops and any(o.attr("random") for o in ops)
+    att = [o for o in g.ops if o.kind == "attention"]
+    assert att and att[0].attr("p") == pytest.approx(0.1) and records.has_c("attention", dict(att[0].attrs))
+    assert not any(o.kind == "torch_op" for o in g.ops)
