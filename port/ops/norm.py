@@ -353,15 +353,20 @@ def _ln_torch(kind, a, I, O, env):
     return _native_norm_backward(grads_, a, I, O, weight)
 
 
+# what a norm that saves x and its statistics (mean, rstd) saves, reads and costs: layer norm and group norm
+_STATS_NORM = dict(
+    saved=lambda f, gi, gw, wanted: (f.x[0], f.outputs[1]) + (
+        (f.params["weight"],) if gi and "weight" in f.params else ()),
+    grad_input_reads=_ln_reads, grad_weight_reads=lambda f: (f.x[0], f.outputs[1]),
+    bwd_vector_flops=lambda f, T: 8 * numel(T[f.outputs[0]].shape), weight_vector_factor=2)
+
+
 register(OpRecord(
     kind="layer_norm", family="norm",
     kernels={"layer_norm": ("port_layernorm_forward",), "layer_norm.grad_input": ("port_layernorm_backward_input",),
              "layer_norm.grad_weight": ("port_layernorm_backward_weight",)},
     shapes=_ln_shapes, torch=_ln_torch, encode=_ln_encode, aten=("layer_norm",), capture=_ln_capture,
-    saved=lambda f, gi, gw, wanted: (f.x[0], f.outputs[1]) + (
-        (f.params["weight"],) if gi and "weight" in f.params else ()),
-    grad_input_reads=_ln_reads, grad_weight_reads=lambda f: (f.x[0], f.outputs[1]),
-    bwd_vector_flops=lambda f, T: 8 * numel(T[f.outputs[0]].shape), weight_vector_factor=2, doc=__doc__))
+    **_STATS_NORM, doc=__doc__))
 
 
 # =============================================================================================
@@ -618,10 +623,7 @@ register(OpRecord(
     kernels={"group_norm": ("port_groupnorm_forward",), "group_norm.grad_input": ("port_groupnorm_backward_input",),
              "group_norm.grad_weight": ("port_groupnorm_backward_weight",)},
     shapes=_gn_shapes, torch=_gn_torch, encode=_gn_encode, aten=("group_norm",), capture=_gn_capture,
-    saved=lambda f, gi, gw, wanted: (f.x[0], f.outputs[1]) + (
-        (f.params["weight"],) if gi and "weight" in f.params else ()),
-    grad_input_reads=_ln_reads, grad_weight_reads=lambda f: (f.x[0], f.outputs[1]),
-    bwd_vector_flops=lambda f, T: 8 * numel(T[f.outputs[0]].shape), weight_vector_factor=2,
+    **_STATS_NORM,
     doc="group_norm: F.group_norm / nn.GroupNorm over [N, C, *] in ``groups`` groups of consecutive channels, "
         "affine (weight, bias) or not; saves x, its statistics [2, N*groups] (mean, rstd) and the weight. C "
         "kernels port_groupnorm_*."))
