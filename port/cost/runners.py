@@ -80,6 +80,9 @@ class Runner:
         self.graph = graph
         self.backend = backend
         self.device = torch.device("cuda" if backend == "torch-cuda" else "cpu")
+        if backend == "torch-cpu":     # as the executor runs them (port.exec.executor): timed without re-faults
+            from port.train.memwatch import keep_freed_heap
+            keep_freed_heap()
         if threads:
             if backend == "c":
                 capi.set_num_threads(int(threads))   # kernel OpenMP + BLAS + torch intra-op threads

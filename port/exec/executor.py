@@ -181,6 +181,11 @@ class Executor:
             check_program(program)
         self.program = program
         self.state = state or RunState()
+        if any(c.backend == "torch-cpu" for c in program.calls):
+            # PyTorch's kernels allocate and free temporaries every call: keep their pages mapped (no page
+            # faults each step; the profiler's torch runner does the same, so its times hold here)
+            from port.train.memwatch import keep_freed_heap
+            keep_freed_heap()
         device = program_device(program, default=device)
         if arena is None:
             arena = torch.zeros(max(program.arena_bytes, 64), dtype=torch.uint8, device=device)
