@@ -521,6 +521,9 @@ class _Progress:
 
 
 STEP_OVERHEAD_KEY = "executor.step_overhead_ms"   # profile host record: the executor's fixed cost per step
+CALIBRATE_STEPS_KEY = "in_program.steps"           # host record: instrumented steps per re-timed plan
+# program-order re-timing: at least `steps` instrumented steps, more until their calls add up to this many ms
+CALIBRATE_MIN_MS, CALIBRATE_MAX_STEPS = 150.0, 40
 
 
 def in_program_times(graph: Graph, plan: Any, rows: list[dict]) -> dict[tuple[str, str, str], float]:
@@ -623,12 +626,17 @@ def correct_from_run(graph: Graph, profile: Profile, plan: Any, op_ms: dict[int,
 
 
 def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int = 3, seed: int = 0,
-                         fresh: set | None = None, overhead_only: bool = False) -> tuple[Profile, dict[str, str]]:
+                         fresh: set | None = None, overhead_only: bool = False,
+                         min_ms: float = CALIBRATE_MIN_MS, max_steps: int = CALIBRATE_MAX_STEPS
+                         ) -> tuple[Profile, dict[str, str]]:
     """Re-time ``profile``'s measured entries in program order: run each plan's program (lowered exactly as
     training runs it, on a zeroed arena with a random batch) for ``steps`` instrumented steps after one warm-up
     step, and replace every entry a call exercised by the median of its in-program call times. Ops timed alone
     run on cache-hot inputs; in a step their inputs come from the op before, so memory-bound ops in particular
-    run slower there. Measured entries no call exercised are scaled by the median in-program / isolated ratio
+    run slower there. At least ``steps`` steps per plan, more while their calls add up to less than ``min_ms``
+    (up to ``max_steps``): a sub-millisecond step's calls are a few microseconds each, and three samples of them
+    caught one busy moment of the machine as often as not (a 0.7 ms step predicted anywhere in 0.54-0.80 ms by
+    four profiles of one process; the measured step, a median over 15, moved less). Measured entries no call exercised are scaled by the median in-program / isolated ratio
     of their op kind on that accelerator (else of the accelerator); ``fresh``: only these keys are scaled (entries
     taken from a cache were scaled when they were measured). The first plan's program is also run untimed after each
     instrumented step, as Trainer.step runs it (zero the gradients, copy the batch in, run, read the loss,
@@ -648,6 +656,7 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
     seen: dict[tuple[str, str, str], list[float]] = {}
     gen = torch.Generator().manual_seed(seed)
     overhead = None
+    counts: dict[int, int] = {}
     for pi, plan in enumerate(plans[:1] if overhead_only else plans):
         prog = lower(graph, plan, check_digest=False)
         backends = {c.backend for c in prog.calls} - {"host"}
@@ -674,11 +683,17 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
             return (_time.perf_counter() - t0) * 1e3
 
         diffs = []
-        for k in range(steps + 1):
+        timed_ms, k = 0.0, -1
+        while True:
+            k += 1
+            if k > steps and (timed_ms >= min_ms or k > max(steps, max_steps)):
+                break
             ex.zero_grads()
             r = ex.run(timing=True)
             if k == 0:
                 continue
+            timed_ms += r["total_ms"]
+            counts[pi] = k
             for key, ms in in_program_times(graph, plan, r["calls"]).items():
                 seen.setdefault(key, []).append(ms)
             if pi == 0:   # paired with the timed step just run: a load change between them cancels out
@@ -689,4 +704,9 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
     if overhead is not None:
         prof = with_step_overhead(prof, overhead, "profile: untimed step wall - timed calls, default plan")
         notes[STEP_OVERHEAD_KEY] = f"{max(0.0, overhead):.4f}"
+    if counts:
+        notes[CALIBRATE_STEPS_KEY] = ",".join(str(counts[i]) for i in sorted(counts))
+        host = dict(prof.host)
+        host[CALIBRATE_STEPS_KEY] = notes[CALIBRATE_STEPS_KEY]
+        prof = replace(prof, host=tuple(sorted(host.items())), _index={})
     return prof, notes
