@@ -21,6 +21,7 @@ from port.cost.types import HandoffCost, OpCost, Profile
 from port.cost.io import load_profile
 from port.cost.runners import Runner, backend_available, get_runner
 from port.cost.timing import TimingTask, summarize, time_block, warm_up
+from port.verify.simulate import CALL_DISPATCH_KEY, RT_ACCELERATORS_KEY, STEP_OVERHEAD_KEY
 
 # defaults: 5 blocks of ~20 ms per entry; --quick: 3 blocks of ~5 ms
 DEFAULT_BLOCKS, DEFAULT_BLOCK_MS, DEFAULT_WARMUP_MS = 5, 20.0, 10.0
@@ -394,7 +395,8 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
         prof = replace(prof, engine_bytes=tuple(sorted(engine.items())), _index={})
     # nothing new timed on the graph the cache was measured on: its program-order figures stand (the executor's
     # per-step overhead above all: without it every plan's predicted step loses that time)
-    kept = {k: v for k, v in cp.host if k.startswith((STEP_OVERHEAD_KEY, "in_program."))} \
+    kept = {k: v for k, v in cp.host
+            if k.startswith((STEP_OVERHEAD_KEY, CALL_DISPATCH_KEY, RT_ACCELERATORS_KEY, "in_program."))} \
         if same_graph and reuse_all else {}
     if kept:
         prof = replace(prof, host=tuple(sorted({**dict(prof.host), **kept}.items())), _index={})
@@ -431,6 +433,8 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                 elif STEP_OVERHEAD_KEY in notes:   # every entry cached (another graph): only the step overhead
                     prof = with_step_overhead(prof, float(notes[STEP_OVERHEAD_KEY]),
                                               "profile: untimed step wall - timed calls, default plan")
+                    more = {k: notes[k] for k in (CALL_DISPATCH_KEY, RT_ACCELERATORS_KEY) if k in notes}
+                    prof = replace(prof, host=tuple(sorted({**dict(prof.host), **more}.items())), _index={})
                     rep.overhead_measured = True
                     rep.notes.append(f"{STEP_OVERHEAD_KEY}: {notes[STEP_OVERHEAD_KEY]}")
             except Exception as e:  # noqa: BLE001 - keep the isolated timings
@@ -520,7 +524,6 @@ class _Progress:
             self.rich.stop()
 
 
-STEP_OVERHEAD_KEY = "executor.step_overhead_ms"   # profile host record: the executor's fixed cost per step
 CALIBRATE_STEPS_KEY = "in_program.steps"           # host record: instrumented steps per re-timed plan
 # program-order re-timing: at least `steps` instrumented steps, more until their calls add up to this many ms
 CALIBRATE_MIN_MS, CALIBRATE_MAX_STEPS = 150.0, 40
@@ -625,6 +628,39 @@ def correct_from_run(graph: Graph, profile: Profile, plan: Any, op_ms: dict[int,
     return p, changed, len(seen), over
 
 
+def measure_call_dispatch_us(calls: int = 2000, blocks: int = 5) -> float:
+    """What Executor.run(timing=True) adds to every C call's time beyond the kernel, in microseconds: a closure
+    built as port.exec.backends.c binds a call, whose ``port_rt_exec`` returns at its kernel switch (kernel id -1:
+    unsupported), timed with the same clock and sync wrapper; the median over ``blocks`` blocks of the per-call
+    mean. Program-order re-timing prices ops with it; the whole-step C engine dispatches from C and does not
+    (port.verify.simulate.rt_dispatch_saving_ms)."""
+    import ctypes
+    import statistics as st
+    from port.exec import capi, rtcall
+    rc, state = capi.RtCall(), rtcall.RtState()
+    rc.kernel = -1
+    ptrs = (ctypes.c_void_p * rtcall.MAX_PTRS)()
+    fn, rcp, sp = capi.raw.port_rt_exec, ctypes.byref(rc), ctypes.byref(state)
+
+    def run():
+        s = fn(rcp, ptrs, None, sp)
+        if not s:
+            raise RuntimeError("port_rt_exec ran kernel id -1")
+
+    def sync():
+        return None
+    clock, per = time.perf_counter, []
+    for _ in range(blocks):
+        tot = 0.0
+        for _ in range(calls):
+            t0 = clock()
+            run()
+            sync()
+            tot += clock() - t0
+        per.append(tot / calls * 1e6)
+    return st.median(per)
+
+
 def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int = 3, seed: int = 0,
                          fresh: set | None = None, overhead_only: bool = False,
                          min_ms: float = CALIBRATE_MIN_MS, max_steps: int = CALIBRATE_MAX_STEPS
@@ -654,12 +690,15 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
     from port.lower.lower import lower
 
     seen: dict[tuple[str, str, str], list[float]] = {}
+    rt_accs: set[str] = set()
     gen = torch.Generator().manual_seed(seed)
     overhead = None
     counts: dict[int, int] = {}
     for pi, plan in enumerate(plans[:1] if overhead_only else plans):
         prog = lower(graph, plan, check_digest=False)
         backends = {c.backend for c in prog.calls} - {"host"}
+        if backends == {"c"}:
+            rt_accs.update(d.accelerator for d in plan.ops)
         runner = get_runner(sorted(backends)[0], graph, None, seed=seed)
         ex = Executor(prog)
         ex.state.opt, ex.state.step = runner.state.opt, runner.state.step
@@ -704,9 +743,14 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
     if overhead is not None:
         prof = with_step_overhead(prof, overhead, "profile: untimed step wall - timed calls, default plan")
         notes[STEP_OVERHEAD_KEY] = f"{max(0.0, overhead):.4f}"
+    c_accs = sorted({d.accelerator for p in plans for d in p.ops if d.accelerator in rt_accs})
+    if c_accs:     # the whole-step C engine runs plans on these without the per-call dispatch timed above
+        notes[CALL_DISPATCH_KEY] = f"{measure_call_dispatch_us():.4f}"
+        notes[RT_ACCELERATORS_KEY] = ",".join(c_accs)
     if counts:
         notes[CALIBRATE_STEPS_KEY] = ",".join(str(counts[i]) for i in sorted(counts))
-        host = dict(prof.host)
-        host[CALIBRATE_STEPS_KEY] = notes[CALIBRATE_STEPS_KEY]
+    keys = (CALIBRATE_STEPS_KEY, CALL_DISPATCH_KEY, RT_ACCELERATORS_KEY)
+    if any(k in notes for k in keys):
+        host = {**dict(prof.host), **{k: notes[k] for k in keys if k in notes}}
         prof = replace(prof, host=tuple(sorted(host.items())), _index={})
     return prof, notes

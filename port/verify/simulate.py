@@ -13,7 +13,8 @@ hand-offs (per tensor and reading op when producer and reader sit on different a
 its inputs), and paging (latency + bytes / bandwidth for each page_out and each page_in), plus the executor's
 fixed per-step overhead when the profile records one (host ``executor.step_overhead_ms``: the wall time of a
 step outside its kernel calls, measured by ``port profile`` and corrected by ``port train --replan``; the same
-for every plan, so it moves no decision).
+for every plan, so it moves no decision), less the per-call dispatch the whole-step C engine does not pay on
+plans it runs (:func:`rt_dispatch_saving_ms`; in ``overhead_ms``, so it moves no decision either).
 """
 from __future__ import annotations
 
@@ -51,16 +52,37 @@ def _costs(graph: Graph, profile: Profile, plan: Plan):
     return costs
 
 
+# profile host records (written by port.cost.measure's program-order re-timing)
+STEP_OVERHEAD_KEY = "executor.step_overhead_ms"   # the Python executor's wall per step outside its calls
+CALL_DISPATCH_KEY = "executor.call_dispatch_us"   # what its timed call adds to every C call (closure, ctypes)
+RT_ACCELERATORS_KEY = "executor.rt_accelerators"  # accelerators whose ops the whole-step C engine runs
+
+
+def _host_ms(profile: Profile, key: str) -> float:
+    """A non-negative finite float host record of ``profile`` (0 when absent or not one)."""
+    try:
+        x = float(dict(profile.host).get(key, 0.0))
+    except ValueError:
+        return 0.0
+    return x if x > 0 and x == x and x != float("inf") else 0.0
+
+
 def step_overhead_ms(profile: Profile) -> float:
     """The executor's fixed per-step overhead recorded in ``profile`` (0 when none is)."""
-    for k, v in profile.host:
-        if k == "executor.step_overhead_ms":
-            try:
-                x = float(v)
-            except ValueError:
-                return 0.0
-            return x if x > 0 and x == x and x != float("inf") else 0.0
-    return 0.0
+    return _host_ms(profile, STEP_OVERHEAD_KEY)
+
+
+def rt_dispatch_saving_ms(plan: Plan, graph: Graph, profile: Profile, calls: int, paged: bool) -> float:
+    """The per-call dispatch of the Python executor that the whole-step C engine (port.exec.rtengine) does not
+    pay, over ``calls`` calls: the profile's op times were taken through the Python executor, each with that
+    dispatch in it (host ``executor.call_dispatch_us``), and a Trainer runs a plan on the rt engine when every op
+    sits on the C kernels' accelerator (host ``executor.rt_accelerators``), the graph has one input and nothing
+    is paged (port.exec.rtengine.eligible's rules that a plan decides; micro-batching is the Trainer's). Else 0."""
+    us = _host_ms(profile, CALL_DISPATCH_KEY)
+    rt = {a for a in dict(profile.host).get(RT_ACCELERATORS_KEY, "").split(",") if a}
+    if not us or not rt or paged or graph.extra_inputs or any(d.accelerator not in rt for d in plan.ops):
+        return 0.0
+    return calls * us / 1e3
 
 
 def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
@@ -165,7 +187,7 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
         names = names + (f"engines of {', '.join(a for a in dict.fromkeys(d.accelerator for d in plan.ops) if profile.engine_bytes_of(a))} "
                          f"outside the arena ({E} B)",)
     names = names + (f"static: parameters/buffers/gradients/optimizer state/input ({S} B)",)
-    over = step_overhead_ms(profile)
+    over = step_overhead_ms(profile) - rt_dispatch_saving_ms(plan, graph, profile, len(steps), sch.paged)
     return SimResult(
         step_ms=comp + rcomp + hand + pagems + over, peak_bytes=timeline[pk], timeline=tuple(timeline),
         steps=tuple(steps), peak_step=pk, peak_tensors=names, static_bytes=S,

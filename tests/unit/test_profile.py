@@ -147,12 +147,14 @@ def test_short_steps_are_retimed_over_more_steps(graph, host_profile):
     from port.lower.lower import default_plan
     from port.plan.types import Plan
     counts = [int(n) for n in dict(host_profile.host)[CALIBRATE_STEPS_KEY].split(",")]
-    assert counts and all(3 < n <= CALIBRATE_MAX_STEPS for n in counts), counts
+    assert counts and all(3 <= n <= CALIBRATE_MAX_STEPS for n in counts), counts   # how many: the load's say
     plan = Plan(graph.digest(), host_profile.digest(), 0,
                 tuple(type(d)(d.op, "cpu-torch", "plain") for d in default_plan(graph, "torch-cpu").ops),
                 batch_size=graph.batch_size)
     _p, notes = calibrate_in_program(graph, host_profile, [plan], min_ms=0.0)
     assert notes[CALIBRATE_STEPS_KEY] == "3"
+    _p, notes = calibrate_in_program(graph, host_profile, [plan], min_ms=1e9, max_steps=5)
+    assert notes[CALIBRATE_STEPS_KEY] == "5"      # calls short of min_ms: more steps, up to max_steps
     _p, notes = calibrate_in_program(graph, host_profile, [plan], min_ms=1e9, max_steps=7)
     assert notes[CALIBRATE_STEPS_KEY] == "7"
 

@@ -35,6 +35,31 @@ def test_simulator_adds_the_recorded_step_overhead(graph):
     assert simulate(plan, graph, M.with_step_overhead(prof, -3.0, "test")).step_ms == pytest.approx(base.step_ms)
 
 
+def test_plans_the_rt_engine_runs_are_priced_without_the_python_dispatch(graph):
+    """The profile's op times carry the Python executor's per-call dispatch; the whole-step C engine runs
+    all-C plans without it: the simulator takes it off such plans only (not off a plan with a torch op)."""
+    from port.lower.lower import default_plan
+    from port.verify import simulate as SIM
+    dev = load_device("host")
+    prof = M.with_step_overhead(modeled_profile(graph, dev), 1.25, "test")
+    plan = default_plan(graph, "c")
+    plan = replace(plan, ops=tuple(type(d)(d.op, "cpu-c", d.variant) for d in plan.ops))
+    rec = replace(prof, host=tuple(sorted({**dict(prof.host), SIM.CALL_DISPATCH_KEY: "2.0",
+                                           SIM.RT_ACCELERATORS_KEY: "cpu-c"}.items())), _index={})
+    base, rt = SIM.simulate(plan, graph, prof), SIM.simulate(plan, graph, rec)
+    saving = len(base.steps) * 2.0 / 1e3
+    assert saving > 0 and rt.step_ms == pytest.approx(base.step_ms - saving)
+    assert rt.breakdown["overhead_ms"] == pytest.approx(1.25 - saving)
+    last = plan.ops[-1]
+    mixed = replace(plan, ops=plan.ops[:-1] + (type(last)(last.op, "cpu-torch", "plain"),))
+    assert SIM.simulate(mixed, graph, rec).step_ms == pytest.approx(SIM.simulate(mixed, graph, prof).step_ms)
+
+
+def test_call_dispatch_is_measured_positive_and_small():
+    us = M.measure_call_dispatch_us(calls=200, blocks=3)
+    assert 0.0 < us < 1000.0
+
+
 def test_calibrated_peaks_price_present_cpu_entries(graph):
     dev = load_device("host")
     acc = dev.accelerator("cpu-c")
