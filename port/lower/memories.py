@@ -103,3 +103,36 @@ def own_lives(calls, root_of: Callable[[int], int], memories: Iterable[str]) -> 
             for t in dict.fromkeys(c.inputs + c.outputs):
                 touch(c.backend, root_of(t), i)
     return lives
+
+
+def own_peaks(program) -> dict[str, int]:
+    """Each own memory's live bound: the most bytes (64-byte aligned) its roots hold there at one call, which its
+    arena (``Program.memories``) reaches up to the packing's fragmentation."""
+    from port.lower.program import align
+    out = {}
+    lives = own_lives(program.calls, lambda t: program.slot(t).root, [m for m, _ in program.memories])
+    for m, lv in lives.items():
+        tl = [0] * (len(program.calls) + 1)
+        for r, (a, b) in lv.items():
+            nb = align(program.slot(r).nbytes)
+            tl[a] += nb
+            tl[b + 1] -= nb
+        peak = cur = 0
+        for d in tl:
+            cur += d
+            peak = max(peak, cur)
+        out[m] = peak
+    return out
+
+
+def check_caps(program, caps: dict) -> None:
+    """Each own memory's arena within its engine's ``memory_cap`` (``caps``: backend -> bytes or None), else
+    InfeasibleBudgetError naming the memory, both sizes and the fix."""
+    from port.errors import InfeasibleBudgetError
+    for m, nbytes in program.memories:
+        cap = caps.get(m)
+        if cap is not None and nbytes > cap:
+            raise InfeasibleBudgetError(
+                f"the {m} engine's own memory needs an arena of {nbytes} B for this plan, above its memory_cap of "
+                f"{cap} B (device YAML): raise memory_cap if the engine has that memory, or solve a plan that puts "
+                f"fewer ops on {m}", cap, nbytes)

@@ -70,6 +70,14 @@ def test_alternating_plan_lowers_to_two_arenas_with_checked_copies():
     ms = ((m, r1, o1), (m, r2, o1)) + prog.memory_slots[2:]
     with pytest.raises(ProgramError, match="overlap"):
         check_program(dataclasses.replace(prog, memory_slots=ms, _index={}))
+    # the engine's arena reaches its live bound (up to packing), and a memory_cap below it is refused
+    from port.errors import InfeasibleBudgetError
+    from port.lower.memories import check_caps, own_peaks
+    peak = own_peaks(prog)["opencl"]
+    assert 0 < peak <= nbytes <= 1.1 * peak
+    check_caps(prog, {"opencl": nbytes})
+    with pytest.raises(InfeasibleBudgetError, match="memory_cap"):
+        check_caps(prog, {"opencl": nbytes - 64})
     # the one-arena lowering of the same plan keeps synchronisations, no copies
     assert not _copies(lower(g, alternating(g)))
 
