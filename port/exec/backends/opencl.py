@@ -193,6 +193,19 @@ def handoff_probe(t, to_host: bool) -> Callable[[], None]:
     return run if to_host else (lambda: None)
 
 
+def copy_probe(t, to_host: bool) -> Callable[[], None]:
+    """A copy hand-off of host tensor ``t`` between the host and the engine's own memory, as the executor runs
+    one for a program with an own arena (port.exec.handoff.bind_copy), for ``port profile``."""
+    e = engine()
+    dev = e.device_arena(t.numel() * t.element_size())
+    host = t.view(-1).view(__import__("torch").uint8)
+
+    def run():
+        e.copy(host, dev, 0, to_host)
+    run.keep = dev
+    return run
+
+
 def _g(n: int, wg: int = 64) -> tuple[int]:
     """A 1-D global size covering ``n`` work-items, a multiple of ``wg``."""
     return (max(wg, (int(n) + wg - 1) // wg * wg),)
@@ -527,7 +540,8 @@ class OpenCLBackend:
         if cache is None:
             cache = {}
             ctx._opencl_buffers = cache
-        dev = ctx.own_arena("opencl")
+        own = getattr(ctx, "own_arena", None)       # (the profiler's bind contexts have no own arenas)
+        dev = own("opencl") if own is not None else None
         if dev is None:
             e.check_unified()
 
