@@ -710,6 +710,17 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
 
 
 def own_memory_peaks(graph: Graph, plan: Plan, own: dict[str, str]) -> dict[str, int]:
+    """Each own memory's peak in bytes (``own_memory_replay``)."""
+    return own_memory_replay(graph, plan, own)[0]
+
+
+def own_memory_copies(graph: Graph, plan: Plan, own: dict[str, str]) -> tuple[tuple[int, str, str, int], ...]:
+    """The copies the residency rule makes, in order: (root, from memory, to memory, bytes) (``host``: the host
+    memory), one per copy hand-off lowering emits (``own_memory_replay``)."""
+    return own_memory_replay(graph, plan, own)[1]
+
+
+def own_memory_replay(graph: Graph, plan: Plan, own: dict[str, str]):
     """Each own memory's peak (bytes) under the residency rule of port.lower.memories, replayed over the plan's
     events: ``own`` maps the accelerators that have their own memory to its name. An op or re-run on such an
     accelerator holds what it reads and writes in that memory (copied there when its current bytes are
@@ -718,9 +729,11 @@ def own_memory_peaks(graph: Graph, plan: Plan, own: dict[str, str]) -> dict[str,
     host memory and ends copying the static tensors (after the main events also the loss and the logits) that are
     current only in an own memory back. A copy of a root is live in a memory from its first use there to its last;
     the peak is the most bytes (``stored_bytes``) live there at one op. Lowering's own arenas follow the same rule
-    call by call (``port.lower.memories.own_peaks``: the live bound of ``Program.memories``)."""
+    call by call (``port.lower.memories.own_peaks``: the live bound of ``Program.memories``).
+    Returns (memory -> peak bytes, the copies: (root, from, to, bytes) in order)."""
     sch = schedule(graph, plan)
     dec = plan.ops
+    T = graph.tensors
     mems = sorted(set(own.values()))
     host = "host"
     gen: dict[int, int] = {}
@@ -729,6 +742,7 @@ def own_memory_peaks(graph: Graph, plan: Plan, own: dict[str, str]) -> dict[str,
     keep_main = {sch.root_of(t) for t in (graph.loss_id, graph.logits_id) if t is not None and t >= 0}
     late = {o.id for o in graph.ops if o.phase == "update" and o.id not in sch.early_at}
     valid: dict[tuple[int, int], frozenset] = {}
+    copies: list[tuple[int, str, str, int]] = []
     step = 0
 
     def key(r):
@@ -748,7 +762,9 @@ def own_memory_peaks(graph: Graph, plan: Plan, own: dict[str, str]) -> dict[str,
             k = key(r)
             s = where(k)
             if s and m not in s:
-                touch(host if host in s else min(s), k)
+                src = host if host in s else min(s)
+                touch(src, k)
+                copies.append((r, src, m, sch.root_bytes(graph, r)))
                 valid[k] = s | {m}
             touch(m, k)
         for r in outs:
@@ -758,6 +774,7 @@ def own_memory_peaks(graph: Graph, plan: Plan, own: dict[str, str]) -> dict[str,
         for k, s in list(valid.items()):
             if host not in s and keep(k[0]):
                 touch(min(s), k)
+                copies.append((k[0], min(s), host, sch.root_bytes(graph, k[0])))
         valid.clear()
 
     in_late = False
@@ -771,9 +788,14 @@ def own_memory_peaks(graph: Graph, plan: Plan, own: dict[str, str]) -> dict[str,
             if ev.kind == "op" and o.id in late and not in_late:
                 flush(lambda r: sch.is_static(graph, r) or r in keep_main)
                 in_late = True
+            if o.outputs and all(T[t].alias_of is not None for t in o.outputs):
+                continue            # views run no kernel: the bytes are used where a kernel reads them
+            # a buffer an op reads is a running statistic it updates in place (batch norm in training; not its
+            # re-run), so it is written where the op runs
+            outs = list(o.outputs) + [t for t in o.inputs if T[t].role == ROLE_BUFFER and ev.kind == "op"]
             roots = [sch.root_of(t) for t in o.inputs + o.outputs if sch.root_of(t) not in sch.nonmat]
             use(own.get(dec[o.id].accelerator, host), roots,
-                [sch.root_of(t) for t in o.outputs if sch.root_of(t) not in sch.nonmat])
+                [sch.root_of(t) for t in outs if sch.root_of(t) not in sch.nonmat])
             step += 1
         elif ev.kind == "page_out":
             use(host, [ev.roots[0]], [])
@@ -793,4 +815,4 @@ def own_memory_peaks(graph: Graph, plan: Plan, own: dict[str, str]) -> dict[str,
             cur += d
             peak = max(peak, cur)
         out[m] = peak
-    return out
+    return out, tuple(copies)
