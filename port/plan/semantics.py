@@ -714,9 +714,11 @@ def own_memory_peaks(graph: Graph, plan: Plan, own: dict[str, str]) -> dict[str,
     return own_memory_replay(graph, plan, own)[0]
 
 
-def own_memory_copies(graph: Graph, plan: Plan, own: dict[str, str]) -> tuple[tuple[int, str, str, int], ...]:
-    """The copies the residency rule makes, in order: (root, from memory, to memory, bytes) (``host``: the host
-    memory), one per copy hand-off lowering emits (``own_memory_replay``)."""
+def own_memory_copies(graph: Graph, plan: Plan, own: dict[str, str]) -> tuple[tuple, ...]:
+    """The copies the residency rule makes, in order: (root, from memory, to memory, bytes, from accelerator, to
+    accelerator) (``host``: the host memory; the accelerators price it: the own memory's engine, and on the
+    host side the op that reads it there, or that last wrote it there, else the plan's first host engine), one
+    per copy hand-off lowering emits (``own_memory_replay``)."""
     return own_memory_replay(graph, plan, own)[1]
 
 
@@ -742,7 +744,10 @@ def own_memory_replay(graph: Graph, plan: Plan, own: dict[str, str]):
     keep_main = {sch.root_of(t) for t in (graph.loss_id, graph.logits_id) if t is not None and t >= 0}
     late = {o.id for o in graph.ops if o.phase == "update" and o.id not in sch.early_at}
     valid: dict[tuple[int, int], frozenset] = {}
-    copies: list[tuple[int, str, str, int]] = []
+    copies: list[tuple] = []
+    wacc: dict[tuple[int, int], str] = {}       # the accelerator of a root's last host-side writer
+    acc_of = {m: min(a for a, x in own.items() if x == m) for m in mems}
+    host_acc = next((d.accelerator for d in dec if d.accelerator not in own), host)
     step = 0
 
     def key(r):
@@ -757,24 +762,27 @@ def own_memory_replay(graph: Graph, plan: Plan, own: dict[str, str]):
             lv = lives[m].setdefault(k, [step, step])
             lv[1] = step
 
-    def use(m, roots, outs):
+    def use(m, acc, roots, outs):
         for r in dict.fromkeys(roots):
             k = key(r)
             s = where(k)
             if s and m not in s:
                 src = host if host in s else min(s)
                 touch(src, k)
-                copies.append((r, src, m, sch.root_bytes(graph, r)))
+                sa = wacc.get(k, host_acc) if src == host else acc_of[src]
+                copies.append((r, src, m, sch.root_bytes(graph, r), sa, acc))
                 valid[k] = s | {m}
             touch(m, k)
         for r in outs:
             valid[key(r)] = frozenset((m,))
+            if m == host:
+                wacc[key(r)] = acc
 
     def flush(keep):
         for k, s in list(valid.items()):
             if host not in s and keep(k[0]):
                 touch(min(s), k)
-                copies.append((k[0], min(s), host, sch.root_bytes(graph, k[0])))
+                copies.append((k[0], min(s), host, sch.root_bytes(graph, k[0]), acc_of[min(s)], host_acc))
         valid.clear()
 
     in_late = False
@@ -794,11 +802,11 @@ def own_memory_replay(graph: Graph, plan: Plan, own: dict[str, str]):
             # re-run), so it is written where the op runs
             outs = list(o.outputs) + [t for t in o.inputs if T[t].role == ROLE_BUFFER and ev.kind == "op"]
             roots = [sch.root_of(t) for t in o.inputs + o.outputs if sch.root_of(t) not in sch.nonmat]
-            use(own.get(dec[o.id].accelerator, host), roots,
+            use(own.get(dec[o.id].accelerator, host), dec[o.id].accelerator, roots,
                 [sch.root_of(t) for t in outs if sch.root_of(t) not in sch.nonmat])
             step += 1
         elif ev.kind == "page_out":
-            use(host, [ev.roots[0]], [])
+            use(host, host_acc, [ev.roots[0]], [])
             step += 1
         elif ev.kind == "page_in":
             valid[key(ev.roots[0])] = frozenset((host,))

@@ -45,7 +45,7 @@ def _peaks_agree(g, plan, prog):
     assert sem > 0 and sem == low == dict(prog.memories)["opencl"], (sem, low, prog.memories)
     # and the copies the rule makes are the program's copy hand-offs, in number and direction
     from collections import Counter
-    want = Counter((a, b) for _r, a, b, _n in SEM.own_memory_copies(g, plan, {"opencl": "opencl"}))
+    want = Counter((a, b) for _r, a, b, *_n in SEM.own_memory_copies(g, plan, {"opencl": "opencl"}))
     assert want == Counter((c.attr("src"), c.attr("dst")) for c in _copies(prog))
 
 
@@ -162,3 +162,25 @@ def test_discrete_paging_out_of_the_engine_memory_trains_equal_to_eager(tmp_path
         assert any(k.kernel == "handoff" and k.attr("copy") and prog.slot(k.inputs[0]).root == r
                    for k in prog.calls[:i])
     assert tr.executor.spill_counters()["bytes_written"] > 0
+
+
+def test_simulator_prices_the_copies_lowering_makes_and_gives_the_own_arena():
+    """simulate(..., own=...) prices every copy of the residency rule (parameters copied into the engine every
+    step included) from the engine pair's latency + bytes / bandwidth: the sum over the lowered program's copy
+    hand-offs; its own-memory peak is the program's own arena."""
+    from port.config import load_device
+    from port.cost.roofline import modeled_profile
+    from port.lower.program import align
+    from port.verify.simulate import simulate
+    _m, g = _graph()
+    plan = alternating(g)
+    prof = modeled_profile(g, load_device("configs/devices/host-opencl-discrete.yaml"))
+    prog = lower(g, plan, own_memory=OWN)
+    acc = {"host": "cpu-c", "opencl": "opencl"}       # every host-side op of this plan is on the C kernels
+    want = sum(prof.handoff_cost(acc[c.attr("src")], acc[c.attr("dst")]).cost_ms(align(prog.slot(c.inputs[0]).nbytes))
+               for c in _copies(prog))
+    sim = simulate(plan, g, prof, own={"opencl": "opencl"})
+    assert want > 0 and abs(sim.breakdown["handoff_ms"] - want) <= 1e-9 * want
+    assert sim.breakdown["own_memory_peaks"] == {"opencl": dict(prog.memories)["opencl"]}
+    # the unified reading of the same plan prices one hand-off per crossing edge, and no parameter copies
+    assert simulate(plan, g, prof).breakdown["handoff_ms"] < want
