@@ -139,6 +139,7 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
     phases = tuple(p for p in PHASES if p in phases)
     sch = SEM.schedule(graph, plan, phases, check_digest)
     be_of = _check_backends(graph, plan, phases, accelerators)
+    own = tuple(b for b in own if b in be_of.values())     # an own memory no op of the plan runs on: no arena
     T = graph.tensors
     NT = len(T)
     dec = plan.ops

@@ -92,6 +92,10 @@ def test_alternating_plan_lowers_to_two_arenas_with_checked_copies():
     check_caps(prog, {"opencl": nbytes})
     with pytest.raises(InfeasibleBudgetError, match="memory_cap"):
         check_caps(prog, {"opencl": nbytes - 64})
+    # a plan without opencl ops on the same device: one arena, the format older readers know
+    from port.lower.lower import default_plan
+    plain = lower(g, default_plan(g, "c"), own_memory=OWN)
+    assert plain.memories == () and plain.version == 2 and not _copies(plain)
     # the one-arena lowering of the same plan keeps synchronisations, no copies
     assert not _copies(lower(g, alternating(g)))
 
