@@ -151,6 +151,8 @@ class AcceleratorConfig(_Strict):
     peak_gflops: float = Field(gt=0)            # for the roofline model
     mem_gbps: float = Field(gt=0)               # memory bandwidth, GB/s
     memory_cap: Optional[int] = None            # bytes this engine may use (None: the device memory)
+    memory: Literal["host", "own"] = "host"     # own: the engine has its own memory (discrete), its own arena
+                                                # of at most memory_cap, copies at hand-offs (port.lower.memories)
     unsupported_ops: tuple[str, ...] = ()       # op kinds it cannot run (e.g. "max_pool2d")
     launch_overhead_us: float = Field(default=0.0, ge=0)
     power_w: Optional[float] = Field(default=None, gt=0)       # typical active power of this engine
@@ -170,6 +172,11 @@ class AcceleratorConfig(_Strict):
         if bad:
             raise ValueError(f"efficiency values must be in (0, 1.5]; bad: {bad}")
         return v
+
+
+def own_memory_backends(device: "DeviceConfig") -> tuple[str, ...]:
+    """The backends of ``device``'s engines with their own memory (``memory: own``): lowering's own_memory."""
+    return tuple(sorted({a.backend for a in device.accelerators if a.memory == "own"}))
 
 
 class HandoffConfig(_Strict):
@@ -229,6 +236,10 @@ class DeviceConfig(_Strict):
                 if end not in ids:
                     raise ValueError(f"handoff names accelerator {end!r}, which is not one of {ids}")
         for a in self.accelerators:
+            if a.memory == "own" and (a.backend != "opencl" or a.memory_cap is None):
+                raise ValueError(f"accelerator {a.id!r}: memory: own needs backend opencl (the engine with a device "
+                                 f"arena and copying hand-offs) and a memory_cap (its memory's size); got backend "
+                                 f"{a.backend!r}, memory_cap {a.memory_cap}")
             if a.memory_cap is not None and a.memory_cap > self.memory:
                 raise ValueError(f"accelerator {a.id!r}: memory_cap {a.memory_cap} exceeds the device memory "
                                  f"{self.memory}")

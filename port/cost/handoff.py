@@ -47,6 +47,7 @@ def measure_handoff(device: DeviceConfig, present: list[str], quick: bool = Fals
             if s == d:
                 continue
             bs, bd = accs[s].backend, accs[d].backend
+            own = "own" in (accs[s].memory, accs[d].memory)
             xs, ys = [], []
             for nbytes in sizes:
                 src_dev = backend_memory(bs)
@@ -56,6 +57,9 @@ def measure_handoff(device: DeviceConfig, present: list[str], quick: bool = Fals
                     def run(t=t):
                         return t.is_contiguous() and t.data_ptr()
                     sync = lambda: None  # noqa: E731
+                elif "opencl" in (bs, bd) and own:
+                    from port.exec.backends.opencl import copy_probe
+                    run, sync = copy_probe(t, to_host=bs == "opencl"), (lambda: None)
                 elif "opencl" in (bs, bd):
                     from port.exec.backends.opencl import handoff_probe
                     run, sync = handoff_probe(t, to_host=bs == "opencl"), (lambda: None)
@@ -73,7 +77,7 @@ def measure_handoff(device: DeviceConfig, present: list[str], quick: bool = Fals
                 del t
             if bs in CPU_BACKENDS and bd in CPU_BACKENDS:
                 lat, bpm = min(ys), math.inf
-            elif "opencl" in (bs, bd):      # unified memory: a wait, whatever the size
+            elif "opencl" in (bs, bd) and not own:      # unified memory: a wait, whatever the size
                 lat, bpm = statistics.median(ys), math.inf
             else:
                 lat, bpm = fit_latency_bandwidth(xs, ys)

@@ -55,6 +55,27 @@ class BindContext:
     def shape(self, tid: int) -> tuple[int, ...]:
         return self.ex.program.slot(tid).shape
 
+    def root(self, tid: int) -> int:
+        return self.ex.program.slot(tid).root
+
+    def view_bytes(self, tid: int):
+        """The host arena bytes of ``tid``'s slot (uint8)."""
+        s = self.ex.program.slot(tid)
+        return self.ex.arena[s.offset:s.offset + s.nbytes]
+
+    def own_arena(self, memory: str):
+        """The engine ``memory``'s own arena (None: the engine works on the host arena)."""
+        return self.ex.own.get(memory)
+
+    def own_offset(self, memory: str, tid: int) -> int:
+        """The byte offset of ``tid`` in own memory ``memory``'s arena (a view at its place in its root)."""
+        p = self.ex.program
+        s = p.slot(tid)
+        try:
+            return p.memory_offset(memory, s.root) + s.offset - p.slot(s.root).offset
+        except KeyError:
+            raise ProgramError(f"tensor {s.name!r} has no slot in memory {memory!r} (memory_slots)") from None
+
     def ws_ptr(self, call) -> int | None:
         return self.ex.base + call.workspace_offset if call.workspace_bytes else None
 
@@ -200,6 +221,14 @@ class Executor:
         if self.base % 64:
             raise ProgramError(f"arena base address {self.base:#x} is not 64-byte aligned")
         self._views: dict[int, Any] = {}
+        # engines with their own memory (port.lower.memories): one arena each, the engine's own buffer
+        self.own: dict[str, Any] = {}
+        for m, nbytes in program.memories:
+            if m != "opencl":
+                raise ProgramError(f"the program gives engine {m!r} its own memory; the executor has own arenas for "
+                                   f"the opencl engine only")
+            from port.exec.backends.opencl import engine
+            self.own[m] = engine().device_arena(nbytes)
         # paged tensors' backing store: a spill file on the device's storage (port.exec.spill), created only
         # when the program pages; spill_dir: the device config's storage.path (default $PORT_SPILL_DIR/tmp)
         self.spill = None
@@ -225,7 +254,9 @@ class Executor:
             self.entries.append(getattr(fn, "entry", c.kernel))
             self.bound.append(fn)
             z = c.attr("zero_outputs")
-            if z:
+            if z and c.backend in self.own:
+                fn = _zero_own(ctx, c.backend, z, fn)
+            elif z:
                 fn = _zero_first([self.view(t) for t in z], fn)
             late_update = c.phase == PHASE_UPDATE and not c.attr("early")
             (self.updates if late_update else self.main).append(fn)
@@ -345,6 +376,9 @@ class Executor:
         by the next call); page_in: read them back into the new version's slot. CPU arenas are written and
         read in place (a numpy view of the slot: no copy of the tensor is allocated); a CUDA arena goes
         through one host staging buffer."""
+        if call.kernel == "handoff" and call.attr("copy"):
+            from port.exec.handoff import bind_copy
+            return bind_copy(call, BindContext(self))
         if call.kernel == "handoff":
             from port.exec.handoff import bind_handoff
             return bind_handoff(call)
@@ -453,6 +487,19 @@ def _then(fns: list, last) -> list:
         f()
         last()
     return fns[:-1] + [run]
+
+
+def _zero_own(ctx, memory: str, tids, fn):
+    """``_zero_first`` in an engine's own arena (opencl: a fill on its queue, before the call's kernels)."""
+    from port.exec.backends.opencl import engine
+    e, dev = engine(), ctx.own_arena(memory)
+    regions = [(ctx.own_offset(memory, t), ctx.ex.program.slot(t).nbytes) for t in tids]
+
+    def run():
+        for off, nb in regions:
+            e.zero(dev, off, nb)
+        fn()
+    return run
 
 
 def _zero_first(bufs, fn):

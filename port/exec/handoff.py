@@ -10,8 +10,8 @@ Engines and their memory:
   - opencl -> host engine: wait for the queue (``Engine.finish``: the producing kernel and everything before it);
   - host engine -> opencl: nothing to wait for (the host call returned before the reader is enqueued; the
     in-order queue reads the arena's bytes as they are then).
-  A discrete device would copy between its arena and the host's here; the executor refuses such programs
-  (port.exec.executor.program_device: one memory per program), as it does torch-cuda mixed with CPU engines.
+  An engine with its own memory (a program lowered with ``own_memory``, port.lower.memories) has its own arena
+  instead: a hand-off with attribute ``copy`` copies the tensor's bytes between the arenas (``bind_copy``).
 
 Besides the data edges, an asynchronous engine can still be reading a slot that lowering has given to a later
 tensor (arena slots are reused by lifetime): so before any host-side call that follows queued calls, and at the
@@ -32,9 +32,7 @@ def queue_finish(backend: str) -> Callable[[], None]:
     """The wait for ``backend``'s queue (a no-op for synchronous engines)."""
     if backend == "opencl":
         from port.exec.backends.opencl import engine
-        e = engine()
-        e.check_unified()
-        return e.finish
+        return engine().finish
     return lambda: None
 
 
@@ -44,13 +42,35 @@ def bind_handoff(call) -> Callable[[], None]:
     if src in QUEUED:
         fn = queue_finish(src)
     elif dst in QUEUED:
-        queue_finish(dst)               # (the engine's memory is checked: unified)
+        if dst == "opencl":
+            from port.exec.backends.opencl import engine
+            engine().check_unified()
 
         def fn():
             return None
     else:
         raise ProgramError(f"call {call.index} ({call.name}): a hand-off from {src} to {dst}, engines that share "
                            f"the host arena synchronously, needs no call")
+    return fn
+
+
+def bind_copy(call, ctx) -> Callable[[], None]:
+    """A copy hand-off (attribute ``copy``; ``src``/``dst``: memories, ``host`` or an own-memory engine): the
+    root's bytes from one arena to the other."""
+    src, dst = call.attr("src"), call.attr("dst")
+    eng = dst if src == "host" else src
+    if eng != "opencl" or "host" not in (src, dst):
+        raise ProgramError(f"call {call.index} ({call.name}): a copy from {src} to {dst}; the executor copies "
+                           f"between the host arena and the opencl engine's own arena only")
+    from port.exec.backends.opencl import engine
+    e = engine()
+    tid = call.inputs[0]
+    root = ctx.root(tid)
+    host, dev, off = ctx.view_bytes(root), ctx.own_arena(eng), ctx.own_offset(eng, root)
+    to_host = dst == "host"
+
+    def fn():
+        e.copy(host, dev, off, to_host)
     return fn
 
 

@@ -308,6 +308,7 @@ def check_program(program: Program) -> None:
                                "aligned (the kernels read floats from it)")
 
     _check_handoffs(program, slot_of)
+    _check_memories(program, slot_of)
     for r, i in program.live_until:
         s = slot_of.get(r)
         if s is None or s.root != r or s.region != REGION_SCRATCH or not 0 <= i < max(n, 1):
@@ -488,9 +489,12 @@ def _check_handoffs(program: Program, slot_of: dict) -> None:
     ``handoff`` call with ``dst`` = the reader's backend between the write and the read (port.plan.semantics
     rule 7). A pass starts with every tensor on the host (the executor drains the queues after each pass)."""
     from port.lower.program import needs_handoff_call
+    own = {m for m, _ in program.memories}     # engines with their own memory: copies (_check_memories)
     wrote: dict[int, str] = {}       # root -> backend of its last writer in this pass
     handed: dict[int, set] = {}      # root -> backends it was handed to since that write
     for c in program.calls:
+        if c.backend == "host" and c.kernel == "handoff" and c.attr("copy"):
+            continue
         if c.backend == "host" and c.kernel == "handoff":
             r = slot_of[c.inputs[0]].root
             if wrote.get(r, "host") != c.attr("src"):
@@ -503,13 +507,109 @@ def _check_handoffs(program: Program, slot_of: dict) -> None:
                 r = slot_of[t].root
                 w = wrote.get(r)
                 if w not in (None, "host") and needs_handoff_call(w, c.backend) \
-                        and c.backend not in handed.get(r, ()):
+                        and c.backend not in handed.get(r, ()) and not ({w, c.backend} & own):
                     raise ProgramError(f"call {c.index} ({c.name}, {c.backend}) reads {slot_of[t].name!r}, written "
                                        f"on {w} without a hand-off to {c.backend} in between (a handoff call)")
         for t in c.outputs:
             r = slot_of[t].root
             wrote[r] = c.backend
             handed.pop(r, None)
+
+
+def _check_memories(program: Program, slot_of: dict) -> None:
+    """Engines with their own memory (port.lower.memories): the fields, every root a call or copy uses in such a
+    memory has a slot inside its arena, roots live there at the same time do not overlap, and the residency
+    rule holds in the executor's run order (main calls, then late updates): every call finds the current bytes
+    of what it reads and writes in its memory, and each segment ends with the persistent roots (after the main
+    calls also the loss and the logits) current in the host arena."""
+    from port.ir.types import ROLE_INPUT, ROLE_LABEL
+    from port.lower import memories as MEM
+    from port.lower.program import PROGRAM_FORMAT_OWN_MEMORY, QUEUED_BACKENDS
+    p = program
+    if not isinstance(p.memories, tuple) or not all(
+            isinstance(m, tuple) and len(m) == 2 and m[0] in QUEUED_BACKENDS and _is_int(m[1]) and m[1] >= 0
+            for m in p.memories) or len({m for m, _ in p.memories}) != len(p.memories):
+        raise _bad("memories", p.memories, f"distinct (engine, bytes) pairs, engines of {QUEUED_BACKENDS}")
+    size = dict(p.memories)
+    if not isinstance(p.memory_slots, tuple) or not all(
+            isinstance(x, tuple) and len(x) == 3 and x[0] in size and _is_int(x[1]) and _is_int(x[2])
+            for x in p.memory_slots):
+        raise _bad("memory_slots", p.memory_slots, "(memory of field memories, root tensor id, offset) triples")
+    copies = [c for c in p.calls if c.backend == "host" and c.kernel == "handoff" and c.attr("copy")]
+    copy_at = {c.index for c in copies}
+    if not size:
+        if p.memory_slots or copies:
+            raise ProgramError("the program has copy hand-offs or memory_slots but no own memories (field "
+                               "memories): a one-arena program hands over without copies")
+        return
+    if p.version != PROGRAM_FORMAT_OWN_MEMORY:
+        raise _bad("version", p.version, f"{PROGRAM_FORMAT_OWN_MEMORY} (a program with own memories)")
+    off: dict[tuple[str, int], int] = {}
+    for m, r, o in p.memory_slots:
+        s = slot_of.get(r)
+        if s is None or s.root != r:
+            raise ProgramError(f"program field memory_slots: ({m!r}, {r}, {o}): {r} is not a root tensor id")
+        if (m, r) in off:
+            raise ProgramError(f"program field memory_slots: root {s.name!r} placed twice in memory {m!r}")
+        if o < 0 or o % ALIGN or o + s.nbytes > size[m]:
+            raise ProgramError(f"program field memory_slots: {s.name!r} at [{o}, {o + s.nbytes}) in memory {m!r}: "
+                               f"expected a {ALIGN}-byte aligned extent inside its arena [0, {size[m]})")
+        off[(m, r)] = o
+    for c in copies:
+        src, dst = c.attr("src"), c.attr("dst")
+        if src == dst or not {src, dst} <= set(size) | {MEM.HOST} or len(c.inputs) != 1 or c.outputs:
+            raise ProgramError(f"call {c.index} ({c.name}): a copy hand-off takes one tensor from one memory to "
+                               f"another of {['host'] + sorted(size)}; got src={src!r} dst={dst!r}, "
+                               f"{len(c.inputs)} inputs, {len(c.outputs)} outputs")
+    lives = MEM.own_lives(p.calls, lambda t: slot_of[t].root, size)
+    for m, lv in lives.items():
+        for r in lv:
+            if (m, r) not in off:
+                raise ProgramError(f"tensor {slot_of[r].name!r} is used in memory {m!r} (calls {lv[r][0]}.."
+                                   f"{lv[r][1]}) but has no slot there (memory_slots)")
+        order = sorted(lv, key=lambda r: off[(m, r)])
+        for i, a in enumerate(order):
+            ea = off[(m, a)] + slot_of[a].nbytes
+            for b in order[i + 1:]:
+                if off[(m, b)] >= ea:
+                    break
+                if lv[a][0] <= lv[b][1] and lv[b][0] <= lv[a][1]:
+                    raise ProgramError(f"memory {m!r}: {slot_of[a].name!r} and {slot_of[b].name!r} are live there "
+                                       f"at the same time and overlap at offset {off[(m, b)]}")
+    roles_pre = (ROLE_INPUT, ROLE_LABEL)
+
+    def persistent(r):
+        return slot_of[r].region == REGION_PERSISTENT
+
+    def preexisting(r):
+        return persistent(r) or slot_of[r].role in roles_pre or r in p.input_ids or r == p.label_id
+    keep_main = {slot_of[t].root for t in (p.loss_id, p.logits_id) if t in slot_of}
+    main = [c for c in p.calls if not MEM.is_late_update(c.phase, dict(c.attrs))]
+    late = [c for c in p.calls if MEM.is_late_update(c.phase, dict(c.attrs))]
+    for seg, keep in ((main, lambda r: persistent(r) or r in keep_main), (late, persistent)):
+        res = MEM.Residency(preexisting)
+        for c in seg:
+            if c.index in copy_at:
+                r = slot_of[c.inputs[0]].root
+                if c.attr("src") not in res.where(r):
+                    raise ProgramError(f"call {c.index} ({c.name}): copies {slot_of[r].name!r} from memory "
+                                       f"{c.attr('src')!r}, which does not hold its current bytes "
+                                       f"({sorted(res.where(r)) or 'none yet'})")
+                res.copied(r, c.attr("dst"))
+                continue
+            m = MEM.memory_of(c.backend, size)
+            miss = res.missing(m, [slot_of[t].root for t in c.inputs + c.outputs])
+            if miss:
+                r, src = miss[0]
+                raise ProgramError(f"call {c.index} ({c.name}, {c.backend}) uses {slot_of[r].name!r} in memory {m!r}"
+                                   f", but its current bytes are in {src!r}: a copy hand-off (handoff call with "
+                                   f"attribute copy) from {src!r} to {m!r} is missing before it")
+            res.wrote(m, [slot_of[t].root for t in c.outputs])
+        left = res.stranded(keep)
+        if seg and left:
+            r, m = left[0]
+            raise ProgramError(f"{slot_of[r].name!r} ends the {'update' if seg is late else 'main'} calls with its "
+                               f"current bytes in memory {m!r} only: a copy hand-off to the host is missing")
 
 
 def _check_call(program: Program, c, slot_of: dict, pages: dict) -> None:
@@ -553,6 +653,8 @@ def _check_call(program: Program, c, slot_of: dict, pages: dict) -> None:
     z = a.get("zero_outputs")
     if z is not None and (not isinstance(z, tuple) or not set(z) <= set(c.outputs)):
         raise ProgramError(f"{where}: attribute zero_outputs={z!r}: expected a tuple of the call's outputs")
+    if c.backend == "host" and c.kernel == "handoff" and a.get("copy"):
+        return                                  # between memories: _check_memories
     if c.backend == "host" and c.kernel == "handoff":
         from port.lower.program import needs_handoff_call
         src, dst = a.get("src"), a.get("dst")

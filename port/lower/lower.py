@@ -108,7 +108,8 @@ def _check_backends(graph: Graph, plan: Plan, phases, accelerators) -> dict[int,
 def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES, *,
           persistent_from: Program | None = None, strategy: str = "auto",
           accelerators: dict[str, str] | None = None, backend: str = "c", check: bool = True,
-          check_digest: bool = True, overwrite_gradients: bool = True) -> Program:
+          check_digest: bool = True, overwrite_gradients: bool = True,
+          own_memory: Sequence[str] = ()) -> Program:
     """Lower ``graph`` under ``plan`` (default: ``default_plan(graph, backend)``) into a Program.
 
     phases: the graph phases to lower; ("forward",) gives an inference program (logits kept to the end).
@@ -127,12 +128,18 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
     written by it, not zeroed before the step and accumulated; ``overwrite_gradients=False`` (micro-batching:
     the program runs once per micro-batch and the gradients add up over them) keeps every gradient zeroed and
     accumulated.
+
+    own_memory: backends with their own memory (a discrete device, port.lower.memories): their tensors get
+    slots in that memory's own arena too, and copy hand-offs move the bytes between memories.
     """
+    from port.lower import memories as MEM
+    own = MEM.check_own(own_memory)
     if plan is None:
         plan = default_plan(graph, backend)
     phases = tuple(p for p in PHASES if p in phases)
     sch = SEM.schedule(graph, plan, phases, check_digest)
     be_of = _check_backends(graph, plan, phases, accelerators)
+    own = tuple(b for b in own if b in be_of.values())     # an own memory no op of the plan runs on: no arena
     T = graph.tensors
     NT = len(T)
     dec = plan.ops
@@ -177,6 +184,8 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
         call before a call reading a tensor whose last writer ran on an engine ``dst`` does not share a queue
         with (needs_handoff_call). A view passes its base's bytes on: its hand-off happens where a kernel reads
         them. port.lower.arena.check_program requires exactly this."""
+        if own and (dst in own or any(wrote.get(VR(t)) in own for t in ins)):
+            return                  # own memory: copies (place_copies below), not synchronisations
         for t in dict.fromkeys(ins):
             r = VR(t)
             src = wrote.get(r)
@@ -263,6 +272,20 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
                     z.append(t)
         if z:
             dr["attrs"]["zero_outputs"] = tuple(z)
+
+    if own:     # copies between memories (port.lower.memories); the lives follow the calls' new indices
+        keep_roots = {VR(Vr(t)) for t in (graph.loss_id, graph.logits_id) if 0 <= t < NT}
+
+        def persistent(r: int) -> bool:
+            return r < 0 or (r < NT and is_persistent_graph(r))
+
+        def preexisting(r: int) -> bool:       # the step's inputs and labels, and the persistent region
+            return persistent(r) or (r < NT and T[r].role in (ROLE_INPUT, ROLE_LABEL))
+        drafts, where_now = _place_copies(drafts, own, VR, preexisting, persistent, keep_roots,
+                                          lambda t: T[vbase.get(t, t)].name if t >= 0 else "loss.grad_scale")
+        born = {v: where_now[i] if i >= 0 else i for v, i in born.items()}
+        died = {v: where_now[i] if i >= 0 else i for v, i in died.items()}
+        n = len(drafts)
 
     # tensors referenced
     used: list[int] = []
@@ -410,9 +433,64 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
     tl = live_timeline(prog)
     from dataclasses import replace
     prog = replace(prog, live_timeline=tl, peak_live_bytes=int(P + (max(tl) if tl else 0)))
+    if own:
+        prog = _place_own_arenas(prog, own, strategy)
     if check:
         check_program(prog)
     return prog
+
+
+def _place_copies(drafts: list, own: tuple, root, preexisting, persistent, keep_roots: set, name):
+    """``drafts`` with the copy hand-offs of port.lower.memories' rule inserted, and where each old draft went
+    (old index -> new index). Late updates must follow every main call (the executor's run order)."""
+    from port.lower import memories as MEM
+    late = [MEM.is_late_update(d["phase"], d["attrs"]) for d in drafts]
+    if any(late[i] and not late[i + 1] for i in range(len(late) - 1)):
+        raise PlanError("internal: a late update call precedes a main call; own-memory programs need the late "
+                        "updates last (please report)")
+    out: list[dict] = []
+    where: list[int] = []
+    res = MEM.Residency(preexisting)
+
+    def copy(r: int, src: str, dst: str, like: dict) -> None:
+        out.append(dict(op=like["op"], name=f"{name(r)}.copy", kernel="handoff", backend="host", variant="plain",
+                        outputs=(), inputs=(r,), phase=like["phase"],
+                        attrs={"src": src, "dst": dst, "copy": True}
+                        | ({"early": True} if like["attrs"].get("early") else {}), covers=()))
+        res.copied(r, dst)
+
+    def flush(keep, like: dict) -> None:
+        for r, src in res.stranded(keep):
+            copy(r, src, MEM.HOST, like)
+
+    for i, d in enumerate(drafts):
+        if late[i] and (i == 0 or not late[i - 1]):
+            if i:
+                flush(lambda r: persistent(r) or r in keep_roots, drafts[i - 1])
+            res = MEM.Residency(preexisting)
+        m = MEM.memory_of(d["backend"], own)
+        for r, src in res.missing(m, [root(t) for t in d["inputs"] + d["outputs"]]):
+            copy(r, src, m, d)
+        where.append(len(out))
+        out.append(d)
+        res.wrote(m, [root(t) for t in d["outputs"]])
+    if drafts:
+        flush(lambda r: persistent(r) or (not late[-1] and r in keep_roots), drafts[-1])
+    return out, where
+
+
+def _place_own_arenas(prog: Program, own: tuple, strategy: str) -> Program:
+    """Each own memory's arena: the roots its calls and copies use, placed from their lives there."""
+    from port.lower import memories as MEM
+    lives = MEM.own_lives(prog.calls, lambda t: prog.slot(t).root, own)
+    mems, mslots = [], []
+    for m in own:
+        items = [(r, prog.slot(r).nbytes, a, b) for r, (a, b) in sorted(lives[m].items())]
+        offs, high = assign_offsets(items, strategy)
+        mems.append((m, int(high)))
+        mslots += [(m, r, int(offs[r])) for r, *_ in items]
+    from port.lower.program import PROGRAM_FORMAT_OWN_MEMORY
+    return replace(prog, memories=tuple(mems), memory_slots=tuple(mslots), version=PROGRAM_FORMAT_OWN_MEMORY)
 
 
 def inference_program(graph: Graph, train_program: Program, backend: str = "c", strategy: str = "auto") -> Program:

@@ -17,7 +17,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 PROGRAM_FORMAT_VERSION = 2     # 2: a call may carry attribute "overwrite" (its gradients are not zeroed first)
-PROGRAM_FORMATS_READ = (1, 2)  # a version-1 program zeroes every gradient: it means the same here
+PROGRAM_FORMAT_OWN_MEMORY = 3  # 3: engines with their own memory (fields memories, memory_slots; copy hand-offs):
+                               # only such programs carry it, so the others stay readable by readers of 1-2
+PROGRAM_FORMATS_READ = (1, 2, 3)  # a version-1 program zeroes every gradient: it means the same here
 ALIGN = 64
 
 REGION_PERSISTENT = "persistent"
@@ -93,6 +95,9 @@ class Program:
                                        # their recompute group (port.verify.simulate's rule 3)
     version: int = PROGRAM_FORMAT_VERSION
     extra_input_ids: tuple[int, ...] = ()   # further model inputs (an attention mask), written like input_id
+    memories: tuple[tuple[str, int], ...] = ()  # (engine backend, bytes): engines with their own memory, each
+                                       # with its own arena (port.lower.memories); () = one host arena
+    memory_slots: tuple[tuple[str, int, int], ...] = ()  # (memory, root tensor id, offset in that arena)
     _index: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
@@ -124,6 +129,14 @@ class Program:
     def scratch_bytes(self) -> int:
         return self.arena_bytes - self.persistent_bytes
 
+    def memory_offset(self, memory: str, root: int) -> int:
+        """The offset of root ``root`` in the arena of own memory ``memory`` (KeyError: it has none there)."""
+        idx = self._index.get("memory_slots")
+        if idx is None:
+            idx = {(m, r): o for m, r, o in self.memory_slots}
+            self._index["memory_slots"] = idx
+        return idx[(memory, root)]
+
     def summary(self) -> dict[str, int]:
         return {"arena_bytes": self.arena_bytes, "persistent_bytes": self.persistent_bytes,
                 "scratch_bytes": self.scratch_bytes, "peak_live_bytes": self.peak_live_bytes,
@@ -154,6 +167,8 @@ class Program:
         rest["phases"] = tuple(rest.get("phases", ()))
         rest["live_until"] = tuple(tuple(r) for r in rest.get("live_until", ()))
         rest["extra_input_ids"] = tuple(rest.get("extra_input_ids", ()))
+        rest["memories"] = tuple(tuple(m) for m in rest.get("memories", ()))
+        rest["memory_slots"] = tuple(tuple(m) for m in rest.get("memory_slots", ()))
         return Program(slots=slots, calls=calls, **rest)
 
     @staticmethod

@@ -707,3 +707,120 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
     return Schedule(events=tuple(events), root=root, nonmat=frozenset(nonmat), static_bytes=S,
                     dynamic_grads=frozenset(dyn), recompute=rc, recompute_at=when, early_at=early_at,
                     paged=tuple(paged), phases=phases, inplace_ok=frozenset(inplace_ok)), idle
+
+
+def own_memory_peaks(graph: Graph, plan: Plan, own: dict[str, str]) -> dict[str, int]:
+    """Each own memory's peak in bytes (``own_memory_replay``)."""
+    return own_memory_replay(graph, plan, own)[0]
+
+
+def own_memory_copies(graph: Graph, plan: Plan, own: dict[str, str]) -> tuple[tuple, ...]:
+    """The copies the residency rule makes, in order: (root, from memory, to memory, bytes, from accelerator, to
+    accelerator) (``host``: the host memory; the accelerators price it: the own memory's engine, and on the
+    host side the op that reads it there, or that last wrote it there, else the plan's first host engine), one
+    per copy hand-off lowering emits (``own_memory_replay``)."""
+    return own_memory_replay(graph, plan, own)[1]
+
+
+def own_memory_replay(graph: Graph, plan: Plan, own: dict[str, str]):
+    """Each own memory's peak (bytes) under the residency rule of port.lower.memories, replayed over the plan's
+    events: ``own`` maps the accelerators that have their own memory to its name. An op or re-run on such an
+    accelerator holds what it reads and writes in that memory (copied there when its current bytes are
+    elsewhere); a host op (or a page-out) reading bytes that are current only in an own memory copies them out,
+    a use there too; each segment (the main events; the late updates) starts with the static tensors current in
+    host memory and ends copying the static tensors (after the main events also the loss and the logits) that are
+    current only in an own memory back. A copy of a root is live in a memory from its first use there to its last;
+    the peak is the most bytes (``stored_bytes``) live there at one op. Lowering's own arenas follow the same rule
+    call by call (``port.lower.memories.own_peaks``: the live bound of ``Program.memories``).
+    Returns (memory -> peak bytes, the copies: (root, from, to, bytes) in order)."""
+    sch = schedule(graph, plan)
+    dec = plan.ops
+    T = graph.tensors
+    mems = sorted(set(own.values()))
+    host = "host"
+    gen: dict[int, int] = {}
+    seen: set[int] = set()
+    lives: dict[str, dict[tuple[int, int], list[int]]] = {m: {} for m in mems}
+    keep_main = {sch.root_of(t) for t in (graph.loss_id, graph.logits_id) if t is not None and t >= 0}
+    late = {o.id for o in graph.ops if o.phase == "update" and o.id not in sch.early_at}
+    valid: dict[tuple[int, int], frozenset] = {}
+    copies: list[tuple] = []
+    wacc: dict[tuple[int, int], str] = {}       # the accelerator of a root's last host-side writer
+    acc_of = {m: min(a for a, x in own.items() if x == m) for m in mems}
+    host_acc = next((d.accelerator for d in dec if d.accelerator not in own), host)
+    step = 0
+
+    def key(r):
+        return r, gen.get(r, 0)
+
+    def where(k):
+        v = valid.get(k)
+        return v if v is not None else (frozenset((host,)) if sch.is_static(graph, k[0]) else frozenset())
+
+    def touch(m, k):
+        if m != host:
+            lv = lives[m].setdefault(k, [step, step])
+            lv[1] = step
+
+    def use(m, acc, roots, outs):
+        for r in dict.fromkeys(roots):
+            k = key(r)
+            s = where(k)
+            if s and m not in s:
+                src = host if host in s else min(s)
+                touch(src, k)
+                sa = wacc.get(k, host_acc) if src == host else acc_of[src]
+                copies.append((r, src, m, sch.root_bytes(graph, r), sa, acc))
+                valid[k] = s | {m}
+            touch(m, k)
+        for r in outs:
+            valid[key(r)] = frozenset((m,))
+            if m == host:
+                wacc[key(r)] = acc
+
+    def flush(keep):
+        for k, s in list(valid.items()):
+            if host not in s and keep(k[0]):
+                touch(min(s), k)
+                copies.append((k[0], min(s), host, sch.root_bytes(graph, k[0]), acc_of[min(s)], host_acc))
+        valid.clear()
+
+    in_late = False
+    for ev in sch.events:
+        for r in ev.alloc:
+            if ev.kind in ("recompute", "page_in") or r in seen:
+                gen[r] = gen.get(r, 0) + 1
+            seen.add(r)
+        if ev.kind in ("op", "recompute"):
+            o = graph.ops[ev.op]
+            if ev.kind == "op" and o.id in late and not in_late:
+                flush(lambda r: sch.is_static(graph, r) or r in keep_main)
+                in_late = True
+            if o.outputs and all(T[t].alias_of is not None for t in o.outputs):
+                continue            # views run no kernel: the bytes are used where a kernel reads them
+            # a buffer an op reads is a running statistic it updates in place (batch norm in training; not its
+            # re-run), so it is written where the op runs
+            outs = list(o.outputs) + [t for t in o.inputs if T[t].role == ROLE_BUFFER and ev.kind == "op"]
+            roots = [sch.root_of(t) for t in o.inputs + o.outputs if sch.root_of(t) not in sch.nonmat]
+            use(own.get(dec[o.id].accelerator, host), dec[o.id].accelerator, roots,
+                [sch.root_of(t) for t in outs if sch.root_of(t) not in sch.nonmat])
+            step += 1
+        elif ev.kind == "page_out":
+            use(host, host_acc, [ev.roots[0]], [])
+            step += 1
+        elif ev.kind == "page_in":
+            valid[key(ev.roots[0])] = frozenset((host,))
+    flush(lambda r: sch.is_static(graph, r) or (not in_late and r in keep_main))
+    out = {}
+    for m in mems:
+        tl = [0] * (step + 2)
+        for (r, _g), (a, b) in lives[m].items():
+            nb = sch.root_bytes(graph, r)
+            tl[a] += nb
+            tl[b + 1] -= nb
+        peak = cur = 0
+        for d in tl:
+            cur += d
+            peak = max(peak, cur)
+        out[m] = peak
+    return out, tuple(copies)

@@ -36,7 +36,8 @@ class Trainer:
                  trainable: Sequence[str] | str | None = None, backend: str = "c", seed: int = 0,
                  strategy: str = "auto", allow_plan_mismatch: bool = False, on_nonfinite: str = "stop",
                  accelerators: dict[str, str] | None = None, spill_dir: str | Path | None = None,
-                 drop_cache: bool = False, engine: str = "auto", threads: int | str | None = "auto"):
+                 drop_cache: bool = False, engine: str = "auto", threads: int | str | None = "auto",
+                 own_memory: Sequence[str] = ()):
         """``plan``: a Plan or plan file solved for this trainer's graph: the model traced at the batch one
         program run processes (``micro_batch`` when set, else the example's batch) with this optimizer and
         trainable set. A plan of another graph is refused (PortError naming both batch sizes when the batch is
@@ -51,6 +52,8 @@ class Trainer:
         ``spill_dir``/``drop_cache``: where a plan's paged tensors go (a device's ``storage.path``; default
         $PORT_SPILL_DIR, else the temp directory) and whether each write is flushed and dropped from the page
         cache (port.exec.spill).
+        ``own_memory``: backends with their own memory (a device YAML's ``memory: own`` engines,
+        port.config.own_memory_backends): they get their own arena and copy hand-offs (port.lower.memories).
         ``engine``: how a training step runs. "rt": the whole step in C (port.exec.rtengine: port-rt's runtime on
         this arena, one C call for the pass and one for the updates); "python": one ctypes call per kernel call
         (port.exec.executor). "auto" (default): "rt" when every op of the plan runs on the C kernels, on the
@@ -146,7 +149,8 @@ class Trainer:
             check_digest = False
         # micro-batches add their gradients up: every gradient zeroed before the step and accumulated
         self.program: Program = lower(self.graph, self.plan, strategy=strategy, check_digest=check_digest,
-                                      accelerators=accelerators, overwrite_gradients=mb == B)
+                                      accelerators=accelerators, overwrite_gradients=mb == B,
+                                      own_memory=own_memory)
         # inference program on the same arena: forward only, eval-mode BN, no dropout
         # the arena's memory follows the program (a plan solved for a GPU runs there whatever ``backend`` says)
         from port.exec.executor import program_device

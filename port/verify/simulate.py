@@ -85,7 +85,11 @@ def rt_dispatch_saving_ms(plan: Plan, graph: Graph, profile: Profile, calls: int
     return calls * us / 1e3
 
 
-def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
+def simulate(plan: Plan, graph: Graph, profile: Profile, own: dict[str, str] | None = None) -> SimResult:
+    """``own``: accelerator -> memory for engines with their own memory (a device YAML's ``memory: own``): the
+    hand-offs to and from them are the copies of port.lower.memories' rule (``SEM.own_memory_replay``: parameters
+    copied in every step included), each priced from that engine pair's latency + bytes / bandwidth, and
+    ``breakdown["own_memory_peaks"]`` gives each such memory's peak (= the lowered program's own arena)."""
     sch = SEM.schedule(graph, plan)
     costs = _costs(graph, profile, plan)
     dec = plan.ops
@@ -117,6 +121,8 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
     def handoff(ev) -> None:
         """A hand-off event (port.plan.semantics rule 7): the engine pair's latency + bytes / bandwidth."""
         nonlocal clock, hand
+        if own and (ev.src in own or dec[ev.op].accelerator in own):
+            return                  # own memory: its copies are priced below
         tid = ev.roots[0]
         h = profile.handoff_cost(ev.src, dec[ev.op].accelerator).cost_ms(T[tid].bytes)
         hand += h
@@ -171,6 +177,15 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
             for r in ev.roots:
                 if r in live:
                     total -= live.pop(r)
+    own_peaks: dict[str, int] = {}
+    if own:
+        own_peaks, copies = SEM.own_memory_replay(graph, plan, own)
+        for r, _a, _b, nb, sa, da in copies:
+            h = profile.handoff_cost(sa, da).cost_ms(nb)
+            hand += h
+            if h:
+                gantt.append((f"copy {T[r].name} {sa}->{da}", "handoff", clock, clock + h))
+            clock += h
     if live:
         raise PlanError(f"internal: tensors still live at the end of the step: {[T[r].name for r in live][:5]}")
     pk = max(range(len(timeline)), key=lambda i: (timeline[i], -i))
@@ -192,5 +207,5 @@ def simulate(plan: Plan, graph: Graph, profile: Profile) -> SimResult:
         step_ms=comp + rcomp + hand + pagems + over, peak_bytes=timeline[pk], timeline=tuple(timeline),
         steps=tuple(steps), peak_step=pk, peak_tensors=names, static_bytes=S,
         breakdown={"compute_ms": comp, "recompute_ms": rcomp, "handoff_ms": hand, "paging_ms": pagems,
-                   "overhead_ms": over, "engine_bytes": E},
+                   "overhead_ms": over, "engine_bytes": E} | ({"own_memory_peaks": own_peaks} if own else {}),
         gantt=tuple(gantt), arena_peak_bytes=max(arena_tl))

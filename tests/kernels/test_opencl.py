@@ -187,3 +187,24 @@ def test_profiler_runs_and_hands_off_through_the_engine():
     assert set(hs) == {("cpu-c", "opencl"), ("opencl", "cpu-c")}
     assert all(math.isinf(h.bytes_per_ms) and h.measured for h in hs.values())
     assert hs[("opencl", "cpu-c")].latency_ms > 0
+
+
+def test_profiler_measures_copies_to_and_from_an_engine_with_its_own_memory():
+    """With ``memory: own`` (host-opencl-discrete.yaml) a hand-off copies bytes: a finite fitted bandwidth each
+    way, and the copy probe moves the tensor's bytes (a round trip returns them)."""
+    import math
+    import torch
+    from port.config import load_device
+    from port.cost.handoff import measure_handoff
+    from port.exec.backends.opencl import copy_probe
+    dev = load_device("configs/devices/host-opencl-discrete.yaml")
+    hs = {(h.src, h.dst): h for h in measure_handoff(dev, ["cpu-c", "opencl"], quick=True)}
+    assert set(hs) == {("cpu-c", "opencl"), ("opencl", "cpu-c")}
+    assert all(h.measured and math.isfinite(h.bytes_per_ms) and h.bytes_per_ms > 0 for h in hs.values())
+    t = torch.arange(1024, dtype=torch.float32)
+    to_dev = copy_probe(t, to_host=False)
+    to_dev()
+    back = torch.zeros_like(t)
+    from port.exec.backends.opencl import engine
+    engine().copy(back.view(torch.uint8), to_dev.keep, 0, True)
+    assert torch.equal(back, t)

@@ -6,7 +6,10 @@ Memory: a tensor is its host allocation wrapped once as a ``CL_MEM_USE_HOST_PTR`
 arena: one buffer for the whole arena; the profiler's scratch tensors: one each) plus a byte offset. On a device
 with unified memory (``host_unified_memory``: PoCL, integrated GPUs) the kernels work on the arena's own bytes,
 so both engines share one arena and a hand-off is a synchronisation (port.exec.handoff), no copy. A discrete
-device would need its own arena and copies: refused (``check_unified``) until lowering places one.
+device, or a device YAML that gives the engine its own memory (``memory: own``), runs a program lowered with
+its own arena (port.lower.memories): one device buffer of that arena's size (``device_arena``, created without
+USE_HOST_PTR, so PoCL too keeps its own bytes), operands at their offsets there, and copy hand-offs
+(``copy_fn``) between it and the host arena.
 
 Asynchrony: a bound call enqueues its kernels on the engine's in-order queue and returns; ``Engine.finish``
 waits for them. The executor waits at hand-offs (a lowered ``handoff`` call) and at the end of a pass, the
@@ -95,6 +98,25 @@ class Engine:
                                f"needs unified host memory (one arena, CL_MEM_USE_HOST_PTR); a device arena with "
                                f"copying hand-offs is not implemented")
 
+    def device_arena(self, nbytes: int):
+        """A device buffer of its own (not the host's bytes): an own-memory program's arena."""
+        return self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, max(int(nbytes), 64))
+
+    def copy(self, host, dev, off: int, to_host: bool) -> None:
+        """Copy host tensor ``host`` (contiguous bytes) to or from ``dev`` at byte ``off``; blocking (the in-order
+        queue runs every kernel enqueued before it first)."""
+        h = host.numpy()
+        if to_host:
+            self.cl.enqueue_copy(self.queue, h, dev, src_offset=off, is_blocking=True)
+        else:
+            self.cl.enqueue_copy(self.queue, dev, h, dst_offset=off, is_blocking=True)
+        self.pending = 0 if to_host else self.pending
+
+    def zero(self, dev, off: int, nbytes: int) -> None:
+        import numpy as np
+        self.cl.enqueue_fill_buffer(self.queue, dev, np.uint8(0), off, nbytes)
+        self.pending += 1
+
     def buffer_of(self, t, cache: dict) -> tuple[Any, int]:
         """(cl.Buffer over ``t``'s whole host allocation, byte offset of ``t`` in it). ``cache``: the buffers of
         one bind context (an executor's arena: one buffer), alive as long as the calls bound with them."""
@@ -169,6 +191,19 @@ def handoff_probe(t, to_host: bool) -> Callable[[], None]:
         e.run("act_fwd", (1,), None, *x.a(), *x.a(), _L(1), _I(0))
         e.finish()
     return run if to_host else (lambda: None)
+
+
+def copy_probe(t, to_host: bool) -> Callable[[], None]:
+    """A copy hand-off of host tensor ``t`` between the host and the engine's own memory, as the executor runs
+    one for a program with an own arena (port.exec.handoff.bind_copy), for ``port profile``."""
+    e = engine()
+    dev = e.device_arena(t.numel() * t.element_size())
+    host = t.view(-1).view(__import__("torch").uint8)
+
+    def run():
+        e.copy(host, dev, 0, to_host)
+    run.keep = dev
+    return run
 
 
 def _g(n: int, wg: int = 64) -> tuple[int]:
@@ -505,8 +540,14 @@ class OpenCLBackend:
         if cache is None:
             cache = {}
             ctx._opencl_buffers = cache
+        own = getattr(ctx, "own_arena", None)       # (the profiler's bind contexts have no own arenas)
+        dev = own("opencl") if own is not None else None
+        if dev is None:
+            e.check_unified()
 
         def operand(tid):
+            if dev is not None:       # own memory: the tensor's place in the engine's arena
+                return Operand(dev, ctx.own_offset("opencl", tid), ctx.shape(tid))
             v = ctx.view(tid)
             if v.device.type != "cpu":
                 raise ProgramError(f"{where}: tensor {tid} is in {v.device.type} memory; the opencl engine works "
