@@ -256,6 +256,15 @@ PORT_API port_status port_hardsigmoid_forward(float *y, const float *x, int64_t 
 PORT_API port_status port_hardsigmoid_backward(float *dx, const float *dy, const float *x, int64_t count);
 PORT_API port_status port_silu_forward(float *y, const float *x, int64_t count);
 PORT_API port_status port_silu_backward(float *dx, const float *dy, const float *x, int64_t count);
+
+/* ---- issue 54 fused variants (h54-fused) ---- */
+/* SwiGLU y = silu(a) * b (same shapes, count elements) and its gradients, the same bits as port_silu_forward then
+ * an element-wise product (and their backward: ga = dy b, da = silu'(a) ga, db = dy silu(a)). No output may alias
+ * an input or each other; da or db may be dy (in place). */
+PORT_API port_status port_swiglu_forward(float *y, const float *a, const float *b, int64_t count);
+PORT_API port_status port_swiglu_backward(float *da, float *db, const float *dy, const float *a,
+                                          const float *b, int64_t count);
+/* ---- end issue 54 fused variants ---- */
 /* y = a + b; y MAY ALIAS a or b.  Backward is the identity (no kernel). */
 PORT_API port_status port_add(float *y, const float *a, const float *b, int64_t count);
 /* a += b */

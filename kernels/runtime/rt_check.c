@@ -15,7 +15,7 @@
 
 /* A new kernel id needs its rule below (shape_of's switch) before it can be loaded: the build stops here so
  * that adding one to PORT_RT_KERNELS without a rule cannot pass unnoticed. */
-_Static_assert(PORT_RT_KERNEL_END <= 111, "a kernel id was added to PORT_RT_KERNELS: add its rule to rt_check.c");
+_Static_assert(PORT_RT_KERNEL_END <= 137, "a kernel id was added to PORT_RT_KERNELS: add its rule to rt_check.c");
 
 #define BAD PORT_RT_ERR_BUNDLE
 
@@ -482,6 +482,18 @@ static int eltwise(ctx *x, int nptr, int alias_in) {
     return PORT_OK;
 }
 
+/* SwiGLU fused (issue 54): forward y, a, b; backward da, db, dy, a, b (da or db may be dy): count v[0] floats */
+static int swiglu(ctx *x, int bwd) {
+    if (bwd) {
+        if (pos(x, 0)) return BAD;
+        args(x, 5, 1, 0);
+        for (int i = 0; i < 5; i++) op(x, i, x->c->iv[0], 4, i < 2);
+        inplace(x, 0, 2), inplace(x, 1, 2);
+        return PORT_OK;
+    }
+    return eltwise(x, 3, -1);
+}
+
 static int shape_of(ctx *x) {
     const port_rt_call *c = x->c;
     const int64_t *v = c->iv;
@@ -493,7 +505,9 @@ static int shape_of(ctx *x) {
         return eltwise(x, 2, 1);
     case 67: case 69: case 71:   /* their backward: dx, dy, y|x; dx may be dy */
         return eltwise(x, 3, 1);
-    case 72: case 73: return binary(x, k == 73);   /* port_binary_forward / _backward (a later PORT_RT_KERNELS) */
+    case 72: case 73: return binary(x, k == 73);
+    case PORT_RT_SWIGLU_FORWARD:
+    case PORT_RT_SWIGLU_BACKWARD: return swiglu(x, k == PORT_RT_SWIGLU_BACKWARD);   /* port_binary_forward / _backward (a later PORT_RT_KERNELS) */
     case PORT_RT_RMSNORM_FORWARD:
     case PORT_RT_RMSNORM_BACKWARD_INPUT:
     case PORT_RT_RMSNORM_BACKWARD_WEIGHT:

@@ -133,6 +133,28 @@ port_status port_silu_backward(float *dx, const float *dy, const float *x, int64
     return PORT_OK;
 }
 
+/* SwiGLU, silu(a) * b fused (Llama's MLP): the silu output is rounded to float before the product and the
+ * backward takes the same roundings as the plain silu -> mul chain (ga = dy b, db = dy silu(a)), so both give the
+ * same bits; the fused pair saves a and b only (no silu output). y may not alias a or b; da, db distinct. */
+port_status port_swiglu_forward(float *y, const float *a, const float *b, int64_t count) {
+    ELT_CHECK(y, a, count);
+    PORT_NOTNULL(b);
+    PORT_CHECK(y != a && y != b, PORT_ERR_ALIAS);
+    ELT_LOOP(double v = a[i]; float s = (float)(v * sigm(v)); y[i] = s * b[i];);
+    return PORT_OK;
+}
+
+port_status port_swiglu_backward(float *da, float *db, const float *dy, const float *a, const float *b,
+                                 int64_t count) {
+    ELT_CHECK(da, dy, count);
+    PORT_NOTNULL(db); PORT_NOTNULL(a); PORT_NOTNULL(b);
+    PORT_CHECK(da != db && da != a && da != b && db != a && db != b, PORT_ERR_ALIAS);
+    ELT_LOOP(double v = a[i]; double sg = sigm(v); float g = dy[i]; float s = (float)(v * sg);
+             float ga = g * b[i]; db[i] = g * s;
+             da[i] = (float)((double)ga * sg * (1.0 + v * (1.0 - sg))););
+    return PORT_OK;
+}
+
 port_status port_add(float *y, const float *a, const float *b, int64_t count) {
     ELT_CHECK(y, a, count);
     PORT_NOTNULL(b);
