@@ -109,3 +109,32 @@ def test_alternating_plan_overlaps_in_executor_and_simulator(monkeypatch):
     assert OCL.engine().pending == 0                                # the pass ended with a drain
     sim = simulate(plan, g, modeled_profile(g, load_device("configs/devices/host-opencl.yaml")))
     assert sim.breakdown["makespan_ms"] < sim.step_ms - 1e-9
+
+
+@pytest.mark.skipif(not OK, reason=f"opencl backend unavailable: {WHY}")
+def test_ilp_picks_opencl_where_the_profile_says_it_pays_and_the_plan_trains_equal():
+    """PoCL on 2 shared cores is rarely faster than the C kernels, so the ILP rightly leaves ops off it. With a
+    test-only profile in which OpenCL's convolutions cost a tenth (an engine on its own silicon), the ILP's own
+    plan at 100% and 50% of the budget puts ops on both engines, prices its hand-offs, and trains equal to eager."""
+    import port
+    import port.models as M
+    from port.config import load_device
+    from port.cost.roofline import modeled_profile
+    from port.train.trainer import Trainer
+    from _equiv import compare, data, port_opt
+    batches = data("resnet8", 4, 2)
+    tr = Trainer(M.get("resnet8", seed=0), batches[0][0], optimizer=port_opt("sgd", 0.01))
+    g = tr.graph
+    tr.close()
+    prof = modeled_profile(g, load_device("configs/devices/host-opencl.yaml"))
+    fast = tuple(dataclasses.replace(e, latency_ms=e.latency_ms * 0.1)
+                 if e.accelerator == "opencl" and "conv" in e.signature else e for e in prof.entries)
+    prof = dataclasses.replace(prof, entries=fast)
+    for budget in ("100%", "50%"):
+        plan = port.solve(g, prof, budget=budget, time_limit_s=60)
+        accs = {d.accelerator for d in plan.ops}
+        assert "opencl" in accs and len(accs) > 1, (budget, accs)
+        sim = port.simulate(plan, g, prof)
+        assert sim.breakdown["handoff_ms"] > 0 and sim.breakdown["makespan_ms"] <= sim.step_ms + 1e-9
+    _pl, _tl, tr = compare(M.get("resnet8", seed=0), batches, plan=plan)
+    assert "opencl" in {c.backend for c in tr.executor.program.calls}
