@@ -261,13 +261,13 @@ class Executor:
             late_update = c.phase == PHASE_UPDATE and not c.attr("early")
             (self.updates if late_update else self.main).append(fn)
             (self.update_calls if late_update else self.main_calls).append(c)
-        # asynchronous engines (opencl): drained before host-side calls that follow queued ones and at the end
-        # of each pass (port.exec.handoff)
+        # asynchronous engines (opencl): waited for at hand-offs, before host-side calls whose bytes a queued
+        # call still uses, and at the end of each pass; other host calls overlap the queue (port.exec.handoff)
         from port.exec import handoff as H
         self.queued = sorted(program_backends(program) & set(H.QUEUED))
         if self.queued:
-            self.main = _then(H.drain_before(self.main_calls, self.main), H.finish_all(self.main_calls))
-            self.updates = _then(H.drain_before(self.update_calls, self.updates), H.finish_all(self.update_calls))
+            self.main = _then(H.drain_before(self.main_calls, self.main, program), H.finish_all(self.main_calls))
+            self.updates = _then(H.drain_before(self.update_calls, self.updates, program), H.finish_all(self.update_calls))
         self._zero = [arena[o:o + n] for o, n in program.zero_ranges]
         # a CUDA arena's main pass (forward, loss, backward, recomputes) replays as one CUDA graph: every
         # tensor is a fixed view of the arena, so the launches of a pass are the same every step

@@ -12,8 +12,10 @@ USE_HOST_PTR, so PoCL too keeps its own bytes), operands at their offsets there,
 (``copy_fn``) between it and the host arena.
 
 Asynchrony: a bound call enqueues its kernels on the engine's in-order queue and returns; ``Engine.finish``
-waits for them. The executor waits at hand-offs (a lowered ``handoff`` call) and at the end of a pass, the
-profiler after each timed run (``sync``).
+waits for them, ``Engine.flush`` submits them without waiting. The executor waits at hand-offs (a lowered
+``handoff`` call), before a host call that touches bytes a queued call uses, and at the end of a pass; other host
+calls run while the queue works (port.exec.handoff.drain_before). The profiler waits after each timed run
+(``sync``).
 
 Kernels: conv2d via im2col + a tiled GEMM (per image and group; the column matrix lives in an engine scratch
 buffer outside the arena, reused by every call), depthwise conv direct, batch norm (train/eval), relu, relu6,
@@ -140,6 +142,11 @@ class Engine:
             self.finish()
             self._scratch = self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, max(nbytes, 64))
         return self._scratch
+
+    def flush(self) -> None:
+        """Submit the enqueued kernels to the device without waiting for them."""
+        if self.pending:
+            self.queue.flush()
 
     def finish(self) -> None:
         if self.pending:
