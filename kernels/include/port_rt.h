@@ -177,7 +177,8 @@ extern "C" {
     X(97, UPSAMPLE2D_BACKWARD_INPUT, port_upsample2d_backward_input)              \
     X(98, ADAPTIVE_AVGPOOL2D_FORWARD, port_adaptive_avgpool2d_forward)            \
     X(99, ADAPTIVE_AVGPOOL2D_BACKWARD_INPUT, port_adaptive_avgpool2d_backward_input) \
-    X(110, BERNOULLI_FORWARD, port_bernoulli_forward)
+    X(110, BERNOULLI_FORWARD, port_bernoulli_forward)                             \
+    X(120, EMBEDDING_BACKWARD_WEIGHT_PAD, port_embedding_backward_weight_pad)
 
 typedef enum {
 #define PORT_RT_ENUM_(id, NAME, fn) PORT_RT_##NAME = id,

@@ -15,7 +15,7 @@
 
 /* A new kernel id needs its rule below (shape_of's switch) before it can be loaded: the build stops here so
  * that adding one to PORT_RT_KERNELS without a rule cannot pass unnoticed. */
-_Static_assert(PORT_RT_KERNEL_END <= 111, "a kernel id was added to PORT_RT_KERNELS: add its rule to rt_check.c");
+_Static_assert(PORT_RT_KERNEL_END <= 121, "a kernel id was added to PORT_RT_KERNELS: add its rule to rt_check.c");
 
 #define BAD PORT_RT_ERR_BUNDLE
 
@@ -622,8 +622,14 @@ static int shape_of(ctx *x) {
         return PORT_OK;
     case PORT_RT_EMBEDDING_FORWARD:          /* y [n, d], idx [n], w [v, d] */
     case PORT_RT_EMBEDDING_BACKWARD_WEIGHT:  /* dw [v, d], dy [n, d], idx [n] */
+    case PORT_RT_EMBEDDING_BACKWARD_WEIGHT_PAD:  /* the same, iv[3] = pad in [0, v) */
         if (pos_range(x, 0, 2)) return BAD;
-        args(x, 3, 3, 0);
+        if (k == PORT_RT_EMBEDDING_BACKWARD_WEIGHT_PAD) {
+            if (iv_in(x, 3, 0, v[1] - 1, "embedding padding_idx must be in [0, v)")) return BAD;
+            args(x, 3, 4, 0);
+        } else {
+            args(x, 3, 3, 0);
+        }
         if (k == PORT_RT_EMBEDDING_FORWARD)
             op(x, 0, smul(v[0], v[2]), 4, 1), op(x, 1, v[0], 8, 0), op(x, 2, smul(v[1], v[2]), 4, 0);
         else
