@@ -78,7 +78,11 @@ def test_embedding_padding_idx_refusals(K):
     assert capi.raw.port_embedding_backward_weight_pad(w.data_ptr(), y.data_ptr(), bad_idx.data_ptr(), 3, 5, 4,
                                                        1) == capi.PORT_ERR_ARG
     assert capi.raw.port_embedding_backward_weight_pad(None, y.data_ptr(), idx.data_ptr(), 3, 5, 4,
-                                                       1) != capi.PORT_OK
+                                                       1) == capi.PORT_ERR_NULL
+    assert capi.raw.port_embedding_backward_weight_pad(w.data_ptr(), y.data_ptr(), idx.data_ptr(), 3, 5, 0,
+                                                       1) == capi.PORT_ERR_SHAPE
+    with pytest.raises(ValueError, match=r"^padding_idx=5: must be in \[0, 5\)"):
+        K.embedding_backward_weight(y, idx, w.shape, padding_idx=5)
 
 
 # --------------------------------------------------------------------------- layer norm
