@@ -43,3 +43,17 @@ class NormPool(torch.nn.Module):
         h = F.interpolate(h, size=(8, 10), mode="bilinear", align_corners=True)
         h = F.adaptive_avg_pool2d(h, (1, 5)).flatten(2)
         return self.fc((self.rms(h) + F.rms_norm(h, (5,), self.w2, 1e-5)).flatten(1))
+
+
+class PadEmb(torch.nn.Module):
+    """nn.Embedding with padding_idx (HF BERT/GPT-2/Llama token tables): the padding row gets no gradient
+    (port_embedding_backward_weight_pad); ids [n, t] in, 10 classes out."""
+
+    def __init__(self, vocab=11, dim=6):
+        super().__init__()
+        torch.manual_seed(0)
+        self.e = torch.nn.Embedding(vocab, dim, padding_idx=0)
+        self.fc = torch.nn.Linear(dim, 10)
+
+    def forward(self, ids):
+        return self.fc(self.e(ids).mean(1))

@@ -401,6 +401,12 @@ PORT_API port_status port_embedding_forward(float *y, const int64_t *idx, const 
  * column blocks of d) */
 PORT_API port_status port_embedding_backward_weight(float *dw, const float *dy, const int64_t *idx, int64_t n,
                                                     int64_t v, int64_t d);
+/* --- issue 54, HF masks (h54-mask) --- */
+/* As port_embedding_backward_weight, but no gradient goes to row pad (PyTorch's padding_idx; 0 <= pad < v, else
+ * PORT_ERR_ARG): dw[idx[i],:] += dy[i,:] for every i with idx[i] != pad. */
+PORT_API port_status port_embedding_backward_weight_pad(float *dw, const float *dy, const int64_t *idx, int64_t n,
+                                                        int64_t v, int64_t d, int64_t pad);
+/* --- end issue 54, HF masks --- */
 
 /* Layer norm over the last dim: x,y [rows,d]; gamma, beta [d] or NULL (no affine). stats [2*rows]: stats[r] = mean,
  * stats[rows + r] = rstd = 1/sqrt(biased var + eps) (eps >= 0); saved for backward (with x and gamma).

@@ -505,9 +505,9 @@ static int shape_of(ctx *x) {
         return eltwise(x, 2, 1);
     case 67: case 69: case 71:   /* their backward: dx, dy, y|x; dx may be dy */
         return eltwise(x, 3, 1);
-    case 72: case 73: return binary(x, k == 73);
+    case 72: case 73: return binary(x, k == 73);   /* port_binary_forward / _backward (a later PORT_RT_KERNELS) */
     case PORT_RT_SWIGLU_FORWARD:
-    case PORT_RT_SWIGLU_BACKWARD: return swiglu(x, k == PORT_RT_SWIGLU_BACKWARD);   /* port_binary_forward / _backward (a later PORT_RT_KERNELS) */
+    case PORT_RT_SWIGLU_BACKWARD: return swiglu(x, k == PORT_RT_SWIGLU_BACKWARD);
     case PORT_RT_RMSNORM_FORWARD:
     case PORT_RT_RMSNORM_BACKWARD_INPUT:
     case PORT_RT_RMSNORM_BACKWARD_WEIGHT:
@@ -636,8 +636,14 @@ static int shape_of(ctx *x) {
         return PORT_OK;
     case PORT_RT_EMBEDDING_FORWARD:          /* y [n, d], idx [n], w [v, d] */
     case PORT_RT_EMBEDDING_BACKWARD_WEIGHT:  /* dw [v, d], dy [n, d], idx [n] */
+    case PORT_RT_EMBEDDING_BACKWARD_WEIGHT_PAD:  /* the same, iv[3] = pad in [0, v) */
         if (pos_range(x, 0, 2)) return BAD;
-        args(x, 3, 3, 0);
+        if (k == PORT_RT_EMBEDDING_BACKWARD_WEIGHT_PAD) {
+            if (iv_in(x, 3, 0, v[1] - 1, "embedding padding_idx must be in [0, v)")) return BAD;
+            args(x, 3, 4, 0);
+        } else {
+            args(x, 3, 3, 0);
+        }
         if (k == PORT_RT_EMBEDDING_FORWARD)
             op(x, 0, smul(v[0], v[2]), 4, 1), op(x, 1, v[0], 8, 0), op(x, 2, smul(v[1], v[2]), 4, 0);
         else

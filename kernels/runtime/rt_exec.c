@@ -248,6 +248,8 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
         return port_embedding_forward(F(0), (const int64_t *)ptrs[1], CF(2), v[0], v[1], v[2]);
     case PORT_RT_EMBEDDING_BACKWARD_WEIGHT:
         return port_embedding_backward_weight(F(0), CF(1), (const int64_t *)ptrs[2], v[0], v[1], v[2]);
+    case PORT_RT_EMBEDDING_BACKWARD_WEIGHT_PAD:
+        return port_embedding_backward_weight_pad(F(0), CF(1), (const int64_t *)ptrs[2], v[0], v[1], v[2], v[3]);
     case PORT_RT_LAYERNORM_FORWARD:
         return port_layernorm_forward(F(0), F(1), CF(2), CF(3), CF(4), v[0], v[1], (float)c->fv[0]);
     case PORT_RT_LAYERNORM_BACKWARD_INPUT:

@@ -61,10 +61,12 @@ port_status port_embedding_forward(float *y, const int64_t *idx, const float *w,
     return PORT_OK;
 }
 
-port_status port_embedding_backward_weight(float *dw, const float *dy, const int64_t *idx, int64_t n, int64_t v,
-                                           int64_t d) {
+/* pad: the row that gets no gradient (PyTorch's padding_idx), -1 for none */
+static port_status embedding_bwd(float *dw, const float *dy, const int64_t *idx, int64_t n, int64_t v, int64_t d,
+                                 int64_t pad) {
     PORT_NOTNULL(dw); PORT_NOTNULL(dy); PORT_NOTNULL(idx);
     PORT_CHECK(n >= 0 && v > 0 && d > 0, PORT_ERR_SHAPE);
+    PORT_CHECK(pad >= -1 && pad < v, PORT_ERR_ARG);
     for (int64_t i = 0; i < n; i++) PORT_CHECK(idx[i] >= 0 && idx[i] < v, PORT_ERR_ARG);
     /* column blocks in parallel; within a block the rows are added in index order i = 0..n-1 */
     int64_t nb = ceil_div(d, 16);
@@ -72,12 +74,24 @@ port_status port_embedding_backward_weight(float *dw, const float *dy, const int
     for (int64_t cbk = 0; cbk < nb; cbk++) {
         int64_t j0 = cbk * 16, j1 = PORT_MIN(d, j0 + 16);
         for (int64_t i = 0; i < n; i++) {
+            if (idx[i] == pad) continue;
             float *row = dw + idx[i] * d;
             const float *g = dy + i * d;
             for (int64_t j = j0; j < j1; j++) row[j] += g[j];
         }
     }
     return PORT_OK;
+}
+
+port_status port_embedding_backward_weight(float *dw, const float *dy, const int64_t *idx, int64_t n, int64_t v,
+                                           int64_t d) {
+    return embedding_bwd(dw, dy, idx, n, v, d, -1);
+}
+
+port_status port_embedding_backward_weight_pad(float *dw, const float *dy, const int64_t *idx, int64_t n, int64_t v,
+                                               int64_t d, int64_t pad) {
+    PORT_CHECK(pad >= 0, PORT_ERR_ARG);
+    return embedding_bwd(dw, dy, idx, n, v, d, pad);
 }
 
 /* ------------------------------------------------------------------ */

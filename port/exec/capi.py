@@ -298,6 +298,8 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     # Transformer
     ("port_embedding_forward", "port_status", (_F, _CI64, _CF, "int64_t", "int64_t", "int64_t")),
     ("port_embedding_backward_weight", "port_status", (_F, _CF, _CI64, "int64_t", "int64_t", "int64_t")),
+    ("port_embedding_backward_weight_pad", "port_status", (_F, _CF, _CI64, "int64_t", "int64_t", "int64_t",
+                                                           "int64_t")),
     ("port_layernorm_forward", "port_status", (_F, _F, _CF, _CF, _CF, "int64_t", "int64_t", "float")),
     ("port_layernorm_backward_input", "port_status", (_F, _CF, _CF, _CF, _CF, "int64_t", "int64_t")),
     ("port_layernorm_backward_weight", "port_status", (_F, _F, _CF, _CF, _CF, "int64_t", "int64_t")),

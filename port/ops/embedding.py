@@ -1,6 +1,6 @@
 """embedding: rows of a weight [V, D] picked by int64 indices (dense gradient). The weight gradient
-scatters-adds dy into the picked rows (none into row ``padding_idx`` where set: the torch engines only); it
-saves the indices.
+scatters-adds dy into the picked rows (none into row ``padding_idx`` where set:
+port_embedding_backward_weight_pad); it saves the indices.
 """
 from __future__ import annotations
 
@@ -36,6 +36,10 @@ def _shapes(k, attrs, I, O, at):
 def _encode(kind, a, IS, OS, I, O, variant, call):
     if kind == "embedding":
         return Encoded("port_embedding_forward", (O[0], I[0], I[1]), (numel(IS[0]), IS[1][0], IS[1][1]))
+    pad = a.get("padding_idx")
+    if pad is not None:
+        return Encoded("port_embedding_backward_weight_pad", (O[0], I[0], I[1]),
+                       (numel(IS[1]), OS[0][0], OS[0][1], pad))
     return Encoded("port_embedding_backward_weight", (O[0], I[0], I[1]), (numel(IS[1]), OS[0][0], OS[0][1]))
 
 
@@ -59,7 +63,7 @@ def _torch(kind, a, I, O, env):
 
 register(OpRecord(
     kind="embedding", family="embedding",
-    kernels={"embedding": ("port_embedding_forward",), "embedding.grad_weight": ("port_embedding_backward_weight",)},
+    kernels={"embedding": ("port_embedding_forward",), "embedding.grad_weight": ("port_embedding_backward_weight",
+                                                                           "port_embedding_backward_weight_pad")},
     shapes=_shapes, torch=_torch, encode=_encode, aten=("embedding",), capture=_capture,
-    c_supports=lambda a: "padding_idx" not in a,
     saved=lambda f, gi, gw, wanted: (f.x[0],) if gw else (), grad_weight_reads=lambda f: (f.x[0],), doc=__doc__))

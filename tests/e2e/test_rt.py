@@ -21,7 +21,7 @@ from port import models
 from port.exec import capi
 from port.exec.bundle import BundleError, check_bundle, write_bundle, write_data
 
-from nets54 import NormPool
+from nets54 import NormPool, PadEmb
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 40
@@ -440,6 +440,15 @@ def test_port_rt_runs_norms_pools_and_resize_bit_for_bit(port_rt, tmp_path):
     _trains_bit_for_bit(port_rt, tmp_path, NormPool(), x, y,
                         {k + g for k in ("group_norm", "rms_norm") for g in ("", ".grad_input", ".grad_weight")}
                         | {k + g for k in ("max_pool2d", "upsample", "adaptive_avg_pool2d") for g in ("", ".grad_input")})
+
+
+def test_port_rt_runs_embedding_padding_idx_bit_for_bit(port_rt, tmp_path):
+    """embedding with padding_idx runs on C (port_embedding_backward_weight_pad), compiles and trains in port-rt
+    bit for bit like the Python executor."""
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randint(0, 11, (N, 7), generator=g), torch.randint(0, 10, (N,), generator=g)
+    x[:, -2:] = 0                                          # padding positions
+    _trains_bit_for_bit(port_rt, tmp_path, PadEmb(), x, y, {"embedding", "embedding.grad_weight"})
 
 
 class _RngAttn(torch.nn.Module):

@@ -753,17 +753,24 @@ def embedding_forward(idx, w, out=None):
     return y
 
 
-def embedding_backward_weight(dy, idx, w_shape, dw=None):
-    """dw[idx[i]] += dy[i] (accumulates into dw when given, in index order)."""
+def embedding_backward_weight(dy, idx, w_shape, dw=None, padding_idx=None):
+    """dw[idx[i]] += dy[i] (accumulates into dw when given, in index order); with padding_idx, row padding_idx
+    gets nothing (port_embedding_backward_weight_pad)."""
     v, d = (int(s) for s in w_shape)
     _tensor(idx, "idx", dtype=torch.int64)
     _tensor(dy, "dy", tuple(idx.shape) + (d,))
     if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= v):
         raise ValueError(f"idx: values must be in [0, {v})")
+    if padding_idx is not None and not 0 <= padding_idx < v:
+        raise ValueError(f"padding_idx={padding_idx}: must be in [0, {v})")
     dw = _acc(dw, "dw", (v, d))
     _no_alias({"dw": dw}, {"dy": dy, "idx": idx})
-    check(raw.port_embedding_backward_weight(dw.data_ptr(), dy.data_ptr(), idx.data_ptr(), idx.numel(), v, d),
-          "embedding_backward_weight")
+    if padding_idx is None:
+        check(raw.port_embedding_backward_weight(dw.data_ptr(), dy.data_ptr(), idx.data_ptr(), idx.numel(), v, d),
+              "embedding_backward_weight")
+    else:
+        check(raw.port_embedding_backward_weight_pad(dw.data_ptr(), dy.data_ptr(), idx.data_ptr(), idx.numel(), v,
+                                                     d, padding_idx), "embedding_backward_weight_pad")
     return dw
 
 

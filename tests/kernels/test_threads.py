@@ -159,3 +159,14 @@ def test_unary_and_shape_copies_same_bits_at_any_thread_count(K):
         K.slice_copy(torch.empty(70, 2, 500), big, 1, 0, 1, 2, 0),
         K.slice_copy(torch.ones(70, 3, 500), big[:, 1:2].contiguous(), 1, 2, 0, 1, 1),
         K.expand(x[:500].view(1, 500), (80, 500)))), "unary / slice copy / expand")
+
+
+def test_embedding_padding_idx_same_bits_at_any_thread_count(K):
+    """Column blocks in parallel (d = 1000: several blocks, above the parallel threshold), the padding row
+    skipped."""
+    g = torch.Generator().manual_seed(5)
+    idx = torch.randint(0, 37, (400,), generator=g)
+    dy = torch.randn(400, 1000, generator=g)
+    outs = _at_each_count(K, "auto", lambda: K.embedding_backward_weight(dy, idx, (37, 1000), padding_idx=3))
+    _same_bits(outs, "embedding_backward_weight_pad")
+    assert not outs[0][0][3].any()

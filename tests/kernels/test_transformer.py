@@ -52,6 +52,39 @@ def test_embedding_bad_index(K):
         K.embedding_forward(torch.zeros(3, dtype=torch.int32), w)
 
 
+@pytest.mark.parametrize("shape,v,d,pad", [((7,), 5, 33, 1), ((3, 9), 11, 16, 0), ((2, 4, 5), 3, 1, 2)])
+def test_embedding_padding_idx(K, shape, v, d, pad):
+    """The padding row gets no gradient (F.embedding(padding_idx=)); the others as without it; accumulates."""
+    idx = torch.randint(0, v, shape)
+    idx.view(-1)[:3] = pad
+    w, dy = torch.randn(v, d), torch.randn(*shape, d)
+    w64 = _leaf(w)
+    F.embedding(idx, w64, padding_idx=pad).backward(dy.double())
+    assert float(w64.grad[pad].abs().sum()) == 0.0
+    close(K.embedding_backward_weight(dy, idx, w.shape, padding_idx=pad), w64.grad, 1e-6, 1e-6, "dw")
+    dw0 = torch.randn(v, d)
+    dw2 = K.embedding_backward_weight(dy, idx, w.shape, dw=dw0.clone(), padding_idx=pad)
+    assert torch.equal(dw2[pad], dw0[pad])
+    close(dw2, dw0.double() + w64.grad, 1e-5, 1e-6, "dw accumulate")
+
+
+def test_embedding_padding_idx_refusals(K):
+    w, y = torch.randn(5, 4), torch.randn(3, 4)
+    idx = torch.tensor([0, 4, 2])
+    for bad in (-1, 5, 99):
+        assert capi.raw.port_embedding_backward_weight_pad(w.data_ptr(), y.data_ptr(), idx.data_ptr(), 3, 5, 4,
+                                                           bad) == capi.PORT_ERR_ARG
+    bad_idx = torch.tensor([0, 5, 2])
+    assert capi.raw.port_embedding_backward_weight_pad(w.data_ptr(), y.data_ptr(), bad_idx.data_ptr(), 3, 5, 4,
+                                                       1) == capi.PORT_ERR_ARG
+    assert capi.raw.port_embedding_backward_weight_pad(None, y.data_ptr(), idx.data_ptr(), 3, 5, 4,
+                                                       1) == capi.PORT_ERR_NULL
+    assert capi.raw.port_embedding_backward_weight_pad(w.data_ptr(), y.data_ptr(), idx.data_ptr(), 3, 5, 0,
+                                                       1) == capi.PORT_ERR_SHAPE
+    with pytest.raises(ValueError, match=r"^padding_idx=5: must be in \[0, 5\)"):
+        K.embedding_backward_weight(y, idx, w.shape, padding_idx=5)
+
+
 # --------------------------------------------------------------------------- layer norm
 @pytest.mark.parametrize("affine", [True, False])
 @pytest.mark.parametrize("shape,eps", [((7, 33), 1e-5), ((2, 5, 64), 1e-6), ((1, 1), 1e-5), ((300, 130), 1e-5),
@@ -668,6 +701,9 @@ def test_rt_exec_mapping(K):
     dw = torch.zeros(3, 5)
     assert E("port_embedding_backward_weight", [dw, dy3, idx], (6, 3, 5)) == 0
     assert torch.equal(dw, K.embedding_backward_weight(dy3, idx, (3, 5)))
+    dw = torch.zeros(3, 5)
+    assert E("port_embedding_backward_weight_pad", [dw, dy3, idx], (6, 3, 5, 2)) == 0
+    assert torch.equal(dw, K.embedding_backward_weight(dy3, idx, (3, 5), padding_idx=2)) and not dw[2].any()
     x, g, bta, dy = torch.randn(6, 5), torch.randn(5), torch.randn(5), torch.randn(6, 5)
     yl, st = torch.empty(6, 5), torch.empty(12)
     assert E("port_layernorm_forward", [yl, st, x, g, bta], (6, 5), (1e-3,)) == 0

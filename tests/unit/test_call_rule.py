@@ -34,7 +34,7 @@ from port.lower.lower import default_plan, lower
 from port.plan import variants as V
 from port.plan.types import OpDecision
 
-from nets54 import NormPool     # (tests/nets54.py: issue 54's norms, pooling and resize)
+from nets54 import NormPool, PadEmb     # (tests/nets54.py: issue 54's norms, pooling and resize)
 
 ROOT = Path(__file__).resolve().parents[2]
 CALL_BYTES = ctypes.sizeof(capi.RtCall)
@@ -131,6 +131,7 @@ CASES = {
     "normpool": lambda: (NormPool(), torch.randn(2, 3, 9, 11), "sgd"),
     "rng_attn": lambda: (RngAttn(), torch.randn(2, 5, 8), "sgd"),
     "shapes": lambda: (Shapes(), torch.randn(2, 3, 8, 8), "sgd"),
+    "pad_emb": lambda: (PadEmb(), torch.tensor([[0, 3, 4, 0], [5, 0, 9, 10]]), "sgd"),
 }
 
 
@@ -227,6 +228,7 @@ REACH = {
                                        "maxpool2d_forward", "maxpool2d_backward_input")},
     "rng_attn": {"port_attention_forward", "port_attention_backward", "port_bernoulli_forward",
                  "port_dropout_forward", "port_dropout_backward"},
+    "pad_emb": {"port_embedding_forward", "port_embedding_backward_weight_pad", "port_mean_mid_forward"},
     "shapes": {"port_unary_forward", "port_unary_backward", "port_slice_copy", "port_expand",
                "port_binary_backward"},
 }
@@ -305,6 +307,21 @@ def _mutants(A, name="zoo"):
         ("zero range past the arena", "port_relu_forward", lambda r: (setf("zero_offset", 0, A - 4)(r),
                                                                       setf("zero_bytes", 0, 8)(r))),
     ]
+
+
+def test_embedding_padding_idx_out_of_range_is_refused():
+    """port_embedding_backward_weight_pad's iv[3] (the padding row) must be a row of the weight: [0, v)."""
+    tr = _trainer("pad_emb")
+    prog = tr.program
+    c = _call_of(prog, "port_embedding_backward_weight_pad")
+    A = prog.arena_bytes
+    r = rtcall.record(c, prog.slot)
+    assert r.iv[3] == 0
+    rtcall.check_record(r, c, A, prog.persistent_bytes)
+    for bad in (-1, r.iv[1], 1 << 40):
+        r.iv[3] = bad
+        with pytest.raises(ProgramError, match=r"iv\[3\].*padding_idx must be in \[0, v\)"):
+            rtcall.check_record(r, c, A, prog.persistent_bytes)
 
 
 @pytest.fixture(scope="module", params=["zoo", "rng_attn"])

@@ -390,7 +390,7 @@ def test_upsample_and_adaptive_pool_capture_and_equal_autograd(mode, kw):
     _steps_like_eager(tr, ref_m, x, y, 0.1, 2)
 
 
-def test_embedding_padding_idx_runs_on_torch_without_a_padding_gradient():
+def test_embedding_padding_idx_runs_on_c_without_a_padding_gradient():
     class M(nn.Module):
         def __init__(self):
             super().__init__()
@@ -403,11 +403,13 @@ def test_embedding_padding_idx_runs_on_torch_without_a_padding_gradient():
     ids = torch.tensor([[0, 3, 4, 0], [5, 0, 9, 10]])
     tr = port.Trainer(M(), ids, optimizer=SGD(0.5))
     emb = next(o for o in tr.graph.ops if o.kind == "embedding")
-    assert emb.attr("padding_idx") == 0 and not ops.has_c("embedding", dict(emb.attrs))
+    assert emb.attr("padding_idx") == 0 and ops.has_c("embedding", dict(emb.attrs))
+    assert tr.plan.ops[emb.id].accelerator == "cpu-c"
     y = torch.tensor([1, 2])
     ref = M()
     _steps_like_eager(tr, ref, ids, y, 0.5, 2)
     torch.testing.assert_close(tr.state_dict()["e.weight"], ref.e.weight.detach(), rtol=1e-5, atol=1e-6)
+    assert torch.equal(tr.state_dict()["e.weight"][0], ref.e.weight.detach()[0])   # the padding row never moves
 
 
 def test_addmm_with_a_weight_stored_in_out_is_a_linear_on_torch():
