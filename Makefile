@@ -25,13 +25,17 @@ demo: install
 	$(VENV)/bin/port demo
 
 # The fast tier: every test but those marked slow (federation rounds, cross and MCU builds, the zoo's largest
-# models, README blocks that train; pyproject.toml registers the marker). test-all: everything, with the 25
-# slowest tests listed (pick what to mark slow from them).
+# models, README blocks that train; pyproject.toml registers the marker). test-all: everything. Both list the 25
+# slowest tests (pick what to mark slow from them) and run on pytest-xdist workers (PYTEST_WORKERS, default one
+# per CPU; tests/conftest.py gives each worker its share of the OpenMP threads, tests/buildlock.py serialises
+# `make`). PYTEST_WORKERS=0 runs in this process (a debugger, -s output).
+PYTEST_WORKERS ?= auto
+PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist worksteal
 test: install
-	$(PY) -m pytest -q -m "not slow" --durations=10 tests
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_XDIST) --durations=25 tests
 
 test-all: install
-	$(PY) -m pytest -q --durations=25 tests
+	$(PY) -m pytest -q $(PYTEST_XDIST) --durations=25 tests
 
 # Kernel tests, the hostile-program tests, the program fuzzer and the call rule's tests against an ASan+UBSan
 # build of the C library (separate .so, quick parametrisation); the bundle fuzzer (300 mutants) against an

@@ -6,7 +6,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/reference.py
 sys.path.append(str(Path(__file__).resolve().parent / "kernels"))  # tests/kernels/checked.py
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# Two threads, or under pytest-xdist (`make test`) each worker's share of the CPUs, so N workers x threads do not
+# oversubscribe the machine (tests that need a thread count set it themselves: capi.set_num_threads). A value the
+# user set is kept; the one this file set in xdist's controller (which the workers inherit) is redone per worker.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if os.environ.get("OMP_NUM_THREADS", "") in ("", os.environ.get("PORT_TESTS_OMP_DEFAULT")):
+    os.environ["OMP_NUM_THREADS"] = os.environ["PORT_TESTS_OMP_DEFAULT"] = str(
+        max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 # Engine footprints (port.cost.footprint) take a fresh process per engine (~2 s each): the quick profiles the
 # suite takes by the hundred skip them; tests/unit/test_footprint.py measures them.
 os.environ.setdefault("PORT_PROFILE_ENGINE", "0")
@@ -27,13 +33,14 @@ import pytest  # noqa: E402
 def port_rt():
     """The port-rt binary: PORT_RT_BIN when set (make test-asan: the ASan+UBSan build), else `make port-rt`'s."""
     import shutil
-    import subprocess
+
+    from buildlock import make
     if "PORT_RT_BIN" in os.environ:
         b = Path(os.environ["PORT_RT_BIN"])
         assert b.is_file(), f"PORT_RT_BIN={b} does not exist"
         return b
     if shutil.which("gcc") is None:
         pytest.skip("no C compiler: apt-get install -y gcc")
-    r = subprocess.run(["make", "-s", "port-rt"], cwd=ROOT, capture_output=True, text=True)
+    r = make("port-rt")      # under the build lock: xdist workers share kernels/build
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return ROOT / "kernels" / "build" / "port-rt"

@@ -15,6 +15,8 @@ import port
 from port import models
 from port.exec.bundle import write_data
 
+from buildlock import make
+
 pytestmark = pytest.mark.slow      # cross builds and emulators: the slow tier (make test-all, .ci/run)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,8 +28,7 @@ def binaries():
     missing = [t for t in ("aarch64-linux-gnu-gcc", "qemu-aarch64") if shutil.which(t) is None]
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed: {INSTALL}")
-    r = subprocess.run(["make", "-s", "port-rt-portable", "port-rt-aarch64"], cwd=ROOT, capture_output=True,
-                       text=True)
+    r = make("port-rt-portable", "port-rt-aarch64")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return ROOT / "kernels" / "build" / "port-rt-portable", ROOT / "kernels" / "build" / "port-rt-aarch64"
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from buildlock import make
+
 pytestmark = pytest.mark.slow      # cross builds and emulators: the slow tier (make test-all, .ci/run)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,8 +33,7 @@ def test_cortex_m4_trains_like_the_host(tmp_path):
                         "--emit-c"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "paged 0" in r.stdout and "placement: mcu" in r.stdout
-    r = subprocess.run(["make", "-s", "port-rt-m4", f"M4_BUNDLE={out}", "port-rt-portable"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
+    r = make("port-rt-m4", f"M4_BUNDLE={out}", "port-rt-portable", timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     text, data, bss = (int(v) for v in r.stdout.strip().splitlines()[-1].split()[:3])
     assert data + bss <= 192 * 1024 and text + data <= 2 * 1024 * 1024, (text, data, bss)

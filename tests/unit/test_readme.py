@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from buildlock import build_lock
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
@@ -187,7 +189,8 @@ def run_bash_block(block: Block, tmp_path: Path) -> None:
         assert (tmp_path / "profiles" / "host" / "digits.json").exists()
         return
     if "port-rt " in block.text:   # the runtime binary: built by `make port-rt`, on PATH as `port-rt`
-        _run(["make", "-s", "-C", str(ROOT), "port-rt"], tmp_path, env, block)
+        with build_lock():      # xdist workers share kernels/build
+            _run(["make", "-s", "-C", str(ROOT), "port-rt"], tmp_path, env, block)
         (tmp_path / ".venv" / "bin" / "port-rt").symlink_to(ROOT / "kernels" / "build" / "port-rt")
     script = tmp_path / "block.sh"
     script.write_text(block.text)

@@ -380,12 +380,25 @@ def test_chain_recompute_reaches_budget_single_op_recompute_cannot():
     assert ei.value.min_feasible_bytes == chain
 
 
-@pytest.mark.parametrize("frac", [0.0, 0.5])
-def test_ilp_equals_brute_force_chain_and_early(deep, frac):
+@pytest.fixture(scope="module")
+def deep_floor(deep):
+    """The brute force's smallest peak of ``deep`` with and without early updates (exhaustive, unpruned: the
+    costly part, computed once for every budget below)."""
     g, prof = deep
-    lo = brute_force(g, prof, 0, chain=True, early=True, peak=True)
+    return (brute_force(g, prof, 0, chain=True, early=True, peak=True),
+            brute_force(g, prof, 0, chain=True, early=False, peak=True))
+
+
+# slow tier: deep_floor's exhaustive enumeration and the brute force at the floor budget are minutes on 2 cores;
+# the fast tier keeps ILP == brute force with recompute, paging and early updates on the mlp and the tiny CNN,
+# and chains (on resnet8) in test_chain_recompute_reaches_budget_single_op_recompute_cannot
+@pytest.mark.slow
+@pytest.mark.parametrize("frac", [0.0, 0.5])
+def test_ilp_equals_brute_force_chain_and_early(deep, deep_floor, frac):
+    g, prof = deep
+    lo, lo_without_early = deep_floor
     hi = naive_peak(g, prof)
-    assert lo < brute_force(g, prof, 0, chain=True, early=False, peak=True)   # early updates lower the floor
+    assert lo < lo_without_early   # early updates lower the floor
     B = int(lo + frac * (hi - lo))
     bf = brute_force(g, prof, B)
     p = exact_solve(g, prof, B, bf)
@@ -398,9 +411,10 @@ def test_ilp_equals_brute_force_chain_and_early(deep, frac):
     assert proven and mn == lo
 
 
-def test_early_updates_off(deep):
+@pytest.mark.slow     # deep_floor (above)
+def test_early_updates_off(deep, deep_floor):
     g, prof = deep
-    lo = brute_force(g, prof, 0, chain=True, early=False, peak=True)
+    lo = deep_floor[1]
     p = solve(g, prof, lo, allow_early_updates=False)
     assert not p.early_updates
 

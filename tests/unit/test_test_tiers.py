@@ -1,0 +1,46 @@
+"""The test tiers' own machinery (issue 55): pytest-xdist workers share the CPUs (tests/conftest.py) and run
+`make` one at a time (tests/buildlock.py)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from buildlock import build_lock
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def test_each_worker_gets_its_share_of_the_threads():
+    # the value conftest set (not one the user exported): 2 threads alone, cpus // workers (>= 1) on xdist
+    if os.environ.get("OMP_NUM_THREADS") != os.environ.get("PORT_TESTS_OMP_DEFAULT"):
+        return      # the user's OMP_NUM_THREADS is kept as given
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    assert os.environ["OMP_NUM_THREADS"] == str(max(1, min(2, (os.cpu_count() or 1) // workers)))
+
+
+def test_the_build_lock_excludes_another_process():
+    probe = ("import fcntl, sys; f = open(sys.argv[1], 'a')\n"
+             "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    sys.exit(3)\n")
+    lock = TESTS.parent / "kernels" / "build" / ".make.lock"
+    with build_lock():
+        held = subprocess.run([sys.executable, "-c", probe, str(lock)], timeout=60)
+    assert held.returncode == 3         # another worker's make waits
+    free = subprocess.run([sys.executable, "-c", probe, str(lock)], timeout=60)
+    assert free.returncode == 0
+
+
+def test_every_make_in_the_tests_holds_the_build_lock():
+    """A `make` a test runs in the checkout goes through buildlock (make() or `with build_lock():` just above)."""
+    bad = []
+    for f in sorted(TESTS.rglob("*.py")):
+        if f.name == "buildlock.py":
+            continue
+        lines = f.read_text().splitlines()
+        for i, ln in enumerate(lines):
+            if re.search(r"""\[\s*["']make["']""", ln) and '"-n"' not in ln:     # make -n: a dry run builds nothing
+                if not any("build_lock()" in p for p in lines[max(0, i - 2):i]):
+                    bad.append(f"{f.relative_to(TESTS)}:{i + 1}: {ln.strip()}")
+    assert not bad, "run make through tests/buildlock.py (make(...) or `with build_lock():`):\n" + "\n".join(bad)
