@@ -51,10 +51,11 @@ def test_contiguous_ranges_are_views_and_the_others_copies():
     assert Graph.from_dict(g.to_dict()).tensors == g.tensors
 
 
-def test_views_train_like_eager_with_no_call_and_copies_elsewhere():
+@pytest.mark.parametrize("backend,acc", [("c", "cpu-c"), ("torch-cpu", "cpu-torch")])
+def test_views_train_like_eager_with_no_call_and_copies_elsewhere(backend, acc):
     x, y = torch.randn(N, 12), torch.randint(0, 10, (N,))
-    tr = port.Trainer(Views(), x, optimizer=port.optim.SGD(0.05, momentum=0.9))
-    assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
+    tr = port.Trainer(Views(), x, optimizer=port.optim.SGD(0.05, momentum=0.9), backend=backend)
+    assert all(d.accelerator == acc for d in tr.plan.ops)
     kernels = [c.kernel for c in tr.program.calls]
     assert "narrow_view" not in kernels and kernels.count("narrow") == 2
     assert kernels.count("narrow_view.grad_input") == 12
@@ -153,3 +154,30 @@ def test_a_recomputed_base_remakes_its_views():
     tr = port.Trainer(Views(), x, plan=rc, optimizer=port.optim.SGD(0.05, momentum=0.9))
     assert any(c.phase == "recompute" for c in tr.program.calls)
     assert [tr.step(x, y) for _ in range(3)] == [keep.step(x, y) for _ in range(3)]
+
+
+class _ChannelSplit(torch.nn.Module):
+    """A ShuffleNet-style channel split of an N=1 map (views: one run of bytes each) feeding convolutions, whose C
+    kernels read the second half at its offset (4-byte, not 64-byte, aligned: 5 channels of 7x7 floats in)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        nn = torch.nn
+        self.conv, self.c1, self.c2 = nn.Conv2d(3, 11, 3, padding=1), nn.Conv2d(5, 4, 3), nn.Conv2d(6, 4, 3, 2, 1)
+        self.fc = nn.Linear(4 * 25 + 4 * 16, 10)
+
+    def forward(self, x):
+        a, b = self.conv(x).split([5, 6], 1)
+        return self.fc(torch.cat([self.c1(torch.relu(a)).flatten(1), self.c2(b).flatten(1)], 1))
+
+
+def test_a_channel_split_of_a_batch_of_one_is_a_view_the_c_kernels_read():
+    x, y = torch.randn(1, 3, 7, 7), torch.tensor([3])
+    tr = port.Trainer(_ChannelSplit(), x, optimizer=port.optim.SGD(0.05, momentum=0.9))
+    assert [o.kind for o in tr.graph.ops if o.kind.startswith("narrow") and o.phase == "forward"] == \
+        ["narrow_view"] * 2
+    assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
+    b = next(o.outputs[0] for o in tr.graph.ops if o.kind == "narrow_view" and o.attr("start") == 5)
+    assert (tr.program.slot(b).offset - tr.program.slot(tr.program.slot(b).root).offset) == 5 * 49 * 4
+    _steps_like_eager(tr, _ChannelSplit(), x, y)

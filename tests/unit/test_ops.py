@@ -71,7 +71,7 @@ def test_kind_tuples_come_from_tags():
     assert set(V.INPLACE_KINDS) == {"relu", "relu6", "batch_norm2d", "add"}
     assert set(V.CONV_KINDS) == {"conv2d", "conv2d.grad_input", "conv2d.grad_weight"}
     assert set(V.ATTENTION_KINDS) == {"attention", "attention.grad_input"}
-    assert set(semantics.NOT_RECOMPUTABLE_KINDS) == {"reshape", "dropout"}
+    assert set(semantics.NOT_RECOMPUTABLE_KINDS) == {"reshape", "narrow_view", "dropout"}
     assert {"relu", "linear", "max_pool2d", "sigmoid", "mul"} <= set(CHECKPOINT_KINDS)
     assert "dropout" not in CHECKPOINT_KINDS
 
