@@ -277,7 +277,8 @@ register(OpRecord(kind="cat", family="shape", kernels={"cat": ("port_slice_copy"
 
 # ---------------------------------------------------------------------------------------------
 # narrow: a contiguous range along one dim (slice with step 1, select, the items of split, chunk, unbind); a
-# copy (port_slice_copy). Its gradient writes dy into that range of a zeroed dx.
+# copy (port_slice_copy), or a view (narrow_view: an alias at a byte offset, no call) where the range is one run of
+# x's bytes. Either's gradient writes dy into that range of a zeroed dx.
 # ---------------------------------------------------------------------------------------------
 def _clamp_start(start, size: int) -> int:
     s = 0 if start is None else int(start)
@@ -473,7 +474,8 @@ register(
              capture=_narrow_capture, bwd_vector_flops=lambda f, T: numel(T[f.x[0]].shape),
              tags=frozenset({"checkpoint"}),
              doc="narrow: the range [start, start + length) of dim ``dim`` (``size`` long), squeezed for select "
-                 "and unbind; slice (step 1), select and the items of split and unbind. A copy; its gradient "
+                 "and unbind; slice (step 1), select and the items of split and unbind. A copy (where the range is one "
+                 "run of x's bytes, is_contiguous_range, the capture makes it a narrow_view instead); its gradient "
                  "zeroes dx and writes dy into the range. Saves nothing. C kernel port_slice_copy (float32; "
                  "int64 buffers as word pairs)."),
     OpRecord(kind="narrow_view", family="shape",
