@@ -64,6 +64,8 @@ def test_views_train_like_eager_with_no_call_and_copies_elsewhere(backend, acc):
         if o.kind == "narrow_view" and prog.has_slot(o.outputs[0]):      # (a view no call reads has no slot)
             s, r = prog.slot(o.outputs[0]), prog.slot(prog.slot(o.outputs[0]).root)
             assert s.offset == r.offset + g.view_offset(o.outputs[0]) and s.offset + s.nbytes <= r.offset + r.nbytes
+    with torch.no_grad():      # the inference program (forward only, on the training program's arena) too
+        assert torch.allclose(torch.as_tensor(tr.predict(x)), Views()(x), rtol=1e-5, atol=1e-6)
     _steps_like_eager(tr, Views(), x, y)
 
 
