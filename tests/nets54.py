@@ -57,3 +57,24 @@ class PadEmb(torch.nn.Module):
 
     def forward(self, ids):
         return self.fc(self.e(ids).mean(1))
+class Views(torch.nn.Module):
+    """Shape ops as arena views (issue 54): chunk, split, unbind (of a view), narrow, select and slices along dim 0
+    of a contiguous [24, N] map and a batch split are views of its bytes; a slice and a split along dim 1 of
+    [N, 24] are copies."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc, self.fc2 = torch.nn.Linear(12, 24), torch.nn.Linear(8, 10)
+
+    def forward(self, x):
+        h = self.fc(x)                                 # [N, 24]
+        ht = h.t()                                     # [24, N] (a permute: a copy, contiguous)
+        a, b, c = ht.chunk(3, 0)                       # views at 0, 8N and 16N floats
+        p, q = ht.split([20, 4], 0)
+        u0, u1, u2, u3 = q.unbind(0)                   # views of a view
+        g = torch.relu(a) + b * c + ht.narrow(0, 5, 8) + (u1 * ht[7] - u3).unsqueeze(0) + p[12:20]
+        d = h[:, 3:11]                                 # copies: ranges along dim 1 of [N, 24]
+        e0, e1 = h.split([16, 8], 1)
+        h1, h2 = (g.t() + d + e1).chunk(2, 0)          # a batch split: views
+        return self.fc2(torch.cat([h1 * 0.5, h2], 0))

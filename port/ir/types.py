@@ -45,8 +45,8 @@ class TensorSpec:
     """One tensor of the training graph.
 
     ``alias_of`` names the tensor whose storage this one shares (views: flatten, reshape, and the
-    pass-through gradients of add). Aliases own no bytes of their own; memory accounting follows
-    ``storage_root``.
+    pass-through gradients of add; ``narrow_view``: a contiguous range of its base, ``alias_offset`` bytes in).
+    Aliases own no bytes of their own; memory accounting follows ``storage_root``.
     """
 
     id: int
@@ -57,6 +57,7 @@ class TensorSpec:
     alias_of: int | None = None   # id of the tensor whose storage this one views
     grad_of: int | None = None    # for role == gradient: the tensor this is the gradient of
     state_of: int | None = None   # for role == optimizer_state: the parameter it belongs to
+    alias_offset: int = 0         # a view's first byte inside ``alias_of``'s bytes (a contiguous range of them)
 
     @property
     def numel(self) -> int:
@@ -164,6 +165,16 @@ class Graph:
         while t.alias_of is not None:
             t = self.tensors[t.alias_of]
         return t.id
+
+    def view_offset(self, tid: int) -> int:
+        """The byte offset of tensor ``tid`` inside its storage root's bytes (0 but for ranges of a view chain:
+        ``TensorSpec.alias_offset`` summed along ``alias_of``)."""
+        def chain(t) -> int:
+            off = 0
+            while t.alias_of is not None:
+                off, t = off + t.alias_offset, self.tensors[t.alias_of]
+            return off
+        return self.memo("view_offsets", lambda: [chain(t) for t in self.tensors])[tid]
 
     def memo(self, key, fn):
         """``fn()``, computed once per graph: facts derived from an immutable graph (the planner asks for
@@ -286,6 +297,7 @@ class Graph:
             "tensors": [
                 {"id": t.id, "name": t.name, "shape": list(t.shape), "dtype": t.dtype, "role": t.role,
                  "alias_of": t.alias_of, "grad_of": t.grad_of, "state_of": t.state_of}
+                | ({"alias_offset": t.alias_offset} if t.alias_offset else {})
                 for t in self.tensors
             ],
             "ops": [
@@ -304,7 +316,8 @@ class Graph:
         def tup(v: Any) -> Any:
             return tuple(tup(x) for x in v) if isinstance(v, list) else v
         tensors = tuple(TensorSpec(t["id"], t["name"], tuple(t["shape"]), t["dtype"], t["role"], t.get("alias_of"),
-                                   t.get("grad_of"), t.get("state_of")) for t in d["tensors"])
+                                   t.get("grad_of"), t.get("state_of"), t.get("alias_offset", 0))
+                        for t in d["tensors"])
         ops = tuple(Op(o["id"], o["name"], o["layer"], o["kind"], o["phase"],
                        tuple(sorted((k, tup(v)) for k, v in o["attrs"].items())), tuple(o["inputs"]),
                        tuple(o["outputs"]), tuple(o.get("saved", ())), o.get("flops", 0), o.get("vector_flops", 0),

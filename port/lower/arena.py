@@ -266,10 +266,11 @@ def check_program(program: Program) -> None:
             raise ProgramError(f"tensor {s.name!r}: its storage root id {s.root} has no slot")
         if root.root != root.tensor:
             raise ProgramError(f"tensor {s.name!r}: root {root.name!r} is itself a view")
-        if s.root != s.tensor:
-            if s.offset != root.offset or s.nbytes > root.nbytes or s.region != root.region:
+        if s.root != s.tensor:      # a view or in-place output: inside its root's bytes (a range view: at an offset)
+            if not root.offset <= s.offset <= s.offset + s.nbytes <= root.offset + root.nbytes \
+                    or s.region != root.region:
                 raise ProgramError(f"tensor {s.name!r} aliases {root.name!r} but its offset {s.offset} / size "
-                                   f"{s.nbytes} / region do not match the root's ({root.offset}, {root.nbytes})")
+                                   f"{s.nbytes} / region fall outside the root's ({root.offset}, {root.nbytes})")
         elif s.offset % ALIGN:
             raise ProgramError(f"tensor {s.name!r}: offset {s.offset} is not {ALIGN}-byte aligned")
     _check_ids_and_zero_ranges(program, slot_of)

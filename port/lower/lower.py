@@ -414,7 +414,8 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
             continue
         name, shape, dtype, role = spec(t)
         rs = slots[r]
-        slots[t] = Slot(t, name, shape, dtype, rs.offset, numel(shape) * DTYPE_BYTES[dtype], rs.region, r, role)
+        off = rs.offset + (graph.view_offset(base(t)) if t >= 0 else 0)     # a range view: into its root's bytes
+        slots[t] = Slot(t, name, shape, dtype, off, numel(shape) * DTYPE_BYTES[dtype], rs.region, r, role)
 
     calls = tuple(Call(index=i, op=dr["op"], name=dr["name"], kernel=dr["kernel"], backend=dr["backend"],
                        variant=dr["variant"], phase=dr["phase"], outputs=tuple(dr["outputs"]),

@@ -5,7 +5,7 @@ attention masks from token ids).
 """
 from __future__ import annotations
 
-from port.ir.types import ROLE_ACTIVATION, TensorSpec, numel
+from port.ir.types import DTYPE_BYTES, ROLE_ACTIVATION, TensorSpec, numel
 from port.ops import register
 from port.ops.base import F32, I64, CallShapeError, Encoded, Fwd, OpRecord, arg, float32, fwd, rank
 
@@ -277,7 +277,8 @@ register(OpRecord(kind="cat", family="shape", kernels={"cat": ("port_slice_copy"
 
 # ---------------------------------------------------------------------------------------------
 # narrow: a contiguous range along one dim (slice with step 1, select, the items of split, chunk, unbind); a
-# copy (port_slice_copy). Its gradient writes dy into that range of a zeroed dx.
+# copy (port_slice_copy), or a view (narrow_view: an alias at a byte offset, no call) where the range is one run of
+# x's bytes. Either's gradient writes dy into that range of a zeroed dx.
 # ---------------------------------------------------------------------------------------------
 def _clamp_start(start, size: int) -> int:
     s = 0 if start is None else int(start)
@@ -327,9 +328,23 @@ def _narrow_capture(ctx):
     attrs = dict(dim=d, start=int(start), length=int(length), size=int(xs[d]), squeeze=squeeze)
     if ctx.dtype(x) != F32:        # (int64 position ids: copied as pairs of 4-byte words; other dtypes: torch)
         attrs["dtype"] = ctx.dtype(x)
+    kind = "narrow"
+    if is_contiguous_range(xs, d, length):
+        kind = "narrow_view"
+        t = ctx.b.tensors[y]
+        ctx.b.tensors[y] = TensorSpec(t.id, t.name, t.shape, t.dtype, t.role, alias_of=x,
+                                      alias_offset=int(start) * numel(xs[d + 1:]) * DTYPE_BYTES[ctx.dtype(x)])
     if ctx.is_buffer(xa):          # a slice of a buffer (position ids): no gradient
-        return fwd(ctx, "narrow", attrs, (), (y,), buffers={"in0": x})
-    return fwd(ctx, "narrow", attrs, (x,), (y,))
+        return fwd(ctx, kind, attrs, (), (y,), buffers={"in0": x})
+    return fwd(ctx, kind, attrs, (x,), (y,))
+
+
+def is_contiguous_range(shape, d: int, length: int) -> bool:
+    """Whether the range of ``length`` items along dim ``d`` of a contiguous tensor of ``shape`` is one contiguous
+    run of its bytes (every dim before ``d`` is 1: a slice along the outermost non-1 dim, a channel slice of an
+    N=1 map, a batch slice, select on dim 0, the items of a split along dim 0; or the range is the whole dim, as
+    select on a dim of 1): such a range is a view."""
+    return length >= 1 and (numel(shape[:d]) == 1 or length == shape[d])
 
 
 def _narrow_attrs(attrs: dict, r: int) -> tuple[int, int, int, int, bool]:
@@ -342,7 +357,7 @@ def _narrow_attrs(attrs: dict, r: int) -> tuple[int, int, int, int, bool]:
 
 
 def _narrow_shapes(k, attrs, I, O, at):
-    if k == "narrow":
+    if k in ("narrow", "narrow_view"):
         x = at(I, 0, "input 0 (x)")
         d, s, n, size, sq = _narrow_attrs(attrs, len(x))
         if x[d] != size:
@@ -368,6 +383,8 @@ def _narrow_encode(kind, a, IS, OS, I, O, variant, call):
     inner *= _WORDS[a.get("dtype")]
     if kind == "narrow":
         return Encoded("port_slice_copy", (O[0], I[0]), (outer, inner, n, size, n, 0, s, 0))
+    if kind == "narrow_view":
+        raise CallShapeError("narrow_view is a view: no call runs it")
     return Encoded("port_slice_copy", (O[0], I[0]), (outer, inner, size, n, n, s, 0, 1))
 
 
@@ -457,9 +474,20 @@ register(
              capture=_narrow_capture, bwd_vector_flops=lambda f, T: numel(T[f.x[0]].shape),
              tags=frozenset({"checkpoint"}),
              doc="narrow: the range [start, start + length) of dim ``dim`` (``size`` long), squeezed for select "
-                 "and unbind; slice (step 1), select and the items of split and unbind. A copy; its gradient "
+                 "and unbind; slice (step 1), select and the items of split and unbind. A copy (where the range is one "
+                 "run of x's bytes, is_contiguous_range, the capture makes it a narrow_view instead); its gradient "
                  "zeroes dx and writes dy into the range. Saves nothing. C kernel port_slice_copy (float32; "
                  "int64 buffers as word pairs)."),
+    OpRecord(kind="narrow_view", family="shape",
+             kernels={"narrow_view": (), "narrow_view.grad_input": ("port_slice_copy",)},
+             shapes=_narrow_shapes, torch=_narrow_torch, encode=_narrow_encode, views=("narrow_view",),
+             c_supports=lambda a: a.get("dtype") in _WORDS and a.get("length", 0) >= 1,
+             bwd_vector_flops=lambda f, T: numel(T[f.x[0]].shape) if f.x else 0,
+             tags=frozenset({"not_recomputable"}),
+             doc="narrow_view: narrow's range where it is one contiguous run of x's bytes (every dim before "
+                 "``dim`` is 1: a batch slice, a channel slice of an N=1 map, select and split along dim 0): a "
+                 "view (alias_offset into x's storage), no call. Its gradient is narrow's (zeroed dx, dy written "
+                 "into the range: port_slice_copy). Captured by narrow's rule."),
     OpRecord(kind="expand", family="shape",
              kernels={"expand": ("port_expand",), "expand.grad_input": ("port_binary_backward",),
                       "expand.grad_weight": ("port_binary_backward",)},

@@ -21,7 +21,9 @@ on brings its execution engine's footprint (``Profile.engine_bytes``: code pages
 engine keeps once it ran the graph's kernels), paid once per accelerator however many ops run there
 (``engine_bytes``).
 
-Every other tensor lives in a *storage root*: ``alias_of`` views share their root; an op running ``inplace``
+Every other tensor lives in a *storage root*: ``alias_of`` views share their root (a range view, ``narrow_view``,
+at an offset inside it: it owns no bytes, its readers keep the root alive, and it is never re-run: a re-run of the
+root's producer re-makes it at the same offset of the new copy); an op running ``inplace``
 makes its first output share its first input's root; a ``fused`` conv -> batch norm -> relu chain never
 materialises the batch-norm output, and the chain's outputs (conv output, statistics, activation) are allocated
 when the fused kernel (the conv op) runs. A root is allocated when its producer runs and freed after the last op

@@ -116,12 +116,13 @@ def _inplace_legal(graph: Graph, op: Op) -> bool:
     if op.kind == "batch_norm2d" and (len(op.inputs) < 3 or
                                       any(graph.tensors[t].role != "parameter" for t in op.inputs[1:3])):
         return False
+    on_x = lambda ts: any(graph.storage_root(t) == x for t in ts)      # noqa: E731 (x or a view of it)
     for other in graph.ops:
         if other.phase not in (PHASE_FORWARD, PHASE_LOSS):
             continue
-        if other.id > op.id and x in other.inputs:
+        if other.id > op.id and on_x(other.inputs):
             return False
-        if other.id != op.id and x in other.saved:
+        if other.id != op.id and on_x(other.saved):
             return False
         if other.id == op.id and op.kind == "add" and op.inputs[1] == x:
             return False

@@ -21,7 +21,7 @@ from port import models
 from port.exec import capi
 from port.exec.bundle import BundleError, check_bundle, write_bundle, write_data
 
-from nets54 import NormPool, PadEmb
+from nets54 import NormPool, PadEmb, Views
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 40
@@ -544,4 +544,15 @@ def test_port_rt_runs_shape_copies_and_unary_math_bit_for_bit(port_rt, tmp_path)
     kinds = {o.kind for o in tr.graph.ops}
     assert {"cat", "cat.grad_input", "narrow", "narrow.grad_input", "expand", "expand.grad_weight", "exp", "neg",
             "pow_scalar", "shift", "rsqrt", "cos", "sin", "abs", "cos.grad_input", "rsqrt.grad_input"} <= kinds
+    _trains_like_the_trainer(port_rt, tmp_path, tr, x, y, B)
+
+
+def test_port_rt_runs_arena_views_bit_for_bit(port_rt, tmp_path):
+    """Shape ops as arena views (split, chunk, unbind, narrow, select, slices along dim 0: aliases at a byte offset,
+    no call) beside slice copies (dim 1): the bundle is just offsets, port-rt trains bit for bit like the Trainer."""
+    x, y = torch.randn(N, 12), torch.randint(0, 10, (N,))
+    B = 8
+    tr = port.Trainer(Views(), x[:B], optimizer=port.optim.SGD(0.05, momentum=0.9))
+    kernels = {c.kernel for c in tr.program.calls}
+    assert {"narrow", "narrow_view.grad_input"} <= kernels and "narrow_view" not in kernels
     _trains_like_the_trainer(port_rt, tmp_path, tr, x, y, B)

@@ -71,7 +71,7 @@ def test_kind_tuples_come_from_tags():
     assert set(V.INPLACE_KINDS) == {"relu", "relu6", "batch_norm2d", "add"}
     assert set(V.CONV_KINDS) == {"conv2d", "conv2d.grad_input", "conv2d.grad_weight"}
     assert set(V.ATTENTION_KINDS) == {"attention", "attention.grad_input"}
-    assert set(semantics.NOT_RECOMPUTABLE_KINDS) == {"reshape", "dropout"}
+    assert set(semantics.NOT_RECOMPUTABLE_KINDS) == {"reshape", "narrow_view", "dropout"}
     assert {"relu", "linear", "max_pool2d", "sigmoid", "mul"} <= set(CHECKPOINT_KINDS)
     assert "dropout" not in CHECKPOINT_KINDS
 
@@ -606,26 +606,29 @@ def test_random_calls_refuse_cuda_graph_replay():
 
 
 class _PositionIds(nn.Module):
-    """BERT's position ids: a slice of an int64 buffer (copied on C as pairs of 4-byte words) into an embedding."""
+    """BERT's position ids: a slice of an int64 buffer into an embedding: of a [1, 12] buffer (BERT's), a view of the
+    buffer's bytes; of row 1 of a [2, 12] one (``rows=2``), copied on C as pairs of 4-byte words."""
 
-    def __init__(self):
+    def __init__(self, rows=1):
         super().__init__()
         torch.manual_seed(0)
-        self.register_buffer("pos_ids", torch.arange(12).flip(0).view(1, 12))
+        self.register_buffer("pos_ids", torch.arange(12 * rows).flip(0).view(rows, 12) % 12)
         self.pos = nn.Embedding(12, 6)
         self.fc = nn.Linear(6, 3)
 
     def forward(self, x):                                    # x [N, 5, 6]
-        p = self.pos(self.pos_ids[:, 2:2 + x.shape[1]])
+        p = self.pos(self.pos_ids[:, 2:2 + x.shape[1]][-1])
         return self.fc((x + p).mean(1))
 
 
-def test_narrow_of_an_int64_buffer_runs_on_c_and_trains_like_eager():
+@pytest.mark.parametrize("rows,kind", [(2, "narrow"), (1, "narrow_view")])
+def test_narrow_of_an_int64_buffer_runs_on_c_and_trains_like_eager(rows, kind):
     x, y = torch.randn(4, 5, 6), torch.tensor([0, 1, 2, 1])
-    tr = port.Trainer(_PositionIds(), x, optimizer=SGD(0.1))
-    narrow = [o for o in tr.graph.ops if o.kind == "narrow"]
+    tr = port.Trainer(_PositionIds(rows), x, optimizer=SGD(0.1))
+    narrow = [o for o in tr.graph.ops if o.kind == kind]
     assert narrow and narrow[0].attr("dtype") == "int64"
     assert all(tr.plan.ops[o.id].accelerator == "cpu-c" for o in narrow)
-    _steps_like_eager(tr, _PositionIds(), x, y, 0.1, 3)
+    assert ("narrow" in {c.kernel for c in tr.program.calls}) == (kind == "narrow")     # a view: no call
+    _steps_like_eager(tr, _PositionIds(rows), x, y, 0.1, 3)
     a = dict(narrow[0].attrs)
     assert ops.has_c("narrow", a) and not ops.has_c("narrow", a | {"dtype": "bool"})   # (bool: PyTorch's kernels)
