@@ -57,6 +57,8 @@ class PadEmb(torch.nn.Module):
 
     def forward(self, ids):
         return self.fc(self.e(ids).mean(1))
+
+
 class Views(torch.nn.Module):
     """Shape ops as arena views (issue 54): chunk, split, unbind (of a view), narrow, select and slices along dim 0
     of a contiguous [24, N] map and a batch split are views of its bytes; a slice and a split along dim 1 of
