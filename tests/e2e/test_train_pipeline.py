@@ -112,10 +112,12 @@ def test_micro_batch_plan_is_solved_for_the_micro_batch(run, tmp_path):
     assert plan["batch_size"] == 8 and plan["early_updates"] == []
 
 
-def test_threads_auto_from_the_command_line(run, tmp_path):
+def test_threads_auto_from_the_command_line(run, tmp_path, monkeypatch):
     """--threads auto (train.threads: auto): the steps run under the thread governor, whose decisions go to
-    measured.json and the output; a bad value is a clear error naming the key."""
+    measured.json and the output; a bad value is a clear error naming the key. The run gets the machine's
+    threads (an xdist worker's OMP_NUM_THREADS share of 1 leaves the governor nothing to try)."""
     d, _ = run
+    monkeypatch.setenv("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     r = port_cli("train", DEFAULT, "--steps", "40", "--threads", "auto", "--out", str(tmp_path / "runs"),
                  "--no-progress", cwd=d.parent.parent)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
