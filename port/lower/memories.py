@@ -109,20 +109,11 @@ def own_peaks(program) -> dict[str, int]:
     """Each own memory's live bound: the most bytes (64-byte aligned) its roots hold there at one call, which its
     arena (``Program.memories``) reaches up to the packing's fragmentation."""
     from port.lower.program import align
-    out = {}
+    from port.plan.semantics import interval_peak
     lives = own_lives(program.calls, lambda t: program.slot(t).root, [m for m, _ in program.memories])
-    for m, lv in lives.items():
-        tl = [0] * (len(program.calls) + 1)
-        for r, (a, b) in lv.items():
-            nb = align(program.slot(r).nbytes)
-            tl[a] += nb
-            tl[b + 1] -= nb
-        peak = cur = 0
-        for d in tl:
-            cur += d
-            peak = max(peak, cur)
-        out[m] = peak
-    return out
+    return {m: interval_peak(((align(program.slot(r).nbytes), a, b) for r, (a, b) in lv.items()),
+                             len(program.calls) - 1)
+            for m, lv in lives.items()}
 
 
 def check_caps(program, caps: dict) -> None:

@@ -813,16 +813,20 @@ def own_memory_replay(graph: Graph, plan: Plan, own: dict[str, str]):
         elif ev.kind == "page_in":
             valid[key(ev.roots[0])] = frozenset((host,))
     flush(lambda r: sch.is_static(graph, r) or (not in_late and r in keep_main))
-    out = {}
-    for m in mems:
-        tl = [0] * (step + 2)
-        for (r, _g), (a, b) in lives[m].items():
-            nb = sch.root_bytes(graph, r)
-            tl[a] += nb
-            tl[b + 1] -= nb
-        peak = cur = 0
-        for d in tl:
-            cur += d
-            peak = max(peak, cur)
-        out[m] = peak
+    out = {m: interval_peak(((sch.root_bytes(graph, r), a, b) for (r, _g), (a, b) in lives[m].items()), step)
+           for m in mems}
     return out, tuple(copies)
+
+
+def interval_peak(lives, steps: int) -> int:
+    """The most bytes live at one step: ``lives`` (bytes, first step, last step), both ends inclusive, steps
+    0..``steps``."""
+    tl = [0] * (steps + 2)
+    for nb, a, b in lives:
+        tl[a] += nb
+        tl[b + 1] -= nb
+    peak = cur = 0
+    for d in tl:
+        cur += d
+        peak = max(peak, cur)
+    return peak
