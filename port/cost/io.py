@@ -7,7 +7,7 @@ Format (``format: "port-profile"``, ``version: types.PROFILE_FORMAT_VERSION``)::
      "host": {"cpu": "...", "cores": "2", "torch": "2.13.0", "date": "...", "graph": "digits_cnn",
               "graph_digest": "...", "threads.cpu-c": "2", ...},
      "memory_bytes": 17179869184, "accelerator_caps": {"gpu": 123}, "storage": {"bandwidth_gbps": .., "latency_ms": ..},
-     "engine_bytes": {"cpu-torch": 31457280},
+     "engine_bytes": {"cpu-torch": 31457280}, "own_memory": ["opencl"],
      "handoff": [{"src": "cpu-c", "dst": "cpu-torch", "latency_ms": 0.0001, "bytes_per_ms": null, "measured": true}],
      "num_entries": N,
      "entries": [{"signature": "...", "accelerator": "cpu-c", "variant": "plain", "latency_ms": 0.12,
@@ -16,7 +16,9 @@ Format (``format: "port-profile"``, ``version: types.PROFILE_FORMAT_VERSION``)::
 
 ``bytes_per_ms: null`` means zero-copy (infinite bandwidth). ``engine_bytes`` (optional; absent in files
 written before it existed, read as none): per accelerator, the resident memory its execution engine keeps once
-a plan runs any op on it (port.cost.footprint); a plan pays it once per accelerator it uses.
+a plan runs any op on it (port.cost.footprint); a plan pays it once per accelerator it uses. ``own_memory``
+(optional; absent: none): the accelerators whose engine has its own memory (the device YAML's ``memory: own``):
+the solver, the simulator and lowering read it from here.
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ def profile_to_dict(p: Profile) -> dict:
         "accelerator_caps": dict(p.accelerator_caps),
         "storage": dict(p.storage),
         "engine_bytes": dict(p.engine_bytes),
+        **({"own_memory": list(p.own_memory)} if p.own_memory else {}),
         "handoff": [{"src": h.src, "dst": h.dst, "latency_ms": h.latency_ms,
                      "bytes_per_ms": None if math.isinf(h.bytes_per_ms) else h.bytes_per_ms,
                      "measured": h.measured} for h in p.handoff],
@@ -193,12 +196,17 @@ def _profile_body(d: dict, dev: str, where: str) -> Profile:
         gbps = k.endswith("_gbps")
         storage[k] = _number(v, where, f"storage.{k}", hi=1e6 if gbps else MAX_MS, positive=gbps,
                              unit="GB/s" if gbps else ("ms" if k.endswith("_ms") else "a number"))
+    own = d.get("own_memory", [])       # absent in files written before it existed: every engine on host memory
+    if not isinstance(own, list) or not all(isinstance(a, str) and a in accs for a in own):
+        raise ProfileError(f"{where}: key 'own_memory' = {_shown(own)}: expected a list of accelerator ids among "
+                           f"{accs}; {_RERUN}")
     entries.sort(key=lambda e: (e.signature, e.accelerator, e.variant))
     return Profile(device=dev, accelerators=tuple(accs), entries=tuple(entries),
                    handoff=tuple(sorted(hand, key=lambda h: (h.src, h.dst))),
                    threads=threads, host=tuple(sorted((str(k), str(v)) for k, v in host.items())),
                    memory_bytes=memory, accelerator_caps=tuple(sorted(caps.items())),
-                   storage=tuple(sorted(storage.items())), engine_bytes=tuple(sorted(engine.items())))
+                   storage=tuple(sorted(storage.items())), engine_bytes=tuple(sorted(engine.items())),
+                   own_memory=tuple(sorted(set(own))))
 
 
 def save_profile(p: Profile, path: str | Path) -> Path:
@@ -281,4 +289,5 @@ def merge_profiles(profiles: Iterable[Profile | str | Path], device: str | None 
                    handoff=tuple(hand[k] for k in sorted(hand)), threads=max(p.threads for p in ps),
                    host=tuple(sorted(host.items())), memory_bytes=max(p.memory_bytes for p in ps),
                    accelerator_caps=tuple(sorted(caps.items())), storage=ps[0].storage,
-                   engine_bytes=tuple(sorted(engine.items())))
+                   engine_bytes=tuple(sorted(engine.items())),
+                   own_memory=tuple(sorted({a for p in ps for a in p.own_memory})))

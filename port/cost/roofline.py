@@ -131,6 +131,11 @@ def modeled_handoff(device: DeviceConfig) -> list[HandoffCost]:
     return sorted(out, key=lambda h: (h.src, h.dst))
 
 
+def own_memory_accelerators(device: DeviceConfig) -> tuple[str, ...]:
+    """The ids of ``device``'s accelerators with their own memory (``memory: own``), as a profile records them."""
+    return tuple(sorted(a.id for a in device.accelerators if a.memory == "own"))
+
+
 def modeled_profile(graph: Graph, device: DeviceConfig) -> Profile:
     """A fully modeled Profile of ``graph`` on ``device`` (every accelerator, every legal variant)."""
     caps = tuple((a.id, a.memory_cap) for a in device.accelerators if a.memory_cap is not None)
@@ -146,4 +151,5 @@ def modeled_profile(graph: Graph, device: DeviceConfig) -> Profile:
         memory_bytes=device.memory,
         accelerator_caps=caps,
         storage=storage,
+        own_memory=own_memory_accelerators(device),
     )

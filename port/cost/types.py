@@ -74,6 +74,10 @@ class Profile:
     # pages it maps, caches it fills, heap it retains), beyond the arena and the ops' own temporaries;
     # measured by port.cost.footprint, paid once per accelerator a plan uses (port.plan.semantics.engine_bytes)
     engine_bytes: tuple[tuple[str, int], ...] = ()
+    # accelerator ids whose engine has its own (discrete) memory (a device YAML's ``memory: own``): the one place
+    # that says so for the solver (own-memory copies and capacity), the simulator and lowering (its own arena);
+    # its size is the accelerator's ``accelerator_caps`` entry
+    own_memory: tuple[str, ...] = ()
     _index: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def lookup(self, signature: str, accelerator: str, variant: str) -> OpCost | None:
@@ -101,7 +105,17 @@ class Profile:
         return replace(self, accelerators=keep, entries=tuple(e for e in self.entries if e.accelerator in ks),
                        handoff=tuple(h for h in self.handoff if h.src in ks and h.dst in ks),
                        accelerator_caps=tuple(c for c in self.accelerator_caps if c[0] in ks),
-                       engine_bytes=tuple(c for c in self.engine_bytes if c[0] in ks), _index={})
+                       engine_bytes=tuple(c for c in self.engine_bytes if c[0] in ks),
+                       own_memory=tuple(a for a in self.own_memory if a in ks), _index={})
+
+    def own_map(self) -> dict[str, str]:
+        """accelerator -> its memory's name for the engines with their own memory (simulate's ``own``)."""
+        return {a: a for a in self.own_memory}
+
+    def host_accelerator(self) -> str:
+        """The accelerator that prices the host side of an own-memory copy: the profile's first accelerator on host
+        memory (a copy moves bytes between two memories, whichever host engine reads or wrote them)."""
+        return next((a for a in self.accelerators if a not in self.own_memory), self.accelerators[0])
 
     def engine_bytes_of(self, accelerator: str) -> int:
         """The resident footprint of ``accelerator``'s engine (0 when none is recorded)."""
@@ -119,7 +133,8 @@ class Profile:
         blob = json.dumps([self.device, list(self.accelerators),
                            [[e.signature, e.accelerator, e.variant, e.latency_ms, e.workspace_bytes] for e in self.entries],
                            [[h.src, h.dst, h.latency_ms, str(h.bytes_per_ms)] for h in self.handoff]]
-                          + ([[list(x) for x in self.engine_bytes]] if self.engine_bytes else []),
+                          + ([[list(x) for x in self.engine_bytes]] if self.engine_bytes else [])
+                          + ([["own_memory", *self.own_memory]] if self.own_memory else []),
                           separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
 

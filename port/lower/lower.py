@@ -105,11 +105,28 @@ def _check_backends(graph: Graph, plan: Plan, phases, accelerators) -> dict[int,
     return out
 
 
+def plan_own_backends(plan: Plan, accelerators: dict[str, str] | None = None) -> tuple[str, ...]:
+    """The backends of ``plan``'s own-memory accelerators (Plan.own_memory, from its profile) that run on a
+    backend which can have its own memory (port.lower.program.QUEUED_BACKENDS); a stand-in backend
+    (``accelerators``) runs on host memory."""
+    from port.errors import PortError
+    from port.lower.program import QUEUED_BACKENDS
+    out = set()
+    for a in plan.own_memory:
+        try:
+            b = backend_of(a, accelerators)
+        except PortError:
+            continue
+        if b in QUEUED_BACKENDS:
+            out.add(b)
+    return tuple(sorted(out))
+
+
 def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES, *,
           persistent_from: Program | None = None, strategy: str = "auto",
           accelerators: dict[str, str] | None = None, backend: str = "c", check: bool = True,
           check_digest: bool = True, overwrite_gradients: bool = True,
-          own_memory: Sequence[str] = ()) -> Program:
+          own_memory: Sequence[str] | None = None) -> Program:
     """Lower ``graph`` under ``plan`` (default: ``default_plan(graph, backend)``) into a Program.
 
     phases: the graph phases to lower; ("forward",) gives an inference program (logits kept to the end).
@@ -130,12 +147,15 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
     accumulated.
 
     own_memory: backends with their own memory (a discrete device, port.lower.memories): their tensors get
-    slots in that memory's own arena too, and copy hand-offs move the bytes between memories.
+    slots in that memory's own arena too, and copy hand-offs move the bytes between memories. None (default):
+    the backends of the plan's ``own_memory`` accelerators (what the profile it was solved on says).
     """
     from port.lower import memories as MEM
-    own = MEM.check_own(own_memory)
     if plan is None:
         plan = default_plan(graph, backend)
+    if own_memory is None:
+        own_memory = plan_own_backends(plan, accelerators)
+    own = MEM.check_own(own_memory)
     phases = tuple(p for p in PHASES if p in phases)
     sch = SEM.schedule(graph, plan, phases, check_digest)
     be_of = _check_backends(graph, plan, phases, accelerators)

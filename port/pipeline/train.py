@@ -222,15 +222,16 @@ def _plan_run(run: _Run, *, replan: bool, reuse: bool, progress: bool) -> None:
 
 def _make_trainer(run: _Run, resume: bool) -> tuple[Any, dict]:
     """The Trainer with the plan (resumed from the run's checkpoint with ``resume``) and its memory report."""
-    from port.config import format_size, own_memory_backends
+    from port.config import format_size
     from port.lower.memories import check_caps
     from port.train.trainer import Trainer
     cfg, built, say, plan = run.job.config, run.built, run.say, run.plan
     kw = dict(optimizer=built.optimizer, micro_batch=cfg.train.micro_batch,
               trainable=list(built.trainable) if built.trainable else None, seed=cfg.train.seed, plan=plan,
               on_nonfinite=cfg.train.on_nonfinite, accelerators=run.stand_ins or None,
-              threads="auto" if cfg.train.threads in (None, "auto") else None,
-              own_memory=own_memory_backends(run.job.device))
+              threads="auto" if cfg.train.threads in (None, "auto") else None)
+    # engines with their own memory: the plan says which (Plan.own_memory, from the profile: port profile reads the
+    # device YAML's memory: own), so lowering gives them their own arena without being told here
     st = run.job.device.storage
     if st is not None and st.path and Path(st.path).is_dir():   # a modeled device's path may not exist here
         kw.update(spill_dir=st.path, drop_cache=bool(getattr(st, "drop_cache", False)))

@@ -58,7 +58,7 @@ def plan_to_dict(plan: Plan, graph: Graph | None = None) -> dict:
         "predicted_step_ms": _num(plan.predicted_step_ms), "predicted_peak_bytes": plan.predicted_peak_bytes,
         "ops": ops, "tensors": tens, "early_updates": list(plan.early_updates),
         "memory_timeline": list(plan.memory_timeline),
-    }
+    } | ({"own_memory": list(plan.own_memory)} if plan.own_memory else {})
 
 
 def save_plan(plan: Plan, path: str | Path, graph: Graph | None = None, extra: dict | None = None) -> Path:
@@ -155,6 +155,9 @@ def load_plan(path: str | Path, graph: Graph | None = None, profile: Profile | N
         ipr = tuple((_int(a, "tensors.inplace_reruns", path), _int(b, "tensors.inplace_reruns", path))
                     for a, b in ipr_raw)
         early = ints(d.get("early_updates", []), "early_updates")
+        own = d.get("own_memory", [])        # absent: every engine on host memory
+        if not isinstance(own, list) or not all(isinstance(a, str) for a in own):
+            raise PlanError(f"{path}: key 'own_memory' should be a list of accelerator ids; solve again")
         timeline = ints(_req(d, "memory_timeline", list, path), "memory_timeline")
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         if isinstance(e, PlanError):
@@ -191,4 +194,4 @@ def load_plan(path: str | Path, graph: Graph | None = None, profile: Profile | N
                 solver=str(d.get("solver", "")), status=str(d.get("status", "feasible")),
                 objective_ms=f("objective_ms"), gap=f("gap"), solve_time_s=f("solve_time_s"),
                 predicted_step_ms=f("predicted_step_ms"), predicted_peak_bytes=opt_int("predicted_peak_bytes"),
-                memory_timeline=timeline, batch_size=opt_int("batch_size"))
+                memory_timeline=timeline, batch_size=opt_int("batch_size"), own_memory=tuple(own))

@@ -36,6 +36,8 @@ class Plan:
     early_updates: ids of update ops run as soon as their gradient is complete (in-place gradient update, as
       in the Tiny Training Engine) instead of after the whole backward pass; their gradient buffer then lives
       only between its producer and the update. Not legal with micro-batching (gradients must accumulate).
+    own_memory: the accelerators whose engines have their own memory on the profile's device (the profile decides;
+      the solver copies it here so that lowering and the Trainer follow it without being told).
     """
 
     graph_digest: str
@@ -56,6 +58,8 @@ class Plan:
     predicted_peak_bytes: int = 0
     memory_timeline: tuple[int, ...] = () # bytes live after each executed step (simulate's order)
     batch_size: int = 0                   # the batch the plan's graph runs per program pass (0: not recorded)
+    own_memory: tuple[str, ...] = ()      # accelerators with their own memory, from the profile it was solved on
+    #                                       (Profile.own_memory): lowering gives their backends their own arena
 
     def decision(self, op_id: int) -> OpDecision:
         return self.ops[op_id]

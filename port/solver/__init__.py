@@ -63,6 +63,8 @@ def solve(graph, profile, budget: int | str | None = None, solver: str = "highs"
         raise PortError(f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)} or single:<accelerator>")
     run = partial(SOLVERS[solver], graph, profile, time_limit_s=time_limit_s, gap=gap, **kw)
     plan = run(budget)
+    if plan.own_memory != profile.own_memory:       # the profile says which engines have their own memory
+        plan = dataclasses.replace(plan, own_memory=profile.own_memory)
     return fit_arena(graph, profile, plan, budget, run) if fit else plan
 
 

@@ -44,12 +44,18 @@ def _plan(inst: Instance, choice: list[tuple[str, str]], budget: int, rc_ops=(),
     return Plan(graph_digest=inst.graph.digest(), profile_digest=inst.profile.digest(), budget_bytes=int(budget),
                 ops=tuple(OpDecision(i, a, v) for i, (a, v) in enumerate(choice)), recompute=rec,
                 recompute_at=rat, paged=tuple(sorted(pg)), early_updates=tuple(sorted(early)), solver=solver,
-                batch_size=inst.graph.batch_size)
+                batch_size=inst.graph.batch_size, own_memory=inst.profile.own_memory)
+
+
+def own_within_caps(sim, profile) -> bool:
+    """Each own memory's simulated peak within its engine's cap (Profile.accelerator_caps)."""
+    caps = dict(profile.accelerator_caps)
+    return all(nb <= caps.get(m, nb) for m, nb in sim.breakdown.get("own_memory_peaks", {}).items())
 
 
 def finish(inst: Instance, plan: Plan, budget: int, solver: str, t0: float) -> Plan:
     sim = simulate(plan, inst.graph, inst.profile)
-    ok = sim.peak_bytes <= budget
+    ok = sim.peak_bytes <= budget and own_within_caps(sim, inst.profile)
     return dataclasses.replace(plan, budget_bytes=int(budget), solver=solver,
                                status="feasible" if ok else "infeasible", objective_ms=sim.step_ms, gap=float("nan"),
                                solve_time_s=time.perf_counter() - t0, predicted_step_ms=sim.step_ms,

@@ -685,7 +685,8 @@ def c_handoff(m: Model, inst: Instance, v: Vars) -> dict[int, float]:
     if len(accs) < 2:
         return obj
     g = inst.graph
-    pairs = [(a, b) for a in accs for b in accs if a != b]
+    own = {inst.ownmem.acc} if inst.ownmem is not None else set()    # its copies: port.solver.ownmem
+    pairs = [(a, b) for a in accs for b in accs if a != b and a not in own and b not in own]
 
     def on(i: int, a: str) -> bool:
         return any(o.acc == a for o in inst.options[i])
@@ -771,5 +772,11 @@ def build(inst: Instance, budget_bytes: int | None, mem_unit: int = KiB,
     c_early(m, inst, v)
     c_memory(m, inst, v, budget_bytes)
     h = c_handoff(m, inst, v)
+    if inst.ownmem is not None:
+        from port.solver import ownmem as OM
+        OM.own_restrict(m, inst, v)
+        OM.own_capacity(m, inst, v)
+        for j, c in OM.own_copies(m, inst, v).items():
+            _add(h, j, c)
     objective(m, inst, v, h, budget_bytes)
     return m, v

@@ -425,6 +425,10 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
     if sim.peak_bytes > budget:
         raise SolverError(f"{backend} returned a plan with simulated peak {sim.peak_bytes} B over the budget "
                           f"{budget} B (formulation/simulator mismatch)")
+    from port.solver.baselines import own_within_caps
+    if not own_within_caps(sim, profile):
+        raise SolverError(f"{backend} returned a plan whose own-memory peaks {sim.breakdown['own_memory_peaks']} "
+                          f"exceed the engine's cap {dict(profile.accelerator_caps)} (formulation/simulator mismatch)")
     obj = res.objective
     from port.solver.formulation import EPS_EARLY_MS
     expect = obj - EPS_EARLY_MS * len(plan.early_updates)     # the objective's tie-breaker is not time

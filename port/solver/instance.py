@@ -55,6 +55,7 @@ class Instance:
     #   root x, its producer P, the accelerators the profile runs Q inplace on): Q's re-run there may take over
     #   x's copy (Plan.inplace_reruns)
     pruned: bool = False                        # built with prune=True (dominated accelerators' options dropped)
+    ownmem: object = None                       # port.solver.ownmem.OwnMemory: the engine with its own memory
 
     def handoff_ms(self, a: str, b: str, nbytes: int) -> float:
         return 0.0 if a == b else self.profile.handoff_cost(a, b).cost_ms(nbytes)
@@ -320,6 +321,8 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW,
         accs_q = frozenset(o.acc for o in options[q] if o.var == "inplace")
         if q in rc_times and p in rc_times and x in roots and x in rc_outputs.get(p, ()) and accs_q:
             rc_inplace[q] = (x, p, accs_q)
+    from port.solver.ownmem import own_memory_of
     return Instance(graph, profile, options, S, roots, chains, nonmat, inplace_ops, tau, rc_outputs, rc_needs,
                     own, rc_times, rc_cover, rc_ends, rc_in, early, grad_bytes, window,
-                    page_roots, page_ms, edges, accs, excluded, nested, rc_inplace, prune)
+                    page_roots, page_ms, edges, accs, excluded, nested, rc_inplace, prune,
+                    own_memory_of(graph, profile, accs))

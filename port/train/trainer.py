@@ -37,7 +37,7 @@ class Trainer:
                  strategy: str = "auto", allow_plan_mismatch: bool = False, on_nonfinite: str = "stop",
                  accelerators: dict[str, str] | None = None, spill_dir: str | Path | None = None,
                  drop_cache: bool = False, engine: str = "auto", threads: int | str | None = "auto",
-                 own_memory: Sequence[str] = ()):
+                 own_memory: Sequence[str] | None = None):
         """``plan``: a Plan or plan file solved for this trainer's graph: the model traced at the batch one
         program run processes (``micro_batch`` when set, else the example's batch) with this optimizer and
         trainable set. A plan of another graph is refused (PortError naming both batch sizes when the batch is
@@ -54,6 +54,7 @@ class Trainer:
         cache (port.exec.spill).
         ``own_memory``: backends with their own memory (a device YAML's ``memory: own`` engines,
         port.config.own_memory_backends): they get their own arena and copy hand-offs (port.lower.memories).
+        None (default): what the plan says (Plan.own_memory, from the profile it was solved on).
         ``engine``: how a training step runs. "rt": the whole step in C (port.exec.rtengine: port-rt's runtime on
         this arena, one C call for the pass and one for the updates); "python": one ctypes call per kernel call
         (port.exec.executor). "auto" (default): "rt" when every op of the plan runs on the C kernels, on the

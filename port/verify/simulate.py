@@ -138,10 +138,14 @@ class _Timelines:
 
 
 def simulate(plan: Plan, graph: Graph, profile: Profile, own: dict[str, str] | None = None) -> SimResult:
-    """``own``: accelerator -> memory for engines with their own memory (a device YAML's ``memory: own``): the
-    hand-offs to and from them are the copies of port.lower.memories' rule (``SEM.own_memory_replay``: parameters
-    copied in every step included), each priced from that engine pair's latency + bytes / bandwidth, and
+    """``own``: accelerator -> memory for engines with their own memory (a device YAML's ``memory: own``; None,
+    the default: the profile's ``own_memory``, ``{}``: none): the hand-offs to and from them are the copies of
+    port.lower.memories' rule (``SEM.own_memory_replay``: parameters copied in every step included), each priced
+    from the latency + bytes / bandwidth between the own memory's engine and the profile's host accelerator
+    (``Profile.host_accelerator``: a copy moves bytes between two memories, whichever host engine reads them), and
     ``breakdown["own_memory_peaks"]`` gives each such memory's peak (= the lowered program's own arena)."""
+    if own is None:
+        own = profile.own_map()
     sch = SEM.schedule(graph, plan)
     costs = _costs(graph, profile, plan)
     dec = plan.ops
@@ -236,13 +240,15 @@ def simulate(plan: Plan, graph: Graph, profile: Profile, own: dict[str, str] | N
     own_peaks: dict[str, int] = {}
     if own:
         own_peaks, copies = SEM.own_memory_replay(graph, plan, own)
-        for r, _a, _b, nb, sa, da in copies:
-            h = profile.handoff_cost(sa, da).cost_ms(nb)
+        h0 = profile.host_accelerator()
+        acc_of = {m: min(a for a, x in own.items() if x == m) for m in set(own.values())}
+        for r, src, dst, nb, sa, da in copies:
+            h = profile.handoff_cost(acc_of.get(src, h0), acc_of.get(dst, h0)).cost_ms(nb)
             hand += h
             if h:
                 gantt.append((f"copy {T[r].name} {sa}->{da}", "handoff", clock, clock + h))
             clock += h
-            lanes.handoff(sa, h)
+            lanes.handoff(acc_of.get(src, h0), h)
     if live:
         raise PlanError(f"internal: tensors still live at the end of the step: {[T[r].name for r in live][:5]}")
     pk = max(range(len(timeline)), key=lambda i: (timeline[i], -i))

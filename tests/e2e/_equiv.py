@@ -72,10 +72,10 @@ def check_weights(sd: dict, rsd: dict, rtol: float = RTOL, tensor_rtol: float = 
 
 def compare(model, batches, opt: str = "sgd", lr: float | None = None, backend: str = "c", micro_batch=None,
             trainable=None, freeze_torch=None, rtol: float = RTOL, weights: bool = True, plan=None,
-            own_memory=()):
+            own_memory=None):
     """Train ``model`` (PORT) and a deep copy (PyTorch eager) on ``batches``; assert every step's loss and the
     final weights and running stats agree within ``rtol``. ``plan``: run PORT under this Plan (or plan file).
-    ``own_memory``: backends lowered with their own memory (port.lower.memories).
+    ``own_memory``: backends lowered with their own memory (port.lower.memories; None: what the plan says).
     Returns (port losses, torch losses, trainer)."""
     lr = lr if lr is not None else (0.01 if opt == "sgd" else 1e-3)
     ref = copy.deepcopy(model)

@@ -186,5 +186,7 @@ def test_simulator_prices_the_copies_lowering_makes_and_gives_the_own_arena():
     sim = simulate(plan, g, prof, own={"opencl": "opencl"})
     assert want > 0 and abs(sim.breakdown["handoff_ms"] - want) <= 1e-9 * want
     assert sim.breakdown["own_memory_peaks"] == {"opencl": dict(prog.memories)["opencl"]}
+    # the profile says which engines have their own memory: simulate reads it there when not told
+    assert prof.own_memory == OWN and simulate(plan, g, prof).breakdown == sim.breakdown
     # the unified reading of the same plan prices one hand-off per crossing edge, and no parameter copies
-    assert simulate(plan, g, prof).breakdown["handoff_ms"] < want
+    assert simulate(plan, g, prof, own={}).breakdown["handoff_ms"] < want
