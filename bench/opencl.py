@@ -6,6 +6,11 @@
     python bench/opencl.py                         # ResNet-8, ResNet-18, MobileNetV2 at batch 8, budgets 1, 0.5
     options: --models resnet8,resnet18 --batch 8 --budgets 1,0.5 --steps 10 --profile-max-s S --solve-s S
              --profile-dir DIR (profiles are reused from there) --json PATH
+             --memory unified,discrete (host-opencl.yaml, host-opencl-discrete.yaml: the profile records which
+             engine has its own memory, and the plan runs with its own arena and copies without being told)
+             --opencl-scale F (also solve on the measured profile with OpenCL's convolutions x F: forced plans
+             where the real profile leaves OpenCL out; predicted from the scaled profile, so its error says
+             nothing about the pricing, only that the plan runs)
 
 PoCL's OpenCL device computes on the same CPU cores as the other two engines: its timings are CPU timings. The
 executor enqueues OpenCL calls and runs independent host calls meanwhile (it waits at hand-offs and byte
@@ -29,10 +34,20 @@ BENCH = ROOT / "bench"
 sys.path[:] = [str(ROOT)] + [q for q in sys.path if Path(q or ".").resolve() != BENCH]
 
 MODELS = ("resnet8", "resnet18", "mobilenetv2")
-DEVICE = ROOT / "configs" / "devices" / "host-opencl.yaml"
+DEVICES = {"unified": ROOT / "configs" / "devices" / "host-opencl.yaml",
+           "discrete": ROOT / "configs" / "devices" / "host-opencl-discrete.yaml"}
+KW = {"mobilenetv2": {"dropout": 0.0}}
 
 
-def run_model(name: str, batch: int, budgets: list[float], a) -> list[dict]:
+def scaled(prof, f: float):
+    """``prof`` with the opencl convolutions' times x ``f`` (a forced plan; bench only)."""
+    import dataclasses
+    ents = tuple(dataclasses.replace(e, latency_ms=e.latency_ms * f) if e.accelerator == "opencl" and "conv" in
+                 e.signature else e for e in prof.entries)
+    return dataclasses.replace(prof, entries=ents, _index={})
+
+
+def run_model(name: str, batch: int, budgets: list[float], a, memory: str = "unified") -> list[dict]:
     import torch
     import port
     from port import models
@@ -41,15 +56,15 @@ def run_model(name: str, batch: int, budgets: list[float], a) -> list[dict]:
     from port.train.optim import SGD
     from port.train.trainer import Trainer
 
-    dev = load_device(str(DEVICE))
+    dev = load_device(str(DEVICES[memory]))
     if "opencl" not in {acc.id for acc in dev.accelerators}:
         raise SystemExit(f"host-opencl: the opencl engine is absent here ({'; '.join(dev.skipped)})")
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(batch, *models.INPUT_SHAPES[name], generator=gen)
     y = torch.randint(0, 10, (batch,), generator=gen)
     opt = SGD(0.01, momentum=0.9)
-    graph = port.trace(models.get(name, seed=0), x, optimizer=opt.graph_name)
-    ppath = Path(a.profile_dir) / f"{name}_b{batch}.json"
+    graph = port.trace(models.get(name, seed=0, **KW.get(name, {})), x, optimizer=opt.graph_name)
+    ppath = Path(a.profile_dir) / f"{name}_b{batch}{'_discrete' if memory == 'discrete' else ''}.json"
     t0 = time.perf_counter()
     if ppath.exists():
         prof = load_profile(ppath)
@@ -59,11 +74,13 @@ def run_model(name: str, batch: int, budgets: list[float], a) -> list[dict]:
         save_profile(prof, ppath)
     prof_s = time.perf_counter() - t0
     rows = []
-    for f in budgets:
-        plan = port.solve(graph, prof, budget=f"{f * 100:g}%", time_limit_s=a.solve_s)
-        sim = port.simulate(plan, graph, prof)
+    profs = [("measured", prof)] + ([(f"opencl conv x{a.opencl_scale:g}", scaled(prof, a.opencl_scale))]
+                                    if a.opencl_scale else [])
+    for (label, pr), f in [(lp, f) for lp in profs for f in budgets]:
+        plan = port.solve(graph, pr, budget=f"{f * 100:g}%", time_limit_s=a.solve_s)
+        sim = port.simulate(plan, graph, pr)
         accs = sorted({d.accelerator for d in plan.ops})
-        tr = Trainer(models.get(name, seed=0), x, optimizer=SGD(0.01, momentum=0.9), plan=plan)
+        tr = Trainer(models.get(name, seed=0, **KW.get(name, {})), x, optimizer=SGD(0.01, momentum=0.9), plan=plan)
         for _ in range(2):
             tr.step(x, y)
         ms = []
@@ -73,18 +90,22 @@ def run_model(name: str, batch: int, budgets: list[float], a) -> list[dict]:
             ms.append((time.perf_counter() - t) * 1e3)
         calls = tr.executor.program.calls
         n_ocl = sum(c.backend == "opencl" for c in calls)
+        own_arena = dict(tr.executor.program.memories)
         tr.close()
         meas = statistics.median(ms)
-        rows.append({"model": name, "batch": batch, "budget": f, "accelerators": accs,
+        rows.append({"model": name, "batch": batch, "budget": f, "memory": memory, "profile": label,
+                     "accelerators": accs, "own_arena_bytes": own_arena.get("opencl", 0),
+                     "own_peak_bytes": sim.breakdown.get("own_memory_peaks", {}).get("opencl", 0),
                      "opencl_calls": n_ocl, "handoff_calls": sum(c.kernel == "handoff" for c in calls),
                      "both_engines": n_ocl > 0 and len(accs) > 1, "predicted_ms": sim.step_ms,
                      "handoff_ms": sim.breakdown.get("handoff_ms", 0.0),
                      "makespan_ms": sim.breakdown.get("makespan_ms", sim.step_ms), "measured_ms": meas,
                      "error": (meas - sim.step_ms) / sim.step_ms, "profile_s": prof_s})
-        print(f"{name} b{batch} {f:.0%}: predicted {sim.step_ms:.1f} ms (hand-offs {rows[-1]['handoff_ms']:.2f}, "
+        print(f"{name} b{batch} {f:.0%} {memory} ({label}): predicted {sim.step_ms:.1f} ms (hand-offs {rows[-1]['handoff_ms']:.2f}, "
               f"overlapped {rows[-1]['makespan_ms']:.1f}) "
               f"measured {meas:.1f} ms ({rows[-1]['error']:+.0%}); engines {accs}, {n_ocl} opencl calls, "
-              f"{rows[-1]['handoff_calls']} hand-offs", flush=True)
+              f"{rows[-1]['handoff_calls']} hand-offs"
+              + (f", own arena {own_arena['opencl']} B" if own_arena else ""), flush=True)
     return rows
 
 
@@ -99,12 +120,17 @@ def main() -> None:
     ap.add_argument("--solve-s", type=float, default=60.0)
     ap.add_argument("--profile-dir", default=str(ROOT / "runs" / "bench_profiles" / "host-opencl"))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--memory", default="unified,discrete")
+    ap.add_argument("--opencl-scale", type=float, default=None)
     a = ap.parse_args()
     names = a.models.split(",") if a.models else (["resnet8"] if a.quick else list(MODELS))
     budgets = [float(b) for b in a.budgets.split(",")]
     rows = []
-    for n in names:
-        rows += run_model(n, a.batch, budgets, a)
+    for mem in a.memory.split(","):
+        if mem not in DEVICES:
+            raise SystemExit(f"--memory {mem!r}: choose from {sorted(DEVICES)}")
+        for n in names:
+            rows += run_model(n, a.batch, budgets, a, mem)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
 

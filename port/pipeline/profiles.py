@@ -64,6 +64,18 @@ def stale_reason(profile: Any) -> Optional[str]:
     return None
 
 
+def memory_mismatch(profile: Any, device: Any) -> Optional[str]:
+    """Why a profile does not describe ``device``'s memories (the device YAML's ``memory: own`` engines are not the
+    profile's ``own_memory``: a profile measured before the YAML changed, or before profiles recorded it), or
+    None. The profile is the one place the solver, the simulator and lowering read it from."""
+    from port.cost.roofline import own_memory_accelerators
+    want = tuple(a for a in own_memory_accelerators(device) if a in profile.accelerators)
+    if tuple(profile.own_memory) != want:
+        return (f"its engines with their own memory are {list(profile.own_memory)}, the device description "
+                f"{device.name!r} says {list(want)} (memory: own)")
+    return None
+
+
 def outdated_format(path: Path) -> Optional[str]:
     """Why the profile file at ``path`` is of another (older) format version than this PORT reads, or None.
     Such a file can be neither used nor reused as a cache: it is measured again."""
@@ -108,9 +120,10 @@ def find_profile(job: Job, graph: Any) -> Optional[ProfileStep]:
         return None
     from port.cost.io import load_profile
     prof = load_profile(path, device=job.device.name)
-    if uncovered(prof, graph):
+    if uncovered(prof, graph) or memory_mismatch(prof, job.device):
         if job.profile_explicit:
-            raise ProfileError(f"{path}: does not cover this graph; run `port profile {job.command_hint} -o {path}`")
+            why = memory_mismatch(prof, job.device) or "does not cover this graph"
+            raise ProfileError(f"{path}: {why}; run `port profile {job.command_hint} -o {path}`")
         return None
     return ProfileStep(prof, path, "file", f"profile: {path} ({_profile_summary(prof, ())})")
 
@@ -175,7 +188,11 @@ def _usable_file(job: Job, graph: Any, present: Sequence[str], replan_signatures
                                f"{profile_location(job.name, job.device.name)}")
         return f"no profile at {path} yet; measuring it now", None
     prof = load_profile(path, device=job.device.name)      # corrupt / other device: ProfileError naming the file
-    miss, stale = uncovered(prof, graph), stale_reason(prof)
+    mm = memory_mismatch(prof, job.device)
+    if mm and job.profile_explicit:
+        raise ProfileError(f"{path}: {mm}: plans solved on it would not run as this device does; re-measure it "
+                           f"with `port profile {job.command_hint} -o {path}`")
+    miss, stale = uncovered(prof, graph), stale_reason(prof) or mm
     if not miss and not stale and not replan_signatures:
         return ProfileStep(prof, path, "file", f"profile: {path} ({_profile_summary(prof, present)})")
     if job.profile_explicit:

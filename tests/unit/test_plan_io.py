@@ -77,3 +77,23 @@ def test_round_trip_chain_and_early(tmp_path):
     plain = dataclasses.replace(plan, inplace_reruns=())
     assert "inplace_reruns" not in (tmp_path / save_plan(plain, tmp_path / "d.json", g).name).read_text()
     assert load_plan(tmp_path / "d.json", g, p) == plain
+
+
+def test_round_trip_own_memory(setup, tmp_path):
+    """Plan.own_memory (from the profile it was solved on) is written and read back; absent means none; a
+    solve on a profile with an own-memory engine records it."""
+    import dataclasses
+    g, p, plan = setup
+    assert plan.own_memory == ()
+    own = dataclasses.replace(plan, own_memory=(plan.ops[0].accelerator,))
+    f = save_plan(own, tmp_path / "own.json", g)
+    assert load_plan(f, g, p) == own
+    d = json.loads(f.read_text())
+    d["own_memory"] = "cpu"
+    from port.plan.io import plan_checksum
+    d["sha256"] = plan_checksum({k: v for k, v in d.items() if k != "sha256"})
+    f.write_text(json.dumps(d))
+    with pytest.raises(PlanError, match="own_memory"):
+        load_plan(f, g, p)
+    q = dataclasses.replace(p, own_memory=(p.accelerators[0],), _index={})
+    assert solve(g, q, 10**9).own_memory == q.own_memory

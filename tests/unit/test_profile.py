@@ -334,3 +334,30 @@ def test_mlp_dropout_adamw_profile():
     g = port.trace(get("mlp", seed=0), torch.randn(2, 64), optimizer="adamw")
     prof, rep = profile_with_report(g, "host", handoff=False, **FAST)
     assert rep.failed == [] and rep.measured > 0
+
+
+def test_own_memory_is_recorded_round_trips_and_is_checked(graph, tmp_path):
+    """Profile.own_memory: the accelerators whose engine has its own memory (a device YAML's ``memory: own``),
+    written and read back, part of the digest, merged, refused when it names an unknown accelerator; the
+    pipeline re-measures (or, with --profile, refuses) a profile that disagrees with the device YAML."""
+    from dataclasses import replace
+    from port.pipeline.profiles import memory_mismatch
+    dev = load_device("host")
+    prof = CM.modeled_profile(graph, dev)
+    assert prof.own_memory == () and memory_mismatch(prof, dev) is None
+    own = replace(prof, own_memory=(prof.accelerators[-1],), _index={})
+    assert own.digest() != prof.digest() and own.host_accelerator() == prof.accelerators[0]
+    assert own.own_map() == {prof.accelerators[-1]: prof.accelerators[-1]}
+    p = save_profile(own, tmp_path / "own.json")
+    assert load_profile(p).own_memory == own.own_memory and load_profile(p).digest() == own.digest()
+    assert merge_profiles([prof, own]).own_memory == own.own_memory
+    assert "own memory" in memory_mismatch(own, dev) and prof.accelerators[-1] in memory_mismatch(own, dev)
+    d = json.loads(p.read_text())
+    d["own_memory"] = ["npu"]
+    del d["sha256"]
+    p.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match="'own_memory'.*npu"):
+        load_profile(p)
+    # absent in older files: no engine has its own memory
+    d = json.loads(save_profile(prof, tmp_path / "old.json").read_text())
+    assert "own_memory" not in d and load_profile(tmp_path / "old.json").own_memory == ()
