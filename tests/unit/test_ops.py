@@ -3,6 +3,7 @@ and the torch backend. Checks the records are complete and consistent, and every
 only (sigmoid, hardsigmoid, silu, broadcasting mul, cat) against PyTorch autograd in float64 on odd shapes."""
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -632,3 +633,44 @@ def test_narrow_of_an_int64_buffer_runs_on_c_and_trains_like_eager(rows, kind):
     _steps_like_eager(tr, _PositionIds(rows), x, y, 0.1, 3)
     a = dict(narrow[0].attrs)
     assert ops.has_c("narrow", a) and not ops.has_c("narrow", a | {"dtype": "bool"})   # (bool: PyTorch's kernels)
+
+
+class _Scatters(nn.Module):
+    """Swin's shifted-window mask (a constant filled region by region: slice_scatter of expanded scalars) and a
+    slice assignment of activations (slice_scatter with gradients to both operands)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(6, 6)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):                                    # [N, 6, 6]
+        m = x.new_zeros((6, 6))
+        for i, (h0, h1) in enumerate(((0, 3), (3, 5), (5, 6))):
+            for j, (w0, w1) in enumerate(((0, 4), (4, 6))):
+                m[h0:h1, w0:w1] = 2 * i + j
+        h = torch.tanh(self.proj(x)) + m
+        h = h.clone()
+        h[:, 1:4] = torch.sigmoid(self.proj(x[:, 2:5]))
+        return self.fc(h.mean(1))
+
+
+def test_scatter_torch_ops_copy_their_operands_not_the_arena():
+    """aten's slice_scatter clones its input's whole storage (clone_preserve_strides): on an arena view, the whole
+    arena at each call (Swin-T's mask: 23 s of a 28 s step). The torch_op hands it compact copies: no aten call of
+    the forward and backward torch_ops reads a tensor larger than the op's own operands."""
+    x, y = torch.randn(4, 6, 6), torch.tensor([0, 1, 2, 1])
+    tr = port.Trainer(_Scatters(), x, optimizer=SGD(0.1))
+    ex = tr.executor
+    calls = [(c, f) for c, f in zip(ex.main_calls, ex.main) if c.kernel.startswith("torch_op")
+             and "slice_scatter" in c.attr("call")]
+    assert {c.kernel for c, _ in calls} >= {"torch_op", "torch_op.grad_input"}, [c.kernel for c, _ in calls]
+    assert tr.program.arena_bytes // 4 > 4 * 4 * 6 * 6     # the arena is much larger than any operand
+    _steps_like_eager(tr, _Scatters(), x, y, 0.1, 2)
+    for c, f in calls:
+        with torch.profiler.profile(record_shapes=True) as prof:
+            f()
+        widest = max(math.prod(s) for e in prof.events() if e.name.startswith("aten::")
+                     for s in e.input_shapes if isinstance(s, list) and s)
+        assert 0 < widest <= 4 * 6 * 6, (c.name, widest)
