@@ -413,8 +413,9 @@ def test_embedding_padding_idx_runs_on_c_without_a_padding_gradient():
     assert torch.equal(tr.state_dict()["e.weight"][0], ref.e.weight.detach()[0])   # the padding row never moves
 
 
-def test_addmm_with_a_weight_stored_in_out_is_a_linear_on_torch():
-    """Hugging Face GPT-2's Conv1D: addmm(bias, x, W) with W [in, out] (and mm without a bias)."""
+def test_addmm_with_a_weight_stored_in_out_is_a_linear_on_c():
+    """Hugging Face GPT-2's Conv1D: addmm(bias, x, W) with W [in, out] (and mm without a bias): a linear with
+    weight_t, on the C kernels port_linear_t_* (forward, input and weight gradients)."""
     class Conv1D(nn.Module):
         def __init__(self, nx, nf, bias=True):
             super().__init__()
@@ -439,6 +440,11 @@ def test_addmm_with_a_weight_stored_in_out_is_a_linear_on_torch():
     lin = [o for o in tr.graph.ops if o.kind == "linear"]
     assert len(lin) == 3 and sum(bool(o.attr("weight_t")) for o in lin) == 2
     assert "torch_op" not in {o.kind for o in tr.graph.ops}
+    assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
+    from port.exec import rtcall
+    kernels = {rtcall.encode(c, lambda t: tuple(tr.graph.tensors[t].shape)).entry for c in tr.program.calls
+               if c.kernel.startswith("linear")}
+    assert {"port_linear_t_forward", "port_linear_t_backward_input", "port_linear_t_backward_weight"} <= kernels
     assert registry.call_shapes("linear", {"bias": True, "weight_t": True}, [(20, 6), (6, 10), (10,)], [None])[1] == \
         [((20, 10), "float32")]
     _steps_like_eager(tr, M(), x, y, 0.1, 3)
