@@ -582,3 +582,33 @@ def test_port_rt_runs_gpt2_conv1d_bit_for_bit(port_rt, tmp_path):
     tr = port.Trainer(_Conv1DNet(), x[:8], optimizer=port.optim.SGD(0.05, momentum=0.9))
     assert sum(bool(o.attr("weight_t")) for o in tr.graph.ops if o.kind == "linear") == 2
     _trains_like_the_trainer(port_rt, tmp_path, tr, x, y, 8)
+
+
+class _ShiftedWindows(torch.nn.Module):
+    """Swin-T's copies: an NHWC map padded to whole windows (F.pad over two dims), cyclically shifted (torch.roll
+    over two dims) and back, plus a relative-position bias: a parameter table picked by a constant index buffer
+    (table[idx], a gather whose gradient scatter-adds)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(3, 5)
+        self.table = torch.nn.Parameter(torch.randn(7, 5) * 0.2)
+        self.register_buffer("idx", torch.tensor([3, 0, 6, 3, 1, 5, 2, 2, 4, 0, 6, 1, 5, 4, 3, 0, 2, 6]))
+        self.fc = torch.nn.Linear(5, 10)
+
+    def forward(self, x):                                  # [N, 4, 5, 3]
+        h = torch.tanh(self.proj(x))
+        h = torch.nn.functional.pad(h, (0, 0, 0, 1, 1, 1))  # [N, 6, 6, 5]
+        h = torch.roll(h, (-2, 3), (1, 2))
+        h = h.reshape(h.shape[0], 36, 5)[:, :18] * self.table[self.idx]
+        h = torch.roll(torch.tanh(h), 5, 1)
+        return self.fc(h.mean(1))
+
+
+def test_port_rt_runs_roll_pad_and_table_gather_bit_for_bit(port_rt, tmp_path):
+    """roll and pad (port_slice_copy ranges) and a parameter table indexed by a buffer (embedding) run on C,
+    compile and train in port-rt bit for bit like the Python executor."""
+    x, y = torch.randn(N, 4, 5, 3), torch.randint(0, 10, (N,))
+    _trains_bit_for_bit(port_rt, tmp_path, _ShiftedWindows(), x, y,
+                        {"roll", "roll.grad_input", "pad", "pad.grad_input", "embedding", "embedding.grad_weight"})

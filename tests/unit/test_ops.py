@@ -680,3 +680,61 @@ def test_scatter_torch_ops_copy_their_operands_not_the_arena():
         widest = max(math.prod(s) for e in prof.events() if e.name.startswith("aten::")
                      for s in e.input_shapes if isinstance(s, list) and s)
         assert 0 < widest <= 4 * 6 * 6, (c.name, widest)
+
+
+class _Windows(nn.Module):
+    """Swin's copies: F.pad of an NHWC map over two dims, torch.roll over two dims and one, a table picked by an
+    index buffer (relative-position bias)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(6, 6)
+        self.table = nn.Parameter(torch.randn(9, 6) * 0.3)
+        self.register_buffer("idx", torch.tensor([[8, 0, 3, 3, 5, 1, 7], [2, 2, 6, 4, 0, 8, 1]]))
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):                                    # [N, 5, 7, 6]
+        h = torch.tanh(self.proj(x))
+        h = nn.functional.pad(h, (0, 0, 1, 2, 0, 3))       # [N, 8, 10, 6]
+        h = torch.roll(h, (-3, 2), (1, 2))
+        h = torch.roll(h, 4, 3)[:, 2:4, 1:8] + self.table[self.idx]
+        return self.fc(h.flatten(1, 2).mean(1))
+
+
+def test_roll_pad_and_table_index_capture_on_c_and_train_like_eager():
+    x, y = torch.randn(4, 5, 7, 6), torch.tensor([0, 1, 2, 1])
+    tr = port.Trainer(_Windows(), x, optimizer=SGD(0.1))
+    kinds = [o.kind for o in tr.graph.ops]
+    assert kinds.count("roll") == 3 and kinds.count("pad") == 2 and "embedding" in kinds, kinds
+    assert "torch_op" not in kinds
+    acc = {tr.graph.ops[d.op].kind: d.accelerator for d in tr.plan.ops}
+    assert all(acc[k] == "cpu-c" for k in ("roll", "roll.grad_input", "pad", "pad.grad_input", "embedding",
+                                           "embedding.grad_weight")), acc
+    _steps_like_eager(tr, _Windows(), x, y, 0.1, 3)
+
+
+@pytest.mark.parametrize("kind,attrs,shape", [("roll", {"dim": 1, "shift": 3, "size": 5}, (2, 5, 3)),
+                                              ("roll", {"dim": 0, "shift": 1, "size": 2}, (2, 5, 3)),
+                                              ("pad", {"dim": 2, "before": 2, "after": 1, "size": 3}, (2, 5, 3)),
+                                              ("pad", {"dim": 0, "before": 0, "after": 3, "size": 2}, (2, 5, 3))])
+def test_roll_and_pad_torch_bindings_equal_autograd(kind, attrs, shape):
+    """The torch engine's binding of each call (the two ranges of a roll, attribute ``part``; a pad) and of the
+    gradient against torch.roll / F.pad and their autograd."""
+    x = torch.randn(shape, requires_grad=True)
+    d = attrs["dim"]
+    if kind == "roll":
+        want = torch.roll(x, attrs["shift"], d)
+    else:
+        p = [0] * (2 * len(shape))
+        p[2 * (len(shape) - 1 - d)], p[2 * (len(shape) - 1 - d) + 1] = attrs["before"], attrs["after"]
+        want = nn.functional.pad(x, p)
+    dy = torch.randn(want.shape)
+    want.backward(dy)
+    rec = ops.RECORDS[kind]
+    y, dx = torch.full(want.shape, float("nan")), torch.full(shape, float("nan"))
+    parts = ({"part": 0}, {"part": 1}) if kind == "roll" else ({},)
+    for extra in parts:
+        rec.torch(kind, attrs | extra, [x.detach()], [y], _env())()
+        rec.torch(f"{kind}.grad_input", attrs | extra, [dy], [dx], _env())()
+    assert torch.equal(y, want.detach()) and torch.equal(dx, x.grad)
