@@ -6,8 +6,12 @@
 back, the same two copies the other way round. ``pad`` (``dim``, ``before``, ``after`` >= 0, ``size``: x's extent):
 zeros before and after x along ``dim``, one copy that zeroes the rest of y (narrow's gradient); its gradient copies
 dy's middle range out (narrow). A roll or pad of several dims is captured as a chain of one-dim ops (dims whose
-shift or padding is 0 left out). Neither saves anything. Other pads (a value other than 0, reflect / replicate,
+shift or padding is 0 left out; none left: the node is its input). Neither saves anything. Other pads (a value other than 0, reflect / replicate,
 negative padding: a crop) and rolls of the flattened tensor stay torch_ops.
+
+A strided slice ``x[..., s::k, ...]`` of a dim whose extent n is a multiple of k, s < k (Swin's patch merging,
+``x[:, 0::2, 1::2, :]``) is a view of x as [..., n / k, k, ...] and a narrow of item s of the new dim (C, no new
+op kind); other strided slices stay torch_ops.
 """
 from __future__ import annotations
 
@@ -32,6 +36,12 @@ def _chain(ctx, x: int, steps: list, kind: str) -> list:
     return out
 
 
+def _same(ctx, x: int) -> None:
+    """A roll by whole turns or a pad by nothing (Swin's patch merging on even maps): the node names x."""
+    ctx.env[ctx.node.name] = x
+    return None
+
+
 def _roll_capture(ctx):
     n = ctx.node
     xa = n.args[0]
@@ -50,7 +60,7 @@ def _roll_capture(ctx):
         s = int(s) % xs[d]
         if s:
             steps.append((dict(dim=d, shift=s, size=xs[d]), xs))
-    return _chain(ctx, x, steps, "roll") if steps else False
+    return _chain(ctx, x, steps, "roll") if steps else _same(ctx, x)
 
 
 def _pad_capture(ctx):
@@ -77,7 +87,7 @@ def _pad_capture(ctx):
             attrs = dict(dim=d, before=b, after=a, size=xs[d])
             xs = xs[:d] + [xs[d] + b + a] + xs[d + 1:]
             steps.append((attrs, tuple(xs)))
-    return _chain(ctx, x, steps, "pad") if steps else False
+    return _chain(ctx, x, steps, "pad") if steps else _same(ctx, x)
 
 
 def _ints(attrs: dict, keys: tuple, r: int) -> tuple:
@@ -178,3 +188,42 @@ register(
              capture=_pad_capture, bwd_vector_flops=lambda f, T: numel(T[f.x[0]].shape),
              tags=frozenset({"checkpoint"}), doc=__doc__),
 )
+
+
+def _strided_slice_capture(ctx):
+    """slice(x, dim, start, end, step > 1) over a whole dim of n = k m items from start s < k: view [.., m, k, ..],
+    narrow item s of the k-dim (squeezed)."""
+    import torch
+    from port.ops.shape import is_contiguous_range, view_fwd
+    n = ctx.node
+    xa = n.args[0]
+    k = arg(n, 4, "step", 1)
+    if type(k) is not int or k <= 1 or not hasattr(xa, "name") or ctx.is_param(xa) or ctx.is_buffer(xa):
+        return False
+    x = ctx.t(xa)
+    xs = tuple(ctx.shape(x))
+    if not xs or not float32(ctx, x):
+        return False
+    d = arg(n, 1, "dim", 0) % len(xs)
+    start, end = arg(n, 2, "start"), arg(n, 3, "end")
+    s = 0 if start is None else int(start)
+    s = s + xs[d] if s < 0 else s
+    e = xs[d] if end is None else min(int(end) + (xs[d] if int(end) < 0 else 0), xs[d])
+    m = xs[d] // k
+    if xs[d] % k or not 0 <= s < k or len(range(s, e, k)) != m:
+        return False
+    shape = xs[:d] + (m, k) + xs[d + 1:]
+    if is_contiguous_range(shape, d + 1, 1):
+        return False
+    v = ctx.out("strided", torch.empty(shape, device="meta"))
+    y = ctx.out()
+    return [view_fwd(ctx.b, f"{ctx.opname}:strided", ctx.scope, x, v),
+            fwd(ctx, "narrow", dict(dim=d + 1, start=s, length=1, size=k, squeeze=True), (v,), (y,))]
+
+
+def _strided_shapes(k, attrs, I, O, at):
+    raise CallShapeError("strided_slice is a capture rule only: it makes reshape and narrow ops")
+
+
+register(OpRecord(kind="strided_slice", family="shape", kernels={}, shapes=_strided_shapes, aten=("slice",),
+                  capture=_strided_slice_capture, doc=_strided_slice_capture.__doc__))

@@ -699,6 +699,8 @@ class _Windows(nn.Module):
         h = nn.functional.pad(h, (0, 0, 1, 2, 0, 3))       # [N, 8, 10, 6]
         h = torch.roll(h, (-3, 2), (1, 2))
         h = torch.roll(h, 4, 3)[:, 2:4, 1:8] + self.table[self.idx]
+        h = torch.roll(nn.functional.pad(h, (0, 0, 0, 0)), 7, 2)          # identities: no op
+        h = torch.cat([h[:, 0::2, 0::7], h[:, 1::2, 3::7]], 2)              # strided slices: view + narrow
         return self.fc(h.flatten(1, 2).mean(1))
 
 
@@ -707,6 +709,7 @@ def test_roll_pad_and_table_index_capture_on_c_and_train_like_eager():
     tr = port.Trainer(_Windows(), x, optimizer=SGD(0.1))
     kinds = [o.kind for o in tr.graph.ops]
     assert kinds.count("roll") == 3 and kinds.count("pad") == 2 and "embedding" in kinds, kinds
+    assert kinds.count("narrow") == 6, kinds     # [:, 2:4, 1:8]; h[:, 0::2], h[:, 1::2] and their [:, :, s::7]
     assert "torch_op" not in kinds
     acc = {tr.graph.ops[d.op].kind: d.accelerator for d in tr.plan.ops}
     assert all(acc[k] == "cpu-c" for k in ("roll", "roll.grad_input", "pad", "pad.grad_input", "embedding",
