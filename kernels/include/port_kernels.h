@@ -339,6 +339,14 @@ PORT_API port_status port_linear_backward_input(float *dx, const float *dy, cons
 /* dw += dy^T x, db += sum_n dy (db may be NULL) */
 PORT_API port_status port_linear_backward_weight(float *dw, float *db, const float *dy,
                                                  const float *x, const port_linear_params *p);
+/* ---- issue 54 (Conv1D): the same three with W stored [in, out] (Hugging Face GPT-2's Conv1D,
+ * addmm(b, x, W)): y = x W + b; dx = dy W^T; dw[in, out] += x^T dy, db += sum_n dy (db may be NULL). */
+PORT_API port_status port_linear_t_forward(float *y, const float *x, const float *w, const float *b,
+                                           const port_linear_params *p);
+PORT_API port_status port_linear_t_backward_input(float *dx, const float *dy, const float *w,
+                                                  const port_linear_params *p);
+PORT_API port_status port_linear_t_backward_weight(float *dw, float *db, const float *dy,
+                                                   const float *x, const port_linear_params *p);
 /* Bias gradient alone (a layer whose weight is frozen): db[j] += sum of
  * dy[i, j, k] over i < n, k < inner (dy is [n, c, inner] contiguous). */
 PORT_API port_status port_bias_backward(float *db, const float *dy, int64_t n, int64_t c,

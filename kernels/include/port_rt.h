@@ -180,7 +180,10 @@ extern "C" {
     X(110, BERNOULLI_FORWARD, port_bernoulli_forward)                              \
     X(120, EMBEDDING_BACKWARD_WEIGHT_PAD, port_embedding_backward_weight_pad)      \
     X(135, SWIGLU_FORWARD, port_swiglu_forward)                                   \
-    X(136, SWIGLU_BACKWARD, port_swiglu_backward)
+    X(136, SWIGLU_BACKWARD, port_swiglu_backward)                                 \
+    X(140, LINEAR_T_FORWARD, port_linear_t_forward)                               \
+    X(141, LINEAR_T_BACKWARD_INPUT, port_linear_t_backward_input)                 \
+    X(142, LINEAR_T_BACKWARD_WEIGHT, port_linear_t_backward_weight)
 
 typedef enum {
 #define PORT_RT_ENUM_(id, NAME, fn) PORT_RT_##NAME = id,

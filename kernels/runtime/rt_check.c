@@ -15,7 +15,7 @@
 
 /* A new kernel id needs its rule below (shape_of's switch) before it can be loaded: the build stops here so
  * that adding one to PORT_RT_KERNELS without a rule cannot pass unnoticed. */
-_Static_assert(PORT_RT_KERNEL_END <= 137, "a kernel id was added to PORT_RT_KERNELS: add its rule to rt_check.c");
+_Static_assert(PORT_RT_KERNEL_END <= 143, "a kernel id was added to PORT_RT_KERNELS: add its rule to rt_check.c");
 
 #define BAD PORT_RT_ERR_BUNDLE
 
@@ -590,13 +590,16 @@ static int shape_of(ctx *x) {
     }
     case PORT_RT_LINEAR_FORWARD:          /* y [n, out], x [n, in], w [out, in], b [out] */
     case PORT_RT_LINEAR_BACKWARD_INPUT:   /* dx [n, in], dy [n, out], w */
-    case PORT_RT_LINEAR_BACKWARD_WEIGHT: { /* dw, db, dy, x */
+    case PORT_RT_LINEAR_BACKWARD_WEIGHT:  /* dw, db, dy, x */
+    case PORT_RT_LINEAR_T_FORWARD:        /* the same with w (and dw) stored [in, out]: the same extents */
+    case PORT_RT_LINEAR_T_BACKWARD_INPUT:
+    case PORT_RT_LINEAR_T_BACKWARD_WEIGHT: {
         if (pos_range(x, 0, 2)) return BAD;
         int64_t xs = smul(v[0], v[1]), ys = smul(v[0], v[2]), ws = smul(v[2], v[1]);
-        if (k == PORT_RT_LINEAR_FORWARD) {
+        if (k == PORT_RT_LINEAR_FORWARD || k == PORT_RT_LINEAR_T_FORWARD) {
             args(x, 4, 3, 0);
             op(x, 0, ys, 4, 1), op(x, 1, xs, 4, 0), op(x, 2, ws, 4, 0), op(x, 3, v[2], 4, 0);
-        } else if (k == PORT_RT_LINEAR_BACKWARD_INPUT) {
+        } else if (k == PORT_RT_LINEAR_BACKWARD_INPUT || k == PORT_RT_LINEAR_T_BACKWARD_INPUT) {
             args(x, 3, 3, 0);
             op(x, 0, xs, 4, 1), op(x, 1, ys, 4, 0), op(x, 2, ws, 4, 0);
         } else {

@@ -228,6 +228,18 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
         port_linear_params p = {v[0], v[1], v[2]};
         return port_linear_backward_weight(F(0), F(1), CF(2), CF(3), &p);
     }
+    case PORT_RT_LINEAR_T_FORWARD: {
+        port_linear_params p = {v[0], v[1], v[2]};
+        return port_linear_t_forward(F(0), CF(1), CF(2), CF(3), &p);
+    }
+    case PORT_RT_LINEAR_T_BACKWARD_INPUT: {
+        port_linear_params p = {v[0], v[1], v[2]};
+        return port_linear_t_backward_input(F(0), CF(1), CF(2), &p);
+    }
+    case PORT_RT_LINEAR_T_BACKWARD_WEIGHT: {
+        port_linear_params p = {v[0], v[1], v[2]};
+        return port_linear_t_backward_weight(F(0), F(1), CF(2), CF(3), &p);
+    }
     case PORT_RT_SOFTMAX_XENT_FORWARD:
         return port_softmax_xent_forward(F(0), F(1), CF(2), (const int64_t *)ptrs[3], v[0], v[1],
                                          (float)c->fv[0]);

@@ -19,21 +19,22 @@ static port_status lin_check(const port_linear_params *p) {
     return PORT_OK;
 }
 
-/* rows [r0, r1) of y = x W^T + b: the rows set to b, then a GEMM with beta = 1 */
+/* rows [r0, r1) of y = x W^T + b (wt: y = x W + b, W stored [in, out]): the rows set to b, then a GEMM with
+ * beta = 1 */
 static void linear_bias_block(float *y, const float *x, const float *w, const float *b, int64_t r0, int64_t r1,
-                              int64_t I, int64_t O) {
+                              int64_t I, int64_t O, int wt) {
     for (int64_t i = r0; i < r1; i++) memcpy(y + i * O, b, (size_t)O * sizeof(float));
-    port__gemm(0, 1, r1 - r0, O, I, 1.0f, x + r0 * I, I, w, I, 1.0f, y + r0 * O, O);
+    port__gemm(0, !wt, r1 - r0, O, I, 1.0f, x + r0 * I, I, w, wt ? O : I, 1.0f, y + r0 * O, O);
 }
 
-port_status port_linear_forward(float *y, const float *x, const float *w, const float *b,
-                                const port_linear_params *p) {
+static port_status linear_forward(float *y, const float *x, const float *w, const float *b,
+                                  const port_linear_params *p, int wt) {
     port_status st = lin_check(p);
     if (st != PORT_OK) return st;
     PORT_NOTNULL(y); PORT_NOTNULL(x); PORT_NOTNULL(w);
     int64_t N = p->n, I = p->in_features, O = p->out_features;
     if (!b) {
-        port__gemm(0, 1, N, O, I, 1.0f, x, I, w, I, 0.0f, y, O);
+        port__gemm(0, !wt, N, O, I, 1.0f, x, I, w, wt ? O : I, 0.0f, y, O);
         return PORT_OK;
     }
     /* With a bias: blocks of rows (about 64 K floats of y each, a block count fixed by the shape), each one's
@@ -43,26 +44,35 @@ port_status port_linear_forward(float *y, const float *x, const float *w, const 
     int64_t rb = PORT_MAX((int64_t)16, (65536 / O + 15) / 16 * 16), nb = (N + rb - 1) / rb;
     if (nb == 1 || (double)N * (double)O * (double)I < PORT_GEMM_PAR_MIN || port__in_parallel()) {
         for (int64_t t = 0; t < nb; t++)   /* one block, or too little work to split: the GEMM threads itself */
-            linear_bias_block(y, x, w, b, t * rb, PORT_MIN(N, (t + 1) * rb), I, O);
+            linear_bias_block(y, x, w, b, t * rb, PORT_MIN(N, (t + 1) * rb), I, O, wt);
         return PORT_OK;
     }
 #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < nb; t++) linear_bias_block(y, x, w, b, t * rb, PORT_MIN(N, (t + 1) * rb), I, O);
+    for (int64_t t = 0; t < nb; t++) linear_bias_block(y, x, w, b, t * rb, PORT_MIN(N, (t + 1) * rb), I, O, wt);
     return PORT_OK;
 }
 
-port_status port_linear_backward_input(float *dx, const float *dy, const float *w,
-                                       const port_linear_params *p) {
+static port_status linear_backward_input(float *dx, const float *dy, const float *w, const port_linear_params *p,
+                                         int wt) {
     port_status st = lin_check(p);
     if (st != PORT_OK) return st;
     PORT_NOTNULL(dx); PORT_NOTNULL(dy); PORT_NOTNULL(w);
     int64_t N = p->n, I = p->in_features, O = p->out_features;
-    port__gemm(0, 0, N, I, O, 1.0f, dy, O, w, I, 0.0f, dx, I);
+    port__gemm(0, wt, N, I, O, 1.0f, dy, O, w, wt ? O : I, 0.0f, dx, I);
     return PORT_OK;
 }
 
-port_status port_linear_backward_weight(float *dw, float *db, const float *dy, const float *x,
-                                        const port_linear_params *p) {
+/* dW[O, I] += dy^T x, or (wt) dW[I, O] += x^T dy: one product of rows [r0, r0 + rows), beta = 1 into c */
+static void weight_grad(float *c, const float *dy, const float *x, int64_t r0, int64_t rows, int64_t I, int64_t O,
+                        float beta, int wt) {
+    if (wt)
+        port__gemm(1, 0, I, O, rows, 1.0f, x + r0 * I, I, dy + r0 * O, O, beta, c, O);
+    else
+        port__gemm(1, 0, O, I, rows, 1.0f, dy + r0 * O, O, x + r0 * I, I, beta, c, I);
+}
+
+static port_status linear_backward_weight(float *dw, float *db, const float *dy, const float *x,
+                                          const port_linear_params *p, int wt) {
     port_status st = lin_check(p);
     if (st != PORT_OK) return st;
     PORT_NOTNULL(dw); PORT_NOTNULL(dy); PORT_NOTNULL(x);
@@ -77,15 +87,46 @@ port_status port_linear_backward_weight(float *dw, float *db, const float *dy, c
         for (int64_t t = 0; t < nchunk; t++) {
             float part[LIN_KSPLIT_MAX > 0 ? LIN_KSPLIT_MAX : 1];
             int64_t r0 = t * LIN_KSPLIT_ROWS, rows = PORT_MIN(LIN_KSPLIT_ROWS, N - r0);
-            port__gemm(1, 0, O, I, rows, 1.0f, dy + r0 * O, O, x + r0 * I, I, 0.0f, part, I);
+            weight_grad(part, dy, x, r0, rows, I, O, 0.0f, wt);
 #pragma omp ordered
             for (int64_t q = 0; q < O * I; q++) dw[q] += part[q];
         }
     } else {
-        port__gemm(1, 0, O, I, N, 1.0f, dy, O, x, I, 1.0f, dw, I);
+        weight_grad(dw, dy, x, 0, N, I, O, 1.0f, wt);
     }
     if (db) port__colsum_acc(db, dy, N, O);
     return PORT_OK;
+}
+
+port_status port_linear_forward(float *y, const float *x, const float *w, const float *b,
+                                const port_linear_params *p) {
+    return linear_forward(y, x, w, b, p, 0);
+}
+
+port_status port_linear_backward_input(float *dx, const float *dy, const float *w,
+                                       const port_linear_params *p) {
+    return linear_backward_input(dx, dy, w, p, 0);
+}
+
+port_status port_linear_backward_weight(float *dw, float *db, const float *dy, const float *x,
+                                        const port_linear_params *p) {
+    return linear_backward_weight(dw, db, dy, x, p, 0);
+}
+
+/* W stored [in, out] (Hugging Face GPT-2's Conv1D: addmm(b, x, W)); the same blocking, splits and bits rules */
+port_status port_linear_t_forward(float *y, const float *x, const float *w, const float *b,
+                                  const port_linear_params *p) {
+    return linear_forward(y, x, w, b, p, 1);
+}
+
+port_status port_linear_t_backward_input(float *dx, const float *dy, const float *w,
+                                         const port_linear_params *p) {
+    return linear_backward_input(dx, dy, w, p, 1);
+}
+
+port_status port_linear_t_backward_weight(float *dw, float *db, const float *dy, const float *x,
+                                          const port_linear_params *p) {
+    return linear_backward_weight(dw, db, dy, x, p, 1);
 }
 
 /* db[j] += sum of column j over rows [0, rows) for the 64 columns from j0 (w <= 64): rows in chunks of 32 summed

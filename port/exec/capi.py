@@ -283,6 +283,9 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_linear_forward", "port_status", (_F, _CF, _CF, _CF, _LP)),
     ("port_linear_backward_input", "port_status", (_F, _CF, _CF, _LP)),
     ("port_linear_backward_weight", "port_status", (_F, _F, _CF, _CF, _LP)),
+    ("port_linear_t_forward", "port_status", (_F, _CF, _CF, _CF, _LP)),           # W stored [in, out]
+    ("port_linear_t_backward_input", "port_status", (_F, _CF, _CF, _LP)),
+    ("port_linear_t_backward_weight", "port_status", (_F, _F, _CF, _CF, _LP)),
     ("port_softmax_xent_forward", "port_status", (_F, _F, _CF, "const int64_t*", "int64_t",
                                                   "int64_t", "float")),
     ("port_softmax_xent_backward", "port_status", (_F, _CF, "const int64_t*", _CF, "int64_t",

@@ -6,6 +6,7 @@
     activation.py  relu, relu6, hardswish, gelu, tanh, softmax, sigmoid, hardsigmoid, silu
     elementwise.py add, add_bcast, scale, grad_accumulate; mul with broadcasting (torch engines only)
     shape.py       reshape (views), permute, arange, ne_scalar; cat (torch engines only)
+    roll_pad.py    roll, constant zero pad along one dim (range copies)
     pooling.py     max_pool2d, avg_pool2d, global_avg_pool2d, mean_mid
     attention.py   matmul, attention (masks of any broadcastable shape, grouped-query, dropout)
     embedding.py   embedding
@@ -97,4 +98,4 @@ def capture_rules() -> dict[str, list]:
 
 
 from port.ops import (activation, attention, conv, elementwise, embedding, fallback, linear, loss,  # noqa: E402,F401
-                      norm, optimizer, pooling, random, shape)
+                      norm, optimizer, pooling, random, roll_pad, shape)

@@ -1,6 +1,8 @@
 """embedding: rows of a weight [V, D] picked by int64 indices (dense gradient). The weight gradient
 scatters-adds dy into the picked rows (none into row ``padding_idx`` where set:
-port_embedding_backward_weight_pad); it saves the indices.
+port_embedding_backward_weight_pad); it saves the indices. ``table[idx]`` (aten index.Tensor with one int64
+index tensor) of a 2-d parameter is the same op: Swin's relative-position bias, a table picked by a constant
+index buffer (indices are non-negative there; the C kernel refuses one outside [0, V)).
 """
 from __future__ import annotations
 
@@ -11,6 +13,12 @@ from port.ops.base import F32, I64, CallShapeError, Encoded, OpRecord, arg, fwd,
 
 def _capture(ctx):
     n = ctx.node
+    if n.target._overloadpacket.__name__ == "index":        # table[idx]: index(table, [idx])
+        wa, ids = n.args[0], n.args[1]
+        if (not isinstance(ids, (list, tuple)) or len(ids) != 1 or not hasattr(ids[0], "name")
+                or not ctx.is_param(wa) or len(ctx.shape(ctx.t(wa))) != 2 or ctx.dtype(ctx.t(ids[0])) != I64):
+            return False
+        return fwd(ctx, "embedding", {}, (ctx.t(ids[0]),), (ctx.out(),), params={"weight": ctx.t(wa)})
     wa, ia = n.args[0], n.args[1]
     pad = arg(n, 2, "padding_idx", -1)
     if (arg(n, 3, "scale_grad_by_freq", False) or arg(n, 4, "sparse", False) or not ctx.is_param(wa)
@@ -65,5 +73,5 @@ register(OpRecord(
     kind="embedding", family="embedding",
     kernels={"embedding": ("port_embedding_forward",), "embedding.grad_weight": ("port_embedding_backward_weight",
                                                                            "port_embedding_backward_weight_pad")},
-    shapes=_shapes, torch=_torch, encode=_encode, aten=("embedding",), capture=_capture,
+    shapes=_shapes, torch=_torch, encode=_encode, aten=("embedding", "index"), capture=_capture,
     saved=lambda f, gi, gw, wanted: (f.x[0],) if gw else (), grad_weight_reads=lambda f: (f.x[0],), doc=__doc__))

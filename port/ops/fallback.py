@@ -10,6 +10,12 @@ them: a pad, flip or slice_scatter saves nothing, a product the other operand). 
 or a tensor of its own (exp, sigmoid, index's index list), or the probe fails, every input is saved. Random ops (``random``) are seeded per call from
 (run seed, forward-pass counter, op), so the re-run draws the same values. FLOPs from torch's FlopCounterMode on
 meta tensors. No C kernel: torch engines only, never in a port-rt bundle.
+
+The operands are views of the arena (one storage of the whole plan). aten's scatter ops (slice_scatter,
+select_scatter, diagonal_scatter) start with ``clone_preserve_strides``, which copies their input's whole
+*storage*: on an arena view that is the arena (hundreds of MB per call: Swin's shifted-window mask, 36 tiny
+slice_scatters, took 23 of a 28 s step). Their operands are handed over as compact copies of the slot
+(``OWN_STORAGE``), as small as the result the op makes anyway.
 """
 from __future__ import annotations
 
@@ -20,6 +26,9 @@ from port.ops import register
 from port.ops.base import CallShapeError, Fwd, OpRecord
 
 TORCH_OP = "torch_op"
+# aten ops whose kernel clones its operand's whole storage (ATen's clone_preserve_strides), forward or derivative
+OWN_STORAGE = frozenset({"aten.slice_scatter.default", "aten.select_scatter.default",
+                         "aten.diagonal_scatter.default"})
 
 
 def capture_node(ctx, src: Any, index: int | None = None) -> Fwd:
@@ -173,6 +182,15 @@ def seeded(random: bool, st, op: int, torch):
     return ctx()
 
 
+def _compact(call: str, torch):
+    """For an OWN_STORAGE op: a map giving each tensor operand its own storage (a contiguous copy of the arena
+    view); for any other op the identity (no copy)."""
+    import json
+    if json.loads(call)["op"] not in OWN_STORAGE:
+        return lambda ts: ts
+    return lambda ts: [t.clone(memory_format=torch.contiguous_format) for t in ts]
+
+
 def _torch(kind, a, I, O, env):
     """Forward: the aten call on the input views, its result copied into the output's arena slot (aten allocates
     it: the torch engine's transient memory). Backward (``grads``: input positions): the call re-run under
@@ -184,13 +202,15 @@ def _torch(kind, a, I, O, env):
     if kind == TORCH_OP:
         dev = O[0].device if O else (I[0].device if I else None)
         fn = make_call(a["call"], dev)
+        own = _compact(a["call"], torch)
         y = O[0]
 
         def run():
             with torch.no_grad(), seeded(random, st, op, torch):
-                y.copy_(fn(I))
+                y.copy_(fn(own(I)))
         return run
     fn = make_call(a["call"], I[0].device)
+    own = _compact(a["call"], torch)
     grads = tuple(a["grads"])
     acc = kind == "torch_op.grad_weight"
     gy, xs = I[0], list(I[1:])
@@ -201,9 +221,10 @@ def _torch(kind, a, I, O, env):
 
     def run():
         with torch.enable_grad(), seeded(random, st, op, torch):
-            leaves = [x.detach().requires_grad_(True) if i in grads else x for i, x in enumerate(xs)]
+            ins = own(xs)
+            leaves = [x.detach().requires_grad_(True) if i in grads else x for i, x in enumerate(ins)]
             out = fn(leaves)
-            gs = torch.autograd.grad(out, [leaves[i] for i in grads], gy, allow_unused=True)
+            gs = torch.autograd.grad(out, [leaves[i] for i in grads], own([gy])[0], allow_unused=True)
         for o, g in zip(O, gs):
             if g is None:
                 if not acc:

@@ -1,7 +1,8 @@
 """linear: y = x W^T + b over the last dim of x ([..., in] -> [..., out]); the forward's FLOPs again for each
 gradient. Saved: x for the weight gradient, the weight for the input gradient. ``addmm(b, x, W)`` and
 ``mm(x, W)`` with a parameter W stored [in, out] (Hugging Face GPT-2's Conv1D) are linear with attribute
-``weight_t``: the torch engines run those (the C kernels take W [out, in]).
+``weight_t``: the C kernels ``port_linear_t_*`` take W in that layout (y = x W + b; the weight gradient
+accumulates in the parameter's own [in, out] layout), the torch engines the transposed views.
 """
 from __future__ import annotations
 
@@ -62,19 +63,21 @@ def _shapes(k, attrs, I, O, at):
 
 
 def _encode(kind, a, IS, OS, I, O, variant, call):
+    t = "_t" if a.get("weight_t") else ""          # W [in, out]: port_linear_t_*, the same params
     if kind == "linear":
         fin = IS[0][-1]
-        return Encoded("port_linear_forward", (O[0], I[0], I[1], I[2] if a.get("bias") else None),
-                       (numel(IS[0]) // fin, fin, IS[1][0]))
+        return Encoded(f"port_linear{t}_forward", (O[0], I[0], I[1], I[2] if a.get("bias") else None),
+                       (numel(IS[0]) // fin, fin, IS[1][1 if t else 0]))
     if kind == "linear.grad_input":
         fin = OS[0][-1]
-        return Encoded("port_linear_backward_input", (O[0], I[0], I[1]), (numel(OS[0]) // fin, fin, IS[1][0]))
+        return Encoded(f"port_linear{t}_backward_input", (O[0], I[0], I[1]),
+                       (numel(OS[0]) // fin, fin, IS[1][1 if t else 0]))
     fin, fout = IS[1][-1], IS[0][-1]
     n = numel(IS[1]) // fin
     g = dict(zip(a["grads"], O))
     if g.get("weight") is None:
         return Encoded("port_bias_backward", (g.get("bias"), I[0]), (n, fout, 1))
-    return Encoded("port_linear_backward_weight", (g.get("weight"), g.get("bias"), I[0], I[1]), (n, fin, fout))
+    return Encoded(f"port_linear{t}_backward_weight", (g.get("weight"), g.get("bias"), I[0], I[1]), (n, fin, fout))
 
 
 def _torch(kind, a, I, O, env):
@@ -112,9 +115,10 @@ def _torch(kind, a, I, O, env):
 
 register(OpRecord(
     kind="linear", family="linear",
-    kernels={"linear": ("port_linear_forward",), "linear.grad_input": ("port_linear_backward_input",),
-             "linear.grad_weight": ("port_linear_backward_weight", "port_bias_backward")},
+    kernels={"linear": ("port_linear_forward", "port_linear_t_forward"),
+             "linear.grad_input": ("port_linear_backward_input", "port_linear_t_backward_input"),
+             "linear.grad_weight": ("port_linear_backward_weight", "port_linear_t_backward_weight",
+                                    "port_bias_backward")},
     shapes=_shapes, torch=_torch, encode=_encode, aten=("linear", "addmm", "mm"), capture=_capture, saved=_saved,
-    c_supports=lambda a: not a.get("weight_t"),
     grad_input_reads=lambda f: (f.params["weight"],), grad_weight_reads=lambda f: (f.x[0],), weight_flops=True,
     tags=frozenset({"checkpoint"}), doc=__doc__))

@@ -144,7 +144,8 @@ def test_torch_op_gradients_equal_autograd_in_float64():
 
 
 class _Saves(nn.Module):
-    """torch_ops whose derivative reads none of their operands (pad, flip, roll), one operand (a product with a
+    """torch_ops whose derivative reads none of their operands (pad by a non-zero value, flip, roll of the
+    flattened tensor: forms the pad and roll records leave to torch), one operand (a product with a
     parameter through an op PORT has no record for: addcmul: self is not read) or their output (expm1's backward:
     every input)."""
 
@@ -156,8 +157,8 @@ class _Saves(nn.Module):
         self.fc = nn.Linear(4 * 7 * 9, 3)
 
     def forward(self, x):
-        h = F.pad(self.conv(x), (1, 1, 1, 1))
-        h = torch.flip(h, [3]).roll(1, 2)
+        h = F.pad(self.conv(x), (1, 1, 1, 1), value=0.5)
+        h = torch.flip(h, [3]).roll(1)
         h = torch.addcmul(h, h.detach() * 0 + 1.0, self.w)
         return self.fc(torch.expm1(-h.abs()).flatten(1))
 

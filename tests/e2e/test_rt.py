@@ -556,3 +556,59 @@ def test_port_rt_runs_arena_views_bit_for_bit(port_rt, tmp_path):
     kernels = {c.kernel for c in tr.program.calls}
     assert {"narrow", "narrow_view.grad_input"} <= kernels and "narrow_view" not in kernels
     _trains_like_the_trainer(port_rt, tmp_path, tr, x, y, B)
+
+
+class _Conv1DNet(torch.nn.Module):
+    """Hugging Face GPT-2's Conv1D (transformers.pytorch_utils.Conv1D: addmm(b, x, W), W stored [in, out]) with and
+    without a bias (mm), between linears."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.w1, self.b1 = torch.nn.Parameter(torch.randn(7, 13) * 0.3), torch.nn.Parameter(torch.randn(13) * 0.1)
+        self.w2 = torch.nn.Parameter(torch.randn(13, 9) * 0.3)
+        self.fc = torch.nn.Linear(9, 10)
+
+    def forward(self, x):                                  # [N, 5, 7]
+        h = torch.addmm(self.b1, x.reshape(-1, 7), self.w1)
+        h = torch.mm(torch.tanh(h), self.w2).reshape(x.shape[0], 5, 9)
+        return self.fc(torch.tanh(h).mean(1))
+
+
+def test_port_rt_runs_gpt2_conv1d_bit_for_bit(port_rt, tmp_path):
+    """A linear whose weight is stored [in, out] (GPT-2's Conv1D) runs on C (port_linear_t_*), compiles and trains
+    in port-rt bit for bit like the Python executor."""
+    x, y = torch.randn(N, 5, 7), torch.randint(0, 10, (N,))
+    tr = port.Trainer(_Conv1DNet(), x[:8], optimizer=port.optim.SGD(0.05, momentum=0.9))
+    assert sum(bool(o.attr("weight_t")) for o in tr.graph.ops if o.kind == "linear") == 2
+    _trains_like_the_trainer(port_rt, tmp_path, tr, x, y, 8)
+
+
+class _ShiftedWindows(torch.nn.Module):
+    """Swin-T's copies: an NHWC map padded to whole windows (F.pad over two dims), cyclically shifted (torch.roll
+    over two dims) and back, plus a relative-position bias: a parameter table picked by a constant index buffer
+    (table[idx], a gather whose gradient scatter-adds)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(3, 5)
+        self.table = torch.nn.Parameter(torch.randn(7, 5) * 0.2)
+        self.register_buffer("idx", torch.tensor([3, 0, 6, 3, 1, 5, 2, 2, 4, 0, 6, 1, 5, 4, 3, 0, 2, 6]))
+        self.fc = torch.nn.Linear(5, 10)
+
+    def forward(self, x):                                  # [N, 4, 5, 3]
+        h = torch.tanh(self.proj(x))
+        h = torch.nn.functional.pad(h, (0, 0, 0, 1, 1, 1))  # [N, 6, 6, 5]
+        h = torch.roll(h, (-2, 3), (1, 2))
+        h = h.reshape(h.shape[0], 36, 5)[:, :18] * self.table[self.idx]
+        h = torch.roll(torch.tanh(h), 5, 1)
+        return self.fc(h.mean(1))
+
+
+def test_port_rt_runs_roll_pad_and_table_gather_bit_for_bit(port_rt, tmp_path):
+    """roll and pad (port_slice_copy ranges) and a parameter table indexed by a buffer (embedding) run on C,
+    compile and train in port-rt bit for bit like the Python executor."""
+    x, y = torch.randn(N, 4, 5, 3), torch.randint(0, 10, (N,))
+    _trains_bit_for_bit(port_rt, tmp_path, _ShiftedWindows(), x, y,
+                        {"roll", "roll.grad_input", "pad", "pad.grad_input", "embedding", "embedding.grad_weight"})

@@ -611,45 +611,48 @@ def global_avgpool_backward_input(dy, x_shape, out=None):
 
 
 # --------------------------------------------------------------------------- linear
-def linear_forward(x, w, b=None, out=None):
+def linear_forward(x, w, b=None, out=None, wt=False):
+    """wt: w stored [in, out] (port_linear_t_forward, GPT-2's Conv1D)."""
     _tensor(x, "x", ndim=2)
     _tensor(w, "w", ndim=2)
-    if w.shape[1] != x.shape[1]:
-        raise ValueError(f"w: expected shape (out, {x.shape[1]}), got {tuple(w.shape)}")
+    fin, fo = (w.shape[0], w.shape[1]) if wt else (w.shape[1], w.shape[0])
+    if fin != x.shape[1]:
+        raise ValueError(f"w: expected in_features {x.shape[1]}, got shape {tuple(w.shape)}")
     if b is not None:
-        _tensor(b, "b", (w.shape[0],))
-    y = _out(out, "out", (x.shape[0], w.shape[0]))
+        _tensor(b, "b", (fo,))
+    y = _out(out, "out", (x.shape[0], fo))
     _no_alias({"out": y}, {"x": x, "w": w, "b": b})
-    p = LinearParams(x.shape[0], x.shape[1], w.shape[0])
-    check(raw.port_linear_forward(y.data_ptr(), x.data_ptr(), w.data_ptr(), _ptr(b), p),
-          "linear_forward")
+    p = LinearParams(x.shape[0], x.shape[1], fo)
+    fn = raw.port_linear_t_forward if wt else raw.port_linear_forward
+    check(fn(y.data_ptr(), x.data_ptr(), w.data_ptr(), _ptr(b), p), "linear_forward")
     return y
 
 
-def linear_backward_input(dy, w, out=None):
+def linear_backward_input(dy, w, out=None, wt=False):
     _tensor(w, "w", ndim=2)
     _tensor(dy, "dy", ndim=2)
-    if dy.shape[1] != w.shape[0]:
-        raise ValueError(f"dy: expected shape (n, {w.shape[0]}), got {tuple(dy.shape)}")
-    dx = _out(out, "out", (dy.shape[0], w.shape[1]))
+    fin, fo = (w.shape[0], w.shape[1]) if wt else (w.shape[1], w.shape[0])
+    if dy.shape[1] != fo:
+        raise ValueError(f"dy: expected shape (n, {fo}), got {tuple(dy.shape)}")
+    dx = _out(out, "out", (dy.shape[0], fin))
     _no_alias({"out": dx}, {"dy": dy, "w": w})
-    p = LinearParams(dy.shape[0], w.shape[1], w.shape[0])
-    check(raw.port_linear_backward_input(dx.data_ptr(), dy.data_ptr(), w.data_ptr(), p),
-          "linear_backward_input")
+    p = LinearParams(dy.shape[0], fin, fo)
+    fn = raw.port_linear_t_backward_input if wt else raw.port_linear_backward_input
+    check(fn(dx.data_ptr(), dy.data_ptr(), w.data_ptr(), p), "linear_backward_input")
     return dx
 
 
-def linear_backward_weight(dy, x, bias=True, dw=None, db=None):
+def linear_backward_weight(dy, x, bias=True, dw=None, db=None, wt=False):
     _tensor(x, "x", ndim=2)
     _tensor(dy, "dy", ndim=2)
     if dy.shape[0] != x.shape[0]:
         raise ValueError(f"dy: batch {dy.shape[0]} differs from x batch {x.shape[0]}")
-    dw = _acc(dw, "dw", (dy.shape[1], x.shape[1]))
+    dw = _acc(dw, "dw", (x.shape[1], dy.shape[1]) if wt else (dy.shape[1], x.shape[1]))
     db = _acc(db, "db", (dy.shape[1],)) if bias else None
     _no_alias({"dw": dw, "db": db}, {"dy": dy, "x": x})
     p = LinearParams(x.shape[0], x.shape[1], dy.shape[1])
-    check(raw.port_linear_backward_weight(dw.data_ptr(), _ptr(db), dy.data_ptr(), x.data_ptr(), p),
-          "linear_backward_weight")
+    fn = raw.port_linear_t_backward_weight if wt else raw.port_linear_backward_weight
+    check(fn(dw.data_ptr(), _ptr(db), dy.data_ptr(), x.data_ptr(), p), "linear_backward_weight")
     return dw, db
 
 

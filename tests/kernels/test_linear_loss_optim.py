@@ -7,25 +7,26 @@ from conftest import close
 from port.exec import capi
 
 
+@pytest.mark.parametrize("wt", [False, True])     # wt: W stored [in, out] (port_linear_t_*, GPT-2's Conv1D)
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("n,i,o", [(1, 5, 3), (3, 17, 10), (8, 64, 33), (700, 64, 130), (2500, 40, 24)])  # 700: row blocks; 2500: weight gradient split over the rows
 @pytest.mark.parametrize("backend", ["blas", "vendored"])
-def test_linear(K, backend, n, i, o, bias):
+def test_linear(K, backend, n, i, o, bias, wt):
     capi.set_gemm_backend(backend)
-    x, w = torch.randn(n, i), torch.randn(o, i)
+    x, w = torch.randn(n, i), torch.randn(i, o) if wt else torch.randn(o, i)
     b = torch.randn(o) if bias else None
     dy = torch.randn(n, o)
     x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
     b64 = b.double().requires_grad_() if bias else None
-    y_r = F.linear(x64, w64, b64)
+    y_r = (torch.addmm(b64, x64, w64) if bias else x64 @ w64) if wt else F.linear(x64, w64, b64)
     y_r.backward(dy.double())
-    close(K.linear_forward(x, w, b), y_r)
-    close(K.linear_backward_input(dy, w), x64.grad)
-    dw, db = K.linear_backward_weight(dy, x, bias=bias)
+    close(K.linear_forward(x, w, b, wt=wt), y_r)
+    close(K.linear_backward_input(dy, w, wt=wt), x64.grad)
+    dw, db = K.linear_backward_weight(dy, x, bias=bias, wt=wt)
     close(dw, w64.grad)
     if bias:
         close(db, b64.grad)
-        dw2, db2 = K.linear_backward_weight(dy, x, dw=dw.clone(), db=db.clone())
+        dw2, db2 = K.linear_backward_weight(dy, x, dw=dw.clone(), db=db.clone(), wt=wt)
         close(dw2, 2 * dw, 1e-5, 1e-5)
         close(db2, 2 * db, 1e-5, 1e-5)
 

@@ -106,7 +106,11 @@ def test_bmm_and_linear_same_bits_at_any_thread_count(K, backend):
         # a bias: row blocks of y set to b and accumulated by one-thread GEMMs; db's column blocks
         K.linear_forward(xt, wt, bt), *K.linear_backward_weight(dyt, xt),
         # a small weight from many rows: split over the rows, partials added in order
-        *K.linear_backward_weight(dyk, xk)))
+        *K.linear_backward_weight(dyk, xk),
+        # W stored [in, out] (GPT-2's Conv1D): the same three at each shape above
+        K.linear_forward(x, wl.T.contiguous(), wt=True), K.linear_backward_input(dy, wl.T.contiguous(), wt=True),
+        K.linear_forward(xt, wt.T.contiguous(), bt, wt=True), *K.linear_backward_weight(dyt, xt, wt=True),
+        *K.linear_backward_weight(dyk, xk, wt=True)))
     _same_bits(outs, f"bmm / linear on {backend}")
 
 

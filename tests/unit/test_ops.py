@@ -3,6 +3,7 @@ and the torch backend. Checks the records are complete and consistent, and every
 only (sigmoid, hardsigmoid, silu, broadcasting mul, cat) against PyTorch autograd in float64 on odd shapes."""
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -412,8 +413,9 @@ def test_embedding_padding_idx_runs_on_c_without_a_padding_gradient():
     assert torch.equal(tr.state_dict()["e.weight"][0], ref.e.weight.detach()[0])   # the padding row never moves
 
 
-def test_addmm_with_a_weight_stored_in_out_is_a_linear_on_torch():
-    """Hugging Face GPT-2's Conv1D: addmm(bias, x, W) with W [in, out] (and mm without a bias)."""
+def test_addmm_with_a_weight_stored_in_out_is_a_linear_on_c():
+    """Hugging Face GPT-2's Conv1D: addmm(bias, x, W) with W [in, out] (and mm without a bias): a linear with
+    weight_t, on the C kernels port_linear_t_* (forward, input and weight gradients)."""
     class Conv1D(nn.Module):
         def __init__(self, nx, nf, bias=True):
             super().__init__()
@@ -438,6 +440,11 @@ def test_addmm_with_a_weight_stored_in_out_is_a_linear_on_torch():
     lin = [o for o in tr.graph.ops if o.kind == "linear"]
     assert len(lin) == 3 and sum(bool(o.attr("weight_t")) for o in lin) == 2
     assert "torch_op" not in {o.kind for o in tr.graph.ops}
+    assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
+    from port.exec import rtcall
+    kernels = {rtcall.encode(c, lambda t: tuple(tr.graph.tensors[t].shape)).entry for c in tr.program.calls
+               if c.kernel.startswith("linear")}
+    assert {"port_linear_t_forward", "port_linear_t_backward_input", "port_linear_t_backward_weight"} <= kernels
     assert registry.call_shapes("linear", {"bias": True, "weight_t": True}, [(20, 6), (6, 10), (10,)], [None])[1] == \
         [((20, 10), "float32")]
     _steps_like_eager(tr, M(), x, y, 0.1, 3)
@@ -632,3 +639,105 @@ def test_narrow_of_an_int64_buffer_runs_on_c_and_trains_like_eager(rows, kind):
     _steps_like_eager(tr, _PositionIds(rows), x, y, 0.1, 3)
     a = dict(narrow[0].attrs)
     assert ops.has_c("narrow", a) and not ops.has_c("narrow", a | {"dtype": "bool"})   # (bool: PyTorch's kernels)
+
+
+class _Scatters(nn.Module):
+    """Swin's shifted-window mask (a constant filled region by region: slice_scatter of expanded scalars) and a
+    slice assignment of activations (slice_scatter with gradients to both operands)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(6, 6)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):                                    # [N, 6, 6]
+        m = x.new_zeros((6, 6))
+        for i, (h0, h1) in enumerate(((0, 3), (3, 5), (5, 6))):
+            for j, (w0, w1) in enumerate(((0, 4), (4, 6))):
+                m[h0:h1, w0:w1] = 2 * i + j
+        h = torch.tanh(self.proj(x)) + m
+        h = h.clone()
+        h[:, 1:4] = torch.sigmoid(self.proj(x[:, 2:5]))
+        return self.fc(h.mean(1))
+
+
+def test_scatter_torch_ops_copy_their_operands_not_the_arena():
+    """aten's slice_scatter clones its input's whole storage (clone_preserve_strides): on an arena view, the whole
+    arena at each call (Swin-T's mask: 23 s of a 28 s step). The torch_op hands it compact copies: no aten call of
+    the forward and backward torch_ops reads a tensor larger than the op's own operands."""
+    x, y = torch.randn(4, 6, 6), torch.tensor([0, 1, 2, 1])
+    tr = port.Trainer(_Scatters(), x, optimizer=SGD(0.1))
+    ex = tr.executor
+    calls = [(c, f) for c, f in zip(ex.main_calls, ex.main) if c.kernel.startswith("torch_op")
+             and "slice_scatter" in c.attr("call")]
+    assert {c.kernel for c, _ in calls} >= {"torch_op", "torch_op.grad_input"}, [c.kernel for c, _ in calls]
+    assert tr.program.arena_bytes // 4 > 4 * 4 * 6 * 6     # the arena is much larger than any operand
+    _steps_like_eager(tr, _Scatters(), x, y, 0.1, 2)
+    for c, f in calls:
+        with torch.profiler.profile(record_shapes=True) as prof:
+            f()
+        widest = max(math.prod(s) for e in prof.events() if e.name.startswith("aten::")
+                     for s in e.input_shapes if isinstance(s, list) and s)
+        assert 0 < widest <= 4 * 6 * 6, (c.name, widest)
+
+
+class _Windows(nn.Module):
+    """Swin's copies: F.pad of an NHWC map over two dims, torch.roll over two dims and one, a table picked by an
+    index buffer (relative-position bias)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(6, 6)
+        self.table = nn.Parameter(torch.randn(9, 6) * 0.3)
+        self.register_buffer("idx", torch.tensor([[8, 0, 3, 3, 5, 1, 7], [2, 2, 6, 4, 0, 8, 1]]))
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):                                    # [N, 5, 7, 6]
+        h = torch.tanh(self.proj(x))
+        h = nn.functional.pad(h, (0, 0, 1, 2, 0, 3))       # [N, 8, 10, 6]
+        h = torch.roll(h, (-3, 2), (1, 2))
+        h = torch.roll(h, 4, 3)[:, 2:4, 1:8] + self.table[self.idx]
+        h = torch.roll(nn.functional.pad(h, (0, 0, 0, 0)), 7, 2)          # identities: no op
+        h = torch.cat([h[:, 0::2, 0::7], h[:, 1::2, 3::7]], 2)              # strided slices: view + narrow
+        return self.fc(h.flatten(1, 2).mean(1))
+
+
+def test_roll_pad_and_table_index_capture_on_c_and_train_like_eager():
+    x, y = torch.randn(4, 5, 7, 6), torch.tensor([0, 1, 2, 1])
+    tr = port.Trainer(_Windows(), x, optimizer=SGD(0.1))
+    kinds = [o.kind for o in tr.graph.ops]
+    assert kinds.count("roll") == 3 and kinds.count("pad") == 2 and "embedding" in kinds, kinds
+    assert kinds.count("narrow") == 6, kinds     # [:, 2:4, 1:8]; h[:, 0::2], h[:, 1::2] and their [:, :, s::7]
+    assert "torch_op" not in kinds
+    acc = {tr.graph.ops[d.op].kind: d.accelerator for d in tr.plan.ops}
+    assert all(acc[k] == "cpu-c" for k in ("roll", "roll.grad_input", "pad", "pad.grad_input", "embedding",
+                                           "embedding.grad_weight")), acc
+    _steps_like_eager(tr, _Windows(), x, y, 0.1, 3)
+
+
+@pytest.mark.parametrize("kind,attrs,shape", [("roll", {"dim": 1, "shift": 3, "size": 5}, (2, 5, 3)),
+                                              ("roll", {"dim": 0, "shift": 1, "size": 2}, (2, 5, 3)),
+                                              ("pad", {"dim": 2, "before": 2, "after": 1, "size": 3}, (2, 5, 3)),
+                                              ("pad", {"dim": 0, "before": 0, "after": 3, "size": 2}, (2, 5, 3))])
+def test_roll_and_pad_torch_bindings_equal_autograd(kind, attrs, shape):
+    """The torch engine's binding of each call (the two ranges of a roll, attribute ``part``; a pad) and of the
+    gradient against torch.roll / F.pad and their autograd."""
+    x = torch.randn(shape, requires_grad=True)
+    d = attrs["dim"]
+    if kind == "roll":
+        want = torch.roll(x, attrs["shift"], d)
+    else:
+        p = [0] * (2 * len(shape))
+        p[2 * (len(shape) - 1 - d)], p[2 * (len(shape) - 1 - d) + 1] = attrs["before"], attrs["after"]
+        want = nn.functional.pad(x, p)
+    dy = torch.randn(want.shape)
+    want.backward(dy)
+    rec = ops.RECORDS[kind]
+    y, dx = torch.full(want.shape, float("nan")), torch.full(shape, float("nan"))
+    parts = ({"part": 0}, {"part": 1}) if kind == "roll" else ({},)
+    for extra in parts:
+        rec.torch(kind, attrs | extra, [x.detach()], [y], _env())()
+        rec.torch(f"{kind}.grad_input", attrs | extra, [dy], [dx], _env())()
+    assert torch.equal(y, want.detach()) and torch.equal(dx, x.grad)

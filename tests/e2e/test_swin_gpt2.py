@@ -1,0 +1,89 @@
+"""Issue 54 for Swin-T and GPT-2: a tiny torchvision Swin block (shifted windows: pad to whole windows, roll,
+the relative-position bias gathered from its table, the shifted-window mask, patch merging's strided slices) and
+a tiny Hugging Face GPT-2 (Conv1D: addmm with W [in, out]) train like eager, with those ops on C."""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+import port
+from port.ir.capture import torch_ops
+from port.train.optim import SGD
+
+if "published" not in sys.modules:        # bench/published.import_zoo: torchvision imports without its C ops
+    _spec = importlib.util.spec_from_file_location("published", Path(__file__).resolve().parents[2] / "bench" /
+                                                   "published.py")
+    sys.modules["published"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["published"])
+ZOO = sys.modules["published"].import_zoo()
+
+
+def _like_eager(model, x, y, steps=3, lr=0.05, loss=None):
+    ref = copy.deepcopy(model)
+    tr = port.Trainer(model, x, optimizer=SGD(lr))
+    opt = torch.optim.SGD(ref.parameters(), lr=lr)
+    for _ in range(steps):
+        got = float(tr.step(x, y))
+        opt.zero_grad()
+        want = loss(ref, x, y)
+        want.backward()
+        opt.step()
+        assert abs(got - want.item()) < 2e-5, (got, want.item())
+    return tr
+
+
+class _TinySwin(nn.Module):
+    def __init__(self):
+        super().__init__()
+        from torchvision.models.swin_transformer import PatchMerging, SwinTransformerBlock
+        torch.manual_seed(0)
+        self.embed = nn.Conv2d(3, 8, 2, 2)
+        self.b0 = SwinTransformerBlock(8, 2, [3, 3], [0, 0])
+        self.b1 = SwinTransformerBlock(8, 2, [3, 3], [1, 1])       # shifted: roll, mask
+        self.merge = PatchMerging(8)
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x):                                          # [N, 3, 10, 10] -> a 5 x 5 map: padded to 6
+        h = self.embed(x).permute(0, 2, 3, 1)
+        h = self.merge(self.b1(self.b0(h)))
+        return self.fc(h.mean((1, 2)))
+
+
+def test_tiny_swin_trains_like_eager_with_its_copies_on_c():
+    if "torchvision" not in ZOO:
+        pytest.skip("torchvision does not import here")
+    x, y = torch.randn(2, 3, 10, 10), torch.tensor([1, 4])
+    tr = _like_eager(_TinySwin(), x, y, loss=lambda m, x, y: nn.functional.cross_entropy(m(x), y))
+    kinds = {o.kind for o in tr.graph.ops}
+    assert {"roll", "pad", "embedding", "embedding.grad_weight", "narrow"} <= kinds, kinds
+    left = {a for _, a in torch_ops(tr.graph)}
+    # only the shifted-window mask's construction (a constant) and mean over two dims remain on torch
+    assert not left & {"aten.roll.default", "aten.pad.default", "aten.index.Tensor", "aten.slice.Tensor"}, left
+
+
+def test_tiny_gpt2_trains_like_eager_with_conv1d_on_c():
+    if "transformers" not in ZOO:
+        pytest.skip("transformers does not import here")
+    transformers = ZOO["transformers"]
+    cfg = transformers.GPT2Config(vocab_size=37, n_positions=16, n_embd=16, n_layer=1, n_head=2,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    m = transformers.GPT2LMHeadModel(cfg)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 37, (2, 9), generator=g)
+    y = torch.roll(x, -1, 1)
+
+    def loss(ref, x, y):
+        logits = ref(x).logits
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    tr = _like_eager(m, x, y, loss=loss)
+    lin = [o for o in tr.graph.ops if o.kind == "linear" and o.attr("weight_t")]
+    assert len(lin) == 4, [o.name for o in lin]                   # c_attn, c_proj, mlp c_fc, mlp c_proj
+    acc = {d.op: d.accelerator for d in tr.plan.ops}
+    assert all(acc[o.id] == "cpu-c" for o in tr.graph.ops if o.kind.startswith("linear"))
