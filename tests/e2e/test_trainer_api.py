@@ -87,10 +87,13 @@ while True:
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=os.getcwd()))
     assert p.stdout.readline().strip() == b"ready"
     deadline = time.time() + 60
-    while time.time() < deadline and not any(".tmp-" in n for n in os.listdir(tmp_path)):
-        time.sleep(0.01)
+    # the writer's temporary file is `.c.port.p<pid>.XXXX.tmp` (port/io.py): kill while it exists
+    while time.time() < deadline and not any(n.endswith(".tmp") for n in os.listdir(tmp_path)):
+        time.sleep(0.005)
+    seen = [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
+    assert seen, "the writer never had a temporary file beside the checkpoint"
     hdr, t = read_checkpoint(path)   # previous (or a complete new) checkpoint, never torn
     assert hdr["step"] in (1, 2)
 
