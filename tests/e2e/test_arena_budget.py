@@ -50,7 +50,7 @@ def _solve(g, prof, budget: int):
         warnings.simplefilter("error", ArenaFitWarning)
         for _ in range(3):
             try:
-                return budget, solve(g, prof, budget, solver="highs", time_limit_s=20, gap=0.02)
+                return budget, solve(g, prof, budget, solver="highs", time_limit_s=6, gap=0.05)   # any plan: fit, not optimality
             except InfeasibleBudgetError as e:
                 assert e.min_feasible_bytes is not None and e.min_feasible_bytes > budget, str(e)
                 budget = e.min_feasible_bytes
