@@ -16,6 +16,10 @@ if os.environ.get("OMP_NUM_THREADS", "") in ("", os.environ.get("PORT_TESTS_OMP_
 # Engine footprints (port.cost.footprint) take a fresh process per engine (~2 s each): the quick profiles the
 # suite takes by the hundred skip them; tests/unit/test_footprint.py measures them.
 os.environ.setdefault("PORT_PROFILE_ENGINE", "0")
+# The commands the suite runs (`port train` with no profile yet, `port profile`) measure with the quick timing
+# blocks (port/pipeline/profiles.py::_timing): 25-35% of a transformer config's `port train` test. The default
+# blocks are what users get; tests/unit/test_profile.py times with its own.
+os.environ.setdefault("PORT_PROFILE_QUICK", "1")
 # Capture (torch.export) runs in a forked child by default, so a training process never imports the compiler
 # stack; the child re-imports it each time (~1.5 s). The suite captures hundreds of models: in this process (the
 # stack imported once). tests/e2e/test_memory_measured.py runs the default path in fresh processes.

@@ -227,8 +227,13 @@ def _explicit_file(job: Job, prof: Any, miss: Sequence[str], stale: Optional[str
 
 
 def _timing(quick: bool, blocks: int | None = None, block_ms: float | None = None) -> dict:
-    """Timing blocks of a measurement: the quick ones (`--quick`) or the defaults, single values overridden."""
+    """Timing blocks of a measurement: the quick ones (`--quick`, or PORT_PROFILE_QUICK=1 in the environment: the
+    test suite's setting, so the commands it runs measure their profiles quickly) or the defaults, single values
+    overridden."""
+    import os
+
     from port.cost import measure as M
+    quick = quick or os.environ.get("PORT_PROFILE_QUICK", "0").strip() == "1"
     return dict(blocks=blocks or (M.QUICK_BLOCKS if quick else M.DEFAULT_BLOCKS),
                 block_ms=block_ms or (M.QUICK_BLOCK_MS if quick else M.DEFAULT_BLOCK_MS),
                 warmup_ms=M.QUICK_WARMUP_MS if quick else M.DEFAULT_WARMUP_MS)
