@@ -39,7 +39,8 @@ test-all: install
 
 # Kernel tests, the hostile-program tests, the program fuzzer and the call rule's tests against an ASan+UBSan
 # build of the C library (separate .so, quick parametrisation); the bundle fuzzer (300 mutants) against an
-# ASan+UBSan build of port-rt (kernels/build/port-rt-asan), so a write outside the arena fails.
+# ASan+UBSan build of port-rt (kernels/build/port-rt-asan), so a write outside the arena fails. On the xdist
+# workers like test/test-all (LD_PRELOAD and the sanitizer options reach them through the environment).
 ASAN_LIB := $(CURDIR)/kernels/build/asan/libport_kernels_asan.so
 RT_ASAN_BIN := kernels/build/port-rt-asan
 test-asan: install $(RT_ASAN_BIN)
@@ -47,8 +48,8 @@ test-asan: install $(RT_ASAN_BIN)
 	PORT_KERNELS_LIB=$(ASAN_LIB) PORT_KERNELS_QUICK=1 PORT_RT_BIN=$(CURDIR)/$(RT_ASAN_BIN) \
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	$(PY) -m pytest -q -s -p no:cacheprovider tests/kernels tests/unit/test_fuzz_program.py tests/unit/test_hostile_program.py \
-	  tests/unit/test_call_rule.py
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_XDIST) tests/kernels tests/unit/test_fuzz_program.py \
+	  tests/unit/test_hostile_program.py tests/unit/test_call_rule.py
 	PORT_RT_BIN=$(CURDIR)/$(RT_ASAN_BIN) PORT_FUZZ_BUNDLES=300 $(PY) -m pytest -q -p no:cacheprovider \
 	  tests/unit/test_fuzz_bundle.py
 
