@@ -6,8 +6,10 @@ of range in self"), which names none of them.
 
 Two sources of indices are followed back from each forward ``embedding`` op through ops that pass ids through
 unchanged (``reshape``: views, slices; ``permute``): a model input (token ids: the values are checked, at
-trace time on the example and on every batch the Trainer runs) and an ``arange`` (positions
-``start .. start + T - 1``: the sequence length is checked once, on the graph)."""
+trace time on the example and on every batch the Trainer runs), an ``arange`` (positions
+``start .. start + T - 1``: the sequence length is checked once, on the graph) and a constant the capture
+folded (position ids made from shapes and buffers, port.ir.fold: its values, made from the model's buffers, are
+checked once at trace time)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,14 +39,17 @@ def _origin(graph: Any, tid: int) -> tuple[int, Any]:
 
 
 def _embeddings(graph: Any):
-    """(embedding op, where its indices come from: a model input's position or the op that makes them, rows)
-    for every forward embedding of ``graph``."""
+    """(embedding op, where its indices come from: a model input's position, the op that makes them or a folded
+    constant's name, rows) for every forward embedding of ``graph``."""
+    from port.ir.fold import is_folded
     inputs = {t: k for k, t in enumerate(graph.input_ids)}
     for op in graph.ops:
         if op.kind != "embedding" or len(op.inputs) < 2:
             continue
         tid, src = _origin(graph, op.inputs[0])
-        yield op, inputs.get(tid, src), int(graph.tensors[op.inputs[1]].shape[0])
+        name = graph.tensors[tid].name
+        yield op, inputs.get(tid, name if src is None and is_folded(name) else src), \
+            int(graph.tensors[op.inputs[1]].shape[0])
 
 
 def token_bounds(graph: Any) -> tuple[TokenBound, ...]:
@@ -52,14 +57,26 @@ def token_bounds(graph: Any) -> tuple[TokenBound, ...]:
     return tuple(TokenBound(src, op.name, rows) for op, src, rows in _embeddings(graph) if isinstance(src, int))
 
 
-def check_positions(graph: Any, what: str = "example_input") -> None:
-    """TokenError when an ``arange`` of positions (the sequence length) reaches past an embedding's rows."""
+def check_positions(graph: Any, what: str = "example_input", model: Any = None) -> None:
+    """TokenError when an ``arange`` of positions (the sequence length) reaches past an embedding's rows; with
+    ``model``, also when a folded constant of indices does (position ids the capture folded, port.ir.fold: its
+    values made from ``model``'s buffers)."""
+    from port.ir.fold import model_constants
+    recipes = dict(graph.constants)
+    if model is not None and any(b.is_meta for b in model.buffers()):
+        model = None                # an inference capture's weightless copy: its training twin was checked
     for op, src, rows in _embeddings(graph):
-        if src is None or isinstance(src, int) or src.kind != "arange":
+        if isinstance(src, str) and model is not None:     # a folded constant: its values
+            v = model_constants([(src, recipes[src])], model)[src]
+            if v.numel() == 0:
+                continue
+            start, hi, n = int(v.min()), int(v.max()), int(v.shape[-1]) if v.dim() else 1
+        elif src is None or isinstance(src, (int, str)) or src.kind != "arange":
             continue
-        start = int(src.attr("start", 0) or 0)
-        n = int(graph.tensors[src.outputs[0]].shape[0]) if graph.tensors[src.outputs[0]].shape else 1
-        hi = start + n - 1
+        else:
+            start = int(src.attr("start", 0) or 0)
+            n = int(graph.tensors[src.outputs[0]].shape[0]) if graph.tensors[src.outputs[0]].shape else 1
+            hi = start + n - 1
         if start < 0 or hi >= rows:
             raise TokenError(
                 f"{what}: the sequence length {n} is longer than the model's context: embedding {op.name!r} has "
@@ -86,10 +103,10 @@ def check_tokens(bounds: Sequence[TokenBound], values: Sequence[Any], names: Seq
                          f"a larger one)")
 
 
-def check_example(graph: Any, named: Sequence[tuple[str, Any]]) -> None:
+def check_example(graph: Any, named: Sequence[tuple[str, Any]], model: Any = None) -> None:
     """Trace time: the example's token ids and sequence length against the graph's embeddings."""
     main = "example_input" if len(named) == 1 else f"example_input[{named[0][0]!r}]"
-    check_positions(graph, main)
+    check_positions(graph, main, model)
     check_tokens(token_bounds(graph), [v for _, v in named],
                  [main] + [f"example_input[{k!r}]" for k, _ in named[1:]])
 

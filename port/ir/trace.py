@@ -20,6 +20,7 @@ from typing import Any, Iterable, Sequence
 
 from port.errors import ArgumentError, PortTraceError
 from port.ir import capture as C
+from port.ir import fold as F
 from port.ir.inputs import example_inputs  # noqa: F401  (its home before port.ir.inputs; the trainer's import)
 from port import ops
 from port.ops.base import BackwardCtx, Fwd, default_backward
@@ -134,7 +135,7 @@ def trace_many(jobs: Sequence[dict]) -> list[Graph]:
     from port.ir.tokens import check_example
     for p in prepared:
         g = p[2] if len(p) > 2 else _CACHE[p[0]][0]
-        check_example(g, example_inputs(p[1][1]))   # token ids and sequence length (not in the cache key)
+        check_example(g, example_inputs(p[1][1]), p[1][0])   # token ids and sequence length (not in the cache key)
         if p[0] is not None:
             _CACHE.move_to_end(p[0])
         name = p[1][2]
@@ -372,6 +373,7 @@ def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, 
     li = _logits_index(ep, output, model_name)
     out_node_name = user_outs[li].arg.name
     nodes = {n.name: n for n in ep.graph.nodes}
+    F.fold_repeat_kv(ep)                     # Llama's repeat_kv before attention: the attention's kv_heads
     needed: set[str] = set()
     stack = [out_node_name]
     while stack:
@@ -386,6 +388,21 @@ def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, 
             raise PortTraceError(f"{model_name}: forward() modifies the parameter '{s.target}' in place; PORT "
                                  f"trains parameters only through their gradients. Fix: compute a new tensor "
                                  f"instead of writing into the parameter.")
+
+    # constants (position ids, masks, rotary tables) computed once, held as buffers: port.ir.fold
+    folding = F.plan(ep, needed, out_node_name)
+    needed = folding.needed
+    constants: dict[str, str] = {}           # folded buffer name -> recipe
+    const_ids: dict[str, int] = {}           # folded buffer name -> tensor id (equal recipes: one tensor)
+
+    def folded_buffer(node: Any) -> None:
+        name, recipe = folding.frontier[node.name]
+        if name not in constants:
+            constants[name] = recipe
+            v = C.val_of(node)
+            const_ids[name] = b.tensor(name, v.shape, _dtype_name(v.dtype), ROLE_BUFFER)
+            kinds_of[const_ids[name]] = ROLE_BUFFER
+        env[node.name] = const_ids[name]
 
     input_id = -1
     extra: list[tuple[str, int]] = []        # further inputs (name, tensor id)
@@ -427,11 +444,16 @@ def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, 
             env[node.name] = tid
             kinds_of[tid] = ROLE_PARAMETER
         elif kind == "BUFFER":
+            if node.name in folding.folded:
+                continue                          # read by folded constants only
             tid = b.tensor(spec.target, val.shape, _dtype_name(val.dtype), ROLE_BUFFER)
             env[node.name] = tid
             kinds_of[tid] = ROLE_BUFFER
         elif kind == "CONSTANT_TENSOR":
             if node.name not in needed:
+                continue
+            if node.name in folding.frontier:
+                folded_buffer(node)
                 continue
             value = ep.constants[spec.target]
             if value.numel() > C.MAX_CONSTANT_NUMEL:
@@ -453,6 +475,9 @@ def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, 
     ctx = _Ctx(b, env, multi, kinds_of, model_name, batch)
     for node in ep.graph.nodes:
         if node.op != "call_function" or node.name not in needed or node.name in ctx.skip:
+            continue
+        if node.name in folding.frontier:
+            folded_buffer(node)
             continue
         path, _cls = C.module_path(node)
         if path in leafs and path not in leaf_seen:
@@ -484,7 +509,7 @@ def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, 
         raise PortTraceError(f"{model_name}: no trainable parameters (trainable={trainable!r} matched "
                              f"no module with parameters)")
     g = _assemble(b, fwds, model_name, batch, input_id, logits_id, trainable_params, optimizer)
-    return replace(g, extra_inputs=tuple(extra)) if extra else g
+    return replace(g, extra_inputs=tuple(extra), constants=tuple(sorted(constants.items())))
 
 
 @dataclass

@@ -124,6 +124,8 @@ class Graph:
     batch_size: int
     extra_inputs: tuple[tuple[str, int], ...] = ()   # further model inputs (keyword name, tensor id), e.g.
                                       # an attention mask beside the token ids; ``input_id`` is the first
+    constants: tuple[tuple[str, str], ...] = ()      # folded constants (buffer name, recipe JSON): buffers the
+                                      # capture computed from the model's buffers (port.ir.fold), not model state
     _index: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
@@ -288,6 +290,8 @@ class Graph:
 
     def to_dict(self) -> dict:
         extra = {"extra_inputs": [[k, t] for k, t in self.extra_inputs]} if self.extra_inputs else {}
+        if self.constants:
+            extra["constants"] = [[k, r] for k, r in self.constants]
         return extra | {
             "name": self.name,
             "optimizer": self.optimizer,
@@ -323,7 +327,8 @@ class Graph:
                        tuple(o["outputs"]), tuple(o.get("saved", ())), o.get("flops", 0), o.get("vector_flops", 0),
                        o.get("bytes_moved", 0), o.get("forward_op")) for o in d["ops"])
         return Graph(d["name"], tensors, ops, d["input_id"], d["label_id"], d["loss_id"], d["logits_id"],
-                     d["optimizer"], d["batch_size"], tuple((str(k), int(t)) for k, t in d.get("extra_inputs", ())))
+                     d["optimizer"], d["batch_size"], tuple((str(k), int(t)) for k, t in d.get("extra_inputs", ())),
+                     tuple((str(k), str(r)) for k, r in d.get("constants", ())))
 
     def digest(self) -> str:
         """sha256 of the canonical JSON form without the display name: plans and profiles refer to graphs

@@ -201,11 +201,12 @@ def _binary_capture(kind: str):
     def rule(ctx):
         n = ctx.node
         a, c = n.args[0], n.args[1]
-        if not hasattr(a, "name") or not hasattr(c, "name") or any(ctx.is_buffer(v) for v in (a, c)) \
+        if not hasattr(a, "name") or not hasattr(c, "name") \
                 or arg(n, 2, "alpha", 1) != 1 or n.kwargs.get("rounding_mode") is not None:
             return False
-        if ctx.is_param(a) and (ctx.is_param(c) or not commutative):
-            return False       # parameter op parameter, or a parameter first in sub/div: a torch_op
+        held = [ctx.is_param(v) or ctx.is_buffer(v) for v in (a, c)]
+        if held[0] and (held[1] or not commutative):
+            return False       # weight op weight, or a weight first in sub/div: a torch_op
         ta, tc = ctx.t(a), ctx.t(c)
         if not float32(ctx, ta, tc):
             return False
@@ -214,15 +215,17 @@ def _binary_capture(kind: str):
             return False
         r = len(collapse(ctx.shape(ta), ctx.shape(tc), ctx.shape(y))[0])
         attrs = {"bcast_rank": r} if r > _MAX_RANK else {}
-        if ctx.is_param(a) or ctx.is_param(c):         # x op gamma (layer scale, position embedding)
-            x, w = (tc, ta) if ctx.is_param(a) else (ta, tc)
+        if held[0] or held[1]:      # x op gamma (layer scale, position embedding) or x op a buffer (a folded
+            x, w = (tc, ta) if held[0] else (ta, tc)     # mask, rotary cos/sin: no gradient)
+            if ctx.is_buffer(a if held[0] else c):
+                return fwd(ctx, kind, attrs, (x,), (y,), 0, numel(ctx.shape(y)), buffers={"weight": w})
             return fwd(ctx, kind, attrs, (x,), (y,), 0, numel(ctx.shape(y)), params={"weight": w})
         return fwd(ctx, kind, attrs, (ta, tc), (y,), 0, numel(ctx.shape(y)))
     return rule
 
 
 def _operands(f) -> tuple[int, int]:
-    return tuple(f.x) + tuple(f.params.values())
+    return tuple(f.x) + tuple(f.params.values()) + tuple(f.buffers.values())
 
 
 def _binary_saved(f, gi, gw, wanted):

@@ -414,7 +414,7 @@ def _expand_capture(ctx):
     from port.ops.elementwise import broadcast_shape, collapse
     n = ctx.node
     xa = n.args[0]
-    if not hasattr(xa, "name") or ctx.is_buffer(xa):
+    if not hasattr(xa, "name"):
         return False
     x = ctx.t(xa)
     if not float32(ctx, x):
@@ -426,6 +426,8 @@ def _expand_capture(ctx):
     attrs = {"bcast_rank": r} if r > _EXPAND_RANK else {}
     if ctx.is_param(xa):
         return fwd(ctx, "expand", attrs, (), (y,), 0, 0, params={"weight": x})
+    if ctx.is_buffer(xa):           # a folded constant (a causal mask over the batch): no gradient
+        return fwd(ctx, "expand", attrs, (), (y,), 0, 0, buffers={"weight": x})
     return fwd(ctx, "expand", attrs, (x,), (y,))
 
 

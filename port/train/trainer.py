@@ -27,6 +27,7 @@ from port.lower.program import Program
 from port.ir.types import ROLE_BUFFER, ROLE_GRADIENT, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER
 from port.plan.types import Plan
 from port.ir.tokens import check_tokens, token_bounds
+from port.ir.fold import is_folded, model_constants
 from port.train.memwatch import release_freed_heap
 
 
@@ -288,6 +289,12 @@ class Trainer:
                         freed = 0
             rest = [s for s in self._named_slots((ROLE_PARAMETER, ROLE_BUFFER))
                     if self._view(s).data_ptr() not in done]
+            folded = dict(self.graph.constants) | dict(self.eval_graph.constants)
+            if any(s.name in folded for s in rest):     # constants the capture folded (port.ir.fold): their
+                values = model_constants(folded.items(), model)  # recipes run on the model's buffers, once
+                for s in [s for s in rest if s.name in values]:
+                    self._view(s).copy_(values[s.name].reshape(s.shape))
+                rest = [s for s in rest if s.name not in values]
             if rest:
                 sd = model.state_dict()     # names the module's attributes do not give (custom state_dict)
                 for s in rest:
@@ -608,7 +615,8 @@ class Trainer:
     # -- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Parameters and buffers (BN running stats) as torch tensors (copies), by module state_dict name."""
-        return {s.name: self._view(s).clone() for s in self._named_slots((ROLE_PARAMETER, ROLE_BUFFER))}
+        return {s.name: self._view(s).clone() for s in self._named_slots((ROLE_PARAMETER, ROLE_BUFFER))
+                if not is_folded(s.name)}
 
     def load_state_dict(self, sd: dict) -> None:
         for s in self._named_slots((ROLE_PARAMETER, ROLE_BUFFER)):

@@ -219,7 +219,7 @@ REACH = {
             "port_global_avgpool_backward_input", "port_add"},
     "gpt_tiny": {"port_embedding_forward", "port_embedding_backward_weight", "port_attention_forward",
                  "port_attention_backward", "port_softmax_xent_ignore_forward", "port_softmax_xent_ignore_backward",
-                 "port_arange_i64", "port_add_broadcast", "port_sum_rows", "port_permute"},
+                 "port_add_broadcast", "port_sum_rows", "port_permute"},
     "bert_tiny": {"port_ne_scalar_i64", "port_mean_mid_forward", "port_mean_mid_backward", "port_adamw_step"},
     "normpool": {f"port_{k}" for k in ("rmsnorm_forward", "rmsnorm_backward_input", "rmsnorm_backward_weight",
                                        "groupnorm_forward", "groupnorm_backward_input", "groupnorm_backward_weight",

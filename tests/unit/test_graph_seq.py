@@ -8,6 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import port
+from port.ir.fold import is_folded
 from port.errors import PortTraceError
 from port.transformers import bert_tiny, gpt_tiny, lora, merge_lora
 from reference import flop_counts, saved_activation_bytes
@@ -36,21 +37,26 @@ def test_flops_and_saved_bytes_match_torch(name):
     # [N, T, H, d] layout, so o.transpose(1, 2).reshape(...) before the output projection is a free view, while
     # PORT's kernels read contiguous tensors and the projection saves a permuted copy (one [N, T, D] per layer);
     # (2) torch turns a boolean key mask into a float mask [N, 1, 1, T] per attention call, PORT keeps the one
-    # bool mask; (3) autograd's loss also saves a 4-byte total_weight.
+    # bool mask; (3) autograd's loss also saves a 4-byte total_weight; (4) position ids built from the sequence
+    # length (arange) are a constant the capture folds into a buffer (port.ir.fold): held, not saved.
+    folded = sum(g.tensors[o.inputs[0]].bytes for o in g.ops
+                 if o.kind == "embedding" and is_folded(g.tensors[o.inputs[0]].name))
     layers = sum(1 for o in g.ops if o.kind == "attention")
     masked = any(o.kind == "attention" and o.attr("mask") is not None for o in g.ops)
     d = g.tensors[next(o for o in g.ops if o.kind == "attention").outputs[0]].shape
     copy = layers * N * T * d[1] * d[3] * 4
     mask = (layers * N * T * 4 - N * T) if masked else 0
-    assert t["naive_peak_activation_bytes"] == saved_activation_bytes(m, x) + copy - mask - 4
+    assert t["naive_peak_activation_bytes"] == saved_activation_bytes(m, x) + copy - mask - 4 - folded
 
 
 def test_shapes_kinds_and_tied_embedding():
     m, x = _models()["gpt_tiny"]
     g = port.trace(m, x)
     kinds = {o.kind for o in g.ops}
-    assert {"embedding", "layer_norm", "attention", "gelu", "permute", "add_bcast", "arange",
+    assert {"embedding", "layer_norm", "attention", "gelu", "permute", "add_bcast",
             "attention.grad_input", "embedding.grad_weight"} <= kinds
+    # the position ids (arange over the sequence) are folded at capture into one int64 buffer (port.ir.fold)
+    assert "arange" not in kinds and [(t.shape, t.dtype) for t in g.tensors if is_folded(t.name)] == [((T,), "int64")]
     assert g.tensors[g.logits_id].shape == (N, T, 256) and g.tensors[g.label_id].shape == (N, T)
     tied = [t for t in g.parameters() if t.name == "tok.weight"]
     assert len(tied) == 1 and "head.weight" not in {t.name for t in g.parameters()}

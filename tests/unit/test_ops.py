@@ -613,8 +613,8 @@ def test_random_calls_refuse_cuda_graph_replay():
 
 
 class _PositionIds(nn.Module):
-    """BERT's position ids: a slice of an int64 buffer into an embedding: of a [1, 12] buffer (BERT's), a view of the
-    buffer's bytes; of row 1 of a [2, 12] one (``rows=2``), copied on C as pairs of 4-byte words."""
+    """BERT's position ids: a slice of an int64 buffer into an embedding (of a [1, 12] buffer, BERT's, or of row 1
+    of a [2, 12] one, ``rows=2``): input-independent, folded at capture into an int64 buffer (port.ir.fold)."""
 
     def __init__(self, rows=1):
         super().__init__()
@@ -628,15 +628,41 @@ class _PositionIds(nn.Module):
         return self.fc((x + p).mean(1))
 
 
-@pytest.mark.parametrize("rows,kind", [(2, "narrow"), (1, "narrow_view")])
-def test_narrow_of_an_int64_buffer_runs_on_c_and_trains_like_eager(rows, kind):
+class _IdSlices(nn.Module):
+    """Slices of int64 token ids into an embedding: columns 2..6 of every row (copied on C as pairs of 4-byte
+    words) and the last row (a batch slice: a view of the ids' bytes)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(12, 6)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, ids):                                  # ids [N, 12]
+        return self.fc((self.emb(ids[:, 2:7]) + self.emb(ids[-1:, :5])).mean(1))
+
+
+@pytest.mark.parametrize("rows", [2, 1])
+def test_a_slice_of_an_int64_buffer_is_folded_and_trains_like_eager(rows):
+    from port.ir.fold import is_folded
     x, y = torch.randn(4, 5, 6), torch.tensor([0, 1, 2, 1])
     tr = port.Trainer(_PositionIds(rows), x, optimizer=SGD(0.1))
-    narrow = [o for o in tr.graph.ops if o.kind == kind]
-    assert narrow and narrow[0].attr("dtype") == "int64"
-    assert all(tr.plan.ops[o.id].accelerator == "cpu-c" for o in narrow)
-    assert ("narrow" in {c.kernel for c in tr.program.calls}) == (kind == "narrow")     # a view: no call
+    held = [t for t in tr.graph.tensors if is_folded(t.name)]
+    assert [(t.shape, t.dtype) for t in held] == [((5,), "int64")], held
+    assert not any(o.kind in ("narrow", "narrow_view") for o in tr.graph.ops)
     _steps_like_eager(tr, _PositionIds(rows), x, y, 0.1, 3)
+
+
+def test_narrow_of_int64_ids_runs_on_c_and_trains_like_eager():
+    x, y = torch.randint(0, 12, (4, 12), generator=torch.Generator().manual_seed(1)), torch.tensor([0, 1, 2, 1])
+    tr = port.Trainer(_IdSlices(), x, optimizer=SGD(0.1))
+    for kind in ("narrow", "narrow_view"):
+        narrow = [o for o in tr.graph.ops if o.kind == kind]
+        assert narrow and narrow[0].attr("dtype") == "int64", kind
+        assert all(tr.plan.ops[o.id].accelerator == "cpu-c" for o in narrow)
+    assert "narrow" in {c.kernel for c in tr.program.calls} and "narrow_view" not in {c.kernel for c in
+                                                                                      tr.program.calls}
+    _steps_like_eager(tr, _IdSlices(), x, y, 0.1, 3)
     a = dict(narrow[0].attrs)
     assert ops.has_c("narrow", a) and not ops.has_c("narrow", a | {"dtype": "bool"})   # (bool: PyTorch's kernels)
 
