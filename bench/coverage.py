@@ -41,15 +41,16 @@ if sys.argv[3] == "predict":
     r = P.predict(P.MODELS[sys.argv[2]])
     print("ROW " + json.dumps(dataclasses.asdict(r) | {"rel_error": r.rel_error}))
 else:
-    r = P.compare(P.MODELS[sys.argv[2]])
+    r = P.compare(P.MODELS[sys.argv[2]], rt_binary=sys.argv[4] if len(sys.argv) > 4 else None)
     print("ROW " + json.dumps(dataclasses.asdict(r)))
 """
 
 
-def run_one(name: str, timeout_s: float, what: str = "compare") -> dict:
+def run_one(name: str, timeout_s: float, what: str = "compare", rt_binary: str | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     try:
-        p = subprocess.run([sys.executable, "-c", _CHILD, str(ROOT / "bench" / "published.py"), name, what],
+        p = subprocess.run([sys.executable, "-c", _CHILD, str(ROOT / "bench" / "published.py"), name, what,
+                            *([rt_binary] if rt_binary else [])],
                            capture_output=True, text=True, timeout=timeout_s, env=env, cwd=str(ROOT))
     except subprocess.TimeoutExpired:
         return {"name": name, "error": f"timed out after {timeout_s:.0f} s", "internal": True}
@@ -69,6 +70,8 @@ def main() -> None:
                     "profile (full) + solve, predicted vs measured step (section 'Coverage: predicted vs measured')")
     ap.add_argument("--figure", type=Path, help="draw the Coverage table of bench/RESULTS.md as a PNG at this "
                     "path (runs no model)")
+    ap.add_argument("--no-rt", dest="rt", action="store_false",
+                    help="leave out the port-rt column (`make port-rt`, then each all-C model trained by port-rt)")
     a = ap.parse_args()
     sys.path.append(str(ROOT / "bench"))
     if a.figure:
@@ -80,15 +83,19 @@ def main() -> None:
     names = [n for n in a.only.split(",") if n] or list(P.MODELS)
     t0, load0 = time.time(), os.getloadavg()[0]
     rows = []
+    rt_bin, rt_why = build_port_rt() if a.rt else (None, "")
     for n in names:
-        r = run_one(n, a.timeout_s)
+        r = run_one(n, a.timeout_s, rt_binary=rt_bin)
         r.setdefault("family", P.MODELS[n].family)
+        if a.rt and not rt_bin and r.get("captured") and not r.get("ops_torch"):
+            r["rt"] = f"no ({rt_why})"
         rows.append(r)
-        print(f"{n}: captured={r.get('captured')} equal={r.get('trained_equal')} {r.get('error', '')}", flush=True)
+        print(f"{n}: captured={r.get('captured')} equal={r.get('trained_equal')} rt={r.get('rt', '')} "
+              f"{r.get('error', '')}", flush=True)
     lines = [machine_line("python bench/coverage.py" + (f" --only {a.only}" if a.only else ""), t0, load0) + ".",
              "", "| model | family | input (batch) | captured | ops C / torch | equal | losses PORT | losses eager f32 | "
-             "losses eager f32 1 thread | losses eager f64 | step ms PORT / eager | set-up s | error |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "losses eager f32 1 thread | losses eager f64 | step ms PORT / eager | set-up s | port-rt | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda ls: " ".join(f"{v:.5g}" for v in ls or [])  # noqa: E731
     for r in rows:
         sp = P.MODELS[r["name"]]
@@ -99,7 +106,7 @@ def main() -> None:
                      f"{'' if r.get('strict_equal') or not r.get('trained_equal') else ' (not strict)'} | "
                      f"{fmt(r.get('losses_port'))} | {fmt(r.get('losses_eager'))} | {fmt(r.get('losses_eager_1t'))} | {fmt(r.get('losses_f64'))} | "
                      f"{r.get('port_step_ms', 0):.1f} / {r.get('eager_step_ms', 0):.1f} | {r.get('setup_s', 0):.1f} | "
-                     f"{(r.get('error') or '').replace('|', '/')[:160]} |")
+                     f"{rt_cell(r)} | {(r.get('error') or '').replace('|', '/')[:160]} |")
     eq = sum(1 for r in rows if r.get("trained_equal"))
     strict = sum(1 for r in rows if r.get("strict_equal"))
     cap = sum(1 for r in rows if r.get("captured"))
@@ -108,8 +115,26 @@ def main() -> None:
     lines += ["", f"Coverage headline: {eq}/{len(rows)} trained equal to eager ({100 * eq / max(1, len(rows)):.0f}%, "
               f"target >= 95%; {strict}/{len(rows)} strict, against the default-threads float32 run alone), "
               f"{cap}/{len(rows)} captured, {internal} internal errors (target 0); all-C (every op of the default "
-              f"plan on PORT's C kernels): {all_c}/{len(rows)} ({100 * all_c / max(1, len(rows)):.0f}%, target >= 80%)."]
+              f"plan on PORT's C kernels): {all_c}/{len(rows)} ({100 * all_c / max(1, len(rows)):.0f}%, target >= 80%)"
+              + (f"; port-rt: {sum(1 for r in rows if r.get('rt') == 'yes')}/{all_c} all-C models compile and "
+                 f"train bit for bit (target: all)." if a.rt else ".")]
     publish("Coverage", "\n".join(lines), not a.no_write)
+
+
+def rt_cell(r: dict) -> str:
+    """The port-rt column: yes / no (why) for an all-C model, n/a for a plan with torch ops or a model refused."""
+    if not r.get("captured"):
+        return "n/a (not captured)"
+    return (r.get("rt") or "-").replace("|", "/")
+
+
+def build_port_rt() -> tuple[str | None, str]:
+    """(path of `make port-rt`'s binary, "") or (None, why it did not build)."""
+    p = subprocess.run(["make", "-s", "port-rt"], cwd=ROOT, capture_output=True, text=True)
+    b = ROOT / "kernels" / "build" / "port-rt"
+    if p.returncode or not b.is_file():
+        return None, f"make port-rt failed: {(p.stderr.strip().splitlines() or ['?'])[-1][:120]}"
+    return str(b), ""
 
 
 def coverage_rows(results: str) -> list[dict]:

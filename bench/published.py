@@ -329,6 +329,7 @@ class Row:
     plan_peak_bytes: int = 0
     error: str = ""
     internal: bool = False          # the failure was PORT's (not a clear refusal)
+    rt: str = ""                    # port-rt (compare(rt_binary=...)): "yes", "no (why)", "n/a (...)"; "": not run
 
 
 def deterministic(model):
@@ -344,7 +345,6 @@ def deterministic(model):
 
 def _eager(model, x, y, steps: int, dtype, lr: float):
     import torch
-    import torch.nn.functional as F
     m = copy.deepcopy(model).to(dtype)
     cast = lambda t: t.to(dtype) if t.is_floating_point() else t  # noqa: E731
     xx = {k: cast(v) for k, v in x.items()} if isinstance(x, dict) else cast(x)
@@ -353,15 +353,23 @@ def _eager(model, x, y, steps: int, dtype, lr: float):
     for _ in range(steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        z = m(**xx) if isinstance(xx, dict) else m(xx)
-        z = getattr(z, "logits", z) if not isinstance(z, torch.Tensor) else z
-        z = z if isinstance(z, torch.Tensor) else z[0]
-        loss = F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1))
+        loss = eager_loss(m, xx, y)
         loss.backward()
         opt.step()
         times.append((time.perf_counter() - t0) * 1e3)
         out.append(float(loss))
     return out, times
+
+
+def eager_loss(model, x, y):
+    """The training loss of ``model`` on a batch of batch_of() in eager PyTorch: cross-entropy of its logits
+    (``.logits`` of a ModelOutput, else the first output), [N, K] or per token/pixel [N, T, K]."""
+    import torch
+    import torch.nn.functional as F
+    z = model(**x) if isinstance(x, dict) else model(x)
+    z = getattr(z, "logits", z) if not isinstance(z, torch.Tensor) else z
+    z = z if isinstance(z, torch.Tensor) else z[0]
+    return F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1))
 
 
 def equal(port: list, f32: list, f64: list, f32_more: tuple[list, ...] = ()) -> bool:
@@ -381,9 +389,12 @@ def equal(port: list, f32: list, f64: list, f32_more: tuple[list, ...] = ()) -> 
 LR = 1e-3     # small steps: at batch 4 on 32x32 maps deep nets amplify float32 rounding (see equal())
 
 
-def compare(spec: Spec, steps: int = 3, lr: float = LR) -> Row:
+def compare(spec: Spec, steps: int = 3, lr: float = LR, rt_binary: str | None = None) -> Row:
     """Train ``spec``'s model ``steps`` SGD-momentum steps under PORT (default plan: C kernels, torch_ops on the
-    torch engine) and in eager float32 and float64, from the same weights and batch."""
+    torch engine) and in eager float32 and float64, from the same weights and batch. ``rt_binary`` (a port-rt
+    executable): an all-C default plan is also compiled (port.compile, before the Trainer's steps) and trained
+    the same steps by port-rt; Row.rt says whether every loss and every parameter, buffer and optimizer state
+    tensor after the steps equal the Trainer's bit for bit (rt_check)."""
     import torch
     from port.errors import PortError
     from port.train.optim import SGD
@@ -416,6 +427,12 @@ def compare(spec: Spec, steps: int = 3, lr: float = LR) -> Row:
     row.ops_torch = sum(1 for o in fwd if acc[o.id] != "cpu-c")
     row.ops_c = len(fwd) - row.ops_torch
     row.plan_peak_bytes = int(tr.program.arena_bytes) if hasattr(tr.program, "arena_bytes") else 0
+    rt = None
+    if rt_binary is not None:
+        if row.ops_torch:
+            row.rt = f"n/a ({row.ops_torch} ops on torch)"
+        else:
+            rt = RtCheck(rt_binary, tr, x, y, spec.classes)
     pt = []
     try:
         for _ in range(steps):
@@ -425,6 +442,8 @@ def compare(spec: Spec, steps: int = 3, lr: float = LR) -> Row:
     except Exception as e:  # noqa: BLE001
         row.error, row.internal = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}", True
         return row
+    if rt is not None:
+        row.rt = rt.run(tr, row.losses_port)
     row.port_step_ms, row.eager_step_ms = min(pt), min(et)
     row.strict_equal = equal(row.losses_port, row.losses_eager, row.losses_f64)
     row.trained_equal = equal(row.losses_port, row.losses_eager, row.losses_f64, (row.losses_eager_1t,))
@@ -477,3 +496,52 @@ def predict(spec: Spec, steps: int = 15, max_profile_s: float = 300.0) -> Predic
     except Exception as e:  # noqa: BLE001 - reported in the table
         row.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     return row
+
+
+class RtCheck:
+    """port-rt against the Trainer (issue 54): ``RtCheck(binary, trainer, x, y, classes)`` compiles the trainer's
+    bundle (its state now, before any step) and writes the batch as a port-rt data file (n = the batch: every
+    port-rt step trains on it, as Trainer.step(x, y) does); ``run(trainer, losses)`` after the Trainer's steps
+    trains port-rt as many steps at the Trainer's kernel thread count and returns "yes" when every loss (float32
+    bits) and every checkpointed tensor (parameters, buffers, optimizer state) equal the Trainer's, else
+    "no (the first difference)". A bundle port.compile refuses is "no (its error)"."""
+
+    def __init__(self, binary: str, tr, x, y, classes: int):
+        import tempfile
+        self.binary, self.dir, self.why = binary, tempfile.TemporaryDirectory(prefix="port_rt_cov_"), ""
+        try:
+            import port
+            from port.exec.bundle import io_format, write_data
+            port.compile(tr, f"{self.dir.name}/m.portrt")
+            write_data(f"{self.dir.name}/d.portdata", x.numpy(), y.numpy(), classes, ignore_index=io_format(tr)[2])
+        except Exception as e:  # noqa: BLE001 - a refusal (BundleError) or a failure: the column says which
+            self.why = f"no ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
+
+    def run(self, tr, losses: list[float]) -> str:
+        if self.why:
+            return self.why
+        import subprocess
+        import numpy as np
+        from port.exec import capi
+        from port.train.checkpoint import read_checkpoint, trainer_tensors
+        d = self.dir.name
+        try:
+            r = subprocess.run([self.binary, "train", f"{d}/m.portrt", "--data", f"{d}/d.portdata", "--steps",
+                                str(len(losses)), "--threads", str(capi.get_num_threads()), "--checkpoint",
+                                f"{d}/rt.port"], capture_output=True, text=True, timeout=600)
+            if r.returncode != 0:
+                return f"no (port-rt exit {r.returncode}: {(r.stderr.strip().splitlines() or ['?'])[-1][:160]})"
+            got = [np.float32(ln.split()[3]) for ln in r.stdout.splitlines() if ln.startswith("step ")]
+            want = [np.float32(v) for v in losses]
+            if [g.tobytes() for g in got] != [w.tobytes() for w in want]:
+                return f"no (losses {[float(g) for g in got]} vs the Trainer's {[float(w) for w in want]})"
+            _, theirs = read_checkpoint(f"{d}/rt.port")
+            for meta, t in trainer_tensors(tr):
+                o = theirs.get(meta["name"])
+                if o is None or o.shape != t.shape or o.numpy().tobytes() != t.detach().contiguous().numpy().tobytes():
+                    return f"no ({meta['kind']} {meta['name']} differs)"
+            return "yes"
+        except Exception as e:  # noqa: BLE001
+            return f"no ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
+        finally:
+            self.dir.cleanup()

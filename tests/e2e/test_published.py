@@ -292,3 +292,22 @@ def test_several_inputs_train_like_eager():
                                ref(input_ids=ids[:3], attention_mask=mask[:3]), rtol=1e-4, atol=1e-5)
     with pytest.raises(port.errors.PortError, match="attention_mask"):
         tr.step({"input_ids": ids}, y)
+
+
+def test_port_rt_column_trains_bit_for_bit_and_says_no_on_a_difference(port_rt):
+    """bench/coverage.py's port-rt column (issue 54): an all-C published model compiles and port-rt trains it to
+    the Trainer's losses and tensors bit for bit ("yes"); a loss off by one float32 ulp is "no (losses ...)"; a
+    plan with torch ops is "n/a"."""
+    import numpy as np
+    spec = P.MODELS["hand.se_cat_net"]
+    row = P.compare(spec, steps=3, rt_binary=str(port_rt))
+    assert row.ops_torch == 0 and row.rt == "yes", row.rt
+    model = P.deterministic(spec.build())
+    x, y = P.batch_of(spec)
+    tr = Trainer(model, x, optimizer=SGD(P.LR, momentum=0.9))
+    chk = P.RtCheck(str(port_rt), tr, x, y, spec.classes)
+    losses = [float(tr.step(x, y)) for _ in range(2)]
+    losses[1] = float(np.nextafter(np.float32(losses[1]), np.float32(np.inf)))
+    assert chk.run(tr, losses).startswith("no (losses"), losses
+    tagged = P.compare(P.MODELS["hand.nanogpt"], steps=1, rt_binary=str(port_rt))
+    assert tagged.ops_torch and tagged.rt.startswith("n/a"), tagged.rt
