@@ -11,11 +11,11 @@
 5. ``--bundle DIR``: the LoRA trainer as a port-rt bundle with training and held-out windows, so ``port-rt train``
    continues the fine-tuning without Python (refused, naming the ops, while any op lacks a C kernel).
 
-What it does not show yet (2026-11-28): the causal mask HF builds from positions (index, cumsum, comparisons:
-about 20 small ops) and the embedding with a padding index run on PyTorch's kernels, so PORT must price torch's
-resident footprint: no plan then fits below eager's memory (5 + 5 steps at context 32: smallest feasible 16.9 MiB
-against eager's measured 13.8 MiB; the script says so and uses the smallest feasible budget), and ``--bundle`` is
-refused by ``port compile``. A tiny model with random or briefly
+Every op runs on PORT's C kernels (the causal mask and rotary tables HF builds from positions are folded into
+buffers at capture, port.ir.fold), so the plan fits below eager's memory and ``--bundle`` continues the
+fine-tuning in port-rt, which reports held-out perplexity before and after its steps (`--pretrain 0 --steps 5
+--context 32`, 2026-11-29: eager needs 14.1 MiB, PORT's budget 8.5 MiB (60%), plan peak 5.4 MiB). If no plan fits
+the budget the script names the smallest feasible one and trains under it. A tiny model with random or briefly
 pre-trained weights: it shows the mechanics, not a useful language model.
 
     python examples/llama_lora/finetune.py                       # 200 pre-training + 100 LoRA steps
@@ -60,9 +60,36 @@ print(json.dumps({{"weights_bytes": weights, "growth_bytes": memwatch.peak_bytes
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def port_rt_binary() -> str | None:
+    """The port-rt executable: on PATH, else this checkout's build (``make port-rt``); None when neither."""
+    import shutil
+    built = HERE.parents[1] / "kernels" / "build" / "port-rt"
+    return shutil.which("port-rt") or (str(built) if built.is_file() else None)
+
+
+def continue_in_port_rt(binary: str, bundle: Path, d: Path, steps: int) -> dict:
+    """port-rt evaluates the bundle on the held-out windows, trains ``steps`` more LoRA steps from it
+    (checkpoint ``d/rt.port``) and evaluates again: perplexities exp(mean cross-entropy), mean step time and
+    its process peak (VmHWM) while training."""
+    import math
+
+    def rt(*args) -> dict:
+        out = subprocess.run([binary, *map(str, args)], capture_output=True, text=True, check=True).stdout
+        lines = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.strip()}
+        return lines
+    before = rt("eval", bundle, "--data", d / "heldout.portdata")["eval"]
+    ck = d / "rt.port"
+    ck.unlink(missing_ok=True)
+    tr = rt("train", bundle, "--data", d / "train.portdata", "--steps", steps, "--checkpoint", ck)["summary"]
+    after = rt("eval", bundle, "--data", d / "heldout.portdata", "--checkpoint", ck)["eval"]
+    summary = dict(zip(tr[1::2], tr[2::2]))
+    return {"ppl_before": math.exp(float(before[10])), "ppl_after": math.exp(float(after[10])), "steps": steps,
+            "step_ms": float(summary["mean_step_ms"]), "vmhwm_bytes": int(summary["vmhwm_kb"]) * 1024}
+
+
 def run(steps: int = 100, pretrain: int = 200, batch: int = 8, context: int = 64, lr: float = 3e-3,
         budget: float = 0.6, out: str = "runs/llama_lora_example", bundle: str | None = None,
-        verbose: bool = True) -> dict:
+        verbose: bool = True, rt_steps: int = 20) -> dict:
     import torch
     import port
     from port.errors import InfeasibleBudgetError
@@ -104,8 +131,7 @@ def run(steps: int = 100, pretrain: int = 200, batch: int = 8, context: int = 64
     try:
         plan = port.solve(g, prof, res["budget_bytes"], time_limit_s=20)
     except InfeasibleBudgetError as e:
-        # today the ops without a C kernel (the causal mask's construction, HF's embedding with padding_idx) run
-        # on PyTorch's kernels, whose resident footprint the plan must price: then no plan fits below eager
+        # (ops on PyTorch's kernels make the plan price torch's resident footprint: then no plan may fit)
         if e.min_feasible_bytes is None:
             raise
         log(f"no plan fits {budget:.0%} of eager's memory: {e}")
@@ -143,7 +169,14 @@ def run(steps: int = 100, pretrain: int = 200, batch: int = 8, context: int = 64
                        ignore_index=tr.executor.ignore_index)
         res["bundle"] = str(info.path)
         log(f"port-rt bundle {info.path} ({info.total_bytes} bytes); continue with: port-rt train {info.path} "
-            f"{b / 'train.portdata'} --steps 20")
+            f"--data {b / 'train.portdata'} --steps 20 --checkpoint {b / 'rt.port'}")
+        rt = port_rt_binary()
+        if rt is not None:
+            res["rt"] = continue_in_port_rt(rt, info.path, b, rt_steps)
+            r = res["rt"]
+            log(f"port-rt (no Python): held-out perplexity {r['ppl_before']:.2f} -> {r['ppl_after']:.2f} over "
+                f"{r['steps']} more LoRA steps, {r['step_ms']:.1f} ms/step, process peak (VmHWM) "
+                f"{r['vmhwm_bytes'] / mib:.1f} MiB")
     tr.close()
     return res
 
@@ -157,9 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--budget", type=float, default=0.6, help="PORT's budget as a fraction of eager's memory")
     ap.add_argument("--out", default="runs/llama_lora_example")
-    ap.add_argument("--bundle", default=None)
+    ap.add_argument("--bundle", default=None, help="also compile a port-rt bundle into this directory and, where "
+                    "port-rt is built, continue the fine-tuning there (held-out perplexity before and after)")
+    ap.add_argument("--rt-steps", type=int, default=20, help="port-rt's further LoRA steps (with --bundle)")
     a = ap.parse_args(argv)
-    run(a.steps, a.pretrain, a.batch, a.context, a.lr, a.budget, a.out, a.bundle)
+    run(a.steps, a.pretrain, a.batch, a.context, a.lr, a.budget, a.out, a.bundle, rt_steps=a.rt_steps)
     return 0
 
 

@@ -602,6 +602,7 @@ int main(int argc, char **argv) {
     long n_batches = !train ? (long)((d.n + B - 1) / B) : steps, done = 0;
     double total_ms = 0.0;
     int64_t correct = 0, seen = 0, saved = -1;
+    double nll = 0.0;         /* eval: the counted rows' summed cross-entropy (nats) */
     int64_t step0 = !train ? 0 : rt.state.step;
     for (long s = 0; s < n_batches && !stop_signal; s++) {
         for (uint64_t j = 0; j < B; j++) {
@@ -630,9 +631,13 @@ int main(int argc, char **argv) {
             uint64_t valid = (uint64_t)s * B + B <= d.n ? B : d.n - (uint64_t)s * B;
             for (uint64_t r = 0; r < valid * L; r++) {
                 if (rt.has_ignore_index && yb[r] == rt.ignore_index) continue;
+                const float *z = logits + r * rt.classes;
                 int64_t best = 0;
                 for (int64_t c = 1; c < rt.classes; c++)
-                    if (logits[r * rt.classes + c] > logits[r * rt.classes + best]) best = c;
+                    if (z[c] > z[best]) best = c;
+                double sum = 0.0;     /* cross-entropy of the row: log-sum-exp - z[y] (z[best] is the max) */
+                for (int64_t c = 0; c < rt.classes; c++) sum += exp((double)z[c] - (double)z[best]);
+                if (yb[r] >= 0 && yb[r] < rt.classes) nll += log(sum) + (double)z[best] - (double)z[yb[r]];
                 correct += best == yb[r];
                 seen += 1;
             }
@@ -659,9 +664,9 @@ int main(int argc, char **argv) {
         return 128 + sig;
     }
     if (!train)
-        printf("eval %s %lld correct %lld accuracy %.6f ms %.3f\n", L > 1 ? "tokens" : "samples", (long long)seen,
-               (long long)correct,
-               seen ? (double)correct / (double)seen : 0.0, total_ms);
+        printf("eval %s %lld correct %lld accuracy %.6f ms %.3f loss %.6f\n", L > 1 ? "tokens" : "samples",
+               (long long)seen, (long long)correct, seen ? (double)correct / (double)seen : 0.0, total_ms,
+               seen ? nll / (double)seen : 0.0);
     printf("summary arena_bytes %llu bundle_bytes %llu data_bytes %llu vmhwm_kb %ld vmrss_kb %ld vmexe_kb %ld "
            "vmlib_kb %ld mean_step_ms %.4f\n",
            (unsigned long long)A, (unsigned long long)bn,

@@ -336,8 +336,9 @@ def test_port_rt_trains_sequence_models_bit_for_bit(port_rt, tmp_path, name):
     what, seen, correct = line.split()[1], int(line.split()[2]), int(line.split()[4])
     counted = int((y != -100).sum())
     assert (what, seen) == (("tokens" if name == "gpt_tiny" else "samples"), counted)
-    acc = tr.evaluate([(x[i:i + 8], y[i:i + 8]) for i in range(0, N, 8)])["accuracy"]
-    assert correct == round(acc * counted)
+    ev = tr.evaluate([(x[i:i + 8], y[i:i + 8]) for i in range(0, N, 8)])
+    assert correct == round(ev["accuracy"] * counted)
+    assert float(line.split()[10]) == pytest.approx(ev["loss"], rel=1e-4)    # mean cross-entropy (perplexity: exp)
 
 
 def test_port_rt_sequence_data_checks(port_rt, tmp_path):

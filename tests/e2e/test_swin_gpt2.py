@@ -110,6 +110,9 @@ def test_folded_hf_models_run_all_c_and_train_in_port_rt_bit_for_bit(port_rt, tm
     tr = port.Trainer(spec.build(), x[:4], optimizer=port.optim.SGD(0.05, momentum=0.9))
     assert tr.graph.constants and torch_ops(tr.graph) == [], torch_ops(tr.graph)
     assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
+    if "llama" in name:         # repeat_kv's copies of the 2 key/value heads folded into the attention's reads
+        att = [o for o in tr.graph.ops if o.kind == "attention"]
+        assert att and all(o.attr("kv_heads") == 2 for o in att), [dict(o.attrs) for o in att]
     write_bundle(tr, tmp_path / "m.portrt")
     write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), spec.classes)
     import subprocess
