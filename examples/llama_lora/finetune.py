@@ -128,6 +128,10 @@ def run(steps: int = 100, pretrain: int = 200, batch: int = 8, context: int = 64
     res["budget_bytes"] = int(budget * res["eager_bytes"])
     g = port.trace(model, x0, optimizer="adamw")
     prof = port.profile(g, "host")
+    if bundle:      # port-rt runs the C kernels only: the plan may not pick a torch engine for a faster op
+        import dataclasses
+        prof = dataclasses.replace(prof, entries=tuple(e for e in prof.entries if e.accelerator == "cpu-c"),
+                                   _index={})
     try:
         plan = port.solve(g, prof, res["budget_bytes"], time_limit_s=20)
     except InfeasibleBudgetError as e:
