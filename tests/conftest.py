@@ -20,6 +20,9 @@ os.environ.setdefault("PORT_PROFILE_ENGINE", "0")
 # blocks (port/pipeline/profiles.py::_timing): 25-35% of a transformer config's `port train` test. The default
 # blocks are what users get; tests/unit/test_profile.py times with its own.
 os.environ.setdefault("PORT_PROFILE_QUICK", "1")
+# `port train` runs skip their ONNX / torch.export files (5 s each run) unless a test asks for them
+# (tests/e2e/test_train_pipeline.py's run, test_token_configs, test_file_safety, the wheel's)
+os.environ.setdefault("PORT_EXPORT", "none")
 # Capture (torch.export) runs in a forked child by default, so a training process never imports the compiler
 # stack; the child re-imports it each time (~1.5 s). The suite captures hundreds of models: in this process (the
 # stack imported once). tests/e2e/test_memory_measured.py runs the default path in fresh processes.

@@ -459,10 +459,31 @@ def _summary(run: _Run, tr: Any, loop: _Loop, mem: dict, measured: dict, ev: dic
     }
 
 
+EXPORTS = {"onnx": "model.onnx", "torch": "model.pt2"}
+
+
+def export_formats() -> tuple[str, ...]:
+    """The run's inference exports: PORT_EXPORT in the environment (formats separated by commas, ``none`` for
+    none; the test suite's default: its runs check the exports where they test them), else every format."""
+    import os
+    v = os.environ.get("PORT_EXPORT", "").strip().lower()
+    if not v:
+        return tuple(EXPORTS)
+    fmts = tuple(f.strip() for f in v.split(",") if f.strip() and f.strip() != "none")
+    bad = [f for f in fmts if f not in EXPORTS]
+    if bad:
+        raise ConfigError(f"environment variable PORT_EXPORT={v!r}: unknown format {bad[0]!r}. Fix: a comma list of "
+                          f"{', '.join(EXPORTS)}, or none")
+    return fmts
+
+
 def _export(run: _Run, tr: Any) -> None:
-    """The inference exports (ONNX, TorchScript) beside the run's files; a failure is said, a full disk stops."""
+    """The inference exports (ONNX, torch.export) beside the run's files; a failure is said, a full disk stops."""
     from port.errors import DiskFullError
-    for fmt, name in (("onnx", "model.onnx"), ("torch", "model.pt2")):
+    fmts = export_formats()
+    if len(fmts) < len(EXPORTS):
+        run.say(f"exports: {', '.join(EXPORTS[f] for f in fmts) or 'none'} (PORT_EXPORT)")
+    for fmt, name in ((f, EXPORTS[f]) for f in fmts):
         try:
             tr.export(run.run_dir / name, fmt)
         except DiskFullError:

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def port_cli(*args, cwd, timeout=600):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="160")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="160", PORT_EXPORT="onnx,torch")   # transformers' exports
     return subprocess.run([sys.executable, "-m", "port.cli", *args], capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=timeout)
 

@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = str(ROOT / "configs" / "default.yaml")
 
 
-def port_cli(*args, cwd, timeout=600):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="160")
+def port_cli(*args, cwd, timeout=600, **more_env):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="160", **more_env)
     return subprocess.run([sys.executable, "-m", "port.cli", *args], capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=timeout)
 
@@ -34,7 +34,8 @@ def work(tmp_path_factory):
 @pytest.fixture(scope="module")
 def run(work):
     out = work / "runs"
-    r = port_cli("train", DEFAULT, "--steps", "60", "--out", str(out), "--no-progress", cwd=work)
+    r = port_cli("train", DEFAULT, "--steps", "60", "--out", str(out), "--no-progress", cwd=work,
+                 PORT_EXPORT="onnx,torch")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "no profile at profiles/host/digits.json yet; measuring it now" in r.stdout
     assert (work / "profiles" / "host" / "digits.json").exists()

@@ -45,7 +45,7 @@ def installed(tmp_path_factory):
 
 def _env():
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PORT_KERNELS_LIB")}
-    return dict(env, PORT_CAPTURE="inprocess", PORT_PROFILE_ENGINE="0")
+    return dict(env, PORT_CAPTURE="inprocess", PORT_PROFILE_ENGINE="0", PORT_EXPORT="onnx,torch")
 
 
 def test_the_wheel_carries_configs_and_kernels_not_the_checkout(installed, tmp_path):

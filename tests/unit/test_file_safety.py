@@ -160,6 +160,7 @@ def test_atomic_write_on_a_full_disk_keeps_the_previous_file(tmp_path, monkeypat
 @needs_proc
 def test_train_on_a_full_disk_names_the_export_and_keeps_the_previous_one(cwd, capsys, monkeypatch):
     import onnxruntime as ort
+    monkeypatch.setenv("PORT_EXPORT", "onnx,torch")
 
     import port.io as io_mod
     c = cfg(cwd)
