@@ -71,3 +71,32 @@ def test_aarch64_random_ops_and_attention_equal_host(binaries, tmp_path):
     a = _losses([str(host)], tmp_path / "m.portrt", tmp_path / "d.portdata", 4)
     b = _losses(["qemu-aarch64", str(arm)], tmp_path / "m.portrt", tmp_path / "d.portdata", 4)
     assert len(a) == 4 and a == b, list(zip(a, b))
+
+
+def _published():
+    import importlib.util
+    import sys
+    if "published" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("published", ROOT / "bench" / "published.py")
+        sys.modules["published"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["published"])
+    return sys.modules["published"]
+
+
+@pytest.mark.parametrize("name", ["hand.se_cat_net", "timm.vit_tiny_patch16_224", "hf.llama_lm"])
+def test_aarch64_build_trains_published_models_like_the_host(binaries, tmp_path, name):
+    """Issue 54's three on aarch64: a CNN with squeeze-excitation and torch.cat, timm's ViT-tiny and Hugging
+    Face's Llama (rotary tables and the causal mask folded at capture, grouped-query attention) compile, and the
+    portable build under qemu-aarch64 trains them to the host build's losses bit for bit."""
+    P = _published()
+    zoo = P.import_zoo()
+    spec = P.MODELS[name]
+    if spec.family in ("timm", "transformers") and spec.family not in zoo:
+        pytest.skip(f"{spec.family} does not import here")
+    x, y = P.batch_of(spec)
+    tr = port.Trainer(spec.build(), x, optimizer=port.optim.SGD(0.05, momentum=0.9), threads=1)
+    port.compile(tr, tmp_path / "m.portrt")
+    write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), spec.classes)
+    a = _losses([str(b) for b in binaries[:1]], tmp_path / "m.portrt", tmp_path / "d.portdata", 2)
+    b = _losses(["qemu-aarch64", str(binaries[1])], tmp_path / "m.portrt", tmp_path / "d.portdata", 2)
+    assert len(a) == 2 and a == b, list(zip(a, b))
