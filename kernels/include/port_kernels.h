@@ -510,6 +510,20 @@ PORT_API port_status port_slice_copy(float *y, const float *x, const port_slice_
 PORT_API port_status port_expand(float *y, const float *x, int64_t rank, int64_t x_bcast, const int64_t *dims);
 /* ---- end of issue 54 unary / shape block ------------------------------------------------------------------ */
 
+/* ---- issue 54: masked_fill (shape.c; port-rt id 121) ---------------------------------------------------------
+ * y = x where the mask is 0, value where it is not (torch.masked_fill with a scalar: a causal or padding mask
+ * before softmax).  x and y have the full shape dims (rank 1..PORT_BINARY_MAX_RANK); the mask (one byte per
+ * element, torch's bool) has size 1 along dim i where bit i of m_bcast is set and dims[i] elsewhere.  value may
+ * be infinite (-inf: a masked attention score), not NaN.  y MAY ALIAS x.  The gradient is the same call on dy
+ * with value 0 (dx = dy where the mask is 0, else 0; dx MAY ALIAS dy).  A pure select: the same bits at any
+ * thread count. */
+PORT_API port_status port_masked_fill(float *y, const float *x, const uint8_t *mask, int64_t rank, int64_t m_bcast,
+                                      const int64_t *dims, float value);
+/* The plain reference: one element at a time, the mask's offset computed from the full index. */
+PORT_API port_status port_masked_fill_reference(float *y, const float *x, const uint8_t *mask, int64_t rank,
+                                                int64_t m_bcast, const int64_t *dims, float value);
+/* ---- end of issue 54 masked_fill block ------------------------------------------------------------------- */
+
 PORT_API port_status port_add_broadcast(float *y, const float *a, const float *b, int64_t outer, int64_t inner);
 /* db[i] = sum_o dy[o,i]  (OVERWRITES; summed in o order) */
 PORT_API port_status port_sum_rows(float *db, const float *dy, int64_t outer, int64_t inner);

@@ -178,6 +178,7 @@ extern "C" {
     X(98, ADAPTIVE_AVGPOOL2D_FORWARD, port_adaptive_avgpool2d_forward)            \
     X(99, ADAPTIVE_AVGPOOL2D_BACKWARD_INPUT, port_adaptive_avgpool2d_backward_input) \
     X(110, BERNOULLI_FORWARD, port_bernoulli_forward)                              \
+    X(121, MASKED_FILL, port_masked_fill)                                          \
     X(120, EMBEDDING_BACKWARD_WEIGHT_PAD, port_embedding_backward_weight_pad)      \
     X(135, SWIGLU_FORWARD, port_swiglu_forward)                                   \
     X(136, SWIGLU_BACKWARD, port_swiglu_backward)                                 \

@@ -471,6 +471,28 @@ static int expand(ctx *x) {
     return PORT_OK;
 }
 
+/* masked_fill (121: y, x, mask): iv rank 1..6, m_bcast (bits below the rank), dims[6] (1 past the rank); fv
+ * value not NaN (infinite allowed: -inf masks a score); y may be x */
+static int masked_fill(ctx *x) {
+    const int64_t *v = x->c->iv;
+    if (iv_in(x, 0, 1, 6, "masked_fill rank must lie in 1..6") ||
+        iv_in(x, 1, 0, ((int64_t)1 << v[0]) - 1, "the mask's broadcast bits: below the rank"))
+        return BAD;
+    if (isnan(x->c->fv[0]) || isnan((float)x->c->fv[0]))
+        return fail(x->why, "fv[0]", "the fill value must not be NaN", 0, 0, 0);
+    int64_t ny = 1, nm = 1;
+    for (int i = 0; i < 6; i++) {
+        if (i < v[0] ? pos(x, 2 + i) : iv_in(x, 2 + i, 1, 1, "a masked_fill dimension past the rank must be 1"))
+            return BAD;
+        ny = smul(ny, v[2 + i]);
+        nm = smul(nm, (v[1] >> i) & 1 ? 1 : v[2 + i]);
+    }
+    args(x, 3, 8, 1);
+    op(x, 0, ny, 4, 1), op(x, 1, ny, 4, 0), op(x, 2, nm, 1, 0);
+    inplace(x, 0, 1);
+    return PORT_OK;
+}
+
 /* ---------------------------------------------------------------- the rest, by kernel id */
 /* element-wise: out, in (, in2): count v[0] floats */
 static int eltwise(ctx *x, int nptr, int alias_in) {
@@ -522,6 +544,7 @@ static int shape_of(ctx *x) {
     case PORT_RT_UNARY_BACKWARD: return unary(x, k == PORT_RT_UNARY_BACKWARD);
     case PORT_RT_SLICE_COPY: return slice_copy(x);
     case PORT_RT_EXPAND: return expand(x);
+    case PORT_RT_MASKED_FILL: return masked_fill(x);
     case PORT_RT_CONV2D_FORWARD:
     case PORT_RT_CONV2D_BACKWARD_INPUT:
     case PORT_RT_CONV2D_BACKWARD_WEIGHT:

@@ -188,6 +188,8 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
         return port_slice_copy(F(0), CF(1), &p);
     }
     case PORT_RT_EXPAND: return port_expand(F(0), CF(1), v[0], v[1], v + 2);   /* iv: rank, x_bcast, dims[6] */
+    case PORT_RT_MASKED_FILL:     /* iv: rank, m_bcast, dims[6]; fv: value */
+        return port_masked_fill(F(0), CF(1), (const uint8_t *)ptrs[2], v[0], v[1], v + 2, (float)c->fv[0]);
     case PORT_RT_ADD: return port_add(F(0), CF(1), CF(2), v[0]);
     case PORT_RT_DROPOUT_FORWARD:
         return port_dropout_forward(F(0), (uint8_t *)ptrs[1], CF(2), v[0], (float)c->fv[0], s->seed,

@@ -3,6 +3,7 @@
  * (expand).  Pure copies: the same bits at any thread count. */
 #include "internal.h"
 
+#include <math.h>
 #include <string.h>
 
 static int slice_ok(const port_slice_params *p) {
@@ -29,6 +30,69 @@ port_status port_slice_copy(float *y, const float *x, const port_slice_params *p
         if (fill && head) memset(yo, 0, (size_t)head * sizeof(float));
         memcpy(yo + head, xs + o * xrow, (size_t)part * sizeof(float));
         if (fill && tail) memset(yo + head + part, 0, (size_t)tail * sizeof(float));
+    }
+    return PORT_OK;
+}
+
+/* masked_fill: a reference (one element at a time, the mask's offset from the full index) and the kernel
+ * (rows of the innermost dim; the mask's row offset once per row) */
+static int masked_fill_strides(int64_t rank, int64_t m_bcast, const int64_t *dims, int64_t *sm, int64_t *ny,
+                               int64_t *nm) {
+    if (rank < 1 || rank > PORT_BINARY_MAX_RANK || m_bcast < 0 || (m_bcast >> rank)) return 0;
+    *ny = 1, *nm = 1;
+    for (int64_t i = rank - 1; i >= 0; i--) {
+        if (dims[i] < 1 || *ny > (INT64_C(1) << 40) / dims[i]) return 0;
+        int b = (int)((m_bcast >> i) & 1);
+        sm[i] = b ? 0 : *nm;
+        *nm *= b ? 1 : dims[i];
+        *ny *= dims[i];
+    }
+    return 1;
+}
+
+port_status port_masked_fill_reference(float *y, const float *x, const uint8_t *mask, int64_t rank, int64_t m_bcast,
+                                 const int64_t *dims, float value) {
+    PORT_NOTNULL(y); PORT_NOTNULL(x); PORT_NOTNULL(mask); PORT_NOTNULL(dims);
+    int64_t sm[PORT_BINARY_MAX_RANK], ny, nm;
+    PORT_CHECK(masked_fill_strides(rank, m_bcast, dims, sm, &ny, &nm), PORT_ERR_SHAPE);
+    PORT_CHECK(!isnan(value), PORT_ERR_ARG);
+    for (int64_t e = 0; e < ny; e++) {
+        int64_t om = 0, rest = e;
+        for (int64_t i = rank - 1; i >= 0; i--) {
+            om += (rest % dims[i]) * sm[i];
+            rest /= dims[i];
+        }
+        y[e] = mask[om] ? value : x[e];
+    }
+    return PORT_OK;
+}
+
+port_status port_masked_fill(float *y, const float *x, const uint8_t *mask, int64_t rank, int64_t m_bcast,
+                             const int64_t *dims, float value) {
+    PORT_NOTNULL(y); PORT_NOTNULL(x); PORT_NOTNULL(mask); PORT_NOTNULL(dims);
+    int64_t sm[PORT_BINARY_MAX_RANK], ny, nm;
+    PORT_CHECK(masked_fill_strides(rank, m_bcast, dims, sm, &ny, &nm), PORT_ERR_SHAPE);
+    PORT_CHECK(!isnan(value), PORT_ERR_ARG);
+    PORT_CHECK(y == x || !port__ranges_overlap(y, (size_t)ny * sizeof(float), x, (size_t)ny * sizeof(float)),
+               PORT_ERR_ALIAS);
+    PORT_CHECK(!port__ranges_overlap(y, (size_t)ny * sizeof(float), mask, (size_t)nm), PORT_ERR_ALIAS);
+    const int64_t inner = dims[rank - 1], im = sm[rank - 1], outer = ny / inner;
+#pragma omp parallel for schedule(static) if (ny > PORT_PAR_MIN && outer > 1)
+    for (int64_t o = 0; o < outer; o++) {
+        int64_t om = 0, rest = o;
+        for (int64_t i = rank - 2; i >= 0; i--) {
+            om += (rest % dims[i]) * sm[i];
+            rest /= dims[i];
+        }
+        float *yo = y + o * inner;
+        const float *xo = x + o * inner;
+        const uint8_t *mo = mask + om;
+        if (im)
+            for (int64_t j = 0; j < inner; j++) yo[j] = mo[j] ? value : xo[j];
+        else if (mo[0])
+            for (int64_t j = 0; j < inner; j++) yo[j] = value;
+        else if (yo != xo)
+            memcpy(yo, xo, (size_t)inner * sizeof(float));
     }
     return PORT_OK;
 }

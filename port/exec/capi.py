@@ -264,6 +264,8 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_unary_backward", "port_status", (_F, _CF, _CF, "int64_t", "int64_t", "float")),
     ("port_slice_copy", "port_status", (_F, _CF, "const port_slice_params*")),
     ("port_expand", "port_status", (_F, _CF, "int64_t", "int64_t", _CI64)),
+    ("port_masked_fill", "port_status", (_F, _CF, _CU8, "int64_t", "int64_t", _CI64, "float")),
+    ("port_masked_fill_reference", "port_status", (_F, _CF, _CU8, "int64_t", "int64_t", _CI64, "float")),
     ("port_add", "port_status", (_F, _CF, _CF, "int64_t")),
     ("port_accumulate", "port_status", (_F, _CF, "int64_t")),
     ("port_philox4x32_10", "void", ("uint32_t*", "const uint32_t*", "const uint32_t*")),

@@ -467,6 +467,73 @@ def _expand_torch(kind, a, I, O, env):
     return lambda: dx.copy_(dy.sum_to_size(dx.shape))
 
 
+# ---------------------------------------------------------------------------------------------
+# masked_fill: x where a boolean mask (broadcast to x's shape) is false, a scalar where it is true; the gradient
+# the same fill of dy with 0. The mask is read, never differentiated (a folded causal mask, a padding mask).
+# ---------------------------------------------------------------------------------------------
+def _masked_fill_capture(ctx):
+    import math
+
+    from port.ops.elementwise import broadcast_shape, collapse
+    n = ctx.node
+    xa, ma, v = (n.args + (None,) * 3)[:3]
+    if not hasattr(xa, "name") or not hasattr(ma, "name") or isinstance(v, bool) or \
+            not isinstance(v, (int, float)) or math.isnan(float(v)) or ctx.is_param(xa) or ctx.is_buffer(xa):
+        return False
+    x, m = ctx.t(xa), ctx.t(ma)
+    if not float32(ctx, x) or ctx.dtype(m) != "bool":
+        return False
+    y = ctx.out()
+    if ctx.shape(y) != ctx.shape(x) or broadcast_shape(ctx.shape(m), ctx.shape(x)) != ctx.shape(x):
+        return False
+    r = len(collapse(ctx.shape(m), ctx.shape(x), ctx.shape(x))[0])
+    attrs = {"value": float(v)} | ({"bcast_rank": r} if r > _EXPAND_RANK else {})
+    return fwd(ctx, "masked_fill", attrs, (x,), (y,), 0, numel(ctx.shape(y)), buffers={"mask": m})
+
+
+def _masked_fill_shapes(k, attrs, I, O, at):
+    from port.ops.elementwise import broadcast_shape
+    x, m = at(I, 0, "input 0 (x or dy)"), at(I, 1, "input 1 (mask)")
+    y = at(O, 0, "output 0")
+    if tuple(y) != tuple(x) or broadcast_shape(m, x) != tuple(x):
+        raise CallShapeError(f"masked_fill of {list(x)} by a mask of {list(m)} into {list(y)}: the mask must "
+                             f"broadcast to x's shape, the output have it")
+    if not isinstance(attrs.get("value"), float):
+        raise CallShapeError(f"attribute value={attrs.get('value')!r}: expected a float")
+    return [(x, F32), (m, "bool")], [(y, F32)]
+
+
+def _masked_fill_encode(kind, a, IS, OS, I, O, variant, call):
+    """port_masked_fill (y, x, mask); its gradient the same call on dy with value 0."""
+    from port.ops.elementwise import collapse
+    dims, mm, _ = collapse(IS[1], IS[0], IS[0])
+    pad = [1] * (_EXPAND_RANK - len(dims))
+    value = float(a["value"]) if kind == "masked_fill" else 0.0
+    return Encoded("port_masked_fill", (O[0], I[0], I[1]), (len(dims), mm, *dims, *pad), (value,))
+
+
+def _masked_fill_torch(kind, a, I, O, env):
+    x, m, y = I[0], I[1], O[0]
+    value = float(a["value"]) if kind == "masked_fill" else 0.0
+    return lambda: y.copy_(x.masked_fill(m, value))
+
+
+register(
+    OpRecord(kind="masked_fill", family="shape",
+             kernels={"masked_fill": ("port_masked_fill",), "masked_fill.grad_input": ("port_masked_fill",)},
+             shapes=_masked_fill_shapes, torch=_masked_fill_torch, encode=_masked_fill_encode,
+             aten=("masked_fill",), capture=_masked_fill_capture,
+             saved=lambda f, gi, gw, wanted: (f.buffers["mask"],) if gi else (),
+             grad_input_reads=lambda f: (f.buffers["mask"],),
+             bwd_vector_flops=lambda f, T: numel(T[f.outputs[0]].shape),
+             c_supports=lambda a: a.get("bcast_rank", 0) <= _EXPAND_RANK, tags=frozenset({"checkpoint"}),
+             doc="masked_fill: x where a boolean mask (broadcast to x's shape) is false, the scalar ``value`` where "
+                 "it is true (-inf allowed, NaN not): a causal or padding mask before softmax. The mask is read, "
+                 "not differentiated; the gradient is the same fill of dy with 0. Saves the mask. C kernel "
+                 "port_masked_fill (up to 6 merged dims; one byte per mask element)."),
+)
+
+
 register(
     OpRecord(kind="narrow", family="shape",
              kernels={"narrow": ("port_slice_copy",), "narrow.grad_input": ("port_slice_copy",)},

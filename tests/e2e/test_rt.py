@@ -613,3 +613,27 @@ def test_port_rt_runs_roll_pad_and_table_gather_bit_for_bit(port_rt, tmp_path):
     x, y = torch.randn(N, 4, 5, 3), torch.randint(0, 10, (N,))
     _trains_bit_for_bit(port_rt, tmp_path, _ShiftedWindows(), x, y,
                         {"roll", "roll.grad_input", "pad", "pad.grad_input", "embedding", "embedding.grad_weight"})
+
+
+class _CausalScores(torch.nn.Module):
+    """nanoGPT's attention: scores masked_fill'ed with -inf where a registered lower-triangular buffer is 0
+    (folded at capture into a boolean mask), softmax."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.qk = torch.nn.Linear(6, 16)
+        self.register_buffer("bias", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))
+        self.fc = torch.nn.Linear(128, 10)
+
+    def forward(self, x):                                   # [N, 8, 6]
+        q, k = self.qk(x).view(x.shape[0], 8, 2, 8).transpose(1, 2).chunk(2, -1)
+        s = (q @ k.transpose(-1, -2)).masked_fill(self.bias[:, :, :8, :8] == 0, float("-inf"))
+        return self.fc(s.softmax(-1).reshape(x.shape[0], 128))
+
+
+def test_port_rt_runs_masked_fill_bit_for_bit(port_rt, tmp_path):
+    """masked_fill (port_masked_fill: a folded causal mask with -inf, broadcast over batch and heads) runs on C
+    forward and backward, compiles and trains in port-rt bit for bit like the Python executor."""
+    x, y = torch.randn(N, 8, 6), torch.randint(0, 10, (N,))
+    _trains_bit_for_bit(port_rt, tmp_path, _CausalScores(), x, y, {"masked_fill", "masked_fill.grad_input"})

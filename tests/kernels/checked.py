@@ -1303,3 +1303,17 @@ def expand(x, shape):
     d = (ctypes.c_int64 * 6)(*(dims + [1] * (6 - len(dims))))
     check(raw.port_expand(y.data_ptr(), x.data_ptr(), len(dims), xm, d), "expand")
     return y
+
+
+def masked_fill(x, mask, value, reference=False, out=None):
+    """x.masked_fill(mask, value) (mask bool, broadcast to x's shape); ``out``: the output tensor (x itself: in
+    place); ``reference``: the plain reference kernel."""
+    from port.ops.elementwise import collapse
+    _tensor(x, "x")
+    assert mask.dtype == torch.bool and mask.is_contiguous()
+    y = torch.empty_like(x) if out is None else out
+    dims, mm, _ = collapse(tuple(mask.shape), tuple(x.shape), tuple(x.shape))
+    d = (ctypes.c_int64 * 6)(*(dims + [1] * (6 - len(dims))))
+    fn = raw.port_masked_fill_reference if reference else raw.port_masked_fill
+    check(fn(y.data_ptr(), x.data_ptr(), mask.data_ptr(), len(dims), mm, d, float(value)), "masked_fill")
+    return y
