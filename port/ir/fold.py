@@ -55,8 +55,11 @@ PREFIX = "port.const."
 # long sequence is not held once per sample; below it the expanded tensor is held (a position-id or token-type
 # row over a batch is a few KiB, and an expand of a buffer would be an op on the torch engines)
 EXPAND_HOLD_BYTES = 256 * 1024
-# ops that check rather than compute (no value to fold; export keeps them for its own guards)
-_CHECKS = frozenset({"_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_constrain_range_for_size"})
+# ops that check rather than compute (no value to fold; export keeps them for its own guards), and ops whose
+# result has no defined values (an ``empty`` a random op fills in place: folding it would hold uninitialised
+# bytes in the arena, checkpoints and bundles)
+_CHECKS = frozenset({"_assert_tensor_metadata", "_assert_scalar", "_assert_async", "sym_constrain_range_for_size",
+                     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 
 
 def is_folded(name: str) -> bool:

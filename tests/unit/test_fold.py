@@ -157,3 +157,22 @@ def test_a_large_constant_expand_stays_an_op_and_its_operand_is_held(monkeypatch
     small = port.trace(_BigMask(8), torch.randn(4, 8, 8))     # 1 KiB: held expanded, no expand op
     assert [list(t.shape) for t in small.tensors if F.is_folded(t.name)] == [[4, 8, 8]]
     assert not any(o.kind == "expand" for o in small.ops)
+
+
+class _DropPath(nn.Module):
+    """Stochastic depth as torchvision writes it: an ``empty`` tensor of the batch's shape filled in place by
+    ``bernoulli_``: the empty tensor has no values to fold (holding it would put uninitialised bytes in the
+    arena), the draw is an op."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(5, 5)
+
+    def forward(self, x):
+        keep = torch.empty(x.shape[0], 1, device=x.device).bernoulli_(0.7).div_(0.7)
+        return self.fc(x) * keep + x
+
+
+def test_an_empty_tensor_a_random_op_fills_is_not_folded():
+    g = port.trace(_DropPath(), torch.randn(4, 5))
+    assert g.constants == () and "bernoulli" in {o.kind for o in g.ops}, (g.constants, [o.kind for o in g.ops])
