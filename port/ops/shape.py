@@ -129,8 +129,13 @@ def _arange_shapes(k, attrs, I, O, at):
 
 
 def _ne_capture(ctx):
+    from port.ir import capture as C
     n = ctx.node
     x = ctx.t(n.args[0])
+    if n.target._overloadpacket.__name__ in ("_to_copy", "to"):   # int64 -> bool: x != 0
+        if ctx.dtype(x) != I64 or C.dtype_name(C.val_of(n).dtype) != "bool":
+            return False
+        return fwd(ctx, "ne_scalar", dict(value=0), (x,), (ctx.out(),), 0, numel(ctx.shape(x)))
     c = n.args[1]
     if ctx.dtype(x) != I64 or not isinstance(c, int) or isinstance(c, bool):
         return False
@@ -164,7 +169,7 @@ register(
              torch=lambda k, a, I, O, env: (lambda: env.torch.ne(I[0], int(a["value"]), out=O[0])),
              encode=lambda k, a, IS, OS, I, O, v, call: Encoded("port_ne_scalar_i64", (O[0], I[0]),
                                                                 (numel(IS[0]), int(a["value"]))),
-             aten=("ne",), capture=_ne_capture, tags=frozenset({"no_grad"}), doc=__doc__),
+             aten=("ne", "_to_copy", "to"), capture=_ne_capture, tags=frozenset({"no_grad"}), doc=__doc__),
 )
 
 
@@ -410,6 +415,11 @@ def _narrow_torch(kind, a, I, O, env):
 _EXPAND_RANK = 6      # PORT_BINARY_MAX_RANK: an expand of more merged dims stays on the torch engines
 
 
+def _out_shape(ctx):
+    from port.ir import capture as C
+    return tuple(C.val_of(ctx.node).shape)
+
+
 def _expand_capture(ctx):
     from port.ops.elementwise import broadcast_shape, collapse
     n = ctx.node
@@ -417,6 +427,8 @@ def _expand_capture(ctx):
     if not hasattr(xa, "name"):
         return False
     x = ctx.t(xa)
+    if ctx.shape(x) == _out_shape(ctx) and not ctx.is_param(xa):
+        return ctx.alias(x)         # an expand to the same shape (-1 sizes): x itself, any dtype
     if not float32(ctx, x):
         return False
     y = ctx.out()
