@@ -14,15 +14,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def env(columns: int = 200) -> dict:
-    return dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS=str(columns))
+def env(columns: int = 200, **more_env: str) -> dict:
+    return dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS=str(columns), **more_env)
 
 
-def port_cli(*args, cwd, timeout=600, umask=None, columns=200) -> subprocess.CompletedProcess:
-    """`python -m port.cli ARGS` in ``cwd`` (a fresh process)."""
+def port_cli(*args, cwd, timeout=600, umask=None, columns=200, **more_env: str) -> subprocess.CompletedProcess:
+    """`python -m port.cli ARGS` in ``cwd`` (a fresh process; ``more_env``: variables set for it)."""
     pre = (lambda: os.umask(umask)) if umask is not None else None
     return subprocess.run([sys.executable, "-m", "port.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=env(columns), timeout=timeout, preexec_fn=pre)
+                          cwd=cwd, env=env(columns, **more_env), timeout=timeout, preexec_fn=pre)
 
 
 def port_inprocess(*args, cwd, umask=None, columns=200) -> subprocess.CompletedProcess:

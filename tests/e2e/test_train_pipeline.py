@@ -15,9 +15,13 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = str(ROOT / "configs" / "default.yaml")
 
 
-def port_cli(*args, cwd, inprocess=False):
-    """`port ARGS` in a fresh process (the run fixture, report, --threads auto: one of each) or in this one."""
-    return (P.port_inprocess if inprocess else P.port_cli)(*args, cwd=cwd, columns=160)
+def port_cli(*args, cwd, inprocess=False, **more_env):
+    """`port ARGS` in a fresh process (the run fixture, report, --threads auto: one of each; ``more_env``: variables
+    set for it) or in this one."""
+    if inprocess:
+        assert not more_env, "port_inprocess runs in this process's environment"
+        return P.port_inprocess(*args, cwd=cwd, columns=160)
+    return P.port_cli(*args, cwd=cwd, columns=160, **more_env)
 
 
 def _size(n):
@@ -33,7 +37,8 @@ def work(tmp_path_factory):
 @pytest.fixture(scope="module")
 def run(work):
     out = work / "runs"
-    r = port_cli("train", DEFAULT, "--steps", "60", "--out", str(out), "--no-progress", cwd=work)
+    r = port_cli("train", DEFAULT, "--steps", "60", "--out", str(out), "--no-progress", cwd=work,
+                 PORT_EXPORT="onnx,torch")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "no profile at profiles/host/digits.json yet; measuring it now" in r.stdout
     assert (work / "profiles" / "host" / "digits.json").exists()
