@@ -51,3 +51,43 @@ def port_rt():
     r = make("port-rt")      # under the build lock: xdist workers share kernels/build
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return ROOT / "kernels" / "build" / "port-rt"
+
+
+def _session_dir(tmp_path_factory) -> Path:
+    """A folder every pytest-xdist worker of this session shares (the workers' base temps' parent), or this
+    process's base temp without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _shared_profile(tmp_path_factory, config: Path, name: str) -> tuple[Path, str]:
+    """`port profile CONFIG --quick` (a fresh process, umask 027) at the location rule of a folder of its own
+    (profiles/host/NAME.json), made once per test session: the first worker measures it under a lock, the others
+    reuse the file and the command's output. The CLI tests of one config share this measurement (a quick profile
+    of the digits CNN is 20-40 s); tests read it, and copy it into tmp_path to change it."""
+    import fcntl
+    import subprocess
+
+    root = _session_dir(tmp_path_factory) / f"shared-profile-{name}"
+    path, out = root / "profiles" / "host" / f"{name}.json", root / "port-profile.stdout"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f"shared-profile-{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not out.exists():
+                r = subprocess.run([sys.executable, "-m", "port.cli", "profile", str(config), "--quick",
+                                    "--no-progress"], capture_output=True, text=True, cwd=root, timeout=900,
+                                   env=dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200"),
+                                   preexec_fn=lambda: os.umask(0o027))
+                assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+                out.write_text(r.stdout)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return path, out.read_text()
+
+
+@pytest.fixture(scope="session")
+def digits_profile(tmp_path_factory) -> tuple[Path, str]:
+    """(profiles/host/digits.json, `port profile`'s stdout) of configs/default.yaml: see _shared_profile."""
+    return _shared_profile(tmp_path_factory, ROOT / "configs" / "default.yaml", "digits")
+

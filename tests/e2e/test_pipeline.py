@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,56 +15,46 @@ from pathlib import Path
 
 import pytest
 
+from portcli import env, ok, port_cli, port_inprocess
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = ROOT / "configs" / "default.yaml"
 MLP = ROOT / "configs" / "mlp.yaml"
 
 
-def env() -> dict:
-    return dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200")
-
-
-def port_cli(*args, cwd, timeout=600, umask=None):
-    pre = (lambda: os.umask(umask)) if umask is not None else None
-    return subprocess.run([sys.executable, "-m", "port.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=env(), timeout=timeout, preexec_fn=pre)
-
-
-def ok(r):
-    assert r.returncode == 0, f"exit {r.returncode}\n--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-3000:]}"
-    return r
-
-
 @pytest.fixture(scope="module")
-def quick_profile(tmp_path_factory):
-    """A quick profile of the default config, made once (port profile -o)."""
-    d = tmp_path_factory.mktemp("prof")
-    ok(port_cli("profile", DEFAULT, "--quick", "--no-progress", "-o", d / "digits.json", cwd=d))
-    return d / "digits.json"
+def quick_profile(digits_profile):
+    """A quick profile of the default config (`port profile --quick`), made once per session (tests/conftest.py)."""
+    return digits_profile[0]
 
 
-def test_profile_then_solve_then_train_reuse_the_profile(tmp_path):
+def test_profile_then_solve_then_train_reuse_the_profile(tmp_path, digits_profile):
+    """`port profile` (the session's digits profile: a fresh process under umask 027, at the location rule of its
+    folder) then `port solve`, `show`, `inspect` and `port train` in a folder holding that file reuse it."""
     rule = Path("profiles") / "host" / "digits.json"
-    r = ok(port_cli("profile", DEFAULT, "--quick", "--no-progress", cwd=tmp_path, umask=0o027))
-    assert f"wrote {rule}" in r.stdout and "keep-everything peak" in r.stdout
+    made, out = digits_profile
+    assert f"wrote {rule}" in out and "keep-everything peak" in out
+    assert made.stat().st_mode & 0o777 == 0o640                      # the user's umask, not mkstemp's 0600
     path = tmp_path / rule
+    path.parent.mkdir(parents=True)
+    shutil.copy2(made, path)                                         # mode and mtime kept
     before = (path.stat().st_mtime_ns, path.read_bytes())
-    assert path.stat().st_mode & 0o777 == 0o640                     # the user's umask, not mkstemp's 0600
 
     r = ok(port_cli("solve", DEFAULT, "-o", "plan.json", cwd=tmp_path, umask=0o027))
     assert f"profile: {rule} (" in r.stdout and "measur" not in r.stdout.replace("measured", "")
     assert "keep-everything peak" in r.stdout and "75% of the keep-everything peak" in r.stdout
     assert (tmp_path / "plan.json").stat().st_mode & 0o777 == 0o640
-    r = port_cli("solve", DEFAULT, "--budget", "50%", cwd=tmp_path)   # below digits' minimum: a clear exit 2
+    r = port_inprocess("solve", DEFAULT, "--budget", "50%", cwd=tmp_path)   # below digits' minimum: a clear exit 2
     assert r.returncode in (0, 2) and "Traceback" not in r.stderr and "keep-everything peak" in r.stdout
     if r.returncode == 2:
         assert "smallest feasible budget" in r.stderr
-    r = ok(port_cli("show", "plan.json", cwd=tmp_path))
+    r = ok(port_inprocess("show", "plan.json", cwd=tmp_path))
     assert "keep-everything peak" in r.stdout and (tmp_path / "plan_memory.png").exists()
-    r = ok(port_cli("inspect", DEFAULT, cwd=tmp_path))
+    r = ok(port_inprocess("inspect", DEFAULT, cwd=tmp_path))
     assert f"workspace sizes from profile {rule}" in r.stdout
 
-    r = ok(port_cli("train", DEFAULT, "--steps", "20", "--no-progress", "--out", "runs", cwd=tmp_path, umask=0o027))
+    r = ok(port_inprocess("train", DEFAULT, "--steps", "20", "--no-progress", "--out", "runs", cwd=tmp_path,
+                          umask=0o027))
     assert f"profile: {rule} (" in r.stdout and "measuring" not in r.stdout
     assert "keep-everything peak" in r.stdout and "test accuracy" in r.stdout
     assert (path.stat().st_mtime_ns, path.read_bytes()) == before    # not re-profiled, not rewritten
@@ -74,11 +65,11 @@ def test_profile_then_solve_then_train_reuse_the_profile(tmp_path):
 
 def test_explicit_profile_is_used_and_never_rewritten(tmp_path, quick_profile):
     before = quick_profile.read_bytes()
-    r = ok(port_cli("solve", DEFAULT, "--profile", quick_profile, "--budget", "90%", cwd=tmp_path))
+    r = ok(port_inprocess("solve", DEFAULT, "--profile", quick_profile, "--budget", "90%", cwd=tmp_path))
     assert f"profile: {quick_profile} (" in r.stdout and "measuring" not in r.stdout
     assert not (tmp_path / "profiles").exists()
     # a profile of another graph (the MLP config's) does not cover this one: named, exit 2, not rewritten
-    r = port_cli("solve", MLP, "--profile", quick_profile, cwd=tmp_path)
+    r = port_inprocess("solve", MLP, "--profile", quick_profile, cwd=tmp_path)
     assert r.returncode == 2 and str(quick_profile) in r.stderr and "does not cover" in r.stderr
     assert quick_profile.read_bytes() == before
 
@@ -88,12 +79,12 @@ def test_profile_from_another_cpu_is_measured_again(tmp_path):
 
     from port.cost.io import load_profile, save_profile
     rule = tmp_path / "profiles" / "host" / "mlp.json"
-    ok(port_cli("profile", MLP, "--quick", "--no-progress", cwd=tmp_path))
+    ok(port_inprocess("profile", MLP, "--quick", "--no-progress", cwd=tmp_path))
     prof = load_profile(rule)
     host = dict(prof.host)
     host["cpu"] = "Imaginary CPU 9000"
     save_profile(replace(prof, host=tuple(sorted(host.items())), _index={}), rule)
-    r = ok(port_cli("solve", MLP, "--budget", "100%", cwd=tmp_path))
+    r = ok(port_inprocess("solve", MLP, "--budget", "100%", cwd=tmp_path))
     assert "Imaginary CPU 9000" in r.stdout and "measuring again" in r.stdout
     assert "another CPU model" in r.stdout
     assert dict(load_profile(rule).host)["cpu"] != "Imaginary CPU 9000"
@@ -111,8 +102,8 @@ def test_python_api_budget_forms():
     prof = modeled_profile(g, load_device("host"))
     peak = port.keep_everything_peak(g, prof)
     a = port.solve(g, prof, budget="90%", time_limit_s=20)
-    b = port.solve(g, prof, int(peak * 90 / 100), time_limit_s=20)
-    c = port.solve(g, prof, budget_bytes=int(peak * 90 / 100), time_limit_s=20)
+    b = port.solve(g, prof, int(peak * 90 / 100), solver="greedy")       # the budget is resolved before the
+    c = port.solve(g, prof, budget_bytes=int(peak * 90 / 100), solver="greedy")   # solver runs: one ILP solve
     assert a.budget_bytes == b.budget_bytes == c.budget_bytes == int(peak * 90 / 100)
     assert port.solve(g, prof, "64MB", solver="greedy").budget_bytes == 64_000_000
     assert port.solve(g, prof, "1.5GiB", solver="greedy").budget_bytes == int(1.5 * 2**30)
@@ -184,8 +175,8 @@ def test_signal_writes_checkpoint_and_resume_keeps_metrics_unique(tmp_path, quic
     assert steps == list(range(1, stopped + 1)) and stopped >= 30      # the checkpoint is at the last step
     assert ckpt.stat().st_mode & 0o777 == 0o644
     target = stopped + 15
-    r = ok(port_cli("train", DEFAULT, "--resume", "--steps", target, "--profile", quick_profile, "--out", "runs",
-                    "--no-progress", cwd=tmp_path))
+    r = ok(port_inprocess("train", DEFAULT, "--resume", "--steps", target, "--profile", quick_profile, "--out", "runs",
+                          "--no-progress", cwd=tmp_path))
     assert f"resumed from {Path('runs') / 'digits' / 'checkpoint.port'} at step {stopped}" in r.stdout
     assert "plan: reusing" in r.stdout
     assert _steps(metrics) == list(range(1, target + 1))
@@ -208,6 +199,6 @@ def test_kill_then_resume_drops_lines_after_the_checkpoint(tmp_path, quick_profi
     at = read_header(run / "checkpoint.port")["step"]
     assert at % 25 == 0 and len(_steps(metrics)) >= at
     target = max(_steps(metrics)) + 10
-    ok(port_cli("train", cfg, "--resume", "--steps", target, "--profile", quick_profile, "--out", "runs",
-                "--no-progress", cwd=tmp_path))
+    ok(port_inprocess("train", cfg, "--resume", "--steps", target, "--profile", quick_profile, "--out", "runs",
+                      "--no-progress", cwd=tmp_path))
     assert _steps(metrics) == list(range(1, target + 1))

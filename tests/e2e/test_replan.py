@@ -6,26 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from portcli import ok, port_cli, port_inprocess
+
 ROOT = Path(__file__).resolve().parents[2]
 
 EXAMPLE = ROOT / "examples" / "dsnet"     # dsnet.py + dsnet.yaml (3x37x37 input, batch 8)
-
-
-def port_cli(*args, cwd, timeout=600):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "port.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=timeout)
-
-
-def ok(r):
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return r
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +23,7 @@ def work(tmp_path_factory):
     d = tmp_path_factory.mktemp("replan")
     for f in ("dsnet.py", "dsnet.yaml"):
         (d / f).write_bytes((EXAMPLE / f).read_bytes())
-    ok(port_cli("profile", "dsnet.yaml", "--quick", "--no-progress", cwd=d))
+    ok(port_inprocess("profile", "dsnet.yaml", "--quick", "--no-progress", cwd=d))
     ok(port_cli("train", "dsnet.yaml", "--out", "runs", "--no-progress", cwd=d))
     return d
 
@@ -71,7 +61,7 @@ def test_replan_prices_the_last_plan_at_its_measured_step(work):
     old_plan = work / "old_plan.json"
     old_plan.write_bytes((run / "plan.json").read_bytes())
     for rnd in (1, 2):
-        r = ok(port_cli("train", "dsnet.yaml", "--out", "runs", "--no-progress", "--replan", cwd=work))
+        r = ok(port_inprocess("train", "dsnet.yaml", "--out", "runs", "--no-progress", "--replan", cwd=work))
         assert "replan: corrected" in r.stdout and "executor overhead" in r.stdout
         assert "another CPU" not in r.stdout and "measuring" not in r.stdout   # corrected, not re-profiled
         prof = json.loads((work / "profiles" / "host" / "dsnet.json").read_text())

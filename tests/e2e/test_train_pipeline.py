@@ -5,20 +5,23 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+import portcli as P
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = str(ROOT / "configs" / "default.yaml")
 
 
-def port_cli(*args, cwd, timeout=600, **more_env):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="160", **more_env)
-    return subprocess.run([sys.executable, "-m", "port.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=timeout)
+def port_cli(*args, cwd, inprocess=False, **more_env):
+    """`port ARGS` in a fresh process (the run fixture, report, --threads auto: one of each; ``more_env``: variables
+    set for it) or in this one."""
+    if inprocess:
+        assert not more_env, "port_inprocess runs in this process's environment"
+        return P.port_inprocess(*args, cwd=cwd, columns=160)
+    return P.port_cli(*args, cwd=cwd, columns=160, **more_env)
 
 
 def _size(n):
@@ -76,7 +79,7 @@ def test_report_rebuilds(run):
 
 
 def test_report_refuses_non_run_dir(tmp_path):
-    r = port_cli("report", str(tmp_path), cwd=tmp_path)
+    r = port_cli("report", str(tmp_path), cwd=tmp_path, inprocess=True)
     assert r.returncode == 2 and "not a run directory" in r.stderr
 
 
@@ -84,7 +87,7 @@ def test_replan_and_resume(run):
     d, _ = run
     out = d.parent
     r = port_cli("train", DEFAULT, "--steps", "70", "--out", str(out), "--resume", "--replan", "--no-progress",
-                 cwd=out.parent)
+                 cwd=out.parent, inprocess=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "resumed from" in r.stdout and "plan:" in r.stdout
     steps = [json.loads(ln)["step"] for ln in (d / "metrics.jsonl").read_text().splitlines()]
@@ -93,7 +96,8 @@ def test_replan_and_resume(run):
 
 def test_budget_below_minimum_names_it(run, tmp_path):
     d, _ = run
-    r = port_cli("train", DEFAULT, "--steps", "1", "--budget", "20%", "--out", str(tmp_path), cwd=d.parent.parent)
+    r = port_cli("train", DEFAULT, "--steps", "1", "--budget", "20%", "--out", str(tmp_path), cwd=d.parent.parent,
+                 inprocess=True)
     assert r.returncode == 2
     assert "smallest feasible budget" in r.stderr and "Traceback" not in r.stderr
     assert "20% of the keep-everything peak" in r.stdout and "measuring" not in r.stdout
@@ -106,7 +110,7 @@ def test_micro_batch_plan_is_solved_for_the_micro_batch(run, tmp_path):
     cfg = tmp_path / "mb.yaml"
     cfg.write_text(Path(DEFAULT).read_text().replace("train: {", "train: {micro_batch: 8, "))
     r = port_cli("train", str(cfg), "--steps", "5", "--budget", "95%", "--out", str(tmp_path / "runs"), "--no-progress",
-                 cwd=d.parent.parent)
+                 cwd=d.parent.parent, inprocess=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "in micro-batches of 8" in r.stdout and "early updates 0" in r.stdout
     plan = json.loads((tmp_path / "runs" / "digits" / "plan.json").read_text())
@@ -124,7 +128,7 @@ def test_threads_auto_from_the_command_line(run, tmp_path, monkeypatch):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     line = next(x for x in r.stdout.splitlines() if x.startswith("threads: auto: "))
     bad = port_cli("train", DEFAULT, "--steps", "1", "--threads", "two", "--out", str(tmp_path / "r2"),
-                   cwd=d.parent.parent)
+                   cwd=d.parent.parent, inprocess=True)
     assert bad.returncode == 2 and "train.threads" in bad.stderr and "'auto'" in bad.stderr
     assert "Traceback" not in bad.stderr
     m = json.loads((tmp_path / "runs" / "digits" / "measured.json").read_text())

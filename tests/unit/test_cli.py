@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from portcli import port_cli, port_inprocess
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -46,7 +48,7 @@ def test_inspect_config_prints_table_and_totals():
 
 
 def test_inspect_model_flags_json_stdout():
-    r = run("inspect", "--model", "vgg11", "--input", "3x32x32", "--batch", "8", "--json", "-")
+    r = run_here(ROOT, "inspect", "--model", "vgg11", "--input", "3x32x32", "--batch", "8", "--json", "-")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     op = rep["ops"][0]
@@ -60,14 +62,14 @@ def test_inspect_model_flags_json_stdout():
 
 def test_inspect_json_file(tmp_path):
     out = tmp_path / "g.json"
-    r = run("inspect", "configs/mlp.yaml", "--json", str(out))
+    r = run_here(ROOT, "inspect", "configs/mlp.yaml", "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["graph"] == "mlp"
 
 
 def test_inspect_trainable_prunes():
-    full = json.loads(run("inspect", "--model", "resnet8", "--json", "-").stdout)
-    part = json.loads(run("inspect", "--model", "resnet8", "--trainable", "fc", "--json", "-").stdout)
+    full = json.loads(run_here(ROOT, "inspect", "--model", "resnet8", "--json", "-").stdout)
+    part = json.loads(run_here(ROOT, "inspect", "--model", "resnet8", "--trainable", "fc", "--json", "-").stdout)
     assert part["totals"]["grad_bytes"] < full["totals"]["grad_bytes"]
 
 
@@ -78,7 +80,7 @@ def test_inspect_trainable_prunes():
     (("inspect", "--bogus"), "No such option"),
 ])
 def test_bad_input_exits_2_with_message(args, needle):
-    r = run(*args)
+    r = run_here(ROOT, *args)
     assert r.returncode == 2
     assert needle in r.stderr + r.stdout
     assert "Traceback" not in r.stderr
@@ -111,10 +113,17 @@ budget: 75%
 """
 
 
-def run_in(cwd, *args, env_extra=None, timeout=180):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200", **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "port.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=timeout)
+def run_in(cwd, *args, timeout=180):
+    """`port ARGS` in ``cwd``, a fresh process (for what depends on the process: imports from the working
+    directory)."""
+    return port_cli(*args, cwd=cwd, timeout=timeout)
+
+
+def run_here(cwd, *args):
+    """`port ARGS` in ``cwd``, in this process (port.cli.run: the same exit codes and output; `port solve`'s and
+    `port inspect`'s fresh-process exit codes: test_solve_config_percent_budget_and_every_budget_form's first solve,
+    test_bad_config_key_exits_2, test_internal_error_exits_1)."""
+    return port_inprocess(*args, cwd=cwd)
 
 
 def test_solve_config_percent_budget_and_every_budget_form(tmp_path):
@@ -130,17 +139,17 @@ def test_solve_config_percent_budget_and_every_budget_form(tmp_path):
     peak = int(re.search(r"keep-everything peak [^(]*\((\d+) B", r.stdout).group(1))
     for budget, expect in (("90%", int(peak * 90 / 100)), ("64MB", 64_000_000), ("1.5GiB", int(1.5 * 2**30)),
                            (str(peak), peak)):
-        r = run_in(tmp_path, "solve", str(cfg), "--budget", budget)
+        r = run_here(tmp_path, "solve", str(cfg), "--budget", budget)
         assert r.returncode == 0, (budget, r.stderr)
         assert f"({expect} B;" in r.stdout, (budget, r.stdout)
-    r = run_in(tmp_path, "solve", str(cfg), "--budget", "50x")
+    r = run_here(tmp_path, "solve", str(cfg), "--budget", "50x")
     assert r.returncode == 2 and "--budget '50x'" in r.stderr and "75%" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_wrong_input_shape_is_bad_input(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(MODELED.replace("[1, 8, 8]", "[3, 32, 32]"))
-    r = run_in(tmp_path, "inspect", str(cfg))
+    r = run_here(tmp_path, "inspect", str(cfg))
     assert r.returncode == 2, r.stderr
     assert str(cfg) in r.stderr and "input_shape" in r.stderr and "[3, 32, 32]" in r.stderr
     assert "Fix" in r.stderr and "Traceback" not in r.stderr
@@ -149,21 +158,21 @@ def test_wrong_input_shape_is_bad_input(tmp_path):
 def test_bad_model_kwargs_is_bad_input(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(MODELED.replace("model: digits_cnn", "model: {name: digits_cnn, kwargs: {widht: 3}}"))
-    r = run_in(tmp_path, "inspect", str(cfg))
+    r = run_here(tmp_path, "inspect", str(cfg))
     assert r.returncode == 2 and "model.kwargs" in r.stderr and "widht" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_micro_batch_must_divide_batch(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(MODELED + "train: {micro_batch: 5}\n")
-    r = run_in(tmp_path, "inspect", str(cfg))
+    r = run_here(tmp_path, "inspect", str(cfg))
     assert r.returncode == 2 and "micro_batch 5" in r.stderr and "16" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_unknown_solver_is_bad_input(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(MODELED)
-    r = run_in(tmp_path, "solve", str(cfg), "--solver", "gurobi")
+    r = run_here(tmp_path, "solve", str(cfg), "--solver", "gurobi")
     assert r.returncode == 2 and "gurobi" in r.stderr and "highs" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -191,24 +200,24 @@ def test_custom_model_imports_from_config_dir_and_cwd(tmp_path):
     # not found: the message names the files it looked for; exit 2
     c3 = tmp_path / "cfgs" / "c3.yaml"
     c3.write_text(MODELED.replace("model: digits_cnn", "model: {name: nosuchnet:make}"))
-    r = run_in(elsewhere, "inspect", str(c3))
+    r = run_here(elsewhere, "inspect", str(c3))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert str(tmp_path / "cfgs" / "nosuchnet.py") in r.stderr and str(elsewhere / "nosuchnet.py") in r.stderr
     assert "model.name" in r.stderr
     # the module exists but has no such factory
     c4 = tmp_path / "cfgs" / "c4.yaml"
     c4.write_text(MODELED.replace("model: digits_cnn", "model: {name: cwdnet:nope}"))
-    r = run_in(elsewhere, "inspect", str(c4))
+    r = run_here(elsewhere, "inspect", str(c4))
     assert r.returncode == 2 and "no callable 'nope'" in r.stderr and "make" in r.stderr
 
 
 def test_explicit_profile_missing_names_the_file(tmp_path):
-    r = run_in(tmp_path, "solve", str(ROOT / "configs" / "default.yaml"), "--profile", "nope/p.json")
+    r = run_here(tmp_path, "solve", str(ROOT / "configs" / "default.yaml"), "--profile", "nope/p.json")
     assert r.returncode == 2 and "nope/p.json" in r.stderr and "port profile" in r.stderr
     assert "Traceback" not in r.stderr
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "port-profile", "version": 1, "device": "host", "entr')
-    r = run_in(tmp_path, "solve", str(ROOT / "configs" / "default.yaml"), "--profile", str(bad))
+    r = run_here(tmp_path, "solve", str(ROOT / "configs" / "default.yaml"), "--profile", str(bad))
     assert r.returncode == 2 and str(bad) in r.stderr and "Traceback" not in r.stderr
 
 

@@ -44,3 +44,21 @@ def test_every_make_in_the_tests_holds_the_build_lock():
                 if not any("build_lock()" in p for p in lines[max(0, i - 2):i]):
                     bad.append(f"{f.relative_to(TESTS)}:{i + 1}: {ln.strip()}")
     assert not bad, "run make through tests/buildlock.py (make(...) or `with build_lock():`):\n" + "\n".join(bad)
+
+
+def test_the_cli_in_this_process_answers_as_a_fresh_one_and_leaves_no_trace(tmp_path):
+    """tests/portcli.py: port_inprocess gives a command's exit code and output as port_cli does (a user mistake:
+    exit 2, named), and restores the working directory, sys.path, umask and COLUMNS it changed."""
+    from portcli import port_cli, port_inprocess
+    args = ("inspect", "--model", "mlp", "--input", "axb")
+    cwd, path, cols = os.getcwd(), list(sys.path), os.environ.get("COLUMNS")
+    mask = os.umask(0o022)
+    try:
+        here = port_inprocess(*args, cwd=tmp_path, umask=0o077, columns=123)
+        assert (os.getcwd(), sys.path, os.environ.get("COLUMNS")) == (cwd, path, cols)
+        assert os.umask(0o022) == 0o022
+    finally:
+        os.umask(mask)
+    fresh = port_cli(*args, cwd=tmp_path)
+    assert here.returncode == fresh.returncode == 2
+    assert "per-sample shape" in here.stderr and "per-sample shape" in fresh.stderr and "Traceback" not in here.stderr
