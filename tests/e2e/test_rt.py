@@ -21,7 +21,7 @@ from port import models
 from port.exec import capi
 from port.exec.bundle import BundleError, check_bundle, write_bundle, write_data
 
-from nets54 import NormPool, PadEmb, Views
+from nets54 import NormPool, PadEmb, PaddedAttn, Views
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 40
@@ -639,34 +639,11 @@ def test_port_rt_runs_masked_fill_bit_for_bit(port_rt, tmp_path):
     _trains_bit_for_bit(port_rt, tmp_path, _CausalScores(), x, y, {"masked_fill", "masked_fill.grad_input"})
 
 
-class _PaddedAttn(torch.nn.Module):
-    """HF's padding-mask chain (transformers' sdpa_mask) on int64 token ids with 0 as padding: ids.bool(),
-    mask[batch_arange, kv_arange] by two broadcast index tensors, and with a registered causal mask, expand to
-    [B, 1, T, T], then attention under that boolean mask; a float copy of the mask scales the pooled output."""
-
-    def __init__(self, t=7, d=12):
-        super().__init__()
-        torch.manual_seed(0)
-        self.emb = torch.nn.Embedding(11, d)
-        self.qkv = torch.nn.Linear(d, 3 * d)
-        self.register_buffer("causal", torch.ones(t, t, dtype=torch.bool).tril()[None, None])
-        self.fc = torch.nn.Linear(t * d, 10)
-
-    def forward(self, ids):                                 # [N, T] int64
-        n, t = ids.shape
-        m = ids.to(torch.bool)
-        b_idx, kv = torch.arange(n)[:, None, None, None], torch.arange(t)[None, None, None, :]
-        mask = (m[b_idx, kv] | self.causal.logical_not()).__and__(self.causal).expand(n, 1, t, t)
-        q, k, v = self.qkv(self.emb(ids)).unsqueeze(1).chunk(3, -1)
-        h = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.fc((h.squeeze(1) * m.to(torch.float32)[..., None]).reshape(n, -1))
-
-
 def test_port_rt_runs_padding_mask_chain_bit_for_bit(port_rt, tmp_path):
     """The mask kernels (port_mask_cast, port_mask_index2, port_mask_logic, port_expand_mask: HF's
     attention_mask chain) run on C, compile and train in port-rt bit for bit like the Python executor."""
     g = torch.Generator().manual_seed(5)
     x, y = torch.randint(1, 11, (N, 7), generator=g), torch.randint(0, 10, (N,), generator=g)
     x[::2, -2:] = 0                                         # padded rows
-    _trains_bit_for_bit(port_rt, tmp_path, _PaddedAttn(), x, y, {"mask_cast", "mask_index2", "mask_logic",
+    _trains_bit_for_bit(port_rt, tmp_path, PaddedAttn(), x, y, {"mask_cast", "mask_index2", "mask_logic",
                                                                   "expand_mask"})
