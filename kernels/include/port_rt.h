@@ -183,6 +183,8 @@ extern "C" {
     X(123, MASK_LOGIC, port_mask_logic)                                            \
     X(124, EXPAND_MASK, port_expand_mask)                                          \
     X(125, MASK_INDEX2, port_mask_index2)                                          \
+    X(126, MASK_COMPARE, port_mask_compare)                                        \
+    X(127, MASK_COMPARE_SCALAR, port_mask_compare_scalar)                          \
     X(120, EMBEDDING_BACKWARD_WEIGHT_PAD, port_embedding_backward_weight_pad)      \
     X(135, SWIGLU_FORWARD, port_swiglu_forward)                                   \
     X(136, SWIGLU_BACKWARD, port_swiglu_backward)                                 \

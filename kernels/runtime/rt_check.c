@@ -513,9 +513,10 @@ static int mask_dims(ctx *x, int r, int d, int b0, int b1, int64_t *ny, int64_t 
 }
 
 /* mask_cast (122: y, x): iv y_dtype (0 float32, 1 bool), x_dtype (0..2: float32, bool, int64), count;
- * mask_logic (123: y, a, b): iv op (0 and, 1 or, 2 xor), rank, a_bcast, b_bcast, dims[6]; y may be a full-shape
- * operand; expand_mask (124: y, x): iv rank, x_bcast, dims[6]; mask_index2 (125: y, x, i0, i1): iv rows, cols,
- * rank, i0_bcast, i1_bcast, dims[6] */
+ * mask_logic (123: y, a, b): iv op (0 and, 1 or, 2 xor, 3 not a), rank, a_bcast, b_bcast, dims[6]; y may be
+ * a full-shape operand; expand_mask (124: y, x): iv rank, x_bcast, dims[6]; mask_index2 (125: y, x, i0, i1): iv rows, cols,
+ * rank, i0_bcast, i1_bcast, dims[6]; mask_compare (126: y, a, b): iv op (0 eq .. 5 ge), rank, a_bcast, b_bcast,
+ * dims[6]; mask_compare_scalar (127: y, x): iv op, count; fv the scalar (NaN and inf allowed, as torch) */
 static int masks(ctx *x, int k) {
     const int64_t *v = x->c->iv;
     static const int ESZ[3] = {4, 1, 8};
@@ -529,12 +530,24 @@ static int masks(ctx *x, int k) {
         op(x, 0, v[2], ESZ[v[0]], 1), op(x, 1, v[2], ESZ[v[1]], 0);
         return PORT_OK;
     case PORT_RT_MASK_LOGIC:
-        if (iv_in(x, 0, 0, 2, "mask op (0 and, 1 or, 2 xor)") || mask_dims(x, 1, 4, 2, 3, &ny, &n0, &n1))
+        if (iv_in(x, 0, 0, 3, "mask op (0 and, 1 or, 2 xor, 3 not)") || mask_dims(x, 1, 4, 2, 3, &ny, &n0, &n1))
             return BAD;
         args(x, 3, 10, 0);
         op(x, 0, ny, 1, 1), op(x, 1, n0, 1, 0), op(x, 2, n1, 1, 0);
         if (!v[2]) inplace(x, 0, 1);
         if (!v[3]) inplace(x, 0, 2);
+        return PORT_OK;
+    case PORT_RT_MASK_COMPARE:
+        if (iv_in(x, 0, 0, 5, "compare op (0 eq, 1 ne, 2 lt, 3 le, 4 gt, 5 ge)") ||
+            mask_dims(x, 1, 4, 2, 3, &ny, &n0, &n1))
+            return BAD;
+        args(x, 3, 10, 0);
+        op(x, 0, ny, 1, 1), op(x, 1, n0, 4, 0), op(x, 2, n1, 4, 0);
+        return PORT_OK;
+    case PORT_RT_MASK_COMPARE_SCALAR:
+        if (iv_in(x, 0, 0, 5, "compare op (0 eq, 1 ne, 2 lt, 3 le, 4 gt, 5 ge)") || pos(x, 1)) return BAD;
+        args(x, 2, 2, 1);
+        op(x, 0, v[1], 1, 1), op(x, 1, v[1], 4, 0);
         return PORT_OK;
     case PORT_RT_EXPAND_MASK:
         if (mask_dims(x, 0, 2, 1, -1, &ny, &n0, &n1)) return BAD;
@@ -604,7 +617,9 @@ static int shape_of(ctx *x) {
     case PORT_RT_MASK_CAST:
     case PORT_RT_MASK_LOGIC:
     case PORT_RT_EXPAND_MASK:
-    case PORT_RT_MASK_INDEX2: return masks(x, k);
+    case PORT_RT_MASK_INDEX2:
+    case PORT_RT_MASK_COMPARE:
+    case PORT_RT_MASK_COMPARE_SCALAR: return masks(x, k);
     case PORT_RT_CONV2D_FORWARD:
     case PORT_RT_CONV2D_BACKWARD_INPUT:
     case PORT_RT_CONV2D_BACKWARD_WEIGHT:

@@ -1,6 +1,6 @@
 /* issue 54: kernels for input-dependent attention masks (HF's attention_mask -> a boolean [B, 1, Q, K] mask):
  * casts between float32, bool (one byte per element, 0/1) and int64; logical and/or/xor of two masks with full
- * broadcasting; the expand of a mask; the gather of a 2-D mask by two broadcast int64 index tensors
+ * broadcasting (and not); compares of float32 tensors or a tensor and a scalar into a mask; the expand of a mask; the gather of a 2-D mask by two broadcast int64 index tensors
  * (mask[batch_idx, kv_idx]).  Pure selects and copies: the same bits at any thread count. */
 #include "internal.h"
 
@@ -57,7 +57,7 @@ static inline int64_t offset_of(int64_t e, int64_t rank, const int64_t *dims, co
 port_status port_mask_logic(uint8_t *y, const uint8_t *a, const uint8_t *b, int64_t op, int64_t rank,
                             int64_t a_bcast, int64_t b_bcast, const int64_t *dims) {
     PORT_NOTNULL(y); PORT_NOTNULL(a); PORT_NOTNULL(b); PORT_NOTNULL(dims);
-    PORT_CHECK(op >= PORT_MASK_AND && op <= PORT_MASK_XOR, PORT_ERR_ARG);
+    PORT_CHECK(op >= PORT_MASK_AND && op <= PORT_MASK_NOT, PORT_ERR_ARG);
     int64_t sa[PORT_BINARY_MAX_RANK], sb[PORT_BINARY_MAX_RANK], na, nb, ny;
     PORT_CHECK(bstrides(rank, a_bcast, dims, sa, &na, &ny) && bstrides(rank, b_bcast, dims, sb, &nb, &ny),
                PORT_ERR_SHAPE);
@@ -75,7 +75,7 @@ port_status port_mask_logic(uint8_t *y, const uint8_t *a, const uint8_t *b, int6
         uint8_t *yo = y + o * inner;
         for (int64_t j = 0; j < inner; j++) {
             int p = a[oa + j * ia] != 0, q = b[ob + j * ib] != 0;
-            yo[j] = (uint8_t)(op == PORT_MASK_AND ? p & q : op == PORT_MASK_OR ? p | q : p ^ q);
+            yo[j] = (uint8_t)(op == PORT_MASK_AND ? p & q : op == PORT_MASK_OR ? p | q : op == PORT_MASK_XOR ? p ^ q : !p);
         }
     }
     return PORT_OK;
@@ -112,5 +112,45 @@ port_status port_mask_index2(uint8_t *y, const uint8_t *x, const int64_t *i0, co
         int64_t r = i0[offset_of(e, rank, dims, s0)], c = i1[offset_of(e, rank, dims, s1)];
         y[e] = x[(r < 0 ? r + rows : r) * cols + (c < 0 ? c + cols : c)] != 0;
     }
+    return PORT_OK;
+}
+
+static inline uint8_t cmp(int64_t op, float a, float b) {
+    switch (op) {
+    case PORT_CMP_EQ: return a == b;
+    case PORT_CMP_NE: return a != b;
+    case PORT_CMP_LT: return a < b;
+    case PORT_CMP_LE: return a <= b;
+    case PORT_CMP_GT: return a > b;
+    default: return a >= b;
+    }
+}
+
+port_status port_mask_compare(uint8_t *y, const float *a, const float *b, int64_t op, int64_t rank, int64_t a_bcast,
+                              int64_t b_bcast, const int64_t *dims) {
+    PORT_NOTNULL(y); PORT_NOTNULL(a); PORT_NOTNULL(b); PORT_NOTNULL(dims);
+    PORT_CHECK(op >= PORT_CMP_EQ && op <= PORT_CMP_GE, PORT_ERR_ARG);
+    int64_t sa[PORT_BINARY_MAX_RANK], sb[PORT_BINARY_MAX_RANK], na, nb, ny;
+    PORT_CHECK(bstrides(rank, a_bcast, dims, sa, &na, &ny) && bstrides(rank, b_bcast, dims, sb, &nb, &ny),
+               PORT_ERR_SHAPE);
+    PORT_CHECK(!port__ranges_overlap(y, (size_t)ny, a, (size_t)na * sizeof(float)) &&
+               !port__ranges_overlap(y, (size_t)ny, b, (size_t)nb * sizeof(float)), PORT_ERR_ALIAS);
+    const int64_t inner = dims[rank - 1], ia = sa[rank - 1], ib = sb[rank - 1], outer = ny / inner;
+#pragma omp parallel for schedule(static) if (ny > PORT_PAR_MIN && outer > 1)
+    for (int64_t o = 0; o < outer; o++) {
+        const float *ao = a + offset_of(o, rank - 1, dims, sa), *bo = b + offset_of(o, rank - 1, dims, sb);
+        uint8_t *yo = y + o * inner;
+        for (int64_t j = 0; j < inner; j++) yo[j] = cmp(op, ao[j * ia], bo[j * ib]);
+    }
+    return PORT_OK;
+}
+
+port_status port_mask_compare_scalar(uint8_t *y, const float *x, int64_t op, int64_t count, float scalar) {
+    PORT_NOTNULL(y); PORT_NOTNULL(x);
+    PORT_CHECK(op >= PORT_CMP_EQ && op <= PORT_CMP_GE, PORT_ERR_ARG);
+    PORT_CHECK(count >= 1 && count <= (INT64_C(1) << 40), PORT_ERR_SHAPE);
+    PORT_CHECK(!port__ranges_overlap(y, (size_t)count, x, (size_t)count * sizeof(float)), PORT_ERR_ALIAS);
+#pragma omp parallel for schedule(static) if (count > PORT_PAR_MIN)
+    for (int64_t i = 0; i < count; i++) y[i] = cmp(op, x[i], scalar);
     return PORT_OK;
 }

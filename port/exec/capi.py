@@ -270,6 +270,8 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_expand_mask", "port_status", ("uint8_t*", _CU8, "int64_t", "int64_t", _CI64)),
     ("port_mask_index2", "port_status", ("uint8_t*", _CU8, _CI64, _CI64, "int64_t", "int64_t", "int64_t", "int64_t",
                                          "int64_t", _CI64)),
+    ("port_mask_compare", "port_status", ("uint8_t*", _CF, _CF, "int64_t", "int64_t", "int64_t", "int64_t", _CI64)),
+    ("port_mask_compare_scalar", "port_status", ("uint8_t*", _CF, "int64_t", "int64_t", "float")),
     ("port_masked_fill_reference", "port_status", (_F, _CF, _CU8, "int64_t", "int64_t", _CI64, "float")),
     ("port_add", "port_status", (_F, _CF, _CF, "int64_t")),
     ("port_accumulate", "port_status", (_F, _CF, "int64_t")),

@@ -4,10 +4,11 @@ HF turns ``attention_mask`` (int64 [B, K]) into a boolean [B, 1, Q, K] mask: a c
 gather ``mask[batch_idx, kv_idx]`` by two broadcast int64 index tensors (``index.Tensor``), an ``and`` with a
 causal mask, an ``expand``. These records take those nodes where the operands are masks (bool, one byte per
 element in the arena, as torch stores them), int64 or float32: ``mask_cast`` (to bool or float32),
-``mask_logic`` (and / or / xor of two bool masks, broadcast on every axis), ``expand_mask`` (a bool expand) and
+``mask_logic`` (and / or / xor of two bool masks, broadcast on every axis, and not), ``mask_compare`` (eq .. ge
+of float32 tensors or a tensor and a number into a mask), ``expand_mask`` (a bool expand) and
 ``mask_index2`` (a 2-D bool tensor gathered by two int64 index tensors). Masks are not differentiated
 (``no_grad``): a float result of a cast from a mask or int64 carries no gradient back. C kernels in
-kernels/src/mask.c (port-rt ids 122-125).
+kernels/src/mask.c (port-rt ids 122-127).
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ BOOL = "bool"
 _DT = {F32: 0, BOOL: 1, I64: 2}
 _LOGIC = {"__and__": 0, "bitwise_and": 0, "logical_and": 0, "__or__": 1, "bitwise_or": 1, "logical_or": 1,
           "__xor__": 2, "bitwise_xor": 2, "logical_xor": 2}
+_NOT = ("logical_not", "bitwise_not")
+_CMP = {"eq": 0, "ne": 1, "lt": 2, "le": 3, "gt": 4, "ge": 5}
 _RANK = 6         # PORT_BINARY_MAX_RANK
 
 
@@ -66,10 +69,14 @@ def _cast_torch(kind, a, I, O, env):
 def _logic_capture(ctx):
     from port.ops.elementwise import broadcast_shape, collapse
     n = ctx.node
-    op = _LOGIC.get(_packet(ctx))
-    if op is None or len(n.args) != 2 or not all(hasattr(a, "name") for a in n.args):
+    packet = _packet(ctx)
+    if packet in _NOT and len(n.args) == 1 and hasattr(n.args[0], "name"):      # not a: op 3, b = a
+        op, args = 3, (n.args[0], n.args[0])
+    else:
+        op, args = _LOGIC.get(packet), n.args
+    if op is None or len(args) != 2 or not all(hasattr(a, "name") for a in args):
         return False
-    a, b = ctx.t(n.args[0]), ctx.t(n.args[1])
+    a, b = ctx.t(args[0]), ctx.t(args[1])
     y = ctx.out()
     if ctx.dtype(a) != BOOL or ctx.dtype(b) != BOOL or ctx.dtype(y) != BOOL or \
             broadcast_shape(ctx.shape(a), ctx.shape(b)) != ctx.shape(y):
@@ -82,8 +89,8 @@ def _logic_capture(ctx):
 
 def _logic_shapes(k, attrs, I, O, at):
     from port.ops.elementwise import broadcast_shape
-    if attrs.get("op") not in (0, 1, 2):
-        raise CallShapeError(f"attribute op={attrs.get('op')!r}: expected 0 (and), 1 (or) or 2 (xor)")
+    if attrs.get("op") not in (0, 1, 2, 3):
+        raise CallShapeError(f"attribute op={attrs.get('op')!r}: expected 0 (and), 1 (or), 2 (xor) or 3 (not)")
     a, b, y = at(I, 0, "input 0 (a)"), at(I, 1, "input 1 (b)"), at(O, 0, "output 0 (y)")
     if broadcast_shape(a, b) != tuple(y):
         raise CallShapeError(f"mask_logic of {list(a)} and {list(b)} into {list(y)}: a and b must broadcast to y")
@@ -97,6 +104,8 @@ def _logic_encode(kind, a, IS, OS, I, O, variant, call):
 
 
 def _logic_torch(kind, a, I, O, env):
+    if int(a["op"]) == 3:
+        return lambda: env.torch.logical_not(I[0], out=O[0])
     f = (env.torch.logical_and, env.torch.logical_or, env.torch.logical_xor)[int(a["op"])]
     return lambda: f(I[0], I[1], out=O[0])
 
@@ -162,6 +171,61 @@ def _index_encode(kind, a, IS, OS, I, O, variant, call):
                    (IS[0][0], IS[0][1], len(dims), m0, m1, *_pad(dims)))
 
 
+# ---- mask_compare: a cmp b of two float32 tensors (broadcast) or of a tensor and a Python number -------------
+def _compare_capture(ctx):
+    import math
+
+    from port.ops.elementwise import broadcast_shape, collapse
+    n = ctx.node
+    op = _CMP.get(_packet(ctx))
+    if op is None or len(n.args) != 2 or not hasattr(n.args[0], "name"):
+        return False
+    a, y, other = ctx.t(n.args[0]), ctx.out(), n.args[1]
+    if ctx.dtype(a) != F32 or ctx.dtype(y) != BOOL:
+        return False
+    if isinstance(other, (int, float)) and not isinstance(other, bool):
+        v = float(other)
+        if ctx.shape(a) != ctx.shape(y) or (math.isfinite(float(other)) and abs(v) > 3.4e38):
+            return False
+        return fwd(ctx, "mask_compare", {"op": op, "scalar": v}, (a,), (y,), 0, numel(ctx.shape(y)))
+    if not hasattr(other, "name"):
+        return False
+    b = ctx.t(other)
+    if ctx.dtype(b) != F32 or broadcast_shape(ctx.shape(a), ctx.shape(b)) != ctx.shape(y) or \
+            len(collapse(ctx.shape(a), ctx.shape(b), ctx.shape(y))[0]) > _RANK:
+        return False
+    return fwd(ctx, "mask_compare", {"op": op}, (a, b), (y,), 0, numel(ctx.shape(y)))
+
+
+def _compare_shapes(k, attrs, I, O, at):
+    from port.ops.elementwise import broadcast_shape
+    if attrs.get("op") not in range(6):
+        raise CallShapeError(f"attribute op={attrs.get('op')!r}: expected 0..5 (eq, ne, lt, le, gt, ge)")
+    a, y = at(I, 0, "input 0 (a)"), at(O, 0, "output 0 (y)")
+    if "scalar" in attrs:
+        if not isinstance(attrs["scalar"], float) or tuple(a) != tuple(y):
+            raise CallShapeError(f"mask_compare of {list(a)} with scalar={attrs['scalar']!r} into {list(y)}: "
+                                 f"expected a float scalar and y of a's shape")
+        return [(a, F32)], [(y, BOOL)]
+    b = at(I, 1, "input 1 (b)")
+    if broadcast_shape(a, b) != tuple(y):
+        raise CallShapeError(f"mask_compare of {list(a)} and {list(b)} into {list(y)}: a and b must broadcast to y")
+    return [(a, F32), (b, F32)], [(y, BOOL)]
+
+
+def _compare_encode(kind, a, IS, OS, I, O, variant, call):
+    from port.ops.elementwise import collapse
+    if "scalar" in a:
+        return Encoded("port_mask_compare_scalar", (O[0], I[0]), (int(a["op"]), numel(OS[0])), (a["scalar"],))
+    dims, ma, mb = collapse(IS[0], IS[1], OS[0])
+    return Encoded("port_mask_compare", (O[0], I[0], I[1]), (int(a["op"]), len(dims), ma, mb, *_pad(dims)))
+
+
+def _compare_torch(kind, a, I, O, env):
+    f = getattr(env.torch, ("eq", "ne", "lt", "le", "gt", "ge")[int(a["op"])])
+    return lambda: f(I[0], a["scalar"] if "scalar" in a else I[1], out=O[0])
+
+
 _NO_GRAD = frozenset({"no_grad", "checkpoint"})
 register(
     OpRecord(kind="mask_cast", family="mask", kernels={"mask_cast": ("port_mask_cast",)}, shapes=_cast_shapes,
@@ -169,9 +233,15 @@ register(
              doc="mask_cast: a cast to bool (x != 0) of a float32/int64/bool tensor, or to float32 of a bool/int64 "
                  "one (HF's attention_mask.bool()); no gradient. C kernel port_mask_cast."),
     OpRecord(kind="mask_logic", family="mask", kernels={"mask_logic": ("port_mask_logic",)}, shapes=_logic_shapes,
-             torch=_logic_torch, encode=_logic_encode, aten=tuple(_LOGIC), capture=_logic_capture, tags=_NO_GRAD,
-             doc="mask_logic: and / or / xor (attribute op 0/1/2) of two bool masks broadcast on every axis (a "
+             torch=_logic_torch, encode=_logic_encode, aten=tuple(_LOGIC) + _NOT, capture=_logic_capture, tags=_NO_GRAD,
+             doc="mask_logic: and / or / xor / not (attribute op 0..3; not reads a twice) of two bool masks broadcast on every axis (a "
                  "padding mask and a causal mask); no gradient. C kernel port_mask_logic (up to 6 merged dims)."),
+    OpRecord(kind="mask_compare", family="mask",
+             kernels={"mask_compare": ("port_mask_compare", "port_mask_compare_scalar")}, shapes=_compare_shapes,
+             torch=_compare_torch, encode=_compare_encode, aten=tuple(_CMP), capture=_compare_capture, tags=_NO_GRAD,
+             doc="mask_compare: eq / ne / lt / le / gt / ge (attribute op 0..5) of two float32 tensors broadcast on "
+                 "every axis, or of a tensor and a Python number (attribute scalar), into a bool mask; no gradient. "
+                 "C kernels port_mask_compare (up to 6 merged dims), port_mask_compare_scalar."),
     OpRecord(kind="expand_mask", family="mask", kernels={"expand_mask": ("port_expand_mask",)},
              shapes=_expand_shapes, torch=lambda k, a, I, O, env: (lambda: O[0].copy_(I[0].expand(O[0].shape))),
              encode=_expand_encode, aten=("expand",), capture=_expand_capture, tags=_NO_GRAD,

@@ -126,18 +126,19 @@ def test_mask_kernels_same_bits_at_any_thread_count():
     a, b = torch.rand(8, 1, 1, 64, generator=g) < .7, torch.ones(64, 64, dtype=torch.bool).tril()[None, None]
     x, f = torch.randint(0, 2, S, generator=g), torch.rand(S, generator=g) < .5
     m2 = torch.rand(64, 64, generator=g) < .5
+    fx, fb = torch.randn(S, generator=g), torch.randn(1, 4, 64, 1, generator=g)
     i0, i1 = torch.randint(0, 64, (64, 1, 1, 64), generator=g), torch.randint(0, 64, (1, 8, 64, 1), generator=g)
     prev, outs = capi.get_num_threads(), []
     try:
         for t in (1, 2, 3):
             capi.set_num_threads(t)
             outs.append((logic(a, b, 1), expand(a, S), cast(x, torch.bool), cast(f, torch.float32),
-                         index2(m2, i0, i1)))
+                         index2(m2, i0, i1), compare(fx, fb, 3)))
     finally:
         capi.set_num_threads(prev)
     for o in outs[1:]:
         assert all(torch.equal(p, q) for p, q in zip(outs[0], o))
-    assert torch.equal(outs[0][0], a | b) and torch.equal(outs[0][4], m2[i0, i1])
+    assert torch.equal(outs[0][0], a | b) and torch.equal(outs[0][4], m2[i0, i1]) and torch.equal(outs[0][5], fx <= fb)
 
 
 def test_mask_kernel_refusals():
@@ -156,7 +157,7 @@ def test_mask_kernel_refusals():
     assert r.port_mask_cast(f32.data_ptr(), 0, f32.data_ptr() + 4, 1, 12) == capi.PORT_ERR_ALIAS
     # logic
     assert r.port_mask_logic(*p, 0, 2, 0, 0, d) == capi.PORT_OK
-    assert r.port_mask_logic(*p, 3, 2, 0, 0, d) == capi.PORT_ERR_ARG
+    assert r.port_mask_logic(*p, 4, 2, 0, 0, d) == capi.PORT_ERR_ARG
     assert r.port_mask_logic(*p, 0, 0, 0, 0, d) == capi.PORT_ERR_SHAPE
     assert r.port_mask_logic(*p, 0, 7, 0, 0, d) == capi.PORT_ERR_SHAPE
     assert r.port_mask_logic(*p, 0, 2, 4, 0, d) == capi.PORT_ERR_SHAPE                       # a bit past the rank
@@ -188,7 +189,8 @@ def test_call_rules_of_the_mask_kernels():
     from test_shape_unary import _rule
     c, lo, ex, ix = "port_mask_cast", "port_mask_logic", "port_expand_mask", "port_mask_index2"
     assert _rule(c, (0, 4096), (1, 2, 100)) == 0                          # int64 -> bool: 100 B out, 800 B in
-    assert _rule(c, (0, 100), (1, 2, 100)) == "ptr[1]"                   # overlaps the int64 input
+    assert _rule(c, (0, 96), (1, 2, 100)) == "ptr[0]"                    # y (100 B) over the int64 input
+    assert _rule(c, (0, 100), (1, 2, 100)) == "ptr[1]"                   # an int64 operand not 8-byte aligned
     assert _rule(c, (0, 400), (0, 1, 100)) == 0                          # bool -> float32: 400 B out
     assert _rule(c, (0, 399), (0, 1, 100)) == "ptr[0]"
     assert _rule(c, (0, 4096), (2, 2, 100)) == "iv[0]"                   # int64 output
@@ -198,7 +200,7 @@ def test_call_rules_of_the_mask_kernels():
     assert _rule(lo, (0, 4096, 8192), iv) == 0
     assert _rule(lo, (0, 4096, 0), iv) == 0                               # y = b (full shape)
     assert _rule(lo, (0, 0, 8192), iv) == "ptr[0]"                        # y = a (broadcast): refused
-    assert _rule(lo, (0, 4096, 8192), (3,) + iv[1:]) == "iv[0]"
+    assert _rule(lo, (0, 4096, 8192), (4,) + iv[1:]) == "iv[0]"
     assert _rule(lo, (0, 4096, 8192), iv[:1] + (7,) + iv[2:]) == "iv[1]"
     assert _rule(lo, (0, 4096, 8192), iv[:2] + (4,) + iv[3:]) == "iv[2]"
     assert _rule(lo, (0, 4096, 8192), iv[:6] + (2,) + iv[7:]) == "iv[6]"  # a dim past the rank must be 1
@@ -224,3 +226,72 @@ def test_every_index_pattern_of_index2_matches_a_loop():
         s1 = tuple(1 if (b1 >> i) & 1 else (2, 3, 2)[i] for i in range(3))
         i0, i1 = torch.randint(0, 3, s0), torch.randint(0, 4, s1)
         assert torch.equal(index2(x, i0, i1), x[i0, i1])
+
+
+CMP = ("eq", "ne", "lt", "le", "gt", "ge")
+
+
+def compare(a, b, op):
+    shape = torch.broadcast_shapes(a.shape, b.shape)
+    y = torch.empty(shape, dtype=torch.bool)
+    dims, ma, mb = collapse(tuple(a.shape), tuple(b.shape), tuple(shape))
+    st = capi.raw.port_mask_compare(y.data_ptr(), a.data_ptr(), b.data_ptr(), op, len(dims), ma, mb, _dims(dims))
+    assert st == capi.PORT_OK
+    return y
+
+
+def _special(t, g):
+    """Rounded values (ties), NaN, infinities and signed zeros among the elements."""
+    t = (t * 2).round() / 2
+    flat = t.view(-1)
+    k = torch.randint(0, flat.numel(), (min(5, flat.numel()),), generator=g)
+    flat[k] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0])[:len(k)]
+    return t
+
+
+@pytest.mark.parametrize("op", range(6), ids=CMP)
+@pytest.mark.parametrize("sa,sb", list(zip(BCASTS[::3], reversed(BCASTS[::3]))) + [((9,), SHAPE), ((), (7, 1))])
+def test_mask_compare_equals_torch_with_every_broadcast(op, sa, sb):
+    g = torch.Generator().manual_seed(len(sa) * 13 + sum(sa) + op)
+    a, b = _special(torch.randn(sa, generator=g), g), _special(torch.randn(sb, generator=g), g)
+    assert torch.equal(compare(a, b, op), getattr(torch, CMP[op])(a, b))
+
+
+@pytest.mark.parametrize("op", range(6), ids=CMP)
+@pytest.mark.parametrize("s", [0.5, 0.0, -0.0, float("inf"), float("nan"), -2.0])
+def test_mask_compare_scalar_equals_torch(op, s):
+    g = torch.Generator().manual_seed(op)
+    x = _special(torch.randn(7, 13, generator=g), g)
+    y = torch.empty(x.shape, dtype=torch.bool)
+    assert capi.raw.port_mask_compare_scalar(y.data_ptr(), x.data_ptr(), op, x.numel(), s) == capi.PORT_OK
+    assert torch.equal(y, getattr(torch, CMP[op])(x, s))
+
+
+def test_mask_not_equals_torch():
+    a = torch.rand(SHAPE, generator=torch.Generator().manual_seed(9)) < .5
+    assert torch.equal(logic(a, a, 3), ~a)
+
+
+def test_compare_refusals_and_call_rules():
+    from test_shape_unary import _rule
+    r = capi.raw
+    a, y = torch.zeros(4, 3), torch.empty(4, 3, dtype=torch.bool)
+    d = _dims((4, 3))
+    assert r.port_mask_compare(y.data_ptr(), a.data_ptr(), a.data_ptr(), 6, 2, 0, 0, d) == capi.PORT_ERR_ARG
+    assert r.port_mask_compare(y.data_ptr(), a.data_ptr(), a.data_ptr(), 0, 2, 0, 8, d) == capi.PORT_ERR_SHAPE
+    assert r.port_mask_compare(a.data_ptr(), a.data_ptr(), a.data_ptr(), 0, 2, 0, 0, d) == capi.PORT_ERR_ALIAS
+    assert r.port_mask_compare_scalar(y.data_ptr(), a.data_ptr(), -1, 12, 0.0) == capi.PORT_ERR_ARG
+    assert r.port_mask_compare_scalar(y.data_ptr(), a.data_ptr(), 0, 0, 0.0) == capi.PORT_ERR_SHAPE
+    assert r.port_mask_compare_scalar(a.data_ptr(), a.data_ptr(), 0, 12, 0.0) == capi.PORT_ERR_ALIAS
+    assert r.port_mask_logic(y.data_ptr(), y.data_ptr(), y.data_ptr(), 4, 2, 0, 0, d) == capi.PORT_ERR_ARG
+    c, cs = "port_mask_compare", "port_mask_compare_scalar"
+    iv = (4, 2, 1, 0, 64, 3, 1, 1, 1, 1)                                  # y [64, 3] = a [1, 3] > b [64, 3]
+    assert _rule(c, (0, 1024, 4096), iv) == 0
+    assert _rule(c, (0, 1024, 1000), iv) == 0                             # the inputs may overlap (read only)
+    assert _rule(c, (0, 1024, 128), iv) == "ptr[0]"                       # y (192 B) over b
+    assert _rule(c, (0, 1024, 4096), (6,) + iv[1:]) == "iv[0]"
+    assert _rule(c, (0, 1024, 4096), iv[:3] + (4,) + iv[4:]) == "iv[3]"
+    assert _rule(cs, (0, 1024), (5, 100), (float("nan"),)) == 0
+    assert _rule(cs, (0, 64), (5, 100), (0.0,)) == "ptr[0]"               # y (100 B) over x
+    assert _rule(cs, (0, 1024), (5, 0), (0.0,)) == "iv[1]"
+    assert _rule("port_mask_logic", (0, 0, 0), (3, 1, 0, 0, 64, 1, 1, 1, 1, 1)) == 0    # not, in place

@@ -230,7 +230,8 @@ REACH = {
     "rng_attn": {"port_attention_forward", "port_attention_backward", "port_bernoulli_forward",
                  "port_dropout_forward", "port_dropout_backward"},
     "pad_emb": {"port_embedding_forward", "port_embedding_backward_weight_pad", "port_mean_mid_forward"},
-    "padded_attn": {"port_mask_cast", "port_mask_index2", "port_mask_logic", "port_expand_mask"},
+    "padded_attn": {"port_mask_cast", "port_mask_index2", "port_mask_logic", "port_expand_mask",
+                    "port_mask_compare", "port_mask_compare_scalar"},
     "shapes": {"port_unary_forward", "port_unary_backward", "port_slice_copy", "port_expand",
                "port_binary_backward"},
 }
