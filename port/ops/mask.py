@@ -178,8 +178,8 @@ def _compare_capture(ctx):
     from port.ops.elementwise import broadcast_shape, collapse
     n = ctx.node
     op = _CMP.get(_packet(ctx))
-    if op is None or len(n.args) != 2 or not hasattr(n.args[0], "name"):
-        return False
+    if op is None or len(n.args) != 2 or not hasattr(n.args[0], "name") or any(map(ctx.is_param, n.args)):
+        return False            # (a parameter compared: left to torch, no trained operand enters a mask record)
     a, y, other = ctx.t(n.args[0]), ctx.out(), n.args[1]
     if ctx.dtype(a) != F32 or ctx.dtype(y) != BOOL:
         return False
