@@ -295,3 +295,26 @@ def test_compare_refusals_and_call_rules():
     assert _rule(cs, (0, 64), (5, 100), (0.0,)) == "ptr[0]"               # y (100 B) over x
     assert _rule(cs, (0, 1024), (5, 0), (0.0,)) == "iv[1]"
     assert _rule("port_mask_logic", (0, 0, 0), (3, 1, 0, 0, 64, 1, 1, 1, 1, 1)) == 0    # not, in place
+
+
+def test_records_take_masks_and_leave_parameter_compares_to_torch():
+    """Capture: compares of activations, casts of masks and not/and go to the mask records on C; a compare with a
+    parameter operand stays a torch_op (no trained tensor enters a mask record)."""
+    import port
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w, self.fc = torch.nn.Parameter(torch.randn(5)), torch.nn.Linear(5, 3)
+
+        def forward(self, x):
+            keep = torch.logical_not(x < 0.25) & (x >= x.flip(0))
+            return self.fc(x * keep.to(torch.float32) * (self.w > 0).to(torch.float32))
+
+    tr = port.Trainer(Net(), torch.randn(4, 5), optimizer=port.optim.SGD(0.1))
+    acc = {o.kind: tr.plan.ops[o.id].accelerator for o in tr.graph.ops}
+    kinds = [o.kind for o in tr.graph.ops]
+    assert kinds.count("mask_compare") == 2 and kinds.count("mask_logic") == 2 and kinds.count("mask_cast") == 2
+    assert all(acc[k] == "cpu-c" for k in ("mask_compare", "mask_logic", "mask_cast"))
+    gt = [o for o in tr.graph.ops if o.kind == "torch_op" and "gt" in dict(o.attrs)["call"]]
+    assert len(gt) == 1
