@@ -80,3 +80,30 @@ class Views(torch.nn.Module):
         e0, e1 = h.split([16, 8], 1)
         h1, h2 = (g.t() + d + e1).chunk(2, 0)          # a batch split: views
         return self.fc2(torch.cat([h1 * 0.5, h2], 0))
+
+
+class PaddedAttn(torch.nn.Module):
+    """HF's padding-mask chain (transformers' sdpa_mask) on int64 token ids with 0 as padding: ids.bool(),
+    mask[batch_arange, kv_arange] by two broadcast index tensors, and with a registered causal mask, expand to
+    [B, 1, T, T], then attention under that boolean mask; a float copy of the mask scales the output, and so does
+    a mask from compares (tensor < tensor, tensor > number), not and or."""
+
+    def __init__(self, t=7, d=12):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(11, d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.register_buffer("causal", torch.ones(t, t, dtype=torch.bool).tril()[None, None])
+        self.fc = torch.nn.Linear(t * d, 10)
+
+    def forward(self, ids):                                 # [N, T] int64
+        n, t = ids.shape
+        m = ids.to(torch.bool)
+        b_idx, kv = torch.arange(n)[:, None, None, None], torch.arange(t)[None, None, None, :]
+        mask = (m[b_idx, kv] | self.causal.logical_not()).__and__(self.causal).expand(n, 1, t, t)
+        e = self.emb(ids)
+        q, k, v = self.qkv(e).unsqueeze(1).chunk(3, -1)
+        h = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).squeeze(1)
+        keep = torch.logical_not(h < e) | (e > 0.1)
+        return self.fc((h * keep.to(torch.float32) * m.to(torch.float32)[..., None]).reshape(n, -1))
+

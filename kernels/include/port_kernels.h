@@ -524,6 +524,38 @@ PORT_API port_status port_masked_fill_reference(float *y, const float *x, const 
                                                 int64_t m_bcast, const int64_t *dims, float value);
 /* ---- end of issue 54 masked_fill block ------------------------------------------------------------------- */
 
+/* ---- issue 54: input-dependent masks (mask.c; port-rt ids 122-127) -----------------------------------------
+ * Masks are one byte per element (torch's bool, 0/1); dtype codes below.  HF turns attention_mask (int64 [B, K])
+ * into a boolean [B, 1, Q, K] mask with these: a cast to bool, a gather mask[batch_idx, kv_idx] by two broadcast
+ * index tensors, an and with a causal mask, an expand.  No gradients (masks are not differentiated).  Pure
+ * selects and copies: the same bits at any thread count. */
+enum { PORT_DT_F32 = 0, PORT_DT_BOOL = 1, PORT_DT_I64 = 2 };
+enum { PORT_MASK_AND = 0, PORT_MASK_OR = 1, PORT_MASK_XOR = 2, PORT_MASK_NOT = 3 };
+enum { PORT_CMP_EQ = 0, PORT_CMP_NE = 1, PORT_CMP_LT = 2, PORT_CMP_LE = 3, PORT_CMP_GT = 4, PORT_CMP_GE = 5 };
+/* y = x cast elementwise, count elements: to bool x != 0; to float32 the value (bool 0/1, int64 rounded).
+ * y_dtype float32 or bool; x_dtype any.  No aliasing. */
+PORT_API port_status port_mask_cast(void *y, int64_t y_dtype, const void *x, int64_t x_dtype, int64_t count);
+/* y = a op b (op PORT_MASK_*; NOT: y = !a, b read but ignored: pass a) over the full shape dims (rank
+ * 1..PORT_BINARY_MAX_RANK), a / b of size 1 along the dims whose bit is set in a_bcast / b_bcast.  y MAY ALIAS a
+ * full-shape operand. */
+PORT_API port_status port_mask_logic(uint8_t *y, const uint8_t *a, const uint8_t *b, int64_t op, int64_t rank,
+                                     int64_t a_bcast, int64_t b_bcast, const int64_t *dims);
+/* y (full shape dims) = x (size 1 along the dims whose bit is set in x_bcast) broadcast; no aliasing. */
+PORT_API port_status port_expand_mask(uint8_t *y, const uint8_t *x, int64_t rank, int64_t x_bcast,
+                                      const int64_t *dims);
+/* y[e] = x[i0[e], i1[e]] for x [rows, cols], the int64 index tensors broadcast to y's shape dims as the bits of
+ * i0_bcast / i1_bcast say; indices in [-rows, rows) / [-cols, cols) (negative from the end), else PORT_ERR_ARG. */
+PORT_API port_status port_mask_index2(uint8_t *y, const uint8_t *x, const int64_t *i0, const int64_t *i1,
+                                      int64_t rows, int64_t cols, int64_t rank, int64_t i0_bcast, int64_t i1_bcast,
+                                      const int64_t *dims);
+/* y = a cmp b (cmp PORT_CMP_*, IEEE: NaN compares unequal, as torch) of two float32 tensors broadcast as
+ * port_mask_logic's operands; no aliasing. */
+PORT_API port_status port_mask_compare(uint8_t *y, const float *a, const float *b, int64_t op, int64_t rank,
+                                       int64_t a_bcast, int64_t b_bcast, const int64_t *dims);
+/* y = x cmp scalar, count elements; no aliasing. */
+PORT_API port_status port_mask_compare_scalar(uint8_t *y, const float *x, int64_t op, int64_t count, float scalar);
+/* ---- end of issue 54 masks block ------------------------------------------------------------------------- */
+
 PORT_API port_status port_add_broadcast(float *y, const float *a, const float *b, int64_t outer, int64_t inner);
 /* db[i] = sum_o dy[o,i]  (OVERWRITES; summed in o order) */
 PORT_API port_status port_sum_rows(float *db, const float *dy, int64_t outer, int64_t inner);

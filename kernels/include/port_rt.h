@@ -179,6 +179,12 @@ extern "C" {
     X(99, ADAPTIVE_AVGPOOL2D_BACKWARD_INPUT, port_adaptive_avgpool2d_backward_input) \
     X(110, BERNOULLI_FORWARD, port_bernoulli_forward)                              \
     X(121, MASKED_FILL, port_masked_fill)                                          \
+    X(122, MASK_CAST, port_mask_cast)                                              \
+    X(123, MASK_LOGIC, port_mask_logic)                                            \
+    X(124, EXPAND_MASK, port_expand_mask)                                          \
+    X(125, MASK_INDEX2, port_mask_index2)                                          \
+    X(126, MASK_COMPARE, port_mask_compare)                                        \
+    X(127, MASK_COMPARE_SCALAR, port_mask_compare_scalar)                          \
     X(120, EMBEDDING_BACKWARD_WEIGHT_PAD, port_embedding_backward_weight_pad)      \
     X(135, SWIGLU_FORWARD, port_swiglu_forward)                                   \
     X(136, SWIGLU_BACKWARD, port_swiglu_backward)                                 \

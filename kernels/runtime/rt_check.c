@@ -493,6 +493,75 @@ static int masked_fill(ctx *x) {
     return PORT_OK;
 }
 
+/* masks (122-125): the full shape dims[6] at iv[d..d+5] with up to two broadcast masks at iv[b0], iv[b1] (-1: none);
+ * the element counts of the full shape and of each broadcast operand */
+static int mask_dims(ctx *x, int r, int d, int b0, int b1, int64_t *ny, int64_t *n0, int64_t *n1) {
+    const int64_t *v = x->c->iv;
+    if (iv_in(x, r, 1, 6, "a mask kernel's rank must lie in 1..6") ||
+        iv_in(x, b0, 0, ((int64_t)1 << v[r]) - 1, "broadcast bits: below the rank") ||
+        (b1 >= 0 && iv_in(x, b1, 0, ((int64_t)1 << v[r]) - 1, "broadcast bits: below the rank")))
+        return BAD;
+    *ny = *n0 = *n1 = 1;
+    for (int i = 0; i < 6; i++) {
+        if (i < v[r] ? pos(x, d + i) : iv_in(x, d + i, 1, 1, "a mask dimension past the rank must be 1"))
+            return BAD;
+        *ny = smul(*ny, v[d + i]);
+        *n0 = smul(*n0, (v[b0] >> i) & 1 ? 1 : v[d + i]);
+        if (b1 >= 0) *n1 = smul(*n1, (v[b1] >> i) & 1 ? 1 : v[d + i]);
+    }
+    return PORT_OK;
+}
+
+/* mask_cast (122: y, x): iv y_dtype (0 float32, 1 bool), x_dtype (0..2: float32, bool, int64), count;
+ * mask_logic (123: y, a, b): iv op (0 and, 1 or, 2 xor, 3 not a), rank, a_bcast, b_bcast, dims[6]; y may be
+ * a full-shape operand; expand_mask (124: y, x): iv rank, x_bcast, dims[6]; mask_index2 (125: y, x, i0, i1): iv rows, cols,
+ * rank, i0_bcast, i1_bcast, dims[6]; mask_compare (126: y, a, b): iv op (0 eq .. 5 ge), rank, a_bcast, b_bcast,
+ * dims[6]; mask_compare_scalar (127: y, x): iv op, count; fv the scalar (NaN and inf allowed, as torch) */
+static int masks(ctx *x, int k) {
+    const int64_t *v = x->c->iv;
+    static const int ESZ[3] = {4, 1, 8};
+    int64_t ny, n0, n1;
+    switch (k) {
+    case PORT_RT_MASK_CAST:
+        if (iv_in(x, 0, 0, 1, "the cast's output dtype (0 float32, 1 bool)") ||
+            iv_in(x, 1, 0, 2, "the cast's input dtype (0 float32, 1 bool, 2 int64)") || pos(x, 2))
+            return BAD;
+        args(x, 2, 3, 0);
+        op(x, 0, v[2], ESZ[v[0]], 1), op(x, 1, v[2], ESZ[v[1]], 0);
+        return PORT_OK;
+    case PORT_RT_MASK_LOGIC:
+        if (iv_in(x, 0, 0, 3, "mask op (0 and, 1 or, 2 xor, 3 not)") || mask_dims(x, 1, 4, 2, 3, &ny, &n0, &n1))
+            return BAD;
+        args(x, 3, 10, 0);
+        op(x, 0, ny, 1, 1), op(x, 1, n0, 1, 0), op(x, 2, n1, 1, 0);
+        if (!v[2]) inplace(x, 0, 1);
+        if (!v[3]) inplace(x, 0, 2);
+        return PORT_OK;
+    case PORT_RT_MASK_COMPARE:
+        if (iv_in(x, 0, 0, 5, "compare op (0 eq, 1 ne, 2 lt, 3 le, 4 gt, 5 ge)") ||
+            mask_dims(x, 1, 4, 2, 3, &ny, &n0, &n1))
+            return BAD;
+        args(x, 3, 10, 0);
+        op(x, 0, ny, 1, 1), op(x, 1, n0, 4, 0), op(x, 2, n1, 4, 0);
+        return PORT_OK;
+    case PORT_RT_MASK_COMPARE_SCALAR:
+        if (iv_in(x, 0, 0, 5, "compare op (0 eq, 1 ne, 2 lt, 3 le, 4 gt, 5 ge)") || pos(x, 1)) return BAD;
+        args(x, 2, 2, 1);
+        op(x, 0, v[1], 1, 1), op(x, 1, v[1], 4, 0);
+        return PORT_OK;
+    case PORT_RT_EXPAND_MASK:
+        if (mask_dims(x, 0, 2, 1, -1, &ny, &n0, &n1)) return BAD;
+        args(x, 2, 8, 0);
+        op(x, 0, ny, 1, 1), op(x, 1, n0, 1, 0);
+        return PORT_OK;
+    default:   /* PORT_RT_MASK_INDEX2 */
+        if (pos_range(x, 0, 1) || mask_dims(x, 2, 5, 3, 4, &ny, &n0, &n1)) return BAD;
+        args(x, 4, 11, 0);
+        op(x, 0, ny, 1, 1), op(x, 1, smul(v[0], v[1]), 1, 0), op(x, 2, n0, 8, 0), op(x, 3, n1, 8, 0);
+        return PORT_OK;
+    }
+}
+
 /* ---------------------------------------------------------------- the rest, by kernel id */
 /* element-wise: out, in (, in2): count v[0] floats */
 static int eltwise(ctx *x, int nptr, int alias_in) {
@@ -545,6 +614,12 @@ static int shape_of(ctx *x) {
     case PORT_RT_SLICE_COPY: return slice_copy(x);
     case PORT_RT_EXPAND: return expand(x);
     case PORT_RT_MASKED_FILL: return masked_fill(x);
+    case PORT_RT_MASK_CAST:
+    case PORT_RT_MASK_LOGIC:
+    case PORT_RT_EXPAND_MASK:
+    case PORT_RT_MASK_INDEX2:
+    case PORT_RT_MASK_COMPARE:
+    case PORT_RT_MASK_COMPARE_SCALAR: return masks(x, k);
     case PORT_RT_CONV2D_FORWARD:
     case PORT_RT_CONV2D_BACKWARD_INPUT:
     case PORT_RT_CONV2D_BACKWARD_WEIGHT:

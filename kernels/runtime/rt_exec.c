@@ -190,6 +190,19 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
     case PORT_RT_EXPAND: return port_expand(F(0), CF(1), v[0], v[1], v + 2);   /* iv: rank, x_bcast, dims[6] */
     case PORT_RT_MASKED_FILL:     /* iv: rank, m_bcast, dims[6]; fv: value */
         return port_masked_fill(F(0), CF(1), (const uint8_t *)ptrs[2], v[0], v[1], v + 2, (float)c->fv[0]);
+    case PORT_RT_MASK_CAST: return port_mask_cast(ptrs[0], v[0], ptrs[1], v[1], v[2]);  /* iv: y_dt, x_dt, count */
+    case PORT_RT_MASK_LOGIC:      /* iv: op, rank, a_bcast, b_bcast, dims[6] */
+        return port_mask_logic((uint8_t *)ptrs[0], (const uint8_t *)ptrs[1], (const uint8_t *)ptrs[2], v[0], v[1],
+                               v[2], v[3], v + 4);
+    case PORT_RT_EXPAND_MASK:     /* iv: rank, x_bcast, dims[6] */
+        return port_expand_mask((uint8_t *)ptrs[0], (const uint8_t *)ptrs[1], v[0], v[1], v + 2);
+    case PORT_RT_MASK_COMPARE:    /* iv: op, rank, a_bcast, b_bcast, dims[6] */
+        return port_mask_compare((uint8_t *)ptrs[0], CF(1), CF(2), v[0], v[1], v[2], v[3], v + 4);
+    case PORT_RT_MASK_COMPARE_SCALAR:   /* iv: op, count; fv: scalar */
+        return port_mask_compare_scalar((uint8_t *)ptrs[0], CF(1), v[0], v[1], (float)c->fv[0]);
+    case PORT_RT_MASK_INDEX2:     /* iv: rows, cols, rank, i0_bcast, i1_bcast, dims[6] */
+        return port_mask_index2((uint8_t *)ptrs[0], (const uint8_t *)ptrs[1], (const int64_t *)ptrs[2],
+                                (const int64_t *)ptrs[3], v[0], v[1], v[2], v[3], v[4], v + 5);
     case PORT_RT_ADD: return port_add(F(0), CF(1), CF(2), v[0]);
     case PORT_RT_DROPOUT_FORWARD:
         return port_dropout_forward(F(0), (uint8_t *)ptrs[1], CF(2), v[0], (float)c->fv[0], s->seed,

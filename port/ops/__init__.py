@@ -98,4 +98,4 @@ def capture_rules() -> dict[str, list]:
 
 
 from port.ops import (activation, attention, conv, elementwise, embedding, fallback, linear, loss,  # noqa: E402,F401
-                      norm, optimizer, pooling, random, roll_pad, shape)
+                      mask, norm, optimizer, pooling, random, roll_pad, shape)

@@ -21,7 +21,7 @@ from port import models
 from port.exec import capi
 from port.exec.bundle import BundleError, check_bundle, write_bundle, write_data
 
-from nets54 import NormPool, PadEmb, Views
+from nets54 import NormPool, PadEmb, PaddedAttn, Views
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 40
@@ -637,3 +637,14 @@ def test_port_rt_runs_masked_fill_bit_for_bit(port_rt, tmp_path):
     forward and backward, compiles and trains in port-rt bit for bit like the Python executor."""
     x, y = torch.randn(N, 8, 6), torch.randint(0, 10, (N,))
     _trains_bit_for_bit(port_rt, tmp_path, _CausalScores(), x, y, {"masked_fill", "masked_fill.grad_input"})
+
+
+def test_port_rt_runs_padding_mask_chain_bit_for_bit(port_rt, tmp_path):
+    """The mask kernels (port_mask_cast, port_mask_index2, port_mask_logic, port_expand_mask: HF's
+    attention_mask chain; port_mask_compare and its scalar form, not) run on C, compile and train in port-rt bit
+    for bit like the Python executor."""
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randint(1, 11, (N, 7), generator=g), torch.randint(0, 10, (N,), generator=g)
+    x[::2, -2:] = 0                                         # padded rows
+    _trains_bit_for_bit(port_rt, tmp_path, PaddedAttn(), x, y, {"mask_cast", "mask_index2", "mask_logic",
+                                                                  "expand_mask", "mask_compare"})

@@ -1,0 +1,256 @@
+"""Input-dependent attention masks (issue 54): what HF's attention_mask becomes before attention, on C.
+
+HF turns ``attention_mask`` (int64 [B, K]) into a boolean [B, 1, Q, K] mask: a cast to bool (``_to_copy``), the
+gather ``mask[batch_idx, kv_idx]`` by two broadcast int64 index tensors (``index.Tensor``), an ``and`` with a
+causal mask, an ``expand``. These records take those nodes where the operands are masks (bool, one byte per
+element in the arena, as torch stores them), int64 or float32: ``mask_cast`` (to bool or float32),
+``mask_logic`` (and / or / xor of two bool masks, broadcast on every axis, and not), ``mask_compare`` (eq .. ge
+of float32 tensors or a tensor and a number into a mask), ``expand_mask`` (a bool expand) and
+``mask_index2`` (a 2-D bool tensor gathered by two int64 index tensors). Masks are not differentiated
+(``no_grad``): a float result of a cast from a mask or int64 carries no gradient back. C kernels in
+kernels/src/mask.c (port-rt ids 122-127).
+"""
+from __future__ import annotations
+
+from port.ir.types import numel
+from port.ops import register
+from port.ops.base import F32, I64, CallShapeError, Encoded, OpRecord, fwd
+
+BOOL = "bool"
+_DT = {F32: 0, BOOL: 1, I64: 2}
+_LOGIC = {"__and__": 0, "bitwise_and": 0, "logical_and": 0, "__or__": 1, "bitwise_or": 1, "logical_or": 1,
+          "__xor__": 2, "bitwise_xor": 2, "logical_xor": 2}
+_NOT = ("logical_not", "bitwise_not")
+_CMP = {"eq": 0, "ne": 1, "lt": 2, "le": 3, "gt": 4, "ge": 5}
+_RANK = 6         # PORT_BINARY_MAX_RANK
+
+
+def _packet(ctx) -> str:
+    return getattr(ctx.node.target, "__name__", str(ctx.node.target)).split(".")[0]
+
+
+def _pad(dims):
+    return (*dims, *[1] * (_RANK - len(dims)))
+
+
+# ---- mask_cast: bool/int64/float32 -> bool, bool/int64 -> float32 ------------------------------------------
+def _cast_capture(ctx):
+    n = ctx.node
+    xa = n.args[0] if n.args else None
+    if not hasattr(xa, "name"):
+        return False
+    x, y = ctx.t(xa), ctx.out()
+    xd, yd = ctx.dtype(x), ctx.dtype(y)
+    dev = n.kwargs.get("device")
+    if xd not in _DT or yd not in (F32, BOOL) or xd == yd or ctx.shape(x) != ctx.shape(y) or \
+            (dev is not None and getattr(dev, "type", dev) not in ("cpu", "meta")) or ctx.is_param(xa):
+        return False
+    return fwd(ctx, "mask_cast", {"x_dtype": xd, "y_dtype": yd}, (x,), (y,), 0, numel(ctx.shape(y)))
+
+
+def _cast_shapes(k, attrs, I, O, at):
+    xd, yd = attrs.get("x_dtype"), attrs.get("y_dtype")
+    if xd not in _DT or yd not in (F32, BOOL) or xd == yd:
+        raise CallShapeError(f"attributes x_dtype={xd!r}, y_dtype={yd!r}: expected x_dtype among {sorted(_DT)}, "
+                             f"y_dtype float32 or bool, the two different")
+    x = at(I, 0, "input 0 (x)")
+    return [(x, xd)], [(x, yd)]
+
+
+def _cast_encode(kind, a, IS, OS, I, O, variant, call):
+    return Encoded("port_mask_cast", (O[0], I[0]), (_DT[a["y_dtype"]], _DT[a["x_dtype"]], numel(OS[0])))
+
+
+def _cast_torch(kind, a, I, O, env):
+    return lambda: O[0].copy_(I[0] != 0 if a["y_dtype"] == BOOL else I[0])
+
+
+# ---- mask_logic: a and/or/xor b of two bool masks, broadcast on every axis ---------------------------------
+def _logic_capture(ctx):
+    from port.ops.elementwise import broadcast_shape, collapse
+    n = ctx.node
+    packet = _packet(ctx)
+    if packet in _NOT and len(n.args) == 1 and hasattr(n.args[0], "name"):      # not a: op 3, b = a
+        op, args = 3, (n.args[0], n.args[0])
+    else:
+        op, args = _LOGIC.get(packet), n.args
+    if op is None or len(args) != 2 or not all(hasattr(a, "name") for a in args):
+        return False
+    a, b = ctx.t(args[0]), ctx.t(args[1])
+    y = ctx.out()
+    if ctx.dtype(a) != BOOL or ctx.dtype(b) != BOOL or ctx.dtype(y) != BOOL or \
+            broadcast_shape(ctx.shape(a), ctx.shape(b)) != ctx.shape(y):
+        return False
+    r = len(collapse(ctx.shape(a), ctx.shape(b), ctx.shape(y))[0])
+    if r > _RANK:
+        return False
+    return fwd(ctx, "mask_logic", {"op": op}, (a, b), (y,), 0, numel(ctx.shape(y)))
+
+
+def _logic_shapes(k, attrs, I, O, at):
+    from port.ops.elementwise import broadcast_shape
+    if attrs.get("op") not in (0, 1, 2, 3):
+        raise CallShapeError(f"attribute op={attrs.get('op')!r}: expected 0 (and), 1 (or), 2 (xor) or 3 (not)")
+    a, b, y = at(I, 0, "input 0 (a)"), at(I, 1, "input 1 (b)"), at(O, 0, "output 0 (y)")
+    if broadcast_shape(a, b) != tuple(y):
+        raise CallShapeError(f"mask_logic of {list(a)} and {list(b)} into {list(y)}: a and b must broadcast to y")
+    return [(a, BOOL), (b, BOOL)], [(y, BOOL)]
+
+
+def _logic_encode(kind, a, IS, OS, I, O, variant, call):
+    from port.ops.elementwise import collapse
+    dims, ma, mb = collapse(IS[0], IS[1], OS[0])
+    return Encoded("port_mask_logic", (O[0], I[0], I[1]), (int(a["op"]), len(dims), ma, mb, *_pad(dims)))
+
+
+def _logic_torch(kind, a, I, O, env):
+    if int(a["op"]) == 3:
+        return lambda: env.torch.logical_not(I[0], out=O[0])
+    f = (env.torch.logical_and, env.torch.logical_or, env.torch.logical_xor)[int(a["op"])]
+    return lambda: f(I[0], I[1], out=O[0])
+
+
+# ---- expand_mask: a bool mask broadcast to a larger shape (a copy) -------------------------------------------
+def _expand_capture(ctx):
+    from port.ops.elementwise import broadcast_shape, collapse
+    xa = ctx.node.args[0]
+    if not hasattr(xa, "name"):
+        return False
+    x, y = ctx.t(xa), ctx.out()
+    if ctx.dtype(x) != BOOL or broadcast_shape(ctx.shape(x), ctx.shape(y)) != ctx.shape(y) or \
+            len(collapse(ctx.shape(x), ctx.shape(y), ctx.shape(y))[0]) > _RANK:
+        return False
+    return fwd(ctx, "expand_mask", {}, (x,), (y,), 0, 0)
+
+
+def _expand_shapes(k, attrs, I, O, at):
+    from port.ops.elementwise import broadcast_shape
+    x, y = at(I, 0, "input 0 (x)"), at(O, 0, "output 0 (y)")
+    if broadcast_shape(x, y) != tuple(y):
+        raise CallShapeError(f"expand_mask of {list(x)} to {list(y)}: x must broadcast to y")
+    return [(x, BOOL)], [(y, BOOL)]
+
+
+def _expand_encode(kind, a, IS, OS, I, O, variant, call):
+    from port.ops.elementwise import collapse
+    dims, mx, _ = collapse(IS[0], OS[0], OS[0])
+    return Encoded("port_expand_mask", (O[0], I[0]), (len(dims), mx, *_pad(dims)))
+
+
+# ---- mask_index2: mask[i0, i1] for a 2-D bool mask and two broadcast int64 index tensors ---------------------
+def _index_capture(ctx):
+    from port.ops.elementwise import broadcast_shape, collapse
+    n = ctx.node
+    if len(n.args) != 2 or not hasattr(n.args[0], "name") or not isinstance(n.args[1], (list, tuple)) or \
+            len(n.args[1]) != 2 or not all(hasattr(i, "name") for i in n.args[1]):
+        return False
+    x = ctx.t(n.args[0])
+    i0, i1 = (ctx.t(i) for i in n.args[1])
+    y = ctx.out()
+    s0, s1, sy = ctx.shape(i0), ctx.shape(i1), ctx.shape(y)
+    if ctx.dtype(x) != BOOL or len(ctx.shape(x)) != 2 or ctx.dtype(i0) != I64 or ctx.dtype(i1) != I64 or \
+            broadcast_shape(s0, s1) != sy or len(collapse(s0, s1, sy)[0]) > _RANK:
+        return False
+    return fwd(ctx, "mask_index2", {}, (x, i0, i1), (y,), 0, numel(sy))
+
+
+def _index_shapes(k, attrs, I, O, at):
+    from port.ops.elementwise import broadcast_shape
+    x, i0, i1 = at(I, 0, "input 0 (x)"), at(I, 1, "input 1 (i0)"), at(I, 2, "input 2 (i1)")
+    y = at(O, 0, "output 0 (y)")
+    if len(x) != 2 or broadcast_shape(i0, i1) != tuple(y):
+        raise CallShapeError(f"mask_index2 of {list(x)} by {list(i0)}, {list(i1)} into {list(y)}: x must be 2-D, "
+                             f"the indices broadcast to y")
+    return [(x, BOOL), (i0, I64), (i1, I64)], [(y, BOOL)]
+
+
+def _index_encode(kind, a, IS, OS, I, O, variant, call):
+    from port.ops.elementwise import collapse
+    dims, m0, m1 = collapse(IS[1], IS[2], OS[0])
+    return Encoded("port_mask_index2", (O[0], I[0], I[1], I[2]),
+                   (IS[0][0], IS[0][1], len(dims), m0, m1, *_pad(dims)))
+
+
+# ---- mask_compare: a cmp b of two float32 tensors (broadcast) or of a tensor and a Python number -------------
+def _compare_capture(ctx):
+    import math
+
+    from port.ops.elementwise import broadcast_shape, collapse
+    n = ctx.node
+    op = _CMP.get(_packet(ctx))
+    if op is None or len(n.args) != 2 or not hasattr(n.args[0], "name") or any(map(ctx.is_param, n.args)):
+        return False            # (a parameter compared: left to torch, no trained operand enters a mask record)
+    a, y, other = ctx.t(n.args[0]), ctx.out(), n.args[1]
+    if ctx.dtype(a) != F32 or ctx.dtype(y) != BOOL:
+        return False
+    if isinstance(other, (int, float)) and not isinstance(other, bool):
+        v = float(other)
+        if ctx.shape(a) != ctx.shape(y) or (math.isfinite(float(other)) and abs(v) > 3.4e38):
+            return False
+        return fwd(ctx, "mask_compare", {"op": op, "scalar": v}, (a,), (y,), 0, numel(ctx.shape(y)))
+    if not hasattr(other, "name"):
+        return False
+    b = ctx.t(other)
+    if ctx.dtype(b) != F32 or broadcast_shape(ctx.shape(a), ctx.shape(b)) != ctx.shape(y) or \
+            len(collapse(ctx.shape(a), ctx.shape(b), ctx.shape(y))[0]) > _RANK:
+        return False
+    return fwd(ctx, "mask_compare", {"op": op}, (a, b), (y,), 0, numel(ctx.shape(y)))
+
+
+def _compare_shapes(k, attrs, I, O, at):
+    from port.ops.elementwise import broadcast_shape
+    if attrs.get("op") not in range(6):
+        raise CallShapeError(f"attribute op={attrs.get('op')!r}: expected 0..5 (eq, ne, lt, le, gt, ge)")
+    a, y = at(I, 0, "input 0 (a)"), at(O, 0, "output 0 (y)")
+    if "scalar" in attrs:
+        if not isinstance(attrs["scalar"], float) or tuple(a) != tuple(y):
+            raise CallShapeError(f"mask_compare of {list(a)} with scalar={attrs['scalar']!r} into {list(y)}: "
+                                 f"expected a float scalar and y of a's shape")
+        return [(a, F32)], [(y, BOOL)]
+    b = at(I, 1, "input 1 (b)")
+    if broadcast_shape(a, b) != tuple(y):
+        raise CallShapeError(f"mask_compare of {list(a)} and {list(b)} into {list(y)}: a and b must broadcast to y")
+    return [(a, F32), (b, F32)], [(y, BOOL)]
+
+
+def _compare_encode(kind, a, IS, OS, I, O, variant, call):
+    from port.ops.elementwise import collapse
+    if "scalar" in a:
+        return Encoded("port_mask_compare_scalar", (O[0], I[0]), (int(a["op"]), numel(OS[0])), (a["scalar"],))
+    dims, ma, mb = collapse(IS[0], IS[1], OS[0])
+    return Encoded("port_mask_compare", (O[0], I[0], I[1]), (int(a["op"]), len(dims), ma, mb, *_pad(dims)))
+
+
+def _compare_torch(kind, a, I, O, env):
+    f = getattr(env.torch, ("eq", "ne", "lt", "le", "gt", "ge")[int(a["op"])])
+    return lambda: f(I[0], a["scalar"] if "scalar" in a else I[1], out=O[0])
+
+
+_NO_GRAD = frozenset({"no_grad", "checkpoint"})
+register(
+    OpRecord(kind="mask_cast", family="mask", kernels={"mask_cast": ("port_mask_cast",)}, shapes=_cast_shapes,
+             torch=_cast_torch, encode=_cast_encode, aten=("_to_copy", "to"), capture=_cast_capture, tags=_NO_GRAD,
+             doc="mask_cast: a cast to bool (x != 0) of a float32/int64/bool tensor, or to float32 of a bool/int64 "
+                 "one (HF's attention_mask.bool()); no gradient. C kernel port_mask_cast."),
+    OpRecord(kind="mask_logic", family="mask", kernels={"mask_logic": ("port_mask_logic",)}, shapes=_logic_shapes,
+             torch=_logic_torch, encode=_logic_encode, aten=tuple(_LOGIC) + _NOT, capture=_logic_capture, tags=_NO_GRAD,
+             doc="mask_logic: and / or / xor / not (attribute op 0..3; not reads a twice) of two bool masks broadcast on every axis (a "
+                 "padding mask and a causal mask); no gradient. C kernel port_mask_logic (up to 6 merged dims)."),
+    OpRecord(kind="mask_compare", family="mask",
+             kernels={"mask_compare": ("port_mask_compare", "port_mask_compare_scalar")}, shapes=_compare_shapes,
+             torch=_compare_torch, encode=_compare_encode, aten=tuple(_CMP), capture=_compare_capture, tags=_NO_GRAD,
+             doc="mask_compare: eq / ne / lt / le / gt / ge (attribute op 0..5) of two float32 tensors broadcast on "
+                 "every axis, or of a tensor and a Python number (attribute scalar), into a bool mask; no gradient. "
+                 "C kernels port_mask_compare (up to 6 merged dims), port_mask_compare_scalar."),
+    OpRecord(kind="expand_mask", family="mask", kernels={"expand_mask": ("port_expand_mask",)},
+             shapes=_expand_shapes, torch=lambda k, a, I, O, env: (lambda: O[0].copy_(I[0].expand(O[0].shape))),
+             encode=_expand_encode, aten=("expand",), capture=_expand_capture, tags=_NO_GRAD,
+             doc="expand_mask: a bool mask broadcast to a larger shape (a copy); no gradient. C kernel "
+                 "port_expand_mask (up to 6 merged dims)."),
+    OpRecord(kind="mask_index2", family="mask", kernels={"mask_index2": ("port_mask_index2",)},
+             shapes=_index_shapes, torch=lambda k, a, I, O, env: (lambda: O[0].copy_(I[0][I[1], I[2]])),
+             encode=_index_encode, aten=("index",), capture=_index_capture, tags=_NO_GRAD,
+             doc="mask_index2: a 2-D bool mask gathered by two int64 index tensors broadcast to the output "
+                 "(HF's attention_mask[batch_idx, kv_idx]); an index out of range is refused. C kernel "
+                 "port_mask_index2."),
+)
