@@ -206,7 +206,8 @@ def _recipe(ep: Any, node: Any, const: set[str], specs: dict) -> tuple[str, str]
                 continue
             value = ep.constants[s.target]
             if value.numel() > C.MAX_CONSTANT_NUMEL:
-                raise PortTraceError(f"the tensor constant '{s.target}' ({list(value.shape)}) is made in forward() or kept "
+                raise PortTraceError(f"the tensor constant '{s.target}' ({list(value.shape)}) is made in forward() "
+                                f"or kept "
                                 f"as a plain attribute; PORT keeps constants of at most {C.MAX_CONSTANT_NUMEL} "
                                 f"elements in the graph. Fix: register it as a buffer (self.register_buffer(...)).")
             index[n.name] = len(steps)

@@ -121,7 +121,7 @@ class _NotConstant(nn.Module):
         self.fc = nn.Linear(5, 3)
 
     def forward(self, x):
-        noise = torch.rand(5, device=x.device) * 0                      # a random op: never folded (re-drawn every call)
+        noise = torch.rand(5, device=x.device) * 0          # a random op: never folded (re-drawn every call)
         return self.fc(self.bn(x) * self.w.exp() + noise)
 
 

@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 KNOWN_CYCLE = frozenset({
     "port.ops", "port.ops.activation", "port.ops.attention", "port.ops.conv", "port.ops.elementwise",
-    "port.ops.embedding", "port.ops.fallback", "port.ops.linear", "port.ops.loss", "port.ops.norm",
-    "port.ops.mask", "port.ops.optimizer", "port.ops.pooling", "port.ops.random", "port.ops.roll_pad", "port.ops.shape",
+    "port.ops.embedding", "port.ops.fallback", "port.ops.linear", "port.ops.loss", "port.ops.mask", "port.ops.norm",
+    "port.ops.optimizer", "port.ops.pooling", "port.ops.random", "port.ops.roll_pad", "port.ops.shape",
     "port.ir.capture",
     "port.plan.variants", "port.exec.registry", "port.exec.rtcall", "port.exec.backends.c",
     "port.exec.backends.torch_backend",
