@@ -453,19 +453,29 @@ static int slice_copy(ctx *x) {
     return PORT_OK;
 }
 
+/* broadcasting kernels (expand, masked_fill, masks 122-127): the full shape dims[6] at iv[d..d+5] with up to two broadcast masks at iv[b0], iv[b1] (-1: none);
+ * the element counts of the full shape and of each broadcast operand */
+static int mask_dims(ctx *x, int r, int d, int b0, int b1, int64_t *ny, int64_t *n0, int64_t *n1) {
+    const int64_t *v = x->c->iv;
+    if (iv_in(x, r, 1, 6, "a broadcasting kernel's rank must lie in 1..6") ||
+        iv_in(x, b0, 0, ((int64_t)1 << v[r]) - 1, "broadcast bits: below the rank") ||
+        (b1 >= 0 && iv_in(x, b1, 0, ((int64_t)1 << v[r]) - 1, "broadcast bits: below the rank")))
+        return BAD;
+    *ny = *n0 = *n1 = 1;
+    for (int i = 0; i < 6; i++) {
+        if (i < v[r] ? pos(x, d + i) : iv_in(x, d + i, 1, 1, "a dimension past the rank must be 1"))
+            return BAD;
+        *ny = smul(*ny, v[d + i]);
+        *n0 = smul(*n0, (v[b0] >> i) & 1 ? 1 : v[d + i]);
+        if (b1 >= 0) *n1 = smul(*n1, (v[b1] >> i) & 1 ? 1 : v[d + i]);
+    }
+    return PORT_OK;
+}
+
 /* expand (77: y, x): iv rank 1..6, x_bcast (bits below the rank), dims[6] (1 past the rank); y overlaps nothing */
 static int expand(ctx *x) {
-    const int64_t *v = x->c->iv;
-    if (iv_in(x, 0, 1, 6, "expand rank must lie in 1..6") ||
-        iv_in(x, 1, 0, ((int64_t)1 << v[0]) - 1, "x's broadcast mask: bits below the rank"))
-        return BAD;
-    int64_t ny = 1, nx = 1;
-    for (int i = 0; i < 6; i++) {
-        if (i < v[0] ? pos(x, 2 + i) : iv_in(x, 2 + i, 1, 1, "an expand dimension past the rank must be 1"))
-            return BAD;
-        ny = smul(ny, v[2 + i]);
-        nx = smul(nx, (v[1] >> i) & 1 ? 1 : v[2 + i]);
-    }
+    int64_t ny, nx, unused;
+    if (mask_dims(x, 0, 2, 1, -1, &ny, &nx, &unused)) return BAD;
     args(x, 2, 8, 0);
     op(x, 0, ny, 4, 1), op(x, 1, nx, 4, 0);
     return PORT_OK;
@@ -474,41 +484,13 @@ static int expand(ctx *x) {
 /* masked_fill (121: y, x, mask): iv rank 1..6, m_bcast (bits below the rank), dims[6] (1 past the rank); fv
  * value not NaN (infinite allowed: -inf masks a score); y may be x */
 static int masked_fill(ctx *x) {
-    const int64_t *v = x->c->iv;
-    if (iv_in(x, 0, 1, 6, "masked_fill rank must lie in 1..6") ||
-        iv_in(x, 1, 0, ((int64_t)1 << v[0]) - 1, "the mask's broadcast bits: below the rank"))
-        return BAD;
+    int64_t ny, nm, unused;
+    if (mask_dims(x, 0, 2, 1, -1, &ny, &nm, &unused)) return BAD;
     if (isnan(x->c->fv[0]) || isnan((float)x->c->fv[0]))
         return fail(x->why, "fv[0]", "the fill value must not be NaN", 0, 0, 0);
-    int64_t ny = 1, nm = 1;
-    for (int i = 0; i < 6; i++) {
-        if (i < v[0] ? pos(x, 2 + i) : iv_in(x, 2 + i, 1, 1, "a masked_fill dimension past the rank must be 1"))
-            return BAD;
-        ny = smul(ny, v[2 + i]);
-        nm = smul(nm, (v[1] >> i) & 1 ? 1 : v[2 + i]);
-    }
     args(x, 3, 8, 1);
     op(x, 0, ny, 4, 1), op(x, 1, ny, 4, 0), op(x, 2, nm, 1, 0);
     inplace(x, 0, 1);
-    return PORT_OK;
-}
-
-/* masks (122-125): the full shape dims[6] at iv[d..d+5] with up to two broadcast masks at iv[b0], iv[b1] (-1: none);
- * the element counts of the full shape and of each broadcast operand */
-static int mask_dims(ctx *x, int r, int d, int b0, int b1, int64_t *ny, int64_t *n0, int64_t *n1) {
-    const int64_t *v = x->c->iv;
-    if (iv_in(x, r, 1, 6, "a mask kernel's rank must lie in 1..6") ||
-        iv_in(x, b0, 0, ((int64_t)1 << v[r]) - 1, "broadcast bits: below the rank") ||
-        (b1 >= 0 && iv_in(x, b1, 0, ((int64_t)1 << v[r]) - 1, "broadcast bits: below the rank")))
-        return BAD;
-    *ny = *n0 = *n1 = 1;
-    for (int i = 0; i < 6; i++) {
-        if (i < v[r] ? pos(x, d + i) : iv_in(x, d + i, 1, 1, "a mask dimension past the rank must be 1"))
-            return BAD;
-        *ny = smul(*ny, v[d + i]);
-        *n0 = smul(*n0, (v[b0] >> i) & 1 ? 1 : v[d + i]);
-        if (b1 >= 0) *n1 = smul(*n1, (v[b1] >> i) & 1 ? 1 : v[d + i]);
-    }
     return PORT_OK;
 }
 

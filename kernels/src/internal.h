@@ -447,4 +447,29 @@ void port__bn_train_backward(float *dx, float *dgamma, float *dbeta, const float
                              const float *x, const float *gamma, const float *beta,
                              const float *mean, const float *invstd, int64_t n, int64_t c,
                              int64_t hw, int relu);
+/* broadcasting (shape.c, mask.c) */
+/* strides (in elements) of an operand broadcast along the bits of bcast; its element count in *n */
+static inline int port__bstrides(int64_t rank, int64_t bcast, const int64_t *dims, int64_t *s, int64_t *n, int64_t *ny) {
+    if (rank < 1 || rank > PORT_BINARY_MAX_RANK || bcast < 0 || (bcast >> rank)) return 0;
+    *n = 1, *ny = 1;
+    for (int64_t i = rank - 1; i >= 0; i--) {
+        if (dims[i] < 1 || *ny > (INT64_C(1) << 40) / dims[i]) return 0;
+        int b = (int)((bcast >> i) & 1);
+        s[i] = b ? 0 : *n;
+        *n *= b ? 1 : dims[i];
+        *ny *= dims[i];
+    }
+    return 1;
+}
+
+/* the offset, in an operand of strides s (0 along its broadcast dims), of element e of the full shape dims */
+static inline int64_t port__offset_of(int64_t e, int64_t rank, const int64_t *dims, const int64_t *s) {
+    int64_t o = 0;
+    for (int64_t i = rank - 1; i >= 0; i--) {
+        o += (e % dims[i]) * s[i];
+        e /= dims[i];
+    }
+    return o;
+}
+
 #endif

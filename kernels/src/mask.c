@@ -31,35 +31,12 @@ port_status port_mask_cast(void *y, int64_t y_dtype, const void *x, int64_t x_dt
     return PORT_OK;
 }
 
-/* strides (in elements) of an operand broadcast along the bits of bcast; its element count in *n */
-static int bstrides(int64_t rank, int64_t bcast, const int64_t *dims, int64_t *s, int64_t *n, int64_t *ny) {
-    if (rank < 1 || rank > PORT_BINARY_MAX_RANK || bcast < 0 || (bcast >> rank)) return 0;
-    *n = 1, *ny = 1;
-    for (int64_t i = rank - 1; i >= 0; i--) {
-        if (dims[i] < 1 || *ny > (INT64_C(1) << 40) / dims[i]) return 0;
-        int b = (int)((bcast >> i) & 1);
-        s[i] = b ? 0 : *n;
-        *n *= b ? 1 : dims[i];
-        *ny *= dims[i];
-    }
-    return 1;
-}
-
-static inline int64_t offset_of(int64_t e, int64_t rank, const int64_t *dims, const int64_t *s) {
-    int64_t o = 0;
-    for (int64_t i = rank - 1; i >= 0; i--) {
-        o += (e % dims[i]) * s[i];
-        e /= dims[i];
-    }
-    return o;
-}
-
 port_status port_mask_logic(uint8_t *y, const uint8_t *a, const uint8_t *b, int64_t op, int64_t rank,
                             int64_t a_bcast, int64_t b_bcast, const int64_t *dims) {
     PORT_NOTNULL(y); PORT_NOTNULL(a); PORT_NOTNULL(b); PORT_NOTNULL(dims);
     PORT_CHECK(op >= PORT_MASK_AND && op <= PORT_MASK_NOT, PORT_ERR_ARG);
     int64_t sa[PORT_BINARY_MAX_RANK], sb[PORT_BINARY_MAX_RANK], na, nb, ny;
-    PORT_CHECK(bstrides(rank, a_bcast, dims, sa, &na, &ny) && bstrides(rank, b_bcast, dims, sb, &nb, &ny),
+    PORT_CHECK(port__bstrides(rank, a_bcast, dims, sa, &na, &ny) && port__bstrides(rank, b_bcast, dims, sb, &nb, &ny),
                PORT_ERR_SHAPE);
     PORT_CHECK((y == a && !a_bcast) || !port__ranges_overlap(y, (size_t)ny, a, (size_t)na), PORT_ERR_ALIAS);
     PORT_CHECK((y == b && !b_bcast) || !port__ranges_overlap(y, (size_t)ny, b, (size_t)nb), PORT_ERR_ALIAS);
@@ -84,12 +61,12 @@ port_status port_mask_logic(uint8_t *y, const uint8_t *a, const uint8_t *b, int6
 port_status port_expand_mask(uint8_t *y, const uint8_t *x, int64_t rank, int64_t x_bcast, const int64_t *dims) {
     PORT_NOTNULL(y); PORT_NOTNULL(x); PORT_NOTNULL(dims);
     int64_t sx[PORT_BINARY_MAX_RANK], nx, ny;
-    PORT_CHECK(bstrides(rank, x_bcast, dims, sx, &nx, &ny), PORT_ERR_SHAPE);
+    PORT_CHECK(port__bstrides(rank, x_bcast, dims, sx, &nx, &ny), PORT_ERR_SHAPE);
     PORT_CHECK(!port__ranges_overlap(y, (size_t)ny, x, (size_t)nx), PORT_ERR_ALIAS);
     const int64_t inner = dims[rank - 1], ix = sx[rank - 1], outer = ny / inner;
 #pragma omp parallel for schedule(static) if (ny > PORT_PAR_MIN && outer > 1)
     for (int64_t o = 0; o < outer; o++) {
-        const uint8_t *xo = x + offset_of(o, rank - 1, dims, sx);
+        const uint8_t *xo = x + port__offset_of(o, rank - 1, dims, sx);
         uint8_t *yo = y + o * inner;
         if (ix) memcpy(yo, xo, (size_t)inner);
         else memset(yo, xo[0] != 0, (size_t)inner);
@@ -102,14 +79,14 @@ port_status port_mask_index2(uint8_t *y, const uint8_t *x, const int64_t *i0, co
     PORT_NOTNULL(y); PORT_NOTNULL(x); PORT_NOTNULL(i0); PORT_NOTNULL(i1); PORT_NOTNULL(dims);
     PORT_CHECK(rows >= 1 && cols >= 1 && rows <= (INT64_C(1) << 40) / cols, PORT_ERR_SHAPE);
     int64_t s0[PORT_BINARY_MAX_RANK], s1[PORT_BINARY_MAX_RANK], n0, n1, ny;
-    PORT_CHECK(bstrides(rank, i0_bcast, dims, s0, &n0, &ny) && bstrides(rank, i1_bcast, dims, s1, &n1, &ny),
+    PORT_CHECK(port__bstrides(rank, i0_bcast, dims, s0, &n0, &ny) && port__bstrides(rank, i1_bcast, dims, s1, &n1, &ny),
                PORT_ERR_SHAPE);
     PORT_CHECK(!port__ranges_overlap(y, (size_t)ny, x, (size_t)(rows * cols)), PORT_ERR_ALIAS);
     for (int64_t k = 0; k < n0; k++) PORT_CHECK(i0[k] >= -rows && i0[k] < rows, PORT_ERR_ARG);
     for (int64_t k = 0; k < n1; k++) PORT_CHECK(i1[k] >= -cols && i1[k] < cols, PORT_ERR_ARG);
 #pragma omp parallel for schedule(static) if (ny > PORT_PAR_MIN)
     for (int64_t e = 0; e < ny; e++) {
-        int64_t r = i0[offset_of(e, rank, dims, s0)], c = i1[offset_of(e, rank, dims, s1)];
+        int64_t r = i0[port__offset_of(e, rank, dims, s0)], c = i1[port__offset_of(e, rank, dims, s1)];
         y[e] = x[(r < 0 ? r + rows : r) * cols + (c < 0 ? c + cols : c)] != 0;
     }
     return PORT_OK;
@@ -131,14 +108,14 @@ port_status port_mask_compare(uint8_t *y, const float *a, const float *b, int64_
     PORT_NOTNULL(y); PORT_NOTNULL(a); PORT_NOTNULL(b); PORT_NOTNULL(dims);
     PORT_CHECK(op >= PORT_CMP_EQ && op <= PORT_CMP_GE, PORT_ERR_ARG);
     int64_t sa[PORT_BINARY_MAX_RANK], sb[PORT_BINARY_MAX_RANK], na, nb, ny;
-    PORT_CHECK(bstrides(rank, a_bcast, dims, sa, &na, &ny) && bstrides(rank, b_bcast, dims, sb, &nb, &ny),
+    PORT_CHECK(port__bstrides(rank, a_bcast, dims, sa, &na, &ny) && port__bstrides(rank, b_bcast, dims, sb, &nb, &ny),
                PORT_ERR_SHAPE);
     PORT_CHECK(!port__ranges_overlap(y, (size_t)ny, a, (size_t)na * sizeof(float)) &&
                !port__ranges_overlap(y, (size_t)ny, b, (size_t)nb * sizeof(float)), PORT_ERR_ALIAS);
     const int64_t inner = dims[rank - 1], ia = sa[rank - 1], ib = sb[rank - 1], outer = ny / inner;
 #pragma omp parallel for schedule(static) if (ny > PORT_PAR_MIN && outer > 1)
     for (int64_t o = 0; o < outer; o++) {
-        const float *ao = a + offset_of(o, rank - 1, dims, sa), *bo = b + offset_of(o, rank - 1, dims, sb);
+        const float *ao = a + port__offset_of(o, rank - 1, dims, sa), *bo = b + port__offset_of(o, rank - 1, dims, sb);
         uint8_t *yo = y + o * inner;
         for (int64_t j = 0; j < inner; j++) yo[j] = cmp(op, ao[j * ia], bo[j * ib]);
     }

@@ -36,34 +36,13 @@ port_status port_slice_copy(float *y, const float *x, const port_slice_params *p
 
 /* masked_fill: a reference (one element at a time, the mask's offset from the full index) and the kernel
  * (rows of the innermost dim; the mask's row offset once per row) */
-static int masked_fill_strides(int64_t rank, int64_t m_bcast, const int64_t *dims, int64_t *sm, int64_t *ny,
-                               int64_t *nm) {
-    if (rank < 1 || rank > PORT_BINARY_MAX_RANK || m_bcast < 0 || (m_bcast >> rank)) return 0;
-    *ny = 1, *nm = 1;
-    for (int64_t i = rank - 1; i >= 0; i--) {
-        if (dims[i] < 1 || *ny > (INT64_C(1) << 40) / dims[i]) return 0;
-        int b = (int)((m_bcast >> i) & 1);
-        sm[i] = b ? 0 : *nm;
-        *nm *= b ? 1 : dims[i];
-        *ny *= dims[i];
-    }
-    return 1;
-}
-
 port_status port_masked_fill_reference(float *y, const float *x, const uint8_t *mask, int64_t rank, int64_t m_bcast,
                                  const int64_t *dims, float value) {
     PORT_NOTNULL(y); PORT_NOTNULL(x); PORT_NOTNULL(mask); PORT_NOTNULL(dims);
     int64_t sm[PORT_BINARY_MAX_RANK], ny, nm;
-    PORT_CHECK(masked_fill_strides(rank, m_bcast, dims, sm, &ny, &nm), PORT_ERR_SHAPE);
+    PORT_CHECK(port__bstrides(rank, m_bcast, dims, sm, &nm, &ny), PORT_ERR_SHAPE);
     PORT_CHECK(!isnan(value), PORT_ERR_ARG);
-    for (int64_t e = 0; e < ny; e++) {
-        int64_t om = 0, rest = e;
-        for (int64_t i = rank - 1; i >= 0; i--) {
-            om += (rest % dims[i]) * sm[i];
-            rest /= dims[i];
-        }
-        y[e] = mask[om] ? value : x[e];
-    }
+    for (int64_t e = 0; e < ny; e++) y[e] = mask[port__offset_of(e, rank, dims, sm)] ? value : x[e];
     return PORT_OK;
 }
 
@@ -71,7 +50,7 @@ port_status port_masked_fill(float *y, const float *x, const uint8_t *mask, int6
                              const int64_t *dims, float value) {
     PORT_NOTNULL(y); PORT_NOTNULL(x); PORT_NOTNULL(mask); PORT_NOTNULL(dims);
     int64_t sm[PORT_BINARY_MAX_RANK], ny, nm;
-    PORT_CHECK(masked_fill_strides(rank, m_bcast, dims, sm, &ny, &nm), PORT_ERR_SHAPE);
+    PORT_CHECK(port__bstrides(rank, m_bcast, dims, sm, &nm, &ny), PORT_ERR_SHAPE);
     PORT_CHECK(!isnan(value), PORT_ERR_ARG);
     PORT_CHECK(y == x || !port__ranges_overlap(y, (size_t)ny * sizeof(float), x, (size_t)ny * sizeof(float)),
                PORT_ERR_ALIAS);
@@ -79,14 +58,9 @@ port_status port_masked_fill(float *y, const float *x, const uint8_t *mask, int6
     const int64_t inner = dims[rank - 1], im = sm[rank - 1], outer = ny / inner;
 #pragma omp parallel for schedule(static) if (ny > PORT_PAR_MIN && outer > 1)
     for (int64_t o = 0; o < outer; o++) {
-        int64_t om = 0, rest = o;
-        for (int64_t i = rank - 2; i >= 0; i--) {
-            om += (rest % dims[i]) * sm[i];
-            rest /= dims[i];
-        }
         float *yo = y + o * inner;
         const float *xo = x + o * inner;
-        const uint8_t *mo = mask + om;
+        const uint8_t *mo = mask + port__offset_of(o, rank - 1, dims, sm);
         if (im)
             for (int64_t j = 0; j < inner; j++) yo[j] = mo[j] ? value : xo[j];
         else if (mo[0])
@@ -101,25 +75,14 @@ port_status port_expand(float *y, const float *x, int64_t rank, int64_t x_bcast,
     PORT_NOTNULL(y); PORT_NOTNULL(x); PORT_NOTNULL(dims);
     PORT_CHECK(rank >= 1 && rank <= PORT_BINARY_MAX_RANK, PORT_ERR_SHAPE);
     PORT_CHECK(x_bcast >= 0 && !(x_bcast >> rank), PORT_ERR_SHAPE);
-    int64_t sx[PORT_BINARY_MAX_RANK], ny = 1, nx = 1;
-    for (int64_t i = rank - 1; i >= 0; i--) {
-        PORT_CHECK(dims[i] >= 1 && ny <= (INT64_C(1) << 40) / dims[i], PORT_ERR_SHAPE);
-        int b = (int)((x_bcast >> i) & 1);
-        sx[i] = b ? 0 : nx;
-        nx *= b ? 1 : dims[i];
-        ny *= dims[i];
-    }
+    int64_t sx[PORT_BINARY_MAX_RANK], ny, nx;
+    PORT_CHECK(port__bstrides(rank, x_bcast, dims, sx, &nx, &ny), PORT_ERR_SHAPE);
     PORT_CHECK(!port__ranges_overlap(y, (size_t)ny * sizeof(float), x, (size_t)nx * sizeof(float)), PORT_ERR_ALIAS);
     const int64_t inner = dims[rank - 1], ix = sx[rank - 1], outer = ny / inner;
 #pragma omp parallel for schedule(static) if (ny > PORT_PAR_MIN && outer > 1)
     for (int64_t o = 0; o < outer; o++) {
-        int64_t ox = 0, rest = o;
-        for (int64_t i = rank - 2; i >= 0; i--) {
-            ox += (rest % dims[i]) * sx[i];
-            rest /= dims[i];
-        }
         float *yo = y + o * inner;
-        const float *xo = x + ox;
+        const float *xo = x + port__offset_of(o, rank - 1, dims, sx);
         if (ix) memcpy(yo, xo, (size_t)inner * sizeof(float));
         else {
             float v = xo[0];
