@@ -94,11 +94,23 @@ def rt_dispatch_saving_ms(plan: Plan, graph: Graph, profile: Profile, calls: int
 def queued_accelerators(plan: Plan) -> frozenset[str]:
     """The plan's accelerators whose backend runs asynchronously on a queue (port.lower.program.QUEUED_BACKENDS:
     the executor enqueues their calls and waits only at hand-offs and byte conflicts)."""
+    return _queued(dict.fromkeys(d.accelerator for d in plan.ops))
+
+
+def overlapping_accelerators(accelerators, profile: Profile) -> frozenset[str]:
+    """Those of ``accelerators`` whose calls overlap the host thread's in the makespan: queued engines
+    (:func:`queued_accelerators`) that do not share compute with another engine (the profile's
+    ``shared_compute``, a device YAML's ``shares_compute_with``: PoCL's CPU device computes on the host's cores)."""
+    shared = {a for a, _b in getattr(profile, "shared_compute", ())}
+    return frozenset(a for a in _queued(accelerators) if a not in shared)
+
+
+def _queued(accelerators) -> frozenset[str]:
     from port.errors import PortError
     from port.lower.lower import backend_of
     from port.lower.program import QUEUED_BACKENDS
     out = set()
-    for a in dict.fromkeys(d.accelerator for d in plan.ops):
+    for a in accelerators:
         try:
             if backend_of(a) in QUEUED_BACKENDS:
                 out.add(a)
@@ -166,7 +178,7 @@ def simulate(plan: Plan, graph: Graph, profile: Profile, own: dict[str, str] | N
     snapshots: list[tuple[int, ...]] = []
     gantt: list[tuple[str, str, float, float]] = []
     clock = comp = rcomp = hand = pagems = 0.0
-    lanes = _Timelines(queued_accelerators(plan))
+    lanes = _Timelines(overlapping_accelerators(dict.fromkeys(d.accelerator for d in plan.ops), profile))
 
     def add(r: int) -> None:
         nonlocal total
