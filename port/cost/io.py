@@ -18,7 +18,9 @@ Format (``format: "port-profile"``, ``version: types.PROFILE_FORMAT_VERSION``)::
 written before it existed, read as none): per accelerator, the resident memory its execution engine keeps once
 a plan runs any op on it (port.cost.footprint); a plan pays it once per accelerator it uses. ``own_memory``
 (optional; absent: none): the accelerators whose engine has its own memory (the device YAML's ``memory: own``):
-the solver, the simulator and lowering read it from here.
+the solver, the simulator and lowering read it from here. ``shared_compute`` (optional; absent: none):
+accelerator -> the accelerator whose cores it computes on (the device YAML's ``shares_compute_with``): the
+simulator's and the ILP's makespan do not overlap it.
 """
 from __future__ import annotations
 

@@ -16,11 +16,11 @@ step outside its kernel calls, measured by ``port profile`` and corrected by ``p
 for every plan, so it moves no decision), less the per-call dispatch the whole-step C engine does not pay on
 plans it runs (:func:`rt_dispatch_saving_ms`; in ``overhead_ms``, so it moves no decision either).
 
-Overlap: ``step_ms`` is the serial sum, the bound the ILP's objective prices (port.solver.formulation) and
-the time on engines that share cores (PoCL's CPU device and the C kernels here). ``breakdown["makespan_ms"]``
-is the step with the engines overlapped as the executor issues them (``_Timelines``: a queued engine's calls run
-while the host thread goes on, waits at hand-offs): at most ``step_ms``, the figure for an accelerator on its
-own silicon.
+Overlap: ``step_ms`` is the serial sum (the ILP's "serial" objective). ``breakdown["makespan_ms"]`` is the
+step with the engines overlapped as the executor issues them (``_Timelines``: a queued engine's calls run while
+the host thread goes on, waits at hand-offs; the ILP's "makespan" objective): at most ``step_ms``, and equal to
+it where the queued engine shares compute (the profile's ``shared_compute``, a device YAML's
+``shares_compute_with``: PoCL's CPU device and the C kernels here).
 """
 from __future__ import annotations
 
