@@ -153,6 +153,8 @@ class AcceleratorConfig(_Strict):
     memory_cap: Optional[int] = None            # bytes this engine may use (None: the device memory)
     memory: Literal["host", "own"] = "host"     # own: the engine has its own memory (discrete), its own arena
                                                 # of at most memory_cap, copies at hand-offs (port.lower.memories)
+    shares_compute_with: Optional[str] = None   # another accelerator whose cores this engine computes on (PoCL's
+                                                # CPU device and the C kernels): no overlap between them
     unsupported_ops: tuple[str, ...] = ()       # op kinds it cannot run (e.g. "max_pool2d")
     launch_overhead_us: float = Field(default=0.0, ge=0)
     power_w: Optional[float] = Field(default=None, gt=0)       # typical active power of this engine
@@ -236,6 +238,9 @@ class DeviceConfig(_Strict):
                 if end not in ids:
                     raise ValueError(f"handoff names accelerator {end!r}, which is not one of {ids}")
         for a in self.accelerators:
+            if a.shares_compute_with is not None and (a.shares_compute_with not in ids or a.shares_compute_with == a.id):
+                raise ValueError(f"accelerator {a.id!r}: shares_compute_with {a.shares_compute_with!r} is not another "
+                                 f"accelerator of this device; give one of {[i for i in ids if i != a.id]}")
             if a.memory == "own" and (a.backend != "opencl" or a.memory_cap is None):
                 raise ValueError(f"accelerator {a.id!r}: memory: own needs backend opencl (the engine with a device "
                                  f"arena and copying hand-offs) and a memory_cap (its memory's size); got backend "

@@ -18,7 +18,9 @@ Format (``format: "port-profile"``, ``version: types.PROFILE_FORMAT_VERSION``)::
 written before it existed, read as none): per accelerator, the resident memory its execution engine keeps once
 a plan runs any op on it (port.cost.footprint); a plan pays it once per accelerator it uses. ``own_memory``
 (optional; absent: none): the accelerators whose engine has its own memory (the device YAML's ``memory: own``):
-the solver, the simulator and lowering read it from here.
+the solver, the simulator and lowering read it from here. ``shared_compute`` (optional; absent: none):
+accelerator -> the accelerator whose cores it computes on (the device YAML's ``shares_compute_with``): the
+simulator's and the ILP's makespan do not overlap it.
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ def profile_to_dict(p: Profile) -> dict:
         "storage": dict(p.storage),
         "engine_bytes": dict(p.engine_bytes),
         **({"own_memory": list(p.own_memory)} if p.own_memory else {}),
+        **({"shared_compute": dict(p.shared_compute)} if p.shared_compute else {}),
         "handoff": [{"src": h.src, "dst": h.dst, "latency_ms": h.latency_ms,
                      "bytes_per_ms": None if math.isinf(h.bytes_per_ms) else h.bytes_per_ms,
                      "measured": h.measured} for h in p.handoff],
@@ -200,13 +203,18 @@ def _profile_body(d: dict, dev: str, where: str) -> Profile:
     if not isinstance(own, list) or not all(isinstance(a, str) and a in accs for a in own):
         raise ProfileError(f"{where}: key 'own_memory' = {_shown(own)}: expected a list of accelerator ids among "
                            f"{accs}; {_RERUN}")
+    shared = d.get("shared_compute", {})  # absent in files written before it existed: no engines share compute
+    if not isinstance(shared, dict) or not all(isinstance(a, str) and isinstance(b, str) and a in accs and b in accs
+                                               and a != b for a, b in shared.items()):
+        raise ProfileError(f"{where}: key 'shared_compute' = {_shown(shared)}: expected a mapping accelerator id -> "
+                           f"another accelerator id among {accs}; {_RERUN}")
     entries.sort(key=lambda e: (e.signature, e.accelerator, e.variant))
     return Profile(device=dev, accelerators=tuple(accs), entries=tuple(entries),
                    handoff=tuple(sorted(hand, key=lambda h: (h.src, h.dst))),
                    threads=threads, host=tuple(sorted((str(k), str(v)) for k, v in host.items())),
                    memory_bytes=memory, accelerator_caps=tuple(sorted(caps.items())),
                    storage=tuple(sorted(storage.items())), engine_bytes=tuple(sorted(engine.items())),
-                   own_memory=tuple(sorted(set(own))))
+                   own_memory=tuple(sorted(set(own))), shared_compute=tuple(sorted(shared.items())))
 
 
 def save_profile(p: Profile, path: str | Path) -> Path:
@@ -290,4 +298,5 @@ def merge_profiles(profiles: Iterable[Profile | str | Path], device: str | None 
                    host=tuple(sorted(host.items())), memory_bytes=max(p.memory_bytes for p in ps),
                    accelerator_caps=tuple(sorted(caps.items())), storage=ps[0].storage,
                    engine_bytes=tuple(sorted(engine.items())),
-                   own_memory=tuple(sorted({a for p in ps for a in p.own_memory})))
+                   own_memory=tuple(sorted({a for p in ps for a in p.own_memory})),
+                   shared_compute=tuple(sorted({x for p in ps for x in p.shared_compute})))

@@ -388,7 +388,8 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                    handoff=tuple(hand[k] for k in sorted(hand)),
                    threads=max(acc_threads.values()) if acc_threads else 0,
                    host=tuple(sorted(info.items())), memory_bytes=dev.memory, accelerator_caps=caps,
-                   storage=storage, own_memory=CM.own_memory_accelerators(dev))
+                   storage=storage, own_memory=CM.own_memory_accelerators(dev),
+                   shared_compute=CM.shared_compute_pairs(dev))
     engine = _engine_footprints(graph, dev, present, acc_threads, dict(cp.engine_bytes) if same_graph else {},
                                 stale, rep, seed, out_of_time)
     if engine:

@@ -136,6 +136,14 @@ def own_memory_accelerators(device: DeviceConfig) -> tuple[str, ...]:
     return tuple(sorted(a.id for a in device.accelerators if a.memory == "own"))
 
 
+def shared_compute_pairs(device: DeviceConfig) -> tuple[tuple[str, str], ...]:
+    """(accelerator, the accelerator whose compute it shares) for ``device``'s ``shares_compute_with`` entries whose
+    both ends are present (an optional engine may have been dropped), as a profile records them."""
+    ids = {a.id for a in device.accelerators}
+    return tuple(sorted((a.id, a.shares_compute_with) for a in device.accelerators
+                        if a.shares_compute_with is not None and a.shares_compute_with in ids))
+
+
 def modeled_profile(graph: Graph, device: DeviceConfig) -> Profile:
     """A fully modeled Profile of ``graph`` on ``device`` (every accelerator, every legal variant)."""
     caps = tuple((a.id, a.memory_cap) for a in device.accelerators if a.memory_cap is not None)
@@ -152,4 +160,5 @@ def modeled_profile(graph: Graph, device: DeviceConfig) -> Profile:
         accelerator_caps=caps,
         storage=storage,
         own_memory=own_memory_accelerators(device),
+        shared_compute=shared_compute_pairs(device),
     )

@@ -78,6 +78,9 @@ class Profile:
     # that says so for the solver (own-memory copies and capacity), the simulator and lowering (its own arena);
     # its size is the accelerator's ``accelerator_caps`` entry
     own_memory: tuple[str, ...] = ()
+    # (accelerator, accelerator) pairs: the first engine computes on the second's cores (a device YAML's
+    # ``shares_compute_with``): the simulator's and the ILP's makespan do not overlap it (port.verify.simulate)
+    shared_compute: tuple[tuple[str, str], ...] = ()
     _index: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def lookup(self, signature: str, accelerator: str, variant: str) -> OpCost | None:
@@ -106,7 +109,8 @@ class Profile:
                        handoff=tuple(h for h in self.handoff if h.src in ks and h.dst in ks),
                        accelerator_caps=tuple(c for c in self.accelerator_caps if c[0] in ks),
                        engine_bytes=tuple(c for c in self.engine_bytes if c[0] in ks),
-                       own_memory=tuple(a for a in self.own_memory if a in ks), _index={})
+                       own_memory=tuple(a for a in self.own_memory if a in ks),
+                       shared_compute=tuple(p for p in self.shared_compute if p[0] in ks and p[1] in ks), _index={})
 
     def own_map(self) -> dict[str, str]:
         """accelerator -> its memory's name for the engines with their own memory (simulate's ``own``)."""
@@ -134,7 +138,8 @@ class Profile:
                            [[e.signature, e.accelerator, e.variant, e.latency_ms, e.workspace_bytes] for e in self.entries],
                            [[h.src, h.dst, h.latency_ms, str(h.bytes_per_ms)] for h in self.handoff]]
                           + ([[list(x) for x in self.engine_bytes]] if self.engine_bytes else [])
-                          + ([["own_memory", *self.own_memory]] if self.own_memory else []),
+                          + ([["own_memory", *self.own_memory]] if self.own_memory else [])
+                          + ([["shared_compute", *map(list, self.shared_compute)]] if self.shared_compute else []),
                           separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
 

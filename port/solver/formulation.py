@@ -676,8 +676,9 @@ def add_aggregated_memory_rows(m: Model, v: Vars, lp_values: list[float], rel_sl
     return added
 
 
-def c_handoff(m: Model, inst: Instance, v: Vars) -> dict[int, float]:
-    """handoff[e,a]: s_e >= X[u,a] - X[v,a] (one cost per edge when all directions cost the same), or
+def c_handoff(m: Model, inst: Instance, v: Vars, into: dict[int, tuple] | None = None) -> dict[int, float]:
+    """``into`` (filled when given): hand-off variable -> the op whose forward/backward run it precedes (the
+    re-runs' hand-offs left out). handoff[e,a]: s_e >= X[u,a] - X[v,a] (one cost per edge when all directions cost the same), or
     handoff[e,a,b]: s_e^ab >= X[u,a] + X[v,b] - 1 (per-direction costs); rc_handoff[...]: the same for the
     inputs a recompute re-reads, switched on by rc_Q. Returns the objective terms."""
     obj: dict[int, float] = {}
@@ -701,6 +702,8 @@ def c_handoff(m: Model, inst: Instance, v: Vars) -> dict[int, float]:
             c = next(iter(costs.values()))
             s = m.var(f"s{tag}[{t},{u},{w}]", 0.0, 1.0, integer=False)
             obj[s] = obj.get(s, 0.0) + c
+            if into is not None and tag in ("", "_rc"):
+                into[s] = (t, u, w, tag)
             for a in accs:
                 row = {s: 1.0}
                 for kk, val in acc_expr(inst, v, u, a).items():
@@ -716,6 +719,8 @@ def c_handoff(m: Model, inst: Instance, v: Vars) -> dict[int, float]:
                     continue
                 s = m.var(f"s{tag}[{t},{u},{w},{a},{b}]", 0.0, 1.0, integer=False)
                 obj[s] = c
+                if into is not None and tag in ("", "_rc"):
+                    into[s] = (t, u, w, tag)
                 row = {s: 1.0}
                 for kk, val in acc_expr(inst, v, u, a).items():
                     _add(row, kk, -val)
@@ -755,6 +760,108 @@ def objective(m: Model, inst: Instance, v: Vars, handoff_terms: dict[int, float]
     m.obj = obj
 
 
+def c_makespan(m: Model, inst: Instance, v: Vars, handoff_terms: dict[int, float], into: dict[int, tuple]) -> None:
+    """The makespan objective (solver/FORMULATION.md, "Overlap"): the simulator's overlap model
+    (port.verify.simulate._Timelines) as clocks along the plan semantics' event order: at each step t the re-runs
+    of the group at t (candidates in op order, each after its hand-offs), op t (unless updated early), the early
+    updates that run after t. Each event E of op i has a gate g (1; r[P,t] for a re-run; 1 - e[i] / e[i] for an
+    early-update candidate at its own step / after p_i) and, with H the host clock and Q[a] queue a's before it:
+    A >= H, A >= H + h - M(1-g) (h: its hand-offs' time), A >= Q[a] + sum_{l>=k} h_l - M(1-w) - M(1-g) where
+    w >= X[u_k,a] - X[i,a] (its k-th hand-off comes from queue a: it waits for it);
+    H' >= A, H' >= A + ms_k - M(2-g-x[i,k]) for host options k; Q'[a] >= Q[a], Q'[a] >= max(A, Q[a]) + ms_k
+    - M(2-g-x[i,k]) for options k on a; makespan >= H_end + paging, Q[a]_end + paging. Exact (= simulate's ``makespan_ms``) at
+    integer points without paging: every clock is a max of sums and the objective only pushes them down; paging
+    (a page call waits for every queue) is added serially after the step. M: the serial objective's bound.
+    Replaces the serial objective (its early-update tie-breaker kept)."""
+    from port.verify.simulate import overlapping_accelerators
+    ov = overlapping_accelerators(inst.accs, inst.profile)
+    queued = [a for a in inst.accs if a in ov]
+    big = sum(c for c in m.obj.values() if c > 0) + 1.0
+    inf = float("inf")
+    per_edge: dict[tuple, dict[int, float]] = {}        # (tensor, u, w, tag) -> hand-off cost terms
+    for j, e in into.items():
+        _add(per_edge.setdefault(e, {}), j, handoff_terms[j])
+    edges_in: dict[int, list[tuple]] = {}
+    for t, u, w, _nb in inst.edges:
+        edges_in.setdefault(w, []).append((t, u, w))
+    clock: dict[str | None, int | None] = {None: None} | {a: None for a in queued}   # None: the host thread
+    n = [0]
+
+    def gated(row: dict[int, float], gate: dict[int, float], lo: float, name: str) -> None:
+        """row >= lo - M(1 - gate) (gate: a linear 0/1 expression; {} is the constant 1)."""
+        row = dict(row)
+        for j, c in gate.items():
+            if j >= 0:
+                _add(row, j, -big * c)
+        const = gate.get(-1, 0.0) if gate else 1.0
+        m.row(name, row, lo=lo - big * (1.0 - const) if gate else lo)
+
+    def event(i: int, gate: dict[int, float], tag: str) -> None:
+        n[0] += 1
+        es = edges_in.get(i, [])
+        costs = [per_edge.get((e[0], e[1], e[2], tag), {}) for e in es]
+        A = m.var(f"mkA[{n[0]}]", 0.0, inf, integer=False)
+        if clock[None] is not None:
+            m.row(f"mk_in0[{n[0]}]", {A: 1.0, clock[None]: -1.0}, lo=0.0)
+        row = {A: 1.0} | ({clock[None]: -1.0} if clock[None] is not None else {})
+        for cs in costs:
+            for j, c in cs.items():
+                _add(row, j, -c)
+        gated(row, gate, 0.0, f"mk_in[{n[0]}]")
+        for a in queued:
+            for k, e in enumerate(es):
+                if clock[a] is None or not acc_expr(inst, v, e[1], a):
+                    continue
+                wv = m.var(f"mkw[{n[0]},{k},{_sanitize(a)}]", 0.0, 1.0, integer=False)
+                ru = {wv: 1.0}
+                for kk, val in acc_expr(inst, v, e[1], a).items():
+                    _add(ru, kk, -val)
+                for kk, val in acc_expr(inst, v, i, a).items():
+                    _add(ru, kk, val)
+                m.row(f"mk_wait[{n[0]},{k},{_sanitize(a)}]", ru, lo=0.0)
+                row = {A: 1.0, clock[a]: -1.0, wv: -big}
+                for cs in costs[k:]:
+                    for j, c in cs.items():
+                        _add(row, j, -c)
+                gated(row, gate, -big, f"mk_wait_in[{n[0]},{k},{_sanitize(a)}]")
+        for lane in clock:
+            ks = [k for k, o in enumerate(inst.options[i]) if (o.acc if o.acc in ov else None) == lane]
+            if not ks and lane is not None:
+                continue
+            new = m.var(f"mk{_sanitize(str(lane))}[{n[0]}]", 0.0, inf, integer=False)
+            prev = A if lane is None else clock[lane]
+            if prev is not None:
+                m.row(f"mk_keep[{n[0]},{_sanitize(str(lane))}]", {new: 1.0, prev: -1.0}, lo=0.0)
+            for k in ks:
+                g = dict(gate) if gate else {-1: 1.0}
+                _add(g, v.x[i, k], 1.0)
+                _add(g, -1, -1.0)              # g + x - 1: both on
+                for base in {A, prev} - {None}:      # a queued call starts when issued and its queue is free
+                    gated({new: 1.0, base: -1.0}, g, inst.options[i][k].ms, f"mk_run[{n[0]},{k},{base}]")
+            clock[lane] = new
+
+    rc_at: dict[int, list[int]] = {}
+    for (p, t) in v.rt:
+        rc_at.setdefault(t, []).append(p)
+    early_after: dict[int, list[int]] = {}
+    for u in sorted(v.e):
+        early_after.setdefault(inst.early[u][1], []).append(u)
+    for t in range(len(inst.options)):
+        for p in sorted(rc_at.get(t, ())):
+            event(p, {v.rt[p, t]: 1.0, -1: 0.0}, "_rc")
+        event(t, {v.e[t]: -1.0, -1: 1.0} if t in v.e else {}, "")
+        for u in early_after.get(t, ()):
+            event(u, {v.e[u]: 1.0, -1: 0.0}, "")
+    paging = {j: inst.page_ms[r] for r, j in v.pg.items()}
+    mk = m.var("makespan", 0.0, inf, integer=False)
+    for lane, end in clock.items():
+        row = {mk: 1.0} | ({end: -1.0} if end is not None else {})
+        for j, c in paging.items():
+            _add(row, j, -c)
+        m.row(f"mk_end[{_sanitize(str(lane))}]", row, lo=0.0)
+    m.obj = {mk: 1.0} | {j: EPS_EARLY_MS for j in v.e.values()}
+
+
 def build(inst: Instance, budget_bytes: int | None, mem_unit: int = KiB,
           allow_early: bool = True, max_reruns: int = 1) -> tuple[Model, Vars]:
     """budget_bytes=None builds the min-peak model (objective: peak bytes / mem_unit). max_reruns: how many
@@ -771,7 +878,8 @@ def build(inst: Instance, budget_bytes: int | None, mem_unit: int = KiB,
     c_drop_exclusive(m, inst, v)
     c_early(m, inst, v)
     c_memory(m, inst, v, budget_bytes)
-    h = c_handoff(m, inst, v)
+    into: dict[int, tuple] = {}
+    h = c_handoff(m, inst, v, into)
     if inst.ownmem is not None:
         from port.solver import ownmem as OM
         OM.own_restrict(m, inst, v)
@@ -779,4 +887,6 @@ def build(inst: Instance, budget_bytes: int | None, mem_unit: int = KiB,
         for j, c in OM.own_copies(m, inst, v).items():
             _add(h, j, c)
     objective(m, inst, v, h, budget_bytes)
+    if budget_bytes is not None and inst.objective == "makespan":
+        c_makespan(m, inst, v, h, into)
     return m, v

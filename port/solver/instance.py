@@ -56,6 +56,7 @@ class Instance:
     #   x's copy (Plan.inplace_reruns)
     pruned: bool = False                        # built with prune=True (dominated accelerators' options dropped)
     ownmem: object = None                       # port.solver.ownmem.OwnMemory: the engine with its own memory
+    objective: str = "serial"                   # "serial" (sum of event times) or "makespan" (engines overlapped)
 
     def handoff_ms(self, a: str, b: str, nbytes: int) -> float:
         return 0.0 if a == b else self.profile.handoff_cost(a, b).cost_ms(nbytes)

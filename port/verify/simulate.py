@@ -16,11 +16,11 @@ step outside its kernel calls, measured by ``port profile`` and corrected by ``p
 for every plan, so it moves no decision), less the per-call dispatch the whole-step C engine does not pay on
 plans it runs (:func:`rt_dispatch_saving_ms`; in ``overhead_ms``, so it moves no decision either).
 
-Overlap: ``step_ms`` is the serial sum, the bound the ILP's objective prices (port.solver.formulation) and
-the time on engines that share cores (PoCL's CPU device and the C kernels here). ``breakdown["makespan_ms"]``
-is the step with the engines overlapped as the executor issues them (``_Timelines``: a queued engine's calls run
-while the host thread goes on, waits at hand-offs): at most ``step_ms``, the figure for an accelerator on its
-own silicon.
+Overlap: ``step_ms`` is the serial sum (the ILP's "serial" objective). ``breakdown["makespan_ms"]`` is the
+step with the engines overlapped as the executor issues them (``_Timelines``: a queued engine's calls run while
+the host thread goes on, waits at hand-offs; the ILP's "makespan" objective): at most ``step_ms``, and equal to
+it where the queued engine shares compute (the profile's ``shared_compute``, a device YAML's
+``shares_compute_with``: PoCL's CPU device and the C kernels here).
 """
 from __future__ import annotations
 
@@ -94,11 +94,23 @@ def rt_dispatch_saving_ms(plan: Plan, graph: Graph, profile: Profile, calls: int
 def queued_accelerators(plan: Plan) -> frozenset[str]:
     """The plan's accelerators whose backend runs asynchronously on a queue (port.lower.program.QUEUED_BACKENDS:
     the executor enqueues their calls and waits only at hand-offs and byte conflicts)."""
+    return _queued(dict.fromkeys(d.accelerator for d in plan.ops))
+
+
+def overlapping_accelerators(accelerators, profile: Profile) -> frozenset[str]:
+    """Those of ``accelerators`` whose calls overlap the host thread's in the makespan: queued engines
+    (:func:`queued_accelerators`) that do not share compute with another engine (the profile's
+    ``shared_compute``, a device YAML's ``shares_compute_with``: PoCL's CPU device computes on the host's cores)."""
+    shared = {a for a, _b in getattr(profile, "shared_compute", ())}
+    return frozenset(a for a in _queued(accelerators) if a not in shared)
+
+
+def _queued(accelerators) -> frozenset[str]:
     from port.errors import PortError
     from port.lower.lower import backend_of
     from port.lower.program import QUEUED_BACKENDS
     out = set()
-    for a in dict.fromkeys(d.accelerator for d in plan.ops):
+    for a in accelerators:
         try:
             if backend_of(a) in QUEUED_BACKENDS:
                 out.add(a)
@@ -166,7 +178,7 @@ def simulate(plan: Plan, graph: Graph, profile: Profile, own: dict[str, str] | N
     snapshots: list[tuple[int, ...]] = []
     gantt: list[tuple[str, str, float, float]] = []
     clock = comp = rcomp = hand = pagems = 0.0
-    lanes = _Timelines(queued_accelerators(plan))
+    lanes = _Timelines(overlapping_accelerators(dict.fromkeys(d.accelerator for d in plan.ops), profile))
 
     def add(r: int) -> None:
         nonlocal total

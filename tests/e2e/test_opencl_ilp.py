@@ -60,7 +60,7 @@ def _check_plan(g, prof, plan):
 
 def _solve_and_train(name, batch, kind, budgets, steps=2, rtol=1e-4):
     g = _trainer_graph(name, batch)
-    prof = _fast_conv_profile(g, YAMLS[kind])
+    prof = _fast_conv_profile(g, YAMLS[kind])       # the YAML's shared compute kept: the serial objective
     assert prof.own_memory == (("opencl",) if kind == "discrete" else ())
     out = []
     for budget in budgets:
@@ -133,3 +133,61 @@ def test_own_memory_cap_binds_in_the_ilp():
     assert sim.breakdown["own_memory_peaks"]["opencl"] <= cap < peak
     assert plan.predicted_step_ms > free.predicted_step_ms
     assert dict(lower(g, plan).memories)["opencl"] <= cap
+
+
+def _own_silicon(g, budget_pairs=None):
+    """host-opencl's fast-conv profile with the OpenCL engine on its own silicon (no shares_compute_with)."""
+    prof = _fast_conv_profile(g, YAMLS["unified"])
+    assert prof.shared_compute == (("opencl", "cpu-c"),)     # the YAML: PoCL computes on the C kernels' cores
+    return dataclasses.replace(prof, shared_compute=())
+
+
+@pytest.mark.parametrize("budget", ["100%", "50%"])
+def test_makespan_objective_equals_simulated_makespan(budget):
+    """Issue 56: with an engine that overlaps the host's, the ILP's default objective is the simulator's makespan
+    (engines overlapped, hand-offs waiting for the queue): its value equals simulate's ``makespan_ms`` on the plan it
+    returns (the early-update tie-breaker aside), below the serial sum, and no slower than the serial objective's
+    plan (which starts it)."""
+    from port.solver.formulation import EPS_EARLY_MS
+    g = _trainer_graph("resnet8", 4)
+    prof = _own_silicon(g)
+    plan = port.solve(g, prof, budget=budget, time_limit_s=10)
+    sim = simulate(plan, g, prof)
+    mk = sim.breakdown["makespan_ms"]
+    assert {"opencl", "cpu-c"} <= {d.accelerator for d in plan.ops}
+    assert abs(plan.objective_ms - EPS_EARLY_MS * len(plan.early_updates) - mk) <= 1e-6 * mk, (plan.objective_ms, mk)
+    assert mk < sim.step_ms - 1e-6
+    ser = port.solve(g, prof, budget=budget, time_limit_s=10, objective="serial")
+    assert abs(ser.objective_ms - simulate(ser, g, prof).step_ms) <= 1e-5 * ser.objective_ms
+    assert mk <= simulate(ser, g, prof).breakdown["makespan_ms"] + 1e-9
+    if budget == "50%":
+        assert plan.recompute and plan.early_updates    # re-runs and early updates are on the clocks too
+
+
+def test_shared_compute_makes_the_makespan_serial():
+    """shares_compute_with (host-opencl.yaml: PoCL on the C kernels' cores): the simulator's makespan is the serial
+    sum and the ILP's default objective the serial one; a bad name is refused naming the accelerators."""
+    from port.errors import ConfigError
+    from port.solver.ilp import _with_objective
+    from port.solver.instance import build_instance
+    g = _trainer_graph("resnet8", 4)
+    prof = _fast_conv_profile(g, YAMLS["unified"])
+    plan = port.solve(g, prof, budget="100%", time_limit_s=10)
+    sim = simulate(plan, g, prof)
+    assert "opencl" in {d.accelerator for d in plan.ops}
+    assert sim.breakdown["makespan_ms"] == pytest.approx(sim.step_ms, rel=1e-12)
+    assert abs(plan.objective_ms - sim.step_ms) <= 1e-5 * sim.step_ms
+    assert simulate(plan, g, dataclasses.replace(prof, shared_compute=())).breakdown["makespan_ms"] < sim.step_ms
+    inst = build_instance(g, prof, nested=False, prune=True)
+    assert _with_objective(inst, "auto").objective == "serial"
+    assert _with_objective(dataclasses.replace(inst, profile=_own_silicon(g)), "auto").objective == "makespan"
+    with pytest.raises(port.PortError, match="objective='fastest'"):
+        _with_objective(inst, "fastest")
+    import yaml, tempfile, os
+    d = yaml.safe_load(open(YAMLS["unified"]))
+    d["accelerators"][2]["shares_compute_with"] = "gpu0"
+    with tempfile.TemporaryDirectory() as td:
+        p = os.path.join(td, "bad.yaml")
+        yaml.safe_dump(d, open(p, "w"))
+        with pytest.raises(ConfigError, match="shares_compute_with 'gpu0'.*cpu-c"):
+            load_device(p)

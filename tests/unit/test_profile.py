@@ -361,3 +361,18 @@ def test_own_memory_is_recorded_round_trips_and_is_checked(graph, tmp_path):
     # absent in older files: no engine has its own memory
     d = json.loads(save_profile(prof, tmp_path / "old.json").read_text())
     assert "own_memory" not in d and load_profile(tmp_path / "old.json").own_memory == ()
+
+
+def test_shared_compute_round_trips_and_bad_values_are_refused(tmp_path):
+    """A profile's shared_compute (a device YAML's shares_compute_with) survives save/load, enters the digest, and
+    a value naming no other accelerator is refused naming the key."""
+    p = Profile(device="d", accelerators=("a", "b"), entries=(), handoff=(), threads=1,
+                shared_compute=(("b", "a"),))
+    path = save_profile(p, tmp_path / "p.json")
+    q = load_profile(path)
+    assert q.shared_compute == (("b", "a"),) and q.digest() != Profile(**{**p.__dict__, "shared_compute": ()}).digest()
+    d = json.loads(path.read_text())
+    d["shared_compute"] = {"b": "b"}
+    path.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match="shared_compute"):
+        load_profile(path)
