@@ -118,7 +118,13 @@ def trace_many(jobs: Sequence[dict]) -> list[Graph]:
     """``trace(**job)`` for each job, the captures not cached run in one capture process (a Trainer's training
     and inference graphs: torch.export's compiler stack is imported once)."""
     prepared = [_prepare(**job) for job in jobs]
-    todo = [p for p in prepared if p[0] is None or p[0] not in _CACHE]
+    todo = []
+    for p in prepared:         # cached graphs taken now: storing this batch's captures may evict them
+        if p[0] is not None and p[0] in _CACHE:
+            p.append(_CACHE[p[0]][0])
+            _CACHE.move_to_end(p[0])
+        else:
+            todo.append(p)
     try:
         made = _in_child(_capture_all, [p[1] for p in todo]) if todo else []
     except PortTraceError as e:
@@ -129,15 +135,13 @@ def trace_many(jobs: Sequence[dict]) -> list[Graph]:
         p.append(g)
         if p[0] is not None:
             _CACHE[p[0]] = (g, tuple({id(type(m)): type(m) for m in p[1][0].modules()}.values()))
-            while len(_CACHE) > 32:
+            while len(_CACHE) > CACHE_ENTRIES:
                 _CACHE.popitem(last=False)
     out = []
     from port.ir.tokens import check_example
     for p in prepared:
-        g = p[2] if len(p) > 2 else _CACHE[p[0]][0]
+        g = p[2]
         check_example(g, example_inputs(p[1][1]), p[1][0])   # token ids and sequence length (not in the cache key)
-        if p[0] is not None:
-            _CACHE.move_to_end(p[0])
         name = p[1][2]
         out.append(g if g.name == name else replace(g, name=name, _index={}))
     return out
@@ -175,6 +179,7 @@ def _capture_all(jobs: list) -> list[Graph]:
 # capture_key -> (graph, the model's module classes): this process's last 32 captures. The classes are held so
 # that their ids, which the key names, cannot be reused by other classes while the entry lives.
 _CACHE: "OrderedDict[str, tuple]" = OrderedDict()
+CACHE_ENTRIES = 32
 
 
 def capture_key(model: Any, example_input: Any, settings: tuple) -> str | None:

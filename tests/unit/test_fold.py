@@ -176,3 +176,17 @@ class _DropPath(nn.Module):
 def test_an_empty_tensor_a_random_op_fills_is_not_folded():
     g = port.trace(_DropPath(), torch.randn(4, 5))
     assert g.constants == () and "bernoulli" in {o.kind for o in g.ops}, (g.constants, [o.kind for o in g.ops])
+
+
+def test_a_cached_capture_survives_its_batch_filling_the_cache(monkeypatch):
+    """trace_many takes the cached graphs before it stores the batch's new captures: with a full cache, a job
+    that hit it is not evicted by its neighbour's capture before it is read (a KeyError once the suite's
+    in-process CLI runs filled the 32 entries)."""
+    import port.ir.trace as T
+    monkeypatch.setattr(T, "CACHE_ENTRIES", 1)
+    monkeypatch.setattr(T, "_CACHE", type(T._CACHE)())
+    a, b = _NotConstant(), _DropPath()
+    x = torch.randn(4, 5)
+    first = T.trace(a, x)
+    got = T.trace_many([dict(model=a, example_input=x), dict(model=b, example_input=x)])
+    assert got[0] == first and len(T._CACHE) == 1
