@@ -209,6 +209,15 @@ def is_random(call: str) -> bool:
     return name != CONSTANT and torch.Tag.nondeterministic_seeded in resolve_op(name).tags
 
 
+def check_constant(value: Any, target: str, model_name: str = "") -> None:
+    """PortTraceError when a lifted tensor constant is too large to store in the graph (register it as a buffer)."""
+    if value.numel() > MAX_CONSTANT_NUMEL:
+        raise PortTraceError(
+            f"{model_name + ': ' if model_name else ''}the tensor constant '{target}' ({list(value.shape)}) is made "
+            f"in forward() or kept as a plain attribute; PORT keeps constants of at most {MAX_CONSTANT_NUMEL} "
+            f"elements in the graph. Fix: register it as a buffer (self.register_buffer(...)).")
+
+
 def constant_call(value: Any) -> str:
     """The call of a torch_op that makes a small lifted tensor constant (its values stored in the graph)."""
     return json.dumps({"op": CONSTANT, "dtype": str(value.dtype).replace("torch.", ""),
@@ -249,5 +258,5 @@ def is_float(dtype: str) -> bool:
 
 
 __all__ = ["TORCH_OP", "export", "make_call", "call_json", "constant_call", "is_random", "module_path",
-           "source_line", "user_frame", "val_of", "dtype_name", "ROLE_ACTIVATION", "ROLE_BUFFER", "ROLE_INPUT",
-           "ROLE_PARAMETER", "numel", "MAX_CONSTANT_NUMEL"]
+           "source_line", "user_frame", "val_of", "dtype_name", "check_constant", "ROLE_ACTIVATION", "ROLE_BUFFER",
+           "ROLE_INPUT", "ROLE_PARAMETER", "numel", "MAX_CONSTANT_NUMEL"]

@@ -44,7 +44,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from port.errors import PortError, PortTraceError
+from port.errors import PortError
 from port.ir import capture as C
 
 # aten ops whose first operand is read for its shape, dtype and device only (never its values)
@@ -205,11 +205,7 @@ def _recipe(ep: Any, node: Any, const: set[str], specs: dict) -> tuple[str, str]
                 steps.append({"buffer": s.target})
                 continue
             value = ep.constants[s.target]
-            if value.numel() > C.MAX_CONSTANT_NUMEL:
-                raise PortTraceError(f"the tensor constant '{s.target}' ({list(value.shape)}) is made in forward() "
-                                f"or kept "
-                                f"as a plain attribute; PORT keeps constants of at most {C.MAX_CONSTANT_NUMEL} "
-                                f"elements in the graph. Fix: register it as a buffer (self.register_buffer(...)).")
+            C.check_constant(value, s.target)
             index[n.name] = len(steps)
             steps.append({"call": C.constant_call(value), "in": []})
             continue

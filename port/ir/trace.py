@@ -461,11 +461,7 @@ def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, 
                 folded_buffer(node)
                 continue
             value = ep.constants[spec.target]
-            if value.numel() > C.MAX_CONSTANT_NUMEL:
-                raise PortTraceError(
-                    f"{model_name}: the tensor constant '{spec.target}' ({list(value.shape)}) is made in forward() "
-                    f"or kept as a plain attribute; PORT keeps constants of at most {C.MAX_CONSTANT_NUMEL} "
-                    f"elements in the graph. Fix: register it as a buffer (self.register_buffer(...)).")
+            C.check_constant(value, spec.target, model_name)
             y = b.tensor(f"{spec.target}:const", value.shape, _dtype_name(value.dtype), ROLE_ACTIVATION)
             fwds.append(Fwd(f"constant.{spec.target}", "", C.TORCH_OP, dict(call=C.constant_call(value)), (), {}, {},
                              (y,), 0, 0))
