@@ -28,13 +28,18 @@ def cast(x, dtype):
     return y
 
 
-def logic(a, b, op):
+def _broadcast2(kernel, a, b, op):
+    """A two-operand mask kernel (port_mask_logic, port_mask_compare) on a and b broadcast to one shape."""
     shape = torch.broadcast_shapes(a.shape, b.shape)
     y = torch.empty(shape, dtype=torch.bool)
     dims, ma, mb = collapse(tuple(a.shape), tuple(b.shape), tuple(shape))
-    st = capi.raw.port_mask_logic(y.data_ptr(), a.data_ptr(), b.data_ptr(), op, len(dims), ma, mb, _dims(dims))
+    st = kernel(y.data_ptr(), a.data_ptr(), b.data_ptr(), op, len(dims), ma, mb, _dims(dims))
     assert st == capi.PORT_OK
     return y
+
+
+def logic(a, b, op):
+    return _broadcast2(capi.raw.port_mask_logic, a, b, op)
 
 
 def expand(x, shape):
@@ -232,12 +237,7 @@ CMP = ("eq", "ne", "lt", "le", "gt", "ge")
 
 
 def compare(a, b, op):
-    shape = torch.broadcast_shapes(a.shape, b.shape)
-    y = torch.empty(shape, dtype=torch.bool)
-    dims, ma, mb = collapse(tuple(a.shape), tuple(b.shape), tuple(shape))
-    st = capi.raw.port_mask_compare(y.data_ptr(), a.data_ptr(), b.data_ptr(), op, len(dims), ma, mb, _dims(dims))
-    assert st == capi.PORT_OK
-    return y
+    return _broadcast2(capi.raw.port_mask_compare, a, b, op)
 
 
 def _special(t, g):
