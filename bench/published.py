@@ -513,7 +513,8 @@ class RtCheck:
             import port
             from port.exec.bundle import io_format, write_data
             port.compile(tr, f"{self.dir.name}/m.portrt")
-            write_data(f"{self.dir.name}/d.portdata", x.numpy(), y.numpy(), classes, ignore_index=io_format(tr)[2])
+            write_data(f"{self.dir.name}/d.portdata", [t.numpy() for t in tr.input_tensors(x)], y.numpy(), classes,
+                       ignore_index=io_format(tr)[2])
         except Exception as e:  # noqa: BLE001 - a refusal (BundleError) or a failure: the column says which
             self.why = f"no ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
 

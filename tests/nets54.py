@@ -107,3 +107,23 @@ class PaddedAttn(torch.nn.Module):
         keep = torch.logical_not(h < e) | (e > 0.1)
         return self.fc((h * keep.to(torch.float32) * m.to(torch.float32)[..., None]).reshape(n, -1))
 
+
+
+class TwoInputs(torch.nn.Module):
+    """A model with two inputs as Hugging Face's take them, ``forward(input_ids, attention_mask)``: token
+    embeddings masked by the padding mask (int64 0/1), attention under the mask's key padding, a linear head."""
+
+    def __init__(self, t=6, d=8, vocab=13):
+        super().__init__()
+        torch.manual_seed(1)
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.fc = torch.nn.Linear(t * d, 10)
+
+    def forward(self, input_ids, attention_mask):          # [N, T] int64 each
+        n, t = input_ids.shape
+        m = attention_mask.to(torch.bool)
+        e = self.emb(input_ids) * m.to(torch.float32)[..., None]
+        q, k, v = self.qkv(e).unsqueeze(1).chunk(3, -1)
+        h = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m[:, None, None, :].expand(n, 1, t, t))
+        return self.fc(h.squeeze(1).reshape(n, -1))

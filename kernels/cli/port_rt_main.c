@@ -90,12 +90,19 @@ static double now_ms(void) {
     return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
 }
 
+typedef struct {             /* one further input of every sample (format 3: an attention mask ...) */
+    const uint8_t *x;        /* n samples of elems elements of elem_bytes */
+    uint64_t elems, elem_bytes;
+    uint32_t dtype;
+} data_extra_t;
+
 typedef struct {
     const uint8_t *x;        /* n samples of sample_elems elements of elem_bytes (4: float32, 8: int64 ids) */
     const int64_t *y;        /* n x labels labels */
     uint64_t n, sample_elems, elem_bytes, labels, classes, file_bytes;
-    uint32_t dtype, has_ignore;
+    uint32_t dtype, has_ignore, n_extra;
     int64_t ignore;
+    data_extra_t extra[PORT_RT_MAX_EXTRA_INPUTS];
 } data_t;
 
 static int load_data(const char *path, data_t *d, void **owner) {
@@ -107,7 +114,7 @@ static int load_data(const char *path, data_t *d, void **owner) {
     }
     *owner = b;
     uint64_t cnt, shape[4], cls, hb = 64;
-    uint32_t ver, rank, dtype = 0, labels = 1, flags = 0;
+    uint32_t ver, rank, dtype = 0, labels = 1, flags = 0, k = 0;
     int64_t ignore = 0;
     if (n < 64 + 32 || memcmp(b, "PORTDATA", 8) != 0) goto bad;
     memcpy(&ver, b + 8, 4);
@@ -115,7 +122,7 @@ static int load_data(const char *path, data_t *d, void **owner) {
     memcpy(&cnt, b + 16, 8);
     memcpy(shape, b + 24, 32);
     memcpy(&cls, b + 56, 8);
-    if (ver == 2) {   /* format 2: a 128-byte header with the x dtype, labels per sample and ignore index */
+    if (ver == 2 || ver == 3) {   /* format 2: a 128-byte header with the x dtype, labels, ignore index */
         if (n < 128 + 32) goto bad;
         hb = 128;
         memcpy(&dtype, b + 64, 4);
@@ -123,7 +130,13 @@ static int load_data(const char *path, data_t *d, void **owner) {
         memcpy(&ignore, b + 72, 8);
         memcpy(&flags, b + 80, 4);
     }
-    if ((ver != 1 && ver != 2) || rank < 1 || rank > 4 || cnt == 0 || cls == 0 || dtype > 1 || labels == 0 ||
+    if (ver == 3) {   /* format 3: a 256-byte header; at 128 the extra inputs' count and {dtype, elements} */
+        if (n < 256 + 32) goto bad;
+        hb = 256;
+        memcpy(&k, b + 128, 4);
+        if (k < 1 || k > PORT_RT_MAX_EXTRA_INPUTS) goto bad;
+    }
+    if (ver < 1 || ver > 3 || rank < 1 || rank > 4 || cnt == 0 || cls == 0 || dtype > 1 || labels == 0 ||
         labels > (1u << 24) || flags > 1 || cnt > ((uint64_t)1 << 40))
         goto bad;
     uint64_t per = 1, esz = dtype ? 8 : 4;
@@ -133,8 +146,25 @@ static int load_data(const char *path, data_t *d, void **owner) {
         if (per > ((uint64_t)1 << 40)) goto bad;
     }
     if (per > (n / esz) / cnt) goto bad;
-    uint64_t xb = cnt * per * esz, yoff = hb + xb + ((64 - (hb + xb) % 64) % 64);
-    if (labels > n / 8 / cnt || yoff + cnt * labels * 8 + 32 != n) goto bad;
+    uint64_t xb = cnt * per * esz, at = hb + xb;   /* at: the end of the sections read so far */
+    for (uint32_t i = 0; i < k; i++) {   /* each extra input's samples, 64-byte aligned after the previous */
+        uint32_t edt, ez;
+        uint64_t el;
+        memcpy(&edt, b + 136 + 16 * (size_t)i, 4);
+        memcpy(&ez, b + 140 + 16 * (size_t)i, 4);
+        memcpy(&el, b + 144 + 16 * (size_t)i, 8);
+        uint64_t e = edt ? 8 : 4, start = at + (64 - at % 64) % 64;
+        if (edt > 1 || ez || el == 0 || el > ((uint64_t)1 << 40) || el > (n / e) / cnt || start > n ||
+            cnt * el * e > n - start)
+            goto bad;
+        d->extra[i].x = b + start;
+        d->extra[i].elems = el;
+        d->extra[i].elem_bytes = e;
+        d->extra[i].dtype = edt;
+        at = start + cnt * el * e;
+    }
+    uint64_t yoff = at + ((64 - at % 64) % 64);
+    if (labels > n / 8 / cnt || yoff > n || cnt * labels * 8 + 32 != n - yoff) goto bad;
     uint8_t h[32];
     port_sha256(h, b, n - 32);
     if (memcmp(h, b + n - 32, 32) != 0) goto bad;
@@ -149,6 +179,7 @@ static int load_data(const char *path, data_t *d, void **owner) {
     d->has_ignore = flags & 1;
     d->ignore = ignore;
     d->file_bytes = n;
+    d->n_extra = k;
     return 0;
 bad:
     fprintf(stderr, "port-rt: %s is not a valid port-rt data file (magic, version, sizes or checksum). Fix: "
@@ -361,17 +392,40 @@ static int save_checkpoint(const port_rt *rt, const char *ckpath, uint8_t *buf, 
 }
 
 /* The vocabulary of the embeddings that read the input token ids (the smallest; 0: none reads them). */
-static int64_t input_vocab(const port_rt *rt) {
-    int64_t v = 0;
+/* The smallest vocabulary of the embeddings that read input j (0: the input at header byte 80, j >= 1: extra input
+ * j - 1) in the training or inference program; 0 when none reads it. */
+static int64_t input_vocab(const port_rt *rt, uint32_t j) {
+    int64_t v = 0, nb = rt->input_bytes, off[2] = {rt->input_offset, rt->eval_input_offset};
+    if (j > 0) {
+        const uint8_t *e = rt->extra_inputs + 32 * (size_t)(j - 1);
+        memcpy(&off[0], e, 8);
+        memcpy(&off[1], e + 8, 8);
+        memcpy(&nb, e + 16, 8);
+    }
     for (uint32_t i = 0; i < rt->n_train + rt->n_eval; i++) {
         const port_rt_call *c = &rt->calls[i];
-        int64_t in = i < rt->n_train ? rt->input_offset : rt->eval_input_offset;
+        int64_t in = off[i >= rt->n_train];
         if ((c->kernel == PORT_RT_EMBEDDING_FORWARD || c->kernel == PORT_RT_EMBEDDING_BACKWARD_WEIGHT)) {
             int64_t ids = c->ptr[c->kernel == PORT_RT_EMBEDDING_FORWARD ? 1 : 2];
-            if (ids >= in && ids < in + rt->input_bytes && c->iv[1] > 0 && (v == 0 || c->iv[1] < v)) v = c->iv[1];
+            if (ids >= in && ids < in + nb && c->iv[1] > 0 && (v == 0 || c->iv[1] < v)) v = c->iv[1];
         }
     }
     return v;
+}
+
+/* Every token id of input j below the vocabulary of the embeddings that read it: 0, or 2 after a message. */
+static int check_ids(const char *dpath, const int64_t *ids, uint64_t n, uint64_t per, int64_t vocab, uint32_t j) {
+    for (uint64_t i = 0; vocab > 0 && i < n * per; i++) {
+        if (ids[i] >= 0 && ids[i] < vocab) continue;
+        char which[48] = "";
+        if (j) snprintf(which, sizeof which, " (input %u)", j + 1);
+        fprintf(stderr, "port-rt: %s: record %llu position %llu%s has token id %lld: the model's embedding takes ids "
+                        "0..%lld. Fix: tokenize with the model's vocabulary (%lld ids)\n", dpath,
+                (unsigned long long)(i / per), (unsigned long long)(i % per), which, (long long)ids[i],
+                (long long)vocab - 1, (long long)vocab);
+        return 2;
+    }
+    return 0;
 }
 
 /* Every label a class index (or the bundle's ignore index) and every token id inside the vocabulary, before the
@@ -388,17 +442,13 @@ static int check_data(const char *dpath, const data_t *d, const port_rt *rt) {
                 (unsigned long long)(i / d->labels), at, (long long)y, (long long)rt->classes - 1, ign);
         return 2;
     }
-    int64_t vocab = d->dtype == PORT_RT_INPUT_I64 ? input_vocab(rt) : 0;
-    const int64_t *ids = (const int64_t *)(const void *)d->x;
-    for (uint64_t i = 0; vocab > 0 && i < d->n * d->sample_elems; i++) {
-        if (ids[i] >= 0 && ids[i] < vocab) continue;
-        fprintf(stderr, "port-rt: %s: record %llu position %llu has token id %lld: the model's embedding takes ids "
-                        "0..%lld. Fix: tokenize with the model's vocabulary (%lld ids)\n", dpath,
-                (unsigned long long)(i / d->sample_elems), (unsigned long long)(i % d->sample_elems),
-                (long long)ids[i], (long long)vocab - 1, (long long)vocab);
-        return 2;
-    }
-    return 0;
+    int st = d->dtype == PORT_RT_INPUT_I64 ?
+        check_ids(dpath, (const int64_t *)(const void *)d->x, d->n, d->sample_elems, input_vocab(rt, 0), 0) : 0;
+    for (uint32_t j = 0; !st && j < d->n_extra; j++)
+        if (d->extra[j].dtype == PORT_RT_INPUT_I64)
+            st = check_ids(dpath, (const int64_t *)(const void *)d->extra[j].x, d->n, d->extra[j].elems,
+                           input_vocab(rt, j + 1), j + 1);
+    return st;
 }
 
 static int read_checkpoint(port_rt *rt, const char *ckpath) {
@@ -570,6 +620,22 @@ int main(int argc, char **argv) {
                 rt.input_dtype ? "token ids" : "floats", (long long)L, (long long)rt.classes);
         return 2;
     }
+    int extras_fit = d.n_extra == rt.n_extra_inputs;
+    for (uint32_t j = 0; extras_fit && j < d.n_extra; j++) {
+        const uint8_t *e = rt.extra_inputs + 32 * (size_t)j;
+        int64_t nb;
+        uint32_t dt;
+        memcpy(&nb, e + 16, 8);
+        memcpy(&dt, e + 24, 4);
+        extras_fit = dt == d.extra[j].dtype && d.extra[j].elems * d.extra[j].elem_bytes * B == (uint64_t)nb;
+    }
+    if (!extras_fit) {
+        fprintf(stderr, "port-rt: %s holds %u input(s) a sample; the bundle's model takes %u (or their dtypes or "
+                        "sizes differ). Fix: write the data with every input the model takes, in its order "
+                        "(port.exec.bundle.write_data(path, (input_ids, attention_mask), y, ...))\n", dpath,
+                d.n_extra + 1, rt.n_extra_inputs + 1);
+        return 2;
+    }
     if ((st = check_data(dpath, &d, &rt)) != 0) return st;
     uint8_t *xb = NULL, *ckbuf = NULL;
     float *logits = NULL;
@@ -580,7 +646,7 @@ int main(int argc, char **argv) {
                         "checkpoint\n", bpath);
         return 2;
     }
-    if (posix_memalign((void **)&xb, 64, (size_t)rt.input_bytes) || posix_memalign((void **)&yb, 64, B * L * 8) ||
+    if (posix_memalign((void **)&xb, 64, (size_t)rt.inputs_bytes) || posix_memalign((void **)&yb, 64, B * L * 8) ||
         posix_memalign((void **)&logits, 64, B * L * (uint64_t)rt.classes * 4) ||
         (ckcap && !(ckbuf = malloc((size_t)ckcap)))) {
         fprintf(stderr, "port-rt: out of memory for one batch\n");
@@ -609,6 +675,12 @@ int main(int argc, char **argv) {
             uint64_t k = ((uint64_t)(step0 + s) * B + j) % d.n;
             memcpy(xb + j * sample_bytes, d.x + k * sample_bytes, sample_bytes);
             memcpy(yb + j * L, d.y + k * L, L * 8);
+            uint8_t *at = xb + B * sample_bytes;   /* the extra inputs' batches follow the first's, in order */
+            for (uint32_t e = 0; e < d.n_extra; e++) {
+                uint64_t eb = d.extra[e].elems * d.extra[e].elem_bytes;
+                memcpy(at + j * eb, d.extra[e].x + k * eb, eb);
+                at += B * eb;
+            }
         }
         double t0 = now_ms();
         float loss = 0.0f;

@@ -18,8 +18,9 @@
  * allocates: the bundle bytes, the arena and the port_rt struct belong to
  * the caller), no global state, a status for every failure, nothing printed.
  *
- * Bundle layout (format 2, little-endian), offsets in bytes from the file start.  Format 1 is format 2
- * with bytes 424..448 zero (float32 inputs, one label per sample); the loader reads both:
+ * Bundle layout (format 3, little-endian), offsets in bytes from the file start.  Format 1 is format 2
+ * with bytes 424..448 zero (float32 inputs, one label per sample); format 2 is format 3 with bytes 440..512
+ * zero (one input tensor); the loader reads all three (a writer uses 3 only for a model with several inputs):
  *
  *   0    8  magic "PORTRTB\0"
  *   8    4  u32 format version (2; 1 is read too)
@@ -57,7 +58,13 @@
  *             sequence model's per-token targets: L = sequence length); label
  *             bytes = batch x L x 8, logits = batch x L x classes floats
  *   432  8  i64 ignore index (with PORT_RT_FLAG_IGNORE_INDEX)
- *   440  72 zero
+ *   440  4  u32 extra inputs k (format 3: 1..PORT_RT_MAX_EXTRA_INPUTS; 0 in format 2): the model's further
+ *             input tensors (an attention mask, token type ids) after the input at 80, in the model's order
+ *   444  4  u32 zero
+ *   448  8  u64 file offset of the extra-input table (8-byte aligned): k x 32 bytes {i64 training arena
+ *             offset, i64 evaluation arena offset, i64 bytes (a whole batch), u32 dtype (PORT_RT_INPUT_*),
+ *             u32 zero}
+ *   456  56 zero
  *   512  ...  sections (each 64-byte aligned)
  *   total-32  32  SHA-256 of bytes [0, total-32)
  *
@@ -85,7 +92,8 @@ extern "C" {
 #endif
 
 #define PORT_RT_ABI_VERSION 1
-#define PORT_RT_BUNDLE_VERSION 2
+#define PORT_RT_BUNDLE_VERSION 3
+#define PORT_RT_MAX_EXTRA_INPUTS 8
 #define PORT_RT_HEADER_BYTES 512
 
 /* id, NAME, the entry point it runs (what the profiler and the executor report) */
@@ -297,6 +305,11 @@ typedef struct {
      * and the label the loss skips (has_ignore_index: 0 when none) */
     uint32_t input_dtype, has_ignore_index;
     int64_t labels_per_sample, ignore_index;
+    /* format 3: the extra inputs (their table in the bundle: the layout above) and every input's bytes
+     * together (input_bytes plus the extra inputs' bytes): what x of port_rt_step / port_rt_evaluate holds */
+    uint32_t n_extra_inputs, extra_reserved;
+    const uint8_t *extra_inputs;
+    int64_t inputs_bytes;
 } port_rt;
 
 /* Check a bundle (magic, version, sizes, SHA-256, every call's offsets inside
@@ -353,7 +366,9 @@ PORT_API int port_rt_bundle_check_why(const uint8_t *bundle, uint64_t bundle_byt
 PORT_API int port_rt_load(port_rt *rt, const uint8_t *bundle, uint64_t bundle_bytes,
                           uint8_t *arena, uint64_t arena_bytes);
 /* One training step: x (input bytes: batch samples of float32 values or, for
- * PORT_RT_INPUT_I64, int64 token ids), y (batch x labels_per_sample int64
+ * PORT_RT_INPUT_I64, int64 token ids; a model with several inputs: inputs_bytes,
+ * each input's whole batch in the model's order, the extra inputs' as the
+ * bundle's table gives their bytes and dtypes), y (batch x labels_per_sample int64
  * labels); writes the mean loss.  Labels are checked before anything runs
  * (PORT_RT_ERR_LABEL; the ignore index passes).
  * A non-finite loss returns PORT_RT_ERR_NONFINITE before the optimizer

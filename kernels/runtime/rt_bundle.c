@@ -75,9 +75,9 @@ int port_rt_bundle_check_why(const uint8_t *b, uint64_t n, uint64_t *arena_bytes
     if (n < PORT_RT_HEADER_BYTES + 32) REFUSE("shorter than a header and a checksum");
     if (memcmp(b, "PORTRTB\0", 8) != 0) REFUSE("wrong magic (not a port-rt bundle)");
     uint32_t ver = u32(b, 8);
-    if ((ver != 1 && ver != PORT_RT_BUNDLE_VERSION) || u32(b, 12) != PORT_RT_HEADER_BYTES)
+    if ((ver < 1 || ver > PORT_RT_BUNDLE_VERSION) || u32(b, 12) != PORT_RT_HEADER_BYTES)
         REFUSE("unknown format version or header size");
-    for (size_t z = ver == 1 ? 424 : 440; z < PORT_RT_HEADER_BYTES; z++)   /* reserved bytes are zero */
+    for (size_t z = ver == 1 ? 424 : ver == 2 ? 440 : 456; z < PORT_RT_HEADER_BYTES; z++)   /* reserved: zero */
         if (b[z]) REFUSE("reserved header bytes are not zero");
     if (u64(b, 16) != n) REFUSE("the size field differs from the file size");
     uint8_t h[32];
@@ -115,6 +115,22 @@ int port_rt_bundle_check_why(const uint8_t *b, uint64_t n, uint64_t *arena_bytes
     if (i64(b, 80) % esz || i64(b, 96) % 8 || i64(b, 112) % 4 || i64(b, 120) % 4 || i64(b, 144) % esz ||
         i64(b, 152) % 4 || (i64(b, 160) != -1 && i64(b, 160) % 4) || (i64(b, 168) != -1 && i64(b, 168) % 8))
         REFUSE("an input, label, loss or logits slot is not aligned to its element size");
+    if (ver == 3) {   /* the extra inputs: each a whole batch inside the arena, aligned to its element size */
+        uint64_t k = u32(b, 440), to = u64(b, 448);
+        if (k < 1 || k > PORT_RT_MAX_EXTRA_INPUTS || u32(b, 444)) REFUSE("extra inputs: count out of range");
+        if (to % 8 || to < PORT_RT_HEADER_BYTES || !inside((int64_t)to, (int64_t)(32 * k), body))
+            REFUSE("the extra-input table lies outside the file");
+        for (uint64_t i = 0; i < k; i++) {
+            int64_t off = i64(b, to + 32 * i), eoff = i64(b, to + 32 * i + 8), nb = i64(b, to + 32 * i + 16);
+            uint32_t dt = u32(b, to + 32 * i + 24);
+            if ((dt != PORT_RT_INPUT_F32 && dt != PORT_RT_INPUT_I64) || u32(b, to + 32 * i + 28))
+                REFUSE("extra inputs: unknown dtype");
+            int64_t e = dt == PORT_RT_INPUT_I64 ? 8 : 4;
+            if (nb <= 0 || nb % (batch * e) || !inside(off, nb, A) || !inside(eoff, nb, A))
+                REFUSE("an extra input's slot lies outside the arena");
+            if (off % e || eoff % e) REFUSE("an extra input's slot is not aligned to its element size");
+        }
+    }
     port_rt_state state;
     memcpy(&state, b + 176, STATE_BYTES);
     const char *bs = bad_state(&state);
@@ -176,6 +192,13 @@ int port_rt_load(port_rt *rt, const uint8_t *b, uint64_t n, uint8_t *arena, uint
     rt->labels_per_sample = u32(b, 428) ? (int64_t)u32(b, 428) : 1;
     rt->has_ignore_index = (u32(b, 76) & PORT_RT_FLAG_IGNORE_INDEX) != 0;
     rt->ignore_index = rt->has_ignore_index ? i64(b, 432) : 0;
+    rt->inputs_bytes = rt->input_bytes;
+    if (u32(b, 8) == 3) {
+        rt->n_extra_inputs = u32(b, 440);
+        rt->extra_inputs = b + u64(b, 448);
+        for (uint32_t i = 0; i < rt->n_extra_inputs; i++)
+            rt->inputs_bytes += i64(rt->extra_inputs, 32 * (size_t)i + 16);
+    }
     uint64_t ko = u64(b, 392);
     if (ko) {
         rt->ckpt_n = u32(b, 400);
@@ -334,13 +357,27 @@ static int check_labels(port_rt *rt, const int64_t *y) {
 
 uint64_t port_rt_struct_bytes(void) { return sizeof(port_rt); }
 
+/* x (inputs_bytes: every input's whole batch, in order) into the training (eval = 0) or evaluation program's
+ * input slots */
+static void copy_inputs(port_rt *rt, const uint8_t *x, int eval) {
+    uint8_t *a = rt->arena;
+    memcpy(a + (eval ? rt->eval_input_offset : rt->input_offset), x, (size_t)rt->input_bytes);
+    x += rt->input_bytes;
+    for (uint32_t i = 0; i < rt->n_extra_inputs; i++) {
+        const uint8_t *e = rt->extra_inputs + 32 * (size_t)i;
+        int64_t nb = i64(e, 16);
+        memcpy(a + i64(e, eval ? 8 : 0), x, (size_t)nb);
+        x += nb;
+    }
+}
+
 int port_rt_forward_backward(port_rt *rt, const void *x, const int64_t *y, float *loss) {
     if (!rt || !rt->arena || !x || !y || !loss) return PORT_ERR_NULL;
     rt->failed_call = -1;
     int st = check_labels(rt, y);
     if (st != PORT_OK) return st;
     uint8_t *a = rt->arena;
-    memcpy(a + rt->input_offset, x, (size_t)rt->input_bytes);
+    copy_inputs(rt, (const uint8_t *)x, 0);
     memcpy(a + rt->label_offset, y, (size_t)rt->label_bytes);
     zero_grads(rt);
     for (uint32_t i = 0; i < rt->n_train; i++) {
@@ -381,7 +418,7 @@ int port_rt_evaluate(port_rt *rt, const void *x, const int64_t *y, float *logits
     if (rt->n_eval == 0) return PORT_ERR_UNSUPPORTED;
     rt->failed_call = -1;
     uint8_t *a = rt->arena;
-    memcpy(a + rt->eval_input_offset, x, (size_t)rt->input_bytes);
+    copy_inputs(rt, (const uint8_t *)x, 1);
     if (y && rt->eval_label_offset >= 0) {   /* an inference program with a loss reads the labels */
         int st = check_labels(rt, y);
         if (st != PORT_OK) return st;

@@ -28,6 +28,16 @@ A data file (``.portdata``) holds samples for ``port-rt train --data``:
     84  44  zero
     128 ... x[n, *shape] (4- or 8-byte elements), then int64 y[n, L] (64-byte aligned), then 32-byte SHA-256 of
             everything before
+
+Format 3 (a model with several inputs: ``input_ids`` and ``attention_mask``) has a 256-byte header: bytes 0..128
+as format 2 (version 3), then
+
+    128 4   u32 extra inputs k (1..8), after x in the model's order
+    132 4   zero
+    136 16k {u32 dtype (0 float32, 1 int64), u32 zero, u64 elements per sample} per extra input
+    ... zero to 256
+    256 ... x[n, *shape], then each extra input [n, elements] (64-byte aligned), then y (64-byte aligned), then
+            the SHA-256
 """
 from __future__ import annotations
 
@@ -45,11 +55,15 @@ from port.exec import capi, rtcall
 from port.io import atomic_writer
 
 MAGIC = b"PORTRTB\0"
-VERSION = 2
+VERSION = 2             # a bundle of a model with one input; VERSION_INPUTS: several (port_rt.h, format 3)
+VERSION_INPUTS = 3
 HEADER_BYTES = 512
+MAX_EXTRA_INPUTS = 8    # PORT_RT_MAX_EXTRA_INPUTS
 DATA_MAGIC = b"PORTDATA"
-DATA_VERSION = 2
+DATA_VERSION = 2        # one input a sample; DATA_VERSION_INPUTS: several (a 256-byte header)
+DATA_VERSION_INPUTS = 3
 DATA_HEADER_BYTES = 128
+DATA_HEADER_BYTES_INPUTS = 256
 _ALIGN = 64
 
 
@@ -171,14 +185,29 @@ def io_format(trainer: Any) -> tuple[int, int, int | None]:
     """(input dtype code, int64 labels per sample, ignore index or None) of ``trainer``'s training program:
     what bundle format 2 adds to format 1 (float32 inputs, one label per sample, no ignored label)."""
     tp = trainer.program
-    if tp.extra_input_ids:
-        raise BundleError(f"the model takes {1 + len(tp.extra_input_ids)} inputs; port-rt feeds one input tensor a "
-                          f"sample")
     dt = tp.slot(tp.input_id).dtype
     if dt not in INPUT_DTYPES:
         raise BundleError(f"the program's input is {dt}; port-rt takes float32 samples or int64 token ids")
     per = tp.slot(tp.label_id).nbytes // 8 // tp.batch_size
     return INPUT_DTYPES[dt], per, trainer.executor.ignore_index
+
+
+def extra_inputs(trainer: Any) -> list[tuple[int, int, int, int]]:
+    """The table of format 3: (training offset, evaluation offset, bytes, dtype code) of each further input of
+    ``trainer``'s model (an attention mask ...), in the model's order; empty for a model with one input."""
+    tp, ep = trainer.program, trainer.eval_program
+    if len(tp.extra_input_ids) > MAX_EXTRA_INPUTS:
+        raise BundleError(f"the model takes {1 + len(tp.extra_input_ids)} inputs; port-rt takes at most "
+                          f"{1 + MAX_EXTRA_INPUTS}")
+    if tuple(ep.extra_input_ids) != tuple(tp.extra_input_ids):
+        raise BundleError("the inference program's inputs differ from the training program's")
+    rows = []
+    for t in tp.extra_input_ids:
+        s, e = tp.slot(t), ep.slot(t)
+        if s.dtype not in INPUT_DTYPES or e.nbytes != s.nbytes:
+            raise BundleError(f"input tensor {t} is {s.dtype}; port-rt takes float32 or int64 inputs")
+        rows.append((s.offset, e.offset, s.nbytes, INPUT_DTYPES[s.dtype]))
+    return rows
 
 
 def build_bundle(trainer: Any, image: bool = True) -> tuple[bytearray, tuple]:
@@ -202,6 +231,7 @@ def build_bundle(trainer: Any, image: bool = True) -> tuple[bytearray, tuple]:
     P = tp.persistent_bytes
     image = bytes(trainer.arena[:P].numpy().tobytes()) if image else b""
     zeros = b"".join(struct.pack("<qq", o, n) for o, n in tp.zero_ranges)
+    extras = b"".join(struct.pack("<qqqII", *r, 0) for r in extra_inputs(trainer))
     sl = tp.slot
     batch = tp.batch_size
     classes = tp.slot(tp.logits_id).shape[-1]
@@ -216,11 +246,12 @@ def build_bundle(trainer: Any, image: bool = True) -> tuple[bytearray, tuple]:
     call_bytes = n_calls * rec
     sec_zero = sec_calls + call_bytes + _pad(call_bytes)
     sec_ckpt = sec_zero + len(zeros) + _pad(len(zeros))
-    end = sec_ckpt + len(ckpt[0]) + _pad(len(ckpt[0]))
+    sec_inputs = sec_ckpt + len(ckpt[0]) + _pad(len(ckpt[0]))
+    end = sec_inputs + len(extras) + _pad(len(extras))
     total = end + 32
     has_loss = ep.loss_id >= 0 and ep.has_slot(ep.loss_id)
     has_label = ep.label_id >= 0 and ep.has_slot(ep.label_id)
-    struct.pack_into("<8sIIQQQQQIIQII", hdr, 0, MAGIC, VERSION, HEADER_BYTES, total, A, P, sec_image, sec_calls,
+    struct.pack_into("<8sIIQQQQQIIQII", hdr, 0, MAGIC, VERSION_INPUTS if extras else VERSION, HEADER_BYTES, total, A, P, sec_image, sec_calls,
                      len(tp.calls), len(ep.calls), sec_zero, len(tp.zero_ranges), 0 if image else NO_IMAGE)
     struct.pack_into("<12q", hdr, 80, sl(tp.input_id).offset, sl(tp.input_id).nbytes, sl(tp.label_id).offset,
                      sl(tp.label_id).nbytes, sl(tp.loss_id).offset, sl(tp.logits_id).offset, batch, classes,
@@ -230,6 +261,8 @@ def build_bundle(trainer: Any, image: bool = True) -> tuple[bytearray, tuple]:
     hdr[176:264] = bytes(state)
     struct.pack_into("<QIIIIQ", hdr, 392, sec_ckpt, *ckpt[1:4], 0, ckpt[4])
     struct.pack_into("<IIq", hdr, 424, dtype, per_sample, 0 if ignore is None else int(ignore))
+    if extras:
+        struct.pack_into("<IIQ", hdr, 440, len(extras) // 32, 0, sec_inputs)
     if ignore is not None:
         struct.pack_into("<I", hdr, 76, struct.unpack_from("<I", hdr, 76)[0] | IGNORE_FLAG)
     gd, pd = tp.graph_digest.encode()[:64], _plan_digest(trainer).encode()[:64]
@@ -247,6 +280,7 @@ def build_bundle(trainer: Any, image: bool = True) -> tuple[bytearray, tuple]:
     del view                                 # the buffer export (a bytearray with one cannot be resized)
     body[sec_zero:sec_zero + len(zeros)] = zeros
     body[sec_ckpt:sec_ckpt + len(ckpt[0])] = ckpt[0]
+    body[sec_inputs:sec_inputs + len(extras)] = extras
     body[end:] = hashlib.sha256(memoryview(body)[:end]).digest()
     return body, (total, A, P, len(tp.calls), len(ep.calls), batch, classes, tp.graph_digest, pd.decode())
 
@@ -323,18 +357,37 @@ def refusal(path: str | Path, data: bytes, status: int) -> str:
             f"`port compile`")
 
 
-def write_data(path: str | Path, x: Any, y: Any, classes: int, ignore_index: int | None = None) -> Path:
-    """Write samples as a port-rt data file: x float32 [n, ...] (or int64 token ids [n, T]), y int64 [n] (or
-    [n, L] per-token targets, where ``ignore_index`` marks positions the loss skips)."""
+def _data_array(x: Any) -> tuple[Any, bool]:
+    """x as the data file stores it (int64 when integer or boolean, else float32, C order), and whether int64."""
     import numpy as np
     xr = np.asarray(x)
-    tokens = np.issubdtype(xr.dtype, np.integer)
-    xa = np.ascontiguousarray(xr.astype(np.int64 if tokens else np.float32, copy=False))
+    tokens = np.issubdtype(xr.dtype, np.integer) or xr.dtype == np.bool_
+    return np.ascontiguousarray(xr.astype(np.int64 if tokens else np.float32, copy=False)), tokens
+
+
+def write_data(path: str | Path, x: Any, y: Any, classes: int, ignore_index: int | None = None) -> Path:
+    """Write samples as a port-rt data file: x float32 [n, ...] (or int64 token ids [n, T]), y int64 [n] (or
+    [n, L] per-token targets, where ``ignore_index`` marks positions the loss skips). A model with several
+    inputs: x a tuple or list of arrays [n, ...] in the model's order (``Trainer.input_tensors(batch)`` gives that
+    order: e.g. ``(input_ids, attention_mask)``); integer and boolean arrays are stored as int64 (format 3)."""
+    import numpy as np
+    if isinstance(x, dict):
+        raise BundleError("data: x is a dict; port-rt's data file keeps the inputs in the model's order. Fix: pass "
+                          "a tuple in that order (trainer.input_tensors(batch) returns it)")
+    parts = list(x) if isinstance(x, (tuple, list)) else [x]
+    if not 1 <= len(parts) <= 1 + MAX_EXTRA_INPUTS:
+        raise BundleError(f"data: {len(parts)} inputs; a data file holds 1 to {1 + MAX_EXTRA_INPUTS}")
+    xa, tokens = _data_array(parts[0])
+    extra = [_data_array(p) for p in parts[1:]]
     ya = np.ascontiguousarray(np.asarray(y, dtype=np.int64))
     ya = ya.reshape(ya.shape[0], -1) if ya.ndim else ya.reshape(-1, 1)
     if xa.ndim < 2 or xa.ndim > 5 or xa.shape[0] != ya.shape[0] or xa.shape[0] == 0 or ya.shape[1] == 0:
         raise BundleError(f"data: x of shape {tuple(xa.shape)} and y of shape {tuple(np.shape(y))}: expected "
                           f"x [n, d1..d4] and y [n] (or [n, L] per-token labels) with n > 0")
+    for i, (e, _) in enumerate(extra):
+        if e.ndim < 2 or e.shape[0] != xa.shape[0] or e.size == 0:
+            raise BundleError(f"data: input {i + 2} of shape {tuple(e.shape)}: expected [{xa.shape[0]}, ...] (one "
+                              f"row per sample, as the first input)")
     ok = (ya >= 0) & (ya < classes)
     if ignore_index is not None:
         ok |= ya == ignore_index
@@ -344,12 +397,20 @@ def write_data(path: str | Path, x: Any, y: Any, classes: int, ignore_index: int
                           (f" or equal the ignore index {ignore_index}" if ignore_index is not None else "") +
                           f", found {int(bad.min())}..{int(bad.max())}")
     shape = list(xa.shape[1:]) + [0] * (5 - xa.ndim)
-    head = DATA_MAGIC + struct.pack("<IIQ4QQ", DATA_VERSION, xa.ndim - 1, xa.shape[0], *shape, classes)
+    head = DATA_MAGIC + struct.pack("<IIQ4QQ", DATA_VERSION_INPUTS if extra else DATA_VERSION, xa.ndim - 1,
+                                    xa.shape[0], *shape, classes)
     head += struct.pack("<IIqI", 1 if tokens else 0, ya.shape[1], 0 if ignore_index is None else int(ignore_index),
                         0 if ignore_index is None else 1)
     head += b"\0" * (DATA_HEADER_BYTES - len(head))
-    xb = xa.tobytes()
-    body = head + xb + b"\0" * _pad(len(head) + len(xb)) + ya.tobytes()
+    if extra:
+        head += struct.pack("<II", len(extra), 0) + b"".join(
+            struct.pack("<IIQ", 1 if t else 0, 0, e.size // e.shape[0]) for e, t in extra)
+        head += b"\0" * (DATA_HEADER_BYTES_INPUTS - len(head))
+    body = bytearray(head)
+    for a in [xa] + [e for e, _ in extra]:      # each input 64-byte aligned (the header's sizes are)
+        body += b"\0" * _pad(len(body)) + a.tobytes()
+    body += b"\0" * _pad(len(body)) + ya.tobytes()
+    body = bytes(body)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_writer(path) as f:
@@ -387,6 +448,9 @@ def emit_c(bundle: bytes, out_dir: str | Path, x: Any = None, y: Any = None) -> 
         with atomic_writer(out / name) as f:
             f.write(text.encode())
         files.append(out / name)
+    if struct.unpack_from("<I", bundle, 8)[0] == VERSION_INPUTS:
+        raise BundleError("emit_c: the bundle's model takes several inputs; a bundle as C data feeds one input "
+                          "tensor (kernels/mcu/main_m4.c). Fix: run it with port-rt, or compile a model with one input")
     if x is not None and (struct.unpack_from("<I", bundle, 424)[0] or struct.unpack_from("<I", bundle, 428)[0] > 1):
         raise BundleError("emit_c: samples as C data are float32 inputs with one label each (what "
                           "kernels/mcu/main_m4.c reads); this bundle takes token ids or per-token labels. Fix: emit "

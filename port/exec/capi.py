@@ -149,7 +149,8 @@ class Rt(ctypes.Structure):
          ("ckpt_table", c_void_p), ("ckpt_fixed", c_void_p), ("ckpt_tensors", c_void_p), ("ckpt_n", ctypes.c_uint32),
          ("ckpt_fixed_len", ctypes.c_uint32), ("ckpt_tensors_len", ctypes.c_uint32), ("ckpt_data_bytes", c_uint64),
          ("input_dtype", ctypes.c_uint32), ("has_ignore_index", ctypes.c_uint32), ("labels_per_sample", c_int64),
-         ("ignore_index", c_int64)]
+         ("ignore_index", c_int64), ("n_extra_inputs", ctypes.c_uint32), ("extra_reserved", ctypes.c_uint32),
+         ("extra_inputs", c_void_p), ("inputs_bytes", c_int64)]
 
 
 class RtCallShape(ctypes.Structure):

@@ -17,8 +17,6 @@ def eligible(trainer: Any) -> str:
         return "the arena is not in CPU memory"
     if trainer.micro_batch != trainer.batch_size:
         return "micro-batching"
-    if trainer.program.extra_input_ids:
-        return "the model takes several inputs"
     other = sorted({c.backend for c in trainer.program.calls} - {"c", "host"})
     if other:
         return f"the plan runs ops on {', '.join(other)}"
@@ -59,10 +57,14 @@ class RtEngine:
         self._rtp = ctypes.byref(self.rt)
         self._lossp = ctypes.byref(self._loss)
 
-    def forward_backward(self, x: Any, y: Any) -> float:
+    def forward_backward(self, x: Any, y: Any, extra: list = ()) -> float:
         """x [B, ...] (float32, or int64 token ids) and y int64 [B] (or [B, T]), contiguous CPU tensors of the
-        program's dtypes. Returns the loss."""
+        program's dtypes; ``extra``: the model's further inputs (program order, their slots' dtypes). Returns the
+        loss."""
         rtcall.state_from(self.trainer.state, self.rt.state)
+        if self.rt.n_extra_inputs:      # port_rt_step takes every input's batch in one buffer, in order
+            import torch
+            x = torch.cat([t.contiguous().view(-1).view(torch.uint8) for t in (x, *extra)])
         st = self._fb(self._rtp, x.data_ptr(), y.data_ptr(), self._lossp)
         if st:
             self._fail(st)

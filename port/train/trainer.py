@@ -358,6 +358,13 @@ class Trainer:
             out.append(v.to(dt))
         return vals[0], out
 
+    def input_tensors(self, x: Any) -> list:
+        """A batch given like the example input (a tensor, tuple or dict) as its tensors in the model's input
+        order, the main input first: what a port-rt data file holds (``write_data(path, tr.input_tensors(x),
+        y, ...)``)."""
+        main, extra = self._unpack(x, "input_tensors", None)
+        return [_as_tensor(main, "x"), *extra]
+
     def _check_batch(self, x: Any, y: Any, what: str) -> tuple[Any, Any]:
         """x, y as tensors of the compiled shapes and dtypes (numpy arrays and lists are converted); a named
         PortError with the expected and the given shape/dtype otherwise."""
@@ -478,7 +485,10 @@ class Trainer:
         xs = x if (x.dtype == xt and x.is_contiguous() and x.device.type == "cpu") else x.to("cpu", xt).contiguous()
         ys = y if (y.dtype == torch.int64 and y.is_contiguous() and y.device.type == "cpu") else \
             y.to("cpu", torch.int64).contiguous()
-        loss = self._rt.forward_backward(xs, ys)
+        ex = self.executor
+        extra = [e if (e.dtype == v.dtype and e.is_contiguous()) else e.to(v.dtype).contiguous()
+                 for v, e in zip(ex.extra_inputs, self._extra_batch)]
+        loss = self._rt.forward_backward(xs, ys, extra)
         self.state.dropout_counter += 1
         self._bn_batches += 1
         return self._finish_step(loss, self._rt.update)

@@ -102,6 +102,23 @@ def _forge_data(raw: bytes, rng: random.Random) -> bytes:
     return bytes(b) + hashlib.sha256(b).digest()
 
 
+def _data_check(port_rt, bundle: Path, path: Path):
+    """check(data, forged) for _loop: port-rt train (or eval) on the mutant data file refuses it with a message
+    (exit 2) or runs it (exit 0, only a forged file whose checksum was recomputed); anything else fails."""
+    def check(data, forged):
+        path.write_bytes(data)
+        cmd = "train" if data[-1] % 2 else "eval"
+        args = ["--steps", 2] if cmd == "train" else []
+        r = _run(port_rt, cmd, bundle, "--data", path, *args)
+        assert r.returncode in (0, 2), (r.returncode, r.stderr[-1500:], forged)
+        if r.returncode == 0:
+            assert forged, "a flipped or truncated data file was accepted (the checksum must catch it)"
+            return "ran"
+        assert r.stderr.startswith("port-rt: ") and "\n" in r.stderr, r.stderr
+        return "refused"
+    return check
+
+
 def test_fuzz_data_files_read_by_port_rt(port_rt, job):
     raw = job["data"].read_bytes()
     path = job["dir"] / "mutant.portdata"
@@ -111,18 +128,7 @@ def test_fuzz_data_files_read_by_port_rt(port_rt, job):
             return _flip_or_cut(raw, rng), False
         return _forge_data(raw, rng), True
 
-    def check(data, forged):
-        path.write_bytes(data)
-        cmd = "train" if data[-1] % 2 else "eval"
-        args = ["--steps", 2] if cmd == "train" else []
-        r = _run(port_rt, cmd, job["bundle"], "--data", path, *args)
-        assert r.returncode in (0, 2), (r.returncode, r.stderr[-1500:], forged)
-        if r.returncode == 0:
-            assert forged, "a flipped or truncated data file was accepted (the checksum must catch it)"
-            return "ran"
-        assert r.stderr.startswith("port-rt: ") and "\n" in r.stderr, r.stderr
-        return "refused"
-    stats = _loop(make, check)
+    stats = _loop(make, _data_check(port_rt, job["bundle"], path))
     print("data", stats)
     assert stats["n"] >= 30 and stats["refused"] > 0
 
@@ -236,3 +242,38 @@ def test_fuzz_port_rt_checkpoints_read_by_python_and_port_rt(port_rt, job):
             tr.close()
     print("rt checkpoint", stats, len(accepted), "resumed")
     assert stats["n"] >= 20 and stats["refused"] > 0 and stats["ran"] > 0
+
+
+# (offset, struct format) of format 3's fields: the extra inputs' count and the first one's dtype and elements
+DATA3_FIELDS = [(8, "<I"), (128, "<I"), (132, "<I"), (136, "<I"), (140, "<I"), (144, "<Q"), (152, "<I"), (160, "<Q")]
+
+
+def test_fuzz_data_files_with_two_inputs(port_rt, tmp_path):
+    """Format-3 data files (a model with input_ids and attention_mask) mutated as above, with forged edits to the
+    extra inputs' count, dtype and element count: refused with a message or run, never a crash or exit 1."""
+    import sys
+    sys.path.insert(0, str(ROOT / "tests"))
+    from nets54 import TwoInputs
+    g = torch.Generator().manual_seed(1)
+    ids, y = torch.randint(1, 13, (N, 6), generator=g), torch.randint(0, 10, (N,), generator=g)
+    mask = torch.ones_like(ids)
+    mask[::2, -2:] = 0
+    tr = port.Trainer(TwoInputs(), {"input_ids": ids[:B], "attention_mask": mask[:B]})
+    port.compile(tr, tmp_path / "m.portrt")
+    tr.close()
+    write_data(tmp_path / "d.portdata", [ids.numpy(), mask.numpy()], y.numpy(), 10)
+    raw = (tmp_path / "d.portdata").read_bytes()
+    assert struct.unpack_from("<I", raw, 8)[0] == 3
+    assert _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata").returncode == 0
+    path = tmp_path / "mutant.portdata"
+
+    def make(rng):
+        if rng.random() < 0.3:
+            return _flip_or_cut(raw, rng), False
+        b = bytearray(raw[:-32])
+        off, fmt = rng.choice(DATA3_FIELDS)
+        struct.pack_into(fmt, b, off, rng.choice(ODD_U32 if fmt == "<I" else ODD_U64))
+        return bytes(b) + hashlib.sha256(b).digest(), True
+
+    stats = _loop(make, _data_check(port_rt, tmp_path / "m.portrt", path), seconds=4.0)
+    assert stats["n"] >= 20 and stats["refused"] > 0, stats

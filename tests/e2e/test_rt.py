@@ -21,7 +21,7 @@ from port import models
 from port.exec import capi
 from port.exec.bundle import BundleError, check_bundle, write_bundle, write_data
 
-from nets54 import NormPool, PadEmb, PaddedAttn, Views
+from nets54 import NormPool, PadEmb, PaddedAttn, TwoInputs, Views
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 40
@@ -648,3 +648,93 @@ def test_port_rt_runs_padding_mask_chain_bit_for_bit(port_rt, tmp_path):
     x[::2, -2:] = 0                                         # padded rows
     _trains_bit_for_bit(port_rt, tmp_path, PaddedAttn(), x, y, {"mask_cast", "mask_index2", "mask_logic",
                                                                   "expand_mask", "mask_compare"})
+
+
+def _two_input_batches(steps=6, B=8):
+    g = torch.Generator().manual_seed(7)
+    ids, y = torch.randint(1, 13, (N, 6), generator=g), torch.randint(0, 10, (N,), generator=g)
+    mask = torch.ones_like(ids)
+    mask[::3, -2:] = 0                                      # padded rows
+    at = [[(s * B + j) % N for j in range(B)] for s in range(steps)]
+    return ids, mask, y, at
+
+
+def test_port_rt_trains_a_model_with_two_inputs_bit_for_bit(port_rt, tmp_path):
+    """A model taking (input_ids, attention_mask) compiles into a format-3 bundle (its extra input's table), the
+    data file holds both inputs a sample (format 3, in the model's order: Trainer.input_tensors), and port-rt
+    trains 6 steps with the Trainer's losses bit for bit; the in-process whole-step engine takes such a model too
+    (equal bits to the per-op executor). A data file with one input for that bundle, or inputs given as a dict,
+    is refused by name."""
+    ids, mask, y, at = _two_input_batches()
+    B = 8
+    batch = lambda s: {"input_ids": ids[at[s]], "attention_mask": mask[at[s]]}   # noqa: E731
+    opt = lambda: port.optim.SGD(0.05, momentum=0.9)   # noqa: E731
+    tr = port.Trainer(TwoInputs(), batch(0), optimizer=opt())
+    assert tr.engine == "rt" and len(tr.program.extra_input_ids) == 1
+    assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
+    info = write_bundle(tr, tmp_path / "m.portrt")
+    raw = (tmp_path / "m.portrt").read_bytes()
+    assert struct.unpack_from("<I", raw, 8)[0] == 3 and struct.unpack_from("<I", raw, 440)[0] == 1
+    assert check_bundle(tmp_path / "m.portrt") == info.arena_bytes
+    write_data(tmp_path / "d.portdata", [t.numpy() for t in tr.input_tensors({"input_ids": ids,
+                                                                              "attention_mask": mask})],
+               y.numpy(), 10)
+    r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata", "--steps", 6,
+             "--threads", capi.get_num_threads())
+    assert r.returncode == 0, r.stderr
+    got = [np.float32(line.split()[3]) for line in r.stdout.splitlines() if line.startswith("step ")]
+    ref = [np.float32(tr.step(batch(s), y[at[s]])) for s in range(6)]
+    assert [a.tobytes() for a in got] == [b.tobytes() for b in ref], list(zip(ref, got))
+    py = port.Trainer(TwoInputs(), batch(0), optimizer=opt(), engine="python")
+    assert [np.float32(py.step(batch(s), y[at[s]])).tobytes() for s in range(6)] == [b.tobytes() for b in ref]
+    r = _run(port_rt, "eval", tmp_path / "m.portrt", "--data", tmp_path / "d.portdata")
+    assert r.returncode == 0 and "eval samples 40" in r.stdout, r.stderr
+    write_data(tmp_path / "one.portdata", ids.numpy(), y.numpy(), 10)
+    r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "one.portdata")
+    assert r.returncode == 2 and "holds 1 input(s) a sample; the bundle's model takes 2" in r.stderr
+    from port.exec.bundle import emit_c
+    with pytest.raises(BundleError, match="several inputs"):        # the MCU program feeds one input tensor
+        emit_c(raw, tmp_path / "c")
+    with pytest.raises(BundleError, match="model's order"):
+        write_data(tmp_path / "x.portdata", {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}, y.numpy(), 10)
+    bad = ids.clone()
+    bad[3, 2] = 13                                          # outside the embedding's 13 ids: checked before step 1
+    write_data(tmp_path / "bad.portdata", [bad.numpy(), mask.numpy()], y.numpy(), 10)
+    r = _run(port_rt, "train", tmp_path / "m.portrt", "--data", tmp_path / "bad.portdata")
+    assert r.returncode == 2 and "record 3 position 2 has token id 13" in r.stderr, r.stderr
+
+
+def test_bundle_refuses_a_bad_extra_input_table(tmp_path):
+    """The loader's rules for format 3's extra-input table (port_rt.h): count 1..8, the table inside the file and
+    aligned, each slot a whole batch inside the arena, aligned to a known dtype; reserved bytes zero."""
+    ids, mask, y, at = _two_input_batches()
+    tr = port.Trainer(TwoInputs(), {"input_ids": ids[:8], "attention_mask": mask[:8]})
+    p = tmp_path / "m.portrt"
+    write_bundle(tr, p)
+    good = bytearray(p.read_bytes())
+    assert check_bundle(p) > 0
+    to = struct.unpack_from("<Q", good, 448)[0]
+    A = struct.unpack_from("<Q", good, 24)[0]
+
+    def edit(fmt, off, *v):
+        b = bytearray(good)
+        struct.pack_into(fmt, b, off, *v)
+        return _rechecksum(b)
+    cases = {
+        "count 0": (edit("<I", 440, 0), "count out of range"),
+        "count 9": (edit("<I", 440, 9), "count out of range"),
+        "table outside": (edit("<Q", 448, len(good)), "extra-input table lies outside"),
+        "table unaligned": (edit("<Q", 448, to + 4), "extra-input table lies outside"),
+        "slot outside": (edit("<q", to, A - 8), "extra input's slot lies outside the arena"),
+        "eval slot negative": (edit("<q", to + 8, -64), "extra input's slot lies outside the arena"),
+        "bytes not a batch": (edit("<q", to + 16, 8 * 6 * 8 + 8), "extra input's slot lies outside the arena"),
+        "slot unaligned": (edit("<q", to, struct.unpack_from("<q", good, to)[0] + 4), "not aligned"),
+        "dtype": (edit("<I", to + 24, 2), "unknown dtype"),
+        "reserved": (edit("<I", 460, 1), "reserved header bytes"),
+        "version 2 with a table": (edit("<I", 8, 2), "reserved header bytes"),
+    }
+    for name, (data, why) in cases.items():
+        q = tmp_path / f"{name.replace(' ', '_')}.portrt"
+        q.write_bytes(data)
+        with pytest.raises(BundleError, match=why):
+            check_bundle(q)

@@ -10,7 +10,9 @@ an integer or float parameter, the workspace, a zero range) to values at the edg
 arena_bytes - 1, arena_bytes, NaN, infinity. Before the call rule (kernels/runtime/rt_check.c) 2 in 300 random
 single-byte mutations crashed port-rt (SIGSEGV), others ran with their output written past the arena.
 
-Bounded: PORT_FUZZ_BUNDLES mutants (48 in the normal suite, ~10 s; `make test-asan` runs 300)."""
+Two corpora: the call-rule net's bundle, and a format-3 bundle of a model with two inputs (its extra-input table
+among the structure mutated). Bounded: PORT_FUZZ_BUNDLES mutants each (48 in the normal suite, ~10 s; `make
+test-asan` runs 300)."""
 from __future__ import annotations
 
 import collections
@@ -52,6 +54,23 @@ def corpus(tmp_path_factory):
     return bytes(data), d
 
 
+@pytest.fixture(scope="module")
+def corpus_inputs(tmp_path_factory):
+    """A format-3 bundle (a model with input_ids and attention_mask: its extra-input table) and its data file."""
+    import port
+    from nets54 import TwoInputs
+    d = tmp_path_factory.mktemp("fuzz_bundle_inputs")
+    g = torch.Generator().manual_seed(0)
+    ids, y = torch.randint(1, 13, (4, 6), generator=g), torch.randint(0, 10, (4,), generator=g)
+    mask = torch.ones_like(ids)
+    mask[::2, -2:] = 0
+    tr = port.Trainer(TwoInputs(), {"input_ids": ids[:2], "attention_mask": mask[:2]})
+    data, _ = build_bundle(tr)
+    assert struct.unpack_from("<I", data, 8)[0] == 3
+    write_data(d / "d.portdata", [ids.numpy(), mask.numpy()], y.numpy(), 10)
+    return bytes(data), d
+
+
 def _sections(b: bytes) -> list[tuple[int, int]]:
     """[start, end) of the header, call table, zero ranges and checkpoint template."""
     co, nc = struct.unpack_from("<Q", b, 48)[0], sum(struct.unpack_from("<II", b, 56))
@@ -61,6 +80,9 @@ def _sections(b: bytes) -> list[tuple[int, int]]:
     out = [(0, 512), (co, co + nc * CALL_BYTES), (zo, zo + 16 * nz)]
     if ko:
         out.append((ko, ko + 24 * kn + fl + tl))
+    if struct.unpack_from("<I", b, 8)[0] == 3:      # the extra-input table (format 3), and its header fields
+        k, to = struct.unpack_from("<I", b, 440)[0], struct.unpack_from("<Q", b, 448)[0]
+        out += [(to, to + 32 * k), (440, 456)]
     return [(a, e) for a, e in out if e > a]
 
 
@@ -110,8 +132,9 @@ def _loader(b: bytes) -> tuple[int, int]:
     return capi.raw.port_rt_bundle_check_why(buf, len(b), ctypes.byref(arena), ctypes.byref(why)), arena.value
 
 
-def test_fuzz_bundles_never_crash_port_rt(port_rt, corpus):
-    good, d = corpus
+@pytest.mark.parametrize("which", ["corpus", "corpus_inputs"])
+def test_fuzz_bundles_never_crash_port_rt(port_rt, which, request):
+    good, d = request.getfixturevalue(which)
     st, A0 = _loader(good)
     assert st == 0
     rng = random.Random(SEED)
