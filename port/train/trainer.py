@@ -188,7 +188,7 @@ class Trainer:
                 if t >= 0 and t not in gids and self.program.has_slot(t) and \
                         self.program.slot(t).role == ROLE_GRADIENT:
                     gids.append(t)
-        self._grads = [self.executor.view(t) for t in gids]
+        self._grads = _grad_runs(self.program, self.arena, gids)
         self._bn_batches = 0        # training forward passes (BN num_batches_tracked)
         self._load_module(model, bind=True)
         release_freed_heap()     # the module's own weight copies, freed as they moved into the arena
@@ -786,6 +786,24 @@ def _check_args(model: Any, optimizer: Any, plan: Any, micro_batch: Any, engine:
             "trainer's arena, and a second Trainer would rebind the same parameters to its own (each would "
             "silently change the other's module). Fix: pass a copy (Trainer(copy.deepcopy(model), ...)), or "
             "call close() on the first trainer (the module then keeps its trained weights as its own tensors)")
+
+
+def _grad_runs(program: Any, arena: Any, gids: list[int]) -> list:
+    """Views of the arena covering the gradients ``gids`` in as few runs as the layout allows: slots of one dtype
+    that follow each other up to their alignment padding (persistent gradients are laid out one after another;
+    the padding is never written, so it holds zeros) share one run. The non-finite check sums each run: one
+    reduction per run instead of one per gradient (a small transformer's 42 sums were a third of its 0.3 ms
+    step)."""
+    from port.exec.executor import torch_dtype
+    from port.lower.program import align
+    runs: list[list] = []          # [offset, nbytes, dtype]
+    for off, nb, dt in sorted((program.slot(t).offset, program.slot(t).nbytes, program.slot(t).dtype) for t in gids):
+        r = runs[-1] if runs else None
+        if r is not None and r[2] == dt and r[0] + r[1] <= off <= r[0] + align(r[1]):
+            r[1] = off + nb - r[0]
+        else:
+            runs.append([off, nb, dt])
+    return [arena[o:o + n].view(torch_dtype(dt)) for o, n, dt in runs]
 
 
 def _as_tensor(v: Any, what: str):

@@ -310,6 +310,29 @@ def test_trainer_nonfinite_policy():
     assert tr2.skipped_steps > 0 and tr2.step_count == 20
 
 
+def test_nonfinite_check_covers_every_gradient():
+    """The gradient check sums a few runs of the arena (adjacent gradient slots merged): every gradient's bytes lie
+    in a run, the runs hold nothing else but alignment padding, and a non-finite value in any gradient, with a
+    finite loss, is found."""
+    tr = Trainer(M.get("resnet8", seed=0), torch.randn(4, 3, 32, 32))
+    tr.step(torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))
+    from port.ir.types import ROLE_GRADIENT
+    grads = [s for s in tr.program.slots if s.role == ROLE_GRADIENT and s.region == "persistent"]
+    base = tr.arena.data_ptr()
+    runs = [(r.data_ptr() - base, r.numel() * r.element_size()) for r in tr._grads]
+    assert len(grads) > 10 and len(runs) < len(grads)
+    for g in grads:
+        assert any(o <= g.offset and g.offset + g.nbytes <= o + n for o, n in runs), g.name
+    assert sum(n for _, n in runs) < sum(g.nbytes for g in grads) + 64 * len(grads)
+    assert not tr._nonfinite(1.0)
+    for g in (grads[0], grads[len(grads) // 2], grads[-1]):
+        v = tr.arena[g.offset:g.offset + g.nbytes].view(torch.float32)
+        keep = v[-1].item()
+        v[-1] = float("inf")
+        assert tr._nonfinite(1.0), g.name
+        v[-1] = keep
+
+
 # ---------------------------------------------------------------------------------------------- G
 @pytest.mark.parametrize("name", ["../../escape", "", "a/b", ".hidden", "x" * 200])
 def test_names_are_validated(cwd, capsys, name):
