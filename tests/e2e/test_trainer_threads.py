@@ -42,7 +42,10 @@ def test_auto_trains_like_a_fixed_count_and_records_its_decisions(two_threads):
     assert b == a                                   # the kernels give the same bits at any thread count
     ev = auto.thread_events
     g = auto._governor
-    assert ev and ev[0].step == g.warmup + g.first_probe and ev[0].why == "probe"   # warm-up steps are no evidence
+    # warm-up steps are no evidence: the first decision is the scheduled probe, or earlier only when the steps
+    # slowed down (another process took a core: a loaded machine runs this test too)
+    assert ev and ev[0].step > g.warmup and ev[0].why in ("probe", "slow"), ev
+    assert ev[0].why == "slow" or ev[0].step == g.warmup + g.first_probe, ev
     assert capi.get_num_threads() in (1, 2)
     auto.set_threads(None)                           # governor off: the count stays as it is
     assert auto.thread_events == [] and auto._governor is None
