@@ -107,3 +107,20 @@ class PaddedAttn(torch.nn.Module):
         keep = torch.logical_not(h < e) | (e > 0.1)
         return self.fc((h * keep.to(torch.float32) * m.to(torch.float32)[..., None]).reshape(n, -1))
 
+
+
+class WhereNet(torch.nn.Module):
+    """torch.where (issue 54) of two activations under a computed mask, of an activation and a number under a
+    broadcast mask, and of a number and an activation under a per-row mask: both operands differentiated."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc, self.fc2 = torch.nn.Linear(5, 6), torch.nn.Linear(6, 10)
+
+    def forward(self, x):                                   # [N, 5]
+        h = self.fc(x)
+        keep = h > 0.1
+        g = torch.where(keep, h, torch.tanh(h) * 0.5)
+        g = torch.where(keep[:1], g, -1.5)
+        return self.fc2(torch.where(x[:, 1:2] > 0, 2.0, g))

@@ -556,6 +556,26 @@ PORT_API port_status port_mask_compare(uint8_t *y, const float *a, const float *
 PORT_API port_status port_mask_compare_scalar(uint8_t *y, const float *x, int64_t op, int64_t count, float scalar);
 /* ---- end of issue 54 masks block ------------------------------------------------------------------------- */
 
+/* ---- issue 54: where (mask.c; port-rt ids 128-129) -----------------------------------------------------------
+ * y = cond ? a : b over the full shape dims (rank 1..PORT_BINARY_MAX_RANK); cond (a mask, one byte per element),
+ * a and b each of size 1 along the dims whose bit is set in c_bcast / a_bcast / b_bcast.  Bit 0 of `scalars`: a is
+ * the number a_value (pass a = NULL), bit 1: b is b_value (b = NULL); a value may be infinite, not NaN.  y MAY
+ * ALIAS a full-shape a or b.  A pure select: the same bits at any thread count. */
+PORT_API port_status port_where_forward(float *y, const uint8_t *cond, const float *a, const float *b, int64_t rank,
+                                        int64_t c_bcast, int64_t a_bcast, int64_t b_bcast, const int64_t *dims,
+                                        int64_t scalars, float a_value, float b_value);
+/* The plain reference: one element at a time, every operand's offset computed from the full index. */
+PORT_API port_status port_where_forward_reference(float *y, const uint8_t *cond, const float *a, const float *b,
+                                                  int64_t rank, int64_t c_bcast, int64_t a_bcast, int64_t b_bcast,
+                                                  const int64_t *dims, int64_t scalars, float a_value,
+                                                  float b_value);
+/* da = dy where cond, db = dy where !cond (0 elsewhere), each summed over its operand's broadcast dims in one
+ * fixed order (double accumulator, one thread per element: the same bits at any thread count); OVERWRITES.  da or
+ * db NULL: not computed (not both).  No aliasing of a gradient with dy, cond or the other gradient. */
+PORT_API port_status port_where_backward(float *da, float *db, const float *dy, const uint8_t *cond, int64_t rank,
+                                         int64_t c_bcast, int64_t a_bcast, int64_t b_bcast, const int64_t *dims);
+/* ---- end of issue 54 where block ------------------------------------------------------------------------- */
+
 PORT_API port_status port_add_broadcast(float *y, const float *a, const float *b, int64_t outer, int64_t inner);
 /* db[i] = sum_o dy[o,i]  (OVERWRITES; summed in o order) */
 PORT_API port_status port_sum_rows(float *db, const float *dy, int64_t outer, int64_t inner);

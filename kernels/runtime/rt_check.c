@@ -544,6 +544,42 @@ static int masks(ctx *x, int k) {
     }
 }
 
+/* where (128: y, cond, a, b): iv rank, c_bcast, a_bcast, b_bcast, dims[6], scalars (bit 0: a is fv[0] and ptr[2]
+ * is -1, bit 1: b is fv[1] and ptr[3] is -1; a tensor operand's pointer set); a value not NaN, an unused one 0; y
+ * may be a full-shape a or b.  Its gradient (129: da, db, dy, cond): the same iv[0..9]; da or db -1 (not wanted),
+ * not both. */
+static int where(ctx *x, int backward) {
+    const int64_t *v = x->c->iv;
+    int64_t ny, nc, na, nb = 1;
+    if (mask_dims(x, 0, 4, 1, 2, &ny, &nc, &na) ||
+        iv_in(x, 3, 0, ((int64_t)1 << v[0]) - 1, "broadcast bits: below the rank"))
+        return BAD;
+    for (int i = 0; i < 6; i++) nb = smul(nb, (v[3] >> i) & 1 ? 1 : v[4 + i]);
+    if (backward) {
+        if (x->c->ptr[0] == -1 && x->c->ptr[1] == -1)
+            return fail(x->why, "ptr[0]", "where's gradient needs da or db", -1, 0, 0);
+        args(x, 4, 10, 0);
+        op(x, 0, na, 4, 1), op(x, 1, nb, 4, 1), op(x, 2, ny, 4, 0), op(x, 3, nc, 1, 0);
+        return PORT_OK;
+    }
+    if (iv_in(x, 10, 0, 3, "where's scalar bits (1: a is fv[0], 2: b is fv[1])")) return BAD;
+    for (int k = 0; k < 2; k++) {
+        int scalar = (int)((v[10] >> k) & 1);
+        double f = x->c->fv[k];
+        if (scalar ? isnan(f) || isnan((float)f) : f != 0.0)
+            return fail(x->why, FV_NAMES[k], scalar ? "where's value must not be NaN" : "an unused value must be 0",
+                        0, 0, 0);
+        if (scalar != (x->c->ptr[2 + k] == -1))
+            return fail(x->why, PTR_NAMES[2 + k], scalar ? "a scalar operand's pointer must be -1" :
+                        "a tensor operand needs its pointer", x->c->ptr[2 + k], 0, 0);
+    }
+    args(x, 4, 11, 2);
+    op(x, 0, ny, 4, 1), op(x, 1, nc, 1, 0), op(x, 2, na, 4, 0), op(x, 3, nb, 4, 0);
+    if (!v[2]) inplace(x, 0, 2);
+    if (!v[3]) inplace(x, 0, 3);
+    return PORT_OK;
+}
+
 /* ---------------------------------------------------------------- the rest, by kernel id */
 /* element-wise: out, in (, in2): count v[0] floats */
 static int eltwise(ctx *x, int nptr, int alias_in) {
@@ -602,6 +638,8 @@ static int shape_of(ctx *x) {
     case PORT_RT_MASK_INDEX2:
     case PORT_RT_MASK_COMPARE:
     case PORT_RT_MASK_COMPARE_SCALAR: return masks(x, k);
+    case PORT_RT_WHERE_FORWARD: return where(x, 0);
+    case PORT_RT_WHERE_BACKWARD: return where(x, 1);
     case PORT_RT_CONV2D_FORWARD:
     case PORT_RT_CONV2D_BACKWARD_INPUT:
     case PORT_RT_CONV2D_BACKWARD_WEIGHT:

@@ -1,9 +1,12 @@
 /* issue 54: kernels for input-dependent attention masks (HF's attention_mask -> a boolean [B, 1, Q, K] mask):
  * casts between float32, bool (one byte per element, 0/1) and int64; logical and/or/xor of two masks with full
- * broadcasting (and not); compares of float32 tensors or a tensor and a scalar into a mask; the expand of a mask; the gather of a 2-D mask by two broadcast int64 index tensors
- * (mask[batch_idx, kv_idx]).  Pure selects and copies: the same bits at any thread count. */
+ * broadcasting (and not); compares of float32 tensors or a tensor and a scalar into a mask; the expand of a mask;
+ * the gather of a 2-D mask by two broadcast int64 index tensors (mask[batch_idx, kv_idx]); where(cond, a, b) of
+ * float32 tensors or numbers and its gradient.  Pure selects and copies (the gradient sums each element in one
+ * fixed order): the same bits at any thread count. */
 #include "internal.h"
 
+#include <math.h>
 #include <string.h>
 
 static size_t dt_size(int64_t dt) { return dt == PORT_DT_F32 ? 4 : dt == PORT_DT_BOOL ? 1 : 8; }
@@ -129,5 +132,119 @@ port_status port_mask_compare_scalar(uint8_t *y, const float *x, int64_t op, int
     PORT_CHECK(!port__ranges_overlap(y, (size_t)count, x, (size_t)count * sizeof(float)), PORT_ERR_ALIAS);
 #pragma omp parallel for schedule(static) if (count > PORT_PAR_MIN)
     for (int64_t i = 0; i < count; i++) y[i] = cmp(op, x[i], scalar);
+    return PORT_OK;
+}
+
+/* ---- where: y = cond ? a : b, three operands broadcast on every axis, a and b tensors or numbers ---------- */
+static int where_shape(int64_t rank, int64_t c_bcast, int64_t a_bcast, int64_t b_bcast, const int64_t *dims,
+                       int64_t *sc, int64_t *sa, int64_t *sb, int64_t *nc, int64_t *na, int64_t *nb, int64_t *ny) {
+    return port__bstrides(rank, c_bcast, dims, sc, nc, ny) && port__bstrides(rank, a_bcast, dims, sa, na, ny) &&
+           port__bstrides(rank, b_bcast, dims, sb, nb, ny);
+}
+
+/* a scalar operand: its pointer NULL and its value not NaN; a tensor operand: its pointer set */
+static int where_operand(const float *p, int scalar, float value) {
+    if (scalar) return p || isnan(value) ? PORT_ERR_ARG : PORT_OK;
+    return p ? PORT_OK : PORT_ERR_NULL;
+}
+
+static int where_operands(const float *a, const float *b, int64_t scalars, float a_value, float b_value) {
+    if (scalars < 0 || scalars > 3) return PORT_ERR_ARG;
+    int st = where_operand(a, (int)(scalars & 1), a_value);
+    return st != PORT_OK ? st : where_operand(b, (int)((scalars >> 1) & 1), b_value);
+}
+
+port_status port_where_forward_reference(float *y, const uint8_t *cond, const float *a, const float *b,
+                                         int64_t rank, int64_t c_bcast, int64_t a_bcast, int64_t b_bcast,
+                                         const int64_t *dims, int64_t scalars, float a_value, float b_value) {
+    PORT_NOTNULL(y); PORT_NOTNULL(cond); PORT_NOTNULL(dims);
+    int st = where_operands(a, b, scalars, a_value, b_value);
+    PORT_CHECK(st == PORT_OK, st);
+    int64_t sc[PORT_BINARY_MAX_RANK], sa[PORT_BINARY_MAX_RANK], sb[PORT_BINARY_MAX_RANK], nc, na, nb, ny;
+    PORT_CHECK(where_shape(rank, c_bcast, a_bcast, b_bcast, dims, sc, sa, sb, &nc, &na, &nb, &ny), PORT_ERR_SHAPE);
+    for (int64_t e = 0; e < ny; e++) {
+        float av = scalars & 1 ? a_value : a[port__offset_of(e, rank, dims, sa)];
+        float bv = scalars & 2 ? b_value : b[port__offset_of(e, rank, dims, sb)];
+        y[e] = cond[port__offset_of(e, rank, dims, sc)] ? av : bv;
+    }
+    return PORT_OK;
+}
+
+port_status port_where_forward(float *y, const uint8_t *cond, const float *a, const float *b, int64_t rank,
+                               int64_t c_bcast, int64_t a_bcast, int64_t b_bcast, const int64_t *dims,
+                               int64_t scalars, float a_value, float b_value) {
+    PORT_NOTNULL(y); PORT_NOTNULL(cond); PORT_NOTNULL(dims);
+    int st = where_operands(a, b, scalars, a_value, b_value);
+    PORT_CHECK(st == PORT_OK, st);
+    int64_t sc[PORT_BINARY_MAX_RANK], sa[PORT_BINARY_MAX_RANK], sb[PORT_BINARY_MAX_RANK], nc, na, nb, ny;
+    PORT_CHECK(where_shape(rank, c_bcast, a_bcast, b_bcast, dims, sc, sa, sb, &nc, &na, &nb, &ny), PORT_ERR_SHAPE);
+    const size_t by = (size_t)ny * sizeof(float);
+    PORT_CHECK(!port__ranges_overlap(y, by, cond, (size_t)nc), PORT_ERR_ALIAS);
+    PORT_CHECK(!a || (y == a && !a_bcast) || !port__ranges_overlap(y, by, a, (size_t)na * sizeof(float)),
+               PORT_ERR_ALIAS);
+    PORT_CHECK(!b || (y == b && !b_bcast) || !port__ranges_overlap(y, by, b, (size_t)nb * sizeof(float)),
+               PORT_ERR_ALIAS);
+    const int64_t inner = dims[rank - 1], outer = ny / inner;
+    /* a scalar operand: a one-element tensor of stride 0 */
+    const float *A = scalars & 1 ? &a_value : a, *B = scalars & 2 ? &b_value : b;
+    const int64_t ia = scalars & 1 ? 0 : sa[rank - 1], ib = scalars & 2 ? 0 : sb[rank - 1], ic = sc[rank - 1];
+#pragma omp parallel for schedule(static) if (ny > PORT_PAR_MIN && outer > 1)
+    for (int64_t o = 0; o < outer; o++) {
+        const uint8_t *co = cond + port__offset_of(o, rank - 1, dims, sc);
+        const float *ao = scalars & 1 ? A : A + port__offset_of(o, rank - 1, dims, sa);
+        const float *bo = scalars & 2 ? B : B + port__offset_of(o, rank - 1, dims, sb);
+        float *yo = y + o * inner;
+        for (int64_t j = 0; j < inner; j++) yo[j] = co[j * ic] ? ao[j * ia] : bo[j * ib];
+    }
+    return PORT_OK;
+}
+
+/* one gradient: d[k] = sum over the full-shape elements e that read operand element k of dy[e] where cond[e] is
+ * `when`; the elements of d split across threads, each summed in e order by one thread */
+static void where_grad(float *d, int when, const float *dy, const uint8_t *cond, int64_t rank, const int64_t *dims,
+                       const int64_t *sc, int64_t m) {
+    int64_t kept[PORT_BINARY_MAX_RANK], red[PORT_BINARY_MAX_RANK], nk = 0, nr = 0, n_kept = 1, n_red = 1;
+    int64_t sy[PORT_BINARY_MAX_RANK], st = 1;
+    for (int64_t i = rank - 1; i >= 0; i--) sy[i] = st, st *= dims[i];
+    for (int64_t i = 0; i < rank; i++) {
+        if ((m >> i) & 1) red[nr++] = i, n_red *= dims[i];
+        else kept[nk++] = i, n_kept *= dims[i];
+    }
+#pragma omp parallel for schedule(static) if (n_kept * n_red > PORT_PAR_MIN && n_kept > 1)
+    for (int64_t e = 0; e < n_kept; e++) {
+        int64_t oy = 0, oc = 0, rest = e;
+        for (int64_t j = nk - 1; j >= 0; j--) {
+            int64_t i = kept[j], c = rest % dims[i];
+            rest /= dims[i];
+            oy += c * sy[i], oc += c * sc[i];
+        }
+        double s = 0.0;
+        for (int64_t t = 0; t < n_red; t++) {
+            int64_t ry = oy, rc = oc, r2 = t;
+            for (int64_t j = nr - 1; j >= 0; j--) {
+                int64_t i = red[j], c = r2 % dims[i];
+                r2 /= dims[i];
+                ry += c * sy[i], rc += c * sc[i];
+            }
+            if ((cond[rc] != 0) == when) s += (double)dy[ry];
+        }
+        d[e] = (float)s;
+    }
+}
+
+port_status port_where_backward(float *da, float *db, const float *dy, const uint8_t *cond, int64_t rank,
+                                int64_t c_bcast, int64_t a_bcast, int64_t b_bcast, const int64_t *dims) {
+    PORT_NOTNULL(dy); PORT_NOTNULL(cond); PORT_NOTNULL(dims);
+    PORT_CHECK(da || db, PORT_ERR_NULL);
+    int64_t sc[PORT_BINARY_MAX_RANK], sa[PORT_BINARY_MAX_RANK], sb[PORT_BINARY_MAX_RANK], nc, na, nb, ny;
+    PORT_CHECK(where_shape(rank, c_bcast, a_bcast, b_bcast, dims, sc, sa, sb, &nc, &na, &nb, &ny), PORT_ERR_SHAPE);
+    const size_t by = (size_t)ny * sizeof(float), ba = (size_t)na * sizeof(float), bb = (size_t)nb * sizeof(float);
+    PORT_CHECK(!da || (!port__ranges_overlap(da, ba, dy, by) && !port__ranges_overlap(da, ba, cond, (size_t)nc)),
+               PORT_ERR_ALIAS);
+    PORT_CHECK(!db || (!port__ranges_overlap(db, bb, dy, by) && !port__ranges_overlap(db, bb, cond, (size_t)nc)),
+               PORT_ERR_ALIAS);
+    PORT_CHECK(!da || !db || !port__ranges_overlap(da, ba, db, bb), PORT_ERR_ALIAS);
+    if (da) where_grad(da, 1, dy, cond, rank, dims, sc, a_bcast);
+    if (db) where_grad(db, 0, dy, cond, rank, dims, sc, b_bcast);
     return PORT_OK;
 }

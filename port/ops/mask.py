@@ -8,7 +8,8 @@ element in the arena, as torch stores them), int64 or float32: ``mask_cast`` (to
 of float32 tensors or a tensor and a number into a mask), ``expand_mask`` (a bool expand) and
 ``mask_index2`` (a 2-D bool tensor gathered by two int64 index tensors). Masks are not differentiated
 (``no_grad``): a float result of a cast from a mask or int64 carries no gradient back. C kernels in
-kernels/src/mask.c (port-rt ids 122-127).
+kernels/src/mask.c (port-rt ids 122-127). ``where`` (cond ? a : b, float32, port-rt ids 128-129) reads a mask
+and differentiates its two value operands.
 """
 from __future__ import annotations
 
@@ -226,6 +227,117 @@ def _compare_torch(kind, a, I, O, env):
     return lambda: f(I[0], a["scalar"] if "scalar" in a else I[1], out=O[0])
 
 
+# ---- where: cond ? a : b, a and b float32 tensors or numbers, the three broadcast on every axis -------------
+# Forward inputs: the tensor operands among a, b (in that order), then cond; attributes a_value / b_value for a
+# number operand. Gradient ``where.grad_input`` (inputs dy, cond; outputs the wanted gradients, attribute grads:
+# operand indices 0 = a, 1 = b): dy where cond (a) / where not cond (b), each summed to its operand's shape.
+def _where_capture(ctx):
+    import math
+
+    from port.ops.elementwise import broadcast_shape, collapse_n
+    n = ctx.node
+    if len(n.args) != 3 or not hasattr(n.args[0], "name"):
+        return False
+    c, y, attrs, xs, shapes = ctx.t(n.args[0]), ctx.out(), {}, [], []
+    for v, key in zip(n.args[1:], ("a_value", "b_value")):
+        if hasattr(v, "name"):
+            if ctx.is_param(v) or ctx.is_buffer(v) or ctx.dtype(ctx.t(v)) != F32:
+                return False        # a trained or held operand: a torch_op
+            xs.append(ctx.t(v))
+            shapes.append(ctx.shape(ctx.t(v)))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(float(v)) and \
+                (math.isinf(float(v)) or abs(float(v)) <= 3.4e38):
+            attrs[key] = float(v)
+        else:
+            return False
+    sy = ctx.shape(y)
+    if ctx.dtype(c) != BOOL or ctx.dtype(y) != F32 or broadcast_shape(ctx.shape(c), sy) != sy or \
+            any(broadcast_shape(s, sy) != sy for s in shapes) or len(collapse_n(sy, ctx.shape(c), *shapes)[0]) > _RANK:
+        return False
+    return fwd(ctx, "where", attrs, tuple(xs), (y,), 0, numel(sy), buffers={"cond": c})
+
+
+def _where_operands(attrs) -> tuple[int, ...]:
+    """The operand indices (0 = a, 1 = b) of the forward's tensor inputs, in input order."""
+    return tuple(i for i, key in enumerate(("a_value", "b_value")) if key not in attrs)
+
+
+def _where_backward(bc, f, fo, gy, xs_needing, trained):
+    ops_ = _where_operands(f.attrs)
+    idx = tuple(ops_[i] for i, t in enumerate(f.x) if t in xs_needing)
+    if not idx:
+        return
+    outs = [(f.x[ops_.index(i)], bc.new_grad(f.x[ops_.index(i)], "")) for i in idx]
+    n = numel(bc.T[f.outputs[0]].shape)
+    bc.op(f"{f.name}.grad_input", f.layer, "where.grad_input", {"grads": idx}, (gy, f.buffers["cond"]),
+          tuple(g for _, g in outs), vector_flops=n * len(idx), forward_op=fo.id)
+    for t, g in outs:
+        bc.contribute(t, g, f.layer)
+
+
+def _where_shapes(k, attrs, I, O, at):
+    from port.ops.elementwise import broadcast_shape
+    if k == "where":
+        for key in ("a_value", "b_value"):
+            if key in attrs and not isinstance(attrs[key], float):
+                raise CallShapeError(f"attribute {key}={attrs[key]!r}: expected a float")
+        ops_ = _where_operands(attrs)
+        xs = [at(I, j, f"input {j} ({'ab'[i]})") for j, i in enumerate(ops_)]
+        c = at(I, len(ops_), f"input {len(ops_)} (cond)")
+        y = tuple(at(O, 0, "output 0 (y)"))
+        if any(broadcast_shape(s, y) != y for s in xs + [c]):
+            raise CallShapeError(f"where of cond {list(c)} and {[list(s) for s in xs]} into {list(y)}: every "
+                                 f"operand must broadcast to y")
+        return [(s, F32) for s in xs] + [(c, BOOL)], [(y, F32)]
+    g = attrs.get("grads")
+    if g not in ((0,), (1,), (0, 1)):
+        raise CallShapeError(f"attribute grads={g!r}: expected (0,), (1,) or (0, 1) (0: a, 1: b)")
+    dy, c = tuple(at(I, 0, "input 0 (dy)")), at(I, 1, "input 1 (cond)")
+    outs = [at(O, j, f"output {j}") for j in range(len(g))]
+    if any(broadcast_shape(s, dy) != dy for s in outs + [c]):
+        raise CallShapeError(f"where.grad_input: cond {list(c)} and the gradients {[list(s) for s in outs]} must "
+                             f"broadcast to dy {list(dy)}")
+    return [(dy, F32), (c, BOOL)], [(s, F32) for s in outs]
+
+
+def _where_encode(kind, a, IS, OS, I, O, variant, call):
+    """port_where_forward (y, cond, a, b; NULL for a number) / port_where_backward (da, db, dy, cond; NULL where
+    not wanted). An operand the call does not take has the output's shape."""
+    from port.ops.elementwise import collapse_n
+    if kind == "where":
+        ops_ = _where_operands(a)
+        sy, sc = tuple(OS[0]), tuple(IS[len(ops_)])
+        shape = {i: tuple(IS[j]) for j, i in enumerate(ops_)}
+        dims, (mc, ma, mb) = collapse_n(sy, sc, shape.get(0, sy), shape.get(1, sy))
+        ptr = {i: I[j] for j, i in enumerate(ops_)}
+        scalars = int("a_value" in a) | 2 * int("b_value" in a)
+        return Encoded("port_where_forward", (O[0], I[len(ops_)], ptr.get(0), ptr.get(1)),
+                       (len(dims), mc, ma, mb, *_pad(dims), scalars),
+                       (float(a.get("a_value", 0.0)), float(a.get("b_value", 0.0))))
+    g, sy = tuple(a["grads"]), tuple(IS[0])
+    shape = {i: tuple(OS[j]) for j, i in enumerate(g)}
+    dims, (mc, ma, mb) = collapse_n(sy, tuple(IS[1]), shape.get(0, sy), shape.get(1, sy))
+    out = {i: O[j] for j, i in enumerate(g)}
+    return Encoded("port_where_backward", (out.get(0), out.get(1), I[0], I[1]), (len(dims), mc, ma, mb, *_pad(dims)))
+
+
+def _where_torch(kind, a, I, O, env):
+    torch = env.torch
+    if kind == "where":
+        ops_ = _where_operands(a)
+        got = {i: I[j] for j, i in enumerate(ops_)}
+        c = I[len(ops_)]
+        va, vb = got.get(0, a.get("a_value")), got.get(1, a.get("b_value"))
+        return lambda: O[0].copy_(torch.where(c, va, vb))
+    dy, c, g = I[0], I[1], tuple(a["grads"])
+
+    def run():
+        for i, d in zip(g, O):
+            p = torch.where(c, dy, 0.0) if i == 0 else torch.where(c, 0.0, dy)
+            d.copy_(p if p.shape == d.shape else p.sum_to_size(d.shape))
+    return run
+
+
 _NO_GRAD = frozenset({"no_grad", "checkpoint"})
 register(
     OpRecord(kind="mask_cast", family="mask", kernels={"mask_cast": ("port_mask_cast",)}, shapes=_cast_shapes,
@@ -253,4 +365,15 @@ register(
              doc="mask_index2: a 2-D bool mask gathered by two int64 index tensors broadcast to the output "
                  "(HF's attention_mask[batch_idx, kv_idx]); an index out of range is refused. C kernel "
                  "port_mask_index2."),
+    OpRecord(kind="where", family="mask",
+             kernels={"where": ("port_where_forward",), "where.grad_input": ("port_where_backward",)},
+             shapes=_where_shapes, torch=_where_torch, encode=_where_encode, aten=("where",), capture=_where_capture,
+             backward=_where_backward, saved=lambda f, gi, gw, wanted: (f.buffers["cond"],) if gi else (),
+             grad_input_reads=lambda f: (f.buffers["cond"],),
+             bwd_vector_flops=lambda f, T: numel(T[f.outputs[0]].shape), tags=frozenset({"checkpoint"}),
+             doc="where: cond ? a : b of float32 tensors or Python numbers (attributes a_value / b_value; NaN "
+                 "refused), cond a bool mask, the three broadcast on every axis (HF's masked scores); the gradient "
+                 "dy where cond to a, where not cond to b, each summed to its operand's shape; cond is read, not "
+                 "differentiated (saved). A parameter or buffer operand stays a torch_op. C kernels "
+                 "port_where_forward/backward (up to 6 merged dims)."),
 )

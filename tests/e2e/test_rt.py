@@ -21,7 +21,7 @@ from port import models
 from port.exec import capi
 from port.exec.bundle import BundleError, check_bundle, write_bundle, write_data
 
-from nets54 import NormPool, PadEmb, PaddedAttn, Views
+from nets54 import NormPool, PadEmb, PaddedAttn, Views, WhereNet
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 40
@@ -648,3 +648,10 @@ def test_port_rt_runs_padding_mask_chain_bit_for_bit(port_rt, tmp_path):
     x[::2, -2:] = 0                                         # padded rows
     _trains_bit_for_bit(port_rt, tmp_path, PaddedAttn(), x, y, {"mask_cast", "mask_index2", "mask_logic",
                                                                   "expand_mask", "mask_compare"})
+
+
+def test_port_rt_runs_where_bit_for_bit(port_rt, tmp_path):
+    """where (port_where_forward/backward: two activations, a number on either side, broadcast masks) runs on C
+    forward and backward, compiles and trains in port-rt bit for bit like the Python executor."""
+    x, y = torch.randn(N, 5), torch.randint(0, 10, (N,))
+    _trains_bit_for_bit(port_rt, tmp_path, WhereNet(), x, y, {"where", "where.grad_input"})
