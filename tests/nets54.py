@@ -124,3 +124,20 @@ class WhereNet(torch.nn.Module):
         g = torch.where(keep, h, torch.tanh(h) * 0.5)
         g = torch.where(keep[:1], g, -1.5)
         return self.fc2(torch.where(x[:, 1:2] > 0, 2.0, g))
+
+
+class LastTokenPool(torch.nn.Module):
+    """HF's sequence-classifier pooling (GPT2/LlamaForSequenceClassification) on int64 token ids with 0 as padding:
+    per-token logits, (ids != 0).to(int32) * arange(T, int32), argmax(-1), logits[arange(B), last]."""
+
+    def __init__(self, d=6):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(11, d)
+        self.fc = torch.nn.Linear(d, 10)
+
+    def forward(self, ids):                                 # [N, T] int64
+        logits = self.fc(torch.tanh(self.emb(ids)))
+        non_pad = (ids != 0).to(ids.device, torch.int32)
+        last = (torch.arange(ids.shape[-1], device=ids.device, dtype=torch.int32) * non_pad).argmax(-1)
+        return logits[torch.arange(ids.shape[0], device=ids.device), last]

@@ -190,6 +190,9 @@ extern "C" {
     X(120, EMBEDDING_BACKWARD_WEIGHT_PAD, port_embedding_backward_weight_pad)      \
     X(135, SWIGLU_FORWARD, port_swiglu_forward)                                   \
     X(136, SWIGLU_BACKWARD, port_swiglu_backward)                                 \
+    X(137, INT_BINARY, port_int_binary)                                            \
+    X(138, ARGMAX_ROWS, port_argmax_rows)                                          \
+    X(139, INDEX2_ROWS, port_index2_rows)                                          \
     X(140, LINEAR_T_FORWARD, port_linear_t_forward)                               \
     X(141, LINEAR_T_BACKWARD_INPUT, port_linear_t_backward_input)                 \
     X(142, LINEAR_T_BACKWARD_WEIGHT, port_linear_t_backward_weight)

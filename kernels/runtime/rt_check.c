@@ -501,12 +501,14 @@ static int masked_fill(ctx *x) {
  * dims[6]; mask_compare_scalar (127: y, x): iv op, count; fv the scalar (NaN and inf allowed, as torch) */
 static int masks(ctx *x, int k) {
     const int64_t *v = x->c->iv;
-    static const int ESZ[3] = {4, 1, 8};
+    static const int ESZ[4] = {4, 1, 8, 4};
     int64_t ny, n0, n1;
     switch (k) {
     case PORT_RT_MASK_CAST:
-        if (iv_in(x, 0, 0, 1, "the cast's output dtype (0 float32, 1 bool)") ||
-            iv_in(x, 1, 0, 2, "the cast's input dtype (0 float32, 1 bool, 2 int64)") || pos(x, 2))
+        if (iv_in(x, 0, 0, 3, "the cast's output dtype (0 float32, 1 bool, 3 int32)") ||
+            (v[0] == 2 && fail(x->why, "iv[0]", "the cast's output dtype: int64 is not a mask", 2, 0, 0)) ||
+            iv_in(x, 1, 0, 3, "the cast's input dtype (0 float32, 1 bool, 2 int64, 3 int32)") ||
+            (v[0] == 3 && iv_in(x, 1, 1, 1, "an int32 cast's input must be a bool mask")) || pos(x, 2))
             return BAD;
         args(x, 2, 3, 0);
         op(x, 0, v[2], ESZ[v[0]], 1), op(x, 1, v[2], ESZ[v[1]], 0);
@@ -580,6 +582,40 @@ static int where(ctx *x, int backward) {
     return PORT_OK;
 }
 
+/* last-token pooling (137-139).  int_binary (137: y, a, b): iv dtype (2 int64, 3 int32), op (0 add, 1 sub, 2 mul),
+ * rank, a_bcast, b_bcast, dims[6]; y may be a full-shape operand.  argmax_rows (138: y int64 [rows], x): iv
+ * x_dtype (0..3), rows, cols.  index2_rows (139: y, x, i0, i1): iv rows, cols, inner, rank, i0_bcast, i1_bcast,
+ * dims[6], scatter (0: y [dims, inner] gathered from x [rows, cols, inner]; 1: the gradient, the two swapped) */
+static int pooling_rows(ctx *x, int k) {
+    const int64_t *v = x->c->iv;
+    static const int ESZ[4] = {4, 1, 8, 4};
+    int64_t ny, n0, n1;
+    if (k == PORT_RT_INT_BINARY) {
+        if (iv_in(x, 0, 2, 3, "integer dtype (2 int64, 3 int32)") || iv_in(x, 1, 0, 2, "op (0 add, 1 sub, 2 mul)") ||
+            mask_dims(x, 2, 5, 3, 4, &ny, &n0, &n1))
+            return BAD;
+        args(x, 3, 11, 0);
+        op(x, 0, ny, ESZ[v[0]], 1), op(x, 1, n0, ESZ[v[0]], 0), op(x, 2, n1, ESZ[v[0]], 0);
+        if (!v[3]) inplace(x, 0, 1);
+        if (!v[4]) inplace(x, 0, 2);
+        return PORT_OK;
+    }
+    if (k == PORT_RT_ARGMAX_ROWS) {
+        if (iv_in(x, 0, 0, 3, "argmax's input dtype (0 float32, 1 bool, 2 int64, 3 int32)") || pos_range(x, 1, 2))
+            return BAD;
+        args(x, 2, 3, 0);
+        op(x, 0, v[1], 8, 1), op(x, 1, smul(v[1], v[2]), ESZ[v[0]], 0);
+        return PORT_OK;
+    }
+    if (pos_range(x, 0, 2) || mask_dims(x, 3, 6, 4, 5, &ny, &n0, &n1) ||
+        iv_in(x, 12, 0, 1, "scatter must be 0 (gather) or 1 (its gradient)"))
+        return BAD;
+    int64_t big = smul3(v[0], v[1], v[2]), small = smul(ny, v[2]);
+    args(x, 4, 13, 0);
+    op(x, 0, v[12] ? big : small, 4, 1), op(x, 1, v[12] ? small : big, 4, 0), op(x, 2, n0, 8, 0), op(x, 3, n1, 8, 0);
+    return PORT_OK;
+}
+
 /* ---------------------------------------------------------------- the rest, by kernel id */
 /* element-wise: out, in (, in2): count v[0] floats */
 static int eltwise(ctx *x, int nptr, int alias_in) {
@@ -640,6 +676,9 @@ static int shape_of(ctx *x) {
     case PORT_RT_MASK_COMPARE_SCALAR: return masks(x, k);
     case PORT_RT_WHERE_FORWARD: return where(x, 0);
     case PORT_RT_WHERE_BACKWARD: return where(x, 1);
+    case PORT_RT_INT_BINARY:
+    case PORT_RT_ARGMAX_ROWS:
+    case PORT_RT_INDEX2_ROWS: return pooling_rows(x, k);
     case PORT_RT_CONV2D_FORWARD:
     case PORT_RT_CONV2D_BACKWARD_INPUT:
     case PORT_RT_CONV2D_BACKWARD_WEIGHT:
