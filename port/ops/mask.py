@@ -479,6 +479,16 @@ def _rows_torch(kind, a, I, O, env):
 
 
 _NO_GRAD = frozenset({"no_grad", "checkpoint"})
+
+
+def _gradient_reads(*names: str) -> dict:
+    """The fields of a differentiated record whose gradient reads (and so saves) these forward buffers (a mask,
+    index tensors); one vector op per output element."""
+    def reads(f):
+        return tuple(f.buffers[n] for n in names)
+    return {"saved": lambda f, gi, gw, wanted: reads(f) if gi else (), "grad_input_reads": reads,
+            "bwd_vector_flops": lambda f, T: numel(T[f.outputs[0]].shape), "tags": frozenset({"checkpoint"})}
+
 register(
     OpRecord(kind="mask_cast", family="mask", kernels={"mask_cast": ("port_mask_cast",)}, shapes=_cast_shapes,
              torch=_cast_torch, encode=_cast_encode, aten=("_to_copy", "to"), capture=_cast_capture, tags=_NO_GRAD,
@@ -506,12 +516,9 @@ register(
              doc="mask_index2: a 2-D bool mask gathered by two int64 index tensors broadcast to the output "
                  "(HF's attention_mask[batch_idx, kv_idx]); an index out of range is refused. C kernel "
                  "port_mask_index2."),
-    OpRecord(kind="where", family="mask",
+    OpRecord(kind="where", family="mask", backward=_where_backward, **_gradient_reads("cond"),
              kernels={"where": ("port_where_forward",), "where.grad_input": ("port_where_backward",)},
              shapes=_where_shapes, torch=_where_torch, encode=_where_encode, aten=("where",), capture=_where_capture,
-             backward=_where_backward, saved=lambda f, gi, gw, wanted: (f.buffers["cond"],) if gi else (),
-             grad_input_reads=lambda f: (f.buffers["cond"],),
-             bwd_vector_flops=lambda f, T: numel(T[f.outputs[0]].shape), tags=frozenset({"checkpoint"}),
              doc="where: cond ? a : b of float32 tensors or Python numbers (attributes a_value / b_value; NaN "
                  "refused), cond a bool mask, the three broadcast on every axis (HF's masked scores); the gradient "
                  "dy where cond to a, where not cond to b, each summed to its operand's shape; cond is read, not "
@@ -529,12 +536,9 @@ register(
              doc="argmax_rows: the int64 index of the first largest element of each row of cols elements (argmax "
                  "over the last axis, or over all elements) of a float32 (NaN the largest), bool, int64 or int32 "
                  "tensor; no gradient. C kernel port_argmax_rows."),
-    OpRecord(kind="index2_rows", family="mask",
+    OpRecord(kind="index2_rows", family="mask", **_gradient_reads("i0", "i1"),
              kernels={"index2_rows": ("port_index2_rows",), "index2_rows.grad_input": ("port_index2_rows",)},
              shapes=_rows_shapes, torch=_rows_torch, encode=_rows_encode, aten=("index",), capture=_rows_capture,
-             saved=lambda f, gi, gw, wanted: (f.buffers["i0"], f.buffers["i1"]) if gi else (),
-             grad_input_reads=lambda f: (f.buffers["i0"], f.buffers["i1"]),
-             bwd_vector_flops=lambda f, T: numel(T[f.outputs[0]].shape), tags=frozenset({"checkpoint"}),
              doc="index2_rows: x[i0, i1] of a float32 x [rows, cols, ...] by two int64 index tensors broadcast "
                  "together (HF's logits[arange(B), last_non_pad]); the gradient scatters dy back into zeros, "
                  "adding in index order (the indices read, not differentiated; saved). C kernel port_index2_rows "
