@@ -34,7 +34,7 @@ from port.lower.lower import default_plan, lower
 from port.plan import variants as V
 from port.plan.types import OpDecision
 
-from nets54 import LastTokenPool, NormPool, PadEmb, PaddedAttn, WhereNet     # (tests/nets54.py: issue 54's norms, pooling and resize)
+from nets54 import LastTokenPool, NormPool, PadEmb, PaddedAttn, WhereNet  # (tests/nets54.py: issue 54's nets)
 
 ROOT = Path(__file__).resolve().parents[2]
 CALL_BYTES = ctypes.sizeof(capi.RtCall)
