@@ -111,17 +111,20 @@ class PaddedAttn(torch.nn.Module):
 
 class WhereNet(torch.nn.Module):
     """torch.where (issue 54) of two activations under a computed mask, of an activation and a number under a
-    broadcast mask, and of a number and an activation under a per-row mask: both operands differentiated."""
+    broadcast mask, of an activation and a 0-d buffer (HF GPT-2's mask value), and of a number and an activation
+    under a per-row mask: the activation operands differentiated."""
 
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
         self.fc, self.fc2 = torch.nn.Linear(5, 6), torch.nn.Linear(6, 10)
+        self.register_buffer("floor", torch.tensor(-0.75))
 
     def forward(self, x):                                   # [N, 5]
         h = self.fc(x)
         keep = h > 0.1
         g = torch.where(keep, h, torch.tanh(h) * 0.5)
+        g = torch.where(h < 0.9, g, self.floor)
         g = torch.where(keep[:1], g, -1.5)
         return self.fc2(torch.where(x[:, 1:2] > 0, 2.0, g))
 

@@ -247,8 +247,8 @@ def _where_capture(ctx):
     c, y, attrs, xs, shapes = ctx.t(n.args[0]), ctx.out(), {}, [], []
     for v, key in zip(n.args[1:], ("a_value", "b_value")):
         if hasattr(v, "name"):
-            if ctx.is_param(v) or ctx.is_buffer(v) or ctx.dtype(ctx.t(v)) != F32:
-                return False        # a trained or held operand: a torch_op
+            if ctx.is_param(v) or ctx.dtype(ctx.t(v)) != F32:
+                return False        # a trained operand: a torch_op (a buffer is read, not differentiated)
             xs.append(ctx.t(v))
             shapes.append(ctx.shape(ctx.t(v)))
         elif isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(float(v)) and \
@@ -522,7 +522,8 @@ register(
              doc="where: cond ? a : b of float32 tensors or Python numbers (attributes a_value / b_value; NaN "
                  "refused), cond a bool mask, the three broadcast on every axis (HF's masked scores); the gradient "
                  "dy where cond to a, where not cond to b, each summed to its operand's shape; cond is read, not "
-                 "differentiated (saved). A parameter or buffer operand stays a torch_op. C kernels "
+                 "differentiated (saved). A buffer operand is read (HF's mask value); a parameter operand stays a "
+                 "torch_op. C kernels "
                  "port_where_forward/backward (up to 6 merged dims)."),
     OpRecord(kind="int_binary", family="mask", kernels={"int_binary": ("port_int_binary",)},
              shapes=_int_binary_shapes, torch=_int_binary_torch, encode=_int_binary_encode,

@@ -168,8 +168,9 @@ def test_call_rules_of_where():
 
 
 def test_where_record_captures_and_trains_like_eager():
-    """Capture: where of two activations, with a number on either side, to the where record on C (forward and
-    gradient); a parameter operand stays a torch_op. Three SGD steps equal eager PyTorch's (float32, 1e-6)."""
+    """Capture: where of two activations, with a number on either side or a 0-d buffer, to the where record on C
+    (forward and gradient); a parameter operand stays a torch_op. Three SGD steps equal eager PyTorch's (float32,
+    1e-6)."""
     import copy
 
     import port
@@ -178,7 +179,7 @@ def test_where_record_captures_and_trains_like_eager():
     net, x, y = WhereNet(), torch.randn(6, 5, generator=torch.Generator().manual_seed(1)), torch.arange(6) % 10
     tr = port.Trainer(copy.deepcopy(net), x, optimizer=port.optim.SGD(0.05, momentum=0.9))
     kinds = [(o.kind, tr.plan.ops[o.id].accelerator) for o in tr.graph.ops]
-    assert kinds.count(("where", "cpu-c")) == 3 and kinds.count(("where.grad_input", "cpu-c")) == 3
+    assert kinds.count(("where", "cpu-c")) == 4 and kinds.count(("where.grad_input", "cpu-c")) == 4
     assert all(acc == "cpu-c" for _, acc in kinds)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     for _ in range(3):
