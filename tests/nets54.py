@@ -108,7 +108,6 @@ class PaddedAttn(torch.nn.Module):
         return self.fc((h * keep.to(torch.float32) * m.to(torch.float32)[..., None]).reshape(n, -1))
 
 
-
 class TwoInputs(torch.nn.Module):
     """A model with two inputs as Hugging Face's take them, ``forward(input_ids, attention_mask)``: token
     embeddings masked by the padding mask (int64 0/1), attention under the mask's key padding, a linear head."""
@@ -127,3 +126,40 @@ class TwoInputs(torch.nn.Module):
         q, k, v = self.qkv(e).unsqueeze(1).chunk(3, -1)
         h = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m[:, None, None, :].expand(n, 1, t, t))
         return self.fc(h.squeeze(1).reshape(n, -1))
+
+
+class WhereNet(torch.nn.Module):
+    """torch.where (issue 54) of two activations under a computed mask, of an activation and a number under a
+    broadcast mask, of an activation and a 0-d buffer (HF GPT-2's mask value), and of a number and an activation
+    under a per-row mask: the activation operands differentiated."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc, self.fc2 = torch.nn.Linear(5, 6), torch.nn.Linear(6, 10)
+        self.register_buffer("floor", torch.tensor(-0.75))
+
+    def forward(self, x):                                   # [N, 5]
+        h = self.fc(x)
+        keep = h > 0.1
+        g = torch.where(keep, h, torch.tanh(h) * 0.5)
+        g = torch.where(h < 0.9, g, self.floor)
+        g = torch.where(keep[:1], g, -1.5)
+        return self.fc2(torch.where(x[:, 1:2] > 0, 2.0, g))
+
+
+class LastTokenPool(torch.nn.Module):
+    """HF's sequence-classifier pooling (GPT2/LlamaForSequenceClassification) on int64 token ids with 0 as padding:
+    per-token logits, (ids != 0).to(int32) * arange(T, int32), argmax(-1), logits[arange(B), last]."""
+
+    def __init__(self, d=6):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(11, d)
+        self.fc = torch.nn.Linear(d, 10)
+
+    def forward(self, ids):                                 # [N, T] int64
+        logits = self.fc(torch.tanh(self.emb(ids)))
+        non_pad = (ids != 0).to(ids.device, torch.int32)
+        last = (torch.arange(ids.shape[-1], device=ids.device, dtype=torch.int32) * non_pad).argmax(-1)
+        return logits[torch.arange(ids.shape[0], device=ids.device), last]

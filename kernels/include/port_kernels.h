@@ -529,11 +529,11 @@ PORT_API port_status port_masked_fill_reference(float *y, const float *x, const 
  * into a boolean [B, 1, Q, K] mask with these: a cast to bool, a gather mask[batch_idx, kv_idx] by two broadcast
  * index tensors, an and with a causal mask, an expand.  No gradients (masks are not differentiated).  Pure
  * selects and copies: the same bits at any thread count. */
-enum { PORT_DT_F32 = 0, PORT_DT_BOOL = 1, PORT_DT_I64 = 2 };
+enum { PORT_DT_F32 = 0, PORT_DT_BOOL = 1, PORT_DT_I64 = 2, PORT_DT_I32 = 3 };
 enum { PORT_MASK_AND = 0, PORT_MASK_OR = 1, PORT_MASK_XOR = 2, PORT_MASK_NOT = 3 };
 enum { PORT_CMP_EQ = 0, PORT_CMP_NE = 1, PORT_CMP_LT = 2, PORT_CMP_LE = 3, PORT_CMP_GT = 4, PORT_CMP_GE = 5 };
-/* y = x cast elementwise, count elements: to bool x != 0; to float32 the value (bool 0/1, int64 rounded).
- * y_dtype float32 or bool; x_dtype any.  No aliasing. */
+/* y = x cast elementwise, count elements: to bool x != 0; to float32 the value (bool 0/1, int64 rounded); to
+ * int32 the 0/1 of a bool mask.  y_dtype float32, bool or int32 (then x_dtype bool); x_dtype any.  No aliasing. */
 PORT_API port_status port_mask_cast(void *y, int64_t y_dtype, const void *x, int64_t x_dtype, int64_t count);
 /* y = a op b (op PORT_MASK_*; NOT: y = !a, b read but ignored: pass a) over the full shape dims (rank
  * 1..PORT_BINARY_MAX_RANK), a / b of size 1 along the dims whose bit is set in a_bcast / b_bcast.  y MAY ALIAS a
@@ -555,6 +555,48 @@ PORT_API port_status port_mask_compare(uint8_t *y, const float *a, const float *
 /* y = x cmp scalar, count elements; no aliasing. */
 PORT_API port_status port_mask_compare_scalar(uint8_t *y, const float *x, int64_t op, int64_t count, float scalar);
 /* ---- end of issue 54 masks block ------------------------------------------------------------------------- */
+
+/* ---- issue 54: where (mask.c; port-rt ids 128-129) -----------------------------------------------------------
+ * y = cond ? a : b over the full shape dims (rank 1..PORT_BINARY_MAX_RANK); cond (a mask, one byte per element),
+ * a and b each of size 1 along the dims whose bit is set in c_bcast / a_bcast / b_bcast.  Bit 0 of `scalars`: a is
+ * the number a_value (pass a = NULL), bit 1: b is b_value (b = NULL); a value may be infinite, not NaN.  y MAY
+ * ALIAS a full-shape a or b.  A pure select: the same bits at any thread count. */
+PORT_API port_status port_where_forward(float *y, const uint8_t *cond, const float *a, const float *b, int64_t rank,
+                                        int64_t c_bcast, int64_t a_bcast, int64_t b_bcast, const int64_t *dims,
+                                        int64_t scalars, float a_value, float b_value);
+/* The plain reference: one element at a time, every operand's offset computed from the full index. */
+PORT_API port_status port_where_forward_reference(float *y, const uint8_t *cond, const float *a, const float *b,
+                                                  int64_t rank, int64_t c_bcast, int64_t a_bcast, int64_t b_bcast,
+                                                  const int64_t *dims, int64_t scalars, float a_value,
+                                                  float b_value);
+/* da = dy where cond, db = dy where !cond (0 elsewhere), each summed over its operand's broadcast dims in one
+ * fixed order (double accumulator, one thread per element: the same bits at any thread count); OVERWRITES.  da or
+ * db NULL: not computed (not both).  No aliasing of a gradient with dy, cond or the other gradient. */
+PORT_API port_status port_where_backward(float *da, float *db, const float *dy, const uint8_t *cond, int64_t rank,
+                                         int64_t c_bcast, int64_t a_bcast, int64_t b_bcast, const int64_t *dims);
+/* ---- end of issue 54 where block ------------------------------------------------------------------------- */
+
+/* ---- issue 54: last-token pooling (mask.c; port-rt ids 137-139) ----------------------------------------------
+ * HF's sequence classifiers (GPT-2, Llama) pool the logits of each row's last non-pad token: an int32 cast of
+ * (ids != pad) (port_mask_cast), times an int32 arange (port_int_binary), argmax over the last axis
+ * (port_argmax_rows), logits[arange(B), idx] (port_index2_rows) and its gradient (the same call, scatter = 1).
+ * y = a op b (op PORT_BINARY_ADD / SUB / MUL) of two int32 or int64 tensors (dtype PORT_DT_I32 / PORT_DT_I64)
+ * broadcast as port_mask_logic's operands, wrapping around on overflow (as torch); y MAY ALIAS a full-shape
+ * operand. */
+PORT_API port_status port_int_binary(void *y, const void *a, const void *b, int64_t dtype, int64_t op, int64_t rank,
+                                     int64_t a_bcast, int64_t b_bcast, const int64_t *dims);
+/* y[r] (int64) = the index of the first largest of x[r, 0..cols) for x [rows, cols] of x_dtype (float32: NaN the
+ * largest, the first NaN wins, as torch.argmax; bool; int64; int32).  No aliasing. */
+PORT_API port_status port_argmax_rows(int64_t *y, const void *x, int64_t x_dtype, int64_t rows, int64_t cols);
+/* scatter = 0: y[e, k] = x[i0[e], i1[e], k] for x [rows, cols, inner] float32 and the int64 index tensors
+ * broadcast to the shape dims (y [dims..., inner]) as the bits of i0_bcast / i1_bcast say; scatter = 1 (the
+ * gradient): y [rows, cols, inner] = 0, then y[i0[e], i1[e], k] += x[e, k] in e order (x [dims..., inner]): the
+ * same bits at any thread count.  Indices in [-rows, rows) / [-cols, cols) (negative from the end), else
+ * PORT_ERR_ARG.  No aliasing. */
+PORT_API port_status port_index2_rows(float *y, const float *x, const int64_t *i0, const int64_t *i1, int64_t rows,
+                                      int64_t cols, int64_t inner, int64_t rank, int64_t i0_bcast, int64_t i1_bcast,
+                                      const int64_t *dims, int64_t scatter);
+/* ---- end of issue 54 last-token pooling block -------------------------------------------------------------- */
 
 PORT_API port_status port_add_broadcast(float *y, const float *a, const float *b, int64_t outer, int64_t inner);
 /* db[i] = sum_o dy[o,i]  (OVERWRITES; summed in o order) */

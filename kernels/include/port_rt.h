@@ -193,9 +193,14 @@ extern "C" {
     X(125, MASK_INDEX2, port_mask_index2)                                          \
     X(126, MASK_COMPARE, port_mask_compare)                                        \
     X(127, MASK_COMPARE_SCALAR, port_mask_compare_scalar)                          \
+    X(128, WHERE_FORWARD, port_where_forward)                                      \
+    X(129, WHERE_BACKWARD, port_where_backward)                                    \
     X(120, EMBEDDING_BACKWARD_WEIGHT_PAD, port_embedding_backward_weight_pad)      \
     X(135, SWIGLU_FORWARD, port_swiglu_forward)                                   \
     X(136, SWIGLU_BACKWARD, port_swiglu_backward)                                 \
+    X(137, INT_BINARY, port_int_binary)                                            \
+    X(138, ARGMAX_ROWS, port_argmax_rows)                                          \
+    X(139, INDEX2_ROWS, port_index2_rows)                                          \
     X(140, LINEAR_T_FORWARD, port_linear_t_forward)                               \
     X(141, LINEAR_T_BACKWARD_INPUT, port_linear_t_backward_input)                 \
     X(142, LINEAR_T_BACKWARD_WEIGHT, port_linear_t_backward_weight)

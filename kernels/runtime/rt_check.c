@@ -501,12 +501,14 @@ static int masked_fill(ctx *x) {
  * dims[6]; mask_compare_scalar (127: y, x): iv op, count; fv the scalar (NaN and inf allowed, as torch) */
 static int masks(ctx *x, int k) {
     const int64_t *v = x->c->iv;
-    static const int ESZ[3] = {4, 1, 8};
+    static const int ESZ[4] = {4, 1, 8, 4};
     int64_t ny, n0, n1;
     switch (k) {
     case PORT_RT_MASK_CAST:
-        if (iv_in(x, 0, 0, 1, "the cast's output dtype (0 float32, 1 bool)") ||
-            iv_in(x, 1, 0, 2, "the cast's input dtype (0 float32, 1 bool, 2 int64)") || pos(x, 2))
+        if (iv_in(x, 0, 0, 3, "the cast's output dtype (0 float32, 1 bool, 3 int32)") ||
+            (v[0] == 2 && fail(x->why, "iv[0]", "the cast's output dtype: int64 is not a mask", 2, 0, 0)) ||
+            iv_in(x, 1, 0, 3, "the cast's input dtype (0 float32, 1 bool, 2 int64, 3 int32)") ||
+            (v[0] == 3 && iv_in(x, 1, 1, 1, "an int32 cast's input must be a bool mask")) || pos(x, 2))
             return BAD;
         args(x, 2, 3, 0);
         op(x, 0, v[2], ESZ[v[0]], 1), op(x, 1, v[2], ESZ[v[1]], 0);
@@ -542,6 +544,76 @@ static int masks(ctx *x, int k) {
         op(x, 0, ny, 1, 1), op(x, 1, smul(v[0], v[1]), 1, 0), op(x, 2, n0, 8, 0), op(x, 3, n1, 8, 0);
         return PORT_OK;
     }
+}
+
+/* where (128: y, cond, a, b): iv rank, c_bcast, a_bcast, b_bcast, dims[6], scalars (bit 0: a is fv[0] and ptr[2]
+ * is -1, bit 1: b is fv[1] and ptr[3] is -1; a tensor operand's pointer set); a value not NaN, an unused one 0; y
+ * may be a full-shape a or b.  Its gradient (129: da, db, dy, cond): the same iv[0..9]; da or db -1 (not wanted),
+ * not both. */
+static int where(ctx *x, int backward) {
+    const int64_t *v = x->c->iv;
+    int64_t ny, nc, na, nb = 1;
+    if (mask_dims(x, 0, 4, 1, 2, &ny, &nc, &na) ||
+        iv_in(x, 3, 0, ((int64_t)1 << v[0]) - 1, "broadcast bits: below the rank"))
+        return BAD;
+    for (int i = 0; i < 6; i++) nb = smul(nb, (v[3] >> i) & 1 ? 1 : v[4 + i]);
+    if (backward) {
+        if (x->c->ptr[0] == -1 && x->c->ptr[1] == -1)
+            return fail(x->why, "ptr[0]", "where's gradient needs da or db", -1, 0, 0);
+        args(x, 4, 10, 0);
+        op(x, 0, na, 4, 1), op(x, 1, nb, 4, 1), op(x, 2, ny, 4, 0), op(x, 3, nc, 1, 0);
+        return PORT_OK;
+    }
+    if (iv_in(x, 10, 0, 3, "where's scalar bits (1: a is fv[0], 2: b is fv[1])")) return BAD;
+    for (int k = 0; k < 2; k++) {
+        int scalar = (int)((v[10] >> k) & 1);
+        double f = x->c->fv[k];
+        if (scalar ? isnan(f) || isnan((float)f) : f != 0.0)
+            return fail(x->why, FV_NAMES[k], scalar ? "where's value must not be NaN" : "an unused value must be 0",
+                        0, 0, 0);
+        if (scalar != (x->c->ptr[2 + k] == -1))
+            return fail(x->why, PTR_NAMES[2 + k], scalar ? "a scalar operand's pointer must be -1" :
+                        "a tensor operand needs its pointer", x->c->ptr[2 + k], 0, 0);
+    }
+    args(x, 4, 11, 2);
+    op(x, 0, ny, 4, 1), op(x, 1, nc, 1, 0), op(x, 2, na, 4, 0), op(x, 3, nb, 4, 0);
+    if (!v[2]) inplace(x, 0, 2);
+    if (!v[3]) inplace(x, 0, 3);
+    return PORT_OK;
+}
+
+/* last-token pooling (137-139).  int_binary (137: y, a, b): iv dtype (2 int64, 3 int32), op (0 add, 1 sub, 2 mul),
+ * rank, a_bcast, b_bcast, dims[6]; y may be a full-shape operand.  argmax_rows (138: y int64 [rows], x): iv
+ * x_dtype (0..3), rows, cols.  index2_rows (139: y, x, i0, i1): iv rows, cols, inner, rank, i0_bcast, i1_bcast,
+ * dims[6], scatter (0: y [dims, inner] gathered from x [rows, cols, inner]; 1: the gradient, the two swapped) */
+static int pooling_rows(ctx *x, int k) {
+    const int64_t *v = x->c->iv;
+    static const int ESZ[4] = {4, 1, 8, 4};
+    int64_t ny, n0, n1;
+    if (k == PORT_RT_INT_BINARY) {
+        if (iv_in(x, 0, 2, 3, "integer dtype (2 int64, 3 int32)") || iv_in(x, 1, 0, 2, "op (0 add, 1 sub, 2 mul)") ||
+            mask_dims(x, 2, 5, 3, 4, &ny, &n0, &n1))
+            return BAD;
+        args(x, 3, 11, 0);
+        op(x, 0, ny, ESZ[v[0]], 1), op(x, 1, n0, ESZ[v[0]], 0), op(x, 2, n1, ESZ[v[0]], 0);
+        if (!v[3]) inplace(x, 0, 1);
+        if (!v[4]) inplace(x, 0, 2);
+        return PORT_OK;
+    }
+    if (k == PORT_RT_ARGMAX_ROWS) {
+        if (iv_in(x, 0, 0, 3, "argmax's input dtype (0 float32, 1 bool, 2 int64, 3 int32)") || pos_range(x, 1, 2))
+            return BAD;
+        args(x, 2, 3, 0);
+        op(x, 0, v[1], 8, 1), op(x, 1, smul(v[1], v[2]), ESZ[v[0]], 0);
+        return PORT_OK;
+    }
+    if (pos_range(x, 0, 2) || mask_dims(x, 3, 6, 4, 5, &ny, &n0, &n1) ||
+        iv_in(x, 12, 0, 1, "scatter must be 0 (gather) or 1 (its gradient)"))
+        return BAD;
+    int64_t big = smul3(v[0], v[1], v[2]), small = smul(ny, v[2]);
+    args(x, 4, 13, 0);
+    op(x, 0, v[12] ? big : small, 4, 1), op(x, 1, v[12] ? small : big, 4, 0), op(x, 2, n0, 8, 0), op(x, 3, n1, 8, 0);
+    return PORT_OK;
 }
 
 /* ---------------------------------------------------------------- the rest, by kernel id */
@@ -602,6 +674,11 @@ static int shape_of(ctx *x) {
     case PORT_RT_MASK_INDEX2:
     case PORT_RT_MASK_COMPARE:
     case PORT_RT_MASK_COMPARE_SCALAR: return masks(x, k);
+    case PORT_RT_WHERE_FORWARD: return where(x, 0);
+    case PORT_RT_WHERE_BACKWARD: return where(x, 1);
+    case PORT_RT_INT_BINARY:
+    case PORT_RT_ARGMAX_ROWS:
+    case PORT_RT_INDEX2_ROWS: return pooling_rows(x, k);
     case PORT_RT_CONV2D_FORWARD:
     case PORT_RT_CONV2D_BACKWARD_INPUT:
     case PORT_RT_CONV2D_BACKWARD_WEIGHT:

@@ -200,6 +200,18 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
         return port_mask_compare((uint8_t *)ptrs[0], CF(1), CF(2), v[0], v[1], v[2], v[3], v + 4);
     case PORT_RT_MASK_COMPARE_SCALAR:   /* iv: op, count; fv: scalar */
         return port_mask_compare_scalar((uint8_t *)ptrs[0], CF(1), v[0], v[1], (float)c->fv[0]);
+    case PORT_RT_WHERE_FORWARD:   /* iv: rank, c_bcast, a_bcast, b_bcast, dims[6], scalars; fv: a, b values */
+        return port_where_forward(F(0), (const uint8_t *)ptrs[1], CF(2), CF(3), v[0], v[1], v[2], v[3], v + 4, v[10],
+                                  (float)c->fv[0], (float)c->fv[1]);
+    case PORT_RT_WHERE_BACKWARD:  /* iv: rank, c_bcast, a_bcast, b_bcast, dims[6] */
+        return port_where_backward(F(0), F(1), CF(2), (const uint8_t *)ptrs[3], v[0], v[1], v[2], v[3], v + 4);
+    case PORT_RT_INT_BINARY:      /* iv: dtype, op, rank, a_bcast, b_bcast, dims[6] */
+        return port_int_binary(ptrs[0], ptrs[1], ptrs[2], v[0], v[1], v[2], v[3], v[4], v + 5);
+    case PORT_RT_ARGMAX_ROWS:     /* iv: x_dtype, rows, cols */
+        return port_argmax_rows((int64_t *)ptrs[0], ptrs[1], v[0], v[1], v[2]);
+    case PORT_RT_INDEX2_ROWS:     /* iv: rows, cols, inner, rank, i0_bcast, i1_bcast, dims[6], scatter */
+        return port_index2_rows(F(0), CF(1), (const int64_t *)ptrs[2], (const int64_t *)ptrs[3], v[0], v[1], v[2],
+                                v[3], v[4], v[5], v + 6, v[12]);
     case PORT_RT_MASK_INDEX2:     /* iv: rows, cols, rank, i0_bcast, i1_bcast, dims[6] */
         return port_mask_index2((uint8_t *)ptrs[0], (const uint8_t *)ptrs[1], (const int64_t *)ptrs[2],
                                 (const int64_t *)ptrs[3], v[0], v[1], v[2], v[3], v[4], v + 5);

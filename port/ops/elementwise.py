@@ -174,22 +174,28 @@ _BINARY = {
 def collapse(sa, sb, sy) -> tuple[list[int], int, int]:
     """The C kernels' view of a broadcast (port_binary_params): the output's dims with size-1 dims dropped and
     neighbouring dims that broadcast alike merged, and the masks of the dims where a / b have size 1."""
+    dims, masks = collapse_n(sy, sa, sb)
+    return dims, masks[0], masks[1]
+
+
+def collapse_n(sy, *shapes) -> tuple[list[int], list[int]]:
+    """collapse() for any number of operands broadcast to ``sy``: the merged dims and one mask per operand."""
     r = len(sy)
-    sa, sb = (1,) * (r - len(sa)) + tuple(sa), (1,) * (r - len(sb)) + tuple(sb)
+    full = [(1,) * (r - len(s)) + tuple(s) for s in shapes]
     dims: list[int] = []
-    flags: list[tuple[bool, bool]] = []
-    for d, x, z in zip(sy, sa, sb):
+    flags: list[tuple[bool, ...]] = []
+    for k, d in enumerate(sy):
         if d == 1:
             continue
-        f = (x == 1, z == 1)
+        f = tuple(s[k] == 1 for s in full)
         if dims and flags[-1] == f:
             dims[-1] *= d
         else:
             dims.append(d)
             flags.append(f)
     if not dims:
-        dims, flags = [1], [(False, False)]
-    return dims, sum(1 << i for i, f in enumerate(flags) if f[0]), sum(1 << i for i, f in enumerate(flags) if f[1])
+        dims, flags = [1], [(False,) * len(shapes)]
+    return dims, [sum(1 << i for i, f in enumerate(flags) if f[j]) for j in range(len(shapes))]
 
 
 _MAX_RANK = 6      # PORT_BINARY_MAX_RANK: a broadcast of more merged dims stays on the torch engines

@@ -322,3 +322,27 @@ class _ErfNet(torch.nn.Module):
 
     def forward(self, x):
         return self.fc(torch.erf(x))
+
+
+@pytest.mark.parametrize("name", ["hf.gpt2_seqcls", "hf.llama_seqcls"])
+def test_seqcls_last_token_pooling_runs_on_c_and_in_port_rt(name, port_rt):
+    """HF's last-non-pad-token pooling (int32 cast of ids != pad, times an arange, argmax, logits[arange(B), idx]
+    and its gradient; issue 54) on C: the whole model on C kernels, trained like eager and by port-rt bit for bit
+    (compare's rt column); then batches padded at other lengths per row (other pooled positions, read at run time)
+    train like eager."""
+    spec = P.MODELS[name]
+    _needs(spec)
+    row = P.compare(spec, steps=3, rt_binary=str(port_rt))
+    assert not row.error, row.error
+    assert row.ops_torch == 0 and row.trained_equal and row.rt == "yes", (row.ops_torch, row.losses_port,
+                                                                          row.losses_eager, row.rt)
+    model = P.deterministic(spec.build())
+    x, y = P.batch_of(spec)
+    tr = Trainer(copy.deepcopy(model), x, optimizer=SGD(1e-3, momentum=0.9))
+    assert {o.kind for o in tr.graph.ops} >= {"mask_cast", "int_binary", "argmax_rows", "index2_rows",
+                                              "index2_rows.grad_input"}
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    padded = x.clone()
+    for i, n in enumerate((0, 3, 15, 7)):               # trailing pad tokens (id 0); row 2 keeps one token
+        padded[i, padded.shape[1] - n:] = 0
+    _losses_like_eager(tr, lambda t: model(t).logits, opt, padded, y, 3)

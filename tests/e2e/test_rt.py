@@ -21,7 +21,7 @@ from port import models
 from port.exec import capi
 from port.exec.bundle import BundleError, check_bundle, write_bundle, write_data
 
-from nets54 import NormPool, PadEmb, PaddedAttn, TwoInputs, Views
+from nets54 import LastTokenPool, NormPool, PadEmb, PaddedAttn, TwoInputs, Views, WhereNet
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 40
@@ -738,3 +738,22 @@ def test_bundle_refuses_a_bad_extra_input_table(tmp_path):
         q.write_bytes(data)
         with pytest.raises(BundleError, match=why):
             check_bundle(q)
+
+
+def test_port_rt_runs_where_bit_for_bit(port_rt, tmp_path):
+    """where (port_where_forward/backward: two activations, a number on either side, broadcast masks) runs on C
+    forward and backward, compiles and trains in port-rt bit for bit like the Python executor."""
+    x, y = torch.randn(N, 5), torch.randint(0, 10, (N,))
+    _trains_bit_for_bit(port_rt, tmp_path, WhereNet(), x, y, {"where", "where.grad_input"})
+
+
+def test_port_rt_runs_last_token_pooling_bit_for_bit(port_rt, tmp_path):
+    """HF's sequence-classifier pooling (an int32 cast of ids != pad, times an arange, argmax, the gather of each
+    row's last non-pad logits and its scatter gradient) runs on C, compiles and trains in port-rt bit for bit like
+    the Python executor, on batches padded at other lengths than the captured one."""
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randint(1, 11, (N, 7), generator=g), torch.randint(0, 10, (N,), generator=g)
+    for i in range(N):
+        x[i, 7 - i % 5:] = 0                                 # 0..4 trailing pads (row 0: none)
+    _trains_bit_for_bit(port_rt, tmp_path, LastTokenPool(), x, y,
+                        {"mask_cast", "int_binary", "argmax_rows", "index2_rows", "index2_rows.grad_input"})

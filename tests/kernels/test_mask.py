@@ -157,7 +157,7 @@ def test_mask_kernel_refusals():
     # cast
     assert r.port_mask_cast(y.data_ptr(), 1, x64.data_ptr(), 2, 12) == capi.PORT_OK
     assert r.port_mask_cast(x64.data_ptr(), 2, y.data_ptr(), 1, 12) == capi.PORT_ERR_ARG     # int64 output
-    assert r.port_mask_cast(y.data_ptr(), 1, x64.data_ptr(), 3, 12) == capi.PORT_ERR_ARG     # unknown dtype
+    assert r.port_mask_cast(y.data_ptr(), 1, x64.data_ptr(), 4, 12) == capi.PORT_ERR_ARG     # unknown dtype
     assert r.port_mask_cast(y.data_ptr(), 1, x64.data_ptr(), 2, -1) == capi.PORT_ERR_SHAPE
     assert r.port_mask_cast(f32.data_ptr(), 0, f32.data_ptr() + 4, 1, 12) == capi.PORT_ERR_ALIAS
     # logic
@@ -199,7 +199,7 @@ def test_call_rules_of_the_mask_kernels():
     assert _rule(c, (0, 400), (0, 1, 100)) == 0                          # bool -> float32: 400 B out
     assert _rule(c, (0, 399), (0, 1, 100)) == "ptr[0]"
     assert _rule(c, (0, 4096), (2, 2, 100)) == "iv[0]"                   # int64 output
-    assert _rule(c, (0, 4096), (1, 3, 100)) == "iv[1]"
+    assert _rule(c, (0, 4096), (1, 4, 100)) == "iv[1]"
     assert _rule(c, (0, 4096), (1, 2, 0)) == "iv[2]"
     iv = (0, 2, 1, 0, 64, 3, 1, 1, 1, 1)                                  # y, b [64, 3]; a [1, 3]
     assert _rule(lo, (0, 4096, 8192), iv) == 0

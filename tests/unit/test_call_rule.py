@@ -34,7 +34,7 @@ from port.lower.lower import default_plan, lower
 from port.plan import variants as V
 from port.plan.types import OpDecision
 
-from nets54 import NormPool, PadEmb, PaddedAttn     # (tests/nets54.py: issue 54's norms, pooling and resize)
+from nets54 import LastTokenPool, NormPool, PadEmb, PaddedAttn, WhereNet  # (tests/nets54.py: issue 54's nets)
 
 ROOT = Path(__file__).resolve().parents[2]
 CALL_BYTES = ctypes.sizeof(capi.RtCall)
@@ -133,6 +133,8 @@ CASES = {
     "shapes": lambda: (Shapes(), torch.randn(2, 3, 8, 8), "sgd"),
     "pad_emb": lambda: (PadEmb(), torch.tensor([[0, 3, 4, 0], [5, 0, 9, 10]]), "sgd"),
     "padded_attn": lambda: (PaddedAttn(), torch.tensor([[3, 1, 4, 1, 5, 0, 0], [2, 7, 1, 8, 2, 8, 1]]), "sgd"),
+    "where_net": lambda: (WhereNet(), torch.randn(3, 5), "sgd"),
+    "last_token": lambda: (LastTokenPool(), torch.tensor([[3, 1, 4, 1, 5, 0, 0], [2, 7, 1, 8, 2, 8, 1]]), "sgd"),
 }
 
 
@@ -232,6 +234,8 @@ REACH = {
     "pad_emb": {"port_embedding_forward", "port_embedding_backward_weight_pad", "port_mean_mid_forward"},
     "padded_attn": {"port_mask_cast", "port_mask_index2", "port_mask_logic", "port_expand_mask",
                     "port_mask_compare", "port_mask_compare_scalar"},
+    "where_net": {"port_where_forward", "port_where_backward"},
+    "last_token": {"port_mask_cast", "port_int_binary", "port_argmax_rows", "port_index2_rows"},
     "shapes": {"port_unary_forward", "port_unary_backward", "port_slice_copy", "port_expand",
                "port_binary_backward"},
 }
