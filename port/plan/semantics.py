@@ -155,11 +155,14 @@ def owned_activation_outputs(graph: Graph, oid: int) -> tuple[int, ...]:
 
 
 def readers_by_root(graph: Graph, root_of=None, ops=None, skip=None) -> dict[int, list[int]]:
-    """storage root -> ids of the ops reading it or any tensor stored on it, in order (each op once)."""
+    """storage root -> ids of the ops reading it or any tensor stored on it, in order (each op once). A fused
+    chain's call op reads the inputs of the members it covers too (port.plan.variants.fused_reads), fused or
+    not: one liveness for both."""
     root_of = root_of or graph.storage_root
     out: dict[int, list[int]] = {}
+    extra = V.fused_reads(graph)
     for o in (graph.ops if ops is None else ops):
-        for t in dict.fromkeys(o.inputs):
+        for t in dict.fromkeys(o.inputs + extra.get(o.id, ())):
             if skip is not None and skip(t):
                 continue
             r = root_of(t)
@@ -319,11 +322,11 @@ def validate(graph: Graph, plan: Plan, phases: Sequence[str] = PHASES, check_dig
         if d.variant == "inplace" and not (V.inplace_legal(graph, o) or V.follows_forward_inplace(graph, o)):
             raise PlanError(f"op {o.name!r}: variant 'inplace' is not legal here")
         if d.variant == "fused":
-            conv = o.id if o.kind == "conv2d" else V.fused_into(graph, o)
-            chain = V.fusion_chain(graph, graph.ops[conv]) if conv is not None else None
-            if chain is None:
-                raise PlanError(f"op {o.name!r}: variant 'fused' is not legal here (fusion covers conv2d -> "
-                                f"training batch_norm2d -> relu with a bias-free conv)")
+            ch = V.chain_of(graph, o)
+            if ch is None:
+                raise PlanError(f"op {o.name!r}: variant 'fused' is not legal here (no fusable chain holds it: "
+                                f"port.plan.variants.FUSIONS)")
+            chain = ch.ops
             for c in chain:
                 if dec[c].variant != "fused" or dec[c].accelerator != d.accelerator:
                     raise PlanError(f"fused chain {[graph.ops[i].name for i in chain]} must run fused together "
@@ -461,15 +464,16 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
     # storage roots: views, in-place outputs; fused chains
     dalias: dict[int, int] = {}
     nonmat: set[int] = set()
-    chain_head: dict[int, int] = {}        # op covered by a fused chain -> the chain's conv
+    chain_head: dict[int, int] = {}        # op covered by a fused chain -> the chain op whose call computes it
     for o in ops:
         if dec[o.id].variant == "inplace" and (o.phase == PHASE_FORWARD or o.kind in V.BACKWARD_INPLACE_KINDS):
             dalias[o.outputs[0]] = o.inputs[0]
-        if o.kind == "conv2d" and dec[o.id].variant == "fused":
-            chain = V.fusion_chain(graph, o)
-            nonmat.add(graph.storage_root(graph.ops[chain[1]].outputs[0]))
-            for c in chain[1:]:
-                chain_head[c] = o.id
+        ch = V.chains(graph).get(o.id)
+        if ch is not None and dec[o.id].variant == "fused":
+            nonmat.update(graph.storage_root(t) for t in ch.nonmat)
+            for c, at in zip(ch.ops, ch.at):
+                if c != at:
+                    chain_head[c] = at
     root: dict[int, int] = {}
 
     def droot(t: int) -> int:
