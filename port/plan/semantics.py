@@ -24,9 +24,12 @@ engine keeps once it ran the graph's kernels), paid once per accelerator however
 Every other tensor lives in a *storage root*: ``alias_of`` views share their root (a range view, ``narrow_view``,
 at an offset inside it: it owns no bytes, its readers keep the root alive, and it is never re-run: a re-run of the
 root's producer re-makes it at the same offset of the new copy); an op running ``inplace``
-makes its first output share its first input's root; a ``fused`` conv -> batch norm -> relu chain never
-materialises the batch-norm output, and the chain's outputs (conv output, statistics, activation) are allocated
-when the fused kernel (the conv op) runs. A root is allocated when its producer runs and freed after the last op
+makes its first output share its first input's root; a ``fused`` chain (port.plan.variants.FUSIONS) never
+materialises its intermediates (conv -> batch norm -> relu: the batch-norm output; SwiGLU: silu(a) and its
+gradient), and a member's outputs are allocated when the call computing them runs (conv -> bn -> relu: the conv
+op; SwiGLU's da: the mul's gradient op). A chain's call op reads the inputs of the members it covers in every
+plan (port.plan.variants.fused_reads), so fusing never ends a tensor's life early.
+A root is allocated when its producer runs and freed after the last op
 that reads it (or one of its aliases); a root nobody reads is freed right after its producer.
 
 At step t (op t in graph order) a plan runs, in this order (``schedule`` emits exactly these events):

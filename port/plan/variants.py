@@ -24,10 +24,16 @@ Variant names
                  its workspace and runs GEMMs. Both save the same tensors (q, k, v, o, lse), so forward and
                  backward choose independently: the ILP weighs workspace against time. ``tiled`` is the
                  default plan's choice on the C backend (faster, and its workspace is per thread).
-``fused``        conv2d (no bias) -> training batch_norm2d -> relu executed as one kernel (the C
-                 library's conv2d_bn_relu) by the conv op; the batch-norm and relu ops then carry
-                 variant ``fused`` and run no call of their own. Only chains that kernel computes are
-                 fusable: no variant is offered that the executor cannot run.
+``fused``        a chain of ops run as the C library's fused kernels, declared once in ``FUSIONS`` (the
+                 chain, which members run the calls, what is never materialised, the kernels); every member
+                 carries ``fused``, the others run no call of their own. Only chains the kernels compute
+                 are fusable: no variant is offered that the executor cannot run.
+                 * ``conv_bn_relu``: conv2d (no bias) -> training batch_norm2d -> relu, one call
+                   (conv2d_bn_relu) by the conv op; the batch-norm output is never materialised.
+                 * ``swiglu``: silu(a) * b (Llama's MLP): the mul runs swiglu (y from a, b), the mul's
+                   input gradient runs swiglu.grad_input (da, db from dy, a, b; the silu's gradient op
+                   runs none); silu(a) and its gradient are never materialised. Same bits as the plain
+                   silu -> mul chain (port_swiglu_*: the silu output rounded to float first).
 
 Torch backends (torch-cpu, torch-cuda, torch-mps) run ``plain`` only, plus ``inplace`` for relu, relu6, add and the
 element-wise input gradients,
@@ -42,8 +48,11 @@ Legality (pure functions of the graph, used by solver, simulator and lowering al
   saved for backward by any forward op other than o itself (relu/relu6 save their output, so their own
   backward is unaffected; in-place batch norm saves its output y and reconstructs x-hat from y, gamma,
   beta: requires gamma != 0). For add, the output aliases the first input.
-* ``fused`` on a conv2d without bias: its output feeds exactly one op, a training-mode batch_norm2d, whose
-  output feeds exactly one relu, all forward.
+* ``fused`` conv_bn_relu on a conv2d without bias: its output feeds exactly one op, a training-mode
+  batch_norm2d, whose output feeds exactly one relu, all forward.
+* ``fused`` swiglu: the silu output s feeds one mul of two same-shape activations (no broadcast, no weight) and
+  nothing else but that mul's gradient op, which computes both operands' gradients; its ds feeds only the
+  silu's gradient op (no backward at all: the forward pair only).
 * in-place batch norm needs affine weight and bias (it rebuilds x-hat from the output).
 * ``inplace`` on an element-wise input gradient (BACKWARD_INPLACE_KINDS): dy is an activation gradient on its
   own root, as large as dx, read by no later op and not the op's other input.

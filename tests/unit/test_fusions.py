@@ -15,6 +15,7 @@ from port.config import load_device
 from port.cost.roofline import modeled_profile
 from port.exec import registry
 from port.ir.trace import trace
+from port.plan import semantics as SEM
 from port.plan import variants as V
 from port.solver import solve
 from port.verify.simulate import simulate
@@ -68,6 +69,8 @@ def test_swiglu_chain_of_a_training_graph(swap):
     assert ch.nonmat == (s, ds)
     a = g.ops[silu].inputs[0]
     assert V.fused_reads(g) == {mul: (a,), mg: (a,)}
+    r = SEM.activation_roots(g)[a]                 # a pages out after the mul, is back by the mul's gradient
+    assert (r.fwd_last, r.bwd_first) == (mul, mg)
     for i in ch.ops:
         assert "fused" in V.variants(g, g.ops[i], "c") and "fused" not in V.variants(g, g.ops[i], "torch-cpu")
         assert V.chain_of(g, g.ops[i]) is ch
