@@ -86,6 +86,7 @@ def test_fused_swiglu_equals_plain_bit_for_bit(llama, engine):
         assert torch.equal(gf[n], gp[n]), n
     for n in sf:
         assert torch.equal(sf[n], sp[n]), n
+    assert torch.equal(tf.predict(x), tp.predict(x))       # the inference program: the forward pair fused
 
 
 def test_port_rt_trains_the_fused_bundle_bit_for_bit(llama, port_rt):
