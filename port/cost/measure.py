@@ -532,7 +532,7 @@ CALIBRATE_MIN_MS, CALIBRATE_MAX_STEPS = 150.0, 40
 
 def in_program_times(graph: Graph, plan: Any, rows: list[dict]) -> dict[tuple[str, str, str], float]:
     """Per (signature, accelerator, variant) of ``plan``: the in-program ms of one op, from one instrumented
-    step's call rows (``Executor.run(timing=True)["calls"]``: a fused chain's call is booked on its conv, re-runs
+    step's call rows (``Executor.run(timing=True)["calls"]``: a fused chain's call is booked on its call op, re-runs
     are left out); identical layers share a signature, so the per-layer mean."""
     per: dict[int, float] = {}
     for row in rows:
@@ -606,7 +606,7 @@ def correct_from_run(graph: Graph, profile: Profile, plan: Any, op_ms: dict[int,
                      wall_step_ms: float | None, label: str) -> tuple[Profile, int, int, float | None]:
     """The profile corrected by one measured run of ``plan`` (the calibration `port train --replan` and
     bench/e2e.py share): every (signature, accelerator, variant) the plan ran gets its in-plan time (``op_ms``:
-    op id -> ms from instrumented steps, in program order, a fused chain booked on its conv); the other
+    op id -> ms from instrumented steps, in program order, a fused chain booked on its call ops); the other
     measured entries are scaled by the median in-plan / profiled ratio of their op kind on that accelerator;
     the executor's per-step overhead becomes ``wall_step_ms`` minus the plan priced with the corrected
     entries. Returns (profile, entries changed, entries seen, overhead ms or None)."""

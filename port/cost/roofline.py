@@ -67,7 +67,7 @@ def efficiency_for(acc: AcceleratorConfig, kind: str, efficiency: dict[str, floa
 
 def ideal_ms(graph: Graph, op: Op, acc: AcceleratorConfig, variant: str) -> float:
     """The roofline bound at efficiency 1: max(FLOPs / peak, vector FLOPs / (peak/4), bytes / bandwidth)."""
-    if op.kind in ZERO_COST_KINDS or variant == "fused" and op.kind != "conv2d":
+    if op.kind in ZERO_COST_KINDS or variant == "fused" and not V.runs_fused_call(graph, op):
         return 0.0
     peak = acc.peak_gflops * 1e9
     compute_ms = op.flops / peak * 1e3 if op.flops else 0.0
@@ -88,7 +88,8 @@ def roofline_ms(graph: Graph, op: Op, acc: AcceleratorConfig, variant: str,
     """max(FLOPs / peak, bytes / bandwidth) / efficiency(kind) + launch overhead (0 for views and
     ops folded into a fused kernel)."""
     ideal = ideal_ms(graph, op, acc, variant)
-    if ideal == 0.0 and (op.kind in ZERO_COST_KINDS or variant == "fused" and op.kind != "conv2d"):
+    if ideal == 0.0 and (op.kind in ZERO_COST_KINDS
+                         or variant == "fused" and not V.runs_fused_call(graph, op)):
         return 0.0
     return ideal / efficiency_for(acc, op.kind, efficiency) + acc.launch_overhead_us * 1e-3
 

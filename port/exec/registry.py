@@ -67,12 +67,16 @@ def op_calls(graph: Graph, op: Op, variant: str, backend: str) -> tuple[CallSpec
     one call of the op's kind."""
     if op.kind in NO_CALL_KINDS:
         return ()
-    if variant == "fused" and op.kind != "conv2d":
-        if V.fused_into(graph, op) is None:
+    if variant == "fused":
+        ch = V.chain_of(graph, op)
+        if ch is None:
             raise PlanError(f"op {op.name!r}: variant 'fused' without a fused chain")
-        return ()
-    r = ops.record(op.kind)
-    custom = r.calls(graph, op, variant) if r.calls is not None else None
+        if ch.call_of(op.id) != op.id:
+            return ()
+        custom = ch.fusion.emit(graph, ch, op)
+    else:
+        r = ops.record(op.kind)
+        custom = r.calls(graph, op, variant) if r.calls is not None else None
     if custom is not None:        # the record's own mapping (a fused chain, read-modify-write, several calls)
         return tuple(CallSpec(k, variant, backend, tuple(o), tuple(i), tuple(sorted(a.items())), tuple(cv))
                      for k, o, i, a, cv in custom)
@@ -252,10 +256,8 @@ def known_variant(kernel: str, variant: str, backend: str) -> bool:
         t = variant[5:]
         return backend == "c" and kernel in CONV_KERNELS and kernel != "conv2d_bn_relu" and t.isdigit() \
             and str(int(t)) == t and int(t) in V.PATCH_TILES
-    if variant == "fused":
-        return kernel == "conv2d_bn_relu"
-    if kernel == "conv2d_bn_relu":
-        return False
+    if variant == "fused" or kernel in V.FUSED_KERNELS:
+        return variant == "fused" and kernel in V.FUSED_KERNELS
     if variant == "tiled":
         return kernel in ATTENTION_KERNELS and backend == "c"
     return variant in ("plain", "direct", "inplace", "winograd") and (variant not in ("direct", "winograd")

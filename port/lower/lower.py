@@ -540,7 +540,7 @@ def inference_program(graph: Graph, train_program: Program, backend: str = "c", 
                    key=lambda v: (registry.op_workspace_bytes(graph, o, v, be), v != variants[o.id]))
         if registry.op_workspace_bytes(graph, o, lean, be) >= c.workspace_bytes:
             break
-        for i in (V.fusion_chain(graph, o) or ()) if variants[o.id] == "fused" else ():
+        for i in (V.chain_of(graph, o).ops if variants[o.id] == "fused" else ()):
             variants[i] = "plain"
         variants[o.id] = lean
         plan = replace(plan, ops=tuple(replace(d, variant=variants[d.op]) for d in plan.ops))

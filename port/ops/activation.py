@@ -82,7 +82,33 @@ _C = {  # kind -> (forward entry, backward entry, extra int parameter from the a
 }
 
 
+# SwiGLU, silu(a) * b (Llama's MLP), the fused variant of a silu -> mul chain (port.plan.variants.FUSIONS
+# "swiglu"): kernels of the silu record, emitted for the chain's calls only (never captured as an op)
+SWIGLU_KERNELS = {"swiglu": ("port_swiglu_forward",), "swiglu.grad_input": ("port_swiglu_backward",)}
+
+
+def _swiglu_shapes(k, attrs, I, O, at):
+    """swiglu: y from (a, b); swiglu.grad_input: (da, db) from (dy, a, b); every operand a's shape."""
+    if k == "swiglu":
+        a = at(I, 0, "input 0 (a)")
+        return [(a, F32), (a, F32)], [(a, F32)]
+    dy = at(I, 0, "input 0 (dy)")
+    return [(dy, F32)] * 3, [(dy, F32)] * 2
+
+
+def _shapes(k, attrs, I, O, at):
+    if k in SWIGLU_KERNELS:
+        return _swiglu_shapes(k, attrs, I, O, at)
+    if k.startswith("gelu"):
+        return _gelu_shapes(k, attrs, I, O, at)
+    return same_shape(k, attrs, I, O, at)
+
+
 def _encode(kind, a, IS, OS, I, O, variant, call):
+    if kind == "swiglu":
+        return Encoded("port_swiglu_forward", (O[0], I[0], I[1]), (numel(OS[0]),))
+    if kind == "swiglu.grad_input":
+        return Encoded("port_swiglu_backward", (O[0], O[1], I[0], I[1], I[2]), (numel(IS[0]),))
     base = kind.split(".")[0]
     entry = _C[base][0 if kind == base else 1]
     ptrs = (O[0], I[0]) if kind == base else (O[0], I[0], I[1])
@@ -116,6 +142,14 @@ def _torch(kind, a, I, O, env):
         return lambda: aten.hardsigmoid.out(I[0], out=O[0])
     if kind == "silu":
         return lambda: aten.silu.out(I[0], out=O[0])
+    if kind == "swiglu":
+        return lambda: torch.mul(F.silu(I[0]), I[1], out=O[0])
+    if kind == "swiglu.grad_input":
+        def swiglu_grad():
+            g = I[0] * I[2]
+            O[1].copy_(I[0] * F.silu(I[1]))
+            aten.silu_backward.grad_input(g, I[1], grad_input=O[0])
+        return swiglu_grad
     dy, s = I
     dx = O[0]
     if kind == "relu.grad_input":
@@ -139,11 +173,12 @@ def _torch(kind, a, I, O, env):
     return None
 
 
-def _record(kind: str, aten: tuple, capture, saves_output: bool, bwd_vf: int, tags=(), shapes=same_shape):
+def _record(kind: str, aten: tuple, capture, saves_output: bool, bwd_vf: int, tags=(), shapes=same_shape,
+            extra_kernels=None):
     keep = (lambda f: (f.outputs[0],)) if saves_output else (lambda f: (f.x[0],))
     return OpRecord(
         kind=kind, family="activation",
-        kernels={kind: (_C[kind][0],), f"{kind}.grad_input": (_C[kind][1],)},
+        kernels={kind: (_C[kind][0],), f"{kind}.grad_input": (_C[kind][1],)} | dict(extra_kernels or {}),
         shapes=shapes, torch=_torch, encode=_encode, aten=aten, capture=capture,
         saved=lambda f, gi, gw, wanted: keep(f), grad_input_reads=keep,
         bwd_vector_flops=lambda f, T: bwd_vf * numel(T[f.outputs[0]].shape), tags=frozenset(tags), doc=__doc__)
@@ -161,5 +196,6 @@ register(
     _record("sigmoid", ("sigmoid",), unary_capture("sigmoid", 4), True, 2, ("checkpoint", "backward_inplace")),
     _record("hardsigmoid", ("hardsigmoid",), unary_capture("hardsigmoid", 2), False, 1,
             ("checkpoint", "backward_inplace")),
-    _record("silu", ("silu",), unary_capture("silu", 5), False, 6, ("checkpoint", "backward_inplace")),
+    _record("silu", ("silu",), unary_capture("silu", 5), False, 6, ("checkpoint", "backward_inplace"),
+            shapes=_shapes, extra_kernels=SWIGLU_KERNELS),
 )

@@ -336,7 +336,7 @@ def replan_profile(job: Job, graph: Any, prof: ProfileStep, run_dir: Path, last:
 
     Every (signature, accelerator, variant) the last plan ran gets its in-plan time (median of the instrumented
     steps' per-op call times: in program order, with the neighbouring ops' cache effects, a fused chain booked
-    on its conv); the other measured entries of the profile are scaled by the median in-plan / profiled ratio of
+    on its call ops); the other measured entries of the profile are scaled by the median in-plan / profiled ratio of
     their op kind on that accelerator; the executor's per-step overhead becomes the last run's wall step time
     minus its kernel time. The corrected profile is written back to the profile file (not to a file given with
     --profile)."""

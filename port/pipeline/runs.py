@@ -74,10 +74,11 @@ def build_report(run_dir: Path, graph: Any, profile: Any, plan: Any, measured: d
         pred[label] = pred.get(label, 0.0) + (end - start)
     rows = []
     op_ms = measured.get("op_ms", {})
-    from port.plan.variants import fused_into
+    from port.plan.variants import chain_of
     for d in plan.ops:
         o = graph.ops[d.op]
-        head = fused_into(graph, o) if d.variant == "fused" and o.kind != "conv2d" else None
+        ch = chain_of(graph, o) if d.variant == "fused" else None
+        head = ch.call_of(o.id) if ch is not None and ch.call_of(o.id) != o.id else None
         rows.append(OpRow(o.name, o.layer, o.kind, o.phase, d.accelerator, d.variant,
                           pred.get(o.name, 0.0), op_ms.get(o.name),
                           chain=graph.ops[head].name if head is not None else None))

@@ -24,9 +24,12 @@ engine keeps once it ran the graph's kernels), paid once per accelerator however
 Every other tensor lives in a *storage root*: ``alias_of`` views share their root (a range view, ``narrow_view``,
 at an offset inside it: it owns no bytes, its readers keep the root alive, and it is never re-run: a re-run of the
 root's producer re-makes it at the same offset of the new copy); an op running ``inplace``
-makes its first output share its first input's root; a ``fused`` conv -> batch norm -> relu chain never
-materialises the batch-norm output, and the chain's outputs (conv output, statistics, activation) are allocated
-when the fused kernel (the conv op) runs. A root is allocated when its producer runs and freed after the last op
+makes its first output share its first input's root; a ``fused`` chain (port.plan.variants.FUSIONS) never
+materialises its intermediates (conv -> batch norm -> relu: the batch-norm output; SwiGLU: silu(a) and its
+gradient), and a member's outputs are allocated when the call computing them runs (conv -> bn -> relu: the conv
+op; SwiGLU's da: the mul's gradient op). A chain's call op reads the inputs of the members it covers in every
+plan (port.plan.variants.fused_reads), so fusing never ends a tensor's life early.
+A root is allocated when its producer runs and freed after the last op
 that reads it (or one of its aliases); a root nobody reads is freed right after its producer.
 
 At step t (op t in graph order) a plan runs, in this order (``schedule`` emits exactly these events):
@@ -155,11 +158,14 @@ def owned_activation_outputs(graph: Graph, oid: int) -> tuple[int, ...]:
 
 
 def readers_by_root(graph: Graph, root_of=None, ops=None, skip=None) -> dict[int, list[int]]:
-    """storage root -> ids of the ops reading it or any tensor stored on it, in order (each op once)."""
+    """storage root -> ids of the ops reading it or any tensor stored on it, in order (each op once). A fused
+    chain's call op reads the inputs of the members it covers too (port.plan.variants.fused_reads), fused or
+    not: one liveness for both."""
     root_of = root_of or graph.storage_root
     out: dict[int, list[int]] = {}
+    extra = V.fused_reads(graph)
     for o in (graph.ops if ops is None else ops):
-        for t in dict.fromkeys(o.inputs):
+        for t in dict.fromkeys(o.inputs + extra.get(o.id, ())):
             if skip is not None and skip(t):
                 continue
             r = root_of(t)
@@ -319,11 +325,11 @@ def validate(graph: Graph, plan: Plan, phases: Sequence[str] = PHASES, check_dig
         if d.variant == "inplace" and not (V.inplace_legal(graph, o) or V.follows_forward_inplace(graph, o)):
             raise PlanError(f"op {o.name!r}: variant 'inplace' is not legal here")
         if d.variant == "fused":
-            conv = o.id if o.kind == "conv2d" else V.fused_into(graph, o)
-            chain = V.fusion_chain(graph, graph.ops[conv]) if conv is not None else None
-            if chain is None:
-                raise PlanError(f"op {o.name!r}: variant 'fused' is not legal here (fusion covers conv2d -> "
-                                f"training batch_norm2d -> relu with a bias-free conv)")
+            ch = V.chain_of(graph, o)
+            if ch is None:
+                raise PlanError(f"op {o.name!r}: variant 'fused' is not legal here (no fusable chain holds it: "
+                                f"port.plan.variants.FUSIONS)")
+            chain = ch.ops
             for c in chain:
                 if dec[c].variant != "fused" or dec[c].accelerator != d.accelerator:
                     raise PlanError(f"fused chain {[graph.ops[i].name for i in chain]} must run fused together "
@@ -461,15 +467,16 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
     # storage roots: views, in-place outputs; fused chains
     dalias: dict[int, int] = {}
     nonmat: set[int] = set()
-    chain_head: dict[int, int] = {}        # op covered by a fused chain -> the chain's conv
+    chain_head: dict[int, int] = {}        # op covered by a fused chain -> the chain op whose call computes it
     for o in ops:
         if dec[o.id].variant == "inplace" and (o.phase == PHASE_FORWARD or o.kind in V.BACKWARD_INPLACE_KINDS):
             dalias[o.outputs[0]] = o.inputs[0]
-        if o.kind == "conv2d" and dec[o.id].variant == "fused":
-            chain = V.fusion_chain(graph, o)
-            nonmat.add(graph.storage_root(graph.ops[chain[1]].outputs[0]))
-            for c in chain[1:]:
-                chain_head[c] = o.id
+        ch = V.chains(graph).get(o.id)
+        if ch is not None and dec[o.id].variant == "fused":
+            nonmat.update(graph.storage_root(t) for t in ch.nonmat)
+            for c, at in zip(ch.ops, ch.at):
+                if c != at:
+                    chain_head[c] = at
     root: dict[int, int] = {}
 
     def droot(t: int) -> int:

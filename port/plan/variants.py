@@ -24,10 +24,16 @@ Variant names
                  its workspace and runs GEMMs. Both save the same tensors (q, k, v, o, lse), so forward and
                  backward choose independently: the ILP weighs workspace against time. ``tiled`` is the
                  default plan's choice on the C backend (faster, and its workspace is per thread).
-``fused``        conv2d (no bias) -> training batch_norm2d -> relu executed as one kernel (the C
-                 library's conv2d_bn_relu) by the conv op; the batch-norm and relu ops then carry
-                 variant ``fused`` and run no call of their own. Only chains that kernel computes are
-                 fusable: no variant is offered that the executor cannot run.
+``fused``        a chain of ops run as the C library's fused kernels, declared once in ``FUSIONS`` (the
+                 chain, which members run the calls, what is never materialised, the kernels); every member
+                 carries ``fused``, the others run no call of their own. Only chains the kernels compute
+                 are fusable: no variant is offered that the executor cannot run.
+                 * ``conv_bn_relu``: conv2d (no bias) -> training batch_norm2d -> relu, one call
+                   (conv2d_bn_relu) by the conv op; the batch-norm output is never materialised.
+                 * ``swiglu``: silu(a) * b (Llama's MLP): the mul runs swiglu (y from a, b), the mul's
+                   input gradient runs swiglu.grad_input (da, db from dy, a, b; the silu's gradient op
+                   runs none); silu(a) and its gradient are never materialised. Same bits as the plain
+                   silu -> mul chain (port_swiglu_*: the silu output rounded to float first).
 
 Torch backends (torch-cpu, torch-cuda, torch-mps) run ``plain`` only, plus ``inplace`` for relu, relu6, add and the
 element-wise input gradients,
@@ -42,8 +48,11 @@ Legality (pure functions of the graph, used by solver, simulator and lowering al
   saved for backward by any forward op other than o itself (relu/relu6 save their output, so their own
   backward is unaffected; in-place batch norm saves its output y and reconstructs x-hat from y, gamma,
   beta: requires gamma != 0). For add, the output aliases the first input.
-* ``fused`` on a conv2d without bias: its output feeds exactly one op, a training-mode batch_norm2d, whose
-  output feeds exactly one relu, all forward.
+* ``fused`` conv_bn_relu on a conv2d without bias: its output feeds exactly one op, a training-mode
+  batch_norm2d, whose output feeds exactly one relu, all forward.
+* ``fused`` swiglu: the silu output s feeds one mul of two same-shape activations (no broadcast, no weight) and
+  nothing else but that mul's gradient op, which computes both operands' gradients; its ds feeds only the
+  silu's gradient op (no backward at all: the forward pair only).
 * in-place batch norm needs affine weight and bias (it rebuilds x-hat from the output).
 * ``inplace`` on an element-wise input gradient (BACKWARD_INPLACE_KINDS): dy is an activation gradient on its
   own root, as large as dx, read by no later op and not the op's other input.
@@ -53,6 +62,9 @@ Legality (pure functions of the graph, used by solver, simulator and lowering al
 * ``winograd`` where the C library runs it (``winograd_legal`` asks port_conv2d_resolve_algo).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 from port import ops
 from port.ir.types import PHASE_FORWARD, PHASE_LOSS, Graph, Op
@@ -166,7 +178,7 @@ def rerun_inplace_inputs(graph: Graph) -> dict[int, int]:
     return out
 
 
-def fusion_chain(graph: Graph, op: Op) -> tuple[int, ...] | None:
+def _conv_bn_relu(graph: Graph, op: Op) -> tuple[int, ...] | None:
     """(conv id, bn id, relu id) when conv2d (no bias) -> training batch_norm2d -> relu can run as the C
     library's fused kernel; None otherwise."""
     if op.kind != "conv2d" or op.phase != PHASE_FORWARD or op.attr("bias"):
@@ -183,6 +195,191 @@ def fusion_chain(graph: Graph, op: Op) -> tuple[int, ...] | None:
     if len(c2) == 1 and graph.ops[c2[0]].kind == "relu":
         return (op.id, bn.id, c2[0])
     return None
+
+
+def _swiglu(graph: Graph, op: Op) -> tuple[int, ...] | None:
+    """(silu, mul[, mul.grad_input, silu.grad_input]) when silu(a) * b can run as the C library's SwiGLU kernels:
+    the silu output s feeds one forward mul of two same-shape activations (no broadcast, no weight) and nothing
+    else but that mul's gradient; in a training graph the mul's one input-gradient op computes both operands'
+    gradients and its ds feeds only the silu's input gradient (no backward at all: the forward pair)."""
+    if op.kind != "silu" or op.phase != PHASE_FORWARD or len(op.inputs) != 1 or len(op.outputs) != 1:
+        return None
+    T, a, s = graph.tensors, op.inputs[0], op.outputs[0]
+    if any(t.alias_of == s for t in T) or T[s].alias_of is not None:
+        return None
+    cons = graph.consumers()
+    fwd = [c for c in cons.get(s, ()) if graph.ops[c].phase in (PHASE_FORWARD, PHASE_LOSS)]
+    if len(fwd) != 1:
+        return None
+    m = graph.ops[fwd[0]]
+    if m.kind != "mul" or len(m.inputs) != 2 or m.attrs or len(m.outputs) != 1 or m.inputs[0] == m.inputs[1]:
+        return None
+    b = m.inputs[1] if m.inputs[0] == s else m.inputs[0]
+    if not (T[a].shape == T[b].shape == T[s].shape == T[m.outputs[0]].shape) \
+            or T[b].role != "activation" or T[a].role != "activation":
+        return None
+    bwd_m = [o for o in graph.ops if o.forward_op == m.id]
+    bwd_s = [o for o in graph.ops if o.forward_op == op.id]
+    if not bwd_m and not bwd_s and all(c == m.id for c in cons.get(s, ())):
+        return (op.id, m.id)
+    if len(bwd_m) != 1 or len(bwd_s) != 1:
+        return None
+    g, sg = bwd_m[0], bwd_s[0]
+    if g.kind != "mul.grad_input" or g.attr("grads") != (0, 1) or g.attr("reads") != (0, 1) \
+            or tuple(g.inputs[1:]) != tuple(m.inputs) or len(g.outputs) != 2:
+        return None
+    ds = g.outputs[m.inputs.index(s)]
+    if set(cons.get(s, ())) != {m.id, g.id} or sg.kind != "silu.grad_input" or tuple(sg.inputs) != (ds, a) \
+            or tuple(cons.get(ds, ())) != (sg.id,) or any(t.alias_of == ds for t in T) \
+            or T[ds].alias_of is not None or T[sg.outputs[0]].alias_of is not None or not g.id < sg.id:
+        return None
+    return (op.id, m.id, g.id, sg.id)
+
+
+def _swiglu_calls(graph: Graph, ch: "Chain", op: Op) -> list:
+    """The mul runs swiglu (y from a, b); the mul's input gradient runs swiglu.grad_input (da, db from dy, a, b)."""
+    silu, m = graph.ops[ch.ops[0]], graph.ops[ch.ops[1]]
+    a, s = silu.inputs[0], silu.outputs[0]
+    b = m.inputs[1] if m.inputs[0] == s else m.inputs[0]
+    if op.id == m.id:
+        return [("swiglu", (m.outputs[0],), (a, b), {}, (silu.id,))]
+    g, sg = graph.ops[ch.ops[2]], graph.ops[ch.ops[3]]
+    db = g.outputs[m.inputs.index(b)]
+    return [("swiglu.grad_input", (sg.outputs[0], db), (g.inputs[0], a, b), {}, (sg.id,))]
+
+
+def _swiglu_nonmat(graph: Graph, ch: tuple[int, ...]) -> tuple[int, ...]:
+    """s = silu(a) and, in training, its gradient ds: the fused calls read a and b instead."""
+    s = graph.ops[ch[0]].outputs[0]
+    if len(ch) == 2:
+        return (s,)
+    m, g = graph.ops[ch[1]], graph.ops[ch[2]]
+    return (s, g.outputs[m.inputs.index(s)])
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """One fused kernel the planner may choose, declared once: what chain of ops it replaces (``find``: the
+    member op ids, in program order, of the chain that starts at an op, where the fused kernel computes it;
+    None elsewhere: the legality), which members run the fused calls and which members each covers
+    (``calls``: call member -> the members it computes besides itself), which tensors the fused calls never
+    materialise (``nonmat``), and the kernels it runs (``kernels``, on the C backend). Every member of a chain
+    carries variant ``fused``; a member that runs no call runs nothing (its results come from its call op).
+    variants(), fused_into(), the ILP, the simulator, the profiler and lowering all read this table."""
+    name: str
+    kinds: tuple[str, ...]                                   # the members' op kinds, in program order
+    kernels: tuple[str, ...]                                 # the calls' kernel kinds (port.ops records)
+    find: Callable[[Graph, Op], tuple[int, ...] | None]      # the chain starting at op, else None
+    calls: Callable[[tuple[int, ...]], dict[int, tuple[int, ...]]]    # call op -> members it covers
+    nonmat: Callable[[Graph, tuple[int, ...]], tuple[int, ...]]       # tensors never materialised
+    # the calls a call op runs: [(kernel, outputs, inputs, attrs, covered op ids)] (port.exec.registry.CallSpec)
+    emit: Callable[[Graph, "Chain", Op], list]
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One fusable chain of a graph: its Fusion, its member op ids (program order; ops[0] is its key), the
+    call op computing each member (``at``, aligned with ops) and the tensors never materialised when fused."""
+    fusion: Fusion
+    ops: tuple[int, ...]
+    at: tuple[int, ...]
+    nonmat: tuple[int, ...]
+
+    @property
+    def calls(self) -> tuple[int, ...]:
+        return tuple(dict.fromkeys(self.at))
+
+    def call_of(self, op_id: int) -> int:
+        return self.at[self.ops.index(op_id)]
+
+
+FUSIONS: tuple[Fusion, ...] = (
+    Fusion("conv_bn_relu", ("conv2d", "batch_norm2d", "relu"), ("conv2d_bn_relu",), _conv_bn_relu,
+           calls=lambda ch: {ch[0]: ch[1:]},
+           nonmat=lambda g, ch: (g.storage_root(g.ops[ch[1]].outputs[0]),),   # the batch-norm output
+           emit=lambda g, ch, op: ops.record("conv2d").calls(g, op, "fused")),
+    Fusion("swiglu", ("silu", "mul", "mul.grad_input", "silu.grad_input"), ("swiglu", "swiglu.grad_input"),
+           _swiglu, calls=lambda ch: {ch[1]: (ch[0],)} | ({ch[2]: (ch[3],)} if len(ch) > 2 else {}),
+           nonmat=_swiglu_nonmat, emit=_swiglu_calls),
+)
+FUSED_KERNELS = tuple(k for f in FUSIONS for k in f.kernels)
+
+
+def _make_chain(graph: Graph, f: Fusion, ops_: tuple[int, ...]) -> Chain:
+    at = {m: m for m in ops_}
+    for c, covered in f.calls(ops_).items():
+        for m in covered:
+            at[m] = c
+    return Chain(f, ops_, tuple(at[m] for m in ops_), tuple(f.nonmat(graph, ops_)))
+
+
+def _find_chain(graph: Graph, op: Op) -> Chain | None:
+    for f in FUSIONS:
+        if op.kind == f.kinds[0]:
+            ch = f.find(graph, op)
+            if ch is not None:
+                return _make_chain(graph, f, ch)
+    return None
+
+
+def chains(graph: Graph) -> dict[int, Chain]:
+    """Every fusable chain of ``graph``, by its key (first member) op id."""
+    def build() -> dict[int, Chain]:
+        out: dict[int, Chain] = {}
+        for o in graph.ops:
+            ch = _find_chain(graph, o)
+            if ch is not None:
+                out[o.id] = ch
+        return out
+    return graph.memo("fusion_chains", build)
+
+
+def chain_of(graph: Graph, op: Op) -> Chain | None:
+    """The fusable chain ``op`` is a member of (any member, not only its key), else None."""
+    def build() -> dict[int, Chain]:
+        return {m: ch for ch in chains(graph).values() for m in ch.ops}
+    if not graph.owns(op):
+        return _find_chain(graph, op)
+    return graph.memo("fusion_members", build).get(op.id)
+
+
+def fusion_chain(graph: Graph, op: Op) -> tuple[int, ...] | None:
+    """The member op ids of the fusable chain whose key (first member) is ``op`` (for conv -> bn -> relu:
+    (conv id, bn id, relu id)); None otherwise."""
+    if not graph.owns(op):
+        ch = _find_chain(graph, op)
+    else:
+        ch = chains(graph).get(op.id)
+    return ch.ops if ch is not None else None
+
+
+def runs_fused_call(graph: Graph, op: Op) -> bool:
+    """Whether ``op``, run ``fused``, runs its chain's fused call(s) (else it runs nothing: another member's
+    call computes it)."""
+    ch = chain_of(graph, op)
+    return ch is not None and ch.call_of(op.id) == op.id
+
+
+def fused_reads(graph: Graph) -> dict[int, tuple[int, ...]]:
+    """Call op -> the activation or gradient tensors it reads as a fused call beyond its own inputs (the
+    inputs of the members it covers, less the chain's never-materialised tensors and its own outputs).
+    Liveness counts these reads whether or not the chain is fused (port.plan.semantics.readers_by_root),
+    so that a plan may switch a chain to fused without moving any tensor's death earlier."""
+    def build() -> dict[int, tuple[int, ...]]:
+        out: dict[int, tuple[int, ...]] = {}
+        for ch in chains(graph).values():
+            for m, c in zip(ch.ops, ch.at):
+                if m == c:
+                    continue
+                call = graph.ops[c]
+                extra = [t for t in graph.ops[m].inputs
+                         if t not in ch.nonmat and graph.storage_root(t) not in ch.nonmat
+                         and t not in call.outputs and t not in call.inputs
+                         and graph.tensors[t].role in ("activation", "gradient")]
+                if extra:
+                    out[c] = tuple(dict.fromkeys(out.get(c, ()) + tuple(extra)))
+        return out
+    return graph.memo("fused_reads", build)
 
 
 def follows_forward_inplace(graph: Graph, op: Op) -> bool:
@@ -223,7 +420,7 @@ def variants(graph: Graph, op: Op, backend: str) -> tuple[str, ...]:
         for t in PATCH_TILES:
             if h > t:
                 out.append(f"patch{t}")
-        if op.kind == "conv2d" and fusion_chain(graph, op) is not None:
+        if chain_of(graph, op) is not None:
             out.append("fused")
     elif op.kind in ATTENTION_KINDS:
         out.append("tiled")
@@ -231,31 +428,20 @@ def variants(graph: Graph, op: Op, backend: str) -> tuple[str, ...]:
         if (op.kind in INPLACE_KINDS + BACKWARD_INPLACE_KINDS and inplace_legal(graph, op)) \
                 or follows_forward_inplace(graph, op):
             out.append("inplace")
-        if fused_into(graph, op) is not None:
+        if chain_of(graph, op) is not None:
             out.append("fused")
     return tuple(out)
 
 
 def fused_into(graph: Graph, op: Op) -> int | None:
-    """For a forward batch_norm2d/relu/relu6 that can be part of a fused chain: the conv op's id.
+    """For a member of a fusable chain other than its key (first member): the key op's id (for a forward
+    batch_norm2d or relu of conv -> bn -> relu: the conv's id); None otherwise.
 
-    Fusion covers the forward pass only: the fused kernel writes the conv output (saved for batch norm's
-    backward), the statistics and the activation output; the intermediate batch-norm output is never
+    conv -> bn -> relu covers the forward pass only: the fused kernel writes the conv output (saved for batch
+    norm's backward), the statistics and the activation output; the intermediate batch-norm output is never
     materialised. Backward ops stay separate."""
-    if op.phase != PHASE_FORWARD or op.kind not in ("batch_norm2d", "relu"):
-        return None
-    prods = graph.producers()
-    cur = op
-    for _ in range(2):
-        p = prods.get(cur.inputs[0])
-        if p is None:
-            return None
-        cand = graph.ops[p]
-        if cand.kind == "conv2d":
-            chain = fusion_chain(graph, cand)
-            return cand.id if chain is not None and op.id in chain else None
-        cur = cand
-    return None
+    ch = chain_of(graph, op)
+    return ch.ops[0] if ch is not None and op.id != ch.ops[0] else None
 
 
 def patch_tile(variant: str) -> int | None:

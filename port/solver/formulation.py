@@ -210,7 +210,8 @@ def c_engine(m: Model, inst: Instance, v: Vars) -> None:
 
 
 def c_fusion(m: Model, inst: Instance, v: Vars) -> None:
-    """fuse[c,j,a]: a fusable chain (conv, bn[, act]) runs fused on accelerator a all together or not at all."""
+    """fuse[c,j,a]: a fusable chain (port.plan.variants.FUSIONS: conv, bn, act; ...) runs fused on accelerator a
+    all together or not at all."""
     for conv, chain in inst.chains.items():
         for j in chain[1:]:
             for a in inst.accs:
@@ -219,9 +220,9 @@ def c_fusion(m: Model, inst: Instance, v: Vars) -> None:
                     _add(t, kk, -val)
                 if t:
                     m.row(f"fuse[{conv},{j},{a}]", t, 0.0, 0.0)
-    # members whose conv cannot fuse: never fused
+    # members whose chain cannot fuse: never fused
     for i, opts in enumerate(inst.options):
-        if any(o.var == "fused" for o in opts) and inst.graph.ops[i].kind != "conv2d":
+        if any(o.var == "fused" for o in opts):
             if not any(i in ch for ch in inst.chains.values()):
                 m.row(f"fuse_none[{i}]", var_expr(inst, v, i, "fused"), 0.0, 0.0)
 
@@ -449,17 +450,22 @@ def _memory_deltas(inst: Instance, v: Vars, unit: int):
             for e in inst.rc_ends[r] if inst.nested else ():
                 _add(dvar[e + 1], v.en[r, e], -b)
     g = inst.graph
-    for conv, chain in inst.chains.items():   # a fused chain's outputs exist from its (fused) conv on
+    from port.plan import variants as V
+    for conv, ch in V.chains(g).items():   # a fused chain's outputs exist from the call that computes them on
+        if conv not in inst.chains:
+            continue
         fz = var_expr(inst, v, conv, "fused")
-        for j in chain[1:]:
+        for j, at in zip(ch.ops, ch.at):
+            if j == at:
+                continue
             for r in g.ops[j].outputs:
                 R = inst.roots.get(r)
                 if R is None or R.birth != j or r in inst.nonmat:
                     continue
                 b = R.bytes / unit
                 for kk in fz:
-                    _add(dvar[conv], kk, b)
-                    _add(bvar[conv], kk, b)
+                    _add(dvar[at], kk, b)
+                    _add(bvar[at], kk, b)
                     _add(dvar[j], kk, -b)
                     _add(bvar[j], kk, -b)
     cons = g.consumers()

@@ -31,8 +31,8 @@ class Instance:
     options: list[list[Option]]
     static_bytes: int
     roots: dict[int, Root]
-    chains: dict[int, tuple[int, ...]]          # conv id -> fusable chain
-    nonmat: dict[int, int]                      # bn output root -> conv id (len-3 chain)
+    chains: dict[int, tuple[int, ...]]          # key op id -> fusable chain's members (port.plan.variants.chains)
+    nonmat: dict[int, int]                      # never-materialised root of a fused chain -> its key op id
     inplace_ops: dict[int, tuple[int, int]]     # op -> (root of input, root of output)
     tau: dict[int, int]                         # recompute candidate -> time
     rc_outputs: dict[int, tuple[int, ...]]      # candidate -> owned activation outputs
@@ -129,11 +129,7 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW,
     from port.errors import PlanError
     prods = graph.producers()
     caps = dict(profile.accelerator_caps)
-    chains: dict[int, tuple[int, ...]] = {}
-    for o in graph.ops:
-        c = V.fusion_chain(graph, o)
-        if c is not None:
-            chains[o.id] = c
+    chains = {k: ch.ops for k, ch in V.chains(graph).items()}
     options: list[list[Option]] = []
     excluded = []
     for o in graph.ops:
@@ -143,9 +139,10 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW,
             if e.variant == "inplace" and not (V.inplace_legal(graph, o) or V.follows_forward_inplace(graph, o)):
                 continue
             if e.variant == "fused":
-                conv = o.id if o.kind == "conv2d" else V.fused_into(graph, o)
-                if conv is None or conv not in chains:
+                ch = V.chain_of(graph, o)
+                if ch is None:
                     continue
+                conv = ch.ops[0]
                 # every op of the chain must have a fused entry on this accelerator
                 if any(graph.ops[c].id != o.id and profile.lookup(graph.signature(graph.ops[c]), e.accelerator, "fused") is None
                        for c in chains[conv]):
@@ -167,9 +164,9 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW,
     roots = SEM.activation_roots(graph)
 
     nonmat = {}
-    for conv, ch in chains.items():
-        if len(ch) == 3:
-            nonmat[graph.storage_root(graph.ops[ch[1]].outputs[0])] = conv
+    for conv, ch in V.chains(graph).items():
+        for t in ch.nonmat:
+            nonmat[graph.storage_root(t)] = conv
     inplace_ops = {}
     for i, o in enumerate(graph.ops):
         if any(op.var == "inplace" for op in options[i]) and V.inplace_legal(graph, o):

@@ -1,0 +1,158 @@
+"""Fused variants declared once (port.plan.variants.FUSIONS, issue 54): conv -> bn -> relu and SwiGLU (silu(a) * b)
+are entries of one table read by variants(), fused_into(), the ILP, the simulator and lowering. SwiGLU: the chain
+found where the C kernels compute it and refused elsewhere, its profile entries, the ILP choosing it exactly where
+the profile says it pays (brute force over every plan), and its calls."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn as nn
+
+from port import ops
+from port.config import load_device
+from port.cost.roofline import modeled_profile
+from port.exec import registry
+from port.ir.trace import trace
+from port.plan import semantics as SEM
+from port.plan import variants as V
+from port.solver import solve
+from port.verify.simulate import simulate
+from test_solve import assert_ilp_equals_brute_force, naive_peak, two_acc_profile   # tests/unit is on sys.path
+
+
+class _SwiGLU(nn.Module):
+    """Llama's MLP, tiny: down(silu(gate(x)) * up(x)); ``extra``: the silu output also read elsewhere."""
+    def __init__(self, extra: bool = False, swap: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.gate, self.up = nn.Linear(4, 6, bias=False), nn.Linear(4, 6, bias=False)
+        self.down = nn.Linear(6, 3)
+        self.extra, self.swap = extra, swap
+
+    def forward(self, x):
+        s = nn.functional.silu(self.gate(x))
+        h = self.up(x) * s if self.swap else s * self.up(x)
+        return self.down(h + s if self.extra else h)
+
+
+def _graph(trainable=None, **kw):
+    return trace(_SwiGLU(**kw), torch.randn(2, 4), optimizer="sgd", trainable=trainable, name="tiny_swiglu")
+
+
+@pytest.fixture(scope="module")
+def swiglu_graph():
+    return _graph()
+
+
+def test_the_table_names_each_fusion_once_with_kernels_the_c_library_runs():
+    assert [f.name for f in V.FUSIONS] == ["conv_bn_relu", "swiglu"]
+    assert V.FUSED_KERNELS == ("conv2d_bn_relu", "swiglu", "swiglu.grad_input")
+    for k in V.FUSED_KERNELS:
+        assert ops.owner(k) is not None and ops.owner(k).c_entries(k), k
+        assert registry.known_variant(k, "fused", "c") and not registry.known_variant(k, "plain", "c")
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_swiglu_chain_of_a_training_graph(swap):
+    """silu -> mul forward, mul.grad_input -> silu.grad_input backward: the mul runs the forward call (covering the
+    silu), the mul's gradient the backward one (covering the silu's); s and ds are never materialised; the calls
+    read a (the silu's input) beyond their own inputs, so a lives to them fused or not."""
+    g = _graph(swap=swap)
+    kinds = [o.kind for o in g.ops]
+    silu, mul, mg, sg = (kinds.index(k) for k in ("silu", "mul", "mul.grad_input", "silu.grad_input"))
+    (key, ch), = V.chains(g).items()
+    assert key == silu and ch.fusion.name == "swiglu" and ch.ops == (silu, mul, mg, sg)
+    assert ch.at == (mul, mul, mg, mg) and ch.calls == (mul, mg)
+    s, ds = g.ops[silu].outputs[0], g.ops[sg].inputs[0]
+    assert ch.nonmat == (s, ds)
+    a = g.ops[silu].inputs[0]
+    assert V.fused_reads(g) == {mul: (a,), mg: (a,)}
+    r = SEM.activation_roots(g)[a]                 # a pages out after the mul, is back by the mul's gradient
+    assert (r.fwd_last, r.bwd_first) == (mul, mg)
+    for i in ch.ops:
+        assert "fused" in V.variants(g, g.ops[i], "c") and "fused" not in V.variants(g, g.ops[i], "torch-cpu")
+        assert V.chain_of(g, g.ops[i]) is ch
+        assert V.fused_into(g, g.ops[i]) == (None if i == silu else silu)
+        assert V.runs_fused_call(g, g.ops[i]) == (i in (mul, mg))
+    b = g.ops[mul].inputs[0 if swap else 1]
+    fwd, = registry.op_calls(g, g.ops[mul], "fused", "c")
+    assert (fwd.kernel, fwd.outputs, fwd.inputs, fwd.covers) == ("swiglu", g.ops[mul].outputs, (a, b), (silu,))
+    bwd, = registry.op_calls(g, g.ops[mg], "fused", "c")
+    db = g.ops[mg].outputs[0 if swap else 1]
+    assert (bwd.kernel, bwd.outputs, bwd.inputs) == ("swiglu.grad_input", (g.ops[sg].outputs[0], db),
+                                                     (g.ops[mg].inputs[0], a, b))
+    assert registry.op_calls(g, g.ops[silu], "fused", "c") == registry.op_calls(g, g.ops[sg], "fused", "c") == ()
+
+
+def test_swiglu_refused_where_the_kernels_do_not_compute_the_chain():
+    """The silu output read by another op, or the up projection frozen (mul's gradient op computes ds only): no
+    chain, no ``fused`` variant."""
+    assert V.chains(_graph(extra=True)) == {}
+    frozen = _graph(trainable=["gate", "down"])
+    assert not any(o.kind == "mul.grad_input" and o.attr("grads") == (0, 1) for o in frozen.ops)
+    assert V.chains(frozen) == {}
+    assert not any("fused" in V.variants(frozen, o, "c") for o in frozen.ops)
+
+
+def test_conv_bn_relu_is_the_tables_other_entry():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.c, self.b, self.fc = nn.Conv2d(1, 2, 3, padding=1, bias=False), nn.BatchNorm2d(2), nn.Linear(72, 3)
+
+        def forward(self, x):
+            return self.fc(torch.flatten(torch.relu(self.b(self.c(x))), 1))
+    g = trace(Net(), torch.randn(2, 1, 6, 6), optimizer="sgd")
+    (key, ch), = V.chains(g).items()
+    assert ch.fusion.name == "conv_bn_relu" and g.ops[key].kind == "conv2d" and ch.at == (key,) * 3
+    assert V.fusion_chain(g, g.ops[key]) == ch.ops and ch.nonmat == (g.ops[ch.ops[1]].outputs[0],)
+    assert V.fused_reads(g) == {}
+    call, = registry.op_calls(g, g.ops[key], "fused", "c")
+    assert call.kernel == "conv2d_bn_relu" and call.covers == ch.ops[1:]
+
+
+def test_swiglu_profile_entries_exist(swiglu_graph):
+    g = swiglu_graph
+    prof = modeled_profile(g, load_device("host"))
+    ch, = V.chains(g).values()
+    for i in ch.ops:
+        assert prof.lookup(g.signature(g.ops[i]), "cpu-c", "fused") is not None, g.ops[i].kind
+    # the covered members cost nothing: their call op's entry books the chain
+    assert prof.lookup(g.signature(g.ops[ch.ops[0]]), "cpu-c", "fused").latency_ms == 0.0
+
+
+def _priced(prof, g, fused_ms: float):
+    """``prof`` with each SwiGLU call op's fused entry at ``fused_ms`` (the covered members at 0)."""
+    ch, = V.chains(g).values()
+    sig = {g.signature(g.ops[i]): i for i in ch.ops}
+    ents = tuple(dataclasses.replace(e, latency_ms=(fused_ms if sig[e.signature] in ch.calls else 0.0))
+                 if e.variant == "fused" and e.signature in sig else e for e in prof.entries)
+    return dataclasses.replace(prof, entries=ents, _index={})
+
+
+def test_ilp_picks_swiglu_exactly_when_the_profile_says_it_pays(swiglu_graph):
+    g = swiglu_graph
+    ch, = V.chains(g).values()
+    prof = modeled_profile(g, load_device("host"))
+    plain = sum(prof.lookup(g.signature(g.ops[i]), "cpu-c", "plain").latency_ms for i in ch.ops) / 2
+    for fused_ms, want in ((plain * 0.25, "fused"), (plain * 4.0, "plain")):
+        p = solve(g, _priced(prof, g, fused_ms), None, gap=0.0, time_limit_s=30)
+        got = {p.ops[i].variant for i in ch.ops}
+        assert got == {want} or (want == "plain" and "fused" not in got), (fused_ms, got)
+        simulate(p, g, _priced(prof, g, fused_ms))
+
+
+@pytest.mark.parametrize("frac", [1.0, 0.75])
+def test_ilp_equals_brute_force_with_swiglu(swiglu_graph, frac):
+    """Fused or not, in-place silu gradient, recompute, paging: the ILP's optimum is the simulator's over every
+    plan (the chain's births at its call ops, its never-materialised s and ds, the calls' reads of a)."""
+    g = swiglu_graph
+    ch, = V.chains(g).values()
+    prof = two_acc_profile(g, free_ops=list(ch.ops), storage=True, seed=3, free_accs=("cpu-c",))
+    assert {e.variant for o in g.ops for e in prof.options(g.signature(o))} >= {"fused", "inplace"}
+    fast = _priced(prof, g, 1e-4)
+    p = assert_ilp_equals_brute_force(g, fast, int(naive_peak(g, fast) * frac))
+    assert p is not None and all(p.ops[i].variant == "fused" for i in ch.ops)
