@@ -17,6 +17,10 @@ def eligible(trainer: Any) -> str:
         return "the arena is not in CPU memory"
     if trainer.micro_batch != trainer.batch_size:
         return "micro-batching"
+    odd = [trainer.program.slot(t).dtype for t in trainer.program.extra_input_ids
+           if trainer.program.slot(t).dtype not in ("float32", "int64")]
+    if odd:
+        return f"an input of dtype {odd[0]} (port-rt takes float32 and int64 inputs)"
     other = sorted({c.backend for c in trainer.program.calls} - {"c", "host"})
     if other:
         return f"the plan runs ops on {', '.join(other)}"
