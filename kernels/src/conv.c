@@ -686,26 +686,54 @@ static int group_par(const port_conv2d_params *p) {
     return macs > PORT_PAR_MIN_MACS && !port__in_parallel();
 }
 
-/* cols[K, nbc*P] of group g, images n0..n0+nbc-1 (one thread) */
+/* cols[K, nbc*P] of group g, images n0..n0+nbc-1 (one thread).  im2col_row's work without its per-row setup:
+ * the valid output columns of each kernel column come from one table (dw_cols) and the rows are walked by
+ * (channel, ki, kj) -- on 4x4 .. 16x16 maps a row is a few vectors and the setup cost more than the copy. */
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
 static void group_cols(float *cols, const float *x, const port_conv2d_params *p, int64_t n0, int64_t nbc,
-                       int64_t g, int64_t K, int64_t P) {
-    int64_t cig = p->c_in / p->groups, HW = p->h * p->w, L = nbc * P;
-    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
-    for (int64_t i = 0; i < nbc; i++) {
-        const float *xg = x + ((n0 + i) * p->c_in + g * cig) * HW;
-        for (int64_t r = 0; r < K; r++)
-            im2col_row(cols + r * L + i * P, r, xg, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w,
-                       p->pad_h, p->pad_w, 0, ho, 0, wo);
-    }
+                       int64_t g, int64_t P) {
+    int64_t cig = p->c_in / p->groups, HW = p->h * p->w, L = nbc * P, H = p->h, W = p->w;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), kh = p->kh, kw = p->kw, sh = p->stride_h;
+    int64_t sw = p->stride_w, ph = p->pad_h, pw = p->pad_w;
+    dw_cols vc;
+    dw_cols_init(&vc, p, wo);
+    for (int64_t i = 0; i < nbc; i++)
+        for (int64_t ci = 0; ci < cig; ci++) {
+            const float *xc = x + ((n0 + i) * p->c_in + g * cig + ci) * HW;
+            for (int64_t ki = 0; ki < kh; ki++)
+                for (int64_t kj = 0; kj < kw; kj++) {
+                    float *d0 = cols + ((ci * kh + ki) * kw + kj) * L + i * P;
+                    int64_t lo, hi;
+                    dw_range(&vc, p, wo, kj, &lo, &hi);
+                    for (int64_t oy = 0; oy < ho; oy++) {
+                        int64_t ih = oy * sh - ph + ki;
+                        float *d = d0 + oy * wo;
+                        if (ih < 0 || ih >= H) {
+                            for (int64_t ox = 0; ox < wo; ox++) d[ox] = 0.0f;
+                            continue;
+                        }
+                        const float *xr = xc + ih * W - pw + kj;
+                        for (int64_t ox = 0; ox < lo; ox++) d[ox] = 0.0f;
+                        if (sw == 1)
+                            for (int64_t ox = lo; ox < hi; ox++) d[ox] = xr[ox];
+                        else
+                            for (int64_t ox = lo; ox < hi; ox++) d[ox] = xr[ox * sw];
+                        for (int64_t ox = hi; ox < wo; ox++) d[ox] = 0.0f;
+                    }
+                }
+        }
 }
 
-/* blk[co, i*P + q] <- t[n0+i, g*cog+co, q] (one thread) */
-static void group_gather(float *blk, const float *t, const port_conv2d_params *p, int64_t n0, int64_t nbc,
-                         int64_t g, int64_t P) {
+/* Group g's gradient block of images n0..n0+nbc-1 as a [cog, nbc*P] matrix (one thread): dy's own block for one
+ * image, else gathered into blk (blk[co, i*P + q] = dy[n0+i, g*cog+co, q]). */
+static const float *group_dy(float *blk, const float *dy, const port_conv2d_params *p, int64_t n0, int64_t nbc,
+                             int64_t g, int64_t P) {
     int64_t cog = p->c_out / p->groups, L = nbc * P;
+    if (nbc == 1) return dy + (n0 * p->c_out + g * cog) * P;
     for (int64_t i = 0; i < nbc; i++)
         for (int64_t co = 0; co < cog; co++)
-            memcpy(blk + co * L + i * P, t + ((n0 + i) * p->c_out + g * cog + co) * P, (size_t)P * sizeof(float));
+            memcpy(blk + co * L + i * P, dy + ((n0 + i) * p->c_out + g * cog + co) * P, (size_t)P * sizeof(float));
+    return blk;
 }
 
 static void group_fwd_one(float *y, const float *x, const float *w, const float *b, const port_conv2d_params *p,
@@ -716,7 +744,7 @@ static void group_fwd_one(float *y, const float *x, const float *w, const float 
     for (int64_t n0 = 0; n0 < p->n; n0 += nb) {
         int64_t nbc = PORT_MIN(nb, p->n - n0), L = nbc * P;
         float *cols = slot, *blk = slot + K * L;
-        group_cols(cols, x, p, n0, nbc, g, K, P);
+        group_cols(cols, x, p, n0, nbc, g, P);
         if (nbc == 1) { /* one image: the group's output block is contiguous, the GEMM writes it in place */
             float *yg = y + (n0 * p->c_out + g * cog) * P, beta = 0.0f;
             if (b) {
@@ -745,13 +773,8 @@ static void group_bwd_in_one(float *dx, const float *dy, const float *w, const p
     const float *wg = w + g * cog * K;
     for (int64_t n0 = 0; n0 < p->n; n0 += nb) {
         int64_t nbc = PORT_MIN(nb, p->n - n0), L = nbc * P;
-        float *cols = slot, *blk = slot + K * L;
-        const float *B = dy + (n0 * p->c_out + g * cog) * P;
-        if (nbc > 1) {
-            group_gather(blk, dy, p, n0, nbc, g, P);
-            B = blk;
-        }
-        port__gemm(1, 0, K, L, cog, 1.0f, wg, K, B, L, 0.0f, cols, L);
+        float *cols = slot;
+        port__gemm(1, 0, K, L, cog, 1.0f, wg, K, group_dy(slot + K * L, dy, p, n0, nbc, g, P), L, 0.0f, cols, L);
         for (int64_t i = 0; i < nbc; i++) {
             float *dxg = dx + ((n0 + i) * p->c_in + g * cig) * HW;
             memset(dxg, 0, (size_t)(cig * HW) * sizeof(float));
@@ -769,13 +792,9 @@ static void group_bwd_w_one(float *dw, const float *dy, const float *x, const po
     float *dwg = dw + g * cog * K;
     for (int64_t n0 = 0; n0 < p->n; n0 += nb) {
         int64_t nbc = PORT_MIN(nb, p->n - n0), L = nbc * P;
-        float *cols = slot, *blk = slot + K * L;
-        const float *A = dy + (n0 * p->c_out + g * cog) * P;
-        if (nbc > 1) {
-            group_gather(blk, dy, p, n0, nbc, g, P);
-            A = blk;
-        }
-        group_cols(cols, x, p, n0, nbc, g, K, P);
+        float *cols = slot;
+        const float *A = group_dy(slot + K * L, dy, p, n0, nbc, g, P);
+        group_cols(cols, x, p, n0, nbc, g, P);
         port__gemm(0, 1, cog, K, L, 1.0f, A, L, cols, L, overwrite && n0 == 0 ? 0.0f : 1.0f, dwg, K);
     }
 }
