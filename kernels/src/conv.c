@@ -77,6 +77,10 @@ static int64_t fold_to(const port_conv2d_params *p, int a, int64_t cols) {
 static int64_t conv_fold(const port_conv2d_params *p, int a) { return fold_to(p, a, PORT_CONV_FOLD_COLS); }
 static int64_t conv_fold_w(const port_conv2d_params *p, int a) { return fold_to(p, a, PORT_CONV_FOLD_COLS_W); }
 
+static int conv_grouped(const port_conv2d_params *p, int a);
+static int64_t group_slots(const port_conv2d_params *p);
+static int64_t group_slot_floats(const port_conv2d_params *p, int a);
+
 int port_conv2d_resolve_algo(const port_conv2d_params *p, int algo) {
     if (p == NULL || port_conv2d_check(p) != PORT_OK) return -1;
     return port__conv_resolve_algo(p, algo);
@@ -87,6 +91,7 @@ size_t port_conv2d_workspace_bytes(const port_conv2d_params *p, int algo) {
     int a = port__conv_resolve_algo(p, algo);
     if (a < 0) return 0;
     if (a == PORT_CONV_WINOGRAD) return port__conv_winograd_ws_floats(p) * sizeof(float);
+    if (conv_grouped(p, a)) return (size_t)(group_slots(p) * group_slot_floats(p, a)) * sizeof(float);
     int64_t K = p->c_in / p->groups * p->kh * p->kw, cog = p->c_out / p->groups;
     int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p), nb = conv_fold(p, a);
     if (nb > 1) /* the chunk's im2col matrix [K, nb*P] and its output/gradient block [c_out/g, nb*P] */
@@ -138,8 +143,11 @@ static void im2col_row(float *dst, int64_t r, const float *x, int64_t h, int64_t
     for (int64_t oy = 0; oy < th; oy++) {
         int64_t ih = (oh0 + oy) * sh - ph + ki;
         float *d = dst + oy * tw;
-        if (ih < 0 || ih >= h) {
-            memset(d, 0, (size_t)tw * sizeof(float));
+        if (ih < 0 || ih >= h) { /* short rows (small maps): a loop, not a library call */
+            if (tw >= 16) memset(d, 0, (size_t)tw * sizeof(float));
+            else
+#pragma omp simd
+                for (int64_t ox = 0; ox < tw; ox++) d[ox] = 0.0f;
             continue;
         }
         const float *xr = xc + ih * w - pw + kj;
@@ -645,6 +653,166 @@ static void fold_bwd_w(float *dw, const float *dy, const float *x, const port_co
     }
 }
 
+/* ---------------- grouped drivers (groups > 1, small per-group GEMMs) ----------------
+ * ResNeXt's and RegNet's grouped 3x3 convolutions (32 groups of 4..32 channels) make per-group GEMMs of a few
+ * thousand to a few hundred thousand multiply-adds: the drivers above thread inside each of them (im2col rows,
+ * GEMM blocks), one parallel region per group and image -- hundreds of regions per call, each costing more than
+ * its work (a 4 x 36 x 256 product is ~3 us; a region up to a scheduler slice on a loaded machine).  Here ONE
+ * region splits the groups: GROUP_SLOTS workspace slots, slot s runs groups s, s + S, ... each on one thread,
+ * every step of a group (im2col, GEMM, col2im, scatter) single-threaded -- its products have the same shapes,
+ * so the same bits, at any thread count.  Images are folded into a group's GEMM as conv_fold / conv_fold_w say.
+ * Used by PORT_CONV_IM2COL where groups > 1 and one image's per-group GEMM is below PORT_GEMM_PAR_MIN (a GEMM
+ * the GEMM itself would not split): conv_grouped. */
+#ifndef PORT_CONV_GROUP_SLOTS
+#define PORT_CONV_GROUP_SLOTS 16
+#endif
+static int conv_grouped(const port_conv2d_params *p, int a) {
+    if (a != PORT_CONV_IM2COL || p->groups < 2) return 0;
+    double K = (double)(p->c_in / p->groups * p->kh * p->kw), P = (double)port_conv2d_out_h(p) * port_conv2d_out_w(p);
+    return (double)(p->c_out / p->groups) * K * P < PORT_GEMM_PAR_MIN;
+}
+static int64_t group_slots(const port_conv2d_params *p) { return PORT_MIN(p->groups, PORT_CONV_GROUP_SLOTS); }
+/* floats of one slot: the im2col matrix of a fold [K, nb*P], and the output/gradient block [cog, nb*P] when
+ * nb > 1 (conv_fold_w <= conv_fold: the forward's fold sizes it) */
+static int64_t group_slot_floats(const port_conv2d_params *p, int a) {
+    int64_t K = p->c_in / p->groups * p->kh * p->kw, cog = p->c_out / p->groups;
+    int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p), nb = conv_fold(p, a);
+    return (K + (nb > 1 ? cog : 0)) * nb * P;
+}
+/* Whether the grouped drivers open a region: enough multiply-adds in all (else one thread runs the slots). */
+static int group_par(const port_conv2d_params *p) {
+    double macs = (double)p->n * (double)p->c_out * (double)(p->c_in / p->groups * p->kh * p->kw) *
+                  (double)(port_conv2d_out_h(p) * port_conv2d_out_w(p));
+    return macs > PORT_PAR_MIN_MACS && !port__in_parallel();
+}
+
+/* cols[K, nbc*P] of group g, images n0..n0+nbc-1 (one thread).  im2col_row's work without its per-row setup:
+ * the valid output columns of each kernel column come from one table (dw_cols) and the rows are walked by
+ * (channel, ki, kj) -- on 4x4 .. 16x16 maps a row is a few vectors and the setup cost more than the copy. */
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
+static void group_cols(float *cols, const float *x, const port_conv2d_params *p, int64_t n0, int64_t nbc,
+                       int64_t g, int64_t P) {
+    int64_t cig = p->c_in / p->groups, HW = p->h * p->w, L = nbc * P, H = p->h, W = p->w;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), kh = p->kh, kw = p->kw, sh = p->stride_h;
+    int64_t sw = p->stride_w, ph = p->pad_h, pw = p->pad_w;
+    dw_cols vc;
+    dw_cols_init(&vc, p, wo);
+    for (int64_t i = 0; i < nbc; i++)
+        for (int64_t ci = 0; ci < cig; ci++) {
+            const float *xc = x + ((n0 + i) * p->c_in + g * cig + ci) * HW;
+            for (int64_t ki = 0; ki < kh; ki++)
+                for (int64_t kj = 0; kj < kw; kj++) {
+                    float *d0 = cols + ((ci * kh + ki) * kw + kj) * L + i * P;
+                    int64_t lo, hi;
+                    dw_range(&vc, p, wo, kj, &lo, &hi);
+                    for (int64_t oy = 0; oy < ho; oy++) {
+                        int64_t ih = oy * sh - ph + ki;
+                        float *d = d0 + oy * wo;
+                        if (ih < 0 || ih >= H) {
+                            for (int64_t ox = 0; ox < wo; ox++) d[ox] = 0.0f;
+                            continue;
+                        }
+                        const float *xr = xc + ih * W - pw + kj;
+                        for (int64_t ox = 0; ox < lo; ox++) d[ox] = 0.0f;
+                        if (sw == 1)
+                            for (int64_t ox = lo; ox < hi; ox++) d[ox] = xr[ox];
+                        else
+                            for (int64_t ox = lo; ox < hi; ox++) d[ox] = xr[ox * sw];
+                        for (int64_t ox = hi; ox < wo; ox++) d[ox] = 0.0f;
+                    }
+                }
+        }
+}
+
+/* Group g's gradient block of images n0..n0+nbc-1 as a [cog, nbc*P] matrix (one thread): dy's own block for one
+ * image, else gathered into blk (blk[co, i*P + q] = dy[n0+i, g*cog+co, q]). */
+static const float *group_dy(float *blk, const float *dy, const port_conv2d_params *p, int64_t n0, int64_t nbc,
+                             int64_t g, int64_t P) {
+    int64_t cog = p->c_out / p->groups, L = nbc * P;
+    if (nbc == 1) return dy + (n0 * p->c_out + g * cog) * P;
+    for (int64_t i = 0; i < nbc; i++)
+        for (int64_t co = 0; co < cog; co++)
+            memcpy(blk + co * L + i * P, dy + ((n0 + i) * p->c_out + g * cog + co) * P, (size_t)P * sizeof(float));
+    return blk;
+}
+
+static void group_fwd_one(float *y, const float *x, const float *w, const float *b, const port_conv2d_params *p,
+                          int64_t g, float *slot) {
+    int64_t cog = p->c_out / p->groups, K = p->c_in / p->groups * p->kh * p->kw;
+    int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p), nb = conv_fold(p, PORT_CONV_IM2COL);
+    const float *wg = w + g * cog * K;
+    for (int64_t n0 = 0; n0 < p->n; n0 += nb) {
+        int64_t nbc = PORT_MIN(nb, p->n - n0), L = nbc * P;
+        float *cols = slot, *blk = slot + K * L;
+        group_cols(cols, x, p, n0, nbc, g, P);
+        if (nbc == 1) { /* one image: the group's output block is contiguous, the GEMM writes it in place */
+            float *yg = y + (n0 * p->c_out + g * cog) * P, beta = 0.0f;
+            if (b) {
+                for (int64_t co = 0; co < cog; co++)
+                    for (int64_t q = 0; q < P; q++) yg[co * P + q] = b[g * cog + co];
+                beta = 1.0f;
+            }
+            port__gemm(0, 0, cog, P, K, 1.0f, wg, K, cols, P, beta, yg, P);
+            continue;
+        }
+        port__gemm(0, 0, cog, L, K, 1.0f, wg, K, cols, L, 0.0f, blk, L);
+        for (int64_t i = 0; i < nbc; i++)
+            for (int64_t co = 0; co < cog; co++) {
+                float *tp = y + ((n0 + i) * p->c_out + g * cog + co) * P;
+                const float *bp = blk + co * L + i * P;
+                float bv = b ? b[g * cog + co] : 0.0f;
+                for (int64_t q = 0; q < P; q++) tp[q] = bp[q] + bv;
+            }
+    }
+}
+
+static void group_bwd_in_one(float *dx, const float *dy, const float *w, const port_conv2d_params *p, int64_t g,
+                             float *slot) {
+    int64_t cig = p->c_in / p->groups, cog = p->c_out / p->groups, K = cig * p->kh * p->kw, HW = p->h * p->w;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), P = ho * wo, nb = conv_fold(p, PORT_CONV_IM2COL);
+    const float *wg = w + g * cog * K;
+    for (int64_t n0 = 0; n0 < p->n; n0 += nb) {
+        int64_t nbc = PORT_MIN(nb, p->n - n0), L = nbc * P;
+        float *cols = slot;
+        port__gemm(1, 0, K, L, cog, 1.0f, wg, K, group_dy(slot + K * L, dy, p, n0, nbc, g, P), L, 0.0f, cols, L);
+        for (int64_t i = 0; i < nbc; i++) {
+            float *dxg = dx + ((n0 + i) * p->c_in + g * cig) * HW;
+            memset(dxg, 0, (size_t)(cig * HW) * sizeof(float));
+            for (int64_t ci = 0; ci < cig; ci++)
+                col2im_channel(dxg, cols + i * P, L, ci, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w,
+                               p->pad_h, p->pad_w, 0, ho, 0, wo);
+        }
+    }
+}
+
+static void group_bwd_w_one(float *dw, const float *dy, const float *x, const port_conv2d_params *p, int64_t g,
+                            float *slot, int overwrite) {
+    int64_t cog = p->c_out / p->groups, K = p->c_in / p->groups * p->kh * p->kw;
+    int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p), nb = conv_fold_w(p, PORT_CONV_IM2COL);
+    float *dwg = dw + g * cog * K;
+    for (int64_t n0 = 0; n0 < p->n; n0 += nb) {
+        int64_t nbc = PORT_MIN(nb, p->n - n0), L = nbc * P;
+        float *cols = slot;
+        const float *A = group_dy(slot + K * L, dy, p, n0, nbc, g, P);
+        group_cols(cols, x, p, n0, nbc, g, P);
+        port__gemm(0, 1, cog, K, L, 1.0f, A, L, cols, L, overwrite && n0 == 0 ? 0.0f : 1.0f, dwg, K);
+    }
+}
+
+/* One driver for the three: step 0 forward, 1 input gradient, 2 weight gradient (3: overwriting dw). */
+static void group_run(int step, float *out, const float *t0, const float *t1, const float *b,
+                      const port_conv2d_params *p, float *ws) {
+    int64_t S = group_slots(p), slot = group_slot_floats(p, PORT_CONV_IM2COL);
+#pragma omp parallel for schedule(static) if (group_par(p))
+    for (int64_t s = 0; s < S; s++)
+        for (int64_t g = s; g < p->groups; g += S) {
+            float *sl = ws + s * slot;
+            if (step == 0) group_fwd_one(out, t0, t1, b, p, g, sl);
+            else if (step == 1) group_bwd_in_one(out, t0, t1, p, g, sl);
+            else group_bwd_w_one(out, t0, t1, p, g, sl, step == 3);
+        }
+}
+
 /* ---------------- generic drivers ---------------- */
 static size_t conv_wbytes(const port_conv2d_params *p) {
     return (size_t)(p->c_out * (p->c_in / p->groups) * p->kh * p->kw) * sizeof(float);
@@ -672,6 +840,10 @@ void port__conv_fwd(float *y, const float *x, const float *w, const float *b,
     }
     if (algo == PORT_CONV_DIRECT && port__conv_is_depthwise(p) && !port__conv_is_pointwise(p)) {
         dw_fwd(y, x, w, b, p);
+        return;
+    }
+    if (conv_grouped(p, algo)) {
+        group_run(0, y, x, w, b, p, ws);
         return;
     }
     int64_t nb = conv_fold(p, algo);
@@ -722,6 +894,10 @@ void port__conv_bwd_in(float *dx, const float *dy, const float *w, const port_co
         dw_bwd_in(dx, dy, w, p);
         return;
     }
+    if (conv_grouped(p, algo)) {
+        group_run(1, dx, dy, w, NULL, p, ws);
+        return;
+    }
     int64_t nb = conv_fold(p, algo);
     if (nb > 1) {
         fold_bwd_in(dx, dy, w, p, nb, ws);
@@ -762,6 +938,11 @@ void port__conv_bwd_w(float *dw, float *db, const float *dy, const float *x,
     }
     if (algo == PORT_CONV_DIRECT && port__conv_is_depthwise(p) && !port__conv_is_pointwise(p)) {
         dw_bwd_w(dw, db, dy, x, p);
+        return;
+    }
+    if (conv_grouped(p, algo)) {
+        group_run(overwrite ? 3 : 2, dw, dy, x, NULL, p, ws);
+        if (db) bias_grad(db, dy, p->n, p->c_out, port_conv2d_out_h(p) * port_conv2d_out_w(p));
         return;
     }
     int64_t nb = conv_fold_w(p, algo);

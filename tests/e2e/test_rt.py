@@ -514,6 +514,31 @@ def test_port_rt_runs_random_ops_and_attention_bit_for_bit(port_rt, tmp_path):
     assert not np.allclose([t2.step(x[b], y[b]) for b in batches], ref, rtol=1e-4, atol=1e-5)  # another seed
 
 
+class _Grouped(torch.nn.Module):
+    """Grouped convolutions (ResNeXt / RegNet blocks, issue 54): 8 groups of 3 channels, then a stride-2 one of 4
+    groups, 6 channels in and 9 out each, on C's grouped driver (one parallel region over the groups)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        nn = torch.nn
+        self.c1 = nn.Conv2d(3, 24, 3, padding=1)
+        self.c2 = nn.Conv2d(24, 24, 3, padding=1, groups=8, bias=False)
+        self.c3 = nn.Conv2d(24, 36, 3, stride=2, padding=1, groups=4)
+        self.fc = nn.Linear(36 * 16, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.c2(torch.relu(self.c1(x))))
+        return self.fc(torch.relu(self.c3(h)).flatten(1))
+
+
+def test_port_rt_runs_grouped_convolutions_bit_for_bit(port_rt, tmp_path):
+    """Grouped convolutions (several groups, widths 3, 6 and 9, stride 1 and 2) compile into a bundle and train in
+    port-rt bit for bit like the Python executor."""
+    x, y = torch.randn(N, 3, 8, 8), torch.randint(0, 10, (N,))
+    _trains_bit_for_bit(port_rt, tmp_path, _Grouped(), x, y, {"conv2d", "conv2d.grad_input", "conv2d.grad_weight"})
+
+
 class _Shapes(torch.nn.Module):
     """Issue 54's shape copies and unary math: a channel split and cats (a DenseNet / ShuffleNet block), slices, a
     class token expanded over the batch, RMSNorm's pow / shift / rsqrt, rotary cos / sin / neg, exp and abs."""

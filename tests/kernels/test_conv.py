@@ -491,3 +491,54 @@ def test_rt_patch_call_reads_band_and_square_tiles(K):
         st = capi.raw.port_rt_exec(ctypes.byref(rc), ptrs, ws.data_ptr(), ctypes.byref(capi.RtState()))
         assert st == 0, capi.status_string(st)
         close(y, y_ref, 1e-5, 1e-5, what=f"tile {th}x{tw}")
+
+
+# ----------------------------------------------------------------------------- grouped convolutions
+# Groups with small per-group GEMMs run in one parallel region over the groups (conv.c, conv_grouped): group
+# widths 1..60 (non-multiples of 8 among them), 2..32 groups (more than the 16 workspace slots: a slot runs
+# several groups), stride 1/2, padding 0..2, 1x1 and 5x5 kernels, batch folding (small maps) and none, and
+# ResNeXt-50's first-stage grouped 3x3 at batch 8 (large enough to open the region).
+GROUPED_CASES = [(3, 64, 64, 11, 9, 3, 1, 1, 32), (2, 80, 120, 9, 13, 3, 2, 1, 2), (5, 96, 96, 6, 5, 3, 1, 1, 12),
+                 (4, 36, 24, 7, 7, 3, 2, 2, 4), (2, 39, 26, 8, 8, 1, 1, 0, 13), (3, 20, 20, 5, 6, 5, 1, 2, 20),
+                 (2, 24, 48, 10, 10, 3, 2, 1, 3), (8, 128, 128, 16, 16, 3, 1, 1, 32),
+                 (8, 256, 256, 4, 4, 3, 2, 1, 32)]
+
+
+def _grouped_run(K, case, x, wt, b, dy, algo):
+    n, ci, co, h, w, k, s, p, g = case
+    y = K.conv2d_forward(x, wt, b, s, p, g, algo=algo)
+    dx = K.conv2d_backward_input(dy, wt, x.shape, s, p, g, algo=algo)
+    dw, db = K.conv2d_backward_weight(dy, x, wt.shape, s, p, g, bias=True, algo=algo)
+    dwo, dbo = K.conv2d_backward_weight(dy, x, wt.shape, s, p, g, bias=True, algo=algo,
+                                        dw=torch.full_like(wt, float("nan")), db=torch.full_like(b, float("nan")),
+                                        overwrite=True)
+    assert torch.equal(dwo, dw) and torch.equal(dbo, db), "overwrite differs from accumulating into zeros"
+    return y, dx, dw, db
+
+
+@pytest.mark.parametrize("case", GROUPED_CASES, ids=_ids)
+def test_grouped_conv_vs_torch_and_equal_bits_at_any_thread_count(K, case):
+    n, ci, co, h, w, k, s, p, g = case
+    x, wt, b, dy = _make(case, True)
+    refs = _ref(x, wt, b, s, p, g, dy)
+    prm = K.conv2d_params(x.shape, wt.shape, s, p, g)
+    threads = capi.get_num_threads()
+    try:
+        for algo in ("im2col", "auto"):
+            runs = []
+            for nt in (1, 2, 3):
+                capi.set_num_threads(nt)
+                runs.append(_grouped_run(K, case, x, wt, b, dy, algo))
+            for got, want, what in zip(runs[0], refs, ("y", "dx", "dw", "db")):
+                close(got, want, 1e-4 if what[0] == "d" else 1e-5, 1e-5, what=f"{algo} {what}")
+            for nt, run in zip((2, 3), runs[1:]):
+                for a, b_, what in zip(runs[0], run, ("y", "dx", "dw", "db")):
+                    assert torch.equal(a, b_), f"{algo} {what}: bits differ between 1 and {nt} threads"
+    finally:
+        capi.set_num_threads(threads)
+    # the grouped path ran: its workspace is min(groups, 16) slots of one group's im2col (and fold) buffers
+    kk, cog = ci // g * k * k, co // g
+    P = ((h + 2 * p - k) // s + 1) * ((w + 2 * p - k) // s + 1)
+    nb = 1 if P >= 256 or n < 2 else min(n, -(-256 // P))
+    assert cog * kk * P < 1 << 20, "a case for the grouped path: one image's per-group GEMM below the split"
+    assert K.conv2d_workspace_bytes(prm, "im2col") == 4 * min(g, 16) * (kk + (cog if nb > 1 else 0)) * nb * P
