@@ -819,7 +819,7 @@ def _top(ops: dict[str, float], k: int) -> str:
     return ", ".join(f"{n} {v:.1f}" for n, v in sorted(ops.items(), key=lambda kv: -kv[1])[:k])
 
 
-def speed_table(recs: list[dict], label: str) -> str:
+def speed_table(recs: list[dict], label: str, condition: str = "") -> str:
     """The published-model table (markdown), the worst three rows' time split, and the headline (last line)."""
     h = ("| model | batch | eager ms | PORT ms (default plan) | PORT/eager (median of paired) | target | met "
          "| calls C / torch | growth at 50% MiB PORT / eager (ratio) | memory target <= 0.6 |")
@@ -846,7 +846,7 @@ def speed_table(recs: list[dict], label: str) -> str:
                 "Trainer.profile_step's per-call timers, eager self CPU per aten op from torch.profiler):", ""]
         out += [f"- {d['model']} b{d['batch']} ({d['ratio']:.2f}x): PORT {_top(d['p_ops'], 6)}; eager "
                 f"{_top(d['e_ops'], 6)}" for d in worst]
-    out += ["", speed_headline(recs, label)]
+    out += ["", speed_headline(recs, condition or label)]
     return "\n".join(out)
 
 
@@ -891,12 +891,13 @@ def speed_main(a, names: list[str], batches: list[int], fracs: list[float]) -> N
     load1 = os.getloadavg()[0]
     from _results import machine_line
     quiet = max(load0, load1) < 1.0
-    label = (machine_line("python bench/e2e.py " + " ".join(sys.argv[1:]), t0, load0) + ", "
-             + (a.label or ("quiet" if quiet else "UNDER LOAD: indicative only, to be rerun on a quiet machine"))
-             + f"; 2 threads, {a.steps} alternating rounds")
+    cond = (a.label or ("quiet" if quiet else "UNDER LOAD: indicative only, to be rerun on a quiet machine")) \
+        + f", load average {load0:.1f} / {load1:.1f}"
+    label = (machine_line("python bench/e2e.py " + " ".join(sys.argv[1:]), t0, load0) + f", {cond}; "
+             f"{a.threads} threads, {a.steps} alternating rounds")
     with open(Path(os.environ.get("TMPDIR", "/tmp")) / "port_bench_speed.json", "w") as f:
         json.dump(rows, f, default=str)
-    text = speed_table(recs, label)
+    text = speed_table(recs, label, cond)
     print()
     print(text)
     if a.out:
