@@ -11,15 +11,8 @@ MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def e2e():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_e2e_published_under_test", ROOT / "bench" / "e2e.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        yield mod
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+def e2e(bench_e2e):
+    return bench_e2e
 
 
 @pytest.fixture(scope="module")
