@@ -888,20 +888,26 @@ def speed_main(a, names: list[str], batches: list[int], fracs: list[float]) -> N
             print(f"{name} b{b}: " + (f"{d['e_ms']:.1f} / {d['p_ms']:.1f} ms, {d['ratio']:.2f}x" if "ratio" in d
                                       else f"error {d.get('error')}")
                   + (f"; growth at 50% {d['mem_ratio']:.2f}x eager" if "mem_ratio" in d else ""), flush=True)
+            text = _speed_write(a, rows, recs, t0, load0, done=len(rows) == len(batches) * len(names))
+    print()
+    print(text)
+
+
+def _speed_write(a, rows: list[dict], recs: list[dict], t0: float, load0: float, done: bool) -> str:
+    """The table so far (written to --out and the JSON dump after every row: a run cut short keeps its rows)."""
     load1 = os.getloadavg()[0]
     from _results import machine_line
     quiet = max(load0, load1) < 1.0
     cond = (a.label or ("quiet" if quiet else "UNDER LOAD: indicative only, to be rerun on a quiet machine")) \
-        + f", load average {load0:.1f} / {load1:.1f}"
+        + f", load average {load0:.1f} / {load1:.1f}" + ("" if done else f", {len(rows)} rows so far")
     label = (machine_line("python bench/e2e.py " + " ".join(sys.argv[1:]), t0, load0) + f", {cond}; "
              f"{a.threads} threads, {a.steps} alternating rounds")
     with open(Path(os.environ.get("TMPDIR", "/tmp")) / "port_bench_speed.json", "w") as f:
         json.dump(rows, f, default=str)
     text = speed_table(recs, label, cond)
-    print()
-    print(text)
     if a.out:
         Path(a.out).write_text(text + "\n")
+    return text
 
 
 def main() -> None:
