@@ -173,7 +173,7 @@ def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> No
         # copy, loss readback (what step() does around run_main/run_updates), median of 30
         ex = tr.executor
         fx = []
-        for _ in range(30 if isinstance(x, torch.Tensor) else 0):    # a published model's keyword inputs: not
+        for _ in range(30 if isinstance(x, torch.Tensor) else 0):    # keyword inputs (a dict): not measured
             t1 = time.perf_counter()
             ex.zero_grads()
             ex.input.copy_(x)
@@ -223,8 +223,9 @@ def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> No
                                   "buffer_bytes": buffer_bytes}) + "\n")
         elif cmd == "prof" and tr is None:
             # eager's own op times (torch.profiler, 3 steps: self CPU ms per step by aten op), to set against
-            # PORT's per-kernel ms; after the timed steps (it trains on), the steps' peak kept from before
-            extra = {"ms_by_kernel": eager_op_ms(step), "peak_before_prof": peak()}
+            # PORT's per-kernel ms; after the timed steps (it trains on), the steps' peak taken before it
+            pk = peak()
+            extra = {"ms_by_kernel": eager_op_ms(step), "peak_before_prof": pk}
             out.write(json.dumps({"ok": True}) + "\n")
         elif cmd == "prof":
             # instrumented steps (weights restored afterwards): per-call kernel ms vs the un-instrumented wall
