@@ -5,6 +5,17 @@ PyTorch eager, on ``host``.
     python bench/e2e.py             # ResNet-18, VGG-11, MobileNetV2 at batch 8 and 32
     options: --models resnet18,vgg11 --batches 8 --budgets 1,0.5,0.25 --steps N --warmup N
              --profile-max-s S --solve-s S --no-write
+    python bench/e2e.py --speed-list --out /tmp/speed.md    # issue 54: published models, default plan vs eager
+    python bench/e2e.py --models tv.mobilenet_v3_small,hf.llama_lm --batches 8,32 --budgets 1,0.5
+    python bench/e2e.py --all       # every model of bench/published.py, default plan, batch 8
+
+Published models (bench/published.py names, issue 54): the same workers built from the model's Spec at the
+batch asked (transformers: sequences at the list's token count); budget 1 is Trainer's default plan (no profile,
+no solve), other budgets are solved as below (profile --profile-max-s 60 by default, no calibration rounds
+unless --calib-rounds); the eager worker and the PORT workers alternate single steps. Table: step ms PORT/eager
+against the issue's targets (SPEED_TARGETS, else 1.2x), process growth of the 50% worker / eager's (target 0.6x
+on MEMORY_LIST), the worst three rows' time by PORT kernel and by eager aten op; the headline last. RESULTS.md
+is not written (--out writes the table).
 
 Per (model, batch):
   1. PyTorch eager worker (fresh subprocess, torch.optim.SGD lr 0.01 momentum 0.9, 2 threads) runs
@@ -71,14 +82,52 @@ def _status() -> dict[str, int]:
     return proc_status()
 
 
+DEFAULT_PLAN = "-"      # a worker's plan argument: Trainer's default plan (port.lower.lower.default_plan)
+
+
+def is_published(name: str) -> bool:
+    """A model of bench/published.py (``tv.``, ``timm.``, ``hf.``, ``peft.``, ``hand.`` names), not of port.models."""
+    return "." in name
+
+
+def _published():
+    """bench/published.py as a module, with the zoo (torchvision, timm, transformers, peft) imported first."""
+    import published
+    published.import_zoo()
+    return published
+
+
+def build_case(name: str, batch: int):
+    """(model in train mode, input, labels, loss_of(model, x, y)) of a zoo model (port.models: random input,
+    10 classes) or a published one (bench/published.py's Spec at ``batch``: its input shape, token count and
+    labels; dropout and stochastic depth off, as bench/coverage.py trains it)."""
+    import dataclasses
+    import torch
+    if is_published(name):
+        P = _published()
+        spec = dataclasses.replace(P.MODELS[name], batch=batch)
+        model = P.deterministic(spec.build())
+        model.train()
+        x, y = P.batch_of(spec)
+        return model, x, y, P.eager_loss
+    import torch.nn.functional as F
+    from port import models
+    model = models.get(name, seed=0)
+    model.train()
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(batch, *models.INPUT_SHAPES[name], generator=g)
+    y = torch.randint(0, 10, (batch,), generator=g)
+    return model, x, y, lambda m, xx, yy: F.cross_entropy(m(xx), yy)
+
+
 # ----------------------------------------------------------------------------- worker (fresh process)
 def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> None:
     from port.exec import capi
     capi.configure_openmp_env()     # PORT's wait policy before torch loads the runtime (eager: left at defaults)
     import torch
     torch.set_num_threads(threads)
-    import torch.nn.functional as F
-    from port import models
+    import torch.nn.functional as F  # noqa: F401  (same heavy imports in both workers before the baseline)
+    from port import models  # noqa: F401
     capi.set_num_threads(threads)
     from port.train.optim import SGD as PortSGD
     from port.train.trainer import Trainer
@@ -91,11 +140,7 @@ def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> No
     T = _train_module()
     status = T._status if T else _status
 
-    model = models.get(name, seed=0)
-    model.train()
-    g = torch.Generator().manual_seed(1234)
-    x = torch.randn(batch, *models.INPUT_SHAPES[name], generator=g)
-    y = torch.randint(0, 10, (batch,), generator=g)
+    model, x, y, loss_of = build_case(name, batch)
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
     gc.collect()
@@ -103,11 +148,11 @@ def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> No
     t0 = time.perf_counter()
     tr = None
     if impl == "torch":
-        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOM)
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR, momentum=MOM)
 
         def step() -> float:
             opt.zero_grad()
-            loss = F.cross_entropy(model(x), y)
+            loss = loss_of(model, x, y)
             loss.backward()
             opt.step()
             return loss.item()
@@ -116,8 +161,8 @@ def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> No
         import warnings
         with warnings.catch_warnings(record=True) as wl:
             warnings.simplefilter("always")
-            tr = Trainer(model, x, plan=plan_path, optimizer=PortSGD(LR, momentum=MOM), backend="c",
-                         threads=THREADS_SETTING)
+            tr = Trainer(model, x, plan=None if plan_path == DEFAULT_PLAN else plan_path,
+                         optimizer=PortSGD(LR, momentum=MOM), backend="c", threads=THREADS_SETTING)
         if any("digest" in str(w.message) for w in wl):
             print("plan digest mismatch", file=sys.stderr)
 
@@ -128,14 +173,14 @@ def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> No
         # copy, loss readback (what step() does around run_main/run_updates), median of 30
         ex = tr.executor
         fx = []
-        for _ in range(30):
+        for _ in range(30 if isinstance(x, torch.Tensor) else 0):    # keyword inputs (a dict): not measured
             t1 = time.perf_counter()
             ex.zero_grads()
             ex.input.copy_(x)
             ex.labels.copy_(y)
             float(ex.loss)
             fx.append((time.perf_counter() - t1) * 1e3)
-        report = dict(report, step_fixed_ms=statistics.median(fx))
+        report = dict(report, step_fixed_ms=statistics.median(fx) if fx else None)
     setup_s = time.perf_counter() - t0
     gc.collect()
     if TRIM:      # hand the set-up's freed heap (tracing, lowering) back to the OS, in both workers
@@ -176,6 +221,12 @@ def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> No
         elif cmd == "mem":
             out.write(json.dumps({"peak": peak(), "pre": pre, "param_bytes": param_bytes,
                                   "buffer_bytes": buffer_bytes}) + "\n")
+        elif cmd == "prof" and tr is None:
+            # eager's own op times (torch.profiler, 3 steps: self CPU ms per step by aten op), to set against
+            # PORT's per-kernel ms; after the timed steps (it trains on), the steps' peak taken before it
+            pk = peak()
+            extra = {"ms_by_kernel": eager_op_ms(step), "peak_before_prof": pk}
+            out.write(json.dumps({"ok": True}) + "\n")
         elif cmd == "prof":
             # instrumented steps (weights restored afterwards): per-call kernel ms vs the un-instrumented wall
             pk = peak()
@@ -187,7 +238,11 @@ def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> No
                 by_backend[row["backend"]] = by_backend.get(row["backend"], 0.0) + row["ms"]
                 n_backend[row["backend"]] = n_backend.get(row["backend"], 0) + 1
             op_ms = {k: statistics.median(q["op_ms"].get(k, 0.0) for q in runs) for k in runs[0]["op_ms"]}
+            by_kernel: dict[str, float] = {}
+            for row in r["calls"]:
+                by_kernel[row["kernel"]] = by_kernel.get(row["kernel"], 0.0) + row["ms"]
             extra = {"kernel_ms": statistics.median(q["total_ms"] for q in runs), "calls_by_backend": n_backend,
+                     "ms_by_kernel": by_kernel,
                      "op_ms": op_ms,
                      "ms_by_backend": by_backend, "arena_peak_live": max(r["timeline_bytes"]),
                      "peak_before_prof": pk}
@@ -226,6 +281,15 @@ def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> No
     out.flush()
 
 
+def eager_op_ms(step, steps: int = 3) -> dict[str, float]:
+    """{aten op: self CPU ms per step} of ``steps`` eager training steps under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as pr:
+        for _ in range(steps):
+            step()
+    return {e.key: e.self_cpu_time_total / 1e3 / steps for e in pr.key_averages() if e.self_cpu_time_total > 0}
+
+
 _TRAIN = _train_module()
 if _TRAIN is None:
     raise SystemExit("bench/e2e.py needs bench/train.py (its worker driver and RSS helpers)")
@@ -234,7 +298,7 @@ if _TRAIN is None:
 class Worker(_TRAIN.Worker):
     """bench/train.py's step-by-step worker driver, launching this script's workers (which run a plan)."""
 
-    def __init__(self, impl: str, name: str, batch: int, threads: int, plan_path: str = "-"):
+    def __init__(self, impl: str, name: str, batch: int, threads: int, plan_path: str = DEFAULT_PLAN):
         self.impl, self.name, self.batch, self.timeout = impl, name, batch, 600
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", impl, name, str(batch), str(threads),
                plan_path]
@@ -283,7 +347,6 @@ def _correct(graph, bprof, plan, c: dict, label: str):
 
 def run_config(name: str, batch: int, fracs: list[float], a) -> dict:
     import torch
-    from port import models
     from port.errors import InfeasibleBudgetError
     from port.ir.trace import trace
     from port.train.optim import SGD as PortSGD
@@ -293,13 +356,10 @@ def run_config(name: str, batch: int, fracs: list[float], a) -> dict:
 
     row: dict = {"model": name, "batch": batch, "budgets": {}}
     torch.set_num_threads(a.threads)
-    model = models.get(name, seed=0)
-    model.train()
-    x = torch.randn(batch, *models.INPUT_SHAPES[name], generator=torch.Generator().manual_seed(1234))
+    model, x, _y, _ = build_case(name, batch)
     graph = trace(model, x, optimizer=PortSGD(LR, momentum=MOM).graph_name)
     del model
-    prof, pinfo = get_profile(name, batch, graph, a.profile_max_s, a.threads)
-    row["profile"] = pinfo
+    prof = None       # profiled when a budget is solved (the default plan needs none)
 
     # 1. eager: warm-up steps, then its peak defines the budgets
     eager = Worker("torch", name, batch, a.threads)
@@ -320,6 +380,16 @@ def run_config(name: str, batch: int, fracs: list[float], a) -> dict:
         key = f"{f:g}"
         b: dict = {"frac": f, "budget": int(f * eager_total)}
         row["budgets"][key] = b
+        if getattr(a, "default_plan", False) and f == 1.0:    # published models: Trainer's default plan
+            b["default_plan"] = True
+            w = Worker("port", name, batch, a.threads, DEFAULT_PLAN)
+            if w.error:
+                b["error"] = f"port worker: {w.error}"
+                continue
+            workers[key] = w
+            continue
+        if prof is None:
+            prof, row["profile"] = get_profile(name, batch, graph, a.profile_max_s, a.threads)
         t = time.perf_counter()
         try:
             plan = solve(graph, prof, b["budget"], solver="highs", time_limit_s=a.solve_s, gap=0.01,
@@ -418,7 +488,7 @@ def run_config(name: str, batch: int, fracs: list[float], a) -> dict:
     # worker runs a block of consecutive steps (the first of each block untimed: caches and thread pools after
     # the other workers), in rotating order, twice; the prediction is held against these medians, the paired
     # PORT/PT ratios above against the alternating ones
-    for rep in range(2):
+    for rep in range(2 if a.solo_steps > 0 else 0):
         for key in (order if rep == 0 else order[::-1]):
             for j in range(a.solo_steps + 1):
                 o = workers[key].send("step")
@@ -455,7 +525,7 @@ def run_config(name: str, batch: int, fracs: list[float], a) -> dict:
             busy.kill()
             busy.wait()
     for key, w in workers.items():
-        if key != "torch":
+        if key != "torch" or getattr(a, "default_plan", False):
             w.send("prof")
     for key, w in workers.items():
         rec = w.finish()
@@ -586,7 +656,7 @@ def _memory_figures(d: dict, p: dict, e_growth: int) -> dict:
     in that baseline and move into the arena) to the steps' peak and to the end, against the arena, the budget
     and PyTorch eager's growth."""
     weights = p["param_bytes"] + p["buffer_bytes"]
-    total = max(p["peak"], p.get("setup_hwm", 0)) - p["pre"]   # set-up and steps (not the profiling after)
+    total = port_growth(p)
     plan_peak = max(d["arena"], d["sim_peak"])        # arena + the priced outside-arena allocations
     # the steps' memory: the part of the arena resident after set-up (the CPU arena is an anonymous mapping whose
     # pages become resident when first written, and set-up writes only the weights: port.train.trainer) + what
@@ -598,6 +668,12 @@ def _memory_figures(d: dict, p: dict, e_growth: int) -> dict:
             "mem_overhead": total + weights - d["arena"],          # not in the arena accounting (runtime)
             "mem_vs_budget_ok": total <= d["budget"] + RUNTIME_OVERHEAD_MIB * MB,
             "mem_vs_eager": total / e_growth if e_growth > 0 else float("nan")}
+
+
+def port_growth(p: dict) -> int:
+    """A PORT worker's process growth: from VmRSS before Trainer(...) to the peak of set-up and steps (not the
+    profiling after them)."""
+    return max(p["peak"], p.get("setup_hwm", 0)) - p["pre"]
 
 
 def memory_table(recs: list[dict]) -> str:
@@ -674,21 +750,191 @@ def time_headline_parts(ok: list[dict]) -> list[str]:
     return parts
 
 
+# ----------------------------------------------------------------------------- published models (issue 54)
+# Speed of Trainer's default plan against eager at the coverage list's inputs, and process growth at 50% of
+# eager's memory. Targets (issue 54, section 2): <= 0.85x on the CNNs and ViTs below, <= 0.9x on the tiny BERT,
+# GPT-2 and Llama configs, <= 1.2x on every other model of bench/published.py; growth at 50% <= 0.6x eager's on
+# the four CNNs and the two transformers of MEMORY_LIST.
+SPEED_TARGETS = {**dict.fromkeys(("tv.mobilenet_v3_small", "tv.mobilenet_v3_large", "tv.efficientnet_b0",
+                                  "timm.convnext_atto", "tv.regnet_y_400mf", "timm.vit_tiny_patch16_224",
+                                  "timm.deit_tiny_patch16_224"), 0.85),
+                 **dict.fromkeys(("hf.bert_seqcls", "hf.gpt2_lm", "hf.llama_lm"), 0.9)}
+SPEED_LIST = tuple(SPEED_TARGETS)
+SPEED_ANY = 1.2            # no model of the list slower than this
+MEMORY_LIST = ("tv.mobilenet_v3_small", "tv.mobilenet_v3_large", "tv.efficientnet_b0", "timm.convnext_atto",
+               "timm.vit_tiny_patch16_224", "timm.deit_tiny_patch16_224")
+MEMORY_TARGET = 0.6
+MIB = 1 << 20
+
+
+def speed_target(name: str) -> float:
+    """The issue's speed target (PORT / eager step) for a published model."""
+    return SPEED_TARGETS.get(name, SPEED_ANY)
+
+
+def model_names(models: str | None, speed_list: bool, every: bool, published_names=()) -> list[str]:
+    """The models a run measures: ``--models a,b`` (zoo names or published ones, not mixed), ``--speed-list``
+    (SPEED_LIST) or ``--all`` (every name of ``published_names``, bench/published.py's list)."""
+    if sum(map(bool, (models, speed_list, every))) > 1:
+        raise SystemExit("--models, --speed-list and --all are exclusive")
+    names = (list(SPEED_LIST) if speed_list else list(published_names) if every
+             else [n for n in (models or "").split(",") if n])
+    if names and len({is_published(n) for n in names}) > 1:
+        raise SystemExit(f"zoo and published models in one run: {','.join(names)} (run them separately)")
+    return names
+
+
+def speed_record(row: dict) -> dict:
+    """One (model, batch) of a published-model run: eager's and the default plan's median step (alternating
+    rounds), their ratio (and the median of per-round ratios), the growth of the 50% plan's worker and
+    eager's, and the per-kernel / per-aten-op ms of both (instrumented steps after the timed ones)."""
+    d = {"model": row["model"], "batch": row["batch"], "target": speed_target(row["model"])}
+    e = row.get("eager") or {}
+    if row.get("error") or "error" in e or not e.get("median_ms"):
+        d["error"] = row.get("error") or e.get("error") or "eager: no steps"
+        return d
+    d.update(e_ms=e["median_ms"], e_growth=e["peak"] - e["pre"], e_ops=e.get("ms_by_kernel") or {})
+    b1 = row["budgets"].get("1") or {}
+    p = b1.get("port") or {}
+    if b1.get("error") or "error" in p or not p.get("times"):
+        d["error"] = b1.get("error") or p.get("error") or "PORT: no steps"
+    else:
+        d.update(p_ms=p["median_ms"], ratio=p["median_ms"] / e["median_ms"],
+                 paired=statistics.median(pt / et for pt, et in zip(p["times"], e["times"])),
+                 calls=p.get("calls_by_backend") or {}, p_ops=p.get("ms_by_kernel") or {})
+        d["met"] = d["ratio"] <= d["target"]
+    b5 = row["budgets"].get("0.5")
+    if b5 is not None:
+        p5 = b5.get("port") or {}
+        if "infeasible" in b5:
+            d["mem_note"] = f"infeasible (smallest {b5['infeasible'] / MIB:.0f} MiB)" if b5["infeasible"] \
+                else "infeasible"
+        elif b5.get("error") or "error" in p5 or "peak" not in p5:
+            d["mem_note"] = f"error: {b5.get('error') or p5.get('error') or 'no record'}"[:120]
+        else:
+            d.update(p_growth=port_growth(p5), mem_ratio=port_growth(p5) / d["e_growth"])
+    return d
+
+
+def _top(ops: dict[str, float], k: int) -> str:
+    return ", ".join(f"{n} {v:.1f}" for n, v in sorted(ops.items(), key=lambda kv: -kv[1])[:k])
+
+
+def speed_table(recs: list[dict], label: str, condition: str = "") -> str:
+    """The published-model table (markdown), the worst three rows' time split, and the headline (last line)."""
+    h = ("| model | batch | eager ms | PORT ms (default plan) | PORT/eager (median of paired) | target | met "
+         "| calls C / torch | growth at 50% MiB PORT / eager (ratio) | memory target <= 0.6 |")
+    out = [label, "", h, "|" + "---|" * h.count(" | ") + "---|"]
+    for d in recs:
+        lead = f"| {d['model']} | {d['batch']} "
+        if "ratio" not in d:
+            out.append(lead + f"| {_f(d.get('e_ms'))} | error: {d.get('error', '?')[:120]} | | {d['target']:.2f} "
+                       "| NOT met | | | |")
+            continue
+        mem = d.get("mem_note", "-")
+        mem_ok = "-"
+        if "mem_ratio" in d:
+            mem = f"{d['p_growth'] / MIB:.1f} / {d['e_growth'] / MIB:.1f} ({d['mem_ratio']:.2f})"
+        if d["model"] in MEMORY_LIST and ("mem_ratio" in d or "mem_note" in d):
+            mem_ok = "met" if d.get("mem_ratio", 9) <= MEMORY_TARGET else "NOT met"
+        calls = d.get("calls", {})
+        out.append(lead + f"| {d['e_ms']:.1f} | {d['p_ms']:.1f} | {d['ratio']:.2f} ({d['paired']:.2f}) "
+                   f"| {d['target']:.2f} | {'met' if d['met'] else 'NOT met'} "
+                   f"| {calls.get('c', 0)} / {sum(v for k, v in calls.items() if k != 'c')} | {mem} | {mem_ok} |")
+    worst = sorted((d for d in recs if "ratio" in d), key=lambda d: -d["ratio"] / d["target"])[:3]
+    if worst:
+        out += ["", "Where the time goes (worst 3 against their target; ms per step: PORT per kernel from "
+                "Trainer.profile_step's per-call timers, eager self CPU per aten op from torch.profiler):", ""]
+        out += [f"- {d['model']} b{d['batch']} ({d['ratio']:.2f}x): PORT {_top(d['p_ops'], 6)}; eager "
+                f"{_top(d['e_ops'], 6)}" for d in worst]
+    out += ["", speed_headline(recs, condition or label)]
+    return "\n".join(out)
+
+
+def speed_headline(recs: list[dict], label: str) -> str:
+    parts = []
+    for b in sorted({d["batch"] for d in recs}):
+        rs = [d for d in recs if d["batch"] == b]
+        ok = [d for d in rs if "ratio" in d]
+        tight = [d for d in ok if d["model"] in SPEED_TARGETS]
+        w = max(ok, key=lambda d: d["ratio"], default=None)
+        parts.append(f"batch {b}: {sum(d['met'] for d in tight)}/{len([d for d in rs if d['model'] in SPEED_TARGETS])}"
+                     f" of the issue's models within target (<= 0.85x CNN/ViT, <= 0.9x BERT/GPT-2/Llama), "
+                     f"{sum(d['ratio'] <= SPEED_ANY for d in ok)}/{len(rs)} within {SPEED_ANY}x"
+                     + (f", worst {w['model']} {w['ratio']:.2f}x" if w else "")
+                     + (f", {len(rs) - len(ok)} errors" if len(rs) > len(ok) else ""))
+    mem = [d for d in recs if d["model"] in MEMORY_LIST and ("mem_ratio" in d or "mem_note" in d)]
+    if mem:
+        met = sum(d.get("mem_ratio", 9) <= MEMORY_TARGET for d in mem)
+        parts.append(f"growth at 50%: {met}/{len(mem)} rows of the four CNNs and two ViTs <= {MEMORY_TARGET}x eager's"
+                     + (f" (max {max(d['mem_ratio'] for d in mem if 'mem_ratio' in d):.2f})"
+                        if any("mem_ratio" in d for d in mem) else ""))
+    return f"Speed headline ({label}): " + "; ".join(parts)
+
+
+def speed_main(a, names: list[str], batches: list[int], fracs: list[float]) -> None:
+    """Published models: one eager worker, one default-plan worker and, for budget 0.5, one solved plan's worker
+    per (model, batch), run_config's alternating rounds; prints the table and writes it to ``--out``."""
+    t0, load0 = time.time(), os.getloadavg()[0]
+    rows, recs = [], []
+    for b in batches:
+        for name in names:
+            try:
+                row = run_config(name, b, fracs, a)
+            except Exception as e:  # noqa: BLE001 - one model's failure is a row, the sweep goes on
+                row = {"model": name, "batch": b, "budgets": {}, "error": f"{type(e).__name__}: {e}"[:200]}
+            rows.append(row)
+            recs.append(speed_record(row))
+            d = recs[-1]
+            print(f"{name} b{b}: " + (f"{d['e_ms']:.1f} / {d['p_ms']:.1f} ms, {d['ratio']:.2f}x" if "ratio" in d
+                                      else f"error {d.get('error')}")
+                  + (f"; growth at 50% {d['mem_ratio']:.2f}x eager" if "mem_ratio" in d else ""), flush=True)
+            text = _speed_write(a, rows, recs, t0, load0, done=len(rows) == len(batches) * len(names))
+    print()
+    print(text)
+
+
+def _speed_write(a, rows: list[dict], recs: list[dict], t0: float, load0: float, done: bool) -> str:
+    """The table so far (written to --out and the JSON dump after every row: a run cut short keeps its rows)."""
+    load1 = os.getloadavg()[0]
+    from _results import machine_line
+    quiet = max(load0, load1) < 1.0
+    cond = (a.label or ("quiet" if quiet else "UNDER LOAD: indicative only, to be rerun on a quiet machine")) \
+        + f", load average {load0:.1f} / {load1:.1f}" + ("" if done else f", {len(rows)} rows so far")
+    label = (machine_line("python bench/e2e.py " + " ".join(sys.argv[1:]), t0, load0) + f", {cond}; "
+             f"{a.threads} threads, {a.steps} alternating rounds")
+    with open(Path(os.environ.get("TMPDIR", "/tmp")) / "port_bench_speed.json", "w") as f:
+        json.dump(rows, f, default=str)
+    text = speed_table(recs, label, cond)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--models", default=None)
     ap.add_argument("--batches", default=None)
-    ap.add_argument("--budgets", default="1,0.5,0.25")
+    ap.add_argument("--budgets", default=None, help="fractions of eager's memory (zoo: 1,0.5,0.25; published "
+                    "models: 1,0.5, where 1 is Trainer's default plan)")
+    ap.add_argument("--speed-list", action="store_true",
+                    help="issue 54's speed list (SPEED_LIST: published models) at --batches (default 8,32)")
+    ap.add_argument("--all", dest="every", action="store_true",
+                    help="every model of bench/published.py, default plan only (--budgets 1), batch 8 by default")
+    ap.add_argument("--out", default=None, help="published models: write the table (markdown) to this path")
+    ap.add_argument("--label", default=None, help="published models: the run's condition in the table (default: "
+                    "quiet or UNDER LOAD from the load average)")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--solo-steps", type=int, default=4,
-                    help="timed steps per worker in each block of consecutive steps (the prediction's reference)")
+    ap.add_argument("--solo-steps", type=int, default=None,
+                    help="timed steps per worker in each block of consecutive steps (the prediction's reference; "
+                         "zoo: 4, published models: 0, no blocks)")
     ap.add_argument("--settle-ms", type=float, default=SETTLE_MS,
                     help="pause after each worker's step before the next worker's (its thread pool goes idle)")
-    ap.add_argument("--calib-rounds", type=int, default=2,
+    ap.add_argument("--calib-rounds", type=int, default=None,
                     help="calibration rounds per budget: instrumented steps of the plan correct the profile, "
-                         "then solve again (0: the profile as measured)")
+                         "then solve again (0: the profile as measured; zoo: 2, published models: 0)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--profile-max-s", type=float, default=None)
     ap.add_argument("--solve-s", type=float, default=None)
@@ -712,9 +958,22 @@ def main() -> None:
         worker(impl, name, int(b), int(th), pp)
         return
     QUICK[0] = a.quick
-    names = (a.models or ("resnet18,mobilenetv2" if a.quick else ",".join(MODELS))).split(",")
+    names = model_names(a.models, a.speed_list, a.every, list(_published().MODELS) if a.every else ())
+    if names and is_published(names[0]):       # issue 54: default plan vs eager, growth at 50%
+        a.default_plan, a.loaded = True, False
+        a.solo_steps = a.solo_steps if a.solo_steps is not None else 0
+        a.calib_rounds = a.calib_rounds if a.calib_rounds is not None else 0
+        a.steps = a.steps or 12
+        a.profile_max_s = a.profile_max_s if a.profile_max_s is not None else 60.0
+        a.solve_s = a.solve_s or 20.0
+        batches = [int(b) for b in (a.batches or ("8" if a.every else "8,32")).split(",")]
+        fracs = [float(f) for f in (a.budgets or ("1" if a.every else "1,0.5")).split(",")]
+        return speed_main(a, names, batches, fracs)
+    names = names or (["resnet18", "mobilenetv2"] if a.quick else list(MODELS))
+    a.solo_steps = a.solo_steps if a.solo_steps is not None else 4
+    a.calib_rounds = a.calib_rounds if a.calib_rounds is not None else 2
     batches = [int(b) for b in (a.batches or ("8" if a.quick else "8,32")).split(",")]
-    fracs = [float(f) for f in a.budgets.split(",")]
+    fracs = [float(f) for f in (a.budgets or "1,0.5,0.25").split(",")]
     a.steps = a.steps or (8 if a.quick else 12)
     a.profile_max_s = a.profile_max_s if a.profile_max_s is not None else (120.0 if a.quick else 400.0)
     a.solve_s = a.solve_s or (20.0 if a.quick else 60.0)

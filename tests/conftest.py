@@ -91,3 +91,17 @@ def digits_profile(tmp_path_factory) -> tuple[Path, str]:
     """(profiles/host/digits.json, `port profile`'s stdout) of configs/default.yaml: see _shared_profile."""
     return _shared_profile(tmp_path_factory, ROOT / "configs" / "default.yaml", "digits")
 
+
+
+@pytest.fixture(scope="module")
+def bench_e2e():
+    """bench/e2e.py as a module (bench/ on sys.path while the module's tests run: it imports bench/train.py)."""
+    import importlib.util
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_e2e_under_test", ROOT / "bench" / "e2e.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        sys.path.remove(str(ROOT / "bench"))

@@ -2,26 +2,14 @@
 CPU arena is an anonymous mapping, resident as written) plus what the steps add beyond the set-up (the rest of the
 arena as it is first written, anything outside it), held against the plan's peak; the total growth from before Trainer(...) is held against the budget plus
 the fixed runtime allowance. Pure arithmetic on a worker's record: no worker runs here."""
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 MB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def e2e():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_e2e_under_test", ROOT / "bench" / "e2e.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        yield mod
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+def e2e(bench_e2e):
+    return bench_e2e
 
 
 def _figures(e2e, arena_mb, sim_peak_mb, setup_mb, steps_mb, budget_mb, weights_mb=8.0):

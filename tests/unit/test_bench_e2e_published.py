@@ -1,0 +1,97 @@
+"""bench/e2e.py's published-model mode (issue 54): which models a run takes, their targets, one (model, batch)
+record from the workers' answers, the headline, and a published Spec built at another batch. No worker runs."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def e2e(bench_e2e):
+    return bench_e2e
+
+
+@pytest.fixture(scope="module")
+def published(e2e):
+    spec = importlib.util.spec_from_file_location("bench_published_under_test", ROOT / "bench" / "published.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod           # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        del sys.modules[spec.name]
+
+
+def test_the_speed_list_names_models_of_the_coverage_list(e2e, published):
+    assert set(e2e.SPEED_LIST) <= set(published.MODELS)
+    assert set(e2e.MEMORY_LIST) <= set(e2e.SPEED_LIST)
+    assert e2e.speed_target("tv.mobilenet_v3_small") == 0.85
+    assert e2e.speed_target("hf.llama_lm") == 0.9
+    assert e2e.speed_target("tv.resnet18") == e2e.SPEED_ANY == 1.2
+
+
+def test_model_names(e2e):
+    assert e2e.model_names(None, True, False) == list(e2e.SPEED_LIST)
+    assert e2e.model_names(None, False, True, ["a.x", "b.y"]) == ["a.x", "b.y"]
+    assert e2e.model_names("tv.resnet18,hf.gpt2_lm", False, False) == ["tv.resnet18", "hf.gpt2_lm"]
+    assert e2e.model_names(None, False, False) == []         # the zoo's defaults
+    assert e2e.model_names("resnet18,vgg11", False, False) == ["resnet18", "vgg11"]
+    with pytest.raises(SystemExit, match="zoo and published"):
+        e2e.model_names("resnet18,tv.resnet18", False, False)
+    with pytest.raises(SystemExit, match="exclusive"):
+        e2e.model_names("tv.resnet18", True, False)
+
+
+def _row(e2e, name="tv.mobilenet_v3_small", half=None):
+    pre = 300 * MIB
+    eager = {"median_ms": 40.0, "times": [0.040, 0.040, 0.050], "peak": pre + 100 * MIB, "pre": pre,
+             "ms_by_kernel": {"aten::convolution_backward": 12.0, "aten::mm": 3.0}}
+    port = {"median_ms": 30.0, "times": [0.030, 0.036, 0.030], "calls_by_backend": {"c": 90, "torch": 4},
+            "ms_by_kernel": {"conv2d": 9.0}, "peak": pre, "pre": pre}
+    budgets = {"1": {"frac": 1.0, "default_plan": True, "port": port}}
+    if half is not None:
+        budgets["0.5"] = half
+    return {"model": name, "batch": 8, "budgets": budgets, "eager": eager}
+
+
+def test_speed_record_ratios_and_growth_at_half(e2e):
+    pre = 300 * MIB
+    p5 = {"pre": pre, "setup_hwm": pre + 20 * MIB, "peak": pre + 55 * MIB, "times": [0.03]}
+    d = e2e.speed_record(_row(e2e, half={"frac": 0.5, "port": p5}))
+    assert d["ratio"] == pytest.approx(0.75)
+    assert d["paired"] == pytest.approx(0.75)             # per-round ratios 0.75, 0.9, 0.6
+    assert d["met"] and d["target"] == 0.85
+    assert d["p_growth"] == 55 * MIB and d["e_growth"] == 100 * MIB
+    assert d["mem_ratio"] == pytest.approx(0.55)
+    tab = e2e.speed_table([d], "test run")
+    assert ("| tv.mobilenet_v3_small | 8 | 40.0 | 30.0 | 0.75 (0.75) | 0.85 | met | 90 / 4 | 55.0 / 100.0 (0.55) "
+            "| met |") in tab
+    assert tab.splitlines()[-1].startswith("Speed headline (test run): batch 8: 1/1 of the issue's models")
+
+
+def test_speed_record_misses_and_refusals(e2e):
+    r = _row(e2e, "hf.bert_seqcls", half={"frac": 0.5, "infeasible": 80 * MIB})
+    r["budgets"]["1"]["port"]["median_ms"] = 38.0
+    slow = e2e.speed_record(r)
+    assert slow["ratio"] == pytest.approx(0.95) and not slow["met"]      # over BERT's 0.9
+    assert slow["mem_note"] == "infeasible (smallest 80 MiB)" and "mem_ratio" not in slow
+    bad = _row(e2e, "tv.efficientnet_b0")
+    bad["budgets"]["1"] = {"frac": 1.0, "error": "port worker: boom"}
+    e = e2e.speed_record(bad)
+    assert "ratio" not in e and e["error"] == "port worker: boom"
+    head = e2e.speed_headline([slow, e], "x")
+    assert "0/2 of the issue's models within target" in head and "1 errors" in head
+    assert "| tv.efficientnet_b0 | 8 | 40.0 | error: port worker: boom |" in e2e.speed_table([e], "x")
+
+
+def test_build_case_takes_a_published_spec_at_another_batch(e2e):
+    model, x, y, loss_of = e2e.build_case("hand.nanogpt", 3)
+    assert tuple(x.shape) == (3, 32) and tuple(y.shape) == (3, 32) and model.training
+    assert float(loss_of(model, x, y).detach()) > 0
+    model, x, y, _ = e2e.build_case("hand.se_cat_net", 5)
+    assert tuple(x.shape) == (5, 3, 32, 32) and tuple(y.shape) == (5,)
