@@ -88,7 +88,9 @@ def test_raw_conv_status_codes(K):
     assert f(*args(P(0, 4, 5, 5, 6, 3, 3, 1, 1, 1, 1, 2))) == capi.PORT_ERR_SHAPE  # n = 0
     assert f(*args(P(1, 4, 1, 1, 6, 3, 3, 1, 1, 0, 0, 2))) == capi.PORT_ERR_SHAPE  # kernel > input
     need = capi.raw.port_conv2d_workspace_bytes(good, capi.CONV_IM2COL)
-    assert need == 2 * 9 * 25 * 4
+    # a group's im2col (2 channels x 9 taps x 25 pixels) per workspace slot, one slot per group up to 16: the
+    # grouped path runs its small per-group GEMMs one group per slot, in parallel
+    assert need == min(2, 16) * 2 * 9 * 25 * 4
     assert f(*args(good, need)) == capi.PORT_OK
     assert f(*args(good, need - 1)) == capi.PORT_ERR_WORKSPACE
     assert f(y.data_ptr(), x.data_ptr(), w.data_ptr(), None, good, capi.CONV_IM2COL, None,
