@@ -14,8 +14,9 @@ batch asked (transformers: sequences at the list's token count); budget 1 is Tra
 no solve), other budgets are solved as below (profile --profile-max-s 60 by default, no calibration rounds
 unless --calib-rounds); the eager worker and the PORT workers alternate single steps. Table: step ms PORT/eager
 against the issue's targets (SPEED_TARGETS, else 1.2x), process growth of the 50% worker / eager's (target 0.6x
-on MEMORY_LIST), the worst three rows' time by PORT kernel and by eager aten op; the headline last. RESULTS.md
-is not written (--out writes the table).
+on MEMORY_LIST), the worst three rows' time by PORT kernel and by eager aten op; the headline last. Tables
+go to bench/RESULTS.md, one section per batch set (--all and --no-write: not written; --out also writes the
+table).
 
 Per (model, batch):
   1. PyTorch eager worker (fresh subprocess, torch.optim.SGD lr 0.01 momentum 0.9, 2 threads) runs
@@ -869,7 +870,7 @@ def speed_headline(recs: list[dict], label: str) -> str:
         parts.append(f"growth at 50%: {met}/{len(mem)} rows of the four CNNs and two ViTs <= {MEMORY_TARGET}x eager's"
                      + (f" (max {max(d['mem_ratio'] for d in mem if 'mem_ratio' in d):.2f})"
                         if any("mem_ratio" in d for d in mem) else ""))
-    return f"Speed headline ({label}): " + "; ".join(parts)
+    return "Speed headline: " + "; ".join(parts) + f" ({label})"
 
 
 def speed_main(a, names: list[str], batches: list[int], fracs: list[float]) -> None:
@@ -891,7 +892,11 @@ def speed_main(a, names: list[str], batches: list[int], fracs: list[float]) -> N
                   + (f"; growth at 50% {d['mem_ratio']:.2f}x eager" if "mem_ratio" in d else ""), flush=True)
             text = _speed_write(a, rows, recs, t0, load0, done=len(rows) == len(batches) * len(names))
     print()
-    print(text)
+    if a.no_write or a.every:
+        print(text)
+        return
+    from _results import publish      # one section per set of batches: a batch-32 run keeps the batch-8 one
+    publish(f"End to end: published models (batch {','.join(map(str, batches))})", text)
 
 
 def _speed_write(a, rows: list[dict], recs: list[dict], t0: float, load0: float, done: bool) -> str:
