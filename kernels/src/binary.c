@@ -112,6 +112,36 @@ static inline void add_offsets(int64_t idx, const int64_t *dim, int64_t n, const
     }
 }
 
+/* the next index of an odometer over the dims dim[0..n) (the last one fastest): its counters c[0..n) and the
+ * offsets into y, a and b move by one position (the gradient loops' per-element divisions were their cost) */
+static inline void step_offsets(int64_t *c, const int64_t *dim, int64_t n, const port_binary_params *p,
+                                const int64_t *sy, const int64_t *sa, const int64_t *sb, int64_t *oy, int64_t *oa,
+                                int64_t *ob) {
+    for (int64_t j = n - 1; j >= 0; j--) {
+        int64_t i = dim[j];
+        if (++c[j] < p->dims[i]) {
+            *oy += sy[i];
+            *oa += sa[i];
+            *ob += sb[i];
+            return;
+        }
+        c[j] = 0;
+        *oy -= (p->dims[i] - 1) * sy[i];
+        *oa -= (p->dims[i] - 1) * sa[i];
+        *ob -= (p->dims[i] - 1) * sb[i];
+    }
+}
+
+/* the odometer's counters at flat index idx */
+static inline void set_counters(int64_t *c, int64_t idx, const int64_t *dim, int64_t n, const port_binary_params *p) {
+    for (int64_t j = n - 1; j >= 0; j--) {
+        c[j] = idx % p->dims[dim[j]];
+        idx /= p->dims[dim[j]];
+    }
+}
+
+#define GRAD_BLOCK 256   /* kept positions per task: each starts its odometer from one division per dim */
+
 static void grad_of(float *d, int k, const float *dy, const float *a, const float *b, const port_binary_params *p,
                     int accumulate) {
     const int64_t r = p->rank, op = p->op, m = k ? p->b_bcast : p->a_bcast;
@@ -127,17 +157,27 @@ static void grad_of(float *d, int k, const float *dy, const float *a, const floa
     static const float zero = 0.0f;
     const float *A = a ? a : &zero, *B = b ? b : &zero;
     const int64_t da_ = a ? 1 : 0, db_ = b ? 1 : 0;     /* an operand not read: its pointer stays on a zero */
+    const int64_t nblk = (n_kept + GRAD_BLOCK - 1) / GRAD_BLOCK;
+    /* each kept position's sum runs over the reduced positions in index order, whatever the blocks and threads:
+     * the same bits as one loop over the flat indices */
 #pragma omp parallel for schedule(static) if (n_kept * n_red > PORT_PAR_MIN && n_kept > 1)
-    for (int64_t e = 0; e < n_kept; e++) {
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t e0 = blk * GRAD_BLOCK, e1 = e0 + GRAD_BLOCK < n_kept ? e0 + GRAD_BLOCK : n_kept;
+        int64_t ck[PORT_BINARY_MAX_RANK], cr[PORT_BINARY_MAX_RANK];
         int64_t oy = 0, oa = 0, ob = 0;
-        add_offsets(e, kept, nk, p, sy, sa, sb, &oy, &oa, &ob);
-        double s = 0.0;
-        for (int64_t t = 0; t < n_red; t++) {
+        add_offsets(e0, kept, nk, p, sy, sa, sb, &oy, &oa, &ob);
+        set_counters(ck, e0, kept, nk, p);
+        for (int64_t e = e0; e < e1; e++) {
             int64_t ry = oy, ra = oa, rb = ob;
-            add_offsets(t, red, nr, p, sy, sa, sb, &ry, &ra, &rb);
-            s += term(op, k, (double)dy[ry], A + ra * da_, B + rb * db_);
+            for (int64_t j = 0; j < nr; j++) cr[j] = 0;
+            double s = 0.0;
+            for (int64_t t = 0; t < n_red; t++) {
+                s += term(op, k, (double)dy[ry], A + ra * da_, B + rb * db_);
+                if (t + 1 < n_red) step_offsets(cr, red, nr, p, sy, sa, sb, &ry, &ra, &rb);
+            }
+            d[e] = accumulate ? d[e] + (float)s : (float)s;
+            if (e + 1 < e1) step_offsets(ck, kept, nk, p, sy, sa, sb, &oy, &oa, &ob);
         }
-        d[e] = accumulate ? d[e] + (float)s : (float)s;
     }
 }
 
