@@ -859,7 +859,7 @@ def speed_headline(recs: list[dict], label: str) -> str:
         ok = [d for d in rs if "ratio" in d]
         tight = [d for d in ok if d["model"] in SPEED_TARGETS]
         w = max(ok, key=lambda d: d["ratio"], default=None)
-        parts.append(f"batch {b}: {sum(d['met'] for d in tight)}/{len([d for d in rs if d['model'] in SPEED_TARGETS])}"
+        parts.append(f"at batch {b}, {sum(d['met'] for d in tight)}/{len([d for d in rs if d['model'] in SPEED_TARGETS])}"
                      f" of the issue's models within target (<= 0.85x CNN/ViT, <= 0.9x BERT/GPT-2/Llama), "
                      f"{sum(d['ratio'] <= SPEED_ANY for d in ok)}/{len(rs)} within {SPEED_ANY}x"
                      + (f", worst {w['model']} {w['ratio']:.2f}x" if w else "")
@@ -903,7 +903,7 @@ def _speed_write(a, rows: list[dict], recs: list[dict], t0: float, load0: float,
     """The table so far (written to --out and the JSON dump after every row: a run cut short keeps its rows)."""
     load1 = os.getloadavg()[0]
     from _results import machine_line
-    quiet = max(load0, load1) < 1.0
+    quiet = load0 < 1.0      # the load before the run: at its end the run's own 2-thread workers count in it
     cond = (a.label or ("quiet" if quiet else "UNDER LOAD: indicative only, to be rerun on a quiet machine")) \
         + f", load average {load0:.1f} / {load1:.1f}" + ("" if done else f", {len(rows)} rows so far")
     label = (machine_line("python bench/e2e.py " + " ".join(sys.argv[1:]), t0, load0) + f", {cond}; "

@@ -72,7 +72,7 @@ def test_speed_record_ratios_and_growth_at_half(e2e):
     assert ("| tv.mobilenet_v3_small | 8 | 40.0 | 30.0 | 0.75 (0.75) | 0.85 | met | 90 / 4 | 55.0 / 100.0 (0.55) "
             "| met |") in tab
     last = tab.splitlines()[-1]
-    assert last.startswith("Speed headline: batch 8: 1/1 of the issue's models") and last.endswith("(test run)")
+    assert last.startswith("Speed headline: at batch 8, 1/1 of the issue's models") and last.endswith("(test run)")
 
 
 def test_speed_record_misses_and_refusals(e2e):
