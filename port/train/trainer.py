@@ -486,8 +486,8 @@ class Trainer:
         ys = y if (y.dtype == torch.int64 and y.is_contiguous() and y.device.type == "cpu") else \
             y.to("cpu", torch.int64).contiguous()
         ex = self.executor
-        extra = [e if (e.dtype == v.dtype and e.is_contiguous()) else e.to(v.dtype).contiguous()
-                 for v, e in zip(ex.extra_inputs, self._extra_batch)]
+        extra = [e if (e.dtype == v.dtype and e.is_contiguous() and e.device.type == "cpu") else
+                 e.to("cpu", v.dtype).contiguous() for v, e in zip(ex.extra_inputs, self._extra_batch)]
         loss = self._rt.forward_backward(xs, ys, extra)
         self.state.dropout_counter += 1
         self._bn_batches += 1
