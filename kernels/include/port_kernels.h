@@ -264,6 +264,14 @@ PORT_API port_status port_silu_backward(float *dx, const float *dy, const float 
 PORT_API port_status port_swiglu_forward(float *y, const float *a, const float *b, int64_t count);
 PORT_API port_status port_swiglu_backward(float *da, float *db, const float *dy, const float *a,
                                           const float *b, int64_t count);
+/* Rotary position embedding fused (transformer.c): y = x cos + rotate_half(x) sin over the last dim d (even),
+ * x, y [n, heads, seq, d], cos, sin [table_n, 1, seq, d] (table_n 1 or n); the same bits as the plain
+ * mul -> narrow/neg/cat -> mul -> add chain.  Backward dx = dy cos + rotate_half^T(dy sin).  y may be x and dx
+ * may be dy (in place). */
+PORT_API port_status port_rotary_forward(float *y, const float *x, const float *cos_t, const float *sin_t,
+                                         int64_t n, int64_t heads, int64_t seq, int64_t d, int64_t table_n);
+PORT_API port_status port_rotary_backward(float *dx, const float *dy, const float *cos_t, const float *sin_t,
+                                          int64_t n, int64_t heads, int64_t seq, int64_t d, int64_t table_n);
 /* ---- end issue 54 fused variants ---- */
 /* y = a + b; y MAY ALIAS a or b.  Backward is the identity (no kernel). */
 PORT_API port_status port_add(float *y, const float *a, const float *b, int64_t count);

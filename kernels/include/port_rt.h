@@ -198,6 +198,8 @@ extern "C" {
     X(120, EMBEDDING_BACKWARD_WEIGHT_PAD, port_embedding_backward_weight_pad)      \
     X(135, SWIGLU_FORWARD, port_swiglu_forward)                                   \
     X(136, SWIGLU_BACKWARD, port_swiglu_backward)                                 \
+    X(115, ROTARY_FORWARD, port_rotary_forward)                                   \
+    X(116, ROTARY_BACKWARD, port_rotary_backward)                                 \
     X(137, INT_BINARY, port_int_binary)                                            \
     X(138, ARGMAX_ROWS, port_argmax_rows)                                          \
     X(139, INDEX2_ROWS, port_index2_rows)                                          \

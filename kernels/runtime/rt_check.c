@@ -639,6 +639,20 @@ static int swiglu(ctx *x, int bwd) {
     return eltwise(x, 3, -1);
 }
 
+/* rotary embedding fused (issue 54): y|dx, x|dy [n, heads, seq, d]; cos, sin [table_n, seq, d]; iv: n, heads, seq,
+ * d (even), table_n (1 or n); the output may be its input (in place) */
+static int rotary(ctx *x) {
+    const int64_t *v = x->c->iv;
+    if (pos_range(x, 0, 4)) return BAD;
+    if (v[3] % 2) return fail(x->why, "iv[3]", "the rotary dim must be even", v[3], 0, 0);
+    if (v[4] != 1 && v[4] != v[0]) return fail(x->why, "iv[4]", "the tables' batch must be 1 or n", v[4], 0, v[0]);
+    int64_t t = smul4(v[0], v[1], v[2], v[3]), tab = smul3(v[4], v[2], v[3]);
+    args(x, 4, 5, 0);
+    op(x, 0, t, 4, 1), op(x, 1, t, 4, 0), op(x, 2, tab, 4, 0), op(x, 3, tab, 4, 0);
+    inplace(x, 0, 1);
+    return PORT_OK;
+}
+
 static int shape_of(ctx *x) {
     const port_rt_call *c = x->c;
     const int64_t *v = c->iv;
@@ -653,6 +667,8 @@ static int shape_of(ctx *x) {
     case 72: case 73: return binary(x, k == 73);   /* port_binary_forward / _backward (a later PORT_RT_KERNELS) */
     case PORT_RT_SWIGLU_FORWARD:
     case PORT_RT_SWIGLU_BACKWARD: return swiglu(x, k == PORT_RT_SWIGLU_BACKWARD);
+    case PORT_RT_ROTARY_FORWARD:
+    case PORT_RT_ROTARY_BACKWARD: return rotary(x);
     case PORT_RT_RMSNORM_FORWARD:
     case PORT_RT_RMSNORM_BACKWARD_INPUT:
     case PORT_RT_RMSNORM_BACKWARD_WEIGHT:

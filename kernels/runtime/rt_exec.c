@@ -150,6 +150,10 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
     case PORT_RT_SWIGLU_FORWARD: return port_swiglu_forward(F(0), CF(1), CF(2), v[0]);
     case PORT_RT_SWIGLU_BACKWARD:
         return port_swiglu_backward(F(0), F(1), CF(2), CF(3), CF(4), v[0]);
+    case PORT_RT_ROTARY_FORWARD:
+        return port_rotary_forward(F(0), CF(1), CF(2), CF(3), v[0], v[1], v[2], v[3], v[4]);
+    case PORT_RT_ROTARY_BACKWARD:
+        return port_rotary_backward(F(0), CF(1), CF(2), CF(3), v[0], v[1], v[2], v[3], v[4]);
     case PORT_RT_BINARY_FORWARD: {   /* iv: op, rank, a_bcast, b_bcast, dims[6] */
         port_binary_params p = binary_p(v);
         return port_binary_forward(F(0), CF(1), CF(2), &p);

@@ -1168,3 +1168,44 @@ port_status port_softmax_xent_ignore_backward(float *dlogits, const float *probs
                          label_smoothing, ignore_index);
     return PORT_OK;
 }
+
+/* Rotary position embedding (Llama's apply_rotary_pos_emb on q or k, issue 54): y = x cos + rotate_half(x) sin,
+ * rotate_half(x) = cat(-x[..., h:], x[..., :h]), h = d / 2.  x, y [n, heads, seq, d]; the tables cos, sin
+ * [table_n, 1, seq, d] with table_n 1 (one table for the batch) or n.  Each output element takes the plain chain's
+ * roundings (x cos and rotate_half(x) sin each rounded to float, then their sum), so the fused call gives the bits
+ * of mul -> narrow/neg/cat -> mul -> add.  The backward: dx = dy cos + rotate_half^T(dy sin), rotate_half^T(v) =
+ * cat(v[..., h:], -v[..., :h]).  Each pair (j, j + h) is read before it is written: y may be x, dx may be dy. */
+static port_status rotary(float *y, const float *x, const float *c, const float *s, int64_t n, int64_t heads,
+                          int64_t seq, int64_t d, int64_t table_n, int bwd) {
+    PORT_NOTNULL(y); PORT_NOTNULL(x); PORT_NOTNULL(c); PORT_NOTNULL(s);
+    PORT_CHECK(n > 0 && heads > 0 && seq > 0 && d > 0 && d % 2 == 0, PORT_ERR_SHAPE);
+    PORT_CHECK(table_n == 1 || table_n == n, PORT_ERR_SHAPE);
+    int64_t h = d / 2, rows = n * heads * seq;
+#pragma omp parallel for schedule(static) if (rows * d > PORT_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t b = r / (heads * seq), t = r % seq;
+        int64_t at = ((table_n == 1 ? 0 : b) * seq + t) * d;
+        const float *cr = c + at, *sr = s + at;
+        const float *xr = x + r * d;
+        float *yr = y + r * d;
+        for (int64_t j = 0; j < h; j++) {
+            float lo = xr[j], hi = xr[j + h];
+            float a0 = lo * cr[j], a1 = hi * cr[j + h];
+            float b0 = bwd ? hi * sr[j + h] : -hi * sr[j];
+            float b1 = bwd ? -(lo * sr[j]) : lo * sr[j + h];
+            yr[j] = a0 + b0;
+            yr[j + h] = a1 + b1;
+        }
+    }
+    return PORT_OK;
+}
+
+port_status port_rotary_forward(float *y, const float *x, const float *cos_t, const float *sin_t, int64_t n,
+                                int64_t heads, int64_t seq, int64_t d, int64_t table_n) {
+    return rotary(y, x, cos_t, sin_t, n, heads, seq, d, table_n, 0);
+}
+
+port_status port_rotary_backward(float *dx, const float *dy, const float *cos_t, const float *sin_t, int64_t n,
+                                 int64_t heads, int64_t seq, int64_t d, int64_t table_n) {
+    return rotary(dx, dy, cos_t, sin_t, n, heads, seq, d, table_n, 1);
+}

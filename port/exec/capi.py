@@ -247,6 +247,8 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_silu_backward", "port_status", (_F, _CF, _CF, "int64_t")),
     ("port_swiglu_forward", "port_status", (_F, _CF, _CF, "int64_t")),
     ("port_swiglu_backward", "port_status", (_F, _F, _CF, _CF, _CF, "int64_t")),
+    ("port_rotary_forward", "port_status", (_F, _CF, _CF, _CF, _I, _I, _I, _I, _I)),
+    ("port_rotary_backward", "port_status", (_F, _CF, _CF, _CF, _I, _I, _I, _I, _I)),
     ("port_binary_numel", "int64_t", (_BinP, "int")),
     ("port_binary_forward", "port_status", (_F, _CF, _CF, _BinP)),
     ("port_binary_backward", "port_status", (_F, _F, _CF, _CF, _CF, _BinP, "int")),

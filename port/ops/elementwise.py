@@ -264,7 +264,46 @@ def _binary_backward(bc, f, fo, gy, xs_needing, trained):
             bc.contribute(t, g, f.layer)
 
 
+# Rotary position embedding, x cos + rotate_half(x) sin (Llama's q and k), the fused variant of its mul -> narrow/neg
+# /cat -> mul -> add chain (port.plan.variants.FUSIONS "rotary"): kernels of the mul record, emitted for the chain's
+# calls only (never captured as an op)
+ROTARY_KERNELS = {"rotary": ("port_rotary_forward",), "rotary.grad_input": ("port_rotary_backward",)}
+
+
+def _rotary_shapes(k, attrs, I, O, at):
+    """rotary: y from (x, cos, sin); rotary.grad_input: dx from (dy, cos, sin); x [n, heads, seq, d] (d even), the
+    tables [1 or n, 1, seq, d]."""
+    x = tuple(at(I, 0, "input 0 (x)" if k == "rotary" else "input 0 (dy)"))
+    tab = tuple(at(I, 1, "input 1 (cos)"))
+    if len(x) != 4 or x[3] % 2 or len(tab) != 4 or tab[0] not in (1, x[0]) or tab[1:] != (1,) + x[2:]:
+        raise CallShapeError(f"{k} of {list(x)} with tables {list(tab)}: expected x [n, heads, seq, d] (d even) "
+                             f"and tables [1 or n, 1, seq, d]")
+    return [(x, F32), (tab, F32), (tab, F32)], [(x, F32)]
+
+
+def _rotary_encode(kind, a, IS, OS, I, O, variant, call):
+    n, heads, seq, d = IS[0]
+    return Encoded("port_rotary_forward" if kind == "rotary" else "port_rotary_backward", (O[0], I[0], I[1], I[2]),
+                   (n, heads, seq, d, IS[1][0]))
+
+
+def _rotary_torch(kind, a, I, O, env):
+    """The plain chain's operations in its order (the reference the C kernel matches)."""
+    torch = env.torch
+    x, c, s = I
+    h = x.shape[-1] // 2
+    if kind == "rotary":
+        return lambda: torch.add(x * c, torch.cat((-x[..., h:], x[..., :h]), -1) * s, out=O[0])
+
+    def grad():
+        v = x * s
+        O[0].copy_(x * c + torch.cat((v[..., h:], -v[..., :h]), -1))
+    return grad
+
+
 def _binary_shapes(k, attrs, I, O, at):
+    if k in ROTARY_KERNELS:
+        return _rotary_shapes(k, attrs, I, O, at)
     if "." not in k:
         a, b = at(I, 0, "input 0 (a)"), at(I, 1, "input 1 (b)")
         y = broadcast_shape(a, b)
@@ -292,6 +331,8 @@ def _binary_encode(kind, a, IS, OS, I, O, variant, call):
     """port_binary_forward (y, a, b) / port_binary_backward (da, db, dy, a, b; NULL where not wanted or not
     read; weight gradients accumulate). An operand the call neither reads nor writes takes the output's shape."""
     from port.exec.capi import BINARY_OPS
+    if kind in ROTARY_KERNELS:
+        return _rotary_encode(kind, a, IS, OS, I, O, variant, call)
     base = kind.split(".")[0]
     if "." not in kind:
         dims, am, bm = collapse(IS[0], IS[1], OS[0])
@@ -309,6 +350,8 @@ def _binary_encode(kind, a, IS, OS, I, O, variant, call):
 
 
 def _binary_torch(kind, a, I, O, env):
+    if kind in ROTARY_KERNELS:
+        return _rotary_torch(kind, a, I, O, env)
     torch = env.torch
     base = kind.split(".")[0]
     fwd_, dfn = _BINARY[base][2], _BINARY[base][3]
@@ -330,7 +373,7 @@ def _binary_torch(kind, a, I, O, env):
 register(*(OpRecord(
     kind=k, family="elementwise",
     kernels={k: ("port_binary_forward",), f"{k}.grad_input": ("port_binary_backward",),
-             f"{k}.grad_weight": ("port_binary_backward",)},
+             f"{k}.grad_weight": ("port_binary_backward",)} | (ROTARY_KERNELS if k == "mul" else {}),
     shapes=_binary_shapes, torch=_binary_torch, encode=_binary_encode, aten=(v[0],), capture=_binary_capture(k),
     saved=_binary_saved, backward=_binary_backward, tags=frozenset({"checkpoint"}),
     c_supports=lambda a: a.get("bcast_rank", 0) <= _MAX_RANK,

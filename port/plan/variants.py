@@ -257,6 +257,154 @@ def _swiglu_nonmat(graph: Graph, ch: tuple[int, ...]) -> tuple[int, ...]:
     return (s, g.outputs[m.inputs.index(s)])
 
 
+def _backward_ops(graph: Graph) -> dict[int, tuple[int, ...]]:
+    """forward op id -> the ids of its backward ops (``Op.forward_op``), in program order."""
+    def build() -> dict[int, tuple[int, ...]]:
+        out: dict[int, list[int]] = {}
+        for o in graph.ops:
+            if o.forward_op is not None:
+                out.setdefault(o.forward_op, []).append(o.id)
+        return {k: tuple(v) for k, v in out.items()}
+    return graph.memo("backward_ops", build)
+
+
+def _rotary_forward(graph: Graph, op: Op) -> tuple[Op, ...] | None:
+    """(mul1, narrow lo, narrow hi, neg, cat, mul2, add) of y = x cos + cat(-x[..., h:], x[..., :h]) sin, the
+    chain starting at mul1 = x * cos; None where the ops differ from that (x read elsewhere, a view of an
+    intermediate, other dims or a table of another shape)."""
+    if op.kind != "mul" or op.phase != PHASE_FORWARD or op.attrs or len(op.inputs) != 2 or len(op.outputs) != 1:
+        return None
+    T = graph.tensors
+    x, c = op.inputs
+    sx, sc = tuple(T[x].shape), tuple(T[c].shape)
+    if len(sx) != 4 or sx[3] % 2 or len(sc) != 4 or sc[0] not in (1, sx[0]) or sc[1:] != (1,) + sx[2:] or x == c:
+        return None
+    h = sx[3] // 2
+    cons = graph.consumers()
+    fwd = lambda t: [graph.ops[i] for i in cons.get(t, ())                               # noqa: E731
+                     if graph.ops[i].phase in (PHASE_FORWARD, PHASE_LOSS)]
+    xs = fwd(x)
+    if len(xs) != 3 or xs[0].id != op.id:
+        return None
+    halves = {}
+    for o in xs[1:]:
+        if o.kind != "narrow" or o.attr("dim") not in (3, -1) or o.attr("length") != h or o.attr("squeeze") \
+                or len(o.outputs) != 1:
+            return None
+        halves[o.attr("start")] = o
+    if set(halves) != {0, h}:
+        return None
+    lo, hi = halves[0], halves[h]
+    one = lambda t, kind: (lambda c_: c_[0] if len(c_) == 1 and c_[0].kind == kind else None)(fwd(t))  # noqa: E731
+    neg = one(hi.outputs[0], "neg")
+    cat = one(neg.outputs[0], "cat") if neg is not None else None
+    if cat is None or tuple(cat.inputs) != (neg.outputs[0], lo.outputs[0]) or cat.attr("dim") not in (3, -1) \
+            or one(lo.outputs[0], "cat") is not cat:
+        return None
+    m2 = one(cat.outputs[0], "mul")
+    if m2 is None or m2.attrs or len(m2.inputs) != 2 or len(m2.outputs) != 1:
+        return None
+    s = m2.inputs[1] if m2.inputs[0] == cat.outputs[0] else m2.inputs[0]
+    if s == cat.outputs[0] or tuple(T[s].shape) != sc:
+        return None
+    add = one(op.outputs[0], "add")
+    if add is None or one(m2.outputs[0], "add") is not add or sorted(add.inputs) != sorted((op.outputs[0],
+                                                                                            m2.outputs[0])):
+        return None
+    chain = (op, lo, hi, neg, cat, m2, add)
+    inner = {t for o in chain[:-1] for t in o.outputs}
+    if any(T[t].alias_of is not None for t in inner) or any(t.alias_of in inner or t.alias_of == x for t in T):
+        return None
+    return chain
+
+
+def _rotary(graph: Graph, op: Op) -> tuple[int, ...] | None:
+    """The member op ids (program order) of a rotary embedding the C kernels compute: the seven forward ops
+    (_rotary_forward) and, in training, their backward ops -- add.grad_input, the gradients of both products
+    (x's and the rotated half's only: the tables take none), cat.grad_input, neg.grad_input, both
+    narrow.grad_input and the two grad_accumulate that sum x's three gradients -- where x's gradient has no other
+    part and the intermediate gradients are read by nothing else."""
+    fw = _rotary_forward(graph, op)
+    if fw is None:
+        return None
+    T, bw_of = graph.tensors, _backward_ops(graph)
+    m1, lo, hi, neg, cat, m2, add = fw
+    fids = tuple(o.id for o in fw)
+    bws = [bw_of.get(i, ()) for i in fids]
+    cons = graph.consumers()
+    if not any(bws):
+        inner = [t for o in fw[:-1] for t in o.outputs]
+        if any(set(cons.get(t, ())) - set(fids) for t in inner + [m1.inputs[0]]):
+            return None
+        return tuple(sorted(fids))
+    if any(len(b) != 1 for b in bws):
+        return None
+    g = {o.id: graph.ops[b[0]] for o, b in zip(fw, bws)}
+    ga, g2, gc, gn, gl, gh, g1 = g[add.id], g[m2.id], g[cat.id], g[neg.id], g[lo.id], g[hi.id], g[m1.id]
+    x = m1.inputs[0]
+    kinds = (ga.kind, g2.kind, gc.kind, gn.kind, gl.kind, gh.kind, g1.kind)
+    if kinds != ("add.grad_input", "mul.grad_input", "cat.grad_input", "neg.grad_input", "narrow.grad_input",
+                 "narrow.grad_input", "mul.grad_input") or len(ga.outputs) != 2:
+        return None
+    of = {T[t].grad_of: t for t in ga.outputs}
+    ci = m2.inputs.index(cat.outputs[0])
+    if set(of) != {m1.outputs[0], m2.outputs[0]} \
+            or g1.attr("grads") != (0,) or g1.attr("reads") != (1,) or tuple(g1.inputs) != (of[m1.outputs[0]],
+                                                                                               m1.inputs[1]) \
+            or g2.attr("grads") != (ci,) or g2.attr("reads") != (1 - ci,) \
+            or tuple(g2.inputs) != (of[m2.outputs[0]], m2.inputs[1 - ci]) \
+            or gc.attr("grads") != (0, 1) or tuple(gc.inputs) != (g2.outputs[0],) \
+            or tuple(gn.inputs) != (gc.outputs[0],) or tuple(gh.inputs) != (gn.outputs[0],) \
+            or tuple(gl.inputs) != (gc.outputs[1],):
+        return None
+    parts = {gl.outputs[0], gh.outputs[0], g1.outputs[0]}
+    accs = [o for t in parts for o in (graph.ops[i] for i in cons.get(t, ())) if o.kind == "grad_accumulate"]
+    accs = list({o.id: o for o in accs}.values())
+    if len(accs) == 1:      # the first sums two parts; the second the first's sum and the third part
+        nxt = [graph.ops[i] for i in cons.get(accs[0].outputs[0], ())]
+        accs += [o for o in nxt if o.kind == "grad_accumulate"]
+    if len(accs) != 2:
+        return None
+    a1, a2 = sorted(accs, key=lambda o: o.id)
+    if a1.outputs[0] not in a2.inputs or set(a1.inputs) | set(a2.inputs) != parts | {a1.outputs[0]} \
+            or T[a2.outputs[0]].grad_of != x:
+        return None
+    bids = tuple(o.id for o in (ga, g2, gc, gn, gl, gh, g1, a1, a2))
+    members = set(fids) | set(bids)
+    inner = [t for o in fw[:-1] for t in o.outputs] + [m1.inputs[0]] \
+        + [t for o in (ga, g2, gc, gn, gl, gh, g1, a1) for t in o.outputs]
+    if any(set(cons.get(t, ())) - members for t in inner) \
+            or any(T[t].alias_of is not None for o in (g2, gc, gn, gl, gh, g1, a1, a2) for t in o.outputs) \
+            or max(fids) > min(bids) or a2.id != max(bids):
+        return None
+    return tuple(sorted(fids)) + tuple(sorted(bids))
+
+
+def _rotary_calls(ch: tuple[int, ...]) -> dict[int, tuple[int, ...]]:
+    """The add (the last forward member) runs the forward call; x's last gradient sum the backward one."""
+    return {ch[6]: ch[:6]} | ({ch[-1]: ch[7:-1]} if len(ch) > 7 else {})
+
+
+def _rotary_nonmat(graph: Graph, ch: tuple[int, ...]) -> tuple[int, ...]:
+    """Every intermediate: the products, halves, rotation and, in training, every partial gradient (the add's
+    input gradients are views of dy and stay)."""
+    fw = [t for i in ch[:6] for t in graph.ops[i].outputs]
+    bw = [t for i in ch[7:-1] if graph.ops[i].kind != "add.grad_input" for t in graph.ops[i].outputs]
+    return tuple(fw + bw)
+
+
+def _rotary_emit(graph: Graph, ch: "Chain", op: Op) -> list:
+    """rotary: y from (x, cos, sin); rotary.grad_input: dx from (dy, cos, sin)."""
+    fw = _rotary_forward(graph, graph.ops[ch.ops[0]])
+    m1, m2, add = fw[0], fw[5], fw[6]
+    x, c = m1.inputs
+    s = m2.inputs[1] if m2.inputs[0] == fw[4].outputs[0] else m2.inputs[0]
+    if op.id == add.id:
+        return [("rotary", (add.outputs[0],), (x, c, s), {}, ch.ops[:6])]
+    dy = next(graph.ops[i] for i in ch.ops[7:] if graph.ops[i].kind == "add.grad_input").inputs[0]
+    return [("rotary.grad_input", (op.outputs[0],), (dy, c, s), {}, ch.ops[7:-1])]
+
+
 @dataclass(frozen=True)
 class Fusion:
     """One fused kernel the planner may choose, declared once: what chain of ops it replaces (``find``: the
@@ -301,6 +449,10 @@ FUSIONS: tuple[Fusion, ...] = (
     Fusion("swiglu", ("silu", "mul", "mul.grad_input", "silu.grad_input"), ("swiglu", "swiglu.grad_input"),
            _swiglu, calls=lambda ch: {ch[1]: (ch[0],)} | ({ch[2]: (ch[3],)} if len(ch) > 2 else {}),
            nonmat=_swiglu_nonmat, emit=_swiglu_calls),
+    Fusion("rotary", ("mul", "narrow", "narrow", "neg", "cat", "mul", "add", "add.grad_input", "mul.grad_input",
+                      "cat.grad_input", "neg.grad_input", "narrow.grad_input", "narrow.grad_input", "mul.grad_input",
+                      "grad_accumulate", "grad_accumulate"),
+           ("rotary", "rotary.grad_input"), _rotary, calls=_rotary_calls, nonmat=_rotary_nonmat, emit=_rotary_emit),
 )
 FUSED_KERNELS = tuple(k for f in FUSIONS for k in f.kernels)
 

@@ -1,5 +1,6 @@
-"""SwiGLU fused (issue 54) on Hugging Face's tiny LlamaForCausalLM (bench/published.py hf.llama_lm): each layer's
-MLP silu -> mul (and its two gradient ops) is one fusable chain; the fused plan trains to the plain plan's losses,
+"""SwiGLU and rotary embedding fused (issue 54) on Hugging Face's tiny LlamaForCausalLM (bench/published.py
+hf.llama_lm): each layer's MLP silu -> mul (and its two gradient ops) is one fusable chain, each layer's q and k
+rotation (seven ops and nine gradient ops) another; the fused plan trains to the plain plan's losses,
 gradients (the first step's momentum buffers) and weights bit for bit, on the per-call executor and the C step
 engine, and port-rt trains the fused bundle to the Trainer's bits."""
 from __future__ import annotations
@@ -61,13 +62,16 @@ def _tensors(d, prefix=""):
 
 def test_llama_mlp_chains(llama):
     _, _, _, _, g = llama
-    chains = V.chains(g)
-    assert len(chains) == 2 and {c.fusion.name for c in chains.values()} == {"swiglu"}
+    every = V.chains(g)
+    chains = {k: c for k, c in every.items() if c.fusion.name == "swiglu"}
+    assert len(chains) == 2
+    rotary = [c for c in every.values() if c.fusion.name == "rotary"]      # q and k of each layer
+    assert len(rotary) == 4 and len(every) == 6 and all(len(c.ops) == 16 for c in rotary)
     for ch in chains.values():
         assert [g.ops[i].kind for i in ch.ops] == ["silu", "mul", "mul.grad_input", "silu.grad_input"]
         assert g.ops[ch.ops[0]].layer.endswith("mlp.act_fn") or "mlp" in g.ops[ch.ops[0]].name
     fused = [d.op for d in default_plan(g).ops if d.variant == "fused"]
-    assert sorted(fused) == sorted(i for ch in chains.values() for i in ch.ops)
+    assert sorted(fused) == sorted(i for ch in every.values() for i in ch.ops)
 
 
 @pytest.mark.parametrize("engine", ["python", "rt"])
@@ -80,6 +84,7 @@ def test_fused_swiglu_equals_plain_bit_for_bit(llama, engine):
     kernels = lambda tr: [c.kernel for c in tr.program.calls]  # noqa: E731
     assert kernels(tf).count("swiglu") == kernels(tf).count("swiglu.grad_input") == 2
     assert "swiglu" not in kernels(tp) and kernels(tp).count("silu") == 2
+    assert kernels(tf).count("rotary") == kernels(tf).count("rotary.grad_input") == 4 and "rotary" not in kernels(tp)
     assert lf == lp, (lf, lp)
     assert gf.keys() == gp.keys() and gf
     for n in gf:

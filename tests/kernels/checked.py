@@ -1317,3 +1317,18 @@ def masked_fill(x, mask, value, reference=False, out=None):
     fn = raw.port_masked_fill_reference if reference else raw.port_masked_fill
     check(fn(y.data_ptr(), x.data_ptr(), mask.data_ptr(), len(dims), mm, d, float(value)), "masked_fill")
     return y
+
+
+# --------------------------------------------------------------------------- port-rt's call rule
+def rt_rule(kernel: int, ptrs: Sequence[int], iv: Sequence[int], arena: int = 1 << 16) -> tuple[int, str]:
+    """port_rt_call_check of one call record (pointers as arena byte offsets, -1 past ``ptrs``; the integer
+    arguments ``iv``; no persistent region): (status, the refusal's text)."""
+    c = capi.RtCall()
+    c.kernel = kernel
+    for i in range(capi.RT_MAX_PTRS):
+        c.ptr[i] = ptrs[i] if i < len(ptrs) else -1
+    for i, v in enumerate(iv):
+        c.iv[i] = v
+    prob = capi.RtCallProblem()
+    rc = raw.port_rt_call_check(ctypes.byref(c), arena, 0, ctypes.byref(prob))
+    return rc, prob.text()

@@ -1,13 +1,13 @@
 """SwiGLU fused (issue 54, h54-fused): port_swiglu_forward/backward against float64 autograd, against the plain
 members (silu then mul: the same bits), refusals and equal bits at 1/2/3 threads."""
-import ctypes
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from port.exec import capi
 from port.exec.capi import PORT_OK
+
+from checked import rt_rule
 
 raw = capi.raw
 
@@ -76,15 +76,8 @@ def test_swiglu_same_bits_at_1_2_3_threads():
         assert all(torch.equal(x, y) for x, y in zip(outs[0], o))
 
 
-def _rule(kernel, ptrs, count, arena=1 << 16):
-    c = capi.RtCall()
-    c.kernel = kernel
-    for i in range(capi.RT_MAX_PTRS):
-        c.ptr[i] = ptrs[i] if i < len(ptrs) else -1
-    c.iv[0] = count
-    prob = capi.RtCallProblem()
-    rc = raw.port_rt_call_check(ctypes.byref(c), arena, 0, ctypes.byref(prob))
-    return rc, prob.text()
+def _rule(kernel, ptrs, count):
+    return rt_rule(kernel, ptrs, [count])
 
 
 def test_port_rt_call_rule_of_swiglu_ids_135_136():
