@@ -586,6 +586,9 @@ def recompute_plan(graph: Graph, plan: Plan, only: Sequence[int] | None = None,
     for o in graph.ops:
         if dec[o.id].variant == "inplace":
             root[o.outputs[0]] = R(o.inputs[0])
+    fused_over = {q: xy for q, xy in V.fused_inplace(graph).items() if dec[q].variant == "fused"}
+    for q, (x, y) in fused_over.items():      # a fused call's output over an input (the rotary embedding's y)
+        root[y] = R(x)
     shared = set()
     for t in graph.tensors:
         if t.alias_of is None and R(t.id) != t.id:
@@ -599,6 +602,7 @@ def recompute_plan(graph: Graph, plan: Plan, only: Sequence[int] | None = None,
     for o in graph.ops:
         if dec[o.id].variant == "inplace" and o.phase == PHASE_FORWARD:
             inplace_hit.add(R(o.inputs[0]))
+    inplace_hit.update(R(x) for x, _y in fused_over.values())
     cand = []
     for o in graph.ops:
         if o.phase != PHASE_FORWARD or o.kind in NOT_RECOMPUTABLE_KINDS or dec[o.id].variant in ("inplace", "fused"):

@@ -474,6 +474,8 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
         ch = V.chains(graph).get(o.id)
         if ch is not None and dec[o.id].variant == "fused":
             nonmat.update(graph.storage_root(t) for t in ch.nonmat)
+            for _c, y, x in ch.inplace:          # a fused call's output over an input dying at it
+                dalias[y] = x
             for c, at in zip(ch.ops, ch.at):
                 if c != at:
                     chain_head[c] = at

@@ -393,6 +393,18 @@ def _rotary_nonmat(graph: Graph, ch: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(fw + bw)
 
 
+def _rotary_inplace(graph: Graph, ch: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+    """The forward call writes y over x (port_rotary_forward reads each pair before writing it) where x owns its
+    bytes, is an activation of y's size and nothing but the chain reads it (_rotary: x dies at the call, which
+    reads it in every plan: fused_reads)."""
+    T, m1, add = graph.tensors, graph.ops[ch[0]], graph.ops[ch[6]]
+    x, y = m1.inputs[0], add.outputs[0]
+    if T[x].alias_of is not None or graph.storage_root(x) != x or T[x].role != "activation" \
+            or T[x].bytes != T[y].bytes or T[y].alias_of is not None or x in (graph.input_id, graph.logits_id):
+        return ()
+    return ((add.id, y, x),)
+
+
 def _rotary_emit(graph: Graph, ch: "Chain", op: Op) -> list:
     """rotary: y from (x, cos, sin); rotary.grad_input: dx from (dy, cos, sin)."""
     fw = _rotary_forward(graph, graph.ops[ch.ops[0]])
@@ -422,16 +434,20 @@ class Fusion:
     nonmat: Callable[[Graph, tuple[int, ...]], tuple[int, ...]]       # tensors never materialised
     # the calls a call op runs: [(kernel, outputs, inputs, attrs, covered op ids)] (port.exec.registry.CallSpec)
     emit: Callable[[Graph, "Chain", Op], list]
+    # (call op, output, input): a call's output written over the bytes of an input that dies at it (in place)
+    inplace: Callable[[Graph, tuple[int, ...]], tuple[tuple[int, int, int], ...]] = lambda g, ch: ()
 
 
 @dataclass(frozen=True)
 class Chain:
     """One fusable chain of a graph: its Fusion, its member op ids (program order; ops[0] is its key), the
-    call op computing each member (``at``, aligned with ops) and the tensors never materialised when fused."""
+    call op computing each member (``at``, aligned with ops), the tensors never materialised when fused and the
+    call outputs written in place over an input when fused."""
     fusion: Fusion
     ops: tuple[int, ...]
     at: tuple[int, ...]
     nonmat: tuple[int, ...]
+    inplace: tuple[tuple[int, int, int], ...] = ()      # (call op, output, input it overwrites) when fused
 
     @property
     def calls(self) -> tuple[int, ...]:
@@ -452,7 +468,8 @@ FUSIONS: tuple[Fusion, ...] = (
     Fusion("rotary", ("mul", "narrow", "narrow", "neg", "cat", "mul", "add", "add.grad_input", "mul.grad_input",
                       "cat.grad_input", "neg.grad_input", "narrow.grad_input", "narrow.grad_input", "mul.grad_input",
                       "grad_accumulate", "grad_accumulate"),
-           ("rotary", "rotary.grad_input"), _rotary, calls=_rotary_calls, nonmat=_rotary_nonmat, emit=_rotary_emit),
+           ("rotary", "rotary.grad_input"), _rotary, calls=_rotary_calls, nonmat=_rotary_nonmat, emit=_rotary_emit,
+           inplace=_rotary_inplace),
 )
 FUSED_KERNELS = tuple(k for f in FUSIONS for k in f.kernels)
 
@@ -462,7 +479,7 @@ def _make_chain(graph: Graph, f: Fusion, ops_: tuple[int, ...]) -> Chain:
     for c, covered in f.calls(ops_).items():
         for m in covered:
             at[m] = c
-    return Chain(f, ops_, tuple(at[m] for m in ops_), tuple(f.nonmat(graph, ops_)))
+    return Chain(f, ops_, tuple(at[m] for m in ops_), tuple(f.nonmat(graph, ops_)), tuple(f.inplace(graph, ops_)))
 
 
 def _find_chain(graph: Graph, op: Op) -> Chain | None:
@@ -510,6 +527,12 @@ def runs_fused_call(graph: Graph, op: Op) -> bool:
     call computes it)."""
     ch = chain_of(graph, op)
     return ch is not None and ch.call_of(op.id) == op.id
+
+
+def fused_inplace(graph: Graph) -> dict[int, tuple[int, int]]:
+    """Call op -> (input, output): the fused call writes that output over that input's bytes (when its chain runs
+    fused; the key op's ``fused`` variant decides)."""
+    return graph.memo("fused_inplace", lambda: {c: (x, y) for ch in chains(graph).values() for c, y, x in ch.inplace})
 
 
 def fused_reads(graph: Graph) -> dict[int, tuple[int, ...]]:

@@ -373,10 +373,10 @@ def c_recompute_inputs(m: Model, inst: Instance, v: Vars) -> None:
             if u not in g.producers() or g.storage_root(u) not in inst.roots:
                 continue
             ru = g.storage_root(u)
-            for i, (x, _y) in inst.inplace_ops.items():
+            for i, x, _y, var in inst.inplace_items():
                 if x == ru and i != q and i > inst.roots[ru].birth:
                     t = dict(rc)
-                    t.update(var_expr(inst, v, i, "inplace"))
+                    t.update(var_expr(inst, v, i, var))
                     m.row(f"rc_overwrite[{q},{i}]", t, hi=1.0)
 
 
@@ -405,8 +405,8 @@ def c_drop_exclusive(m: Model, inst: Instance, v: Vars) -> None:
         if t:
             t.update(var_expr(inst, v, conv, "fused"))
             m.row(f"drop_fused[{r},{conv}]", t, hi=1.0)
-    for q, (x, y) in sorted(inst.inplace_ops.items()):
-        inp = var_expr(inst, v, q, "inplace")
+    for q, x, y, var in inst.inplace_items():
+        inp = var_expr(inst, v, q, var)
         for r in (x, y):
             t = _drop_terms(inst, v, r)
             if t:
@@ -481,10 +481,10 @@ def _memory_deltas(inst: Instance, v: Vars, unit: int):
             _add(dvar[prods[gr]], j, b)
             _add(bvar[prods[gr]], j, b)
             _add(dvar[end + 1], j, -b)
-    for q, (x, y) in inst.inplace_ops.items():  # y shares x's storage on their overlap
+    for q, x, y, var in inst.inplace_items():  # y shares x's storage on their overlap
         b = inst.roots[y].bytes / unit
         end = min(inst.roots[y].death, inst.roots[x].death)
-        for kk in var_expr(inst, v, q, "inplace"):
+        for kk in var_expr(inst, v, q, var):
             _add(dvar[q], kk, -b)
             _add(bvar[q], kk, -b)
             _add(dvar[end + 1], kk, b)

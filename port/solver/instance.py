@@ -57,6 +57,14 @@ class Instance:
     pruned: bool = False                        # built with prune=True (dominated accelerators' options dropped)
     ownmem: object = None                       # port.solver.ownmem.OwnMemory: the engine with its own memory
     objective: str = "serial"                   # "serial" (sum of event times) or "makespan" (engines overlapped)
+    fused_inplace: dict[int, tuple[int, int]] = field(default_factory=dict)  # fused call op -> (root of the
+    #   input, root of the output) it writes in place when its chain runs fused (port.plan.variants.fused_inplace)
+
+    def inplace_items(self):
+        """(op, input root, output root, the variant that shares them) of every in-place candidate: ordinary
+        ``inplace`` ops and fused calls that write over an input."""
+        return [(q, x, y, "inplace") for q, (x, y) in sorted(self.inplace_ops.items())] + \
+            [(q, x, y, "fused") for q, (x, y) in sorted(self.fused_inplace.items())]
 
     def handoff_ms(self, a: str, b: str, nbytes: int) -> float:
         return 0.0 if a == b else self.profile.handoff_cost(a, b).cost_ms(nbytes)
@@ -174,6 +182,8 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW,
             if graph.tensors[x].bytes != graph.tensors[y].bytes:
                 raise PlanError(f"inplace op {o.name!r} changes the tensor size")
             inplace_ops[i] = (x, y)
+    fused_inplace = {q: (graph.storage_root(x), graph.storage_root(y)) for q, (x, y) in V.fused_inplace(graph).items()
+                     if any(o.var == "fused" for o in options[q])}
 
     # recompute candidates and their default times (port.plan.semantics.recompute_times)
     tau = SEM.recompute_times(graph)
@@ -323,4 +333,4 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW,
     return Instance(graph, profile, options, S, roots, chains, nonmat, inplace_ops, tau, rc_outputs, rc_needs,
                     own, rc_times, rc_cover, rc_ends, rc_in, early, grad_bytes, window,
                     page_roots, page_ms, edges, accs, excluded, nested, rc_inplace, prune,
-                    own_memory_of(graph, profile, accs))
+                    own_memory_of(graph, profile, accs), fused_inplace=fused_inplace)

@@ -85,6 +85,7 @@ def test_rotary_chain_of_a_training_graph(rope_graph):
         assert V.runs_fused_call(g, g.ops[i]) == (i in (add, last))
         if i not in (add, last):
             assert registry.op_calls(g, g.ops[i], "fused", "c") == ()
+    assert ch.inplace == ((add, g.ops[add].outputs[0], q),) and V.fused_inplace(g) == {add: (q, g.ops[add].outputs[0])}
     assert V.fused_reads(g)[add] == (q,)           # (the tables are buffers); dy and its two views, one storage
     assert {g.storage_root(t) for t in V.fused_reads(g)[last]} == {dy}
 
@@ -137,5 +138,11 @@ def test_fused_rotary_trains_to_the_plain_plans_bits(rope_graph, engine):
     kernels = [c.kernel for c in got[True][2].program.calls]
     assert kernels.count("rotary") == kernels.count("rotary.grad_input") == 1
     assert "rotary" not in [c.kernel for c in got[False][2].program.calls]
-    # the fused plan's arena holds none of the chain's intermediates: no larger than the plain one's
-    assert got[True][2].program.arena_bytes <= got[False][2].program.arena_bytes
+    # the fused plan's arena holds none of the chain's intermediates (no larger than the plain one's), and the
+    # forward call writes y over q: one slot
+    prog = got[True][2].program
+    assert prog.arena_bytes <= got[False][2].program.arena_bytes
+    ch, = V.chains(g).values()
+    (y, q), = [(yy, xx) for _c, yy, xx in ch.inplace]
+    slot = {s_.tensor: s_ for s_ in prog.slots}
+    assert slot[y].offset == slot[q].offset and slot[y].root == slot[q].root
