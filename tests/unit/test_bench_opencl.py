@@ -1,0 +1,44 @@
+"""bench/opencl.py (issue 56) writes its section to bench/RESULTS.md the repo's way: the command, CPU and load first,
+one row per plan, the headline (plans that use both engines and executed, those within 15%) as its last paragraph.
+Rows solved on a --opencl-scale profile are listed but never counted: their prediction is the scaled profile's."""
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench(name):
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", ROOT / "bench" / f"{name}.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def _row(model, budget, pred, meas, accs=("cpu-c", "opencl"), ocl=5, profile="measured"):
+    return {"model": model, "batch": 8, "budget": budget, "memory": "unified", "profile": profile,
+            "accelerators": list(accs), "opencl_calls": ocl, "handoff_calls": 2 * ocl, "both_engines": ocl > 0 and
+            len(accs) > 1, "predicted_ms": pred, "makespan_ms": pred, "measured_ms": meas, "measured_min_ms": meas,
+            "error": (meas - pred) / pred}
+
+
+def test_section_counts_own_plans_on_both_engines_within_15_percent():
+    ocl = _bench("opencl")
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        heads = _bench("headlines")
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    rows = [_row("resnet8", 1.0, 10.0, 11.0), _row("resnet8", 0.5, 10.0, 12.0),
+            _row("resnet18", 1.0, 50.0, 51.0, accs=("cpu-c",), ocl=0),
+            _row("resnet8", 1.0, 10.0, 30.0, profile="opencl conv x0.1")]
+    text = ocl.results_text(rows, "`python bench/opencl.py` (date, CPU, 2 CPUs: load average 0.2 at start)", 0.2)
+    lines = text.splitlines()
+    assert lines[0].startswith("`python bench/opencl.py`") and "quiet" in lines[0] and "CPU timings" in lines[0]
+    assert sum(ln.startswith("| resnet") for ln in lines) == 4 and "| +10.0% |" in text and "| +200.0% |" in text
+    assert lines[-1] == ("OpenCL headline: 2/3 of the ILP's plans use both engines and executed; 1/2 of them within "
+                         "15% of their predicted step (target: all; PoCL timings are CPU timings).")
+    src, head = heads.headline(ocl.SECTION, text)
+    assert src == "bench/opencl.py" and head.startswith("2/3 of the ILP's plans")
+    loaded = ocl.results_text(rows[:1], "`python bench/opencl.py`", 3.0)
+    assert "UNDER LOAD" in loaded.splitlines()[0] and "UNDER LOAD, indicative only" in loaded.splitlines()[-1]
