@@ -53,37 +53,24 @@ def port_rt():
     return ROOT / "kernels" / "build" / "port-rt"
 
 
-def _session_dir(tmp_path_factory) -> Path:
-    """A folder every pytest-xdist worker of this session shares (the workers' base temps' parent), or this
-    process's base temp without xdist."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
 def _shared_profile(tmp_path_factory, config: Path, name: str) -> tuple[Path, str]:
     """`port profile CONFIG --quick` (a fresh process, umask 027) at the location rule of a folder of its own
-    (profiles/host/NAME.json), made once per test session: the first worker measures it under a lock, the others
-    reuse the file and the command's output. The CLI tests of one config share this measurement (a quick profile
-    of the digits CNN is 20-40 s); tests read it, and copy it into tmp_path to change it."""
-    import fcntl
+    (profiles/host/NAME.json), made once per test session (shared_once). The CLI tests of one config share
+    this measurement (a quick profile of the digits CNN is 20-40 s); tests read it, and copy it into tmp_path to
+    change it."""
     import subprocess
 
-    root = _session_dir(tmp_path_factory) / f"shared-profile-{name}"
-    path, out = root / "profiles" / "host" / f"{name}.json", root / "port-profile.stdout"
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f"shared-profile-{name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not out.exists():
-                r = subprocess.run([sys.executable, "-m", "port.cli", "profile", str(config), "--quick",
-                                    "--no-progress"], capture_output=True, text=True, cwd=root, timeout=900,
-                                   env=dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200"),
-                                   preexec_fn=lambda: os.umask(0o027))
-                assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-                out.write_text(r.stdout)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    return path, out.read_text()
+    def make(root: Path) -> None:
+        r = subprocess.run([sys.executable, "-m", "port.cli", "profile", str(config), "--quick", "--no-progress"],
+                           capture_output=True, text=True, cwd=root, timeout=900,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200"),
+                           preexec_fn=lambda: os.umask(0o027))
+        assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        (root / "port-profile.stdout").write_text(r.stdout)
+
+    from sessionshare import shared_once
+    root = shared_once(tmp_path_factory, f"profile-{name}", make)
+    return root / "profiles" / "host" / f"{name}.json", (root / "port-profile.stdout").read_text()
 
 
 @pytest.fixture(scope="session")

@@ -132,8 +132,11 @@ def test_ilp_picks_opencl_where_the_profile_says_it_pays_and_the_plan_trains_equ
     fast = tuple(dataclasses.replace(e, latency_ms=e.latency_ms * 0.1)
                  if e.accelerator == "opencl" and "conv" in e.signature else e for e in prof.entries)
     prof = dataclasses.replace(prof, entries=fast, shared_compute=())   # an engine on its own silicon
-    for budget in ("100%", "50%"):
-        plan = port.solve(g, prof, budget=budget, time_limit_s=60)
+    # the makespan objective's big-M clocks leave the bound weak: a solve ends at its time limit, not its gap. At
+    # 100% the keep-everything warm start fits and 10 s gave the plan 60 s gives (on a loaded machine too); at 50%
+    # a loaded machine needs the 60 s to find any plan (20 s found none at load 18)
+    for budget, limit_s in (("100%", 10), ("50%", 60)):
+        plan = port.solve(g, prof, budget=budget, time_limit_s=limit_s)
         accs = {d.accelerator for d in plan.ops}
         assert "opencl" in accs and len(accs) > 1, (budget, accs)
         sim = port.simulate(plan, g, prof)

@@ -10,6 +10,7 @@ silicon), as test_opencl_async does. ResNet-18 and MobileNetV2 run in the slow t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 
 import pytest
@@ -28,7 +29,9 @@ KW = {"mobilenetv2": {"dropout": 0.0}}     # eager's dropout draws other masks
 YAMLS = {"unified": "configs/devices/host-opencl.yaml", "discrete": "configs/devices/host-opencl-discrete.yaml"}
 
 
+@functools.lru_cache(maxsize=None)
 def _trainer_graph(name, batch):
+    """The Trainer's graph of ``name`` at ``batch`` (traced once per worker: a Graph is frozen, tests only read it)."""
     from port.train.trainer import Trainer
     tr = Trainer(M.get(name, seed=0, **KW.get(name, {})), data(name, batch, 1)[0][0], optimizer=port_opt("sgd", 0.01))
     tr.close()

@@ -20,12 +20,17 @@ EXAMPLE = ROOT / "examples" / "dsnet"     # dsnet.py + dsnet.yaml (3x37x37 input
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    d = tmp_path_factory.mktemp("replan")
-    for f in ("dsnet.py", "dsnet.yaml"):
-        (d / f).write_bytes((EXAMPLE / f).read_bytes())
-    ok(port_inprocess("profile", "dsnet.yaml", "--quick", "--no-progress", cwd=d))
-    ok(port_cli("train", "dsnet.yaml", "--out", "runs", "--no-progress", cwd=d))
-    return d
+    """A quick profile and a `port train` run of dsnet, made once per session (tests/sessionshare.py); each
+    worker's tests change their own copy."""
+    from sessionshare import copy_of, shared_once
+
+    def make(d):
+        for f in ("dsnet.py", "dsnet.yaml"):
+            (d / f).write_bytes((EXAMPLE / f).read_bytes())
+        ok(port_inprocess("profile", "dsnet.yaml", "--quick", "--no-progress", cwd=d))
+        ok(port_cli("train", "dsnet.yaml", "--out", "runs", "--no-progress", cwd=d))
+
+    return copy_of(tmp_path_factory, shared_once(tmp_path_factory, "replan-dsnet", make), "replan")
 
 
 def _priced(work: Path, plan_path: Path, profile_path: Path) -> float:

@@ -30,19 +30,22 @@ def _size(n):
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory):
-    return tmp_path_factory.mktemp("work")
+def run(tmp_path_factory):
+    """`port train` of the default config (no profile yet: measured into the working directory), once per session
+    (conftest.shared_once); each worker's tests change their own copy of its working directory."""
+    from sessionshare import copy_of, shared_once
 
+    def make(work):
+        r = port_cli("train", DEFAULT, "--steps", "60", "--out", str(work / "runs"), "--no-progress", cwd=work,
+                     PORT_EXPORT="onnx,torch")
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        (work / "train.stdout").write_text(r.stdout)
 
-@pytest.fixture(scope="module")
-def run(work):
-    out = work / "runs"
-    r = port_cli("train", DEFAULT, "--steps", "60", "--out", str(out), "--no-progress", cwd=work,
-                 PORT_EXPORT="onnx,torch")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "no profile at profiles/host/digits.json yet; measuring it now" in r.stdout
+    work = copy_of(tmp_path_factory, shared_once(tmp_path_factory, "train-pipeline-run", make), "work")
+    stdout = (work / "train.stdout").read_text()
+    assert "no profile at profiles/host/digits.json yet; measuring it now" in stdout
     assert (work / "profiles" / "host" / "digits.json").exists()
-    return out / "digits", r.stdout
+    return work / "runs" / "digits", stdout
 
 
 def test_run_directory_and_plan_within_budget(run):

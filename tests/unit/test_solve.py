@@ -381,12 +381,19 @@ def test_chain_recompute_reaches_budget_single_op_recompute_cannot():
 
 
 @pytest.fixture(scope="module")
-def deep_floor(deep):
+def deep_floor(deep, tmp_path_factory):
     """The brute force's smallest peak of ``deep`` with and without early updates (exhaustive, unpruned: the
-    costly part, computed once for every budget below)."""
+    costly part, computed once per session for every budget below: tests/sessionshare.py)."""
+    import json
+    from sessionshare import shared_once
     g, prof = deep
-    return (brute_force(g, prof, 0, chain=True, early=True, peak=True),
-            brute_force(g, prof, 0, chain=True, early=False, peak=True))
+
+    def make(d):
+        floors = (brute_force(g, prof, 0, chain=True, early=True, peak=True),
+                  brute_force(g, prof, 0, chain=True, early=False, peak=True))
+        (d / "floors.json").write_text(json.dumps(floors))
+
+    return tuple(json.loads((shared_once(tmp_path_factory, "deep-floor", make) / "floors.json").read_text()))
 
 
 # slow tier: deep_floor's exhaustive enumeration and the brute force at the floor budget are minutes on 2 cores;
