@@ -250,6 +250,8 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_binary_numel", "int64_t", (_BinP, "int")),
     ("port_binary_forward", "port_status", (_F, _CF, _CF, _BinP)),
     ("port_binary_backward", "port_status", (_F, _F, _CF, _CF, _CF, _BinP, "int")),
+    ("port_binary_backward_reference", "port_status", (_F, _F, _CF, _CF, _CF, _BinP, "int")),
+    ("port_binary_backward_path", "int", (_BinP, "int")),
     ("port_rmsnorm_forward", "port_status", (_F, _F, _CF, _CF, _I, _I, "float")),
     ("port_rmsnorm_backward_input", "port_status", (_F, _CF, _CF, _CF, _CF, _I, _I)),
     ("port_rmsnorm_backward_weight", "port_status", (_F, _CF, _CF, _CF, _I, _I)),
