@@ -256,6 +256,11 @@ PORT_API port_status port_hardsigmoid_forward(float *y, const float *x, int64_t 
 PORT_API port_status port_hardsigmoid_backward(float *dx, const float *dy, const float *x, int64_t count);
 PORT_API port_status port_silu_forward(float *y, const float *x, int64_t count);
 PORT_API port_status port_silu_backward(float *dx, const float *dy, const float *x, int64_t count);
+/* silu computes in float32 (port__expf_f32's e^-|x|: within a few float ulps of the exact value, as torch's float
+ * silu; -0 below x = -87, where the exact value is under 1e-36);
+ * its references compute the logistic in double, rounded once (as sigmoid), about 4x slower. */
+PORT_API port_status port_silu_forward_reference(float *y, const float *x, int64_t count);
+PORT_API port_status port_silu_backward_reference(float *dx, const float *dy, const float *x, int64_t count);
 
 /* ---- issue 54 fused variants (h54-fused) ---- */
 /* SwiGLU y = silu(a) * b (same shapes, count elements) and its gradients, the same bits as port_silu_forward then

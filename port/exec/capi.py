@@ -245,6 +245,8 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_hardsigmoid_backward", "port_status", (_F, _CF, _CF, "int64_t")),
     ("port_silu_forward", "port_status", (_F, _CF, "int64_t")),
     ("port_silu_backward", "port_status", (_F, _CF, _CF, "int64_t")),
+    ("port_silu_forward_reference", "port_status", (_F, _CF, "int64_t")),
+    ("port_silu_backward_reference", "port_status", (_F, _CF, _CF, "int64_t")),
     ("port_swiglu_forward", "port_status", (_F, _CF, _CF, "int64_t")),
     ("port_swiglu_backward", "port_status", (_F, _F, _CF, _CF, _CF, "int64_t")),
     ("port_binary_numel", "int64_t", (_BinP, "int")),

@@ -128,6 +128,43 @@ def test_binary_broadcast(K, kind, sa, sb):
     close(acc[1], b64.grad + 1, 1e-5, 1e-5)
 
 
+def test_silu_float_vs_double_reference(K):
+    """port_silu_forward/backward (float32 logistic) against their double references (port_silu_*_reference):
+    within a few float ulps (the forward 4 ulps; the backward 4e-7 relative plus 3e-7: its 1 + x (1 - s) cancels
+    near x = -1.28, as in torch's float kernel); the special values as the reference's (NaN, infinities, -0 for x below -87, whose exact value
+    underflows to 0 in torch's float silu too); the same bits at 1, 2 and 3 threads (crossing the parallel threshold)."""
+    from port.exec import capi
+    raw = capi.raw
+    g = torch.Generator().manual_seed(5)
+    x = torch.cat([torch.randn(70001, generator=g) * 8, torch.linspace(-120, 120, 4001),
+                   torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), -1.2784645, 88.5, -88.5])])
+    dy = torch.randn(x.shape, generator=g)
+    n = x.numel()
+
+    def run(fn, *ins):
+        out = torch.empty(n)
+        assert fn(out.data_ptr(), *[t.data_ptr() for t in ins], n) == capi.PORT_OK
+        return out
+    y_ref, dx_ref = run(raw.port_silu_forward_reference, x), run(raw.port_silu_backward_reference, dy, x)
+    outs = []
+    for th in (1, 2, 3):
+        capi.set_num_threads(th)
+        outs.append((run(raw.port_silu_forward, x), run(raw.port_silu_backward, dy, x)))
+    capi.set_num_threads(2)
+    for y, dx in outs[1:]:
+        assert torch.equal(y.view(torch.int32), outs[0][0].view(torch.int32))
+        assert torch.equal(dx.view(torch.int32), outs[0][1].view(torch.int32))
+    y, dx = outs[0]
+    assert torch.equal(y.isnan(), y_ref.isnan()) and torch.equal(dx.isnan(), dx_ref.isnan())
+    fin = ~y_ref.isnan()
+    torch.testing.assert_close(y[fin], y_ref[fin], rtol=4e-7, atol=1e-30)
+    fin = ~dx_ref.isnan()
+    torch.testing.assert_close(dx[fin], dx_ref[fin], rtol=4e-7, atol=3e-7)
+    big = fin & (y_ref.abs() > 1e-30)          # below x = -87 the float exp flushes to 0: silu -0 (|exact| < 1e-36)
+    ulps = (y[big].view(torch.int32).long() - y_ref[big].view(torch.int32).long()).abs()
+    assert int(ulps.max()) <= 4, int(ulps.max())
+
+
 # (a shape, b shape, path of da, path of db): 1 elementwise (the same bits as the reference), 2 rows (a fixed
 # 8-lane order: the reference's sum to double rounding), 0 the reference itself
 FAST_PATHS = [((5, 7, 3, 3), (5, 7, 1, 1), 1, 2),        # squeeze-excitation, 3x3 rows (unrolled row code)
