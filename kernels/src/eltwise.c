@@ -221,30 +221,30 @@ port_status port_hardsigmoid_backward(float *dx, const float *dy, const float *x
 
 #define SILU_PAR_MIN (PORT_PAR_MIN / 4)   /* the float logistic: about half the double's work per element */
 
-port_status port_silu_forward(float *y, const float *x, int64_t count) {
+static port_status silu_forward(float *y, const float *x, int64_t count, int reference) {
     ELT_CHECK(y, x, count);
-    SIG_BLOCKS_FROM(SILU_PAR_MIN, silu_fwd_block(y + i0, x + i0, n));
+    if (reference) SIG_BLOCKS(silu_ref_fwd_block(y + i0, x + i0, n));
+    else SIG_BLOCKS_FROM(SILU_PAR_MIN, silu_fwd_block(y + i0, x + i0, n));
     return PORT_OK;
 }
 
+static port_status silu_backward(float *dx, const float *dy, const float *x, int64_t count, int reference) {
+    ELT_CHECK(dx, dy, count);
+    PORT_NOTNULL(x);
+    if (reference) SIG_BLOCKS(silu_ref_bwd_block(dx + i0, dy + i0, x + i0, n));
+    else SIG_BLOCKS_FROM(SILU_PAR_MIN, silu_bwd_block(dx + i0, dy + i0, x + i0, n));
+    return PORT_OK;
+}
+
+port_status port_silu_forward(float *y, const float *x, int64_t count) { return silu_forward(y, x, count, 0); }
 port_status port_silu_backward(float *dx, const float *dy, const float *x, int64_t count) {
-    ELT_CHECK(dx, dy, count);
-    PORT_NOTNULL(x);
-    SIG_BLOCKS_FROM(SILU_PAR_MIN, silu_bwd_block(dx + i0, dy + i0, x + i0, n));
-    return PORT_OK;
+    return silu_backward(dx, dy, x, count, 0);
 }
-
 port_status port_silu_forward_reference(float *y, const float *x, int64_t count) {
-    ELT_CHECK(y, x, count);
-    SIG_BLOCKS(silu_ref_fwd_block(y + i0, x + i0, n));
-    return PORT_OK;
+    return silu_forward(y, x, count, 1);
 }
-
 port_status port_silu_backward_reference(float *dx, const float *dy, const float *x, int64_t count) {
-    ELT_CHECK(dx, dy, count);
-    PORT_NOTNULL(x);
-    SIG_BLOCKS(silu_ref_bwd_block(dx + i0, dy + i0, x + i0, n));
-    return PORT_OK;
+    return silu_backward(dx, dy, x, count, 1);
 }
 
 /* SwiGLU, silu(a) * b fused (Llama's MLP): the silu output is rounded to float before the product and the
