@@ -228,7 +228,7 @@ PORT_ISA_CLONES static void elt_seg(float *restrict d, const float *g, const flo
 }
 
 /* short rows (a broadcast over a small inner dim): rows e of n positions at d + e n, g + e n, a + oa[e], b + ob[e] */
-/* mul's rows of a length n <= ROW_LANES known at compile time (each call site a constant): unrolled, as the
+/* mul's rows of a length n (SMALL_N) known at compile time (each call site a constant): unrolled, as the
  * loops' set-up per row of a 2x2 or 4x4 map cost more than the row.  o: the other operand, oo its row offsets,
  * io its step. */
 PORT_ALWAYS_INLINE void mul_rows_small(float *restrict d, const float *g, const float *o, const int64_t *oo,
@@ -250,6 +250,7 @@ PORT_ALWAYS_INLINE void dot_rows_small(float *restrict d, const float *g, const 
     }
 }
 
+#define SMALL_N(n) ((n) <= ROW_LANES)   /* unrolled lengths (16, as for a 4x4 map, measured slower unrolled) */
 #define SMALL_N_CASES(call) \
     case 1: call(1); break; case 2: call(2); break; case 3: call(3); break; case 4: call(4); break; \
     case 5: call(5); break; case 6: call(6); break; case 7: call(7); break; case 8: call(8); break
@@ -257,7 +258,7 @@ PORT_ALWAYS_INLINE void dot_rows_small(float *restrict d, const float *g, const 
 PORT_ISA_CLONES static void elt_rows(float *restrict d, const float *g, const float *a, const float *b,
                                      const int64_t *oa, const int64_t *ob, int64_t rows, int64_t n, int64_t ia,
                                      int64_t ib, int64_t op, int k, int acc) {
-    if (op == PORT_BINARY_MUL && n <= ROW_LANES) {
+    if (op == PORT_BINARY_MUL && SMALL_N(n)) {
 #define MUL_N(c) mul_rows_small(d, g, k ? a : b, k ? oa : ob, k ? ia : ib, rows, c, acc)
         switch (n) { SMALL_N_CASES(MUL_N); }
 #undef MUL_N
@@ -271,7 +272,7 @@ PORT_ISA_CLONES static void elt_rows(float *restrict d, const float *g, const fl
 PORT_ISA_CLONES static void row_sums(float *restrict d, const float *g, const float *a, const float *b,
                                      const int64_t *oa, const int64_t *ob, int64_t rows, int64_t n, int64_t ia,
                                      int64_t ib, int64_t op, int k, int acc) {
-    if (op == PORT_BINARY_MUL && (k ? ia : ib) && n <= ROW_LANES) {
+    if (op == PORT_BINARY_MUL && (k ? ia : ib) && SMALL_N(n)) {
 #define DOT_N(c) dot_rows_small(d, g, k ? a : b, k ? oa : ob, rows, c, acc)
         switch (n) { SMALL_N_CASES(DOT_N); }
 #undef DOT_N
@@ -351,11 +352,12 @@ static void grad_elementwise(float *d, int k, const float *dy, const float *a, c
     const int64_t ia = ka ? sa[r - 1] : 0, ib = kb ? sb[r - 1] : 0;
     int64_t total = 1;
     for (int64_t i = 0; i < r; i++) total *= p->dims[i];
-    if (inner < FAST_CHUNK / GRAD_BLOCK) {   /* short rows: GRAD_BLOCK of them per task, one call */
-        const int64_t rows = total / inner, nblk = (rows + GRAD_BLOCK - 1) / GRAD_BLOCK;
+    if (inner <= FAST_CHUNK / 4) {   /* rows up to a quarter chunk: whole rows per task (up to GRAD_BLOCK), one call */
+        const int64_t rows = total / inner, per = FAST_CHUNK / inner < GRAD_BLOCK ? FAST_CHUNK / inner : GRAD_BLOCK;
+        const int64_t nblk = (rows + per - 1) / per;
 #pragma omp parallel for schedule(static) if (total > PORT_PAR_MIN && nblk > 1)
         for (int64_t blk = 0; blk < nblk; blk++) {
-            int64_t e0 = blk * GRAD_BLOCK, e1 = e0 + GRAD_BLOCK < rows ? e0 + GRAD_BLOCK : rows;
+            int64_t e0 = blk * per, e1 = e0 + per < rows ? e0 + per : rows;
             int64_t oa[GRAD_BLOCK], ob[GRAD_BLOCK];
             row_offsets(oa, ob, e0, e1, outer_dims, r - 1, p, sy, sa, sb, ka, kb);
             elt_rows(d + e0 * inner, dy + e0 * inner, A, B, oa, ob, e1 - e0, inner, ia, ib, p->op, k, accumulate);
