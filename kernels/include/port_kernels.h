@@ -256,6 +256,11 @@ PORT_API port_status port_hardsigmoid_forward(float *y, const float *x, int64_t 
 PORT_API port_status port_hardsigmoid_backward(float *dx, const float *dy, const float *x, int64_t count);
 PORT_API port_status port_silu_forward(float *y, const float *x, int64_t count);
 PORT_API port_status port_silu_backward(float *dx, const float *dy, const float *x, int64_t count);
+/* silu computes in float32 (port__expf_f32's e^-|x|: within a few float ulps of the exact value, as torch's float
+ * silu; -0 below x = -87, where the exact value is under 1e-36);
+ * its references compute the logistic in double, rounded once (as sigmoid), about 4x slower. */
+PORT_API port_status port_silu_forward_reference(float *y, const float *x, int64_t count);
+PORT_API port_status port_silu_backward_reference(float *dx, const float *dy, const float *x, int64_t count);
 
 /* ---- issue 54 fused variants (h54-fused) ---- */
 /* SwiGLU y = silu(a) * b (same shapes, count elements) and its gradients, the same bits as port_silu_forward then
@@ -486,6 +491,15 @@ PORT_API port_status port_binary_forward(float *y, const float *a, const float *
  * with dy, a, b or the other gradient. */
 PORT_API port_status port_binary_backward(float *da, float *db, const float *dy, const float *a, const float *b,
                                           const port_binary_params *p, int accumulate);
+/* The plain reference of port_binary_backward (the same checks): each gradient element summed over its reduced
+ * positions in index order, offsets from an odometer over the full index.  port_binary_backward takes it where no
+ * fast path applies; port_binary_backward_path says which path operand k's gradient takes: 0 this reference,
+ * 1 elementwise (nothing reduced: the same bits as the reference), 2 rows (the reduced dims are the trailing ones:
+ * contiguous row sums in 8 double lanes, a fixed order at any thread count and ISA; to double rounding the
+ * reference's sum), -1 invalid params. */
+PORT_API port_status port_binary_backward_reference(float *da, float *db, const float *dy, const float *a,
+                                                    const float *b, const port_binary_params *p, int accumulate);
+PORT_API int port_binary_backward_path(const port_binary_params *p, int operand);
 
 /* ---- issue 54: generic unary math and shape copies (unary.c, shape.c; port-rt ids 74-77) ---------------- */
 /* Unary element-wise math: y = f(x) with op (scalar: pow's exponent, shift's constant; else ignored):

@@ -91,10 +91,11 @@ port_status port_hardswish_backward(float *dx, const float *dy, const float *x, 
 static inline double sigm(double v) { return 1.0 / (1.0 + port__exp_inline(-v)); }
 
 #define SIG_BLOCK 4096
-#define SIG_BLOCKS(call)                                                                       \
+#define SIG_BLOCKS(call) SIG_BLOCKS_FROM(PORT_PAR_MIN / 8, call)
+#define SIG_BLOCKS_FROM(par_min, call)                                                         \
     do {                                                                                       \
         int64_t nb_ = (count + SIG_BLOCK - 1) / SIG_BLOCK;                                     \
-        if (count > PORT_PAR_MIN / 8) {                                                        \
+        if (count > (par_min)) {                                                               \
             _Pragma("omp parallel for schedule(static)")                                       \
             for (int64_t b_ = 0; b_ < nb_; b_++) {                                             \
                 int64_t i0 = b_ * SIG_BLOCK, n = count - i0 < SIG_BLOCK ? count - i0 : SIG_BLOCK; \
@@ -111,7 +112,8 @@ PORT_ISA_CLONES static void sigmoid_block(float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = (float)sigm((double)x[i]);
 }
 
-PORT_ISA_CLONES static void silu_fwd_block(float *y, const float *x, int64_t n) {
+/* silu's references (port_silu_forward_reference / _backward_reference): the double logistic as sigmoid's */
+PORT_ISA_CLONES static void silu_ref_fwd_block(float *y, const float *x, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) {
         double v = x[i];
@@ -120,7 +122,7 @@ PORT_ISA_CLONES static void silu_fwd_block(float *y, const float *x, int64_t n) 
 }
 
 /* as torch's silu_backward: dy s (1 + x (1 - s)), s = sigmoid(x) */
-PORT_ISA_CLONES static void silu_bwd_block(float *dx, const float *dy, const float *x, int64_t n) {
+PORT_ISA_CLONES static void silu_ref_bwd_block(float *dx, const float *dy, const float *x, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) {
         double v = x[i];
@@ -129,11 +131,44 @@ PORT_ISA_CLONES static void silu_bwd_block(float *dx, const float *dy, const flo
     }
 }
 
+/* silu and SwiGLU in float32 (as torch's float kernels compute them): e = e^-|x| by port__expf_f32 (1-2 float
+ * ulps, no overflow), sigmoid 1 / (1 + e) for x >= 0 and e / (1 + e) below; 16 lanes per AVX-512 vector where the
+ * double logistic has 8, and a shorter polynomial: about 4x the reference's speed (EfficientNet's SiLUs are 16M
+ * elements a step at batch 32), within a few float ulps of it (tests/kernels/test_eltwise_pool.py).  Float
+ * operations only (no contraction under -std=c11): the same bits on every ISA. */
+static inline float sigm_f(float v) {
+    float e = port__expf_f32(v < 0.0f ? v : -v);
+    float r = 1.0f / (1.0f + e);
+    return v >= 0.0f ? r : e * r;
+}
+
+/* silu's derivative times g, as torch's silu_backward: g s (1 + x (1 - s)) (SwiGLU's da the same expression),
+ * with 1 - s taken as e / (1 + e) for x >= 0 (no cancellation where s nears 1; torch's float kernel loses there) */
+static inline float silu_grad_f(float g, float v) {
+    float e = port__expf_f32(v < 0.0f ? v : -v);
+    float r = 1.0f / (1.0f + e), er = e * r;
+    float s = v >= 0.0f ? r : er, oms = v >= 0.0f ? er : r;
+    return g * s * (1.0f + v * oms);
+}
+
+PORT_ISA_CLONES static void silu_fwd_block(float *y, const float *x, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        y[i] = v * sigm_f(v);
+    }
+}
+
+PORT_ISA_CLONES static void silu_bwd_block(float *dx, const float *dy, const float *x, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) dx[i] = silu_grad_f(dy[i], x[i]);
+}
+
 PORT_ISA_CLONES static void swiglu_fwd_block(float *restrict y, const float *a, const float *b, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) {
-        double v = a[i];
-        float s = (float)(v * sigm(v));
+        float v = a[i];
+        float s = v * sigm_f(v);
         y[i] = s * b[i];
     }
 }
@@ -142,13 +177,12 @@ PORT_ISA_CLONES static void swiglu_bwd_block(float *restrict da, float *restrict
                                              const float *b, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) {
-        double v = a[i];
-        double sg = sigm(v);
+        float v = a[i];
         float g = dy[i];
-        float s = (float)(v * sg);
+        float s = v * sigm_f(v);
         float ga = g * b[i];
         db[i] = g * s;
-        da[i] = (float)((double)ga * sg * (1.0 + v * (1.0 - sg)));
+        da[i] = silu_grad_f(ga, v);
     }
 }
 
@@ -185,17 +219,32 @@ port_status port_hardsigmoid_backward(float *dx, const float *dy, const float *x
     return PORT_OK;
 }
 
-port_status port_silu_forward(float *y, const float *x, int64_t count) {
+#define SILU_PAR_MIN (PORT_PAR_MIN / 4)   /* the float logistic: about half the double's work per element */
+
+static port_status silu_forward(float *y, const float *x, int64_t count, int reference) {
     ELT_CHECK(y, x, count);
-    SIG_BLOCKS(silu_fwd_block(y + i0, x + i0, n));
+    if (reference) SIG_BLOCKS(silu_ref_fwd_block(y + i0, x + i0, n));
+    else SIG_BLOCKS_FROM(SILU_PAR_MIN, silu_fwd_block(y + i0, x + i0, n));
     return PORT_OK;
 }
 
-port_status port_silu_backward(float *dx, const float *dy, const float *x, int64_t count) {
+static port_status silu_backward(float *dx, const float *dy, const float *x, int64_t count, int reference) {
     ELT_CHECK(dx, dy, count);
     PORT_NOTNULL(x);
-    SIG_BLOCKS(silu_bwd_block(dx + i0, dy + i0, x + i0, n));
+    if (reference) SIG_BLOCKS(silu_ref_bwd_block(dx + i0, dy + i0, x + i0, n));
+    else SIG_BLOCKS_FROM(SILU_PAR_MIN, silu_bwd_block(dx + i0, dy + i0, x + i0, n));
     return PORT_OK;
+}
+
+port_status port_silu_forward(float *y, const float *x, int64_t count) { return silu_forward(y, x, count, 0); }
+port_status port_silu_backward(float *dx, const float *dy, const float *x, int64_t count) {
+    return silu_backward(dx, dy, x, count, 0);
+}
+port_status port_silu_forward_reference(float *y, const float *x, int64_t count) {
+    return silu_forward(y, x, count, 1);
+}
+port_status port_silu_backward_reference(float *dx, const float *dy, const float *x, int64_t count) {
+    return silu_backward(dx, dy, x, count, 1);
 }
 
 /* SwiGLU, silu(a) * b fused (Llama's MLP): the silu output is rounded to float before the product and the
@@ -205,7 +254,7 @@ port_status port_swiglu_forward(float *y, const float *a, const float *b, int64_
     ELT_CHECK(y, a, count);
     PORT_NOTNULL(b);
     PORT_CHECK(y != a && y != b, PORT_ERR_ALIAS);
-    SIG_BLOCKS(swiglu_fwd_block(y + i0, a + i0, b + i0, n));
+    SIG_BLOCKS_FROM(SILU_PAR_MIN, swiglu_fwd_block(y + i0, a + i0, b + i0, n));
     return PORT_OK;
 }
 
@@ -214,7 +263,7 @@ port_status port_swiglu_backward(float *da, float *db, const float *dy, const fl
     ELT_CHECK(da, dy, count);
     PORT_NOTNULL(db); PORT_NOTNULL(a); PORT_NOTNULL(b);
     PORT_CHECK(da != db && da != a && da != b && db != a && db != b, PORT_ERR_ALIAS);
-    SIG_BLOCKS(swiglu_bwd_block(da + i0, db + i0, dy + i0, a + i0, b + i0, n));
+    SIG_BLOCKS_FROM(SILU_PAR_MIN, swiglu_bwd_block(da + i0, db + i0, dy + i0, a + i0, b + i0, n));
     return PORT_OK;
 }
 

@@ -462,6 +462,12 @@ def _binary_params(kind, sa, sb, sy):
     return p
 
 
+def binary_backward_path(kind, sa, sb, operand):
+    """port_binary_backward_path: 0 reference, 1 elementwise, 2 rows (the fast path operand's gradient takes)."""
+    return raw.port_binary_backward_path(ctypes.byref(_binary_params(kind, sa, sb, torch.broadcast_shapes(sa, sb))),
+                                         operand)
+
+
 def binary_forward(kind, a, b):
     """y = a op b with full broadcasting (kind: add_nd, sub, mul, div)."""
     _tensor(a, "a")
@@ -472,15 +478,17 @@ def binary_forward(kind, a, b):
     return y
 
 
-def binary_backward(kind, dy, a, b, want=(0, 1), accumulate_into=None):
-    """(da, db) of y = a op b (None where not wanted); accumulate_into: (da, db) to add into."""
+def binary_backward(kind, dy, a, b, want=(0, 1), accumulate_into=None, reference=False):
+    """(da, db) of y = a op b (None where not wanted); accumulate_into: (da, db) to add into; reference: the plain
+    reference (port_binary_backward_reference) instead of the fast paths."""
     _tensor(dy, "dy")
     p = _binary_params(kind, a.shape, b.shape, dy.shape)
     outs = list(accumulate_into) if accumulate_into is not None else \
         [torch.empty(t.shape) if i in want else None for i, t in enumerate((a, b))]
     ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
-    check(raw.port_binary_backward(ptr(outs[0]), ptr(outs[1]), dy.data_ptr(), a.data_ptr(), b.data_ptr(),
-                                   ctypes.byref(p), int(accumulate_into is not None)), "binary_backward")
+    fn = raw.port_binary_backward_reference if reference else raw.port_binary_backward
+    check(fn(ptr(outs[0]), ptr(outs[1]), dy.data_ptr(), a.data_ptr(), b.data_ptr(), ctypes.byref(p),
+             int(accumulate_into is not None)), "binary_backward")
     return tuple(outs)
 
 

@@ -95,7 +95,9 @@ BROADCASTS = [((3, 5, 7, 2), (3, 5, 1, 1)),      # squeeze-excitation gate
               ((4, 6, 10), (10,)),               # layer scale over the last dim
               ((2, 1, 5, 1, 3), (1, 4, 1, 6, 1)),  # both broadcast, alternating (5 merged dims)
               ((3, 5), (3, 5)),                  # same shape
-              ((1,), (17, 33, 65))]              # a scalar operand; crosses the parallel threshold
+              ((1,), (17, 33, 65)),              # a scalar operand; crosses the parallel threshold
+              ((3, 11, 2, 2), (3, 11, 1, 1)),    # 2x2 gate rows (the fast paths' unrolled rows)
+              ((6, 8, 1), (6, 8, 70))]           # a trailing broadcast of the first operand
 
 
 @pytest.mark.parametrize("sa,sb", BROADCASTS)
@@ -124,6 +126,96 @@ def test_binary_broadcast(K, kind, sa, sb):
     acc = K.binary_backward(kind, dy, a, b, accumulate_into=tuple(t.clone() for t in base))
     close(acc[0], a64.grad + 1, 1e-5, 1e-5)
     close(acc[1], b64.grad + 1, 1e-5, 1e-5)
+
+
+def test_silu_float_vs_double_reference(K):
+    """port_silu_forward/backward (float32 logistic) against their double references (port_silu_*_reference):
+    within a few float ulps (the forward 4 ulps; the backward 4e-7 relative plus 3e-7: its 1 + x (1 - s) cancels
+    near x = -1.28, as in torch's float kernel); the special values as the reference's (NaN, infinities, -0 for x below -87, whose exact value
+    underflows to 0 in torch's float silu too); the same bits at 1, 2 and 3 threads (crossing the parallel threshold)."""
+    from port.exec import capi
+    raw = capi.raw
+    g = torch.Generator().manual_seed(5)
+    x = torch.cat([torch.randn(70001, generator=g) * 8, torch.linspace(-120, 120, 4001),
+                   torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), -1.2784645, 88.5, -88.5])])
+    dy = torch.randn(x.shape, generator=g)
+    n = x.numel()
+
+    def run(fn, *ins):
+        out = torch.empty(n)
+        assert fn(out.data_ptr(), *[t.data_ptr() for t in ins], n) == capi.PORT_OK
+        return out
+    y_ref, dx_ref = run(raw.port_silu_forward_reference, x), run(raw.port_silu_backward_reference, dy, x)
+    outs = []
+    for th in (1, 2, 3):
+        capi.set_num_threads(th)
+        outs.append((run(raw.port_silu_forward, x), run(raw.port_silu_backward, dy, x)))
+    capi.set_num_threads(2)
+    for y, dx in outs[1:]:
+        assert torch.equal(y.view(torch.int32), outs[0][0].view(torch.int32))
+        assert torch.equal(dx.view(torch.int32), outs[0][1].view(torch.int32))
+    y, dx = outs[0]
+    assert torch.equal(y.isnan(), y_ref.isnan()) and torch.equal(dx.isnan(), dx_ref.isnan())
+    fin = ~y_ref.isnan()
+    torch.testing.assert_close(y[fin], y_ref[fin], rtol=4e-7, atol=1e-30)
+    fin = ~dx_ref.isnan()
+    torch.testing.assert_close(dx[fin], dx_ref[fin], rtol=4e-7, atol=3e-7)
+    big = fin & (y_ref.abs() > 1e-30)          # below x = -87 the float exp flushes to 0: silu -0 (|exact| < 1e-36)
+    ulps = (y[big].view(torch.int32).long() - y_ref[big].view(torch.int32).long()).abs()
+    assert int(ulps.max()) <= 4, int(ulps.max())
+
+
+# (a shape, b shape, path of da, path of db): 1 elementwise (the same bits as the reference), 2 rows (a fixed
+# 8-lane order: the reference's sum to double rounding), 0 the reference itself
+FAST_PATHS = [((5, 7, 3, 3), (5, 7, 1, 1), 1, 2),        # squeeze-excitation, 3x3 rows (unrolled row code)
+              ((3, 11, 2, 2), (3, 11, 1, 1), 1, 2),      # 2x2 rows
+              ((2, 9, 13, 5), (2, 9, 1, 1), 1, 2),       # 65-element rows: lanes plus a tail
+              ((64, 40, 5, 5), (64, 40, 1, 1), 1, 2),    # parallel: several blocks of rows
+              ((3, 20000), (3, 1), 1, 2),                # parallel: chunks that end inside a row
+              ((7, 300), (7, 1), 1, 2),                  # long rows, several lane rounds
+              ((3, 5, 7), (3, 5, 7), 1, 1),              # same shape (one merged dim)
+              ((1, 1, 7, 9), (3, 5, 7, 9), 0, 1),        # a reduced over the leading dim: reference
+              ((4, 6, 10), (10,), 1, 0),                 # layer scale: b reduced over leading dims
+              ((2, 1, 5, 1, 3), (1, 4, 1, 6, 1), 0, 0),  # alternating: reference
+              ((300, 129), (1, 129), 1, 0),              # a bias-like row vector (parallel): reference
+              ((6, 8, 1), (6, 8, 70), 2, 1),             # a trailing broadcast of a
+              ((1,), (17, 33, 65), 2, 1)]                # a scalar: one row of everything
+
+
+@pytest.mark.parametrize("sa,sb,pa,pb", FAST_PATHS)
+@pytest.mark.parametrize("kind", ["add_nd", "sub", "mul", "div"])
+def test_binary_backward_fast_vs_reference(K, kind, sa, sb, pa, pb):
+    """port_binary_backward's fast paths against its plain reference (port_binary_backward_reference): the
+    elementwise path bit for bit (a -0 kept), the rows path to 1e-6 relative (its 8 double lanes against the
+    reference's sequential double sum, each rounded once to float), overwriting and accumulating; the path each
+    gradient takes is the one the table names (so each path is exercised); the same bits at 1, 2 and 3 threads."""
+    g = torch.Generator().manual_seed(sum(sa) * 31 + sum(sb))
+    a, b = torch.randn(sa, generator=g), torch.randn(sb, generator=g)
+    if kind == "div":
+        b = torch.where(b < 0, -1.0, 1.0) * (b.abs() + 0.5)   # (randn's exact zeros have sign 0)
+    a.view(-1)[::5] = 0.0                       # zero products: the sign of a zero gradient is compared too
+    dy = torch.randn(torch.broadcast_shapes(sa, sb), generator=g)
+    dy.view(-1)[::7] = -0.0
+    paths = (K.binary_backward_path(kind, sa, sb, 0), K.binary_backward_path(kind, sa, sb, 1))
+    assert paths == (pa, pb)
+    base = (torch.randn(sa, generator=g), torch.randn(sb, generator=g))
+    for acc in (None, base):
+        into = None if acc is None else tuple(t.clone() for t in acc)
+        ref = K.binary_backward(kind, dy, a, b, accumulate_into=into, reference=True)
+        runs = []
+        for th in (1, 2, 3):
+            capi.set_num_threads(th)
+            into = None if acc is None else tuple(t.clone() for t in acc)
+            runs.append(K.binary_backward(kind, dy, a, b, accumulate_into=into))
+        capi.set_num_threads(2)
+        for r in runs[1:]:
+            for x, y in zip(runs[0], r):
+                assert torch.equal(x, y) and torch.equal(x.signbit(), y.signbit())
+        for x, y, path in zip(runs[0], ref, paths):
+            if path == 2:
+                torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
+            else:
+                assert torch.equal(x, y) and torch.equal(x.signbit(), y.signbit()), (path, (x - y).abs().max())
 
 
 def test_binary_broadcast_refusals(K):
