@@ -14,7 +14,14 @@ batch asked (transformers: sequences at the list's token count); budget 1 is Tra
 no solve), other budgets are solved as below (profile --profile-max-s 60 by default, no calibration rounds
 unless --calib-rounds); the eager worker and the PORT workers alternate single steps. Table: step ms PORT/eager
 against the issue's targets (SPEED_TARGETS, else 1.2x), process growth of the 50% worker / eager's (target 0.6x
-on MEMORY_LIST), the worst three rows' time by PORT kernel and by eager aten op; the headline last. Tables
+on MEMORY_LIST), the worst three rows' time by PORT kernel and by eager aten op; the headline last.
+``--budgets 0.5`` alone measures the growth only (no default-plan worker, no speed figures).
+
+Process growth (both workers, one method: process_growth): VmRSS after imports, model and batch, then VmHWM
+reset; growth = the larger of the set-up's peak and the steps' peak (VmHWM reset again after set-up) minus that
+baseline. It counts every resident page the training adds: PORT's arena, heap, stacks, and the code pages the
+steps touch (eager's first backward maps ~22 MiB of libtorch's code on MobileNetV3-small b8; a PORT plan with
+ops on cpu-torch maps them too, which the profile's engine footprint prices). Tables
 go to bench/RESULTS.md, one section per batch set (--all and --no-write: not written; --out also writes the
 table).
 
