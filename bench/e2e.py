@@ -14,7 +14,14 @@ batch asked (transformers: sequences at the list's token count); budget 1 is Tra
 no solve), other budgets are solved as below (profile --profile-max-s 60 by default, no calibration rounds
 unless --calib-rounds); the eager worker and the PORT workers alternate single steps. Table: step ms PORT/eager
 against the issue's targets (SPEED_TARGETS, else 1.2x), process growth of the 50% worker / eager's (target 0.6x
-on MEMORY_LIST), the worst three rows' time by PORT kernel and by eager aten op; the headline last. Tables
+on MEMORY_LIST), the worst three rows' time by PORT kernel and by eager aten op; the headline last.
+``--budgets 0.5`` alone measures the growth only (no default-plan worker, no speed figures).
+
+Process growth (both workers, one method: process_growth): VmRSS after imports, model and batch, then VmHWM
+reset; growth = the larger of the set-up's peak and the steps' peak (VmHWM reset again after set-up) minus that
+baseline. It counts every resident page the training adds: PORT's arena, heap, stacks, and the code pages the
+steps touch (eager's first backward maps ~22 MiB of libtorch's code on MobileNetV3-small b8; a PORT plan with
+ops on cpu-torch maps them too, which the profile's engine footprint prices). Tables
 go to bench/RESULTS.md, one section per batch set (--all and --no-write: not written; --out also writes the
 table).
 
@@ -146,6 +153,9 @@ def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> No
     buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
     gc.collect()
     pre = status()["VmRSS"]
+    # the growth's window opens here, in both workers: VmHWM reset to VmRSS, so the set-up's peak (setup_hwm)
+    # is the peak since this baseline, not the process's since start (imports, building the model)
+    pre_reset = reset_peak()
     t0 = time.perf_counter()
     tr = None
     if impl == "torch":
@@ -170,24 +180,14 @@ def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> No
         def step() -> float:
             return tr.step(x, y)
         report = tr.memory_report()
-        # fixed per-step cost of Trainer.step outside the program's calls: gradient zeroing, input + label
-        # copy, loss readback (what step() does around run_main/run_updates), median of 30
-        ex = tr.executor
-        fx = []
-        for _ in range(30 if isinstance(x, torch.Tensor) else 0):    # keyword inputs (a dict): not measured
-            t1 = time.perf_counter()
-            ex.zero_grads()
-            ex.input.copy_(x)
-            ex.labels.copy_(y)
-            float(ex.loss)
-            fx.append((time.perf_counter() - t1) * 1e3)
-        report = dict(report, step_fixed_ms=statistics.median(fx) if fx else None)
     setup_s = time.perf_counter() - t0
     gc.collect()
     if TRIM:      # hand the set-up's freed heap (tracing, lowering) back to the OS, in both workers
         release_freed_heap()
     setup = status()["VmRSS"]
-    setup_hwm = status().get("VmHWM", setup)   # the set-up's own peak (tracing, lowering), before the reset
+    # the set-up's own peak since the baseline (tracing, lowering); without the reset (no clear_refs) the
+    # process's peak since start, an overestimate
+    setup_hwm = status().get("VmHWM", setup) if pre_reset else max(setup, status().get("VmHWM", setup))
     sampler = None
     try:
         if not reset_peak():
@@ -220,7 +220,7 @@ def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> No
             losses.append(loss)
             out.write(json.dumps({"t": t, "c": c, "loss": loss}) + "\n")
         elif cmd == "mem":
-            out.write(json.dumps({"peak": peak(), "pre": pre, "param_bytes": param_bytes,
+            out.write(json.dumps({"peak": peak(), "pre": pre, "setup_hwm": setup_hwm, "param_bytes": param_bytes,
                                   "buffer_bytes": buffer_bytes}) + "\n")
         elif cmd == "prof" and tr is None:
             # eager's own op times (torch.profiler, 3 steps: self CPU ms per step by aten op), to set against
@@ -272,14 +272,36 @@ def worker(impl: str, name: str, batch: int, threads: int, plan_path: str) -> No
             break
         out.flush()
     st = status()
+    pk = extra.get("peak_before_prof", peak())
+    if tr is not None and report is not None:
+        report = dict(report, step_fixed_ms=_step_fixed_ms(tr, x, y))   # after the peak is read: not a user's step
     rec = {"impl": impl, "model": name, "batch": batch, "steps_run": len(losses), "setup_s": setup_s,
-           "pre": pre, "setup": setup, "setup_hwm": setup_hwm, "peak": extra.get("peak_before_prof", peak()), "end": st["VmRSS"],
+           "pre": pre, "setup": setup, "setup_hwm": setup_hwm, "peak": pk, "end": st["VmRSS"],
            "method": method, "param_bytes": param_bytes, "buffer_bytes": buffer_bytes, "report": report,
            "kernel_threads": capi.get_num_threads(), "loss_first": losses[0] if losses else None,
            "thread_events": [[e.step, e.from_threads, e.to_threads, e.why] for e in tr.thread_events] if tr else [],
            **extra}
     out.write(json.dumps(rec) + "\n")
     out.flush()
+
+
+def _step_fixed_ms(tr, x, y) -> float | None:
+    """Fixed per-step cost of Trainer.step outside the program's calls: gradient zeroing, input + label copy,
+    loss readback (what step() does around run_main/run_updates), median of 30; None for keyword inputs. Run
+    after the steps' memory is read, as bench instrumentation, not part of the measured training."""
+    import torch
+    if not isinstance(x, torch.Tensor):
+        return None
+    ex = tr.executor
+    fx = []
+    for _ in range(30):
+        t1 = time.perf_counter()
+        ex.zero_grads()
+        ex.input.copy_(x)
+        ex.labels.copy_(y)
+        float(ex.loss)
+        fx.append((time.perf_counter() - t1) * 1e3)
+    return statistics.median(fx)
 
 
 def eager_op_ms(step, steps: int = 3) -> dict[str, float]:
@@ -370,7 +392,7 @@ def run_config(name: str, batch: int, fracs: list[float], a) -> dict:
     if m is None:
         row["error"] = f"eager worker: {eager.error}"
         return row
-    eager_total = m["param_bytes"] + m["buffer_bytes"] + (m["peak"] - m["pre"])
+    eager_total = m["param_bytes"] + m["buffer_bytes"] + process_growth(m)
     row["eager_total_budgetbase"] = eager_total
 
     # 2. solve per budget
@@ -554,7 +576,7 @@ def derive(row: dict) -> list[dict]:
     if "error" in e or "median_ms" not in e:
         return [{"model": row["model"], "batch": row["batch"], "error": row.get("error") or e.get("error")}]
     e_ms = e["median_ms"]
-    e_growth = e["peak"] - e["pre"]
+    e_growth = process_growth(e)
     e_total = e["param_bytes"] + e["buffer_bytes"] + e_growth
     base = row["eager_total_budgetbase"]
     for key, b in row["budgets"].items():
@@ -572,7 +594,7 @@ def derive(row: dict) -> list[dict]:
         rep = p["report"]
         d.update(p_ms=p["median_ms"], ratio=p["median_ms"] / e_ms,
                  paired=statistics.median(pt / et for pt, et in zip(p["times"], row["eager"]["times"])),
-                 arena=rep["train_arena_bytes"], arena_all=rep["arena_bytes"], p_growth=p["peak"] - p["pre"],
+                 arena=rep["train_arena_bytes"], arena_all=rep["arena_bytes"], p_growth=process_growth(p),
                  p_setup=p["setup"] - p["pre"], p_steps=p["peak"] - p["setup"],
                  sim_ms=b["sim_ms"], sim_peak=b["sim_peak"], sim_arena_peak=b["sim_arena_peak"], kernel_ms=p.get("kernel_ms"),
                  engine=b.get("engine_bytes", 0),
@@ -657,7 +679,7 @@ def _memory_figures(d: dict, p: dict, e_growth: int) -> dict:
     in that baseline and move into the arena) to the steps' peak and to the end, against the arena, the budget
     and PyTorch eager's growth."""
     weights = p["param_bytes"] + p["buffer_bytes"]
-    total = port_growth(p)
+    total = process_growth(p)
     plan_peak = max(d["arena"], d["sim_peak"])        # arena + the priced outside-arena allocations
     # the steps' memory: the part of the arena resident after set-up (the CPU arena is an anonymous mapping whose
     # pages become resident when first written, and set-up writes only the weights: port.train.trainer) + what
@@ -671,9 +693,12 @@ def _memory_figures(d: dict, p: dict, e_growth: int) -> dict:
             "mem_vs_eager": total / e_growth if e_growth > 0 else float("nan")}
 
 
-def port_growth(p: dict) -> int:
-    """A PORT worker's process growth: from VmRSS before Trainer(...) to the peak of set-up and steps (not the
-    profiling after them)."""
+def process_growth(p: dict) -> int:
+    """A worker's process growth, the same figure for eager and PORT: from VmRSS before the training set-up
+    (``Trainer(...)`` / ``torch.optim.SGD(...)``: imports, model and batch already resident) to the peak of the
+    set-up (VmHWM reset at that baseline) and of the steps (VmHWM reset after set-up), not the profiling after
+    them. Everything the process maps counts: the arena, heap, thread stacks, and the code pages the steps
+    touch (libtorch's kernels: eager's first backward maps ~22 MiB of them on MobileNetV3-small, b8)."""
     return max(p["peak"], p.get("setup_hwm", 0)) - p["pre"]
 
 
@@ -794,10 +819,12 @@ def speed_record(row: dict) -> dict:
     if row.get("error") or "error" in e or not e.get("median_ms"):
         d["error"] = row.get("error") or e.get("error") or "eager: no steps"
         return d
-    d.update(e_ms=e["median_ms"], e_growth=e["peak"] - e["pre"], e_ops=e.get("ms_by_kernel") or {})
-    b1 = row["budgets"].get("1") or {}
-    p = b1.get("port") or {}
-    if b1.get("error") or "error" in p or not p.get("times"):
+    d.update(e_ms=e["median_ms"], e_growth=process_growth(e), e_ops=e.get("ms_by_kernel") or {})
+    b1 = row["budgets"].get("1")
+    p = (b1 or {}).get("port") or {}
+    if b1 is None:
+        d["error"] = "default plan not run (--budgets without 1: memory only)"
+    elif b1.get("error") or "error" in p or not p.get("times"):
         d["error"] = b1.get("error") or p.get("error") or "PORT: no steps"
     else:
         d.update(p_ms=p["median_ms"], ratio=p["median_ms"] / e["median_ms"],
@@ -813,7 +840,7 @@ def speed_record(row: dict) -> dict:
         elif b5.get("error") or "error" in p5 or "peak" not in p5:
             d["mem_note"] = f"error: {b5.get('error') or p5.get('error') or 'no record'}"[:120]
         else:
-            d.update(p_growth=port_growth(p5), mem_ratio=port_growth(p5) / d["e_growth"])
+            d.update(p_growth=process_growth(p5), mem_ratio=process_growth(p5) / d["e_growth"])
     return d
 
 
@@ -828,16 +855,16 @@ def speed_table(recs: list[dict], label: str, condition: str = "") -> str:
     out = [label, "", h, "|" + "---|" * h.count(" | ") + "---|"]
     for d in recs:
         lead = f"| {d['model']} | {d['batch']} "
-        if "ratio" not in d:
-            out.append(lead + f"| {_f(d.get('e_ms'))} | error: {d.get('error', '?')[:120]} | | {d['target']:.2f} "
-                       "| NOT met | | | |")
-            continue
         mem = d.get("mem_note", "-")
         mem_ok = "-"
         if "mem_ratio" in d:
             mem = f"{d['p_growth'] / MIB:.1f} / {d['e_growth'] / MIB:.1f} ({d['mem_ratio']:.2f})"
         if d["model"] in MEMORY_LIST and ("mem_ratio" in d or "mem_note" in d):
             mem_ok = "met" if d.get("mem_ratio", 9) <= MEMORY_TARGET else "NOT met"
+        if "ratio" not in d:
+            out.append(lead + f"| {_f(d.get('e_ms'))} | error: {d.get('error', '?')[:120]} | | {d['target']:.2f} "
+                       f"| NOT met | | {mem} | {mem_ok} |")
+            continue
         calls = d.get("calls", {})
         out.append(lead + f"| {d['e_ms']:.1f} | {d['p_ms']:.1f} | {d['ratio']:.2f} ({d['paired']:.2f}) "
                    f"| {d['target']:.2f} | {'met' if d['met'] else 'NOT met'} "

@@ -19,7 +19,8 @@ bound for plans that run only some ops there. The profile records it (``Profile.
 simulator and the ILP charge it once per accelerator a plan uses (port.plan.semantics.engine_bytes).
 
 Only engines that work in host memory are measured (backends ``c`` and ``torch-cpu``); PORT_PROFILE_ENGINE=0
-skips the measurement (the test suite's quick profiles do; the engines then cost nothing in plans).
+skips the measurement (the test suite's quick profiles do; the engines then cost nothing in plans). A spent
+timing budget (``max_time_s``) does not: an engine priced at nothing is an engine the ILP uses for free.
 """
 from __future__ import annotations
 

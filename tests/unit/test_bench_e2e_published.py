@@ -96,3 +96,27 @@ def test_build_case_takes_a_published_spec_at_another_batch(e2e):
     assert float(loss_of(model, x, y).detach()) > 0
     model, x, y, _ = e2e.build_case("hand.se_cat_net", 5)
     assert tuple(x.shape) == (5, 3, 32, 32) and tuple(y.shape) == (5,)
+
+
+def test_eager_and_port_growth_are_one_figure(e2e):
+    """Both workers' growth is process_growth: from the baseline to the larger of the set-up's peak (VmHWM
+    reset at the baseline) and the steps' peak; eager's set-up peak counts as PORT's does."""
+    pre = 300 * MIB
+    row = _row(e2e, half={"frac": 0.5, "port": {"pre": pre, "setup_hwm": pre + 30 * MIB, "peak": pre + 20 * MIB,
+                                                 "times": [0.03]}})
+    row["eager"]["setup_hwm"] = pre + 120 * MIB           # above its steps' 100 MiB
+    d = e2e.speed_record(row)
+    assert d["e_growth"] == 120 * MIB and d["p_growth"] == 30 * MIB
+    assert d["mem_ratio"] == pytest.approx(0.25)
+    assert e2e.process_growth({"pre": pre, "peak": pre + 7 * MIB}) == 7 * MIB     # records without setup_hwm
+
+
+def test_a_memory_only_run_shows_its_growth(e2e):
+    """--budgets 0.5 alone (no default plan): the row has no speed but keeps the growth and its target."""
+    pre = 300 * MIB
+    row = _row(e2e, half={"frac": 0.5, "port": {"pre": pre, "setup_hwm": pre, "peak": pre + 70 * MIB,
+                                                 "times": [0.03]}})
+    del row["budgets"]["1"]
+    d = e2e.speed_record(row)
+    assert "ratio" not in d and "memory only" in d["error"] and d["mem_ratio"] == pytest.approx(0.7)
+    assert "| 70.0 / 100.0 (0.70) | NOT met |" in e2e.speed_table([d], "x")

@@ -79,6 +79,21 @@ def test_profile_records_and_reuses_engine_footprints(cnn, tmp_path, monkeypatch
     assert p3.engine_bytes == () and any("PORT_PROFILE_ENGINE=0" in n for n in rep3.notes)
 
 
+def test_engine_footprints_are_measured_past_the_timing_budget(cnn, monkeypatch):
+    """A spent timing budget leaves entries modeled, not the engines' footprints: without one a plan puts ops on
+    that engine for free (bench/e2e.py's CNN profiles ran out of time and their 50% plans grew the process by
+    libtorch's code pages beyond the budget)."""
+    from port.cost.measure import profile_with_report
+    monkeypatch.setenv("PORT_PROFILE_ENGINE", "1")
+    monkeypatch.setattr(FP, "measure_engine_bytes",
+                        lambda g, backend, threads, **kw: {"engine_bytes": 4096 * (3 if backend == "c" else 9),
+                                                           "steps": 1, "anon_bytes": 0, "file_bytes": 0})
+    p, rep = profile_with_report(cnn, "host", max_time_s=0.0, blocks=1, block_ms=1, warmup_ms=1,
+                                 variants=("plain",), program_order=False, calibrate_peaks=False, handoff=False)
+    assert rep.measured == 0 and rep.budget_modeled > 0
+    assert dict(p.engine_bytes) == {"cpu-c": 3 * 4096, "cpu-torch": 9 * 4096}
+
+
 def test_engine_bytes_in_the_file_format_are_validated(cnn):
     from port.cost.roofline import modeled_profile
     from port.config import load_device
