@@ -48,7 +48,7 @@ static inline float apply(int64_t op, float a, float b) {
 port_status port_binary_forward(float *y, const float *a, const float *b, const port_binary_params *p) {
     PORT_NOTNULL(y); PORT_NOTNULL(a); PORT_NOTNULL(b);
     PORT_CHECK(binary_check(p), PORT_ERR_SHAPE);
-    int64_t sa[PORT_BINARY_MAX_RANK], sb[PORT_BINARY_MAX_RANK];
+    int64_t sa[PORT_BINARY_MAX_RANK] = {0}, sb[PORT_BINARY_MAX_RANK] = {0};
     strides(sa, p, p->a_bcast);
     strides(sb, p, p->b_bcast);
     const int64_t r = p->rank, inner = p->dims[r - 1], ia = sa[r - 1], ib = sb[r - 1], op = p->op;
