@@ -43,6 +43,21 @@ static inline float se_gate_grad(float g, float v, int gate) {
     return g * (1.0f - t) * t;
 }
 
+/* sum_k a[k] b[k] in double, in 4 lanes (k % 4) combined (0 + 1) + (2 + 3), then the tail: a fixed order */
+static inline double se_dot(const float *a, const float *b, int64_t n) {
+    double l0 = 0.0, l1 = 0.0, l2 = 0.0, l3 = 0.0;
+    int64_t k = 0;
+    for (; k + 4 <= n; k += 4) {
+        l0 += (double)a[k] * b[k];
+        l1 += (double)a[k + 1] * b[k + 1];
+        l2 += (double)a[k + 2] * b[k + 2];
+        l3 += (double)a[k + 3] * b[k + 3];
+    }
+    double acc = (l0 + l1) + (l2 + l3);
+    for (; k < n; k++) acc += (double)a[k] * b[k];
+    return acc;
+}
+
 size_t port_se_workspace_bytes(int64_t n, int64_t c, int64_t s, int kernel) {
     if (n <= 0 || c <= 0 || s <= 0) return 0;
     switch (kernel) {
@@ -77,18 +92,14 @@ port_status port_se_forward(float *y, float *h, float *z, const float *x, const 
     for (int64_t ij = 0; ij < n * s; ij++) {
         int64_t i = ij / s, j = ij % s;
         const float *wr = w1 + j * c, *pr = pooled + i * c;
-        double acc = b1[j];
-        for (int64_t k = 0; k < c; k++) acc += (double)wr[k] * pr[k];
-        h[ij] = (float)acc;
+        h[ij] = (float)((double)b1[j] + se_dot(wr, pr, c));
         a[ij] = se_act(h[ij], act);
     }
 #pragma omp parallel for schedule(static) if (n * c * (hw + s) > PORT_PAR_MIN)
     for (int64_t nc = 0; nc < n * c; nc++) {
         int64_t i = nc / c, k = nc % c;
         const float *wr = w2 + k * s, *ar = a + i * s;
-        double acc = b2[k];
-        for (int64_t j = 0; j < s; j++) acc += (double)wr[j] * ar[j];
-        z[nc] = (float)acc;
+        z[nc] = (float)((double)b2[k] + se_dot(wr, ar, s));
         float g = se_gate(z[nc], gate);
         const float *xp = x + nc * hw;
         float *yp = y + nc * hw;
