@@ -34,6 +34,13 @@ Variant names
                    input gradient runs swiglu.grad_input (da, db from dy, a, b; the silu's gradient op
                    runs none); silu(a) and its gradient are never materialised. Same bits as the plain
                    silu -> mul chain (port_swiglu_*: the silu output rounded to float first).
+                 * ``se``: squeeze-excitation, x * gate(fc2(act(fc1(mean_hw(x))))) (MobileNetV3: relu,
+                   hardsigmoid; EfficientNet: silu, sigmoid; RegNet-Y: relu, sigmoid): the mul runs se (y, h, z),
+                   the mul's gradient op runs se.grad_weight (the fcs' gradients, dh) then se.grad_input (dx:
+                   the grad_accumulate's output); the pooled mean, act(h), the gate and the inner gradients
+                   (the mul's and the pool's full-size dx among them) are never stored. Not the plain chain's
+                   bits (double sums, not GEMMs: within float rounding); not in the default plan, a solved
+                   plan picks it where the profile says it pays.
 
 Torch backends (torch-cpu, torch-cuda, torch-mps) run ``plain`` only, plus ``inplace`` for relu, relu6, add and the
 element-wise input gradients,
@@ -53,6 +60,9 @@ Legality (pure functions of the graph, used by solver, simulator and lowering al
 * ``fused`` swiglu: the silu output s feeds one mul of two same-shape activations (no broadcast, no weight) and
   nothing else but that mul's gradient op, which computes both operands' gradients; its ds feeds only the
   silu's gradient op (no backward at all: the forward pair only).
+* ``fused`` se: each intermediate (pooled, h, act(h), z, gate) read only by the next member and the chain's
+  gradient ops, fcs 1x1 convs with bias; x read by the pool and the mul alone; in training every member's
+  gradient op present (the fcs' weights and biases trained) and one grad_accumulate of the mul's and the pool's dx.
 * in-place batch norm needs affine weight and bias (it rebuilds x-hat from the output).
 * ``inplace`` on an element-wise input gradient (BACKWARD_INPLACE_KINDS): dy is an activation gradient on its
   own root, as large as dx, read by no later op and not the op's other input.
