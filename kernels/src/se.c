@@ -10,6 +10,8 @@
  * Weight gradients accumulate (dw += ...), dx overwrites. */
 #include "internal.h"
 
+#define SE_BLOCK 128   /* outputs per accumulator block of the backward's transposed products */
+
 static inline double se_sigm(double v) { return 1.0 / (1.0 + port__exp_inline(-v)); }
 
 static inline float se_act(float v, int act) {
@@ -144,12 +146,19 @@ port_status port_se_backward_weight(float *dw1, float *db1, float *dw2, float *d
             db2[k] += (float)acc;
         }
     }
+    /* da[i, j] = sum_k w2[k, j] dz[i, k], k ascending, over blocks of SE_BLOCK j's (w2's rows read in order) */
+    int64_t nbj = (s + SE_BLOCK - 1) / SE_BLOCK;
 #pragma omp parallel for schedule(static) if (n * c * s > PORT_PAR_MIN)
-    for (int64_t ij = 0; ij < n * s; ij++) {
-        int64_t i = ij / s, j = ij % s;
-        double acc = 0.0;
-        for (int64_t k = 0; k < c; k++) acc += (double)w2[k * s + j] * dz[i * c + k];
-        dh[ij] = se_act_grad((float)acc, h[ij], act);
+    for (int64_t ib = 0; ib < n * nbj; ib++) {
+        int64_t i = ib / nbj, j0 = ib % nbj * SE_BLOCK, nj = PORT_MIN(SE_BLOCK, s - j0);
+        double acc[SE_BLOCK];
+        for (int64_t j = 0; j < nj; j++) acc[j] = 0.0;
+        for (int64_t k = 0; k < c; k++) {
+            const float *wr = w2 + k * s + j0;
+            double d = dz[i * c + k];
+            for (int64_t j = 0; j < nj; j++) acc[j] += (double)wr[j] * d;
+        }
+        for (int64_t j = 0; j < nj; j++) dh[i * s + j0 + j] = se_act_grad((float)acc[j], h[i * s + j0 + j], act);
     }
 #pragma omp parallel for schedule(static) if (n * c * s > PORT_PAR_MIN)
     for (int64_t jk = 0; jk < s * c + s; jk++) {      /* dw1 [s, c], then db1 [s] */
@@ -173,15 +182,25 @@ port_status port_se_backward_input(float *dx, const float *dy, const float *z, c
     PORT_NOTNULL(dx); PORT_NOTNULL(dy); PORT_NOTNULL(z); PORT_NOTNULL(w1); PORT_NOTNULL(dh);
     SE_CHECK_DIMS(n, c, s, hw, PORT_SE_RELU, gate);
     PORT_CHECK((const float *)dx != z && (const float *)dx != w1 && (const float *)dx != dh, PORT_ERR_ALIAS);
+    /* dm[i, k] = sum_j w1[j, k] dh[i, j], j ascending, over blocks of SE_BLOCK k's (w1's rows read in order) */
+    int64_t nbk = (c + SE_BLOCK - 1) / SE_BLOCK;
 #pragma omp parallel for schedule(static) if (n * c * (hw + s) > PORT_PAR_MIN)
-    for (int64_t nc = 0; nc < n * c; nc++) {
-        int64_t i = nc / c, k = nc % c;
-        double acc = 0.0;
-        for (int64_t j = 0; j < s; j++) acc += (double)w1[j * c + k] * dh[i * s + j];
-        float gm = (float)acc / (float)hw, g = se_gate(z[nc], gate);   /* the pool's gradient, the gate */
-        const float *gp = dy + nc * hw;
-        float *dp = dx + nc * hw;
-        for (int64_t q = 0; q < hw; q++) dp[q] = gp[q] * g + gm;     /* dx may be dy: read before written */
+    for (int64_t ib = 0; ib < n * nbk; ib++) {
+        int64_t i = ib / nbk, k0 = ib % nbk * SE_BLOCK, nk = PORT_MIN(SE_BLOCK, c - k0);
+        double acc[SE_BLOCK];
+        for (int64_t k = 0; k < nk; k++) acc[k] = 0.0;
+        for (int64_t j = 0; j < s; j++) {
+            const float *wr = w1 + j * c + k0;
+            double d = dh[i * s + j];
+            for (int64_t k = 0; k < nk; k++) acc[k] += (double)wr[k] * d;
+        }
+        for (int64_t k = 0; k < nk; k++) {
+            int64_t nc = i * c + k0 + k;
+            float gm = (float)acc[k] / (float)hw, g = se_gate(z[nc], gate);   /* the pool's gradient, the gate */
+            const float *gp = dy + nc * hw;
+            float *dp = dx + nc * hw;
+            for (int64_t q = 0; q < hw; q++) dp[q] = gp[q] * g + gm;     /* dx may be dy: read before written */
+        }
     }
     return PORT_OK;
 }
