@@ -60,6 +60,33 @@ static inline double se_dot(const float *a, const float *b, int64_t n) {
     return acc;
 }
 
+/* acc[t] = sum_r v[r] w[r ld + t] for t < nb, r ascending from 0, in double (w's rows read in order) */
+static void se_tmul(double *acc, const float *w, int64_t ld, const float *v, int64_t rows, int64_t nb) {
+    for (int64_t t = 0; t < nb; t++) acc[t] = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *wr = w + r * ld;
+        double d = v[r];
+        for (int64_t t = 0; t < nb; t++) acc[t] += (double)wr[t] * d;
+    }
+}
+
+/* an fc's weight and bias gradients from its output gradient g [n, rows] and input v [n, cols]:
+ * dw[r, t] += sum_i g[i, r] v[i, t], db[r] += sum_i g[i, r], i ascending in double; each element by one thread */
+static void se_grad_fc(float *dw, float *db, const float *g, const float *v, int64_t n, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (n * rows * cols > PORT_PAR_MIN)
+    for (int64_t rt = 0; rt < rows * cols + rows; rt++) {
+        double acc = 0.0;
+        if (rt < rows * cols) {
+            int64_t r = rt / cols, t = rt % cols;
+            for (int64_t i = 0; i < n; i++) acc += (double)g[i * rows + r] * v[i * cols + t];
+            dw[rt] += (float)acc;
+        } else {
+            for (int64_t i = 0; i < n; i++) acc += g[i * rows + rt - rows * cols];
+            db[rt - rows * cols] += (float)acc;
+        }
+    }
+}
+
 size_t port_se_workspace_bytes(int64_t n, int64_t c, int64_t s, int kernel) {
     if (n <= 0 || c <= 0 || s <= 0) return 0;
     switch (kernel) {
@@ -132,48 +159,17 @@ port_status port_se_backward_weight(float *dw1, float *db1, float *dw2, float *d
         dz[nc] = se_gate_grad((float)dg, z[nc], gate);
     }
     for (int64_t ij = 0; ij < n * s; ij++) a[ij] = se_act(h[ij], act);
-#pragma omp parallel for schedule(static) if (n * c * s > PORT_PAR_MIN)
-    for (int64_t kj = 0; kj < c * s + c; kj++) {      /* dw2 [c, s], then db2 [c] */
-        if (kj < c * s) {
-            int64_t k = kj / s, j = kj % s;
-            double acc = 0.0;
-            for (int64_t i = 0; i < n; i++) acc += (double)dz[i * c + k] * a[i * s + j];
-            dw2[kj] += (float)acc;
-        } else {
-            int64_t k = kj - c * s;
-            double acc = 0.0;
-            for (int64_t i = 0; i < n; i++) acc += dz[i * c + k];
-            db2[k] += (float)acc;
-        }
-    }
+    se_grad_fc(dw2, db2, dz, a, n, c, s);
     /* da[i, j] = sum_k w2[k, j] dz[i, k], k ascending, over blocks of SE_BLOCK j's (w2's rows read in order) */
     int64_t nbj = (s + SE_BLOCK - 1) / SE_BLOCK;
 #pragma omp parallel for schedule(static) if (n * c * s > PORT_PAR_MIN)
     for (int64_t ib = 0; ib < n * nbj; ib++) {
         int64_t i = ib / nbj, j0 = ib % nbj * SE_BLOCK, nj = PORT_MIN(SE_BLOCK, s - j0);
         double acc[SE_BLOCK];
-        for (int64_t j = 0; j < nj; j++) acc[j] = 0.0;
-        for (int64_t k = 0; k < c; k++) {
-            const float *wr = w2 + k * s + j0;
-            double d = dz[i * c + k];
-            for (int64_t j = 0; j < nj; j++) acc[j] += (double)wr[j] * d;
-        }
+        se_tmul(acc, w2 + j0, s, dz + i * c, c, nj);
         for (int64_t j = 0; j < nj; j++) dh[i * s + j0 + j] = se_act_grad((float)acc[j], h[i * s + j0 + j], act);
     }
-#pragma omp parallel for schedule(static) if (n * c * s > PORT_PAR_MIN)
-    for (int64_t jk = 0; jk < s * c + s; jk++) {      /* dw1 [s, c], then db1 [s] */
-        if (jk < s * c) {
-            int64_t j = jk / c, k = jk % c;
-            double acc = 0.0;
-            for (int64_t i = 0; i < n; i++) acc += (double)dh[i * s + j] * pooled[i * c + k];
-            dw1[jk] += (float)acc;
-        } else {
-            int64_t j = jk - s * c;
-            double acc = 0.0;
-            for (int64_t i = 0; i < n; i++) acc += dh[i * s + j];
-            db1[j] += (float)acc;
-        }
-    }
+    se_grad_fc(dw1, db1, dh, pooled, n, s, c);
     return PORT_OK;
 }
 
@@ -188,12 +184,7 @@ port_status port_se_backward_input(float *dx, const float *dy, const float *z, c
     for (int64_t ib = 0; ib < n * nbk; ib++) {
         int64_t i = ib / nbk, k0 = ib % nbk * SE_BLOCK, nk = PORT_MIN(SE_BLOCK, c - k0);
         double acc[SE_BLOCK];
-        for (int64_t k = 0; k < nk; k++) acc[k] = 0.0;
-        for (int64_t j = 0; j < s; j++) {
-            const float *wr = w1 + j * c + k0;
-            double d = dh[i * s + j];
-            for (int64_t k = 0; k < nk; k++) acc[k] += (double)wr[k] * d;
-        }
+        se_tmul(acc, w1 + k0, c, dh + i * s, s, nk);
         for (int64_t k = 0; k < nk; k++) {
             int64_t nc = i * c + k0 + k;
             float gm = (float)acc[k] / (float)hw, g = se_gate(z[nc], gate);   /* the pool's gradient, the gate */

@@ -134,16 +134,20 @@ def _priced(prof, g, fused_ms: float):
     return dataclasses.replace(prof, entries=ents, _index={})
 
 
-def test_ilp_picks_swiglu_exactly_when_the_profile_says_it_pays(swiglu_graph):
-    g = swiglu_graph
+def _assert_ilp_picks_when_it_pays(g, priced):
+    """The ILP fuses the graph's one chain when its calls cost a quarter of the plain members, not at four times."""
     ch, = V.chains(g).values()
     prof = modeled_profile(g, load_device("host"))
     plain = sum(prof.lookup(g.signature(g.ops[i]), "cpu-c", "plain").latency_ms for i in ch.ops) / 2
     for fused_ms, want in ((plain * 0.25, "fused"), (plain * 4.0, "plain")):
-        p = solve(g, _priced(prof, g, fused_ms), None, gap=0.0, time_limit_s=30)
+        p = solve(g, priced(prof, g, fused_ms), None, gap=0.0, time_limit_s=30)
         got = {p.ops[i].variant for i in ch.ops}
         assert got == {want} or (want == "plain" and "fused" not in got), (fused_ms, got)
-        simulate(p, g, _priced(prof, g, fused_ms))
+        simulate(p, g, priced(prof, g, fused_ms))
+
+
+def test_ilp_picks_swiglu_exactly_when_the_profile_says_it_pays(swiglu_graph):
+    _assert_ilp_picks_when_it_pays(swiglu_graph, _priced)
 
 
 @pytest.mark.parametrize("frac", [1.0, 0.75])
@@ -254,15 +258,7 @@ def test_se_profile_entries_exist(se_graph):
 
 
 def test_ilp_picks_se_exactly_when_the_profile_says_it_pays(se_graph):
-    g = se_graph
-    ch, = V.chains(g).values()
-    prof = modeled_profile(g, load_device("host"))
-    plain = sum(prof.lookup(g.signature(g.ops[i]), "cpu-c", "plain").latency_ms for i in ch.ops) / 2
-    for fused_ms, want in ((plain * 0.25, "fused"), (plain * 4.0, "plain")):
-        p = solve(g, _priced_chain(prof, g, fused_ms), None, gap=0.0, time_limit_s=30)
-        got = {p.ops[i].variant for i in ch.ops}
-        assert got == {want} or (want == "plain" and "fused" not in got), (fused_ms, got)
-        simulate(p, g, _priced_chain(prof, g, fused_ms))
+    _assert_ilp_picks_when_it_pays(se_graph, _priced_chain)
 
 
 def _priced_chain(prof, g, fused_ms: float, keep=None):
