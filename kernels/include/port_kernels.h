@@ -277,6 +277,26 @@ PORT_API port_status port_rotary_forward(float *y, const float *x, const float *
                                          int64_t n, int64_t heads, int64_t seq, int64_t d, int64_t table_n);
 PORT_API port_status port_rotary_backward(float *dx, const float *dy, const float *cos_t, const float *sin_t,
                                           int64_t n, int64_t heads, int64_t seq, int64_t d, int64_t table_n);
+/* Squeeze-excitation (se.c): y = x * gate(W2 act(W1 mean_hw(x) + b1) + b2) per (n, c) of x [n, c, hw], with
+ * w1 [s, c], b1 [s], w2 [c, s], b2 [c]; act PORT_SE_RELU or PORT_SE_SILU, gate PORT_SE_SIGMOID or
+ * PORT_SE_HARDSIGMOID.  The forward writes y [n, c, hw], h = W1 pooled + b1 [n, s] and z = W2 act(h) + b2 [n, c]
+ * (what the backward reads; the pooled mean, act(h) and the gate are rebuilt).  The backward is two calls:
+ * _weight accumulates dw1, db1, dw2, db2 and writes dh = d(loss)/dh [n, s] from dy, x, w2, h, z; _input writes
+ * dx = dy gate + (W1^T dh) / hw from dy, z, w1, dh (dx may be dy).  Workspace: port_se_workspace_bytes(n, c, s,
+ * kernel) with kernel 0 forward, 1 _weight, 2 _input (0 bytes).  Sums in double, rounded once: not the plain
+ * chain's bits (its fcs are GEMMs), within float rounding of it. */
+enum { PORT_SE_RELU = 0, PORT_SE_SILU = 1 };
+enum { PORT_SE_SIGMOID = 0, PORT_SE_HARDSIGMOID = 1 };
+PORT_API size_t port_se_workspace_bytes(int64_t n, int64_t c, int64_t s, int kernel);
+PORT_API port_status port_se_forward(float *y, float *h, float *z, const float *x, const float *w1, const float *b1,
+                                     const float *w2, const float *b2, int64_t n, int64_t c, int64_t s, int64_t hw,
+                                     int act, int gate, void *ws, size_t ws_bytes);
+PORT_API port_status port_se_backward_weight(float *dw1, float *db1, float *dw2, float *db2, float *dh,
+                                             const float *dy, const float *x, const float *w2, const float *h,
+                                             const float *z, int64_t n, int64_t c, int64_t s, int64_t hw, int act,
+                                             int gate, void *ws, size_t ws_bytes);
+PORT_API port_status port_se_backward_input(float *dx, const float *dy, const float *z, const float *w1,
+                                            const float *dh, int64_t n, int64_t c, int64_t s, int64_t hw, int gate);
 /* ---- end issue 54 fused variants ---- */
 /* y = a + b; y MAY ALIAS a or b.  Backward is the identity (no kernel). */
 PORT_API port_status port_add(float *y, const float *a, const float *b, int64_t count);

@@ -186,6 +186,9 @@ extern "C" {
     X(98, ADAPTIVE_AVGPOOL2D_FORWARD, port_adaptive_avgpool2d_forward)            \
     X(99, ADAPTIVE_AVGPOOL2D_BACKWARD_INPUT, port_adaptive_avgpool2d_backward_input) \
     X(110, BERNOULLI_FORWARD, port_bernoulli_forward)                              \
+    X(111, SE_FORWARD, port_se_forward)                                            \
+    X(112, SE_BACKWARD_WEIGHT, port_se_backward_weight)                            \
+    X(113, SE_BACKWARD_INPUT, port_se_backward_input)                              \
     X(121, MASKED_FILL, port_masked_fill)                                          \
     X(122, MASK_CAST, port_mask_cast)                                              \
     X(123, MASK_LOGIC, port_mask_logic)                                            \

@@ -56,7 +56,9 @@ def default_plan(graph: Graph, backend: str = "c", fuse: bool = True, inplace: b
     C backend each conv runs the algorithm the C library picks for its shape (PORT_CONV_AUTO: direct,
     winograd where it pays, else im2col), as the fused conv+bn+relu kernel does, and attention runs tiled
     (faster than the plain kernel and a workspace per thread instead of every head's scores: gpt_tiny batch 32,
-    4 layers, forward + backward 31 -> 27 ms a step; the backward call's scratch 16 MiB -> 0.27 MiB)."""
+    4 layers, forward + backward 31 -> 27 ms a step; the backward call's scratch 16 MiB -> 0.27 MiB). ``fuse``:
+    the chains whose Fusion is a default (port.plan.variants.FUSIONS: conv -> bn -> relu, SwiGLU; not SE, which
+    a solved plan picks where the profile says it pays)."""
     if backend not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
     acc = BACKEND_ACCELERATORS[backend]
@@ -69,10 +71,9 @@ def default_plan(graph: Graph, backend: str = "c", fuse: bool = True, inplace: b
             elif o.kind in V.ATTENTION_KINDS and "tiled" in V.variants(graph, o, backend):
                 variant[o.id] = "tiled"
         if fuse:
-            for o in graph.ops:
-                ch = V.fusion_chain(graph, o)
-                if ch is not None:
-                    for i in ch:
+            for ch in V.chains(graph).values():
+                if ch.fusion.default:
+                    for i in ch.ops:
                         variant[i] = "fused"
     if inplace:
         for o in graph.ops:

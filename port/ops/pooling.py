@@ -166,24 +166,126 @@ def _mean_capture(ctx):
 
 
 def _gap_shapes(k, attrs, I, O, at):
+    if k in SE_KERNELS:
+        return _se_shapes(k, attrs, I, O, at)
     x = rank(at(I, 0, "input 0 (x)") if "." not in k else at(O, 0, "output 0 (dx)"), 4, "x")
     y = ((x[0], x[1], 1, 1), F32)
     return ([(x, F32)], [y]) if "." not in k else ([y], [(x, F32)])
 
 
 def _gap_encode(kind, a, IS, OS, I, O, variant, call):
+    if kind == "se":
+        return Encoded("port_se_forward", tuple(O) + tuple(I), _se_iv(kind, a, IS, OS))
+    if kind == "se.grad_weight":
+        return Encoded("port_se_backward_weight", tuple(O) + tuple(I), _se_iv(kind, a, IS, OS))
+    if kind == "se.grad_input":
+        return Encoded("port_se_backward_input", (O[0],) + tuple(I), _se_iv(kind, a, IS, OS))
     n, c, h, w = IS[0] if kind == "global_avg_pool2d" else OS[0]
     entry = "port_global_avgpool_forward" if kind == "global_avg_pool2d" else "port_global_avgpool_backward_input"
     return Encoded(entry, (O[0], I[0]), (n, c, h * w))
 
 
 def _gap_torch(kind, a, I, O, env):
+    if kind in SE_KERNELS:
+        return _se_torch(kind, a, I, O, env)
     if kind == "global_avg_pool2d":
         x, y = I[0], O[0]
         return lambda: y.copy_(x.mean((2, 3)).view(y.shape))
     dy, dx = I[0], O[0]
     n, c, h, w = dx.shape
     return lambda: dx.copy_((dy.reshape(n, c, 1, 1) / (h * w)).expand(n, c, h, w))
+
+
+# Squeeze-excitation fused (issue 54): the fused variant of a global_avg_pool2d -> conv 1x1 -> act -> conv 1x1 ->
+# gate -> mul chain (port.plan.variants.FUSIONS "se"); kernels of the global_avg_pool2d record, emitted for the
+# chain's calls only (never captured as an op). attrs: act (relu | silu), gate (sigmoid | hardsigmoid).
+SE_KERNELS = {"se": ("port_se_forward",), "se.grad_weight": ("port_se_backward_weight",),
+              "se.grad_input": ("port_se_backward_input",)}
+SE_ACTS, SE_GATES = ("relu", "silu"), ("sigmoid", "hardsigmoid")
+
+
+def _se_dims(k, I, O, at):
+    """(n, c, s, hw, x shape) of an SE call: x from input 0 (se) or 1 (se.grad_weight), dx output 0 (grad_input);
+    s from w1's rows (se) or h (se.grad_weight) or dh (se.grad_input)."""
+    if k == "se":
+        x, s = rank(at(I, 0, "input 0 (x)"), 4, "x"), at(I, 1, "input 1 (w1)")[0]
+    elif k == "se.grad_weight":
+        x, s = rank(at(I, 1, "input 1 (x)"), 4, "x"), at(I, 3, "input 3 (h)")[1]
+    else:
+        x, s = rank(at(O, 0, "output 0 (dx)"), 4, "dx"), at(I, 3, "input 3 (dh)")[1]
+    return x[0], x[1], s, x[2] * x[3], tuple(x)
+
+
+def _se_shapes(k, attrs, I, O, at):
+    """se: (y, h, z) from (x, w1, b1, w2, b2); se.grad_weight: (dw1, db1, dw2, db2, dh) from (dy, x, w2, h, z);
+    se.grad_input: dx from (dy, z, w1, dh)."""
+    if attrs.get("act") not in SE_ACTS or attrs.get("gate") not in SE_GATES:
+        raise CallShapeError(f"attributes act={attrs.get('act')!r}, gate={attrs.get('gate')!r}: expected act in "
+                             f"{SE_ACTS}, gate in {SE_GATES}")
+    n, c, s, _, x = _se_dims(k, I, O, at)
+    w1, w2, h, z = ((s, c, 1, 1), F32), ((c, s, 1, 1), F32), ((n, s, 1, 1), F32), ((n, c, 1, 1), F32)
+    if k == "se":
+        return [(x, F32), w1, ((s,), F32), w2, ((c,), F32)], [(x, F32), h, z]
+    if k == "se.grad_weight":
+        return [(x, F32), (x, F32), w2, h, z], [w1, ((s,), F32), w2, ((c,), F32), h]
+    return [(x, F32), z, w1, h], [(x, F32)]
+
+
+def _se_iv(k, a, IS, OS):
+    x = OS[0] if k == "se.grad_input" else IS[0]
+    s = IS[1][0] if k == "se" else IS[3][1]
+    return (x[0], x[1], s, x[2] * x[3], SE_ACTS.index(a["act"]), SE_GATES.index(a["gate"]))
+
+
+def _se_workspace(kernel, variant, attrs, IS, OS) -> int:
+    if kernel not in ("se", "se.grad_weight"):
+        return 0
+    from port.exec import capi
+    n, c, s = _se_iv(kernel, attrs, IS, OS)[:3]
+    return int(capi.raw.port_se_workspace_bytes(n, c, s, 0 if kernel == "se" else 1))
+
+
+def _se_torch(kind, a, I, O, env):
+    """PyTorch's float32 kernels for the SE calls (the same maths; not the C kernels' bits)."""
+    torch, F = env.torch, env.F
+    act = {"relu": F.relu, "silu": F.silu}[a["act"]]
+    gate = {"sigmoid": torch.sigmoid, "hardsigmoid": F.hardsigmoid}[a["gate"]]
+
+    def dgate(z, g):
+        if a["gate"] == "sigmoid":
+            t = torch.sigmoid(z)
+            return g * (1 - t) * t
+        return torch.where((z > -3) & (z < 3), g / 6, torch.zeros_like(g))
+
+    def dact(h, g):
+        if a["act"] == "relu":
+            return torch.where(h > 0, g, torch.zeros_like(g))
+        t = torch.sigmoid(h)
+        return g * t * (1 + h * (1 - t))
+
+    def run():
+        if kind == "se":
+            x, w1, b1, w2, b2 = I
+            n, c = x.shape[:2]
+            h = x.mean((2, 3)) @ w1.reshape(w1.shape[0], c).T + b1
+            z = act(h) @ w2.reshape(c, -1).T + b2
+            O[1].copy_(h.view(O[1].shape)), O[2].copy_(z.view(O[2].shape))
+            O[0].copy_(x * gate(z).view(n, c, 1, 1))
+        elif kind == "se.grad_weight":
+            dy, x, w2, h, z = I
+            n, c = x.shape[:2]
+            hh, zz = h.reshape(n, -1), z.reshape(n, c)
+            dz = dgate(zz, (dy * x).sum((2, 3)))
+            O[2].add_((dz.T @ act(hh)).view(O[2].shape)), O[3].add_(dz.sum(0))
+            dh = dact(hh, dz @ w2.reshape(c, -1))
+            O[0].add_((dh.T @ x.mean((2, 3))).view(O[0].shape)), O[1].add_(dh.sum(0))
+            O[4].copy_(dh.view(O[4].shape))
+        else:
+            dy, z, w1, dh = I
+            n, c, hgt, wid = dy.shape
+            dm = dh.reshape(n, -1) @ w1.reshape(-1, c)
+            O[0].copy_(dy * gate(z) + (dm / (hgt * wid)).view(n, c, 1, 1))
+    return run
 
 
 def _mid(x, d):
@@ -230,9 +332,10 @@ register(
              bwd_vector_flops=_x_numel, tags=frozenset({"checkpoint"}), doc=__doc__),
     OpRecord(kind="global_avg_pool2d", family="pooling",
              kernels={"global_avg_pool2d": ("port_global_avgpool_forward",),
-                      "global_avg_pool2d.grad_input": ("port_global_avgpool_backward_input",)},
+                      "global_avg_pool2d.grad_input": ("port_global_avgpool_backward_input",)} | SE_KERNELS,
              shapes=_gap_shapes, torch=_gap_torch, encode=_gap_encode, aten=("adaptive_avg_pool2d", "mean"),
-             capture=_mean_capture, bwd_vector_flops=_x_numel, tags=frozenset({"checkpoint"}), doc=__doc__),
+             capture=_mean_capture, bwd_vector_flops=_x_numel, workspace=_se_workspace, tags=frozenset({"checkpoint"}),
+             doc=__doc__),
     OpRecord(kind="mean_mid", family="pooling",
              kernels={"mean_mid": ("port_mean_mid_forward",), "mean_mid.grad_input": ("port_mean_mid_backward",)},
              shapes=_mean_shapes, torch=_mean_torch, encode=_mean_encode, aten=("mean",), capture=_mean_capture,

@@ -34,6 +34,13 @@ Variant names
                    input gradient runs swiglu.grad_input (da, db from dy, a, b; the silu's gradient op
                    runs none); silu(a) and its gradient are never materialised. Same bits as the plain
                    silu -> mul chain (port_swiglu_*: the silu output rounded to float first).
+                 * ``se``: squeeze-excitation, x * gate(fc2(act(fc1(mean_hw(x))))) (MobileNetV3: relu,
+                   hardsigmoid; EfficientNet: silu, sigmoid; RegNet-Y: relu, sigmoid): the mul runs se (y, h, z),
+                   the mul's gradient op runs se.grad_weight (the fcs' gradients, dh) then se.grad_input (dx:
+                   the grad_accumulate's output); the pooled mean, act(h), the gate and the inner gradients
+                   (the mul's and the pool's full-size dx among them) are never stored. Not the plain chain's
+                   bits (double sums, not GEMMs: within float rounding); not in the default plan, a solved
+                   plan picks it where the profile says it pays.
 
 Torch backends (torch-cpu, torch-cuda, torch-mps) run ``plain`` only, plus ``inplace`` for relu, relu6, add and the
 element-wise input gradients,
@@ -53,6 +60,9 @@ Legality (pure functions of the graph, used by solver, simulator and lowering al
 * ``fused`` swiglu: the silu output s feeds one mul of two same-shape activations (no broadcast, no weight) and
   nothing else but that mul's gradient op, which computes both operands' gradients; its ds feeds only the
   silu's gradient op (no backward at all: the forward pair only).
+* ``fused`` se: each intermediate (pooled, h, act(h), z, gate) read only by the next member and the chain's
+  gradient ops, fcs 1x1 convs with bias; x read by the pool and the mul alone; in training every member's
+  gradient op present (the fcs' weights and biases trained) and one grad_accumulate of the mul's and the pool's dx.
 * in-place batch norm needs affine weight and bias (it rebuilds x-hat from the output).
 * ``inplace`` on an element-wise input gradient (BACKWARD_INPLACE_KINDS): dy is an activation gradient on its
   own root, as large as dx, read by no later op and not the op's other input.
@@ -417,6 +427,150 @@ def _rotary_emit(graph: Graph, ch: "Chain", op: Op) -> list:
     return [("rotary.grad_input", (op.outputs[0],), (dy, c, s), {}, ch.ops[7:-1])]
 
 
+SE_ACT_KINDS, SE_GATE_KINDS = ("relu", "silu"), ("sigmoid", "hardsigmoid")   # the pairs port_se_* computes
+
+
+def _se_fc(o: Op | None) -> bool:
+    """A squeeze-excitation fc: a forward 1x1 conv2d with bias, stride 1, no padding, one group."""
+    return o is not None and o.kind == "conv2d" and o.phase == PHASE_FORWARD and bool(o.attr("bias")) \
+        and len(o.inputs) == 3 and tuple(o.attr("kernel")) == (1, 1) and tuple(o.attr("stride")) == (1, 1) \
+        and tuple(o.attr("padding")) == (0, 0) and o.attr("groups") == 1
+
+
+def _se(graph: Graph, op: Op) -> tuple[int, ...] | None:
+    """The member ids (program order) of a squeeze-excitation chain x -> global_avg_pool2d -> conv 1x1 (fc1, bias)
+    -> relu|silu -> conv 1x1 (fc2, bias) -> sigmoid|hardsigmoid -> mul with x (torchvision's SqueezeExcitation,
+    timm's SE modules): each intermediate read by the next member only (and by the chain's gradient ops), no view
+    of any. In a training graph also every member's gradient op: mul.grad_input (both operands), the gate's, fc2's
+    grad_input and grad_weight (weight and bias), the activation's, fc1's, the pool's, and the one grad_accumulate
+    summing the mul's and the pool's dx (x read by the pool and the mul alone); None otherwise."""
+    if op.kind != "global_avg_pool2d" or op.phase != PHASE_FORWARD:
+        return None
+    T, cons = graph.tensors, graph.consumers()
+    x, p = op.inputs[0], op.outputs[0]
+
+    def nxt(t: int, kinds: tuple[str, ...]) -> Op | None:   # the one forward reader of t, reading it as input 0
+        c = [i for i in cons.get(t, ()) if graph.ops[i].phase in (PHASE_FORWARD, PHASE_LOSS)]
+        o = graph.ops[c[0]] if len(c) == 1 else None
+        return o if o is not None and o.kind in kinds and o.inputs[0] == t and len(o.outputs) == 1 else None
+    fc1 = nxt(p, ("conv2d",))
+    act = nxt(fc1.outputs[0], SE_ACT_KINDS) if _se_fc(fc1) else None
+    fc2 = nxt(act.outputs[0], ("conv2d",)) if act is not None else None
+    gate = nxt(fc2.outputs[0], SE_GATE_KINDS) if _se_fc(fc2) else None
+    if gate is None:
+        return None
+    g = gate.outputs[0]
+    m = [graph.ops[i] for i in cons.get(g, ()) if graph.ops[i].phase in (PHASE_FORWARD, PHASE_LOSS)]
+    if len(m) != 1 or m[0].kind != "mul" or m[0].attrs or len(m[0].inputs) != 2 or set(m[0].inputs) != {g, x} \
+            or len(T[x].shape) != 4 or T[m[0].outputs[0]].shape != T[x].shape or T[x].role != "activation":
+        return None
+    m = m[0]
+    inter = (p, fc1.outputs[0], act.outputs[0], fc2.outputs[0], g)
+    if any(T[t].alias_of is not None for t in inter) or any(t.alias_of in inter for t in T):
+        return None
+    fwd_ids = (op.id, fc1.id, act.id, fc2.id, gate.id, m.id)
+    bwd = {f: [o for o in graph.ops if o.forward_op == f] for f in fwd_ids}
+    if not any(bwd.values()):
+        members = fwd_ids
+    else:
+        members = _se_backward(graph, x, m, gate, act, fc1, fc2, op, bwd)
+        if members is None:
+            return None
+        members = tuple(sorted(fwd_ids + members))
+    if any(not set(cons.get(t, ())) <= set(members) for t in inter):
+        return None
+    return members
+
+
+def _se_backward(graph, x, m, gate, act, fc1, fc2, pool, bwd) -> tuple[int, ...] | None:
+    """The gradient ops of an SE chain (see _se), or None where they are not the ones port_se_backward_* computes:
+    each gradient intermediate read by the next gradient op only, the mul's gradient op first."""
+    T, cons = graph.tensors, graph.consumers()
+
+    def single(f: Op, kind: str) -> Op | None:
+        o = bwd[f.id]
+        return o[0] if len(o) == 1 and o[0].kind == kind else None
+
+    def fc_pair(f: Op) -> tuple[Op, Op] | None:
+        o = sorted(bwd[f.id], key=lambda q: q.kind)
+        if [q.kind for q in o] != ["conv2d.grad_input", "conv2d.grad_weight"] \
+                or tuple(o[1].attr("grads") or ()) != ("weight", "bias") or o[0].inputs[0] != o[1].inputs[0]:
+            return None
+        return o[0], o[1]
+    mg, gg, ag = single(m, "mul.grad_input"), single(gate, f"{gate.kind}.grad_input"), single(act, f"{act.kind}.grad_input")
+    pg, f2, f1 = single(pool, "global_avg_pool2d.grad_input"), fc_pair(fc2), fc_pair(fc1)
+    if None in (mg, gg, ag, pg, f2, f1) or mg.attr("grads") != (0, 1) or mg.attr("reads") != (0, 1) \
+            or tuple(mg.inputs[1:]) != tuple(m.inputs) or len(mg.outputs) != 2:
+        return None
+    g = gate.outputs[0]
+    dg, dxm = mg.outputs[m.inputs.index(g)], mg.outputs[m.inputs.index(x)]
+    steps = ((dg, (gg,)), (gg.outputs[0], f2), (f2[0].outputs[0], (ag,)), (ag.outputs[0], f1),
+             (f1[0].outputs[0], (pg,)))
+    if any(o.inputs[0] != t or set(cons.get(t, ())) != {q.id for q in ops_} for t, ops_ in steps for o in ops_):
+        return None
+    dxp = pg.outputs[0]
+    acc = cons.get(dxm, ())
+    if len(acc) != 1 or tuple(cons.get(dxp, ())) != tuple(acc):
+        return None
+    acc = graph.ops[acc[0]]
+    if acc.kind != "grad_accumulate" or tuple(acc.inputs) != (dxm, dxp) or len(acc.outputs) != 1:
+        return None
+    grads = (dg, dxm, dxp) + tuple(t for t, _ in steps[1:])
+    if any(T[t].alias_of is not None for t in grads) or any(t.alias_of in grads for t in T):
+        return None
+    ids = (mg.id, gg.id, *(o.id for o in f2), ag.id, *(o.id for o in f1), pg.id, acc.id)
+    return ids if mg.id == min(ids) else None
+
+
+def _se_parts(graph: Graph, ch: tuple[int, ...]) -> dict:
+    """The named members and tensors of an SE chain (see _se)."""
+    O = graph.ops
+    pool, fc1, act, fc2, gate, m = (O[i] for i in ch if O[i].phase == PHASE_FORWARD)
+    x = pool.inputs[0]
+    out = dict(pool=pool, fc1=fc1, act=act, fc2=fc2, gate=gate, mul=m, x=x, h=fc1.outputs[0], z=fc2.outputs[0],
+               attrs={"act": act.kind, "gate": gate.kind})
+    bwd = [O[i] for i in ch if O[i].phase != PHASE_FORWARD]
+    if bwd:
+        by = {(o.forward_op, o.kind): o for o in bwd}
+        mg = by[(m.id, "mul.grad_input")]
+        out.update(mg=mg, dy=mg.inputs[0], dh=by[(act.id, f"{act.kind}.grad_input")].outputs[0],
+                   fc1gw=by[(fc1.id, "conv2d.grad_weight")], fc2gw=by[(fc2.id, "conv2d.grad_weight")],
+                   acc=next(o for o in bwd if o.kind == "grad_accumulate"))
+    return out
+
+
+def _se_calls(graph: Graph, ch: "Chain", op: Op) -> list:
+    """The mul runs se (y, h, z from x and the fcs' weights and biases); the mul's gradient op runs se.grad_weight
+    (the fcs' gradients and dh from dy, x, w2, h, z) then se.grad_input (dx, the grad_accumulate's output, from
+    dy, z, w1, dh)."""
+    P = _se_parts(graph, ch.ops)
+    fc1, fc2, a = P["fc1"], P["fc2"], P["attrs"]
+    w1, b1, w2, b2 = fc1.inputs[1], fc1.inputs[2], fc2.inputs[1], fc2.inputs[2]
+    fwd_cover = tuple(P[k].id for k in ("pool", "fc1", "act", "fc2", "gate"))
+    if op.id == P["mul"].id:
+        return [("se", (op.outputs[0], P["h"], P["z"]), (P["x"], w1, b1, w2, b2), a, fwd_cover)]
+    rest = tuple(i for i in ch.ops if graph.ops[i].phase != PHASE_FORWARD and i != op.id)
+    dws = P["fc1gw"].outputs + P["fc2gw"].outputs
+    return [("se.grad_weight", dws + (P["dh"],), (P["dy"], P["x"], w2, P["h"], P["z"]), a, rest),
+            ("se.grad_input", P["acc"].outputs, (P["dy"], P["z"], w1, P["dh"]), a, ())]
+
+
+def _se_nonmat(graph: Graph, ch: tuple[int, ...]) -> tuple[int, ...]:
+    """The pooled mean, act(h) and the gate and, in training, every gradient inside the chain but dh (the two
+    backward calls' hand-off) and the fcs' parameter gradients: the mul's two, the gate's, fc2's input gradient,
+    fc1's input gradient and the pool's dx (the full-size dx of the mul and of the pool: only their sum is stored)."""
+    P = _se_parts(graph, ch)
+    out = [P["pool"].outputs[0], P["act"].outputs[0], P["gate"].outputs[0]]
+    if "mg" in P:
+        O = graph.ops
+        for i in ch:
+            o = O[i]
+            if o.phase != PHASE_FORWARD and o.kind not in ("conv2d.grad_weight", "grad_accumulate") \
+                    and o.outputs[0] != P["dh"]:
+                out.extend(o.outputs)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Fusion:
     """One fused kernel the planner may choose, declared once: what chain of ops it replaces (``find``: the
@@ -436,6 +590,9 @@ class Fusion:
     emit: Callable[[Graph, "Chain", Op], list]
     # (call op, output, input): a call's output written over the bytes of an input that dies at it (in place)
     inplace: Callable[[Graph, tuple[int, ...]], tuple[tuple[int, int, int], ...]] = lambda g, ch: ()
+    # whether the default plan (port.lower.lower.default_plan) fuses it; else only a solved plan picks it where the
+    # profile says it pays
+    default: bool = True
 
 
 @dataclass(frozen=True)
@@ -470,6 +627,10 @@ FUSIONS: tuple[Fusion, ...] = (
                       "grad_accumulate", "grad_accumulate"),
            ("rotary", "rotary.grad_input"), _rotary, calls=_rotary_calls, nonmat=_rotary_nonmat, emit=_rotary_emit,
            inplace=_rotary_inplace),
+    Fusion("se", ("global_avg_pool2d", "conv2d", "relu|silu", "conv2d", "sigmoid|hardsigmoid", "mul"),
+           ("se", "se.grad_weight", "se.grad_input"), _se,
+           calls=lambda ch: {ch[5]: ch[:5]} | ({ch[6]: ch[7:]} if len(ch) > 6 else {}),
+           nonmat=_se_nonmat, emit=_se_calls, default=False),
 )
 FUSED_KERNELS = tuple(k for f in FUSIONS for k in f.kernels)
 
@@ -537,7 +698,8 @@ def fused_inplace(graph: Graph) -> dict[int, tuple[int, int]]:
 
 def fused_reads(graph: Graph) -> dict[int, tuple[int, ...]]:
     """Call op -> the activation or gradient tensors it reads as a fused call beyond its own inputs (the
-    inputs of the members it covers, less the chain's never-materialised tensors and its own outputs).
+    inputs of the members it covers and of its calls, less the chain's never-materialised tensors and its own
+    outputs).
     Liveness counts these reads whether or not the chain is fused (port.plan.semantics.readers_by_root),
     so that a plan may switch a chain to fused without moving any tensor's death earlier."""
     def build() -> dict[int, tuple[int, ...]]:
@@ -551,6 +713,14 @@ def fused_reads(graph: Graph) -> dict[int, tuple[int, ...]]:
                          if t not in ch.nonmat and graph.storage_root(t) not in ch.nonmat
                          and t not in call.outputs and t not in call.inputs
                          and graph.tensors[t].role in ("activation", "gradient")]
+                if extra:
+                    out[c] = tuple(dict.fromkeys(out.get(c, ()) + tuple(extra)))
+            for c in ch.calls:             # and what its calls read that no member it covers does (SE: h, z)
+                call = graph.ops[c]
+                made = {t for m in ch.ops if ch.call_of(m) == c for t in graph.ops[m].outputs}
+                extra = [t for spec in ch.fusion.emit(graph, ch, call) for t in spec[2]
+                         if t not in ch.nonmat and graph.storage_root(t) not in ch.nonmat and t not in made
+                         and t not in call.inputs and graph.tensors[t].role in ("activation", "gradient")]
                 if extra:
                     out[c] = tuple(dict.fromkeys(out.get(c, ()) + tuple(extra)))
         return out

@@ -69,6 +69,9 @@ class Vars:
     rcx_more: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (level j >= 2, candidate, option)
     rc_more: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # candidate -> [(level, var)]
     e: dict[int, int] = field(default_factory=dict)                  # update op -> e[u]
+    # (update op, gradient root) -> ef[u,g] = e[u] AND its producer's chain fused (continuous, >= their sum - 1):
+    # the gradient of an early update is born at the chain's call op when a fused call computes it (SE's se.grad_weight)
+    ef: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)   # -> (var, call op)
     static_fixed: int = 0                                            # S minus early-able gradient bytes
     eng: dict[str, int] = field(default_factory=dict)                # accelerator -> u[a]: its engine is used
     eng_bytes: dict[str, int] = field(default_factory=dict)          # accelerator -> its engine's footprint
@@ -175,6 +178,19 @@ def add_variables(m: Model, inst: Instance, budget_bytes: int | None, allow_earl
     if allow_early:
         for u in sorted(inst.early):
             v.e[u] = m.var(f"e[{_sanitize(g.ops[u].name)}]")
+        from port.plan import variants as V
+        prods = g.producers()
+        for u in sorted(inst.early):
+            for gr in inst.early[u][2]:
+                ch = V.chain_of(g, g.ops[prods[gr]])
+                if ch is None or ch.ops[0] not in inst.chains or ch.call_of(prods[gr]) >= prods[gr]:
+                    continue
+                w = m.var(f"ef[{_sanitize(g.ops[u].name)},{gr}]", 0.0, 1.0, integer=False)
+                v.ef[u, gr] = (w, ch.call_of(prods[gr]))
+                terms = {w: 1.0, v.e[u]: -1.0}
+                for kk, val in var_expr(inst, v, ch.ops[0], "fused").items():
+                    _add(terms, kk, -val)
+                m.row(f"ef[{u},{gr}]", terms, -1.0)
     v.static_fixed = inst.static_bytes - (inst.grad_bytes if allow_early else 0)
     for a in inst.accs:     # u[a] in [0, 1], pushed to 1 by any op placed on a (engine rows), in every memory row
         nb = inst.profile.engine_bytes_of(a)
@@ -481,6 +497,11 @@ def _memory_deltas(inst: Instance, v: Vars, unit: int):
             _add(dvar[prods[gr]], j, b)
             _add(bvar[prods[gr]], j, b)
             _add(dvar[end + 1], j, -b)
+            if (u, gr) in v.ef:         # computed earlier, at its fused chain's call op
+                w, at = v.ef[u, gr]
+                for row, sign in ((dvar, 1.0), (bvar, 1.0)):
+                    _add(row[at], w, sign * b)
+                    _add(row[prods[gr]], w, -sign * b)
     for q, x, y, var in inst.inplace_items():  # y shares x's storage on their overlap
         b = inst.roots[y].bytes / unit
         end = min(inst.roots[y].death, inst.roots[x].death)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from port.errors import PlanError
 from port.ir.types import Graph
 from port.plan import semantics as SEM
+from port.plan import variants as V
 from port.plan.types import Plan
 from port.cost.types import Profile
 
@@ -202,8 +203,17 @@ def simulate(plan: Plan, graph: Graph, profile: Profile, own: dict[str, str] | N
 
     def run(kind: str, oid: int, taken: tuple[int, ...] = ()) -> None:
         nonlocal clock, comp, rcomp
-        for t in graph.ops[oid].inputs:
+        reads, made = graph.ops[oid].inputs, ()
+        ch = V.chain_of(graph, graph.ops[oid]) if dec[oid].variant == "fused" and kind == "op" else None
+        if ch is not None:       # a fused member runs no call of its own (its call op reads its inputs), a call op
+            covered = [m for m in ch.ops if ch.call_of(m) == oid]     # reads its calls' inputs too (fused_reads)
+            made = {t for m in ch.ops for t in graph.ops[m].outputs} if ch.call_of(oid) != oid else \
+                {t for m in covered for t in graph.ops[m].outputs}
+            reads = reads + V.fused_reads(graph).get(oid, ())
+        for t in reads:
             r = sch.root_of(t)
+            if t in made:
+                continue
             if not sch.is_static(graph, t) and r not in sch.nonmat and r not in live and r not in taken:
                 raise PlanError(f"{'recompute of' if kind == 'recompute' else 'op'} {graph.ops[oid].name!r} reads "
                                 f"{T[t].name!r}, which is not in memory then (dropped and not restored)")

@@ -106,7 +106,7 @@ def brute_force(graph, profile, budget, chain=True, early=True, peak=False):
     early_sets = [()] + ([legal_early(graph)] if early and legal_early(graph) else [])
     best = None
     bases = []
-    for combo in itertools.product(*per_op):
+    for combo in _combos(graph, per_op):
         ops = tuple(OpDecision(i, a, v) for i, (a, v) in enumerate(combo))
         try:
             bases.append((simulate(Plan("", "", budget, ops), graph, profile).step_ms, ops))
@@ -139,6 +139,29 @@ def brute_force(graph, profile, budget, chain=True, early=True, peak=False):
                     elif s.peak_bytes <= budget and (best is None or s.step_ms < best - 1e-12):
                         best = s.step_ms
     return best
+
+
+def _combos(graph, per_op):
+    """Every option combination, less those that fuse part of a fusable chain (port.plan.variants.chains: all
+    members fused on one accelerator or none; simulate refuses the others): a chain's members are chosen together,
+    so a long chain (squeeze-excitation: 15 ops) does not multiply the search by its members' fused options."""
+    from port.plan import variants as V
+    chains = [ch.ops for ch in V.chains(graph).values()]
+    member = {i for ch in chains for i in ch}
+    free = [i for i in range(len(per_op)) if i not in member]
+    groups = []
+    for ch in chains:
+        accs = [a for a, v in per_op[ch[0]] if v == "fused"]
+        alts = [tuple((a, "fused") for _ in ch) for a in accs
+                if all((a, "fused") in per_op[i] for i in ch)]
+        alts += list(itertools.product(*[[o for o in per_op[i] if o[1] != "fused"] for i in ch]))
+        groups.append(alts)
+    for fc in itertools.product(*[per_op[i] for i in free]):
+        for gc in itertools.product(*groups):
+            combo = dict(zip(free, fc))
+            for ch, alt in zip(chains, gc):
+                combo.update(zip(ch, alt))
+            yield tuple(combo[i] for i in range(len(per_op)))
 
 
 def exact_solve(graph, profile, budget, bf):

@@ -1,0 +1,180 @@
+"""Squeeze-excitation fused (issue 54, h54-se): port_se_forward / _backward_weight / _backward_input against float64
+autograd on odd shapes (odd C and H, W, batch 1 and 3) for the three published activation pairs, against the plain
+members in float32 (within float rounding: the fcs sum in another order), equal bits at 1/2/3
+threads, refusals and the port-rt call rule of ids 111-113."""
+import ctypes
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from port.exec import capi
+from port.exec.capi import PORT_OK
+
+raw = capi.raw
+PAIRS = [("relu", "hardsigmoid"), ("silu", "sigmoid"), ("relu", "sigmoid")]   # MobileNetV3, EfficientNet, RegNet-Y
+ACT, GATE = {"relu": 0, "silu": 1}, {"sigmoid": 0, "hardsigmoid": 1}
+
+
+def _ws(n, c, s, k):
+    return torch.empty(max(1, raw.port_se_workspace_bytes(n, c, s, k) // 4))
+
+
+def _fwd(x, w1, b1, w2, b2, act, gate):
+    n, c, H, W = x.shape
+    s = w1.shape[0]
+    y, h, z, ws = torch.empty_like(x), torch.empty(n, s), torch.empty(n, c), _ws(n, c, s, 0)
+    assert raw.port_se_forward(y.data_ptr(), h.data_ptr(), z.data_ptr(), x.data_ptr(), w1.data_ptr(), b1.data_ptr(),
+                               w2.data_ptr(), b2.data_ptr(), n, c, s, H * W, ACT[act], GATE[gate], ws.data_ptr(),
+                               ws.numel() * 4) == PORT_OK
+    return y, h, z
+
+
+def _bwd(dy, x, w1, w2, h, z, act, gate):
+    n, c, H, W = x.shape
+    s = w1.shape[0]
+    dw1, db1, dw2, db2 = torch.zeros(s, c), torch.zeros(s), torch.zeros(c, s), torch.zeros(c)
+    dh, dx, ws = torch.empty(n, s), torch.empty_like(x), _ws(n, c, s, 1)
+    assert raw.port_se_backward_weight(dw1.data_ptr(), db1.data_ptr(), dw2.data_ptr(), db2.data_ptr(), dh.data_ptr(),
+                                       dy.data_ptr(), x.data_ptr(), w2.data_ptr(), h.data_ptr(), z.data_ptr(), n, c,
+                                       s, H * W, ACT[act], GATE[gate], ws.data_ptr(), ws.numel() * 4) == PORT_OK
+    assert raw.port_se_backward_input(dx.data_ptr(), dy.data_ptr(), z.data_ptr(), w1.data_ptr(), dh.data_ptr(), n, c,
+                                      s, H * W, GATE[gate]) == PORT_OK
+    return dx, dw1, db1, dw2, db2, dh
+
+
+def _data(n, c, s, H, W, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, H, W, generator=g) * 2
+    w1, b1 = torch.randn(s, c, generator=g) / c ** 0.5 * 3, torch.randn(s, generator=g)
+    w2, b2 = torch.randn(c, s, generator=g) / s ** 0.5 * 3, torch.randn(c, generator=g)
+    return x, w1, b1, w2, b2, torch.randn(n, c, H, W, generator=g)
+
+
+def _reference(x, w1, b1, w2, b2, dy, act, gate):
+    """float64 autograd of the plain chain: (y, h, z, dx, dw1, db1, dw2, db2)."""
+    ts = [t.double().requires_grad_() for t in (x, w1, b1, w2, b2)]
+    X, W1, B1, W2, B2 = ts
+    h = F.conv2d(X.mean((2, 3), keepdim=True), W1[:, :, None, None], B1)
+    z = F.conv2d(getattr(F, act)(h), W2[:, :, None, None], B2)
+    y = X * (torch.sigmoid(z) if gate == "sigmoid" else F.hardsigmoid(z))
+    y.backward(dy.double())
+    return (y.detach(), h.detach().flatten(1), z.detach().flatten(1)) + tuple(t.grad for t in ts)
+
+
+@pytest.mark.parametrize("act,gate", PAIRS)
+@pytest.mark.parametrize("n,c,s,H,W", [(1, 5, 3, 7, 5), (3, 17, 5, 9, 11), (3, 33, 8, 1, 1), (2, 9, 2, 3, 13)])
+def test_se_matches_float64_autograd(act, gate, n, c, s, H, W):
+    x, w1, b1, w2, b2, dy = _data(n, c, s, H, W, seed=n * 100 + c)
+    y, h, z = _fwd(x, w1, b1, w2, b2, act, gate)
+    dx, dw1, db1, dw2, db2, _ = _bwd(dy, x, w1, w2, h, z, act, gate)
+    ref = _reference(x, w1, b1, w2, b2, dy, act, gate)
+    for got, want in zip((y, h, z, dx, dw1, db1, dw2, db2), ref):
+        torch.testing.assert_close(got.double(), want.reshape(got.shape), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("act,gate", PAIRS)
+def test_se_is_the_plain_members_chain_within_rounding(act, gate):
+    """The plain chain in float32 (PyTorch's kernels, the unfused members): every output within float rounding (the
+    sums run in another order; the tolerance the fused plan is held to against the plain plan end to end)."""
+    n, c, s, H, W = 3, 21, 6, 5, 7
+    x, w1, b1, w2, b2, dy = _data(n, c, s, H, W, seed=7)
+    y, h, z = _fwd(x, w1, b1, w2, b2, act, gate)
+    dx, dw1, db1, dw2, db2, _ = _bwd(dy, x, w1, w2, h, z, act, gate)
+    ts = [t.clone().requires_grad_() for t in (x, w1, b1, w2, b2)]
+    X, W1, B1, W2, B2 = ts
+    hh = F.conv2d(X.mean((2, 3), keepdim=True), W1[:, :, None, None], B1)
+    zz = F.conv2d(getattr(F, act)(hh), W2[:, :, None, None], B2)
+    yy = X * (torch.sigmoid(zz) if gate == "sigmoid" else F.hardsigmoid(zz))
+    yy.backward(dy)
+    for got, want in zip((y, h, z, dx, dw1, db1, dw2, db2), (yy, hh, zz) + tuple(t.grad for t in ts)):
+        torch.testing.assert_close(got, want.detach().reshape(got.shape), rtol=1e-4, atol=1e-5)
+
+
+def test_se_same_bits_at_1_2_3_threads_and_dx_in_place():
+    n, c, s, H, W = 3, 67, 9, 29, 31                   # over PORT_PAR_MIN: every loop runs parallel
+    x, w1, b1, w2, b2, dy = _data(n, c, s, H, W, seed=3)
+    prev, outs = capi.get_num_threads(), []
+    try:
+        for t in (1, 2, 3):
+            capi.set_num_threads(t)
+            for act, gate in PAIRS:
+                y, h, z = _fwd(x, w1, b1, w2, b2, act, gate)
+                outs.append((t, (y, h, z) + _bwd(dy, x, w1, w2, h, z, act, gate)))
+    finally:
+        capi.set_num_threads(prev)
+    k = len(PAIRS)
+    for i, (t, o) in enumerate(outs[k:]):
+        assert all(torch.equal(a, b) for a, b in zip(outs[i % k][1], o)), t
+    y, h, z, dx, _, _, _, _, dh = outs[0][1]
+    g = dy.clone()                                     # dx over dy
+    assert raw.port_se_backward_input(g.data_ptr(), g.data_ptr(), z.data_ptr(), w1.data_ptr(), dh.data_ptr(), n, c,
+                                      s, H * W, GATE["hardsigmoid"]) == PORT_OK
+    assert torch.equal(g, dx)
+
+
+def test_se_weight_gradients_accumulate_and_refusals():
+    n, c, s, H, W = 2, 5, 3, 3, 3
+    x, w1, b1, w2, b2, dy = _data(n, c, s, H, W)
+    y, h, z = _fwd(x, w1, b1, w2, b2, "relu", "sigmoid")
+    ws = _ws(n, c, s, 1)
+    dw1, db1, dw2, db2, dh = torch.ones(s, c), torch.ones(s), torch.ones(c, s), torch.ones(c), torch.empty(n, s)
+    args = lambda wsb: (dw1.data_ptr(), db1.data_ptr(), dw2.data_ptr(), db2.data_ptr(), dh.data_ptr(),  # noqa: E731
+                        dy.data_ptr(), x.data_ptr(), w2.data_ptr(), h.data_ptr(), z.data_ptr(), n, c, s, H * W, 0, 0,
+                        ws.data_ptr(), wsb)
+    assert raw.port_se_backward_weight(*args(ws.numel() * 4)) == PORT_OK
+    _, e1, f1, e2, f2, _ = _bwd(dy, x, w1, w2, h, z, "relu", "sigmoid")
+    assert torch.equal(dw1, e1 + 1) and torch.equal(db1, f1 + 1) and torch.equal(dw2, e2 + 1) and torch.equal(db2, f2 + 1)
+    assert raw.port_se_backward_weight(*args(ws.numel() * 4 - 4)) == capi.PORT_ERR_WORKSPACE
+    wf = _ws(n, c, s, 0)
+    fa = lambda yp, nn_, act, wsb: raw.port_se_forward(  # noqa: E731
+        yp, h.data_ptr(), z.data_ptr(), x.data_ptr(), w1.data_ptr(), b1.data_ptr(), w2.data_ptr(), b2.data_ptr(), nn_,
+        c, s, H * W, act, 0, wf.data_ptr(), wsb)
+    ok = wf.numel() * 4
+    assert fa(y.data_ptr(), n, 0, ok) == PORT_OK
+    assert fa(x.data_ptr(), n, 0, ok) == capi.PORT_ERR_ALIAS
+    assert fa(y.data_ptr(), 0, 0, ok) == capi.PORT_ERR_SHAPE
+    assert fa(y.data_ptr(), n, 2, ok) == capi.PORT_ERR_ARG
+    assert fa(None, n, 0, ok) == capi.PORT_ERR_NULL
+    assert fa(y.data_ptr(), n, 0, ok - 4) == capi.PORT_ERR_WORKSPACE
+    assert raw.port_se_workspace_bytes(n, c, s, 0) == n * (c + s) * 4
+    assert raw.port_se_workspace_bytes(n, c, s, 1) == n * (2 * c + s) * 4
+    assert raw.port_se_workspace_bytes(n, c, s, 2) == 0
+
+
+def _rule(kernel, ptrs, iv, arena=1 << 16, ws=0):
+    c = capi.RtCall()
+    c.kernel = kernel
+    for i in range(capi.RT_MAX_PTRS):
+        c.ptr[i] = ptrs[i] if i < len(ptrs) else -1
+    for i, v in enumerate(iv):
+        c.iv[i] = v
+    if ws:
+        c.ws_offset, c.ws_bytes = 8192, ws
+    prob = capi.RtCallProblem()
+    rc = raw.port_rt_call_check(ctypes.byref(c), arena, 0, ctypes.byref(prob))
+    return rc, prob.text()
+
+
+def test_port_rt_call_rule_of_se_ids_111_113():
+    """111 (y, h, z, x, w1, b1, w2, b2), 112 (dw1, db1, dw2, db2, dh, dy, x, w2, h, z), 113 (dx, dy, z, w1, dh; dx may
+    be dy); iv n, c, s, hw, act, gate; every operand inside the arena, the forward's and 112's workspace the
+    kernel's query, no output over an input but dx over dy."""
+    n, c, s, hw, B = 2, 5, 3, 9, 400
+    iv = (n, c, s, hw, 1, 1)
+    assert [raw.port_rt_kernel_name(k).decode() for k in (111, 112, 113)] == [
+        "port_se_forward", "port_se_backward_weight", "port_se_backward_input"]
+    fwd_ws, bwd_ws = n * (c + s) * 4, n * (2 * c + s) * 4
+    at = [i * B for i in range(10)]
+    assert _rule(111, at[:8], iv, ws=fwd_ws)[0] == 0
+    assert _rule(111, at[:8], iv, ws=fwd_ws - 4)[0] != 0           # workspace short of the query
+    assert _rule(111, at[:8], iv)[0] != 0                            # no workspace
+    assert _rule(112, at, iv, ws=bwd_ws)[0] == 0
+    assert _rule(113, at[:5], iv)[0] == 0
+    assert _rule(113, [0, 0] + at[2:5], iv)[0] == 0                  # dx in place over dy
+    assert _rule(113, [0, B, 0, 3 * B, 4 * B], iv)[0] != 0           # dx over z
+    assert _rule(111, [0, 0] + at[2:8], iv, ws=fwd_ws)[0] != 0       # h over y
+    assert _rule(111, at[:8], (n, c, s, hw, 2, 0), ws=fwd_ws)[0] != 0   # act 2
+    assert _rule(111, at[:8], (n, c, s, hw, 0, 2), ws=fwd_ws)[0] != 0   # gate 2
+    assert _rule(111, at[:8], (n, 0, s, hw, 0, 0), ws=fwd_ws)[0] != 0   # c 0
+    assert _rule(111, at[:7] + [(1 << 16) - 8], iv, ws=fwd_ws)[0] != 0   # b2 past the arena
