@@ -421,6 +421,203 @@ static void dw_bwd_w_s1(float *dw, float *db, const float *dy, const float *x, c
         if (db) db[c] += (float)bsum;
     }
 }
+
+/* ---------------- depthwise, a block of images in the vector lanes ----------------
+ * On small maps (8x8 .. 1x1) a plane's rows are shorter than a vector and its padding is most of the padded
+ * plane (a 7x7 kernel on a 2x2 map: 4 of 64 padded-plane taps are real), and stride 2 has no flat-loop form.
+ * Here the 16 lanes of a vector hold the same position of one channel in 16 images (DW_LB), so every multiply-add
+ * is a real one at full width whatever the map size or stride: a work item (channel, block of 16 images) gathers
+ * its planes into xt[H][W + 2 pw][16] (zero columns left and right), then
+ *   forward: y(oh, ow) = bias + the valid taps in (ki, kj) order -- rows exactly, columns exactly for a lone
+ *            output and over the union of four neighbours' columns (their extra taps read the zero columns, so
+ *            every product is a real tap or 0 * w); four outputs at once for independent sums;
+ *   input gradient: dxt[H][W][16] += w * dy(oh, ow) over the valid taps, (oh, ow, ki, kj) in order;
+ *   weight gradient: per tap, lanes += dy * x over the outputs in order, blocks in order, then the 16 lanes
+ *            summed pairwise (as dw_tap_dots) -- one channel per work item.
+ * Every element gets the same operations in the same order at any thread count.  Used when the lane buffers fit
+ * PORT_DW_PAD_MAX floats and dw_lane_pays says so. */
+#define DW_LB 16
+#define DW_LANE_TAPS 64
+
+static int64_t dw_lane_floats(const port_conv2d_params *p) {
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), xt = p->h * (p->w + 2 * p->pad_w);
+    return (PORT_MAX(xt, p->h * p->w) + ho * wo) * DW_LB;   /* dy and xt (weight gradient) or dxt (input) */
+}
+/* the lane kernels run the real taps only: where the padded planes of the flat stride-1 loops would run more than
+ * twice as many (small maps, wide kernels) or where there are none (stride 2) */
+static int dw_lane_pays(const port_conv2d_params *p) {
+    if (dw_lane_floats(p) > PORT_DW_PAD_MAX || p->kh * p->kw > DW_LANE_TAPS) return 0;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
+    if (!DW_S1_OK(p, ho, wo)) return 1;
+    int64_t rows = 0, cols = 0;   /* the real taps of one plane: rows times columns */
+    for (int64_t o = 0; o < ho; o++)
+        rows += PORT_MIN(p->kh, p->h + p->pad_h - o) - PORT_MAX(0, p->pad_h - o);
+    for (int64_t o = 0; o < wo; o++)
+        cols += PORT_MIN(p->kw, p->w + p->pad_w - o) - PORT_MAX(0, p->pad_w - o);
+    int64_t padded = (ho + p->kh - 1) * (wo + p->kw - 1) * p->kh * p->kw;
+    return padded > 2 * rows * cols;
+}
+
+/* xt[r][pw + c][j] = plane j of `in` (planes `stride` floats apart, m of them; lanes m.. zero), row width wp */
+static void dw_lane_gather(float *xt, const float *in, int64_t stride, int64_t m, int64_t h, int64_t w, int64_t wp,
+                           int64_t left) {
+    memset(xt, 0, (size_t)(h * wp * DW_LB) * sizeof(float));
+    for (int64_t j = 0; j < m; j++) {
+        const float *src = in + j * stride;
+        for (int64_t r = 0; r < h; r++)
+            for (int64_t c = 0; c < w; c++) xt[((r * wp) + left + c) * DW_LB + j] = src[r * w + c];
+    }
+}
+/* the inverse for the outputs: plane j of out (planes `stride` floats apart, j < m) <- lane j of lt[len][16] */
+static void dw_lane_scatter(float *out, int64_t stride, int64_t m, int64_t len, const float *lt) {
+    for (int64_t j = 0; j < m; j++)
+        for (int64_t q = 0; q < len; q++) out[j * stride + q] = lt[q * DW_LB + j];
+}
+static inline int64_t dw_lo(int64_t pad, int64_t o, int64_t s) { return PORT_MAX(0, pad - o * s); }
+static inline int64_t dw_hi(int64_t k, int64_t len, int64_t pad, int64_t o, int64_t s) {
+    return PORT_MIN(k, len + pad - o * s);
+}
+
+PORT_ISA_CLONES static void dw_lane_fwd_item(float *yt, const float *xt, const float *wk, float bias,
+                                             const port_conv2d_params *p) {
+    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, sh = p->stride_h, sw = p->stride_w, ph = p->pad_h;
+    int64_t pw = p->pad_w, wp = W + 2 * pw, ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
+    int64_t s16 = sw * DW_LB;
+    for (int64_t oh = 0; oh < ho; oh++) {
+        int64_t i0 = dw_lo(ph, oh, sh), i1 = dw_hi(kh, H, ph, oh, sh);
+        int64_t ow = 0;
+        for (; ow + 4 <= wo; ow += 4) {
+            int64_t j0 = dw_lo(pw, ow + 3, sw), j1 = dw_hi(kw, W, pw, ow, sw);
+            dw_v16f a0 = PORT_V16_SPLAT(bias), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t ki = i0; ki < i1; ki++) {
+                const float *xr = xt + ((oh * sh - ph + ki) * wp + ow * sw) * DW_LB;
+                for (int64_t kj = j0; kj < j1; kj++) {
+                    dw_v16f wv = PORT_V16_SPLAT(wk[ki * kw + kj]);
+                    const float *s = xr + kj * DW_LB;
+                    a0 += wv * PORT_V16_LD(s);
+                    a1 += wv * PORT_V16_LD(s + s16);
+                    a2 += wv * PORT_V16_LD(s + 2 * s16);
+                    a3 += wv * PORT_V16_LD(s + 3 * s16);
+                }
+            }
+            float *yr = yt + (oh * wo + ow) * DW_LB;
+            PORT_V16_ST(yr, a0);
+            PORT_V16_ST(yr + DW_LB, a1);
+            PORT_V16_ST(yr + 2 * DW_LB, a2);
+            PORT_V16_ST(yr + 3 * DW_LB, a3);
+        }
+        for (; ow < wo; ow++) {
+            int64_t j0 = dw_lo(pw, ow, sw), j1 = dw_hi(kw, W, pw, ow, sw);
+            dw_v16f a = PORT_V16_SPLAT(bias);
+            for (int64_t ki = i0; ki < i1; ki++) {
+                const float *xr = xt + ((oh * sh - ph + ki) * wp + ow * sw) * DW_LB;
+                for (int64_t kj = j0; kj < j1; kj++)
+                    a += PORT_V16_SPLAT(wk[ki * kw + kj]) * PORT_V16_LD(xr + kj * DW_LB);
+            }
+            PORT_V16_ST(yt + (oh * wo + ow) * DW_LB, a);
+        }
+    }
+}
+
+PORT_ISA_CLONES static void dw_lane_bwd_in_item(float *dxt, const float *dyt, const float *wk,
+                                                const port_conv2d_params *p) {
+    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, sh = p->stride_h, sw = p->stride_w, ph = p->pad_h;
+    int64_t pw = p->pad_w, ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
+    memset(dxt, 0, (size_t)(H * W * DW_LB) * sizeof(float));
+    for (int64_t oh = 0; oh < ho; oh++) {
+        int64_t i0 = dw_lo(ph, oh, sh), i1 = dw_hi(kh, H, ph, oh, sh);
+        for (int64_t ow = 0; ow < wo; ow++) {
+            int64_t j0 = dw_lo(pw, ow, sw), j1 = dw_hi(kw, W, pw, ow, sw);
+            dw_v16f d = PORT_V16_LD(dyt + (oh * wo + ow) * DW_LB);
+            for (int64_t ki = i0; ki < i1; ki++) {
+                int64_t q0 = (oh * sh - ph + ki) * W + ow * sw - pw;
+                for (int64_t kj = j0; kj < j1; kj++) {
+                    float *t = dxt + (q0 + kj) * DW_LB;
+                    PORT_V16_ST(t, PORT_V16_LD(t) + PORT_V16_SPLAT(wk[ki * kw + kj]) * d);
+                }
+            }
+        }
+    }
+}
+
+/* acc[ki * kw + kj] += dy(oh, ow) * x(oh*sh - ph + ki, ow*sw - pw + kj) over the valid taps, outputs in order */
+PORT_ISA_CLONES static void dw_lane_bwd_w_item(dw_v16f *acc, const float *xt, const float *dyt,
+                                               const port_conv2d_params *p) {
+    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, sh = p->stride_h, sw = p->stride_w, ph = p->pad_h;
+    int64_t pw = p->pad_w, wp = W + 2 * pw, ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
+    for (int64_t oh = 0; oh < ho; oh++) {
+        int64_t i0 = dw_lo(ph, oh, sh), i1 = dw_hi(kh, H, ph, oh, sh);
+        for (int64_t ow = 0; ow < wo; ow++) {
+            int64_t j0 = dw_lo(pw, ow, sw), j1 = dw_hi(kw, W, pw, ow, sw);
+            dw_v16f d = PORT_V16_LD(dyt + (oh * wo + ow) * DW_LB);
+            for (int64_t ki = i0; ki < i1; ki++) {
+                const float *xr = xt + ((oh * sh - ph + ki) * wp + ow * sw) * DW_LB;
+                for (int64_t kj = j0; kj < j1; kj++) acc[ki * kw + kj] += d * PORT_V16_LD(xr + kj * DW_LB);
+            }
+        }
+    }
+}
+
+static void dw_lane_fwd(float *y, const float *x, const float *w, const float *b, const port_conv2d_params *p) {
+    int64_t C = p->c_in, N = p->n, HW = p->h * p->w, P = port_conv2d_out_h(p) * port_conv2d_out_w(p);
+    int64_t kk = p->kh * p->kw, blocks = (N + DW_LB - 1) / DW_LB;
+#pragma omp parallel for schedule(static) if (N * C * P * kk > PORT_PAR_MIN_MACS)
+    for (int64_t t = 0; t < C * blocks; t++) {
+        float buf[PORT_DW_PAD_MAX];
+        float *xt = buf, *yt = buf + p->h * (p->w + 2 * p->pad_w) * DW_LB;
+        int64_t c = t / blocks, n0 = (t % blocks) * DW_LB, m = PORT_MIN(DW_LB, N - n0);
+        dw_lane_gather(xt, x + (n0 * C + c) * HW, C * HW, m, p->h, p->w, p->w + 2 * p->pad_w, p->pad_w);
+        dw_lane_fwd_item(yt, xt, w + c * kk, b ? b[c] : 0.0f, p);
+        dw_lane_scatter(y + (n0 * C + c) * P, C * P, m, P, yt);
+    }
+}
+
+static void dw_lane_bwd_in(float *dx, const float *dy, const float *w, const port_conv2d_params *p) {
+    int64_t C = p->c_in, N = p->n, HW = p->h * p->w, P = port_conv2d_out_h(p) * port_conv2d_out_w(p);
+    int64_t kk = p->kh * p->kw, blocks = (N + DW_LB - 1) / DW_LB;
+#pragma omp parallel for schedule(static) if (N * C * P * kk > PORT_PAR_MIN_MACS)
+    for (int64_t t = 0; t < C * blocks; t++) {
+        float buf[PORT_DW_PAD_MAX];
+        float *dyt = buf, *dxt = buf + P * DW_LB;
+        int64_t c = t / blocks, n0 = (t % blocks) * DW_LB, m = PORT_MIN(DW_LB, N - n0);
+        dw_lane_gather(dyt, dy + (n0 * C + c) * P, C * P, m, 1, P, P, 0);
+        dw_lane_bwd_in_item(dxt, dyt, w + c * kk, p);
+        dw_lane_scatter(dx + (n0 * C + c) * HW, C * HW, m, HW, dxt);
+    }
+}
+
+static void dw_lane_bwd_w(float *dw, float *db, const float *dy, const float *x, const port_conv2d_params *p) {
+    int64_t C = p->c_in, N = p->n, H = p->h, W = p->w, HW = H * W, kk = p->kh * p->kw;
+    int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p), wp = W + 2 * p->pad_w;
+#pragma omp parallel for schedule(static) if (N * C * P * kk > PORT_PAR_MIN_MACS)
+    for (int64_t c = 0; c < C; c++) {
+        float buf[PORT_DW_PAD_MAX];
+        dw_v16f acc[DW_LANE_TAPS];   /* kk <= DW_LANE_TAPS (dw_lane_pays) */
+        float *xt = buf, *dyt = buf + H * wp * DW_LB;
+        double bsum = 0.0;
+        memset(acc, 0, sizeof acc);
+        for (int64_t n0 = 0; n0 < N; n0 += DW_LB) {
+            int64_t m = PORT_MIN(DW_LB, N - n0);
+            dw_lane_gather(xt, x + (n0 * C + c) * HW, C * HW, m, H, W, wp, p->pad_w);
+            dw_lane_gather(dyt, dy + (n0 * C + c) * P, C * P, m, 1, P, P, 0);
+            if (db)
+                for (int64_t j = 0; j < m; j++) {
+                    const float *d = dy + ((n0 + j) * C + c) * P;
+                    double s = 0.0;
+                    for (int64_t q = 0; q < P; q++) s += d[q];
+                    bsum += s;
+                }
+            dw_lane_bwd_w_item(acc, xt, dyt, p);
+        }
+        float *dwk = dw + c * kk;
+        for (int64_t k = 0; k < kk; k++) {
+            float l8[8];
+            for (int l = 0; l < 8; l++) l8[l] = acc[k][l] + acc[k][l + 8];
+            dwk[k] += ((l8[0] + l8[1]) + (l8[2] + l8[3])) + ((l8[4] + l8[5]) + (l8[6] + l8[7]));
+        }
+        if (db) db[c] += (float)bsum;
+    }
+}
 #else
 #define DW_S1_OK(p, oh, ow) 0
 #endif
@@ -428,6 +625,10 @@ static void dw_bwd_w_s1(float *dw, float *db, const float *dy, const float *x, c
 static void dw_fwd(float *y, const float *x, const float *w, const float *b,
                    const port_conv2d_params *p) {
 #if PORT_DW_PAD_MAX > 0
+    if (dw_lane_pays(p)) {
+        dw_lane_fwd(y, x, w, b, p);
+        return;
+    }
     if (DW_S1_OK(p, port_conv2d_out_h(p), port_conv2d_out_w(p))) {
         dw_fwd_s1(y, x, w, b, p);
         return;
@@ -468,6 +669,10 @@ static void dw_fwd(float *y, const float *x, const float *w, const float *b,
 
 static void dw_bwd_in(float *dx, const float *dy, const float *w, const port_conv2d_params *p) {
 #if PORT_DW_PAD_MAX > 0
+    if (dw_lane_pays(p)) {
+        dw_lane_bwd_in(dx, dy, w, p);
+        return;
+    }
     if (DW_S1_OK(p, p->h, p->w)) {
         dw_bwd_in_s1(dx, dy, w, p);
         return;
@@ -508,6 +713,10 @@ static void dw_bwd_in(float *dx, const float *dy, const float *w, const port_con
 static void dw_bwd_w(float *dw, float *db, const float *dy, const float *x,
                      const port_conv2d_params *p) {
 #if PORT_DW_PAD_MAX > 0
+    if (dw_lane_pays(p)) {
+        dw_lane_bwd_w(dw, db, dy, x, p);
+        return;
+    }
     if (DW_S1_OK(p, port_conv2d_out_h(p), port_conv2d_out_w(p))) {
         dw_bwd_w_s1(dw, db, dy, x, p);
         return;
