@@ -188,21 +188,21 @@ def test_depthwise_stacked_images_vs_torch(K, shape):
     assert torch.equal(K.conv2d_forward(x, wt, b, 1, p, c, algo="direct"), y1)
 
 
-# Depthwise with a block of 16 images in the vector lanes (small maps, stride 2): every case is one the C rule
-# (dw_lane_pays in kernels/src/conv.c) sends there -- stride 2 (any size), or stride 1 where the flat loops over
-# padded planes would run more than twice the real taps (a 7x7 kernel on 8x8 .. 1x1 maps).  Batches of 1, 17, 33:
+# Depthwise with a block of 16 images in the vector lanes (small maps, stride 2; at least 8 images): every case is
+# one the C rule (dw_lane_pays in kernels/src/conv.c) sends there -- stride 2 (any size), or stride 1 where the flat loops over
+# padded planes would run more than twice the real taps (a 7x7 kernel on 8x8 .. 1x1 maps).  Batches of 8 .. 33:
 # one partial block, and full blocks with a partial one after; odd channels, non-square kernels and maps, unequal
 # strides and paddings; the last case opens the parallel region.
 LANE_CASES = [(33, 5, 8, 8, 7, 7, 1, 1, 3, 3), (17, 3, 2, 2, 7, 7, 1, 1, 3, 3), (20, 7, 1, 1, 7, 7, 1, 1, 3, 3),
-              (18, 5, 4, 4, 5, 5, 1, 1, 2, 2), (17, 3, 9, 7, 5, 3, 2, 2, 2, 1), (5, 3, 16, 16, 5, 5, 2, 2, 2, 2),
-              (3, 4, 11, 6, 3, 5, 2, 1, 0, 2), (1, 3, 5, 3, 3, 3, 1, 2, 1, 1), (33, 3, 6, 5, 7, 3, 1, 1, 3, 0),
+              (18, 5, 4, 4, 5, 5, 1, 1, 2, 2), (17, 3, 9, 7, 5, 3, 2, 2, 2, 1), (9, 3, 16, 16, 5, 5, 2, 2, 2, 2),
+              (8, 4, 11, 6, 3, 5, 2, 1, 0, 2), (10, 3, 5, 3, 3, 3, 1, 2, 1, 1), (33, 3, 6, 5, 7, 3, 1, 1, 3, 0),
               (32, 40, 8, 8, 7, 7, 1, 1, 3, 3)]
 
 
 def _lanes_pay(n, c, h, w, kh, kw, sh, sw, ph, pw):
     """dw_lane_pays in Python (kernels/src/conv.c; PORT_DW_PAD_MAX = 8192): the cases above must take that path"""
     ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
-    if (max(h * (w + 2 * pw), h * w) + ho * wo) * 16 > 8192 or kh * kw > 64:
+    if n < 8 or (max(h * (w + 2 * pw), h * w) + ho * wo) * 16 > 8192 or kh * kw > 64:
         return False
     ws = wo + kw - 1
     if not (sh == sw == 1 and ph < kh and pw < kw and (ho + kh - 1) * ws + kw - 1 + ho * ws <= 8192):
@@ -562,7 +562,11 @@ def test_rt_patch_call_reads_band_and_square_tiles(K):
 GROUPED_CASES = [(3, 64, 64, 11, 9, 3, 1, 1, 32), (2, 80, 120, 9, 13, 3, 2, 1, 2), (5, 96, 96, 6, 5, 3, 1, 1, 12),
                  (4, 36, 24, 7, 7, 3, 2, 2, 4), (2, 39, 26, 8, 8, 1, 1, 0, 13), (3, 20, 20, 5, 6, 5, 1, 2, 20),
                  (2, 24, 48, 10, 10, 3, 2, 1, 3), (8, 128, 128, 16, 16, 3, 1, 1, 32),
-                 (8, 256, 256, 4, 4, 3, 2, 1, 32)]
+                 (8, 256, 256, 4, 4, 3, 2, 1, 32),
+                 # 16 images in the lanes (group_lane_ok): several blocks and a partial one, odd group widths (the
+                 # forward's four output channels at once and the rest), stride 2, a non-square map
+                 (33, 24, 16, 5, 7, 3, 2, 1, 8), (17, 16, 16, 4, 4, 3, 1, 1, 2), (17, 15, 25, 3, 5, 3, 1, 1, 5),
+                 (20, 12, 18, 2, 2, 3, 1, 1, 3), (18, 8, 12, 7, 6, 5, 2, 2, 2)]
 
 
 def _grouped_run(K, case, x, wt, b, dy, algo):
@@ -597,9 +601,15 @@ def test_grouped_conv_vs_torch_and_equal_bits_at_any_thread_count(K, case):
                     assert torch.equal(a, b_), f"{algo} {what}: bits differ between 1 and {nt} threads"
     finally:
         capi.set_num_threads(threads)
-    # the grouped path ran: its workspace is min(groups, 16) slots of one group's im2col (and fold) buffers
+    # the grouped path ran: its workspace is min(groups, 16) slots of one group's im2col (and fold) buffers, or on
+    # small maps with at most 16 channels a group each way, of the lane buffers (x, y or dy, and the weight
+    # gradient's 16 partial sums per weight)
     kk, cog = ci // g * k * k, co // g
     P = ((h + 2 * p - k) // s + 1) * ((w + 2 * p - k) // s + 1)
     nb = 1 if P >= 256 or n < 2 else min(n, -(-256 // P))
     assert cog * kk * P < 1 << 20, "a case for the grouped path: one image's per-group GEMM below the split"
-    assert K.conv2d_workspace_bytes(prm, "im2col") == 4 * min(g, 16) * (kk + (cog if nb > 1 else 0)) * nb * P
+    if n >= 8 and ci // g <= 16 and cog <= 16 and h * w <= 64 and k * k <= 25:   # group_lane_ok: image lanes
+        cig = ci // g
+        assert K.conv2d_workspace_bytes(prm, "im2col") == 4 * min(g, 16) * (cig * h * w + cog * P + cog * kk) * 16
+    else:
+        assert K.conv2d_workspace_bytes(prm, "im2col") == 4 * min(g, 16) * (kk + (cog if nb > 1 else 0)) * nb * P
