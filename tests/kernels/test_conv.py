@@ -189,10 +189,10 @@ def test_depthwise_stacked_images_vs_torch(K, shape):
 
 
 # Depthwise with a block of 16 images in the vector lanes (small maps, stride 2; at least 8 images): every case is
-# one the C rule (dw_lane_pays in kernels/src/conv.c) sends there -- stride 2 (any size), or stride 1 where the flat loops over
-# padded planes would run more than twice the real taps (a 7x7 kernel on 8x8 .. 1x1 maps).  Batches of 8 .. 33:
-# one partial block, and full blocks with a partial one after; odd channels, non-square kernels and maps, unequal
-# strides and paddings; the last case opens the parallel region.
+# one the C rule (dw_lane_pays in kernels/src/conv.c) sends there -- stride 2 (where the buffers fit), or stride 1
+# where the flat loops over padded planes would run more than twice the real taps (a 7x7 kernel on 8x8 .. 1x1
+# maps).  Batches of 8 .. 33: one partial block, and full blocks with a partial one after; odd channels, non-square
+# kernels and maps, unequal strides and paddings; the last case opens the parallel region.
 LANE_CASES = [(33, 5, 8, 8, 7, 7, 1, 1, 3, 3), (17, 3, 2, 2, 7, 7, 1, 1, 3, 3), (20, 7, 1, 1, 7, 7, 1, 1, 3, 3),
               (18, 5, 4, 4, 5, 5, 1, 1, 2, 2), (17, 3, 9, 7, 5, 3, 2, 2, 2, 1), (9, 3, 16, 16, 5, 5, 2, 2, 2, 2),
               (8, 4, 11, 6, 3, 5, 2, 1, 0, 2), (10, 3, 5, 3, 3, 3, 1, 2, 1, 1), (33, 3, 6, 5, 7, 3, 1, 1, 3, 0),
