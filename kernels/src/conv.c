@@ -446,17 +446,24 @@ static int64_t dw_lane_floats(const port_conv2d_params *p) {
 }
 /* the lane kernels run the real taps only: where the padded planes of the flat stride-1 loops would run more than
  * twice as many (small maps, wide kernels) or where there are none (stride 2), with at least DW_LANE_MIN_N images */
+/* the real taps of one plane (valid rows times valid columns, summed over the outputs) */
+static int64_t dw_real_taps(const port_conv2d_params *p) {
+    int64_t rows = 0, cols = 0;
+    for (int64_t o = 0; o < port_conv2d_out_h(p); o++)
+        rows += PORT_MIN(p->kh, p->h + p->pad_h - o * p->stride_h) - PORT_MAX(0, p->pad_h - o * p->stride_h);
+    for (int64_t o = 0; o < port_conv2d_out_w(p); o++)
+        cols += PORT_MIN(p->kw, p->w + p->pad_w - o * p->stride_w) - PORT_MAX(0, p->pad_w - o * p->stride_w);
+    return rows * cols;
+}
 static int dw_lane_pays(const port_conv2d_params *p) {
     if (p->n < DW_LANE_MIN_N || dw_lane_floats(p) > PORT_DW_PAD_MAX || p->kh * p->kw > DW_LANE_TAPS) return 0;
     int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
     if (!DW_S1_OK(p, ho, wo)) return 1;
-    int64_t rows = 0, cols = 0;   /* the real taps of one plane: rows times columns */
-    for (int64_t o = 0; o < ho; o++)
-        rows += PORT_MIN(p->kh, p->h + p->pad_h - o) - PORT_MAX(0, p->pad_h - o);
-    for (int64_t o = 0; o < wo; o++)
-        cols += PORT_MIN(p->kw, p->w + p->pad_w - o) - PORT_MAX(0, p->pad_w - o);
-    int64_t padded = (ho + p->kh - 1) * (wo + p->kw - 1) * p->kh * p->kw;
-    return padded > 2 * rows * cols;
+    return (ho + p->kh - 1) * (wo + p->kw - 1) * p->kh * p->kw > 2 * dw_real_taps(p);
+}
+/* a region only for enough real multiply-adds (on a 2x2 map a 7x7 kernel has 4 of 49 taps real) */
+static int dw_lane_par(const port_conv2d_params *p) {
+    return p->n * p->c_in * dw_real_taps(p) > PORT_PAR_MIN_MACS && !port__in_parallel();
 }
 
 /* xt[r][pw + c][j] = plane j of `in` (planes `stride` floats apart, m of them; lanes m.. zero), row width wp */
@@ -562,7 +569,7 @@ PORT_ISA_CLONES static void dw_lane_bwd_w_item(dw_v16f *acc, const float *xt, co
 static void dw_lane_fwd(float *y, const float *x, const float *w, const float *b, const port_conv2d_params *p) {
     int64_t C = p->c_in, N = p->n, HW = p->h * p->w, P = port_conv2d_out_h(p) * port_conv2d_out_w(p);
     int64_t kk = p->kh * p->kw, blocks = (N + DW_LB - 1) / DW_LB;
-#pragma omp parallel for schedule(static) if (N * C * P * kk > PORT_PAR_MIN_MACS)
+#pragma omp parallel for schedule(static) if (dw_lane_par(p))
     for (int64_t t = 0; t < C * blocks; t++) {
         float buf[PORT_DW_PAD_MAX];
         float *xt = buf, *yt = buf + p->h * (p->w + 2 * p->pad_w) * DW_LB;
@@ -576,7 +583,7 @@ static void dw_lane_fwd(float *y, const float *x, const float *w, const float *b
 static void dw_lane_bwd_in(float *dx, const float *dy, const float *w, const port_conv2d_params *p) {
     int64_t C = p->c_in, N = p->n, HW = p->h * p->w, P = port_conv2d_out_h(p) * port_conv2d_out_w(p);
     int64_t kk = p->kh * p->kw, blocks = (N + DW_LB - 1) / DW_LB;
-#pragma omp parallel for schedule(static) if (N * C * P * kk > PORT_PAR_MIN_MACS)
+#pragma omp parallel for schedule(static) if (dw_lane_par(p))
     for (int64_t t = 0; t < C * blocks; t++) {
         float buf[PORT_DW_PAD_MAX];
         float *dyt = buf, *dxt = buf + P * DW_LB;
@@ -590,7 +597,7 @@ static void dw_lane_bwd_in(float *dx, const float *dy, const float *w, const por
 static void dw_lane_bwd_w(float *dw, float *db, const float *dy, const float *x, const port_conv2d_params *p) {
     int64_t C = p->c_in, N = p->n, H = p->h, W = p->w, HW = H * W, kk = p->kh * p->kw;
     int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p), wp = W + 2 * p->pad_w;
-#pragma omp parallel for schedule(static) if (N * C * P * kk > PORT_PAR_MIN_MACS)
+#pragma omp parallel for schedule(static) if (dw_lane_par(p))
     for (int64_t c = 0; c < C; c++) {
         float buf[PORT_DW_PAD_MAX];
         dw_v16f acc[DW_LANE_TAPS];   /* kk <= DW_LANE_TAPS (dw_lane_pays) */
