@@ -440,6 +440,12 @@ static void dw_bwd_w_s1(float *dw, float *db, const float *dy, const float *x, c
 #define DW_LANE_TAPS 64
 #define DW_LANE_MIN_N 8     /* fewer images leave most lanes empty */
 
+/* the 16 lanes of a partial sum, pairwise (dw_tap_dots' order) */
+static inline float dw_lane_sum(const float *a) {
+    float l8[8];
+    for (int l = 0; l < 8; l++) l8[l] = a[l] + a[l + 8];
+    return ((l8[0] + l8[1]) + (l8[2] + l8[3])) + ((l8[4] + l8[5]) + (l8[6] + l8[7]));
+}
 static int64_t dw_lane_floats(const port_conv2d_params *p) {
     int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), xt = p->h * (p->w + 2 * p->pad_w);
     return (PORT_MAX(xt, p->h * p->w) + ho * wo) * DW_LB;   /* dy and xt (weight gradient) or dxt (input) */
@@ -486,6 +492,19 @@ static inline int64_t dw_hi(int64_t k, int64_t len, int64_t pad, int64_t o, int6
     return PORT_MIN(k, len + pad - o * s);
 }
 
+/* the geometry of a lane item (depthwise or grouped), and the valid taps of output (oh, ow): rows [i0, i1),
+ * columns [j0, j1), tap (ki, kj) at plane position q0 + ki * W + kj */
+#define LANE_GEOM(p)                                                                                           \
+    int64_t H = (p)->h, W = (p)->w, kh = (p)->kh, kw = (p)->kw, sh = (p)->stride_h, sw = (p)->stride_w;       \
+    int64_t ph = (p)->pad_h, pw = (p)->pad_w, ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);           \
+    int64_t P = ho * wo, HW = H * W, cig = (p)->c_in / (p)->groups, cog = (p)->c_out / (p)->groups;           \
+    int64_t K = cig * kh * kw;                                                                                 \
+    (void)P; (void)HW; (void)cog; (void)K
+#define LANE_WINDOW(p, oh, ow)                                                                                 \
+    int64_t i0 = dw_lo(ph, oh, sh), i1 = dw_hi(kh, H, ph, oh, sh), j0 = dw_lo(pw, ow, sw);                    \
+    int64_t j1 = dw_hi(kw, W, pw, ow, sw), q0 = ((oh) * sh - ph) * W + (ow) * sw - pw;                \
+    (void)q0
+
 PORT_ISA_CLONES static void dw_lane_fwd_item(float *yt, const float *xt, const float *wk, float bias,
                                              const port_conv2d_params *p) {
     int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, sh = p->stride_h, sw = p->stride_w, ph = p->pad_h;
@@ -529,23 +548,18 @@ PORT_ISA_CLONES static void dw_lane_fwd_item(float *yt, const float *xt, const f
 
 PORT_ISA_CLONES static void dw_lane_bwd_in_item(float *dxt, const float *dyt, const float *wk,
                                                 const port_conv2d_params *p) {
-    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, sh = p->stride_h, sw = p->stride_w, ph = p->pad_h;
-    int64_t pw = p->pad_w, ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
-    memset(dxt, 0, (size_t)(H * W * DW_LB) * sizeof(float));
-    for (int64_t oh = 0; oh < ho; oh++) {
-        int64_t i0 = dw_lo(ph, oh, sh), i1 = dw_hi(kh, H, ph, oh, sh);
+    LANE_GEOM(p);
+    memset(dxt, 0, (size_t)(HW * DW_LB) * sizeof(float));
+    for (int64_t oh = 0; oh < ho; oh++)
         for (int64_t ow = 0; ow < wo; ow++) {
-            int64_t j0 = dw_lo(pw, ow, sw), j1 = dw_hi(kw, W, pw, ow, sw);
+            LANE_WINDOW(p, oh, ow);
             dw_v16f d = PORT_V16_LD(dyt + (oh * wo + ow) * DW_LB);
-            for (int64_t ki = i0; ki < i1; ki++) {
-                int64_t q0 = (oh * sh - ph + ki) * W + ow * sw - pw;
+            for (int64_t ki = i0; ki < i1; ki++)
                 for (int64_t kj = j0; kj < j1; kj++) {
-                    float *t = dxt + (q0 + kj) * DW_LB;
+                    float *t = dxt + (q0 + ki * W + kj) * DW_LB;
                     PORT_V16_ST(t, PORT_V16_LD(t) + PORT_V16_SPLAT(wk[ki * kw + kj]) * d);
                 }
-            }
         }
-    }
 }
 
 /* acc[ki * kw + kj] += dy(oh, ow) * x(oh*sh - ph + ki, ow*sw - pw + kj) over the valid taps, outputs in order */
@@ -618,11 +632,7 @@ static void dw_lane_bwd_w(float *dw, float *db, const float *dy, const float *x,
             dw_lane_bwd_w_item(acc, xt, dyt, p);
         }
         float *dwk = dw + c * kk;
-        for (int64_t k = 0; k < kk; k++) {
-            float l8[8];
-            for (int l = 0; l < 8; l++) l8[l] = acc[k][l] + acc[k][l + 8];
-            dwk[k] += ((l8[0] + l8[1]) + (l8[2] + l8[3])) + ((l8[4] + l8[5]) + (l8[6] + l8[7]));
-        }
+        for (int64_t k = 0; k < kk; k++) dwk[k] += dw_lane_sum((const float *)&acc[k]);
         if (db) db[c] += (float)bsum;
     }
 }
@@ -1034,12 +1044,12 @@ static void group_bwd_w_one(float *dw, const float *dy, const float *x, const po
  *   input gradient: dxt[ci](q) += (sum over co in order of w * dy[co](p)), outputs and taps in order;
  *   weight gradient: acc[co][ci][tap] (lanes, in the slot) += dy * x over the blocks and outputs in order, then
  *   the 16 lanes summed pairwise (dw_tap_dots' order).
- * Used by the grouped driver when a group has at most GRP_LANE_CH channels each way and the map is small
+ * Used by the grouped driver when a group has at most LANE_CH channels each way and the map is small
  * (group_lane_ok); the slot holds the buffers (group_slot_floats). */
-#define GRP_LANE_CH 16
+#define LANE_CH 16
 static int group_lane_ok(const port_conv2d_params *p) {
     int64_t cig = p->c_in / p->groups, cog = p->c_out / p->groups;
-    return p->groups > 1 && p->n >= DW_LANE_MIN_N && cig <= GRP_LANE_CH && cog <= GRP_LANE_CH && p->h * p->w <= 64 &&
+    return p->groups > 1 && p->n >= DW_LANE_MIN_N && cig <= LANE_CH && cog <= LANE_CH && p->h * p->w <= 64 &&
            p->kh * p->kw <= 25;
 }
 static int64_t group_lane_floats(const port_conv2d_params *p) {
@@ -1050,13 +1060,10 @@ static int64_t group_lane_floats(const port_conv2d_params *p) {
 
 PORT_ISA_CLONES static void grp_lane_fwd_item(float *yt, const float *xt, const float *wg, const float *bg,
                                               const port_conv2d_params *p) {
-    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, sh = p->stride_h, sw = p->stride_w, ph = p->pad_h;
-    int64_t pw = p->pad_w, ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), P = ho * wo, HW = H * W;
-    int64_t cig = p->c_in / p->groups, cog = p->c_out / p->groups, K = cig * kh * kw;
-    for (int64_t oh = 0; oh < ho; oh++) {
-        int64_t i0 = dw_lo(ph, oh, sh), i1 = dw_hi(kh, H, ph, oh, sh);
+    LANE_GEOM(p);
+    for (int64_t oh = 0; oh < ho; oh++)
         for (int64_t ow = 0; ow < wo; ow++) {
-            int64_t j0 = dw_lo(pw, ow, sw), j1 = dw_hi(kw, W, pw, ow, sw), q0 = (oh * sh - ph) * W + ow * sw - pw;
+            LANE_WINDOW(p, oh, ow);
             int64_t co = 0;
             for (; co + 4 <= cog; co += 4) {
                 const float *w0 = wg + co * K;
@@ -1088,19 +1095,15 @@ PORT_ISA_CLONES static void grp_lane_fwd_item(float *yt, const float *xt, const 
                 PORT_V16_ST(yt + (co * P + oh * wo + ow) * DW_LB, a);
             }
         }
-    }
 }
 
 PORT_ISA_CLONES static void grp_lane_bwd_in_item(float *dxt, const float *dyt, const float *wg,
                                                  const port_conv2d_params *p) {
-    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, sh = p->stride_h, sw = p->stride_w, ph = p->pad_h;
-    int64_t pw = p->pad_w, ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), P = ho * wo, HW = H * W;
-    int64_t cig = p->c_in / p->groups, cog = p->c_out / p->groups, K = cig * kh * kw;
+    LANE_GEOM(p);
     memset(dxt, 0, (size_t)(cig * HW * DW_LB) * sizeof(float));
-    for (int64_t oh = 0; oh < ho; oh++) {
-        int64_t i0 = dw_lo(ph, oh, sh), i1 = dw_hi(kh, H, ph, oh, sh);
+    for (int64_t oh = 0; oh < ho; oh++)
         for (int64_t ow = 0; ow < wo; ow++) {
-            int64_t j0 = dw_lo(pw, ow, sw), j1 = dw_hi(kw, W, pw, ow, sw), q0 = (oh * sh - ph) * W + ow * sw - pw;
+            LANE_WINDOW(p, oh, ow);
             const float *d = dyt + (oh * wo + ow) * DW_LB;
             for (int64_t ki = i0; ki < i1; ki++)
                 for (int64_t kj = j0; kj < j1; kj++)
@@ -1113,19 +1116,15 @@ PORT_ISA_CLONES static void grp_lane_bwd_in_item(float *dxt, const float *dyt, c
                         PORT_V16_ST(t, PORT_V16_LD(t) + s);
                     }
         }
-    }
 }
 
 /* acc[(co * cig + ci) * kk + tap] += dy[co](p) * x[ci](q) over the valid taps, outputs in order */
 PORT_ISA_CLONES static void grp_lane_bwd_w_item(float *acc, const float *xt, const float *dyt,
                                                 const port_conv2d_params *p) {
-    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, sh = p->stride_h, sw = p->stride_w, ph = p->pad_h;
-    int64_t pw = p->pad_w, ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), P = ho * wo, HW = H * W;
-    int64_t cig = p->c_in / p->groups, cog = p->c_out / p->groups, K = cig * kh * kw;
-    for (int64_t oh = 0; oh < ho; oh++) {
-        int64_t i0 = dw_lo(ph, oh, sh), i1 = dw_hi(kh, H, ph, oh, sh);
+    LANE_GEOM(p);
+    for (int64_t oh = 0; oh < ho; oh++)
         for (int64_t ow = 0; ow < wo; ow++) {
-            int64_t j0 = dw_lo(pw, ow, sw), j1 = dw_hi(kw, W, pw, ow, sw), q0 = (oh * sh - ph) * W + ow * sw - pw;
+            LANE_WINDOW(p, oh, ow);
             const float *d = dyt + (oh * wo + ow) * DW_LB;
             for (int64_t ci = 0; ci < cig; ci++)
                 for (int64_t ki = i0; ki < i1; ki++)
@@ -1137,7 +1136,6 @@ PORT_ISA_CLONES static void grp_lane_bwd_w_item(float *acc, const float *xt, con
                                         PORT_V16_LD(a + co * K * DW_LB) + PORT_V16_LD(d + co * P * DW_LB) * xv);
                     }
         }
-    }
 }
 
 /* group g, every block of images, in the slot: step 0 forward, 1 input gradient, 2 weight gradient (3: over dw) */
@@ -1171,10 +1169,7 @@ static void group_lane_one(int step, float *out, const float *t0, const float *t
     if (step < 2) return;
     float *dwg = out + g * cog * K;
     for (int64_t k = 0; k < cog * K; k++) {
-        const float *a = acc + k * DW_LB;
-        float l8[8];
-        for (int l = 0; l < 8; l++) l8[l] = a[l] + a[l + 8];
-        float t = ((l8[0] + l8[1]) + (l8[2] + l8[3])) + ((l8[4] + l8[5]) + (l8[6] + l8[7]));
+        float t = dw_lane_sum(acc + k * DW_LB);
         dwg[k] = step == 3 ? t : dwg[k] + t;
     }
 }
