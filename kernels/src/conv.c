@@ -421,6 +421,221 @@ static void dw_bwd_w_s1(float *dw, float *db, const float *dy, const float *x, c
         if (db) db[c] += (float)bsum;
     }
 }
+
+/* ---------------- depthwise, a block of images in the vector lanes ----------------
+ * On small maps (8x8 .. 1x1) a plane's rows are shorter than a vector and its padding is most of the padded
+ * plane (a 7x7 kernel on a 2x2 map: 4 of 64 padded-plane taps are real), and stride 2 has no flat-loop form.
+ * Here the 16 lanes of a vector hold the same position of one channel in 16 images (DW_LB), so every multiply-add
+ * is a real one at full width whatever the map size or stride: a work item (channel, block of 16 images) gathers
+ * its planes into xt[H][W + 2 pw][16] (zero columns left and right), then
+ *   forward: y(oh, ow) = bias + the valid taps in (ki, kj) order -- rows exactly, columns exactly for a lone
+ *            output and over the union of four neighbours' columns (their extra taps read the zero columns, so
+ *            every product is a real tap or 0 * w); four outputs at once for independent sums;
+ *   input gradient: dxt[H][W][16] += w * dy(oh, ow) over the valid taps, (oh, ow, ki, kj) in order;
+ *   weight gradient: per tap, lanes += dy * x over the outputs in order, blocks in order, then the 16 lanes
+ *            summed pairwise (as dw_tap_dots) -- one channel per work item.
+ * Every element gets the same operations in the same order at any thread count.  Used when the lane buffers fit
+ * PORT_DW_PAD_MAX floats and dw_lane_pays says so. */
+#define DW_LB 16
+#define DW_LANE_TAPS 64
+#define DW_LANE_MIN_N 8     /* fewer images leave most lanes empty */
+
+/* the 16 lanes of a partial sum, pairwise (dw_tap_dots' order) */
+static inline float dw_lane_sum(const float *a) {
+    float l8[8];
+    for (int l = 0; l < 8; l++) l8[l] = a[l] + a[l + 8];
+    return ((l8[0] + l8[1]) + (l8[2] + l8[3])) + ((l8[4] + l8[5]) + (l8[6] + l8[7]));
+}
+static int64_t dw_lane_floats(const port_conv2d_params *p) {
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), xt = p->h * (p->w + 2 * p->pad_w);
+    return (PORT_MAX(xt, p->h * p->w) + ho * wo) * DW_LB;   /* dy and xt (weight gradient) or dxt (input) */
+}
+/* the lane kernels run the real taps only: where the padded planes of the flat stride-1 loops would run more than
+ * twice as many (small maps, wide kernels) or where there are none (stride 2), with at least DW_LANE_MIN_N images */
+/* the real taps of one plane (valid rows times valid columns, summed over the outputs) */
+static int64_t dw_real_taps(const port_conv2d_params *p) {
+    int64_t rows = 0, cols = 0;
+    for (int64_t o = 0; o < port_conv2d_out_h(p); o++)
+        rows += PORT_MIN(p->kh, p->h + p->pad_h - o * p->stride_h) - PORT_MAX(0, p->pad_h - o * p->stride_h);
+    for (int64_t o = 0; o < port_conv2d_out_w(p); o++)
+        cols += PORT_MIN(p->kw, p->w + p->pad_w - o * p->stride_w) - PORT_MAX(0, p->pad_w - o * p->stride_w);
+    return rows * cols;
+}
+static int dw_lane_pays(const port_conv2d_params *p) {
+    if (p->n < DW_LANE_MIN_N || dw_lane_floats(p) > PORT_DW_PAD_MAX || p->kh * p->kw > DW_LANE_TAPS) return 0;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
+    if (!DW_S1_OK(p, ho, wo)) return 1;
+    return (ho + p->kh - 1) * (wo + p->kw - 1) * p->kh * p->kw > 2 * dw_real_taps(p);
+}
+/* a region only for enough real multiply-adds (on a 2x2 map a 7x7 kernel has 4 of 49 taps real) */
+static int dw_lane_par(const port_conv2d_params *p) {
+    return p->n * p->c_in * dw_real_taps(p) > PORT_PAR_MIN_MACS && !port__in_parallel();
+}
+
+/* xt[r][pw + c][j] = plane j of `in` (planes `stride` floats apart, m of them; lanes m.. zero), row width wp */
+static void dw_lane_gather(float *xt, const float *in, int64_t stride, int64_t m, int64_t h, int64_t w, int64_t wp,
+                           int64_t left) {
+    memset(xt, 0, (size_t)(h * wp * DW_LB) * sizeof(float));
+    for (int64_t j = 0; j < m; j++) {
+        const float *src = in + j * stride;
+        for (int64_t r = 0; r < h; r++)
+            for (int64_t c = 0; c < w; c++) xt[((r * wp) + left + c) * DW_LB + j] = src[r * w + c];
+    }
+}
+/* the inverse for the outputs: plane j of out (planes `stride` floats apart, j < m) <- lane j of lt[len][16] */
+static void dw_lane_scatter(float *out, int64_t stride, int64_t m, int64_t len, const float *lt) {
+    for (int64_t j = 0; j < m; j++)
+        for (int64_t q = 0; q < len; q++) out[j * stride + q] = lt[q * DW_LB + j];
+}
+static inline int64_t dw_lo(int64_t pad, int64_t o, int64_t s) { return PORT_MAX(0, pad - o * s); }
+static inline int64_t dw_hi(int64_t k, int64_t len, int64_t pad, int64_t o, int64_t s) {
+    return PORT_MIN(k, len + pad - o * s);
+}
+
+/* the geometry of a lane item (depthwise or grouped), and the valid taps of output (oh, ow): rows [i0, i1),
+ * columns [j0, j1), tap (ki, kj) at plane position q0 + ki * W + kj */
+#define LANE_GEOM(p)                                                                                           \
+    int64_t H = (p)->h, W = (p)->w, kh = (p)->kh, kw = (p)->kw, sh = (p)->stride_h, sw = (p)->stride_w;       \
+    int64_t ph = (p)->pad_h, pw = (p)->pad_w, ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);           \
+    int64_t P = ho * wo, HW = H * W, cig = (p)->c_in / (p)->groups, cog = (p)->c_out / (p)->groups;           \
+    int64_t K = cig * kh * kw;                                                                                 \
+    (void)P; (void)HW; (void)cog; (void)K
+#define LANE_WINDOW(p, oh, ow)                                                                                 \
+    int64_t i0 = dw_lo(ph, oh, sh), i1 = dw_hi(kh, H, ph, oh, sh), j0 = dw_lo(pw, ow, sw);                    \
+    int64_t j1 = dw_hi(kw, W, pw, ow, sw), q0 = ((oh) * sh - ph) * W + (ow) * sw - pw;                \
+    (void)q0
+
+PORT_ISA_CLONES static void dw_lane_fwd_item(float *yt, const float *xt, const float *wk, float bias,
+                                             const port_conv2d_params *p) {
+    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, sh = p->stride_h, sw = p->stride_w, ph = p->pad_h;
+    int64_t pw = p->pad_w, wp = W + 2 * pw, ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
+    int64_t s16 = sw * DW_LB;
+    for (int64_t oh = 0; oh < ho; oh++) {
+        int64_t i0 = dw_lo(ph, oh, sh), i1 = dw_hi(kh, H, ph, oh, sh);
+        int64_t ow = 0;
+        for (; ow + 4 <= wo; ow += 4) {
+            int64_t j0 = dw_lo(pw, ow + 3, sw), j1 = dw_hi(kw, W, pw, ow, sw);
+            dw_v16f a0 = PORT_V16_SPLAT(bias), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t ki = i0; ki < i1; ki++) {
+                const float *xr = xt + ((oh * sh - ph + ki) * wp + ow * sw) * DW_LB;
+                for (int64_t kj = j0; kj < j1; kj++) {
+                    dw_v16f wv = PORT_V16_SPLAT(wk[ki * kw + kj]);
+                    const float *s = xr + kj * DW_LB;
+                    a0 += wv * PORT_V16_LD(s);
+                    a1 += wv * PORT_V16_LD(s + s16);
+                    a2 += wv * PORT_V16_LD(s + 2 * s16);
+                    a3 += wv * PORT_V16_LD(s + 3 * s16);
+                }
+            }
+            float *yr = yt + (oh * wo + ow) * DW_LB;
+            PORT_V16_ST(yr, a0);
+            PORT_V16_ST(yr + DW_LB, a1);
+            PORT_V16_ST(yr + 2 * DW_LB, a2);
+            PORT_V16_ST(yr + 3 * DW_LB, a3);
+        }
+        for (; ow < wo; ow++) {
+            int64_t j0 = dw_lo(pw, ow, sw), j1 = dw_hi(kw, W, pw, ow, sw);
+            dw_v16f a = PORT_V16_SPLAT(bias);
+            for (int64_t ki = i0; ki < i1; ki++) {
+                const float *xr = xt + ((oh * sh - ph + ki) * wp + ow * sw) * DW_LB;
+                for (int64_t kj = j0; kj < j1; kj++)
+                    a += PORT_V16_SPLAT(wk[ki * kw + kj]) * PORT_V16_LD(xr + kj * DW_LB);
+            }
+            PORT_V16_ST(yt + (oh * wo + ow) * DW_LB, a);
+        }
+    }
+}
+
+PORT_ISA_CLONES static void dw_lane_bwd_in_item(float *dxt, const float *dyt, const float *wk,
+                                                const port_conv2d_params *p) {
+    LANE_GEOM(p);
+    memset(dxt, 0, (size_t)(HW * DW_LB) * sizeof(float));
+    for (int64_t oh = 0; oh < ho; oh++)
+        for (int64_t ow = 0; ow < wo; ow++) {
+            LANE_WINDOW(p, oh, ow);
+            dw_v16f d = PORT_V16_LD(dyt + (oh * wo + ow) * DW_LB);
+            for (int64_t ki = i0; ki < i1; ki++)
+                for (int64_t kj = j0; kj < j1; kj++) {
+                    float *t = dxt + (q0 + ki * W + kj) * DW_LB;
+                    PORT_V16_ST(t, PORT_V16_LD(t) + PORT_V16_SPLAT(wk[ki * kw + kj]) * d);
+                }
+        }
+}
+
+/* acc[ki * kw + kj] += dy(oh, ow) * x(oh*sh - ph + ki, ow*sw - pw + kj) over the valid taps, outputs in order */
+PORT_ISA_CLONES static void dw_lane_bwd_w_item(dw_v16f *acc, const float *xt, const float *dyt,
+                                               const port_conv2d_params *p) {
+    int64_t H = p->h, W = p->w, kh = p->kh, kw = p->kw, sh = p->stride_h, sw = p->stride_w, ph = p->pad_h;
+    int64_t pw = p->pad_w, wp = W + 2 * pw, ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
+    for (int64_t oh = 0; oh < ho; oh++) {
+        int64_t i0 = dw_lo(ph, oh, sh), i1 = dw_hi(kh, H, ph, oh, sh);
+        for (int64_t ow = 0; ow < wo; ow++) {
+            int64_t j0 = dw_lo(pw, ow, sw), j1 = dw_hi(kw, W, pw, ow, sw);
+            dw_v16f d = PORT_V16_LD(dyt + (oh * wo + ow) * DW_LB);
+            for (int64_t ki = i0; ki < i1; ki++) {
+                const float *xr = xt + ((oh * sh - ph + ki) * wp + ow * sw) * DW_LB;
+                for (int64_t kj = j0; kj < j1; kj++) acc[ki * kw + kj] += d * PORT_V16_LD(xr + kj * DW_LB);
+            }
+        }
+    }
+}
+
+static void dw_lane_fwd(float *y, const float *x, const float *w, const float *b, const port_conv2d_params *p) {
+    int64_t C = p->c_in, N = p->n, HW = p->h * p->w, P = port_conv2d_out_h(p) * port_conv2d_out_w(p);
+    int64_t kk = p->kh * p->kw, blocks = (N + DW_LB - 1) / DW_LB;
+#pragma omp parallel for schedule(static) if (dw_lane_par(p))
+    for (int64_t t = 0; t < C * blocks; t++) {
+        float buf[PORT_DW_PAD_MAX];
+        float *xt = buf, *yt = buf + p->h * (p->w + 2 * p->pad_w) * DW_LB;
+        int64_t c = t / blocks, n0 = (t % blocks) * DW_LB, m = PORT_MIN(DW_LB, N - n0);
+        dw_lane_gather(xt, x + (n0 * C + c) * HW, C * HW, m, p->h, p->w, p->w + 2 * p->pad_w, p->pad_w);
+        dw_lane_fwd_item(yt, xt, w + c * kk, b ? b[c] : 0.0f, p);
+        dw_lane_scatter(y + (n0 * C + c) * P, C * P, m, P, yt);
+    }
+}
+
+static void dw_lane_bwd_in(float *dx, const float *dy, const float *w, const port_conv2d_params *p) {
+    int64_t C = p->c_in, N = p->n, HW = p->h * p->w, P = port_conv2d_out_h(p) * port_conv2d_out_w(p);
+    int64_t kk = p->kh * p->kw, blocks = (N + DW_LB - 1) / DW_LB;
+#pragma omp parallel for schedule(static) if (dw_lane_par(p))
+    for (int64_t t = 0; t < C * blocks; t++) {
+        float buf[PORT_DW_PAD_MAX];
+        float *dyt = buf, *dxt = buf + P * DW_LB;
+        int64_t c = t / blocks, n0 = (t % blocks) * DW_LB, m = PORT_MIN(DW_LB, N - n0);
+        dw_lane_gather(dyt, dy + (n0 * C + c) * P, C * P, m, 1, P, P, 0);
+        dw_lane_bwd_in_item(dxt, dyt, w + c * kk, p);
+        dw_lane_scatter(dx + (n0 * C + c) * HW, C * HW, m, HW, dxt);
+    }
+}
+
+static void dw_lane_bwd_w(float *dw, float *db, const float *dy, const float *x, const port_conv2d_params *p) {
+    int64_t C = p->c_in, N = p->n, H = p->h, W = p->w, HW = H * W, kk = p->kh * p->kw;
+    int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p), wp = W + 2 * p->pad_w;
+#pragma omp parallel for schedule(static) if (dw_lane_par(p))
+    for (int64_t c = 0; c < C; c++) {
+        float buf[PORT_DW_PAD_MAX];
+        dw_v16f acc[DW_LANE_TAPS];   /* kk <= DW_LANE_TAPS (dw_lane_pays) */
+        float *xt = buf, *dyt = buf + H * wp * DW_LB;
+        double bsum = 0.0;
+        memset(acc, 0, sizeof acc);
+        for (int64_t n0 = 0; n0 < N; n0 += DW_LB) {
+            int64_t m = PORT_MIN(DW_LB, N - n0);
+            dw_lane_gather(xt, x + (n0 * C + c) * HW, C * HW, m, H, W, wp, p->pad_w);
+            dw_lane_gather(dyt, dy + (n0 * C + c) * P, C * P, m, 1, P, P, 0);
+            if (db)
+                for (int64_t j = 0; j < m; j++) {
+                    const float *d = dy + ((n0 + j) * C + c) * P;
+                    double s = 0.0;
+                    for (int64_t q = 0; q < P; q++) s += d[q];
+                    bsum += s;
+                }
+            dw_lane_bwd_w_item(acc, xt, dyt, p);
+        }
+        float *dwk = dw + c * kk;
+        for (int64_t k = 0; k < kk; k++) dwk[k] += dw_lane_sum((const float *)&acc[k]);
+        if (db) db[c] += (float)bsum;
+    }
+}
 #else
 #define DW_S1_OK(p, oh, ow) 0
 #endif
@@ -428,6 +643,10 @@ static void dw_bwd_w_s1(float *dw, float *db, const float *dy, const float *x, c
 static void dw_fwd(float *y, const float *x, const float *w, const float *b,
                    const port_conv2d_params *p) {
 #if PORT_DW_PAD_MAX > 0
+    if (dw_lane_pays(p)) {
+        dw_lane_fwd(y, x, w, b, p);
+        return;
+    }
     if (DW_S1_OK(p, port_conv2d_out_h(p), port_conv2d_out_w(p))) {
         dw_fwd_s1(y, x, w, b, p);
         return;
@@ -468,6 +687,10 @@ static void dw_fwd(float *y, const float *x, const float *w, const float *b,
 
 static void dw_bwd_in(float *dx, const float *dy, const float *w, const port_conv2d_params *p) {
 #if PORT_DW_PAD_MAX > 0
+    if (dw_lane_pays(p)) {
+        dw_lane_bwd_in(dx, dy, w, p);
+        return;
+    }
     if (DW_S1_OK(p, p->h, p->w)) {
         dw_bwd_in_s1(dx, dy, w, p);
         return;
@@ -508,6 +731,10 @@ static void dw_bwd_in(float *dx, const float *dy, const float *w, const port_con
 static void dw_bwd_w(float *dw, float *db, const float *dy, const float *x,
                      const port_conv2d_params *p) {
 #if PORT_DW_PAD_MAX > 0
+    if (dw_lane_pays(p)) {
+        dw_lane_bwd_w(dw, db, dy, x, p);
+        return;
+    }
     if (DW_S1_OK(p, port_conv2d_out_h(p), port_conv2d_out_w(p))) {
         dw_bwd_w_s1(dw, db, dy, x, p);
         return;
@@ -674,7 +901,15 @@ static int conv_grouped(const port_conv2d_params *p, int a) {
 static int64_t group_slots(const port_conv2d_params *p) { return PORT_MIN(p->groups, PORT_CONV_GROUP_SLOTS); }
 /* floats of one slot: the im2col matrix of a fold [K, nb*P], and the output/gradient block [cog, nb*P] when
  * nb > 1 (conv_fold_w <= conv_fold: the forward's fold sizes it) */
+#if PORT_DW_PAD_MAX > 0
+static int group_lane_ok(const port_conv2d_params *p);
+static int64_t group_lane_floats(const port_conv2d_params *p);
+#else
+#define group_lane_ok(p) 0
+#define group_lane_floats(p) 0
+#endif
 static int64_t group_slot_floats(const port_conv2d_params *p, int a) {
+    if (group_lane_ok(p)) return group_lane_floats(p);
     int64_t K = p->c_in / p->groups * p->kh * p->kw, cog = p->c_out / p->groups;
     int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p), nb = conv_fold(p, a);
     return (K + (nb > 1 ? cog : 0)) * nb * P;
@@ -799,15 +1034,160 @@ static void group_bwd_w_one(float *dw, const float *dy, const float *x, const po
     }
 }
 
+#if PORT_DW_PAD_MAX > 0
+/* ---------------- grouped, a block of 16 images in the vector lanes ----------------
+ * RegNet's groups of 8 channels on 8x8 .. 2x2 maps: one group's GEMM is [8 x 72] x [72 x a few dozen columns],
+ * far below the GEMM's rate.  As the depthwise lane kernels: lane j holds image n0 + j, and a group's planes of a
+ * block of 16 images are gathered into lane-major buffers in its slot: xt[cig][H*W][16], yt / dyt[cog][P][16];
+ * only the real taps run (exact row and column ranges).
+ *   forward: y[co](p) = bias + sum over (ci, ki, kj) in order, eight output channels at once;
+ *   input gradient: dxt[ci](q) += (sum over co in order of w * dy[co](p)), outputs and taps in order;
+ *   weight gradient: acc[co][ci][tap] (lanes, in the slot) += dy * x over the blocks and outputs in order, then
+ *   the 16 lanes summed pairwise (dw_tap_dots' order).
+ * Used by the grouped driver when a group has at most LANE_CH channels each way and the map is small
+ * (group_lane_ok); the slot holds the buffers (group_slot_floats). */
+#define LANE_CH 16
+static int group_lane_ok(const port_conv2d_params *p) {
+    int64_t cig = p->c_in / p->groups, cog = p->c_out / p->groups;
+    return p->groups > 1 && p->n >= DW_LANE_MIN_N && cig <= LANE_CH && cog <= LANE_CH && p->h * p->w <= 64 &&
+           p->kh * p->kw <= 25;
+}
+static int64_t group_lane_floats(const port_conv2d_params *p) {
+    int64_t cig = p->c_in / p->groups, cog = p->c_out / p->groups;
+    int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p);
+    return (cig * p->h * p->w + cog * P + cog * cig * p->kh * p->kw) * DW_LB;
+}
+
+PORT_ISA_CLONES static void grp_lane_fwd_item(float *yt, const float *xt, const float *wg, const float *bg,
+                                              const port_conv2d_params *p) {
+    LANE_GEOM(p);
+    for (int64_t oh = 0; oh < ho; oh++)
+        for (int64_t ow = 0; ow < wo; ow++) {
+            LANE_WINDOW(p, oh, ow);
+            int64_t co = 0;
+            for (; co + 4 <= cog; co += 4) {
+                const float *w0 = wg + co * K;
+                dw_v16f a0 = PORT_V16_SPLAT(bg ? bg[co] : 0.0f), a1 = PORT_V16_SPLAT(bg ? bg[co + 1] : 0.0f);
+                dw_v16f a2 = PORT_V16_SPLAT(bg ? bg[co + 2] : 0.0f), a3 = PORT_V16_SPLAT(bg ? bg[co + 3] : 0.0f);
+                for (int64_t ci = 0; ci < cig; ci++)
+                    for (int64_t ki = i0; ki < i1; ki++)
+                        for (int64_t kj = j0; kj < j1; kj++) {
+                            dw_v16f xv = PORT_V16_LD(xt + (ci * HW + q0 + ki * W + kj) * DW_LB);
+                            int64_t k = (ci * kh + ki) * kw + kj;
+                            a0 += PORT_V16_SPLAT(w0[k]) * xv;
+                            a1 += PORT_V16_SPLAT(w0[K + k]) * xv;
+                            a2 += PORT_V16_SPLAT(w0[2 * K + k]) * xv;
+                            a3 += PORT_V16_SPLAT(w0[3 * K + k]) * xv;
+                        }
+                float *yp = yt + (co * P + oh * wo + ow) * DW_LB;
+                PORT_V16_ST(yp, a0);
+                PORT_V16_ST(yp + P * DW_LB, a1);
+                PORT_V16_ST(yp + 2 * P * DW_LB, a2);
+                PORT_V16_ST(yp + 3 * P * DW_LB, a3);
+            }
+            for (; co < cog; co++) {
+                dw_v16f a = PORT_V16_SPLAT(bg ? bg[co] : 0.0f);
+                for (int64_t ci = 0; ci < cig; ci++)
+                    for (int64_t ki = i0; ki < i1; ki++)
+                        for (int64_t kj = j0; kj < j1; kj++)
+                            a += PORT_V16_SPLAT(wg[co * K + (ci * kh + ki) * kw + kj]) *
+                                 PORT_V16_LD(xt + (ci * HW + q0 + ki * W + kj) * DW_LB);
+                PORT_V16_ST(yt + (co * P + oh * wo + ow) * DW_LB, a);
+            }
+        }
+}
+
+PORT_ISA_CLONES static void grp_lane_bwd_in_item(float *dxt, const float *dyt, const float *wg,
+                                                 const port_conv2d_params *p) {
+    LANE_GEOM(p);
+    memset(dxt, 0, (size_t)(cig * HW * DW_LB) * sizeof(float));
+    for (int64_t oh = 0; oh < ho; oh++)
+        for (int64_t ow = 0; ow < wo; ow++) {
+            LANE_WINDOW(p, oh, ow);
+            const float *d = dyt + (oh * wo + ow) * DW_LB;
+            for (int64_t ki = i0; ki < i1; ki++)
+                for (int64_t kj = j0; kj < j1; kj++)
+                    for (int64_t ci = 0; ci < cig; ci++) {
+                        int64_t k = (ci * kh + ki) * kw + kj;
+                        dw_v16f s = PORT_V16_SPLAT(wg[k]) * PORT_V16_LD(d);
+                        for (int64_t co = 1; co < cog; co++)
+                            s += PORT_V16_SPLAT(wg[co * K + k]) * PORT_V16_LD(d + co * P * DW_LB);
+                        float *t = dxt + (ci * HW + q0 + ki * W + kj) * DW_LB;
+                        PORT_V16_ST(t, PORT_V16_LD(t) + s);
+                    }
+        }
+}
+
+/* acc[(co * cig + ci) * kk + tap] += dy[co](p) * x[ci](q) over the valid taps, outputs in order */
+PORT_ISA_CLONES static void grp_lane_bwd_w_item(float *acc, const float *xt, const float *dyt,
+                                                const port_conv2d_params *p) {
+    LANE_GEOM(p);
+    for (int64_t oh = 0; oh < ho; oh++)
+        for (int64_t ow = 0; ow < wo; ow++) {
+            LANE_WINDOW(p, oh, ow);
+            const float *d = dyt + (oh * wo + ow) * DW_LB;
+            for (int64_t ci = 0; ci < cig; ci++)
+                for (int64_t ki = i0; ki < i1; ki++)
+                    for (int64_t kj = j0; kj < j1; kj++) {
+                        dw_v16f xv = PORT_V16_LD(xt + (ci * HW + q0 + ki * W + kj) * DW_LB);
+                        float *a = acc + ((ci * kh + ki) * kw + kj) * DW_LB;
+                        for (int64_t co = 0; co < cog; co++)
+                            PORT_V16_ST(a + co * K * DW_LB,
+                                        PORT_V16_LD(a + co * K * DW_LB) + PORT_V16_LD(d + co * P * DW_LB) * xv);
+                    }
+        }
+}
+
+/* group g, every block of images, in the slot: step 0 forward, 1 input gradient, 2 weight gradient (3: over dw) */
+static void group_lane_one(int step, float *out, const float *t0, const float *t1, const float *b,
+                           const port_conv2d_params *p, int64_t g, float *slot) {
+    int64_t N = p->n, C = p->c_in, CO = p->c_out, HW = p->h * p->w, P = port_conv2d_out_h(p) * port_conv2d_out_w(p);
+    int64_t cig = C / p->groups, cog = CO / p->groups, K = cig * p->kh * p->kw;
+    float *xt = slot, *yt = slot + cig * HW * DW_LB, *acc = yt + cog * P * DW_LB;
+    if (step >= 2) memset(acc, 0, (size_t)(cog * K * DW_LB) * sizeof(float));
+    for (int64_t n0 = 0; n0 < N; n0 += DW_LB) {
+        int64_t m = PORT_MIN(DW_LB, N - n0);
+        if (step != 1)   /* x: t0 (forward) or t1 (weight gradient, after dy) */
+            for (int64_t ci = 0; ci < cig; ci++)
+                dw_lane_gather(xt + ci * HW * DW_LB, (step == 0 ? t0 : t1) + (n0 * C + g * cig + ci) * HW, C * HW, m,
+                               1, HW, HW, 0);
+        if (step != 0)   /* dy: t0 */
+            for (int64_t co = 0; co < cog; co++)
+                dw_lane_gather(yt + co * P * DW_LB, t0 + (n0 * CO + g * cog + co) * P, CO * P, m, 1, P, P, 0);
+        if (step == 0) {
+            grp_lane_fwd_item(yt, xt, t1 + g * cog * K, b ? b + g * cog : NULL, p);
+            for (int64_t co = 0; co < cog; co++)
+                dw_lane_scatter(out + (n0 * CO + g * cog + co) * P, CO * P, m, P, yt + co * P * DW_LB);
+        } else if (step == 1) {
+            grp_lane_bwd_in_item(xt, yt, t1 + g * cog * K, p);
+            for (int64_t ci = 0; ci < cig; ci++)
+                dw_lane_scatter(out + (n0 * C + g * cig + ci) * HW, C * HW, m, HW, xt + ci * HW * DW_LB);
+        } else {
+            grp_lane_bwd_w_item(acc, xt, yt, p);
+        }
+    }
+    if (step < 2) return;
+    float *dwg = out + g * cog * K;
+    for (int64_t k = 0; k < cog * K; k++) {
+        float t = dw_lane_sum(acc + k * DW_LB);
+        dwg[k] = step == 3 ? t : dwg[k] + t;
+    }
+}
+#else
+#define group_lane_one(step, out, t0, t1, b, p, g, slot) ((void)0)
+#endif
+
 /* One driver for the three: step 0 forward, 1 input gradient, 2 weight gradient (3: overwriting dw). */
 static void group_run(int step, float *out, const float *t0, const float *t1, const float *b,
                       const port_conv2d_params *p, float *ws) {
     int64_t S = group_slots(p), slot = group_slot_floats(p, PORT_CONV_IM2COL);
+    int lanes = group_lane_ok(p);
 #pragma omp parallel for schedule(static) if (group_par(p))
     for (int64_t s = 0; s < S; s++)
         for (int64_t g = s; g < p->groups; g += S) {
             float *sl = ws + s * slot;
-            if (step == 0) group_fwd_one(out, t0, t1, b, p, g, sl);
+            if (lanes) group_lane_one(step, out, t0, t1, b, p, g, sl);
+            else if (step == 0) group_fwd_one(out, t0, t1, b, p, g, sl);
             else if (step == 1) group_bwd_in_one(out, t0, t1, p, g, sl);
             else group_bwd_w_one(out, t0, t1, p, g, sl, step == 3);
         }

@@ -188,6 +188,67 @@ def test_depthwise_stacked_images_vs_torch(K, shape):
     assert torch.equal(K.conv2d_forward(x, wt, b, 1, p, c, algo="direct"), y1)
 
 
+# Depthwise with a block of 16 images in the vector lanes (small maps, stride 2; at least 8 images): every case is
+# one the C rule (dw_lane_pays in kernels/src/conv.c) sends there -- stride 2 (where the buffers fit), or stride 1
+# where the flat loops over padded planes would run more than twice the real taps (a 7x7 kernel on 8x8 .. 1x1
+# maps).  Batches of 8 .. 33: one partial block, and full blocks with a partial one after; odd channels, non-square
+# kernels and maps, unequal strides and paddings; the last case opens the parallel region.
+LANE_CASES = [(33, 5, 8, 8, 7, 7, 1, 1, 3, 3), (17, 3, 2, 2, 7, 7, 1, 1, 3, 3), (20, 7, 1, 1, 7, 7, 1, 1, 3, 3),
+              (18, 5, 4, 4, 5, 5, 1, 1, 2, 2), (17, 3, 9, 7, 5, 3, 2, 2, 2, 1), (9, 3, 16, 16, 5, 5, 2, 2, 2, 2),
+              (8, 4, 11, 6, 3, 5, 2, 1, 0, 2), (10, 3, 5, 3, 3, 3, 1, 2, 1, 1), (33, 3, 6, 5, 7, 3, 1, 1, 3, 0),
+              (32, 40, 8, 8, 7, 7, 1, 1, 3, 3)]
+
+
+def _lanes_pay(n, c, h, w, kh, kw, sh, sw, ph, pw):
+    """dw_lane_pays in Python (kernels/src/conv.c; PORT_DW_PAD_MAX = 8192): the cases above must take that path"""
+    ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    if n < 8 or (max(h * (w + 2 * pw), h * w) + ho * wo) * 16 > 8192 or kh * kw > 64:
+        return False
+    ws = wo + kw - 1
+    if not (sh == sw == 1 and ph < kh and pw < kw and (ho + kh - 1) * ws + kw - 1 + ho * ws <= 8192):
+        return True
+    rows = sum(min(kh, h + ph - o) - max(0, ph - o) for o in range(ho))
+    cols = sum(min(kw, w + pw - o) - max(0, pw - o) for o in range(wo))
+    return (ho + kh - 1) * ws * kh * kw > 2 * rows * cols
+
+
+@pytest.mark.parametrize("shape", LANE_CASES, ids=lambda s: "n{}_c{}_{}x{}_k{}x{}_s{}x{}_p{}x{}".format(*s))
+def test_depthwise_lanes_vs_torch_reference_and_threads(K, shape):
+    n, c, h, w, kh, kw, sh, sw, ph, pw = shape
+    assert _lanes_pay(*shape)
+    s, p = (sh, sw), (ph, pw)
+    x = torch.randn(n, c, h, w)
+    wt = torch.randn(c, 1, kh, kw) * 0.3
+    b = torch.randn(c)
+    dy = torch.randn(n, c, (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1)
+    refs = _ref(x, wt, b, s, p, c, dy)
+    crefs = _ref_c(K, x, wt, b, dy, s, p, c)
+    threads = capi.get_num_threads()
+    runs = []
+    try:
+        for nt in (1, 2, 3):
+            capi.set_num_threads(nt)
+            dwo, dbo = K.conv2d_backward_weight(dy, x, wt.shape, s, p, c, bias=True, algo="direct",
+                                                dw=torch.full_like(wt, float("nan")),
+                                                db=torch.full_like(b, float("nan")), overwrite=True)
+            runs.append((K.conv2d_forward(x, wt, b, s, p, c, algo="direct"),
+                         K.conv2d_backward_input(dy, wt, x.shape, s, p, c, algo="direct"), dwo, dbo))
+    finally:
+        capi.set_num_threads(threads)
+    names = ("y", "dx", "dw", "db")
+    for got, want, cref, what in zip(runs[0], refs, crefs, names):
+        close(got, want, 1e-4 if what[0] == "d" else 1e-5, 1e-5, what=what)
+        close(got, cref, 1e-4 if what[0] == "d" else 1e-5, 1e-5, what=f"{what} vs the C reference")
+    for nt, run in zip((2, 3), runs[1:]):
+        for a, b_, what in zip(runs[0], run, names):
+            assert torch.equal(a, b_), f"{what}: bits differ between 1 and {nt} threads"
+    # accumulating into zeros gives the overwrite's bits; without a bias the forward is the bias-free one
+    dw, db = K.conv2d_backward_weight(dy, x, wt.shape, s, p, c, bias=True, algo="direct")
+    assert torch.equal(dw, runs[0][2]) and torch.equal(db, runs[0][3])
+    close(K.conv2d_forward(x, wt, None, s, p, c, algo="direct"), F.conv2d(x.double(), wt.double(), None, s, p, 1, c),
+          1e-5, 1e-5, what="y without bias")
+
+
 PATCH_CASES = quick_subset([(2, 4, 6, 9, 11, 3, 1, 1, 1), (1, 4, 6, 9, 11, 3, 2, 1, 2),
                             (3, 4, 4, 7, 5, 3, 1, 2, 4), (1, 3, 5, 10, 10, 5, 2, 2, 1),
                             (2, 4, 6, 7, 9, 1, 1, 0, 1), (1, 4, 6, 8, 8, 3, 2, 0, 1)], 2)
@@ -501,7 +562,11 @@ def test_rt_patch_call_reads_band_and_square_tiles(K):
 GROUPED_CASES = [(3, 64, 64, 11, 9, 3, 1, 1, 32), (2, 80, 120, 9, 13, 3, 2, 1, 2), (5, 96, 96, 6, 5, 3, 1, 1, 12),
                  (4, 36, 24, 7, 7, 3, 2, 2, 4), (2, 39, 26, 8, 8, 1, 1, 0, 13), (3, 20, 20, 5, 6, 5, 1, 2, 20),
                  (2, 24, 48, 10, 10, 3, 2, 1, 3), (8, 128, 128, 16, 16, 3, 1, 1, 32),
-                 (8, 256, 256, 4, 4, 3, 2, 1, 32)]
+                 (8, 256, 256, 4, 4, 3, 2, 1, 32),
+                 # 16 images in the lanes (group_lane_ok): several blocks and a partial one, odd group widths (the
+                 # forward's four output channels at once and the rest), stride 2, a non-square map
+                 (33, 24, 16, 5, 7, 3, 2, 1, 8), (17, 16, 16, 4, 4, 3, 1, 1, 2), (17, 15, 25, 3, 5, 3, 1, 1, 5),
+                 (20, 12, 18, 2, 2, 3, 1, 1, 3), (18, 8, 12, 7, 6, 5, 2, 2, 2)]
 
 
 def _grouped_run(K, case, x, wt, b, dy, algo):
@@ -536,9 +601,15 @@ def test_grouped_conv_vs_torch_and_equal_bits_at_any_thread_count(K, case):
                     assert torch.equal(a, b_), f"{algo} {what}: bits differ between 1 and {nt} threads"
     finally:
         capi.set_num_threads(threads)
-    # the grouped path ran: its workspace is min(groups, 16) slots of one group's im2col (and fold) buffers
+    # the grouped path ran: its workspace is min(groups, 16) slots of one group's im2col (and fold) buffers, or on
+    # small maps with at most 16 channels a group each way, of the lane buffers (x, y or dy, and the weight
+    # gradient's 16 partial sums per weight)
     kk, cog = ci // g * k * k, co // g
     P = ((h + 2 * p - k) // s + 1) * ((w + 2 * p - k) // s + 1)
     nb = 1 if P >= 256 or n < 2 else min(n, -(-256 // P))
     assert cog * kk * P < 1 << 20, "a case for the grouped path: one image's per-group GEMM below the split"
-    assert K.conv2d_workspace_bytes(prm, "im2col") == 4 * min(g, 16) * (kk + (cog if nb > 1 else 0)) * nb * P
+    if n >= 8 and ci // g <= 16 and cog <= 16 and h * w <= 64 and k * k <= 25:   # group_lane_ok: image lanes
+        cig = ci // g
+        assert K.conv2d_workspace_bytes(prm, "im2col") == 4 * min(g, 16) * (cig * h * w + cog * P + cog * kk) * 16
+    else:
+        assert K.conv2d_workspace_bytes(prm, "im2col") == 4 * min(g, 16) * (kk + (cog if nb > 1 else 0)) * nb * P
