@@ -62,3 +62,12 @@ def test_the_cli_in_this_process_answers_as_a_fresh_one_and_leaves_no_trace(tmp_
     fresh = port_cli(*args, cwd=tmp_path)
     assert here.returncode == fresh.returncode == 2
     assert "per-sample shape" in here.stderr and "per-sample shape" in fresh.stderr and "Traceback" not in here.stderr
+
+
+def test_test_modules_have_unique_basenames():
+    """pytest imports test modules by basename (no packages under tests/): two files of one name in different
+    folders make the second fail to collect ('import file mismatch'), and only when both are collected."""
+    seen: dict[str, list[str]] = {}
+    for p in TESTS.rglob("test_*.py"):
+        seen.setdefault(p.name, []).append(str(p.relative_to(TESTS)))
+    assert {n: ps for n, ps in seen.items() if len(ps) > 1} == {}
