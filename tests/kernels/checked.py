@@ -1328,15 +1328,18 @@ def masked_fill(x, mask, value, reference=False, out=None):
 
 
 # --------------------------------------------------------------------------- port-rt's call rule
-def rt_rule(kernel: int, ptrs: Sequence[int], iv: Sequence[int], arena: int = 1 << 16) -> tuple[int, str]:
+def rt_rule(kernel: int, ptrs: Sequence[int], iv: Sequence[int], arena: int = 1 << 16,
+            ws: int = 0) -> tuple[int, str]:
     """port_rt_call_check of one call record (pointers as arena byte offsets, -1 past ``ptrs``; the integer
-    arguments ``iv``; no persistent region): (status, the refusal's text)."""
+    arguments ``iv``; ``ws`` workspace bytes at offset 8192; no persistent region): (status, the refusal's text)."""
     c = capi.RtCall()
     c.kernel = kernel
     for i in range(capi.RT_MAX_PTRS):
         c.ptr[i] = ptrs[i] if i < len(ptrs) else -1
     for i, v in enumerate(iv):
         c.iv[i] = v
+    if ws:
+        c.ws_offset, c.ws_bytes = 8192, ws
     prob = capi.RtCallProblem()
     rc = raw.port_rt_call_check(ctypes.byref(c), arena, 0, ctypes.byref(prob))
     return rc, prob.text()

@@ -2,7 +2,6 @@
 autograd on odd shapes (odd C and H, W, batch 1 and 3) for the three published activation pairs, against the plain
 members in float32 (within float rounding: the fcs sum in another order), equal bits at 1/2/3
 threads, refusals and the port-rt call rule of ids 111-113."""
-import ctypes
 
 import pytest
 import torch
@@ -10,6 +9,8 @@ import torch.nn.functional as F
 
 from port.exec import capi
 from port.exec.capi import PORT_OK
+
+from checked import rt_rule
 
 raw = capi.raw
 PAIRS = [("relu", "hardsigmoid"), ("silu", "sigmoid"), ("relu", "sigmoid")]   # MobileNetV3, EfficientNet, RegNet-Y
@@ -143,17 +144,7 @@ def test_se_weight_gradients_accumulate_and_refusals():
 
 
 def _rule(kernel, ptrs, iv, arena=1 << 16, ws=0):
-    c = capi.RtCall()
-    c.kernel = kernel
-    for i in range(capi.RT_MAX_PTRS):
-        c.ptr[i] = ptrs[i] if i < len(ptrs) else -1
-    for i, v in enumerate(iv):
-        c.iv[i] = v
-    if ws:
-        c.ws_offset, c.ws_bytes = 8192, ws
-    prob = capi.RtCallProblem()
-    rc = raw.port_rt_call_check(ctypes.byref(c), arena, 0, ctypes.byref(prob))
-    return rc, prob.text()
+    return rt_rule(kernel, ptrs, iv, arena, ws)
 
 
 def test_port_rt_call_rule_of_se_ids_111_113():
