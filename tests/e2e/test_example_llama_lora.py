@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
+from published_zoo import published  # tests/published_zoo.py: bench/published.py as a module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_llama_lora_example_fits_below_eager_and_continues_in_port_rt(port_rt, tmp_path, monkeypatch):
-    if "published" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("published", ROOT / "bench" / "published.py")
-        sys.modules["published"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["published"])
-    if "peft" not in sys.modules["published"].import_zoo():   # (torchvision's op schemas before transformers)
+    if "peft" not in published().import_zoo():   # (torchvision's op schemas before transformers)
         pytest.skip("peft does not import here")
     monkeypatch.setenv("PATH", f"{Path(port_rt).parent}:{__import__('os').environ['PATH']}")
     spec = importlib.util.spec_from_file_location("llama_finetune", ROOT / "examples" / "llama_lora" / "finetune.py")

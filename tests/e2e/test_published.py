@@ -6,9 +6,6 @@ float64's than 2x float32 eager's distance + 1e-4 (bench/published.equal)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,11 +15,9 @@ import torch.nn.functional as F
 import port
 from port.train.optim import SGD, AdamW
 from port.train.trainer import Trainer
+from published_zoo import published  # tests/published_zoo.py: bench/published.py as a module
 
-_spec = importlib.util.spec_from_file_location("published", Path(__file__).resolve().parents[2] / "bench" / "published.py")
-P = importlib.util.module_from_spec(_spec)
-sys.modules["published"] = P
-_spec.loader.exec_module(P)
+P = published()
 ZOO = P.import_zoo()
 QUICK = [n for n, s in P.MODELS.items() if s.quick]
 

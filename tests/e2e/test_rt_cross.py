@@ -16,6 +16,7 @@ from port import models
 from port.exec.bundle import write_data
 
 from buildlock import make
+from published_zoo import published  # tests/published_zoo.py: bench/published.py as a module
 
 pytestmark = pytest.mark.slow      # cross builds and emulators: the slow tier (make test-all, .ci/run)
 
@@ -73,22 +74,12 @@ def test_aarch64_random_ops_and_attention_equal_host(binaries, tmp_path):
     assert len(a) == 4 and a == b, list(zip(a, b))
 
 
-def _published():
-    import importlib.util
-    import sys
-    if "published" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("published", ROOT / "bench" / "published.py")
-        sys.modules["published"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["published"])
-    return sys.modules["published"]
-
-
 @pytest.mark.parametrize("name", ["hand.se_cat_net", "timm.vit_tiny_patch16_224", "hf.llama_lm"])
 def test_aarch64_build_trains_published_models_like_the_host(binaries, tmp_path, name):
     """Issue 54's three on aarch64: a CNN with squeeze-excitation and torch.cat, timm's ViT-tiny and Hugging
     Face's Llama (rotary tables and the causal mask folded at capture, grouped-query attention) compile, and the
     portable build under qemu-aarch64 trains them to the host build's losses bit for bit."""
-    P = _published()
+    P = published()
     zoo = P.import_zoo()
     spec = P.MODELS[name]
     if spec.family in ("timm", "transformers") and spec.family not in zoo:

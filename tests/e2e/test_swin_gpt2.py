@@ -4,9 +4,6 @@ a tiny Hugging Face GPT-2 (Conv1D: addmm with W [in, out]) train like eager, wit
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,13 +12,9 @@ import torch.nn as nn
 import port
 from port.ir.capture import torch_ops
 from port.train.optim import SGD
+from published_zoo import published  # tests/published_zoo.py: bench/published.py as a module
 
-if "published" not in sys.modules:        # bench/published.import_zoo: torchvision imports without its C ops
-    _spec = importlib.util.spec_from_file_location("published", Path(__file__).resolve().parents[2] / "bench" /
-                                                   "published.py")
-    sys.modules["published"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["published"])
-ZOO = sys.modules["published"].import_zoo()
+ZOO = published().import_zoo()
 
 
 def _like_eager(model, x, y, steps=3, lr=0.05, loss=None):
@@ -99,7 +92,7 @@ def test_folded_hf_models_run_all_c_and_train_in_port_rt_bit_for_bit(port_rt, tm
     from port.exec import capi
     from port.exec.bundle import write_bundle, write_data
     from port.ir.fold import is_folded
-    P = sys.modules["published"]
+    P = published()
     if name.split(".")[0] == "peft" and "peft" not in ZOO or "transformers" not in ZOO:
         pytest.skip("transformers/peft do not import here")
     spec = P.MODELS[name]
