@@ -295,6 +295,12 @@ PORT_API port_status port_se_backward_weight(float *dw1, float *db1, float *dw2,
                                              const float *dy, const float *x, const float *w2, const float *h,
                                              const float *z, int64_t n, int64_t c, int64_t s, int64_t hw, int act,
                                              int gate, void *ws, size_t ws_bytes);
+/* the same, writing dw1, db1, dw2, db2 instead of adding to them (the step's only writer of those gradients) */
+PORT_API port_status port_se_backward_weight_overwrite(float *dw1, float *db1, float *dw2, float *db2, float *dh,
+                                                       const float *dy, const float *x, const float *w2,
+                                                       const float *h, const float *z, int64_t n, int64_t c,
+                                                       int64_t s, int64_t hw, int act, int gate, void *ws,
+                                                       size_t ws_bytes);
 PORT_API port_status port_se_backward_input(float *dx, const float *dy, const float *z, const float *w1,
                                             const float *dh, int64_t n, int64_t c, int64_t s, int64_t hw, int gate);
 /* ---- end issue 54 fused variants ---- */

@@ -189,6 +189,7 @@ extern "C" {
     X(111, SE_FORWARD, port_se_forward)                                            \
     X(112, SE_BACKWARD_WEIGHT, port_se_backward_weight)                            \
     X(113, SE_BACKWARD_INPUT, port_se_backward_input)                              \
+    X(132, SE_BACKWARD_WEIGHT_OVERWRITE, port_se_backward_weight_overwrite)        \
     X(121, MASKED_FILL, port_masked_fill)                                          \
     X(122, MASK_CAST, port_mask_cast)                                              \
     X(123, MASK_LOGIC, port_mask_logic)                                            \

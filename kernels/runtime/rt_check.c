@@ -654,8 +654,9 @@ static int rotary(ctx *x) {
 }
 
 /* Squeeze-excitation fused (issue 54), iv: n, c, s, hw, act (0 relu, 1 silu), gate (0 sigmoid, 1 hardsigmoid).
- * forward (111): y [n c hw], h [n s], z [n c], x, w1 [s c], b1 [s], w2 [c s], b2 [c]; _weight (112): dw1, db1,
- * dw2, db2, dh [n s], dy, x, w2, h, z; _input (113): dx, dy, z, w1, dh (dx may be dy).  Workspace: the kernel's. */
+ * forward (111): y [n c hw], h [n s], z [n c], x, w1 [s c], b1 [s], w2 [c s], b2 [c]; _weight (112, and 132: its
+ * overwriting form): dw1, db1, dw2, db2, dh [n s], dy, x, w2, h, z; _input (113): dx, dy, z, w1, dh (dx may be dy).
+ * Workspace: the kernel's. */
 static int se(ctx *x, int k) {
     const int64_t *v = x->c->iv;
     if (pos_range(x, 0, 3) || iv_in(x, 4, 0, 1, "SE activation (0 relu, 1 silu)") ||
@@ -665,12 +666,13 @@ static int se(ctx *x, int k) {
         if (v[i] > ((int64_t)1 << 31)) return fail(x->why, IV_NAMES[i], "an SE dimension above 2^31", v[i], 0,
                                                    (int64_t)1 << 31);
     int64_t n = v[0], c = v[1], s = v[2], big = smul3(n, c, v[3]), ns = smul(n, s), nc = smul(n, c), cs = smul(c, s);
-    args(x, k == PORT_RT_SE_FORWARD ? 8 : k == PORT_RT_SE_BACKWARD_WEIGHT ? 10 : 5, 6, 0);
+    int wgt = k == PORT_RT_SE_BACKWARD_WEIGHT || k == PORT_RT_SE_BACKWARD_WEIGHT_OVERWRITE;
+    args(x, k == PORT_RT_SE_FORWARD ? 8 : wgt ? 10 : 5, 6, 0);
     if (k == PORT_RT_SE_FORWARD) {
         op(x, 0, big, 4, 1), op(x, 1, ns, 4, 1), op(x, 2, nc, 4, 1), op(x, 3, big, 4, 0);
         op(x, 4, cs, 4, 0), op(x, 5, s, 4, 0), op(x, 6, cs, 4, 0), op(x, 7, c, 4, 0);
         x->s->ws_bytes = smul(smul(n, c + s), 4);
-    } else if (k == PORT_RT_SE_BACKWARD_WEIGHT) {
+    } else if (wgt) {
         op(x, 0, cs, 4, 1), op(x, 1, s, 4, 1), op(x, 2, cs, 4, 1), op(x, 3, c, 4, 1), op(x, 4, ns, 4, 1);
         op(x, 5, big, 4, 0), op(x, 6, big, 4, 0), op(x, 7, cs, 4, 0), op(x, 8, ns, 4, 0), op(x, 9, nc, 4, 0);
         x->s->ws_bytes = smul(smul(n, 2 * c + s), 4);
@@ -699,6 +701,7 @@ static int shape_of(ctx *x) {
     case PORT_RT_ROTARY_BACKWARD: return rotary(x);
     case PORT_RT_SE_FORWARD:
     case PORT_RT_SE_BACKWARD_WEIGHT:
+    case PORT_RT_SE_BACKWARD_WEIGHT_OVERWRITE:
     case PORT_RT_SE_BACKWARD_INPUT: return se(x, k);
     case PORT_RT_RMSNORM_FORWARD:
     case PORT_RT_RMSNORM_BACKWARD_INPUT:

@@ -7,7 +7,8 @@
  * to float once; act(h) and the gate are rounded to float as the plain activation kernels round them (eltwise.c),
  * y = x * gate and dx = dy * gate + dm / hw are the plain mul / pool / accumulate float operations.  Every output
  * element is computed by one thread in an order fixed by the shapes: the same bits at any thread count.
- * Weight gradients accumulate (dw += ...), dx overwrites. */
+ * Weight gradients accumulate (dw += ...; port_se_backward_weight_overwrite writes them: the step's only writer of
+ * the fcs' gradients, which then need no zeroing first), dx overwrites. */
 #include "internal.h"
 
 #define SE_BLOCK 128   /* outputs per accumulator block of the backward's transposed products */
@@ -72,17 +73,19 @@ static void se_tmul(double *acc, const float *w, int64_t ld, const float *v, int
 
 /* an fc's weight and bias gradients from its output gradient g [n, rows] and input v [n, cols]:
  * dw[r, t] += sum_i g[i, r] v[i, t], db[r] += sum_i g[i, r], i ascending in double; each element by one thread */
-static void se_grad_fc(float *dw, float *db, const float *g, const float *v, int64_t n, int64_t rows, int64_t cols) {
+static void se_grad_fc(float *dw, float *db, const float *g, const float *v, int64_t n, int64_t rows, int64_t cols,
+                       int overwrite) {
 #pragma omp parallel for schedule(static) if (n * rows * cols > PORT_PAR_MIN)
     for (int64_t rt = 0; rt < rows * cols + rows; rt++) {
         double acc = 0.0;
         if (rt < rows * cols) {
             int64_t r = rt / cols, t = rt % cols;
             for (int64_t i = 0; i < n; i++) acc += (double)g[i * rows + r] * v[i * cols + t];
-            dw[rt] += (float)acc;
+            dw[rt] = overwrite ? (float)acc : dw[rt] + (float)acc;
         } else {
             for (int64_t i = 0; i < n; i++) acc += g[i * rows + rt - rows * cols];
-            db[rt - rows * cols] += (float)acc;
+            float *d = db + rt - rows * cols;
+            *d = overwrite ? (float)acc : *d + (float)acc;
         }
     }
 }
@@ -137,9 +140,10 @@ port_status port_se_forward(float *y, float *h, float *z, const float *x, const 
     return PORT_OK;
 }
 
-port_status port_se_backward_weight(float *dw1, float *db1, float *dw2, float *db2, float *dh, const float *dy,
-                                    const float *x, const float *w2, const float *h, const float *z, int64_t n,
-                                    int64_t c, int64_t s, int64_t hw, int act, int gate, void *ws, size_t ws_bytes) {
+static port_status se_backward_weight(float *dw1, float *db1, float *dw2, float *db2, float *dh, const float *dy,
+                                      const float *x, const float *w2, const float *h, const float *z, int64_t n,
+                                      int64_t c, int64_t s, int64_t hw, int act, int gate, void *ws, size_t ws_bytes,
+                                      int overwrite) {
     PORT_NOTNULL(dw1); PORT_NOTNULL(db1); PORT_NOTNULL(dw2); PORT_NOTNULL(db2); PORT_NOTNULL(dh);
     PORT_NOTNULL(dy); PORT_NOTNULL(x); PORT_NOTNULL(w2); PORT_NOTNULL(h); PORT_NOTNULL(z);
     SE_CHECK_DIMS(n, c, s, hw, act, gate);
@@ -159,7 +163,7 @@ port_status port_se_backward_weight(float *dw1, float *db1, float *dw2, float *d
         dz[nc] = se_gate_grad((float)dg, z[nc], gate);
     }
     for (int64_t ij = 0; ij < n * s; ij++) a[ij] = se_act(h[ij], act);
-    se_grad_fc(dw2, db2, dz, a, n, c, s);
+    se_grad_fc(dw2, db2, dz, a, n, c, s, overwrite);
     /* da[i, j] = sum_k w2[k, j] dz[i, k], k ascending, over blocks of SE_BLOCK j's (w2's rows read in order) */
     int64_t nbj = (s + SE_BLOCK - 1) / SE_BLOCK;
 #pragma omp parallel for schedule(static) if (n * c * s > PORT_PAR_MIN)
@@ -169,8 +173,21 @@ port_status port_se_backward_weight(float *dw1, float *db1, float *dw2, float *d
         se_tmul(acc, w2 + j0, s, dz + i * c, c, nj);
         for (int64_t j = 0; j < nj; j++) dh[i * s + j0 + j] = se_act_grad((float)acc[j], h[i * s + j0 + j], act);
     }
-    se_grad_fc(dw1, db1, dh, pooled, n, s, c);
+    se_grad_fc(dw1, db1, dh, pooled, n, s, c, overwrite);
     return PORT_OK;
+}
+
+port_status port_se_backward_weight(float *dw1, float *db1, float *dw2, float *db2, float *dh, const float *dy,
+                                    const float *x, const float *w2, const float *h, const float *z, int64_t n,
+                                    int64_t c, int64_t s, int64_t hw, int act, int gate, void *ws, size_t ws_bytes) {
+    return se_backward_weight(dw1, db1, dw2, db2, dh, dy, x, w2, h, z, n, c, s, hw, act, gate, ws, ws_bytes, 0);
+}
+
+port_status port_se_backward_weight_overwrite(float *dw1, float *db1, float *dw2, float *db2, float *dh,
+                                              const float *dy, const float *x, const float *w2, const float *h,
+                                              const float *z, int64_t n, int64_t c, int64_t s, int64_t hw, int act,
+                                              int gate, void *ws, size_t ws_bytes) {
+    return se_backward_weight(dw1, db1, dw2, db2, dh, dy, x, w2, h, z, n, c, s, hw, act, gate, ws, ws_bytes, 1);
 }
 
 port_status port_se_backward_input(float *dx, const float *dy, const float *z, const float *w1, const float *dh,

@@ -78,7 +78,9 @@ def op_calls(graph: Graph, op: Op, variant: str, backend: str) -> tuple[CallSpec
         r = ops.record(op.kind)
         custom = r.calls(graph, op, variant) if r.calls is not None else None
     if custom is not None:        # the record's own mapping (a fused chain, read-modify-write, several calls)
-        return tuple(CallSpec(k, variant, backend, tuple(o), tuple(i), tuple(sorted(a.items())), tuple(cv))
+        return tuple(CallSpec(k, variant, backend, tuple(o), tuple(i), tuple(sorted(_overwrite(graph, k, o, a, backend,
+                                                                                              variant).items())),
+                              tuple(cv))
                      for k, o, i, a, cv in custom)
     attrs = dict(op.attrs)
     if may_overwrite(op.kind, backend, variant) and overwrites_gradients(graph, op):
@@ -86,10 +88,22 @@ def op_calls(graph: Graph, op: Op, variant: str, backend: str) -> tuple[CallSpec
     return (CallSpec(op.kind, variant, backend, tuple(op.outputs), tuple(op.inputs), tuple(sorted(attrs.items()))),)
 
 
+def _overwrite(graph: Graph, kernel: str, outputs, attrs: dict, backend: str, variant: str) -> dict:
+    """A fused call's attributes, with ``overwrite`` where its kernel can write its gradients and it is their only
+    writer (the squeeze-excitation weight-gradient call: the two fcs' four gradients)."""
+    if may_overwrite(kernel, backend, variant) and all(graph.writers(t) == 1 and graph.tensors[t].alias_of is None
+                                                       for t in outputs):
+        return {**attrs, "overwrite": True}
+    return dict(attrs)
+
+
 def may_overwrite(kernel: str, backend: str, variant: str) -> bool:
-    """The calls that can carry attribute ``overwrite`` (port_conv2d_backward_weight_overwrite): the C backend's
-    whole-tensor conv weight gradient; every other call accumulates into its gradients."""
-    return kernel == "conv2d.grad_weight" and backend == "c" and not variant.startswith("patch")
+    """The calls that can carry attribute ``overwrite``: the C backend's whole-tensor conv weight gradient
+    (port_conv2d_backward_weight_overwrite) and the fused squeeze-excitation weight gradient
+    (port_se_backward_weight_overwrite); every other call accumulates into its gradients."""
+    if backend != "c":
+        return False
+    return (kernel == "conv2d.grad_weight" and not variant.startswith("patch")) or kernel == "se.grad_weight"
 
 
 def overwrites_gradients(graph: Graph, op: Op) -> bool:

@@ -468,13 +468,14 @@ def _check_ids_and_zero_ranges(program: Program, slot_of: dict) -> None:
                                    f"{s.name!r} [{s.offset}, {s.offset + s.nbytes}): only parameter gradients "
                                    f"may be zeroed")
     # every persistent gradient starts the step at zero, or its writer overwrites it (only the C whole-tensor
-    # weight gradient can: port_conv2d_backward_weight_overwrite)
+    # weight gradient and the fused SE weight gradient can: port.exec.registry.may_overwrite)
     from port.exec.registry import may_overwrite
     for c in p.calls:
         if c.attr("overwrite") and not may_overwrite(c.kernel, c.backend, c.variant):
             raise ProgramError(f"call {c.index} ({c.name}): attribute 'overwrite' on a {c.backend} {c.kernel} "
-                               f"call ({c.variant}); only the C backend's whole-tensor conv2d.grad_weight "
-                               f"overwrites its gradients: drop the attribute and zero them (zero_ranges)")
+                               f"call ({c.variant}); only the C backend's whole-tensor conv2d.grad_weight and "
+                               f"se.grad_weight overwrite their gradients: drop the attribute and zero them "
+                               f"(zero_ranges)")
     written = {t for c in p.calls if c.attr("overwrite") for t in c.outputs}
     for s in roots:
         if s.role == ROLE_GRADIENT and s.offset < p.persistent_bytes and s.tensor not in written and not any(

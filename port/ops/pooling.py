@@ -177,7 +177,8 @@ def _gap_encode(kind, a, IS, OS, I, O, variant, call):
     if kind == "se":
         return Encoded("port_se_forward", tuple(O) + tuple(I), _se_iv(kind, a, IS, OS))
     if kind == "se.grad_weight":
-        return Encoded("port_se_backward_weight", tuple(O) + tuple(I), _se_iv(kind, a, IS, OS))
+        entry = "port_se_backward_weight_overwrite" if a.get("overwrite") else "port_se_backward_weight"
+        return Encoded(entry, tuple(O) + tuple(I), _se_iv(kind, a, IS, OS))
     if kind == "se.grad_input":
         return Encoded("port_se_backward_input", (O[0],) + tuple(I), _se_iv(kind, a, IS, OS))
     n, c, h, w = IS[0] if kind == "global_avg_pool2d" else OS[0]
@@ -199,7 +200,8 @@ def _gap_torch(kind, a, I, O, env):
 # Squeeze-excitation fused (issue 54): the fused variant of a global_avg_pool2d -> conv 1x1 -> act -> conv 1x1 ->
 # gate -> mul chain (port.plan.variants.FUSIONS "se"); kernels of the global_avg_pool2d record, emitted for the
 # chain's calls only (never captured as an op). attrs: act (relu | silu), gate (sigmoid | hardsigmoid).
-SE_KERNELS = {"se": ("port_se_forward",), "se.grad_weight": ("port_se_backward_weight",),
+SE_KERNELS = {"se": ("port_se_forward",),
+              "se.grad_weight": ("port_se_backward_weight", "port_se_backward_weight_overwrite"),
               "se.grad_input": ("port_se_backward_input",)}
 SE_ACTS, SE_GATES = ("relu", "silu"), ("sigmoid", "hardsigmoid")
 

@@ -127,6 +127,12 @@ def test_se_weight_gradients_accumulate_and_refusals():
     _, e1, f1, e2, f2, _ = _bwd(dy, x, w1, w2, h, z, "relu", "sigmoid")
     assert torch.equal(dw1, e1 + 1) and torch.equal(db1, f1 + 1) and torch.equal(dw2, e2 + 1) and torch.equal(db2, f2 + 1)
     assert raw.port_se_backward_weight(*args(ws.numel() * 4 - 4)) == capi.PORT_ERR_WORKSPACE
+    # the overwriting form writes the four gradients (the 1s are gone): the accumulating form's result on zeros
+    for t in (dw1, db1, dw2, db2):
+        t.fill_(7.0)
+    assert raw.port_se_backward_weight_overwrite(*args(ws.numel() * 4)) == PORT_OK
+    assert torch.equal(dw1, e1) and torch.equal(db1, f1) and torch.equal(dw2, e2) and torch.equal(db2, f2)
+    assert raw.port_se_backward_weight_overwrite(*args(ws.numel() * 4 - 4)) == capi.PORT_ERR_WORKSPACE
     wf = _ws(n, c, s, 0)
     fa = lambda yp, nn_, act, wsb: raw.port_se_forward(  # noqa: E731
         yp, h.data_ptr(), z.data_ptr(), x.data_ptr(), w1.data_ptr(), b1.data_ptr(), w2.data_ptr(), b2.data_ptr(), nn_,
@@ -148,19 +154,22 @@ def _rule(kernel, ptrs, iv, arena=1 << 16, ws=0):
 
 
 def test_port_rt_call_rule_of_se_ids_111_113():
-    """111 (y, h, z, x, w1, b1, w2, b2), 112 (dw1, db1, dw2, db2, dh, dy, x, w2, h, z), 113 (dx, dy, z, w1, dh; dx may
+    """111 (y, h, z, x, w1, b1, w2, b2), 112 and 132 (dw1, db1, dw2, db2, dh, dy, x, w2, h, z), 113 (dx, dy, z, w1, dh; dx may
     be dy); iv n, c, s, hw, act, gate; every operand inside the arena, the forward's and 112's workspace the
     kernel's query, no output over an input but dx over dy."""
     n, c, s, hw, B = 2, 5, 3, 9, 400
     iv = (n, c, s, hw, 1, 1)
-    assert [raw.port_rt_kernel_name(k).decode() for k in (111, 112, 113)] == [
-        "port_se_forward", "port_se_backward_weight", "port_se_backward_input"]
+    assert [raw.port_rt_kernel_name(k).decode() for k in (111, 112, 113, 132)] == [
+        "port_se_forward", "port_se_backward_weight", "port_se_backward_input", "port_se_backward_weight_overwrite"]
     fwd_ws, bwd_ws = n * (c + s) * 4, n * (2 * c + s) * 4
     at = [i * B for i in range(10)]
     assert _rule(111, at[:8], iv, ws=fwd_ws)[0] == 0
     assert _rule(111, at[:8], iv, ws=fwd_ws - 4)[0] != 0           # workspace short of the query
     assert _rule(111, at[:8], iv)[0] != 0                            # no workspace
     assert _rule(112, at, iv, ws=bwd_ws)[0] == 0
+    assert _rule(132, at, iv, ws=bwd_ws)[0] == 0
+    assert _rule(132, at, iv, ws=bwd_ws - 4)[0] != 0
+    assert _rule(132, at[:4] + at[5:6] + at[5:], iv, ws=bwd_ws)[0] != 0   # dh over dy
     assert _rule(113, at[:5], iv)[0] == 0
     assert _rule(113, [0, 0] + at[2:5], iv)[0] == 0                  # dx in place over dy
     assert _rule(113, [0, B, 0, 3 * B, 4 * B], iv)[0] != 0           # dx over z
