@@ -61,32 +61,34 @@ static inline double se_dot(const float *a, const float *b, int64_t n) {
     return acc;
 }
 
-/* acc[t] = sum_r v[r] w[r ld + t] for t < nb, r ascending from 0, in double (w's rows read in order) */
-static void se_tmul(double *acc, const float *w, int64_t ld, const float *v, int64_t rows, int64_t nb) {
+/* acc[t] = sum_r v[r vs] w[r ld + t] for t < nb, r ascending from 0, in double (w's rows read in order) */
+static void se_tmul(double *acc, const float *w, int64_t ld, const float *v, int64_t vs, int64_t rows, int64_t nb) {
     for (int64_t t = 0; t < nb; t++) acc[t] = 0.0;
     for (int64_t r = 0; r < rows; r++) {
         const float *wr = w + r * ld;
-        double d = v[r];
+        double d = v[r * vs];
         for (int64_t t = 0; t < nb; t++) acc[t] += (double)wr[t] * d;
     }
 }
 
 /* an fc's weight and bias gradients from its output gradient g [n, rows] and input v [n, cols]:
- * dw[r, t] += sum_i g[i, r] v[i, t], db[r] += sum_i g[i, r], i ascending in double; each element by one thread */
+ * dw[r, t] += sum_i g[i, r] v[i, t], db[r] += sum_i g[i, r], i ascending in double (dw: blocks of SE_BLOCK t's, v's
+ * rows read in order); each element by one thread.  overwrite: = instead of += */
 static void se_grad_fc(float *dw, float *db, const float *g, const float *v, int64_t n, int64_t rows, int64_t cols,
                        int overwrite) {
+    int64_t nbt = (cols + SE_BLOCK - 1) / SE_BLOCK;
 #pragma omp parallel for schedule(static) if (n * rows * cols > PORT_PAR_MIN)
-    for (int64_t rt = 0; rt < rows * cols + rows; rt++) {
+    for (int64_t rb = 0; rb < rows * nbt; rb++) {
+        int64_t r = rb / nbt, t0 = rb % nbt * SE_BLOCK, nt = PORT_MIN(SE_BLOCK, cols - t0);
+        double acc[SE_BLOCK];
+        se_tmul(acc, v + t0, cols, g + r, rows, n, nt);
+        float *d = dw + r * cols + t0;
+        for (int64_t t = 0; t < nt; t++) d[t] = overwrite ? (float)acc[t] : d[t] + (float)acc[t];
+    }
+    for (int64_t r = 0; r < rows; r++) {
         double acc = 0.0;
-        if (rt < rows * cols) {
-            int64_t r = rt / cols, t = rt % cols;
-            for (int64_t i = 0; i < n; i++) acc += (double)g[i * rows + r] * v[i * cols + t];
-            dw[rt] = overwrite ? (float)acc : dw[rt] + (float)acc;
-        } else {
-            for (int64_t i = 0; i < n; i++) acc += g[i * rows + rt - rows * cols];
-            float *d = db + rt - rows * cols;
-            *d = overwrite ? (float)acc : *d + (float)acc;
-        }
+        for (int64_t i = 0; i < n; i++) acc += g[i * rows + r];
+        db[r] = overwrite ? (float)acc : db[r] + (float)acc;
     }
 }
 
@@ -170,7 +172,7 @@ static port_status se_backward_weight(float *dw1, float *db1, float *dw2, float 
     for (int64_t ib = 0; ib < n * nbj; ib++) {
         int64_t i = ib / nbj, j0 = ib % nbj * SE_BLOCK, nj = PORT_MIN(SE_BLOCK, s - j0);
         double acc[SE_BLOCK];
-        se_tmul(acc, w2 + j0, s, dz + i * c, c, nj);
+        se_tmul(acc, w2 + j0, s, dz + i * c, 1, c, nj);
         for (int64_t j = 0; j < nj; j++) dh[i * s + j0 + j] = se_act_grad((float)acc[j], h[i * s + j0 + j], act);
     }
     se_grad_fc(dw1, db1, dh, pooled, n, s, c, overwrite);
@@ -201,7 +203,7 @@ port_status port_se_backward_input(float *dx, const float *dy, const float *z, c
     for (int64_t ib = 0; ib < n * nbk; ib++) {
         int64_t i = ib / nbk, k0 = ib % nbk * SE_BLOCK, nk = PORT_MIN(SE_BLOCK, c - k0);
         double acc[SE_BLOCK];
-        se_tmul(acc, w1 + k0, c, dh + i * s, s, nk);
+        se_tmul(acc, w1 + k0, c, dh + i * s, 1, s, nk);
         for (int64_t k = 0; k < nk; k++) {
             int64_t nc = i * c + k0 + k;
             float gm = (float)acc[k] / (float)hw, g = se_gate(z[nc], gate);   /* the pool's gradient, the gate */
