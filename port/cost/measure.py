@@ -778,57 +778,60 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
         book = books[pi] if pi < len(books) else None
         if book == LATER:
             booked_before = set(seen)
+        mine: dict[tuple[str, str, str], list[float]] = {}
         try:
             prog = lower(graph, plan, check_digest=False)
+            backends = {c.backend for c in prog.calls} - {"host"}
+            if backends == {"c"}:
+                rt_accs.update(d.accelerator for d in plan.ops)
+            runner = get_runner(sorted(backends)[0], graph, None, seed=seed)
+            ex = Executor(prog)
+            ex.state.opt, ex.state.step = runner.state.opt, runner.state.step
+            init_parameters(graph, ex, gen)
+            x = torch.randn(ex.input.shape, generator=gen) if ex.input.dtype.is_floating_point \
+                else torch.zeros(ex.input.shape, dtype=ex.input.dtype)       # token ids: id 0
+            ex.input.copy_(x)
+            y = None
+            if ex.labels is not None:
+                y = torch.randint(0, graph.tensors[graph.logits_id].shape[-1], ex.labels.shape, generator=gen)
+                ex.labels.copy_(y)
+            def untimed_ms() -> float:     # one step as Trainer.step runs it
+                t0 = _time.perf_counter()
+                ex.zero_grads()
+                ex.input.copy_(x)
+                if y is not None:
+                    ex.labels.copy_(y)
+                ex.run_main()
+                if ex.labels is not None:
+                    float(ex.loss)
+                ex.run_updates()
+                return (_time.perf_counter() - t0) * 1e3
+
+            diffs = []
+            timed_ms, k = 0.0, -1
+            while True:
+                k += 1
+                if k > steps and (timed_ms >= min_ms or k > max(steps, max_steps)):
+                    break
+                ex.zero_grads()
+                r = ex.run(timing=True)
+                if k == 0:
+                    continue
+                timed_ms += r["total_ms"]
+                counts[pi] = k
+                for key, ms in in_program_times(graph, plan, r["calls"]).items():
+                    if isinstance(book, frozenset) and key[1] not in book or book == LATER and key in booked_before:
+                        continue
+                    mine.setdefault(key, []).append(ms)
+                if pi == 0:   # paired with the timed step just run: a load change between them cancels out
+                    diffs.append(untimed_ms() - r["total_ms"])
         except Exception as e:  # noqa: BLE001 - a mixed plan is an extra context; the others stand without it
             if not isinstance(book, frozenset):
                 raise
             notes_skipped.append(f"mixed plan {pi} not re-timed ({type(e).__name__}: {str(e)[:120]})")
             continue
-        backends = {c.backend for c in prog.calls} - {"host"}
-        if backends == {"c"}:
-            rt_accs.update(d.accelerator for d in plan.ops)
-        runner = get_runner(sorted(backends)[0], graph, None, seed=seed)
-        ex = Executor(prog)
-        ex.state.opt, ex.state.step = runner.state.opt, runner.state.step
-        init_parameters(graph, ex, gen)
-        x = torch.randn(ex.input.shape, generator=gen) if ex.input.dtype.is_floating_point \
-            else torch.zeros(ex.input.shape, dtype=ex.input.dtype)       # token ids: id 0
-        ex.input.copy_(x)
-        y = None
-        if ex.labels is not None:
-            y = torch.randint(0, graph.tensors[graph.logits_id].shape[-1], ex.labels.shape, generator=gen)
-            ex.labels.copy_(y)
-        def untimed_ms() -> float:     # one step as Trainer.step runs it
-            t0 = _time.perf_counter()
-            ex.zero_grads()
-            ex.input.copy_(x)
-            if y is not None:
-                ex.labels.copy_(y)
-            ex.run_main()
-            if ex.labels is not None:
-                float(ex.loss)
-            ex.run_updates()
-            return (_time.perf_counter() - t0) * 1e3
-
-        diffs = []
-        timed_ms, k = 0.0, -1
-        while True:
-            k += 1
-            if k > steps and (timed_ms >= min_ms or k > max(steps, max_steps)):
-                break
-            ex.zero_grads()
-            r = ex.run(timing=True)
-            if k == 0:
-                continue
-            timed_ms += r["total_ms"]
-            counts[pi] = k
-            for key, ms in in_program_times(graph, plan, r["calls"]).items():
-                if isinstance(book, frozenset) and key[1] not in book or book == LATER and key in booked_before:
-                    continue
-                seen.setdefault(key, []).append(ms)
-            if pi == 0:   # paired with the timed step just run: a load change between them cancels out
-                diffs.append(untimed_ms() - r["total_ms"])
+        for key, v in mine.items():
+            seen.setdefault(key, []).extend(v)
         if diffs:
             overhead = st.median(diffs)
     prof, notes = (profile, {}) if overhead_only else apply_in_program(graph, profile, seen, fresh)
