@@ -24,26 +24,38 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 _ZOO: dict = {}
+ZOO_NAMES = ("torchvision", "timm", "transformers", "peft")
+_TRIED: set = set()
 
 
-def import_zoo() -> dict:
-    """{"torchvision", "timm", "transformers", "peft"} modules that import here (absent ones left out)."""
-    if _ZOO:
-        return _ZOO
+def import_zoo(names: tuple[str, ...] = ZOO_NAMES) -> dict:
+    """{"torchvision", "timm", "transformers", "peft"} modules that import here (absent ones left out); ``names``:
+    only these (a worker that builds one model imports its own zoo: transformers alone is ~2 s of CPU)."""
     import torch
-    try:
-        torch.ops.torchvision.nms          # noqa: B018 - a working torchvision already registered it
-    except (AttributeError, RuntimeError):
-        lib = torch.library.Library("torchvision", "DEF")   # noqa: F841 - kept alive in _ZOO
-        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        lib.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
-        _ZOO["_lib"] = lib
-    for name in ("torchvision", "timm", "transformers", "peft"):
+    if "_lib" not in _ZOO:
+        try:
+            torch.ops.torchvision.nms          # noqa: B018 - a working torchvision already registered it
+            _ZOO["_lib"] = None
+        except (AttributeError, RuntimeError):
+            lib = torch.library.Library("torchvision", "DEF")   # kept alive in _ZOO
+            lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+            lib.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
+            _ZOO["_lib"] = lib
+    for name in names:
+        if name in _TRIED:
+            continue
+        _TRIED.add(name)
         try:
             _ZOO[name] = __import__(name)
         except Exception:  # noqa: BLE001 - not installed, or an import that fails here
             pass
     return _ZOO
+
+
+def zoo_of(family: str) -> tuple[str, ...]:
+    """The zoo packages a model of ``family`` (a Spec's) is built from."""
+    return {"torchvision": ("torchvision",), "timm": ("timm",), "transformers": ("transformers",),
+            "peft": ("transformers", "peft")}.get(family, ())
 
 
 @dataclass(frozen=True)
@@ -68,7 +80,7 @@ def _seed():
 def _tv(name: str, **kw):
     def build():
         _seed()
-        tv = import_zoo()["torchvision"]
+        tv = import_zoo(("torchvision",))["torchvision"]
         return getattr(tv.models, name)(weights=None, num_classes=10, **kw)
     return build
 
@@ -76,14 +88,14 @@ def _tv(name: str, **kw):
 def _timm(name: str, **kw):
     def build():
         _seed()
-        return import_zoo()["timm"].create_model(name, pretrained=False, num_classes=10, **kw)
+        return import_zoo(("timm",))["timm"].create_model(name, pretrained=False, num_classes=10, **kw)
     return build
 
 
 def _hf(config_cls: str, model_cls: str, peft_targets: tuple[str, ...] = (), **cfg):
     def build():
         _seed()
-        tr = import_zoo()["transformers"]
+        tr = import_zoo(("transformers",))["transformers"]
         c = getattr(tr, config_cls)(**cfg)
         for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout",
                   "resid_pdrop", "embd_pdrop", "attn_pdrop", "seq_classif_dropout", "classifier_dropout"):
@@ -91,7 +103,7 @@ def _hf(config_cls: str, model_cls: str, peft_targets: tuple[str, ...] = (), **c
                 setattr(c, k, 0.0)
         m = getattr(tr, model_cls)(c)
         if peft_targets:
-            pf = import_zoo()["peft"]
+            pf = import_zoo(("peft",))["peft"]
             m = pf.get_peft_model(m, pf.LoraConfig(r=4, lora_alpha=8, target_modules=list(peft_targets),
                                                    lora_dropout=0.0))
         return m          # returns its ModelOutput as is: PORT takes ``.logits``
@@ -457,34 +469,101 @@ class PredictRow:
     measured_ms: float = 0.0
     profile_s: float = 0.0
     error: str = ""
+    # where the time went: CPU seconds (this process and its waited-for children: the capture's fork) per phase
+    # (load-proof, unlike wall time), the wall seconds of the whole row, and the profile's figures
+    cpu_s: dict = field(default_factory=dict)
+    wall_s: float = 0.0
+    entries: dict = field(default_factory=dict)     # measured / reused (shared cache) / modeled, block_ms
 
     @property
     def rel_error(self) -> float:
         return (self.measured_ms - self.predicted_ms) / self.predicted_ms if self.predicted_ms else float("nan")
 
 
-def predict(spec: Spec, steps: int = 15, max_profile_s: float = 300.0) -> PredictRow:
-    """The plan held to what runs, on a model nobody tuned for: ``port.profile`` (the default, full profile: the
-    quick one's few short blocks are 20-50% off on millisecond steps on this VM) on ``host``, then
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its finished children (resource.getrusage)."""
+    import resource
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
+# the profile's timing settings under a per-model budget: each entry costs its warm-up plus its blocks, up to half
+# again for noisy entries' extra blocks (port.cost.measure.EXTRA_TIME_FRACTION), and its set-up; blocks shorter than
+# MIN_BLOCK_MS time the timer more than the kernel; under FEW_BLOCKS_BELOW_MS an entry gets 3 blocks, not 5
+MIN_BLOCK_MS, FEW_BLOCKS_BELOW_MS, ENTRY_SETUP_MS, PROFILE_SHARE_OF_ROW = 2.0, 25.0, 4.0, 0.6
+
+
+def profile_settings(n_entries: int, budget_s: float | None) -> dict:
+    """port.profile's keyword arguments that time ``n_entries`` entries in about ``budget_s`` seconds (None: the
+    default, full profile): 5 blocks (3 when an entry's share is under FEW_BLOCKS_BELOW_MS), each up to the
+    default's 20 ms and at least MIN_BLOCK_MS, warm-up half a block, no per-entry peak-memory runs (accounting a
+    plan at the device's memory does not bind on), and a hard stop at twice the budget (entries past it are
+    modeled, and counted)."""
+    from port.cost.measure import DEFAULT_BLOCK_MS, DEFAULT_BLOCKS, DEFAULT_WARMUP_MS, EXTRA_TIME_FRACTION, QUICK_BLOCKS
+    if budget_s is None:
+        return {}
+    per_entry_ms = 1e3 * budget_s / max(1, n_entries) / (1 + EXTRA_TIME_FRACTION) - ENTRY_SETUP_MS
+    blocks = DEFAULT_BLOCKS if per_entry_ms >= FEW_BLOCKS_BELOW_MS else QUICK_BLOCKS
+    block_ms = max(MIN_BLOCK_MS, min(DEFAULT_BLOCK_MS, per_entry_ms / (blocks + 0.5)))
+    return {"blocks": blocks, "block_ms": round(block_ms, 2), "peak_memory": False, "max_time_s": 2 * budget_s,
+            "warmup_ms": round(min(DEFAULT_WARMUP_MS, block_ms / 2), 2)}
+
+
+def predict(spec: Spec, steps: int = 15, max_profile_s: float = 300.0, budget_s: float | None = None,
+            cache: str | None = None) -> PredictRow:
+    """The plan held to what runs, on a model nobody tuned for: ``port.profile`` on ``host``, then
     ``port.solve`` (device memory), then port.Trainer with that plan; the plan's predicted step against the median
     of ``steps`` measured steps (after 3 warm-up steps), as a user would run it (no --replan), at the profile's
-    thread count."""
+    thread count. ``budget_s`` (None: the default, full profile): the row's time budget; the profile's isolated
+    timing gets PROFILE_SHARE_OF_ROW of it, spread over the entries it measures (:func:`profile_settings`; the
+    program-order re-timing that prices the default plans' entries is the same as in a full profile). ``cache``: a
+    profile file shared by the rows of one run (entries of the same op key measured by an earlier model are reused,
+    this model's measured entries are merged into it). The engine footprints are not measured (PORT_PROFILE_ENGINE=0,
+    set by bench/coverage.py: memory accounting that a plan at the device's memory does not bind)."""
     import statistics
+    from pathlib import Path
     import port
+    from port.config import load_device
+    from port.cost.io import load_profile, merge_profiles, save_profile
+    from port.cost.measure import entry_keys, profile_with_report
     from port.train.optim import SGD
     row = PredictRow(spec.name)
-    model = deterministic(spec.build())
-    x, y = batch_of(spec)
+    w0 = time.perf_counter()
+    c = cpu_seconds()
+
+    def lap(phase: str) -> None:
+        nonlocal c
+        now = cpu_seconds()
+        row.cpu_s[phase] = round(now - c, 2)
+        c = now
     try:
+        model = deterministic(spec.build())
+        x, y = batch_of(spec)
+        lap("build")
         g = port.trace(model, x, optimizer="sgd_momentum")
+        lap("trace")
+        dev = load_device("host")
+        cp = load_profile(cache, device=dev.name) if cache and Path(cache).is_file() else None
+        keys = entry_keys(g, dev)
+        have = {(e.signature, e.accelerator, e.variant) for e in cp.entries if e.measured} if cp else set()
+        todo = sum(1 for k in keys if k not in have)
+        kw = profile_settings(todo, None if budget_s is None else PROFILE_SHARE_OF_ROW * budget_s)
+        kw.setdefault("max_time_s", max_profile_s)
         t0 = time.perf_counter()
-        prof = port.profile(g, "host", max_time_s=max_profile_s)
+        prof, rep = profile_with_report(g, "host", cache=cp, **kw)
         row.profile_s = time.perf_counter() - t0
+        row.entries = {"measured": rep.measured, "reused": rep.reused, "modeled": rep.budget_modeled + len(rep.failed),
+                       "blocks": kw.get("blocks", 5), "block_ms": kw.get("block_ms", 20.0)}
+        lap("profile")
+        if cache:
+            save_profile(merge_profiles([cp, prof]) if cp else prof, cache)
         plan = port.solve(g, prof, None, time_limit_s=30)
+        lap("solve")
         # the thread count the profile was taken with: the plan's times hold for it (Trainer's default governor
         # moves to fewer threads when that is faster: then the run is not the plan's)
         threads = int(dict(prof.host).get("threads.cpu-c", 0)) or "auto"
         tr = port.Trainer(model, x, plan=plan, optimizer=SGD(1e-3, momentum=0.9), threads=threads)
+        lap("trainer")
         for _ in range(3):
             tr.step(x, y)
         ts = []
@@ -493,8 +572,10 @@ def predict(spec: Spec, steps: int = 15, max_profile_s: float = 300.0) -> Predic
             tr.step(x, y)
             ts.append((time.perf_counter() - t1) * 1e3)
         row.predicted_ms, row.measured_ms = plan.predicted_step_ms, statistics.median(ts)
+        lap("steps")
     except Exception as e:  # noqa: BLE001 - reported in the table
         row.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    row.wall_s = round(time.perf_counter() - w0, 2)
     return row
 
 

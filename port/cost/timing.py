@@ -22,6 +22,7 @@ class TimingTask:
     reps: int = 1                    # runs per block (set by warm-up)
     block_ms: list[float] = field(default_factory=list)   # mean ms per run, one per block
     warm: bool = False
+    warm_ms: float = 0.0             # warm-up's clean estimate (ms per run, its last runs)
 
 
 def warm_up(task: TimingTask, warmup_ms: float, target_block_ms: float, max_reps: int = 100000) -> float:
@@ -45,7 +46,7 @@ def warm_up(task: TimingTask, warmup_ms: float, target_block_ms: float, max_reps
     task.sync()
     per = max((time.perf_counter() - t1) * 1e3 / m, 1e-5)
     task.reps = int(min(max_reps, max(1, math.ceil(target_block_ms / per))))
-    task.warm = True
+    task.warm, task.warm_ms = True, per
     return per
 
 

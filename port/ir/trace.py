@@ -187,9 +187,12 @@ def capture_key(model: Any, example_input: Any, settings: tuple) -> str | None:
     mode, plain attributes (flags such as ``causal``, a Hugging Face config) and hooks, the parameters' and
     buffers' names, shapes, dtypes, requires_grad and tying, the example inputs' names, shapes and dtypes, and
     the trace settings. Not the weights' values, which a capture does not read (tensor attributes that are
-    neither parameters nor buffers are captured as constants: their values are part of the key). None when a
-    module holds something the key cannot describe (an instance-level ``forward``, hooks)."""
+    neither parameters nor buffers are captured as constants: their values are part of the key). Dicts and lists
+    of plain data count by their JSON text (every timm and Hugging Face model holds some: without them no such
+    model's capture was ever reused, and a Trainer after ``port.trace`` captured it again). None when a
+    module holds something the key cannot describe (an instance-level ``forward``, hooks, other objects)."""
     import hashlib
+    import json
     import torch
     h = hashlib.sha256()
 
@@ -213,6 +216,11 @@ def capture_key(model: Any, example_input: Any, settings: tuple) -> str | None:
                 put(k, v.to_json_string())
             elif callable(v) or isinstance(v, torch.dtype):
                 put(k, id(v) if callable(v) else str(v))
+            elif isinstance(v, (dict, tuple, list)):
+                try:     # configuration kept as plain data (timm's pretrained_cfg and feature_info, HF's tied keys)
+                    put(k, json.dumps(v, sort_keys=True))
+                except (TypeError, ValueError):
+                    return None
             else:
                 return None
     first: dict[int, str] = {}

@@ -79,17 +79,20 @@ def step_overhead_ms(profile: Profile) -> float:
     return _host_ms(profile, STEP_OVERHEAD_KEY)
 
 
-def rt_dispatch_saving_ms(plan: Plan, graph: Graph, profile: Profile, calls: int, paged: bool) -> float:
+def rt_dispatch_saving_ms(plan: Plan, graph: Graph, profile: Profile, call_ms: list[float], paged: bool) -> float:
     """The per-call dispatch of the Python executor that the whole-step C engine (port.exec.rtengine) does not
-    pay, over ``calls`` calls: the profile's op times were taken through the Python executor, each with that
-    dispatch in it (host ``executor.call_dispatch_us``), and a Trainer runs a plan on the rt engine when every op
-    sits on the C kernels' accelerator (host ``executor.rt_accelerators``), the graph has one input and nothing
-    is paged (port.exec.rtengine.eligible's rules that a plan decides; micro-batching is the Trainer's). Else 0."""
+    pay, over the calls priced ``call_ms``: the profile's op times were taken through the Python executor, each
+    with that dispatch in it (host ``executor.call_dispatch_us``), and a Trainer runs a plan on the rt engine when
+    every op sits on the C kernels' accelerator (host ``executor.rt_accelerators``), the graph has one input and
+    nothing is paged (port.exec.rtengine.eligible's rules that a plan decides; micro-batching is the Trainer's).
+    Else 0. A call saves at most its own price: views and fused-away ops (priced 0) run no call, and a dispatch
+    figure taken on a loaded machine must not price a step below nothing (hf.bert_seqcls, load 6: 25 us a call,
+    the plan's step predicted -1.1 ms)."""
     us = _host_ms(profile, CALL_DISPATCH_KEY)
     rt = {a for a in dict(profile.host).get(RT_ACCELERATORS_KEY, "").split(",") if a}
     if not us or not rt or paged or graph.extra_inputs or any(d.accelerator not in rt for d in plan.ops):
         return 0.0
-    return calls * us / 1e3
+    return sum(min(us / 1e3, ms) for ms in call_ms if ms > 0)
 
 
 def queued_accelerators(plan: Plan) -> frozenset[str]:
@@ -287,7 +290,8 @@ def simulate(plan: Plan, graph: Graph, profile: Profile, own: dict[str, str] | N
         names = names + (f"engines of {', '.join(a for a in dict.fromkeys(d.accelerator for d in plan.ops) if profile.engine_bytes_of(a))} "
                          f"outside the arena ({E} B)",)
     names = names + (f"static: parameters/buffers/gradients/optimizer state/input ({S} B)",)
-    over = step_overhead_ms(profile) - rt_dispatch_saving_ms(plan, graph, profile, len(steps), sch.paged)
+    over = step_overhead_ms(profile) - rt_dispatch_saving_ms(plan, graph, profile,
+                                                             [costs[oid].latency_ms for _k, oid in steps], sch.paged)
     return SimResult(
         step_ms=comp + rcomp + hand + pagems + over, peak_bytes=timeline[pk], timeline=tuple(timeline),
         steps=tuple(steps), peak_step=pk, peak_tensors=names, static_bytes=S,

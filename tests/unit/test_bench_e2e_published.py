@@ -120,3 +120,28 @@ def test_a_memory_only_run_shows_its_growth(e2e):
     d = e2e.speed_record(row)
     assert "ratio" not in d and "memory only" in d["error"] and d["mem_ratio"] == pytest.approx(0.7)
     assert "| 70.0 / 100.0 (0.70) | NOT met |" in e2e.speed_table([d], "x")
+
+
+def test_predict_profile_settings_fit_the_row_budget(published):
+    """bench/coverage.py --predict all (issue 52): a row's profile is timed within its share of the run's budget:
+    blocks shortened from the default's 20 ms (3 of them, not 5, on models with many entries), never under
+    MIN_BLOCK_MS, no per-entry peak-memory runs, a hard stop at twice the budget; no budget: the full profile."""
+    from port.cost.measure import EXTRA_TIME_FRACTION
+    P = published
+    assert P.profile_settings(500, None) == {}
+    small = P.profile_settings(50, 12.0)                    # a small net: the default's blocks fit
+    assert (small["blocks"], small["block_ms"], small["warmup_ms"]) == (5, 20.0, 10.0)
+    for n in (300, 1000, 2500):
+        s = P.profile_settings(n, 12.0)
+        assert s["peak_memory"] is False and s["max_time_s"] == 24.0
+        assert P.MIN_BLOCK_MS <= s["block_ms"] < 20.0 and s["warmup_ms"] == pytest.approx(s["block_ms"] / 2, abs=0.01)
+        per_entry_ms = (s["warmup_ms"] + s["blocks"] * s["block_ms"]) * (1 + EXTRA_TIME_FRACTION) + P.ENTRY_SETUP_MS
+        assert n * per_entry_ms / 1e3 <= 12.0 or s["block_ms"] == P.MIN_BLOCK_MS
+    assert P.profile_settings(1000, 12.0)["blocks"] == 3
+    assert P.profile_settings(2500, 12.0)["block_ms"] == P.MIN_BLOCK_MS      # past the budget: the hard stop models
+
+
+def test_a_model_imports_its_own_zoo(published):
+    assert published.zoo_of("hand-written") == ()
+    assert published.zoo_of("peft") == ("transformers", "peft")
+    assert {published.zoo_of(s.family) != () for s in published.MODELS.values()} == {True, False}

@@ -190,3 +190,24 @@ def test_a_cached_capture_survives_its_batch_filling_the_cache(monkeypatch):
     first = T.trace(a, x)
     got = T.trace_many([dict(model=a, example_input=x), dict(model=b, example_input=x)])
     assert got[0] == first and len(T._CACHE) == 1
+
+
+def test_modules_holding_plain_data_dicts_are_captured_once(monkeypatch):
+    """A module attribute that is a dict or list of plain data (timm's pretrained_cfg, Hugging Face's tied-weight
+    keys) is part of the capture key by its JSON text (issue 52): the second capture of such a model is the cached
+    one (it used to make the key None: a Trainer after port.trace captured every timm and HF model again); a
+    different value is another key, and an attribute the key cannot describe still disables the cache."""
+    import port.ir.trace as T
+    monkeypatch.setattr(T, "_CACHE", type(T._CACHE)())
+    m = _NotConstant()
+    m.cfg = {"url": "", "input_size": (3, 8, 8), "mean": [0.5, 0.5, 0.5]}
+    x = torch.randn(4, 5)
+    key = T.capture_key(m, x, ())
+    assert key is not None and T.capture_key(m, x, ()) == key
+    T.trace(m, x)
+    monkeypatch.setattr(T, "_in_child", lambda *a, **k: pytest.fail("captured again"))
+    T.trace(m, x)
+    m.cfg["input_size"] = (3, 9, 9)
+    assert T.capture_key(m, x, ()) not in (None, key)
+    m.cfg["obj"] = object()
+    assert T.capture_key(m, x, ()) is None

@@ -69,6 +69,23 @@ def test_one_row_per_section_with_its_headline():
     assert len(real) - 2 == len(H.sections(H.RESULTS.read_text())) >= 15
 
 
+def test_the_predicted_vs_measured_headline():
+    """bench/coverage.py --predict's section ends with "within 15%: N/M" (issue 52), parsed as its headline."""
+    text = RESULTS + """
+## Coverage: predicted vs measured
+
+`python bench/coverage.py --predict all` (2026-11-29).
+
+| model | predicted step ms | measured step ms (median of 15) | measured vs predicted |
+|---|---|---|---|
+| hand.se_cat_net | 0.40 | 0.43 | +7.5% |
+
+Predicted-vs-measured headline: within 15%: 45/46 models (target: all), 46 ran.
+"""
+    assert H.table(text).splitlines()[-1] == ("| Coverage: predicted vs measured | `bench/coverage.py` | within 15%: "
+                                              "45/46 models (target: all), 46 ran. |")
+
+
 def test_a_section_without_headline_is_refused():
     with pytest.raises(H.HeadlineError, match="'## Graph' ends without a headline"):
         H.table("## Graph\n\n| a |\n|---|\n| 1 |\n")

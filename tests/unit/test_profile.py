@@ -405,3 +405,66 @@ def test_program_order_retiming_runs_on_initialised_parameters(graph):
         else:
             assert float(v.abs().max()) < 0.6 and float(v.std()) > 0, t.name
     assert torch.equal(ex.arena[~written], before[~written])     # activations, gradients, state: untouched
+
+
+def test_torch_entries_are_retimed_between_c_calls(graph, host_profile, monkeypatch):
+    """On a device with the C and the torch engine, the torch engine's entries are priced in mixed programs (issue
+    52: torch ops that a solved plan puts between C calls ran 1.3-3x their time in the all-torch program they were
+    priced from): two plans, the C engine's all-plain plan with every other op it runs on the torch engine (even
+    ops in one, odd in the other: together every such op once), both lowered and run; a mixed plan books only the
+    torch entries it ran, and the all-torch plan after it (LATER) only entries the mixed ones did not run."""
+    from port.config import load_device
+    from port.cost import measure as M
+    from port.lower.lower import default_plan, lower
+    from port.plan.types import Plan
+    prof = host_profile[0]
+    dev = load_device("host")
+    plans, t = M.mixed_plans(graph, prof, dev, {"cpu-c": None, "cpu-torch": None})
+    assert t == "cpu-torch" and len(plans) == 2
+    on_c = {d.op for d in default_plan(graph, "c", fuse=False, inplace=False).ops if d.accelerator == "cpu-c"}
+    moved = [{d.op for d in p.ops if d.accelerator == t and d.op in on_c} for p in plans]
+    assert moved[0] and moved[1] and not moved[0] & moved[1] and moved[0] | moved[1] == on_c
+    for p in plans:
+        assert any(d.accelerator == "cpu-c" for d in p.ops)
+        lower(graph, p, check_digest=False)
+    assert M.mixed_plans(graph, prof, dev, {"cpu-torch": None}) == ([], "")      # no C engine: nothing to mix
+
+    # which plan booked what: each plan's in-program times are its own constant
+    tp = Plan(graph.digest(), prof.digest(), 0, tuple(type(d)(d.op, t, "plain")
+                                                       for d in default_plan(graph, "torch-cpu").ops),
+              batch_size=graph.batch_size)
+    mark = {id(plans[0]): 101.0, id(tp): 202.0}
+    real = M.in_program_times
+    monkeypatch.setattr(M, "in_program_times", lambda g, plan, rows: {k: mark[id(plan)]
+                                                                    for k in real(g, plan, rows)})
+    got, _ = M.calibrate_in_program(graph, prof, [plans[0], tp], books=[frozenset({t}), M.LATER], min_ms=0.0)
+    after = {(e.signature, e.accelerator, e.variant): e.latency_ms for e in got.entries}
+
+    timed = {(e.signature, e.accelerator, e.variant) for e in prof.entries if e.latency_ms > 0}
+
+    def keys(p):        # the entries a plan runs a call of (views run none: priced 0, never re-timed)
+        return {(graph.signature(o), p.ops[o.id].accelerator, p.ops[o.id].variant) for o in graph.ops} & timed
+    ran_t = {k for k in keys(plans[0]) if k[1] == t}
+    assert ran_t and all(after[k] == 101.0 for k in ran_t)
+    assert all(after[k] != 101.0 for k in keys(plans[0]) - ran_t)             # its C entries: not booked
+    assert keys(tp) - ran_t and all(after[k] == 202.0 for k in keys(tp) - ran_t)
+
+
+def test_entries_warmed_up_before_the_budget_ran_out_keep_their_warm_up_estimate(graph, monkeypatch):
+    """A chunk warms all its entries up before their blocks; when ``max_time_s`` runs out in between, a warmed
+    entry is priced by its warm-up's estimate (one sample), not modeled by the roofline (issue 52: under load
+    bench/coverage.py --predict's capped profiles measured 2 of 915 entries)."""
+    import time as _t
+    from port.cost import measure as M
+    real = M.warm_up
+
+    def slow(task, *a, **k):          # the first warm-up takes the whole budget
+        out = real(task, *a, **k)
+        _t.sleep(0.6)
+        return out
+    monkeypatch.setattr(M, "warm_up", slow)
+    prof, rep = profile_with_report(graph, "host", accelerators=("cpu-c",), max_time_s=0.5, program_order=False,
+                                    calibrate_peaks=False, handoff=False, peak_memory=False, **FAST)
+    timed = [e for e in prof.entries if e.measured]
+    assert len(timed) == 1 and timed[0].samples == 1 and timed[0].latency_ms > 0, timed
+    assert rep.measured == 1 and rep.budget_modeled == len([e for e in prof.entries if e.accelerator == "cpu-c"]) - 1

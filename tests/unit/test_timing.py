@@ -47,9 +47,16 @@ def test_plans_the_rt_engine_runs_are_priced_without_the_python_dispatch(graph):
     rec = replace(prof, host=tuple(sorted({**dict(prof.host), SIM.CALL_DISPATCH_KEY: "2.0",
                                            SIM.RT_ACCELERATORS_KEY: "cpu-c"}.items())), _index={})
     base, rt = SIM.simulate(plan, graph, prof), SIM.simulate(plan, graph, rec)
-    saving = len(base.steps) * 2.0 / 1e3
-    assert saving > 0 and rt.step_ms == pytest.approx(base.step_ms - saving)
+    costs = SIM._costs(graph, prof, plan)          # the simulator's price per op (a fused chain's on its call op)
+    priced = [costs[oid].latency_ms for _k, oid in base.steps]
+    saving = sum(min(2.0 / 1e3, ms) for ms in priced if ms > 0)      # a call saves at most its price
+    assert 0 < saving < len(base.steps) * 2.0 / 1e3       # views and fused-away ops (priced 0) run no call
+    assert rt.step_ms == pytest.approx(base.step_ms - saving)
     assert rt.breakdown["overhead_ms"] == pytest.approx(1.25 - saving)
+    # a dispatch figure from a loaded machine saves at most each call's price: never a step below its overhead
+    huge = replace(rec, host=tuple(sorted({**dict(rec.host), SIM.CALL_DISPATCH_KEY: "1e9"}.items())), _index={})
+    assert SIM.simulate(plan, graph, huge).step_ms == pytest.approx(base.step_ms - sum(priced))
+    assert base.step_ms - sum(priced) == pytest.approx(1.25)
     last = plan.ops[-1]
     mixed = replace(plan, ops=plan.ops[:-1] + (type(last)(last.op, "cpu-torch", "plain"),))
     assert SIM.simulate(mixed, graph, rec).step_ms == pytest.approx(SIM.simulate(mixed, graph, prof).step_ms)
