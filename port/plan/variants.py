@@ -571,6 +571,50 @@ def _se_nonmat(graph: Graph, ch: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
+RMSLIN_BLOCK_ROWS = 256       # rows of x each rmsnorm_linear call normalises at a time (its workspace: 256 x in)
+
+
+def _rmsnorm_linear(graph: Graph, op: Op) -> tuple[int, ...] | None:
+    """(norm, linears..., their weight-gradient ops...) in program order when rms_norm's output y is read only by
+    forward linears (as their input x; one or more: Llama's q/k/v, gate/up or lm_head) and, in training, by those
+    linears' weight-gradient ops (each computing the weight's gradient): no view of y, y no graph input or output.
+    The norm's own gradient ops read x, rstd and the linears' summed input gradient, not y: not members."""
+    if op.kind != "rms_norm" or op.phase != PHASE_FORWARD or len(op.outputs) != 2:
+        return None
+    T, y = graph.tensors, op.outputs[0]
+    if T[y].alias_of is not None or any(t.alias_of == y for t in T) or y in (graph.loss_id, graph.logits_id) \
+            or y in graph.input_ids or T[y].role != "activation":
+        return None
+    readers = [graph.ops[i] for i in graph.consumers().get(y, ())]
+    lins = [o for o in readers if o.kind == "linear" and o.phase == PHASE_FORWARD]
+    if not lins or any(o.inputs[0] != y or y in o.inputs[1:] or len(o.outputs) != 1 for o in lins):
+        return None
+    ids = {o.id for o in lins}
+    gws = [o for o in readers if o.id not in ids]
+    if any(o.kind != "linear.grad_weight" or o.forward_op not in ids or tuple(o.inputs[1:]) != (y,)
+           or "weight" not in (o.attr("grads") or ()) for o in gws):
+        return None
+    if len({o.forward_op for o in gws}) != len(gws):
+        return None
+    return (op.id,) + tuple(sorted(ids)) + tuple(sorted(o.id for o in gws))
+
+
+def _rmsnorm_linear_calls(graph: Graph, ch: "Chain", op: Op) -> list:
+    """The norm runs rmsnorm_linear.stats (rstd from x); each linear rmsnorm_linear (its output from x, rstd, the
+    norm's weight and its own); each weight-gradient op rmsnorm_linear.grad_weight (its gradients from dy, x, rstd
+    and the norm's weight)."""
+    norm = graph.ops[ch.ops[0]]
+    x, rstd, gamma = norm.inputs[0], norm.outputs[1], tuple(norm.inputs[1:2])
+    if op.id == norm.id:
+        return [("rmsnorm_linear.stats", (rstd,), (x,), {"eps": norm.attr("eps")}, ())]
+    a = {"gamma": bool(gamma), "weight_t": bool(op.attr("weight_t")), "block_rows": RMSLIN_BLOCK_ROWS}
+    if op.kind == "linear":
+        return [("rmsnorm_linear", op.outputs, (x, rstd) + gamma + tuple(op.inputs[1:]), a | {"bias": bool(op.attr("bias"))},
+                 ())]
+    return [("rmsnorm_linear.grad_weight", op.outputs, (op.inputs[0], x, rstd) + gamma, a | {"grads": op.attr("grads")},
+             ())]
+
+
 @dataclass(frozen=True)
 class Fusion:
     """One fused kernel the planner may choose, declared once: what chain of ops it replaces (``find``: the
@@ -631,6 +675,10 @@ FUSIONS: tuple[Fusion, ...] = (
            ("se", "se.grad_weight", "se.grad_input"), _se,
            calls=lambda ch: {ch[5]: ch[:5]} | ({ch[6]: ch[7:]} if len(ch) > 6 else {}),
            nonmat=_se_nonmat, emit=_se_calls, default=False),
+    Fusion("rmsnorm_linear", ("rms_norm", "linear", "linear.grad_weight"),
+           ("rmsnorm_linear.stats", "rmsnorm_linear", "rmsnorm_linear.grad_weight"), _rmsnorm_linear,
+           calls=lambda ch: {m: () for m in ch}, nonmat=lambda g, ch: (g.ops[ch[0]].outputs[0],),
+           emit=_rmsnorm_linear_calls, default=False),
 )
 FUSED_KERNELS = tuple(k for f in FUSIONS for k in f.kernels)
 
