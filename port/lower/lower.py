@@ -57,8 +57,8 @@ def default_plan(graph: Graph, backend: str = "c", fuse: bool = True, inplace: b
     winograd where it pays, else im2col), as the fused conv+bn+relu kernel does, and attention runs tiled
     (faster than the plain kernel and a workspace per thread instead of every head's scores: gpt_tiny batch 32,
     4 layers, forward + backward 31 -> 27 ms a step; the backward call's scratch 16 MiB -> 0.27 MiB). ``fuse``:
-    the chains whose Fusion is a default (port.plan.variants.FUSIONS: conv -> bn -> relu, SwiGLU, rotary; not SE,
-    which a solved plan picks where the profile says it pays)."""
+    the chains whose Fusion is a default (port.plan.variants.FUSIONS: conv -> bn -> relu, SwiGLU, rotary; not SE or
+    rmsnorm_linear, which a solved plan picks where the profile says it pays)."""
     if backend not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
     acc = BACKEND_ACCELERATORS[backend]

@@ -41,6 +41,16 @@ Variant names
                    (the mul's and the pool's full-size dx among them) are never stored. Not the plain chain's
                    bits (double sums, not GEMMs: within float rounding); not in the default plan, a solved
                    plan picks it where the profile says it pays.
+                 * ``rmsnorm_linear``: rms_norm whose output y feeds only linears (Llama's input_layernorm -> q/k/v,
+                   post_attention_layernorm -> gate/up, the final norm -> lm_head): the norm runs
+                   rmsnorm_linear.stats (rstd alone), each linear rmsnorm_linear (its output from x, rstd, the
+                   norm's weight and its own, normalising RMSLIN_BLOCK_ROWS rows of x at a time in its workspace),
+                   each of their weight-gradient ops rmsnorm_linear.grad_weight (the same rows rebuilt block by
+                   block); the norm's backward is unchanged (it reads x, rstd and the linears' summed dx). y is
+                   never stored: it saves y's bytes from the forward to the last weight gradient. The plain
+                   chain's bits with one block (rows <= RMSLIN_BLOCK_ROWS); the weight gradient of more rows sums
+                   the blocks' products (within float rounding): not in the default plan, a solved plan picks it
+                   where the profile says it pays (memory at a tight budget).
 
 Torch backends (torch-cpu, torch-cuda, torch-mps) run ``plain`` only, plus ``inplace`` for relu, relu6, add and the
 element-wise input gradients,
@@ -63,6 +73,8 @@ Legality (pure functions of the graph, used by solver, simulator and lowering al
 * ``fused`` se: each intermediate (pooled, h, act(h), z, gate) read only by the next member and the chain's
   gradient ops, fcs 1x1 convs with bias; x read by the pool and the mul alone; in training every member's
   gradient op present (the fcs' weights and biases trained) and one grad_accumulate of the mul's and the pool's dx.
+* ``fused`` rmsnorm_linear: the norm's output y (no view of it, no graph input or output) read only by forward
+  linears as their x (one or more) and by those linears' weight-gradient ops, each computing the weight's gradient.
 * in-place batch norm needs affine weight and bias (it rebuilds x-hat from the output).
 * ``inplace`` on an element-wise input gradient (BACKWARD_INPLACE_KINDS): dy is an activation gradient on its
   own root, as large as dx, read by no later op and not the op's other input.
@@ -609,8 +621,8 @@ def _rmsnorm_linear_calls(graph: Graph, ch: "Chain", op: Op) -> list:
         return [("rmsnorm_linear.stats", (rstd,), (x,), {"eps": norm.attr("eps")}, ())]
     a = {"gamma": bool(gamma), "weight_t": bool(op.attr("weight_t")), "block_rows": RMSLIN_BLOCK_ROWS}
     if op.kind == "linear":
-        return [("rmsnorm_linear", op.outputs, (x, rstd) + gamma + tuple(op.inputs[1:]), a | {"bias": bool(op.attr("bias"))},
-                 ())]
+        ins = (x, rstd) + gamma + tuple(op.inputs[1:])
+        return [("rmsnorm_linear", op.outputs, ins, a | {"bias": bool(op.attr("bias"))}, ())]
     return [("rmsnorm_linear.grad_weight", op.outputs, (op.inputs[0], x, rstd) + gamma, a | {"grads": op.attr("grads")},
              ())]
 

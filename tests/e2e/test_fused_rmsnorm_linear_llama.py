@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,13 +16,9 @@ import port
 from port.lower.lower import default_plan
 from port.plan import variants as V
 from port.train.optim import SGD
+from published_zoo import published  # tests/published_zoo.py: bench/published.py as a module
 
-if "published" not in sys.modules:        # bench/published.import_zoo: torchvision imports without its C ops
-    _spec = importlib.util.spec_from_file_location("published", Path(__file__).resolve().parents[2] / "bench" /
-                                                   "published.py")
-    sys.modules["published"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["published"])
-P = sys.modules["published"]
+P = published()
 ZOO = P.import_zoo()
 
 
