@@ -49,37 +49,37 @@ static void normalise_rows(float *yb, const float *x, const float *rstd, const f
     }
 }
 
+/* the blocks of rows in order: each normalised into ws, then the linear kernel on it (out: y [n, out], or dw and db;
+ * b: the bias (forward); dy: the output gradient (weight gradient, when not NULL)) */
+static port_status blocks(float *out, float *db, const float *x, const float *rstd, const float *gamma, const float *w,
+                          const float *b, const float *dy, int64_t n, int64_t in, int64_t o, int64_t block_rows, int wt,
+                          void *ws, size_t ws_bytes) {
+    port_status st = rl_check(n, in, o, block_rows, ws, ws_bytes);
+    float *yb = (float *)ws;
+    for (int64_t r0 = 0; r0 < n && st == PORT_OK; r0 += block_rows) {
+        int64_t m = PORT_MIN(block_rows, n - r0);
+        normalise_rows(yb, x, rstd, gamma, r0, m, in);
+        port_linear_params p = {m, in, o};
+        if (dy)
+            st = wt ? port_linear_t_backward_weight(out, db, dy + r0 * o, yb, &p)
+                    : port_linear_backward_weight(out, db, dy + r0 * o, yb, &p);
+        else
+            st = wt ? port_linear_t_forward(out + r0 * o, yb, w, b, &p)
+                    : port_linear_forward(out + r0 * o, yb, w, b, &p);
+    }
+    return st;
+}
+
 port_status port_rmsnorm_linear_forward(float *y, const float *x, const float *rstd, const float *gamma,
                                         const float *w, const float *b, int64_t n, int64_t in, int64_t out,
                                         int64_t block_rows, int wt, void *ws, size_t ws_bytes) {
     PORT_NOTNULL(y); PORT_NOTNULL(x); PORT_NOTNULL(rstd); PORT_NOTNULL(w);
-    port_status st = rl_check(n, in, out, block_rows, ws, ws_bytes);
-    if (st != PORT_OK) return st;
-    float *yb = (float *)ws;
-    for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
-        int64_t m = PORT_MIN(block_rows, n - r0);
-        normalise_rows(yb, x, rstd, gamma, r0, m, in);
-        port_linear_params p = {m, in, out};
-        st = wt ? port_linear_t_forward(y + r0 * out, yb, w, b, &p) : port_linear_forward(y + r0 * out, yb, w, b, &p);
-        if (st != PORT_OK) return st;
-    }
-    return PORT_OK;
+    return blocks(y, NULL, x, rstd, gamma, w, b, NULL, n, in, out, block_rows, wt, ws, ws_bytes);
 }
 
 port_status port_rmsnorm_linear_backward_weight(float *dw, float *db, const float *dy, const float *x,
                                                 const float *rstd, const float *gamma, int64_t n, int64_t in,
                                                 int64_t out, int64_t block_rows, int wt, void *ws, size_t ws_bytes) {
     PORT_NOTNULL(dw); PORT_NOTNULL(dy); PORT_NOTNULL(x); PORT_NOTNULL(rstd);
-    port_status st = rl_check(n, in, out, block_rows, ws, ws_bytes);
-    if (st != PORT_OK) return st;
-    float *yb = (float *)ws;
-    for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
-        int64_t m = PORT_MIN(block_rows, n - r0);
-        normalise_rows(yb, x, rstd, gamma, r0, m, in);
-        port_linear_params p = {m, in, out};
-        st = wt ? port_linear_t_backward_weight(dw, db, dy + r0 * out, yb, &p)
-                : port_linear_backward_weight(dw, db, dy + r0 * out, yb, &p);
-        if (st != PORT_OK) return st;
-    }
-    return PORT_OK;
+    return blocks(dw, db, x, rstd, gamma, NULL, NULL, dy, n, in, out, block_rows, wt, ws, ws_bytes);
 }

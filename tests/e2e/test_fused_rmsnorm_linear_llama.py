@@ -7,7 +7,6 @@ port-rt trains the fused bundle to the Trainer's bits."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import pytest
 import torch
@@ -16,30 +15,12 @@ import port
 from port.lower.lower import default_plan
 from port.plan import variants as V
 from port.train.optim import SGD
-from published_zoo import published  # tests/published_zoo.py: bench/published.py as a module
-
-P = published()
-ZOO = P.import_zoo()
-
-
-@pytest.fixture(scope="module")
-def llama():
-    if "transformers" not in ZOO:
-        pytest.skip("transformers does not import here")
-    spec = P.MODELS["hf.llama_lm"]
-    model = P.deterministic(spec.build())
-    model.train()
-    x, y = P.batch_of(spec)
-    tr = port.Trainer(copy.deepcopy(model), x, optimizer=SGD(P.LR, momentum=0.9))
-    return spec, model, x, y, tr.graph
+from test_fused_swiglu_llama import P, llama  # noqa: F401  (bench/published.py; the tiny Llama fixture)
 
 
 def fused_plan(g):
     """The default plan (SwiGLU and rotary fused) with every rmsnorm_linear chain fused too."""
-    p = default_plan(g)
-    fz = {i for ch in V.chains(g).values() if ch.fusion.name == "rmsnorm_linear" for i in ch.ops}
-    return dataclasses.replace(p, ops=tuple(dataclasses.replace(d, variant="fused") if d.op in fz else d
-                                            for d in p.ops))
+    return default_plan(g, fusions=("rmsnorm_linear",))
 
 
 def test_llama_norm_chains(llama):
