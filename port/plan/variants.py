@@ -44,11 +44,11 @@ Variant names
                  * ``rmsnorm_linear``: rms_norm whose output y feeds only linears (Llama's input_layernorm -> q/k/v,
                    post_attention_layernorm -> gate/up, the final norm -> lm_head): the norm runs
                    rmsnorm_linear.stats (rstd alone), each linear rmsnorm_linear (its output from x, rstd, the
-                   norm's weight and its own, normalising RMSLIN_BLOCK_ROWS rows of x at a time in its workspace),
+                   norm's weight and its own, normalising rmslin_block_rows(rows) rows of x at a time in its workspace),
                    each of their weight-gradient ops rmsnorm_linear.grad_weight (the same rows rebuilt block by
                    block); the norm's backward is unchanged (it reads x, rstd and the linears' summed dx). y is
                    never stored: it saves y's bytes from the forward to the last weight gradient. The plain
-                   chain's bits with one block (rows <= RMSLIN_BLOCK_ROWS); the weight gradient of more rows sums
+                   chain's bits with one block (rows <= RMSLIN_MIN_BLOCK_ROWS); the weight gradient of more rows sums
                    the blocks' products (within float rounding): not in the default plan, a solved plan picks it
                    where the profile says it pays (memory at a tight budget).
 
@@ -583,7 +583,13 @@ def _se_nonmat(graph: Graph, ch: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-RMSLIN_BLOCK_ROWS = 256       # rows of x each rmsnorm_linear call normalises at a time (its workspace: 256 x in)
+# the rows of x an rmsnorm_linear call normalises at a time (its workspace: that many rows of x): at least 256 (GEMMs
+# large enough to run well), at most 4 blocks (few calls and barriers: a quarter of y at the call, none stored)
+RMSLIN_MIN_BLOCK_ROWS, RMSLIN_MAX_BLOCKS = 256, 4
+
+
+def rmslin_block_rows(rows: int) -> int:
+    return max(RMSLIN_MIN_BLOCK_ROWS, -(-rows // RMSLIN_MAX_BLOCKS))
 
 
 def _rmsnorm_linear(graph: Graph, op: Op) -> tuple[int, ...] | None:
@@ -619,7 +625,8 @@ def _rmsnorm_linear_calls(graph: Graph, ch: "Chain", op: Op) -> list:
     x, rstd, gamma = norm.inputs[0], norm.outputs[1], tuple(norm.inputs[1:2])
     if op.id == norm.id:
         return [("rmsnorm_linear.stats", (rstd,), (x,), {"eps": norm.attr("eps")}, ())]
-    a = {"gamma": bool(gamma), "weight_t": bool(op.attr("weight_t")), "block_rows": RMSLIN_BLOCK_ROWS}
+    rows = graph.tensors[x].numel // graph.tensors[x].shape[-1]
+    a = {"gamma": bool(gamma), "weight_t": bool(op.attr("weight_t")), "block_rows": rmslin_block_rows(rows)}
     if op.kind == "linear":
         ins = (x, rstd) + gamma + tuple(op.inputs[1:])
         return [("rmsnorm_linear", op.outputs, ins, a | {"bias": bool(op.attr("bias"))}, ())]
