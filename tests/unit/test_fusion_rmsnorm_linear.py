@@ -135,6 +135,20 @@ def test_ilp_picks_rmsnorm_linear_exactly_when_the_profile_says_it_pays(rms_grap
     assert_ilp_picks_fused_exactly_when_it_pays(rms_graph, _priced_chain)
 
 
+def test_the_model_prices_the_calls_above_the_plain_members(rms_graph):
+    """No traffic saved (each call normalises x again): the roofline model books every call at 1.05x its plain
+    member (not the 0.8x of the other fusions), so with memory to spare the ILP on it keeps the chain plain."""
+    g = rms_graph
+    ch, = V.chains(g).values()
+    assert ch.fusion.modeled_factor > 1.0 and all(f.modeled_factor < 1.0 for f in V.FUSIONS if f is not ch.fusion)
+    prof = modeled_profile(g, load_device("host"))
+    for i in ch.ops:
+        s_ = g.signature(g.ops[i])
+        assert prof.lookup(s_, "cpu-c", "fused").latency_ms > prof.lookup(s_, "cpu-c", "plain").latency_ms
+    p = solve(g, prof, None, gap=0.0, time_limit_s=30)
+    assert not any(p.ops[i].variant == "fused" for i in ch.ops)
+
+
 def test_ilp_picks_rmsnorm_linear_for_memory_at_a_tight_budget():
     """The fused linears 10% slower than the plain ones, the norm dear to re-run (10 ms, fused or not): with no
     budget the ILP keeps the chain plain; at the fused plan's peak (the norm's output never stored), which the plain
