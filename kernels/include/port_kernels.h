@@ -303,6 +303,21 @@ PORT_API port_status port_se_backward_weight_overwrite(float *dw1, float *db1, f
                                                        size_t ws_bytes);
 PORT_API port_status port_se_backward_input(float *dx, const float *dy, const float *z, const float *w1,
                                             const float *dh, int64_t n, int64_t c, int64_t s, int64_t hw, int gate);
+/* RMSNorm + linear fused (rmslinear.c): the norm's output y = x rstd gamma [n, in] never stored.  _stats writes
+ * rstd [n] as port_rmsnorm_forward does; _linear_forward writes y_lin [n, out] = y W^T + b (wt: W stored [in, out],
+ * y W + b) and _linear_backward_weight accumulates dw += dy^T y (wt: y^T dy), db += sum_n dy (db, b, gamma may be
+ * NULL), each normalising blocks of block_rows rows of x into the workspace (port_rmsnorm_linear_workspace_bytes)
+ * and running the linear kernels on them: block_rows >= n gives the plain rms_norm -> linear chain's bits;
+ * smaller blocks, the same rows on smaller GEMMs and the weight gradient summed block by block in row order. */
+PORT_API size_t port_rmsnorm_linear_workspace_bytes(int64_t n, int64_t in, int64_t block_rows);
+PORT_API port_status port_rmsnorm_stats(float *rstd, const float *x, int64_t rows, int64_t d, float eps);
+PORT_API port_status port_rmsnorm_linear_forward(float *y, const float *x, const float *rstd, const float *gamma,
+                                                 const float *w, const float *b, int64_t n, int64_t in, int64_t out,
+                                                 int64_t block_rows, int wt, void *ws, size_t ws_bytes);
+PORT_API port_status port_rmsnorm_linear_backward_weight(float *dw, float *db, const float *dy, const float *x,
+                                                         const float *rstd, const float *gamma, int64_t n,
+                                                         int64_t in, int64_t out, int64_t block_rows, int wt,
+                                                         void *ws, size_t ws_bytes);
 /* ---- end issue 54 fused variants ---- */
 /* y = a + b; y MAY ALIAS a or b.  Backward is the identity (no kernel). */
 PORT_API port_status port_add(float *y, const float *a, const float *b, int64_t count);

@@ -204,6 +204,9 @@ extern "C" {
     X(136, SWIGLU_BACKWARD, port_swiglu_backward)                                 \
     X(115, ROTARY_FORWARD, port_rotary_forward)                                   \
     X(116, ROTARY_BACKWARD, port_rotary_backward)                                 \
+    X(114, RMSNORM_STATS, port_rmsnorm_stats)                                     \
+    X(117, RMSNORM_LINEAR_FORWARD, port_rmsnorm_linear_forward)                   \
+    X(118, RMSNORM_LINEAR_BACKWARD_WEIGHT, port_rmsnorm_linear_backward_weight)   \
     X(137, INT_BINARY, port_int_binary)                                            \
     X(138, ARGMAX_ROWS, port_argmax_rows)                                          \
     X(139, INDEX2_ROWS, port_index2_rows)                                          \

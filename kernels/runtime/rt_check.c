@@ -683,6 +683,34 @@ static int se(ctx *x, int k) {
     return PORT_OK;
 }
 
+/* RMSNorm + linear fused (issue 54).  _stats (114): rstd [rows], x [rows d]; iv: rows, d; fv: eps.  _forward (117):
+ * y [n out], x [n in], rstd [n], gamma [in], w [out in] (wt: [in out]), b [out]; _backward_weight (118): dw, db,
+ * dy [n out], x, rstd, gamma; iv: n, in, out, block rows, wt (0 or 1).  Workspace: min(n, block rows) rows of x. */
+static int rmsnorm_linear(ctx *x, int k) {
+    const int64_t *v = x->c->iv;
+    if (k == PORT_RT_RMSNORM_STATS) {
+        if (pos_range(x, 0, 1)) return BAD;
+        if (fv_in(x, 0, 0.0, HUGE_VAL, 0, "rms-norm eps must be >= 0 and finite") || !isfinite((float)x->c->fv[0]))
+            return fail(x->why, "fv[0]", "rms-norm eps must be >= 0 and finite as a float", 0, 0, 0);
+        args(x, 2, 2, 1);
+        op(x, 0, v[0], 4, 1), op(x, 1, smul(v[0], v[1]), 4, 0);
+        return PORT_OK;
+    }
+    if (pos_range(x, 0, 3) || iv_in(x, 4, 0, 1, "wt must be 0 (w [out, in]) or 1 (w [in, out])")) return BAD;
+    for (int i = 0; i < 3; i++)
+        if (v[i] > INT32_MAX) return fail(x->why, IV_NAMES[i], "a linear dimension above 2^31 - 1", v[i], 0, INT32_MAX);
+    int64_t n = v[0], in = v[1], out = v[2], xs = smul(n, in), ys = smul(n, out), ws = smul(in, out);
+    args(x, 6, 5, 0);
+    if (k == PORT_RT_RMSNORM_LINEAR_FORWARD)
+        op(x, 0, ys, 4, 1), op(x, 1, xs, 4, 0), op(x, 2, n, 4, 0), op(x, 3, in, 4, 0), op(x, 4, ws, 4, 0),
+            op(x, 5, out, 4, 0);
+    else
+        op(x, 0, ws, 4, 1), op(x, 1, out, 4, 1), op(x, 2, ys, 4, 0), op(x, 3, xs, 4, 0), op(x, 4, n, 4, 0),
+            op(x, 5, in, 4, 0);
+    x->s->ws_bytes = smul(smul(v[3] < n ? v[3] : n, in), 4);
+    return PORT_OK;
+}
+
 static int shape_of(ctx *x) {
     const port_rt_call *c = x->c;
     const int64_t *v = c->iv;
@@ -699,6 +727,9 @@ static int shape_of(ctx *x) {
     case PORT_RT_SWIGLU_BACKWARD: return swiglu(x, k == PORT_RT_SWIGLU_BACKWARD);
     case PORT_RT_ROTARY_FORWARD:
     case PORT_RT_ROTARY_BACKWARD: return rotary(x);
+    case PORT_RT_RMSNORM_STATS:
+    case PORT_RT_RMSNORM_LINEAR_FORWARD:
+    case PORT_RT_RMSNORM_LINEAR_BACKWARD_WEIGHT: return rmsnorm_linear(x, k);
     case PORT_RT_SE_FORWARD:
     case PORT_RT_SE_BACKWARD_WEIGHT:
     case PORT_RT_SE_BACKWARD_WEIGHT_OVERWRITE:

@@ -165,6 +165,13 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
         return port_rotary_forward(F(0), CF(1), CF(2), CF(3), v[0], v[1], v[2], v[3], v[4]);
     case PORT_RT_ROTARY_BACKWARD:
         return port_rotary_backward(F(0), CF(1), CF(2), CF(3), v[0], v[1], v[2], v[3], v[4]);
+    case PORT_RT_RMSNORM_STATS: return port_rmsnorm_stats(F(0), CF(1), v[0], v[1], (float)c->fv[0]);
+    case PORT_RT_RMSNORM_LINEAR_FORWARD:   /* iv: n, in, out, block rows, wt */
+        return port_rmsnorm_linear_forward(F(0), CF(1), CF(2), CF(3), CF(4), CF(5), v[0], v[1], v[2], v[3], (int)v[4],
+                                           ws, wsb);
+    case PORT_RT_RMSNORM_LINEAR_BACKWARD_WEIGHT:
+        return port_rmsnorm_linear_backward_weight(F(0), F(1), CF(2), CF(3), CF(4), CF(5), v[0], v[1], v[2], v[3],
+                                                   (int)v[4], ws, wsb);
     case PORT_RT_BINARY_FORWARD: {   /* iv: op, rank, a_bcast, b_bcast, dims[6] */
         port_binary_params p = binary_p(v);
         return port_binary_forward(F(0), CF(1), CF(2), &p);

@@ -27,8 +27,8 @@ DEFAULT_EFFICIENCY = {
 ELEMENTWISE_EFFICIENCY = 0.5   # fraction of bandwidth reached by elementwise kernels
 # tiled attention: its score tiles stay in the cache and causal tiles above the diagonal are skipped (measured on an
 # Intel Xeon, 2 threads, 128 heads x 128 x 128 x 32: forward 0.86x plain causal, 0.98x not; backward 0.95x)
-VARIANT_FACTOR = {"plain": 1.0, "inplace": 0.95, "fused": 0.8, "direct": 1.0, "patch4": 1.1, "patch8": 1.2,
-                  "tiled": 0.95}
+VARIANT_FACTOR = {"plain": 1.0, "inplace": 0.95, "direct": 1.0, "patch4": 1.1, "patch8": 1.2,
+                  "tiled": 0.95}     # (``fused``: its Fusion's own, port.plan.variants.Fusion.modeled_factor)
 ZERO_COST_KINDS = tuple(k for r in ops.RECORDS.values() for k in r.views)   # views: no call
 WINOGRAD_MAC_FACTOR = 16 / 36   # F(2x2, 3x3): 16 multiplies per output tile and channel pair instead of 4 * 9
 
@@ -80,7 +80,8 @@ def ideal_ms(graph: Graph, op: Op, acc: AcceleratorConfig, variant: str) -> floa
         fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
         moved += 2 * workspace_bytes(graph, op, "plain") * graph.tensors[fwd.inputs[0]].shape[0]
     mem_ms = moved / (acc.mem_gbps * 1e9) * 1e3
-    return max(compute_ms, vec_ms, mem_ms) * VARIANT_FACTOR.get(variant, 1.0)
+    factor = V.chain_of(graph, op).fusion.modeled_factor if variant == "fused" else VARIANT_FACTOR.get(variant, 1.0)
+    return max(compute_ms, vec_ms, mem_ms) * factor
 
 
 def roofline_ms(graph: Graph, op: Op, acc: AcceleratorConfig, variant: str,

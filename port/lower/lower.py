@@ -51,14 +51,15 @@ def backend_of(accelerator: str, accelerators: dict[str, str] | None = None) -> 
                         f"(pass accelerators={{id: backend}} to lower())") from None
 
 
-def default_plan(graph: Graph, backend: str = "c", fuse: bool = True, inplace: bool = True) -> Plan:
+def default_plan(graph: Graph, backend: str = "c", fuse: bool = True, inplace: bool = True,
+                 fusions: tuple[str, ...] = ()) -> Plan:
     """Every op on ``backend`` with fusion and in-place wherever legal (and supported by the kernels); on the
     C backend each conv runs the algorithm the C library picks for its shape (PORT_CONV_AUTO: direct,
     winograd where it pays, else im2col), as the fused conv+bn+relu kernel does, and attention runs tiled
     (faster than the plain kernel and a workspace per thread instead of every head's scores: gpt_tiny batch 32,
     4 layers, forward + backward 31 -> 27 ms a step; the backward call's scratch 16 MiB -> 0.27 MiB). ``fuse``:
-    the chains whose Fusion is a default (port.plan.variants.FUSIONS: conv -> bn -> relu, SwiGLU, rotary; not SE,
-    which a solved plan picks where the profile says it pays)."""
+    the chains whose Fusion is a default (port.plan.variants.FUSIONS: conv -> bn -> relu, SwiGLU, rotary; not SE or
+    rmsnorm_linear, which a solved plan picks where the profile says it pays), and those named in ``fusions``."""
     if backend not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
     acc = BACKEND_ACCELERATORS[backend]
@@ -72,7 +73,7 @@ def default_plan(graph: Graph, backend: str = "c", fuse: bool = True, inplace: b
                 variant[o.id] = "tiled"
         if fuse:
             for ch in V.chains(graph).values():
-                if ch.fusion.default:
+                if ch.fusion.default or ch.fusion.name in fusions:
                     for i in ch.ops:
                         variant[i] = "fused"
     if inplace:

@@ -41,6 +41,16 @@ Variant names
                    (the mul's and the pool's full-size dx among them) are never stored. Not the plain chain's
                    bits (double sums, not GEMMs: within float rounding); not in the default plan, a solved
                    plan picks it where the profile says it pays.
+                 * ``rmsnorm_linear``: rms_norm whose output y feeds only linears (Llama's input_layernorm -> q/k/v,
+                   post_attention_layernorm -> gate/up, the final norm -> lm_head): the norm runs
+                   rmsnorm_linear.stats (rstd alone), each linear rmsnorm_linear (its output from x, rstd, the
+                   norm's weight and its own, normalising rmslin_block_rows(rows) rows of x at a time in its workspace),
+                   each of their weight-gradient ops rmsnorm_linear.grad_weight (the same rows rebuilt block by
+                   block); the norm's backward is unchanged (it reads x, rstd and the linears' summed dx). y is
+                   never stored: it saves y's bytes from the forward to the last weight gradient. The plain
+                   chain's bits with one block (rows <= RMSLIN_MIN_BLOCK_ROWS); the weight gradient of more rows sums
+                   the blocks' products (within float rounding): not in the default plan, a solved plan picks it
+                   where the profile says it pays (memory at a tight budget).
 
 Torch backends (torch-cpu, torch-cuda, torch-mps) run ``plain`` only, plus ``inplace`` for relu, relu6, add and the
 element-wise input gradients,
@@ -63,6 +73,8 @@ Legality (pure functions of the graph, used by solver, simulator and lowering al
 * ``fused`` se: each intermediate (pooled, h, act(h), z, gate) read only by the next member and the chain's
   gradient ops, fcs 1x1 convs with bias; x read by the pool and the mul alone; in training every member's
   gradient op present (the fcs' weights and biases trained) and one grad_accumulate of the mul's and the pool's dx.
+* ``fused`` rmsnorm_linear: the norm's output y (no view of it, no graph input or output) read only by forward
+  linears as their x (one or more) and by those linears' weight-gradient ops, each computing the weight's gradient.
 * in-place batch norm needs affine weight and bias (it rebuilds x-hat from the output).
 * ``inplace`` on an element-wise input gradient (BACKWARD_INPLACE_KINDS): dy is an activation gradient on its
   own root, as large as dx, read by no later op and not the op's other input.
@@ -571,6 +583,57 @@ def _se_nonmat(graph: Graph, ch: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
+# the rows of x an rmsnorm_linear call normalises at a time (its workspace: that many rows of x): at least 256 (GEMMs
+# large enough to run well), at most 4 blocks (few calls and barriers: a quarter of y at the call, none stored)
+RMSLIN_MIN_BLOCK_ROWS, RMSLIN_MAX_BLOCKS = 256, 4
+
+
+def rmslin_block_rows(rows: int) -> int:
+    return max(RMSLIN_MIN_BLOCK_ROWS, -(-rows // RMSLIN_MAX_BLOCKS))
+
+
+def _rmsnorm_linear(graph: Graph, op: Op) -> tuple[int, ...] | None:
+    """(norm, linears..., their weight-gradient ops...) in program order when rms_norm's output y is read only by
+    forward linears (as their input x; one or more: Llama's q/k/v, gate/up or lm_head) and, in training, by those
+    linears' weight-gradient ops (each computing the weight's gradient): no view of y, y no graph input or output.
+    The norm's own gradient ops read x, rstd and the linears' summed input gradient, not y: not members."""
+    if op.kind != "rms_norm" or op.phase != PHASE_FORWARD or len(op.outputs) != 2:
+        return None
+    T, y = graph.tensors, op.outputs[0]
+    if T[y].alias_of is not None or any(t.alias_of == y for t in T) or y in (graph.loss_id, graph.logits_id) \
+            or y in graph.input_ids or T[y].role != "activation":
+        return None
+    readers = [graph.ops[i] for i in graph.consumers().get(y, ())]
+    lins = [o for o in readers if o.kind == "linear" and o.phase == PHASE_FORWARD]
+    if not lins or any(o.inputs[0] != y or y in o.inputs[1:] or len(o.outputs) != 1 for o in lins):
+        return None
+    ids = {o.id for o in lins}
+    gws = [o for o in readers if o.id not in ids]
+    if any(o.kind != "linear.grad_weight" or o.forward_op not in ids or tuple(o.inputs[1:]) != (y,)
+           or "weight" not in (o.attr("grads") or ()) for o in gws):
+        return None
+    if len({o.forward_op for o in gws}) != len(gws):
+        return None
+    return (op.id,) + tuple(sorted(ids)) + tuple(sorted(o.id for o in gws))
+
+
+def _rmsnorm_linear_calls(graph: Graph, ch: "Chain", op: Op) -> list:
+    """The norm runs rmsnorm_linear.stats (rstd from x); each linear rmsnorm_linear (its output from x, rstd, the
+    norm's weight and its own); each weight-gradient op rmsnorm_linear.grad_weight (its gradients from dy, x, rstd
+    and the norm's weight)."""
+    norm = graph.ops[ch.ops[0]]
+    x, rstd, gamma = norm.inputs[0], norm.outputs[1], tuple(norm.inputs[1:2])
+    if op.id == norm.id:
+        return [("rmsnorm_linear.stats", (rstd,), (x,), {"eps": norm.attr("eps")}, ())]
+    rows = graph.tensors[x].numel // graph.tensors[x].shape[-1]
+    a = {"gamma": bool(gamma), "weight_t": bool(op.attr("weight_t")), "block_rows": rmslin_block_rows(rows)}
+    if op.kind == "linear":
+        ins = (x, rstd) + gamma + tuple(op.inputs[1:])
+        return [("rmsnorm_linear", op.outputs, ins, a | {"bias": bool(op.attr("bias"))}, ())]
+    return [("rmsnorm_linear.grad_weight", op.outputs, (op.inputs[0], x, rstd) + gamma, a | {"grads": op.attr("grads")},
+             ())]
+
+
 @dataclass(frozen=True)
 class Fusion:
     """One fused kernel the planner may choose, declared once: what chain of ops it replaces (``find``: the
@@ -593,6 +656,8 @@ class Fusion:
     # whether the default plan (port.lower.lower.default_plan) fuses it; else only a solved plan picks it where the
     # profile says it pays
     default: bool = True
+    # the roofline model's factor on each call op's plain bound (port.cost.roofline): a fused chain moves fewer bytes
+    modeled_factor: float = 0.8
 
 
 @dataclass(frozen=True)
@@ -631,6 +696,11 @@ FUSIONS: tuple[Fusion, ...] = (
            ("se", "se.grad_weight", "se.grad_input"), _se,
            calls=lambda ch: {ch[5]: ch[:5]} | ({ch[6]: ch[7:]} if len(ch) > 6 else {}),
            nonmat=_se_nonmat, emit=_se_calls, default=False),
+    Fusion("rmsnorm_linear", ("rms_norm", "linear", "linear.grad_weight"),
+           ("rmsnorm_linear.stats", "rmsnorm_linear", "rmsnorm_linear.grad_weight"), _rmsnorm_linear,
+           calls=lambda ch: {m: () for m in ch}, nonmat=lambda g, ch: (g.ops[ch[0]].outputs[0],),
+           emit=_rmsnorm_linear_calls, default=False,
+           modeled_factor=1.05),      # no traffic saved at the calls: each normalises x again (y is memory saved)
 )
 FUSED_KERNELS = tuple(k for f in FUSIONS for k in f.kernels)
 

@@ -1,0 +1,85 @@
+/* RMSNorm + linear fused (issue 54): the norm's output y = x rstd gamma is never stored; each linear reading it
+ * normalises row blocks of x into its workspace and multiplies them (forward), and its weight gradient rebuilds
+ * the same rows block by block.  The rows are normalised exactly as port_rmsnorm_forward does (x rstd, then
+ * gamma: the same float roundings) and each block runs the plain linear kernels on them, so with one block (block
+ * rows >= n) the results are the plain rms_norm -> linear chain's bits; with smaller blocks the forward rows are
+ * the same GEMM on fewer rows and the weight gradient adds the blocks' products in row order (within float
+ * rounding of the plain sum). */
+#include "internal.h"
+#include <math.h>
+
+static port_status rl_check(int64_t n, int64_t in, int64_t out, int64_t block_rows, const void *ws, size_t ws_bytes) {
+    PORT_CHECK(n > 0 && in > 0 && out > 0 && block_rows > 0, PORT_ERR_SHAPE);
+    PORT_CHECK(n <= INT32_MAX && in <= INT32_MAX && out <= INT32_MAX, PORT_ERR_SHAPE);
+    PORT_CHECK(ws_bytes >= port_rmsnorm_linear_workspace_bytes(n, in, block_rows), PORT_ERR_WORKSPACE);
+    PORT_NOTNULL(ws);
+    return PORT_OK;
+}
+
+size_t port_rmsnorm_linear_workspace_bytes(int64_t n, int64_t in, int64_t block_rows) {
+    if (n <= 0 || in <= 0 || block_rows <= 0) return 0;
+    return (size_t)PORT_MIN(n, block_rows) * (size_t)in * sizeof(float);
+}
+
+port_status port_rmsnorm_stats(float *rstd, const float *x, int64_t rows, int64_t d, float eps) {
+    PORT_NOTNULL(rstd); PORT_NOTNULL(x);
+    PORT_CHECK(rows > 0 && d > 0, PORT_ERR_SHAPE);
+    PORT_CHECK(eps >= 0.0f && isfinite(eps), PORT_ERR_ARG);
+#pragma omp parallel for schedule(static) if (rows * d > PORT_PAR_MIN && rows > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d;
+        double s = 0.0;
+        for (int64_t j = 0; j < d; j++) s += (double)xr[j] * (double)xr[j];
+        rstd[r] = (float)(1.0 / sqrt(s / (double)d + (double)eps));   /* port_rmsnorm_forward's rstd */
+    }
+    return PORT_OK;
+}
+
+/* rows [r0, r0 + m) of y = x rstd gamma into yb [m, d] (port_rmsnorm_forward's products, in its order) */
+static void normalise_rows(float *yb, const float *x, const float *rstd, const float *gamma, int64_t r0, int64_t m,
+                           int64_t d) {
+#pragma omp parallel for schedule(static) if (m * d > PORT_PAR_MIN && m > 1 && !port__in_parallel())
+    for (int64_t i = 0; i < m; i++) {
+        const float *xr = x + (r0 + i) * d;
+        float *yr = yb + i * d, rs = rstd[r0 + i];
+        if (gamma)
+            for (int64_t j = 0; j < d; j++) yr[j] = xr[j] * rs * gamma[j];
+        else
+            for (int64_t j = 0; j < d; j++) yr[j] = xr[j] * rs;
+    }
+}
+
+/* the blocks of rows in order: each normalised into ws, then the linear kernel on it (out: y [n, out], or dw and db;
+ * b: the bias (forward); dy: the output gradient (weight gradient, when not NULL)) */
+static port_status blocks(float *out, float *db, const float *x, const float *rstd, const float *gamma, const float *w,
+                          const float *b, const float *dy, int64_t n, int64_t in, int64_t o, int64_t block_rows, int wt,
+                          void *ws, size_t ws_bytes) {
+    port_status st = rl_check(n, in, o, block_rows, ws, ws_bytes);
+    float *yb = (float *)ws;
+    for (int64_t r0 = 0; r0 < n && st == PORT_OK; r0 += block_rows) {
+        int64_t m = PORT_MIN(block_rows, n - r0);
+        normalise_rows(yb, x, rstd, gamma, r0, m, in);
+        port_linear_params p = {m, in, o};
+        if (dy)
+            st = wt ? port_linear_t_backward_weight(out, db, dy + r0 * o, yb, &p)
+                    : port_linear_backward_weight(out, db, dy + r0 * o, yb, &p);
+        else
+            st = wt ? port_linear_t_forward(out + r0 * o, yb, w, b, &p)
+                    : port_linear_forward(out + r0 * o, yb, w, b, &p);
+    }
+    return st;
+}
+
+port_status port_rmsnorm_linear_forward(float *y, const float *x, const float *rstd, const float *gamma,
+                                        const float *w, const float *b, int64_t n, int64_t in, int64_t out,
+                                        int64_t block_rows, int wt, void *ws, size_t ws_bytes) {
+    PORT_NOTNULL(y); PORT_NOTNULL(x); PORT_NOTNULL(rstd); PORT_NOTNULL(w);
+    return blocks(y, NULL, x, rstd, gamma, w, b, NULL, n, in, out, block_rows, wt, ws, ws_bytes);
+}
+
+port_status port_rmsnorm_linear_backward_weight(float *dw, float *db, const float *dy, const float *x,
+                                                const float *rstd, const float *gamma, int64_t n, int64_t in,
+                                                int64_t out, int64_t block_rows, int wt, void *ws, size_t ws_bytes) {
+    PORT_NOTNULL(dw); PORT_NOTNULL(dy); PORT_NOTNULL(x); PORT_NOTNULL(rstd);
+    return blocks(dw, db, x, rstd, gamma, NULL, NULL, dy, n, in, out, block_rows, wt, ws, ws_bytes);
+}
