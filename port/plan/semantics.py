@@ -89,6 +89,8 @@ from port.plan import variants as V
 from port.plan.types import Plan
 
 NOT_RECOMPUTABLE_KINDS = ops.with_tag("not_recomputable")   # views cost nothing; a random mask must not be redrawn
+# the variants of ops never re-run (Legality, above: recompute lists ops that run neither in place nor fused)
+NOT_RERUN_VARIANTS = ("inplace", "fused")
 
 
 # =============================================================================================
@@ -535,7 +537,7 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
             if set(outs) != ts:
                 raise PlanError(f"recomputing op {graph.ops[p].name!r} regenerates all of "
                                 f"{[T[t].name for t in outs]}: list them all in plan.recompute")
-            if dec[p].variant in ("inplace", "fused"):
+            if dec[p].variant in NOT_RERUN_VARIANTS:
                 raise PlanError(f"op {graph.ops[p].name!r} runs {dec[p].variant}: it cannot be recomputed")
             for t in outs:
                 if root[t] != t or any(m != t and T[m].alias_of is None for m in members[t]):
