@@ -89,16 +89,23 @@ from port.plan import variants as V
 from port.plan.types import Plan
 
 NOT_RECOMPUTABLE_KINDS = ops.with_tag("not_recomputable")   # views cost nothing; a random mask must not be redrawn
+# the variants of ops never re-run (Legality, above: recompute lists ops that run neither in place nor fused)
+NOT_RERUN_VARIANTS = ("inplace", "fused")
 
 
 # =============================================================================================
 # graph facts
 # =============================================================================================
 def is_static(graph: Graph, tid: int) -> bool:
-    t = graph.tensors[graph.storage_root(tid)]
-    if t.role in (ROLE_PARAMETER, ROLE_BUFFER, ROLE_OPTIMIZER_STATE, ROLE_INPUT, ROLE_LABEL):
-        return True
-    return t.role == ROLE_GRADIENT and t.grad_of is not None and graph.tensors[t.grad_of].role == ROLE_PARAMETER
+    """Whether tensor ``tid`` is stored in static memory (the whole step): a parameter, buffer, optimizer state,
+    input or label, or a parameter's gradient, or a view of one. Once per graph (schedule asks per read)."""
+    def flags() -> list[bool]:
+        def static(t) -> bool:
+            if t.role in (ROLE_PARAMETER, ROLE_BUFFER, ROLE_OPTIMIZER_STATE, ROLE_INPUT, ROLE_LABEL):
+                return True
+            return t.role == ROLE_GRADIENT and t.grad_of is not None and graph.tensors[t.grad_of].role == ROLE_PARAMETER
+        return [static(graph.tensors[graph.storage_root(t.id)]) for t in graph.tensors]
+    return graph.memo("static_tensors", flags)[tid]
 
 
 def stored_bytes(tensor) -> int:
@@ -176,7 +183,12 @@ def readers_by_root(graph: Graph, root_of=None, ops=None, skip=None) -> dict[int
 
 
 def recompute_times(graph: Graph) -> dict[int, int]:
-    """Forward op id -> tau, the step before which it is re-run by default, for every recomputable op."""
+    """Forward op id -> tau, the step before which it is re-run by default, for every recomputable op (once per
+    graph: every schedule asks; the caller's own copy)."""
+    return dict(graph.memo("recompute_times", lambda: _recompute_times(graph)))
+
+
+def _recompute_times(graph: Graph) -> dict[int, int]:
     readers = readers_by_root(graph)
     tau: dict[int, int] = {}
     for o in reversed(graph.ops):
@@ -535,7 +547,7 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
             if set(outs) != ts:
                 raise PlanError(f"recomputing op {graph.ops[p].name!r} regenerates all of "
                                 f"{[T[t].name for t in outs]}: list them all in plan.recompute")
-            if dec[p].variant in ("inplace", "fused"):
+            if dec[p].variant in NOT_RERUN_VARIANTS:
                 raise PlanError(f"op {graph.ops[p].name!r} runs {dec[p].variant}: it cannot be recomputed")
             for t in outs:
                 if root[t] != t or any(m != t and T[m].alias_of is None for m in members[t]):

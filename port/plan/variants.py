@@ -181,7 +181,12 @@ def rerun_inplace_inputs(graph: Graph) -> dict[int, int]:
     """Forward op -> the input root a re-run of it may overwrite (Plan.inplace_reruns): a relu, relu6 or add
     whose first input is an activation storage root of the same size that no other op reads (no view of it
     either), in any phase, and (add) is not also its second input. Such an input exists only to feed this op:
-    once re-made for a re-run of it, its bytes are free to take the output."""
+    once re-made for a re-run of it, its bytes are free to take the output. Once per graph (every schedule asks);
+    the caller's own copy."""
+    return dict(graph.memo("rerun_inplace_inputs", lambda: _rerun_inplace_inputs(graph)))
+
+
+def _rerun_inplace_inputs(graph: Graph) -> dict[int, int]:
     readers: dict[int, set[int]] = {}
     for o in graph.ops:
         for t in o.inputs:

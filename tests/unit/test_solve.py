@@ -100,9 +100,9 @@ def brute_force(graph, profile, budget, chain=True, early=True, peak=False):
                  if ri.bwd_first is not None and graph.ops[ri.birth].phase in ("forward", "loss")
                  and ri.bwd_first > ri.fwd_last + 1]
     if chain:
-        rc_choices = [[None] + [t for t in steps if own[p] is None or t <= own[p]] for p in cands]
+        rc_all = [[None] + [t for t in steps if own[p] is None or t <= own[p]] for p in cands]
     else:
-        rc_choices = [[None, "tau"] for p in cands]
+        rc_all = [[None, "tau"] for p in cands]
     early_sets = [()] + ([legal_early(graph)] if early and legal_early(graph) else [])
     best = None
     bases = []
@@ -113,23 +113,29 @@ def brute_force(graph, profile, budget, chain=True, early=True, peak=False):
         except PlanError:
             continue
     bases.sort(key=lambda x: x[0])
+    rerun_inplace = SEM.V.rerun_inplace_inputs(graph)
     for base_ms, ops in bases:
         # recompute and paging only add time, early updates none: prune by the keep-everything time
         if not peak and best is not None and base_ms >= best - 1e-12:
             break
+        # an op running inplace or fused is never re-run (the schedule refuses it whatever the paging): its
+        # recompute choices would only multiply the plans simulate refuses (a fused SE chain: 6 of 7 candidates)
+        rc_choices = [c if ops[p].variant not in SEM.NOT_RERUN_VARIANTS else [None] for p, c in zip(cands, rc_all)]
+        # re-runs in place where the profile runs the op inplace: never costs anything
+        inplace_ok = {q for q in rerun_inplace
+                      if profile.lookup(graph.signature(graph.ops[q]), ops[q].accelerator, "inplace")}
         for sched in itertools.product(*rc_choices):
             rcp = [(p, t) for p, t in zip(cands, sched) if t is not None]
             rec = tuple(sorted(r for p, _ in rcp for r in owned_activation_outputs(graph, p)))
             at = tuple(sorted(rcp, key=lambda x: (x[1], x[0]))) if chain else ()
-            for mask in range(1 << len(pages)):
-                pag = tuple(sorted(pages[k] for k in range(len(pages)) if mask >> k & 1))
+            pageable = [r for r in pages if r not in rec]     # a tensor both recomputed and paged: refused
+            for mask in range(1 << len(pageable)):
+                pag = tuple(sorted(pageable[k] for k in range(len(pageable)) if mask >> k & 1))
                 for ea in early_sets:
                     plan = Plan("", "", budget, ops, recompute=rec, recompute_at=at, paged=pag, early_updates=ea)
                     try:
-                        if rec:   # re-runs in place where the profile runs the op inplace: never costs anything
-                            plan = SEM.with_inplace_reruns(graph, plan, {
-                                q for q in SEM.V.rerun_inplace_inputs(graph)
-                                if profile.lookup(graph.signature(graph.ops[q]), ops[q].accelerator, "inplace")})
+                        if rec:
+                            plan = SEM.with_inplace_reruns(graph, plan, inplace_ok)
                         s = simulate(plan, graph, profile)
                     except PlanError:
                         continue
