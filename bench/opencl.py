@@ -55,12 +55,24 @@ def scaled(prof, f: float):
     return dataclasses.replace(prof, entries=ents, _index={})
 
 
+def infeasible_row(name: str, batch: int, budget: float, memory: str, label: str, err, profile_s: float) -> dict:
+    """The row of a budget no plan fits (port.errors.InfeasibleBudgetError ``err``): no plan, no times; its
+    "infeasible" text names the smallest feasible budget the solver found."""
+    from port.config import format_size
+    mn = err.min_feasible_bytes
+    return {"model": name, "batch": batch, "budget": budget, "memory": memory, "profile": label,
+            "infeasible": ("infeasible: smallest feasible " + (format_size(mn) if mn is not None else "unknown")
+                           + f" (budget {format_size(err.budget_bytes)})"),
+            "budget_bytes": err.budget_bytes, "min_feasible_bytes": mn, "profile_s": profile_s}
+
+
 def run_model(name: str, batch: int, budgets: list[float], a, memory: str = "unified") -> list[dict]:
     import torch
     import port
     from port import models
     from port.config import load_device
     from port.cost.io import load_profile, save_profile
+    from port.errors import InfeasibleBudgetError
     from port.train.optim import SGD
     from port.train.trainer import Trainer
 
@@ -85,7 +97,12 @@ def run_model(name: str, batch: int, budgets: list[float], a, memory: str = "uni
     profs = [("measured", prof)] + ([(f"opencl conv x{a.opencl_scale:g}", scaled(prof, a.opencl_scale))]
                                     if a.opencl_scale else [])
     for (label, pr), f in [(lp, f) for lp in profs for f in budgets]:
-        plan = port.solve(graph, pr, budget=f"{f * 100:g}%", time_limit_s=a.solve_s)
+        try:
+            plan = port.solve(graph, pr, budget=f"{f * 100:g}%", time_limit_s=a.solve_s)
+        except InfeasibleBudgetError as e:   # a recorded row: the budget is below what any plan needs
+            rows.append(infeasible_row(name, batch, f, memory, label, e, prof_s))
+            print(f"{name} b{batch} {f:.0%} {memory} ({label}): {rows[-1]['infeasible']}", flush=True)
+            continue
         sim = port.simulate(plan, graph, pr)
         accs = sorted({d.accelerator for d in plan.ops})
         tr = Trainer(models.get(name, seed=0, **KW.get(name, {})), x, optimizer=SGD(0.01, momentum=0.9), plan=plan,
@@ -111,10 +128,10 @@ def run_model(name: str, batch: int, budgets: list[float], a, memory: str = "uni
                      "makespan_ms": sim.breakdown.get("makespan_ms", sim.step_ms), "measured_ms": meas,
                      "measured_min_ms": min(ms),
                      "error": (meas - sim.step_ms) / sim.step_ms, "profile_s": prof_s})
-        print(f"{name} b{batch} {f:.0%} {memory} ({label}): predicted {sim.step_ms:.1f} ms (hand-offs {rows[-1]['handoff_ms']:.2f}, "
-              f"overlapped {rows[-1]['makespan_ms']:.1f}) "
-              f"measured {meas:.1f} ms ({rows[-1]['error']:+.0%}; min {min(ms):.1f}); engines {accs}, {n_ocl} opencl calls, "
-              f"{rows[-1]['handoff_calls']} hand-offs"
+        print(f"{name} b{batch} {f:.0%} {memory} ({label}): predicted {sim.step_ms:.1f} ms "
+              f"(hand-offs {rows[-1]['handoff_ms']:.2f}, overlapped {rows[-1]['makespan_ms']:.1f}) "
+              f"measured {meas:.1f} ms ({rows[-1]['error']:+.0%}; min {min(ms):.1f}); engines {accs}, "
+              f"{n_ocl} opencl calls, {rows[-1]['handoff_calls']} hand-offs"
               + (f", own arena {own_arena['opencl']} B" if own_arena else ""), flush=True)
     return rows
 
@@ -166,15 +183,21 @@ def results_text(rows: list[dict], machine: str, load0: float) -> str:
              "overlapped ms | measured ms (median) | min ms | measured vs predicted |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        if r.get("infeasible"):
+            lines.append(f"| {r['model']} | {r['batch']} | {r['budget']:.0%} | {r['memory']} | {r['profile']} | "
+                         f"{r['infeasible']} |" + " |" * 7)
+            continue
         lines.append(f"| {r['model']} | {r['batch']} | {r['budget']:.0%} | {r['memory']} | {r['profile']} | "
                      f"{', '.join(r['accelerators'])} | {r['opencl_calls']} | {r['handoff_calls']} | "
                      f"{r['predicted_ms']:.1f} | {r['makespan_ms']:.1f} | {r['measured_ms']:.1f} | "
                      f"{r['measured_min_ms']:.1f} | {100 * r['error']:+.1f}% |")
-    own = [r for r in rows if r["profile"] == "measured"]
+    own = [r for r in rows if r["profile"] == "measured" and not r.get("infeasible")]
+    n_inf = sum(bool(r.get("infeasible")) for r in rows if r["profile"] == "measured")
     both = [r for r in own if r["both_engines"]]
     ok = sum(abs(r["error"]) <= TARGET for r in both)
-    lines += ["", f"OpenCL headline: {len(both)}/{len(own)} of the ILP's plans use both engines and executed; "
-                  f"{ok}/{len(both)} of them within 15% of their predicted step (target: all"
+    lines += ["", f"OpenCL headline: {len(both)}/{len(own)} of the ILP's plans use both engines and executed"
+                  + (f" ({n_inf} budget{'s' if n_inf > 1 else ''} infeasible: no plan fits)" if n_inf else "")
+                  + f"; {ok}/{len(both)} of them within 15% of their predicted step (target: all"
                   f"{'' if quiet else '; UNDER LOAD, indicative only'}; PoCL timings are CPU timings)."]
     return "\n".join(lines)
 
