@@ -89,6 +89,7 @@ class Engine:
         self.device = d
         self.name = f"{p.name.strip()}: {d.name.strip()}"
         self.unified = bool(d.host_unified_memory)
+        self.cpu = bool(d.type & cl.device_type.CPU)     # PoCL's CPU device: it computes on the host's cores
         self.ctx = cl.Context(devices=[d])
         self.queue = cl.CommandQueue(self.ctx)
         self.prg = cl.Program(self.ctx, SOURCE.read_text()).build()
@@ -178,15 +179,32 @@ def engine() -> Engine:
     return _ENGINE
 
 
-def available() -> tuple[bool, str]:
+# PoCL's CPU (pthread) device reads its thread count from these once, when a process first loads it: PoCL <= 3
+# POCL_MAX_PTHREAD_COUNT, PoCL >= 4 POCL_CPU_MAX_CU_COUNT. (Device fission, clCreateSubDevices, does not do it:
+# PoCL 3.0's sub-device of one compute unit still ran its kernels on both worker threads, 2026-11-29.)
+POCL_THREAD_ENV = ("POCL_MAX_PTHREAD_COUNT", "POCL_CPU_MAX_CU_COUNT")
+
+
+def available(threads: int | None = None) -> tuple[bool, str]:
+    """(usable, why not). ``threads``: the compute threads a CPU OpenCL device should run (a device YAML's
+    ``threads``: host-opencl-split.yaml gives PoCL one core and the C kernels the other); set through PoCL's
+    environment before the engine is created (unless the environment sets it already), and not usable when this
+    process's engine already runs another count (PoCL reads it once a process). A GPU ignores it."""
     try:
         import pyopencl  # noqa: F401
     except ImportError:
         return False, "pyopencl is not installed (pip install -c constraints.txt '.[opencl]')"
+    if threads is not None and _ENGINE is None:
+        for k in POCL_THREAD_ENV:
+            os.environ.setdefault(k, str(int(threads)))
     try:
-        engine()
-    except RuntimeError as e:
-        return False, f"no usable OpenCL device ({e})"
+        e = engine()
+    except RuntimeError as err:
+        return False, f"no usable OpenCL device ({err})"
+    if threads is not None and e.cpu and e.device.max_compute_units != int(threads):
+        return False, (f"{e.name} runs {e.device.max_compute_units} compute threads in this process, the device "
+                       f"YAML asks for {threads} (PoCL reads {'/'.join(POCL_THREAD_ENV)} once a process: load this "
+                       f"YAML in a process of its own, or set them)")
     return True, ""
 
 
