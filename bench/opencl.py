@@ -159,7 +159,7 @@ def run_child(a, memory: str, names: list[str]) -> list[dict]:
         cmd += (["--quick"] if a.quick else []) + (["--profile-max-s", str(a.profile_max_s)] if a.profile_max_s
                                                    else []) + (["--opencl-scale", str(a.opencl_scale)]
                                                                if a.opencl_scale else [])
-        subprocess.run(cmd, check=True)
+        subprocess.run(cmd, check=True, env={**os.environ, CHILD_ENV: "1"})
         return json.loads(out.read_text())
 
 
@@ -194,6 +194,8 @@ def main() -> None:
             rows += run_child(a, mem, names)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
+    if os.environ.get(CHILD_ENV):
+        return                  # run_child's process: the parent prints and writes the section
     sys.path.append(str(BENCH))
     from _results import machine_line, publish
     publish(SECTION, results_text(rows, machine_line("python bench/opencl.py " + " ".join(sys.argv[1:]), t0, load0),
@@ -201,6 +203,7 @@ def main() -> None:
 
 
 SECTION = "OpenCL engine: cross-engine plans"
+CHILD_ENV = "PORT_BENCH_OPENCL_CHILD"
 TARGET = 0.15
 
 

@@ -5,8 +5,10 @@ backward's layer-3 weight gradient and its update on the OpenCL queue, beside th
 placement the makespan model prefers on the measured split profile of ResNet-8) trains equal to PyTorch eager,
 with hand-offs only where the host reads the queue's results.
 
-Whether such plans pay on this 2-core host is a measurement (bench/opencl.py --memory split): PoCL's kernels run
-3.6x (conv weight gradient) to 10x (conv forward) the C kernels' time a core, so the ILP finds little to overlap."""
+Whether such plans pay on this 2-core host is a measurement (bench/opencl.py --memory split): PoCL's convolutions
+run 3.5-3.7x the C kernels' time a core (ResNet-18 b8; ResNet-8 3.6-10x), so only the deeper layers' weight
+gradients, beside the shallower layers' input gradients, fit on the queue (the simulator: ResNet-8 -6%, ResNet-18
+-15% against all-C at 1 thread; under load the measured two-engine steps were slower, 1.4-1.6x)."""
 from __future__ import annotations
 
 import dataclasses
