@@ -47,6 +47,13 @@ def test_split_yaml_runs_pocl_on_its_thread_count():
     assert "opencl" in accs
     if cpu == "True" and pocl == "True":
         assert cus == "1"
+    # in this process the engine exists already (registry.available above): kept, with a note where its count
+    # is not the YAML's
+    from port.exec.backends.opencl import engine
+    dev = load_device(SPLIT)
+    assert "opencl" in {a.id for a in dev.accelerators}
+    e = engine()
+    assert any("compute threads" in n for n in dev.skipped) == (e.cpu and e.device.max_compute_units != 1)
 
 
 def test_split_plan_overlaps_and_trains_equal_to_eager():

@@ -187,9 +187,9 @@ POCL_THREAD_ENV = ("POCL_MAX_PTHREAD_COUNT", "POCL_CPU_MAX_CU_COUNT")
 
 def available(threads: int | None = None) -> tuple[bool, str]:
     """(usable, why not). ``threads``: the compute threads a CPU OpenCL device should run (a device YAML's
-    ``threads``: host-opencl-split.yaml gives PoCL one core and the C kernels the other); set through PoCL's
-    environment before the engine is created (unless the environment sets it already), and not usable when this
-    process's engine already runs another count (PoCL reads it once a process). A GPU ignores it."""
+    ``threads``: host-opencl-split.yaml gives PoCL one core and the C kernels the other), set through PoCL's
+    environment before the engine is created (unless the environment sets them already); :func:`thread_note`
+    says when this process's engine runs another count (PoCL reads it once a process). A GPU ignores it."""
     try:
         import pyopencl  # noqa: F401
     except ImportError:
@@ -198,14 +198,19 @@ def available(threads: int | None = None) -> tuple[bool, str]:
         for k in POCL_THREAD_ENV:
             os.environ.setdefault(k, str(int(threads)))
     try:
-        e = engine()
+        engine()
     except RuntimeError as err:
         return False, f"no usable OpenCL device ({err})"
-    if threads is not None and e.cpu and e.device.max_compute_units != int(threads):
-        return False, (f"{e.name} runs {e.device.max_compute_units} compute threads in this process, the device "
-                       f"YAML asks for {threads} (PoCL reads {'/'.join(POCL_THREAD_ENV)} once a process: load this "
-                       f"YAML in a process of its own, or set them)")
     return True, ""
+
+
+def thread_note(threads: int) -> str:
+    """Why this process's engine (a CPU device) does not run ``threads`` compute threads, or ""."""
+    e = _ENGINE
+    if e is None or not e.cpu or e.device.max_compute_units == int(threads):
+        return ""
+    return (f"{e.name} runs {e.device.max_compute_units} compute threads in this process, not the YAML's {threads} "
+            f"(PoCL reads {'/'.join(POCL_THREAD_ENV)} once a process: load the YAML in a process of its own)")
 
 
 def handoff_probe(t, to_host: bool) -> Callable[[], None]:
