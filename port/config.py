@@ -223,6 +223,7 @@ class DeviceConfig(_Strict):
     storage: Optional[StorageConfig] = None
     modeled: bool = False                       # True: a description of hardware that is not this machine
     skipped: tuple[str, ...] = ()               # filled by load_device: "<id>: <why>" for dropped optional engines
+                                                # (and an OpenCL engine that runs another thread count)
 
     _mem = field_validator("memory", mode="before")(classmethod(lambda cls, v: parse_size(v)))
     _name = field_validator("name")(classmethod(lambda cls, v: check_name(v, DEVICE_NAME_HELP)))
@@ -264,8 +265,9 @@ class DeviceConfig(_Strict):
         raise KeyError(f"device {self.name!r} has no accelerator {aid!r}; it has {[a.id for a in self.accelerators]}")
 
 
-def requirement_met(req: Optional[str]) -> tuple[bool, str]:
-    """(met, why not) for an accelerator's ``requires``; imports torch only when it must."""
+def requirement_met(req: Optional[str], threads: Optional[int] = None) -> tuple[bool, str]:
+    """(met, why not) for an accelerator's ``requires``; imports torch only when it must. ``threads``: the
+    accelerator's (opencl: a CPU OpenCL device is set to run that many, port.exec.backends.opencl.available)."""
     import os
     if req is None:
         return True, ""
@@ -289,7 +291,7 @@ def requirement_met(req: Optional[str]) -> tuple[bool, str]:
             return False, f"PORT C kernels not loadable ({type(e).__name__}: {e})"
     if req == "opencl":
         from port.exec.backends.opencl import available
-        return available()
+        return available(threads)
     return False, f"unknown requirement {req!r}"
 
 
@@ -298,13 +300,21 @@ def drop_absent(dev: DeviceConfig) -> DeviceConfig:
     keep, notes = [], list(dev.skipped)
     for a in dev.accelerators:
         if a.optional:
-            ok, why = requirement_met(a.requires)
+            # an OpenCL engine on cores of its own (no shares_compute_with: host-opencl-split.yaml) runs its
+            # YAML's thread count where this process has not created the engine yet (else a note says what it
+            # runs); one sharing the C kernels' cores runs what the OpenCL device gives
+            own_cores = a.backend == "opencl" and a.shares_compute_with is None
+            ok, why = requirement_met(a.requires, a.threads if own_cores else None)
             if not ok:
                 notes.append(f"{a.id}: skipped ({why})")
                 continue
+            if own_cores:
+                from port.exec.backends.opencl import thread_note
+                if thread_note(a.threads):
+                    notes.append(f"{a.id}: {thread_note(a.threads)}")
         keep.append(a)
     if len(keep) == len(dev.accelerators):
-        return dev
+        return dev if len(notes) == len(dev.skipped) else dev.model_copy(update={"skipped": tuple(notes)})
     if not keep:
         raise ConfigError(f"device {dev.name!r}: every accelerator is optional and absent: {'; '.join(notes)}")
     ids = {a.id for a in keep}

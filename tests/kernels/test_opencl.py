@@ -8,6 +8,8 @@ Skipped with the reason where pyopencl or an OpenCL device (PoCL: pocl-binary-di
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn as nn
@@ -208,3 +210,43 @@ def test_profiler_measures_copies_to_and_from_an_engine_with_its_own_memory():
     from port.exec.backends.opencl import engine
     engine().copy(back.view(torch.uint8), to_dev.keep, 0, True)
     assert torch.equal(back, t)
+
+
+class ConvNet(nn.Module):
+    """Convolutions whose GEMMs have full 8 x 8 blocks and ragged edges (13 and 24 output channels, 90 and 45
+    output pixels): strided 5x5, pointwise (its forward and input gradient read the image as the column matrix)
+    and grouped with bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 13, 5, stride=2, padding=2, bias=False)
+        self.pw = nn.Conv2d(13, 16, 1)
+        self.gc = nn.Conv2d(16, 24, 3, stride=(2, 1), padding=1, groups=2)
+        self.fc = nn.Linear(24, 3)
+
+    def forward(self, x):
+        x = self.gc(torch.relu(self.pw(self.c1(x))))
+        return self.fc(nn.functional.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+@pytest.mark.parametrize("images_per_launch", [5, 2, 1])
+def test_conv_gemm_blocks_edges_and_image_chunks_match_float64(monkeypatch, images_per_launch):
+    """The convolutions' batched GEMM (gemm_n8) on full and ragged blocks, with the 5 images in one launch, at
+    most 2 a launch (the smallest conv: 2 + 2 + 1) and one by one (port.exec.backends.opencl.SCRATCH_IMAGES_BYTES
+    bounds a launch's column matrices)."""
+    from port.exec.backends import opencl
+    from port.ir.trace import trace_many
+    from port.train.optim import SGD
+    g = trace_many([dict(model=ConvNet(), example_input=torch.randn(5, 3, 19, 17), optimizer="sgd",
+                         name="oclconv")])[0]
+    T = g.tensors
+    per_image = [4 * math.prod(T[o.inputs[1]].shape[1:]) * math.prod(T[o.outputs[0]].shape[2:])   # 4 * K * P
+                 for o in g.ops if o.kind == "conv2d"]
+    monkeypatch.setattr(opencl, "SCRATCH_IMAGES_BYTES", min(per_image) * images_per_launch)
+    state = RunState(opt=SGD(0.05, momentum=0.9), step=3)
+    kinds = set()
+    for op in g.ops:
+        if op.kind.startswith("conv2d"):
+            _check_op(g, op, "sgd", state)
+            kinds.add(op.kind)
+    assert kinds == {"conv2d", "conv2d.grad_input", "conv2d.grad_weight"}

@@ -15,6 +15,16 @@ def _bench(name):
     return m
 
 
+def _benches():
+    """bench/opencl.py (it takes bench/ off sys.path) and then bench/headlines.py (bench/ on sys.path meanwhile)."""
+    ocl = _bench("opencl")
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return ocl, _bench("headlines")
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
 def _row(model, budget, pred, meas, accs=("cpu-c", "opencl"), ocl=5, profile="measured"):
     return {"model": model, "batch": 8, "budget": budget, "memory": "unified", "profile": profile,
             "accelerators": list(accs), "opencl_calls": ocl, "handoff_calls": 2 * ocl, "both_engines": ocl > 0 and
@@ -23,12 +33,7 @@ def _row(model, budget, pred, meas, accs=("cpu-c", "opencl"), ocl=5, profile="me
 
 
 def test_section_counts_own_plans_on_both_engines_within_15_percent():
-    ocl = _bench("opencl")
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        heads = _bench("headlines")
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    ocl, heads = _benches()
     rows = [_row("resnet8", 1.0, 10.0, 11.0), _row("resnet8", 0.5, 10.0, 12.0),
             _row("resnet18", 1.0, 50.0, 51.0, accs=("cpu-c",), ocl=0),
             _row("resnet8", 1.0, 10.0, 30.0, profile="opencl conv x0.1")]
@@ -42,3 +47,25 @@ def test_section_counts_own_plans_on_both_engines_within_15_percent():
     assert src == "bench/opencl.py" and head.startswith("2/3 of the ILP's plans")
     loaded = ocl.results_text(rows[:1], "`python bench/opencl.py`", 3.0)
     assert "UNDER LOAD" in loaded.splitlines()[0] and "UNDER LOAD, indicative only" in loaded.splitlines()[-1]
+
+
+def test_an_infeasible_budget_is_a_row_not_a_crash():
+    """A budget below what any plan needs (ResNet-18 at 50%: static memory with early updates is above it) is a
+    row naming the smallest feasible budget; it is neither a plan nor counted as one, and the headline says it."""
+    from port.errors import InfeasibleBudgetError
+    ocl, heads = _benches()
+    err = InfeasibleBudgetError("no plan fits", 89045056, 102533440)
+    inf = ocl.infeasible_row("resnet18", 8, 0.5, "unified", "measured", err, 1.0)
+    assert inf["infeasible"] == "infeasible: smallest feasible 97.78 MiB (budget 84.92 MiB)"
+    unknown = ocl.infeasible_row("resnet18", 8, 0.5, "unified", "measured", InfeasibleBudgetError("x", 10, None), 1.0)
+    assert "smallest feasible unknown" in unknown["infeasible"]
+    rows = [_row("resnet8", 1.0, 10.0, 11.0), inf, _row("resnet18", 1.0, 50.0, 51.0, accs=("cpu-c",), ocl=0)]
+    text = ocl.results_text(rows, "`python bench/opencl.py` (date, CPU, 2 CPUs: load average 0.2 at start)", 0.2)
+    lines = text.splitlines()
+    row = next(ln for ln in lines if ln.startswith("| resnet18 | 8 | 50%"))
+    assert row.count("|") == lines[2].count("|") and "infeasible: smallest feasible 97.78 MiB" in row
+    assert lines[-1] == ("OpenCL headline: 1/2 of the ILP's plans use both engines and executed (1 budget infeasible: "
+                         "no plan fits); 1/1 of them within 15% of their predicted step (target: all; PoCL timings "
+                         "are CPU timings).")
+    tab = heads.table(f"## {ocl.SECTION}\n\n{text}\n").splitlines()
+    assert tab[2].startswith(f"| {ocl.SECTION} | `bench/opencl.py` | 1/2 of the ILP's plans") and len(tab) == 3

@@ -17,9 +17,9 @@ waits for them, ``Engine.flush`` submits them without waiting. The executor wait
 calls run while the queue works (port.exec.handoff.drain_before). The profiler waits after each timed run
 (``sync``).
 
-Kernels: conv2d via im2col + a tiled GEMM (per image and group; the column matrix lives in an engine scratch
-buffer outside the arena, reused by every call), depthwise conv direct, batch norm (train/eval), relu, relu6,
-hardswish, max/avg/global-average pools, linear, add, gradient accumulation, softmax cross-entropy, SGD and
+Kernels: conv2d via im2col + a register-blocked GEMM (several images per launch; the column matrices live in an
+engine scratch buffer outside the arena, reused by every call), depthwise conv direct, batch norm (train/eval),
+relu, relu6, hardswish, max/avg/global-average pools, linear, add, gradient accumulation, softmax cross-entropy, SGD and
 AdamW updates, forward and backward. Ops without a kernel here (``kernels()`` lists the ones with) stay on the
 other engines: ``supports(kind, attrs)`` is what port.plan.variants asks.
 """
@@ -35,6 +35,9 @@ from port.errors import ProgramError
 SOURCE = Path(__file__).with_name("opencl_kernels.cl")
 ACT = {"relu": 0, "relu6": 1, "hardswish": 2}
 GEMM_TILE = 16
+GEMM_ROWS = 8            # gemm_n8's rows per work-item (GR in the kernel source)
+GEMM_N8_WG = 8           # its work-group: 8 work-items of 8 columns
+SCRATCH_IMAGES_BYTES = 8 << 20   # a convolution's column matrices per launch: at most this (one image at least)
 BN_WG = 64
 
 
@@ -86,6 +89,7 @@ class Engine:
         self.device = d
         self.name = f"{p.name.strip()}: {d.name.strip()}"
         self.unified = bool(d.host_unified_memory)
+        self.cpu = bool(d.type & cl.device_type.CPU)     # PoCL's CPU device: it computes on the host's cores
         self.ctx = cl.Context(devices=[d])
         self.queue = cl.CommandQueue(self.ctx)
         self.prg = cl.Program(self.ctx, SOURCE.read_text()).build()
@@ -175,16 +179,38 @@ def engine() -> Engine:
     return _ENGINE
 
 
-def available() -> tuple[bool, str]:
+# PoCL's CPU (pthread) device reads its thread count from these once, when a process first loads it: PoCL <= 3
+# POCL_MAX_PTHREAD_COUNT, PoCL >= 4 POCL_CPU_MAX_CU_COUNT. (Device fission, clCreateSubDevices, does not do it:
+# PoCL 3.0's sub-device of one compute unit still ran its kernels on both worker threads, 2026-11-29.)
+POCL_THREAD_ENV = ("POCL_MAX_PTHREAD_COUNT", "POCL_CPU_MAX_CU_COUNT")
+
+
+def available(threads: int | None = None) -> tuple[bool, str]:
+    """(usable, why not). ``threads``: the compute threads a CPU OpenCL device should run (a device YAML's
+    ``threads``: host-opencl-split.yaml gives PoCL one core and the C kernels the other), set through PoCL's
+    environment before the engine is created (unless the environment sets them already); :func:`thread_note`
+    says when this process's engine runs another count (PoCL reads it once a process). A GPU ignores it."""
     try:
         import pyopencl  # noqa: F401
     except ImportError:
         return False, "pyopencl is not installed (pip install -c constraints.txt '.[opencl]')"
+    if threads is not None and _ENGINE is None:
+        for k in POCL_THREAD_ENV:
+            os.environ.setdefault(k, str(int(threads)))
     try:
         engine()
-    except RuntimeError as e:
-        return False, f"no usable OpenCL device ({e})"
+    except RuntimeError as err:
+        return False, f"no usable OpenCL device ({err})"
     return True, ""
+
+
+def thread_note(threads: int) -> str:
+    """Why this process's engine (a CPU device) does not run ``threads`` compute threads, or ""."""
+    e = _ENGINE
+    if e is None or not e.cpu or e.device.max_compute_units == int(threads):
+        return ""
+    return (f"{e.name} runs {e.device.max_compute_units} compute threads in this process, not the YAML's {threads} "
+            f"(PoCL reads {'/'.join(POCL_THREAD_ENV)} once a process: load the YAML in a process of its own)")
 
 
 def handoff_probe(t, to_host: bool) -> Callable[[], None]:
@@ -273,14 +299,29 @@ def _elementwise(e, call, a, I, O, ctx):
 
 def _gemm(e, C, A, B, m, n, k, sam, sak, sbk, sbn, scm, scn, beta) -> None:
     """C[m, n] (+)= A[m, k] @ B[k, n] with element strides; A, B, C: kernel argument pairs."""
+    if sbn == 1 and scn == 1:
+        _gemm_n8(e, C, A, B, m, n, k, sam, sak, sbk, scm, beta)
+        return
     gs = ((m + GEMM_TILE - 1) // GEMM_TILE * GEMM_TILE, (n + GEMM_TILE - 1) // GEMM_TILE * GEMM_TILE)
     e.run("gemm", gs, (GEMM_TILE, GEMM_TILE), *C, *A, *B, _I(m), _I(n), _I(k), _I(sam), _I(sak), _I(sbk),
           _I(sbn), _I(scm), _I(scn), _I(beta))
 
 
+def _gemm_n8(e, C, A, B, m, n, k, sam, sak, sbk, scm, beta, batch=1, sz=(0, 0, 0), summed=False) -> None:
+    """C[z] (+)= A[z] @ B[z] for ``batch`` products (A[z]: A + z * sz[0] floats; B, C alike) in one launch,
+    B and C contiguous along n; ``summed``: C (+)= the sum of the ``batch`` products instead (one C)."""
+    blocks = -(-n // 8)
+    gs = (-(-blocks // GEMM_N8_WG) * GEMM_N8_WG, -(-m // GEMM_ROWS), 1 if summed else batch)
+    e.run("gemm_n8", gs, (GEMM_N8_WG, 1, 1), *C, *A, *B, _I(m), _I(n), _I(k), _I(sam), _I(sak), _I(sbk),
+          _I(scm), _I(beta), *(_L(v) for v in sz), _I(batch if summed else 1))
+
+
 def _conv(e, call, a, I, O, ctx):
-    """conv2d and its gradients: depthwise (groups == C_in) direct; else im2col + the tiled GEMM per image and
-    group, the column matrix [C/g * KH * KW, HO * WO] in the engine's scratch buffer."""
+    """conv2d and its gradients: depthwise (groups == C_in) direct; else im2col of up to SCRATCH_IMAGES_BYTES of
+    images per launch into the engine's scratch buffer (none for a 1x1 stride-1 unpadded conv's forward and
+    input gradient: its column matrix is the image) and one batched GEMM per group (gemm_n8): the forward
+    y[i, j] = W[j] @ col_i ([cog, K] @ [K, P]), the input gradient col_i = W[j]^T @ dy[i, j] then col2im, the
+    weight gradient dW[j] += sum_i dy[i, j] @ col_i^T (the columns written transposed, [P, K])."""
     kind = call.kernel
     g = int(a["groups"])
     gr: dict = {}
@@ -319,34 +360,49 @@ def _conv(e, call, a, I, O, ctx):
         return run
     cg, cog = c // g, co // g
     K = cg * kh * kw
-    col = (e.scratch(4 * K * P), _L(0))
+    zc = max(1, min(n, SCRATCH_IMAGES_BYTES // (4 * K * P)))      # images per launch
+    pointwise = (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0)    # col_i is x[i] itself ([C, H*W], K = cg)
+    col = (e.scratch(4 * K * P * zc), _L(0)) if not (pointwise and kind != "conv2d.grad_weight") else None
     cgeom = tuple(_I(v) for v in (cg, h, w, kh, kw, sh, sw, ph, pw, ho, wo))
+    chunks = [(i, min(zc, n - i)) for i in range(0, n, zc)]
 
-    def im2col(i, j):
-        e.run("im2col", _g(K * P), None, *col, *x.a((i * c + j * cg) * h * w), *cgeom)
+    def im2col(i, z, j, transposed):
+        sr, sp = (1, K) if transposed else (P, 1)
+        e.run("im2col", (ho, K, z), None, *col, *x.a((i * c + j * cg) * h * w), *cgeom, _L(sr), _L(sp),
+              _L(c * h * w), _L(K * P))
     if kind == "conv2d":
         def run():
-            for i in range(n):
-                for j in range(g):      # y[i, j] = W[j] @ col   ([cog, K] @ [K, P])
-                    im2col(i, j)
-                    _gemm(e, y.a((i * co + j * cog) * P), wt.a(j * cog * K), col, cog, P, K, K, 1, P, 1, P, 1, 0)
+            for i, z in chunks:
+                for j in range(g):
+                    if pointwise:
+                        src, sb = x.a((i * c + j * cg) * P), c * P
+                    else:
+                        im2col(i, z, j, False)
+                        src, sb = col, K * P
+                    _gemm_n8(e, y.a((i * co + j * cog) * P), wt.a(j * cog * K), src, cog, P, K, K, 1, P, P, 0,
+                             z, (0, sb, co * P))
             if b is not None:
                 e.run("bias_add", _g(n * co * P), None, *y.a(), *b.a(), _I(co), _L(P), _L(n * co * P))
         return run
     if kind == "conv2d.grad_input":
         def run():
-            for i in range(n):
-                for j in range(g):      # col = W[j]^T @ dy[i, j]   ([K, cog] @ [cog, P]), then scattered back
-                    _gemm(e, col, wt.a(j * cog * K), y.a((i * co + j * cog) * P), K, P, cog, 1, K, P, 1, P, 1, 0)
-                    e.run("col2im", _g(cg * h * w), None, *x.a((i * c + j * cg) * h * w), *col, *cgeom)
+            for i, z in chunks:
+                for j in range(g):
+                    dx = x.a((i * c + j * cg) * h * w)
+                    dst, sc = (dx, c * P) if pointwise else (col, K * P)
+                    _gemm_n8(e, dst, wt.a(j * cog * K), y.a((i * co + j * cog) * P), K, P, cog, 1, K, P, P, 0,
+                             z, (0, co * P, sc))
+                    if not pointwise:
+                        e.run("col2im", (h, cg, z), None, *dx, *col, *cgeom, _L(c * h * w), _L(K * P))
         return run
 
     def run():
         if dwg is not None:
-            for i in range(n):
-                for j in range(g):      # dW[j] += dy[i, j] @ col^T   ([cog, P] @ [P, K])
-                    im2col(i, j)
-                    _gemm(e, dwg.a(j * cog * K), y.a((i * co + j * cog) * P), col, cog, K, P, P, 1, 1, P, K, 1, 1)
+            for i, z in chunks:
+                for j in range(g):
+                    im2col(i, z, j, True)
+                    _gemm_n8(e, dwg.a(j * cog * K), y.a((i * co + j * cog) * P), col, cog, K, P, P, 1, K, K, 1,
+                             z, (co * P, K * P, 0), summed=True)
         if bg is not None:
             e.run("bias_grad", _g(co), None, *bg.a(), *y.a(), _I(n), _I(co), _L(P))
     return run
