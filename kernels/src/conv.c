@@ -1150,19 +1150,44 @@ PORT_ALWAYS_INLINE void grp_lane_dw_tap(float *acc, int64_t K, const float *xt, 
     for (int i = 0; i < mr; i++) PORT_V16_ST(acc + i * K * DW_LB, a[i]);
 }
 /* acc[(co * cig + ci) * kk + tap] += dy[co](p) * x[ci](q) over the outputs p where the tap is valid, in order (tap
- * by tap, eight output channels at once: the partial sums stay in registers) */
+ * by tap, eight output channels at once: the partial sums stay in registers; on the smallest maps output by output,
+ * the same sums in the same order) */
 PORT_ISA_CLONES static void grp_lane_bwd_w_item(float *acc, const float *xt, const float *dyt,
                                                 const port_conv2d_params *p) {
     LANE_GEOM(p);
+    if (P < 16) {   /* 3x3 and 2x2 maps: a tap has one to four outputs, too few to pay for loading its sums */
+        for (int64_t oh = 0; oh < ho; oh++)
+            for (int64_t ow = 0; ow < wo; ow++) {
+                LANE_WINDOW(p, oh, ow);
+                const float *d = dyt + (oh * wo + ow) * DW_LB;
+                for (int64_t ci = 0; ci < cig; ci++)
+                    for (int64_t ki = i0; ki < i1; ki++)
+                        for (int64_t kj = j0; kj < j1; kj++) {
+                            dw_v16f xv = PORT_V16_LD(xt + (ci * HW + q0 + ki * W + kj) * DW_LB);
+                            float *a = acc + ((ci * kh + ki) * kw + kj) * DW_LB;
+                            for (int64_t co = 0; co < cog; co++)
+                                PORT_V16_ST(a + co * K * DW_LB,
+                                            PORT_V16_LD(a + co * K * DW_LB) + PORT_V16_LD(d + co * P * DW_LB) * xv);
+                        }
+            }
+        return;
+    }
+    int64_t r0[DW_LANE_TAPS], r1[DW_LANE_TAPS], c0[DW_LANE_TAPS], c1[DW_LANE_TAPS];   /* kh, kw <= 25 */
+    for (int64_t ki = 0; ki < kh; ki++) {   /* the outputs tap (ki, kj) is valid for: rows [r0, r1), columns [c0, c1) */
+        r0[ki] = PORT_MAX(0, cdiv(ph - ki, sh));
+        r1[ki] = PORT_MIN(ho, fdiv(H - 1 + ph - ki, sh) + 1);
+    }
+    for (int64_t kj = 0; kj < kw; kj++) {
+        c0[kj] = PORT_MAX(0, cdiv(pw - kj, sw));
+        c1[kj] = PORT_MIN(wo, fdiv(W - 1 + pw - kj, sw) + 1);
+    }
     for (int64_t ci = 0; ci < cig; ci++)
         for (int64_t ki = 0; ki < kh; ki++)
             for (int64_t kj = 0; kj < kw; kj++) {
-                int64_t oh0 = PORT_MAX(0, cdiv(ph - ki, sh)), oh1 = PORT_MIN(ho, fdiv(H - 1 + ph - ki, sh) + 1);
-                int64_t ow0 = PORT_MAX(0, cdiv(pw - kj, sw)), ow1 = PORT_MIN(wo, fdiv(W - 1 + pw - kj, sw) + 1);
-                if (oh1 <= oh0 || ow1 <= ow0) continue;
+                if (r1[ki] <= r0[ki] || c1[kj] <= c0[kj]) continue;
                 int64_t k = (ci * kh + ki) * kw + kj, q0 = ci * HW + (ki - ph) * W + kj - pw, co = 0;
-#define TAP(mr) grp_lane_dw_tap(acc + (co * K + k) * DW_LB, K, xt, dyt + co * P * DW_LB, P, q0, W, sh, sw, wo, oh0, \
-                                oh1, ow0, ow1, mr)
+#define TAP(mr) grp_lane_dw_tap(acc + (co * K + k) * DW_LB, K, xt, dyt + co * P * DW_LB, P, q0, W, sh, sw, wo, r0[ki], \
+                                r1[ki], c0[kj], c1[kj], mr)
                 for (; co + 8 <= cog; co += 8) TAP(8);
                 for (; co + 4 <= cog; co += 4) TAP(4);
                 for (; co < cog; co++) TAP(1);
