@@ -567,6 +567,9 @@ GROUPED_CASES = [(3, 64, 64, 11, 9, 3, 1, 1, 32), (2, 80, 120, 9, 13, 3, 2, 1, 2
                  # forward's four output channels at once and the rest), stride 2, a non-square map
                  (33, 24, 16, 5, 7, 3, 2, 1, 8), (17, 16, 16, 4, 4, 3, 1, 1, 2), (17, 15, 25, 3, 5, 3, 1, 1, 5),
                  (20, 12, 18, 2, 2, 3, 1, 1, 3), (18, 8, 12, 7, 6, 5, 2, 2, 2),
+                 # the weight gradient tap by tap (maps of 16 outputs or more): eight, four and one output channels'
+                 # sums at once; RegNet's 8x8 layer (a full block and a partial one)
+                 (17, 15, 25, 5, 5, 3, 1, 1, 5), (9, 16, 16, 8, 8, 3, 1, 1, 2),
                  # flat phase planes (group_flat_ok): RegNet-Y-400MF's stride-2 layers on 32x32 and 16x16 maps (a
                  # stack of one image and of three), odd maps, stride 3, 5x5 at padding 2, the im2col path beside
                  # (padding = kernel: no flat form)
