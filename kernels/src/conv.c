@@ -473,20 +473,67 @@ static int dw_lane_par(const port_conv2d_params *p) {
     return p->n * p->c_in * dw_real_taps(p) > PORT_PAR_MIN_MACS && !port__in_parallel();
 }
 
-/* xt[r][pw + c][j] = plane j of `in` (planes `stride` floats apart, m of them; lanes m.. zero), row width wp */
+/* v[i][e] <-> v[e][i]: 16 x 16 floats transposed in registers, four rounds of swapping the off-diagonal blocks of
+ * 8, 4, 2 and 1 (data moves only: the same values) */
+PORT_ALWAYS_INLINE void lane_transpose16(dw_v16f *v) {
+    static const port_i16 lo[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                                   {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+                                   {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+                                   {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}};
+    static const port_i16 hi[4] = {{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+                                   {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
+                                   {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+                                   {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
+    for (int r = 0; r < 4; r++) {
+        int b = 8 >> r;
+        for (int i = 0; i < 16; i++)
+            if (!(i & b)) {
+                dw_v16f a = v[i], c = v[i + b];
+                v[i] = __builtin_shuffle(a, c, lo[r]);
+                v[i + b] = __builtin_shuffle(a, c, hi[r]);
+            }
+    }
+}
+/* the full-block part of dw_lane_gather: columns [0, c1) of every row, 16 at a time */
+PORT_ISA_CLONES static void lane_gather16(float *xt, const float *in, int64_t stride, int64_t h, int64_t w, int64_t wp,
+                                          int64_t left, int64_t c1) {
+    for (int64_t r = 0; r < h; r++)
+        for (int64_t c0 = 0; c0 < c1; c0 += DW_LB) {
+            dw_v16f v[DW_LB];
+            for (int64_t j = 0; j < DW_LB; j++) v[j] = PORT_V16_LD(in + j * stride + r * w + c0);
+            lane_transpose16(v);
+            for (int64_t q = 0; q < DW_LB; q++) PORT_V16_ST(xt + (r * wp + left + c0 + q) * DW_LB, v[q]);
+        }
+}
+/* the full-block part of dw_lane_scatter: positions [0, q1), 16 at a time */
+PORT_ISA_CLONES static void lane_scatter16(float *out, int64_t stride, int64_t q1, const float *lt) {
+    for (int64_t q0 = 0; q0 < q1; q0 += DW_LB) {
+        dw_v16f v[DW_LB];
+        for (int64_t q = 0; q < DW_LB; q++) v[q] = PORT_V16_LD(lt + (q0 + q) * DW_LB);
+        lane_transpose16(v);
+        for (int64_t j = 0; j < DW_LB; j++) PORT_V16_ST(out + j * stride + q0, v[j]);
+    }
+}
+/* xt[r][pw + c][j] = plane j of `in` (planes `stride` floats apart, m of them; lanes m.. zero), row width wp; a full
+ * block's columns 16 at a time through lane_transpose16 (a plain clone of the element loops would vectorise them
+ * into scatter instructions, slower than the scalar moves on the 2x2 .. 4x4 maps' rows) */
 static void dw_lane_gather(float *xt, const float *in, int64_t stride, int64_t m, int64_t h, int64_t w, int64_t wp,
                            int64_t left) {
-    memset(xt, 0, (size_t)(h * wp * DW_LB) * sizeof(float));
+    if (m < DW_LB || wp != w) memset(xt, 0, (size_t)(h * wp * DW_LB) * sizeof(float));
+    int64_t c0 = m == DW_LB ? w / DW_LB * DW_LB : 0;
+    if (c0 > 0) lane_gather16(xt, in, stride, h, w, wp, left, c0);
     for (int64_t j = 0; j < m; j++) {
         const float *src = in + j * stride;
         for (int64_t r = 0; r < h; r++)
-            for (int64_t c = 0; c < w; c++) xt[((r * wp) + left + c) * DW_LB + j] = src[r * w + c];
+            for (int64_t c = c0; c < w; c++) xt[((r * wp) + left + c) * DW_LB + j] = src[r * w + c];
     }
 }
 /* the inverse for the outputs: plane j of out (planes `stride` floats apart, j < m) <- lane j of lt[len][16] */
 static void dw_lane_scatter(float *out, int64_t stride, int64_t m, int64_t len, const float *lt) {
+    int64_t q0 = m == DW_LB ? len / DW_LB * DW_LB : 0;
+    if (q0 > 0) lane_scatter16(out, stride, q0, lt);
     for (int64_t j = 0; j < m; j++)
-        for (int64_t q = 0; q < len; q++) out[j * stride + q] = lt[q * DW_LB + j];
+        for (int64_t q = q0; q < len; q++) out[j * stride + q] = lt[q * DW_LB + j];
 }
 static inline int64_t dw_lo(int64_t pad, int64_t o, int64_t s) { return PORT_MAX(0, pad - o * s); }
 static inline int64_t dw_hi(int64_t k, int64_t len, int64_t pad, int64_t o, int64_t s) {
