@@ -269,6 +269,13 @@ static inline void dw_range(const dw_cols *vc, const port_conv2d_params *p, int6
     else valid_cols(lo, hi, p->w, p->stride_w, p->pad_w, kj, 0, wo);
 }
 
+/* the 16 lanes of a partial sum, pairwise (dw_tap_dots' order) */
+static inline float dw_lane_sum(const float *a) {
+    float l8[8];
+    for (int l = 0; l < 8; l++) l8[l] = a[l] + a[l + 8];
+    return ((l8[0] + l8[1]) + (l8[2] + l8[3])) + ((l8[4] + l8[5]) + (l8[6] + l8[7]));
+}
+
 /* Stride-1 depthwise planes through a zero-padded copy: the input plane sits in a buffer whose rows are
  * WS = out_w + kw - 1 floats apart, so out(oh, ow) = sum_ki,kj w[ki][kj] * buf[(oh + ki) * WS + ow + kj] and
  * every (ki, kj) is ONE flat loop over out_h * WS positions (the kw - 1 extra columns per row are computed and
@@ -440,12 +447,6 @@ static void dw_bwd_w_s1(float *dw, float *db, const float *dy, const float *x, c
 #define DW_LANE_TAPS 64
 #define DW_LANE_MIN_N 8     /* fewer images leave most lanes empty */
 
-/* the 16 lanes of a partial sum, pairwise (dw_tap_dots' order) */
-static inline float dw_lane_sum(const float *a) {
-    float l8[8];
-    for (int l = 0; l < 8; l++) l8[l] = a[l] + a[l + 8];
-    return ((l8[0] + l8[1]) + (l8[2] + l8[3])) + ((l8[4] + l8[5]) + (l8[6] + l8[7]));
-}
 static int64_t dw_lane_floats(const port_conv2d_params *p) {
     int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), xt = p->h * (p->w + 2 * p->pad_w);
     return (PORT_MAX(xt, p->h * p->w) + ho * wo) * DW_LB;   /* dy and xt (weight gradient) or dxt (input) */
@@ -472,20 +473,67 @@ static int dw_lane_par(const port_conv2d_params *p) {
     return p->n * p->c_in * dw_real_taps(p) > PORT_PAR_MIN_MACS && !port__in_parallel();
 }
 
-/* xt[r][pw + c][j] = plane j of `in` (planes `stride` floats apart, m of them; lanes m.. zero), row width wp */
+/* v[i][e] <-> v[e][i]: 16 x 16 floats transposed in registers, four rounds of swapping the off-diagonal blocks of
+ * 8, 4, 2 and 1 (data moves only: the same values) */
+PORT_ALWAYS_INLINE void lane_transpose16(dw_v16f *v) {
+    static const port_i16 lo[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                                   {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+                                   {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+                                   {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}};
+    static const port_i16 hi[4] = {{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+                                   {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
+                                   {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+                                   {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
+    for (int r = 0; r < 4; r++) {
+        int b = 8 >> r;
+        for (int i = 0; i < 16; i++)
+            if (!(i & b)) {
+                dw_v16f a = v[i], c = v[i + b];
+                v[i] = __builtin_shuffle(a, c, lo[r]);
+                v[i + b] = __builtin_shuffle(a, c, hi[r]);
+            }
+    }
+}
+/* the full-block part of dw_lane_gather: columns [0, c1) of every row, 16 at a time */
+PORT_ISA_CLONES static void lane_gather16(float *xt, const float *in, int64_t stride, int64_t h, int64_t w, int64_t wp,
+                                          int64_t left, int64_t c1) {
+    for (int64_t r = 0; r < h; r++)
+        for (int64_t c0 = 0; c0 < c1; c0 += DW_LB) {
+            dw_v16f v[DW_LB];
+            for (int64_t j = 0; j < DW_LB; j++) v[j] = PORT_V16_LD(in + j * stride + r * w + c0);
+            lane_transpose16(v);
+            for (int64_t q = 0; q < DW_LB; q++) PORT_V16_ST(xt + (r * wp + left + c0 + q) * DW_LB, v[q]);
+        }
+}
+/* the full-block part of dw_lane_scatter: positions [0, q1), 16 at a time */
+PORT_ISA_CLONES static void lane_scatter16(float *out, int64_t stride, int64_t q1, const float *lt) {
+    for (int64_t q0 = 0; q0 < q1; q0 += DW_LB) {
+        dw_v16f v[DW_LB];
+        for (int64_t q = 0; q < DW_LB; q++) v[q] = PORT_V16_LD(lt + (q0 + q) * DW_LB);
+        lane_transpose16(v);
+        for (int64_t j = 0; j < DW_LB; j++) PORT_V16_ST(out + j * stride + q0, v[j]);
+    }
+}
+/* xt[r][pw + c][j] = plane j of `in` (planes `stride` floats apart, m of them; lanes m.. zero), row width wp; a full
+ * block's columns 16 at a time through lane_transpose16 (a plain clone of the element loops would vectorise them
+ * into scatter instructions, slower than the scalar moves on the 2x2 .. 4x4 maps' rows) */
 static void dw_lane_gather(float *xt, const float *in, int64_t stride, int64_t m, int64_t h, int64_t w, int64_t wp,
                            int64_t left) {
-    memset(xt, 0, (size_t)(h * wp * DW_LB) * sizeof(float));
+    if (m < DW_LB || wp != w) memset(xt, 0, (size_t)(h * wp * DW_LB) * sizeof(float));
+    int64_t c0 = m == DW_LB ? w / DW_LB * DW_LB : 0;
+    if (c0 > 0) lane_gather16(xt, in, stride, h, w, wp, left, c0);
     for (int64_t j = 0; j < m; j++) {
         const float *src = in + j * stride;
         for (int64_t r = 0; r < h; r++)
-            for (int64_t c = 0; c < w; c++) xt[((r * wp) + left + c) * DW_LB + j] = src[r * w + c];
+            for (int64_t c = c0; c < w; c++) xt[((r * wp) + left + c) * DW_LB + j] = src[r * w + c];
     }
 }
 /* the inverse for the outputs: plane j of out (planes `stride` floats apart, j < m) <- lane j of lt[len][16] */
 static void dw_lane_scatter(float *out, int64_t stride, int64_t m, int64_t len, const float *lt) {
+    int64_t q0 = m == DW_LB ? len / DW_LB * DW_LB : 0;
+    if (q0 > 0) lane_scatter16(out, stride, q0, lt);
     for (int64_t j = 0; j < m; j++)
-        for (int64_t q = 0; q < len; q++) out[j * stride + q] = lt[q * DW_LB + j];
+        for (int64_t q = q0; q < len; q++) out[j * stride + q] = lt[q * DW_LB + j];
 }
 static inline int64_t dw_lo(int64_t pad, int64_t o, int64_t s) { return PORT_MAX(0, pad - o * s); }
 static inline int64_t dw_hi(int64_t k, int64_t len, int64_t pad, int64_t o, int64_t s) {
@@ -889,7 +937,8 @@ static void fold_bwd_w(float *dw, const float *dy, const float *x, const port_co
  * every step of a group (im2col, GEMM, col2im, scatter) single-threaded -- its products have the same shapes,
  * so the same bits, at any thread count.  Images are folded into a group's GEMM as conv_fold / conv_fold_w say.
  * Used by PORT_CONV_IM2COL where groups > 1 and one image's per-group GEMM is below PORT_GEMM_PAR_MIN (a GEMM
- * the GEMM itself would not split): conv_grouped. */
+ * the GEMM itself would not split): conv_grouped.  A group runs in the vector lanes on small maps
+ * (group_lane_ok), else through flat phase planes where their runs pay (group_flat_ok), else as im2col + GEMM. */
 #ifndef PORT_CONV_GROUP_SLOTS
 #define PORT_CONV_GROUP_SLOTS 16
 #endif
@@ -908,8 +957,11 @@ static int64_t group_lane_floats(const port_conv2d_params *p);
 #define group_lane_ok(p) 0
 #define group_lane_floats(p) 0
 #endif
+static int group_flat_ok(const port_conv2d_params *p);
+static int64_t group_flat_floats(const port_conv2d_params *p);
 static int64_t group_slot_floats(const port_conv2d_params *p, int a) {
     if (group_lane_ok(p)) return group_lane_floats(p);
+    if (group_flat_ok(p)) return group_flat_floats(p);
     int64_t K = p->c_in / p->groups * p->kh * p->kw, cog = p->c_out / p->groups;
     int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p), nb = conv_fold(p, a);
     return (K + (nb > 1 ? cog : 0)) * nb * P;
@@ -1041,9 +1093,11 @@ static void group_bwd_w_one(float *dw, const float *dy, const float *x, const po
  * block of 16 images are gathered into lane-major buffers in its slot: xt[cig][H*W][16], yt / dyt[cog][P][16];
  * only the real taps run (exact row and column ranges).
  *   forward: y[co](p) = bias + sum over (ci, ki, kj) in order, eight output channels at once;
- *   input gradient: dxt[ci](q) += (sum over co in order of w * dy[co](p)), outputs and taps in order;
+ *   input gradient: dxt[ci](q) += (sum over co in order of w * dy[co](p)), outputs and taps in order (an
+ *   output's dy vectors loaded once);
  *   weight gradient: acc[co][ci][tap] (lanes, in the slot) += dy * x over the blocks and outputs in order, then
- *   the 16 lanes summed pairwise (dw_tap_dots' order).
+ *   the 16 lanes summed pairwise (dw_tap_dots' order); tap by tap, eight output channels' sums in registers
+ *   (a sum in memory per output and tap was load/store-bound: 1.9x torch's weight gradient on 8x8 maps).
  * Used by the grouped driver when a group has at most LANE_CH channels each way and the map is small
  * (group_lane_ok); the slot holds the buffers (group_slot_floats). */
 #define LANE_CH 16
@@ -1097,45 +1151,95 @@ PORT_ISA_CLONES static void grp_lane_fwd_item(float *yt, const float *xt, const 
         }
 }
 
-PORT_ISA_CLONES static void grp_lane_bwd_in_item(float *dxt, const float *dyt, const float *wg,
-                                                 const port_conv2d_params *p) {
+/* the input gradient of one block; dy's cog vectors of an output are loaded once (c8: cog is 8, a constant, so they
+ * stay in registers) */
+PORT_ALWAYS_INLINE void grp_lane_bwd_in_body(float *dxt, const float *dyt, const float *wg, const port_conv2d_params *p,
+                                             const int c8) {
     LANE_GEOM(p);
+    int64_t nco = c8 ? 8 : cog;
     memset(dxt, 0, (size_t)(cig * HW * DW_LB) * sizeof(float));
     for (int64_t oh = 0; oh < ho; oh++)
         for (int64_t ow = 0; ow < wo; ow++) {
             LANE_WINDOW(p, oh, ow);
             const float *d = dyt + (oh * wo + ow) * DW_LB;
+            dw_v16f dv[LANE_CH];
+            for (int64_t co = 0; co < nco; co++) dv[co] = PORT_V16_LD(d + co * P * DW_LB);
             for (int64_t ki = i0; ki < i1; ki++)
                 for (int64_t kj = j0; kj < j1; kj++)
                     for (int64_t ci = 0; ci < cig; ci++) {
                         int64_t k = (ci * kh + ki) * kw + kj;
-                        dw_v16f s = PORT_V16_SPLAT(wg[k]) * PORT_V16_LD(d);
-                        for (int64_t co = 1; co < cog; co++)
-                            s += PORT_V16_SPLAT(wg[co * K + k]) * PORT_V16_LD(d + co * P * DW_LB);
+                        dw_v16f s = PORT_V16_SPLAT(wg[k]) * dv[0];
+                        for (int64_t co = 1; co < nco; co++) s += PORT_V16_SPLAT(wg[co * K + k]) * dv[co];
                         float *t = dxt + (ci * HW + q0 + ki * W + kj) * DW_LB;
                         PORT_V16_ST(t, PORT_V16_LD(t) + s);
                     }
         }
 }
+PORT_ISA_CLONES static void grp_lane_bwd_in_item(float *dxt, const float *dyt, const float *wg,
+                                                 const port_conv2d_params *p) {
+    if (p->c_out / p->groups == 8) grp_lane_bwd_in_body(dxt, dyt, wg, p, 1);
+    else grp_lane_bwd_in_body(dxt, dyt, wg, p, 0);
+}
 
-/* acc[(co * cig + ci) * kk + tap] += dy[co](p) * x[ci](q) over the valid taps, outputs in order */
+/* acc[i * K] += dy[i](oh, ow) * x(q0 + oh*sh*W + ow*sw) over the outputs [oh0, oh1) x [ow0, ow1) in order, i < mr
+ * (a constant: the mr partial sums stay in registers) -- one tap of mr output channels */
+PORT_ALWAYS_INLINE void grp_lane_dw_tap(float *acc, int64_t K, const float *xt, const float *dyt, int64_t P, int64_t q0,
+                                        int64_t W, int64_t sh, int64_t sw, int64_t wo, int64_t oh0, int64_t oh1,
+                                        int64_t ow0, int64_t ow1, const int mr) {
+    dw_v16f a[8];
+    for (int i = 0; i < mr; i++) a[i] = PORT_V16_LD(acc + i * K * DW_LB);
+    for (int64_t oh = oh0; oh < oh1; oh++)
+        for (int64_t ow = ow0; ow < ow1; ow++) {
+            dw_v16f xv = PORT_V16_LD(xt + (q0 + oh * sh * W + ow * sw) * DW_LB);
+            const float *d = dyt + (oh * wo + ow) * DW_LB;
+            for (int i = 0; i < mr; i++) a[i] += PORT_V16_LD(d + i * P * DW_LB) * xv;
+        }
+    for (int i = 0; i < mr; i++) PORT_V16_ST(acc + i * K * DW_LB, a[i]);
+}
+/* acc[(co * cig + ci) * kk + tap] += dy[co](p) * x[ci](q) over the outputs p where the tap is valid, in order (tap
+ * by tap, eight output channels at once: the partial sums stay in registers; on the smallest maps output by output,
+ * the same sums in the same order) */
 PORT_ISA_CLONES static void grp_lane_bwd_w_item(float *acc, const float *xt, const float *dyt,
                                                 const port_conv2d_params *p) {
     LANE_GEOM(p);
-    for (int64_t oh = 0; oh < ho; oh++)
-        for (int64_t ow = 0; ow < wo; ow++) {
-            LANE_WINDOW(p, oh, ow);
-            const float *d = dyt + (oh * wo + ow) * DW_LB;
-            for (int64_t ci = 0; ci < cig; ci++)
-                for (int64_t ki = i0; ki < i1; ki++)
-                    for (int64_t kj = j0; kj < j1; kj++) {
-                        dw_v16f xv = PORT_V16_LD(xt + (ci * HW + q0 + ki * W + kj) * DW_LB);
-                        float *a = acc + ((ci * kh + ki) * kw + kj) * DW_LB;
-                        for (int64_t co = 0; co < cog; co++)
-                            PORT_V16_ST(a + co * K * DW_LB,
-                                        PORT_V16_LD(a + co * K * DW_LB) + PORT_V16_LD(d + co * P * DW_LB) * xv);
-                    }
-        }
+    if (P < 16) {   /* 3x3 and 2x2 maps: a tap has one to four outputs, too few to pay for loading its sums */
+        for (int64_t oh = 0; oh < ho; oh++)
+            for (int64_t ow = 0; ow < wo; ow++) {
+                LANE_WINDOW(p, oh, ow);
+                const float *d = dyt + (oh * wo + ow) * DW_LB;
+                for (int64_t ci = 0; ci < cig; ci++)
+                    for (int64_t ki = i0; ki < i1; ki++)
+                        for (int64_t kj = j0; kj < j1; kj++) {
+                            dw_v16f xv = PORT_V16_LD(xt + (ci * HW + q0 + ki * W + kj) * DW_LB);
+                            float *a = acc + ((ci * kh + ki) * kw + kj) * DW_LB;
+                            for (int64_t co = 0; co < cog; co++)
+                                PORT_V16_ST(a + co * K * DW_LB,
+                                            PORT_V16_LD(a + co * K * DW_LB) + PORT_V16_LD(d + co * P * DW_LB) * xv);
+                        }
+            }
+        return;
+    }
+    int64_t r0[DW_LANE_TAPS], r1[DW_LANE_TAPS], c0[DW_LANE_TAPS], c1[DW_LANE_TAPS];   /* kh, kw <= 25 */
+    for (int64_t ki = 0; ki < kh; ki++) {   /* the outputs tap (ki, kj) is valid for: rows [r0, r1), columns [c0, c1) */
+        r0[ki] = PORT_MAX(0, cdiv(ph - ki, sh));
+        r1[ki] = PORT_MIN(ho, fdiv(H - 1 + ph - ki, sh) + 1);
+    }
+    for (int64_t kj = 0; kj < kw; kj++) {
+        c0[kj] = PORT_MAX(0, cdiv(pw - kj, sw));
+        c1[kj] = PORT_MIN(wo, fdiv(W - 1 + pw - kj, sw) + 1);
+    }
+    for (int64_t ci = 0; ci < cig; ci++)
+        for (int64_t ki = 0; ki < kh; ki++)
+            for (int64_t kj = 0; kj < kw; kj++) {
+                if (r1[ki] <= r0[ki] || c1[kj] <= c0[kj]) continue;
+                int64_t k = (ci * kh + ki) * kw + kj, q0 = ci * HW + (ki - ph) * W + kj - pw, co = 0;
+#define TAP(mr) grp_lane_dw_tap(acc + (co * K + k) * DW_LB, K, xt, dyt + co * P * DW_LB, P, q0, W, sh, sw, wo, r0[ki], \
+                                r1[ki], c0[kj], c1[kj], mr)
+                for (; co + 8 <= cog; co += 8) TAP(8);
+                for (; co + 4 <= cog; co += 4) TAP(4);
+                for (; co < cog; co++) TAP(1);
+#undef TAP
+            }
 }
 
 /* group g, every block of images, in the slot: step 0 forward, 1 input gradient, 2 weight gradient (3: over dw) */
@@ -1177,16 +1281,369 @@ static void group_lane_one(int step, float *out, const float *t0, const float *t
 #define group_lane_one(step, out, t0, t1, b, p, g, slot) ((void)0)
 #endif
 
+/* ---------------- grouped, flat phase planes ----------------
+ * RegNet's stride-2 grouped layers on 32x32 and 16x16 inputs (groups of 8 channels): im2col writes kh*kw copies
+ * of the input for [8 x 72] x [72 x P] products far below the GEMM's rate, and the lane kernels' buffers (whole
+ * planes of 16 images) would be 2.5x the slot.  Here the taps read the input in place: the zero-padded input of a
+ * channel is split into its stride phases (phase (a, b) holds xpad[u*sh + a][v*sw + b]) in planes of
+ * R = ho + (kh-1)/sh rows of ws = wo + (kw-1)/sw floats, so tap (ki, kj) of output (oh, ow) is phase
+ * (ki % sh, kj % sw) at flat position oh*ws + ow + (ki/sh)*ws + kj/sw: every tap is one flat run over the outputs
+ * (the (kw-1)/sw extra columns per row are computed and dropped), and a step is a product whose B rows are those
+ * runs.  The planes of m images are stacked, one under the other (as dw_stack), for runs of ~FLAT_COLS.
+ *   forward: C[co] = bias + sum over taps (ci, ki, kj) in order of w * run, 8 output channels x 32 positions at
+ *            once (flat_mm);
+ *   input gradient: per input phase (a, b), dx's phase plane = dy (zero-padded by (kh-1)/sh rows and (kw-1)/sw
+ *            columns) correlated with the taps (a + sh t, b + sw t'): the same product, taps in (co, t, t') order;
+ *   weight gradient: lanes[co][tap] += dy (in the forward's flat layout, zeros in the dropped columns) * run over
+ *            the stacks in order, then the 16 lanes summed pairwise (dw_tap_dots' order) (flat_dots).
+ * One thread per group (group_run): the same operations in the same order at any thread count.  Used by the
+ * grouped driver for groups of at most FLAT_KMAX taps each way (pad < kernel) where the runs waste at most a
+ * third of the positions (group_flat_ok); the slot holds the buffers (group_flat_floats). */
+#define FLAT_NR 32      /* positions per step of the products: two 16-float vectors */
+#define FLAT_COLS 256   /* positions per stack (images are stacked until a run is this long) */
+#define FLAT_KMAX 288   /* taps of a product (its row table is on the stack): 32 channels of a 3x3 kernel */
+typedef struct {
+    int64_t th, tw, nph, npw;   /* the taps' reach in a phase plane, (kh-1)/sh and (kw-1)/sw; forward phases */
+    int64_t R, ws, U, V, Rb, wsb; /* forward planes: rows per image, pitch; input gradient: dx phase planes'
+                                   * rows and columns, dy planes' rows per image and pitch */
+    int64_t m, Lf, Lb, planef, planeb; /* images per stack, positions per stack (rounded up to FLAT_NR) and
+                                        * floats per stacked plane (with the slack the rounding reads) */
+} flat_geom;
+
+static int64_t round_up(int64_t v, int64_t q) { return (v + q - 1) / q * q; }
+static flat_geom flat_geometry(const port_conv2d_params *p) {
+    flat_geom f;
+    int64_t sh = p->stride_h, sw = p->stride_w, ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
+    f.th = (p->kh - 1) / sh;
+    f.tw = (p->kw - 1) / sw;
+    f.nph = PORT_MIN(sh, p->kh);
+    f.npw = PORT_MIN(sw, p->kw);
+    f.R = ho + f.th;
+    f.ws = wo + f.tw;
+    f.U = (p->pad_h + p->h - 1) / sh + 1;
+    f.V = (p->pad_w + p->w - 1) / sw + 1;
+    f.Rb = f.U + f.th;
+    f.wsb = f.V + f.tw;
+    f.m = PORT_MAX(1, PORT_MIN(p->n, FLAT_COLS / (f.R * f.ws)));
+    f.Lf = round_up((f.m * f.R - f.th) * f.ws, FLAT_NR);
+    f.Lb = round_up(((f.m - 1) * f.Rb + f.U) * f.wsb, FLAT_NR);
+    f.planef = f.m * f.R * f.ws + f.tw + FLAT_NR;
+    f.planeb = f.m * f.Rb * f.wsb + f.tw + FLAT_NR;
+    return f;
+}
+static int group_flat_ok(const port_conv2d_params *p) {
+    int64_t cig = p->c_in / p->groups, cog = p->c_out / p->groups;
+    if (p->groups < 2 || p->pad_h >= p->kh || p->pad_w >= p->kw || PORT_MIN(p->stride_w, p->kw) > 8 ||
+        cig * p->kh * p->kw > FLAT_KMAX ||
+        cog * p->kh * p->kw > FLAT_KMAX)
+        return 0;
+    flat_geom f = flat_geometry(p);
+    int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p);
+    return 3 * f.m * P >= 2 * f.Lf;
+}
+static int64_t group_flat_floats(const port_conv2d_params *p) {
+    flat_geom f = flat_geometry(p);
+    int64_t cig = p->c_in / p->groups, cog = p->c_out / p->groups, K = cig * p->kh * p->kw;
+    int64_t fwd = cig * f.nph * f.npw * f.planef + cog * f.Lf;
+    int64_t bwi = cog * f.planeb + p->stride_h * p->stride_w * cig * f.Lb + PORT_V16_W + cig * cog * p->kh * p->kw;
+    return PORT_MAX(fwd + cog * K * PORT_V16_W, bwi);   /* the weight gradient: fwd's buffers and the lanes */
+}
+
+/* c[i][l] = (bias ? bias[i] : 0) + sum over k in order of a[i * lda + k] * b[k][l], i < mr, l < L (a multiple of
+ * FLAT_NR); mr a constant: the 2 * mr accumulators stay in registers */
+PORT_ALWAYS_INLINE void flat_mm_rows(float *c, int64_t ldc, const float *a, int64_t lda, const float *const *b,
+                                     const float *bias, int64_t K, int64_t L, const int mr) {
+    for (int64_t l = 0; l < L; l += FLAT_NR) {
+        port_v16 c0[8] = {0}, c1[8] = {0};
+        for (int i = 0; i < mr; i++) {
+            c0[i] = PORT_V16_SPLAT(bias ? bias[i] : 0.0f);
+            c1[i] = c0[i];
+        }
+        for (int64_t k = 0; k < K; k++) {
+            port_v16 x0 = PORT_V16_LD(b[k] + l), x1 = PORT_V16_LD(b[k] + l + PORT_V16_W);
+            for (int i = 0; i < mr; i++) {
+                port_v16 av = PORT_V16_SPLAT(a[i * lda + k]);
+                c0[i] += av * x0;
+                c1[i] += av * x1;
+            }
+        }
+        for (int i = 0; i < mr; i++) {
+            PORT_V16_ST(c + i * ldc + l, c0[i]);
+            PORT_V16_ST(c + i * ldc + l + PORT_V16_W, c1[i]);
+        }
+    }
+}
+PORT_ISA_CLONES static void flat_mm(float *c, int64_t ldc, const float *a, int64_t lda, const float *const *b,
+                                    const float *bias, int64_t M, int64_t K, int64_t L) {
+    int64_t i = 0;
+    for (; i + 8 <= M; i += 8) flat_mm_rows(c + i * ldc, ldc, a + i * lda, lda, b, bias ? bias + i : NULL, K, L, 8);
+    for (; i + 4 <= M; i += 4) flat_mm_rows(c + i * ldc, ldc, a + i * lda, lda, b, bias ? bias + i : NULL, K, L, 4);
+    for (; i < M; i++) flat_mm_rows(c + i * ldc, ldc, a + i * lda, lda, b, bias ? bias + i : NULL, K, L, 1);
+}
+
+/* lanes[(i * K + k) * 16 + j] += sum over l = j (mod 16) in order of d[i * ldd + l] * b[k][l], i < mr, k < kr,
+ * l < L (a multiple of 16); constant mr, kr: the accumulators stay in registers */
+PORT_ALWAYS_INLINE void flat_dots_block(float *lanes, int64_t K, const float *d, int64_t ldd, const float *const *b,
+                                        int64_t L, const int mr, const int kr) {
+    port_v16 s[4][4], x[4];
+    for (int i = 0; i < mr; i++)
+        for (int k = 0; k < kr; k++) s[i][k] = PORT_V16_LD(lanes + (i * K + k) * PORT_V16_W);
+    for (int64_t l = 0; l < L; l += PORT_V16_W) {
+        for (int k = 0; k < kr; k++) x[k] = PORT_V16_LD(b[k] + l);
+        for (int i = 0; i < mr; i++) {
+            port_v16 dv = PORT_V16_LD(d + i * ldd + l);
+            for (int k = 0; k < kr; k++) s[i][k] += dv * x[k];
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int k = 0; k < kr; k++) PORT_V16_ST(lanes + (i * K + k) * PORT_V16_W, s[i][k]);
+}
+PORT_ISA_CLONES static void flat_dots(float *lanes, const float *d, int64_t ldd, const float *const *b, int64_t M,
+                                      int64_t K, int64_t L) {
+    for (int64_t i = 0; i < M; i += 4) {
+        int64_t k = 0;
+        float *li = lanes + i * K * PORT_V16_W;
+        if (i + 4 <= M) {
+            for (; k + 4 <= K; k += 4) flat_dots_block(li + k * PORT_V16_W, K, d + i * ldd, ldd, b + k, L, 4, 4);
+            for (; k < K; k++) flat_dots_block(li + k * PORT_V16_W, K, d + i * ldd, ldd, b + k, L, 4, 1);
+            continue;
+        }
+        for (int64_t r = i; r < M; r++) {
+            float *lr = lanes + r * K * PORT_V16_W;
+            for (k = 0; k + 4 <= K; k += 4) flat_dots_block(lr + k * PORT_V16_W, K, d + r * ldd, ldd, b + k, L, 1, 4);
+            for (; k < K; k++) flat_dots_block(lr + k * PORT_V16_W, K, d + r * ldd, ldd, b + k, L, 1, 1);
+        }
+    }
+}
+
+/* d[0, n) = s[0, n): a map row (4 .. 64 floats), where a library call costs more than the copy */
+PORT_ALWAYS_INLINE void flat_copy(float *restrict d, const float *restrict s, int64_t n) {
+    int64_t i = 0;
+    for (; i + PORT_V16_W <= n; i += PORT_V16_W) PORT_V16_ST(d + i, PORT_V16_LD(s + i));
+    if (i + 8 <= n) {
+        port_v8 v;
+        memcpy(&v, s + i, sizeof v);
+        memcpy(d + i, &v, sizeof v);
+        i += 8;
+    }
+    for (; i < n; i++) {
+        d[i] = s[i];
+        __asm__ volatile("");
+    }
+}
+/* d[0, ws) <- zeros, then xr[v * s] for v in [v0, v1) (s a constant: strided loads the compiler vectorises; s = 1:
+ * flat_copy); the empty asm statements keep the short loops loops (not library calls) */
+PORT_ALWAYS_INLINE void flat_phase_row(float *d, const float *xr, int64_t v0, int64_t v1, int64_t ws, const int s) {
+    for (int64_t v = 0; v < v0; v++) {
+        d[v] = 0.0f;
+        __asm__ volatile("");
+    }
+    if (s == 1) flat_copy(d + v0, xr + v0, v1 - v0);
+    else
+        for (int64_t v = v0; v < v1; v++) d[v] = xr[v * s];
+    for (int64_t v = v1; v < ws; v++) {
+        d[v] = 0.0f;
+        __asm__ volatile("");
+    }
+}
+/* e[v] = x[2v], o[v] = x[2v + 1] for 2v (+ 1) < W: 32 (16) floats at a time through two shuffles; e and o hold
+ * W / 2 + 16 floats */
+#define FLAT_ROW_MAX 256
+PORT_ALWAYS_INLINE void flat_deinterleave(float *e, float *o, const float *x, int64_t W) {
+    const port_i16 ev = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    const port_i16 od = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+    int64_t c = 0;
+    for (; c + 2 * PORT_V16_W <= W; c += 2 * PORT_V16_W) {
+        port_v16 lo = PORT_V16_LD(x + c), hi = PORT_V16_LD(x + c + PORT_V16_W);
+        PORT_V16_ST(e + c / 2, __builtin_shuffle(lo, hi, ev));
+        PORT_V16_ST(o + c / 2, __builtin_shuffle(lo, hi, od));
+    }
+    if (c + PORT_V16_W <= W) {   /* 8 of each (the 8 more floats stored are overwritten or never read) */
+        port_v16 lo = PORT_V16_LD(x + c);
+        PORT_V16_ST(e + c / 2, __builtin_shuffle(lo, lo, ev));
+        PORT_V16_ST(o + c / 2, __builtin_shuffle(lo, lo, od));
+        c += PORT_V16_W;
+    }
+    for (; c < W; c++) (c & 1 ? o : e)[c / 2] = x[c];
+}
+/* xph <- the stacked phase planes of group g's input channels, images n0..n0+m-1 (plane (ci, a, b) at
+ * xph + ((ci * nph + a) * npw + b) * planef; zeros outside the input): every float of a plane written once, the
+ * input read once in order (input row ih is row (ih + pad_h) / sh of the phases a = (ih + pad_h) % sh) */
+PORT_ISA_CLONES static void flat_phases(float *xph, const float *x, const port_conv2d_params *p, const flat_geom *f,
+                                        int64_t n0, int64_t m, int64_t g) {
+    int64_t cig = p->c_in / p->groups, H = p->h, W = p->w, sh = p->stride_h, sw = p->stride_w, HW = H * W;
+    int64_t ws = f->ws, R = f->R, np = f->nph * f->npw, v0[8], v1[8];
+    for (int64_t b = 0; b < f->npw && b < 8; b++) {
+        v0[b] = PORT_MAX(0, cdiv(p->pad_w - b, sw));
+        v1[b] = PORT_MAX(v0[b], PORT_MIN(ws, cdiv(W + p->pad_w - b, sw)));
+    }
+    for (int64_t ci = 0; ci < cig; ci++) {
+        float *pc = xph + ci * np * f->planef;
+        for (int64_t q = 0; q < np; q++) {   /* the rows no input row lands on, and the slack */
+            int64_t a = q / f->npw;
+            float *pl = pc + q * f->planef;
+            for (int64_t u = 0; u < R; u++) {
+                int64_t ih = u * sh + a - p->pad_h;
+                if (ih >= 0 && ih < H) continue;
+                for (int64_t j = 0; j < m; j++)
+                    for (int64_t v = 0; v < ws; v++) pl[(j * R + u) * ws + v] = 0.0f;
+            }
+            for (int64_t v = m * R * ws; v < f->planef; v++) pl[v] = 0.0f;
+        }
+        for (int64_t j = 0; j < m; j++) {
+            const float *xc = x + ((n0 + j) * p->c_in + g * cig + ci) * HW;
+            int64_t a = p->pad_h % sh, u = p->pad_h / sh;
+            for (int64_t ih = 0; ih < H; ih++, a++) {
+                if (a == sh) {
+                    a = 0;
+                    u++;
+                }
+                for (int64_t q = 0; q < W; q += 16) __builtin_prefetch(xc + HW + ih * W + q);   /* the next plane */
+                if (a >= f->nph || u >= R) continue;
+                if (sw == 2 && W <= 2 * FLAT_ROW_MAX) {   /* both column phases from one pass over the row */
+                    float eo[2][FLAT_ROW_MAX + 2 * PORT_V16_W];
+                    flat_deinterleave(eo[0], eo[1], xc + ih * W, W);
+                    for (int64_t b = 0; b < f->npw; b++) {
+                        int64_t o = b - p->pad_w;   /* d[v] = x[2v + o] = eo[o & 1][v + (o >> 1)] */
+                        float *d = pc + (a * f->npw + b) * f->planef + (j * R + u) * ws;
+                        flat_phase_row(d, eo[o & 1] + (o >> 1), v0[b], v1[b], ws, 1);
+                    }
+                    continue;
+                }
+                for (int64_t b = 0; b < f->npw; b++) {
+                    float *d = pc + (a * f->npw + b) * f->planef + (j * R + u) * ws;
+                    const float *xr = xc + ih * W + b - p->pad_w;
+                    if (sw == 1) flat_phase_row(d, xr, v0[b], v1[b], ws, 1);
+                    else flat_phase_row(d, xr, v0[b], v1[b], ws, (int)sw);
+                }
+            }
+        }
+    }
+}
+/* row[k] for the forward's taps k = (ci, ki, kj): their runs in the phase planes */
+static void flat_fwd_rows(const float **row, const float *xph, const port_conv2d_params *p, const flat_geom *f) {
+    int64_t cig = p->c_in / p->groups, kh = p->kh, kw = p->kw, sh = p->stride_h, sw = p->stride_w;
+    for (int64_t ci = 0; ci < cig; ci++)
+        for (int64_t ki = 0; ki < kh; ki++)
+            for (int64_t kj = 0; kj < kw; kj++)
+                row[(ci * kh + ki) * kw + kj] = xph + ((ci * f->nph + ki % sh) * f->npw + kj % sw) * f->planef +
+                                                (ki / sh) * f->ws + kj / sw;
+}
+
+/* dx's planes of group g, images n0..n0+m-1, from the input gradient's phase planes (phase (a, b) of channel ci
+ * at dxa + ((a * sw + b) * cig + ci) * Lb, image j's rows from j * Rb * wsb): every float written once, in order
+ * (stride 2 along W: the two column phases interleaved through two shuffles, 32 floats at a time) */
+PORT_ISA_CLONES static void flat_dx_rows(float *dx, const float *dxa, const port_conv2d_params *p, const flat_geom *f,
+                                         int64_t n0, int64_t m, int64_t g) {
+    int64_t C = p->c_in, cig = C / p->groups, H = p->h, W = p->w, sh = p->stride_h, sw = p->stride_w;
+    int64_t pw = p->pad_w, ps = cig * f->Lb;
+    const port_i16 lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
+    const port_i16 hi = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    for (int64_t j = 0; j < m; j++)
+        for (int64_t ci = 0; ci < cig; ci++) {
+            float *dxc = dx + ((n0 + j) * C + g * cig + ci) * H * W;
+            for (int64_t ih = 0; ih < H; ih++) {
+                int64_t a = (ih + p->pad_h) % sh, u = (ih + p->pad_h) / sh;
+                const float *r = dxa + a * sw * ps + ci * f->Lb + (j * f->Rb + u) * f->wsb;   /* phase (a, 0) */
+                float *d = dxc + ih * W;
+                if (sw == 1) {
+                    for (int64_t iw = 0; iw < W; iw++) d[iw] = r[iw + pw];
+                } else if (sw == 2) {   /* d[2k] = e[k], d[2k + 1] = o[k] */
+                    const float *e = r + (pw & 1) * ps + (pw >> 1), *o = r + ((pw + 1) & 1) * ps + ((pw + 1) >> 1);
+                    int64_t k = 0;
+                    for (; 2 * k + 2 * PORT_V16_W <= W; k += PORT_V16_W) {
+                        port_v16 ev = PORT_V16_LD(e + k), ov = PORT_V16_LD(o + k);
+                        PORT_V16_ST(d + 2 * k, __builtin_shuffle(ev, ov, lo));
+                        PORT_V16_ST(d + 2 * k + PORT_V16_W, __builtin_shuffle(ev, ov, hi));
+                    }
+                    if (2 * k + PORT_V16_W <= W) {   /* 8 of each (reads 8 more: the slack after dxa) */
+                        PORT_V16_ST(d + 2 * k, __builtin_shuffle(PORT_V16_LD(e + k), PORT_V16_LD(o + k), lo));
+                        k += PORT_V16_W / 2;
+                    }
+                    for (int64_t iw = 2 * k; iw < W; iw++) d[iw] = (iw & 1 ? o : e)[iw / 2];
+                } else {
+                    for (int64_t iw = 0; iw < W; iw++) d[iw] = r[((iw + pw) % sw) * ps + (iw + pw) / sw];
+                }
+            }
+        }
+}
+
+/* group g, every stack of images, in the slot: step 0 forward, 1 input gradient, 2 weight gradient (3: over dw) */
+static void group_flat_one(int step, float *out, const float *t0, const float *t1, const float *bias,
+                           const port_conv2d_params *p, int64_t g, float *slot) {
+    flat_geom f = flat_geometry(p);
+    int64_t N = p->n, C = p->c_in, CO = p->c_out, kh = p->kh, kw = p->kw;
+    int64_t sh = p->stride_h, sw = p->stride_w, ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), P = ho * wo;
+    int64_t cig = C / p->groups, cog = CO / p->groups, K = cig * kh * kw;
+    const float *row[FLAT_KMAX];
+    float *xph = slot, *acc = slot + cig * f.nph * f.npw * f.planef, *lanes = acc + cog * f.Lf;
+    if (step >= 2) memset(lanes, 0, (size_t)(cog * K * PORT_V16_W) * sizeof(float));
+    for (int64_t n0 = 0; n0 < N; n0 += f.m) {
+        int64_t m = PORT_MIN(f.m, N - n0);
+        if (step == 0) {
+            flat_phases(xph, t0, p, &f, n0, m, g);
+            flat_fwd_rows(row, xph, p, &f);
+            flat_mm(acc, f.Lf, t1 + g * cog * K, K, row, bias ? bias + g * cog : NULL, cog, K, f.Lf);
+            for (int64_t j = 0; j < m; j++)
+                for (int64_t co = 0; co < cog; co++)
+                    for (int64_t oh = 0; oh < ho; oh++)
+                        flat_copy(out + ((n0 + j) * CO + g * cog + co) * P + oh * wo,
+                                  acc + co * f.Lf + (j * f.R + oh) * f.ws, wo);
+        } else if (step >= 2) {
+            flat_phases(xph, t1, p, &f, n0, m, g);
+            flat_fwd_rows(row, xph, p, &f);
+            memset(acc, 0, (size_t)(cog * f.Lf) * sizeof(float));
+            for (int64_t j = 0; j < m; j++)
+                for (int64_t co = 0; co < cog; co++)
+                    for (int64_t oh = 0; oh < ho; oh++)
+                        flat_copy(acc + co * f.Lf + (j * f.R + oh) * f.ws,
+                                  t0 + ((n0 + j) * CO + g * cog + co) * P + oh * wo, wo);
+            flat_dots(lanes, acc, f.Lf, row, cog, K, f.Lf);
+        } else {
+            float *dyq = slot, *dxa = dyq + cog * f.planeb, *wa = dxa + sh * sw * cig * f.Lb + PORT_V16_W;
+            const float *wg = t1 + g * cog * K;
+            memset(dyq, 0, (size_t)(cog * f.planeb) * sizeof(float));
+            for (int64_t j = 0; j < m; j++)
+                for (int64_t co = 0; co < cog; co++)
+                    for (int64_t oh = 0; oh < ho; oh++)
+                        flat_copy(dyq + co * f.planeb + (j * f.Rb + f.th + oh) * f.wsb + f.tw,
+                                  t0 + ((n0 + j) * CO + g * cog + co) * P + oh * wo, wo);
+            for (int64_t a = 0; a < sh; a++)
+                for (int64_t b = 0; b < sw; b++) {
+                    int64_t nt = a < kh ? (kh - 1 - a) / sh + 1 : 0, nu = b < kw ? (kw - 1 - b) / sw + 1 : 0;
+                    int64_t Kb = cog * nt * nu;
+                    for (int64_t co = 0; co < cog; co++)
+                        for (int64_t t = 0; t < nt; t++)
+                            for (int64_t u = 0; u < nu; u++) {
+                                int64_t k = (co * nt + t) * nu + u;
+                                row[k] = dyq + co * f.planeb + (f.th - t) * f.wsb + f.tw - u;
+                                for (int64_t ci = 0; ci < cig; ci++)
+                                    wa[ci * Kb + k] = wg[((co * cig + ci) * kh + a + sh * t) * kw + b + sw * u];
+                            }
+                    flat_mm(dxa + (a * sw + b) * cig * f.Lb, f.Lb, wa, Kb, row, NULL, cig, Kb, f.Lb);
+                }
+            flat_dx_rows(out, dxa, p, &f, n0, m, g);
+        }
+    }
+    if (step < 2) return;
+    float *dwg = out + g * cog * K;
+    for (int64_t k = 0; k < cog * K; k++) {
+        float t = dw_lane_sum(lanes + k * PORT_V16_W);
+        dwg[k] = step == 3 ? t : dwg[k] + t;
+    }
+}
+
 /* One driver for the three: step 0 forward, 1 input gradient, 2 weight gradient (3: overwriting dw). */
 static void group_run(int step, float *out, const float *t0, const float *t1, const float *b,
                       const port_conv2d_params *p, float *ws) {
     int64_t S = group_slots(p), slot = group_slot_floats(p, PORT_CONV_IM2COL);
-    int lanes = group_lane_ok(p);
+    int lanes = group_lane_ok(p), flat = !lanes && group_flat_ok(p);
 #pragma omp parallel for schedule(static) if (group_par(p))
     for (int64_t s = 0; s < S; s++)
         for (int64_t g = s; g < p->groups; g += S) {
             float *sl = ws + s * slot;
             if (lanes) group_lane_one(step, out, t0, t1, b, p, g, sl);
+            else if (flat) group_flat_one(step, out, t0, t1, b, p, g, sl);
             else if (step == 0) group_fwd_one(out, t0, t1, b, p, g, sl);
             else if (step == 1) group_bwd_in_one(out, t0, t1, p, g, sl);
             else group_bwd_w_one(out, t0, t1, p, g, sl, step == 3);

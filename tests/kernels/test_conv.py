@@ -566,7 +566,31 @@ GROUPED_CASES = [(3, 64, 64, 11, 9, 3, 1, 1, 32), (2, 80, 120, 9, 13, 3, 2, 1, 2
                  # 16 images in the lanes (group_lane_ok): several blocks and a partial one, odd group widths (the
                  # forward's four output channels at once and the rest), stride 2, a non-square map
                  (33, 24, 16, 5, 7, 3, 2, 1, 8), (17, 16, 16, 4, 4, 3, 1, 1, 2), (17, 15, 25, 3, 5, 3, 1, 1, 5),
-                 (20, 12, 18, 2, 2, 3, 1, 1, 3), (18, 8, 12, 7, 6, 5, 2, 2, 2)]
+                 (20, 12, 18, 2, 2, 3, 1, 1, 3), (18, 8, 12, 7, 6, 5, 2, 2, 2),
+                 # the weight gradient tap by tap (maps of 16 outputs or more): eight, four and one output channels'
+                 # sums at once; RegNet's 8x8 layer (a full block and a partial one)
+                 (17, 15, 25, 5, 5, 3, 1, 1, 5), (9, 16, 16, 8, 8, 3, 1, 1, 2),
+                 # flat phase planes (group_flat_ok): RegNet-Y-400MF's stride-2 layers on 32x32 and 16x16 maps (a
+                 # stack of one image and of three), odd maps, stride 3, 5x5 at padding 2, the im2col path beside
+                 # (padding = kernel: no flat form)
+                 (3, 48, 48, 32, 32, 3, 2, 1, 6), (7, 104, 104, 16, 16, 3, 2, 1, 13), (3, 18, 12, 13, 11, 3, 2, 1, 3),
+                 (2, 12, 18, 17, 14, 3, 3, 1, 6), (3, 16, 8, 15, 15, 5, 2, 2, 2), (2, 12, 12, 9, 9, 1, 1, 1, 3)]
+
+
+def _flat_floats(n, ci, co, h, w, k, s, p, g):
+    """group_flat_ok and group_flat_floats in Python (kernels/src/conv.c): a slot's floats, None off that path"""
+    cig, cog, ho, wo = ci // g, co // g, (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    if g < 2 or p >= k or min(s, k) > 8 or max(cig, cog) * k * k > 288:
+        return None
+    ru = lambda v: -(-v // 32) * 32   # noqa: E731 - FLAT_NR
+    t, nph = (k - 1) // s, min(s, k)
+    rows, ws, u, v = ho + t, wo + t, (p + h - 1) // s + 1, (p + w - 1) // s + 1
+    m = max(1, min(n, 256 // (rows * ws)))
+    lf, lb = ru((m * rows - t) * ws), ru(((m - 1) * (u + t) + u) * (v + t))
+    if 3 * m * ho * wo < 2 * lf:
+        return None
+    fwd = cig * nph * nph * (m * rows * ws + t + 32) + cog * lf + cog * cig * k * k * 16
+    return max(fwd, cog * (m * (u + t) * (v + t) + t + 32) + s * s * cig * lb + 16 + cig * cog * k * k)
 
 
 def _grouped_run(K, case, x, wt, b, dy, algo):
@@ -603,7 +627,7 @@ def test_grouped_conv_vs_torch_and_equal_bits_at_any_thread_count(K, case):
         capi.set_num_threads(threads)
     # the grouped path ran: its workspace is min(groups, 16) slots of one group's im2col (and fold) buffers, or on
     # small maps with at most 16 channels a group each way, of the lane buffers (x, y or dy, and the weight
-    # gradient's 16 partial sums per weight)
+    # gradient's 16 partial sums per weight), or of the flat phase planes' buffers
     kk, cog = ci // g * k * k, co // g
     P = ((h + 2 * p - k) // s + 1) * ((w + 2 * p - k) // s + 1)
     nb = 1 if P >= 256 or n < 2 else min(n, -(-256 // P))
@@ -611,5 +635,7 @@ def test_grouped_conv_vs_torch_and_equal_bits_at_any_thread_count(K, case):
     if n >= 8 and ci // g <= 16 and cog <= 16 and h * w <= 64 and k * k <= 25:   # group_lane_ok: image lanes
         cig = ci // g
         assert K.conv2d_workspace_bytes(prm, "im2col") == 4 * min(g, 16) * (cig * h * w + cog * P + cog * kk) * 16
+    elif _flat_floats(*case) is not None:
+        assert K.conv2d_workspace_bytes(prm, "im2col") == 4 * min(g, 16) * _flat_floats(*case)
     else:
         assert K.conv2d_workspace_bytes(prm, "im2col") == 4 * min(g, 16) * (kk + (cog if nb > 1 else 0)) * nb * P
