@@ -371,6 +371,44 @@ def _restricted_warm(inst: Instance, budget: int, backend: str, time_limit_s: fl
 
 OBJECTIVES = ("auto", "serial", "makespan")
 SERIAL_SHARE = 0.3      # of the time limit: the serial solve whose plan starts a makespan solve
+DESCENT_SHARE = 0.2     # of the time limit: the greedy descent from that plan (_offload_descent)
+
+
+def _offload_descent(inst: Instance, plan: Plan, budget: int, time_limit_s: float) -> Plan:
+    """Greedy descent on the simulated makespan from ``plan``: one op at a time moves to another of its options on
+    an engine that overlaps the host's (an OpenCL queue beside the C kernels), and a move that shortens the
+    makespan within the budget (and the engines' caps) is kept; rounds until one moves nothing or the time is
+    spent. The makespan model's big-M clocks leave its bound weak and, started from the serial optimum (every op
+    on the fastest engine), it rarely finds in its time the plans where several weight gradients run beside the
+    host's backward; this plan starts it there, so the solve ends no slower than it."""
+    from port.solver.baselines import own_within_caps
+    from port.verify.simulate import overlapping_accelerators
+    over = overlapping_accelerators(inst.accs, inst.profile)
+    if not over:
+        return plan
+    t_end = time.perf_counter() + time_limit_s
+    best = simulate(plan, inst.graph, inst.profile).breakdown["makespan_ms"]
+    moved = True
+    while moved and time.perf_counter() < t_end:
+        moved = False
+        for i, opts in enumerate(inst.options):
+            for o in opts:
+                d = plan.ops[i]
+                if o.acc not in over or "fused" in (d.variant, o.var) or (o.acc, o.var) == (d.accelerator, d.variant):
+                    continue
+                if time.perf_counter() >= t_end:
+                    return plan
+                ops = list(plan.ops)
+                ops[i] = dataclasses.replace(d, accelerator=o.acc, variant=o.var)
+                cand = dataclasses.replace(plan, ops=tuple(ops))
+                try:
+                    sim = simulate(cand, inst.graph, inst.profile)
+                except PortError:
+                    continue
+                mk = sim.breakdown["makespan_ms"]
+                if mk < best - 1e-6 and sim.peak_bytes <= budget and own_within_caps(sim, inst.profile):
+                    plan, best, moved = cand, mk, True
+    return plan
 
 
 def _with_objective(inst: Instance, name: str) -> Instance:
@@ -411,7 +449,8 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
         try:
             ser = solve_ilp(graph, profile, budget, time_limit_s * SERIAL_SHARE, gap, backend, True, threads,
                             early_ok, window, max_reruns, objective="serial")
-            warm = [_warm_of(inst, ser)] + warm
+            desc = _offload_descent(inst, ser, budget, time_limit_s * DESCENT_SHARE)
+            warm = ([_warm_of(inst, desc)] if desc is not ser else []) + [_warm_of(inst, ser)] + warm
         except PortError:
             pass
     remaining = max(0.5, time_limit_s - _reserve_s(time_limit_s) - (time.perf_counter() - t0))

@@ -112,11 +112,17 @@ def prune_dominated(profile: Profile, options: list[list[Option]], excluded: lis
                                                                                             tuple[str, ...]]:
     """Drop the options of dominated accelerators (``dominating_accelerator``), one accelerator at a time (two
     identical accelerators: the later one goes), until none is dominated. Returns (options, accelerators left);
-    every dropped option is recorded in ``excluded`` with the accelerator that dominates it."""
+    every dropped option is recorded in ``excluded`` with the accelerator that dominates it. An engine whose calls
+    overlap the host's (port.verify.simulate.overlapping_accelerators: a queue on cores of its own) is never
+    dropped nor the one that dominates: in the makespan its slower option may pay, running beside the host's."""
+    from port.verify.simulate import overlapping_accelerators
+    over = overlapping_accelerators(profile.accelerators, profile)
     accs = tuple(profile.accelerators)
     while len(accs) > 1:
         for a in reversed(accs):
-            b = dominating_accelerator(profile, options, accs, a)
+            if a in over:
+                continue
+            b = dominating_accelerator(profile, options, tuple(c for c in accs if c not in over), a)
             if b is not None:
                 break
         else:

@@ -1,0 +1,62 @@
+"""The makespan objective's search on a device whose OpenCL engine has cores of its own (issue 56,
+configs/devices/host-opencl-split.yaml): the ILP keeps that engine's options even where they are slower than the C
+kernels (they may pay beside the host's calls), and the greedy descent that starts the makespan solve
+(port.solver.ilp._offload_descent) moves weight gradients onto the queue. Modeled profiles: no OpenCL needed."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import port
+import port.models as M
+from port.config import load_device
+from port.cost.roofline import modeled_profile
+from port.lower.lower import default_plan
+from port.solver.ilp import _offload_descent, _with_objective, solve_ilp
+from port.solver.instance import build_instance
+from port.train.optim import SGD
+from port.verify.simulate import simulate
+
+SPLIT, HOST = "configs/devices/host-opencl-split.yaml", "configs/devices/host-opencl.yaml"
+
+
+@pytest.fixture(scope="module")
+def split():
+    g = port.trace(M.get("resnet8", seed=0), torch.randn(4, 3, 32, 32), optimizer=SGD(0.01, momentum=0.9).graph_name)
+    return g, modeled_profile(g, load_device(SPLIT, present_only=False))
+
+
+def test_pruning_keeps_the_engine_that_overlaps_the_host(split):
+    g, prof = split
+    inst = _with_objective(build_instance(g, prof, nested=False, prune=True), "auto")
+    assert inst.objective == "makespan" and "opencl" in inst.accs
+    slower = [i for i, opts in enumerate(inst.options) if any(o.acc == "opencl" for o in opts)
+              and min(o.ms for o in opts if o.acc == "opencl") > min(o.ms for o in opts if o.acc == "cpu-c")]
+    assert slower     # options the serial dominance rule would have dropped
+
+
+def test_descent_moves_weight_gradients_to_the_queue_and_the_ilp_keeps_its_gain(split):
+    g, prof = split
+    inst = _with_objective(build_instance(g, prof, nested=False, prune=True), "auto")
+    base = default_plan(g, "c", fuse=False)
+    s0 = simulate(base, g, prof)
+    budget = int(s0.peak_bytes * 1.5)
+    d = _offload_descent(inst, base, budget, 30.0)
+    s1 = simulate(d, g, prof)
+    moved = [o for o, x in zip(g.ops, d.ops) if x.accelerator == "opencl"]
+    assert s1.breakdown["makespan_ms"] < 0.95 * s0.breakdown["makespan_ms"] and s1.peak_bytes <= budget
+    assert any(o.kind == "conv2d.grad_weight" for o in moved)
+    assert s1.step_ms > s0.step_ms          # serially slower: the gain is the overlap
+    p = solve_ilp(g, prof, budget, time_limit_s=8)
+    sp = simulate(p, g, prof)
+    assert sp.peak_bytes <= budget
+    assert sp.breakdown["makespan_ms"] <= s1.breakdown["makespan_ms"] + 1e-6
+    assert any(x.accelerator == "opencl" for x in p.ops)
+
+
+def test_descent_leaves_a_plan_alone_where_no_engine_overlaps(split):
+    g, _ = split
+    prof = modeled_profile(g, load_device(HOST, present_only=False))     # PoCL shares the host's cores
+    inst = _with_objective(build_instance(g, prof, nested=False, prune=True), "auto")
+    base = default_plan(g, "c", fuse=False)
+    assert _offload_descent(inst, base, 1 << 40, 10.0) is base
