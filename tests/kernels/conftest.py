@@ -45,8 +45,12 @@ def _seed():
 
 @pytest.fixture
 def K():
-    """The checked tensor wrappers (tests/kernels/checked.py), with the GEMM backend at 'blas'."""
+    """The checked tensor wrappers (tests/kernels/checked.py), with the GEMM backend at 'blas' (tests may set
+    another), and the process's own setting back afterwards: the tests that follow on this xdist worker run the
+    GEMM a user's process runs (a profile records it in its kernels build id, so a shared fixture's profile
+    measured on the other worker would read as stale otherwise)."""
     import checked
+    prev = capi.get_gemm_backend()
     capi.set_gemm_backend("blas")
     yield checked
-    capi.set_gemm_backend("blas")
+    capi.set_gemm_backend(prev)
