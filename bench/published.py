@@ -509,6 +509,19 @@ def profile_settings(n_entries: int, budget_s: float | None) -> dict:
             "warmup_ms": round(min(DEFAULT_WARMUP_MS, block_ms / 2), 2)}
 
 
+def _cache_update(cp, prof):
+    """The shared cache after a row: this row's entries (reused ones as they were, new ones measured, all as its
+    profile holds them), then the cache's entries of keys this row does not have. Not merge_profiles: it sums the
+    samples of duplicate keys, and every reused entry is one, so the counts doubled per row (past 2^31 after ~30
+    rows: the cache failed to load for every later row)."""
+    import dataclasses
+    if cp is None:
+        return prof
+    mine = {(e.signature, e.accelerator, e.variant) for e in prof.entries}
+    rest = tuple(e for e in cp.entries if (e.signature, e.accelerator, e.variant) not in mine)
+    return dataclasses.replace(prof, entries=tuple(prof.entries) + rest, _index={})
+
+
 def predict(spec: Spec, steps: int = 15, max_profile_s: float = 300.0, budget_s: float | None = None,
             cache: str | None = None) -> PredictRow:
     """The plan held to what runs, on a model nobody tuned for: ``port.profile`` on ``host``, then
@@ -524,7 +537,7 @@ def predict(spec: Spec, steps: int = 15, max_profile_s: float = 300.0, budget_s:
     from pathlib import Path
     import port
     from port.config import load_device
-    from port.cost.io import load_profile, merge_profiles, save_profile
+    from port.cost.io import load_profile, save_profile
     from port.cost.measure import entry_keys, profile_with_report
     from port.train.optim import SGD
     row = PredictRow(spec.name)
@@ -556,7 +569,7 @@ def predict(spec: Spec, steps: int = 15, max_profile_s: float = 300.0, budget_s:
                        "blocks": kw.get("blocks", 5), "block_ms": kw.get("block_ms", 20.0)}
         lap("profile")
         if cache:
-            save_profile(merge_profiles([cp, prof]) if cp else prof, cache)
+            save_profile(_cache_update(cp, prof), cache)
         plan = port.solve(g, prof, None, time_limit_s=30)
         lap("solve")
         # the thread count the profile was taken with: the plan's times hold for it (Trainer's default governor
