@@ -519,7 +519,8 @@ def _cache_update(cp, prof):
         return prof
     mine = {(e.signature, e.accelerator, e.variant) for e in prof.entries}
     rest = tuple(e for e in cp.entries if (e.signature, e.accelerator, e.variant) not in mine)
-    return dataclasses.replace(prof, entries=tuple(prof.entries) + rest, _index={})
+    ents = sorted(tuple(prof.entries) + rest, key=lambda e: (e.signature, e.accelerator, e.variant))
+    return dataclasses.replace(prof, entries=tuple(ents), _index={})
 
 
 def predict(spec: Spec, steps: int = 15, max_profile_s: float = 300.0, budget_s: float | None = None,

@@ -145,3 +145,18 @@ def test_a_model_imports_its_own_zoo(published):
     assert published.zoo_of("hand-written") == ()
     assert published.zoo_of("peft") == ("transformers", "peft")
     assert {published.zoo_of(s.family) != () for s in published.MODELS.values()} == {True, False}
+
+
+def test_the_predict_cache_keeps_each_rows_entries_without_summing_samples(published):
+    """The shared profile of a --predict run after a row: the row's entries (a reused one as it was), then the
+    cache's other keys, sorted; the samples of a reused entry stay its own (merge_profiles would add them up, and
+    29 rows of doubling passed the 2^31 a profile file may hold)."""
+    from port.cost.types import OpCost, Profile
+    a, b, c = (OpCost(s, "cpu-c", "plain", 1.0, measured=True, samples=5) for s in ("a", "b", "c"))
+    cache = Profile("host", ("cpu-c",), (a, c))
+    row = Profile("host", ("cpu-c",), (a, b))
+    out = cache
+    for _ in range(40):
+        out = published._cache_update(out, row)
+    assert [(e.signature, e.samples) for e in out.entries] == [("a", 5), ("b", 5), ("c", 5)]
+    assert published._cache_update(None, row) is row
