@@ -373,12 +373,17 @@ def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, 
     multi: dict[str, dict[int, int]] = {}    # multi-output node -> {index: tensor id} made by its rule
     trainable_params: set[int] = set()
     kinds_of: dict[int, str] = {}            # placeholder tensor id -> role
+    zero_params: set[int] = set()            # parameters with an entry exactly 0 at capture (see zeroed)
 
     # tied parameters: export lifts each object once, under its first name; trainable if any holder is
     names_of: dict[int, list[str]] = {}
     for qn, p in user_model.named_parameters(remove_duplicate=False):
         names_of.setdefault(id(p), []).append(qn)
     qual = {qn: id(p) for qn, p in user_model.named_parameters(remove_duplicate=False)}
+    # parameters with an entry exactly 0 at capture (timm's zero-initialised last batch-norm scale of a residual
+    # block): a batch norm whose scale has one cannot run in place (x-hat is not rebuilt from y where gamma is 0)
+    zeroed = {id(p) for _qn, p in user_model.named_parameters(remove_duplicate=False)
+              if p.numel() and p.dtype.is_floating_point and p.device.type != "meta" and bool((p.detach() == 0).any())}
     frozen = {qn for qn, p in user_model.named_parameters(remove_duplicate=False) if not p.requires_grad}
 
     # which nodes the logits depend on (the rest: buffer updates PORT's kernels do themselves, asserts)
@@ -456,6 +461,8 @@ def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, 
                 trainable_params.add(tid)
             env[node.name] = tid
             kinds_of[tid] = ROLE_PARAMETER
+            if obj in zeroed:
+                zero_params.add(tid)
         elif kind == "BUFFER":
             if node.name in folding.folded:
                 continue                          # read by folded constants only
@@ -481,7 +488,7 @@ def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, 
 
     leaf_seen: set[str] = set()
     leafs = {n for n, m in user_model.named_modules() if not any(True for _ in m.children())}
-    ctx = _Ctx(b, env, multi, kinds_of, model_name, batch)
+    ctx = _Ctx(b, env, multi, kinds_of, model_name, batch, zero_params=frozenset(zero_params))
     for node in ep.graph.nodes:
         if node.op != "call_function" or node.name not in needed or node.name in ctx.skip:
             continue
@@ -536,6 +543,7 @@ class _Ctx:
     src: Any = None          # a getitem's multi-output node (rules keyed "<packet>[]"), and the item's index
     index: int | None = None
     skip: set = field(default_factory=set)   # nodes an earlier rule fused into its op (rms_norm's pattern)
+    zero_params: frozenset = frozenset()     # parameter tensors with an entry exactly 0 at capture
 
     def shape(self, t: int) -> tuple[int, ...]:
         return self.b.tensors[t].shape

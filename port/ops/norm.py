@@ -50,6 +50,8 @@ def _bn_capture(ctx):
         outs = (y, ctx.b.tensor(f"{ctx.opname}:stats", (2, ys[1]), F32, ROLE_ACTIVATION))
     ctx.multi[n.name] = {0: y}
     attrs = dict(training=training, eps=float(eps), momentum=float(mom))
+    if ctx.t(wa) in ctx.zero_params:     # a scale with an entry 0 at capture: never in place (variants.inplace_legal)
+        attrs["gamma_has_zero"] = True
     return Fwd(ctx.opname, ctx.scope, "batch_norm2d", attrs, (x,), {"weight": ctx.t(wa), "bias": ctx.t(ba)},
                {"running_mean": ctx.t(rma), "running_var": ctx.t(rva)}, outs, 0, (8 if training else 2) * numel(ys))
 

@@ -147,9 +147,9 @@ def _inplace_legal(graph: Graph, op: Op) -> bool:
     x = op.inputs[0]
     if graph.tensors[x].alias_of is not None or graph.tensors[x].role != "activation":
         return False
-    if op.kind == "batch_norm2d" and (len(op.inputs) < 3 or
+    if op.kind == "batch_norm2d" and (len(op.inputs) < 3 or op.attr("gamma_has_zero") or
                                       any(graph.tensors[t].role != "parameter" for t in op.inputs[1:3])):
-        return False
+        return False        # in place, the backward rebuilds x-hat from y: (y - beta) / gamma needs gamma != 0
     on_x = lambda ts: any(graph.storage_root(t) == x for t in ts)      # noqa: E731 (x or a view of it)
     for other in graph.ops:
         if other.phase not in (PHASE_FORWARD, PHASE_LOSS):
