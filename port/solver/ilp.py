@@ -384,8 +384,8 @@ def _offload_descent(inst: Instance, plan: Plan, budget: int, time_limit_s: floa
     from port.solver.baselines import own_within_caps
     from port.verify.simulate import overlapping_accelerators
     over = overlapping_accelerators(inst.accs, inst.profile)
-    if not over:
-        return plan
+    if not over or plan.paged:      # a page call waits for every queue: the makespan model prices paging
+        return plan                 # serially after the step, not exact with ops on a queue (FORMULATION.md)
     t_end = time.perf_counter() + time_limit_s
     best = simulate(plan, inst.graph, inst.profile).breakdown["makespan_ms"]
     moved = True
