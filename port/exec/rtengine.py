@@ -10,6 +10,8 @@ from typing import Any
 from port.errors import LabelError, ProgramError
 from port.exec import capi, rtcall
 
+RT_INPUT_DTYPES = ("float32", "int64")     # the dtypes of model inputs a port-rt bundle takes
+
 
 def eligible(trainer: Any) -> str:
     """'' when the whole-step engine can run ``trainer``'s training program, else why not."""
@@ -18,7 +20,7 @@ def eligible(trainer: Any) -> str:
     if trainer.micro_batch != trainer.batch_size:
         return "micro-batching"
     odd = [trainer.program.slot(t).dtype for t in trainer.program.extra_input_ids
-           if trainer.program.slot(t).dtype not in ("float32", "int64")]
+           if trainer.program.slot(t).dtype not in RT_INPUT_DTYPES]
     if odd:
         return f"an input of dtype {odd[0]} (port-rt takes float32 and int64 inputs)"
     other = sorted({c.backend for c in trainer.program.calls} - {"c", "host"})

@@ -83,14 +83,19 @@ def rt_dispatch_saving_ms(plan: Plan, graph: Graph, profile: Profile, call_ms: l
     """The per-call dispatch of the Python executor that the whole-step C engine (port.exec.rtengine) does not
     pay, over the calls priced ``call_ms``: the profile's op times were taken through the Python executor, each
     with that dispatch in it (host ``executor.call_dispatch_us``), and a Trainer runs a plan on the rt engine when
-    every op sits on the C kernels' accelerator (host ``executor.rt_accelerators``), the graph has one input and
-    nothing is paged (port.exec.rtengine.eligible's rules that a plan decides; micro-batching is the Trainer's).
+    every op sits on the C kernels' accelerator (host ``executor.rt_accelerators``), every further input (an
+    attention mask) is of a dtype port-rt takes and nothing is paged (port.exec.rtengine.eligible's rules that a
+    plan decides; micro-batching is the Trainer's: hf.bert_seqcls_mask's all-C plan ran on the rt engine while
+    this rule still refused every graph with a further input, its step predicted 0.53 ms, run 0.29).
     Else 0. A call saves at most its own price: views and fused-away ops (priced 0) run no call, and a dispatch
     figure taken on a loaded machine must not price a step below nothing (hf.bert_seqcls, load 6: 25 us a call,
     the plan's step predicted -1.1 ms)."""
+    from port.exec.rtengine import RT_INPUT_DTYPES
     us = _host_ms(profile, CALL_DISPATCH_KEY)
     rt = {a for a in dict(profile.host).get(RT_ACCELERATORS_KEY, "").split(",") if a}
-    if not us or not rt or paged or graph.extra_inputs or any(d.accelerator not in rt for d in plan.ops):
+    if not us or not rt or paged or any(d.accelerator not in rt for d in plan.ops):
+        return 0.0
+    if any(graph.tensors[t].dtype not in RT_INPUT_DTYPES for _k, t in graph.extra_inputs):
         return 0.0
     return sum(min(us / 1e3, ms) for ms in call_ms if ms > 0)
 

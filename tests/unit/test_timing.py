@@ -139,3 +139,34 @@ def test_remeasure_reuses_its_file_until_it_no_longer_applies(graph, tmp_path, m
     with pytest.raises(ProfileError, match="--fresh"):
         path.write_text(path.read_text()[:200])
         P.reusable_profile(path, dev.name, strict=True)
+
+
+def test_the_rt_saving_holds_for_a_model_with_further_inputs():
+    """The whole-step engine runs models with further inputs of port-rt's dtypes (token ids and an int64
+    attention mask, port.exec.rtengine.eligible): their all-C plans are priced without the per-call dispatch too;
+    a bool mask keeps the per-call engine, and the dispatch in the price."""
+    import torch
+    import torch.nn as nn
+    from port.ir.trace import trace
+    from port.lower.lower import default_plan
+    from port.verify import simulate as SIM
+
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.fc = nn.Embedding(20, 8), nn.Linear(7 * 8, 3)
+
+        def forward(self, input_ids, attention_mask=None):
+            return self.fc((self.emb(input_ids) * attention_mask.unsqueeze(-1).float()).reshape(4, 7 * 8))
+    ids = torch.randint(0, 20, (4, 7))
+    for mask, saves in ((torch.ones(4, 7, dtype=torch.long), True), (torch.ones(4, 7, dtype=torch.bool), False)):
+        g = trace(Masked(), {"input_ids": ids, "attention_mask": mask})
+        assert g.extra_inputs
+        dev = load_device("host")
+        prof = M.with_step_overhead(modeled_profile(g, dev), 1.25, "test")
+        plan = default_plan(g, "c")
+        plan = replace(plan, ops=tuple(type(d)(d.op, "cpu-c", d.variant) for d in plan.ops))
+        rec = replace(prof, host=tuple(sorted({**dict(prof.host), SIM.CALL_DISPATCH_KEY: "2.0",
+                                               SIM.RT_ACCELERATORS_KEY: "cpu-c"}.items())), _index={})
+        base, rt = SIM.simulate(plan, g, prof), SIM.simulate(plan, g, rec)
+        assert (rt.step_ms < base.step_ms - 1e-6) == saves, mask.dtype
