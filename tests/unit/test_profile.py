@@ -468,3 +468,32 @@ def test_entries_warmed_up_before_the_budget_ran_out_keep_their_warm_up_estimate
     timed = [e for e in prof.entries if e.measured]
     assert len(timed) == 1 and timed[0].samples == 1 and timed[0].latency_ms > 0, timed
     assert rep.measured == 1 and rep.budget_modeled == len([e for e in prof.entries if e.accelerator == "cpu-c"]) - 1
+
+
+def test_plain_calls_of_ops_with_a_default_variant_are_retimed_in_program_order(graph, monkeypatch):
+    """The solver picks plain calls where the default plan has a variant (a fused or in-place call): the all-plain
+    plan is re-timed in program order after the default plan and books the entries that plan did not run, so a
+    solved plan's plain calls are priced from a program, not from their isolated time scaled by the in-program
+    ratio of the other variants of their kind (issue 52: tv.regnet_y_400mf's 46 plain convolutions, 1 thread,
+    CPU time: priced 4.11 ms, ran 4.52). The default plan's own entries keep its program's figures."""
+    from port.cost import measure as M
+    from port.lower.lower import default_plan
+    got = {}
+    real = M.apply_in_program
+
+    def spy(g, prof, seen, *a, **k):
+        got["seen"] = {key: list(v) for key, v in seen.items()}
+        return real(g, prof, seen, *a, **k)
+    monkeypatch.setattr(M, "apply_in_program", spy)
+    prof, rep = profile_with_report(graph, "host", accelerators=("cpu-c",), handoff=False, peak_memory=False,
+                                    calibrate_peaks=False, **FAST)
+    assert not any("re-timing failed" in m or "not re-timed" in m for m in rep.notes), rep.notes
+    timed = {(e.signature, e.accelerator, e.variant) for e in prof.entries if e.measured and e.latency_ms > 0}
+    base = default_plan(graph, "c")
+    varied = [o for o in graph.ops if base.ops[o.id].variant != "plain"
+              and (graph.signature(o), "cpu-c", "plain") in timed]
+    assert varied        # digits_cnn's default plan fuses and runs in place
+    for o in varied:
+        assert (graph.signature(o), "cpu-c", "plain") in got["seen"], o.name
+    steps = dict(prof.host)[M.CALIBRATE_STEPS_KEY].split(",")
+    assert len(steps) == 2       # the default plan, then the all-plain one
