@@ -21,7 +21,7 @@ from port.cost.types import HandoffCost, OpCost, Profile
 from port.cost.io import load_profile
 from port.cost.runners import Runner, backend_available, get_runner
 from port.cost.timing import TimingTask, summarize, time_block, warm_up
-from port.verify.simulate import CALL_DISPATCH_KEY, RT_ACCELERATORS_KEY, STEP_OVERHEAD_KEY
+from port.verify.simulate import CALL_DISPATCH_KEY, RT_ACCELERATORS_KEY, STATE_SYNC_KEY, STEP_OVERHEAD_KEY
 
 # defaults: 5 blocks of ~20 ms per entry; --quick: 3 blocks of ~5 ms
 DEFAULT_BLOCKS, DEFAULT_BLOCK_MS, DEFAULT_WARMUP_MS = 5, 20.0, 10.0
@@ -402,18 +402,20 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
     # nothing new timed on the graph the cache was measured on: its program-order figures stand (the executor's
     # per-step overhead above all: without it every plan's predicted step loses that time)
     kept = {k: v for k, v in cp.host
-            if k.startswith((STEP_OVERHEAD_KEY, CALL_DISPATCH_KEY, RT_ACCELERATORS_KEY, "in_program."))} \
+            if k.startswith((STEP_OVERHEAD_KEY, CALL_DISPATCH_KEY, STATE_SYNC_KEY, RT_ACCELERATORS_KEY,
+                             "in_program."))} \
         if same_graph and reuse_all else {}
     if kept:
         prof = replace(prof, host=tuple(sorted({**dict(prof.host), **kept}.items())), _index={})
     elif program_order and (fresh or cache is not None):
         from port.lower.lower import default_plan
         from port.plan.types import Plan
-        plans, later = [], []      # later: the all-plain plans (they book only what the default plans did not)
+        plans, later = [], []      # later: the extra plans (they book only what the default plans did not run)
         for acc_id in present:
             backend = dev.accelerator(acc_id).backend
             try:
                 plan = default_plan(graph, backend)
+                unfused = default_plan(graph, backend, fuse=False)
             except Exception:  # noqa: BLE001 - a backend without a default plan is not re-timed
                 continue
             # the default plan's variants; all plain when the profile lacks one of them (a profile of
@@ -423,14 +425,15 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
             own = {o.id for o in graph.ops if V.variants(graph, o, backend)}
             if any(d.op not in own and d.accelerator not in present for d in plan.ops):
                 continue
-            # and the all-plain plan as well: the solver picks plain calls where the default plan has a variant
-            # (tv.regnet_y_400mf, tv.efficientnet_b0: 30-46 plain convolutions each), and entries no program ran
-            # were priced by their kind's in-program ratio, taken on the other variants (1 thread, CPU time: the
-            # plain convolutions 9-12% slower in the solved plan than so priced)
+            # then, as extra plans, the default plan without fusion (its in-place calls where the default plan
+            # fuses) and the all-plain plan: the solver picks such calls, and entries no program ran were priced
+            # by their kind's in-program ratio, taken on the other variants (1 thread, CPU time:
+            # tv.regnet_y_400mf's 46 plain convolutions priced 4.11 ms, ran 4.52; its 26 in-place batch norms
+            # priced 1.17 ms, ran 2.79; tv.efficientnet_b0's plain conv/grad_weight 8-9% short)
             mine: list = []
-            for plain in (False, True):
+            for base, plain in ((plan, False), (unfused, False), (plan, True)):
                 ops = tuple(type(d)(d.op, acc_id if d.op in own else d.accelerator,
-                                    "plain" if plain or d.op not in own else d.variant) for d in plan.ops)
+                                    "plain" if plain or d.op not in own else d.variant) for d in base.ops)
                 if all(prof.lookup(graph.signature(o), ops[o.id].accelerator, ops[o.id].variant) for o in graph.ops) \
                         and not any(ops == q.ops for q in mine):
                     mine.append(Plan(graph.digest(), prof.digest(), 0, ops, batch_size=graph.batch_size))
@@ -455,7 +458,8 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                 elif STEP_OVERHEAD_KEY in notes:   # every entry cached (another graph): only the step overhead
                     prof = with_step_overhead(prof, float(notes[STEP_OVERHEAD_KEY]),
                                               "profile: untimed step wall - timed calls, default plan")
-                    more = {k: notes[k] for k in (CALL_DISPATCH_KEY, RT_ACCELERATORS_KEY) if k in notes}
+                    more = {k: notes[k] for k in (CALL_DISPATCH_KEY, STATE_SYNC_KEY, RT_ACCELERATORS_KEY)
+                            if k in notes}
                     prof = replace(prof, host=tuple(sorted({**dict(prof.host), **more}.items())), _index={})
                     rep.overhead_measured = True
                     rep.notes.append(f"{STEP_OVERHEAD_KEY}: {notes[STEP_OVERHEAD_KEY]}")
@@ -684,6 +688,25 @@ def measure_call_dispatch_us(calls: int = 2000, blocks: int = 5) -> float:
     return st.median(per)
 
 
+def measure_state_sync_us(state: Any, calls: int = 2000, blocks: int = 5) -> float:
+    """What the per-op executor adds, beyond :func:`measure_call_dispatch_us`, to a C call that reads the run
+    state (an optimizer update, a dropout draw: Encoded.state), in microseconds: port.exec.backends.c syncs the
+    call's C run state from ``state`` (a port.exec.executor.RunState) before each such call
+    (port.exec.rtcall.state_from), the whole-step engine once a half step. Same clock and blocks as
+    :func:`measure_call_dispatch_us`; the median over blocks of the per-call mean."""
+    import statistics as st
+    from port.exec import rtcall
+    out, sync, clock, per = rtcall.RtState(), rtcall.state_from, time.perf_counter, []
+    for _ in range(blocks):
+        tot = 0.0
+        for _ in range(calls):
+            t0 = clock()
+            sync(state, out)
+            tot += clock() - t0
+        per.append(tot / calls * 1e6)
+    return st.median(per)
+
+
 def init_parameters(graph: Graph, ex: Any, gen: Any) -> None:
     """Fill the float32 parameters of executor ``ex``'s arena as a model's initialisation does (weights of 2 or
     more dims: normal, std 1/sqrt(fan-in); 1-D weights about 1, biases about 0), so that program-order re-timing
@@ -781,6 +804,7 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
     seen: dict[tuple[str, str, str], list[float]] = {}
     notes_skipped: list[str] = []
     rt_accs: set[str] = set()
+    run_state = None
     gen = torch.Generator().manual_seed(seed)
     overhead = None
     counts: dict[int, int] = {}
@@ -799,6 +823,7 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
             runner = get_runner(sorted(backends)[0], graph, None, seed=seed)
             ex = Executor(prog)
             ex.state.opt, ex.state.step = runner.state.opt, runner.state.step
+            run_state = run_state or ex.state
             init_parameters(graph, ex, gen)
             x = torch.randn(ex.input.shape, generator=gen) if ex.input.dtype.is_floating_point \
                 else torch.zeros(ex.input.shape, dtype=ex.input.dtype)       # token ids: id 0
@@ -853,12 +878,14 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
     c_accs = sorted({d.accelerator for p in plans for d in p.ops if d.accelerator in rt_accs})
     if c_accs:     # the whole-step C engine runs plans on these without the per-call dispatch timed above
         notes[CALL_DISPATCH_KEY] = f"{measure_call_dispatch_us():.4f}"
+        if run_state is not None:
+            notes[STATE_SYNC_KEY] = f"{measure_state_sync_us(run_state):.4f}"
         notes[RT_ACCELERATORS_KEY] = ",".join(c_accs)
     if counts:
         notes[CALIBRATE_STEPS_KEY] = ",".join(str(counts[i]) for i in sorted(counts))
     if notes_skipped:
         notes["in_program.skipped"] = "; ".join(notes_skipped)
-    keys = (CALIBRATE_STEPS_KEY, CALL_DISPATCH_KEY, RT_ACCELERATORS_KEY)
+    keys = (CALIBRATE_STEPS_KEY, CALL_DISPATCH_KEY, STATE_SYNC_KEY, RT_ACCELERATORS_KEY)
     if any(k in notes for k in keys):
         host = {**dict(prof.host), **{k: notes[k] for k in keys if k in notes}}
         prof = replace(prof, host=tuple(sorted(host.items())), _index={})

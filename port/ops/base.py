@@ -37,6 +37,8 @@ TAGS = {
     "conv_variants": "im2col/direct/winograd/patch/fused variants on the C backend",
     "tiled_variant": "a ``tiled`` variant on the C backend",
     "pattern": "its capture rule recognises a multi-node pattern: tried before the one-node rules of its packets",
+    "run_state": "its forward's C call reads the run state (Encoded.state: optimizer settings and step, dropout "
+                 "counter): the per-op executor syncs it before each such call, the whole-step engine once",
 }
 
 

@@ -78,4 +78,5 @@ def _torch(kind, a, I, O, env):
 
 
 register(OpRecord(kind="update", family="optimizer", kernels={"update": ("port_sgd_step", "port_adamw_step")},
-                  shapes=_shapes, torch=_torch, encode=_encode, inplace_pairs=_pairs, doc=__doc__))
+                  shapes=_shapes, torch=_torch, encode=_encode, inplace_pairs=_pairs, tags=frozenset({"run_state"}),
+                  doc=__doc__))

@@ -185,7 +185,8 @@ register(OpRecord(
     kernels={"dropout": ("port_dropout_forward",), "dropout.grad_input": ("port_dropout_backward",)},
     shapes=_shapes, torch=_torch, encode=_encode, aten=("dropout", "native_dropout"), capture=_capture,
     saved=lambda f, gi, gw, w: (f.outputs[1],), grad_input_reads=lambda f: (f.outputs[1],),
-    bwd_vector_flops=lambda f, T: numel(T[f.outputs[0]].shape), tags=frozenset({"not_recomputable"}), doc=__doc__))
+    bwd_vector_flops=lambda f, T: numel(T[f.outputs[0]].shape), tags=frozenset({"not_recomputable", "run_state"}),
+    doc=__doc__))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,6 +250,7 @@ register(OpRecord(
     shapes=_bernoulli_shapes, torch=_bernoulli_torch,
     encode=lambda k, a, IS, OS, I, O, v, call: Encoded("port_bernoulli_forward", (O[0],), (numel(OS[0]),),
                                                        (float(a["p"]),), True),
-    aten=("bernoulli", "bernoulli_", "empty", "new_empty"), capture=_bernoulli_capture, tags=frozenset({"no_grad"}),
+    aten=("bernoulli", "bernoulli_", "empty", "new_empty"), capture=_bernoulli_capture,
+    tags=frozenset({"no_grad", "run_state"}),
     doc="bernoulli: float32 ones with probability p (stochastic depth's per-sample keep mask); PORT's generator "
         "(port/ops/random.py): a re-run in the same pass draws the same values."))

@@ -62,6 +62,7 @@ def _costs(graph: Graph, profile: Profile, plan: Plan):
 # profile host records (written by port.cost.measure's program-order re-timing)
 STEP_OVERHEAD_KEY = "executor.step_overhead_ms"   # the Python executor's wall per step outside its calls
 CALL_DISPATCH_KEY = "executor.call_dispatch_us"   # what its timed call adds to every C call (closure, ctypes)
+STATE_SYNC_KEY = "executor.state_sync_us"   # what it adds on top to a call reading the run state (updates, dropout)
 RT_ACCELERATORS_KEY = "executor.rt_accelerators"  # accelerators whose ops the whole-step C engine runs
 
 
@@ -79,7 +80,8 @@ def step_overhead_ms(profile: Profile) -> float:
     return _host_ms(profile, STEP_OVERHEAD_KEY)
 
 
-def rt_dispatch_saving_ms(plan: Plan, graph: Graph, profile: Profile, call_ms: list[float], paged: bool) -> float:
+def rt_dispatch_saving_ms(plan: Plan, graph: Graph, profile: Profile, call_ms: list[tuple[int, float]],
+                          paged: bool) -> float:
     """The per-call dispatch of the Python executor that the whole-step C engine (port.exec.rtengine) does not
     pay, over the calls priced ``call_ms``: the profile's op times were taken through the Python executor, each
     with that dispatch in it (host ``executor.call_dispatch_us``), and a Trainer runs a plan on the rt engine when
@@ -89,15 +91,23 @@ def rt_dispatch_saving_ms(plan: Plan, graph: Graph, profile: Profile, call_ms: l
     this rule still refused every graph with a further input, its step predicted 0.53 ms, run 0.29).
     Else 0. A call saves at most its own price: views and fused-away ops (priced 0) run no call, and a dispatch
     figure taken on a loaded machine must not price a step below nothing (hf.bert_seqcls, load 6: 25 us a call,
-    the plan's step predicted -1.1 ms)."""
+    the plan's step predicted -1.1 ms). ``call_ms``: (op id, price) per executed call. A call that reads the run
+    state (its op kind's record tagged ``run_state``: optimizer updates, dropout draws) saves the state sync too
+    (host ``executor.state_sync_us``): the per-op executor syncs the C run state before each such call, the
+    whole-step engine once a half step (hf.bert_seqcls, 1 thread, CPU time: the per-op engine's timed calls
+    1.76 us a call over the rt engine's step, the dispatch figure 1.35; its 41 updates 1 us each)."""
+    from port import ops as OPS
     from port.exec.rtengine import RT_INPUT_DTYPES
     us = _host_ms(profile, CALL_DISPATCH_KEY)
+    sync = _host_ms(profile, STATE_SYNC_KEY)
+    stateful = set(OPS.with_tag("run_state"))
     rt = {a for a in dict(profile.host).get(RT_ACCELERATORS_KEY, "").split(",") if a}
     if not us or not rt or paged or any(d.accelerator not in rt for d in plan.ops):
         return 0.0
     if any(graph.tensors[t].dtype not in RT_INPUT_DTYPES for _k, t in graph.extra_inputs):
         return 0.0
-    return sum(min(us / 1e3, ms) for ms in call_ms if ms > 0)
+    return sum(min((us + (sync if graph.ops[oid].kind in stateful else 0.0)) / 1e3, ms) for oid, ms in call_ms
+               if ms > 0)
 
 
 def queued_accelerators(plan: Plan) -> frozenset[str]:
@@ -296,7 +306,8 @@ def simulate(plan: Plan, graph: Graph, profile: Profile, own: dict[str, str] | N
                          f"outside the arena ({E} B)",)
     names = names + (f"static: parameters/buffers/gradients/optimizer state/input ({S} B)",)
     over = step_overhead_ms(profile) - rt_dispatch_saving_ms(plan, graph, profile,
-                                                             [costs[oid].latency_ms for _k, oid in steps], sch.paged)
+                                                             [(oid, costs[oid].latency_ms) for _k, oid in steps],
+                                                             sch.paged)
     return SimResult(
         step_ms=comp + rcomp + hand + pagems + over, peak_bytes=timeline[pk], timeline=tuple(timeline),
         steps=tuple(steps), peak_step=pk, peak_tensors=names, static_bytes=S,

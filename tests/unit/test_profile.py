@@ -470,12 +470,13 @@ def test_entries_warmed_up_before_the_budget_ran_out_keep_their_warm_up_estimate
     assert rep.measured == 1 and rep.budget_modeled == len([e for e in prof.entries if e.accelerator == "cpu-c"]) - 1
 
 
-def test_plain_calls_of_ops_with_a_default_variant_are_retimed_in_program_order(graph, monkeypatch):
-    """The solver picks plain calls where the default plan has a variant (a fused or in-place call): the all-plain
-    plan is re-timed in program order after the default plan and books the entries that plan did not run, so a
-    solved plan's plain calls are priced from a program, not from their isolated time scaled by the in-program
-    ratio of the other variants of their kind (issue 52: tv.regnet_y_400mf's 46 plain convolutions, 1 thread,
-    CPU time: priced 4.11 ms, ran 4.52). The default plan's own entries keep its program's figures."""
+def test_plain_and_inplace_calls_of_ops_with_a_default_variant_are_retimed_in_program_order(graph, monkeypatch):
+    """The solver picks plain or in-place calls where the default plan has a variant (a fused call): the default
+    plan without fusion and the all-plain plan are re-timed in program order after the default plan and book the
+    entries no plan before them ran, so a solved plan's plain and in-place calls are priced from a program, not
+    from their isolated time scaled by the in-program ratio of the other variants of their kind (issue 52,
+    1 thread, CPU time: tv.regnet_y_400mf's 46 plain convolutions priced 4.11 ms, ran 4.52; its 26 in-place batch
+    norms priced 1.17 ms, ran 2.79). The default plan's own entries keep its program's figures."""
     from port.cost import measure as M
     from port.lower.lower import default_plan
     got = {}
@@ -495,5 +496,10 @@ def test_plain_calls_of_ops_with_a_default_variant_are_retimed_in_program_order(
     assert varied        # digits_cnn's default plan fuses and runs in place
     for o in varied:
         assert (graph.signature(o), "cpu-c", "plain") in got["seen"], o.name
+    unfused = default_plan(graph, "c", fuse=False)
+    inplace = [o for o in graph.ops if base.ops[o.id].variant == "fused" and unfused.ops[o.id].variant == "inplace"]
+    assert inplace       # the batch norm and ReLU of a fused chain: in place without fusion
+    for o in inplace:
+        assert (graph.signature(o), "cpu-c", "inplace") in got["seen"], o.name
     steps = dict(prof.host)[M.CALIBRATE_STEPS_KEY].split(",")
-    assert len(steps) == 2       # the default plan, then the all-plain one
+    assert len(steps) == 3       # the default plan, then the unfused and the all-plain ones

@@ -170,3 +170,56 @@ def test_the_rt_saving_holds_for_a_model_with_further_inputs():
                                                SIM.RT_ACCELERATORS_KEY: "cpu-c"}.items())), _index={})
         base, rt = SIM.simulate(plan, g, prof), SIM.simulate(plan, g, rec)
         assert (rt.step_ms < base.step_ms - 1e-6) == saves, mask.dtype
+
+
+def test_calls_that_read_the_run_state_are_the_tagged_records_forward_calls():
+    """The simulator knows which calls sync the run state in the per-op executor from the ``run_state`` tag of
+    their op kind's record (forward kinds only); the C encoding (Encoded.state) says the same for every C call of
+    a program with optimizer updates, dropout and a bernoulli draw."""
+    import torch
+    import torch.nn as nn
+    from port import ops as OPS
+    from port.exec import rtcall
+    from port.ir.trace import trace
+    from port.lower.lower import default_plan, lower
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 3)
+
+        def forward(self, x):
+            h = nn.functional.dropout(self.a(x), 0.3, self.training)
+            return self.b(h * x.new_empty((x.shape[0], 1)).bernoulli_(0.8).div_(0.8))
+    g = trace(Net(), torch.randn(4, 6), optimizer="sgd_momentum")
+    tagged = set(OPS.with_tag("run_state"))
+    assert {"update", "dropout", "bernoulli"} <= tagged
+    prog = lower(g, default_plan(g, "c"))
+    c_calls = [c for c in prog.calls if c.backend == "c"]
+    assert {c.kernel for c in c_calls} >= {"update", "dropout", "dropout.grad_input", "bernoulli"}
+    for c in c_calls:
+        enc = rtcall.encode(c, lambda t: tuple(prog.slot(t).shape))
+        assert enc.state == (c.kernel in tagged), (c.kernel, enc.entry)
+
+
+def test_the_rt_saving_takes_the_state_sync_off_stateful_calls(graph):
+    """With ``executor.state_sync_us`` recorded, an all-C plan on the rt engine saves it on every update call
+    (each at most its price) on top of the per-call dispatch."""
+    from port.lower.lower import default_plan
+    from port.verify import simulate as SIM
+    dev = load_device("host")
+    prof = M.with_step_overhead(modeled_profile(graph, dev), 1.25, "test")
+    plan = default_plan(graph, "c")
+    plan = replace(plan, ops=tuple(type(d)(d.op, "cpu-c", d.variant) for d in plan.ops))
+    host = {**dict(prof.host), SIM.CALL_DISPATCH_KEY: "0.5", SIM.RT_ACCELERATORS_KEY: "cpu-c"}
+    rec = replace(prof, host=tuple(sorted(host.items())), _index={})
+    more = replace(prof, host=tuple(sorted({**host, SIM.STATE_SYNC_KEY: "1.0"}.items())), _index={})
+    base = SIM.simulate(plan, graph, rec)
+    costs = SIM._costs(graph, prof, plan)
+    ups = [costs[oid].latency_ms for _k, oid in base.steps if graph.ops[oid].kind == "update"]
+    assert ups
+    extra = sum(min(1.5e-3, ms) - min(0.5e-3, ms) for ms in ups if ms > 0)
+    assert extra > 0
+    assert SIM.simulate(plan, graph, more).step_ms == pytest.approx(base.step_ms - extra)
+    from port.exec.executor import RunState
+    assert 0 < M.measure_state_sync_us(RunState(), calls=200, blocks=3) < 1000
