@@ -41,7 +41,8 @@ m = P.MODELS[sys.argv[2]]
 P.import_zoo(P.zoo_of(m.family))
 if sys.argv[3] == "predict":
     start = P.cpu_seconds()             # interpreter start, torch, port and the model's zoo imported
-    r = P.predict(m, budget_s=float(sys.argv[4]) if sys.argv[4] != "-" else None, cache=sys.argv[5] or None)
+    r = P.predict(m, budget_s=float(sys.argv[4]) if sys.argv[4] != "-" else None, cache=sys.argv[5] or None,
+                  calls=sys.argv[6:] == ["calls"])
     r.cpu_s = {"start": round(start, 2), **r.cpu_s}
     print("ROW " + json.dumps(dataclasses.asdict(r) | {"rel_error": r.rel_error}))
 else:
@@ -83,6 +84,9 @@ def main() -> None:
     ap.add_argument("--predict-budget-s", type=float, default=PREDICT_BUDGET_S,
                     help="--predict: seconds per model on average (the run's budget, spread over the models left as "
                     "it goes; each profile's timing is sized to its row's share); 0: full profiles")
+    ap.add_argument("--predict-calls", type=int, default=0, metavar="N",
+                    help="--predict: also time each plan's calls in program (7 instrumented steps of the Trainer) and "
+                    "print the N (op kind, accelerator, variant) groups whose in-plan time exceeds their price most")
     ap.add_argument("--predict-cache", default="", help="--predict: the shared profile file (default: a new one "
                     "for this run)")
     ap.add_argument("--figure", type=Path, help="draw the Coverage table of bench/RESULTS.md as a PNG at this "
@@ -239,7 +243,7 @@ def predict_table(names: list[str], a, machine_line, publish) -> None:
         # the run's budget spread over the models left (a model that overran leaves the later ones less)
         left = a.predict_budget_s * len(names) - (time.time() - t0)
         budget = "-" if a.predict_budget_s <= 0 else f"{max(PREDICT_MIN_ROW_S, left / (len(names) - i)):.1f}"
-        r = run_one(n, a.timeout_s, "predict", args=(budget, cache))
+        r = run_one(n, a.timeout_s, "predict", args=(budget, cache) + (("calls",) if a.predict_calls else ()))
         err = r.get("error") or ""
         rel = r.get("rel_error")
         good = not err and rel is not None and abs(rel) <= 0.15
@@ -253,6 +257,9 @@ def predict_table(names: list[str], a, machine_line, publish) -> None:
         rows.append(f"| {n} | {r.get('predicted_ms', 0):.2f} | {r.get('measured_ms', 0):.2f} | {100 * rel:+.1f}% | "
                     f"{prof} | {r.get('wall_s', 0):.0f} |" if not err else f"| {n} | - | - | {err[:120]} | - | - |")
         print(rows[-1], "cpu s:", r.get("cpu_s"), flush=True)
+        for k in (r.get("by_kind") or [])[:a.predict_calls]:
+            print(f"    {k[0]} {k[1]} {k[2]} x{k[3]}: priced {k[4]:.3f} ms, in plan {k[5]:.3f} ms "
+                  f"({k[5] - k[4]:+.3f})", flush=True)
     tmp.cleanup()
     total = sum(cpu.values())
     where = ", ".join(f"{k} {v:.0f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))

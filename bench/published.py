@@ -474,6 +474,9 @@ class PredictRow:
     cpu_s: dict = field(default_factory=dict)
     wall_s: float = 0.0
     entries: dict = field(default_factory=dict)     # measured / reused (shared cache) / modeled, block_ms
+    # predict(calls=True): per (op kind, accelerator, variant) of the plan: [ops, priced ms, in-plan ms], the
+    # in-plan time the median over instrumented steps of the Trainer (Trainer.profile_step), largest gap first
+    by_kind: list = field(default_factory=list)
 
     @property
     def rel_error(self) -> float:
@@ -524,7 +527,7 @@ def _cache_update(cp, prof):
 
 
 def predict(spec: Spec, steps: int = 15, max_profile_s: float = 300.0, budget_s: float | None = None,
-            cache: str | None = None) -> PredictRow:
+            cache: str | None = None, calls: bool = False) -> PredictRow:
     """The plan held to what runs, on a model nobody tuned for: ``port.profile`` on ``host``, then
     ``port.solve`` (device memory), then port.Trainer with that plan; the plan's predicted step against the median
     of ``steps`` measured steps (after 3 warm-up steps), as a user would run it (no --replan), at the profile's
@@ -533,7 +536,8 @@ def predict(spec: Spec, steps: int = 15, max_profile_s: float = 300.0, budget_s:
     program-order re-timing that prices the default plans' entries is the same as in a full profile). ``cache``: a
     profile file shared by the rows of one run (entries of the same op key measured by an earlier model are reused,
     this model's measured entries are merged into it). The engine footprints are not measured (PORT_PROFILE_ENGINE=0,
-    set by bench/coverage.py: memory accounting that a plan at the device's memory does not bind)."""
+    set by bench/coverage.py: memory accounting that a plan at the device's memory does not bind). ``calls``: after
+    the timed steps, the plan's calls timed in program (:func:`calls_by_kind`, in ``row.by_kind``)."""
     import statistics
     from pathlib import Path
     import port
@@ -587,10 +591,37 @@ def predict(spec: Spec, steps: int = 15, max_profile_s: float = 300.0, budget_s:
             ts.append((time.perf_counter() - t1) * 1e3)
         row.predicted_ms, row.measured_ms = plan.predicted_step_ms, statistics.median(ts)
         lap("steps")
+        if calls:
+            row.by_kind = calls_by_kind(tr, g, plan, prof, x, y)
     except Exception as e:  # noqa: BLE001 - reported in the table
         row.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     row.wall_s = round(time.perf_counter() - w0, 2)
     return row
+
+
+def calls_by_kind(tr, graph, plan, prof, x, y, steps: int = 7) -> list:
+    """Where a plan's predicted step and its run part: per (op kind, accelerator, variant), [kind, accelerator,
+    variant, ops, priced ms (the profile entries the simulator used), in-plan ms (per op the median over ``steps``
+    instrumented steps of the Trainer, its calls booked as port.cost.measure.in_program_times books them)], the
+    largest in-plan - priced gap first. The instrumented steps run on the per-op executor, with its timers."""
+    import statistics
+    per: dict[int, list[float]] = {o.id: [] for o in graph.ops}
+    for _ in range(steps):
+        ms: dict[int, float] = {}
+        for r in tr.profile_step(x, y)["calls"]:
+            if r["op"] >= 0 and not r["recompute"]:
+                ms[r["op"]] = ms.get(r["op"], 0.0) + r["ms"]
+        for o in graph.ops:
+            per[o.id].append(ms.get(o.id, 0.0))
+    out: dict[tuple, list] = {}
+    for o in graph.ops:
+        d = plan.ops[o.id]
+        e = prof.lookup(graph.signature(o), d.accelerator, d.variant)
+        a = out.setdefault((o.kind, d.accelerator, d.variant), [o.kind, d.accelerator, d.variant, 0, 0.0, 0.0])
+        a[3] += 1
+        a[4] += e.latency_ms if e is not None else 0.0
+        a[5] += statistics.median(per[o.id])
+    return sorted(([*a[:4], round(a[4], 4), round(a[5], 4)] for a in out.values()), key=lambda a: a[4] - a[5])
 
 
 class RtCheck:

@@ -160,3 +160,28 @@ def test_the_predict_cache_keeps_each_rows_entries_without_summing_samples(publi
         out = published._cache_update(out, row)
     assert [(e.signature, e.samples) for e in out.entries] == [("a", 5), ("b", 5), ("c", 5)]
     assert published._cache_update(None, row) is row
+
+
+def test_calls_by_kind_books_every_op_of_the_plan_once(published):
+    """bench/coverage.py --predict-calls: per (op kind, accelerator, variant) of the plan, the ops, their price
+    (the profile entries the simulator uses) and their in-plan time from the Trainer's instrumented steps; every op
+    in one group, the largest in-plan - price gap first, training state unchanged (profile_step restores it)."""
+    import torch
+    import torch.nn as nn
+    import port
+    from port.config import load_device
+    from port.cost.roofline import modeled_profile
+    from port.lower.lower import default_plan
+    m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, 3))
+    x, y = torch.randn(2, 3, 6, 6), torch.tensor([0, 2])
+    g = port.trace(m, x, optimizer="sgd_momentum")
+    prof, plan = modeled_profile(g, load_device("host")), default_plan(g, "c")
+    tr = port.Trainer(m, x, plan=plan, optimizer=port.train.optim.SGD(1e-3, momentum=0.9))
+    before = tr.arena[:tr.program.persistent_bytes].clone()
+    rows = published.calls_by_kind(tr, g, plan, prof, x, y, steps=2)
+    assert torch.equal(tr.arena[:tr.program.persistent_bytes], before)
+    assert sum(r[3] for r in rows) == len(g.ops)
+    assert len({tuple(r[:3]) for r in rows}) == len(rows)
+    gaps = [r[5] - r[4] for r in rows]
+    assert gaps == sorted(gaps, reverse=True)
+    assert any(r[0] == "update" and r[5] > 0 for r in rows)
