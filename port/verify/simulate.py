@@ -131,9 +131,11 @@ class _Timelines:
     hand-offs and paging in program order and enqueues a queued engine's calls without waiting; each queued
     engine runs its calls in order, a call starting when it is issued and its queue is free. A hand-off from a
     queued engine waits for its queue (in order: everything enqueued before), a page call for every queue. The
-    makespan is when the host thread and every queue are done. Not modelled: the waits the executor adds where a
-    host call reuses bytes a queued call still uses (port.exec.handoff.host_waits), and engines that share cores
-    (PoCL's CPU device computes on the C kernels' cores: no real overlap there)."""
+    makespan is when the host thread and every queue are done. The executor waits nowhere else: lowering keeps a
+    queued call's bytes until the host joins its queue (port.plan.semantics rule 8), so no host call reuses them
+    before (port.exec.handoff.host_waits; an in-place host write to bytes a queued call used would still wait: not
+    modelled). Not modelled either: engines that share cores (PoCL's CPU device computes on the C kernels' cores:
+    no real overlap there), and the host's own cost of enqueueing (in the queued op's profiled time)."""
 
     def __init__(self, queued: frozenset[str]) -> None:
         self.queued = queued
