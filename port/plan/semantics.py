@@ -745,8 +745,7 @@ def queued_engines(plan: Plan) -> frozenset[str]:
     """The plan's accelerators whose backend runs asynchronously on a queue (port.lower.program.QUEUED_BACKENDS)
     on host memory (not one of ``plan.own_memory``): rule 8's queues."""
     from port.errors import PortError
-    from port.lower.lower import backend_of
-    from port.lower.program import QUEUED_BACKENDS
+    from port.lower.program import QUEUED_BACKENDS, backend_of
     out = set()
     for a in dict.fromkeys(d.accelerator for d in plan.ops):
         try:

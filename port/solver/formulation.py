@@ -520,8 +520,7 @@ def _queue_holds(inst: Instance, v: Vars, unit: int, dvar: list) -> None:
     (x[i,k] of its queued options): from death + 1, or, where a forward op touches a root that may be dropped (re-run
     or paged), from fwd_last + 1 (its forward copy is freed there). Never below what the simulator holds; an op on
     a host engine adds nothing, so plans without a queued op are priced as before."""
-    from port.lower.lower import backend_of
-    from port.lower.program import QUEUED_BACKENDS
+    from port.lower.program import QUEUED_BACKENDS, backend_of
     from port.errors import PortError
     own = {inst.ownmem.acc} if inst.ownmem is not None else set()
     queued = set()
