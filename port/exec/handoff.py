@@ -13,16 +13,17 @@ Engines and their memory:
   An engine with its own memory (a program lowered with ``own_memory``, port.lower.memories) has its own arena
   instead: a hand-off with attribute ``copy`` copies the tensor's bytes between the arenas (``bind_copy``).
 
-Besides the data edges, an asynchronous engine can still be reading or writing a slot that lowering has given
-to a later tensor (arena slots are reused by lifetime). So a host-side call that follows queued calls waits for
-the queue only where its bytes and those of a queued call not yet waited for form a hazard (``call_bytes``: a
-call reads its inputs' root slots and writes its outputs' and its workspace): it writes bytes a queued call reads
-or writes (write-after-read, write-after-write) or reads bytes a queued call writes (read-after-write). Two
-readers of one tensor do not wait for each other (a backward's weight gradient on the queue and the host's
-activation gradient both read the layer's input: ResNet-8's split plan waited there, serialising the queue's
-work with the host's). Otherwise the host call runs while the queue works (``drain_before``): a host op and an
-OpenCL op without a dependency overlap. Before such a host call the
-queue is flushed, so the device has started the queued kernels. A pass ends with a drain (``finish_all``).
+Besides the data edges, a host-side call that follows queued calls waits for the queue where its bytes and those
+of a queued call not yet waited for form a hazard (``call_bytes``: a call reads its inputs' root slots and writes
+its outputs' and its workspace): it writes bytes a queued call reads or writes (write-after-read,
+write-after-write) or reads bytes a queued call writes (read-after-write). Two readers of one tensor do not wait
+for each other (a backward's weight gradient on the queue and the host's activation gradient both read the
+layer's input: ResNet-8's split plan waited there, serialising the queue's work with the host's). Lowering does
+not give a queued call's bytes to a later tensor before the host joins that queue (port.plan.semantics rule 8:
+a hand-off from it, a page call, the end of the pass), so arena reuse makes no hazard; a page call always waits
+for the queue (the simulator's join). Otherwise the host call runs while the queue works (``drain_before``): a
+host op and an OpenCL op without a dependency overlap. Before such a host call the queue is flushed, so the device
+has started the queued kernels. A pass ends with a drain (``finish_all``).
 On PoCL's CPU device the queued kernels compute on the same cores as the C kernels, so the overlap gains
 little here; on a phone or integrated GPU the engines are separate silicon.
 """
