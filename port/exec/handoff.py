@@ -13,12 +13,17 @@ Engines and their memory:
   An engine with its own memory (a program lowered with ``own_memory``, port.lower.memories) has its own arena
   instead: a hand-off with attribute ``copy`` copies the tensor's bytes between the arenas (``bind_copy``).
 
-Besides the data edges, an asynchronous engine can still be reading or writing a slot that lowering has given
-to a later tensor (arena slots are reused by lifetime). So a host-side call that follows queued calls waits for
-the queue only when its bytes (its tensors' root slots and its workspace) intersect the bytes of a queued call
-not yet waited for (read-after-write, write-after-read, write-after-write); otherwise it runs while the queue
-works (``drain_before``): a host op and an OpenCL op without a dependency overlap. Before such a host call the
-queue is flushed, so the device has started the queued kernels. A pass ends with a drain (``finish_all``).
+Besides the data edges, a host-side call that follows queued calls waits for the queue where its bytes and those
+of a queued call not yet waited for form a hazard (``call_bytes``: a call reads its inputs' root slots and writes
+its outputs' and its workspace): it writes bytes a queued call reads or writes (write-after-read,
+write-after-write) or reads bytes a queued call writes (read-after-write). Two readers of one tensor do not wait
+for each other (a backward's weight gradient on the queue and the host's activation gradient both read the
+layer's input: ResNet-8's split plan waited there, serialising the queue's work with the host's). Lowering does
+not give a queued call's bytes to a later tensor before the host joins that queue (port.plan.semantics rule 8:
+a hand-off from it, a page call, the end of the pass), so arena reuse makes no hazard; a page call always waits
+for the queue (the simulator's join). Otherwise the host call runs while the queue works (``drain_before``): a
+host op and an OpenCL op without a dependency overlap. Before such a host call the queue is flushed, so the device
+has started the queued kernels. A pass ends with a drain (``finish_all``).
 On PoCL's CPU device the queued kernels compute on the same cores as the C kernels, so the overlap gains
 little here; on a phone or integrated GPU the engines are separate silicon.
 """
@@ -85,48 +90,72 @@ def queue_flush(backend: str) -> Callable[[], None]:
     return lambda: None
 
 
-def call_ranges(program, call) -> list[tuple[int, int]]:
-    """The arena byte ranges ``call`` may read or write: its tensors' root slots (a view or in-place output
-    stands for its whole root) and its workspace."""
+def _root_ranges(program, tids) -> list[tuple[int, int]]:
+    """The arena byte ranges of ``tids``' root slots (a view or in-place output stands for its whole root)."""
     out = []
-    for t in (*call.inputs, *call.outputs):
+    for t in tids:
         if program.has_slot(t):
             s = program.slot(t)
             r = program.slot(s.root) if s.root != t and program.has_slot(s.root) else s
             if r.nbytes:
                 out.append((r.offset, r.offset + r.nbytes))
-    if call.workspace_bytes:
-        out.append((call.workspace_offset, call.workspace_offset + call.workspace_bytes))
     return out
+
+
+def call_bytes(program, call) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(the arena byte ranges ``call`` may read, those it may write): its inputs' root slots; its outputs' root
+    slots (the kernels write only their outputs: a mutated operand, a running statistic or an updated parameter,
+    is one) and its workspace."""
+    ws = [(call.workspace_offset, call.workspace_offset + call.workspace_bytes)] if call.workspace_bytes else []
+    return _root_ranges(program, call.inputs), _root_ranges(program, call.outputs) + ws
+
+
+def call_ranges(program, call) -> list[tuple[int, int]]:
+    """Every arena byte range ``call`` may read or write (``call_bytes``, both)."""
+    r, w = call_bytes(program, call)
+    return r + w
 
 
 def _intersects(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
     return any(x0 < y1 and y0 < x1 for x0, x1 in a for y0, y1 in b)
 
 
+def hazard(reads, writes, queued_reads, queued_writes) -> bool:
+    """Whether a host-side call reading ``reads`` and writing ``writes`` must wait for queued calls that read
+    ``queued_reads`` and write ``queued_writes``: read-after-write, write-after-read or write-after-write (two
+    reads share bytes freely)."""
+    return (_intersects(writes, queued_reads) or _intersects(writes, queued_writes)
+            or _intersects(reads, queued_writes))
+
+
 def host_waits(calls: list, program=None) -> list[str]:
-    """Per call, what runs right before it: "finish" (wait for the queued engines: a host-side call, i.e. a host
-    engine's kernel, a page call or a zeroing wrapper, whose bytes intersect those of a queued call not yet waited
-    for), "flush" (submit the queue and go on: a host-side call after queued ones, independent of them, runs
-    while they work) or "". ``program`` None: no byte ranges known, every such host call waits."""
-    out, pending, queued_bytes, flushed = [], set(), [], True
+    """Per call, what runs right before it: "finish" (wait for the queued engines: a page call, or a host-side
+    call, i.e. a host engine's kernel or a zeroing wrapper, whose bytes form a ``hazard`` with those of a queued
+    call not yet waited for; lowering holds a queued call's bytes until the host joins its queue,
+    port.plan.semantics rule 8, so a hazard is an in-place write of bytes a queued call used, or a stand-in
+    program's), "flush" (submit the queue and go on: a host-side call after queued ones, independent of
+    them, runs while they work) or "". ``program`` None: no byte ranges known, every such host call waits."""
+    out, pending, q_reads, q_writes, flushed = [], set(), [], [], True
     for c in calls:
         queued = c.backend in QUEUED and not c.attr("zero_outputs")
         handoff = c.backend == "host" and c.kernel == "handoff"
         w = ""
         if handoff and c.attr("src") in pending:
             pending.discard(c.attr("src"))            # the hand-off call itself waits for the queue
-            queued_bytes = [] if not pending else queued_bytes
+            if not pending:
+                q_reads, q_writes = [], []
             flushed = True
         elif not queued and pending and not handoff:
-            if program is None or _intersects(call_ranges(program, c), queued_bytes):
-                w, pending, queued_bytes, flushed = "finish", set(), [], True
+            page = c.backend == "host" and c.kernel in ("page_out", "page_in")
+            if program is None or page or hazard(*call_bytes(program, c), q_reads, q_writes):
+                w, pending, q_reads, q_writes, flushed = "finish", set(), [], [], True
             elif not flushed:
                 w, flushed = "flush", True
         if c.backend in QUEUED:
             pending.add(c.backend)
             if program is not None:
-                queued_bytes.extend(call_ranges(program, c))
+                r, wr = call_bytes(program, c)
+                q_reads, q_writes = q_reads + r, q_writes + wr
             flushed = False
         out.append(w)
     return out

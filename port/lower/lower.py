@@ -23,6 +23,7 @@ from typing import Any, Sequence
 from port.errors import PlanError
 from port.lower.arena import assign_offsets, check_program, live_timeline
 from port.lower.program import QUEUED_BACKENDS, needs_handoff_call  # noqa: F401 - re-exported
+from port.lower.program import ACCELERATOR_BACKENDS, BACKEND_ACCELERATORS, BACKENDS, backend_of  # noqa: F401 - as above
 from port.lower.program import (GRAD_SCALE_ID, REGION_PERSISTENT, REGION_SCRATCH, Call, Program, Slot, align)
 from port.exec import registry
 from port.ir.types import (DTYPE_BYTES, PHASE_BACKWARD, PHASE_FORWARD, PHASE_LOSS, PHASES, ROLE_BUFFER, ROLE_GRADIENT,
@@ -31,24 +32,6 @@ from port.plan import semantics as SEM
 from port import ops
 from port.plan import variants as V
 from port.plan.types import OpDecision, Plan
-
-# accelerator id -> backend (plans name accelerators; the device YAML says which backend each has)
-ACCELERATOR_BACKENDS = {"cpu-c": "c", "cpu-torch": "torch-cpu", "gpu-torch": "torch-cuda", "cuda": "torch-cuda",
-                        "cpu": "c", "opencl": "opencl", "gpu-opencl": "opencl"}
-BACKEND_ACCELERATORS = {"c": "cpu-c", "torch-cpu": "cpu-torch", "torch-cuda": "gpu-torch", "opencl": "opencl"}
-BACKENDS = ("c", "torch-cpu", "torch-cuda", "opencl")
-
-def backend_of(accelerator: str, accelerators: dict[str, str] | None = None) -> str:
-    m = dict(ACCELERATOR_BACKENDS)
-    if accelerators:
-        m.update(accelerators)
-    if accelerator in BACKENDS:
-        return accelerator
-    try:
-        return m[accelerator]
-    except KeyError:
-        raise PlanError(f"accelerator {accelerator!r} has no known backend; known: {sorted(m)} "
-                        f"(pass accelerators={{id: backend}} to lower())") from None
 
 
 def default_plan(graph: Graph, backend: str = "c", fuse: bool = True, inplace: bool = True,

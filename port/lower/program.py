@@ -16,6 +16,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from port.errors import PlanError
+
 PROGRAM_FORMAT_VERSION = 2     # 2: a call may carry attribute "overwrite" (its gradients are not zeroed first)
 PROGRAM_FORMAT_OWN_MEMORY = 3  # 3: engines with their own memory (fields memories, memory_slots; copy hand-offs):
                                # only such programs carry it, so the others stay readable by readers of 1-2
@@ -190,6 +192,25 @@ def _untuple(v: Any) -> Any:
 
 def align(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
+
+
+# accelerator id -> backend (plans name accelerators; the device YAML says which backend each has)
+ACCELERATOR_BACKENDS = {"cpu-c": "c", "cpu-torch": "torch-cpu", "gpu-torch": "torch-cuda", "cuda": "torch-cuda",
+                        "cpu": "c", "opencl": "opencl", "gpu-opencl": "opencl"}
+BACKEND_ACCELERATORS = {"c": "cpu-c", "torch-cpu": "cpu-torch", "torch-cuda": "gpu-torch", "opencl": "opencl"}
+BACKENDS = ("c", "torch-cpu", "torch-cuda", "opencl")
+
+def backend_of(accelerator: str, accelerators: dict[str, str] | None = None) -> str:
+    m = dict(ACCELERATOR_BACKENDS)
+    if accelerators:
+        m.update(accelerators)
+    if accelerator in BACKENDS:
+        return accelerator
+    try:
+        return m[accelerator]
+    except KeyError:
+        raise PlanError(f"accelerator {accelerator!r} has no known backend; known: {sorted(m)} "
+                        f"(pass accelerators={{id: backend}} to lower())") from None
 
 
 # engines that queue their calls (asynchronous, own queue): a tensor crossing to or from them is handed over by a

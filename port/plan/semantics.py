@@ -52,6 +52,14 @@ At step t (op t in graph order) a plan runs, in this order (``schedule`` emits e
      synchronisation on unified memory; none between the CPU engines, which share one arena and run
      synchronously). A view runs no kernel: the hand-off of the bytes it passes on happens where a kernel reads
      them.
+  8. (after 1-7) bytes an op on a queued engine (an accelerator whose backend runs asynchronously on a queue,
+     port.lower.program.QUEUED_BACKENDS, on host memory: not one of ``plan.own_memory``) read or wrote stay that
+     queue's until the host joins it (``join_frees``): a ``free`` of such a root waits for the next join, a
+     hand-off from that queue (right after it), a page call (right before it: it waits for every queue), the end
+     of the main pass (before the first late update: the executor drains every queue there) or the end of the
+     step. The queued op may still be running when the host passes its free, and a later host call must not
+     write its bytes before it has run (port.exec.handoff.host_waits would wait there: a wait no lane prices).
+     A held root that an event allocates again (a re-run's copy) is freed right before it.
 A *use* of a root is an op or a re-run reading it (or one of its views). Every root lives from its allocation
 to its last use, re-runs included: a kept input of a re-run stays until the re-run. A recomputed root has one
 *copy* per allocation: the forward one, then one per re-run of its producer (an op may be re-run at several
@@ -726,10 +734,87 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
         fr = sorted(set(free_after.get(t, ())))
         if fr:
             events.append(Event("free", -1, tuple(fr)))
+    events = join_frees(graph, plan, events, root, early_at)
     S = static_bytes(graph) - sum(stored_bytes(T[g]) for g in dyn)
     return Schedule(events=tuple(events), root=root, nonmat=frozenset(nonmat), static_bytes=S,
                     dynamic_grads=frozenset(dyn), recompute=rc, recompute_at=when, early_at=early_at,
                     paged=tuple(paged), phases=phases, inplace_ok=frozenset(inplace_ok)), idle
+
+
+def queued_engines(plan: Plan) -> frozenset[str]:
+    """The plan's accelerators whose backend runs asynchronously on a queue (port.lower.program.QUEUED_BACKENDS)
+    on host memory (not one of ``plan.own_memory``): rule 8's queues."""
+    from port.errors import PortError
+    from port.lower.program import QUEUED_BACKENDS, backend_of
+    out = set()
+    for a in dict.fromkeys(d.accelerator for d in plan.ops):
+        try:
+            if a not in plan.own_memory and backend_of(a) in QUEUED_BACKENDS:
+                out.add(a)
+        except PortError:
+            pass
+    return frozenset(out)
+
+
+def join_frees(graph: Graph, plan: Plan, events: list, root: dict, early_at: dict) -> list:
+    """Rule 8: ``events`` with each ``free`` of a root a queued engine's op read or wrote since the host last
+    joined that queue moved to the next join (a hand-off from the queue: right after it; a page call: right before
+    it; the end of the main pass: before the first late update; the end of the events)."""
+    queued = queued_engines(plan)
+    if not queued:
+        return events
+    late = {o.id for o in graph.ops if o.phase == PHASE_UPDATE and o.id not in early_at}
+    touched: dict[str, set[int]] = {}      # queue -> roots its ops used since the host last joined it
+    held: dict[int, set[str]] = {}         # root the host freed -> the queues it waits for
+    out: list[Event] = []
+
+    def release(roots) -> None:
+        if roots:
+            out.append(Event("free", -1, tuple(sorted(roots))))
+
+    def join(accs) -> list[int]:
+        for a in accs:
+            touched.pop(a, None)
+        done = [r for r, qs in held.items() if not (qs - set(accs))]
+        for r in done:
+            del held[r]
+        for qs in held.values():
+            qs.difference_update(accs)
+        return done
+
+    in_late = False
+    for ev in events:
+        if ev.kind == "op" and ev.op in late and not in_late:
+            in_late = True
+            release(join(queued))
+        if ev.kind in ("page_in", "page_out"):
+            release(join(queued))
+        for r in ev.into:          # a re-run in place takes the held copy's bytes over (never freed then)
+            held.pop(r, None)
+        again = [r for r in ev.alloc if r in held]
+        if again:                  # a re-run's copy of a held root: the earlier copy is freed here
+            for r in again:
+                del held[r]
+            release(again)
+        if ev.kind == "free":
+            keep = []
+            for r in ev.roots:
+                qs = {a for a, rs in touched.items() if r in rs}
+                if qs:
+                    held[r] = qs
+                else:
+                    keep.append(r)
+            release(keep)
+            continue
+        out.append(ev)
+        acc = plan.ops[ev.op].accelerator if ev.kind in ("op", "recompute") else None
+        if acc in queued:
+            o = graph.ops[ev.op]
+            touched.setdefault(acc, set()).update(root.get(t, t) for t in (*o.inputs, *o.outputs))
+        if ev.kind == "handoff" and ev.src in queued:
+            release(join([ev.src]))
+    release(join(queued))
+    return out
 
 
 def own_memory_peaks(graph: Graph, plan: Plan, own: dict[str, str]) -> dict[str, int]:

@@ -509,7 +509,45 @@ def _memory_deltas(inst: Instance, v: Vars, unit: int):
             _add(dvar[q], kk, -b)
             _add(bvar[q], kk, -b)
             _add(dvar[end + 1], kk, b)
+    _queue_holds(inst, v, unit, dvar)
     return dvar, dcon, bvar, bcon, rcv
+
+
+def _queue_holds(inst: Instance, v: Vars, unit: int, dvar: list) -> None:
+    """The plan semantics' rule 8 as an upper bound: a root an op on a queued engine (on host memory) reads or
+    writes keeps its bytes past its free until the host joins the queue (a hand-off from it, a page call, the end
+    of the main pass). The model holds it from its free to the end of the step, once per such op placed on a queue
+    (x[i,k] of its queued options): from death + 1, or, where a forward op touches a root that may be dropped (re-run
+    or paged), from fwd_last + 1 (its forward copy is freed there). Never below what the simulator holds; an op on
+    a host engine adds nothing, so plans without a queued op are priced as before."""
+    from port.lower.program import QUEUED_BACKENDS, backend_of
+    from port.errors import PortError
+    own = {inst.ownmem.acc} if inst.ownmem is not None else set()
+    queued = set()
+    for a in inst.accs:
+        try:
+            if a not in own and backend_of(a) in QUEUED_BACKENDS:
+                queued.add(a)
+        except PortError:
+            pass
+    if not queued:
+        return
+    g = inst.graph
+    droppable = set(inst.page_roots) | {r for p in inst.rc_times for r in inst.rc_outputs.get(p, ())}
+    for i, opts in enumerate(inst.options):
+        ks = [k for k, o in enumerate(opts) if o.acc in queued]
+        if not ks:
+            continue
+        o = g.ops[i]
+        for r in dict.fromkeys(g.storage_root(t) for t in (*o.inputs, *o.outputs)):
+            R = inst.roots.get(r)
+            if R is None or r in inst.nonmat:
+                continue
+            start = R.fwd_last + 1 if (r in droppable and i <= R.fwd_last) else R.death + 1
+            if start >= len(dvar):
+                continue
+            for k in ks:
+                _add(dvar[start], v.x[i, k], R.bytes / unit)
 
 
 def c_memory(m: Model, inst: Instance, v: Vars, budget_bytes: int | None) -> None:
@@ -796,9 +834,11 @@ def c_makespan(m: Model, inst: Instance, v: Vars, handoff_terms: dict[int, float
     A >= H, A >= H + h - M(1-g) (h: its hand-offs' time), A >= Q[a] + sum_{l>=k} h_l - M(1-w) - M(1-g) where
     w >= X[u_k,a] - X[i,a] (its k-th hand-off comes from queue a: it waits for it);
     H' >= A, H' >= A + ms_k - M(2-g-x[i,k]) for host options k; Q'[a] >= Q[a], Q'[a] >= max(A, Q[a]) + ms_k
-    - M(2-g-x[i,k]) for options k on a; makespan >= H_end + paging, Q[a]_end + paging. Exact (= simulate's ``makespan_ms``) at
-    integer points without paging: every clock is a max of sums and the objective only pushes them down; paging
-    (a page call waits for every queue) is added serially after the step. M: the serial objective's bound.
+    - M(2-g-x[i,k]) for options k on a; a page call of root r (rule 1: before step bwd_first's re-runs; rule 5:
+    after step fwd_last's early updates) joins every lane: H' >= H + c pg[r], H' >= Q[a] + c - M(1 - pg[r]);
+    makespan >= H_end, Q[a]_end. Exact (= simulate's ``makespan_ms``) at integer points: every clock is a max of
+    sums and the objective only pushes them down. M: the serial objective's bound. The load and path cuts add
+    paging: nothing runs during a page call (every queue has drained before it, the host pages).
     Replaces the serial objective (its early-update tie-breaker kept)."""
     from port.verify.simulate import overlapping_accelerators
     ov = overlapping_accelerators(inst.accs, inst.profile)
@@ -873,19 +913,37 @@ def c_makespan(m: Model, inst: Instance, v: Vars, handoff_terms: dict[int, float
     early_after: dict[int, list[int]] = {}
     for u in sorted(v.e):
         early_after.setdefault(inst.early[u][1], []).append(u)
+    def page(r: int, what: str) -> None:
+        """A page call of root r (gate pg[r]) on the host thread: it waits for every queue (a join of all lanes,
+        as ``_Timelines.page``), then takes its time: H' >= H + c pg, H' >= Q[a] + c - M(1 - pg) per queue."""
+        j, c = v.pg[r], inst.page_ms[r] / 2        # page_ms: out and in together
+        n[0] += 1
+        new = m.var(f"mkpg{what}[{n[0]}]", 0.0, inf, integer=False)
+        m.row(f"mk_pg[{n[0]}]", {new: 1.0, j: -c} | ({clock[None]: -1.0} if clock[None] is not None else {}), lo=0.0)
+        for a in queued:
+            if clock[a] is not None:
+                m.row(f"mk_pgq[{n[0]},{_sanitize(a)}]", {new: 1.0, clock[a]: -1.0, j: -big}, lo=c - big)
+        clock[None] = new
+
+    page_in_at: dict[int, list[int]] = {}
+    page_out_after: dict[int, list[int]] = {}
+    for r in v.pg:
+        page_in_at.setdefault(inst.roots[r].bwd_first, []).append(r)
+        page_out_after.setdefault(inst.roots[r].fwd_last, []).append(r)
     for t in range(len(inst.options)):
+        for r in sorted(page_in_at.get(t, ())):
+            page(r, "in")
         for p in sorted(rc_at.get(t, ())):
             event(p, {v.rt[p, t]: 1.0, -1: 0.0}, "_rc")
         event(t, {v.e[t]: -1.0, -1: 1.0} if t in v.e else {}, "")
         for u in early_after.get(t, ()):
             event(u, {v.e[u]: 1.0, -1: 0.0}, "")
+        for r in sorted(page_out_after.get(t, ())):
+            page(r, "out")
     paging = {j: inst.page_ms[r] for r, j in v.pg.items()}
     mk = m.var("makespan", 0.0, inf, integer=False)
-    for lane, end in clock.items():
-        row = {mk: 1.0} | ({end: -1.0} if end is not None else {})
-        for j, c in paging.items():
-            _add(row, j, -c)
-        m.row(f"mk_end[{_sanitize(str(lane))}]", row, lo=0.0)
+    for lane, end in clock.items():          # (paging is on the host lane's clock: page())
+        m.row(f"mk_end[{_sanitize(str(lane))}]", {mk: 1.0} | ({end: -1.0} if end is not None else {}), lo=0.0)
     # load cuts: a lane's clock passes every call placed on it, so the makespan is at least each lane's summed
     # option times (re-runs and hand-offs left out: still a lower bound). Implied at integer points; without them
     # the big-M rows let the LP relaxation put the makespan near 0 (a 94% gap on ResNet-8 after 20 s)

@@ -46,6 +46,9 @@ class SimResult:
     static_bytes: int
     breakdown: dict = field(default_factory=dict)   # compute/recompute/handoff/paging/overhead ms, engine_bytes
     gantt: tuple[tuple[str, str, float, float], ...] = ()  # (label, accelerator, start_ms, end_ms)
+    # the makespan's schedule (``_Timelines``): (label, lane, start_ms, end_ms), lane "host" (the host thread: its
+    # engines' calls, hand-offs, paging) or a queued engine's accelerator
+    lanes: tuple[tuple[str, str, float, float], ...] = ()
     arena_peak_bytes: int = 0                 # the peak without allocations outside the arena (= the arena)
 
 
@@ -143,26 +146,36 @@ class _Timelines:
     hand-offs and paging in program order and enqueues a queued engine's calls without waiting; each queued
     engine runs its calls in order, a call starting when it is issued and its queue is free. A hand-off from a
     queued engine waits for its queue (in order: everything enqueued before), a page call for every queue. The
-    makespan is when the host thread and every queue are done. Not modelled: the waits the executor adds where a
-    host call reuses bytes a queued call still uses (port.exec.handoff.host_waits), and engines that share cores
-    (PoCL's CPU device computes on the C kernels' cores: no real overlap there)."""
+    makespan is when the host thread and every queue are done. The executor waits nowhere else: lowering keeps a
+    queued call's bytes until the host joins its queue (port.plan.semantics rule 8), so no host call reuses them
+    before (port.exec.handoff.host_waits; an in-place host write to bytes a queued call used would still wait: not
+    modelled). Not modelled either: engines that share cores (PoCL's CPU device computes on the C kernels' cores:
+    no real overlap there), and the host's own cost of enqueueing (in the queued op's profiled time)."""
 
     def __init__(self, queued: frozenset[str]) -> None:
         self.queued = queued
         self.host = 0.0
         self.q: dict[str, float] = {}
+        self.spans: list[tuple[str, str, float, float]] = []   # (label, lane: "host" or the queue, start, end)
 
-    def op(self, acc: str, ms: float) -> None:
+    def op(self, acc: str, ms: float, label: str = "") -> None:
         if acc in self.queued:
-            self.q[acc] = max(self.host, self.q.get(acc, 0.0)) + ms
+            t0 = max(self.host, self.q.get(acc, 0.0))
+            self.q[acc] = t0 + ms
+            self.spans.append((label, acc, t0, t0 + ms))
         else:
+            self.spans.append((label, "host", self.host, self.host + ms))
             self.host += ms
 
-    def handoff(self, src: str, ms: float) -> None:
-        self.host = max(self.host, self.q.get(src, 0.0)) + ms
+    def handoff(self, src: str, ms: float, label: str = "") -> None:
+        t0 = max(self.host, self.q.get(src, 0.0))
+        self.spans.append((label, "host", t0, t0 + ms))
+        self.host = t0 + ms
 
-    def page(self, ms: float) -> None:
-        self.host = max(self.host, *self.q.values()) + ms if self.q else self.host + ms
+    def page(self, ms: float, label: str = "") -> None:
+        t0 = max(self.host, *self.q.values()) if self.q else self.host
+        self.spans.append((label, "host", t0, t0 + ms))
+        self.host = t0 + ms
 
     def makespan(self) -> float:
         return max(self.host, *self.q.values()) if self.q else self.host
@@ -214,7 +227,7 @@ def simulate(plan: Plan, graph: Graph, profile: Profile, own: dict[str, str] | N
         tid = ev.roots[0]
         h = profile.handoff_cost(ev.src, dec[ev.op].accelerator).cost_ms(T[tid].bytes)
         hand += h
-        lanes.handoff(ev.src, h)
+        lanes.handoff(ev.src, h, f"hand-off {T[tid].name}")
         if h:
             gantt.append((f"hand-off {T[tid].name} {ev.src}->{dec[ev.op].accelerator}", "handoff", clock, clock + h))
         clock += h
@@ -244,8 +257,8 @@ def simulate(plan: Plan, graph: Graph, profile: Profile, own: dict[str, str] | N
             rcomp += c.latency_ms
         else:
             comp += c.latency_ms
-        lanes.op(dec[oid].accelerator, c.latency_ms)
         label = graph.ops[oid].name + (" (recompute)" if kind == "recompute" else "")
+        lanes.op(dec[oid].accelerator, c.latency_ms, label)
         gantt.append((label, dec[oid].accelerator, clock, clock + c.latency_ms))
         clock += c.latency_ms
 
@@ -253,7 +266,7 @@ def simulate(plan: Plan, graph: Graph, profile: Profile, own: dict[str, str] | N
         nonlocal clock, pagems
         c = lat + T[r].bytes / bw
         pagems += c
-        lanes.page(c)
+        lanes.page(c, f"{what} {T[r].name}")
         gantt.append((f"{what} {T[r].name}", "storage", clock, clock + c))
         clock += c
 
@@ -288,7 +301,7 @@ def simulate(plan: Plan, graph: Graph, profile: Profile, own: dict[str, str] | N
             if h:
                 gantt.append((f"copy {T[r].name} {sa}->{da}", "handoff", clock, clock + h))
             clock += h
-            lanes.handoff(acc_of.get(src, h0), h)
+            lanes.handoff(acc_of.get(src, h0), h, f"copy {T[r].name}")
     if live:
         raise PlanError(f"internal: tensors still live at the end of the step: {[T[r].name for r in live][:5]}")
     pk = max(range(len(timeline)), key=lambda i: (timeline[i], -i))
@@ -314,4 +327,4 @@ def simulate(plan: Plan, graph: Graph, profile: Profile, own: dict[str, str] | N
         breakdown={"compute_ms": comp, "recompute_ms": rcomp, "handoff_ms": hand, "paging_ms": pagems,
                    "overhead_ms": over, "engine_bytes": E, "makespan_ms": lanes.makespan() + over}
                   | ({"own_memory_peaks": own_peaks} if own else {}),
-        gantt=tuple(gantt), arena_peak_bytes=max(arena_tl))
+        gantt=tuple(gantt), arena_peak_bytes=max(arena_tl), lanes=tuple(lanes.spans))

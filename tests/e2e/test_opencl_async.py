@@ -54,6 +54,19 @@ def test_host_waits_only_at_handoffs_and_byte_conflicts():
     assert H.host_waits(calls) == ["", "finish", "", "", "", "", "", "", "finish", ""]
 
 
+def test_two_readers_of_one_tensor_do_not_wait_for_each_other():
+    """port.exec.handoff.hazard: read-after-read shares bytes freely (ResNet-8's split plan waited for the queue at
+    each activation gradient that read the layer input its queued weight gradient read: the plan ran serially)."""
+    prog = _Prog([_slot(t, 64 * t) for t in range(5)])
+    calls = [_call(0, "opencl", ins=(0, 1), outs=(2,)),   # the queue's weight gradient reads t0, t1
+             _call(1, "c", ins=(1,), outs=(3,)),           # the host's input gradient reads t1 too: overlaps
+             _call(2, "c", ins=(3,), outs=(1,)),           # writes t1, which the queue reads: waits
+             _call(3, "opencl", ins=(3,), outs=(4,)),
+             _call(4, "c", ins=(2,), outs=(0,)),           # t2 was written by a finished call: free to go on
+             _call(5, "host", ins=(0,), kernel="page_out")]  # a page call waits for the queue
+    assert H.host_waits(calls, prog) == ["", "flush", "finish", "", "flush", "finish"]
+
+
 def test_timelines_overlap_a_queued_call_with_host_calls():
     t = _Timelines(frozenset({"opencl"}))
     t.op("opencl", 5.0)       # enqueued at 0, runs 0..5

@@ -69,3 +69,18 @@ def test_an_infeasible_budget_is_a_row_not_a_crash():
                          "are CPU timings).")
     tab = heads.table(f"## {ocl.SECTION}\n\n{text}\n").splitlines()
     assert tab[2].startswith(f"| {ocl.SECTION} | `bench/opencl.py` | 1/2 of the ILP's plans") and len(tab) == 3
+
+
+def test_a_solve_without_a_plan_in_time_is_a_row_not_a_crash():
+    """A solve that finds no plan in --solve-s (SolverError: MobileNetV2 b8 at 50% split, 20 s, loaded) is a row
+    saying so, counted apart from infeasible budgets; the other rows still run and count."""
+    from port.errors import SolverError
+    ocl, _heads = _benches()
+    uns = ocl.unsolved_row("mobilenetv2", 8, 0.5, "split", "measured", 20.0, SolverError("highs found no plan"), 1.0)
+    rows = [_row("resnet8", 1.0, 10.0, 11.0), uns]
+    text = ocl.results_text(rows, "`python bench/opencl.py` (date, CPU, 2 CPUs: load average 0.2 at start)", 0.2)
+    lines = text.splitlines()
+    row = next(ln for ln in lines if ln.startswith("| mobilenetv2 | 8 | 50%"))
+    assert row.count("|") == lines[2].count("|") and "no plan in 20 s: highs found no plan" in row
+    assert lines[-1].startswith("OpenCL headline: 1/1 of the ILP's plans use both engines and executed (1 not "
+                                "solved in the solve's time); 1/1 of them")

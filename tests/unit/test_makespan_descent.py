@@ -60,3 +60,34 @@ def test_descent_leaves_a_plan_alone_where_no_engine_overlaps(split):
     inst = _with_objective(build_instance(g, prof, nested=False, prune=True), "auto")
     base = default_plan(g, "c", fuse=False)
     assert _offload_descent(inst, base, 1 << 40, 10.0) is base
+
+
+def test_makespan_model_joins_every_lane_at_a_page_call(split):
+    """A page call waits for every queue (port.verify.simulate._Timelines.page): the makespan model joins every
+    lane there (formulation.c_makespan's page rows), so its makespan at a plan that pages while the queue is busy
+    is the simulator's. Before, paging was added after the lanes' ends: below the simulated makespan (ResNet-8
+    b8's 50% split plan failed solve_ilp's check). The model is evaluated at a fixed plan (every binary fixed,
+    the clocks solved as an LP: ilp._warm_values), not solved: no time limit decides what is tested."""
+    import dataclasses
+    from port.solver.formulation import build
+    from port.solver.ilp import _warm_of, _warm_values
+    g, prof = split
+    prof = dataclasses.replace(prof, storage=(("bandwidth_gbps", 5.0), ("latency_ms", 0.01)))
+    inst = _with_objective(build_instance(g, prof, nested=False, prune=False), "makespan")
+    base = default_plan(g, "c", fuse=False)
+    q = next(o.id for o in g.ops if o.name == "layer3.0.conv2.grad_weight")
+    # a root paged back in while the weight gradient still runs on the queue (its first backward reader follows)
+    r = min((x for x in inst.page_roots if inst.roots[x].bwd_first > q), key=lambda x: inst.roots[x].bwd_first)
+    ops = tuple(dataclasses.replace(d, accelerator="opencl", variant="plain") if i == q else d
+                for i, d in enumerate(base.ops))
+    plan = dataclasses.replace(base, ops=ops, paged=(r,))
+    sim = simulate(plan, g, prof)
+    m, v = build(inst, int(sim.peak_bytes * 2))
+    vals = _warm_values(inst, m, v, *_warm_of(inst, plan))
+    assert vals is not None
+    mk = vals[m.names.index("makespan")]
+    lanes_end = max(b for _l, lane, _a, b in sim.lanes if lane == "opencl")
+    page = next(a for lab, lane, a, _b in sim.lanes if lab.startswith("page in"))
+    assert page >= lanes_end - 1e-9           # the page call waited for the queue
+    assert abs(mk + sim.breakdown["overhead_ms"] - sim.breakdown["makespan_ms"]) < 1e-6, \
+        (mk, sim.breakdown)
