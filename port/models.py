@@ -8,6 +8,8 @@ data kind of a model whose input is int64 token ids (``example_input`` builds ei
 """
 from __future__ import annotations
 
+import functools
+from types import SimpleNamespace
 from typing import Any, Callable
 
 INPUT_SHAPES: dict[str, tuple[int, ...]] = {
@@ -32,11 +34,15 @@ def _nn():
     return nn
 
 
-def _basic_block(in_c: int, out_c: int, stride: int):
+@functools.cache
+def _classes() -> SimpleNamespace:
+    """The zoo's module classes, made once per process (torch is imported on first use, not with this module).
+    One class object per model kind: port.ir.trace's capture cache keys a module by its class, so a class made
+    anew by every factory call never let a second ``get("resnet8")`` reuse the first one's capture."""
     nn = _nn()
 
     class BasicBlock(nn.Module):
-        def __init__(self) -> None:
+        def __init__(self, in_c: int, out_c: int, stride: int) -> None:
             super().__init__()
             self.conv1 = nn.Conv2d(in_c, out_c, 3, stride, 1, bias=False)
             self.bn1 = nn.BatchNorm2d(out_c)
@@ -54,16 +60,10 @@ def _basic_block(in_c: int, out_c: int, stride: int):
             out = self.bn2(self.conv2(out))
             return self.relu2(out + self.shortcut(x))
 
-    return BasicBlock()
-
-
-def _bottleneck(in_c: int, mid: int, stride: int):
-    nn = _nn()
-    out_c = mid * 4
-
     class Bottleneck(nn.Module):
-        def __init__(self) -> None:
+        def __init__(self, in_c: int, mid: int, stride: int) -> None:
             super().__init__()
+            out_c = mid * 4
             self.conv1 = nn.Conv2d(in_c, mid, 1, bias=False)
             self.bn1 = nn.BatchNorm2d(mid)
             self.relu1 = nn.ReLU(inplace=True)
@@ -84,15 +84,9 @@ def _bottleneck(in_c: int, mid: int, stride: int):
             out = self.bn3(self.conv3(out))
             return self.relu3(out + self.shortcut(x))
 
-    return Bottleneck()
-
-
-def resnet_cifar(blocks: tuple[int, ...], widths: tuple[int, ...], num_classes: int = 10, bottleneck: bool = False):
-    """CIFAR ResNet: 3x3 stem at stride 1, no max-pool, stages of basic (or bottleneck) blocks."""
-    nn = _nn()
-
     class ResNet(nn.Module):
-        def __init__(self) -> None:
+        def __init__(self, blocks: tuple[int, ...], widths: tuple[int, ...], num_classes: int,
+                     bottleneck: bool) -> None:
             super().__init__()
             self.conv1 = nn.Conv2d(3, widths[0], 3, 1, 1, bias=False)
             self.bn1 = nn.BatchNorm2d(widths[0])
@@ -104,10 +98,10 @@ def resnet_cifar(blocks: tuple[int, ...], widths: tuple[int, ...], num_classes: 
                 for j in range(n):
                     stride = 2 if (i > 0 and j == 0) else 1
                     if bottleneck:
-                        stage.append(_bottleneck(in_c, w, stride))
+                        stage.append(Bottleneck(in_c, w, stride))
                         in_c = w * 4
                     else:
-                        stage.append(_basic_block(in_c, w, stride))
+                        stage.append(BasicBlock(in_c, w, stride))
                         in_c = w
                 layers.append(nn.Sequential(*stage))
             for i, l in enumerate(layers):
@@ -123,7 +117,49 @@ def resnet_cifar(blocks: tuple[int, ...], widths: tuple[int, ...], num_classes: 
                 x = getattr(self, f"layer{i + 1}")(x)
             return self.fc(self.flatten(self.pool(x)))
 
-    return ResNet()
+    class InvertedResidual(nn.Module):
+        def __init__(self, inp: int, oup: int, stride: int, expand: int) -> None:
+            super().__init__()
+            hidden = int(round(inp * expand))
+            self.use_res = stride == 1 and inp == oup
+            layers = []
+            if expand != 1:
+                layers.append(_conv_bn(inp, hidden, 1, 1))
+            layers += [_conv_bn(hidden, hidden, 3, stride, groups=hidden), _conv_bn(hidden, oup, 1, 1, act=False)]
+            self.conv = nn.Sequential(*layers)
+
+        def forward(self, x):
+            if self.use_res:
+                return x + self.conv(x)
+            return self.conv(x)
+
+    class MobileNetV2(nn.Module):
+        def __init__(self, feats: list, last: int, num_classes: int, dropout: float) -> None:
+            super().__init__()
+            self.features = nn.Sequential(*feats)
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.flatten = nn.Flatten()
+            self.dropout = nn.Dropout(dropout) if dropout else nn.Identity()
+            self.classifier = nn.Linear(last, num_classes)
+
+        def forward(self, x):
+            return self.classifier(self.dropout(self.flatten(self.pool(self.features(x)))))
+
+    return SimpleNamespace(BasicBlock=BasicBlock, Bottleneck=Bottleneck, ResNet=ResNet,
+                           InvertedResidual=InvertedResidual, MobileNetV2=MobileNetV2)
+
+
+def _conv_bn(inp: int, oup: int, k: int, s: int, groups: int = 1, act: bool = True):
+    nn = _nn()
+    mods = [nn.Conv2d(inp, oup, k, s, (k - 1) // 2, groups=groups, bias=False), nn.BatchNorm2d(oup)]
+    if act:
+        mods.append(nn.ReLU6(inplace=True))
+    return nn.Sequential(*mods)
+
+
+def resnet_cifar(blocks: tuple[int, ...], widths: tuple[int, ...], num_classes: int = 10, bottleneck: bool = False):
+    """CIFAR ResNet: 3x3 stem at stride 1, no max-pool, stages of basic (or bottleneck) blocks."""
+    return _classes().ResNet(tuple(blocks), tuple(widths), num_classes, bottleneck)
 
 
 VGG_CFG = {
@@ -159,56 +195,20 @@ def _make_divisible(v: float, divisor: int = 8) -> int:
 
 def mobilenetv2_cifar(num_classes: int = 10, width_mult: float = 1.0, dropout: float = 0.2):
     """MobileNetV2 for 32x32 inputs: stride-1 stem and first two stages at stride 1 (as in CIFAR ports)."""
-    nn = _nn()
-
-    def conv_bn(inp, oup, k, s, groups=1, act=True):
-        mods = [nn.Conv2d(inp, oup, k, s, (k - 1) // 2, groups=groups, bias=False), nn.BatchNorm2d(oup)]
-        if act:
-            mods.append(nn.ReLU6(inplace=True))
-        return nn.Sequential(*mods)
-
-    class InvertedResidual(nn.Module):
-        def __init__(self, inp: int, oup: int, stride: int, expand: int) -> None:
-            super().__init__()
-            hidden = int(round(inp * expand))
-            self.use_res = stride == 1 and inp == oup
-            layers = []
-            if expand != 1:
-                layers.append(conv_bn(inp, hidden, 1, 1))
-            layers += [conv_bn(hidden, hidden, 3, stride, groups=hidden), conv_bn(hidden, oup, 1, 1, act=False)]
-            self.conv = nn.Sequential(*layers)
-
-        def forward(self, x):
-            if self.use_res:
-                return x + self.conv(x)
-            return self.conv(x)
-
+    C = _classes()
     # t, c, n, s   (CIFAR: strides of the first two stages set to 1)
     settings = [(1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
                 (6, 320, 1, 1)]
     inp = _make_divisible(32 * width_mult)
     last = _make_divisible(1280 * max(1.0, width_mult))
-    feats: list[Any] = [conv_bn(3, inp, 3, 1)]
+    feats: list[Any] = [_conv_bn(3, inp, 3, 1)]
     for t, c, n, s in settings:
         out = _make_divisible(c * width_mult)
         for i in range(n):
-            feats.append(InvertedResidual(inp, out, s if i == 0 else 1, t))
+            feats.append(C.InvertedResidual(inp, out, s if i == 0 else 1, t))
             inp = out
-    feats.append(conv_bn(inp, last, 1, 1))
-
-    class MobileNetV2(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.features = nn.Sequential(*feats)
-            self.pool = nn.AdaptiveAvgPool2d(1)
-            self.flatten = nn.Flatten()
-            self.dropout = nn.Dropout(dropout) if dropout else nn.Identity()
-            self.classifier = nn.Linear(last, num_classes)
-
-        def forward(self, x):
-            return self.classifier(self.dropout(self.flatten(self.pool(self.features(x)))))
-
-    return MobileNetV2()
+    feats.append(_conv_bn(inp, last, 1, 1))
+    return C.MobileNetV2(feats, last, num_classes, dropout)
 
 
 def digits_cnn(num_classes: int = 10, width: int = 16):

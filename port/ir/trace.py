@@ -185,9 +185,10 @@ CACHE_ENTRIES = 32
 def capture_key(model: Any, example_input: Any, settings: tuple) -> str | None:
     """A digest of everything a capture reads: each module's class (this process's class object: the code),
     mode, plain attributes (flags such as ``causal``, a Hugging Face config) and hooks, the parameters' and
-    buffers' names, shapes, dtypes, requires_grad and tying, the example inputs' names, shapes and dtypes, and
-    the trace settings. Not the weights' values, which a capture does not read (tensor attributes that are
-    neither parameters nor buffers are captured as constants: their values are part of the key). Dicts and lists
+    buffers' names, shapes, dtypes, requires_grad and tying, which parameters hold an entry exactly 0, the example
+    inputs' names, shapes and dtypes, and the trace settings. Not the weights' other values, which a capture does
+    not read (tensor attributes that are neither parameters nor buffers are captured as constants: their values
+    are part of the key). Dicts and lists
     of plain data count by their JSON text (every timm and Hugging Face model holds some: without them no such
     model's capture was ever reused, and a Trainer after ``port.trace`` captured it again). None when a
     module holds something the key cannot describe (an instance-level ``forward``, hooks, other objects)."""
@@ -226,6 +227,10 @@ def capture_key(model: Any, example_input: Any, settings: tuple) -> str | None:
     first: dict[int, str] = {}
     for qn, p in list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False)):
         put(qn, tuple(p.shape), str(p.dtype), bool(p.requires_grad), first.setdefault(id(p), qn))
+    # the one thing a capture reads of the weights' values: which parameters have an entry exactly 0 (a batch norm
+    # scale with one is never in place, attr gamma_has_zero; _capture's ``zeroed``)
+    put(sorted(qn for qn, p in model.named_parameters(remove_duplicate=False) if p.numel() and
+               p.dtype.is_floating_point and p.device.type != "meta" and bool((p.detach() == 0).any())))
     for k, v in example_inputs(example_input):
         put(k, tuple(v.shape), str(v.dtype))
     put(type(example_input).__name__, settings)

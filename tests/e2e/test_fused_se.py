@@ -58,7 +58,7 @@ def _run(model, x, y, plan, engine, steps=3):
 def test_fused_se_trains_as_the_plain_chain(act, gate, engine, batch):
     m = _Net(act, gate)
     x, y = torch.randn(batch, 3, 7, 5), torch.arange(batch) % 4
-    g = port.Trainer(copy.deepcopy(m), x, optimizer=SGD(0.05, momentum=0.9)).graph
+    g = port.trace(copy.deepcopy(m), x, optimizer="sgd_momentum")
     lf, sf, tf = _run(m, x, y, fused_plan(g), engine)
     lp, sp, tp = _run(m, x, y, default_plan(g), engine)
     kernels = [c.kernel for c in tf.program.calls]
@@ -83,7 +83,7 @@ def test_fused_se_trains_as_the_plain_chain(act, gate, engine, batch):
 def test_port_rt_trains_the_fused_se_bundle_bit_for_bit(act, gate, port_rt):
     m = _Net(act, gate)
     x, y = torch.randn(3, 3, 7, 5), torch.tensor([0, 3, 1])
-    g = port.Trainer(copy.deepcopy(m), x, optimizer=SGD(0.05, momentum=0.9)).graph
+    g = port.trace(copy.deepcopy(m), x, optimizer="sgd_momentum")
     tr = port.Trainer(copy.deepcopy(m), x, plan=fused_plan(g), optimizer=SGD(0.05, momentum=0.9))
     assert "se.grad_weight" in [c.kernel for c in tr.program.calls]
     chk = P.RtCheck(str(port_rt), tr, x, y, 4)
@@ -99,7 +99,7 @@ def test_fused_se_with_early_updates_writes_its_four_gradients(engine):
     'zero_outputs' of 3), and trains as the plain chain under the same early updates."""
     m = _Net(nn.ReLU, nn.Sigmoid)
     x, y = torch.randn(3, 3, 7, 5), torch.tensor([0, 3, 1])
-    g = port.Trainer(copy.deepcopy(m), x, optimizer=SGD(0.05, momentum=0.9)).graph
+    g = port.trace(copy.deepcopy(m), x, optimizer="sgd_momentum")
     ups = tuple(o.id for o in g.ops if o.kind == "update")
     assert len(ups) >= 6
     lf, sf, tf = _run(m, x, y, dataclasses.replace(fused_plan(g), early_updates=ups), engine)
@@ -120,7 +120,7 @@ def test_mobilenet_v3_small_se_blocks_train_fused():
     model.train()
     x, y = P.batch_of(spec)
     x, y = x[:2], y[:2]
-    g = port.Trainer(copy.deepcopy(model), x, optimizer=SGD(P.LR, momentum=0.9)).graph
+    g = port.trace(copy.deepcopy(model), x, optimizer="sgd_momentum")
     chains = [ch for ch in V.chains(g).values() if ch.fusion.name == "se"]
     n_se = sum(1 for mod in model.modules() if type(mod).__name__ == "SqueezeExcitation")
     assert n_se > 0 and len(chains) == n_se

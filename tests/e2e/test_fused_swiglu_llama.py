@@ -113,7 +113,7 @@ def test_fused_swiglu_with_its_input_dropped(drop):
     """a = gate(x), read by both fused calls (the mul's and its gradient's), recomputed or paged out between
     them: the fused plan trains to the plain plan's bits (a is live at each call that reads it)."""
     m, x, y = _TinyMLP(), torch.randn(5, 4), torch.tensor([0, 1, 2, 1, 0])
-    g = port.Trainer(copy.deepcopy(m), x, optimizer=SGD(0.1)).graph
+    g = port.trace(copy.deepcopy(m), x, optimizer="sgd")
     ch, = V.chains(g).values()
     a = g.ops[ch.ops[0]].inputs[0]
     got = {}

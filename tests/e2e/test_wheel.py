@@ -2,7 +2,11 @@
 venv outside the checkout, `port train --model` runs from an empty directory and the shipped configs are
 package data. .ci/wheel does the full round (a real install through constraints.txt, `port demo`, `port train
 --model resnet8 --steps 5`, port-rt from the sdist: minutes of host profiling); here the venv borrows this
-environment's dependencies through a .pth file (nothing is downloaded) and trains the small MLP."""
+environment's dependencies through a .pth file (nothing is downloaded) and trains the small MLP.
+
+In CI the wheel is built once: .ci/run runs test-all with PORT_WHEEL_TESTS=ci-wheel (this file skips) and
+.ci/wheel runs this file at its end with PORT_WHEEL_VENV / PORT_WHEEL_DIST naming its own venv (the wheel
+installed with its dependencies) and dist folder (the isolated build), instead of building it a second time."""
 from __future__ import annotations
 
 import os
@@ -25,7 +29,14 @@ def _run(cmd, cwd, timeout=900, env=None):
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """(venv python, port script, dist folder): the wheel built from this checkout, installed in a new venv."""
+    """(venv python, port script, dist folder): the wheel built from this checkout, installed in a new venv;
+    .ci/wheel's (PORT_WHEEL_VENV, PORT_WHEEL_DIST) when it runs this file."""
+    if os.environ.get("PORT_WHEEL_TESTS") == "ci-wheel":
+        pytest.skip("PORT_WHEEL_TESTS=ci-wheel: .ci/wheel runs this file against the wheel it builds (.ci/run)")
+    if os.environ.get("PORT_WHEEL_VENV"):
+        venv, dist = Path(os.environ["PORT_WHEEL_VENV"]), Path(os.environ["PORT_WHEEL_DIST"])
+        assert (venv / "bin" / "port").is_file() and len(sorted(dist.glob("port-*.whl"))) == 1, (venv, dist)
+        return venv / "bin" / "python", venv / "bin" / "port", dist
     pytest.importorskip("build", reason="the dev extra's `build` (pip install -c constraints.txt build)")
     tmp = tmp_path_factory.mktemp("wheel")
     dist = tmp / "dist"

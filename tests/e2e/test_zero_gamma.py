@@ -37,7 +37,7 @@ class _Net(nn.Module):
 def test_a_batch_norm_with_a_zero_scale_never_runs_in_place():
     m = _Net()
     x, y = torch.randn(4, 3, 7, 6), torch.tensor([0, 1, 2, 1])
-    g = port.Trainer(copy.deepcopy(m), x, optimizer=SGD(0.05, momentum=0.9)).graph
+    g = port.trace(copy.deepcopy(m), x, optimizer="sgd_momentum")
     bns = [o for o in g.ops if o.kind == "batch_norm2d"]
     assert [bool(o.attr("gamma_has_zero")) for o in bns] == [False, True]
     assert [V.inplace_legal(g, o) for o in bns] == [True, False]

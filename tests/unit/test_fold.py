@@ -211,3 +211,24 @@ def test_modules_holding_plain_data_dicts_are_captured_once(monkeypatch):
     assert T.capture_key(m, x, ()) not in (None, key)
     m.cfg["obj"] = object()
     assert T.capture_key(m, x, ()) is None
+
+
+def test_zoo_models_reuse_their_capture_and_a_zero_scale_is_captured_again(monkeypatch):
+    """Two models.get("resnet8") are one class (port.models._classes): the second capture is the cached one (every
+    factory call made a new class, whose id the key names: no zoo CNN's capture was ever reused). A batch norm
+    scale zeroed since (gamma_has_zero, read at capture) is another key: captured again, not taken stale."""
+    import port.ir.trace as T
+    from port import models
+    monkeypatch.setattr(T, "_CACHE", type(T._CACHE)())
+    x = torch.randn(2, *models.INPUT_SHAPES["resnet8"])
+    g = T.trace(models.get("resnet8", seed=0), x)
+    assert not any(o.attr("gamma_has_zero") for o in g.ops if o.kind == "batch_norm2d")
+    real = T._in_child
+    monkeypatch.setattr(T, "_in_child", lambda *a, **k: pytest.fail("captured again"))
+    assert T.trace(models.get("resnet8", seed=1), x) == g
+    m = models.get("resnet8", seed=0)
+    with torch.no_grad():
+        m.layer1[0].bn2.weight[3] = 0.0
+    monkeypatch.setattr(T, "_in_child", real)
+    z = T.trace(m, x)
+    assert [o.name for o in z.ops if o.kind == "batch_norm2d" and o.attr("gamma_has_zero")] != []

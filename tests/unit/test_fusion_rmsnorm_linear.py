@@ -198,7 +198,7 @@ def test_fused_rmsnorm_linear_trains_as_the_plain_chain(engine, seq):
     """seq 5: one block of rows (the plain chain's bits); seq 300 (600 rows, blocks of 256): within rounding."""
     assert V.rmslin_block_rows(10) == V.rmslin_block_rows(600) == 256 and V.rmslin_block_rows(4096) == 1024
     m, x, y = _Net(readers=3), torch.randn(2, seq, 3), torch.tensor([0, 2])
-    g = port.Trainer(copy.deepcopy(m), x, optimizer=SGD(0.05, momentum=0.9)).graph
+    g = port.trace(copy.deepcopy(m), x, optimizer="sgd_momentum")
     got = {}
     for fuse in (True, False):
         plan = default_plan(g, fusions=("rmsnorm_linear",) if fuse else ())

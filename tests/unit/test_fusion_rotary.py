@@ -128,7 +128,7 @@ def test_ilp_equals_brute_force_with_rotary(rope_graph):
 @pytest.mark.parametrize("engine", ["python", "rt"])
 def test_fused_rotary_trains_to_the_plain_plans_bits(rope_graph, engine):
     m, x, y = _Rope(), torch.randn(6, SEQ, 3), torch.tensor([0, 1, 2, 1, 0, 2])
-    g = port.Trainer(copy.deepcopy(m), x, optimizer=SGD(0.1)).graph
+    g = port.trace(copy.deepcopy(m), x, optimizer="sgd")
     got = {}
     for fuse in (True, False):
         tr = port.Trainer(copy.deepcopy(m), x, plan=default_plan(g, fuse=fuse), optimizer=SGD(0.1), engine=engine)
