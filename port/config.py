@@ -155,6 +155,12 @@ class AcceleratorConfig(_Strict):
                                                 # of at most memory_cap, copies at hand-offs (port.lower.memories)
     shares_compute_with: Optional[str] = None   # another accelerator whose cores this engine computes on (PoCL's
                                                 # CPU device and the C kernels): no overlap between them
+    # the CPUs (Linux CPU numbers) this engine's threads run on; None: wherever the OS puts them. Acted on for an
+    # opencl engine on cores of its own (host-opencl-split.yaml): its threads are created pinned there and the
+    # creating (host) thread is then pinned to the host engines' (c, torch-cpu) cpus
+    # (port.exec.backends.opencl.engine); a no-op, with a note in DeviceConfig.skipped, where this process may not
+    # use them all (fewer CPUs) or the OS has no sched_setaffinity
+    cpus: Optional[tuple[int, ...]] = None
     unsupported_ops: tuple[str, ...] = ()       # op kinds it cannot run (e.g. "max_pool2d")
     launch_overhead_us: float = Field(default=0.0, ge=0)
     power_w: Optional[float] = Field(default=None, gt=0)       # typical active power of this engine
@@ -166,6 +172,13 @@ class AcceleratorConfig(_Strict):
     requires: Optional[Literal["cuda", "mps", "c-kernels", "opencl"]] = None
 
     _cap = field_validator("memory_cap", mode="before")(classmethod(lambda cls, v: _size_field(v)))
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus(cls, v: Optional[tuple[int, ...]]) -> Optional[tuple[int, ...]]:
+        if v is not None and (not v or min(v) < 0 or len(set(v)) != len(v)):
+            raise ValueError("cpus: a non-empty list of distinct CPU numbers >= 0, e.g. [1]")
+        return v
 
     @field_validator("efficiency")
     @classmethod
@@ -265,9 +278,12 @@ class DeviceConfig(_Strict):
         raise KeyError(f"device {self.name!r} has no accelerator {aid!r}; it has {[a.id for a in self.accelerators]}")
 
 
-def requirement_met(req: Optional[str], threads: Optional[int] = None) -> tuple[bool, str]:
-    """(met, why not) for an accelerator's ``requires``; imports torch only when it must. ``threads``: the
-    accelerator's (opencl: a CPU OpenCL device is set to run that many, port.exec.backends.opencl.available)."""
+def requirement_met(req: Optional[str], threads: Optional[int] = None, cpus: Optional[tuple[int, ...]] = None,
+                    host_cpus: tuple[int, ...] = ()) -> tuple[bool, str]:
+    """(met, why not) for an accelerator's ``requires``; imports torch only when it must. ``threads``, ``cpus``:
+    the accelerator's, ``host_cpus``: the host engines' (opencl: a CPU OpenCL device is set to run that many
+    threads, the engine created pinned to ``cpus`` and the host thread to ``host_cpus``,
+    port.exec.backends.opencl.available)."""
     import os
     if req is None:
         return True, ""
@@ -291,7 +307,7 @@ def requirement_met(req: Optional[str], threads: Optional[int] = None) -> tuple[
             return False, f"PORT C kernels not loadable ({type(e).__name__}: {e})"
     if req == "opencl":
         from port.exec.backends.opencl import available
-        return available(threads)
+        return available(threads, cpus, host_cpus)
     return False, f"unknown requirement {req!r}"
 
 
@@ -303,15 +319,18 @@ def drop_absent(dev: DeviceConfig) -> DeviceConfig:
             # an OpenCL engine on cores of its own (no shares_compute_with: host-opencl-split.yaml) runs its
             # YAML's thread count where this process has not created the engine yet (else a note says what it
             # runs); one sharing the C kernels' cores runs what the OpenCL device gives
+            # and is created on its YAML's cpus (the host thread then on the host engines' cpus)
             own_cores = a.backend == "opencl" and a.shares_compute_with is None
-            ok, why = requirement_met(a.requires, a.threads if own_cores else None)
+            host_cpus = tuple(sorted({c for b in dev.accelerators if b.backend in ("c", "torch-cpu") for c in
+                                      b.cpus or ()}))
+            ok, why = requirement_met(a.requires, a.threads if own_cores else None, a.cpus if own_cores else None,
+                                      host_cpus)
             if not ok:
                 notes.append(f"{a.id}: skipped ({why})")
                 continue
             if own_cores:
-                from port.exec.backends.opencl import thread_note
-                if thread_note(a.threads):
-                    notes.append(f"{a.id}: {thread_note(a.threads)}")
+                from port.exec.backends.opencl import pin_note, thread_note
+                notes += [f"{a.id}: {n}" for n in (thread_note(a.threads), pin_note(a.cpus)) if n]
         keep.append(a)
     if len(keep) == len(dev.accelerators):
         return dev if len(notes) == len(dev.skipped) else dev.model_copy(update={"skipped": tuple(notes)})

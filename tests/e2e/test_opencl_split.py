@@ -56,6 +56,53 @@ def test_split_yaml_runs_pocl_on_its_thread_count():
     assert any("compute threads" in n for n in dev.skipped) == (e.cpu and e.device.max_compute_units != 1)
 
 
+PIN_PROBE = """
+import json, os
+def aff():
+    return {t: sorted(os.sched_getaffinity(int(t))) for t in os.listdir('/proc/self/task')}
+import numpy as np
+import torch
+from port.config import load_device
+allowed, before = sorted(os.sched_getaffinity(0)), aff()
+d = load_device('%s')
+from port.exec.backends.opencl import engine
+e = engine()
+z = np.int64(0)
+e.run('act_fwd', (64,), None, e.none, z, e.none, z, z, np.int32(0)); e.finish()   # lazy workers exist now
+after = aff()
+print(json.dumps(dict(allowed=allowed, main=after[str(os.getpid())], new=[after[t] for t in after if t not in before],
+                      pocl=e.cpu and 'Portable Computing Language' in e.name, skipped=d.skipped)))
+""" % SPLIT
+
+
+@pytest.mark.parametrize("only_cpu0", [False, True], ids=["all-cpus", "cpu0-only"])
+def test_split_yaml_pins_pocl_and_the_host_to_their_cpus(only_cpu0):
+    """The YAML's cpus: in a fresh process, the engine's threads (those started by loading the YAML and running
+    a kernel: PoCL's workers) run on the opencl engine's CPU only and the host (main) thread on the host engines'
+    (port.exec.backends.opencl._pinned_engine); where this process may not use both CPUs (cpu0-only: started on
+    CPU 0 alone; all-cpus on a 1-CPU machine) nothing is pinned and the device notes why."""
+    import json
+    import os
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no sched_setaffinity on this OS")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POCL_")}
+    out = subprocess.run([sys.executable, "-c", PIN_PROBE], capture_output=True, text=True, env=env, timeout=300,
+                         preexec_fn=(lambda: os.sched_setaffinity(0, {0})) if only_cpu0 else None)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    dev = load_device(SPLIT, present_only=False)
+    cpus = {a.id: a.cpus for a in dev.accelerators}
+    assert cpus["opencl"] == (1,) and cpus["cpu-c"] == cpus["cpu-torch"] == (0,)
+    if {0, 1} <= set(r["allowed"]):
+        assert r["main"] == [0]
+        assert not any("not pinned" in n for n in r["skipped"])
+        if r["pocl"]:
+            assert r["new"] and all(a == [1] for a in r["new"]), r["new"]
+    else:
+        assert r["main"] == r["allowed"]
+        assert any("not pinned" in n for n in r["skipped"]), r["skipped"]
+
+
 def test_split_plan_overlaps_and_trains_equal_to_eager():
     from port.train.trainer import Trainer
     tr = Trainer(M.get("resnet8", seed=0), data("resnet8", 4, 1)[0][0], optimizer=port_opt("sgd", 0.01))

@@ -76,6 +76,11 @@ def test_bad_size_and_wrong_type_are_named(tmp_path):
         load_device(_write(tmp_path, BASE.replace("mem_gbps: 1", "mem_gbps: 1, memory_cap: 2GiB")))
     with pytest.raises(ConfigError, match=r"handoff"):
         load_device(_write(tmp_path, BASE + "handoff:\n  - {src: a, dst: nope, latency_us: 1, gbps: 1}\n"))
+    for bad in ("[]", "[-1]", "[1, 1]"):      # cpus: a non-empty list of distinct CPU numbers
+        with pytest.raises(ConfigError, match=r"accelerators\.0\.cpus"):
+            load_device(_write(tmp_path, BASE.replace("mem_gbps: 1", f"mem_gbps: 1, cpus: {bad}")))
+    assert load_device(_write(tmp_path, BASE.replace("mem_gbps: 1", "mem_gbps: 1, cpus: [0, 1]"))
+                       ).accelerators[0].cpus == (0, 1)
 
 
 def test_optional_absent_accelerator_is_skipped(tmp_path):
