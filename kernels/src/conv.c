@@ -943,7 +943,7 @@ static void fold_bwd_w(float *dw, const float *dy, const float *x, const port_co
  * PORT_CONV_SLOTS slots.  Weight gradient: the items sum into dw; slot 0 into dw itself, slot s > 0 into its own
  * partial [c_out, K], added to dw after all the slots in slot order (a fixed order), PORT_CONV_SLOTS_W slots
  * (each partial is a weight's size of workspace).  A chunk is conv_fold / conv_fold_w images, at most half the
- * batch (two items at least).  Used where one forward item's GEMM is at most PORT_CONV_SLOT_MAX_MACS
+ * batch (two items at least), fewer where that makes an odd number of items under 8 even.  Used where one forward item's GEMM is at most PORT_CONV_SLOT_MAX_MACS
  * multiply-adds (larger products split well themselves): slot_ok. */
 #ifndef PORT_CONV_SLOTS
 #define PORT_CONV_SLOTS 4
@@ -963,6 +963,10 @@ static slot_geom slot_geometry(const port_conv2d_params *p, int a, int wgrad) {
     int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p);
     s.nb = PORT_MAX(1, PORT_MIN(wgrad ? conv_fold_w(p, a) : conv_fold(p, a), (p->n + 1) / 2));
     s.chunks = (p->n + s.nb - 1) / s.nb;
+    if (s.chunks * p->groups % 2 && s.chunks * p->groups < 8) { /* 3 items on 2 threads: 2/3 of the rate */
+        s.nb = (p->n + s.chunks) / (s.chunks + 1);
+        s.chunks = (p->n + s.nb - 1) / s.nb;
+    }
     s.items = s.chunks * p->groups;
     s.S = PORT_MIN(s.items, wgrad ? PORT_CONV_SLOTS_W : PORT_CONV_SLOTS);
     int direct = a == PORT_CONV_DIRECT; /* pointwise here: its image is its own im2col matrix */

@@ -645,11 +645,11 @@ def test_grouped_conv_vs_torch_and_equal_bits_at_any_thread_count(K, case):
 # one thread; the weight gradient's slots summed in slot order): RegNet's 1x1 layers on 4x4 and 2x2 maps (chunks
 # of 5+4 and 9+8 images), a pointwise map of 272 pixels (image by image), a stem-like 3x3 stride 2 image by image
 # on im2col, a 3x3 stride 2 padded fold of 4+3 images, two groups whose per-image GEMMs are too large for the
-# grouped drivers (image by image, and folded 2+1 on an odd map); every case opens the region (work above
-# PORT_PAR_MIN_MACS).
+# grouped drivers (image by image, and folded 2+1 on an odd map), a 10x10 map whose three chunks of 3+3+2 images
+# become four of 2 (an even number of items); every case opens the region (work above PORT_PAR_MIN_MACS).
 SLOT_CASES = [(9, 40, 56, 4, 4, 1, 1, 0, 1), (17, 96, 72, 2, 2, 1, 1, 0, 1), (5, 12, 20, 16, 17, 1, 1, 0, 1),
               (3, 3, 16, 33, 35, 3, 2, 1, 1), (7, 20, 24, 9, 9, 3, 2, 1, 1), (2, 64, 64, 16, 16, 3, 1, 1, 2),
-              (3, 66, 40, 15, 17, 3, 1, 1, 2)]
+              (3, 66, 40, 15, 17, 3, 1, 1, 2), (8, 32, 40, 10, 10, 1, 1, 0, 1)]
 
 
 def _slot_ws_floats(case, direct):
@@ -662,7 +662,11 @@ def _slot_ws_floats(case, direct):
     for cols, slots in ((256, 4), (64, 2)):
         fold = 1 if P >= cols or n < 2 else min(n, -(-cols // P))
         nb = max(1, min(fold, (n + 1) // 2))
-        S = min(-(-n // nb) * g, slots)
+        chunks = -(-n // nb)
+        if chunks * g % 2 and chunks * g < 8:   # an odd number of items under 8: one chunk more
+            nb = (n + chunks) // (chunks + 1)
+            chunks = -(-n // nb)
+        S = min(chunks * g, slots)
         sizes.append((S, (kk + cog) * nb * P if nb > 1 else (0 if direct else kk * P)))
     (sf, lf), (sw, lw) = sizes
     return max(sf * lf, sw * lw + (sw - 1) * co * kk)
