@@ -878,6 +878,19 @@ static void fold_move(float *blk, float *t, const float *bias, int to_blk, const
     }
 }
 
+/* dx's channels of group g, images n0..n0+nbc-1 = col2im of cols [K, nbc*P] (zeroed first; one thread) */
+static void fold_col2im(float *dx, const float *cols, const port_conv2d_params *p, int64_t n0, int64_t nbc, int64_t g,
+                        int64_t P) {
+    int64_t cig = p->c_in / p->groups, HW = p->h * p->w, L = nbc * P;
+    for (int64_t i = 0; i < nbc; i++) {
+        float *dxg = dx + ((n0 + i) * p->c_in + g * cig) * HW;
+        memset(dxg, 0, (size_t)(cig * HW) * sizeof(float));
+        for (int64_t ci = 0; ci < cig; ci++)
+            col2im_channel(dxg, cols + i * P, L, ci, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w, p->pad_h,
+                           p->pad_w, 0, port_conv2d_out_h(p), 0, port_conv2d_out_w(p));
+    }
+}
+
 static void fold_fwd(float *y, const float *x, const float *w, const float *b,
                      const port_conv2d_params *p, int64_t nb, float *ws) {
     int64_t G = p->groups, cig = p->c_in / G, cog = p->c_out / G;
@@ -1029,13 +1042,7 @@ static void slot_item(int step, float *out, const float *t, const float *w, cons
         float *cols = sl, *blk = sl + K * L;
         fold_move(blk, (float *)t, NULL, 1, p, n0, nbc, g, P);
         port__gemm(1, 0, K, L, cog, 1.0f, wg, K, blk, L, 0.0f, cols, L);
-        for (int64_t i = 0; i < nbc; i++) {
-            float *dxg = out + ((n0 + i) * p->c_in + g * cig) * HW;
-            memset(dxg, 0, (size_t)(cig * HW) * sizeof(float));
-            for (int64_t ci = 0; ci < cig; ci++)
-                col2im_channel(dxg, cols + i * P, L, ci, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w,
-                               p->pad_h, p->pad_w, 0, ho, 0, wo);
-        }
+        fold_col2im(out, cols, p, n0, nbc, g, P);
     }
 }
 
@@ -1223,20 +1230,14 @@ static void group_fwd_one(float *y, const float *x, const float *w, const float 
 
 static void group_bwd_in_one(float *dx, const float *dy, const float *w, const port_conv2d_params *p, int64_t g,
                              float *slot) {
-    int64_t cig = p->c_in / p->groups, cog = p->c_out / p->groups, K = cig * p->kh * p->kw, HW = p->h * p->w;
-    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), P = ho * wo, nb = conv_fold(p, PORT_CONV_IM2COL);
+    int64_t cig = p->c_in / p->groups, cog = p->c_out / p->groups, K = cig * p->kh * p->kw;
+    int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p), nb = conv_fold(p, PORT_CONV_IM2COL);
     const float *wg = w + g * cog * K;
     for (int64_t n0 = 0; n0 < p->n; n0 += nb) {
         int64_t nbc = PORT_MIN(nb, p->n - n0), L = nbc * P;
         float *cols = slot;
         port__gemm(1, 0, K, L, cog, 1.0f, wg, K, group_dy(slot + K * L, dy, p, n0, nbc, g, P), L, 0.0f, cols, L);
-        for (int64_t i = 0; i < nbc; i++) {
-            float *dxg = dx + ((n0 + i) * p->c_in + g * cig) * HW;
-            memset(dxg, 0, (size_t)(cig * HW) * sizeof(float));
-            for (int64_t ci = 0; ci < cig; ci++)
-                col2im_channel(dxg, cols + i * P, L, ci, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w,
-                               p->pad_h, p->pad_w, 0, ho, 0, wo);
-        }
+        fold_col2im(dx, cols, p, n0, nbc, g, P);
     }
 }
 
