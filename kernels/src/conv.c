@@ -953,13 +953,16 @@ static void fold_bwd_w(float *dw, const float *dy, const float *x, const port_co
  * 1.0-1.4x faster on 2 threads than on 1.  Here ONE region splits work items (a chunk of images x a group):
  * slot s runs items s, s + S, ... on one thread, every step of an item single-threaded -- its products have the
  * same shapes at any thread count, so the same bits.  Forward and input gradient: items write disjoint outputs,
- * PORT_CONV_SLOTS slots.  Weight gradient: the items sum into dw; slot 0 into dw itself, slot s > 0 into its own
+ * PORT_CONV_SLOTS slots (2: each slot is a fold's buffers of workspace -- 4 made digits_cnn's smallest plan's
+ * peak 1.5x -- and 2 threads split them evenly).  Weight gradient: the items sum into dw; slot 0 into dw itself, slot s > 0 into its own
  * partial [c_out, K], added to dw after all the slots in slot order (a fixed order), PORT_CONV_SLOTS_W slots
  * (each partial is a weight's size of workspace).  A chunk is conv_fold / conv_fold_w images, at most half the
- * batch (two items at least), fewer where that makes an odd number of items under 8 even.  Used where one forward item's GEMM is at most PORT_CONV_SLOT_MAX_MACS
- * multiply-adds (larger products split well themselves): slot_ok. */
+ * batch (two items at least), fewer where that makes an odd number of items under 8 even.  Used where one forward
+ * item's GEMM is at most PORT_CONV_SLOT_MAX_MACS multiply-adds (larger products split well themselves) and the
+ * whole call has the work to open a region (smaller ones keep the drivers above, and their smaller workspace):
+ * slot_ok. */
 #ifndef PORT_CONV_SLOTS
-#define PORT_CONV_SLOTS 4
+#define PORT_CONV_SLOTS 2
 #endif
 #ifndef PORT_CONV_SLOTS_W
 #define PORT_CONV_SLOTS_W 2
@@ -992,8 +995,9 @@ static int slot_ok(const port_conv2d_params *p, int a) {
     if (p->n < 2 || conv_grouped(p, a)) return 0;
     slot_geom s = slot_geometry(p, a, 0);
     double K = (double)(p->c_in / p->groups * p->kh * p->kw), cog = (double)(p->c_out / p->groups);
-    double L = (double)s.nb * (double)(port_conv2d_out_h(p) * port_conv2d_out_w(p));
-    return cog * K * L <= PORT_CONV_SLOT_MAX_MACS;
+    double P = (double)(port_conv2d_out_h(p) * port_conv2d_out_w(p));
+    return cog * K * (double)s.nb * P <= PORT_CONV_SLOT_MAX_MACS && /* and work for a region (slot_par) */
+           (double)p->n * (double)p->c_out * K * P > PORT_PAR_MIN_MACS;
 }
 static int64_t slot_ws_floats(const port_conv2d_params *p, int a) {
     slot_geom f = slot_geometry(p, a, 0), w = slot_geometry(p, a, 1);

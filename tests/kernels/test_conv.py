@@ -653,13 +653,13 @@ SLOT_CASES = [(9, 40, 56, 4, 4, 1, 1, 0, 1), (17, 96, 72, 2, 2, 1, 1, 0, 1), (5,
 
 
 def _slot_ws_floats(case, direct):
-    """slot_ws_floats in Python (kernels/src/conv.c): the forward's 4 slots of a chunk's im2col and output blocks,
+    """slot_ws_floats in Python (kernels/src/conv.c): the forward's 2 slots of a chunk's im2col and output blocks,
     the weight gradient's 2 slots and one partial weight gradient."""
     n, ci, co, h, w, k, s, p, g = case
     kk, cog = ci // g * k * k, co // g
     P = ((h + 2 * p - k) // s + 1) * ((w + 2 * p - k) // s + 1)
     sizes = []
-    for cols, slots in ((256, 4), (64, 2)):
+    for cols, slots in ((256, 2), (64, 2)):
         fold = 1 if P >= cols or n < 2 else min(n, -(-cols // P))
         nb = max(1, min(fold, (n + 1) // 2))
         chunks = -(-n // nb)
