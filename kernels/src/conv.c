@@ -954,13 +954,13 @@ static void fold_bwd_w(float *dw, const float *dy, const float *x, const port_co
  * slot s runs items s, s + S, ... on one thread, every step of an item single-threaded -- its products have the
  * same shapes at any thread count, so the same bits.  Forward and input gradient: items write disjoint outputs,
  * PORT_CONV_SLOTS slots (2: each slot is a fold's buffers of workspace -- 4 made digits_cnn's smallest plan's
- * peak 1.5x -- and 2 threads split them evenly).  Weight gradient: the items sum into dw; slot 0 into dw itself, slot s > 0 into its own
- * partial [c_out, K], added to dw after all the slots in slot order (a fixed order), PORT_CONV_SLOTS_W slots
- * (each partial is a weight's size of workspace).  A chunk is conv_fold / conv_fold_w images, at most half the
- * batch (two items at least), fewer where that makes an odd number of items under 8 even.  Used where one forward
- * item's GEMM is at most PORT_CONV_SLOT_MAX_MACS multiply-adds (larger products split well themselves) and the
- * whole call has the work to open a region (smaller ones keep the drivers above, and their smaller workspace):
- * slot_ok. */
+ * peak 1.5x -- and 2 threads split them evenly).  Weight gradient: the items sum into dw; slot 0 into dw itself,
+ * slot s > 0 into its own partial [c_out, K], added to dw after all the slots in slot order (a fixed order),
+ * PORT_CONV_SLOTS_W slots (each partial is a weight's size of workspace).  A chunk is conv_fold / conv_fold_w
+ * images, at most half the batch (two items at least), fewer where that makes an odd number of items under 8
+ * even.  Used where one forward item's GEMM is at most PORT_CONV_SLOT_MAX_MACS multiply-adds (larger products
+ * split well themselves) and the whole call has the work to open a region (smaller ones keep the drivers above,
+ * and their smaller workspace): slot_ok. */
 #ifndef PORT_CONV_SLOTS
 #define PORT_CONV_SLOTS 2
 #endif
