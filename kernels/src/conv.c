@@ -78,6 +78,9 @@ static int64_t conv_fold(const port_conv2d_params *p, int a) { return fold_to(p,
 static int64_t conv_fold_w(const port_conv2d_params *p, int a) { return fold_to(p, a, PORT_CONV_FOLD_COLS_W); }
 
 static int conv_grouped(const port_conv2d_params *p, int a);
+static int slot_ok(const port_conv2d_params *p, int a);
+static int64_t slot_ws_floats(const port_conv2d_params *p, int a);
+static int group_par(const port_conv2d_params *p);
 static int64_t group_slots(const port_conv2d_params *p);
 static int64_t group_slot_floats(const port_conv2d_params *p, int a);
 
@@ -92,6 +95,7 @@ size_t port_conv2d_workspace_bytes(const port_conv2d_params *p, int algo) {
     if (a < 0) return 0;
     if (a == PORT_CONV_WINOGRAD) return port__conv_winograd_ws_floats(p) * sizeof(float);
     if (conv_grouped(p, a)) return (size_t)(group_slots(p) * group_slot_floats(p, a)) * sizeof(float);
+    if (slot_ok(p, a)) return (size_t)slot_ws_floats(p, a) * sizeof(float);
     int64_t K = p->c_in / p->groups * p->kh * p->kw, cog = p->c_out / p->groups;
     int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p), nb = conv_fold(p, a);
     if (nb > 1) /* the chunk's im2col matrix [K, nb*P] and its output/gradient block [c_out/g, nb*P] */
@@ -247,7 +251,7 @@ void port__col2im_tile(float *dx, const float *cols, int64_t cin, int64_t h, int
                        int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
                        int64_t oh0, int64_t th, int64_t ow0, int64_t tw) {
     int64_t T = th * tw;
-#pragma omp parallel for schedule(static) if (cin * kh * kw * T > PORT_PAR_MIN && cin > 1)
+#pragma omp parallel for schedule(static) if (cin * kh * kw * T > PORT_PAR_MIN && cin > 1 && !port__in_parallel())
     for (int64_t ci = 0; ci < cin; ci++)
         col2im_channel(dx, cols, T, ci, h, w, kh, kw, sh, sw, ph, pw, oh0, th, ow0, tw);
 }
@@ -846,7 +850,7 @@ static void fold_cols(float *cols, const float *x, const port_conv2d_params *p, 
                       int64_t g, int64_t K, int64_t P) {
     int64_t cig = p->c_in / p->groups, HW = p->h * p->w, L = nbc * P;
     int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p);
-#pragma omp parallel for schedule(static) if (K * L > 4 * PORT_PAR_MIN)
+#pragma omp parallel for schedule(static) if (K * L > 4 * PORT_PAR_MIN && !port__in_parallel())
     for (int64_t t = 0; t < nbc * K; t++) {
         int64_t i = t / K, r = t % K;
         const float *xg = x + ((n0 + i) * p->c_in + g * cig) * HW;
@@ -859,7 +863,7 @@ static void fold_cols(float *cols, const float *x, const port_conv2d_params *p, 
 static void fold_move(float *blk, float *t, const float *bias, int to_blk, const port_conv2d_params *p,
                       int64_t n0, int64_t nbc, int64_t g, int64_t P) {
     int64_t cog = p->c_out / p->groups, L = nbc * P;
-#pragma omp parallel for schedule(static) if (cog * L > 4 * PORT_PAR_MIN)
+#pragma omp parallel for schedule(static) if (cog * L > 4 * PORT_PAR_MIN && !port__in_parallel())
     for (int64_t s = 0; s < nbc * cog; s++) {
         int64_t i = s / cog, co = s % cog;
         float *tp = t + ((n0 + i) * p->c_out + g * cog + co) * P, *bp = blk + co * L + i * P;
@@ -871,6 +875,19 @@ static void fold_move(float *blk, float *t, const float *bias, int to_blk, const
         } else {
             memcpy(tp, bp, (size_t)P * sizeof(float));
         }
+    }
+}
+
+/* dx's channels of group g, images n0..n0+nbc-1 = col2im of cols [K, nbc*P] (zeroed first; one thread) */
+static void fold_col2im(float *dx, const float *cols, const port_conv2d_params *p, int64_t n0, int64_t nbc, int64_t g,
+                        int64_t P) {
+    int64_t cig = p->c_in / p->groups, HW = p->h * p->w, L = nbc * P;
+    for (int64_t i = 0; i < nbc; i++) {
+        float *dxg = dx + ((n0 + i) * p->c_in + g * cig) * HW;
+        memset(dxg, 0, (size_t)(cig * HW) * sizeof(float));
+        for (int64_t ci = 0; ci < cig; ci++)
+            col2im_channel(dxg, cols + i * P, L, ci, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w, p->pad_h,
+                           p->pad_w, 0, port_conv2d_out_h(p), 0, port_conv2d_out_w(p));
     }
 }
 
@@ -925,6 +942,168 @@ static void fold_bwd_w(float *dw, const float *dy, const float *x, const port_co
             port__gemm(0, 1, cog, K, L, 1.0f, blk, L, cols, L, overwrite && n0 == 0 ? 0.0f : 1.0f,
                        dw + g * cog * K, K);
         }
+    }
+}
+
+/* ---------------- slot drivers (small products: one region over the images) ----------------
+ * RegNet's 1x1 convolutions on 2x2 .. 8x8 maps (104 .. 440 channels, batch 32) and the per-image products of
+ * small maps' convolutions: the drivers above and below run chunk by chunk (image by image where nothing is
+ * folded), the GEMM of each threading itself, the copies between them on one thread -- a region per chunk,
+ * and per-image products under PORT_GEMM_PAR_MIN on one thread in all: RegNet-Y-400MF's 1x1 layers ran
+ * 1.0-1.4x faster on 2 threads than on 1.  Here ONE region splits work items (a chunk of images x a group):
+ * slot s runs items s, s + S, ... on one thread, every step of an item single-threaded -- its products have the
+ * same shapes at any thread count, so the same bits.  Forward and input gradient: items write disjoint outputs,
+ * PORT_CONV_SLOTS slots (2: each slot is a fold's buffers of workspace -- 4 made digits_cnn's smallest plan's
+ * peak 1.5x -- and 2 threads split them evenly).  Weight gradient: the items sum into dw; slot 0 into dw itself,
+ * slot s > 0 into its own partial [c_out, K], added to dw after all the slots in slot order (a fixed order),
+ * PORT_CONV_SLOTS_W slots (each partial is a weight's size of workspace).  A chunk is conv_fold / conv_fold_w
+ * images, at most half the batch (two items at least), fewer where that makes an odd number of items under 8
+ * even.  Used where one forward item's GEMM is at most PORT_CONV_SLOT_MAX_MACS multiply-adds (larger products
+ * split well themselves) and the whole call has the work to open a region (smaller ones keep the drivers above,
+ * and their smaller workspace): slot_ok. */
+#ifndef PORT_CONV_SLOTS
+#define PORT_CONV_SLOTS 2
+#endif
+#ifndef PORT_CONV_SLOTS_W
+#define PORT_CONV_SLOTS_W 2
+#endif
+#ifndef PORT_CONV_SLOT_MAX_MACS
+#define PORT_CONV_SLOT_MAX_MACS 33554432.0
+#endif
+typedef struct {
+    int64_t nb, chunks, items, S, slot; /* images a chunk, chunks, items (chunks x groups), slots, floats a slot */
+} slot_geom;
+static slot_geom slot_geometry(const port_conv2d_params *p, int a, int wgrad) {
+    slot_geom s;
+    int64_t K = p->c_in / p->groups * p->kh * p->kw, cog = p->c_out / p->groups;
+    int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p);
+    s.nb = PORT_MAX(1, PORT_MIN(wgrad ? conv_fold_w(p, a) : conv_fold(p, a), (p->n + 1) / 2));
+    s.chunks = (p->n + s.nb - 1) / s.nb;
+    if (s.chunks * p->groups % 2 && s.chunks * p->groups < 8) { /* 3 items on 2 threads: 2/3 of the rate */
+        s.nb = (p->n + s.chunks) / (s.chunks + 1);
+        s.chunks = (p->n + s.nb - 1) / s.nb;
+    }
+    s.items = s.chunks * p->groups;
+    s.S = PORT_MIN(s.items, wgrad ? PORT_CONV_SLOTS_W : PORT_CONV_SLOTS);
+    int direct = a == PORT_CONV_DIRECT; /* pointwise here: its image is its own im2col matrix */
+    s.slot = s.nb > 1 ? (K + cog) * s.nb * P : (direct ? 0 : K * P);
+    return s;
+}
+static int slot_ok(const port_conv2d_params *p, int a) {
+    if (a == PORT_CONV_WINOGRAD || (a == PORT_CONV_DIRECT && port__conv_is_depthwise(p) && !port__conv_is_pointwise(p)))
+        return 0;
+    if (p->n < 2 || conv_grouped(p, a)) return 0;
+    slot_geom s = slot_geometry(p, a, 0);
+    double K = (double)(p->c_in / p->groups * p->kh * p->kw), cog = (double)(p->c_out / p->groups);
+    double P = (double)(port_conv2d_out_h(p) * port_conv2d_out_w(p));
+    return cog * K * (double)s.nb * P <= PORT_CONV_SLOT_MAX_MACS && /* and work for a region (slot_par) */
+           (double)p->n * (double)p->c_out * K * P > PORT_PAR_MIN_MACS;
+}
+static int64_t slot_ws_floats(const port_conv2d_params *p, int a) {
+    slot_geom f = slot_geometry(p, a, 0), w = slot_geometry(p, a, 1);
+    int64_t wsize = p->c_out * (p->c_in / p->groups) * p->kh * p->kw;
+    return PORT_MAX(f.S * f.slot, w.S * w.slot + (w.S - 1) * wsize);
+}
+/* whether a slot driver opens a region: enough multiply-adds in all (else one thread runs the slots) */
+static int slot_par(const port_conv2d_params *p) { return group_par(p); }
+
+/* one item of the forward (step 0) or the input gradient (step 1): images n0 .. n0+nbc-1, group g */
+static void slot_item(int step, float *out, const float *t, const float *w, const float *b,
+                      const port_conv2d_params *p, int a, int64_t n0, int64_t nbc, int64_t g, float *sl) {
+    int64_t G = p->groups, cig = p->c_in / G, cog = p->c_out / G, K = cig * p->kh * p->kw;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), P = ho * wo, HW = p->h * p->w;
+    const float *wg = w + g * cog * K;
+    int direct = a == PORT_CONV_DIRECT;
+    if (nbc == 1 && step == 0) {
+        const float *xg = t + (n0 * p->c_in + g * cig) * HW;
+        float *yg = out + (n0 * p->c_out + g * cog) * P, beta = 0.0f;
+        if (b) {
+            for (int64_t co = 0; co < cog; co++)
+                for (int64_t q = 0; q < P; q++) yg[co * P + q] = b[g * cog + co];
+            beta = 1.0f;
+        }
+        if (!direct) port__im2col_part(sl, P, xg, p, 0, K, 0, 0, ho, 0, wo);
+        port__gemm(0, 0, cog, P, K, 1.0f, wg, K, direct ? xg : sl, P, beta, yg, P);
+    } else if (nbc == 1) {
+        float *dxg = out + (n0 * p->c_in + g * cig) * HW;
+        const float *dyg = t + (n0 * p->c_out + g * cog) * P;
+        if (direct) {
+            port__gemm(1, 0, K, P, cog, 1.0f, wg, K, dyg, P, 0.0f, dxg, P);
+            return;
+        }
+        port__gemm(1, 0, K, P, cog, 1.0f, wg, K, dyg, P, 0.0f, sl, P);
+        for (int64_t ci = 0; ci < cig; ci++) memset(dxg + ci * HW, 0, (size_t)HW * sizeof(float));
+        port__col2im_tile(dxg, sl, cig, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w, p->pad_h, p->pad_w, 0,
+                          ho, 0, wo);
+    } else if (step == 0) {
+        int64_t L = nbc * P;
+        float *cols = sl, *blk = sl + K * L;
+        fold_cols(cols, t, p, n0, nbc, g, K, P);
+        port__gemm(0, 0, cog, L, K, 1.0f, wg, K, cols, L, 0.0f, blk, L);
+        fold_move(blk, out, b, 0, p, n0, nbc, g, P);
+    } else {
+        int64_t L = nbc * P;
+        float *cols = sl, *blk = sl + K * L;
+        fold_move(blk, (float *)t, NULL, 1, p, n0, nbc, g, P);
+        port__gemm(1, 0, K, L, cog, 1.0f, wg, K, blk, L, 0.0f, cols, L);
+        fold_col2im(out, cols, p, n0, nbc, g, P);
+    }
+}
+
+static void slot_fwd(int step, float *out, const float *t, const float *w, const float *b,
+                     const port_conv2d_params *p, int a, float *ws) {
+    slot_geom s = slot_geometry(p, a, 0);
+#pragma omp parallel for schedule(static) if (slot_par(p))
+    for (int64_t sl = 0; sl < s.S; sl++)
+        for (int64_t it = sl; it < s.items; it += s.S) {
+            int64_t c = it / p->groups, g = it % p->groups, n0 = c * s.nb;
+            slot_item(step, out, t, w, b, p, a, n0, PORT_MIN(s.nb, p->n - n0), g, ws + sl * s.slot);
+        }
+}
+
+/* dwo[g's rows] = beta * dwo[g's rows] + the weight gradient of images n0 .. n0+nbc-1, group g (beta 0 or 1) */
+static void slot_item_w(float *dwo, const float *dy, const float *x, const port_conv2d_params *p, int a, int64_t n0,
+                        int64_t nbc, int64_t g, float *sl, float beta) {
+    int64_t G = p->groups, cig = p->c_in / G, cog = p->c_out / G, K = cig * p->kh * p->kw;
+    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), P = ho * wo, HW = p->h * p->w;
+    float *dwg = dwo + g * cog * K;
+    if (nbc == 1) {
+        const float *xg = x + (n0 * p->c_in + g * cig) * HW, *dyg = dy + (n0 * p->c_out + g * cog) * P;
+        if (a != PORT_CONV_DIRECT) port__im2col_part(sl, P, xg, p, 0, K, 0, 0, ho, 0, wo);
+        port__gemm(0, 1, cog, K, P, 1.0f, dyg, P, a != PORT_CONV_DIRECT ? sl : xg, P, beta, dwg, K);
+        return;
+    }
+    int64_t L = nbc * P;
+    float *cols = sl, *blk = sl + K * L;
+    fold_move(blk, (float *)dy, NULL, 1, p, n0, nbc, g, P);
+    fold_cols(cols, x, p, n0, nbc, g, K, P);
+    port__gemm(0, 1, cog, K, L, 1.0f, blk, L, cols, L, beta, dwg, K);
+}
+
+static void slot_bwd_w(float *dw, const float *dy, const float *x, const port_conv2d_params *p, int a, float *ws,
+                       int overwrite) {
+    slot_geom s = slot_geometry(p, a, 1);
+    int64_t wsize = p->c_out * (p->c_in / p->groups) * p->kh * p->kw;
+    float *part = ws + s.S * s.slot; /* slot sl > 0: part + (sl - 1) * wsize */
+    /* a slot that starts from zeros (s > 0; slot 0 where dw is overwritten): with one group its first item's
+     * GEMM overwrites, with several the sums are zeroed first */
+    int first_each = p->groups == 1;
+#pragma omp parallel if (slot_par(p))
+    {
+#pragma omp for schedule(static)
+        for (int64_t sl = 0; sl < s.S; sl++) {
+            float *dwo = sl == 0 ? dw : part + (sl - 1) * wsize;
+            int zero = sl > 0 || overwrite; /* dwo starts from zeros */
+            if (zero && !first_each) memset(dwo, 0, (size_t)wsize * sizeof(float));
+            for (int64_t it = sl; it < s.items; it += s.S) {
+                int64_t c = it / p->groups, g = it % p->groups, n0 = c * s.nb;
+                float beta = zero && first_each && it == sl ? 0.0f : 1.0f;
+                slot_item_w(dwo, dy, x, p, a, n0, PORT_MIN(s.nb, p->n - n0), g, ws + sl * s.slot, beta);
+            }
+        }
+#pragma omp for schedule(static)
+        for (int64_t e = 0; e < wsize; e++)
+            for (int64_t sl = 1; sl < s.S; sl++) dw[e] += part[(sl - 1) * wsize + e];
     }
 }
 
@@ -1055,20 +1234,14 @@ static void group_fwd_one(float *y, const float *x, const float *w, const float 
 
 static void group_bwd_in_one(float *dx, const float *dy, const float *w, const port_conv2d_params *p, int64_t g,
                              float *slot) {
-    int64_t cig = p->c_in / p->groups, cog = p->c_out / p->groups, K = cig * p->kh * p->kw, HW = p->h * p->w;
-    int64_t ho = port_conv2d_out_h(p), wo = port_conv2d_out_w(p), P = ho * wo, nb = conv_fold(p, PORT_CONV_IM2COL);
+    int64_t cig = p->c_in / p->groups, cog = p->c_out / p->groups, K = cig * p->kh * p->kw;
+    int64_t P = port_conv2d_out_h(p) * port_conv2d_out_w(p), nb = conv_fold(p, PORT_CONV_IM2COL);
     const float *wg = w + g * cog * K;
     for (int64_t n0 = 0; n0 < p->n; n0 += nb) {
         int64_t nbc = PORT_MIN(nb, p->n - n0), L = nbc * P;
         float *cols = slot;
         port__gemm(1, 0, K, L, cog, 1.0f, wg, K, group_dy(slot + K * L, dy, p, n0, nbc, g, P), L, 0.0f, cols, L);
-        for (int64_t i = 0; i < nbc; i++) {
-            float *dxg = dx + ((n0 + i) * p->c_in + g * cig) * HW;
-            memset(dxg, 0, (size_t)(cig * HW) * sizeof(float));
-            for (int64_t ci = 0; ci < cig; ci++)
-                col2im_channel(dxg, cols + i * P, L, ci, p->h, p->w, p->kh, p->kw, p->stride_h, p->stride_w,
-                               p->pad_h, p->pad_w, 0, ho, 0, wo);
-        }
+        fold_col2im(dx, cols, p, n0, nbc, g, P);
     }
 }
 
@@ -1683,6 +1856,10 @@ void port__conv_fwd(float *y, const float *x, const float *w, const float *b,
         group_run(0, y, x, w, b, p, ws);
         return;
     }
+    if (slot_ok(p, algo)) {
+        slot_fwd(0, y, x, w, b, p, algo, ws);
+        return;
+    }
     int64_t nb = conv_fold(p, algo);
     if (nb > 1) {
         fold_fwd(y, x, w, b, p, nb, ws);
@@ -1735,6 +1912,10 @@ void port__conv_bwd_in(float *dx, const float *dy, const float *w, const port_co
         group_run(1, dx, dy, w, NULL, p, ws);
         return;
     }
+    if (slot_ok(p, algo)) {
+        slot_fwd(1, dx, dy, w, NULL, p, algo, ws);
+        return;
+    }
     int64_t nb = conv_fold(p, algo);
     if (nb > 1) {
         fold_bwd_in(dx, dy, w, p, nb, ws);
@@ -1779,6 +1960,11 @@ void port__conv_bwd_w(float *dw, float *db, const float *dy, const float *x,
     }
     if (conv_grouped(p, algo)) {
         group_run(overwrite ? 3 : 2, dw, dy, x, NULL, p, ws);
+        if (db) bias_grad(db, dy, p->n, p->c_out, port_conv2d_out_h(p) * port_conv2d_out_w(p));
+        return;
+    }
+    if (slot_ok(p, algo)) {
+        slot_bwd_w(dw, dy, x, p, algo, ws, overwrite);
         if (db) bias_grad(db, dy, p->n, p->c_out, port_conv2d_out_h(p) * port_conv2d_out_w(p));
         return;
     }

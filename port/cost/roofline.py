@@ -43,6 +43,20 @@ def winograd_transform_bytes(graph: Graph, op: Op) -> int:
     return 2 * 4 * 16 * (ci + co) * tiles
 
 
+def im2col_bytes(graph: Graph, op: Op) -> int:
+    """Bytes of one image's im2col matrix for one group (0 for a pointwise conv: its image is its own matrix), the
+    scratch a conv writes and reads back per image and group.  From the shapes, not the workspace query: the C
+    drivers' workspace holds several images or several threads' slots at once (kernels/src/conv.c), not the
+    traffic."""
+    fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
+    kh, kw = op.attr("kernel")
+    if (kh, kw) == (1, 1) and tuple(op.attr("stride")) == (1, 1) and tuple(op.attr("padding")) == (0, 0):
+        return 0
+    c_in = graph.tensors[fwd.inputs[0]].shape[1]
+    ho, wo = graph.tensors[fwd.outputs[0]].shape[2:4]
+    return 4 * (c_in // op.attr("groups")) * kh * kw * ho * wo
+
+
 def workspace_bytes(graph: Graph, op: Op, variant: str) -> int:
     """Scratch bytes of ``op`` with ``variant``: the C kernels' own workspace queries for the calls the op
     registry runs (modeled accelerators are priced as the C backend; measured entries record the same)."""
@@ -78,7 +92,7 @@ def ideal_ms(graph: Graph, op: Op, acc: AcceleratorConfig, variant: str) -> floa
         moved += winograd_transform_bytes(graph, op)
     elif op.kind in V.CONV_KINDS and variant != "direct":
         fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
-        moved += 2 * workspace_bytes(graph, op, "plain") * graph.tensors[fwd.inputs[0]].shape[0]
+        moved += 2 * im2col_bytes(graph, op) * graph.tensors[fwd.inputs[0]].shape[0]
     mem_ms = moved / (acc.mem_gbps * 1e9) * 1e3
     factor = V.chain_of(graph, op).fusion.modeled_factor if variant == "fused" else VARIANT_FACTOR.get(variant, 1.0)
     return max(compute_ms, vec_ms, mem_ms) * factor

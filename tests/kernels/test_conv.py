@@ -639,3 +639,62 @@ def test_grouped_conv_vs_torch_and_equal_bits_at_any_thread_count(K, case):
         assert K.conv2d_workspace_bytes(prm, "im2col") == 4 * min(g, 16) * _flat_floats(*case)
     else:
         assert K.conv2d_workspace_bytes(prm, "im2col") == 4 * min(g, 16) * (kk + (cog if nb > 1 else 0)) * nb * P
+
+
+# Slot drivers (slot_ok in kernels/src/conv.c: one region over items of a chunk of images x a group, each item on
+# one thread; the weight gradient's slots summed in slot order): RegNet's 1x1 layers on 4x4 and 2x2 maps (chunks
+# of 5+4 and 9+8 images), a pointwise map of 272 pixels (image by image), a stem-like 3x3 stride 2 image by image
+# on im2col, a 3x3 stride 2 padded fold of 4+3 images, two groups whose per-image GEMMs are too large for the
+# grouped drivers (image by image, and folded 2+1 on an odd map), a 10x10 map whose three chunks of 3+3+2 images
+# become four of 2 (an even number of items); every case opens the region (work above PORT_PAR_MIN_MACS).
+SLOT_CASES = [(9, 40, 56, 4, 4, 1, 1, 0, 1), (17, 96, 72, 2, 2, 1, 1, 0, 1), (5, 12, 20, 16, 17, 1, 1, 0, 1),
+              (3, 3, 16, 33, 35, 3, 2, 1, 1), (7, 20, 24, 9, 9, 3, 2, 1, 1), (2, 64, 64, 16, 16, 3, 1, 1, 2),
+              (3, 66, 40, 15, 17, 3, 1, 1, 2), (8, 32, 40, 10, 10, 1, 1, 0, 1)]
+
+
+def _slot_ws_floats(case, direct):
+    """slot_ws_floats in Python (kernels/src/conv.c): the forward's 2 slots of a chunk's im2col and output blocks,
+    the weight gradient's 2 slots and one partial weight gradient."""
+    n, ci, co, h, w, k, s, p, g = case
+    kk, cog = ci // g * k * k, co // g
+    P = ((h + 2 * p - k) // s + 1) * ((w + 2 * p - k) // s + 1)
+    sizes = []
+    for cols, slots in ((256, 2), (64, 2)):
+        fold = 1 if P >= cols or n < 2 else min(n, -(-cols // P))
+        nb = max(1, min(fold, (n + 1) // 2))
+        chunks = -(-n // nb)
+        if chunks * g % 2 and chunks * g < 8:   # an odd number of items under 8: one chunk more
+            nb = (n + chunks) // (chunks + 1)
+            chunks = -(-n // nb)
+        S = min(chunks * g, slots)
+        sizes.append((S, (kk + cog) * nb * P if nb > 1 else (0 if direct else kk * P)))
+    (sf, lf), (sw, lw) = sizes
+    return max(sf * lf, sw * lw + (sw - 1) * co * kk)
+
+
+@pytest.mark.parametrize("algo", ["im2col", "auto"])
+@pytest.mark.parametrize("case", SLOT_CASES, ids=_ids)
+def test_slot_conv_vs_torch_and_equal_bits_at_any_thread_count(K, case, algo):
+    n, ci, co, h, w, k, s, p, g = case
+    x, wt, b, dy = _make(case, True)
+    prm = K.conv2d_params(x.shape, wt.shape, s, p, g)
+    direct = k == 1 and s == 1 and p == 0 and algo == "auto"
+    assert K.conv2d_workspace_bytes(prm, algo) == 4 * _slot_ws_floats(case, direct), "not the slot drivers"
+    refs = _ref(x, wt, b, s, p, g, dy)
+    threads = capi.get_num_threads()
+    try:
+        runs = []
+        for nt in (1, 2, 3):
+            capi.set_num_threads(nt)
+            runs.append(_grouped_run(K, case, x, wt, b, dy, algo))
+    finally:
+        capi.set_num_threads(threads)
+    for got, want, what in zip(runs[0], refs, ("y", "dx", "dw", "db")):
+        close(got, want, 1e-4 if what[0] == "d" else 1e-5, 1e-5, what=f"{algo} {what}")
+    for nt, run in zip((2, 3), runs[1:]):
+        for a, b_, what in zip(runs[0], run, ("y", "dx", "dw", "db")):
+            assert torch.equal(a, b_), f"{algo} {what}: bits differ between 1 and {nt} threads"
+    # accumulating adds to what dw held: slot 0 sums into dw itself, the other slots' partials after it
+    dw0 = torch.randn_like(wt)
+    dwa, _ = K.conv2d_backward_weight(dy, x, wt.shape, s, p, g, bias=True, algo=algo, dw=dw0.clone())
+    close(dwa, dw0.double() + refs[2], 1e-4, 1e-5, what=f"{algo} dw accumulated")

@@ -284,6 +284,24 @@ def test_merge(host_profile, tmp_path):
     assert merge_profiles([a, b]).entries == m.entries
 
 
+def test_roofline_im2col_traffic_is_per_image_not_the_workspace():
+    """A modeled conv's scratch traffic: one image's im2col matrix per group, from the shapes (the C workspace
+    holds several images' folds or several threads' slots), times the batch; none for a pointwise conv."""
+    net = torch.nn.Sequential(torch.nn.Conv2d(6, 8, 3, 2, 1, groups=2), torch.nn.Conv2d(8, 12, 1), torch.nn.Flatten(),
+                              torch.nn.Linear(12 * 5 * 5, 10))
+    g = port.trace(net, torch.randn(32, 6, 9, 9))
+    conv3, conv1 = [o for o in g.ops if o.kind == "conv2d"]
+    assert CM.im2col_bytes(g, conv3) == 4 * 3 * 9 * 5 * 5
+    assert CM.im2col_bytes(g, conv1) == 0
+    for kind in ("conv2d.grad_input", "conv2d.grad_weight"):
+        assert CM.im2col_bytes(g, [o for o in g.ops if o.kind == kind][0]) in (0, 4 * 3 * 9 * 5 * 5)
+    assert CM.workspace_bytes(g, conv3, "plain") > CM.im2col_bytes(g, conv3)   # several images (a fold) at once
+    acc = load_device("raspberry-pi-4b").accelerators[0]
+    slow_mem = acc.model_copy(update={"peak_gflops": acc.peak_gflops * 1e6})   # memory-bound: ms = bytes / bw
+    want = (conv3.bytes_moved + 2 * 4 * 3 * 9 * 5 * 5 * 32) / (acc.mem_gbps * 1e9) * 1e3
+    assert math.isclose(CM.ideal_ms(g, conv3, slow_mem, "plain"), want, rel_tol=1e-9)
+
+
 def test_roofline_monotonic(graph):
     dev = load_device("raspberry-pi-4b")
     acc = dev.accelerators[0]

@@ -903,10 +903,10 @@ def test_interval_rows_tighten_the_lp_and_keep_every_plan(resnet8_jetson):
     from port.solver.formulation import build
     g, prof, naive = resnet8_jetson
     inst = build_instance(g, prof, nested=False)
-    m, v = build(inst, int(0.5 * naive))
+    m, v = build(inst, int(0.45 * naive))   # 0.5 until the roofline priced im2col per image: 6.636 against 6.611 ms
     without = dataclasses.replace(m, rows=[r for r in m.rows if not r[0].startswith("rc_avail_iv[")])
     assert len(without.rows) < len(m.rows)
-    assert _lp(m)[0] > _lp(without)[0] * 1.01           # 8.007 against 7.857 ms
+    assert _lp(m)[0] > _lp(without)[0] * 1.01           # 7.060 against 6.957 ms
     res = solve_highs(without, 60.0, 0.0)
     assert res.status == "optimal"
     for name, terms, lo, hi in m.rows:
