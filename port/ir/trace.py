@@ -254,6 +254,7 @@ def _in_child(fn, *args) -> list[Graph]:
     PORT_CAPTURE=inprocess (or a platform without fork) captures in this process."""
     import json
     import os
+    import sys
     import traceback as tb
     if os.environ.get("PORT_CAPTURE") == "inprocess" or not hasattr(os, "fork"):
         return fn(*args)
@@ -262,6 +263,11 @@ def _in_child(fn, *args) -> list[Graph]:
     if pid == 0:                                   # the child: capture, write, exit without cleanup
         os.close(r)
         try:
+            # libgomp's thread pool does not survive fork: once the parent has run a parallel region (any torch
+            # op on a large tensor, the capture key's zero check), the child's first region waits forever at
+            # the team barrier for workers it does not have. One thread makes every region the calling thread's.
+            if "torch" in sys.modules:
+                sys.modules["torch"].set_num_threads(1)
             out = {"graphs": [g.to_dict() for g in fn(*args)]}
         except PortTraceError as e:
             out = {"error": str(e)}
