@@ -18,7 +18,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from port.errors import ArgumentError, NonFiniteError, PortError
+from port.errors import ArgumentError, NonFiniteError, PlanError, PortError
 from port.exec import capi
 from port.exec.executor import Executor, RunState
 from port.lower.lower import default_plan, inference_job, inference_program, lower
@@ -126,6 +126,7 @@ class Trainer:
         # the example's)
         self._token_bounds = token_bounds(self.graph)
         plan_batch = None          # the batch a plan file says it was solved for (port.pipeline writes it)
+        plan_path = None
         if isinstance(plan, (str, Path)):
             from port.plan.io import load_plan
             plan_path = Path(plan)
@@ -150,9 +151,14 @@ class Trainer:
                           "does not apply", stacklevel=2)
             check_digest = False
         # micro-batches add their gradients up: every gradient zeroed before the step and accumulated
-        self.program: Program = lower(self.graph, self.plan, strategy=strategy, check_digest=check_digest,
-                                      accelerators=accelerators, overwrite_gradients=mb == B,
-                                      own_memory=own_memory)
+        try:
+            self.program: Program = lower(self.graph, self.plan, strategy=strategy, check_digest=check_digest,
+                                          accelerators=accelerators, overwrite_gradients=mb == B,
+                                          own_memory=own_memory)
+        except PlanError as e:    # a plan file's decision lowering refuses: name the file (an edited plan)
+            if plan_path is None:
+                raise
+            raise PlanError(f"{plan_path}: {e}; re-solve it (port solve) or fix that decision") from None
         # inference program on the same arena: forward only, eval-mode BN, no dropout
         # the arena's memory follows the program (a plan solved for a GPU runs there whatever ``backend`` says)
         from port.exec.executor import program_device

@@ -108,3 +108,19 @@ def test_fuzz_profile_files_through_solve_and_simulate(solved, tmp_path):
         plan = port.solve(g, prof, budget, solver="greedy")
         port.simulate(plan, g, prof)
     _loop("profile", lambda rng: _mutants(text, d, rng), use, tmp_path)
+
+
+def test_a_plan_file_with_an_illegal_variant_is_refused_naming_the_file(solved, tmp_path):
+    """A variant lowering refuses (the fuzz loop found one: no file named in the message) names the plan file."""
+    from port.train.optim import SGD
+    from port.plan.io import save_plan
+    from port.train.trainer import Trainer
+    g, p, plan, x = solved
+    d = json.loads(save_plan(plan, tmp_path / "orig.json", g).read_text())
+    d.pop("sha256", None)
+    d["ops"][1]["variant"] = "x"
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(PortError) as e:
+        Trainer(M.get("mlp", seed=0), x, plan=path, optimizer=SGD(0.05), threads=None).close()
+    assert str(path) in str(e.value) and "'x'" in str(e.value), str(e.value)
