@@ -425,21 +425,19 @@ def _with_objective(inst: Instance, name: str) -> Instance:
 
 
 def _verified_warm(inst, warm: list, budget: int, backend: str, t0: float):
-    """The fastest of the warm starts ``warm`` (the serial optimum, the descent's plan, the baselines) whose
-    simulated peak and own-memory peaks fit, as a finished plan (its objective the instance's: the makespan or the
-    serial step), or None."""
-    from port.solver.baselines import own_within_caps
+    """The fastest of the warm starts ``warm`` (the serial optimum, the descent's plan, the baselines) that
+    ``finish`` finds within the budget and the own-memory caps, with the instance's objective (the makespan or the
+    serial step, plus the early-update tie-breaker), or None."""
+    from port.solver.formulation import EPS_EARLY_MS
     best = None
     for choice, rc, pg, at, early in warm:
         p = finish(inst, _plan(inst, choice, budget, rc, pg, at=at, early=early), budget, backend, t0)
-        sim = simulate(p, inst.graph, inst.profile)
-        if sim.peak_bytes > budget or not own_within_caps(sim, inst.profile):
+        if p.status != "feasible":
             continue
-        obj = sim.breakdown["makespan_ms"] if inst.objective == "makespan" else sim.step_ms
-        from port.solver.formulation import EPS_EARLY_MS
-        p = dataclasses.replace(p, status="feasible", objective_ms=obj + EPS_EARLY_MS * len(p.early_updates))
+        obj = (simulate(p, inst.graph, inst.profile).breakdown["makespan_ms"] if inst.objective == "makespan"
+               else p.predicted_step_ms)
         if best is None or obj < best[0]:
-            best = (obj, p)
+            best = (obj, dataclasses.replace(p, objective_ms=obj + EPS_EARLY_MS * len(p.early_updates)))
     return None if best is None else best[1]
 
 
