@@ -212,16 +212,29 @@ def test_yaml_block_loads(block, tmp_path):
         C.resolve_device(cfg, ROOT / "configs" / "x.yaml")
 
 
+# a path in the repository a page or an example names (a file that must exist)
+REPO_PATH = r"(?:port|bench|kernels|solver|configs|tests|examples|docs)/[\w/.-]+\.(?:py|h|c|md|yaml)"
+EXAMPLES = sorted(p for p in (ROOT / "examples").rglob("*") if p.suffix in (".py", ".yaml"))
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_page_has_no_stale_references(page):
     text = page.read_text()
     for stale in ("port/graph.py", "costmodel.py", "cli_", "port/types.py", "budget_bytes=",
                   "profiles/<device>/<model>.json", "runs/<name>/profile.json` or"):
         assert stale not in text, stale
-    for path in re.findall(r"`((?:port|bench|kernels|solver|configs|tests)/[\w/.-]+\.(?:py|h|c|md|yaml))`", text):
+    for path in re.findall(rf"`({REPO_PATH})`", text):
         assert (ROOT / path).exists(), f"{page.name} names {path}, which does not exist"
     for link in re.findall(r"\]\(([^)#:]+?)(?:#[^)]*)?\)", text):     # relative Markdown links and images
         assert (page.parent / link).exists(), f"{page.name} links {link}, which does not exist"
+
+
+@pytest.mark.parametrize("src", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_example_names_files_that_exist(src):
+    """A path an example's comments or docstrings name exists (examples/llama_lora/llama_lora.yaml sent readers
+    to a README.md the example never had)."""
+    for path in re.findall(rf"(?<![\w/.-])({REPO_PATH})(?![\w/-])", src.read_text()):
+        assert (ROOT / path).exists(), f"{src.relative_to(ROOT)} names {path}, which does not exist"
 
 
 def test_readme_is_short():
