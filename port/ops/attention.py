@@ -1,5 +1,6 @@
 """Attention: ``matmul`` (batched [B.., M, K] @ [B.., K, N]; bmm, matmul) and ``attention``
-(scaled_dot_product_attention over q [N, H, Tq, d], k and v [N, Hkv, Tk, d]: causal and/or with a boolean or
+(scaled_dot_product_attention over q [N, H, Tq, d], k and v [N, Hkv, Tk, d]: causal (``is_causal`` with Tq == Tk;
+otherwise torch's mask aligns top left, the kernel's bottom right: left to torch) and/or with a boolean or
 additive ``attn_mask`` of any shape that broadcasts to [N, H, Tq, Tk] (attribute ``mask``: "bool" or "add",
 ``mask_dims``: its extents padded to 4 dims), grouped-query attention (``enable_gqa``: Hkv divides H; attribute
 ``kv_heads``), and ``dropout_p`` (attribute ``p``: the probabilities dropped with PORT's generator,
@@ -105,6 +106,8 @@ def _sdpa_capture(ctx):
     n_, h, tq, d = sq
     hkv, tk = sk[1], sk[2]
     if hkv != h and not (a.get("enable_gqa") and hkv >= 1 and h % hkv == 0):
+        return False
+    if a.get("is_causal") and tq != tk:     # torch aligns the causal mask top left, the kernel bottom right
         return False
     scale = a.get("scale")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)

@@ -767,3 +767,30 @@ def test_roll_and_pad_torch_bindings_equal_autograd(kind, attrs, shape):
         rec.torch(kind, attrs | extra, [x.detach()], [y], _env())()
         rec.torch(f"{kind}.grad_input", attrs | extra, [dy], [dx], _env())()
     assert torch.equal(y, want.detach()) and torch.equal(dx, x.grad)
+
+
+class _CausalCross(nn.Module):
+    """is_causal with fewer queries than keys (the last 3 positions attending all 5): torch's causal mask is
+    aligned top left then (query i sees keys 0..i), not bottom right as PORT's kernel's causal flag."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.kv, self.fc = nn.Linear(6, 8), nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        n, t, _ = x.shape
+        q = self.q(x[:, 2:]).view(n, t - 2, 2, 4).transpose(1, 2)
+        kv = self.kv(x).view(n, t, 2, 4).transpose(1, 2)
+        a = nn.functional.scaled_dot_product_attention(q, kv, kv, is_causal=True)
+        return self.fc(a.transpose(1, 2).reshape(n, t - 2, 8).mean(1))
+
+
+def test_is_causal_with_fewer_queries_than_keys_trains_like_eager():
+    """sdpa(is_causal=True) with tq != tk is not the C kernel's causal attention (its limit j <= i + tk - tq
+    aligns bottom right; torch's aligns top left): the capture leaves it to torch, and the model trains like
+    eager (it was an attention record on C, and its first loss differed from eager's by 1e-2)."""
+    x, y = torch.randn(3, 5, 6), torch.tensor([0, 1, 2])
+    tr = port.Trainer(_CausalCross(), x, optimizer=SGD(0.1))
+    assert "attention" not in {o.kind for o in tr.graph.ops}
+    _steps_like_eager(tr, _CausalCross(), x, y, 0.1)
