@@ -91,3 +91,41 @@ def test_aarch64_build_trains_published_models_like_the_host(binaries, tmp_path,
     a = _losses([str(b) for b in binaries[:1]], tmp_path / "m.portrt", tmp_path / "d.portdata", 2)
     b = _losses(["qemu-aarch64", str(binaries[1])], tmp_path / "m.portrt", tmp_path / "d.portdata", 2)
     assert len(a) == 2 and a == b, list(zip(a, b))
+
+
+def _family_nets():
+    """(id, model, x, y): tests/e2e/test_rt.py's and tests/nets54.py's nets of issue 54's kernel families, each
+    trained there by the host's port-rt bit for bit like the Trainer."""
+    import test_rt as R
+    from nets54 import NormPool, PaddedAttn, Views, WhereNet
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(1, 11, (16, 7), generator=g)
+    ids[::2, -2:] = 0                                        # padded rows
+    return [("gates", R._Gates, torch.randn(16, 3, 6, 6)),                 # sigmoid, hardsigmoid, silu, bcast mul
+            ("norms_pools_resize", NormPool, torch.randn(16, 3, 9, 11)),   # group/rms norm, pools, resizes
+            ("shapes_unary", R._Shapes, torch.randn(16, 3, 6, 6)),         # cat, narrow, expand, unary math
+            ("views", Views, torch.randn(16, 12)),                         # arena views beside slice copies
+            ("grouped_conv", R._Grouped, torch.randn(16, 3, 8, 8)),        # grouped convs, stride 2
+            ("masked_fill", R._CausalScores, torch.randn(16, 8, 6)),
+            ("where", WhereNet, torch.randn(16, 5)),
+            ("mask_chain", PaddedAttn, ids)]                               # mask cast/index/logic/compare, expand
+
+
+@pytest.mark.parametrize("case", range(8), ids=["gates", "norms_pools_resize", "shapes_unary", "views",
+                                                "grouped_conv", "masked_fill", "where", "mask_chain"])
+def test_aarch64_build_trains_the_kernel_families_like_the_host(binaries, tmp_path, case):
+    """Issue 54's kernel families beyond the three published models (activations and broadcast gates, norms,
+    pools and resizes, shape copies and unary math, arena views, grouped convolutions, masked_fill, where, the
+    mask kernels): each net's bundle trains under qemu-aarch64's portable build to the host build's losses bit
+    for bit, every op on C."""
+    host, arm = binaries
+    name, net, x = _family_nets()[case]
+    torch.manual_seed(0)
+    y = torch.randint(0, 10, (16,))
+    tr = port.Trainer(net(), x[:4], optimizer=port.optim.SGD(0.05, momentum=0.9), threads=1)
+    assert all(d.accelerator == "cpu-c" for d in tr.plan.ops), name
+    port.compile(tr, tmp_path / "m.portrt")
+    write_data(tmp_path / "d.portdata", x.numpy(), y.numpy(), 10)
+    a = _losses([str(host)], tmp_path / "m.portrt", tmp_path / "d.portdata", 3)
+    b = _losses(["qemu-aarch64", str(arm)], tmp_path / "m.portrt", tmp_path / "d.portdata", 3)
+    assert len(a) == 3 and a == b, (name, list(zip(a, b)))
