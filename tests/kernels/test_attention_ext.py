@@ -18,16 +18,19 @@ def _mask(kind, dims, g):
         m[..., 0] = True           # every query sees a key (a fully masked row is tested on its own)
         return m
     m = torch.randn(dims, generator=g) * 2
+    if dims[-1] == 1:              # one value for a whole row of scores: -1e4 would only cost their float32 digits
+        return m
     return m.masked_fill(torch.rand(dims, generator=g) < 0.2, -1e4)
 
 
 def _ref(q, k, v, dy, mask, causal, scale, keep=None, p=0.0):
-    """float64 o and (dq, dk, dv): torch's math path (enable_gqa), or with dropout the same math with PORT's
-    keep mask."""
+    """float64 o and (dq, dk, dv): torch's math path (enable_gqa), or with dropout, or causal with Tq != Tk (the
+    kernel's limit j <= i + Tk - Tq, aligned bottom right; torch's is_causal aligns top left), the same math with
+    PORT's keep mask."""
     q, k, v = (t.double().requires_grad_() for t in (q, k, v))
     m = mask if mask is None or mask.dtype == torch.bool else mask.double()
     h, hkv = q.shape[1], k.shape[1]
-    if keep is None:
+    if keep is None and not (causal and q.shape[2] != k.shape[2]):
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal, scale=scale,
                                            enable_gqa=hkv != h)
     else:
@@ -38,7 +41,8 @@ def _ref(q, k, v, dy, mask, causal, scale, keep=None, p=0.0):
         if causal:
             tq, tk = s.shape[-2:]
             s = s.masked_fill(torch.ones(tq, tk, dtype=torch.bool).triu(tk - tq + 1), float("-inf"))
-        o = (torch.softmax(s, -1) * keep.double() / (1 - R._f32(p))) @ vr
+        a = torch.softmax(s, -1)
+        o = (a if keep is None else a * keep.double() / (1 - R._f32(p))) @ vr
     o.backward(dy.double())
     return o.detach(), q.grad, k.grad, v.grad
 
@@ -51,6 +55,9 @@ CASES = [  # (n, h, hkv, tq, tk, dh, mask kind, mask dims, causal)
     (2, 2, 2, 6, 6, 8, "add", (2, 1, 1, 6), True),              # additive key padding + causal
     (2, 6, 3, 17, 17, 5, None, None, True),                     # GQA, causal, no mask
     (2, 2, 2, 8, 11, 4, "bool", (1, 1, 1, 1), False),           # a scalar mask
+    (2, 4, 2, 11, 19, 8, "add", (1, 4, 11, 1), False),          # per head and query, broadcast over the keys
+    (3, 2, 1, 7, 40, 6, "add", (3, 1, 1, 40), True),            # key padding, causal with Tq < Tk, multi-query
+    (1, 3, 3, 5, 9, 7, "bool", (1, 3, 5, 9), False),            # batch broadcast, per head, odd head size
 ]
 
 
