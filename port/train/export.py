@@ -36,7 +36,7 @@ def export(trainer, path: str | Path, format: str = "onnx", check: bool = True, 
     import torch
     path = Path(path)
     model = trainer.to_torch(_own_copy(trainer.model))
-    folded = folded_module(model)
+    folded = _one_input(folded_module(model))
     if trainer.example_tokens is not None:       # token ids: the ones the model was traced with
         x = trainer.example_tokens
     else:
@@ -71,6 +71,22 @@ def export(trainer, path: str | Path, format: str = "onnx", check: bool = True, 
         raise PortError(f"unknown export format {format!r}; choose 'onnx' or 'torch'")
     atomic_write_bytes(path, buf.getvalue())      # checked first, then written whole (or not at all)
     return path
+
+
+def _one_input(model: Any):
+    """``model`` behind a ``forward(x)``: the exporters match dynamic shapes to forward's parameters, and a model
+    whose forward takes ``*args`` (peft's wrappers) has none for x (torch.export: "inputs[0] is a tuple, but
+    dynamic_shapes[0] is a dict", so `port train` of examples/llama_lora exported nothing)."""
+    import torch
+
+    class OneInput(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x)
+    return OneInput(model)
 
 
 @contextlib.contextmanager

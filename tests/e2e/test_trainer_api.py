@@ -117,6 +117,31 @@ def test_export_onnx_and_torch(tmp_path):
     assert torch.allclose(ts(x), tr.predict(x), atol=1e-4, rtol=1e-4)
 
 
+class _VarArgs(torch.nn.Module):
+    """forward(*args, **kwargs), as peft's wrappers take their input (examples/llama_lora)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(6, 4)
+
+    def forward(self, *args, **kwargs):
+        return self.fc(torch.tanh(args[0]))
+
+
+def test_export_a_model_whose_forward_takes_varargs(tmp_path):
+    """Both formats export a model whose forward takes *args with the batch dynamic (torch.export refused the
+    dynamic shapes before: "inputs[0] is a tuple, but dynamic_shapes[0] is a dict")."""
+    pytest.importorskip("onnxruntime")
+    x = torch.randn(4, 6)
+    tr = Trainer(_VarArgs(), x, optimizer=SGD(0.1))
+    tr.step(x, torch.tensor([0, 1, 2, 3]))
+    tr.export(tmp_path / "m.onnx")              # checked against the trained model by onnxruntime
+    tr.export(tmp_path / "m.pt2", format="torch")
+    x5 = torch.randn(5, 6)
+    assert torch.allclose(torch.export.load(str(tmp_path / "m.pt2")).module()(x5), tr.predict(x5), atol=1e-5)
+
+
 def test_evaluate_predict_to_torch():
     from port.train.data import load
     from port import config as C
