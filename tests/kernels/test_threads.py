@@ -174,3 +174,42 @@ def test_embedding_padding_idx_same_bits_at_any_thread_count(K):
     outs = _at_each_count(K, "auto", lambda: K.embedding_backward_weight(dy, idx, (37, 1000), padding_idx=3))
     _same_bits(outs, "embedding_backward_weight_pad")
     assert not outs[0][0][3].any()
+
+
+def test_activations_unary_binary_and_permute_same_bits_at_any_thread_count(K):
+    """Issue 54's elementwise families above the parallel threshold: sigmoid, hardsigmoid, SiLU, hardswish, GELU
+    (both forms), tanh and every generic unary op, forward and backward; add/sub/mul/div broadcast on every axis
+    (forward and both gradients); softmax, permute (ConvNeXt's LayerNorm2d: NCHW -> NHWC) and layer norm over
+    the channels of the permuted map (odd channel counts)."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 37, 19, 23, generator=g) * 4        # 97k elements, 37 channels
+    dy = torch.randn(x.shape, generator=g)
+    pos = x.abs() + 0.1
+    a, b = torch.randn(6, 1, 19, 23, generator=g), torch.randn(1, 37, 19, 1, generator=g).abs() + 0.5
+    dyb = torch.randn(6, 37, 19, 23, generator=g)
+    gam, bet = torch.rand(37, generator=g) + 0.5, torch.randn(37, generator=g)
+
+    def run():
+        outs = []
+        for name, saved in (("sigmoid", "y"), ("hardsigmoid", "x"), ("silu", "x"), ("hardswish", "x"),
+                            ("tanh", "y")):
+            y = getattr(K, f"{name}_forward")(x)
+            outs += [y, getattr(K, f"{name}_backward")(dy, y if saved == "y" else x)]
+        for approx in ("none", "tanh"):
+            outs += [K.gelu_forward(x, approx), K.gelu_backward(dy, x, approx)]
+        for kind, s in (("neg", 0.0), ("exp", 0.0), ("rsqrt", 0.0), ("sin", 0.0), ("abs", 0.0), ("shift", 0.5),
+                        ("pow_scalar", -0.5)):
+            src = pos if kind in ("rsqrt", "pow_scalar") else x
+            y = K.unary_forward(kind, src, s)
+            saved = {0: None, 1: src, 2: y}[capi.raw.port_unary_saves(capi.UNARY_OPS[kind])]
+            outs += [y, K.unary_backward(kind, dy, saved, s)]
+        for kind in ("add_nd", "sub", "mul", "div"):
+            outs += [K.binary_forward(kind, a, b), *K.binary_backward(kind, dyb, a, b)]
+        sm = K.softmax_forward(x)
+        nhwc = K.permute(x, (0, 2, 3, 1))
+        ln, st = K.layernorm_forward(nhwc, gam, bet)
+        dln = K.permute(dy, (0, 2, 3, 1))
+        outs += [sm, K.softmax_backward(dy, sm), nhwc, ln, st, K.layernorm_backward_input(dln, nhwc, st, gam),
+                 *K.layernorm_backward_weight(dln, nhwc, st), K.permute(ln, (0, 3, 1, 2))]
+        return outs
+    _same_bits(_at_each_count(K, "auto", run), "activations / unary / binary / softmax / permute / layer norm")
