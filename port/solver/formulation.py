@@ -72,6 +72,9 @@ class Vars:
     # (update op, gradient root) -> ef[u,g] = e[u] AND its producer's chain fused (continuous, >= their sum - 1):
     # the gradient of an early update is born at the chain's call op when a fused call computes it (SE's se.grad_weight)
     ef: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)   # -> (var, call op)
+    # (update op, gradient root) -> eq[u,g] = e[u] AND an op touching g on a queued engine (continuous, >= their
+    # sum - 1): the early gradient's bytes stay the queue's past their free (rule 8, _queue_holds)
+    eq: dict[tuple[int, int], int] = field(default_factory=dict)
     static_fixed: int = 0                                            # S minus early-able gradient bytes
     eng: dict[str, int] = field(default_factory=dict)                # accelerator -> u[a]: its engine is used
     eng_bytes: dict[str, int] = field(default_factory=dict)          # accelerator -> its engine's footprint
@@ -191,6 +194,7 @@ def add_variables(m: Model, inst: Instance, budget_bytes: int | None, allow_earl
                 for kk, val in var_expr(inst, v, ch.ops[0], "fused").items():
                     _add(terms, kk, -val)
                 m.row(f"ef[{u},{gr}]", terms, -1.0)
+        _early_queue_vars(m, inst, v)
     v.static_fixed = inst.static_bytes - (inst.grad_bytes if allow_early else 0)
     for a in inst.accs:     # u[a] in [0, 1], pushed to 1 by any op placed on a (engine rows), in every memory row
         nb = inst.profile.engine_bytes_of(a)
@@ -513,13 +517,9 @@ def _memory_deltas(inst: Instance, v: Vars, unit: int):
     return dvar, dcon, bvar, bcon, rcv
 
 
-def _queue_holds(inst: Instance, v: Vars, unit: int, dvar: list) -> None:
-    """The plan semantics' rule 8 as an upper bound: a root an op on a queued engine (on host memory) reads or
-    writes keeps its bytes past its free until the host joins the queue (a hand-off from it, a page call, the end
-    of the main pass). The model holds it from its free to the end of the step, once per such op placed on a queue
-    (x[i,k] of its queued options): from death + 1, or, where a forward op touches a root that may be dropped (re-run
-    or paged), from fwd_last + 1 (its forward copy is freed there). Never below what the simulator holds; an op on
-    a host engine adds nothing, so plans without a queued op are priced as before."""
+def queued_accs(inst: Instance) -> frozenset[str]:
+    """The instance's accelerators whose backend runs on a queue on host memory: rule 8's queues
+    (port.plan.semantics.queued_engines for a plan)."""
     from port.lower.program import QUEUED_BACKENDS, backend_of
     from port.errors import PortError
     own = {inst.ownmem.acc} if inst.ownmem is not None else set()
@@ -530,6 +530,46 @@ def _queue_holds(inst: Instance, v: Vars, unit: int, dvar: list) -> None:
                 queued.add(a)
         except PortError:
             pass
+    return frozenset(queued)
+
+
+def _touching(inst: Instance, r: int) -> list[int]:
+    """The ops that read or write storage root ``r`` (as rule 8's queue bookkeeping sees them)."""
+    g = inst.graph
+    return [o.id for o in g.ops if any(g.storage_root(t) == r for t in (*o.inputs, *o.outputs))]
+
+
+def _early_queue_vars(m: Model, inst: Instance, v: Vars) -> None:
+    """eq[u,g] >= e[u] + x_q[i] - 1 for each op i touching gradient root g with queued options (x_q[i]: their
+    sum): the bytes of an early update's gradient root that a queued op read or wrote are held past its free."""
+    queued = queued_accs(inst)
+    if not queued:
+        return
+    g = inst.graph
+    for u in sorted(v.e):
+        for gr in inst.early[u][2]:
+            for i in _touching(inst, gr):
+                q = {v.x[i, k]: 1.0 for k, o in enumerate(inst.options[i]) if o.acc in queued}
+                if not q:
+                    continue
+                if (u, gr) not in v.eq:
+                    v.eq[u, gr] = m.var(f"eq[{_sanitize(g.ops[u].name)},{gr}]", 0.0, 1.0, integer=False)
+                terms = {v.eq[u, gr]: 1.0, v.e[u]: -1.0}
+                for kk, val in q.items():
+                    _add(terms, kk, -val)
+                m.row(f"eq[{u},{gr},{i}]", terms, -1.0)
+
+
+def _queue_holds(inst: Instance, v: Vars, unit: int, dvar: list) -> None:
+    """The plan semantics' rule 8 as an upper bound: a root an op on a queued engine (on host memory) reads or
+    writes keeps its bytes past its free until the host joins the queue (a hand-off from it, a page call, the end
+    of the main pass). The model holds it from its free to the end of the step, once per such op placed on a queue
+    (x[i,k] of its queued options): from death + 1, or, where a forward op touches a root that may be dropped (re-run
+    or paged), from fwd_last + 1 (its forward copy is freed there). An early update's gradient root (static when
+    the update runs late) is held from its early free on when the update runs early and a queued op touched it
+    (eq[u,g]). Never below what the simulator holds; an op on a host engine adds nothing, so plans without a queued
+    op are priced as before."""
+    queued = queued_accs(inst)
     if not queued:
         return
     g = inst.graph
@@ -548,6 +588,13 @@ def _queue_holds(inst: Instance, v: Vars, unit: int, dvar: list) -> None:
                 continue
             for k in ks:
                 _add(dvar[start], v.x[i, k], R.bytes / unit)
+    cons, prods = g.consumers(), g.producers()
+    for (u, gr), j in v.eq.items():     # freed (when early) after end, as in _memory_deltas
+        pu = inst.early[u][1]
+        rd = [c for c in cons.get(gr, ()) if c != u] + ([pu] if u in cons.get(gr, ()) else [])
+        start = min(max(rd + [prods[gr]]), pu) + 1
+        if start < len(dvar):
+            _add(dvar[start], j, stored_bytes(g.tensors[gr]) / unit)
 
 
 def c_memory(m: Model, inst: Instance, v: Vars, budget_bytes: int | None) -> None:

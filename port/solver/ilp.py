@@ -508,10 +508,9 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
     plan = _tidy(inst, full)       # a solution within the gap may carry a re-run nobody reads
     sim = simulate(plan, graph, profile)
     if sim.peak_bytes > budget and warm and queued_engines(plan):
-        # rule 8's held bytes: the memory rows bound them (formulation._queue_holds), yet an incumbent of a
-        # time-limited makespan solve was seen over the budget in the simulator (ResNet-8 b4 50% with OpenCL:
-        # 2.39 MB against 2.13 MB; not reproduced at other time limits). Never return it: the best warm start
-        # the simulator keeps within the budget stands, with a warning naming the gap
+        # rule 8's held bytes: the memory rows bound them (formulation._queue_holds; early updates' gradients
+        # held since eq[u,g]: ResNet-8 b4 50% with OpenCL simulated 2.39 MB against 2.13 MB before). A safety net:
+        # never return a plan over the budget; the best warm start within it stands, with a warning
         fb = _verified_warm(inst, warm, budget, backend, t0)
         if fb is not None:
             import warnings
