@@ -379,7 +379,7 @@ class Executor:
         if call.kernel == "handoff" and call.attr("copy"):
             from port.exec.handoff import bind_copy
             return bind_copy(call, BindContext(self))
-        if call.kernel == "handoff":
+        if call.kernel in ("handoff", "join"):
             from port.exec.handoff import bind_handoff
             return bind_handoff(call)
         key = int(call.attr("key"))

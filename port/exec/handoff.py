@@ -45,8 +45,13 @@ def queue_finish(backend: str) -> Callable[[], None]:
 
 
 def bind_handoff(call) -> Callable[[], None]:
-    """The run-time hand-off of ``call`` (kernel ``handoff``, attributes ``src``/``dst`` backends)."""
+    """The run-time hand-off of ``call`` (kernel ``handoff``, attributes ``src``/``dst`` backends), or its join
+    (kernel ``join``, Plan.joins: the wait for queue ``src``, as a hand-off from it)."""
     src, dst = call.attr("src"), call.attr("dst")
+    if call.kernel == "join":
+        if src not in QUEUED:
+            raise ProgramError(f"call {call.index} ({call.name}): joins {src!r}, which queues no calls")
+        return queue_finish(src)
     if src in QUEUED:
         fn = queue_finish(src)
     elif dst in QUEUED:
@@ -138,7 +143,7 @@ def host_waits(calls: list, program=None) -> list[str]:
     out, pending, q_reads, q_writes, flushed = [], set(), [], [], True
     for c in calls:
         queued = c.backend in QUEUED and not c.attr("zero_outputs")
-        handoff = c.backend == "host" and c.kernel == "handoff"
+        handoff = c.backend == "host" and c.kernel in ("handoff", "join")
         w = ""
         if handoff and c.attr("src") in pending:
             pending.discard(c.attr("src"))            # the hand-off call itself waits for the queue

@@ -221,7 +221,7 @@ def available(name: str) -> tuple[bool, str]:
 # program's slots (lowering runs that check on every program it emits); the C backend passes the output dims
 # it implies to the kernels, which refuse others (port_conv2d_params / port_pool2d_params h_out, w_out).
 # ---------------------------------------------------------------------------------------------
-HOST_KERNELS = ("page_out", "page_in", "handoff")
+HOST_KERNELS = ("page_out", "page_in", "handoff", "join")
 
 
 def call_shapes(kernel: str, attrs: dict, in_shapes, out_shapes) -> tuple[list, list]:
@@ -242,6 +242,8 @@ def call_shapes(kernel: str, attrs: dict, in_shapes, out_shapes) -> tuple[list, 
         return [], [(at(O, 0, "output 0"), None)]
     if kernel == "handoff":
         return [(at(I, 0, "input 0"), None)], []
+    if kernel == "join":
+        return [], []
     r = ops.owner(kernel)
     if r is None or kernel in r.views:
         raise CallShapeError(f"unknown kernel {kernel!r}")

@@ -497,6 +497,8 @@ def _check_handoffs(program: Program, slot_of: dict) -> None:
     for c in program.calls:
         if c.backend == "host" and c.kernel == "handoff" and c.attr("copy"):
             continue
+        if c.backend == "host" and c.kernel == "join":
+            continue
         if c.backend == "host" and c.kernel == "handoff":
             r = slot_of[c.inputs[0]].root
             if wrote.get(r, "host") != c.attr("src"):
@@ -657,6 +659,11 @@ def _check_call(program: Program, c, slot_of: dict, pages: dict) -> None:
         raise ProgramError(f"{where}: attribute zero_outputs={z!r}: expected a tuple of the call's outputs")
     if c.backend == "host" and c.kernel == "handoff" and a.get("copy"):
         return                                  # between memories: _check_memories
+    if c.backend == "host" and c.kernel == "join":
+        from port.lower.program import QUEUED_BACKENDS
+        if a.get("src") not in QUEUED_BACKENDS or set(a) != {"src"}:
+            raise ProgramError(f"{where}: attributes {a}: a join takes src, a backend of {QUEUED_BACKENDS}")
+        return
     if c.backend == "host" and c.kernel == "handoff":
         from port.lower.program import needs_handoff_call
         src, dst = a.get("src"), a.get("dst")

@@ -213,6 +213,12 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
             continue
         if ev.kind == "handoff":      # priced by the simulator; the calls follow the bytes (hand_over)
             continue
+        if ev.kind == "join":         # the host waits for the queue (Plan.joins): its held bytes are freed after
+            from port.lower.program import backend_of
+            drafts.append(dict(op=ev.op, name=f"{graph.ops[ev.op].name}.join_{ev.src}", kernel="join",
+                               backend="host", variant="plain", phase=graph.ops[ev.op].phase, outputs=(), inputs=(),
+                               attrs={"src": backend_of(ev.src)}, covers=()))
+            continue
         share = VR(Vr(ev.into[0])) if ev.into else None
         for r in ev.alloc:
             if ev.kind in ("recompute", "page_in") or r in seen_root:

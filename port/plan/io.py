@@ -57,6 +57,7 @@ def plan_to_dict(plan: Plan, graph: Graph | None = None) -> dict:
         "objective_ms": _num(plan.objective_ms), "gap": _num(plan.gap), "solve_time_s": _num(plan.solve_time_s),
         "predicted_step_ms": _num(plan.predicted_step_ms), "predicted_peak_bytes": plan.predicted_peak_bytes,
         "ops": ops, "tensors": tens, "early_updates": list(plan.early_updates),
+        **({"joins": [[a, int(t)] for a, t in plan.joins]} if plan.joins else {}),
         "memory_timeline": list(plan.memory_timeline),
     } | ({"own_memory": list(plan.own_memory)} if plan.own_memory else {})
 
@@ -159,6 +160,11 @@ def load_plan(path: str | Path, graph: Graph | None = None, profile: Profile | N
         if not isinstance(own, list) or not all(isinstance(a, str) for a in own):
             raise PlanError(f"{path}: key 'own_memory' should be a list of accelerator ids; solve again")
         timeline = ints(_req(d, "memory_timeline", list, path), "memory_timeline")
+        jn_raw = d.get("joins", [])          # absent: no explicit join
+        if not isinstance(jn_raw, list) or any(not isinstance(p, list) or len(p) != 2 or not isinstance(p[0], str)
+                                               for p in jn_raw):
+            raise PlanError(f"{path}: key 'joins' should be a list of [accelerator, step] pairs; solve again")
+        joins = tuple((a, _int(t, "joins", path)) for a, t in jn_raw)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         if isinstance(e, PlanError):
             raise
@@ -194,4 +200,4 @@ def load_plan(path: str | Path, graph: Graph | None = None, profile: Profile | N
                 solver=str(d.get("solver", "")), status=str(d.get("status", "feasible")),
                 objective_ms=f("objective_ms"), gap=f("gap"), solve_time_s=f("solve_time_s"),
                 predicted_step_ms=f("predicted_step_ms"), predicted_peak_bytes=opt_int("predicted_peak_bytes"),
-                memory_timeline=timeline, batch_size=opt_int("batch_size"), own_memory=tuple(own))
+                memory_timeline=timeline, batch_size=opt_int("batch_size"), own_memory=tuple(own), joins=joins)

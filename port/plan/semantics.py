@@ -43,6 +43,7 @@ At step t (op t in graph order) a plan runs, in this order (``schedule`` emits e
      the same group, and that copy's last use is this re-run; ``inplace_ok`` lists every such re-run);
   3. ``op`` t (unless t is an early update: it already ran, see 4);
   4. ``op`` u for the early updates u whose gradient's last producer is op t (increasing op id);
+  4b. ``join`` queue a for every (a, t) in ``plan.joins``: the host waits for queue a (rule 8);
   5. ``page_out`` every paged root whose last forward/loss reader was op t (or an early update of step 4);
   6. ``free`` every root whose last use was op t or an early update of step 4.
   7. (within 2-4) right before each op or re-run Q: a ``handoff`` of every tensor Q reads that an earlier op
@@ -55,7 +56,8 @@ At step t (op t in graph order) a plan runs, in this order (``schedule`` emits e
   8. (after 1-7) bytes an op on a queued engine (an accelerator whose backend runs asynchronously on a queue,
      port.lower.program.QUEUED_BACKENDS, on host memory: not one of ``plan.own_memory``) read or wrote stay that
      queue's until the host joins it (``join_frees``): a ``free`` of such a root waits for the next join, a
-     hand-off from that queue (right after it), a page call (right before it: it waits for every queue), the end
+     hand-off from that queue (right after it), an explicit ``join`` of it (step 4b: so a root freed at that step
+     is freed at once), a page call (right before it: it waits for every queue), the end
      of the main pass (before the first late update: the executor drains every queue there) or the end of the
      step. The queued op may still be running when the host passes its free, and a later host call must not
      write its bytes before it has run (port.exec.handoff.host_waits would wait there: a wait no lane prices).
@@ -378,6 +380,15 @@ def validate(graph: Graph, plan: Plan, phases: Sequence[str] = PHASES, check_dig
         raise PlanError("plan.early_updates lists an update twice")
     if set(plan.recompute) & set(plan.paged):
         raise PlanError("a tensor is both recomputed and paged")
+    if plan.joins:
+        queued = queued_engines(plan)
+        for e in plan.joins:
+            ok = isinstance(e, tuple) and len(e) == 2 and e[0] in queued and isinstance(e[1], int)
+            if not ok or not (0 <= e[1] < len(graph.ops)) or graph.ops[e[1]].phase == PHASE_UPDATE:
+                raise PlanError(f"plan.joins: {e!r} is not (a queued engine of the plan {sorted(queued)}, the id of a "
+                                f"forward, loss or backward op)")
+        if list(plan.joins) != sorted(set(plan.joins), key=lambda e: (e[1], e[0])):
+            raise PlanError("plan.joins must be sorted by (step, accelerator), each once")
 
 
 # =============================================================================================
@@ -385,12 +396,12 @@ def validate(graph: Graph, plan: Plan, phases: Sequence[str] = PHASES, check_dig
 # =============================================================================================
 @dataclass(frozen=True)
 class Event:
-    """One step of a plan's execution. kind: page_in | recompute | op | page_out | free | handoff.
-    op: the graph op (recompute, op; handoff: the reading op) or -1; roots: the root paged (page_in, page_out) or
-    freed (free), the tensor handed over (handoff); alloc: roots allocated right before this event runs (op,
-    recompute, page_in); into: for a re-run in place, the input root whose copy ``alloc`` takes over (that copy
-    is not freed: its bytes are the output's); src: a hand-off's source accelerator (its destination is the
-    reading op's)."""
+    """One step of a plan's execution. kind: page_in | recompute | op | page_out | free | handoff | join.
+    op: the graph op (recompute, op; handoff: the reading op; join: the step it follows) or -1; roots: the root
+    paged (page_in, page_out) or freed (free), the tensor handed over (handoff); alloc: roots allocated right
+    before this event runs (op, recompute, page_in); into: for a re-run in place, the input root whose copy
+    ``alloc`` takes over (that copy is not freed: its bytes are the output's); src: a hand-off's source
+    accelerator (its destination is the reading op's); a join's queued accelerator."""
     kind: str
     op: int = -1
     roots: tuple[int, ...] = ()
@@ -713,6 +724,9 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
             if dec[u].accelerator != acc:
                 events.append(Event("handoff", oid, (x,), src=dec[u].accelerator))
 
+    joins_at: dict[int, list[str]] = {}
+    for a, t in plan.joins:
+        joins_at.setdefault(t, []).append(a)
     for o in ops:
         t = o.id
         for r in sorted(page_in_at.get(t, ())):
@@ -729,6 +743,8 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
             if u in in_phase:
                 handoffs(u)
                 events.append(Event("op", u, (), tuple(sorted(alloc_at.get(u, ())))))
+        for a in joins_at.get(t, ()):
+            events.append(Event("join", t, src=a))
         for r in sorted(page_out_after.get(t, ())):
             events.append(Event("page_out", -1, (r,)))
         fr = sorted(set(free_after.get(t, ())))
@@ -758,8 +774,8 @@ def queued_engines(plan: Plan) -> frozenset[str]:
 
 def join_frees(graph: Graph, plan: Plan, events: list, root: dict, early_at: dict) -> list:
     """Rule 8: ``events`` with each ``free`` of a root a queued engine's op read or wrote since the host last
-    joined that queue moved to the next join (a hand-off from the queue: right after it; a page call: right before
-    it; the end of the main pass: before the first late update; the end of the events)."""
+    joined that queue moved to the next join (a hand-off from the queue or an explicit join of it: right after it; a
+    page call: right before it; the end of the main pass: before the first late update; the end of the events)."""
     queued = queued_engines(plan)
     if not queued:
         return events
@@ -811,7 +827,7 @@ def join_frees(graph: Graph, plan: Plan, events: list, root: dict, early_at: dic
         if acc in queued:
             o = graph.ops[ev.op]
             touched.setdefault(acc, set()).update(root.get(t, t) for t in (*o.inputs, *o.outputs))
-        if ev.kind == "handoff" and ev.src in queued:
+        if ev.kind in ("handoff", "join") and ev.src in queued:
             release(join([ev.src]))
     release(join(queued))
     return out

@@ -38,6 +38,9 @@ class Plan:
       only between its producer and the update. Not legal with micro-batching (gradients must accumulate).
     own_memory: the accelerators whose engines have their own memory on the profile's device (the profile decides;
       the solver copies it here so that lowering and the Trainer follow it without being told).
+    joins: explicit joins of a queued engine's queue ((accelerator, step), sorted, once each): the host waits for
+      that queue right after step t's op and early updates, before its page-outs and frees (port.plan.semantics,
+      rule 8: the bytes the queue used are freed there instead of at its next hand-off or the pass end).
     """
 
     graph_digest: str
@@ -60,6 +63,7 @@ class Plan:
     batch_size: int = 0                   # the batch the plan's graph runs per program pass (0: not recorded)
     own_memory: tuple[str, ...] = ()      # accelerators with their own memory, from the profile it was solved on
     #                                       (Profile.own_memory): lowering gives their backends their own arena
+    joins: tuple[tuple[str, int], ...] = ()
 
     def decision(self, op_id: int) -> OpDecision:
         return self.ops[op_id]

@@ -72,6 +72,16 @@ class Vars:
     # (update op, gradient root) -> ef[u,g] = e[u] AND its producer's chain fused (continuous, >= their sum - 1):
     # the gradient of an early update is born at the chain's call op when a fused call computes it (SE's se.grad_weight)
     ef: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)   # -> (var, call op)
+    # (update op, gradient root) -> eq[u,g] = e[u] AND an op touching g on a queued engine (continuous, >= their
+    # sum - 1): the early gradient's bytes stay the queue's past their free (rule 8, _queue_holds)
+    eq: dict[tuple[int, int], int] = field(default_factory=dict)
+    jn: dict[tuple[str, int], int] = field(default_factory=dict)     # (queued acc, step) -> jn[a,t]: a join there
+    # (op, queued acc, candidate step) -> rel[i,a,c] <= jn[a,c], sum_c rel <= x_a[i]: the join at c ends the holds
+    # of the roots op i touched (continuous; _queue_holds)
+    rel: dict[tuple[int, str, int], int] = field(default_factory=dict)
+    # (update op, gradient root, candidate step c >= p_u) -> releq <= jn[a,c], sum_c releq <= eq[u,g]: a join after
+    # every op that may touch the early gradient ends its hold (one queued engine a only)
+    releq: dict[tuple[int, int, int], int] = field(default_factory=dict)
     static_fixed: int = 0                                            # S minus early-able gradient bytes
     eng: dict[str, int] = field(default_factory=dict)                # accelerator -> u[a]: its engine is used
     eng_bytes: dict[str, int] = field(default_factory=dict)          # accelerator -> its engine's footprint
@@ -191,6 +201,8 @@ def add_variables(m: Model, inst: Instance, budget_bytes: int | None, allow_earl
                 for kk, val in var_expr(inst, v, ch.ops[0], "fused").items():
                     _add(terms, kk, -val)
                 m.row(f"ef[{u},{gr}]", terms, -1.0)
+        _early_queue_vars(m, inst, v)
+    _join_vars(m, inst, v)
     v.static_fixed = inst.static_bytes - (inst.grad_bytes if allow_early else 0)
     for a in inst.accs:     # u[a] in [0, 1], pushed to 1 by any op placed on a (engine rows), in every memory row
         nb = inst.profile.engine_bytes_of(a)
@@ -513,13 +525,9 @@ def _memory_deltas(inst: Instance, v: Vars, unit: int):
     return dvar, dcon, bvar, bcon, rcv
 
 
-def _queue_holds(inst: Instance, v: Vars, unit: int, dvar: list) -> None:
-    """The plan semantics' rule 8 as an upper bound: a root an op on a queued engine (on host memory) reads or
-    writes keeps its bytes past its free until the host joins the queue (a hand-off from it, a page call, the end
-    of the main pass). The model holds it from its free to the end of the step, once per such op placed on a queue
-    (x[i,k] of its queued options): from death + 1, or, where a forward op touches a root that may be dropped (re-run
-    or paged), from fwd_last + 1 (its forward copy is freed there). Never below what the simulator holds; an op on
-    a host engine adds nothing, so plans without a queued op are priced as before."""
+def queued_accs(inst: Instance) -> frozenset[str]:
+    """The instance's accelerators whose backend runs on a queue on host memory: rule 8's queues
+    (port.plan.semantics.queued_engines for a plan)."""
     from port.lower.program import QUEUED_BACKENDS, backend_of
     from port.errors import PortError
     own = {inst.ownmem.acc} if inst.ownmem is not None else set()
@@ -530,10 +538,107 @@ def _queue_holds(inst: Instance, v: Vars, unit: int, dvar: list) -> None:
                 queued.add(a)
         except PortError:
             pass
+    return frozenset(queued)
+
+
+def _touching(inst: Instance, r: int) -> list[int]:
+    """The ops that read or write storage root ``r`` (as rule 8's queue bookkeeping sees them)."""
+    g = inst.graph
+    return [o.id for o in g.ops if any(g.storage_root(t) == r for t in (*o.inputs, *o.outputs))]
+
+
+def _early_queue_vars(m: Model, inst: Instance, v: Vars) -> None:
+    """eq[u,g] >= e[u] + x_q[i] - 1 for each op i touching gradient root g with queued options (x_q[i]: their
+    sum): the bytes of an early update's gradient root that a queued op read or wrote are held past its free."""
+    queued = queued_accs(inst)
+    if not queued:
+        return
+    g = inst.graph
+    for u in sorted(v.e):
+        for gr in inst.early[u][2]:
+            for i in _touching(inst, gr):
+                q = {v.x[i, k]: 1.0 for k, o in enumerate(inst.options[i]) if o.acc in queued}
+                if not q:
+                    continue
+                if (u, gr) not in v.eq:
+                    v.eq[u, gr] = m.var(f"eq[{_sanitize(g.ops[u].name)},{gr}]", 0.0, 1.0, integer=False)
+                terms = {v.eq[u, gr]: 1.0, v.e[u]: -1.0}
+                for kk, val in q.items():
+                    _add(terms, kk, -val)
+                m.row(f"eq[{u},{gr},{i}]", terms, -1.0)
+
+
+JOIN_CANDIDATES = 24     # explicit-join candidate steps per queued engine (Plan.joins), spread over the main pass
+
+
+def join_candidates(inst: Instance) -> list[int]:
+    """The steps where the model may join a queued engine (Plan.joins): every k-th forward/loss/backward step,
+    about JOIN_CANDIDATES of them (a sparse set keeps the model small; with none it is the model without joins)."""
+    from port.ir.types import PHASE_UPDATE
+    main = [o.id for o in inst.graph.ops if o.phase != PHASE_UPDATE]
+    k = max(1, -(-len(main) // JOIN_CANDIDATES))
+    return main[k - 1::k]
+
+
+def _releases(m: Model, v: Vars, a: str, cands: list[int], first: int, name: str,
+              gate: dict[int, float]) -> dict[int, int]:
+    """Per candidate step c >= first, a continuous release var: rel_c <= jn[a,c], sum_c rel_c <= gate."""
+    out = {}
+    for c in cands:
+        if c >= first:
+            out[c] = m.var(f"{name},{c}]", 0.0, 1.0, integer=False)
+            m.row(f"{name}_jn,{c}]", {out[c]: 1.0, v.jn[a, c]: -1.0}, hi=0.0)
+    if out:
+        row = {j: 1.0 for j in out.values()}
+        for kk, val in gate.items():
+            _add(row, kk, -val)
+        m.row(f"{name}_sum]", row, hi=0.0)
+    return out
+
+
+def _join_vars(m: Model, inst: Instance, v: Vars) -> None:
+    """jn[a,c] (binary) per queued engine a and candidate step c; rel[i,a,c] (continuous) for each op i with
+    options on a that runs at its own step (neither an early-update nor a re-run candidate: their touches move),
+    c >= i: rel <= jn[a,c], sum_c rel[i,a,c] <= x_a[i]; with one queued engine, releq[u,g,c] for c >= p_u:
+    releq <= jn[a,c], sum_c releq[u,g,c] <= eq[u,g]."""
+    queued = queued_accs(inst)
+    if not queued or not inst.joins:
+        return
+    g = inst.graph
+    cands = join_candidates(inst)
+    for a in sorted(queued):
+        if not any(o.acc == a for opts in inst.options for o in opts):
+            continue
+        for c in cands:
+            v.jn[a, c] = m.var(f"jn[{_sanitize(a)},{c}]")
+        for i in range(len(inst.options)):
+            xa = acc_expr(inst, v, i, a)
+            if xa and i not in inst.early and i not in inst.rc_times:
+                for c, j in _releases(m, v, a, cands, i, f"rel[{i},{_sanitize(a)}", xa).items():
+                    v.rel[i, a, c] = j
+    if len({a for a, _c in v.jn}) != 1:
+        return
+    (a,) = {a for a, _c in v.jn}
+    for (u, gr), q in v.eq.items():
+        for c, j in _releases(m, v, a, cands, inst.early[u][1], f"releq[{u},{gr}", {q: 1.0}).items():
+            v.releq[u, gr, c] = j
+
+
+def _queue_holds(inst: Instance, v: Vars, unit: int, dvar: list) -> None:
+    """The plan semantics' rule 8 as an upper bound: a root an op on a queued engine (on host memory) reads or
+    writes keeps its bytes past its free until the host joins the queue (a hand-off from it, a page call, the end
+    of the main pass). The model holds it from its free to the end of the step, once per such op placed on a queue
+    (x[i,k] of its queued options): from death + 1, or, where a forward op touches a root that may be dropped (re-run
+    or paged), from fwd_last + 1 (its forward copy is freed there). An early update's gradient root (static when
+    the update runs late) is held from its early free on when the update runs early and a queued op touched it
+    (eq[u,g]). Never below what the simulator holds; an op on a host engine adds nothing, so plans without a queued
+    op are priced as before."""
+    queued = queued_accs(inst)
     if not queued:
         return
     g = inst.graph
     droppable = set(inst.page_roots) | {r for p in inst.rc_times for r in inst.rc_outputs.get(p, ())}
+    rel_ops = {i for i, _a, _c in v.rel}
     for i, opts in enumerate(inst.options):
         ks = [k for k, o in enumerate(opts) if o.acc in queued]
         if not ks:
@@ -548,6 +653,21 @@ def _queue_holds(inst: Instance, v: Vars, unit: int, dvar: list) -> None:
                 continue
             for k in ks:
                 _add(dvar[start], v.x[i, k], R.bytes / unit)
+            for (i2, _a, c), j in v.rel.items() if i in rel_ops else ():
+                if i2 == i:     # a join at c ends the hold: before its free (none then), or from c + 1 on
+                    at = max(start, c + 1)
+                    if at < len(dvar):
+                        _add(dvar[at], j, -R.bytes / unit)
+    cons, prods = g.consumers(), g.producers()
+    for (u, gr), j in v.eq.items():     # freed (when early) after end, as in _memory_deltas
+        pu = inst.early[u][1]
+        rd = [c for c in cons.get(gr, ()) if c != u] + ([pu] if u in cons.get(gr, ()) else [])
+        start = min(max(rd + [prods[gr]]), pu) + 1
+        if start < len(dvar):
+            _add(dvar[start], j, stored_bytes(g.tensors[gr]) / unit)
+        for c in range(pu, len(dvar) - 1):
+            if (u, gr, c) in v.releq:       # a join at c >= p_u (after every touch) ends the hold from c + 1 on
+                _add(dvar[max(start, c + 1)], v.releq[u, gr, c], -stored_bytes(g.tensors[gr]) / unit)
 
 
 def c_memory(m: Model, inst: Instance, v: Vars, budget_bytes: int | None) -> None:
@@ -925,6 +1045,21 @@ def c_makespan(m: Model, inst: Instance, v: Vars, handoff_terms: dict[int, float
                 m.row(f"mk_pgq[{n[0]},{_sanitize(a)}]", {new: 1.0, clock[a]: -1.0, j: -big}, lo=c - big)
         clock[None] = new
 
+    def join(a: str, t: int) -> None:
+        """An explicit join of queue a after step t (gate jn[a,t]; Plan.joins) on the host thread, as
+        ``_Timelines.handoff``: H' >= H + c jn, H' >= Q[a] + c - M(1 - jn) (a lane only where a overlaps)."""
+        from port.verify.simulate import join_ms
+        j, c = v.jn[a, t], join_ms(inst.profile, a)
+        n[0] += 1
+        new = m.var(f"mkjn[{n[0]}]", 0.0, inf, integer=False)
+        m.row(f"mk_jn[{n[0]}]", {new: 1.0, j: -c} | ({clock[None]: -1.0} if clock[None] is not None else {}), lo=0.0)
+        if clock.get(a) is not None:
+            m.row(f"mk_jnq[{n[0]}]", {new: 1.0, clock[a]: -1.0, j: -big}, lo=c - big)
+        clock[None] = new
+
+    joins_at: dict[int, list[str]] = {}
+    for a, t in sorted(v.jn, key=lambda e: (e[1], e[0])):
+        joins_at.setdefault(t, []).append(a)
     page_in_at: dict[int, list[int]] = {}
     page_out_after: dict[int, list[int]] = {}
     for r in v.pg:
@@ -938,6 +1073,8 @@ def c_makespan(m: Model, inst: Instance, v: Vars, handoff_terms: dict[int, float
         event(t, {v.e[t]: -1.0, -1: 1.0} if t in v.e else {}, "")
         for u in early_after.get(t, ()):
             event(u, {v.e[u]: 1.0, -1: 0.0}, "")
+        for a in joins_at.get(t, ()):
+            join(a, t)
         for r in sorted(page_out_after.get(t, ())):
             page(r, "out")
     paging = {j: inst.page_ms[r] for r, j in v.pg.items()}
@@ -1007,6 +1144,10 @@ def build(inst: Instance, budget_bytes: int | None, mem_unit: int = KiB,
         OM.own_capacity(m, inst, v)
         for j, c in OM.own_copies(m, inst, v).items():
             _add(h, j, c)
+    if v.jn:                    # an explicit join costs the host its latency (simulate.join_ms)
+        from port.verify.simulate import join_ms
+        for (a, _c), j in v.jn.items():
+            _add(h, j, join_ms(inst.profile, a))
     objective(m, inst, v, h, budget_bytes)
     if budget_bytes is not None and inst.objective == "makespan":
         c_makespan(m, inst, v, h, into)

@@ -22,10 +22,11 @@ DEFAULT_MAX_RERUNS = 3   # how often one forward op may be re-run (multi-level r
 MIN_PEAK_TIME_LIMIT_S = 60.0
 
 
-def _warm_values(inst: Instance, m: Model, v: Vars, choice, rc, pg, at, early) -> list[float] | None:
-    """Fix every binary to the given plan (at: re-run step, or steps, per recomputed op) and complete the rest
-    (None when the plan is outside the model). A re-run copy of an output root is held past its group when
-    op t or a later step reads it before the op's next re-run, to its last such use."""
+def _warm_values(inst: Instance, m: Model, v: Vars, choice, rc, pg, at, early, joins=()) -> list[float] | None:
+    """Fix every binary to the given plan (at: re-run step, or steps, per recomputed op; joins: Plan.joins, at
+    candidate steps) and complete the rest (None when the plan is outside the model). A re-run copy of an output
+    root is held past its group when op t or a later step reads it before the op's next re-run, to its last such
+    use."""
     steps = {p: sorted((at[p],) if isinstance(at[p], int) else at[p]) for p in rc}
     if any(p not in inst.rc_times or not steps[p] or any(t not in inst.rc_times[p] for t in steps[p]) for p in rc):
         return None
@@ -68,6 +69,10 @@ def _warm_values(inst: Instance, m: Model, v: Vars, choice, rc, pg, at, early) -
         fixed[j] = 1.0 if r in pg else 0.0
     for u, j in v.e.items():
         fixed[j] = 1.0 if u in early else 0.0
+    if any(e not in v.jn for e in joins):
+        return None
+    for e, j in v.jn.items():
+        fixed[j] = 1.0 if e in joins else 0.0
     return complete_solution(m, fixed)
 
 
@@ -91,6 +96,12 @@ def _extract(inst: Instance, v: Vars, vals: list[float]):
     pg = {r for r, j in v.pg.items() if vals[j] > 0.5}
     early = {u for u, j in v.e.items() if vals[j] > 0.5}
     return choice, rc, pg, at, early
+
+
+def _with_joins(plan: Plan, v: Vars, vals: list[float]) -> Plan:
+    """``plan`` with the solution's explicit joins (jn[a,t] = 1; Plan.joins)."""
+    joins = tuple(sorted((e for e, j in v.jn.items() if vals[j] > 0.5), key=lambda e: (e[1], e[0])))
+    return dataclasses.replace(plan, joins=joins) if joins else plan
 
 
 FIRST_SHARE = 0.35      # of the time left: the first solve; then rolling-horizon improvement, then a final solve
@@ -192,7 +203,7 @@ def min_feasible_budget(inst: Instance, solver: str = "highs", time_limit_s: flo
     if res.values is None:
         return None, None, False
     choice, rc, pg, at, early = _extract(inst, v, res.values)
-    plan = _tidy(inst, _plan(inst, choice, 0, rc, pg, at=at, early=early))
+    plan = _tidy(inst, _with_joins(_plan(inst, choice, 0, rc, pg, at=at, early=early), v, res.values))
     sim = simulate(plan, inst.graph, inst.profile)
     plan = finish(inst, dataclasses.replace(plan, budget_bytes=sim.peak_bytes), sim.peak_bytes,
                   f"min-peak:{backend}", t0)
@@ -200,14 +211,15 @@ def min_feasible_budget(inst: Instance, solver: str = "highs", time_limit_s: flo
 
 
 def _warm_of(inst: Instance, plan: Plan):
-    """A plan as a warm start tuple (choice, recomputed ops, paged, steps per op, early updates)."""
+    """A plan as a warm start tuple (choice, recomputed ops, paged, steps per op, early updates, joins)."""
     at: dict[int, list[int]] = {}
     for p, t in plan.recompute_at:
         at.setdefault(p, []).append(t)
     if plan.recompute and not plan.recompute_at:
         at = {p: [inst.tau[p]] for p in {inst.roots[r].birth for r in plan.recompute if r in inst.roots}
               if p in inst.tau}
-    return ([(d.accelerator, d.variant) for d in plan.ops], set(at), set(plan.paged), at, set(plan.early_updates))
+    return ([(d.accelerator, d.variant) for d in plan.ops], set(at), set(plan.paged), at, set(plan.early_updates),
+            tuple(plan.joins))
 
 
 def _infeasible(inst: Instance, budget: int, solver: str, threads, allow_early: bool = True,
@@ -375,39 +387,75 @@ DESCENT_SHARE = 0.2     # of the time limit: the greedy descent from that plan (
 
 
 def _offload_descent(inst: Instance, plan: Plan, budget: int, time_limit_s: float) -> Plan:
-    """Greedy descent on the simulated makespan from ``plan``: one op at a time moves to another of its options on
-    an engine that overlaps the host's (an OpenCL queue beside the C kernels), and a move that shortens the
-    makespan within the budget (and the engines' caps) is kept; rounds until one moves nothing or the time is
-    spent. The makespan model's big-M clocks leave its bound weak and, started from the serial optimum (every op
-    on the fastest engine), it rarely finds in its time the plans where several weight gradients run beside the
-    host's backward; this plan starts it there, so the solve ends no slower than it."""
+    """Greedy descent on the simulated makespan from ``plan``: one op at a time (or a weight's gradient ops with
+    its update) moves to another of its options on an engine that overlaps the host's (an OpenCL queue beside the
+    C kernels), and a move that shortens the makespan within the budget (and the engines' caps) is kept; a move
+    over the budget by the bytes the queue holds (rule 8) is tried with one explicit join more (Plan.joins, at the
+    model's candidate steps). Rounds until one moves nothing or the time is spent. The makespan model's big-M
+    clocks leave its bound weak and, started from the serial optimum (every op on the fastest engine), it rarely
+    finds in its time the plans where several weight gradients run beside the host's backward; this plan starts
+    it there, so the solve ends no slower than it."""
     from port.solver.baselines import own_within_caps
+    from port.solver.formulation import join_candidates, queued_accs
     from port.verify.simulate import overlapping_accelerators
     over = overlapping_accelerators(inst.accs, inst.profile)
     if not over:
         return plan
+    g = inst.graph
+    prods = g.producers()
+    queued = queued_accs(inst)
+    cands = join_candidates(inst)
+    moves: list[dict[int, tuple[str, str]]] = []     # the few group moves first: a short descent tries them
+    for u, (_p, _pu, gs) in sorted(inst.early.items()):     # a gradient's producers and the update that reads it
+        group = sorted({prods[gr] for gr in gs} | {u})
+        for a in over:
+            mv = {}
+            for i in group:
+                o = next((o for o in inst.options[i] if o.acc == a and o.var == "plain"), None)
+                if o is not None:
+                    mv[i] = (o.acc, o.var)
+            if len(mv) == len(group) > 1:
+                moves.append(mv)
+    for i, opts in enumerate(inst.options):
+        moves += [{i: (o.acc, o.var)} for o in opts if o.acc in over]
     t_end = time.perf_counter() + time_limit_s
-    best = simulate(plan, inst.graph, inst.profile).breakdown["makespan_ms"]
+
+    def trial(cand: Plan):
+        try:
+            sim = simulate(cand, g, inst.profile)
+        except PortError:
+            return None
+        return sim.breakdown["makespan_ms"], sim.peak_bytes <= budget and own_within_caps(sim, inst.profile)
+
+    best = simulate(plan, g, inst.profile).breakdown["makespan_ms"]
     moved = True
     while moved and time.perf_counter() < t_end:
         moved = False
-        for i, opts in enumerate(inst.options):
-            for o in opts:
-                d = plan.ops[i]
-                if o.acc not in over or "fused" in (d.variant, o.var) or (o.acc, o.var) == (d.accelerator, d.variant):
-                    continue
-                if time.perf_counter() >= t_end:
-                    return plan
-                ops = list(plan.ops)
-                ops[i] = dataclasses.replace(d, accelerator=o.acc, variant=o.var)
-                cand = dataclasses.replace(plan, ops=tuple(ops))
-                try:
-                    sim = simulate(cand, inst.graph, inst.profile)
-                except PortError:
-                    continue
-                mk = sim.breakdown["makespan_ms"]
-                if mk < best - 1e-6 and sim.peak_bytes <= budget and own_within_caps(sim, inst.profile):
-                    plan, best, moved = cand, mk, True
+        for mv in moves:
+            if any("fused" in (plan.ops[i].variant, var) for i, (_a, var) in mv.items()) or all(
+                    (plan.ops[i].accelerator, plan.ops[i].variant) == c for i, c in mv.items()):
+                continue
+            if time.perf_counter() >= t_end:
+                return plan
+            ops = list(plan.ops)
+            for i, (a, var) in mv.items():
+                ops[i] = dataclasses.replace(ops[i], accelerator=a, variant=var)
+            cand = dataclasses.replace(plan, ops=tuple(ops))
+            r = trial(cand)
+            if r is None or r[0] >= best - 1e-6:
+                continue
+            if r[1]:
+                plan, best, moved = cand, r[0], True
+                continue
+            for a in sorted(queued & {c[0] for c in mv.values()}):     # over the budget: one join more
+                for c in cands:
+                    if (a, c) in cand.joins or time.perf_counter() >= t_end:
+                        continue
+                    cj = dataclasses.replace(cand, joins=tuple(sorted(cand.joins + ((a, c),),
+                                                                      key=lambda e: (e[1], e[0]))))
+                    rj = trial(cj)
+                    if rj is not None and rj[1] and rj[0] < best - 1e-6:
+                        plan, best, moved = cj, rj[0], True
     return plan
 
 
@@ -430,8 +478,9 @@ def _verified_warm(inst, warm: list, budget: int, backend: str, t0: float):
     serial step, plus the early-update tie-breaker), or None."""
     from port.solver.formulation import EPS_EARLY_MS
     best = None
-    for choice, rc, pg, at, early in warm:
-        p = finish(inst, _plan(inst, choice, budget, rc, pg, at=at, early=early), budget, backend, t0)
+    for choice, rc, pg, at, early, joins in warm:
+        p = finish(inst, dataclasses.replace(_plan(inst, choice, budget, rc, pg, at=at, early=early), joins=joins),
+                   budget, backend, t0)
         if p.status != "feasible":
             continue
         obj = (simulate(p, inst.graph, inst.profile).breakdown["makespan_ms"] if inst.objective == "makespan"
@@ -444,19 +493,24 @@ def _verified_warm(inst, warm: list, budget: int, backend: str, t0: float):
 def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap: float = 0.01,
               backend: str = "highs", warm_start: bool = True, threads: int | None = None,
               allow_early_updates: bool = True, window: int = DEFAULT_WINDOW,
-              max_reruns: int = DEFAULT_MAX_RERUNS, objective: str = "auto", **_kw) -> Plan:
+              max_reruns: int = DEFAULT_MAX_RERUNS, objective: str = "auto", joins: bool | None = None,
+              **_kw) -> Plan:
     """Two phases (solver/FORMULATION.md, "Phases"): the single-level model (each dropped op re-run once, at
     or before its first backward reader) first; when the budget is below its reach and ``max_reruns`` > 1,
     the multi-level model (an op re-run up to ``max_reruns`` times, re-run copies held and dropped again).
     ``objective``: "serial" (the sum of the step's event times, ``simulate``'s step_ms), "makespan" (the engines
     overlapped, ``simulate``'s breakdown["makespan_ms"]; solver/FORMULATION.md, "Overlap") or "auto" (makespan
-    where the profile has an engine that overlaps the host's and none with its own memory, else serial)."""
+    where the profile has an engine that overlaps the host's and none with its own memory, else serial).
+    ``joins``: the model may place explicit joins of queued engines (Plan.joins; solver/FORMULATION.md); None: with
+    the makespan objective only (the serial model with their variables finds its plans slower)."""
     t0 = time.perf_counter()
     budget = int(budget_bytes)
     early_ok = bool(allow_early_updates)
     if not isinstance(max_reruns, int) or max_reruns < 1:
         raise PortError(f"max_reruns={max_reruns!r}: give 1 or more (how often one op may be re-run)")
     inst = _with_objective(build_instance(graph, profile, window=window, nested=False, prune=True), objective)
+    joins = inst.objective == "makespan" if joins is None else bool(joins)
+    inst = dataclasses.replace(inst, joins=joins)
     if budget < inst.static_bytes - (inst.grad_bytes if early_ok else 0):
         raise _infeasible(inst, budget, backend, threads, early_ok, max_reruns)
     warm = _baseline_warm(inst, budget, time_limit_s, early_ok, backend, threads) if warm_start else []
@@ -464,8 +518,9 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
         # the big-M clocks leave the LP bound weak: the serial model's optimum (solved in a share of the time) is
         # a plan of the same feasible set and starts the makespan search, so it ends no slower than that plan
         try:
+            # (without joins: a smaller model finds its plan sooner; the descent below adds joins where they pay)
             ser = solve_ilp(graph, profile, budget, time_limit_s * SERIAL_SHARE, gap, backend, True, threads,
-                            early_ok, window, max_reruns, objective="serial")
+                            early_ok, window, max_reruns, objective="serial", joins=False)
             desc = _offload_descent(inst, ser, budget, time_limit_s * DESCENT_SHARE)
             warm = ([_warm_of(inst, desc)] if desc is not ser else []) + [_warm_of(inst, ser)] + warm
         except PortError:
@@ -475,15 +530,17 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
     flat_infeasible = res.status == "infeasible"
     if res.values is None and max_reruns > 1 and res.status in ("infeasible", "timeout"):
         # below the single-level model's reach (or no plan in time): the multi-level model
-        inst = _with_objective(build_instance(graph, profile, window=window, nested=True, prune=True), objective)
+        inst = dataclasses.replace(_with_objective(build_instance(graph, profile, window=window, nested=True,
+                                                                  prune=True), objective), joins=joins)
         remaining = max(0.5, time_limit_s - _reserve_s(time_limit_s) - (time.perf_counter() - t0))
         res, v, m = _run(inst, budget, backend, remaining, gap, warm, threads, early_ok, max_reruns, improve=True)
     if res.status == "infeasible":
         raise _infeasible(inst, budget, backend, threads, early_ok, max_reruns)
     if res.values is None:
         if warm:  # time limit before the solver reported anything: the warm start stands
-            choice, rc, pg, at, early = warm[0]
-            p = finish(inst, _plan(inst, choice, budget, rc, pg, at=at, early=early), budget, backend, t0)
+            choice, rc, pg, at, early, joins = warm[0]
+            p = finish(inst, dataclasses.replace(_plan(inst, choice, budget, rc, pg, at=at, early=early), joins=joins),
+                       budget, backend, t0)
             return dataclasses.replace(p, status="timeout", gap=float("nan"), objective_ms=p.predicted_step_ms)
         if not (res.status == "timeout" and flat_infeasible):
             if res.status == "timeout":
@@ -504,14 +561,13 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
             p = finish(inst, found[1], budget, backend, t0)
             return dataclasses.replace(p, status="timeout", gap=float("nan"), objective_ms=p.predicted_step_ms)
     choice, rc, pg, at, early = _extract(inst, v, res.values)
-    full = _plan(inst, choice, budget, rc, pg, at=at, early=early)
+    full = _with_joins(_plan(inst, choice, budget, rc, pg, at=at, early=early), v, res.values)
     plan = _tidy(inst, full)       # a solution within the gap may carry a re-run nobody reads
     sim = simulate(plan, graph, profile)
     if sim.peak_bytes > budget and warm and queued_engines(plan):
-        # rule 8's held bytes: the memory rows bound them (formulation._queue_holds), yet an incumbent of a
-        # time-limited makespan solve was seen over the budget in the simulator (ResNet-8 b4 50% with OpenCL:
-        # 2.39 MB against 2.13 MB; not reproduced at other time limits). Never return it: the best warm start
-        # the simulator keeps within the budget stands, with a warning naming the gap
+        # rule 8's held bytes: the memory rows bound them (formulation._queue_holds; early updates' gradients
+        # held since eq[u,g]: ResNet-8 b4 50% with OpenCL simulated 2.39 MB against 2.13 MB before). A safety net:
+        # never return a plan over the budget; the best warm start within it stands, with a warning
         fb = _verified_warm(inst, warm, budget, backend, t0)
         if fb is not None:
             import warnings
@@ -548,6 +604,13 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
     elif abs(step - expect) > tol:   # both directions: the ILP may neither under- nor over-price a plan
         raise SolverError(f"{backend}: simulated step {step:.6f} ms differs from the ILP objective "
                           f"{expect:.6f} ms (formulation/simulator mismatch; please report)")
+    if inst.objective == "makespan" and warm and queued_engines(plan):
+        # the memory rows bound rule 8's held bytes from above, so a warm start the simulator keeps within the
+        # budget (the descent's plan with its joins) may lie outside the model and be lost to the solver: the
+        # solve ends no slower than the best of them
+        fb = _verified_warm(inst, warm, budget, backend, t0)
+        if fb is not None and fb.objective_ms < step + EPS_EARLY_MS * len(plan.early_updates) - tol:
+            return fb
     return dataclasses.replace(plan, solver=backend, status=res.status, objective_ms=float(obj), gap=float(res.gap),
                                solve_time_s=time.perf_counter() - t0, predicted_step_ms=sim.step_ms,
                                predicted_peak_bytes=sim.peak_bytes, memory_timeline=sim.timeline)

@@ -59,6 +59,7 @@ class Instance:
     objective: str = "serial"                   # "serial" (sum of event times) or "makespan" (engines overlapped)
     fused_inplace: dict[int, tuple[int, int]] = field(default_factory=dict)  # fused call op -> (root of the
     #   input, root of the output) it writes in place when its chain runs fused (port.plan.variants.fused_inplace)
+    joins: bool = True                          # explicit joins of queued engines in the model (Plan.joins)
 
     def inplace_items(self):
         """(op, input root, output root, the variant that shares them) of every in-place candidate: ordinary

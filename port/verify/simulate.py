@@ -141,6 +141,14 @@ def _queued(accelerators) -> frozenset[str]:
     return frozenset(out)
 
 
+def join_ms(profile: Profile, acc: str) -> float:
+    """An explicit join of queue ``acc`` (Plan.joins) on the host thread once the queue has drained: a hand-off
+    from ``acc`` to a host engine without bytes (the least latency of the profile's hand-offs from ``acc`` to an
+    engine on host memory). The wait for a busy queue is the lanes' (``_Timelines.handoff``)."""
+    return min((h.latency_ms for h in profile.handoff if h.src == acc and h.dst != acc
+                and h.dst not in profile.own_memory), default=0.0)
+
+
 class _Timelines:
     """The overlap model of one step, as the executor issues it: the host thread runs synchronous engines' calls,
     hand-offs and paging in program order and enqueues a queued engine's calls without waiting; each queued
@@ -282,6 +290,13 @@ def simulate(plan: Plan, graph: Graph, profile: Profile, own: dict[str, str] | N
             run(ev.kind, ev.op, ev.into)
         elif ev.kind == "handoff":
             handoff(ev)
+        elif ev.kind == "join":
+            h = join_ms(profile, ev.src)
+            hand += h
+            lanes.handoff(ev.src, h, f"join {ev.src}")
+            if h:
+                gantt.append((f"join {ev.src}", "handoff", clock, clock + h))
+            clock += h
         elif ev.kind == "page_in":
             page(ev.roots[0], "page in")
         elif ev.kind == "page_out":

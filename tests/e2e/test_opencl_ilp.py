@@ -169,9 +169,10 @@ def test_makespan_objective_equals_simulated_makespan(budget):
 
 
 def test_a_plan_over_the_budget_in_the_simulator_is_never_returned(monkeypatch):
-    """The ILP's incumbent simulated over the budget with queued engines (seen once per full run at this 50% case:
-    2.39 MB against 2.13 MB): the solve returns the best warm start within the budget, with a warning, not the
-    plan and not an error; its objective is its simulated makespan."""
+    """The ILP's incumbent simulated over the budget with queued engines (seen once per full run at this 50% case,
+    2.39 MB against 2.13 MB, until the memory rows held early gradients a queued update used): the solve returns
+    the best warm start within the budget, with a warning, not the plan and not an error; its objective is its
+    simulated makespan."""
     import inspect
     import port.solver.ilp as ilp
     from port.solver.formulation import EPS_EARLY_MS

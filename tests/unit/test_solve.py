@@ -850,7 +850,7 @@ def test_no_baseline_fits_the_restricted_solve_seeds_the_ilp(monkeypatch):
     for name, lp in (("guided", S.lp_choice), ("plain", lambda *a: None)):
         monkeypatch.setattr(S, "lp_choice", lp)
         (w,) = _restricted_warm(inst, B, "highs", 20.0, None, True)
-        choice, rc, pg, at, early = w
+        choice, rc, pg, at, early, _joins = w
         assert [tuple(c) for c in choice] == (guided if name == "guided" else plain_choice(inst)) and rc
         assert _warm_values(inst, m, v, *w) is not None       # a solution of the full model
         starts[name] = simulate(S._plan(inst, choice, B, rc, pg, at=at, early=early), g, prof)
