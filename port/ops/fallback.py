@@ -58,6 +58,12 @@ def capture_node(ctx, src: Any, index: int | None = None) -> Fwd:
     if not _differentiable(src, index):
         attrs["no_grad"] = True          # new_zeros(x, ...), comparisons: no gradient flows back
     else:
+        missing = _no_derivative(src, index)
+        if missing:     # refused by the backward pass only if the loss needs a gradient through this op
+            attrs["_no_derivative"] = ctx.message(
+                f"'{C.op_name(src.target)}' has no derivative in PyTorch ({missing}), and the loss needs a "
+                f"gradient through it", "detach what flows into it (x.detach()) if no gradient should pass there, "
+                f"freeze the parameters before it (trainable=...), or compute it with differentiable ops")
         saves = _saved_operands(src, [a.name for a in xs + ps + bs])
         if saves is not None and not attrs.get("random") and len(saves) < len(order):
             attrs["saves"] = saves
@@ -124,6 +130,26 @@ def _differentiable(src: Any, index: int | None) -> bool:
         return bool(r.requires_grad)
     except Exception:  # noqa: BLE001 - an op without a meta kernel
         return True
+
+
+def _no_derivative(src: Any, index: int | None) -> str:
+    """The error of PyTorch's backward of the aten call when its derivative is not implemented (autograd's
+    ``not_implemented`` formula: zeta, ...), probed on meta tensors; '' when it has one or the probe fails."""
+    import torch
+    try:
+        args, kwargs = _meta_args(src, True)
+        with torch.enable_grad():
+            r = src.target(*args, **kwargs)
+            r = r[index] if index is not None else r
+            leaves = [a for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                      if isinstance(a, torch.Tensor) and a.requires_grad]
+            torch.autograd.grad(r, leaves, torch.empty_like(r), allow_unused=True)
+    except NotImplementedError as e:
+        msg = str(e).strip().splitlines()
+        return msg[0] if msg and "derivative" in msg[0] else ""
+    except Exception:  # noqa: BLE001 - no meta kernel for the backward: PyTorch's own run says
+        return ""
+    return ""
 
 
 def _flops(src: Any, index: int | None) -> int:

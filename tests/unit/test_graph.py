@@ -270,6 +270,87 @@ def test_data_dependent_control_flow_is_a_clear_error():
     assert "control flow" in msg and "_Branchy" in msg and "Traceback" not in msg
 
 
+class _MaskIndex(nn.Module):
+    """x[mask]: a result whose shape depends on the data (torch.export records it with an unbacked size)."""
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(h[h.sum(1) > 0])
+
+
+def test_data_dependent_shape_is_a_clear_error():
+    """Refused at capture with the user's line, the module path and what to do (it was an InternalError from
+    inside PORT: the graph builder met the unbacked size)."""
+    with pytest.raises(PortTraceError) as e:
+        port.trace(_MaskIndex(), torch.randn(2, 6))
+    msg = str(e.value)
+    assert "shape depends on the data" in msg and "Fix:" in msg and "x[mask]" in msg
+    assert f"{__file__}:" in msg and "h[h.sum(1) > 0]" in msg and "module path '<root>'" in msg
+
+
+class _Zeta(nn.Module):
+    """torch.special.zeta: PyTorch has no derivative for its first argument."""
+    def __init__(self, detach: bool):
+        super().__init__()
+        self.detach = detach
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.a(x).abs() + 2
+        return self.b(torch.special.zeta(h.detach() if self.detach else h, 3.0))
+
+
+def test_op_without_a_derivative_is_refused_only_where_a_gradient_must_pass():
+    """An op PyTorch cannot differentiate is refused at capture, naming it, the user's line and what to do, when the
+    loss needs a gradient through it (eager's backward would raise; PORT raised a bare NotImplementedError inside
+    its first step); with nothing to differentiate behind it, the model trains."""
+    with pytest.raises(PortTraceError) as e:
+        port.trace(_Zeta(False), torch.randn(2, 6))
+    msg = str(e.value)
+    assert "'aten.special_zeta.other_scalar' has no derivative" in msg and "Fix:" in msg and f"{__file__}:" in msg
+    tr = port.Trainer(_Zeta(True), torch.randn(2, 6))
+    assert any(o.kind == "torch_op" for o in tr.graph.ops)
+    assert tr.step(torch.randn(2, 6), torch.tensor([0, 2])) > 0
+
+
+_USER_NET = """
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        if x.sum() > 0:   # the user's line
+            return self.fc(x)
+        return -self.fc(x)
+"""
+
+
+def test_errors_name_the_users_line_in_a_checkout_named_port(tmp_path, monkeypatch):
+    """README's layout: the user's code and a venv inside a checkout named ``port``. Frames are skipped as PORT's
+    own by the package's path, not by '/port/' in the path: the user's file and a library inside that venv are
+    still named."""
+    from port.ir import capture as C
+    root = tmp_path / "port"
+    (root / "examples").mkdir(parents=True)
+    (root / "examples" / "user_net_a52.py").write_text(_USER_NET)
+    monkeypatch.syspath_prepend(str(root / "examples"))
+    import user_net_a52
+    with pytest.raises(PortTraceError) as e:
+        port.trace(user_net_a52.Net(), torch.randn(2, 4))
+    assert f"{root / 'examples' / 'user_net_a52.py'}:11" in str(e.value), str(e.value)
+    lib = root / ".venv" / "lib" / "python3.11" / "site-packages" / "transformers" / "modeling_x.py"
+    assert not C._is_library_file(str(lib)) and not C._is_library_file(str(root / "port.py"))
+    assert C._is_library_file(C.__file__) and C._is_library_file(port.__file__)
+    assert C._is_library_file(torch.__file__)
+
+
 def test_bad_logits_shape():
     with pytest.raises(PortTraceError, match=r"logits \[N, classes\]"):
         port.trace(nn.Sequential(nn.Conv2d(1, 2, 3)), torch.randn(2, 1, 5, 5))
