@@ -5,7 +5,8 @@ list) and tests/e2e/test_published.py (a quick subset).
     MODELS: {name: Spec}     build() -> (model, example input, labels); every model returns logits [N, K] or
                              [N, T, vocab] (token models: labels [N, T]; a UNet: [N, H*W, K] per pixel)
     compare(spec, steps=3)   -> Row: captured, ops on C / on torch, losses of PORT, eager float32 and float64,
-                                equal (the issue's rule), step ms of both, set-up seconds
+                                equal (the issue's rule), step ms of both, set-up seconds, the plan's arena and eager's measured
+                                process growth (a warm float32 run, its model copy to its last step: VmHWM reset)
 
 torchvision, timm and transformers come from the ``zoo`` extra (``pip install -e '.[zoo]'``). PyPI's
 torchvision for Linux is a CUDA build whose C extension does not load against the CPU torch; ``import_zoo()``
@@ -338,7 +339,8 @@ class Row:
     port_step_ms: float = 0.0
     eager_step_ms: float = 0.0
     setup_s: float = 0.0
-    plan_peak_bytes: int = 0
+    plan_peak_bytes: int = 0        # the default plan's arena (weights, gradients, states, activations)
+    eager_growth_bytes: int = 0     # eager float32's measured process growth over a warm run (VmHWM - VmRSS before)
     error: str = ""
     internal: bool = False          # the failure was PORT's (not a clear refusal)
     rt: str = ""                    # port-rt (compare(rt_binary=...)): "yes", "no (why)", "n/a (...)"; "": not run
@@ -415,12 +417,18 @@ def compare(spec: Spec, steps: int = 3, lr: float = LR, rt_binary: str | None = 
     model = deterministic(spec.build())
     model.train()
     x, y = batch_of(spec)
+    from port.train import memwatch
     row.losses_eager, et = _eager(model, x, y, steps, torch.float32, lr)
     row.losses_f64, _ = _eager(model, x, y, steps, torch.float64, lr)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        # eager's memory, measured on this warm float32 run (libtorch's code pages and pools already mapped by the
+        # first; freed heap handed back): its model copy, gradients, momentum, activations and temporaries
+        memwatch.release_freed_heap()
+        pre, reset = memwatch.rss_bytes(), memwatch.reset_peak()
         row.losses_eager_1t, _ = _eager(model, x, y, steps, torch.float32, lr)
+        row.eager_growth_bytes = max(0, memwatch.peak_bytes() - pre) if reset else 0
     finally:
         torch.set_num_threads(threads)
     t0 = time.perf_counter()

@@ -38,6 +38,7 @@ def test_published_model_trains_like_eager(name):
     assert row.trained_equal, (f"{name}: PORT {row.losses_port}, eager float32 {row.losses_eager}, "
                                f"float64 {row.losses_f64}")
     assert row.ops_c > 0        # PORT's own kernels run what they can
+    assert row.plan_peak_bytes > 0 and row.eager_growth_bytes > 0      # the table's memory column: both measured
 
 
 def test_equality_criterion():
