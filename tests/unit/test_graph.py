@@ -263,6 +263,39 @@ def test_ops_without_a_kind_run_as_torch_ops_named_by_module_path():
     assert len(erf) == 1 and "aten.erf.default" in erf[0].attr("call") and erf[0].layer == ""
 
 
+class _ErfMean(nn.Module):
+    """erf: a torch_op; a mean over dims 1 and 3 of a 4-d tensor (reduce_mean): a record with a torch binding
+    only."""
+    def __init__(self):
+        super().__init__()
+        self.a, self.fc = nn.Linear(12, 12), nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.fc(torch.erf(self.a(x)).reshape(-1, 2, 3, 2).mean((1, 3)))
+
+
+def test_inspect_marks_ops_without_c_kernels_and_compile_refuses_them_by_name(monkeypatch, tmp_path, capsys):
+    """`port inspect` marks every forward op without a C kernel (torch_ops by their aten op, torch-only records by
+    kind: it marked torch_ops alone), and `port compile` refuses a graph with them, naming the ops and kernels."""
+    from types import SimpleNamespace
+    from pathlib import Path
+    from port.cli.inspect import graph_report, print_report
+    from port.pipeline import compile as PC
+    g = port.trace(_ErfMean(), torch.randn(4, 12))
+    rep = graph_report(g)
+    marked = {o["no_c_kernel"] for o in rep["ops"] if o.get("no_c_kernel")}
+    assert marked == {"aten.erf.default", "reduce_mean"}, marked
+    monkeypatch.setenv("COLUMNS", "200")     # rich's table: one line per op
+    print_report(rep, "erf", "")
+    out = capsys.readouterr().out
+    assert "[torch]: 2 forward op(s) have no C kernel" in out and "aten.erf.default, reduce_mean" in out
+    assert "torch_op (aten.erf.default) [torch]" in out and "reduce_mean [torch]" in out
+    monkeypatch.setattr(PC, "build_graph", lambda job: SimpleNamespace(graph=g))
+    with pytest.raises(port.errors.PortError) as e:
+        PC.compile_bundle(Path(__file__).resolve().parents[2] / "configs" / "mlp.yaml", tmp_path)
+    assert "2 op(s)" in str(e.value) and "Missing C kernels: aten.erf.default, reduce_mean" in str(e.value)
+
+
 def test_data_dependent_control_flow_is_a_clear_error():
     with pytest.raises(PortTraceError) as e:
         port.trace(_Branchy(), torch.randn(2, 4))
