@@ -314,7 +314,11 @@ def _capture(model: Any, example_input: Any, model_name: str, trainable: Sequenc
             ep = None
     if ep is None:
         a, kw = call_args(example_input, lambda v: v.detach().clone())
-        ep = C.export(copy.deepcopy(model), a, kw | kwargs, model_name)
+        try:
+            ep = C.export(copy.deepcopy(model), a, kw | kwargs, model_name)
+        except PortTraceError:
+            C.check_eager(copy.deepcopy(model), a, kw | kwargs, model_name)   # the model's own error, if it has one
+            raise
     return _from_export(ep, model, example_input, model_name, batch, trainable, optimizer, output)
 
 

@@ -384,6 +384,30 @@ def test_errors_name_the_users_line_in_a_checkout_named_port(tmp_path, monkeypat
     assert C._is_library_file(torch.__file__)
 
 
+class _Mismatch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c, self.fc = nn.Conv2d(3, 4, 3, padding=1), nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.fc(self.c(x).mean((2, 3)))        # 4 channels into a Linear(5, ...): the model's own bug
+
+
+def test_a_model_that_fails_in_eager_is_named_as_such_without_tracebacks(capfd):
+    """A forward that raises in PyTorch itself (a size mismatch, a wrong input) is reported as the model's error:
+    the module, the user's line, the input shapes and what to do, not as code torch.export cannot capture with a
+    data-dependence fix; and torch's fake-tensor logger prints no traceback of the failing meta kernel."""
+    with pytest.raises(PortTraceError) as e:
+        port.trace(_Mismatch(), torch.randn(2, 3, 6, 6))
+    msg = str(e.value)
+    assert "raises on the example input in PyTorch itself at module path 'fc'" in msg, msg
+    assert f"{__file__}:" in msg and "[(2, 3, 6, 6)]" in msg and "Fix:" in msg and "depend" not in msg
+    with pytest.raises(PortTraceError, match="at module path 'c'"):
+        port.trace(_Mismatch(), torch.randn(2, 5, 6, 6))
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "failed while attempting to run meta" not in err, err[-2000:]
+
+
 def test_bad_logits_shape():
     with pytest.raises(PortTraceError, match=r"logits \[N, classes\]"):
         port.trace(nn.Sequential(nn.Conv2d(1, 2, 3)), torch.randn(2, 1, 5, 5))
