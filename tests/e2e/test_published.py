@@ -107,6 +107,33 @@ def test_torch_op_fallback_trains_like_eager(opt):
         torch.testing.assert_close(sd[k], rsd[k], rtol=1e-4, atol=1e-5)
 
 
+def test_torch_ops_are_recomputed_like_any_op():
+    """A plan that drops saved activations and re-runs their producers re-runs torch_ops too (the ILP's recompute
+    candidates are the same ops: no record tag stops them), on the torch engine, verified by the simulator, and
+    trains bit for bit like keeping everything."""
+    from port.lower.lower import default_plan, recompute_plan
+    from port.verify.simulate import simulate
+    from port.cost.roofline import modeled_profile
+    from port.config import load_device
+    x, y = torch.randn(4, 3, 7, 9), torch.randint(0, 5, (4,))
+    g = port.trace(_Fallback(), x)
+    keep = default_plan(g)
+    rc = recompute_plan(g, keep, only=[o.id for o in g.ops if o.phase == "forward"])   # checkpoint kinds too
+    rerun = {g.ops[p].kind for p, _ in rc.recompute_at}
+    assert "torch_op" in rerun, rerun
+    acc = {d.op: d.accelerator for d in rc.ops}
+    assert all(acc[p] == "cpu-torch" for p, _ in rc.recompute_at if g.ops[p].kind == "torch_op")
+    sim_k, sim_r = (simulate(p, g, modeled_profile(g, load_device("host"))) for p in (keep, rc))   # legal plans
+    assert sim_r.step_ms > sim_k.step_ms          # the re-runs are priced (this tiny net peaks at its weights)
+    losses = []
+    for plan in (keep, rc):
+        tr = Trainer(_Fallback(), x, plan=plan, optimizer=SGD(0.05, momentum=0.9))
+        losses.append([tr.step(x, y) for _ in range(3)])
+    reruns = [c for c in tr.program.calls if c.phase == "recompute"]
+    assert sum(1 for c in reruns if c.kernel == "torch_op") == 2, [c.kernel for c in reruns]
+    assert losses[0] == losses[1], losses
+
+
 def test_torch_op_gradients_equal_autograd_in_float64():
     """A torch_op's backward is PyTorch's derivative of the aten call: checked through the torch backend's binding
     on float64 views, odd shapes, against torch.autograd on the same function."""
