@@ -224,6 +224,36 @@ def test_model_output_dicts_and_output_choice():
         port.trace(Multi(), x, output="nope")
 
 
+def test_tuple_inputs_tuple_outputs_and_optional_arguments():
+    """A tuple of positional tensors are the inputs; optional forward arguments left at their defaults (a tensor
+    argument None, a float) are not; a tuple output's first tensor is the logits unless output= picks another."""
+    class TwoIn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.aux = nn.Linear(6, 3), nn.Linear(4, 3), nn.Linear(6, 5)
+
+        def forward(self, x, z, mask=None, scale: float = 1.0):
+            if mask is not None:
+                x = x * mask
+            return (self.a(x) + self.b(z)) * scale, self.aux(x)
+    x, z = torch.randn(2, 6), torch.randn(2, 4)
+    g = port.trace(TwoIn(), (x, z))
+    assert len(g.input_ids) == 2 and [g.tensors[t].shape for t in g.input_ids] == [(2, 6), (2, 4)]
+    assert g.tensors[g.logits_id].shape == (2, 3)
+    assert port.trace(TwoIn(), (x, z), output=1).tensors[port.trace(TwoIn(), (x, z), output=1).logits_id].shape \
+        == (2, 5)
+    ref = TwoIn()
+    tr = Trainer(copy.deepcopy(ref), (x, z), optimizer=SGD(0.1))
+    opt, y = torch.optim.SGD(ref.parameters(), lr=0.1), torch.tensor([0, 2])
+    for _ in range(2):
+        lp = tr.step((x, z), y)
+        opt.zero_grad()
+        lt = F.cross_entropy(ref(x, z)[0], y)
+        lt.backward()
+        opt.step()
+        assert abs(lp - float(lt)) <= 1e-5 * abs(float(lt)) + 1e-6
+
+
 def test_spatial_mean_without_keepdim_lowers():
     """x.mean([2, 3]) without keepdim (torchvision MNASNet) is the spatial mean and a free view, not an error."""
     class Net(nn.Module):
