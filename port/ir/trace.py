@@ -689,8 +689,12 @@ def _assemble(b: _Builder, fwds: list[Fwd], model_name: str, batch: int, input_i
         w_trainable = any(p in trainable_params for p in f.params.values())
         gi = grad_in_needed[id(f)]
         w_needed = w_trainable and f.outputs[0] in wanted   # the loss depends on this op's output
-        if (gi or w_needed) and f.attrs.get("_no_derivative"):
-            raise PortTraceError(f.attrs["_no_derivative"])     # the loss needs a gradient PyTorch cannot give
+        if f.attrs.get("_no_derivative"):      # a torch_op: operands PyTorch cannot differentiate it by
+            bad, msg = f.attrs["_no_derivative"]
+            params = {int(k[2:]): t for k, t in f.params.items()}
+            if any((gi and i < len(f.x) and f.x[i] in wanted) or (w_needed and params.get(i) in trainable_params)
+                   for i in bad):
+                raise PortTraceError(msg)       # the loss needs a gradient PyTorch cannot give
         saved = _saved_for(f, gi, w_needed, wanted if gi else set())
         inputs = f.x + tuple(f.params.values()) + tuple(f.buffers.values())
         f.op_id = b.op(f.name, f.layer, f.kind, PHASE_FORWARD, f.attrs, inputs, f.outputs, saved,

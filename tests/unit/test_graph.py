@@ -1,6 +1,7 @@
 """The training graph against PyTorch's own accounting, on every zoo model."""
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -348,28 +349,45 @@ def test_data_dependent_shape_is_a_clear_error():
 
 
 class _Zeta(nn.Module):
-    """torch.special.zeta: PyTorch has no derivative for its first argument."""
-    def __init__(self, detach: bool):
+    """torch.special.zeta(x, q): PyTorch has no derivative for x, one for q. mode: the gradient passes through x
+    ("x"), through nothing ("detached") or through q alone ("q")."""
+    def __init__(self, mode: str):
         super().__init__()
-        self.detach = detach
+        self.mode = mode
         self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 3)
 
     def forward(self, x):
         h = self.a(x).abs() + 2
-        return self.b(torch.special.zeta(h.detach() if self.detach else h, 3.0))
+        if self.mode == "q":
+            return self.b(torch.special.zeta(torch.full_like(h, 3.0), h))
+        return self.b(torch.special.zeta(h.detach() if self.mode == "detached" else h, 3.0))
 
 
 def test_op_without_a_derivative_is_refused_only_where_a_gradient_must_pass():
     """An op PyTorch cannot differentiate is refused at capture, naming it, the user's line and what to do, when the
-    loss needs a gradient through it (eager's backward would raise; PORT raised a bare NotImplementedError inside
-    its first step); with nothing to differentiate behind it, the model trains."""
+    loss needs a gradient through an operand it has no derivative for (eager's backward would raise; PORT raised a
+    bare NotImplementedError inside its first step); through no operand or only through one it can
+    differentiate by, the model trains like eager."""
     with pytest.raises(PortTraceError) as e:
-        port.trace(_Zeta(False), torch.randn(2, 6))
+        port.trace(_Zeta("x"), torch.randn(2, 6))
     msg = str(e.value)
     assert "'aten.special_zeta.other_scalar' has no derivative" in msg and "Fix:" in msg and f"{__file__}:" in msg
-    tr = port.Trainer(_Zeta(True), torch.randn(2, 6))
-    assert any(o.kind == "torch_op" for o in tr.graph.ops)
-    assert tr.step(torch.randn(2, 6), torch.tensor([0, 2])) > 0
+    for mode in ("detached", "q"):
+        torch.manual_seed(0)
+        m = _Zeta(mode)
+        ref = copy.deepcopy(m)
+        x, y = torch.randn(2, 6), torch.tensor([0, 2])
+        tr = port.Trainer(m, x, optimizer=port.optim.SGD(0.1))
+        assert any(o.kind == "torch_op" for o in tr.graph.ops)
+        assert any(o.kind == "torch_op.grad_input" for o in tr.graph.ops) == (mode == "q")
+        opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        for _ in range(2):
+            lp = tr.step(x, y)
+            opt.zero_grad()
+            lt = torch.nn.functional.cross_entropy(ref(x), y)
+            lt.backward()
+            opt.step()
+            assert abs(lp - lt.item()) <= 1e-5 * abs(lt.item()) + 1e-6, (mode, lp, lt.item())
 
 
 _USER_NET = """
