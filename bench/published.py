@@ -244,6 +244,7 @@ MODELS: dict[str, Spec] = {s.name: s for s in [
     Spec("tv.resnet18", "torchvision", _tv("resnet18"), IMG64, batch=8, quick=True),
     Spec("tv.resnet50", "torchvision", _tv("resnet50"), IMG64, batch=8),
     Spec("tv.resnext50_32x4d", "torchvision", _tv("resnext50_32x4d"), IMG64, batch=8),
+    Spec("tv.wide_resnet50_2", "torchvision", _tv("wide_resnet50_2"), IMG64, batch=8),
     Spec("tv.vgg11_bn", "torchvision", _tv("vgg11_bn", dropout=0.0), IMG),
     Spec("tv.alexnet", "torchvision", _tv("alexnet", dropout=0.0), (3, 64, 64)),
     Spec("tv.squeezenet1_1", "torchvision", _tv("squeezenet1_1", dropout=0.0), IMG),
@@ -265,6 +266,8 @@ MODELS: dict[str, Spec] = {s.name: s for s in [
          (3, 75, 75)),
     Spec("tv.vit_b_16", "torchvision", _tv("vit_b_16", image_size=32), IMG),
     Spec("tv.swin_t", "torchvision", _tv("swin_t"), (3, 64, 64)),
+    # MaxViT's 7x7 block and grid partitions at stride 32: 224x224 is the smallest input it accepts
+    Spec("tv.maxvit_t", "torchvision", _tv("maxvit_t"), (3, 224, 224)),
     # timm's mobile and ViT families
     Spec("timm.mobilenetv3_small_050", "timm", _timm("mobilenetv3_small_050"), IMG64, batch=8, quick=True),
     Spec("timm.efficientnet_b0", "timm", _timm("efficientnet_b0"), IMG),
