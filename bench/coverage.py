@@ -51,7 +51,7 @@ else:
     r = P.compare(m, rt_binary=sys.argv[4] if len(sys.argv) > 4 else None)
     print("ROW " + json.dumps(dataclasses.asdict(r)))
 """
-# --predict all: 46 models in about 20 minutes on a quiet 2-core machine (seconds per model on average: the run's
+# --predict all: 48 models in about 21 minutes on a quiet 2-core machine (seconds per model on average: the run's
 # budget is spread over the models left as it goes; never under PREDICT_MIN_ROW_S)
 PREDICT_BUDGET_S, PREDICT_MIN_ROW_S = 25.0, 8.0
 # predict workers: torch.export captured in the worker itself (a forked capture child imports the compiler stack
