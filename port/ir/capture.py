@@ -54,20 +54,35 @@ def export(model: Any, args: tuple, kwargs: dict, model_name: str):
     except Exception as e:  # noqa: BLE001 - export raises many kinds; one clear error
         msg = str(e).strip().splitlines()
         first = msg[0] if msg else type(e).__name__
+        where = f" at module path '{raising_module(e, model) or '<root>'}'{user_frame(e)}"
         if "leaf Variable that requires grad" in str(e):
             raise PortTraceError(
-                f"{model_name}: an in-place write to a parameter{user_frame(e)} ({first}): PORT trains parameters "
+                f"{model_name}: an in-place write to a parameter{where} ({first}): PORT trains parameters "
                 f"only through their gradients. Fix: compute a new tensor (w = self.weight * 0.5) instead of "
                 f"writing into the parameter.") from None
         what = ("data-dependent control flow or shapes" if any(s in str(e) for s in (
             "data-dependent", "Could not guard", "GuardOnDataDependent", "control flow", "Data dependent"))
             else "code torch.export cannot capture")
         raise PortTraceError(
-            f"{model_name}: {what}{user_frame(e)}: PORT captures the model with torch.export and needs a graph "
+            f"{model_name}: {what}{where}: PORT captures the model with torch.export and needs a graph "
             f"whose ops and shapes do not depend on the data ({type(e).__name__}: {first}). Fix: make the "
             f"branch or shape depend on sizes only, or move that code out of the trained module.") from None
     finally:
         fake_log.setLevel(level)
+
+
+def raising_module(e: BaseException, model: Any) -> str:
+    """The path of the innermost submodule of ``model`` whose method is on ``e``'s traceback ('' for the root or
+    none): the module whose code raised."""
+    names = {id(m): n for n, m in model.named_modules()}
+    found = ""
+    tb = e.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if id(owner) in names:
+            found = names[id(owner)]
+        tb = tb.tb_next
+    return found
 
 
 def check_eager(model: Any, args: tuple, kwargs: dict, model_name: str) -> None:

@@ -325,6 +325,9 @@ def test_data_dependent_control_flow_is_a_clear_error():
         port.trace(_Branchy(), torch.randn(2, 4))
     msg = str(e.value)
     assert "control flow" in msg and "_Branchy" in msg and "Traceback" not in msg
+    assert "at module path '<root>'" in msg and f"{__file__}:" in msg and "Fix:" in msg
+    with pytest.raises(PortTraceError, match=r"at module path '1\.1'"):      # named by its module's path
+        port.trace(nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.ReLU(), _Branchy())), torch.randn(2, 4))
 
 
 class _MaskIndex(nn.Module):
