@@ -15,7 +15,9 @@ eager runs twice, at the default threads and on one thread, whose reduction orde
 larger of the two: on a chaotic net one float32 run is one sample of float32's noise; "strict" counts the
 criterion against the default-threads run alone),
 the fastest of the 3 steps for PORT and eager (first steps: warm-up included, so indicative only), set-up
-seconds (capture + lowering), and the error when a model is refused. Headline (last line): trained-equal
+seconds (capture + lowering), memory (the default plan's arena against eager float32's measured process growth:
+VmHWM, reset before its model copy, minus VmRSS then, on the worker's warm one-thread run: libtorch's code pages
+and thread pools mapped by the first run are not eager's training memory), and the error when a model is refused. Headline (last line): trained-equal
 share of the list (target >= 95%) and internal errors (target 0).
 """
 from __future__ import annotations
@@ -49,7 +51,7 @@ else:
     r = P.compare(m, rt_binary=sys.argv[4] if len(sys.argv) > 4 else None)
     print("ROW " + json.dumps(dataclasses.asdict(r)))
 """
-# --predict all: 46 models in about 20 minutes on a quiet 2-core machine (seconds per model on average: the run's
+# --predict all: 48 models in about 21 minutes on a quiet 2-core machine (seconds per model on average: the run's
 # budget is spread over the models left as it goes; never under PREDICT_MIN_ROW_S)
 PREDICT_BUDGET_S, PREDICT_MIN_ROW_S = 25.0, 8.0
 # predict workers: torch.export captured in the worker itself (a forked capture child imports the compiler stack
@@ -115,8 +117,9 @@ def main() -> None:
               f"{r.get('error', '')}", flush=True)
     lines = [machine_line("python bench/coverage.py" + (f" --only {a.only}" if a.only else ""), t0, load0) + ".",
              "", "| model | family | input (batch) | captured | ops C / torch | equal | losses PORT | losses eager f32 | "
-             "losses eager f32 1 thread | losses eager f64 | step ms PORT / eager | set-up s | port-rt | error |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "losses eager f32 1 thread | losses eager f64 | step ms PORT / eager | set-up s | port-rt | "
+             "memory MiB: plan arena / eager growth | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda ls: " ".join(f"{v:.5g}" for v in ls or [])  # noqa: E731
     for r in rows:
         sp = P.MODELS[r["name"]]
@@ -127,7 +130,7 @@ def main() -> None:
                      f"{'' if r.get('strict_equal') or not r.get('trained_equal') else ' (not strict)'} | "
                      f"{fmt(r.get('losses_port'))} | {fmt(r.get('losses_eager'))} | {fmt(r.get('losses_eager_1t'))} | {fmt(r.get('losses_f64'))} | "
                      f"{r.get('port_step_ms', 0):.1f} / {r.get('eager_step_ms', 0):.1f} | {r.get('setup_s', 0):.1f} | "
-                     f"{rt_cell(r)} | {(r.get('error') or '').replace('|', '/')[:160]} |")
+                     f"{rt_cell(r)} | {memory_cell(r)} | {(r.get('error') or '').replace('|', '/')[:160]} |")
     why = [f"- {r['name']}: {NOT_EQUAL[r['name']]}" for r in rows
            if r.get("captured") and not r.get("trained_equal") and r["name"] in NOT_EQUAL]
     if why:
@@ -163,6 +166,15 @@ NOT_EQUAL = {
     "tv.resnext50_32x4d": "chaotic at batch 8 (its two float32 eager runs differ by 0.06 in the third loss; "
                           "resnet50's by 0.09, which passes only because eager's own spread is wider).",
 }
+
+
+def memory_cell(r: dict) -> str:
+    """The memory column: the default plan's arena / eager float32's measured process growth (MiB) and their
+    ratio; '-' where the model was not captured or the growth could not be measured."""
+    plan, eager = r.get("plan_peak_bytes", 0) / 2 ** 20, r.get("eager_growth_bytes", 0) / 2 ** 20
+    if not r.get("captured") or not plan or not eager:
+        return "-"
+    return f"{plan:.1f} / {eager:.1f} ({plan / eager:.2f}x)"
 
 
 def rt_cell(r: dict) -> str:

@@ -5,7 +5,8 @@ list) and tests/e2e/test_published.py (a quick subset).
     MODELS: {name: Spec}     build() -> (model, example input, labels); every model returns logits [N, K] or
                              [N, T, vocab] (token models: labels [N, T]; a UNet: [N, H*W, K] per pixel)
     compare(spec, steps=3)   -> Row: captured, ops on C / on torch, losses of PORT, eager float32 and float64,
-                                equal (the issue's rule), step ms of both, set-up seconds
+                                equal (the issue's rule), step ms of both, set-up seconds, the plan's arena and eager's measured
+                                process growth (a warm float32 run, its model copy to its last step: VmHWM reset)
 
 torchvision, timm and transformers come from the ``zoo`` extra (``pip install -e '.[zoo]'``). PyPI's
 torchvision for Linux is a CUDA build whose C extension does not load against the CPU torch; ``import_zoo()``
@@ -243,6 +244,7 @@ MODELS: dict[str, Spec] = {s.name: s for s in [
     Spec("tv.resnet18", "torchvision", _tv("resnet18"), IMG64, batch=8, quick=True),
     Spec("tv.resnet50", "torchvision", _tv("resnet50"), IMG64, batch=8),
     Spec("tv.resnext50_32x4d", "torchvision", _tv("resnext50_32x4d"), IMG64, batch=8),
+    Spec("tv.wide_resnet50_2", "torchvision", _tv("wide_resnet50_2"), IMG64, batch=8),
     Spec("tv.vgg11_bn", "torchvision", _tv("vgg11_bn", dropout=0.0), IMG),
     Spec("tv.alexnet", "torchvision", _tv("alexnet", dropout=0.0), (3, 64, 64)),
     Spec("tv.squeezenet1_1", "torchvision", _tv("squeezenet1_1", dropout=0.0), IMG),
@@ -264,6 +266,8 @@ MODELS: dict[str, Spec] = {s.name: s for s in [
          (3, 75, 75)),
     Spec("tv.vit_b_16", "torchvision", _tv("vit_b_16", image_size=32), IMG),
     Spec("tv.swin_t", "torchvision", _tv("swin_t"), (3, 64, 64)),
+    # MaxViT's 7x7 block and grid partitions at stride 32: 224x224 is the smallest input it accepts
+    Spec("tv.maxvit_t", "torchvision", _tv("maxvit_t"), (3, 224, 224)),
     # timm's mobile and ViT families
     Spec("timm.mobilenetv3_small_050", "timm", _timm("mobilenetv3_small_050"), IMG64, batch=8, quick=True),
     Spec("timm.efficientnet_b0", "timm", _timm("efficientnet_b0"), IMG),
@@ -338,7 +342,8 @@ class Row:
     port_step_ms: float = 0.0
     eager_step_ms: float = 0.0
     setup_s: float = 0.0
-    plan_peak_bytes: int = 0
+    plan_peak_bytes: int = 0        # the default plan's arena (weights, gradients, states, activations)
+    eager_growth_bytes: int = 0     # eager float32's measured process growth over a warm run (VmHWM - VmRSS before)
     error: str = ""
     internal: bool = False          # the failure was PORT's (not a clear refusal)
     rt: str = ""                    # port-rt (compare(rt_binary=...)): "yes", "no (why)", "n/a (...)"; "": not run
@@ -415,12 +420,18 @@ def compare(spec: Spec, steps: int = 3, lr: float = LR, rt_binary: str | None = 
     model = deterministic(spec.build())
     model.train()
     x, y = batch_of(spec)
+    from port.train import memwatch
     row.losses_eager, et = _eager(model, x, y, steps, torch.float32, lr)
     row.losses_f64, _ = _eager(model, x, y, steps, torch.float64, lr)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        # eager's memory, measured on this warm float32 run (libtorch's code pages and pools already mapped by the
+        # first; freed heap handed back): its model copy, gradients, momentum, activations and temporaries
+        memwatch.release_freed_heap()
+        pre, reset = memwatch.rss_bytes(), memwatch.reset_peak()
         row.losses_eager_1t, _ = _eager(model, x, y, steps, torch.float32, lr)
+        row.eager_growth_bytes = max(0, memwatch.peak_bytes() - pre) if reset else 0
     finally:
         torch.set_num_threads(threads)
     t0 = time.perf_counter()

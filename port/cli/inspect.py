@@ -26,6 +26,7 @@ def _fmt_bytes(b: int) -> str:
 
 def print_report(rep: dict[str, Any], title: str, peak_note: str, all_ops: bool = False) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     con = Console(highlight=False, soft_wrap=True)
@@ -36,7 +37,8 @@ def print_report(rep: dict[str, Any], title: str, peak_note: str, all_ops: bool 
     for o in rep["ops"]:
         if not all_ops and o["phase"] not in ("forward", "loss"):
             continue
-        t.add_row(o["name"], o["kind"], "x".join(map(str, o["output_shape"])) or "scalar",
+        t.add_row(escape(o["name"]), escape(o["kind"] + (" [torch]" if o.get("no_c_kernel") else "")),
+                  "x".join(map(str, o["output_shape"])) or "scalar",
                   _fmt_flops(o["flops"]) if o["flops"] else "-", _fmt_bytes(o["saved_bytes"]),
                   _fmt_bytes(o["param_bytes"]))
     con.print(t)
@@ -52,17 +54,19 @@ def print_report(rep: dict[str, Any], title: str, peak_note: str, all_ops: bool 
         f"{_fmt_bytes(tot['naive_peak_activation_bytes'])}")
     say(peak_note)
     say(f"FLOPs: forward {_fmt_flops(tot['forward_flops'])}, backward {_fmt_flops(tot['backward_flops'])}")
-    fallback = [o for o in rep["ops"] if o["phase"] == "forward" and o["kind"].startswith("torch_op")]
+    fallback = [o for o in rep["ops"] if o.get("no_c_kernel")]
     if fallback:
-        say(f"torch_op: {len(fallback)} forward op(s) run on PyTorch's own kernels and derivatives (no PORT kernel; "
-            f"the torch engine only, not in port-rt bundles): "
-            + ", ".join(sorted({o['kind'][len('torch_op ('):-1] for o in fallback})))
+        n_aten = sum(1 for o in fallback if o["kind"].startswith("torch_op"))
+        say(f"[torch]: {len(fallback)} forward op(s) have no C kernel and run on PyTorch's own kernels ({n_aten} "
+            f"torch_op: PyTorch's derivative too; the torch engine only, not in port-rt bundles: `port compile` "
+            f"refuses them): " + ", ".join(sorted({o["no_c_kernel"] for o in fallback})))
 
 
 def graph_report(g: Any) -> dict[str, Any]:
     """The JSON form of `port inspect`: ops and totals."""
-    from port.ir.capture import aten_of
+    from port.ir.capture import aten_of, torch_ops
     T = g.tensors
+    no_c = dict(torch_ops(g))        # forward ops without a C kernel -> the aten op or kind that runs them
     counted: set[int] = set()
     ops = []
     for o in g.ops:
@@ -78,7 +82,8 @@ def graph_report(g: Any) -> dict[str, Any]:
         kind = o.kind if not o.kind.startswith("torch_op") else f"{o.kind} ({aten_of(o)})"
         ops.append({"name": o.name, "layer": o.layer, "kind": kind, "phase": o.phase,
                     "output_shape": list(out), "flops": o.flops, "vector_flops": o.vector_flops,
-                    "saved_bytes": saved, "param_bytes": params, "bytes_moved": o.bytes_moved})
+                    "saved_bytes": saved, "param_bytes": params, "bytes_moved": o.bytes_moved}
+                   | ({"no_c_kernel": no_c[o.name]} if o.name in no_c and o.phase == "forward" else {}))
     return {"graph": g.name, "batch_size": g.batch_size, "optimizer": g.optimizer, "digest": g.digest(),
             "ops": ops, "totals": g.totals()}
 

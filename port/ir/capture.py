@@ -38,9 +38,15 @@ MAX_CONSTANT_NUMEL = 4096     # lifted tensor constants up to this size are stor
 def export(model: Any, args: tuple, kwargs: dict, model_name: str):
     """The functional ExportedProgram of ``model`` on (args, kwargs); PortTraceError naming the user's code
     where export fails."""
+    import logging
     import warnings
     import torch
+    # fake tensors log every failing meta kernel with its whole traceback at ERROR before export raises: the
+    # PortTraceError below says it once, in the user's terms
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
     try:
+        fake_log.setLevel(logging.CRITICAL)
         with warnings.catch_warnings():     # torch's own deprecation notices about its pytree internals
             warnings.simplefilter("ignore", FutureWarning)
             ep = torch.export.export(model, args, kwargs, strict=False)
@@ -48,18 +54,65 @@ def export(model: Any, args: tuple, kwargs: dict, model_name: str):
     except Exception as e:  # noqa: BLE001 - export raises many kinds; one clear error
         msg = str(e).strip().splitlines()
         first = msg[0] if msg else type(e).__name__
+        where = f" at module path '{raising_module(e, model) or '<root>'}'{user_frame(e)}"
         if "leaf Variable that requires grad" in str(e):
             raise PortTraceError(
-                f"{model_name}: an in-place write to a parameter{user_frame(e)} ({first}): PORT trains parameters "
+                f"{model_name}: an in-place write to a parameter{where} ({first}): PORT trains parameters "
                 f"only through their gradients. Fix: compute a new tensor (w = self.weight * 0.5) instead of "
                 f"writing into the parameter.") from None
         what = ("data-dependent control flow or shapes" if any(s in str(e) for s in (
             "data-dependent", "Could not guard", "GuardOnDataDependent", "control flow", "Data dependent"))
             else "code torch.export cannot capture")
         raise PortTraceError(
-            f"{model_name}: {what}{user_frame(e)}: PORT captures the model with torch.export and needs a graph "
+            f"{model_name}: {what}{where}: PORT captures the model with torch.export and needs a graph "
             f"whose ops and shapes do not depend on the data ({type(e).__name__}: {first}). Fix: make the "
             f"branch or shape depend on sizes only, or move that code out of the trained module.") from None
+    finally:
+        fake_log.setLevel(level)
+
+
+def raising_module(e: BaseException, model: Any) -> str:
+    """The path of the innermost submodule of ``model`` whose method is on ``e``'s traceback ('' for the root or
+    none): the module whose code raised."""
+    names = {id(m): n for n, m in model.named_modules()}
+    found = ""
+    tb = e.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if id(owner) in names:
+            found = names[id(owner)]
+        tb = tb.tb_next
+    return found
+
+
+def check_eager(model: Any, args: tuple, kwargs: dict, model_name: str) -> None:
+    """PortTraceError when ``model`` (a copy PORT may run) raises on (args, kwargs) in PyTorch itself: the failure
+    is the model's or the example input's, not the capture's (a shape mismatch, a wrong input size)."""
+    import torch
+    names = {id(m): n for n, m in model.named_modules()}
+    running: list[str] = []           # module paths entered and not left: the innermost is where it raised
+
+    def enter(mod, _args) -> None:
+        running.append(names[id(mod)])
+
+    def leave(_mod, _args, _out) -> None:
+        running.pop()
+    hooks = [h for m in model.modules() for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - whatever the user's forward raises
+        msg = str(e).strip().splitlines()
+        raise PortTraceError(
+            f"{model_name}: forward() raises on the example input in PyTorch itself at module path "
+            f"'{running[-1] if running and running[-1] else '<root>'}'{user_frame(e)} "
+            f"({type(e).__name__}: {msg[0] if msg else ''}); inputs were "
+            f"{[tuple(t.shape) for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor)]}. "
+            f"Fix: make model(example_input) run in PyTorch first (the input's shape and dtype, the layers' "
+            f"sizes).") from None
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 def _is_port_file(fn: str) -> bool:

@@ -314,7 +314,11 @@ def _capture(model: Any, example_input: Any, model_name: str, trainable: Sequenc
             ep = None
     if ep is None:
         a, kw = call_args(example_input, lambda v: v.detach().clone())
-        ep = C.export(copy.deepcopy(model), a, kw | kwargs, model_name)
+        try:
+            ep = C.export(copy.deepcopy(model), a, kw | kwargs, model_name)
+        except PortTraceError:
+            C.check_eager(copy.deepcopy(model), a, kw | kwargs, model_name)   # the model's own error, if it has one
+            raise
     return _from_export(ep, model, example_input, model_name, batch, trainable, optimizer, output)
 
 
@@ -513,6 +517,7 @@ def _from_export(ep: Any, user_model: Any, example_input: Any, model_name: str, 
         else:
             opname = f"{path}.{node.name}" if path else node.name
         ctx.node, ctx.opname, ctx.scope = node, opname, path
+        _check_static(ctx)
         made = _translate(ctx)
         if made is None:
             continue
@@ -580,10 +585,14 @@ class _Ctx:
     def is_buffer(self, a: Any) -> bool:
         return hasattr(a, "name") and self.roles.get(self.env.get(a.name, -1)) == ROLE_BUFFER
 
-    def error(self, what: str) -> PortTraceError:
+    def error(self, what: str, fix: str = "") -> PortTraceError:
+        return PortTraceError(self.message(what, fix))
+
+    def message(self, what: str, fix: str = "") -> str:
+        """'model: what at module path ... (aten node ..., file:line: code)[. Fix: fix]'."""
         src = C.source_line(self.node)
-        return PortTraceError(f"{self.model_name}: {what} at module path '{self.scope or '<root>'}' (aten node "
-                              f"'{self.node.name}' {self.node.target}{', ' + src if src else ''})")
+        return (f"{self.model_name}: {what} at module path '{self.scope or '<root>'}' (aten node "
+                f"'{self.node.name}' {self.node.target}{', ' + src if src else ''})" + (f". Fix: {fix}" if fix else ""))
 
     def alias(self, x: int) -> None:
         """The node's value is ``x``'s bytes (the same shape, or a reshape of them)."""
@@ -593,6 +602,20 @@ class _Ctx:
             return None
         y = self.out()
         return view_fwd(self.b, self.opname, self.scope, x, y)
+
+
+def _check_static(ctx: _Ctx) -> None:
+    """PortTraceError when the node's result has a shape that depends on the data (torch.export records it with
+    an unbacked size such as u0: boolean-mask indexing, nonzero, unique, ...): PORT plans fixed shapes."""
+    import torch
+    v = C.val_of(ctx.node)
+    for t in (v if isinstance(v, (tuple, list)) else (v,)):
+        if isinstance(t, torch.Tensor) and not all(isinstance(s, int) for s in t.shape):
+            raise ctx.error(
+                f"a tensor whose shape depends on the data ({[str(s) for s in t.shape]}: boolean-mask indexing, "
+                f"nonzero, unique, ...)",
+                "PORT plans every tensor's memory before training, so shapes must follow from the input's size "
+                "alone: keep the shape fixed (torch.where(mask, x, 0) or x * mask instead of x[mask])")
 
 
 def _translate(ctx: _Ctx) -> Fwd | None:
@@ -666,6 +689,12 @@ def _assemble(b: _Builder, fwds: list[Fwd], model_name: str, batch: int, input_i
         w_trainable = any(p in trainable_params for p in f.params.values())
         gi = grad_in_needed[id(f)]
         w_needed = w_trainable and f.outputs[0] in wanted   # the loss depends on this op's output
+        if f.attrs.get("_no_derivative"):      # a torch_op: operands PyTorch cannot differentiate it by
+            bad, msg = f.attrs["_no_derivative"]
+            params = {int(k[2:]): t for k, t in f.params.items()}
+            if any((gi and i < len(f.x) and f.x[i] in wanted) or (w_needed and params.get(i) in trainable_params)
+                   for i in bad):
+                raise PortTraceError(msg)       # the loss needs a gradient PyTorch cannot give
         saved = _saved_for(f, gi, w_needed, wanted if gi else set())
         inputs = f.x + tuple(f.params.values()) + tuple(f.buffers.values())
         f.op_id = b.op(f.name, f.layer, f.kind, PHASE_FORWARD, f.attrs, inputs, f.outputs, saved,

@@ -2,13 +2,16 @@
 
     conv.py        conv2d (and the fused conv + batch norm + relu kernel)
     linear.py      linear
-    norm.py        batch_norm2d, layer_norm
+    norm.py        batch_norm2d, layer_norm (over any trailing dims), rms_norm, group_norm
     activation.py  relu, relu6, hardswish, gelu, tanh, softmax, sigmoid, hardsigmoid, silu
-    elementwise.py add, add_bcast, scale, grad_accumulate; mul with broadcasting (torch engines only)
-    shape.py       reshape (views), permute, arange, ne_scalar; cat (torch engines only)
-    roll_pad.py    roll, constant zero pad along one dim (range copies)
-    pooling.py     max_pool2d, avg_pool2d, global_avg_pool2d, mean_mid
+    elementwise.py add, add_bcast, scale, grad_accumulate; mul, add_nd, sub, div with full broadcasting; neg,
+                   rsqrt, exp, cos, sin, pow_scalar, abs, shift
+    shape.py       reshape (views), permute, arange, ne_scalar, cat, masked_fill, narrow (and its views), expand
+    roll_pad.py    roll, constant pad along one dim (range copies); strided_slice (a capture rule: views + narrow)
+    pooling.py     max_pool2d, avg_pool2d, global_avg_pool2d, mean_mid, adaptive_avg_pool2d, upsample;
+                   reduce_mean, reduce_sum (torch engines only)
     attention.py   matmul, attention (masks of any broadcastable shape, grouped-query, dropout)
+    mask.py        input-dependent masks: casts, logic, compares, where, index rows, argmax rows
     embedding.py   embedding
     random.py      dropout, bernoulli (stochastic depth), all from PORT's one generator (Philox4x32-10)
     loss.py        cross_entropy

@@ -58,7 +58,15 @@ def capture_node(ctx, src: Any, index: int | None = None) -> Fwd:
     if not _differentiable(src, index):
         attrs["no_grad"] = True          # new_zeros(x, ...), comparisons: no gradient flows back
     else:
-        saves = _saved_operands(src, [a.name for a in xs + ps + bs])
+        names = [a.name for a in xs + ps + bs]
+        missing = {names.index(a.name): m for a in xs + ps if (m := _no_derivative(src, index, a.name))}
+        if missing:     # refused by the backward pass only if the loss needs a gradient through such an operand
+            attrs["_no_derivative"] = tuple(sorted(missing)), ctx.message(
+                f"'{C.op_name(src.target)}' has no derivative in PyTorch ({next(iter(missing.values()))}), and "
+                f"the loss needs a "
+                f"gradient through it", "detach what flows into it (x.detach()) if no gradient should pass there, "
+                f"freeze the parameters before it (trainable=...), or compute it with differentiable ops")
+        saves = _saved_operands(src, names)
         if saves is not None and not attrs.get("random") and len(saves) < len(order):
             attrs["saves"] = saves
     return Fwd(ctx.opname, ctx.scope, TORCH_OP, attrs, tuple(ctx.t(a) for a in xs),
@@ -124,6 +132,41 @@ def _differentiable(src: Any, index: int | None) -> bool:
         return bool(r.requires_grad)
     except Exception:  # noqa: BLE001 - an op without a meta kernel
         return True
+
+
+def _no_derivative(src: Any, index: int | None, operand: str) -> str:
+    """The error of PyTorch's backward of the aten call with respect to its operand node ``operand`` when that
+    derivative is not implemented (autograd's ``not_implemented`` formula: zeta's first argument, ...), probed on
+    meta tensors; '' when it has one, the operand is not floating, or the probe fails."""
+    import torch
+    import torch.fx as fx
+    from port.ir import capture as C
+    leaf: list = []
+
+    def meta(a):
+        v = C.val_of(a)
+        if not isinstance(v, torch.Tensor):
+            return v
+        t = torch.empty(v.shape, dtype=v.dtype, device="meta")
+        if a.name == operand and t.is_floating_point():
+            leaf.append(t.requires_grad_(True))
+        return t
+    try:
+        args, kwargs = fx.node.map_arg(src.args, meta), fx.node.map_arg(src.kwargs, meta)
+        if not leaf:
+            return ""
+        with torch.enable_grad():
+            r = src.target(*args, **kwargs)
+            r = r[index] if index is not None else r
+            if not r.requires_grad:
+                return ""
+            torch.autograd.grad(r, leaf[:1], torch.empty_like(r), allow_unused=True)
+    except NotImplementedError as e:
+        msg = str(e).strip().splitlines()
+        return msg[0] if msg and "derivative" in msg[0] else ""
+    except Exception:  # noqa: BLE001 - no meta kernel for the backward: PyTorch's own run says
+        return ""
+    return ""
 
 
 def _flops(src: Any, index: int | None) -> int:

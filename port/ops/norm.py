@@ -1,5 +1,5 @@
 """Norms: batch_norm2d (training: batch statistics, running statistics updated; eval: running statistics) and
-layer_norm (over the last dim, optional affine weight and bias).
+layer_norm (over the last dim or the last ``dims`` trailing dims, optional affine weight and bias).
 
 Saved (autograd's choice): batch norm in training x, its statistics [2, C] (mean, 1/std) and gamma; in eval
 gamma and the running variance (and x, running mean for the weight gradient). Layer norm: x, its statistics
@@ -260,7 +260,8 @@ def _ln_capture(ctx):
     shape_ = list(n.args[1])
     wa, ba, eps = arg(n, 2, "weight"), arg(n, 3, "bias"), float(arg(n, 4, "eps", 1e-5))
     xs = ctx.shape(x)
-    if (len(shape_) != 1 or shape_[0] != xs[-1] or (wa is not None and not ctx.is_param(wa))
+    k = len(shape_)           # normalized over the last k dims (nn.LayerNorm([C, H, W])): one row of numel of them
+    if (not 1 <= k <= len(xs) - 1 or tuple(shape_) != tuple(xs[-k:]) or (wa is not None and not ctx.is_param(wa))
             or (ba is not None and not ctx.is_param(ba)) or (wa is None and ba is not None) or not float32(ctx, x)):
         return False
     params = {}
@@ -269,9 +270,17 @@ def _ln_capture(ctx):
     if ba is not None:
         params["bias"] = ctx.t(ba)
     y = ctx.out()
-    stats = ctx.b.tensor(f"{ctx.opname}:stats", (2, numel(xs[:-1])), F32, ROLE_ACTIVATION)
-    return fwd(ctx, "layer_norm", dict(eps=eps, affine=tuple(params)), (x,), (y, stats), 0, 8 * numel(xs),
-               params=params)
+    stats = ctx.b.tensor(f"{ctx.opname}:stats", (2, numel(xs[:-k])), F32, ROLE_ACTIVATION)
+    return fwd(ctx, "layer_norm", dict(eps=eps, affine=tuple(params)) | ({"dims": k} if k > 1 else {}), (x,),
+               (y, stats), 0, 8 * numel(xs), params=params)
+
+
+def _ln_dims(attrs: dict, x) -> int:
+    """How many trailing dims of ``x`` a layer norm normalizes over (attribute ``dims``, default 1)."""
+    k = attrs.get("dims", 1)
+    if type(k) is not int or not 1 <= k < len(x):
+        raise CallShapeError(f"attribute dims={k!r}: expected 1 to {len(x) - 1} trailing dims of {list(x)}")
+    return k
 
 
 def _ln_reads(f):
@@ -284,7 +293,8 @@ def _ln_shapes(k, attrs, I, O, at):
     if k == "layer_norm" and (not isinstance(eps, float) or not 0.0 < eps < float("inf")):
         raise CallShapeError(f"attribute eps={eps!r}: expected a finite float > 0")
     affine = attrs.get("affine", ())
-    X, c, st = (tuple(x), F32), ((x[-1],), F32), ((2, numel(x[:-1])), F32)
+    nd = _ln_dims(attrs, x)
+    X, c, st = (tuple(x), F32), (tuple(x[-nd:]), F32), ((2, numel(x[:-nd])), F32)
     if k == "layer_norm":
         return [X] + [c] * len(affine), [X, st]
     if k == "layer_norm.grad_input":
@@ -294,7 +304,8 @@ def _ln_shapes(k, attrs, I, O, at):
 
 def _ln_encode(kind, a, IS, OS, I, O, variant, call):
     x = IS[0] if kind == "layer_norm" else IS[1]
-    rows, d = numel(x) // x[-1], x[-1]
+    d = numel(x[-a.get("dims", 1):])          # the normalized trailing dims are one contiguous row
+    rows = numel(x) // d
     if kind == "layer_norm":
         aff = a["affine"]
         return Encoded("port_layernorm_forward", (O[0], O[1], I[0], I[1] if "weight" in aff else None,
@@ -334,23 +345,23 @@ def _ln_torch(kind, a, I, O, env):
         w = I[1] if "weight" in aff else None
         b = I[1 + (w is not None)] if "bias" in aff else None
         y, st = O
-        d = x.shape[-1]
+        d = list(x.shape[-a.get("dims", 1):])
 
         def run():
-            r = torch.ops.aten.native_layer_norm(x, [d], w, b, float(a["eps"]))
+            r = torch.ops.aten.native_layer_norm(x, d, w, b, float(a["eps"]))
             y.copy_(r[0])
             st[0].copy_(r[1].reshape(-1))
             st[1].copy_(r[2].reshape(-1))
         return run
     weight = kind == "layer_norm.grad_weight"
     dy, x, st = I[0], I[1], I[2]
-    d = x.shape[-1]
-    lead = x.shape[:-1]
+    k = a.get("dims", 1)
+    d, lead = list(x.shape[-k:]), x.shape[:-k]
 
     def grads_(w=None):
-        mean, rstd = st[0].reshape(*lead, 1), st[1].reshape(*lead, 1)
+        mean, rstd = st[0].reshape(*lead, *[1] * k), st[1].reshape(*lead, *[1] * k)
         return torch.ops.aten.native_layer_norm_backward(
-            dy, x, [d], mean, rstd, w if w is not None else torch.ones(d, dtype=x.dtype, device=x.device),
+            dy, x, d, mean, rstd, w if w is not None else torch.ones(d, dtype=x.dtype, device=x.device),
             torch.zeros(d, dtype=x.dtype, device=x.device), [not weight, weight, weight])
     return _native_norm_backward(grads_, a, I, O, weight)
 

@@ -22,21 +22,55 @@ from port.errors import PortError
 from port.io import atomic_write_bytes
 
 
-def folded_module(model: Any):
-    """An eval-mode copy of ``model`` with every conv -> batch_norm folded (torch.fx fuse)."""
-    from torch.fx.experimental.optimization import fuse
+def conv_bn_pairs(graph: Any) -> list[tuple[str, str]]:
+    """(conv module path, batch norm module path) of every forward conv2d of ``graph`` (the captured training graph:
+    its layers are module paths) whose output only a batch_norm2d reads, each module called once."""
+    from collections import Counter
+    from port.ir.types import PHASE_FORWARD
+    fwd = [o for o in graph.ops if o.phase == PHASE_FORWARD]
+    calls = Counter(o.layer for o in fwd if o.kind in ("conv2d", "batch_norm2d"))
+    readers: dict[int, list] = {}
+    for o in fwd:
+        for t in set(o.inputs):
+            readers.setdefault(t, []).append(o)
+    pairs = []
+    for c in fwd:
+        if c.kind != "conv2d" or c.outputs[0] == graph.logits_id:
+            continue
+        r = readers.get(c.outputs[0], [])
+        if len(r) == 1 and r[0].kind == "batch_norm2d" and r[0].inputs[0] == c.outputs[0] and \
+                calls[c.layer] == 1 and calls[r[0].layer] == 1:
+            pairs.append((c.layer, r[0].layer))
+    return pairs
+
+
+def folded_module(model: Any, graph: Any = None):
+    """An eval-mode copy of ``model`` with every nn.Conv2d -> nn.BatchNorm2d pair of ``graph`` (conv_bn_pairs: the
+    capture's own graph, no second tracer) folded: the convolution takes the norm's running statistics and affine
+    (torch.nn.utils.fusion.fuse_conv_bn_eval), the norm becomes nn.Identity."""
+    import torch.nn as nn
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
     m = copy.deepcopy(model).eval()
-    try:
-        return fuse(m)
-    except Exception:  # noqa: BLE001 - untraceable models: export unfolded
+    if graph is None:
         return m
+    for cp, bp in conv_bn_pairs(graph):
+        try:
+            conv, bn = m.get_submodule(cp), m.get_submodule(bp)
+        except AttributeError:
+            continue
+        if type(conv) is not nn.Conv2d or type(bn) is not nn.BatchNorm2d or bn.running_mean is None:
+            continue              # a subclass with its own forward, or a norm without running statistics
+        for path, new in ((cp, fuse_conv_bn_eval(conv, bn)), (bp, nn.Identity())):
+            parent, _, name = path.rpartition(".")
+            setattr(m.get_submodule(parent) if parent else m, name, new)
+    return m
 
 
 def export(trainer, path: str | Path, format: str = "onnx", check: bool = True, atol: float = 1e-4) -> Path:
     import torch
     path = Path(path)
     model = trainer.to_torch(_own_copy(trainer.model))
-    folded = _one_input(folded_module(model))
+    folded = _one_input(folded_module(model, trainer.graph))
     if trainer.example_tokens is not None:       # token ids: the ones the model was traced with
         x = trainer.example_tokens
     else:

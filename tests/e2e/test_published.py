@@ -38,6 +38,7 @@ def test_published_model_trains_like_eager(name):
     assert row.trained_equal, (f"{name}: PORT {row.losses_port}, eager float32 {row.losses_eager}, "
                                f"float64 {row.losses_f64}")
     assert row.ops_c > 0        # PORT's own kernels run what they can
+    assert row.plan_peak_bytes > 0 and row.eager_growth_bytes > 0      # the table's memory column: both measured
 
 
 def test_equality_criterion():
@@ -104,6 +105,33 @@ def test_torch_op_fallback_trains_like_eager(opt):
     sd, rsd = tr.state_dict(), ref.state_dict()
     for k in rsd:
         torch.testing.assert_close(sd[k], rsd[k], rtol=1e-4, atol=1e-5)
+
+
+def test_torch_ops_are_recomputed_like_any_op():
+    """A plan that drops saved activations and re-runs their producers re-runs torch_ops too (the ILP's recompute
+    candidates are the same ops: no record tag stops them), on the torch engine, verified by the simulator, and
+    trains bit for bit like keeping everything."""
+    from port.lower.lower import default_plan, recompute_plan
+    from port.verify.simulate import simulate
+    from port.cost.roofline import modeled_profile
+    from port.config import load_device
+    x, y = torch.randn(4, 3, 7, 9), torch.randint(0, 5, (4,))
+    g = port.trace(_Fallback(), x)
+    keep = default_plan(g)
+    rc = recompute_plan(g, keep, only=[o.id for o in g.ops if o.phase == "forward"])   # checkpoint kinds too
+    rerun = {g.ops[p].kind for p, _ in rc.recompute_at}
+    assert "torch_op" in rerun, rerun
+    acc = {d.op: d.accelerator for d in rc.ops}
+    assert all(acc[p] == "cpu-torch" for p, _ in rc.recompute_at if g.ops[p].kind == "torch_op")
+    sim_k, sim_r = (simulate(p, g, modeled_profile(g, load_device("host"))) for p in (keep, rc))   # legal plans
+    assert sim_r.step_ms > sim_k.step_ms          # the re-runs are priced (this tiny net peaks at its weights)
+    losses = []
+    for plan in (keep, rc):
+        tr = Trainer(_Fallback(), x, plan=plan, optimizer=SGD(0.05, momentum=0.9))
+        losses.append([tr.step(x, y) for _ in range(3)])
+    reruns = [c for c in tr.program.calls if c.phase == "recompute"]
+    assert sum(1 for c in reruns if c.kernel == "torch_op") == 2, [c.kernel for c in reruns]
+    assert losses[0] == losses[1], losses
 
 
 def test_torch_op_gradients_equal_autograd_in_float64():
@@ -194,6 +222,36 @@ def test_model_output_dicts_and_output_choice():
     assert port.trace(Multi(), x, output="aux").tensors[port.trace(Multi(), x, output="aux").logits_id].shape == (2, 3)
     with pytest.raises(port.errors.PortTraceError, match="output='nope'"):
         port.trace(Multi(), x, output="nope")
+
+
+def test_tuple_inputs_tuple_outputs_and_optional_arguments():
+    """A tuple of positional tensors are the inputs; optional forward arguments left at their defaults (a tensor
+    argument None, a float) are not; a tuple output's first tensor is the logits unless output= picks another."""
+    class TwoIn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.aux = nn.Linear(6, 3), nn.Linear(4, 3), nn.Linear(6, 5)
+
+        def forward(self, x, z, mask=None, scale: float = 1.0):
+            if mask is not None:
+                x = x * mask
+            return (self.a(x) + self.b(z)) * scale, self.aux(x)
+    x, z = torch.randn(2, 6), torch.randn(2, 4)
+    g = port.trace(TwoIn(), (x, z))
+    assert len(g.input_ids) == 2 and [g.tensors[t].shape for t in g.input_ids] == [(2, 6), (2, 4)]
+    assert g.tensors[g.logits_id].shape == (2, 3)
+    assert port.trace(TwoIn(), (x, z), output=1).tensors[port.trace(TwoIn(), (x, z), output=1).logits_id].shape \
+        == (2, 5)
+    ref = TwoIn()
+    tr = Trainer(copy.deepcopy(ref), (x, z), optimizer=SGD(0.1))
+    opt, y = torch.optim.SGD(ref.parameters(), lr=0.1), torch.tensor([0, 2])
+    for _ in range(2):
+        lp = tr.step((x, z), y)
+        opt.zero_grad()
+        lt = F.cross_entropy(ref(x, z)[0], y)
+        lt.backward()
+        opt.step()
+        assert abs(lp - float(lt)) <= 1e-5 * abs(float(lt)) + 1e-6
 
 
 def test_spatial_mean_without_keepdim_lowers():

@@ -142,6 +142,50 @@ def test_export_a_model_whose_forward_takes_varargs(tmp_path):
     assert torch.allclose(torch.export.load(str(tmp_path / "m.pt2")).module()(x5), tr.predict(x5), atol=1e-5)
 
 
+class _ConvBN(torch.nn.Module):
+    """conv -> bn (folded at export); conv -> bn whose conv output a residual also reads (kept); a norm with its
+    own forward (kept)."""
+
+    class _MyBN(torch.nn.BatchNorm2d):
+        def forward(self, x):
+            return super().forward(x) * 0.5
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        torch.manual_seed(0)
+        self.c1, self.b1 = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.c2, self.b2 = nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+        self.c3, self.b3 = nn.Conv2d(4, 4, 1), self._MyBN(4)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.b1(self.c1(x)))
+        z = self.c2(h)
+        h = self.b3(self.c3(self.b2(z) + z))
+        return self.fc(h.mean((2, 3)))
+
+
+def test_export_folds_conv_bn_from_the_captured_graph(monkeypatch):
+    """Batch norms are folded into the convolutions the captured graph shows feeding only them, without a second
+    tracer (torch.fx.symbolic_trace, which torch.fx's fuse ran, is made to fail here), and the folded module
+    predicts what the Trainer does."""
+    import torch.fx
+    from port.train.export import folded_module
+
+    def no_fx(*a, **k):
+        raise AssertionError("torch.fx symbolic tracing used")
+    monkeypatch.setattr(torch.fx, "symbolic_trace", no_fx)      # (torch.export's own make_fx tracer is not this)
+    x, y = torch.randn(4, 3, 6, 6), torch.tensor([0, 1, 2, 0])
+    tr = Trainer(_ConvBN(), x, optimizer=SGD(0.05, momentum=0.9))
+    _run(tr, [(x, y)] * 3)
+    f = folded_module(tr.to_torch(), tr.graph)
+    assert isinstance(f.b1, torch.nn.Identity) and type(f.c1) is torch.nn.Conv2d
+    assert type(f.b2) is torch.nn.BatchNorm2d and type(f.b3) is _ConvBN._MyBN     # read twice; own forward
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), tr.predict(x), rtol=1e-4, atol=1e-5)
+
+
 def test_evaluate_predict_to_torch():
     from port.train.data import load
     from port import config as C

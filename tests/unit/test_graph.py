@@ -1,6 +1,7 @@
 """The training graph against PyTorch's own accounting, on every zoo model."""
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -263,11 +264,192 @@ def test_ops_without_a_kind_run_as_torch_ops_named_by_module_path():
     assert len(erf) == 1 and "aten.erf.default" in erf[0].attr("call") and erf[0].layer == ""
 
 
+class _ErfMean(nn.Module):
+    """erf: a torch_op; a mean over dims 1 and 3 of a 4-d tensor (reduce_mean): a record with a torch binding
+    only."""
+    def __init__(self):
+        super().__init__()
+        self.a, self.fc = nn.Linear(12, 12), nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.fc(torch.erf(self.a(x)).reshape(-1, 2, 3, 2).mean((1, 3)))
+
+
+def test_inspect_marks_ops_without_c_kernels_and_compile_refuses_them_by_name(monkeypatch, tmp_path, capsys):
+    """`port inspect` marks every forward op without a C kernel (torch_ops by their aten op, torch-only records by
+    kind: it marked torch_ops alone), and `port compile` refuses a graph with them, naming the ops and kernels."""
+    from types import SimpleNamespace
+    from pathlib import Path
+    from port.cli.inspect import graph_report, print_report
+    from port.pipeline import compile as PC
+    g = port.trace(_ErfMean(), torch.randn(4, 12))
+    rep = graph_report(g)
+    marked = {o["no_c_kernel"] for o in rep["ops"] if o.get("no_c_kernel")}
+    assert marked == {"aten.erf.default", "reduce_mean"}, marked
+    monkeypatch.setenv("COLUMNS", "200")     # rich's table: one line per op
+    print_report(rep, "erf", "")
+    out = capsys.readouterr().out
+    assert "[torch]: 2 forward op(s) have no C kernel" in out and "aten.erf.default, reduce_mean" in out
+    assert "torch_op (aten.erf.default) [torch]" in out and "reduce_mean [torch]" in out
+    monkeypatch.setattr(PC, "build_graph", lambda job: SimpleNamespace(graph=g))
+    with pytest.raises(port.errors.PortError) as e:
+        PC.compile_bundle(Path(__file__).resolve().parents[2] / "configs" / "mlp.yaml", tmp_path)
+    assert "2 op(s)" in str(e.value) and "Missing C kernels: aten.erf.default, reduce_mean" in str(e.value)
+
+
+class _Einsum(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.fc = nn.Linear(6, 10), nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.a(x).view(-1, 2, 5)
+        return self.fc(torch.einsum("bij,bkj->bik", h, h).flatten(1))
+
+
+def test_torch_op_flops_come_from_flopcountermode():
+    """A torch_op's FLOPs are torch's FlopCounterMode count of its aten call (einsum: a batched matmul), its
+    backward twice that."""
+    from torch.utils.flop_counter import FlopCounterMode
+    g = port.trace(_Einsum(), torch.randn(3, 6))
+    e = next(o for o in g.ops if o.kind == "torch_op" and "einsum" in o.attr("call"))
+    h = torch.randn(3, 2, 5)
+    with FlopCounterMode(display=False) as fc:
+        torch.einsum("bij,bkj->bik", h, h)
+    assert e.flops == fc.get_total_flops() == 2 * 3 * 2 * 2 * 5
+    assert sum(o.flops for o in g.ops if o.forward_op == e.id) == 2 * e.flops
+
+
 def test_data_dependent_control_flow_is_a_clear_error():
     with pytest.raises(PortTraceError) as e:
         port.trace(_Branchy(), torch.randn(2, 4))
     msg = str(e.value)
     assert "control flow" in msg and "_Branchy" in msg and "Traceback" not in msg
+    assert "at module path '<root>'" in msg and f"{__file__}:" in msg and "Fix:" in msg
+    with pytest.raises(PortTraceError, match=r"at module path '1\.1'"):      # named by its module's path
+        port.trace(nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.ReLU(), _Branchy())), torch.randn(2, 4))
+
+
+class _MaskIndex(nn.Module):
+    """x[mask]: a result whose shape depends on the data (torch.export records it with an unbacked size)."""
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(h[h.sum(1) > 0])
+
+
+def test_data_dependent_shape_is_a_clear_error():
+    """Refused at capture with the user's line, the module path and what to do (it was an InternalError from
+    inside PORT: the graph builder met the unbacked size)."""
+    with pytest.raises(PortTraceError) as e:
+        port.trace(_MaskIndex(), torch.randn(2, 6))
+    msg = str(e.value)
+    assert "shape depends on the data" in msg and "Fix:" in msg and "x[mask]" in msg
+    assert f"{__file__}:" in msg and "h[h.sum(1) > 0]" in msg and "module path '<root>'" in msg
+
+
+class _Zeta(nn.Module):
+    """torch.special.zeta(x, q): PyTorch has no derivative for x, one for q. mode: the gradient passes through x
+    ("x"), through nothing ("detached") or through q alone ("q")."""
+    def __init__(self, mode: str):
+        super().__init__()
+        self.mode = mode
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.a(x).abs() + 2
+        if self.mode == "q":
+            return self.b(torch.special.zeta(torch.full_like(h, 3.0), h))
+        return self.b(torch.special.zeta(h.detach() if self.mode == "detached" else h, 3.0))
+
+
+def test_op_without_a_derivative_is_refused_only_where_a_gradient_must_pass():
+    """An op PyTorch cannot differentiate is refused at capture, naming it, the user's line and what to do, when the
+    loss needs a gradient through an operand it has no derivative for (eager's backward would raise; PORT raised a
+    bare NotImplementedError inside its first step); through no operand or only through one it can
+    differentiate by, the model trains like eager."""
+    with pytest.raises(PortTraceError) as e:
+        port.trace(_Zeta("x"), torch.randn(2, 6))
+    msg = str(e.value)
+    assert "'aten.special_zeta.other_scalar' has no derivative" in msg and "Fix:" in msg and f"{__file__}:" in msg
+    for mode in ("detached", "q"):
+        torch.manual_seed(0)
+        m = _Zeta(mode)
+        ref = copy.deepcopy(m)
+        x, y = torch.randn(2, 6), torch.tensor([0, 2])
+        tr = port.Trainer(m, x, optimizer=port.optim.SGD(0.1))
+        assert any(o.kind == "torch_op" for o in tr.graph.ops)
+        assert any(o.kind == "torch_op.grad_input" for o in tr.graph.ops) == (mode == "q")
+        opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        for _ in range(2):
+            lp = tr.step(x, y)
+            opt.zero_grad()
+            lt = torch.nn.functional.cross_entropy(ref(x), y)
+            lt.backward()
+            opt.step()
+            assert abs(lp - lt.item()) <= 1e-5 * abs(lt.item()) + 1e-6, (mode, lp, lt.item())
+
+
+_USER_NET = """
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        if x.sum() > 0:   # the user's line
+            return self.fc(x)
+        return -self.fc(x)
+"""
+
+
+def test_errors_name_the_users_line_in_a_checkout_named_port(tmp_path, monkeypatch):
+    """README's layout: the user's code and a venv inside a checkout named ``port``. Frames are skipped as PORT's
+    own by the package's path, not by '/port/' in the path: the user's file and a library inside that venv are
+    still named."""
+    from port.ir import capture as C
+    root = tmp_path / "port"
+    (root / "examples").mkdir(parents=True)
+    (root / "examples" / "user_net_a52.py").write_text(_USER_NET)
+    monkeypatch.syspath_prepend(str(root / "examples"))
+    import user_net_a52
+    with pytest.raises(PortTraceError) as e:
+        port.trace(user_net_a52.Net(), torch.randn(2, 4))
+    assert f"{root / 'examples' / 'user_net_a52.py'}:11" in str(e.value), str(e.value)
+    lib = root / ".venv" / "lib" / "python3.11" / "site-packages" / "transformers" / "modeling_x.py"
+    assert not C._is_library_file(str(lib)) and not C._is_library_file(str(root / "port.py"))
+    assert C._is_library_file(C.__file__) and C._is_library_file(port.__file__)
+    assert C._is_library_file(torch.__file__)
+
+
+class _Mismatch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c, self.fc = nn.Conv2d(3, 4, 3, padding=1), nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.fc(self.c(x).mean((2, 3)))        # 4 channels into a Linear(5, ...): the model's own bug
+
+
+def test_a_model_that_fails_in_eager_is_named_as_such_without_tracebacks(capfd):
+    """A forward that raises in PyTorch itself (a size mismatch, a wrong input) is reported as the model's error:
+    the module, the user's line, the input shapes and what to do, not as code torch.export cannot capture with a
+    data-dependence fix; and torch's fake-tensor logger prints no traceback of the failing meta kernel."""
+    with pytest.raises(PortTraceError) as e:
+        port.trace(_Mismatch(), torch.randn(2, 3, 6, 6))
+    msg = str(e.value)
+    assert "raises on the example input in PyTorch itself at module path 'fc'" in msg, msg
+    assert f"{__file__}:" in msg and "[(2, 3, 6, 6)]" in msg and "Fix:" in msg and "depend" not in msg
+    with pytest.raises(PortTraceError, match="at module path 'c'"):
+        port.trace(_Mismatch(), torch.randn(2, 5, 6, 6))
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "failed while attempting to run meta" not in err, err[-2000:]
 
 
 def test_bad_logits_shape():

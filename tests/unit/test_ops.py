@@ -794,3 +794,60 @@ def test_is_causal_with_fewer_queries_than_keys_trains_like_eager():
     tr = port.Trainer(_CausalCross(), x, optimizer=SGD(0.1))
     assert "attention" not in {o.kind for o in tr.graph.ops}
     _steps_like_eager(tr, _CausalCross(), x, y, 0.1)
+
+
+class _LNTrailing(nn.Module):
+    """nn.LayerNorm over the trailing [C, H, W] of a conv's output (affine) and over [T, D] of a sequence (no
+    affine): one layer_norm record each (attribute dims), not a torch_op."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.ln = nn.LayerNorm([4, 5, 3])
+        self.ln2 = nn.LayerNorm([4, 15], elementwise_affine=False)
+        self.fc = nn.Linear(60, 3)
+
+    def forward(self, x):
+        h = self.ln(self.conv(x))
+        h = self.ln2(h.flatten(2))
+        return self.fc(h.flatten(1))
+
+
+def test_layer_norm_over_trailing_dims_is_a_record_equal_to_autograd():
+    """The blocker list's 'layer_norm over any trailing dims': the record normalizes the last ``dims`` dims as one
+    row; its torch binding forward and backward equal autograd in float64 (odd shapes, affine and not), the C
+    kernels run it, and training equals eager (it was a torch_op)."""
+    gen = torch.Generator().manual_seed(3)
+    r = ops.record("layer_norm")
+    for shape, k, affine in (((2, 3, 5, 7), 3, True), ((3, 5, 7), 2, False), ((2, 3, 5, 7), 2, True)):
+        x = _rand(shape, gen)
+        ns = list(shape[-k:])
+        wb = [_rand(ns, gen), _rand(ns, gen)] if affine else []
+        attrs = {"eps": 1e-5, "affine": ("weight", "bias") if affine else (), "dims": k}
+        ins, outs = registry.call_shapes("layer_norm", attrs, [x.shape] + [t.shape for t in wb], [None, None])
+        y, st = torch.empty(shape, dtype=torch.float64), torch.empty(outs[1][0], dtype=torch.float64)
+        r.torch("layer_norm", attrs, [x] + wb, [y, st], _env())()
+        torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, ns, *(wb or [None, None]), eps=1e-5),
+                                   rtol=1e-12, atol=1e-12)
+        dy = _rand(shape, gen)
+        leaves = [t.clone().requires_grad_(True) for t in [x] + wb]
+        want = torch.autograd.grad(torch.nn.functional.layer_norm(leaves[0], ns, *(leaves[1:] or [None, None]),
+                                                                   eps=1e-5), leaves, dy)
+        dx = torch.empty_like(x)
+        r.torch("layer_norm.grad_input", attrs, [dy, x, st] + wb[:1], [dx], _env())()
+        torch.testing.assert_close(dx, want[0], rtol=1e-10, atol=1e-12)
+        if affine:
+            g = attrs | {"grads": ("weight", "bias")}
+            dw, db = torch.zeros(ns, dtype=torch.float64), torch.zeros(ns, dtype=torch.float64)
+            r.torch("layer_norm.grad_weight", g, [dy, x, st], [dw, db], _env())()
+            torch.testing.assert_close(dw, want[1], rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(db, want[2], rtol=1e-10, atol=1e-12)
+    with pytest.raises(CallShapeError, match="dims"):
+        registry.call_shapes("layer_norm", {"eps": 1e-5, "affine": (), "dims": 4}, [(2, 3, 5, 7)], [None, None])
+    x, y = torch.randn(4, 3, 7, 5), torch.tensor([0, 1, 2, 1])
+    tr = port.Trainer(_LNTrailing(), x, optimizer=SGD(0.1))
+    lns = [o for o in tr.graph.ops if o.kind == "layer_norm"]
+    assert [o.attr("dims") for o in lns] == [3, 2] and "torch_op" not in {o.kind for o in tr.graph.ops}
+    assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
+    _steps_like_eager(tr, _LNTrailing(), x, y, 0.1, 3)
