@@ -120,7 +120,7 @@ def _one_input(model: Any):
 
         def forward(self, x):
             return self.inner(x)
-    return OneInput(model)
+    return OneInput(model).eval()    # the inner copy is eval already; the exporters warn on a training wrapper
 
 
 @contextlib.contextmanager
