@@ -2,14 +2,15 @@
 latency + bytes / bandwidth (least squares). CPU engines sharing memory (C kernels, torch-cpu) hand
 over zero-copy: only the pointer hand-over is timed (bandwidth = inf). The opencl engine on unified memory hands
 over as the executor does (port.exec.handoff): to the host, a queued kernel on the tensor and the wait for it;
-from the host, nothing to wait for (bandwidth = inf either way: no bytes move)."""
+from the host, nothing to wait for (bandwidth = inf either way: no bytes move). A queued engine's join (Plan.joins)
+is measured apart (:func:`measure_joins`): the wait on a queue that has drained, not on a busy one."""
 from __future__ import annotations
 
 import math
 import statistics
 
 from port.config import DeviceConfig
-from port.cost.types import HandoffCost
+from port.cost.types import HandoffCost, MODELED_JOIN_MS
 from port.cost.timing import time_callable
 
 CPU_BACKENDS = ("c", "torch-cpu")
@@ -82,4 +83,36 @@ def measure_handoff(device: DeviceConfig, present: list[str], quick: bool = Fals
             else:
                 lat, bpm = fit_latency_bandwidth(xs, ys)
             out.append(HandoffCost(s, d, lat, bpm, True))
+    return out
+
+
+JOIN_SAMPLES, QUICK_JOIN_SAMPLES, JOIN_WARMUP = 400, 100, 20
+
+
+def queued_accelerators(device: DeviceConfig) -> tuple[str, ...]:
+    """The ids of ``device``'s engines that queue their calls (port.lower.program.QUEUED_BACKENDS)."""
+    from port.lower.program import QUEUED_BACKENDS
+    return tuple(a.id for a in device.accelerators if a.backend in QUEUED_BACKENDS)
+
+
+def modeled_joins(device: DeviceConfig) -> dict[str, float]:
+    """Per queued engine of ``device``, its join figure where none is measured: types.MODELED_JOIN_MS."""
+    return {a: MODELED_JOIN_MS for a in queued_accelerators(device)}
+
+
+def measure_joins(device: DeviceConfig, present: list[str], quick: bool = False) -> dict[str, float]:
+    """Per present queued engine, the host's join of its drained queue in ms (its ``finish()``; median of
+    JOIN_SAMPLES after JOIN_WARMUP): what a plan's ``join`` call costs once the queue's work is done (the wait
+    for a busy queue is the simulator's lanes)."""
+    import torch
+    out = {}
+    for a in queued_accelerators(device):
+        if a not in present or device.accelerator(a).memory == "own":
+            continue
+        from port.exec.backends.opencl import join_probe
+        t = torch.zeros(16, dtype=torch.float32)
+        run = join_probe(t)
+        for _ in range(JOIN_WARMUP):
+            run()
+        out[a] = statistics.median(run() for _ in range(QUICK_JOIN_SAMPLES if quick else JOIN_SAMPLES))
     return out

@@ -20,7 +20,10 @@ a plan runs any op on it (port.cost.footprint); a plan pays it once per accelera
 (optional; absent: none): the accelerators whose engine has its own memory (the device YAML's ``memory: own``):
 the solver, the simulator and lowering read it from here. ``shared_compute`` (optional; absent: none):
 accelerator -> the accelerator whose cores it computes on (the device YAML's ``shares_compute_with``): the
-simulator's and the ILP's makespan do not overlap it.
+simulator's and the ILP's makespan do not overlap it. ``join_ms`` (optional; absent: none, read as
+types.MODELED_JOIN_MS): queued accelerator -> the host's join of its drained queue in ms (Plan.joins; measured by
+``port profile`` where the engine is present: port.cost.handoff.measure_joins); the simulator and the ILP price an
+explicit join with it.
 """
 from __future__ import annotations
 
@@ -58,6 +61,7 @@ def profile_to_dict(p: Profile) -> dict:
         "engine_bytes": dict(p.engine_bytes),
         **({"own_memory": list(p.own_memory)} if p.own_memory else {}),
         **({"shared_compute": dict(p.shared_compute)} if p.shared_compute else {}),
+        **({"join_ms": dict(p.join_ms)} if p.join_ms else {}),
         "handoff": [{"src": h.src, "dst": h.dst, "latency_ms": h.latency_ms,
                      "bytes_per_ms": None if math.isinf(h.bytes_per_ms) else h.bytes_per_ms,
                      "measured": h.measured} for h in p.handoff],
@@ -208,13 +212,19 @@ def _profile_body(d: dict, dev: str, where: str) -> Profile:
                                                and a != b for a, b in shared.items()):
         raise ProfileError(f"{where}: key 'shared_compute' = {_shown(shared)}: expected a mapping accelerator id -> "
                            f"another accelerator id among {accs}; {_RERUN}")
+    joins = d.get("join_ms", {})          # absent in files written before it existed: MODELED_JOIN_MS
+    if not isinstance(joins, dict) or not all(isinstance(a, str) and a in accs for a in joins):
+        raise ProfileError(f"{where}: key 'join_ms' = {_shown(joins)}: expected a mapping accelerator id -> ms "
+                           f"among {accs}; {_RERUN}")
+    join = {a: _number(v, where, f"join_ms.{a}") for a, v in joins.items()}
     entries.sort(key=lambda e: (e.signature, e.accelerator, e.variant))
     return Profile(device=dev, accelerators=tuple(accs), entries=tuple(entries),
                    handoff=tuple(sorted(hand, key=lambda h: (h.src, h.dst))),
                    threads=threads, host=tuple(sorted((str(k), str(v)) for k, v in host.items())),
                    memory_bytes=memory, accelerator_caps=tuple(sorted(caps.items())),
                    storage=tuple(sorted(storage.items())), engine_bytes=tuple(sorted(engine.items())),
-                   own_memory=tuple(sorted(set(own))), shared_compute=tuple(sorted(shared.items())))
+                   own_memory=tuple(sorted(set(own))), shared_compute=tuple(sorted(shared.items())),
+                   join_ms=tuple(sorted(join.items())))
 
 
 def save_profile(p: Profile, path: str | Path) -> Path:
@@ -293,10 +303,15 @@ def merge_profiles(profiles: Iterable[Profile | str | Path], device: str | None 
         caps.update(dict(p.accelerator_caps))
         for k, v in p.engine_bytes:       # the largest footprint measured: what any of the machines kept
             engine[k] = max(engine.get(k, 0), v)
+    joins: dict[str, list[float]] = {}     # per queued engine, the median of the machines' joins
+    for p in ps:
+        for k, v in p.join_ms:
+            joins.setdefault(k, []).append(v)
     return Profile(device=device, accelerators=tuple(accs), entries=tuple(merged),
                    handoff=tuple(hand[k] for k in sorted(hand)), threads=max(p.threads for p in ps),
                    host=tuple(sorted(host.items())), memory_bytes=max(p.memory_bytes for p in ps),
                    accelerator_caps=tuple(sorted(caps.items())), storage=ps[0].storage,
                    engine_bytes=tuple(sorted(engine.items())),
                    own_memory=tuple(sorted({a for p in ps for a in p.own_memory})),
-                   shared_compute=tuple(sorted({x for p in ps for x in p.shared_compute})))
+                   shared_compute=tuple(sorted({x for p in ps for x in p.shared_compute})),
+                   join_ms=tuple((a, float(statistics.median(v))) for a, v in sorted(joins.items())))

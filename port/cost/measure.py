@@ -367,6 +367,16 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                 hand[(h.src, h.dst)] = h
         except Exception as e:  # noqa: BLE001
             rep.notes.append(f"hand-off measurement failed ({type(e).__name__}: {e}); modeled")
+    from port.cost.handoff import measure_joins, modeled_joins
+    joins = modeled_joins(dev)              # a queued engine's join of its drained queue (Plan.joins)
+    cached_join = {a: v for a, v in cp.join_ms if a in present} if cache is not None else {}
+    if reuse_all and set(cached_join) >= {a for a in joins if a in present}:
+        joins.update(cached_join)
+    elif handoff and any(a in present for a in joins) and not out_of_time():
+        try:
+            joins.update(measure_joins(dev, list(present), quick=block_ms < DEFAULT_BLOCK_MS))
+        except Exception as e:  # noqa: BLE001
+            rep.notes.append(f"join measurement failed ({type(e).__name__}: {e}); modeled")
 
     info = host_info(graph)
     info.update(peaks)
@@ -394,7 +404,7 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                    threads=max(acc_threads.values()) if acc_threads else 0,
                    host=tuple(sorted(info.items())), memory_bytes=dev.memory, accelerator_caps=caps,
                    storage=storage, own_memory=CM.own_memory_accelerators(dev),
-                   shared_compute=CM.shared_compute_pairs(dev))
+                   shared_compute=CM.shared_compute_pairs(dev), join_ms=tuple(sorted(joins.items())))
     engine = _engine_footprints(graph, dev, present, acc_threads, dict(cp.engine_bytes) if same_graph else {},
                                 stale, rep, seed)
     if engine:

@@ -162,6 +162,7 @@ def shared_compute_pairs(device: DeviceConfig) -> tuple[tuple[str, str], ...]:
 
 def modeled_profile(graph: Graph, device: DeviceConfig) -> Profile:
     """A fully modeled Profile of ``graph`` on ``device`` (every accelerator, every legal variant)."""
+    from port.cost.handoff import modeled_joins
     caps = tuple((a.id, a.memory_cap) for a in device.accelerators if a.memory_cap is not None)
     from port.cost.storage import declared_storage   # () when the config leaves the figures to `port profile`
     storage = declared_storage(device)
@@ -177,4 +178,5 @@ def modeled_profile(graph: Graph, device: DeviceConfig) -> Profile:
         storage=storage,
         own_memory=own_memory_accelerators(device),
         shared_compute=shared_compute_pairs(device),
+        join_ms=tuple(sorted(modeled_joins(device).items())),
     )

@@ -10,6 +10,10 @@ from typing import Sequence
 # profile: measured or modeled cost of every (op signature, accelerator, variant)
 # =============================================================================================
 PROFILE_FORMAT_VERSION = 2   # 2: entries timed through the op registry (what the executor runs)
+# the host's join of a queued engine (Plan.joins) once its queue has drained, where no figure is measured (a
+# modeled engine, a profile written before joins were): PoCL's finish() on a drained queue measured ~1 us
+# (2026-11-29); a hand-off's latency also holds the wait for a busy queue, which the simulator's lanes model
+MODELED_JOIN_MS = 0.002
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,9 @@ class Profile:
     # (accelerator, accelerator) pairs: the first engine computes on the second's cores (a device YAML's
     # ``shares_compute_with``): the simulator's and the ILP's makespan do not overlap it (port.verify.simulate)
     shared_compute: tuple[tuple[str, str], ...] = ()
+    # (queued accelerator id, ms): the host's join of that engine's queue once it has drained (Plan.joins: its
+    # finish(), median of many; port.cost.handoff.measure_joins) or MODELED_JOIN_MS; read by :meth:`join_ms_of`
+    join_ms: tuple[tuple[str, float], ...] = ()
     _index: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def lookup(self, signature: str, accelerator: str, variant: str) -> OpCost | None:
@@ -110,7 +117,8 @@ class Profile:
                        accelerator_caps=tuple(c for c in self.accelerator_caps if c[0] in ks),
                        engine_bytes=tuple(c for c in self.engine_bytes if c[0] in ks),
                        own_memory=tuple(a for a in self.own_memory if a in ks),
-                       shared_compute=tuple(p for p in self.shared_compute if p[0] in ks and p[1] in ks), _index={})
+                       shared_compute=tuple(p for p in self.shared_compute if p[0] in ks and p[1] in ks),
+                       join_ms=tuple(j for j in self.join_ms if j[0] in ks), _index={})
 
     def own_map(self) -> dict[str, str]:
         """accelerator -> its memory's name for the engines with their own memory (simulate's ``own``)."""
@@ -124,6 +132,11 @@ class Profile:
     def engine_bytes_of(self, accelerator: str) -> int:
         """The resident footprint of ``accelerator``'s engine (0 when none is recorded)."""
         return dict(self.engine_bytes).get(accelerator, 0)
+
+    def join_ms_of(self, accelerator: str) -> float:
+        """The host's join of ``accelerator``'s drained queue (Plan.joins), ms: the profile's figure, else
+        MODELED_JOIN_MS (a profile written before joins were recorded)."""
+        return dict(self.join_ms).get(accelerator, MODELED_JOIN_MS)
 
     def handoff_cost(self, src: str, dst: str) -> HandoffCost:
         if src == dst:
@@ -139,7 +152,8 @@ class Profile:
                            [[h.src, h.dst, h.latency_ms, str(h.bytes_per_ms)] for h in self.handoff]]
                           + ([[list(x) for x in self.engine_bytes]] if self.engine_bytes else [])
                           + ([["own_memory", *self.own_memory]] if self.own_memory else [])
-                          + ([["shared_compute", *map(list, self.shared_compute)]] if self.shared_compute else []),
+                          + ([["shared_compute", *map(list, self.shared_compute)]] if self.shared_compute else [])
+                          + ([["join_ms", *map(list, self.join_ms)]] if self.join_ms else []),
                           separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
 

@@ -142,11 +142,11 @@ def _queued(accelerators) -> frozenset[str]:
 
 
 def join_ms(profile: Profile, acc: str) -> float:
-    """An explicit join of queue ``acc`` (Plan.joins) on the host thread once the queue has drained: a hand-off
-    from ``acc`` to a host engine without bytes (the least latency of the profile's hand-offs from ``acc`` to an
-    engine on host memory). The wait for a busy queue is the lanes' (``_Timelines.handoff``)."""
-    return min((h.latency_ms for h in profile.handoff if h.src == acc and h.dst != acc
-                and h.dst not in profile.own_memory), default=0.0)
+    """An explicit join of queue ``acc`` (Plan.joins) on the host thread once the queue has drained: the profile's
+    join figure (``Profile.join_ms_of``: the engine's finish() on a drained queue, measured by ``port profile``),
+    not a hand-off's latency (that holds the wait for a busy queue, which is the lanes' here:
+    ``_Timelines.handoff``)."""
+    return profile.join_ms_of(acc)
 
 
 class _Timelines:

@@ -175,3 +175,22 @@ def test_the_ilps_joined_plan_trains_equal_to_eager():
     _pl, _tl, tr = compare(M.get("resnet8", seed=0), data("resnet8", 4, 2), plan=plan)
     assert [c.kernel for c in tr.executor.program.calls].count("join") == len(plan.joins)
     tr.close()
+
+
+def test_the_split_profile_measures_the_queues_join(tmp_path):
+    """``port profile`` of the split YAML (quick: two tiny blocks, the plain variants) measures the opencl engine's
+    join of its drained queue (Profile.join_ms: its finish(), median of many): what a plan's ``join`` call costs,
+    well under the hand-off latency from the queue (a kernel's run and the wait for it); it survives save/load."""
+    import port
+    from port.cost.io import load_profile, save_profile
+    from port.cost.measure import profile_with_report
+    from port.cost.types import MODELED_JOIN_MS
+    import torch
+    g = port.trace(M.get("digits_cnn", seed=0), torch.randn(2, 1, 8, 8), optimizer="sgd_momentum")
+    prof, rep = profile_with_report(g, SPLIT, blocks=2, block_ms=1.0, warmup_ms=0.5, variants=("plain",),
+                                    peak_memory=False, program_order=False, calibrate_peaks=False)
+    if "opencl" not in {a for a, _v in prof.join_ms} or not any(h.measured for h in prof.handoff if h.src == "opencl"):
+        pytest.skip(f"the opencl engine was not measured here: {rep.notes}")
+    j = dict(prof.join_ms)["opencl"]
+    assert j != MODELED_JOIN_MS and 0 < j < min(h.latency_ms for h in prof.handoff if h.src == "opencl" and h.measured)
+    assert load_profile(save_profile(prof, tmp_path / "p.json")).join_ms == prof.join_ms

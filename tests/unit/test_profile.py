@@ -521,3 +521,29 @@ def test_plain_and_inplace_calls_of_ops_with_a_default_variant_are_retimed_in_pr
         assert (graph.signature(o), "cpu-c", "inplace") in got["seen"], o.name
     steps = dict(prof.host)[M.CALIBRATE_STEPS_KEY].split(",")
     assert len(steps) == 3       # the default plan, then the unfused and the all-plain ones
+
+
+def test_join_figures_round_trip_merge_and_default(tmp_path):
+    """Profile.join_ms (a queued engine's join of its drained queue, Plan.joins): saved under the documented key
+    ``join_ms`` (accelerator -> ms), read back, in the digest, kept by only() for its engine, merged to the median;
+    a file without the key (written before it existed) reads MODELED_JOIN_MS; a bad value is refused."""
+    from dataclasses import replace
+    from port.cost.types import MODELED_JOIN_MS, HandoffCost
+    p = Profile("d", ("cpu-c", "opencl"), (), (HandoffCost("opencl", "cpu-c", 0.15, math.inf),),
+                join_ms=(("opencl", 0.001),))
+    d = json.loads(save_profile(p, tmp_path / "a.json").read_text())
+    assert d["join_ms"] == {"opencl": 0.001}
+    back = load_profile(tmp_path / "a.json")
+    assert back.join_ms == p.join_ms and back.join_ms_of("opencl") == 0.001 and back.digest() == p.digest()
+    assert replace(p, join_ms=(("opencl", 0.002),)).digest() != p.digest()
+    assert p.only(["opencl"]).join_ms == p.join_ms and p.only(["cpu-c"]).join_ms == ()
+    m = merge_profiles([p, replace(p, join_ms=(("opencl", 0.003),)), replace(p, join_ms=(("opencl", 0.01),))])
+    assert m.join_ms == (("opencl", 0.003),)
+    old = replace(p, join_ms=())
+    assert "join_ms" not in json.loads(save_profile(old, tmp_path / "b.json").read_text())
+    assert load_profile(tmp_path / "b.json").join_ms_of("opencl") == MODELED_JOIN_MS
+    for bad in ({"gpu": 0.001}, {"opencl": -1}, [0.001]):
+        d2 = {k: v for k, v in d.items() if k != "sha256"} | {"join_ms": bad}
+        (tmp_path / "c.json").write_text(json.dumps(d2))
+        with pytest.raises(ProfileError, match="join_ms"):
+            load_profile(tmp_path / "c.json")

@@ -179,3 +179,33 @@ def test_the_makespan_model_takes_a_joined_plan_the_holds_to_the_end_refuse(spli
     obj = sum(c * w[j] for j, c in m.obj.items()) + sim.breakdown["overhead_ms"]
     assert obj == pytest.approx(sim.breakdown["makespan_ms"], rel=1e-6)
     assert _warm_values(inst, m, v, *_warm_of(inst, plan)) is None
+
+
+def test_a_join_costs_the_profiles_join_figure_not_a_handoffs_latency(split):
+    """A join of a drained queue is priced at the profile's join figure (Profile.join_ms: the engine's finish(),
+    measured by ``port profile``), not at the least hand-off latency from the queue (0.15 ms in the split YAML, a
+    wait that holds the busy queue's work, which the lanes model): the simulator's step and the makespan model's
+    objective (formulation's join cost) both follow the figure, here set to 0.4 ms against the modeled 2 us."""
+    from port.cost.types import MODELED_JOIN_MS
+    from port.solver.formulation import build, join_candidates
+    from port.solver.ilp import _warm_of, _warm_values, _with_objective
+    from port.solver.instance import build_instance
+    g, plan, prof = split
+    assert dict(prof.join_ms) == {"opencl": MODELED_JOIN_MS}
+    assert MODELED_JOIN_MS < min(h.latency_ms for h in prof.handoff if h.src == "opencl")
+    slow = dataclasses.replace(prof, join_ms=(("opencl", 0.4),), _index={})
+    inst = _with_objective(build_instance(g, slow, nested=False, prune=False), "makespan")
+    cands = join_candidates(inst)
+    ids = [o.id for o in g.ops if o.name in ON_QUEUE]
+    joined = _joined(g, plan, {min(c for c in cands if c >= i + 2) for i in ids})
+    n = len(joined.joins)
+    for p, j in ((prof, MODELED_JOIN_MS), (slow, 0.4)):
+        s0, s1 = simulate(plan, g, p), simulate(joined, g, p)
+        assert s1.breakdown["handoff_ms"] == pytest.approx(s0.breakdown["handoff_ms"] + n * j)
+        assert s1.step_ms == pytest.approx(s0.step_ms + n * j)
+    sim = simulate(joined, g, slow)
+    m, v = build(inst, sim.peak_bytes)
+    w = _warm_values(inst, m, v, *_warm_of(inst, joined))
+    obj = sum(c * w[j] for j, c in m.obj.items()) + sim.breakdown["overhead_ms"]
+    assert obj == pytest.approx(sim.breakdown["makespan_ms"], rel=1e-6)
+    assert sim.breakdown["makespan_ms"] > simulate(joined, g, prof).breakdown["makespan_ms"]

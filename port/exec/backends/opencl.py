@@ -273,6 +273,23 @@ def handoff_probe(t, to_host: bool) -> Callable[[], None]:
     return run if to_host else (lambda: None)
 
 
+def join_probe(t) -> Callable[[], float]:
+    """The host's join of a drained queue (Plan.joins: a ``join`` call, ``Engine.finish``), for ``port profile``:
+    one sample enqueues a kernel writing ``t``'s first element and waits for the queue outside the engine's count
+    (its pending kernel stays counted, as after the executor's enqueues), then times ``finish()``; returns ms."""
+    import time
+    e = engine()
+    x = Operand(*e.buffer_of(t.view(-1)[:1], {}), (1,))
+
+    def run() -> float:
+        e.run("act_fwd", (1,), None, *x.a(), *x.a(), _L(1), _I(0))
+        e.queue.finish()
+        t0 = time.perf_counter()
+        e.finish()
+        return (time.perf_counter() - t0) * 1e3
+    return run
+
+
 def copy_probe(t, to_host: bool) -> Callable[[], None]:
     """A copy hand-off of host tensor ``t`` between the host and the engine's own memory, as the executor runs
     one for a program with an own arena (port.exec.handoff.bind_copy), for ``port profile``."""
