@@ -21,7 +21,8 @@ from port.cost.types import HandoffCost, OpCost, Profile
 from port.cost.io import load_profile
 from port.cost.runners import Runner, backend_available, get_runner
 from port.cost.timing import TimingTask, summarize, time_block, warm_up
-from port.verify.simulate import CALL_DISPATCH_KEY, RT_ACCELERATORS_KEY, STATE_SYNC_KEY, STEP_OVERHEAD_KEY
+from port.verify.simulate import (CALL_DISPATCH_KEY, RT_ACCELERATORS_KEY, STATE_SYNC_KEY, STEP_OVERHEAD_KEY,
+                                  TIMED_CALL_KEY)
 
 # defaults: 5 blocks of ~20 ms per entry; --quick: 3 blocks of ~5 ms
 DEFAULT_BLOCKS, DEFAULT_BLOCK_MS, DEFAULT_WARMUP_MS = 5, 20.0, 10.0
@@ -413,7 +414,7 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
     # per-step overhead above all: without it every plan's predicted step loses that time)
     kept = {k: v for k, v in cp.host
             if k.startswith((STEP_OVERHEAD_KEY, CALL_DISPATCH_KEY, STATE_SYNC_KEY, RT_ACCELERATORS_KEY,
-                             "in_program."))} \
+                             TIMED_CALL_KEY, "in_program."))} \
         if same_graph and reuse_all else {}
     if kept:
         prof = replace(prof, host=tuple(sorted({**dict(prof.host), **kept}.items())), _index={})
@@ -468,8 +469,8 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                 elif STEP_OVERHEAD_KEY in notes:   # every entry cached (another graph): only the step overhead
                     prof = with_step_overhead(prof, float(notes[STEP_OVERHEAD_KEY]),
                                               "profile: untimed step wall - timed calls, default plan")
-                    more = {k: notes[k] for k in (CALL_DISPATCH_KEY, STATE_SYNC_KEY, RT_ACCELERATORS_KEY)
-                            if k in notes}
+                    more = {k: notes[k] for k in (CALL_DISPATCH_KEY, STATE_SYNC_KEY, RT_ACCELERATORS_KEY,
+                                                  TIMED_CALL_KEY) if k in notes}
                     prof = replace(prof, host=tuple(sorted({**dict(prof.host), **more}.items())), _index={})
                     rep.overhead_measured = True
                     rep.notes.append(f"{STEP_OVERHEAD_KEY}: {notes[STEP_OVERHEAD_KEY]}")
@@ -817,6 +818,7 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
 
     seen: dict[tuple[str, str, str], list[float]] = {}
     notes_skipped: list[str] = []
+    ncalls = 0
     rt_accs: set[str] = set()
     run_state = None
     gen = torch.Generator().manual_seed(seed)
@@ -876,6 +878,7 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
                     mine.setdefault(key, []).append(ms)
                 if pi == 0:   # paired with the timed step just run: a load change between them cancels out
                     diffs.append(untimed_ms() - r["total_ms"])
+                    ncalls = len(r["calls"])
         except Exception as e:  # noqa: BLE001 - a mixed or LATER plan is an extra context; the others stand
             if not isinstance(book, frozenset) and book != LATER:
                 raise
@@ -889,6 +892,9 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
     if overhead is not None:
         prof = with_step_overhead(prof, overhead, "profile: untimed step wall - timed calls, default plan")
         notes[STEP_OVERHEAD_KEY] = f"{max(0.0, overhead):.4f}"
+        # the untimed step shorter than its timed calls: the timers' cost, per call (simulate's
+        # timed_call_saving_ms takes it off the plans the per-op executor runs)
+        notes[TIMED_CALL_KEY] = f"{max(0.0, -overhead) * 1e3 / max(1, ncalls):.4f}"
     c_accs = sorted({d.accelerator for p in plans for d in p.ops if d.accelerator in rt_accs})
     if c_accs:     # the whole-step C engine runs plans on these without the per-call dispatch timed above
         notes[CALL_DISPATCH_KEY] = f"{measure_call_dispatch_us():.4f}"
@@ -899,7 +905,7 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
         notes[CALIBRATE_STEPS_KEY] = ",".join(str(counts[i]) for i in sorted(counts))
     if notes_skipped:
         notes["in_program.skipped"] = "; ".join(notes_skipped)
-    keys = (CALIBRATE_STEPS_KEY, CALL_DISPATCH_KEY, STATE_SYNC_KEY, RT_ACCELERATORS_KEY)
+    keys = (CALIBRATE_STEPS_KEY, CALL_DISPATCH_KEY, STATE_SYNC_KEY, RT_ACCELERATORS_KEY, TIMED_CALL_KEY)
     if any(k in notes for k in keys):
         host = {**dict(prof.host), **{k: notes[k] for k in keys if k in notes}}
         prof = replace(prof, host=tuple(sorted(host.items())), _index={})

@@ -14,7 +14,8 @@ its inputs), and paging (latency + bytes / bandwidth for each page_out and each 
 fixed per-step overhead when the profile records one (host ``executor.step_overhead_ms``: the wall time of a
 step outside its kernel calls, measured by ``port profile`` and corrected by ``port train --replan``; the same
 for every plan, so it moves no decision), less the per-call dispatch the whole-step C engine does not pay on
-plans it runs (:func:`rt_dispatch_saving_ms`; in ``overhead_ms``, so it moves no decision either).
+plans it runs (:func:`rt_dispatch_saving_ms`), less what the per-op executor's call timers added to the prices on
+plans it runs untimed (:func:`timed_call_saving_ms`); both in ``overhead_ms``, so they move no decision either.
 
 Overlap: ``step_ms`` is the serial sum (the ILP's "serial" objective). ``breakdown["makespan_ms"]`` is the
 step with the engines overlapped as the executor issues them (``_Timelines``: a queued engine's calls run while
@@ -67,6 +68,7 @@ STEP_OVERHEAD_KEY = "executor.step_overhead_ms"   # the Python executor's wall p
 CALL_DISPATCH_KEY = "executor.call_dispatch_us"   # what its timed call adds to every C call (closure, ctypes)
 STATE_SYNC_KEY = "executor.state_sync_us"   # what it adds on top to a call reading the run state (updates, dropout)
 RT_ACCELERATORS_KEY = "executor.rt_accelerators"  # accelerators whose ops the whole-step C engine runs
+TIMED_CALL_KEY = "executor.timed_call_us"   # what timing a call adds to it (the profile's prices are timed calls)
 
 
 def _host_ms(profile: Profile, key: str) -> float:
@@ -100,17 +102,39 @@ def rt_dispatch_saving_ms(plan: Plan, graph: Graph, profile: Profile, call_ms: l
     whole-step engine once a half step (hf.bert_seqcls, 1 thread, CPU time: the per-op engine's timed calls
     1.76 us a call over the rt engine's step, the dispatch figure 1.35; its 41 updates 1 us each)."""
     from port import ops as OPS
-    from port.exec.rtengine import RT_INPUT_DTYPES
     us = _host_ms(profile, CALL_DISPATCH_KEY)
     sync = _host_ms(profile, STATE_SYNC_KEY)
     stateful = set(OPS.with_tag("run_state"))
-    rt = {a for a in dict(profile.host).get(RT_ACCELERATORS_KEY, "").split(",") if a}
-    if not us or not rt or paged or any(d.accelerator not in rt for d in plan.ops):
-        return 0.0
-    if any(graph.tensors[t].dtype not in RT_INPUT_DTYPES for _k, t in graph.extra_inputs):
+    if not us or not rt_runs(plan, graph, profile, paged):
         return 0.0
     return sum(min((us + (sync if graph.ops[oid].kind in stateful else 0.0)) / 1e3, ms) for oid, ms in call_ms
                if ms > 0)
+
+
+def rt_runs(plan: Plan, graph: Graph, profile: Profile, paged: bool) -> bool:
+    """Whether a Trainer runs ``plan`` on the whole-step C engine (port.exec.rtengine.eligible's rules that a
+    plan decides): every op on an accelerator of the profile's ``executor.rt_accelerators``, every further input
+    of a dtype port-rt takes, nothing paged."""
+    from port.exec.rtengine import RT_INPUT_DTYPES
+    rt = {a for a in dict(profile.host).get(RT_ACCELERATORS_KEY, "").split(",") if a}
+    if not rt or paged or any(d.accelerator not in rt for d in plan.ops):
+        return False
+    return all(graph.tensors[t].dtype in RT_INPUT_DTYPES for _k, t in graph.extra_inputs)
+
+
+def timed_call_saving_ms(plan: Plan, graph: Graph, profile: Profile, call_ms: list[tuple[int, float]],
+                         paged: bool) -> float:
+    """What the per-op executor's call timers added to the profile's prices, on a plan it runs untimed (a
+    Trainer's step): the profile's op times are timed calls, and where a step's timed calls add up to more than
+    the same step run untimed (host ``executor.timed_call_us``, that difference per call of the default plan,
+    measured with the step overhead: tv.squeezenet1_1, 1 thread, CPU time: 231 timed calls 6.10 ms, the step
+    untimed 5.78 ms), a plan's step is that much shorter per call. 0 on plans the whole-step C engine runs: its
+    saving (:func:`rt_dispatch_saving_ms`) is taken against the timed calls already. A call saves at most its own
+    price; ``call_ms``: (op id, price) per executed call."""
+    us = _host_ms(profile, TIMED_CALL_KEY)
+    if not us or rt_runs(plan, graph, profile, paged):
+        return 0.0
+    return sum(min(us / 1e3, ms) for _oid, ms in call_ms if ms > 0)
 
 
 def queued_accelerators(plan: Plan) -> frozenset[str]:
@@ -333,9 +357,9 @@ def simulate(plan: Plan, graph: Graph, profile: Profile, own: dict[str, str] | N
         names = names + (f"engines of {', '.join(a for a in dict.fromkeys(d.accelerator for d in plan.ops) if profile.engine_bytes_of(a))} "
                          f"outside the arena ({E} B)",)
     names = names + (f"static: parameters/buffers/gradients/optimizer state/input ({S} B)",)
-    over = step_overhead_ms(profile) - rt_dispatch_saving_ms(plan, graph, profile,
-                                                             [(oid, costs[oid].latency_ms) for _k, oid in steps],
-                                                             sch.paged)
+    call_ms = [(oid, costs[oid].latency_ms) for _k, oid in steps]
+    over = step_overhead_ms(profile) - rt_dispatch_saving_ms(plan, graph, profile, call_ms, sch.paged) \
+        - timed_call_saving_ms(plan, graph, profile, call_ms, sch.paged)
     return SimResult(
         step_ms=comp + rcomp + hand + pagems + over, peak_bytes=timeline[pk], timeline=tuple(timeline),
         steps=tuple(steps), peak_step=pk, peak_tensors=names, static_bytes=S,

@@ -66,6 +66,39 @@ def test_plans_the_rt_engine_runs_are_priced_without_the_python_dispatch(graph):
     assert SIM.simulate(mixed, graph, rec).step_ms == pytest.approx(SIM.simulate(mixed, graph, prof).step_ms)
 
 
+def test_plans_the_per_op_executor_runs_untimed_are_priced_without_the_call_timers(graph):
+    """The profile's op times are timed calls; where the default plan's untimed step came out shorter than its
+    timed calls, the profile records that per call (executor.timed_call_us) and the simulator takes it off the
+    plans the per-op executor runs (a plan with a torch op), not off those the whole-step C engine runs (its
+    dispatch saving is taken against the timed calls already)."""
+    from port.verify import simulate as SIM
+    host = {SIM.CALL_DISPATCH_KEY: "2.0", SIM.RT_ACCELERATORS_KEY: "cpu-c"}
+    prof, plan, rec = _all_c(graph, **host)
+    _p, _q, timed = _all_c(graph, **host, **{SIM.TIMED_CALL_KEY: "3.0"})
+    assert SIM.simulate(plan, graph, timed).step_ms == pytest.approx(SIM.simulate(plan, graph, rec).step_ms)
+    last = plan.ops[-1]
+    mixed = replace(plan, ops=plan.ops[:-1] + (type(last)(last.op, "cpu-torch", "plain"),))
+    base, less = SIM.simulate(mixed, graph, rec), SIM.simulate(mixed, graph, timed)
+    costs = SIM._costs(graph, prof, mixed)
+    saving = sum(min(3.0 / 1e3, costs[oid].latency_ms) for _k, oid in base.steps if costs[oid].latency_ms > 0)
+    assert saving > 0 and less.step_ms == pytest.approx(base.step_ms - saving)
+    assert less.breakdown["overhead_ms"] == pytest.approx(base.breakdown["overhead_ms"] - saving)
+
+
+def test_program_order_retiming_records_the_call_timers_cost(graph):
+    """port.profile's re-timing records executor.timed_call_us with the step overhead: >= 0, and 0 exactly
+    when the untimed step is no shorter than its timed calls (then the step overhead carries the difference)."""
+    from port.lower.lower import default_plan
+    from port.verify import simulate as SIM
+    prof = modeled_profile(graph, load_device("host"))
+    plan = default_plan(graph, "c")
+    plan = replace(plan, ops=tuple(type(d)(d.op, "cpu-c", d.variant) for d in plan.ops))
+    out, notes = M.calibrate_in_program(graph, prof, [plan], steps=3, overhead_only=True, min_ms=0.0)
+    host = dict(out.host)
+    assert float(host[SIM.TIMED_CALL_KEY]) >= 0 and float(host[SIM.STEP_OVERHEAD_KEY]) >= 0
+    assert float(host[SIM.TIMED_CALL_KEY]) == 0 or float(host[SIM.STEP_OVERHEAD_KEY]) == 0
+
+
 def test_call_dispatch_is_measured_positive_and_small():
     us = M.measure_call_dispatch_us(calls=200, blocks=3)
     assert 0.0 < us < 1000.0
