@@ -104,7 +104,7 @@ class PaddedAttn(torch.nn.Module):
         e = self.emb(ids)
         q, k, v = self.qkv(e).unsqueeze(1).chunk(3, -1)
         h = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).squeeze(1)
-        h = h * mask.to(torch.float32).squeeze(1).mean(-1, keepdim=True)       # a cast reads the expand: a copy
+        h = h * mask.to(torch.float32).squeeze(1).mean(1)[..., None]            # a cast reads the expand: a copy
         keep = torch.logical_not(h < e) | (e > 0.1)
         return self.fc((h * keep.to(torch.float32) * m.to(torch.float32)[..., None]).reshape(n, -1))
 
