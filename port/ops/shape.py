@@ -410,7 +410,8 @@ def _narrow_torch(kind, a, I, O, env):
 
 
 # ---------------------------------------------------------------------------------------------
-# expand: a broadcast materialised (a copy; class tokens expanded over the batch); the gradient sums back
+# expand: a broadcast materialised (a copy; class tokens expanded over the batch); the gradient sums back. An
+# expand only broadcasting ops read (an SE gate, a layer scale, a mask) is no op: they read its input
 # ---------------------------------------------------------------------------------------------
 _EXPAND_RANK = 6      # PORT_BINARY_MAX_RANK: an expand of more merged dims stays on the torch engines
 
@@ -633,7 +634,8 @@ register(
              shapes=_expand_shapes, torch=_expand_torch, encode=_expand_encode,
              c_supports=lambda a: a.get("bcast_rank", 0) <= _EXPAND_RANK, aten=("expand",), capture=_expand_capture,
              bwd_vector_flops=lambda f, T: numel(T[f.outputs[0]].shape), tags=frozenset({"checkpoint"}),
-             doc="expand: x broadcast to the output's shape (a copy); the gradient sums dy back to x's shape (a "
+             doc="expand: x broadcast to the output's shape (a copy; none where every reader broadcasts x itself: "
+                 "expand_folds); the gradient sums dy back to x's shape (a "
                  "parameter's accumulates). Saves nothing. C kernels port_expand and port_binary_backward (an add's "
                  "sum; up to 6 merged dims)."),
 )
