@@ -85,8 +85,8 @@ class Views(torch.nn.Module):
 class PaddedAttn(torch.nn.Module):
     """HF's padding-mask chain (transformers' sdpa_mask) on int64 token ids with 0 as padding: ids.bool(),
     mask[batch_arange, kv_arange] by two broadcast index tensors, and with a registered causal mask, expand to
-    [B, 1, T, T], then attention under that boolean mask; a float copy of the mask scales the output, and so does
-    a mask from compares (tensor < tensor, tensor > number), not and or."""
+    [B, 1, T, T] (a copy: a cast reads it too), then attention under that boolean mask; a float copy of the mask
+    scales the output, and so does a mask from compares (tensor < tensor, tensor > number), not and or."""
 
     def __init__(self, t=7, d=12):
         super().__init__()
@@ -104,6 +104,7 @@ class PaddedAttn(torch.nn.Module):
         e = self.emb(ids)
         q, k, v = self.qkv(e).unsqueeze(1).chunk(3, -1)
         h = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).squeeze(1)
+        h = h * mask.to(torch.float32).squeeze(1).mean(1)[..., None]            # a cast reads the expand: a copy
         keep = torch.logical_not(h < e) | (e > 0.1)
         return self.fc((h * keep.to(torch.float32) * m.to(torch.float32)[..., None]).reshape(n, -1))
 

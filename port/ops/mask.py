@@ -120,9 +120,12 @@ def _logic_torch(kind, a, I, O, env):
 # ---- expand_mask: a bool mask broadcast to a larger shape (a copy) -------------------------------------------
 def _expand_capture(ctx):
     from port.ops.elementwise import broadcast_shape, collapse
+    from port.ops.shape import expand_folds
     xa = ctx.node.args[0]
     if not hasattr(xa, "name"):
         return False
+    if ctx.dtype(ctx.t(xa)) == BOOL and expand_folds(ctx):
+        return None         # read by where / masked_fill, which broadcast it: no copy
     x, y = ctx.t(xa), ctx.out()
     if ctx.dtype(x) != BOOL or broadcast_shape(ctx.shape(x), ctx.shape(y)) != ctx.shape(y) or \
             len(collapse(ctx.shape(x), ctx.shape(y), ctx.shape(y))[0]) > _RANK:

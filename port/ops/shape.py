@@ -410,7 +410,8 @@ def _narrow_torch(kind, a, I, O, env):
 
 
 # ---------------------------------------------------------------------------------------------
-# expand: a broadcast materialised (a copy; class tokens expanded over the batch); the gradient sums back
+# expand: a broadcast materialised (a copy; class tokens expanded over the batch); the gradient sums back. An
+# expand only broadcasting ops read (an SE gate, a layer scale, a mask) is no op: they read its input
 # ---------------------------------------------------------------------------------------------
 _EXPAND_RANK = 6      # PORT_BINARY_MAX_RANK: an expand of more merged dims stays on the torch engines
 
@@ -420,12 +421,70 @@ def _out_shape(ctx):
     return tuple(C.val_of(ctx.node).shape)
 
 
+# aten packets that broadcast their tensor operands -> (the argument positions, keywords) an expand may be in
+_BROADCASTING = {"mul": ((0, 1), ()), "add": ((0, 1), ()), "sub": ((0, 1), ()), "div": ((0, 1), ()),
+                 "where": ((0, 1, 2), ()), "masked_fill": ((1,), ()),
+                 "scaled_dot_product_attention": ((3,), ("attn_mask",))}
+
+
+def _packet_of(node) -> str:
+    return getattr(getattr(node.target, "_overloadpacket", None), "__name__", "")
+
+
+def _least_shape(a) -> tuple[int, ...]:
+    """The smallest shape node ``a`` may be read at: an expand's input's (it may be folded too), else its own."""
+    from port.ir import capture as C
+    if _packet_of(a) == "expand" and hasattr(a.args[0], "name"):
+        a = a.args[0]
+    return tuple(C.val_of(a).shape)
+
+
+def _broadcast_result(u) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
+    """(the shape reader ``u`` makes of its operands read at their least shapes, the shape it must make): for
+    attention the mask's broadcast to [N, H, Tq, Tk]."""
+    from port.ir import capture as C
+    from port.ops.elementwise import broadcast_shape
+    if _packet_of(u) == "scaled_dot_product_attention":
+        q, k = tuple(C.val_of(u.args[0]).shape), tuple(C.val_of(u.args[1]).shape)
+        mask = u.args[3] if len(u.args) > 3 else u.kwargs.get("attn_mask")
+        full = q[:-1] + k[-2:-1]
+        return broadcast_shape(_least_shape(mask), full), full
+    shape: tuple[int, ...] | None = ()
+    for v in u.args:
+        if hasattr(v, "name") and shape is not None:
+            shape = broadcast_shape(shape, _least_shape(v))
+    return shape, tuple(C.val_of(u).shape)
+
+
+def expand_folds(ctx) -> bool:
+    """Whether the expand ``ctx.node`` needs no copy: every reader is an op that broadcasts that operand (mul, add,
+    sub, div, where, masked_fill's mask, attention's mask) and makes the same shape from the expand's input (each
+    other operand read at its least shape), so it reads the input itself; the reader's gradient sums over the
+    broadcast dims, which is the expand's gradient. The node then names its input (the capture makes no op)."""
+    n = ctx.node
+    if not n.users or not hasattr(n.args[0], "name"):
+        return False
+    for u in n.users:
+        pos, keys = _BROADCASTING.get(_packet_of(u), (None, ()))
+        if u.op != "call_function" or pos is None or u.name in ctx.skip or \
+                any(getattr(v, "name", None) == n.name for k, v in u.kwargs.items() if k not in keys) or \
+                any(getattr(v, "name", None) == n.name for i, v in enumerate(u.args) if i not in pos):
+            return False
+        made, want = _broadcast_result(u)
+        if made != want:
+            return False
+    ctx.env[n.name] = ctx.t(n.args[0])
+    return True
+
+
 def _expand_capture(ctx):
     from port.ops.elementwise import broadcast_shape, collapse
     n = ctx.node
     xa = n.args[0]
     if not hasattr(xa, "name"):
         return False
+    if expand_folds(ctx):
+        return None
     x = ctx.t(xa)
     if ctx.shape(x) == _out_shape(ctx) and not ctx.is_param(xa):
         return ctx.alias(x)         # an expand to the same shape (-1 sizes): x itself, any dtype
@@ -575,7 +634,8 @@ register(
              shapes=_expand_shapes, torch=_expand_torch, encode=_expand_encode,
              c_supports=lambda a: a.get("bcast_rank", 0) <= _EXPAND_RANK, aten=("expand",), capture=_expand_capture,
              bwd_vector_flops=lambda f, T: numel(T[f.outputs[0]].shape), tags=frozenset({"checkpoint"}),
-             doc="expand: x broadcast to the output's shape (a copy); the gradient sums dy back to x's shape (a "
+             doc="expand: x broadcast to the output's shape (a copy; none where every reader broadcasts x itself: "
+                 "expand_folds); the gradient sums dy back to x's shape (a "
                  "parameter's accumulates). Saves nothing. C kernels port_expand and port_binary_backward (an add's "
                  "sum; up to 6 merged dims)."),
 )

@@ -23,7 +23,7 @@ from port.plan import variants as V
 from port.solver import solve
 from port.verify.simulate import simulate
 
-from nets54 import Views
+from nets54 import TwoInputs, Views
 
 N = 8
 
@@ -183,3 +183,71 @@ def test_a_channel_split_of_a_batch_of_one_is_a_view_the_c_kernels_read():
     b = next(o.outputs[0] for o in tr.graph.ops if o.kind == "narrow_view" and o.attr("start") == 5)
     assert (tr.program.slot(b).offset - tr.program.slot(tr.program.slot(b).root).offset) == 5 * 49 * 4
     _steps_like_eager(tr, _ChannelSplit(), x, y)
+
+
+class _ExpandGates(torch.nn.Module):
+    """expand read by ops that broadcast anyway: a squeeze-excitation gate (expand_as then mul), a layer scale
+    (a parameter expanded), a bool mask expanded over the channels into where and masked_fill; and one expand
+    also read by a reshape (a copy: the reshape needs the expanded bytes), its input read elsewhere too."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 6, 3, padding=1)
+        self.se = torch.nn.Linear(6, 6)
+        self.gamma = torch.nn.Parameter(torch.rand(6, 1, 1) + 0.5)
+        self.fc = torch.nn.Linear(6 + 24, 10)
+
+    def forward(self, x):                                          # x [N, 3, 5, 5]
+        h = self.conv(x)
+        s = torch.sigmoid(self.se(h.mean((2, 3))))                 # [N, 6]
+        h = h * s[:, :, None, None].expand_as(h)                   # folded: mul broadcasts s
+        h = h + self.gamma.expand(6, 5, 5) * h                     # folded: a parameter into mul
+        m = (h[:, :1] > 0).expand(-1, 6, -1, -1)                   # folded bool masks
+        h = torch.where(m, h, 0.1 * h).masked_fill((h[:, :, :1] < 0).expand(-1, -1, 5, -1), 0.0) + h
+        e = s[:, :, None].expand(-1, 6, 4)                         # kept: a reshape reads it too
+        k = (e * s[:, :1, None]).reshape(-1, 24) + e.reshape(-1, 24)
+        return self.fc(torch.cat([h.mean((2, 3)), k], 1))
+
+
+def test_an_expand_only_broadcasting_ops_read_is_no_op():
+    g = trace(_ExpandGates(), torch.randn(N, 3, 5, 5), optimizer="sgd", name="expand_gates")
+    kinds = [o.kind for o in g.ops]
+    assert kinds.count("expand") == 1 and "expand_mask" not in kinds, kinds      # the reshape's copy alone
+    e = next(o for o in g.ops if o.kind == "expand")
+    assert g.tensors[e.outputs[0]].shape == (N, 6, 4)
+    mul = next(o for o in g.ops if o.kind == "mul" and g.tensors[o.outputs[0]].shape == (N, 6, 5, 5))
+    assert [g.tensors[t].shape for t in mul.inputs] == [(N, 6, 5, 5), (N, 6, 1, 1)]     # the gate, not [N, 6, 5, 5]
+
+
+@pytest.mark.parametrize("backend,acc", [("c", "cpu-c"), ("torch-cpu", "cpu-torch")])
+def test_expand_gates_train_like_eager(backend, acc):
+    x, y = torch.randn(N, 3, 5, 5), torch.randint(0, 10, (N,))
+    tr = port.Trainer(_ExpandGates(), x, optimizer=port.optim.SGD(0.05, momentum=0.9), backend=backend)
+    kinds = {tr.graph.ops[d.op].kind: d.accelerator for d in tr.plan.ops}
+    assert kinds["mul"] == kinds["where"] == kinds["masked_fill"] == kinds["expand"] == acc, kinds
+    assert [c.kernel for c in tr.program.calls].count("expand") == 1
+    _steps_like_eager(tr, _ExpandGates(), x, y)
+
+
+@pytest.mark.parametrize("backend", ["c", "torch-cpu"])
+def test_an_attention_mask_expand_is_read_unexpanded(backend):
+    """HF's padding mask m[:, None, None, :].expand(n, 1, t, t) into attention: the kernel broadcasts the [N, 1,
+    1, T] mask itself (no expand_mask copy of N T T bytes); the model trains like eager."""
+    g = torch.Generator().manual_seed(7)
+    ids, y = torch.randint(1, 13, (N, 6), generator=g), torch.randint(0, 10, (N,), generator=g)
+    mask = torch.ones_like(ids)
+    mask[::3, -2:] = 0
+    x = {"input_ids": ids, "attention_mask": mask}
+    tr = port.Trainer(TwoInputs(), x, optimizer=port.optim.SGD(0.05, momentum=0.9), backend=backend)
+    att = next(o for o in tr.graph.ops if o.kind == "attention")
+    assert "expand_mask" not in {o.kind for o in tr.graph.ops} and att.attr("mask_dims") == (N, 1, 1, 6)
+    ref = TwoInputs()
+    opt = torch.optim.SGD(ref.parameters(), 0.05, momentum=0.9)
+    for _ in range(3):
+        loss = tr.step(x, y)
+        opt.zero_grad()
+        le = torch.nn.functional.cross_entropy(ref(ids, mask), y)
+        le.backward()
+        opt.step()
+        assert abs(loss - le.item()) <= 1e-5 * max(1.0, abs(le.item())), (loss, le.item())

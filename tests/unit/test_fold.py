@@ -136,14 +136,15 @@ def test_running_statistics_parameters_and_random_draws_are_not_folded():
 
 
 class _BigMask(nn.Module):
-    def __init__(self, t):
+    def __init__(self, t, copy=True):
         super().__init__()
-        self.t = t
+        self.t, self.copy = t, copy
         self.fc = nn.Linear(t, 3)
 
     def forward(self, x):                                # x [N, t, t]
         m = torch.ones(self.t, self.t, device=x.device).tril()[None].expand(x.shape[0], self.t, self.t)
-        return self.fc((x * m).mean(1))
+        h = torch.cat([x * m, m], 1) if self.copy else x * m      # (cat reads the expanded bytes: a copy)
+        return self.fc(h.mean(1))
 
 
 def test_a_large_constant_expand_stays_an_op_and_its_operand_is_held(monkeypatch):
@@ -157,6 +158,10 @@ def test_a_large_constant_expand_stays_an_op_and_its_operand_is_held(monkeypatch
     small = port.trace(_BigMask(8), torch.randn(4, 8, 8))     # 1 KiB: held expanded, no expand op
     assert [list(t.shape) for t in small.tensors if F.is_folded(t.name)] == [[4, 8, 8]]
     assert not any(o.kind == "expand" for o in small.ops)
+    g = port.trace(_BigMask(16, copy=False), x)          # mul alone reads it: mul broadcasts the held [1, 16, 16]
+    mul = next(o for o in g.ops if o.kind == "mul")
+    assert not any(o.kind == "expand" for o in g.ops) and [g.tensors[t].shape for t in mul.inputs] == [
+        (4, 16, 16), (1, 16, 16)], [o.kind for o in g.ops]
 
 
 class _DropPath(nn.Module):
