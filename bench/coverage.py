@@ -154,6 +154,12 @@ def main() -> None:
 # first op whose gradient departs beyond float32 eager's distance, its inputs and outputs read from the arena call
 # by call): what the table's NO means for them. A NO not listed here is unexplained.
 NOT_EQUAL = {
+    "tv.regnet_x_400mf": "already the first loss (the forward alone, before any update) is off float64 by about "
+                         "3x float32 eager's distance (2026-11-29 18:22: PORT 2.447, float64 2.4238, float32 "
+                         "eager 2.4165 and 2.4288 at two thread counts): at 32x32 the last stage's maps are 1x1 and "
+                         "its batch norms normalise over the batch's 4 values, so the forward is chaotic; not "
+                         "traced to one value (equal in earlier runs, before the conv slot drivers changed the "
+                         "summation order).",
     "timm.lcnet_050": "a float32 rounding coin flip at hardswish's kink: one element of blocks.4.3.bn1's output is "
                       "2.9999974 in float64 and 3.0000017 under PORT (float32 eager's lands below 3), and "
                       "hardswish's derivative jumps from 1.5 to 1 at 3, so that one gradient differs by half; "
