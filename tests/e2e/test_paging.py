@@ -124,6 +124,17 @@ def test_page_out_keeps_no_second_copy(tmp_path, monkeypatch):
     ex.close()
 
 
+def test_storage_bandwidth_stays_plausible_when_the_latency_probe_is_as_slow_as_the_transfer():
+    # CI once recorded write_gbps = 4.2e6 and the profile loader refused it (> 1e6 GB/s): the 4 KiB synced
+    # write took as long as the 8 MB transfer and the net time fell to a 1e-9 s floor
+    from port.cost.storage import net_gbps
+    mb8 = 8 << 20
+    assert net_gbps(mb8, 4e-3, 1e-4) == pytest.approx(mb8 / 3.9e-3 / 1e9)      # latency subtracted
+    for lat in (4e-3, 5e-3, 1.0):                       # as slow as, or slower than, the whole transfer
+        assert net_gbps(mb8, 4e-3, lat) == pytest.approx(mb8 / 2e-3 / 1e9)   # at most twice the raw figure
+    assert net_gbps(mb8, 0.0, 0.0) == 1000.0            # a timer that read ~0: capped, not 8e6 GB/s
+
+
 def test_storage_profile_recorded_and_priced(tmp_path):
     from port.config import load_device
     from port.cost.io import load_profile, save_profile
