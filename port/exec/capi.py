@@ -191,6 +191,7 @@ _UP = "const port_upsample2d_params*"
 _I = "int64_t"
 _CI64, _CU8 = "const int64_t*", "const uint8_t*"
 _F, _CF = "float*", "const float*"
+_FA, _CFA = "float*const*", "const float*const*"   # arrays of pointers
 SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_status_string", "const char*", ("int",)),
     ("port_abi_version", "int", ()),
@@ -267,6 +268,11 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
                                                     "size_t")),
     ("port_rmsnorm_linear_backward_weight", "port_status", (_F, _F, _CF, _CF, _CF, _CF, _I, _I, _I, _I, "int",
                                                             "void*", "size_t")),
+    *[(f"port_rmsnorm_linears_forward{r}", "port_status", (_F, _FA, _CF, _CF, _CFA, _CFA, _CI64, _I, _I, _I,
+                                                           "float", _I, "int", "void*", "size_t")) for r in ("", "_ref")],
+    *[(f"port_rmsnorm_linears_backward_weight{r}", "port_status", (_FA, _FA, _CFA, _CF, _CF, _CF, _CI64, _I, _I, _I,
+                                                                   _I, "int", "void*", "size_t"))
+      for r in ("", "_ref")],
     ("port_binary_numel", "int64_t", (_BinP, "int")),
     ("port_binary_forward", "port_status", (_F, _CF, _CF, _BinP)),
     ("port_binary_backward", "port_status", (_F, _F, _CF, _CF, _CF, _BinP, "int")),
