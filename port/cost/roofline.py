@@ -83,6 +83,11 @@ def ideal_ms(graph: Graph, op: Op, acc: AcceleratorConfig, variant: str) -> floa
     """The roofline bound at efficiency 1: max(FLOPs / peak, vector FLOPs / (peak/4), bytes / bandwidth)."""
     if op.kind in ZERO_COST_KINDS or variant == "fused" and not V.runs_fused_call(graph, op):
         return 0.0
+    if variant == "fused":        # the call computes the members it covers too: their plain bounds with its own
+        ch = V.chain_of(graph, op)
+        covered = [graph.ops[m] for m in ch.ops if m != op.id and ch.call_of(m) == op.id]
+        return (ideal_ms(graph, op, acc, "plain") + sum(ideal_ms(graph, m, acc, "plain") for m in covered)) \
+            * ch.fusion.modeled_factor
     peak = acc.peak_gflops * 1e9
     compute_ms = op.flops / peak * 1e3 if op.flops else 0.0
     vec_ms = op.vector_flops / (peak * VECTOR_FRACTION) * 1e3 if op.vector_flops else 0.0
@@ -94,7 +99,7 @@ def ideal_ms(graph: Graph, op: Op, acc: AcceleratorConfig, variant: str) -> floa
         fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
         moved += 2 * im2col_bytes(graph, op) * graph.tensors[fwd.inputs[0]].shape[0]
     mem_ms = moved / (acc.mem_gbps * 1e9) * 1e3
-    factor = V.chain_of(graph, op).fusion.modeled_factor if variant == "fused" else VARIANT_FACTOR.get(variant, 1.0)
+    factor = VARIANT_FACTOR.get(variant, 1.0)
     return max(compute_ms, vec_ms, mem_ms) * factor
 
 
