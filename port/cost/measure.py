@@ -313,6 +313,8 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                         continue   # never timed: modeled below
                     med, spread = summarize(task.block_ms)
                     sig, aid, var = task.key
+                    if var == "fused":      # a chain member: its share of its call's time
+                        med, spread = med * V.fused_share(graph, op), spread * V.fused_share(graph, op)
                     results[task.key] = OpCost(sig, aid, var, float(med), float(spread), int(prepared.workspace_bytes),
                                                int(peak), True, len(task.block_ms))
                     rep.measured += 1
@@ -575,7 +577,10 @@ def in_program_times(graph: Graph, plan: Any, rows: list[dict]) -> dict[tuple[st
     for row in rows:
         if row["op"] < 0 or row["recompute"]:
             continue
-        per[row["op"]] = per.get(row["op"], 0.0) + row["ms"]
+        o = graph.ops[row["op"]]
+        ch = V.chain_of(graph, o) if plan.ops[o.id].variant == "fused" else None
+        for m in ([m for m in ch.ops if ch.call_of(m) == o.id] if ch is not None else [o.id]):
+            per[m] = per.get(m, 0.0) + row["ms"] * (V.fused_share(graph, graph.ops[m]) if ch is not None else 1.0)
     return per_key_times(graph, plan, per)
 
 

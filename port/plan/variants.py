@@ -44,12 +44,12 @@ Variant names
                  * ``rmsnorm_linear``: rms_norm whose output y feeds only linears (Llama's input_layernorm -> q/k/v,
                    post_attention_layernorm -> gate/up, the final norm -> lm_head; one to three, W in one layout,
                    that fit one port-rt call: 3 + 2 per linear + 1 per bias <= 10 pointers): the norm runs
-                   rmsnorm_linears (rstd and every linear's output: each block of rmslin_block_rows(rows) rows of x
+                   rmsnorm_linears (rstd and every linear's output: each block of rmslin_block_rows(rows, in) rows of x
                    normalised once into its workspace, then the k GEMMs on it), the last of their weight-gradient
                    ops rmsnorm_linears.grad_weight (every weight gradient, each block rebuilt once for all k); the
                    norm's backward is unchanged (it reads x, rstd and the linears' summed dx). y is never stored:
                    it saves y's bytes from the forward to the last weight gradient, and its write and k reads. The
-                   plain chain's bits with one block (rows <= RMSLIN_MIN_BLOCK_ROWS); the weight gradient of more
+                   plain chain's bits with one block (rows <= rmslin_block_rows); the weight gradient of more
                    rows sums the blocks' products (within float rounding): not in the default plan, a solved plan
                    picks it where the profile says it pays.
 
@@ -589,13 +589,14 @@ def _se_nonmat(graph: Graph, ch: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-# the rows of x an rmsnorm_linear call normalises at a time (its workspace: that many rows of x): at least 256 (GEMMs
-# large enough to run well), at most 4 blocks (few calls and barriers: a quarter of y at the call, none stored)
-RMSLIN_MIN_BLOCK_ROWS, RMSLIN_MAX_BLOCKS = 256, 4
+# the rows of x an rmsnorm_linears call normalises at a time (its workspace: that many rows of x): at least 256 rows
+# and 256 KiB of them (GEMMs large enough to run well; a block that small stays in the cache, and one block is the
+# plain chain's bits), at most 4 blocks (few GEMMs and barriers: at most a quarter of y in the workspace, none stored)
+RMSLIN_MIN_BLOCK_ROWS, RMSLIN_MIN_BLOCK_FLOATS, RMSLIN_MAX_BLOCKS = 256, 65536, 4
 
 
-def rmslin_block_rows(rows: int) -> int:
-    return max(RMSLIN_MIN_BLOCK_ROWS, -(-rows // RMSLIN_MAX_BLOCKS))
+def rmslin_block_rows(rows: int, features: int) -> int:
+    return max(RMSLIN_MIN_BLOCK_ROWS, RMSLIN_MIN_BLOCK_FLOATS // max(1, features), -(-rows // RMSLIN_MAX_BLOCKS))
 
 
 def _rmsnorm_linear(graph: Graph, op: Op) -> tuple[int, ...] | None:
@@ -648,8 +649,9 @@ def _rmsnorm_linear_calls(graph: Graph, ch: "Chain", op: Op) -> list:
     norm = graph.ops[ch.ops[0]]
     lins, gws = _rmsnorm_linear_parts(graph, ch.ops)
     x, rstd, gamma = norm.inputs[0], norm.outputs[1], tuple(norm.inputs[1:2])
-    rows = graph.tensors[x].numel // graph.tensors[x].shape[-1]
-    a = {"gamma": bool(gamma), "weight_t": bool(lins[0].attr("weight_t")), "block_rows": rmslin_block_rows(rows)}
+    d = graph.tensors[x].shape[-1]
+    a = {"gamma": bool(gamma), "weight_t": bool(lins[0].attr("weight_t")),
+         "block_rows": rmslin_block_rows(graph.tensors[x].numel // d, d)}
     if op.id == norm.id:
         bias = tuple(bool(o.attr("bias")) for o in lins)
         ins = (x,) + gamma + tuple(o.inputs[1] for o in lins) + tuple(o.inputs[2] for o in lins if o.attr("bias"))
@@ -786,6 +788,23 @@ def runs_fused_call(graph: Graph, op: Op) -> bool:
     call computes it)."""
     ch = chain_of(graph, op)
     return ch is not None and ch.call_of(op.id) == op.id
+
+
+def fused_share(graph: Graph, op: Op) -> float:
+    """The part of its chain's call that a member run ``fused`` is priced at: its FLOPs (vector FLOPs, else one)
+    over those of every member the same call computes. Profiles key costs by signature, and identical layers may
+    play different parts in a chain (Llama's gate and up projections: one weight gradient's call computes both;
+    its three norms head chains of 3, 2 and 1 linears): each member books its share of the call, so members of one
+    signature book alike and a chain's members add up to its calls. 1.0 for an op in no chain."""
+    ch = chain_of(graph, op)
+    if ch is None:
+        return 1.0
+
+    def w(i: int) -> float:
+        o = graph.ops[i]
+        return float(o.flops + o.vector_flops) or 1.0
+    c = ch.call_of(op.id)
+    return w(op.id) / sum(w(m) for m in ch.ops if ch.call_of(m) == c)
 
 
 def fused_inplace(graph: Graph) -> dict[int, tuple[int, int]]:
