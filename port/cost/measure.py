@@ -571,8 +571,9 @@ CALIBRATE_MIN_MS, CALIBRATE_MAX_STEPS = 150.0, 40
 
 def in_program_times(graph: Graph, plan: Any, rows: list[dict]) -> dict[tuple[str, str, str], float]:
     """Per (signature, accelerator, variant) of ``plan``: the in-program ms of one op, from one instrumented
-    step's call rows (``Executor.run(timing=True)["calls"]``: a fused chain's call is booked on its call op, re-runs
-    are left out); identical layers share a signature, so the per-layer mean."""
+    step's call rows (``Executor.run(timing=True)["calls"]``: a fused chain's call is split over the members it
+    computes by their shares, port.plan.variants.fused_share; re-runs are left out); identical layers share a
+    signature, so the per-layer mean."""
     per: dict[int, float] = {}
     for row in rows:
         if row["op"] < 0 or row["recompute"]:

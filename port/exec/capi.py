@@ -269,7 +269,8 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
     ("port_rmsnorm_linear_backward_weight", "port_status", (_F, _F, _CF, _CF, _CF, _CF, _I, _I, _I, _I, "int",
                                                             "void*", "size_t")),
     *[(f"port_rmsnorm_linears_forward{r}", "port_status", (_F, _FA, _CF, _CF, _CFA, _CFA, _CI64, _I, _I, _I,
-                                                           "float", _I, "int", "void*", "size_t")) for r in ("", "_ref")],
+                                                           "float", _I, "int", "void*", "size_t"))
+      for r in ("", "_ref")],
     *[(f"port_rmsnorm_linears_backward_weight{r}", "port_status", (_FA, _FA, _CFA, _CF, _CF, _CF, _CI64, _I, _I, _I,
                                                                    _I, "int", "void*", "size_t"))
       for r in ("", "_ref")],
