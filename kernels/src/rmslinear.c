@@ -26,26 +26,20 @@ port_status port_rmsnorm_stats(float *rstd, const float *x, int64_t rows, int64_
     PORT_CHECK(rows > 0 && d > 0, PORT_ERR_SHAPE);
     PORT_CHECK(eps >= 0.0f && isfinite(eps), PORT_ERR_ARG);
 #pragma omp parallel for schedule(static) if (rows * d > PORT_PAR_MIN && rows > 1)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * d;
-        double s = 0.0;
-        for (int64_t j = 0; j < d; j++) s += (double)xr[j] * (double)xr[j];
-        rstd[r] = (float)(1.0 / sqrt(s / (double)d + (double)eps));   /* port_rmsnorm_forward's rstd */
-    }
+    for (int64_t r = 0; r < rows; r++) rstd[r] = port__rmsnorm_rstd(x + r * d, d, eps);   /* the norm's rstd */
     return PORT_OK;
 }
 
-/* rows [r0, r0 + m) of y = x rstd gamma into yb [m, d] (port_rmsnorm_forward's products, in its order) */
+/* rows [r0, r0 + m) of y = x rstd gamma into yb [m, d] (port_rmsnorm_forward's products, in its order): over the
+ * threads where the block is large, else a plain loop (no parallel region: its start costs as much as a small
+ * block's rows) */
 static void normalise_rows(float *yb, const float *x, const float *rstd, const float *gamma, int64_t r0, int64_t m,
                            int64_t d) {
-#pragma omp parallel for schedule(static) if (m * d > PORT_PAR_MIN && m > 1 && !port__in_parallel())
-    for (int64_t i = 0; i < m; i++) {
-        const float *xr = x + (r0 + i) * d;
-        float *yr = yb + i * d, rs = rstd[r0 + i];
-        if (gamma)
-            for (int64_t j = 0; j < d; j++) yr[j] = xr[j] * rs * gamma[j];
-        else
-            for (int64_t j = 0; j < d; j++) yr[j] = xr[j] * rs;
+    if (m * d > PORT_PAR_MIN && m > 1 && !port__in_parallel()) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < m; i++) port__rmsnorm_row(yb + i * d, x + (r0 + i) * d, rstd[r0 + i], gamma, d);
+    } else {
+        for (int64_t i = 0; i < m; i++) port__rmsnorm_row(yb + i * d, x + (r0 + i) * d, rstd[r0 + i], gamma, d);
     }
 }
 
@@ -97,49 +91,21 @@ static port_status rls_check(const int64_t *out, int64_t k, int64_t n, int64_t i
     return PORT_OK;
 }
 
-/* row i of x (already offset to the block): rstd as port_rmsnorm_stats and y = x rstd gamma into yb, one pass over
- * the row (port_rmsnorm_forward's sums and products, in its order: its bits) */
-static inline void stats_normalise_row(float *yb, float *rstd, const float *x, const float *gamma, int64_t i,
-                                       int64_t d, float eps) {
-    const float *xr = x + i * d;
-    float *yr = yb + i * d;
-    double s = 0.0;
-    for (int64_t j = 0; j < d; j++) s += (double)xr[j] * (double)xr[j];
-    float rs = (float)(1.0 / sqrt(s / (double)d + (double)eps));
-    rstd[i] = rs;
-    if (gamma)
-        for (int64_t j = 0; j < d; j++) yr[j] = xr[j] * rs * gamma[j];
-    else
-        for (int64_t j = 0; j < d; j++) yr[j] = xr[j] * rs;
-}
-
-/* rows [0, m): over the threads where the block is large, else a plain loop (no parallel region: its start costs
- * as much as a small block's rows) */
+/* rows [0, m) of x (offset to the block): rstd and y = x rstd gamma into yb, one pass over each row (the norm's
+ * arithmetic, port__rmsnorm_*: port_rmsnorm_forward's bits); threads as normalise_rows */
 static void stats_normalise_rows(float *yb, float *rstd, const float *x, const float *gamma, int64_t m, int64_t d,
                                  float eps) {
     if (m * d > PORT_PAR_MIN && m > 1 && !port__in_parallel()) {
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < m; i++) stats_normalise_row(yb, rstd, x, gamma, i, d, eps);
+        for (int64_t i = 0; i < m; i++) {
+            rstd[i] = port__rmsnorm_rstd(x + i * d, d, eps);
+            port__rmsnorm_row(yb + i * d, x + i * d, rstd[i], gamma, d);
+        }
     } else {
-        for (int64_t i = 0; i < m; i++) stats_normalise_row(yb, rstd, x, gamma, i, d, eps);
-    }
-}
-
-/* rows [r0, r0 + m) of y = x rstd gamma rebuilt into yb (weight gradients): as normalise_rows, no parallel region
- * for a small block */
-static void rebuild_rows(float *yb, const float *x, const float *rstd, const float *gamma, int64_t r0, int64_t m,
-                         int64_t d) {
-    if (m * d > PORT_PAR_MIN && m > 1 && !port__in_parallel()) {
-        normalise_rows(yb, x, rstd, gamma, r0, m, d);
-        return;
-    }
-    for (int64_t i = 0; i < m; i++) {
-        const float *xr = x + (r0 + i) * d;
-        float *yr = yb + i * d, rs = rstd[r0 + i];
-        if (gamma)
-            for (int64_t j = 0; j < d; j++) yr[j] = xr[j] * rs * gamma[j];
-        else
-            for (int64_t j = 0; j < d; j++) yr[j] = xr[j] * rs;
+        for (int64_t i = 0; i < m; i++) {
+            rstd[i] = port__rmsnorm_rstd(x + i * d, d, eps);
+            port__rmsnorm_row(yb + i * d, x + i * d, rstd[i], gamma, d);
+        }
     }
 }
 
@@ -211,7 +177,7 @@ port_status port_rmsnorm_linears_backward_weight(float *const *dw, float *const 
     float *yb = (float *)ws;
     for (int64_t r0 = 0; r0 < n && st == PORT_OK; r0 += block_rows) {
         int64_t m = PORT_MIN(block_rows, n - r0);
-        rebuild_rows(yb, x, rstd, gamma, r0, m, in);
+        normalise_rows(yb, x, rstd, gamma, r0, m, in);
         for (int64_t i = 0; i < k && st == PORT_OK; i++)
             st = lin_bwd_w(dw[i], db ? db[i] : NULL, dy[i] + r0 * out[i], yb, m, in, out[i], wt);
     }
