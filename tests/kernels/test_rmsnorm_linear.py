@@ -1,7 +1,9 @@
 """RMSNorm + linear fused (issue 54): port_rmsnorm_stats, port_rmsnorm_linear_forward and _backward_weight against
 float64 autograd of rms_norm -> linear on odd shapes (gamma or none, bias or none, W [out, in] or stored [in, out]),
 against the plain members port_rmsnorm_forward -> port_linear_* (the same bits with one block of rows; within float
-rounding with smaller blocks), equal bits at 1/2/3 threads, refusals and port-rt's call rule (ids 114, 117, 118)."""
+rounding with smaller blocks), equal bits at 1/2/3 threads, refusals and port-rt's call rule (ids 114, 117, 118);
+the same for port_rmsnorm_linears_forward / _backward_weight (all k linears reading one norm in one call, ids 119,
+131) and their plain references."""
 import ctypes
 
 import pytest

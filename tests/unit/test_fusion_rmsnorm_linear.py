@@ -1,8 +1,8 @@
 """RMSNorm + linear fused (issue 54, port.plan.variants.FUSIONS "rmsnorm_linear"): rms_norm's output y read only by
-linears (one or more: Llama's q/k/v, gate/up, lm_head) and their weight-gradient ops is one chain; y is never
-materialised (the norm's call writes rstd only, each linear's call normalises row blocks of x into its workspace,
-each weight gradient rebuilds them); refused where y is read by anything else, viewed, or a linear's weight is
-frozen; the ILP picks it exactly where the profile says it pays (time, and memory at a tight budget) and its optimum
+linears (one to three: Llama's q/k/v, gate/up, lm_head) and their weight-gradient ops is one chain; y is never
+materialised (the norm's one call writes rstd and every linear's output, normalising each row block of x once into
+its workspace; the last weight gradient's call rebuilds the blocks once for every weight gradient); refused where y
+is read by anything else or viewed; the ILP picks it exactly where the profile says it pays (time, and memory at a tight budget) and its optimum
 equals a brute force over every plan; the fused plan trains as the plain plan within float rounding (the same
 losses here) on the per-call executor and the C step engine."""
 from __future__ import annotations
