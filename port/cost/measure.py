@@ -751,27 +751,6 @@ def init_parameters(graph: Graph, ex: Any, gen: Any) -> None:
 LATER = "later"     # calibrate_in_program's book: entries no plan before booked
 
 
-def batch_like(slots: list, bounds: tuple, gen: Any) -> list:
-    """A batch for program-order re-timing, one tensor per input slot (the model's input, then its further
-    inputs): floating point inputs normal; the main input's token ids drawn over the embedding rows every bound
-    on it allows (port.ir.tokens.token_bounds; id 0 without one); further integer or bool inputs 1 (an attention
-    mask that attends everywhere, a segment id), within their bounds. Not 0: an all-zero attention mask masks
-    every key and the attention kernels run faster on it (hf.llama_lm_mask, in one Trainer: attention 0.037 ms
-    forward with the mask 0, 0.058 with the benchmark's; the plan's 0.4 ms step predicted 12-25% short)."""
-    import torch
-    out = []
-    for k, v in enumerate(slots):
-        rows = min((b.rows for b in bounds if b.input == k), default=None)
-        if v.dtype.is_floating_point:
-            out.append(torch.randn(v.shape, generator=gen).to(v.dtype))
-        elif k == 0:
-            out.append(torch.randint(0, rows, v.shape, generator=gen).to(v.dtype) if rows else
-                       torch.zeros(v.shape, dtype=v.dtype))
-        else:
-            out.append(torch.full(v.shape, 1 if rows is None or rows > 1 else 0, dtype=v.dtype))
-    return out
-
-
 def mixed_plans(graph: Graph, profile: Profile, dev: DeviceConfig, present: dict) -> tuple[list, str]:
     """Two plans that run the torch engine's ops between the C engine's, as a solved plan on a device with both
     puts them: the C engine's all-plain default plan with every other op it runs (by op id: the even ones in the
@@ -866,14 +845,14 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
             ex.state.opt, ex.state.step = runner.state.opt, runner.state.step
             run_state = run_state or ex.state
             init_parameters(graph, ex, gen)
-            x, *extras = batch_like([ex.input, *ex.extra_inputs], bounds, gen)
+            x = torch.randn(ex.input.shape, generator=gen) if ex.input.dtype.is_floating_point \
+                else torch.zeros(ex.input.shape, dtype=ex.input.dtype)       # token ids: id 0
             ex.input.copy_(x)
-            for v, e in zip(ex.extra_inputs, extras):
-                v.copy_(e)
             y = None
             if ex.labels is not None:
                 y = torch.randint(0, graph.tensors[graph.logits_id].shape[-1], ex.labels.shape, generator=gen)
                 ex.labels.copy_(y)
+            extras = [v.clone() for v in ex.extra_inputs]
             names = ["x"] + [f"x[{k}]" for k in range(len(extras))]
 
             def untimed_ms() -> float:     # one step as Trainer.step runs it, its checks of the batch included
