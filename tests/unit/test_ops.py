@@ -93,6 +93,28 @@ def _rand(shape, gen):
     return torch.randn(shape, dtype=torch.float64, generator=gen)
 
 
+def test_softmax_torch_binding_equals_autograd_and_trains_on_the_torch_engine():
+    """softmax.grad_input's torch binding passed its output as out= (the overload's out argument is grad_input):
+    every plan with a softmax on the torch engine failed at its first backward (tv.swin_t's solved plan)."""
+    gen = torch.Generator().manual_seed(2)
+    r = ops.record("softmax")
+    x = _rand((3, 5, 7), gen)
+    y = torch.empty_like(x)
+    r.torch("softmax", {}, [x], [y], _env())()
+    torch.testing.assert_close(y, torch.softmax(x, -1), rtol=1e-13, atol=1e-13)
+    dy, dx = _rand(x.shape, gen), torch.empty_like(x)
+    r.torch("softmax.grad_input", {}, [dy, y], [dx], _env())()
+    xr = x.clone().requires_grad_(True)
+    want, = torch.autograd.grad(torch.softmax(xr, -1), xr, dy)
+    torch.testing.assert_close(dx, want, rtol=1e-13, atol=1e-13)
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(5, 7), nn.Softmax(-1), nn.Linear(7, 3))
+    xb, yb = torch.randn(4, 5), torch.tensor([0, 2, 1, 1])
+    ref = __import__("copy").deepcopy(m)
+    tr = port.Trainer(m, xb, backend="torch-cpu", optimizer=SGD(0.1))
+    _steps_like_eager(tr, ref, xb, yb, lr=0.1)
+
+
 @pytest.mark.parametrize("kind,ref,saves_output", [
     ("sigmoid", torch.sigmoid, True), ("hardsigmoid", torch.nn.functional.hardsigmoid, False),
     ("silu", torch.nn.functional.silu, False)])
