@@ -91,3 +91,51 @@ def test_makespan_model_joins_every_lane_at_a_page_call(split):
     assert page >= lanes_end - 1e-9           # the page call waited for the queue
     assert abs(mk + sim.breakdown["overhead_ms"] - sim.breakdown["makespan_ms"]) < 1e-6, \
         (mk, sim.breakdown)
+
+
+def _with_issue(prof, ms: float):
+    """``prof`` with every opencl entry's host issue (OpCost.issue_ms) set to ``ms``."""
+    import dataclasses
+    ents = tuple(dataclasses.replace(e, issue_ms=ms) if e.accelerator == "opencl" else e for e in prof.entries)
+    return dataclasses.replace(prof, entries=ents, _index={})
+
+
+def test_a_queued_calls_issue_takes_the_host_thread(split):
+    """A queued call's issue (OpCost.issue_ms: binding and enqueueing its kernels) runs on the host thread, then
+    the call on its queue (simulate._Timelines.op); the makespan model (formulation.c_makespan) prices it the same
+    at a fixed plan. ResNet-8 b8's split plan (measured 13.8 ms, predicted 8.4 without it): its four queued calls
+    took 0.78 ms of the host's time to issue, the C work they took off the host 0.39."""
+    import dataclasses
+    from port.solver.formulation import build
+    from port.solver.ilp import _warm_of, _warm_values
+    g, prof0 = split
+    base = default_plan(g, "c", fuse=False)
+    q = next(o.id for o in g.ops if o.name == "layer3.0.conv2.grad_weight")
+    ops = tuple(dataclasses.replace(d, accelerator="opencl", variant="plain") if i == q else d
+                for i, d in enumerate(base.ops))
+    plan = dataclasses.replace(base, ops=ops)
+    s0 = simulate(plan, g, prof0)
+    prof = _with_issue(prof0, 0.5)
+    s1 = simulate(plan, g, prof)
+    issue = [(a, b) for lab, lane, a, b in s1.lanes if lane == "host" and lab.startswith("issue ")]
+    run = next(a for lab, lane, a, _b in s1.lanes if lane == "opencl")
+    assert len(issue) == 1 and abs(issue[0][1] - issue[0][0] - 0.5) < 1e-9 and run >= issue[0][1] - 1e-9
+    assert s1.step_ms == s0.step_ms         # the serial sum: the profiled call time holds it
+    assert s1.breakdown["makespan_ms"] > s0.breakdown["makespan_ms"] + 0.4     # the host lane is the long one
+    inst = _with_objective(build_instance(g, prof, nested=False, prune=False), "makespan")
+    m, v = build(inst, int(s1.peak_bytes * 2))
+    vals = _warm_values(inst, m, v, *_warm_of(inst, plan))
+    assert vals is not None
+    mk = vals[m.names.index("makespan")]
+    assert abs(mk + s1.breakdown["overhead_ms"] - s1.breakdown["makespan_ms"]) < 1e-6, (mk, s1.breakdown)
+
+
+def test_the_descent_queues_nothing_where_issuing_costs_the_host_more_than_it_saves(split):
+    """Each queued call costing the host more to issue than any C call it takes off it: the descent that starts
+    the makespan solve keeps the all-C plan (the same profile without the issue moved weight gradients: above)."""
+    g, prof = split
+    prof = _with_issue(prof, 5.0)
+    inst = _with_objective(build_instance(g, prof, nested=False, prune=True), "auto")
+    base = default_plan(g, "c", fuse=False)
+    assert max(o.ms for opts in inst.options for o in opts if o.acc == "cpu-c") < 5.0
+    assert _offload_descent(inst, base, 1 << 40, 10.0) is base
