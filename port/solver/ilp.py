@@ -476,7 +476,7 @@ def _verified_warm(inst, warm: list, budget: int, backend: str, t0: float):
     """The fastest of the warm starts ``warm`` (the serial optimum, the descent's plan, the baselines) that
     ``finish`` finds within the budget and the own-memory caps, with the instance's objective (the makespan or the
     serial step, plus the early-update tie-breaker), or None."""
-    from port.solver import arena_bytes
+    from port.solver.budget import arena_bytes
     from port.solver.formulation import EPS_EARLY_MS
     found = []
     for choice, rc, pg, at, early, joins in warm:

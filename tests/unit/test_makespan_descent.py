@@ -147,7 +147,7 @@ def test_the_warm_fallback_takes_the_fastest_warm_plan_whose_arena_fits(split, m
     (ResNet-18 b8 split at 100%: 754 KB of gaps above its simulated peak), the next one instead of a plan
     port.solver.fit_arena would refuse."""
     import time
-    import port.solver as S
+    import port.solver.budget as S
     from port.solver.ilp import _verified_warm, _warm_of
     g, prof = split
     inst = _with_objective(build_instance(g, prof, nested=False, prune=True), "auto")
