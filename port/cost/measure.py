@@ -20,7 +20,7 @@ from port.ir.types import Graph, Op
 from port.cost.types import HandoffCost, OpCost, Profile
 from port.cost.io import load_profile
 from port.cost.runners import Runner, backend_available, get_runner
-from port.cost.timing import TimingTask, summarize, time_block, warm_up
+from port.cost.timing import TimingTask, summarize, time_block, time_issue, warm_up
 from port.verify.simulate import (CALL_DISPATCH_KEY, RT_ACCELERATORS_KEY, STATE_SYNC_KEY, STEP_OVERHEAD_KEY,
                                   TIMED_CALL_KEY)
 
@@ -228,10 +228,13 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                 stale.add(acc_id)
                 rep.notes.append(f"{acc_id}: cached entries were measured with another build of the C kernels "
                                  f"({theirs or 'unrecorded'}, now {ours}): re-measured")
+    from port.lower.program import QUEUED_BACKENDS
+    unissued = {a for a in acc_threads if dev.accelerator(a).backend in QUEUED_BACKENDS}
     for key, op in keys.items():
         if key[1] not in present:
             continue
-        if key in cached and key[1] not in stale:
+        if key in cached and key[1] not in stale and not (key[1] in unissued and not cached[key].issue_ms):
+            # (a queued engine's entry cached without its issue time, OpCost.issue_ms: re-measured)
             results[key] = cached[key]
             rep.reused += 1
         else:
@@ -249,6 +252,7 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
     for key, op in todo:
         by_acc.setdefault(key[1], []).append((key, op))
     stopped = False
+    issue: dict[tuple[str, str, str], float] = {}
     try:
         for acc_id, items in by_acc.items():
             if stopped:
@@ -256,6 +260,7 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
             acc = dev.accelerator(acc_id)
             runner = get_runner(acc.backend, graph, acc_threads[acc_id], seed=seed, optimizer_kwargs=optimizer_kwargs)
             present[acc_id] = runner
+            queued = acc.backend in QUEUED_BACKENDS
             i = 0
             while i < len(items) and not stopped:
                 chunk: list[tuple[TimingTask, Any, Op]] = []
@@ -270,6 +275,8 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                         prepared = runner.prepare(op, key[2])
                         task = TimingTask(key, prepared, runner.sync)
                         warm_up(task, warmup_ms, block_ms)
+                        if queued:     # the host's part of a call (OpCost.issue_ms): a few runs, each synced
+                            issue[key] = time_issue(task)
                         peak = runner.peak_delta_bytes(prepared) if peak_memory else 0
                     except Exception as e:  # noqa: BLE001 - one failing kernel must not lose the run
                         rep.failed.append(f"{key[1]}/{key[2]} {op.kind} ({op.name}): {type(e).__name__}: {e}")
@@ -314,7 +321,7 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                     med, spread = summarize(task.block_ms)
                     sig, aid, var = task.key
                     results[task.key] = OpCost(sig, aid, var, float(med), float(spread), int(prepared.workspace_bytes),
-                                               int(peak), True, len(task.block_ms))
+                                               int(peak), True, len(task.block_ms), float(issue.get(task.key, 0.0)))
                     rep.measured += 1
                 del chunk
     finally:
