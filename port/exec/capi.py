@@ -1,7 +1,8 @@
 """The one Python module that knows PORT's C ABI (kernels/include/port_kernels.h, port_rt.h), without torch:
 loading the library, the OpenMP environment, constants, param structs, the signature table (parsed from the
-headers' PORT_API prototypes when the library is loaded: no hand-written copy), the raw functions (``raw.port_<name>`` and the short alias ``raw.<name>``), status
-checking and the library's settings (threads, GEMM backend).
+headers' PORT_API prototypes when the library is loaded: no hand-written copy), the raw functions
+(``raw.port_<name>`` and the short alias ``raw.<name>``), status checking and the library's settings (threads,
+GEMM backend).
 
 Raw path: ``raw.<c_function>(...)`` are ctypes function objects with argtypes from ``SIGNATURES``. Pointer
 arguments are plain integer addresses (e.g. ``arena_base + offset``), param structs are
