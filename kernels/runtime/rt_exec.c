@@ -44,7 +44,7 @@ static port_batchnorm_params bn_p(const port_rt_call *c) {
 
 static port_pool2d_params pool_p(const int64_t *v) {
     port_pool2d_params p = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11],
-                            v[12], v[13], v[14]};
+                            v[12], v[13], v[14], v[15]};
     return p;
 }
 

@@ -76,7 +76,7 @@ class BatchNormParams(ctypes.Structure):
 class Pool2dParams(ctypes.Structure):
     _fields_ = [(f, c_int64) for f in ("n", "c", "h", "w", "kh", "kw", "stride_h", "stride_w",
                                        "pad_h", "pad_w", "h_out", "w_out", "dilation_h", "dilation_w",
-                                       "ceil_mode")]
+                                       "ceil_mode", "exclude_pad")]
 
 
 UPSAMPLE_MODES = {"nearest": 0, "bilinear": 1}     # PORT_UPSAMPLE_NEAREST, _BILINEAR
