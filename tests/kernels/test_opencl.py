@@ -190,6 +190,9 @@ def test_unsupported_ops_stay_on_other_engines():
     assert not supports("cross_entropy", {"ignore_index": -100, "label_smoothing": 0.0})
     assert not supports("dropout", {"p": 0.5})
     assert not supports("max_pool2d", {"kernel": (2, 2), "stride": (2, 2), "padding": (0, 0), "ceil_mode": True})
+    pool = {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1)}
+    assert supports("avg_pool2d", pool) and not supports("avg_pool2d.grad_input", pool | {"count_include_pad": False})
+    assert not supports("avg_pool2d", pool | {"ceil_mode": True})
     assert supports("conv2d", {})
 
 

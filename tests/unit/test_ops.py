@@ -19,6 +19,8 @@ from port.exec.backends.torch_backend import TorchEnv
 from port.ops.base import TAGS, CallShapeError
 from port.train.optim import SGD
 
+from nets54 import AvgPools
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -358,6 +360,44 @@ def test_max_pool_ceil_mode_and_dilation_torch_bindings_and_c_kernels(attrs):
     ops.record("max_pool2d").torch("max_pool2d.grad_input", attrs, [dy, idx], [dx], _env())()
     xr = x.clone().requires_grad_(True)
     torch.testing.assert_close(dx, torch.autograd.grad(torch.nn.functional.max_pool2d(xr, **kw), xr, dy)[0])
+
+
+@pytest.mark.parametrize("attrs", [dict(kernel=(3, 3), stride=(2, 2), padding=(1, 1), ceil_mode=True),
+                                   dict(kernel=(3, 2), stride=(2, 2), padding=(1, 1), count_include_pad=False),
+                                   dict(kernel=(3, 3), stride=(2, 2), padding=(1, 0), ceil_mode=True,
+                                        count_include_pad=False)])
+def test_avg_pool_ceil_mode_and_count_include_pad_torch_bindings_and_c_kernels(attrs):
+    gen = torch.Generator().manual_seed(6)
+    x = _rand((2, 3, 9, 8), gen)
+    assert ops.has_c("avg_pool2d", attrs) and registry.known_kernel("avg_pool2d", "c", attrs)   # (issue 52)
+    kw = dict(kernel_size=attrs["kernel"], stride=attrs["stride"], padding=attrs["padding"],
+              ceil_mode=attrs.get("ceil_mode", False), count_include_pad=attrs.get("count_include_pad", True))
+    want = torch.nn.functional.avg_pool2d(x, **kw)
+    _, outs = registry.call_shapes("avg_pool2d", attrs, [x.shape], [None])
+    assert outs[0][0] == tuple(want.shape)
+    y = torch.empty(want.shape, dtype=torch.float64)
+    ops.record("avg_pool2d").torch("avg_pool2d", attrs, [x], [y], _env())()
+    torch.testing.assert_close(y, want, rtol=0, atol=0)
+    dy, dx = _rand(y.shape, gen), torch.empty_like(x)
+    ops.record("avg_pool2d").torch("avg_pool2d.grad_input", attrs, [dy], [dx], _env())()
+    xr = x.clone().requires_grad_(True)
+    torch.testing.assert_close(dx, torch.autograd.grad(torch.nn.functional.avg_pool2d(xr, **kw), xr, dy)[0])
+    with pytest.raises(CallShapeError):
+        registry.call_shapes("avg_pool2d", attrs | {"count_include_pad": True}, [x.shape], [None])
+    with pytest.raises(CallShapeError):
+        registry.call_shapes("avg_pool2d", attrs | {"dilation": (2, 2)}, [x.shape], [None])
+
+
+def test_avg_pool_ceil_mode_and_count_include_pad_capture_on_c_and_train_like_eager():
+    """Captured as avg_pool2d records (not torch_op), every op on C, three SGD steps like eager."""
+    x, y = torch.randn(4, 3, 9, 7), torch.tensor([0, 1, 2, 1])
+    tr = port.Trainer(AvgPools(), x, optimizer=SGD(0.05))
+    pools = [o for o in tr.graph.ops if o.kind == "avg_pool2d"]
+    assert len(pools) == 4 and not [o for o in tr.graph.ops if o.kind == "torch_op"]
+    assert sorted((o.attr("ceil_mode", False), o.attr("count_include_pad", True)) for o in pools) == \
+        [(False, False), (True, False), (True, True), (True, True)]
+    assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
+    _steps_like_eager(tr, AvgPools(), x, y, 0.05, 3)
 
 
 @pytest.mark.parametrize("dims,keep", [((1,), False), ((2,), True), ((0, 2), False), ((1, 2), True)])

@@ -50,8 +50,9 @@ def supports(kind: str, attrs: dict) -> bool:
         return False
     if kind.startswith("cross_entropy") and "ignore_index" in attrs:
         return False          # token-level losses: the other engines
-    if kind.startswith("max_pool2d") or kind.startswith("avg_pool2d"):
-        return tuple(attrs.get("dilation", (1, 1))) == (1, 1) and not attrs.get("ceil_mode", False)
+    if kind.startswith("max_pool2d") or kind.startswith("avg_pool2d"):   # (its average pools count the padding)
+        return tuple(attrs.get("dilation", (1, 1))) == (1, 1) and not attrs.get("ceil_mode", False) and \
+            attrs.get("count_include_pad", True)
     return True
 
 
