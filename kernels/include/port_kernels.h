@@ -318,6 +318,33 @@ PORT_API port_status port_rmsnorm_linear_backward_weight(float *dw, float *db, c
                                                          const float *rstd, const float *gamma, int64_t n,
                                                          int64_t in, int64_t out, int64_t block_rows, int wt,
                                                          void *ws, size_t ws_bytes);
+/* All k linears reading one norm in one call (k <= PORT_RMSLIN_MAX_LINEARS; ids 119, 131).  _linears_forward
+ * writes rstd [n] (as port_rmsnorm_stats) and y[i] [n, out[i]] = y_n W_i^T + b_i (wt: W_i stored [in, out[i]])
+ * for i < k, normalising each block of block_rows rows of x into the workspace (port_rmsnorm_linear_workspace_bytes)
+ * once and running the k linears' GEMMs on it; _linears_backward_weight accumulates dw[i] += dy[i]^T y_n (wt:
+ * y_n^T dy[i]) and db[i] += sum_n dy[i], the block rebuilt once for all k.  b, db (the arrays) and their entries,
+ * gamma may be NULL.  block_rows >= n: the plain rms_norm -> linears chain's bits; smaller blocks as the
+ * per-linear calls above.  _ref: the plain members themselves (port_rmsnorm_forward, or the norm's output rebuilt
+ * whole, then port_linear_* on all n rows; block_rows unused, workspace that of block_rows = n). */
+#define PORT_RMSLIN_MAX_LINEARS 3
+PORT_API port_status port_rmsnorm_linears_forward(float *rstd, float *const *y, const float *x, const float *gamma,
+                                                  const float *const *w, const float *const *b, const int64_t *out,
+                                                  int64_t k, int64_t n, int64_t in, float eps, int64_t block_rows,
+                                                  int wt, void *ws, size_t ws_bytes);
+PORT_API port_status port_rmsnorm_linears_forward_ref(float *rstd, float *const *y, const float *x,
+                                                      const float *gamma, const float *const *w,
+                                                      const float *const *b, const int64_t *out, int64_t k, int64_t n,
+                                                      int64_t in, float eps, int64_t block_rows, int wt, void *ws,
+                                                      size_t ws_bytes);
+PORT_API port_status port_rmsnorm_linears_backward_weight(float *const *dw, float *const *db, const float *const *dy,
+                                                          const float *x, const float *rstd, const float *gamma,
+                                                          const int64_t *out, int64_t k, int64_t n, int64_t in,
+                                                          int64_t block_rows, int wt, void *ws, size_t ws_bytes);
+PORT_API port_status port_rmsnorm_linears_backward_weight_ref(float *const *dw, float *const *db,
+                                                              const float *const *dy, const float *x,
+                                                              const float *rstd, const float *gamma,
+                                                              const int64_t *out, int64_t k, int64_t n, int64_t in,
+                                                              int64_t block_rows, int wt, void *ws, size_t ws_bytes);
 /* ---- end issue 54 fused variants ---- */
 /* y = a + b; y MAY ALIAS a or b.  Backward is the identity (no kernel). */
 PORT_API port_status port_add(float *y, const float *a, const float *b, int64_t count);

@@ -207,6 +207,8 @@ extern "C" {
     X(114, RMSNORM_STATS, port_rmsnorm_stats)                                     \
     X(117, RMSNORM_LINEAR_FORWARD, port_rmsnorm_linear_forward)                   \
     X(118, RMSNORM_LINEAR_BACKWARD_WEIGHT, port_rmsnorm_linear_backward_weight)   \
+    X(119, RMSNORM_LINEARS_FORWARD, port_rmsnorm_linears_forward)                 \
+    X(131, RMSNORM_LINEARS_BACKWARD_WEIGHT, port_rmsnorm_linears_backward_weight) \
     X(137, INT_BINARY, port_int_binary)                                            \
     X(138, ARGMAX_ROWS, port_argmax_rows)                                          \
     X(139, INDEX2_ROWS, port_index2_rows)                                          \

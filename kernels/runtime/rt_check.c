@@ -714,6 +714,49 @@ static int rmsnorm_linear(ctx *x, int k) {
     return PORT_OK;
 }
 
+/* All the linears reading one norm (issue 54).  iv: n, in, k (1..PORT_RMSLIN_MAX_LINEARS), block rows, wt (0 or 1),
+ * bias mask (bit i: linear i has a bias, or a bias gradient), out[k].  _forward (119): rstd [n], y[k] [n out_i], x [n
+ * in], gamma [in], w[k] ([out_i in], wt: [in out_i]), then b [out_i] of each linear in the mask; fv: eps.
+ * _backward_weight (131): dw[k], then db [out_i] of each in the mask, dy[k] [n out_i], x, rstd, gamma.  3 + 2k +
+ * (biases) pointers, at most PORT_RT_MAX_PTRS.  Workspace: min(n, block rows) rows of x. */
+static int rmsnorm_linears(ctx *x, int k) {
+    const int64_t *v = x->c->iv;
+    if (pos_range(x, 0, 1) || iv_in(x, 2, 1, PORT_RMSLIN_MAX_LINEARS, "the linears must number 1 to 3") || pos(x, 3) ||
+        iv_in(x, 4, 0, 1, "wt must be 0 (w [out, in]) or 1 (w [in, out])"))
+        return BAD;
+    int kk = (int)v[2], nb = 0;
+    if (iv_in(x, 5, 0, (1 << kk) - 1, "the bias mask has a bit for each linear only") || pos_range(x, 6, 5 + kk))
+        return BAD;
+    for (int i = 0; i < kk; i++) nb += (int)(v[5] >> i & 1);
+    if (3 + 2 * kk + nb > PORT_RT_MAX_PTRS)
+        return fail(x->why, "iv[5]", "more pointers than a call holds (3 + 2 linears + biases)", 3 + 2 * kk + nb, 0,
+                    PORT_RT_MAX_PTRS);
+    for (int i = 0; i < 2 + kk; i++) {
+        int f = i < 2 ? i : 6 + i - 2;
+        if (v[f] > INT32_MAX) return fail(x->why, IV_NAMES[f], "a linear dimension above 2^31 - 1", v[f], 0, INT32_MAX);
+    }
+    int64_t n = v[0], in = v[1], xs = smul(n, in);
+    args(x, 3 + 2 * kk + nb, 6 + kk, k == PORT_RT_RMSNORM_LINEARS_FORWARD);
+    if (k == PORT_RT_RMSNORM_LINEARS_FORWARD) {
+        if (fv_in(x, 0, 0.0, HUGE_VAL, 0, "rms-norm eps must be >= 0 and finite") || !isfinite((float)x->c->fv[0]))
+            return fail(x->why, "fv[0]", "rms-norm eps must be >= 0 and finite as a float", 0, 0, 0);
+        op(x, 0, n, 4, 1), op(x, kk + 1, xs, 4, 0), op(x, kk + 2, in, 4, 0);
+        for (int i = 0, b = 2 * kk + 3; i < kk; i++) {
+            op(x, 1 + i, smul(n, v[6 + i]), 4, 1), op(x, kk + 3 + i, smul(in, v[6 + i]), 4, 0);
+            if (v[5] >> i & 1) op(x, b++, v[6 + i], 4, 0);
+        }
+    } else {
+        int x0 = 2 * kk + nb;
+        for (int i = 0, b = kk; i < kk; i++) {
+            op(x, i, smul(in, v[6 + i]), 4, 1), op(x, kk + nb + i, smul(n, v[6 + i]), 4, 0);
+            if (v[5] >> i & 1) op(x, b++, v[6 + i], 4, 1);
+        }
+        op(x, x0, xs, 4, 0), op(x, x0 + 1, n, 4, 0), op(x, x0 + 2, in, 4, 0);
+    }
+    x->s->ws_bytes = smul(smul(v[3] < n ? v[3] : n, in), 4);
+    return PORT_OK;
+}
+
 static int shape_of(ctx *x) {
     const port_rt_call *c = x->c;
     const int64_t *v = c->iv;
@@ -733,6 +776,8 @@ static int shape_of(ctx *x) {
     case PORT_RT_RMSNORM_STATS:
     case PORT_RT_RMSNORM_LINEAR_FORWARD:
     case PORT_RT_RMSNORM_LINEAR_BACKWARD_WEIGHT: return rmsnorm_linear(x, k);
+    case PORT_RT_RMSNORM_LINEARS_FORWARD:
+    case PORT_RT_RMSNORM_LINEARS_BACKWARD_WEIGHT: return rmsnorm_linears(x, k);
     case PORT_RT_SE_FORWARD:
     case PORT_RT_SE_BACKWARD_WEIGHT:
     case PORT_RT_SE_BACKWARD_WEIGHT_OVERWRITE:

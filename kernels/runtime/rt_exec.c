@@ -159,6 +159,26 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
     case PORT_RT_RMSNORM_LINEAR_BACKWARD_WEIGHT:
         return port_rmsnorm_linear_backward_weight(F(0), F(1), CF(2), CF(3), CF(4), CF(5), v[0], v[1], v[2], v[3],
                                                    (int)v[4], ws, wsb);
+    case PORT_RT_RMSNORM_LINEARS_FORWARD:              /* iv: n, in, k, block rows, wt, bias mask, out[k] */
+    case PORT_RT_RMSNORM_LINEARS_BACKWARD_WEIGHT: {    /* (rt_check.c: rmsnorm_linears, the pointers' order) */
+        int64_t k = v[2], nb = 0;
+        float *o[PORT_RMSLIN_MAX_LINEARS] = {0}, *bg[PORT_RMSLIN_MAX_LINEARS] = {0};
+        const float *in[PORT_RMSLIN_MAX_LINEARS] = {0};
+        if (k < 1 || k > PORT_RMSLIN_MAX_LINEARS) return PORT_ERR_ARG;
+        int fwd = c->kernel == PORT_RT_RMSNORM_LINEARS_FORWARD;
+        int first = fwd ? 1 : 0, bias0 = fwd ? 2 * (int)k + 3 : (int)k;
+        for (int i = 0; i < k; i++) {
+            o[i] = F(first + i);
+            if (v[5] >> i & 1) bg[i] = F(bias0 + nb++);
+        }
+        for (int i = 0; i < k; i++) in[i] = fwd ? CF(k + 3 + i) : CF(bias0 + nb + i);
+        if (fwd)
+            return port_rmsnorm_linears_forward(F(0), o, CF(k + 1), CF(k + 2), in, (const float *const *)bg, v + 6, k,
+                                                v[0], v[1], (float)c->fv[0], v[3], (int)v[4], ws, wsb);
+        int64_t x0 = bias0 + nb + k;
+        return port_rmsnorm_linears_backward_weight(o, bg, in, CF(x0), CF(x0 + 1), CF(x0 + 2), v + 6, k, v[0], v[1],
+                                                    v[3], (int)v[4], ws, wsb);
+    }
     case PORT_RT_BINARY_FORWARD: {   /* iv: op, rank, a_bcast, b_bcast, dims[6] */
         port_binary_params p = binary_p(v);
         return port_binary_forward(F(0), CF(1), CF(2), &p);

@@ -36,6 +36,10 @@ static inline int port__in_parallel(void) {
 #endif
 }
 
+/* RMS norm's arithmetic (normpool.c): one row's rstd, and y = x rstd gamma (gamma may be NULL) */
+float port__rmsnorm_rstd(const float *xr, int64_t d, float eps);
+void port__rmsnorm_row(float *yr, const float *xr, float rs, const float *gamma, int64_t d);
+
 /* Run-time ISA dispatch for element-wise and stencil loops (GCC's target_clones: an ifunc picks the AVX-512, AVX2 or
  * baseline build of the function when the library loads).  With -std=c11 there is no FMA contraction, so every
  * clone performs the same IEEE operations per element and gives the same bits. */

@@ -8,6 +8,21 @@
 #include <math.h>
 
 /* ------------------------------------------------------------------ RMS norm */
+/* One row's rstd (its squares summed in double, in order) and its normalised row y = x rstd gamma: the one
+ * definition of the norm's arithmetic, shared with the fused RMSNorm + linear kernels (rmslinear.c: their bits). */
+float port__rmsnorm_rstd(const float *xr, int64_t d, float eps) {
+    double s = 0.0;
+    for (int64_t j = 0; j < d; j++) s += (double)xr[j] * (double)xr[j];
+    return (float)(1.0 / sqrt(s / (double)d + (double)eps));
+}
+
+void port__rmsnorm_row(float *yr, const float *xr, float rs, const float *gamma, int64_t d) {
+    if (gamma)
+        for (int64_t j = 0; j < d; j++) yr[j] = xr[j] * rs * gamma[j];
+    else
+        for (int64_t j = 0; j < d; j++) yr[j] = xr[j] * rs;
+}
+
 port_status port_rmsnorm_forward(float *y, float *rstd, const float *x, const float *gamma, int64_t rows, int64_t d,
                                  float eps) {
     PORT_NOTNULL(y); PORT_NOTNULL(rstd); PORT_NOTNULL(x);
@@ -16,16 +31,8 @@ port_status port_rmsnorm_forward(float *y, float *rstd, const float *x, const fl
     PORT_CHECK(y != x, PORT_ERR_ALIAS);
 #pragma omp parallel for schedule(static) if (rows * d > PORT_PAR_MIN && rows > 1)
     for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * d;
-        float *yr = y + r * d;
-        double s = 0.0;
-        for (int64_t j = 0; j < d; j++) s += (double)xr[j] * (double)xr[j];
-        float rs = (float)(1.0 / sqrt(s / (double)d + (double)eps));
-        rstd[r] = rs;
-        if (gamma)
-            for (int64_t j = 0; j < d; j++) yr[j] = xr[j] * rs * gamma[j];
-        else
-            for (int64_t j = 0; j < d; j++) yr[j] = xr[j] * rs;
+        rstd[r] = port__rmsnorm_rstd(x + r * d, d, eps);
+        port__rmsnorm_row(y + r * d, x + r * d, rstd[r], gamma, d);
     }
     return PORT_OK;
 }

@@ -320,6 +320,8 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                         continue   # never timed: modeled below
                     med, spread = summarize(task.block_ms)
                     sig, aid, var = task.key
+                    if var == "fused":      # a chain member: its share of its call's time
+                        med, spread = med * V.fused_share(graph, op), spread * V.fused_share(graph, op)
                     results[task.key] = OpCost(sig, aid, var, float(med), float(spread), int(prepared.workspace_bytes),
                                                int(peak), True, len(task.block_ms), float(issue.get(task.key, 0.0)))
                     rep.measured += 1
@@ -576,13 +578,17 @@ CALIBRATE_MIN_MS, CALIBRATE_MAX_STEPS = 150.0, 40
 
 def in_program_times(graph: Graph, plan: Any, rows: list[dict]) -> dict[tuple[str, str, str], float]:
     """Per (signature, accelerator, variant) of ``plan``: the in-program ms of one op, from one instrumented
-    step's call rows (``Executor.run(timing=True)["calls"]``: a fused chain's call is booked on its call op, re-runs
-    are left out); identical layers share a signature, so the per-layer mean."""
+    step's call rows (``Executor.run(timing=True)["calls"]``: a fused chain's call is split over the members it
+    computes by their shares, port.plan.variants.fused_share; re-runs are left out); identical layers share a
+    signature, so the per-layer mean."""
     per: dict[int, float] = {}
     for row in rows:
         if row["op"] < 0 or row["recompute"]:
             continue
-        per[row["op"]] = per.get(row["op"], 0.0) + row["ms"]
+        o = graph.ops[row["op"]]
+        ch = V.chain_of(graph, o) if plan.ops[o.id].variant == "fused" else None
+        for m in ([m for m in ch.ops if ch.call_of(m) == o.id] if ch is not None else [o.id]):
+            per[m] = per.get(m, 0.0) + row["ms"] * (V.fused_share(graph, graph.ops[m]) if ch is not None else 1.0)
     return per_key_times(graph, plan, per)
 
 

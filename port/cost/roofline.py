@@ -81,8 +81,13 @@ def efficiency_for(acc: AcceleratorConfig, kind: str, efficiency: dict[str, floa
 
 def ideal_ms(graph: Graph, op: Op, acc: AcceleratorConfig, variant: str) -> float:
     """The roofline bound at efficiency 1: max(FLOPs / peak, vector FLOPs / (peak/4), bytes / bandwidth)."""
-    if op.kind in ZERO_COST_KINDS or variant == "fused" and not V.runs_fused_call(graph, op):
+    if op.kind in ZERO_COST_KINDS:
         return 0.0
+    if variant == "fused":        # its share (V.fused_share) of its call's bound: the members' plain bounds
+        ch = V.chain_of(graph, op)
+        group = [graph.ops[m] for m in ch.ops if ch.call_of(m) == ch.call_of(op.id)]
+        return sum(ideal_ms(graph, m, acc, "plain") for m in group) * ch.fusion.modeled_factor \
+            * V.fused_share(graph, op)
     peak = acc.peak_gflops * 1e9
     compute_ms = op.flops / peak * 1e3 if op.flops else 0.0
     vec_ms = op.vector_flops / (peak * VECTOR_FRACTION) * 1e3 if op.vector_flops else 0.0
@@ -94,7 +99,7 @@ def ideal_ms(graph: Graph, op: Op, acc: AcceleratorConfig, variant: str) -> floa
         fwd = graph.ops[op.forward_op] if op.forward_op is not None else op
         moved += 2 * im2col_bytes(graph, op) * graph.tensors[fwd.inputs[0]].shape[0]
     mem_ms = moved / (acc.mem_gbps * 1e9) * 1e3
-    factor = V.chain_of(graph, op).fusion.modeled_factor if variant == "fused" else VARIANT_FACTOR.get(variant, 1.0)
+    factor = VARIANT_FACTOR.get(variant, 1.0)
     return max(compute_ms, vec_ms, mem_ms) * factor
 
 
@@ -103,10 +108,10 @@ def roofline_ms(graph: Graph, op: Op, acc: AcceleratorConfig, variant: str,
     """max(FLOPs / peak, bytes / bandwidth) / efficiency(kind) + launch overhead (0 for views and
     ops folded into a fused kernel)."""
     ideal = ideal_ms(graph, op, acc, variant)
-    if ideal == 0.0 and (op.kind in ZERO_COST_KINDS
-                         or variant == "fused" and not V.runs_fused_call(graph, op)):
+    if ideal == 0.0 and op.kind in ZERO_COST_KINDS:
         return 0.0
-    return ideal / efficiency_for(acc, op.kind, efficiency) + acc.launch_overhead_us * 1e-3
+    launch = acc.launch_overhead_us * 1e-3 * (V.fused_share(graph, op) if variant == "fused" else 1.0)
+    return ideal / efficiency_for(acc, op.kind, efficiency) + launch
 
 
 def modeled_entries(graph: Graph, device: DeviceConfig, accelerators: tuple[str, ...] | None = None,

@@ -165,7 +165,11 @@ class Runner:
         if op.forward_op is not None:
             fwd = g.ops[op.forward_op]
             setup = self._calls(fwd, "plain", 10_000, bufs, ws, shapes)
-        calls = self._calls(op, variant, 0, bufs, ws, shapes)
+        # a fused member times the calls of its chain's call op (the profiler books its share, V.fused_share)
+        host = g.ops[V.chain_of(g, op).call_of(op.id)] if variant == "fused" and V.chain_of(g, op) else op
+        if host is not op and host.forward_op is not None and host.forward_op != op.forward_op:
+            setup += self._calls(g.ops[host.forward_op], "plain", 20_000, bufs, ws, shapes)
+        calls = self._calls(host, variant, 0, bufs, ws, shapes)
         ctx = _Scratch(bufs, ws, shapes, self.state)
         try:
             for c in setup:

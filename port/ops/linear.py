@@ -44,97 +44,112 @@ def _saved(f, gi, gw, wanted):
     return tuple(([f.x[0]] if gw else []) + ([f.params["weight"]] if gi else []))
 
 
-# RMSNorm + linear fused (issue 54), the fused variant of rms_norm -> linear (port.plan.variants.FUSIONS
+# RMSNorm + linear fused (issue 54), the fused variant of rms_norm -> linears (port.plan.variants.FUSIONS
 # "rmsnorm_linear"): kernels of the linear record, emitted for the chain's calls only (never captured as an op).
-# rmsnorm_linear.stats: rstd from x (the norm's call: its output y is never stored); rmsnorm_linear: y_lin from
-# (x, rstd[, gamma], W[, b]); rmsnorm_linear.grad_weight: the linear's gradients (weight[, bias]) from
-# (dy, x, rstd[, gamma]). attrs: gamma, bias, weight_t, block_rows (the rows normalised per block), eps (stats).
-RMSLIN_KERNELS = {"rmsnorm_linear.stats": ("port_rmsnorm_stats",), "rmsnorm_linear": ("port_rmsnorm_linear_forward",),
-                  "rmsnorm_linear.grad_weight": ("port_rmsnorm_linear_backward_weight",)}
+# rmsnorm_linears: the norm's call for all k linears reading its output y (rstd and the linears' outputs from x[,
+# gamma], W_1..W_k and the biases of the linears marked in attribute biases; y never stored); rmsnorm_linears.
+# grad_weight: their weight gradients in one call (dW_1..dW_k and the bias gradients marked in biases, from dy_1..dy_k,
+# x, rstd[, gamma]). Each block of block_rows rows of x is normalised once for the k GEMMs. attrs: gamma, weight_t,
+# block_rows, biases (a bool per linear), eps (forward).
+RMSLIN_KERNELS = {"rmsnorm_linears": ("port_rmsnorm_linears_forward",),
+                  "rmsnorm_linears.grad_weight": ("port_rmsnorm_linears_backward_weight",)}
+# the linears one call takes: a port-rt call holds 10 pointers, 3 + 2 per linear + 1 per bias (rt_check.c)
+RMSLIN_MAX_LINEARS, RMSLIN_MAX_POINTERS = 3, 10
 
 
-def _rmslin_shapes(k, attrs, I, O, at):
-    x = tuple(at(I, 0, "input 0 (x)") if k != "rmsnorm_linear.grad_weight" else at(I, 1, "input 1 (x)"))
+def rmslin_fits(biases: tuple[bool, ...]) -> bool:
+    """Whether k linears with these biases (or bias gradients) fit one rmsnorm_linears call."""
+    return 1 <= len(biases) <= RMSLIN_MAX_LINEARS and 3 + 2 * len(biases) + sum(biases) <= RMSLIN_MAX_POINTERS
+
+
+def _rmslins_shapes(k, attrs, I, O, at):
+    bias, wt, gi = tuple(attrs.get("biases") or ()), bool(attrs.get("weight_t")), int(bool(attrs.get("gamma")))
+    if not rmslin_fits(bias):
+        raise CallShapeError(f"{k}: attribute biases={bias!r}: expected 1 to {RMSLIN_MAX_LINEARS} linears that fit "
+                             f"{RMSLIN_MAX_POINTERS} pointers")
+    nk = len(bias)
+    fwd = k == "rmsnorm_linears"
+    x = tuple(at(I, 0 if fwd else nk, "x"))
     if len(x) < 2:
         raise CallShapeError(f"{k}: x has shape {list(x)}: expected >= 2 dims")
     lead, fin = x[:-1], x[-1]
-    r, g = ((numel(lead),), F32), (((fin,), F32),) if attrs.get("gamma") else ()
-    if k == "rmsnorm_linear.stats":
-        return [(x, F32)], [r]
-    wt = bool(attrs.get("weight_t"))
-    if k == "rmsnorm_linear":
-        w = rank(at(I, 2 + len(g), "the weight"), 2, "weight")
-        fo = w[1 if wt else 0]
-        return [(x, F32), r, *g, (tuple(w), F32)] + ([((fo,), F32)] if attrs.get("bias") else []), [(lead + (fo,),
-                                                                                                     F32)]
-    fo = at(I, 0, "input 0 (dy)")[-1]
-    return [(lead + (fo,), F32), (x, F32), r, *g], grads(attrs, {"weight": (fin, fo) if wt else (fo, fin),
-                                                                 "bias": (fo,)})
+    r, g = ((numel(lead),), F32), [((fin,), F32)] * gi
+    if fwd:
+        ws_ = [tuple(rank(at(I, 1 + gi + i, f"weight {i}"), 2, "weight")) for i in range(nk)]
+        fo = [w[1 if wt else 0] for w in ws_]
+        return ([(x, F32), *g, *[(w, F32) for w in ws_], *[((f,), F32) for f, b in zip(fo, bias) if b]],
+                [r, *[(lead + (f,), F32) for f in fo]])
+    fo = [at(I, i, f"dy {i}")[-1] for i in range(nk)]
+    dws = [((fin, f) if wt else (f, fin), F32) for f in fo]
+    return ([(lead + (f,), F32) for f in fo] + [(x, F32), r, *g], dws + [((f,), F32) for f, b in zip(fo, bias) if b])
 
 
-def _rmslin_encode(kind, a, IS, OS, I, O, variant, call):
-    if kind == "rmsnorm_linear.stats":
-        return Encoded("port_rmsnorm_stats", (O[0], I[0]), (numel(IS[0]) // IS[0][-1], IS[0][-1]), (float(a["eps"]),))
-    gi = 3 if a.get("gamma") else None
-    if kind == "rmsnorm_linear":
-        fin, w = IS[0][-1], 3 if gi else 2             # W's input index
-        fo = IS[w][1 if a.get("weight_t") else 0]
-        return Encoded("port_rmsnorm_linear_forward", (O[0], I[0], I[1], I[2] if gi else None, I[w],
-                                                       I[w + 1] if a.get("bias") else None),
-                       (numel(IS[0]) // fin, fin, fo, int(a["block_rows"]), int(bool(a.get("weight_t")))))
-    fin, fo = IS[1][-1], IS[0][-1]
-    g = dict(zip(a["grads"], O))
-    return Encoded("port_rmsnorm_linear_backward_weight", (g["weight"], g.get("bias"), I[0], I[1], I[2],
-                                                           I[3] if gi else None),
-                   (numel(IS[1]) // fin, fin, fo, int(a["block_rows"]), int(bool(a.get("weight_t")))))
+def _rmslins_encode(kind, a, IS, OS, I, O):
+    """port-rt's layout (rt_check.c rmsnorm_linears): 119: rstd, y[k], x, gamma, w[k], the biases; 131: dw[k], the bias
+    gradients, dy[k], x, rstd, gamma; iv n, in, k, block rows, wt, bias mask, out[k]."""
+    bias, gi, wt = tuple(a["biases"]), int(bool(a.get("gamma"))), int(bool(a.get("weight_t")))
+    nk, mask = len(bias), sum(1 << i for i, b in enumerate(bias) if b)
+    if kind == "rmsnorm_linears":
+        x, fin = IS[0], IS[0][-1]
+        fo = [OS[1 + i][-1] for i in range(nk)]
+        gamma = (I[1],) if gi else (None,)
+        ptrs = (O[0], *O[1:1 + nk], I[0], *gamma, *I[1 + gi:1 + gi + nk], *I[1 + gi + nk:])
+        return Encoded("port_rmsnorm_linears_forward", ptrs, (numel(x) // fin, fin, nk, int(a["block_rows"]), wt, mask,
+                                                              *fo), (float(a["eps"]),))
+    x, fin = IS[nk], IS[nk][-1]
+    fo = [IS[i][-1] for i in range(nk)]
+    gamma = (I[nk + 2],) if gi else (None,)
+    return Encoded("port_rmsnorm_linears_backward_weight", (*O, *I[:nk + 2], *gamma),
+                   (numel(x) // fin, fin, nk, int(a["block_rows"]), wt, mask, *fo))
 
 
 def _rmslin_workspace(kernel, variant, attrs, IS, OS) -> int:
-    if kernel not in ("rmsnorm_linear", "rmsnorm_linear.grad_weight"):
-        return 0         # the plain linear calls and the stats take none
+    if kernel not in RMSLIN_KERNELS:
+        return 0         # the plain linear calls take none
     from port.exec import capi
-    x = IS[0] if kernel == "rmsnorm_linear" else IS[1]
+    x = IS[0] if kernel == "rmsnorm_linears" else IS[len(attrs["biases"])]
     return int(capi.raw.port_rmsnorm_linear_workspace_bytes(numel(x) // x[-1], x[-1], int(attrs["block_rows"])))
 
 
-def _rmslin_torch(kind, a, I, O, env):
-    """PyTorch's float32 kernels for the calls (the same maths: the norm's output rebuilt whole, then the linear)."""
-    torch = env.torch
-    x, r = I[0] if kind != "rmsnorm_linear.grad_weight" else I[1], None
-    if kind == "rmsnorm_linear.stats":
-        x2 = x.reshape(-1, x.shape[-1])
-        return lambda: O[0].copy_(torch.rsqrt(x2.pow(2).mean(-1) + float(a["eps"])))
-    r = I[1] if kind == "rmsnorm_linear" else I[2]
-    g = (I[2] if kind == "rmsnorm_linear" else I[3]) if a.get("gamma") else None
-    x2 = x.reshape(-1, x.shape[-1])
+def _rmslins_torch(kind, a, I, O, env):
+    """rmsnorm_linears[.grad_weight] on PyTorch's float32 kernels: the norm's output whole, then each linear."""
+    torch, bias, gi = env.torch, tuple(a["biases"]), int(bool(a.get("gamma")))
+    nk, wt = len(bias), bool(a.get("weight_t"))
+    fwd = kind == "rmsnorm_linears"
+    x = (I[0] if fwd else I[nk]).reshape(-1, (I[0] if fwd else I[nk]).shape[-1])
+    g = (I[1] if fwd else I[nk + 2]) if gi else None
 
-    def normed():
-        y = x2 * r.reshape(-1, 1)
+    def normed(r):
+        y = x * r.reshape(-1, 1)
         return y * g if g is not None else y
-    wt = bool(a.get("weight_t"))
-    if kind == "rmsnorm_linear":
-        w = I[3 if g is not None else 2]
-        b = I[4 if g is not None else 3] if a.get("bias") else None
-        out = O[0].reshape(-1, O[0].shape[-1])
+    if fwd:
+        ws_, bs = I[1 + gi:1 + gi + nk], iter(I[1 + gi + nk:])
+        bs = [next(bs) if b else None for b in bias]
+        outs = [o.reshape(-1, o.shape[-1]) for o in O[1:]]
 
         def run():
-            y = normed() @ (w if wt else w.t())
-            out.copy_(y + b if b is not None else y)
+            O[0].copy_(torch.rsqrt(x.pow(2).mean(-1) + float(a["eps"])))
+            y = normed(O[0])
+            for w, b, out in zip(ws_, bs, outs):
+                z = y @ (w if wt else w.t())
+                out.copy_(z + b if b is not None else z)
         return run
-    dy = I[0].reshape(-1, I[0].shape[-1])
-    gr = dict(zip(a["grads"], O))
+    dys = [d.reshape(-1, d.shape[-1]) for d in I[:nk]]
+    dbs = iter(O[nk:])
+    dbs = [next(dbs) if b else None for b in bias]
 
     def run_w():
-        y = normed()
-        gr["weight"].add_(y.t() @ dy if wt else dy.t() @ y)
-        if "bias" in gr:
-            gr["bias"].add_(dy.sum(0))
+        y = normed(I[nk + 1])
+        for dw, db, dy in zip(O[:nk], dbs, dys):
+            dw.add_(y.t() @ dy if wt else dy.t() @ y)
+            if db is not None:
+                db.add_(dy.sum(0))
     return run_w
 
 
 def _shapes(k, attrs, I, O, at):
     if k in RMSLIN_KERNELS:
-        return _rmslin_shapes(k, attrs, I, O, at)
+        return _rmslins_shapes(k, attrs, I, O, at)
     xt = at(I, 0, "input 0 (x)") if k == "linear" else (at(O, 0, "output 0 (dx)") if k.endswith("input")
                                                           else at(I, 1, "input 1 (x)"))
     if xt is None or len(xt) < 2:
@@ -154,7 +169,7 @@ def _shapes(k, attrs, I, O, at):
 
 def _encode(kind, a, IS, OS, I, O, variant, call):
     if kind in RMSLIN_KERNELS:
-        return _rmslin_encode(kind, a, IS, OS, I, O, variant, call)
+        return _rmslins_encode(kind, a, IS, OS, I, O)
     t = "_t" if a.get("weight_t") else ""          # W [in, out]: port_linear_t_*, the same params
     if kind == "linear":
         fin = IS[0][-1]
@@ -174,7 +189,7 @@ def _encode(kind, a, IS, OS, I, O, variant, call):
 
 def _torch(kind, a, I, O, env):
     if kind in RMSLIN_KERNELS:
-        return _rmslin_torch(kind, a, I, O, env)
+        return _rmslins_torch(kind, a, I, O, env)
     torch = env.torch
     if I[0].dim() > 2:     # [..., features]: the same call on [rows, features]
         I = [t.reshape(-1, t.shape[-1]) if t.dim() > 2 else t for t in I]

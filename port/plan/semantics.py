@@ -277,13 +277,20 @@ def _early_update_checked(graph: Graph, uid: int) -> tuple[int, int, tuple[int, 
     prods = graph.producers()
     if not groots or any(g not in prods for g in groots):
         raise PlanError(f"update {o.name!r}: gradient of {graph.tensors[param].name!r} not produced in the step")
-    pu = max(prods[g] for g in groots)
+    # a fused chain's call makes its covered members' gradients (rmsnorm_linear: the last weight gradient's call
+    # every linear's): the update waits for that call, whether or not the chain runs fused
+    pu = max(_made_at(graph, prods[g]) for g in groots)
     watch = set(groots) | {param}
     for q in graph.ops[pu + 1:]:
         if q.id != uid and any(graph.storage_root(t) in watch for t in q.inputs):
             raise PlanError(f"update {o.name!r} cannot run early: {q.name!r} reads {graph.tensors[param].name!r} "
                             f"or its gradient after the gradient is complete")
     return param, pu, groots
+
+
+def _made_at(graph: Graph, oid: int) -> int:
+    ch = V.chain_of(graph, graph.ops[oid])
+    return max(oid, ch.call_of(oid)) if ch is not None else oid
 
 
 def early_update_candidates(graph: Graph) -> dict[int, tuple[int, int, tuple[int, ...]]]:

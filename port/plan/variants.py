@@ -42,15 +42,16 @@ Variant names
                    bits (double sums, not GEMMs: within float rounding); not in the default plan, a solved
                    plan picks it where the profile says it pays.
                  * ``rmsnorm_linear``: rms_norm whose output y feeds only linears (Llama's input_layernorm -> q/k/v,
-                   post_attention_layernorm -> gate/up, the final norm -> lm_head): the norm runs
-                   rmsnorm_linear.stats (rstd alone), each linear rmsnorm_linear (its output from x, rstd, the
-                   norm's weight and its own, normalising rmslin_block_rows(rows) rows of x at a time in its workspace),
-                   each of their weight-gradient ops rmsnorm_linear.grad_weight (the same rows rebuilt block by
-                   block); the norm's backward is unchanged (it reads x, rstd and the linears' summed dx). y is
-                   never stored: it saves y's bytes from the forward to the last weight gradient. The plain
-                   chain's bits with one block (rows <= RMSLIN_MIN_BLOCK_ROWS); the weight gradient of more rows sums
-                   the blocks' products (within float rounding): not in the default plan, a solved plan picks it
-                   where the profile says it pays (memory at a tight budget).
+                   post_attention_layernorm -> gate/up, the final norm -> lm_head; one to three, W in one layout,
+                   that fit one port-rt call: 3 + 2 per linear + 1 per bias <= 10 pointers): the norm runs
+                   rmsnorm_linears (rstd and every linear's output: each block of rmslin_block_rows(rows, in) rows of x
+                   normalised once into its workspace, then the k GEMMs on it), the last of their weight-gradient
+                   ops rmsnorm_linears.grad_weight (every weight gradient, each block rebuilt once for all k); the
+                   norm's backward is unchanged (it reads x, rstd and the linears' summed dx). y is never stored:
+                   it saves y's bytes from the forward to the last weight gradient, and its write and k reads. The
+                   plain chain's bits with one block (rows <= rmslin_block_rows); the weight gradient of more
+                   rows sums the blocks' products (within float rounding): not in the default plan, a solved plan
+                   picks it where the profile says it pays.
 
 Torch backends (torch-cpu, torch-cuda, torch-mps) run ``plain`` only, plus ``inplace`` for relu, relu6, add and the
 element-wise input gradients,
@@ -407,7 +408,7 @@ def _rotary(graph: Graph, op: Op) -> tuple[int, ...] | None:
     return tuple(sorted(fids)) + tuple(sorted(bids))
 
 
-def _rotary_calls(ch: tuple[int, ...]) -> dict[int, tuple[int, ...]]:
+def _rotary_calls(graph: Graph, ch: tuple[int, ...]) -> dict[int, tuple[int, ...]]:
     """The add (the last forward member) runs the forward call; x's last gradient sum the backward one."""
     return {ch[6]: ch[:6]} | ({ch[-1]: ch[7:-1]} if len(ch) > 7 else {})
 
@@ -588,20 +589,23 @@ def _se_nonmat(graph: Graph, ch: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-# the rows of x an rmsnorm_linear call normalises at a time (its workspace: that many rows of x): at least 256 (GEMMs
-# large enough to run well), at most 4 blocks (few calls and barriers: a quarter of y at the call, none stored)
-RMSLIN_MIN_BLOCK_ROWS, RMSLIN_MAX_BLOCKS = 256, 4
+# the rows of x an rmsnorm_linears call normalises at a time (its workspace: that many rows of x): at least 256 rows
+# and 256 KiB of them (GEMMs large enough to run well; a block that small stays in the cache, and one block is the
+# plain chain's bits), at most 4 blocks (few GEMMs and barriers: at most a quarter of y in the workspace, none stored)
+RMSLIN_MIN_BLOCK_ROWS, RMSLIN_MIN_BLOCK_FLOATS, RMSLIN_MAX_BLOCKS = 256, 65536, 4
 
 
-def rmslin_block_rows(rows: int) -> int:
-    return max(RMSLIN_MIN_BLOCK_ROWS, -(-rows // RMSLIN_MAX_BLOCKS))
+def rmslin_block_rows(rows: int, features: int) -> int:
+    return max(RMSLIN_MIN_BLOCK_ROWS, RMSLIN_MIN_BLOCK_FLOATS // max(1, features), -(-rows // RMSLIN_MAX_BLOCKS))
 
 
 def _rmsnorm_linear(graph: Graph, op: Op) -> tuple[int, ...] | None:
     """(norm, linears..., their weight-gradient ops...) in program order when rms_norm's output y is read only by
-    forward linears (as their input x; one or more: Llama's q/k/v, gate/up or lm_head) and, in training, by those
-    linears' weight-gradient ops (each computing the weight's gradient): no view of y, y no graph input or output.
+    forward linears (as their input x; one to three, all with W in one layout, that one rmsnorm_linears call takes:
+    Llama's q/k/v, gate/up or lm_head) and, in training, by those linears' weight-gradient ops (each computing the
+    weight's gradient): no view of y, y no graph input or output.
     The norm's own gradient ops read x, rstd and the linears' summed input gradient, not y: not members."""
+    from port.ops.linear import rmslin_fits
     if op.kind != "rms_norm" or op.phase != PHASE_FORWARD or len(op.outputs) != 2:
         return None
     T, y = graph.tensors, op.outputs[0]
@@ -612,31 +616,53 @@ def _rmsnorm_linear(graph: Graph, op: Op) -> tuple[int, ...] | None:
     lins = [o for o in readers if o.kind == "linear" and o.phase == PHASE_FORWARD]
     if not lins or any(o.inputs[0] != y or y in o.inputs[1:] or len(o.outputs) != 1 for o in lins):
         return None
+    if len({bool(o.attr("weight_t")) for o in lins}) != 1 or not rmslin_fits(tuple(bool(o.attr("bias"))
+                                                                                   for o in lins)):
+        return None
     ids = {o.id for o in lins}
     gws = [o for o in readers if o.id not in ids]
     if any(o.kind != "linear.grad_weight" or o.forward_op not in ids or tuple(o.inputs[1:]) != (y,)
            or "weight" not in (o.attr("grads") or ()) for o in gws):
         return None
-    if len({o.forward_op for o in gws}) != len(gws):
+    if len({o.forward_op for o in gws}) != len(gws) or not rmslin_fits(tuple("bias" in o.attr("grads") for o in gws)
+                                                                       or (False,)):
         return None
     return (op.id,) + tuple(sorted(ids)) + tuple(sorted(o.id for o in gws))
 
 
+def _rmsnorm_linear_parts(graph: Graph, ch: tuple[int, ...]) -> tuple[list[Op], list[Op]]:
+    """The chain's linears and weight-gradient ops (program order)."""
+    members = [graph.ops[i] for i in ch[1:]]
+    return [o for o in members if o.phase == PHASE_FORWARD], [o for o in members if o.phase != PHASE_FORWARD]
+
+
+def _rmsnorm_linear_covers(graph: Graph, ch: tuple[int, ...]) -> dict[int, tuple[int, ...]]:
+    """The norm's call computes every linear; the last weight-gradient op's call every weight gradient."""
+    lins, gws = _rmsnorm_linear_parts(graph, ch)
+    return {ch[0]: tuple(o.id for o in lins)} | ({gws[-1].id: tuple(o.id for o in gws[:-1])} if gws else {})
+
+
 def _rmsnorm_linear_calls(graph: Graph, ch: "Chain", op: Op) -> list:
-    """The norm runs rmsnorm_linear.stats (rstd from x); each linear rmsnorm_linear (its output from x, rstd, the
-    norm's weight and its own); each weight-gradient op rmsnorm_linear.grad_weight (its gradients from dy, x, rstd
-    and the norm's weight)."""
+    """The norm runs rmsnorm_linears (rstd and every linear's output from x, the norm's weight and the linears'
+    weights and biases, each block of rows of x normalised once); the last weight-gradient op runs
+    rmsnorm_linears.grad_weight (every linear's gradients from their dy, x, rstd and the norm's weight)."""
     norm = graph.ops[ch.ops[0]]
+    lins, gws = _rmsnorm_linear_parts(graph, ch.ops)
     x, rstd, gamma = norm.inputs[0], norm.outputs[1], tuple(norm.inputs[1:2])
+    d = graph.tensors[x].shape[-1]
+    a = {"gamma": bool(gamma), "weight_t": bool(lins[0].attr("weight_t")),
+         "block_rows": rmslin_block_rows(graph.tensors[x].numel // d, d)}
     if op.id == norm.id:
-        return [("rmsnorm_linear.stats", (rstd,), (x,), {"eps": norm.attr("eps")}, ())]
-    rows = graph.tensors[x].numel // graph.tensors[x].shape[-1]
-    a = {"gamma": bool(gamma), "weight_t": bool(op.attr("weight_t")), "block_rows": rmslin_block_rows(rows)}
-    if op.kind == "linear":
-        ins = (x, rstd) + gamma + tuple(op.inputs[1:])
-        return [("rmsnorm_linear", op.outputs, ins, a | {"bias": bool(op.attr("bias"))}, ())]
-    return [("rmsnorm_linear.grad_weight", op.outputs, (op.inputs[0], x, rstd) + gamma, a | {"grads": op.attr("grads")},
-             ())]
+        bias = tuple(bool(o.attr("bias")) for o in lins)
+        ins = (x,) + gamma + tuple(o.inputs[1] for o in lins) + tuple(o.inputs[2] for o in lins if o.attr("bias"))
+        outs = (rstd,) + tuple(o.outputs[0] for o in lins)
+        return [("rmsnorm_linears", outs, ins, a | {"eps": norm.attr("eps"), "biases": bias},
+                 tuple(o.id for o in lins))]
+    grads_ = [dict(zip(o.attr("grads"), o.outputs)) for o in gws]
+    outs = tuple(g["weight"] for g in grads_) + tuple(g["bias"] for g in grads_ if "bias" in g)
+    ins = tuple(o.inputs[0] for o in gws) + (x, rstd) + gamma
+    return [("rmsnorm_linears.grad_weight", outs, ins, a | {"biases": tuple("bias" in g for g in grads_)},
+             tuple(o.id for o in gws[:-1]))]
 
 
 @dataclass(frozen=True)
@@ -652,7 +678,7 @@ class Fusion:
     kinds: tuple[str, ...]                                   # the members' op kinds, in program order
     kernels: tuple[str, ...]                                 # the calls' kernel kinds (port.ops records)
     find: Callable[[Graph, Op], tuple[int, ...] | None]      # the chain starting at op, else None
-    calls: Callable[[tuple[int, ...]], dict[int, tuple[int, ...]]]    # call op -> members it covers
+    calls: Callable[[Graph, tuple[int, ...]], dict[int, tuple[int, ...]]]    # call op -> members it covers
     nonmat: Callable[[Graph, tuple[int, ...]], tuple[int, ...]]       # tensors never materialised
     # the calls a call op runs: [(kernel, outputs, inputs, attrs, covered op ids)] (port.exec.registry.CallSpec)
     emit: Callable[[Graph, "Chain", Op], list]
@@ -686,11 +712,11 @@ class Chain:
 
 FUSIONS: tuple[Fusion, ...] = (
     Fusion("conv_bn_relu", ("conv2d", "batch_norm2d", "relu"), ("conv2d_bn_relu",), _conv_bn_relu,
-           calls=lambda ch: {ch[0]: ch[1:]},
+           calls=lambda g, ch: {ch[0]: ch[1:]},
            nonmat=lambda g, ch: (g.storage_root(g.ops[ch[1]].outputs[0]),),   # the batch-norm output
            emit=lambda g, ch, op: ops.record("conv2d").calls(g, op, "fused")),
     Fusion("swiglu", ("silu", "mul", "mul.grad_input", "silu.grad_input"), ("swiglu", "swiglu.grad_input"),
-           _swiglu, calls=lambda ch: {ch[1]: (ch[0],)} | ({ch[2]: (ch[3],)} if len(ch) > 2 else {}),
+           _swiglu, calls=lambda g, ch: {ch[1]: (ch[0],)} | ({ch[2]: (ch[3],)} if len(ch) > 2 else {}),
            nonmat=_swiglu_nonmat, emit=_swiglu_calls),
     Fusion("rotary", ("mul", "narrow", "narrow", "neg", "cat", "mul", "add", "add.grad_input", "mul.grad_input",
                       "cat.grad_input", "neg.grad_input", "narrow.grad_input", "narrow.grad_input", "mul.grad_input",
@@ -699,20 +725,19 @@ FUSIONS: tuple[Fusion, ...] = (
            inplace=_rotary_inplace),
     Fusion("se", ("global_avg_pool2d", "conv2d", "relu|silu", "conv2d", "sigmoid|hardsigmoid", "mul"),
            ("se", "se.grad_weight", "se.grad_input"), _se,
-           calls=lambda ch: {ch[5]: ch[:5]} | ({ch[6]: ch[7:]} if len(ch) > 6 else {}),
+           calls=lambda g, ch: {ch[5]: ch[:5]} | ({ch[6]: ch[7:]} if len(ch) > 6 else {}),
            nonmat=_se_nonmat, emit=_se_calls, default=False),
     Fusion("rmsnorm_linear", ("rms_norm", "linear", "linear.grad_weight"),
-           ("rmsnorm_linear.stats", "rmsnorm_linear", "rmsnorm_linear.grad_weight"), _rmsnorm_linear,
-           calls=lambda ch: {m: () for m in ch}, nonmat=lambda g, ch: (g.ops[ch[0]].outputs[0],),
-           emit=_rmsnorm_linear_calls, default=False,
-           modeled_factor=1.05),      # no traffic saved at the calls: each normalises x again (y is memory saved)
+           ("rmsnorm_linears", "rmsnorm_linears.grad_weight"), _rmsnorm_linear,
+           calls=_rmsnorm_linear_covers, nonmat=lambda g, ch: (g.ops[ch[0]].outputs[0],),
+           emit=_rmsnorm_linear_calls, default=False),
 )
 FUSED_KERNELS = tuple(k for f in FUSIONS for k in f.kernels)
 
 
 def _make_chain(graph: Graph, f: Fusion, ops_: tuple[int, ...]) -> Chain:
     at = {m: m for m in ops_}
-    for c, covered in f.calls(ops_).items():
+    for c, covered in f.calls(graph, ops_).items():
         for m in covered:
             at[m] = c
     return Chain(f, ops_, tuple(at[m] for m in ops_), tuple(f.nonmat(graph, ops_)), tuple(f.inplace(graph, ops_)))
@@ -763,6 +788,23 @@ def runs_fused_call(graph: Graph, op: Op) -> bool:
     call computes it)."""
     ch = chain_of(graph, op)
     return ch is not None and ch.call_of(op.id) == op.id
+
+
+def fused_share(graph: Graph, op: Op) -> float:
+    """The part of its chain's call that a member run ``fused`` is priced at: its FLOPs (vector FLOPs, else one)
+    over those of every member the same call computes. Profiles key costs by signature, and identical layers may
+    play different parts in a chain (Llama's gate and up projections: one weight gradient's call computes both;
+    its three norms head chains of 3, 2 and 1 linears): each member books its share of the call, so members of one
+    signature book alike and a chain's members add up to its calls. 1.0 for an op in no chain."""
+    ch = chain_of(graph, op)
+    if ch is None:
+        return 1.0
+
+    def w(i: int) -> float:
+        o = graph.ops[i]
+        return float(o.flops + o.vector_flops) or 1.0
+    c = ch.call_of(op.id)
+    return w(op.id) / sum(w(m) for m in ch.ops if ch.call_of(m) == c)
 
 
 def fused_inplace(graph: Graph) -> dict[int, tuple[int, int]]:
