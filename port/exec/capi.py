@@ -260,7 +260,7 @@ SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
                                                           "int64_t", "int64_t", "int64_t", "int", "int", "void*",
                                                           "size_t")),
     ("port_se_backward_input", "port_status", (_F, _CF, _CF, _CF, _CF, "int64_t", "int64_t", "int64_t", "int64_t",
-                                               "int")),
+                                               "int", "void*", "size_t")),
     ("port_rmsnorm_linear_workspace_bytes", "size_t", (_I, _I, _I)),
     ("port_rmsnorm_stats", "port_status", (_F, _CF, _I, _I, "float")),
     ("port_rmsnorm_linear_forward", "port_status", (_F, _CF, _CF, _CF, _CF, _CF, _I, _I, _I, _I, "int", "void*",
