@@ -17,10 +17,6 @@
  * dx overwrites. */
 #include "internal.h"
 
-#define SE_ALIGN 16   /* floats: workspace parts start on 64-byte boundaries */
-
-static int64_t se_up(int64_t v) { return (v + SE_ALIGN - 1) / SE_ALIGN * SE_ALIGN; }
-
 /* the 1x1 convolution of an fc on the pooled map: n images of cin channels, 1x1, to cout channels */
 static port_conv2d_params se_fc(int64_t n, int64_t cin, int64_t cout) {
     port_conv2d_params p = {0};
@@ -29,20 +25,25 @@ static port_conv2d_params se_fc(int64_t n, int64_t cin, int64_t cout) {
     return p;
 }
 
-/* floats of the fcs' convolution workspace (the larger of the two: one region serves both, one at a time) */
+/* floats of the fcs' convolution workspace (the larger of the two: one region serves both, one at a time; the
+ * folded batch's copies of the pooled map and of the output: (c + s) n floats from batch 2) */
 static int64_t se_conv_floats(int64_t n, int64_t c, int64_t s) {
     port_conv2d_params p1 = se_fc(n, c, s), p2 = se_fc(n, s, c);
     size_t b1 = port_conv2d_workspace_bytes(&p1, PORT_CONV_DIRECT), b2 = port_conv2d_workspace_bytes(&p2, PORT_CONV_DIRECT);
-    return se_up((int64_t)((PORT_MAX(b1, b2) + sizeof(float) - 1) / sizeof(float)));
+    return (int64_t)((PORT_MAX(b1, b2) + sizeof(float) - 1) / sizeof(float));
 }
 
+/* Workspace layouts (floats; cw: se_conv_floats, each part live only while named):
+ *   forward   [max(nc, ns): pooled, then act(h), then the gate][cw: the convolutions]
+ *   _weight   [nc: dz, then pooled][ns: act(h)][max(cw, nc): the sigmoid's output, then the convolutions]
+ *   _input    [nc: dm][max(cw, nc): fc1's convolution, then the gate]            (nc = n c, ns = n s) */
 size_t port_se_workspace_bytes(int64_t n, int64_t c, int64_t s, int kernel) {
     if (n <= 0 || c <= 0 || s <= 0) return 0;
-    int64_t nc = se_up(n * c), ns = se_up(n * s), conv = se_conv_floats(n, c, s);
+    int64_t nc = n * c, ns = n * s, cw = se_conv_floats(n, c, s);
     switch (kernel) {
-    case 0: return (size_t)(nc + ns + conv) * sizeof(float);        /* forward: pooled then the gate, act(h) */
-    case 1: return (size_t)(2 * nc + ns + conv) * sizeof(float);    /* weight gradients: dz, the gate then pooled, act(h) */
-    case 2: return (size_t)(2 * nc + conv) * sizeof(float);         /* input gradient: dm, the gate */
+    case 0: return (size_t)(PORT_MAX(nc, ns) + cw) * sizeof(float);
+    case 1: return (size_t)(nc + ns + PORT_MAX(cw, nc)) * sizeof(float);
+    case 2: return (size_t)(nc + PORT_MAX(cw, nc)) * sizeof(float);
     default: return 0;
     }
 }
@@ -70,13 +71,13 @@ port_status port_se_forward(float *y, float *h, float *z, const float *x, const 
     SE_CHECK_DIMS(n, c, s, hw, act, gate);
     PORT_CHECK(ws != NULL && ws_bytes >= port_se_workspace_bytes(n, c, s, 0), PORT_ERR_WORKSPACE);
     PORT_CHECK(y != x && h != z && (const float *)h != x && (const float *)z != x, PORT_ERR_ALIAS);
-    float *pooled = (float *)ws, *a = pooled + se_up(n * c), *cw = a + se_up(n * s), *g = pooled;
+    float *pooled = (float *)ws, *a = pooled, *g = pooled, *cw = pooled + PORT_MAX(n * c, n * s);
     port_conv2d_params p1 = se_fc(n, c, s), p2 = se_fc(n, s, c);
     port_global_avgpool_forward(pooled, x, n, c, hw);
     port__conv_fwd(h, pooled, w1, b1, &p1, PORT_CONV_DIRECT, cw);
-    se_act(a, h, n * s, act);
+    se_act(a, h, n * s, act);                                          /* over pooled: no longer read */
     port__conv_fwd(z, a, w2, b2, &p2, PORT_CONV_DIRECT, cw);
-    se_gate(g, z, n * c, gate);                                        /* over pooled: no longer read */
+    se_gate(g, z, n * c, gate);                                        /* over act(h): no longer read */
 #pragma omp parallel for schedule(static) if (n * c * hw > PORT_PAR_MIN)
     for (int64_t nc = 0; nc < n * c; nc++) {                           /* the mul: x * gate, broadcast over hw */
         const float *xp = x + nc * hw;
@@ -95,7 +96,7 @@ static port_status se_backward_weight(float *dw1, float *db1, float *dw2, float 
     SE_CHECK_DIMS(n, c, s, hw, act, gate);
     PORT_CHECK(ws != NULL && ws_bytes >= port_se_workspace_bytes(n, c, s, 1), PORT_ERR_WORKSPACE);
     PORT_CHECK(dh != h && dh != dw1 && dh != dw2 && dw1 != dw2 && db1 != db2, PORT_ERR_ALIAS);
-    float *dz = (float *)ws, *t = dz + se_up(n * c), *a = t + se_up(n * c), *cw = a + se_up(n * s), *pooled = t;
+    float *dz = (float *)ws, *a = dz + n * c, *cw = a + n * s, *t = cw, *pooled = dz;
     port_conv2d_params p1 = se_fc(n, c, s), p2 = se_fc(n, s, c);
     /* the mul's gradient of the gate: sum_hw dy x per (n, c), as port_binary_backward sums a broadcast operand's */
     port_binary_params bp = {0};
@@ -112,7 +113,7 @@ static port_status se_backward_weight(float *dw1, float *db1, float *dw2, float 
     port__conv_bwd_w(dw2, db2, dz, a, &p2, PORT_CONV_DIRECT, cw, overwrite);
     if (act == PORT_SE_SILU) port_silu_backward(dh, dh, h, n * s);     /* silu saves its input, relu its output */
     else port_relu_backward(dh, dh, a, n * s);
-    port_global_avgpool_forward(pooled, x, n, c, hw);                  /* over the gate: no longer read */
+    port_global_avgpool_forward(pooled, x, n, c, hw);                  /* over dz: no longer read */
     port__conv_bwd_w(dw1, db1, dh, pooled, &p1, PORT_CONV_DIRECT, cw, overwrite);
     return PORT_OK;
 }
@@ -136,10 +137,10 @@ port_status port_se_backward_input(float *dx, const float *dy, const float *z, c
     SE_CHECK_DIMS(n, c, s, hw, PORT_SE_RELU, gate);
     PORT_CHECK(ws != NULL && ws_bytes >= port_se_workspace_bytes(n, c, s, 2), PORT_ERR_WORKSPACE);
     PORT_CHECK((const float *)dx != z && (const float *)dx != w1 && (const float *)dx != dh, PORT_ERR_ALIAS);
-    float *dm = (float *)ws, *g = dm + se_up(n * c), *cw = g + se_up(n * c);
+    float *dm = (float *)ws, *cw = dm + n * c, *g = cw;
     port_conv2d_params p1 = se_fc(n, c, s);
     port__conv_bwd_in(dm, dh, w1, &p1, PORT_CONV_DIRECT, cw);          /* fc1's input gradient: the pooled mean's */
-    se_gate(g, z, n * c, gate);
+    se_gate(g, z, n * c, gate);                                        /* over the convolution's workspace */
     /* the mul's dx (dy gate), the pool's (dm / hw) and their sum, as the mul, the pool's gradient and the
      * grad_accumulate compute them; dx may be dy: each element read before it is written */
 #pragma omp parallel for schedule(static) if (n * c * hw > PORT_PAR_MIN)

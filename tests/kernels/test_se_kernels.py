@@ -208,13 +208,12 @@ def test_se_weight_gradients_accumulate_and_refusals():
     assert fa(y.data_ptr(), n, 2, ok) == capi.PORT_ERR_ARG
     assert fa(None, n, 0, ok) == capi.PORT_ERR_NULL
     assert fa(y.data_ptr(), n, 0, ok - 4) == capi.PORT_ERR_WORKSPACE
-    # the pooled mean / gate and act(h) (forward), dz, the gate / pooled mean and act(h) (weights), dm and the gate
-    # (input), each from a 64-byte boundary, and the larger fc convolution's workspace (folded here: (c + s) n floats)
-    up = lambda v: -(-v // 16) * 16  # noqa: E731
-    conv = up((c + s) * n)
-    assert raw.port_se_workspace_bytes(n, c, s, 0) == (up(n * c) + up(n * s) + conv) * 4
-    assert raw.port_se_workspace_bytes(n, c, s, 1) == (2 * up(n * c) + up(n * s) + conv) * 4
-    assert raw.port_se_workspace_bytes(n, c, s, 2) == (2 * up(n * c) + conv) * 4
+    # [pooled | act(h) | the gate][conv] (forward), [dz | pooled][act(h)][the sigmoid | conv] (weights),
+    # [dm][conv | the gate] (input); the fc convolutions' workspace folds the batch here: (c + s) n floats
+    conv = (c + s) * n
+    assert raw.port_se_workspace_bytes(n, c, s, 0) == (max(n * c, n * s) + conv) * 4
+    assert raw.port_se_workspace_bytes(n, c, s, 1) == (n * c + n * s + max(conv, n * c)) * 4
+    assert raw.port_se_workspace_bytes(n, c, s, 2) == (n * c + max(conv, n * c)) * 4
     assert raw.port_se_workspace_bytes(n, c, s, 3) == 0 and raw.port_se_workspace_bytes(0, c, s, 0) == 0
 
 
