@@ -29,7 +29,8 @@ static port_conv2d_params se_fc(int64_t n, int64_t cin, int64_t cout) {
  * folded batch's copies of the pooled map and of the output: (c + s) n floats from batch 2) */
 static int64_t se_conv_floats(int64_t n, int64_t c, int64_t s) {
     port_conv2d_params p1 = se_fc(n, c, s), p2 = se_fc(n, s, c);
-    size_t b1 = port_conv2d_workspace_bytes(&p1, PORT_CONV_DIRECT), b2 = port_conv2d_workspace_bytes(&p2, PORT_CONV_DIRECT);
+    size_t b1 = port_conv2d_workspace_bytes(&p1, PORT_CONV_DIRECT);
+    size_t b2 = port_conv2d_workspace_bytes(&p2, PORT_CONV_DIRECT);
     return (int64_t)((PORT_MAX(b1, b2) + sizeof(float) - 1) / sizeof(float));
 }
 
