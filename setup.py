@@ -1,5 +1,6 @@
 """Build of PORT's C kernel library (kernels/src/*.c -> port/exec/_port_kernels*.so), and the wheel's package
-data: build_py copies the top-level configs/ into port/configs/ (BuildPy below); MANIFEST.in puts the C
+data: build_py copies the top-level configs/ into port/configs/ and the C headers into port/exec/include/ (the
+binding reads their prototypes; BuildPy below); MANIFEST.in puts the C
 sources, headers, port-rt's main and the Makefile into the sdist, so port-rt builds from it.
 
 The library is a plain shared object loaded with ctypes (port/exec/capi.py); it is
@@ -111,6 +112,11 @@ class BuildPy(build_py):
             if os.path.isdir(dst):
                 shutil.rmtree(dst)
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.pyc", "__pycache__"))
+        # the C headers: port/exec/capi.py binds the library from their PORT_API prototypes
+        dst = os.path.join(self.build_lib, "port", "exec", "include")
+        os.makedirs(dst, exist_ok=True)
+        for h in glob.glob(os.path.join(ROOT, "kernels", "include", "*.h")):
+            shutil.copy2(h, dst)
 
 
 def _openmp_link():

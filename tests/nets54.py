@@ -1,5 +1,5 @@
-"""Small nets with the ops of issue 54's kernels, shared by the port-rt and call-rule tests (tests/ is on
-sys.path: tests/conftest.py)."""
+"""Small nets with the ops of issue 54's kernels (and issue 52's average pools), shared by the port-rt and
+call-rule tests (tests/ is on sys.path: tests/conftest.py)."""
 from __future__ import annotations
 
 import torch
@@ -164,3 +164,23 @@ class LastTokenPool(torch.nn.Module):
         non_pad = (ids != 0).to(ids.device, torch.int32)
         last = (torch.arange(ids.shape[-1], device=ids.device, dtype=torch.int32) * non_pad).argmax(-1)
         return logits[torch.arange(ids.shape[0], device=ids.device), last]
+
+
+class AvgPools(torch.nn.Module):
+    """Average pools torch_op ran before issue 52: ceil mode (with and without padding in the divisor) and
+    count_include_pad=False, on an odd map with stride 2."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        nn = torch.nn
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * (5 * 4 + 5 * 4 + 3 * 3), 3)
+
+    def forward(self, x):                                    # [N, 3, 9, 7]
+        F = torch.nn.functional
+        h = torch.relu(self.conv(x))
+        a = F.avg_pool2d(h, 3, 2, 1, ceil_mode=True, count_include_pad=False)          # [N, 4, 5, 4]
+        b = F.avg_pool2d(h, (2, 3), 2, (1, 1), count_include_pad=False)                # [N, 4, 5, 4]
+        c = F.avg_pool2d(F.avg_pool2d(h, 2, 2, ceil_mode=True), 3, 2, 1, ceil_mode=True)  # [N, 4, 3, 3]
+        return self.fc(torch.cat([a.flatten(1), b.flatten(1), c.flatten(1)], 1))

@@ -356,9 +356,12 @@ typedef struct {
     /* Output dims of the caller's y/dy/indices buffers, or 0 (not given);
      * when given, dims other than port_pool2d_out_h/w give PORT_ERR_SHAPE. */
     int64_t h_out, w_out;
-    /* Max pool only (average pools refuse other values with PORT_ERR_ARG): dilation (0 or 1: none) and
+    /* Dilation (0 or 1: none; max pools only, average pools refuse other values with PORT_ERR_ARG) and
      * ceil_mode (0/1: PyTorch's rule, a last window must start inside the input or its left padding). */
     int64_t dilation_h, dilation_w, ceil_mode;
+    /* Average pools only (max pools refuse 1): 0 divides by the window's size inside the padded input
+     * (count_include_pad=True, PyTorch's default), 1 by its count of input elements (count_include_pad=False). */
+    int64_t exclude_pad;
 } port_pool2d_params;
 
 PORT_API int64_t port_pool2d_out_h(const port_pool2d_params *p);
@@ -370,7 +373,9 @@ PORT_API port_status port_maxpool2d_forward(float *y, int64_t *indices, const fl
 PORT_API port_status port_maxpool2d_backward_input(float *dx, const float *dy,
                                                    const int64_t *indices,
                                                    const port_pool2d_params *p);
-/* Average pool, count_include_pad=True, ceil_mode=False.  Saved: nothing. */
+/* Average pool with ceil_mode and count_include_pad as PyTorch (no divisor_override): a window clipped to the
+ * padded input [-pad, size + pad) is divided by its size there (exclude_pad 0) or by its count of input
+ * elements (exclude_pad 1); y = sum * (1 / divisor) in float.  Saved: nothing. */
 PORT_API port_status port_avgpool2d_forward(float *y, const float *x, const port_pool2d_params *p);
 PORT_API port_status port_avgpool2d_backward_input(float *dx, const float *dy,
                                                    const port_pool2d_params *p);

@@ -268,6 +268,27 @@ typedef struct {
     int64_t dropout_counter; /* forward passes done */
 } port_rt_state;
 
+/* The param structs of the calls that take one, from the call's iv[] (and fv[]): the one reading of their layout,
+ * used by port_rt_exec to run a call and by the call rule (port_rt_call_check) to judge the very struct that runs.
+ * Convolutions: iv[0..13] the struct's fields in order.  Pools: iv[0..11] as the struct, iv[12..13] dilation,
+ * iv[14] ceil_mode, iv[15] exclude_pad.  Attention: iv = bh, heads, tq, tk, dh, causal, (algo), kv_heads, mask
+ * kind, mask dims[4]; fv = scale, dropout p; the dropout seed and stream the run's. */
+static inline port_conv2d_params port_rt_conv2d_params(const int64_t *v) {
+    port_conv2d_params p = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13]};
+    return p;
+}
+static inline port_pool2d_params port_rt_pool2d_params(const int64_t *v) {
+    port_pool2d_params p = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11],
+                            v[12], v[13], v[14], v[15]};
+    return p;
+}
+static inline port_attention_params port_rt_attention_params(const int64_t *v, const double *fv, uint64_t seed,
+                                                             uint64_t stream) {
+    port_attention_params p = {v[0], v[1], v[2], v[3], v[4], v[5], (float)fv[0], v[7], v[8],
+                               {v[9], v[10], v[11], v[12]}, (float)fv[1], seed, stream};
+    return p;
+}
+
 PORT_API int port_rt_abi_version(void);
 /* The entry point a kernel id runs ("port_conv2d_forward"), or NULL. */
 PORT_API const char *port_rt_kernel_name(int kernel);

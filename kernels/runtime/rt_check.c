@@ -96,7 +96,7 @@ static int conv_params(ctx *x, port_conv2d_params *p) {
         iv_in(x, 12, 0, INT64_MAX, "output height must be >= 0 (0: not given)") ||
         iv_in(x, 13, 0, INT64_MAX, "output width must be >= 0 (0: not given)"))
         return BAD;
-    port_conv2d_params q = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13]};
+    port_conv2d_params q = port_rt_conv2d_params(v);
     /* bound the dimensions first: port_conv2d_check's own products must not overflow */
     for (int i = 0; i < 14; i++)
         if (v[i] > ((int64_t)1 << 31)) return fail(x->why, IV_NAMES[i], "a convolution parameter above 2^31", v[i], 0,
@@ -215,16 +215,20 @@ static int pooling(ctx *x, int k) {
         iv_in(x, 10, 0, INT64_MAX, "output height must be >= 0 (0: not given)") ||
         iv_in(x, 11, 0, INT64_MAX, "output width must be >= 0 (0: not given)"))
         return BAD;
-    /* max pools: iv[12], iv[13] dilation (0 or 1: none), iv[14] ceil_mode; average pools take neither */
-    if (maxp && (iv_in(x, 12, 0, INT64_MAX, "dilation must be >= 0 (0: 1)") ||
-                 iv_in(x, 13, 0, INT64_MAX, "dilation must be >= 0 (0: 1)") ||
-                 iv_in(x, 14, 0, 1, "ceil_mode must be 0 or 1")))
+    /* iv[14] ceil_mode; max pools: iv[12], iv[13] dilation (0 or 1: none); average pools: no dilation (iv[12],
+     * iv[13] 0), iv[15] exclude_pad (count_include_pad=False) */
+    if (iv_in(x, 14, 0, 1, "ceil_mode must be 0 or 1") ||
+        (maxp ? iv_in(x, 12, 0, INT64_MAX, "dilation must be >= 0 (0: 1)") ||
+                    iv_in(x, 13, 0, INT64_MAX, "dilation must be >= 0 (0: 1)")
+              : iv_in(x, 12, 0, 0, "an average pool takes no dilation") ||
+                    iv_in(x, 13, 0, 0, "an average pool takes no dilation") ||
+                    iv_in(x, 15, 0, 1, "exclude_pad must be 0 or 1")))
         return BAD;
     for (int i = 0; i < 14; i++)
         if (v[i] > ((int64_t)1 << 31)) return fail(x->why, IV_NAMES[i], "a pooling parameter above 2^31", v[i], 0,
                                                    (int64_t)1 << 31);
-    port_pool2d_params p = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11],
-                            maxp ? v[12] : 0, maxp ? v[13] : 0, maxp ? v[14] : 0};
+    if (maxp && v[15]) return fail(x->why, "iv[15]", "a max pool takes no exclude_pad", v[15], 0, 0);
+    port_pool2d_params p = port_rt_pool2d_params(v);   /* the struct port_rt_exec passes */
     int64_t ho = port_pool2d_out_h(&p), wo = port_pool2d_out_w(&p);
     int64_t dh = p.dilation_h > 1 ? p.dilation_h : 1, dw = p.dilation_w > 1 ? p.dilation_w : 1;
     if (2 * p.pad_h > p.kh || 2 * p.pad_w > p.kw || p.h + 2 * p.pad_h < dh * (p.kh - 1) + 1 ||
@@ -243,11 +247,11 @@ static int pooling(ctx *x, int k) {
         op(x, 0, xs, 4, 1), op(x, 1, ys, 4, 0), op(x, 2, ys, 8, 0);
         return PORT_OK;
     case PORT_RT_AVGPOOL2D_FORWARD:   /* y, x */
-        args(x, 2, 12, 0);
+        args(x, 2, 16, 0);
         op(x, 0, ys, 4, 1), op(x, 1, xs, 4, 0);
         return PORT_OK;
     default:   /* avg pool backward: dx, dy */
-        args(x, 2, 12, 0);
+        args(x, 2, 16, 0);
         op(x, 0, xs, 4, 1), op(x, 1, ys, 4, 0);
         return PORT_OK;
     }
@@ -278,8 +282,7 @@ static int attention(ctx *x, int k) {
                                                     : "a mask extent must be 1 or the extent it broadcasts to",
                         d, 0, full[i]);
     }
-    port_attention_params p = {v[0], v[1], v[2], v[3], v[4], v[5], (float)x->c->fv[0], v[7], v[8],
-                               {v[9], v[10], v[11], v[12]}, (float)x->c->fv[1], 0, 0};
+    port_attention_params p = port_rt_attention_params(v, x->c->fv, 0, 0);
     int back = k == PORT_RT_ATTENTION_BACKWARD;
     int64_t bkv = v[0] / v[1] * (v[7] ? v[7] : v[1]);
     int64_t qs = smul3(p.bh, p.tq, p.dh), ks = smul3(bkv, p.tk, p.dh), lse = smul(p.bh, p.tq),

@@ -23,28 +23,15 @@ uint64_t port_rt_rng_stream(int64_t counter, int64_t op) {
 /* attention calls: iv = bh, heads, tq, tk, dh, causal, algo, kv_heads, mask kind, mask dims[4], the forward op
  * (the dropout stream); fv = scale, dropout p */
 static port_attention_params attn_p(const port_rt_call *c, const port_rt_state *s) {
-    const int64_t *v = c->iv;
-    port_attention_params p = {v[0], v[1], v[2], v[3], v[4], v[5], (float)c->fv[0], v[7], v[8],
-                               {v[9], v[10], v[11], v[12]}, (float)c->fv[1], s->seed,
-                               port_rt_rng_stream(s->dropout_counter, v[13])};
-    return p;
+    return port_rt_attention_params(c->iv, c->fv, s->seed, port_rt_rng_stream(s->dropout_counter, c->iv[13]));
 }
 
-static port_conv2d_params conv_p(const int64_t *v) {
-    port_conv2d_params p = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11],
-                            v[12], v[13]};
-    return p;
-}
+#define conv_p port_rt_conv2d_params
+#define pool_p port_rt_pool2d_params
 
 static port_batchnorm_params bn_p(const port_rt_call *c) {
     const int64_t *v = c->iv;
     port_batchnorm_params p = {v[0], v[1], v[2], v[3], (float)c->fv[0], (float)c->fv[1]};
-    return p;
-}
-
-static port_pool2d_params pool_p(const int64_t *v) {
-    port_pool2d_params p = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11],
-                            v[12], v[13], v[14]};
     return p;
 }
 

@@ -1,4 +1,4 @@
-/* Pooling: max (with int64 indices), average (count_include_pad), global avg. */
+/* Pooling: max (with int64 indices), average (ceil_mode, count_include_pad), global avg. */
 #include "internal.h"
 #include <math.h>
 
@@ -42,17 +42,35 @@ static port_status pool_check(const port_pool2d_params *p) {
     return PORT_OK;
 }
 
-/* average pools: no dilation, no ceil mode */
+/* max pools: no exclude_pad */
+static port_status max_check(const port_pool2d_params *p) {
+    port_status st = pool_check(p);
+    if (st != PORT_OK) return st;
+    PORT_CHECK(p->exclude_pad == 0, PORT_ERR_ARG);
+    return PORT_OK;
+}
+
+/* average pools: no dilation; exclude_pad 0 or 1 */
 static port_status avg_check(const port_pool2d_params *p) {
     port_status st = pool_check(p);
     if (st != PORT_OK) return st;
-    PORT_CHECK(dil(p->dilation_h) == 1 && dil(p->dilation_w) == 1 && !p->ceil_mode, PORT_ERR_ARG);
+    PORT_CHECK(dil(p->dilation_h) == 1 && dil(p->dilation_w) == 1 && (p->exclude_pad == 0 || p->exclude_pad == 1),
+               PORT_ERR_ARG);
     return PORT_OK;
+}
+
+/* One average-pool window along a dim: [*s, *e) inside the input; its extent inside the padded input (PyTorch:
+ * min(start + k, size + pad) - start) is returned. */
+static int64_t avg_span(int64_t o, int64_t stride, int64_t pad, int64_t k, int64_t size, int64_t *s, int64_t *e) {
+    int64_t a = o * stride - pad, b = PORT_MIN(a + k, size + pad);
+    *s = PORT_MAX(a, 0);
+    *e = PORT_MIN(b, size);
+    return b - a;
 }
 
 port_status port_maxpool2d_forward(float *y, int64_t *indices, const float *x,
                                    const port_pool2d_params *p) {
-    port_status st = pool_check(p);
+    port_status st = max_check(p);
     if (st != PORT_OK) return st;
     PORT_NOTNULL(y); PORT_NOTNULL(indices); PORT_NOTNULL(x);
     int64_t H = p->h, W = p->w, ho = port_pool2d_out_h(p), wo = port_pool2d_out_w(p);
@@ -91,7 +109,7 @@ port_status port_maxpool2d_forward(float *y, int64_t *indices, const float *x,
 
 port_status port_maxpool2d_backward_input(float *dx, const float *dy, const int64_t *indices,
                                           const port_pool2d_params *p) {
-    port_status st = pool_check(p);
+    port_status st = max_check(p);
     if (st != PORT_OK) return st;
     PORT_NOTNULL(dx); PORT_NOTNULL(dy); PORT_NOTNULL(indices);
     int64_t HW = p->h * p->w, P = port_pool2d_out_h(p) * port_pool2d_out_w(p);
@@ -116,21 +134,19 @@ port_status port_avgpool2d_forward(float *y, const float *x, const port_pool2d_p
     if (st != PORT_OK) return st;
     PORT_NOTNULL(y); PORT_NOTNULL(x);
     int64_t H = p->h, W = p->w, ho = port_pool2d_out_h(p), wo = port_pool2d_out_w(p);
-    float inv = 1.0f / (float)(p->kh * p->kw);
 #pragma omp parallel for schedule(static) if (p->n * p->c * ho * wo * p->kh * p->kw > PORT_PAR_MIN)
     for (int64_t nc = 0; nc < p->n * p->c; nc++) {
         const float *xp = x + nc * H * W;
         float *yp = y + nc * ho * wo;
         for (int64_t oh = 0; oh < ho; oh++) {
-            int64_t h0 = oh * p->stride_h - p->pad_h;
-            int64_t hs = PORT_MAX(h0, 0), he = PORT_MIN(h0 + p->kh, H);
+            int64_t hs, he, ph = avg_span(oh, p->stride_h, p->pad_h, p->kh, H, &hs, &he);
             for (int64_t ow = 0; ow < wo; ow++) {
-                int64_t w0 = ow * p->stride_w - p->pad_w;
-                int64_t ws = PORT_MAX(w0, 0), we = PORT_MIN(w0 + p->kw, W);
+                int64_t ws, we, pw = avg_span(ow, p->stride_w, p->pad_w, p->kw, W, &ws, &we);
                 float s = 0.0f;
                 for (int64_t ih = hs; ih < he; ih++)
                     for (int64_t iw = ws; iw < we; iw++) s += xp[ih * W + iw];
-                yp[oh * wo + ow] = s * inv;
+                int64_t div = p->exclude_pad ? (he - hs) * (we - ws) : ph * pw;
+                yp[oh * wo + ow] = div > 0 ? s * (1.0f / (float)div) : 0.0f;
             }
         }
     }
@@ -143,19 +159,18 @@ port_status port_avgpool2d_backward_input(float *dx, const float *dy,
     if (st != PORT_OK) return st;
     PORT_NOTNULL(dx); PORT_NOTNULL(dy);
     int64_t H = p->h, W = p->w, ho = port_pool2d_out_h(p), wo = port_pool2d_out_w(p);
-    float inv = 1.0f / (float)(p->kh * p->kw);
 #pragma omp parallel for schedule(static) if (p->n * p->c * ho * wo * p->kh * p->kw > PORT_PAR_MIN)
     for (int64_t nc = 0; nc < p->n * p->c; nc++) {
         float *dxp = dx + nc * H * W;
         const float *dyp = dy + nc * ho * wo;
         memset(dxp, 0, (size_t)(H * W) * sizeof(float));
         for (int64_t oh = 0; oh < ho; oh++) {
-            int64_t h0 = oh * p->stride_h - p->pad_h;
-            int64_t hs = PORT_MAX(h0, 0), he = PORT_MIN(h0 + p->kh, H);
+            int64_t hs, he, ph = avg_span(oh, p->stride_h, p->pad_h, p->kh, H, &hs, &he);
             for (int64_t ow = 0; ow < wo; ow++) {
-                int64_t w0 = ow * p->stride_w - p->pad_w;
-                int64_t ws = PORT_MAX(w0, 0), we = PORT_MIN(w0 + p->kw, W);
-                float g = dyp[oh * wo + ow] * inv;
+                int64_t ws, we, pw = avg_span(ow, p->stride_w, p->pad_w, p->kw, W, &ws, &we);
+                int64_t div = p->exclude_pad ? (he - hs) * (we - ws) : ph * pw;
+                if (div <= 0) continue;
+                float g = dyp[oh * wo + ow] * (1.0f / (float)div);
                 for (int64_t ih = hs; ih < he; ih++)
                     for (int64_t iw = ws; iw < we; iw++) dxp[ih * W + iw] += g;
             }

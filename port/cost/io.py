@@ -23,7 +23,8 @@ accelerator -> the accelerator whose cores it computes on (the device YAML's ``s
 simulator's and the ILP's makespan do not overlap it. ``join_ms`` (optional; absent: none, read as
 types.MODELED_JOIN_MS): queued accelerator -> the host's join of its drained queue in ms (Plan.joins; measured by
 ``port profile`` where the engine is present: port.cost.handoff.measure_joins); the simulator and the ILP price an
-explicit join with it.
+explicit join with it. An entry's ``issue_ms`` (optional; absent: 0): a queued engine's call, the host's time to issue
+it (OpCost.issue_ms).
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def profile_to_dict(p: Profile) -> dict:
         "entries": [{"signature": e.signature, "accelerator": e.accelerator, "variant": e.variant,
                      "latency_ms": e.latency_ms, "spread_ms": e.spread_ms, "workspace_bytes": e.workspace_bytes,
                      "peak_delta_bytes": e.peak_delta_bytes, "measured": e.measured, "samples": e.samples}
-                    for e in p.entries],
+                    | ({"issue_ms": e.issue_ms} if e.issue_ms else {}) for e in p.entries],
     }
     d["sha256"] = hashlib.sha256(_canon(d)).hexdigest()
     return d
@@ -169,7 +170,8 @@ def _profile_body(d: dict, dev: str, where: str) -> Profile:
                               _number(vals["latency_ms"], w, "latency_ms"), _number(vals["spread_ms"], w, "spread_ms"),
                               _integer(vals["workspace_bytes"], w, "workspace_bytes"),
                               _integer(vals["peak_delta_bytes"], w, "peak_delta_bytes"),
-                              vals["measured"], _integer(vals["samples"], w, "samples", MAX_COUNT, "a count")))
+                              vals["measured"], _integer(vals["samples"], w, "samples", MAX_COUNT, "a count"),
+                              _number(e.get("issue_ms", 0.0), w, "issue_ms")))
     hand = []
     for i, h in enumerate(d.get("handoff", [])):
         w = f"{where}: handoff[{i}]"
@@ -285,7 +287,8 @@ def merge_profiles(profiles: Iterable[Profile | str | Path], device: str | None 
             continue
         merged.append(OpCost(key[0], key[1], key[2], float(statistics.median(e.latency_ms for e in meas)),
                              max(e.spread_ms for e in meas), max(e.workspace_bytes for e in meas),
-                             max(e.peak_delta_bytes for e in meas), True, sum(e.samples for e in meas)))
+                             max(e.peak_delta_bytes for e in meas), True, sum(e.samples for e in meas),
+                             float(statistics.median(e.issue_ms for e in meas))))
     hand: dict[tuple, HandoffCost] = {}
     for p in ps:
         for h in p.handoff:

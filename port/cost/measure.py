@@ -20,7 +20,7 @@ from port.ir.types import Graph, Op
 from port.cost.types import HandoffCost, OpCost, Profile
 from port.cost.io import load_profile
 from port.cost.runners import Runner, backend_available, get_runner
-from port.cost.timing import TimingTask, summarize, time_block, warm_up
+from port.cost.timing import TimingTask, summarize, time_block, time_issue, warm_up
 from port.verify.simulate import (CALL_DISPATCH_KEY, RT_ACCELERATORS_KEY, STATE_SYNC_KEY, STEP_OVERHEAD_KEY,
                                   TIMED_CALL_KEY)
 
@@ -228,10 +228,13 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                 stale.add(acc_id)
                 rep.notes.append(f"{acc_id}: cached entries were measured with another build of the C kernels "
                                  f"({theirs or 'unrecorded'}, now {ours}): re-measured")
+    from port.lower.program import QUEUED_BACKENDS
+    unissued = {a for a in acc_threads if dev.accelerator(a).backend in QUEUED_BACKENDS}
     for key, op in keys.items():
         if key[1] not in present:
             continue
-        if key in cached and key[1] not in stale:
+        if key in cached and key[1] not in stale and not (key[1] in unissued and not cached[key].issue_ms):
+            # (a queued engine's entry cached without its issue time, OpCost.issue_ms: re-measured)
             results[key] = cached[key]
             rep.reused += 1
         else:
@@ -249,6 +252,7 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
     for key, op in todo:
         by_acc.setdefault(key[1], []).append((key, op))
     stopped = False
+    issue: dict[tuple[str, str, str], float] = {}
     try:
         for acc_id, items in by_acc.items():
             if stopped:
@@ -256,6 +260,7 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
             acc = dev.accelerator(acc_id)
             runner = get_runner(acc.backend, graph, acc_threads[acc_id], seed=seed, optimizer_kwargs=optimizer_kwargs)
             present[acc_id] = runner
+            queued = acc.backend in QUEUED_BACKENDS
             i = 0
             while i < len(items) and not stopped:
                 chunk: list[tuple[TimingTask, Any, Op]] = []
@@ -270,6 +275,8 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                         prepared = runner.prepare(op, key[2])
                         task = TimingTask(key, prepared, runner.sync)
                         warm_up(task, warmup_ms, block_ms)
+                        if queued:     # the host's part of a call (OpCost.issue_ms): a few runs, each synced
+                            issue[key] = time_issue(task)
                         peak = runner.peak_delta_bytes(prepared) if peak_memory else 0
                     except Exception as e:  # noqa: BLE001 - one failing kernel must not lose the run
                         rep.failed.append(f"{key[1]}/{key[2]} {op.kind} ({op.name}): {type(e).__name__}: {e}")
@@ -314,7 +321,7 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                     med, spread = summarize(task.block_ms)
                     sig, aid, var = task.key
                     results[task.key] = OpCost(sig, aid, var, float(med), float(spread), int(prepared.workspace_bytes),
-                                               int(peak), True, len(task.block_ms))
+                                               int(peak), True, len(task.block_ms), float(issue.get(task.key, 0.0)))
                     rep.measured += 1
                 del chunk
     finally:
@@ -799,10 +806,12 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
     four profiles of one process; the measured step, a median over 15, moved less). Measured entries no call exercised are scaled by the median in-program / isolated ratio
     of their op kind on that accelerator (else of the accelerator); ``fresh``: only these keys are scaled (entries
     taken from a cache were scaled when they were measured). The first plan's program is also run untimed after each
-    instrumented step, as Trainer.step runs it (zero the gradients, copy the batch in, run, read the loss,
-    update): the median over these pairs of its wall time minus the timed step's calls is the executor's
-    per-step overhead (recorded, see :func:`with_step_overhead`; paired, so that a change of load between the
-    timed and the untimed steps does not enter it). ``overhead_only``: only that (the first plan's program; no
+    instrumented step, as Trainer.step runs it (check the batch's token ids and labels, zero the gradients, copy
+    the batch in, run, read the loss, check it and the gradients are finite, update; the checks were left out
+    before: hf.llama_lm_mask's all-C plan, 0.4 ms a step, predicted 22% short): the median over these pairs of
+    its wall time minus the timed step's calls is the executor's per-step overhead (recorded, see
+    :func:`with_step_overhead`; paired, so that a change of load between the timed and the untimed steps does not
+    enter it). ``overhead_only``: only that (the first plan's program; no
     entry re-timed: a cache of another graph whose entries were calibrated when measured). Returns the profile
     and notes for its host record. ``books`` (one per plan; None: every plan books every entry it runs):
     a set of accelerator ids books only their entries (the torch engine's in a mixed plan, :func:`mixed_plans`;
@@ -814,9 +823,11 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
     import torch
     from port.cost.runners import get_runner
     from port.exec.executor import Executor
+    from port.ir.tokens import check_tokens, token_bounds
     from port.lower.lower import lower
 
     seen: dict[tuple[str, str, str], list[float]] = {}
+    bounds = token_bounds(graph)         # the untimed step checks the batch's ids as Trainer.step does
     notes_skipped: list[str] = []
     ncalls = 0
     rt_accs: set[str] = set()
@@ -848,15 +859,23 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
             if ex.labels is not None:
                 y = torch.randint(0, graph.tensors[graph.logits_id].shape[-1], ex.labels.shape, generator=gen)
                 ex.labels.copy_(y)
-            def untimed_ms() -> float:     # one step as Trainer.step runs it
+            extras = [v.clone() for v in ex.extra_inputs]
+            names = ["x"] + [f"x[{k}]" for k in range(len(extras))]
+
+            def untimed_ms() -> float:     # one step as Trainer.step runs it, its checks of the batch included
                 t0 = _time.perf_counter()
+                if bounds:
+                    check_tokens(bounds, [x, *extras], names)
+                if y is not None:
+                    ex.check_labels(y)
                 ex.zero_grads()
                 ex.input.copy_(x)
+                for v, e in zip(ex.extra_inputs, extras):
+                    v.copy_(e)
                 if y is not None:
                     ex.labels.copy_(y)
                 ex.run_main()
-                if ex.labels is not None:
-                    float(ex.loss)
+                ex.nonfinite(float(ex.loss) if ex.labels is not None else 0.0)
                 ex.run_updates()
                 return (_time.perf_counter() - t0) * 1e3
 

@@ -29,6 +29,11 @@ class OpCost:
     peak_delta_bytes: int = 0 # measured process/allocator peak growth while running it (0 if unknown)
     measured: bool = False    # False: modeled (roofline)
     samples: int = 0
+    # a queued engine's call (port.lower.program.QUEUED_BACKENDS): the host thread's own time to issue it (bind
+    # its arguments, enqueue its kernels), median of single calls on an idle queue (port.cost.timing.time_issue);
+    # the simulator's and the ILP's makespan put it on the host lane, ``latency_ms`` on the queue's. 0: a
+    # synchronous engine, a modeled entry, a profile written before it was measured
+    issue_ms: float = 0.0
 
     @property
     def arena_workspace_bytes(self) -> int:
@@ -148,7 +153,8 @@ class Profile:
 
     def digest(self) -> str:
         blob = json.dumps([self.device, list(self.accelerators),
-                           [[e.signature, e.accelerator, e.variant, e.latency_ms, e.workspace_bytes] for e in self.entries],
+                           [[e.signature, e.accelerator, e.variant, e.latency_ms, e.workspace_bytes]
+                            + ([e.issue_ms] if e.issue_ms else []) for e in self.entries],
                            [[h.src, h.dst, h.latency_ms, str(h.bytes_per_ms)] for h in self.handoff]]
                           + ([[list(x) for x in self.engine_bytes]] if self.engine_bytes else [])
                           + ([["own_memory", *self.own_memory]] if self.own_memory else [])

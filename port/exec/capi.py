@@ -1,7 +1,8 @@
 """The one Python module that knows PORT's C ABI (kernels/include/port_kernels.h, port_rt.h), without torch:
-loading the library, the OpenMP environment, constants, param structs, the signature table (a test parses the
-header and compares), the raw functions (``raw.port_<name>`` and the short alias ``raw.<name>``), status
-checking and the library's settings (threads, GEMM backend).
+loading the library, the OpenMP environment, constants, param structs, the signature table (parsed from the
+headers' PORT_API prototypes when the library is loaded: no hand-written copy), the raw functions
+(``raw.port_<name>`` and the short alias ``raw.<name>``), status checking and the library's settings (threads,
+GEMM backend).
 
 Raw path: ``raw.<c_function>(...)`` are ctypes function objects with argtypes from ``SIGNATURES``. Pointer
 arguments are plain integer addresses (e.g. ``arena_base + offset``), param structs are
@@ -75,7 +76,7 @@ class BatchNormParams(ctypes.Structure):
 class Pool2dParams(ctypes.Structure):
     _fields_ = [(f, c_int64) for f in ("n", "c", "h", "w", "kh", "kw", "stride_h", "stride_w",
                                        "pad_h", "pad_w", "h_out", "w_out", "dilation_h", "dilation_w",
-                                       "ceil_mode")]
+                                       "ceil_mode", "exclude_pad")]
 
 
 UPSAMPLE_MODES = {"nearest": 0, "bilinear": 1}     # PORT_UPSAMPLE_NEAREST, _BILINEAR
@@ -179,226 +180,88 @@ _STRUCTS = {"port_rt_call_shape": RtCallShape, "port_rt_call_problem": RtCallPro
             "port_upsample2d_params": Upsample2dParams, "port_slice_params": SliceParams}
 
 # --------------------------------------------------------------------------- signature table
-# (name, C return type, (C argument types...)) -- mirrors port_kernels.h exactly
-# (tests/kernels/test_header_binding.py parses the header and compares).
-_CP = "const port_conv2d_params*"
-_BP = "const port_batchnorm_params*"
-_PP = "const port_pool2d_params*"
-_LP = "const port_linear_params*"
-_AP = "const port_attention_params*"
-_BinP = "const port_binary_params*"
-_UP = "const port_upsample2d_params*"
-_I = "int64_t"
-_CI64, _CU8 = "const int64_t*", "const uint8_t*"
-_F, _CF = "float*", "const float*"
-SIGNATURES: list[tuple[str, str, tuple[str, ...]]] = [
-    ("port_status_string", "const char*", ("int",)),
-    ("port_abi_version", "int", ()),
-    ("port_set_num_threads", "void", ("int",)),
-    ("port_get_num_threads", "int", ()),
-    ("port_cpu_has_avx512", "int", ()),
-    ("port_set_gemm_backend", "port_status", ("int",)),
-    ("port_get_gemm_backend", "int", ()),
-    ("port_gemm_backend_for", "int", ("int", "int", "int64_t", "int64_t", "int64_t")),
-    ("port_sgemm", "port_status", (_F, _CF, _CF, "int", "int", "int64_t", "int64_t", "int64_t",
-                                   "float", "float", "int64_t", "int64_t", "int64_t")),
-    ("port_conv2d_out_h", "int64_t", (_CP,)),
-    ("port_conv2d_out_w", "int64_t", (_CP,)),
-    ("port_conv2d_check", "port_status", (_CP,)),
-    ("port_conv2d_workspace_bytes", "size_t", (_CP, "int")),
-    ("port_conv2d_resolve_algo", "int", (_CP, "int")),
-    ("port_conv2d_forward", "port_status", (_F, _CF, _CF, _CF, _CP, "int", "void*", "size_t")),
-    ("port_conv2d_backward_input", "port_status", (_F, _CF, _CF, _CP, "int", "void*", "size_t")),
-    ("port_conv2d_backward_weight", "port_status", (_F, _F, _CF, _CF, _CP, "int", "void*",
-                                                    "size_t")),
-    ("port_conv2d_backward_weight_overwrite", "port_status", (_F, _F, _CF, _CF, _CP, "int", "void*",
-                                                              "size_t")),
-    ("port_conv2d_patch_workspace_bytes", "size_t", (_CP, "int64_t", "int64_t")),
-    ("port_conv2d_patch_forward", "port_status", (_F, _CF, _CF, _CF, _CP, "int64_t", "int64_t",
-                                                  "void*", "size_t")),
-    ("port_conv2d_patch_backward_input", "port_status", (_F, _CF, _CF, _CP, "int64_t", "int64_t",
-                                                         "void*", "size_t")),
-    ("port_conv2d_patch_backward_weight", "port_status", (_F, _F, _CF, _CF, _CP, "int64_t",
-                                                          "int64_t", "void*", "size_t")),
-    ("port_conv2d_reference_forward", "port_status", (_F, _CF, _CF, _CF, _CP)),
-    ("port_conv2d_reference_backward_input", "port_status", (_F, _CF, _CF, _CP)),
-    ("port_conv2d_reference_backward_weight", "port_status", (_F, _F, _CF, _CF, _CP)),
-    ("port_batchnorm2d_forward_train", "port_status", (_F, _F, _F, _F, _F, _CF, _CF, _CF, _BP)),
-    ("port_batchnorm2d_forward_eval", "port_status", (_F, _CF, _CF, _CF, _CF, _CF, _BP)),
-    ("port_batchnorm2d_backward_input", "port_status", (_F, _CF, _CF, _CF, _CF, _CF, _BP)),
-    ("port_batchnorm2d_backward_weight", "port_status", (_F, _F, _CF, _CF, _CF, _CF, _BP)),
-    ("port_batchnorm2d_backward_input_from_output", "port_status", (_F, _CF, _CF, _CF, _CF, _CF,
-                                                                    _BP)),
-    ("port_batchnorm2d_backward_weight_from_output", "port_status", (_F, _F, _CF, _CF, _CF, _CF,
-                                                                     _BP)),
-    ("port_batchnorm2d_backward_input_eval", "port_status", (_F, _CF, _CF, _CF, _BP)),
-    ("port_batchnorm2d_backward_weight_eval", "port_status", (_F, _F, _CF, _CF, _CF, _CF, _BP)),
-    ("port_relu_forward", "port_status", (_F, _CF, "int64_t")),
-    ("port_relu_backward", "port_status", (_F, _CF, _CF, "int64_t")),
-    ("port_relu6_forward", "port_status", (_F, _CF, "int64_t")),
-    ("port_relu6_backward", "port_status", (_F, _CF, _CF, "int64_t")),
-    ("port_hardswish_forward", "port_status", (_F, _CF, "int64_t")),
-    ("port_hardswish_backward", "port_status", (_F, _CF, _CF, "int64_t")),
-    ("port_sigmoid_forward", "port_status", (_F, _CF, "int64_t")),
-    ("port_sigmoid_backward", "port_status", (_F, _CF, _CF, "int64_t")),
-    ("port_hardsigmoid_forward", "port_status", (_F, _CF, "int64_t")),
-    ("port_hardsigmoid_backward", "port_status", (_F, _CF, _CF, "int64_t")),
-    ("port_silu_forward", "port_status", (_F, _CF, "int64_t")),
-    ("port_silu_backward", "port_status", (_F, _CF, _CF, "int64_t")),
-    ("port_silu_forward_reference", "port_status", (_F, _CF, "int64_t")),
-    ("port_silu_backward_reference", "port_status", (_F, _CF, _CF, "int64_t")),
-    ("port_swiglu_forward", "port_status", (_F, _CF, _CF, "int64_t")),
-    ("port_swiglu_backward", "port_status", (_F, _F, _CF, _CF, _CF, "int64_t")),
-    ("port_rotary_forward", "port_status", (_F, _CF, _CF, _CF, _I, _I, _I, _I, _I)),
-    ("port_rotary_backward", "port_status", (_F, _CF, _CF, _CF, _I, _I, _I, _I, _I)),
-    ("port_se_workspace_bytes", "size_t", ("int64_t", "int64_t", "int64_t", "int")),
-    ("port_se_forward", "port_status", (_F, _F, _F, _CF, _CF, _CF, _CF, _CF, "int64_t", "int64_t", "int64_t",
-                                        "int64_t", "int", "int", "void*", "size_t")),
-    ("port_se_backward_weight", "port_status", (_F, _F, _F, _F, _F, _CF, _CF, _CF, _CF, _CF, "int64_t", "int64_t",
-                                                "int64_t", "int64_t", "int", "int", "void*", "size_t")),
-    ("port_se_backward_weight_overwrite", "port_status", (_F, _F, _F, _F, _F, _CF, _CF, _CF, _CF, _CF, "int64_t",
-                                                          "int64_t", "int64_t", "int64_t", "int", "int", "void*",
-                                                          "size_t")),
-    ("port_se_backward_input", "port_status", (_F, _CF, _CF, _CF, _CF, "int64_t", "int64_t", "int64_t", "int64_t",
-                                               "int", "void*", "size_t")),
-    ("port_rmsnorm_linear_workspace_bytes", "size_t", (_I, _I, _I)),
-    ("port_rmsnorm_stats", "port_status", (_F, _CF, _I, _I, "float")),
-    ("port_rmsnorm_linear_forward", "port_status", (_F, _CF, _CF, _CF, _CF, _CF, _I, _I, _I, _I, "int", "void*",
-                                                    "size_t")),
-    ("port_rmsnorm_linear_backward_weight", "port_status", (_F, _F, _CF, _CF, _CF, _CF, _I, _I, _I, _I, "int",
-                                                            "void*", "size_t")),
-    ("port_binary_numel", "int64_t", (_BinP, "int")),
-    ("port_binary_forward", "port_status", (_F, _CF, _CF, _BinP)),
-    ("port_binary_backward", "port_status", (_F, _F, _CF, _CF, _CF, _BinP, "int")),
-    ("port_binary_backward_reference", "port_status", (_F, _F, _CF, _CF, _CF, _BinP, "int")),
-    ("port_binary_backward_path", "int", (_BinP, "int")),
-    ("port_rmsnorm_forward", "port_status", (_F, _F, _CF, _CF, _I, _I, "float")),
-    ("port_rmsnorm_backward_input", "port_status", (_F, _CF, _CF, _CF, _CF, _I, _I)),
-    ("port_rmsnorm_backward_weight", "port_status", (_F, _CF, _CF, _CF, _I, _I)),
-    ("port_groupnorm_forward", "port_status", (_F, _F, _CF, _CF, _CF, _I, _I, _I, _I, "float")),
-    ("port_groupnorm_backward_input", "port_status", (_F, _CF, _CF, _CF, _CF, _I, _I, _I, _I)),
-    ("port_groupnorm_backward_weight", "port_status", (_F, _F, _CF, _CF, _CF, _I, _I, _I, _I)),
-    ("port_upsample2d_forward", "port_status", (_F, _CF, _UP)),
-    ("port_upsample2d_backward_input", "port_status", (_F, _CF, _UP)),
-    ("port_adaptive_avgpool2d_forward", "port_status", (_F, _CF, _I, _I, _I, _I, _I, _I)),
-    ("port_adaptive_avgpool2d_backward_input", "port_status", (_F, _CF, _I, _I, _I, _I, _I, _I)),
-    ("port_unary_saves", "int", ("int64_t",)),
-    ("port_unary_forward", "port_status", (_F, _CF, "int64_t", "int64_t", "float")),
-    ("port_unary_backward", "port_status", (_F, _CF, _CF, "int64_t", "int64_t", "float")),
-    ("port_slice_copy", "port_status", (_F, _CF, "const port_slice_params*")),
-    ("port_expand", "port_status", (_F, _CF, "int64_t", "int64_t", _CI64)),
-    ("port_masked_fill", "port_status", (_F, _CF, _CU8, "int64_t", "int64_t", _CI64, "float")),
-    ("port_mask_cast", "port_status", ("void*", "int64_t", "const void*", "int64_t", "int64_t")),
-    ("port_mask_logic", "port_status", ("uint8_t*", _CU8, _CU8, "int64_t", "int64_t", "int64_t", "int64_t", _CI64)),
-    ("port_expand_mask", "port_status", ("uint8_t*", _CU8, "int64_t", "int64_t", _CI64)),
-    ("port_mask_index2", "port_status", ("uint8_t*", _CU8, _CI64, _CI64, "int64_t", "int64_t", "int64_t", "int64_t",
-                                         "int64_t", _CI64)),
-    ("port_mask_compare", "port_status", ("uint8_t*", _CF, _CF, "int64_t", "int64_t", "int64_t", "int64_t", _CI64)),
-    ("port_mask_compare_scalar", "port_status", ("uint8_t*", _CF, "int64_t", "int64_t", "float")),
-    ("port_where_forward", "port_status",
-     (_F, _CU8, _CF, _CF) + ("int64_t",) * 4 + (_CI64, "int64_t", "float", "float")),
-    ("port_where_forward_reference", "port_status",
-     (_F, _CU8, _CF, _CF) + ("int64_t",) * 4 + (_CI64, "int64_t", "float", "float")),
-    ("port_where_backward", "port_status", (_F, _F, _CF, _CU8) + ("int64_t",) * 4 + (_CI64,)),
-    ("port_int_binary", "port_status", ("void*", "const void*", "const void*") + ("int64_t",) * 5 + (_CI64,)),
-    ("port_argmax_rows", "port_status", ("int64_t*", "const void*", "int64_t", "int64_t", "int64_t")),
-    ("port_index2_rows", "port_status", (_F, _CF, _CI64, _CI64) + ("int64_t",) * 6 + (_CI64, "int64_t")),
-    ("port_masked_fill_reference", "port_status", (_F, _CF, _CU8, "int64_t", "int64_t", _CI64, "float")),
-    ("port_add", "port_status", (_F, _CF, _CF, "int64_t")),
-    ("port_accumulate", "port_status", (_F, _CF, "int64_t")),
-    ("port_philox4x32_10", "void", ("uint32_t*", "const uint32_t*", "const uint32_t*")),
-    ("port_rng_u32", "port_status", ("uint32_t*", "int64_t", "int64_t", "uint64_t", "uint64_t")),
-    ("port_dropout_forward", "port_status", (_F, "uint8_t*", _CF, "int64_t", "float", "uint64_t", "uint64_t")),
-    ("port_dropout_backward", "port_status", (_F, _CF, "const uint8_t*", "int64_t", "float")),
-    ("port_bernoulli_forward", "port_status", (_F, "int64_t", "float", "uint64_t", "uint64_t")),
-    ("port_pool2d_out_h", "int64_t", (_PP,)),
-    ("port_pool2d_out_w", "int64_t", (_PP,)),
-    ("port_maxpool2d_forward", "port_status", (_F, "int64_t*", _CF, _PP)),
-    ("port_maxpool2d_backward_input", "port_status", (_F, _CF, "const int64_t*", _PP)),
-    ("port_avgpool2d_forward", "port_status", (_F, _CF, _PP)),
-    ("port_avgpool2d_backward_input", "port_status", (_F, _CF, _PP)),
-    ("port_global_avgpool_forward", "port_status", (_F, _CF, "int64_t", "int64_t", "int64_t")),
-    ("port_global_avgpool_backward_input", "port_status", (_F, _CF, "int64_t", "int64_t",
-                                                           "int64_t")),
-    ("port_linear_forward", "port_status", (_F, _CF, _CF, _CF, _LP)),
-    ("port_linear_backward_input", "port_status", (_F, _CF, _CF, _LP)),
-    ("port_linear_backward_weight", "port_status", (_F, _F, _CF, _CF, _LP)),
-    ("port_linear_t_forward", "port_status", (_F, _CF, _CF, _CF, _LP)),           # W stored [in, out]
-    ("port_linear_t_backward_input", "port_status", (_F, _CF, _CF, _LP)),
-    ("port_linear_t_backward_weight", "port_status", (_F, _F, _CF, _CF, _LP)),
-    ("port_softmax_xent_forward", "port_status", (_F, _F, _CF, "const int64_t*", "int64_t",
-                                                  "int64_t", "float")),
-    ("port_softmax_xent_backward", "port_status", (_F, _CF, "const int64_t*", _CF, "int64_t",
-                                                   "int64_t", "float")),
-    ("port_sgd_step", "port_status", (_F, _F, _CF, "int64_t", "double", "double", "double",
-                                      "double", "int", "int")),
-    ("port_adamw_step", "port_status", (_F, _F, _F, _CF, "int64_t", "double", "double", "double",
-                                        "double", "double", "int64_t")),
-    ("port_conv2d_bn_relu_forward_train", "port_status", (_F, _F, _F, _F, _F, _F, _CF, _CF, _CF,
-                                                          _CF, _CP, "float", "float", "int",
-                                                          "void*", "size_t")),
-    ("port_bias_backward", "port_status", (_F, _CF, "int64_t", "int64_t", "int64_t")),
-    # Transformer
-    ("port_embedding_forward", "port_status", (_F, _CI64, _CF, "int64_t", "int64_t", "int64_t")),
-    ("port_embedding_backward_weight", "port_status", (_F, _CF, _CI64, "int64_t", "int64_t", "int64_t")),
-    ("port_embedding_backward_weight_pad", "port_status", (_F, _CF, _CI64, "int64_t", "int64_t", "int64_t",
-                                                           "int64_t")),
-    ("port_layernorm_forward", "port_status", (_F, _F, _CF, _CF, _CF, "int64_t", "int64_t", "float")),
-    ("port_layernorm_backward_input", "port_status", (_F, _CF, _CF, _CF, _CF, "int64_t", "int64_t")),
-    ("port_layernorm_backward_weight", "port_status", (_F, _F, _CF, _CF, _CF, "int64_t", "int64_t")),
-    ("port_gelu_forward", "port_status", (_F, _CF, "int64_t", "int")),
-    ("port_gelu_backward", "port_status", (_F, _CF, _CF, "int64_t", "int")),
-    ("port_tanh_forward", "port_status", (_F, _CF, "int64_t")),
-    ("port_tanh_backward", "port_status", (_F, _CF, _CF, "int64_t")),
-    ("port_scale", "port_status", (_F, _CF, "int64_t", "float")),
-    ("port_softmax_forward", "port_status", (_F, _CF, "int64_t", "int64_t")),
-    ("port_softmax_backward", "port_status", (_F, _CF, _CF, "int64_t", "int64_t")),
-    ("port_bmm", "port_status", (_F, _CF, _CF, "int64_t", "int64_t", "int64_t", "int64_t", "int", "int",
-                                 "float", "float")),
-    ("port_permute", "port_status", (_F, _CF, "int64_t", _CI64, _CI64)),
-    ("port_add_broadcast", "port_status", (_F, _CF, _CF, "int64_t", "int64_t")),
-    ("port_sum_rows", "port_status", (_F, _CF, "int64_t", "int64_t")),
-    ("port_mean_mid_forward", "port_status", (_F, _CF, "int64_t", "int64_t", "int64_t")),
-    ("port_mean_mid_backward", "port_status", (_F, _CF, "int64_t", "int64_t", "int64_t")),
-    ("port_arange_i64", "port_status", ("int64_t*", "int64_t", "int64_t")),
-    ("port_ne_scalar_i64", "port_status", ("uint8_t*", _CI64, "int64_t", "int64_t")),
-    ("port_attention_mask_numel", "int64_t", (_AP,)),
-    ("port_attention_workspace_bytes", "size_t", (_AP, "int", "int")),
-    ("port_attention_forward", "port_status", (_F, _F, _CF, _CF, _CF, "const void*", _AP, "int", "void*",
-                                               "size_t")),
-    ("port_attention_backward", "port_status", (_F, _F, _F, _CF, _CF, _CF, _CF, _CF, _CF, "const void*", _AP, "int",
-                                                "void*", "size_t")),
-    ("port_softmax_xent_ignore_forward", "port_status", (_F, _F, _CF, _CI64, "int64_t", "int64_t", "float",
-                                                         "int64_t")),
-    ("port_softmax_xent_ignore_backward", "port_status", (_F, _CF, _CI64, _CF, "int64_t", "int64_t", "float",
-                                                          "int64_t")),
-    # port_rt.h
-    ("port_rt_abi_version", "int", ()),
-    ("port_rt_kernel_name", "const char*", ("int",)),
-    ("port_rt_rng_stream", "uint64_t", ("int64_t", "int64_t")),
-    ("port_rt_exec", "port_status", ("const port_rt_call*", "void*const*", "void*", "const port_rt_state*")),
-    ("port_rt_bundle_check", "int", ("const uint8_t*", "uint64_t", "uint64_t*")),
-    ("port_rt_call_shape_of", "int", ("const port_rt_call*", "port_rt_call_shape*", "port_rt_call_problem*")),
-    ("port_rt_call_check", "int", ("const port_rt_call*", "uint64_t", "uint64_t", "port_rt_call_problem*")),
-    ("port_rt_bundle_check_why", "int", ("const uint8_t*", "uint64_t", "uint64_t*", "port_rt_call_problem*")),
-    ("port_rt_load", "int", ("port_rt*", "const uint8_t*", "uint64_t", "uint8_t*", "uint64_t")),
-    ("port_rt_step", "int", ("port_rt*", "const void*", "const int64_t*", "float*")),
-    ("port_rt_forward_backward", "int", ("port_rt*", "const void*", "const int64_t*", "float*")),
-    ("port_rt_update", "int", ("port_rt*",)),
-    ("port_rt_struct_bytes", "uint64_t", ()),
-    ("port_rt_evaluate", "int", ("port_rt*", "const void*", "const int64_t*", "float*", "int64_t*")),
-    ("port_sha256", "void", ("uint8_t*", "const void*", "uint64_t")),
-    ("port_hmac_sha256", "void", ("uint8_t*", "const void*", "uint64_t", "const void*", "uint64_t")),
-    ("port_rt_bundle_split", "int", ("const uint8_t*", "uint64_t", "uint64_t*", "int*")),
-    ("port_rt_bundle_verify", "int", ("const uint8_t*", "uint64_t", "const void*", "uint64_t")),
-    ("port_rt_key_id", "void", ("uint8_t*", "const void*", "uint64_t")),
-    ("port_rt_checkpoint_bytes", "uint64_t", ("const port_rt*",)),
-    ("port_rt_write_checkpoint", "int", ("const port_rt*", "uint8_t*", "uint64_t", "uint64_t*")),
-    ("port_rt_read_checkpoint", "int", ("port_rt*", "const uint8_t*", "uint64_t")),
-    ("port_rt_check_checkpoint", "int", ("const port_rt*", "const uint8_t*", "uint64_t", "port_rt_ckpt_problem*")),
-]
+# The C headers are the one definition of the functions' signatures: every `PORT_API` prototype of
+# port_kernels.h and port_rt.h is parsed when the library is loaded (signatures()), so a new kernel needs no line
+# here. The headers are read from the checkout (kernels/include) or, in a wheel, from the copy setup.py's build_py
+# puts into the package (port/exec/include).
+HEADERS = ("port_kernels.h", "port_rt.h")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_HEADER_DIRS = (os.path.join(_HERE, "include"), os.path.join(os.path.dirname(os.path.dirname(_HERE)), "kernels",
+                                                                 "include"))
+_PROTO_RE = re.compile(r"\bPORT_API\s+([^;(){}]+?)\s*\(([^;(){}]*)\)\s*;")
 
-_SCALARS = {"int": c_int, "int64_t": c_int64, "uint64_t": c_uint64, "float": c_float,
+
+class HeaderError(_PortErrorBase, RuntimeError):
+    """A header the binding cannot read: missing, or a PORT_API prototype it cannot parse."""
+
+
+def header_dir() -> str:
+    """The folder holding the C headers (the package's copy first, then the checkout's kernels/include)."""
+    for d in _HEADER_DIRS:
+        if all(os.path.isfile(os.path.join(d, h)) for h in HEADERS):
+            return d
+    raise HeaderError(f"the PORT C headers {HEADERS} are in none of {list(_HEADER_DIRS)}")
+
+
+def _c_type(text: str) -> str:
+    """A C type as SIGNATURES spells it: single spaces, no space around '*' ("const float *" -> "const float*")."""
+    return re.sub(r"\s*\*\s*", "*", " ".join(text.split())).strip()
+
+
+def parse_prototypes(src: str) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(name, C return type, (C argument types...)) of every ``PORT_API`` prototype in C source ``src``, in order.
+    Comments and preprocessor lines are dropped first; a ``PORT_API`` left that is not a plain prototype (e.g. a
+    function pointer argument) raises HeaderError rather than binding a wrong signature."""
+    src = re.sub(r"/\*.*?\*/", " ", src, flags=re.S)
+    src = re.sub(r"//[^\n]*", "", src)
+    src = re.sub(r"^[ \t]*#(?:[^\n]*\\\n)*[^\n]*", "", src, flags=re.M)
+    out, seen = [], set()
+    for m in _PROTO_RE.finditer(src):
+        head = _c_type(m.group(1))
+        name = re.search(r"(\w+)$", head).group(1)
+        ret = _c_type(head[: -len(name)])
+        if not ret or name in seen:
+            raise HeaderError(f"PORT_API prototype {m.group(0)!r}: no return type or a second declaration")
+        args = []
+        for a in m.group(2).split(","):
+            a = " ".join(a.split())
+            if not a or a == "void":
+                continue
+            am = re.match(r"(.*?[\s*])(\w+)$", a)
+            if am is None or not am.group(1).strip():
+                raise HeaderError(f"{name}: argument {a!r} is not 'type name'")
+            args.append(_c_type(am.group(1)))
+        seen.add(name)
+        out.append((name, ret, tuple(args)))
+    if len(out) != len(re.findall(r"\bPORT_API\b", src)):
+        raise HeaderError("a PORT_API declaration in the headers is not a plain prototype 'ret name(type arg, ...);'")
+    return out
+
+
+_signatures: list[tuple[str, str, tuple[str, ...]]] | None = None
+
+
+def signatures() -> list[tuple[str, str, tuple[str, ...]]]:
+    """SIGNATURES: the prototypes of the headers (parsed once)."""
+    global _signatures
+    if _signatures is None:
+        d = header_dir()
+        src = ""
+        for h in HEADERS:
+            with open(os.path.join(d, h)) as f:
+                src += f.read() + "\n"
+        _signatures = parse_prototypes(src)
+    return _signatures
+
+
+def __getattr__(name: str):
+    if name == "SIGNATURES":
+        return signatures()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_SCALARS = {"int": c_int, "int64_t": c_int64, "uint64_t": c_uint64, "float": c_float, "int32_t": ctypes.c_int32,
+            "uint32_t": ctypes.c_uint32,
             "double": c_double, "size_t": c_size_t, "port_status": c_int, "void": None,
             "const char*": c_char_p}
 
@@ -565,14 +428,20 @@ def load() -> ctypes.CDLL:
         _preload_openblas()
         path = library_path()
         lib = ctypes.CDLL(path)
-        for name, ret, args in SIGNATURES:
-            fn = getattr(lib, name)
-            fn.restype = ctype_of(ret)
-            fn.argtypes = [ctype_of(a) for a in args]
-            setattr(raw, name, fn)
-            setattr(raw, name[len("port_"):], fn)  # short alias, e.g. raw.relu_forward
+        bind(lib, signatures(), raw)
         _lib, _path = lib, path
     return _lib
+
+
+def bind(lib: ctypes.CDLL, sigs, into) -> None:
+    """Set restype/argtypes of every function of ``sigs`` in ``lib`` and make it an attribute of ``into`` (with and
+    without the ``port_`` prefix). A prototype the library lacks raises AttributeError (a stale build)."""
+    for name, ret, args in sigs:
+        fn = getattr(lib, name)
+        fn.restype = ctype_of(ret)
+        fn.argtypes = [ctype_of(a) for a in args]
+        setattr(into, name, fn)
+        setattr(into, name[len("port_"):], fn)  # short alias, e.g. raw.relu_forward
 
 
 def build_id() -> str:

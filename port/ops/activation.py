@@ -163,7 +163,7 @@ def _torch(kind, a, I, O, env):
     if kind == "tanh.grad_input":
         return lambda: aten.tanh_backward.grad_input(dy, s, grad_input=dx)
     if kind == "softmax.grad_input":
-        return lambda: aten._softmax_backward_data.out(dy, s, -1, dy.dtype, out=dx)
+        return lambda: aten._softmax_backward_data.out(dy, s, -1, dy.dtype, grad_input=dx)
     if kind == "sigmoid.grad_input":
         return lambda: aten.sigmoid_backward.grad_input(dy, s, grad_input=dx)
     if kind == "hardsigmoid.grad_input":

@@ -1,4 +1,5 @@
-"""Pooling and means: max_pool2d (dilation, ceil_mode; saves its argmax indices), avg_pool2d (count_include_pad, no ceil mode),
+"""Pooling and means: max_pool2d (dilation, ceil_mode; saves its argmax indices), avg_pool2d (ceil_mode,
+count_include_pad; no divisor_override),
 global_avg_pool2d (adaptive average pooling to 1x1, or the mean over dims 2 and 3, then a view to the node's
 shape) and mean_mid (the mean over one dim that is not the last).
 """
@@ -37,14 +38,17 @@ def _max_capture(ctx):
 
 
 def _avg_capture(ctx):
+    """avg_pool2d, with ceil_mode and count_include_pad (attributes only when not the defaults); a divisor_override
+    stays torch's."""
     n, a = ctx.node, _pool_args(ctx)
-    if (a is None or arg(n, 4, "ceil_mode", False) or not arg(n, 5, "count_include_pad", True)
-            or arg(n, 6, "divisor_override") is not None):
+    if a is None or arg(n, 6, "divisor_override") is not None:
         return False
     x, k, s, p = a
+    ceil, include = bool(arg(n, 4, "ceil_mode", False)), bool(arg(n, 5, "count_include_pad", True))
     y = ctx.out()
-    return fwd(ctx, "avg_pool2d", dict(kernel=k, stride=s, padding=p), (x,), (y,), 0,
-               numel(ctx.shape(y)) * k[0] * k[1])
+    attrs = dict(kernel=k, stride=s, padding=p) | ({"ceil_mode": True} if ceil else {}) \
+        | ({"count_include_pad": False} if not include else {})
+    return fwd(ctx, "avg_pool2d", attrs, (x,), (y,), 0, numel(ctx.shape(y)) * k[0] * k[1])
 
 
 def pool_out_hw(x_shape, attrs: dict) -> tuple[int, int]:
@@ -77,6 +81,12 @@ def pool_out_hw(x_shape, attrs: dict) -> tuple[int, int]:
 def _pool_shapes(k, attrs, I, O, at):
     x = rank(at(I, 0, "input 0 (x)") if "." not in k else at(O, 0, "output 0 (dx)"), 4, "x")
     attr_pair(attrs, "stride", 1)
+    cip = attrs.get("count_include_pad")
+    if cip is not None and (cip is not False or not k.startswith("avg_pool2d")):
+        raise CallShapeError(f"attribute count_include_pad={cip!r}: an average pool's False (True is the default, "
+                             f"not written)")
+    if k.startswith("avg_pool2d") and "dilation" in attrs:
+        raise CallShapeError(f"attribute dilation={attrs['dilation']!r}: average pools take none")
     ho, wo = pool_out_hw(x, attrs)
     y = ((x[0], x[1], ho, wo), F32)
     idx = ((x[0], x[1], ho, wo), I64)
@@ -98,9 +108,12 @@ def _pool_encode(kind, a, IS, OS, I, O, variant, call):
         return Encoded("port_maxpool2d_forward", (O[0], O[1], I[0]), iv + mp)
     if kind == "max_pool2d.grad_input":
         return Encoded("port_maxpool2d_backward_input", (O[0], I[0], I[1]), iv + mp)
+    # average pools: no dilation, ceil_mode, exclude_pad (count_include_pad=False); none past the defaults' 12 ints
+    ap = (0, 0, int(bool(a.get("ceil_mode", False))), int(not a.get("count_include_pad", True)))
+    ap = ap if any(ap) else ()
     if kind == "avg_pool2d":
-        return Encoded("port_avgpool2d_forward", (O[0], I[0]), iv)
-    return Encoded("port_avgpool2d_backward_input", (O[0], I[0]), iv)
+        return Encoded("port_avgpool2d_forward", (O[0], I[0]), iv + ap)
+    return Encoded("port_avgpool2d_backward_input", (O[0], I[0]), iv + ap)
 
 
 def _pool_torch(kind, a, I, O, env):
@@ -116,11 +129,12 @@ def _pool_torch(kind, a, I, O, env):
         dx = O[0]
         return lambda: aten.max_pool2d_with_indices_backward.grad_input(dy, dx, k, s, p, dil, ceil, idx,
                                                                         grad_input=dx)
+    include = bool(a.get("count_include_pad", True))
     if kind == "avg_pool2d":
         x, y = I[0], O[0]
-        return lambda: aten.avg_pool2d.out(x, k, s, p, False, True, None, out=y)
+        return lambda: aten.avg_pool2d.out(x, k, s, p, ceil, include, None, out=y)
     dy, dx = I[0], O[0]
-    return lambda: aten.avg_pool2d_backward.grad_input(dy, dx, k, s, p, False, True, None, grad_input=dx)
+    return lambda: aten.avg_pool2d_backward.grad_input(dy, dx, k, s, p, ceil, include, None, grad_input=dx)
 
 
 # ---------------------------------------------------------------------------------------------

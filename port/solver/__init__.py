@@ -23,6 +23,7 @@ from port.plan.types import Plan
 from port.solver.baselines import solve_chen, solve_greedy, solve_single
 from port.solver.checkmate import solve_checkmate
 from port.solver.ilp import min_feasible_budget, solve_ilp  # noqa: F401  (min_feasible_budget re-exported)
+from port.solver.budget import arena_bytes
 
 SOLVERS = {
     "highs": partial(solve_ilp, backend="highs"),
@@ -73,21 +74,6 @@ ARENA_FIT_SLOWER = 0.02     # a re-solved plan this much slower than the ILP's f
 
 class ArenaFitWarning(UserWarning):
     """fit_arena re-solved with a tighter budget and the plan it returns is noticeably slower."""
-
-
-def arena_bytes(graph, profile, plan: Plan) -> int | None:
-    """What the executor holds for ``plan`` in the budget's terms: its lowered training program's arena (packed
-    offsets) plus the engines' resident footprint (port.plan.semantics.engine_bytes). None where this machine
-    cannot lower the plan (an accelerator without a known backend whose variants the C backend does not share)."""
-    from port.errors import PlanError
-    from port.lower.lower import ACCELERATOR_BACKENDS, lower
-    from port.plan.semantics import engine_bytes
-    stand_in = {a: "c" for a in profile.accelerators if a not in ACCELERATOR_BACKENDS}   # modeled: priced as C
-    try:
-        prog = lower(graph, plan, accelerators=stand_in, check=False)
-    except PlanError:
-        return None
-    return prog.arena_bytes + engine_bytes(plan, profile)
 
 
 def fit_arena(graph, profile, plan: Plan, budget: int, run) -> Plan:

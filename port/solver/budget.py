@@ -22,6 +22,7 @@ from port.errors import ConfigError, PortError
 if TYPE_CHECKING:
     from port.cost.types import Profile
     from port.ir.types import Graph
+    from port.plan.types import Plan
 
 
 def keep_everything(graph: "Graph", profile: "Profile") -> tuple[int, int]:
@@ -93,3 +94,18 @@ def resolve(budget: Any, graph: "Graph", profile: "Profile", device: Any = None,
 def budget_bytes(budget: Any, graph: "Graph", profile: "Profile", device: Any = None) -> int:
     """A budget in any accepted form (bytes, "64MB", "1.5GiB", "75%", None: the device memory) -> bytes."""
     return resolve(budget, graph, profile, device)[0]
+
+
+def arena_bytes(graph: "Graph", profile: "Profile", plan: "Plan") -> int | None:
+    """What the executor holds for ``plan`` in the budget's terms: its lowered training program's arena (packed
+    offsets) plus the engines' resident footprint (port.plan.semantics.engine_bytes). None where this machine
+    cannot lower the plan (an accelerator without a known backend whose variants the C backend does not share)."""
+    from port.errors import PlanError
+    from port.lower.lower import ACCELERATOR_BACKENDS, lower
+    from port.plan.semantics import engine_bytes
+    stand_in = {a: "c" for a in profile.accelerators if a not in ACCELERATOR_BACKENDS}   # modeled: priced as C
+    try:
+        prog = lower(graph, plan, accelerators=stand_in, check=False)
+    except PlanError:
+        return None
+    return prog.arena_bytes + engine_bytes(plan, profile)

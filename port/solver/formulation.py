@@ -963,7 +963,8 @@ def c_makespan(m: Model, inst: Instance, v: Vars, handoff_terms: dict[int, float
     from port.verify.simulate import overlapping_accelerators
     ov = overlapping_accelerators(inst.accs, inst.profile)
     queued = [a for a in inst.accs if a in ov]
-    big = sum(c for c in m.obj.values() if c > 0) + 1.0
+    big = sum(c for c in m.obj.values() if c > 0) + 1.0 + sum(max((o.issue for o in opts), default=0.0)
+                                                              for opts in inst.options)
     inf = float("inf")
     per_edge: dict[tuple, dict[int, float]] = {}        # (tensor, u, w, tag) -> hand-off cost terms
     for j, e in into.items():
@@ -1011,8 +1012,11 @@ def c_makespan(m: Model, inst: Instance, v: Vars, handoff_terms: dict[int, float
                     for j, c in cs.items():
                         _add(row, j, -c)
                 gated(row, gate, -big, f"mk_wait_in[{n[0]},{k},{_sanitize(a)}]")
+        issue = {k: o.issue for k, o in enumerate(inst.options[i]) if o.acc in ov and o.issue > 0}
         for lane in clock:
             ks = [k for k, o in enumerate(inst.options[i]) if (o.acc if o.acc in ov else None) == lane]
+            if lane is None:        # a queued option's issue takes the host thread (simulate._Timelines.op)
+                ks += sorted(issue)
             if not ks and lane is not None:
                 continue
             new = m.var(f"mk{_sanitize(str(lane))}[{n[0]}]", 0.0, inf, integer=False)
@@ -1023,8 +1027,12 @@ def c_makespan(m: Model, inst: Instance, v: Vars, handoff_terms: dict[int, float
                 g = dict(gate) if gate else {-1: 1.0}
                 _add(g, v.x[i, k], 1.0)
                 _add(g, -1, -1.0)              # g + x - 1: both on
+                if lane is None and k in issue:      # the host: the issue of a queued call
+                    gated({new: 1.0, A: -1.0}, g, issue[k], f"mk_issue[{n[0]},{k}]")
+                    continue
                 for base in {A, prev} - {None}:      # a queued call starts when issued and its queue is free
-                    gated({new: 1.0, base: -1.0}, g, inst.options[i][k].ms, f"mk_run[{n[0]},{k},{base}]")
+                    lo = inst.options[i][k].ms + (issue.get(k, 0.0) if base == A else 0.0)
+                    gated({new: 1.0, base: -1.0}, g, lo, f"mk_run[{n[0]},{k},{base}]")
             clock[lane] = new
 
     rc_at: dict[int, list[int]] = {}
@@ -1090,6 +1098,8 @@ def c_makespan(m: Model, inst: Instance, v: Vars, handoff_terms: dict[int, float
             for k, o in enumerate(opts):
                 if (o.acc if o.acc in ov else None) == lane and o.ms > 0:
                     _add(row, v.x[i, k], -o.ms)
+                elif lane is None and o.acc in ov and o.issue > 0:     # a queued call's issue, on the host
+                    _add(row, v.x[i, k], -o.issue)
         for j, c in paging.items():
             _add(row, j, -c)
         m.row(f"mk_load[{_sanitize(str(lane))}]", row, lo=0.0)

@@ -22,6 +22,7 @@ class Option:
     var: str
     ms: float
     ws: int     # OpCost.extra_bytes: arena workspace + what the op allocates outside the arena
+    issue: float = 0.0   # OpCost.issue_ms: a queued engine's call, the host thread's time to issue it (makespan only)
 
 
 @dataclass
@@ -165,7 +166,7 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW,
             if e.accelerator in caps and io + e.extra_bytes > caps[e.accelerator]:
                 excluded.append((o.id, e.accelerator, e.variant, "cap"))
                 continue
-            opts.append(Option(e.accelerator, e.variant, float(e.latency_ms), e.extra_bytes))
+            opts.append(Option(e.accelerator, e.variant, float(e.latency_ms), e.extra_bytes, float(e.issue_ms)))
         if not opts:
             raise PlanError(f"op {o.name!r} ({o.kind}) has no usable (accelerator, variant) in profile "
                             f"{profile.device!r}: profile it or lift the memory cap")

@@ -24,7 +24,7 @@ from port.exec.executor import Executor, RunState
 from port.lower.lower import default_plan, inference_job, inference_program, lower
 from port.train.optim import SGD, AdamW
 from port.lower.program import Program
-from port.ir.types import ROLE_BUFFER, ROLE_GRADIENT, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER
+from port.ir.types import ROLE_BUFFER, ROLE_OPTIMIZER_STATE, ROLE_PARAMETER
 from port.plan.types import Plan
 from port.ir.tokens import check_tokens, token_bounds
 from port.ir.fold import is_folded, model_constants
@@ -188,13 +188,6 @@ class Trainer:
                                  drop_cache=bool(drop_cache))
         self.eval_executor = Executor(self.eval_program, self.state, arena=self.arena)
         self.executor.set_grad_scale(mb / B)
-        gids = []
-        for c in self.executor.update_calls:     # gradients live between the backward pass and the updates
-            for t in c.inputs:
-                if t >= 0 and t not in gids and self.program.has_slot(t) and \
-                        self.program.slot(t).role == ROLE_GRADIENT:
-                    gids.append(t)
-        self._grads = _grad_runs(self.program, self.arena, gids)
         self._bn_batches = 0        # training forward passes (BN num_batches_tracked)
         self._load_module(model, bind=True)
         release_freed_heap()     # the module's own weight copies, freed as they moved into the arena
@@ -410,14 +403,7 @@ class Trainer:
             check_tokens(self._token_bounds, [x, *(self._extra_batch if extra is None else extra)], names)
 
     def _nonfinite(self, loss: float) -> bool:
-        import math
-        if not math.isfinite(loss):
-            return True
-        gs = self._grads
-        if not gs:
-            return False
-        import torch
-        return not math.isfinite(float(torch.stack([g.sum() for g in gs]).sum()))
+        return self.executor.nonfinite(loss)
 
     def step(self, x: Any, y: Any) -> float:
         """One optimizer step on the batch (x [B, ...], y [B] int64). Returns the mean loss. A non-finite loss
@@ -792,24 +778,6 @@ def _check_args(model: Any, optimizer: Any, plan: Any, micro_batch: Any, engine:
             "trainer's arena, and a second Trainer would rebind the same parameters to its own (each would "
             "silently change the other's module). Fix: pass a copy (Trainer(copy.deepcopy(model), ...)), or "
             "call close() on the first trainer (the module then keeps its trained weights as its own tensors)")
-
-
-def _grad_runs(program: Any, arena: Any, gids: list[int]) -> list:
-    """Views of the arena covering the gradients ``gids`` in as few runs as the layout allows: slots of one dtype
-    that follow each other up to their alignment padding (persistent gradients are laid out one after another;
-    the padding is never written, so it holds zeros) share one run. The non-finite check sums each run: one
-    reduction per run instead of one per gradient (a small transformer's 42 sums were a third of its 0.3 ms
-    step)."""
-    from port.exec.executor import torch_dtype
-    from port.lower.program import align
-    runs: list[list] = []          # [offset, nbytes, dtype]
-    for off, nb, dt in sorted((program.slot(t).offset, program.slot(t).nbytes, program.slot(t).dtype) for t in gids):
-        r = runs[-1] if runs else None
-        if r is not None and r[2] == dt and r[0] + r[1] <= off <= r[0] + align(r[1]):
-            r[1] = off + nb - r[0]
-        else:
-            runs.append([off, nb, dt])
-    return [arena[o:o + n].view(torch_dtype(dt)) for o, n, dt in runs]
 
 
 def _as_tensor(v: Any, what: str):

@@ -178,9 +178,10 @@ def test_the_ilps_joined_plan_trains_equal_to_eager():
 
 
 def test_the_split_profile_measures_the_queues_join(tmp_path):
-    """``port profile`` of the split YAML (quick: two tiny blocks, the plain variants) measures the opencl engine's
-    join of its drained queue (Profile.join_ms: its finish(), median of many): what a plan's ``join`` call costs,
-    well under the hand-off latency from the queue (a kernel's run and the wait for it); it survives save/load."""
+    """``port profile`` of the split YAML (quick: two tiny blocks, the plain variants) measures each opencl call's
+    issue on the host and the opencl engine's join of its drained queue (Profile.join_ms: its finish(), median of
+    many): what a plan's ``join`` call costs, well under the hand-off latency from the queue (a kernel's run and the
+    wait for it); both survive save/load, and a cache without issue times has its opencl entries measured again."""
     import port
     from port.cost.io import load_profile, save_profile
     from port.cost.measure import profile_with_report
@@ -193,4 +194,20 @@ def test_the_split_profile_measures_the_queues_join(tmp_path):
         pytest.skip(f"the opencl engine was not measured here: {rep.notes}")
     j = dict(prof.join_ms)["opencl"]
     assert j != MODELED_JOIN_MS and 0 < j < min(h.latency_ms for h in prof.handoff if h.src == "opencl" and h.measured)
-    assert load_profile(save_profile(prof, tmp_path / "p.json")).join_ms == prof.join_ms
+    back = load_profile(save_profile(prof, tmp_path / "p.json"))
+    assert back.join_ms == prof.join_ms
+    # each measured opencl entry has the host's time to issue one call (OpCost.issue_ms: binding and enqueueing,
+    # the makespan's host lane); the C kernels' calls are synchronous: none
+    ocl = [e for e in prof.entries if e.accelerator == "opencl" and e.measured]
+    assert ocl and all(e.issue_ms > 0 for e in ocl)
+    assert all(e.issue_ms == 0 for e in prof.entries if e.accelerator != "opencl")
+    assert back.entries == prof.entries and back.digest() == prof.digest()
+    # a profile written before issue times were measured, given as the cache: its C entries are reused, its opencl
+    # entries measured again (issue 0 would price a queued call as free on the host)
+    old = dataclasses.replace(prof, entries=tuple(dataclasses.replace(e, issue_ms=0.0) for e in prof.entries),
+                              _index={})
+    again, rep2 = profile_with_report(g, SPLIT, cache=old, blocks=2, block_ms=1.0, warmup_ms=0.5,
+                                      variants=("plain",), peak_memory=False, program_order=False,
+                                      calibrate_peaks=False)
+    assert rep2.reused == sum(e.measured and e.accelerator != "opencl" for e in prof.entries)
+    assert all(e.issue_ms > 0 for e in again.entries if e.accelerator == "opencl" and e.measured)

@@ -21,7 +21,7 @@ from port import models
 from port.exec import capi
 from port.exec.bundle import BundleError, check_bundle, write_bundle, write_data
 
-from nets54 import LastTokenPool, NormPool, PadEmb, PaddedAttn, TwoInputs, Views, WhereNet
+from nets54 import AvgPools, LastTokenPool, NormPool, PadEmb, PaddedAttn, TwoInputs, Views, WhereNet
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 40
@@ -441,6 +441,13 @@ def test_port_rt_runs_norms_pools_and_resize_bit_for_bit(port_rt, tmp_path):
     _trains_bit_for_bit(port_rt, tmp_path, NormPool(), x, y,
                         {k + g for k in ("group_norm", "rms_norm") for g in ("", ".grad_input", ".grad_weight")}
                         | {k + g for k in ("max_pool2d", "upsample", "adaptive_avg_pool2d") for g in ("", ".grad_input")})
+
+
+def test_port_rt_runs_avg_pool_ceil_mode_and_count_include_pad_bit_for_bit(port_rt, tmp_path):
+    """avg_pool2d with ceil_mode and count_include_pad=False (torch_op before issue 52) runs on C, compiles and
+    trains in port-rt bit for bit."""
+    x, y = torch.randn(N, 3, 9, 7), torch.randint(0, 3, (N,))
+    _trains_bit_for_bit(port_rt, tmp_path, AvgPools(), x, y, {"avg_pool2d", "avg_pool2d.grad_input"}, classes=3)
 
 
 def test_port_rt_runs_embedding_padding_idx_bit_for_bit(port_rt, tmp_path):

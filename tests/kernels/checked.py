@@ -538,13 +538,15 @@ def dropout_backward(dy, mask, p, out=None):
 
 
 # --------------------------------------------------------------------------- pooling
-def pool2d_params(x_shape, kernel, stride=None, padding=0, dilation=1, ceil_mode=False) -> Pool2dParams:
+def pool2d_params(x_shape, kernel, stride=None, padding=0, dilation=1, ceil_mode=False,
+                  count_include_pad=True) -> Pool2dParams:
     n, c, h, w = (int(s) for s in x_shape)
     kh, kw = _pair(kernel, "kernel")
     sh, sw = _pair(kernel if stride is None else stride, "stride")
     ph, pw = _pair(padding, "padding")
     dh, dw = _pair(dilation, "dilation")
-    return Pool2dParams(n, c, h, w, kh, kw, sh, sw, ph, pw, 0, 0, dh, dw, int(bool(ceil_mode)))
+    return Pool2dParams(n, c, h, w, kh, kw, sh, sw, ph, pw, 0, 0, dh, dw, int(bool(ceil_mode)),
+                        int(not count_include_pad))
 
 
 def _pool_out(p):
@@ -576,9 +578,9 @@ def maxpool2d_backward_input(dy, indices, x_shape, kernel, stride=None, padding=
     return dx
 
 
-def avgpool2d_forward(x, kernel, stride=None, padding=0, out=None):
+def avgpool2d_forward(x, kernel, stride=None, padding=0, out=None, ceil_mode=False, count_include_pad=True):
     _tensor(x, "x", ndim=4)
-    p = pool2d_params(x.shape, kernel, stride, padding)
+    p = pool2d_params(x.shape, kernel, stride, padding, ceil_mode=ceil_mode, count_include_pad=count_include_pad)
     shape = _pool_out(p)
     if min(shape) < 1:
         raise ValueError(f"kernel: window larger than the padded input {tuple(x.shape)}")
@@ -588,8 +590,9 @@ def avgpool2d_forward(x, kernel, stride=None, padding=0, out=None):
     return y
 
 
-def avgpool2d_backward_input(dy, x_shape, kernel, stride=None, padding=0, out=None):
-    p = pool2d_params(x_shape, kernel, stride, padding)
+def avgpool2d_backward_input(dy, x_shape, kernel, stride=None, padding=0, out=None, ceil_mode=False,
+                             count_include_pad=True):
+    p = pool2d_params(x_shape, kernel, stride, padding, ceil_mode=ceil_mode, count_include_pad=count_include_pad)
     _tensor(dy, "dy", _pool_out(p))
     dx = _out(out, "out", x_shape)
     _no_alias({"out": dx}, {"dy": dy})

@@ -13,39 +13,79 @@ HEADER = os.path.join(ROOT, "kernels", "include", "port_kernels.h")
 RT_HEADER = os.path.join(ROOT, "kernels", "include", "port_rt.h")
 
 
-def _parse_header():
-    src = open(HEADER).read() + open(RT_HEADER).read()
-    src = re.sub(r"/\*.*?\*/", "", src, flags=re.S)
-    src = re.sub(r"//[^\n]*", "", src)
-    decls = {}
-    for ret_name, args in re.findall(r"PORT_API\s+([^;(]+?)\s*\(([^;]*?)\)\s*;", src, flags=re.S):
-        ret_name = " ".join(ret_name.split())
-        m = re.match(r"(.*?)\s*\**\s*(\w+)$", ret_name)
-        name = m.group(2)
-        ret = ret_name[: -len(name)].strip()
-        norm = lambda t: re.sub(r"\s*\*\s*", "*", " ".join(t.split())).strip()  # noqa: E731
-        arglist = []
-        for a in args.split(","):
-            a = " ".join(a.split())
-            if not a or a == "void":
-                continue
-            arglist.append(norm(re.match(r"(.*?)(\w+)$", a).group(1)))
-        decls[name] = (norm(ret), tuple(arglist))
-    return decls
+def _header_text():
+    return open(HEADER).read() + "\n" + open(RT_HEADER).read()
 
 
-def test_header_matches_binding_table(K):
-    decls = _parse_header()
-    table = {name: (ret, tuple(args)) for name, ret, args in capi.SIGNATURES}
-    assert len(table) == len(capi.SIGNATURES), "duplicate names in SIGNATURES"
-    assert set(decls) == set(table), (f"only in header: {sorted(set(decls) - set(table))}; "
-                                      f"only in binding: {sorted(set(table) - set(decls))}")
-    for name, (ret, args) in decls.items():
-        assert table[name][0] == ret, f"{name}: return type {table[name][0]} vs header {ret}"
-        assert len(table[name][1]) == len(args), f"{name}: arg count differs"
-        assert table[name][1] == args, f"{name}: arg types {table[name][1]} vs header {args}"
+def test_every_header_function_binds(K):
+    """Every PORT_API prototype of the two headers is bound, with the ctypes types of its C types, and nothing
+    else; the parser misses none (an independent count of the prototypes' names)."""
+    src = _header_text()
+    sigs = capi.signatures()
+    names = [n for n, _, _ in sigs]
+    assert len(set(names)) == len(names)
+    body = re.sub(r"/\*.*?\*/", "", src, flags=re.S)
+    declared = set(re.findall(r"^PORT_API [^;]*?\b(port_\w+)\(", body, flags=re.M))
+    assert declared == set(names) and len(names) >= 170
+    for name, ret, args in sigs:
         fn = getattr(capi.raw, name)
-        assert len(fn.argtypes) == len(args)
+        assert getattr(capi.raw, name[len("port_"):]) is fn
+        assert fn.restype == capi.ctype_of(ret), name
+        assert fn.argtypes == [capi.ctype_of(a) for a in args], name
+
+
+def test_known_prototypes_bind_as_written():
+    """A few prototypes spelled out here (independent of the parser): C types as the header writes them."""
+    sigs = {n: (r, a) for n, r, a in capi.signatures()}
+    assert sigs["port_status_string"] == ("const char*", ("int",))
+    assert sigs["port_abi_version"] == ("int", ())
+    assert sigs["port_conv2d_forward"] == ("port_status", ("float*", "const float*", "const float*", "const float*",
+                                                           "const port_conv2d_params*", "int", "void*", "size_t"))
+    assert sigs["port_rt_exec"] == ("port_status", ("const port_rt_call*", "void*const*", "void*",
+                                                    "const port_rt_state*"))
+    assert sigs["port_sgd_step"][1][4:] == ("double",) * 4 + ("int", "int")
+    assert sigs["port_philox4x32_10"] == ("void", ("uint32_t*", "const uint32_t*", "const uint32_t*"))
+    C = ctypes
+    assert [capi.ctype_of(t) for t in sigs["port_conv2d_forward"][1]] == \
+        [C.c_void_p] * 4 + [C.POINTER(capi.Conv2dParams), C.c_int, C.c_void_p, C.c_size_t]
+    assert capi.ctype_of("const char*") is C.c_char_p and capi.ctype_of("port_status") is C.c_int
+    assert capi.ctype_of("uint64_t") is C.c_uint64 and capi.ctype_of("float") is C.c_float
+    with pytest.raises(TypeError):
+        capi.ctype_of("long double")
+
+
+def test_a_prototype_change_is_seen(K):
+    """Editing a prototype in the header changes the binding: no second copy of the signatures to update."""
+    src = _header_text()
+    old = "PORT_API port_status port_relu_forward(float *y, const float *x, int64_t count);"
+    assert old in src
+    new = src.replace(old, "PORT_API port_status port_relu_forward(float *y, const float *x, int n, float a);\n"
+                           "/* added */ PORT_API int port_abi_version_again(void);")
+    before = {n: (r, a) for n, r, a in capi.parse_prototypes(src)}
+    after = {n: (r, a) for n, r, a in capi.parse_prototypes(new)}
+    assert before["port_relu_forward"][1] == ("float*", "const float*", "int64_t")
+    assert after["port_relu_forward"][1] == ("float*", "const float*", "int", "float")
+    assert after["port_abi_version_again"] == ("int", ())
+    assert set(after) - set(before) == {"port_abi_version_again"}
+    ns = type("NS", (), {})()
+    lib = capi.load()
+    capi.bind(lib, [(n, r, a) for n, (r, a) in after.items() if n == "port_relu_forward"], ns)
+    assert ns.port_relu_forward.argtypes == [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_float]
+    capi.bind(lib, [(n, r, a) for n, (r, a) in before.items() if n == "port_relu_forward"], ns)  # restore
+    assert capi.raw.relu_forward.argtypes == [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    with pytest.raises(AttributeError):   # a prototype the built library lacks: a stale build is refused
+        capi.bind(lib, [("port_abi_version_again", "int", ())], ns)
+
+
+def test_unparseable_prototypes_are_refused():
+    ok = "PORT_API int port_a(int x);\n#define PORT_API visible\n// PORT_API int port_b(int);\n"
+    assert capi.parse_prototypes(ok) == [("port_a", "int", ("int",))]
+    for bad in ("PORT_API int port_a(int (*cb)(int));",            # a function pointer argument
+                "PORT_API int port_a(int);",                        # an argument without a name
+                "PORT_API port_a(int x);",                          # no return type
+                "PORT_API int port_a(int x);\nPORT_API int port_a(int x);"):
+        with pytest.raises(capi.HeaderError):
+            capi.parse_prototypes(bad)
 
 
 def test_param_structs_match_header(K):

@@ -99,6 +99,72 @@ def test_maxpool_dilation_and_ceil_mode_equal_torch(K, shape, k, s, p, d, ceil):
     close(K.maxpool2d_backward_input(dy, idx, x.shape, k, s, p, dilation=d, ceil_mode=ceil), dx64, what="dx")
 
 
+# average pools with ceil_mode and count_include_pad=False (issue 52): odd shapes, stride 2, padding, a ceil-mode
+# last window that hangs past the padded input (its divisor: the part inside it), rectangular windows
+AVGPOOLS = [((2, 3, 9, 8), 3, 2, 1, True, False), ((2, 3, 9, 8), 3, 2, 1, True, True),
+            ((2, 3, 9, 8), 3, 2, 1, False, False), ((1, 5, 10, 11), (3, 2), (2, 2), (1, 0), True, False),
+            ((1, 5, 10, 11), (3, 2), (2, 2), (1, 0), True, True), ((2, 2, 7, 7), 2, 2, 0, True, True),
+            ((1, 3, 13, 12), 3, 2, 1, False, False), ((1, 1, 6, 6), 3, 3, 1, True, False),
+            ((3, 2, 5, 9), (2, 4), (2, 3), (1, 2), True, False)]
+
+
+@pytest.mark.parametrize("shape,k,s,p,ceil,include", AVGPOOLS)
+def test_avgpool_ceil_mode_and_count_include_pad_equal_torch(K, shape, k, s, p, ceil, include):
+    x = torch.randn(shape)
+    kw = dict(kernel_size=k, stride=s, padding=p, ceil_mode=ceil, count_include_pad=include)
+    y_r = F.avg_pool2d(x.double(), **kw)
+    y = K.avgpool2d_forward(x, k, s, p, ceil_mode=ceil, count_include_pad=include)
+    assert y.shape == y_r.shape
+    close(y, y_r, 1e-6, 1e-5, what="y")
+    dy = torch.randn(y.shape)
+    _, dx64 = _grads(lambda t: F.avg_pool2d(t, **kw), x, dy=dy)
+    dx = K.avgpool2d_backward_input(dy, x.shape, k, s, p, ceil_mode=ceil, count_include_pad=include)
+    close(dx, dx64, 1e-6, 1e-5, what="dx")
+
+
+def test_avgpool_ceil_mode_changes_the_divisor(K):
+    """The cases the plain average pool got wrong: a last window past the padded input (ceil mode) and padding
+    left out of the divisor; the defaults give the old bits (sum * (1 / (kh kw)))."""
+    x = torch.ones(1, 1, 5, 5)
+    y = K.avgpool2d_forward(x, 2, 2, 0, ceil_mode=True)              # last window: 1 column, 1 row of input
+    assert y.shape == (1, 1, 3, 3) and torch.equal(y, torch.ones(1, 1, 3, 3))
+    y = K.avgpool2d_forward(x, 3, 2, 1, count_include_pad=False)
+    assert torch.equal(y, torch.ones(1, 1, 3, 3))
+    y = K.avgpool2d_forward(x, 3, 2, 1)
+    assert y[0, 0, 0, 0] == torch.tensor(4.0) * (1.0 / torch.tensor(9.0)) and y[0, 0, 1, 1] == 1.0
+    x = torch.randn(2, 3, 9, 8)
+    ref = torch.empty(2, 3, 4, 3)
+    for i in range(4):
+        for j in range(3):
+            s = torch.zeros(2, 3)
+            for a in range(3):
+                for b in range(3):
+                    s = s + x[:, :, 2 * i + a, 2 * j + b]   # the kernel's order, in float32
+            ref[:, :, i, j] = s * (1.0 / torch.tensor(9.0))
+    assert torch.equal(K.avgpool2d_forward(x, 3, 2, 0), ref)
+
+
+@pytest.mark.parametrize("ceil,include", [(True, False), (True, True), (False, False)])
+def test_avgpool_ceil_mode_same_bits_at_any_thread_count(K, ceil, include):
+    from port.exec import capi
+    x = torch.randn(4, 16, 37, 35)
+    dy = None
+    outs = []
+    before = capi.get_num_threads()
+    try:
+        for t in (1, 2, 3):
+            capi.set_num_threads(t)
+            y = K.avgpool2d_forward(x, 3, 2, 1, ceil_mode=ceil, count_include_pad=include)
+            dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(5)) if dy is None else dy
+            outs.append((y, K.avgpool2d_backward_input(dy, x.shape, 3, 2, 1, ceil_mode=ceil,
+                                                       count_include_pad=include)))
+    finally:
+        capi.set_num_threads(before)
+    assert outs[0][0].numel() * 9 > 32768   # above the kernel's parallel threshold
+    for y, dx in outs[1:]:
+        assert torch.equal(y, outs[0][0]) and torch.equal(dx, outs[0][1])
+
+
 def test_pool_refusals():
     from port.exec.capi import Pool2dParams
     x = torch.randn(1, 1, 6, 6)
@@ -110,11 +176,14 @@ def test_pool_refusals():
     assert mp(1, 1, 0) == PORT_OK and mp(0, 0, 1) == PORT_OK
     assert mp(-1, 1, 0) != PORT_OK and mp(1, 1, 2) != PORT_OK
     assert mp(3, 3, 0) != PORT_OK          # a dilated 3x3 window spans 7 > 6
-    # average pools take neither dilation nor ceil mode
+    assert mp(1, 1, 0, 1) != PORT_OK       # exclude_pad: average pools only
+    # average pools take no dilation; ceil mode and exclude_pad 0 or 1
     ap = raw.port_avgpool2d_forward
     assert ap(y.data_ptr(), x.data_ptr(), Pool2dParams(1, 1, 6, 6, 3, 3, 1, 1, 0, 0, 0, 0, 0, 0, 0)) == PORT_OK
     assert ap(y.data_ptr(), x.data_ptr(), Pool2dParams(1, 1, 6, 6, 3, 3, 1, 1, 0, 0, 0, 0, 2, 1, 0)) != PORT_OK
-    assert ap(y.data_ptr(), x.data_ptr(), Pool2dParams(1, 1, 6, 6, 3, 3, 2, 2, 0, 0, 0, 0, 0, 0, 1)) != PORT_OK
+    assert ap(y.data_ptr(), x.data_ptr(), Pool2dParams(1, 1, 6, 6, 3, 3, 2, 2, 0, 0, 0, 0, 0, 0, 1, 1)) == PORT_OK
+    assert ap(y.data_ptr(), x.data_ptr(), Pool2dParams(1, 1, 6, 6, 3, 3, 2, 2, 0, 0, 0, 0, 0, 0, 2)) != PORT_OK
+    assert ap(y.data_ptr(), x.data_ptr(), Pool2dParams(1, 1, 6, 6, 3, 3, 2, 2, 0, 0, 0, 0, 0, 0, 0, 2)) != PORT_OK
 
 
 RESIZES = [("nearest", dict(scale_factor=2)), ("nearest", dict(size=(7, 5))), ("nearest", dict(size=(3, 2))),

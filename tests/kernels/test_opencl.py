@@ -160,6 +160,29 @@ def test_sgd_first_step_and_eval_batch_norm():
     _check_op(gi, bn[0], "sgd", state)
 
 
+def test_a_bound_call_sets_again_the_arguments_that_change_between_runs():
+    """A bound call keeps its kernels' arguments set between runs (port.exec.backends.opencl.Engine.run: setting
+    them costs the host more than enqueueing) and sets again those that change: one bound SGD update run at step 0
+    (its first-step flag) and at steps 1 and 2 with other learning rates matches torch's update every time."""
+    from port.train.optim import SGD
+    g = _graph("sgd")
+    op = next(o for o in g.ops if o.kind == "update")
+    state = RunState(opt=SGD(0.1, momentum=0.9, weight_decay=0.0), step=0)
+    ref, ours = _call(g, op, "torch-cpu"), _call(g, op, "opencl")
+    gen = torch.Generator().manual_seed(1)
+    f64 = {t: _init(g, t, gen).double() for t in dict.fromkeys(ref.inputs + ref.outputs + ours.inputs + ours.outputs)}
+    f32 = {t: v.float() for t, v in f64.items()}
+    run_ref, run_ours = registry.bind(ref, Ctx(f64, state)), registry.bind(ours, Ctx(f32, state))
+    written = set(ours.outputs) | {ours.inputs[i] for _o, i in registry.inplace_pairs(ours.kernel, dict(ours.attrs))}
+    for step, lr in ((0, 0.1), (1, 0.1), (2, 0.02)):
+        state.step, state.opt = step, SGD(lr, momentum=0.9, weight_decay=0.0)
+        run_ref()
+        run_ours()
+        run_ours.sync()
+        for t in sorted(written):
+            close(f32[t], f64[t], atol=1e-5, rtol=1e-5, what=f"step {step}, lr {lr}: {g.tensors[t].name}")
+
+
 def test_unsupported_ops_stay_on_other_engines():
     """Token-level cross-entropy (ignore_index) and dropout have no OpenCL kernel: no variants, so plans keep
     them on the C/torch engines."""
@@ -167,6 +190,9 @@ def test_unsupported_ops_stay_on_other_engines():
     assert not supports("cross_entropy", {"ignore_index": -100, "label_smoothing": 0.0})
     assert not supports("dropout", {"p": 0.5})
     assert not supports("max_pool2d", {"kernel": (2, 2), "stride": (2, 2), "padding": (0, 0), "ceil_mode": True})
+    pool = {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1)}
+    assert supports("avg_pool2d", pool) and not supports("avg_pool2d.grad_input", pool | {"count_include_pad": False})
+    assert not supports("avg_pool2d", pool | {"ceil_mode": True})
     assert supports("conv2d", {})
 
 

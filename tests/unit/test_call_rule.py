@@ -34,7 +34,7 @@ from port.lower.lower import default_plan, lower
 from port.plan import variants as V
 from port.plan.types import OpDecision
 
-from nets54 import LastTokenPool, NormPool, PadEmb, PaddedAttn, WhereNet  # (tests/nets54.py: issue 54's nets)
+from nets54 import AvgPools, LastTokenPool, NormPool, PadEmb, PaddedAttn, WhereNet  # (tests/nets54.py: issue 54's nets)
 
 ROOT = Path(__file__).resolve().parents[2]
 CALL_BYTES = ctypes.sizeof(capi.RtCall)
@@ -129,6 +129,7 @@ CASES = {
     "gpt_tiny": lambda: (*_seq("gpt_tiny"), "sgd"),
     "bert_tiny": lambda: (*_seq("bert_tiny"), "adamw"),
     "normpool": lambda: (NormPool(), torch.randn(2, 3, 9, 11), "sgd"),
+    "avg_pools": lambda: (AvgPools(), torch.randn(2, 3, 9, 7), "sgd"),
     "rng_attn": lambda: (RngAttn(), torch.randn(2, 5, 8), "sgd"),
     "shapes": lambda: (Shapes(), torch.randn(2, 3, 8, 8), "sgd"),
     "pad_emb": lambda: (PadEmb(), torch.tensor([[0, 3, 4, 0], [5, 0, 9, 10]]), "sgd"),
@@ -229,6 +230,7 @@ REACH = {
                                        "upsample2d_forward", "upsample2d_backward_input",
                                        "adaptive_avgpool2d_forward", "adaptive_avgpool2d_backward_input",
                                        "maxpool2d_forward", "maxpool2d_backward_input")},
+    "avg_pools": {"port_avgpool2d_forward", "port_avgpool2d_backward_input"},   # ceil mode, count_include_pad
     "rng_attn": {"port_attention_forward", "port_attention_backward", "port_bernoulli_forward",
                  "port_dropout_forward", "port_dropout_backward"},
     "pad_emb": {"port_embedding_forward", "port_embedding_backward_weight_pad", "port_mean_mid_forward"},
@@ -329,6 +331,48 @@ def test_embedding_padding_idx_out_of_range_is_refused():
         r.iv[3] = bad
         with pytest.raises(ProgramError, match=r"iv\[3\].*padding_idx must be in \[0, v\)"):
             rtcall.check_record(r, c, A, prog.persistent_bytes)
+
+
+def test_avg_pool_ceil_mode_and_exclude_pad_rules():
+    """An average pool's iv[14] ceil_mode and iv[15] exclude_pad are 0 or 1 and iv[12..13] (dilation) 0; ceil mode
+    must give the output size the call names (iv[10..11]); a max pool takes no exclude_pad (issue 52)."""
+    from port.ops.pooling import pool_out_hw
+    tr = _trainer("avg_pools")
+    prog = tr.program
+    A, P = prog.arena_bytes, prog.persistent_bytes
+    seen, flips = set(), 0
+    for entry in ("port_avgpool2d_forward", "port_avgpool2d_backward_input"):
+        for c in prog.calls:
+            if c.backend != "c" or rtcall.encode(c, lambda t: prog.slot(t).shape).entry != entry:
+                continue
+            r0 = rtcall.record(c, prog.slot)
+            rtcall.check_record(r0, c, A, P)
+            seen.add((entry, r0.iv[14], r0.iv[15]))
+            v = list(r0.iv)
+            attrs = dict(kernel=(v[4], v[5]), stride=(v[6], v[7]), padding=(v[8], v[9]), ceil_mode=not v[14])
+            flip_resizes = pool_out_hw((v[0], v[1], v[2], v[3]), attrs) != (v[10], v[11])
+            flips += flip_resizes
+            for i, bad, what in ((14, 2, "ceil_mode must be 0 or 1"), (15, 2, "exclude_pad must be 0 or 1"),
+                                 (15, -1, "exclude_pad must be 0 or 1"), (12, 2, "takes no dilation"),
+                                 (13, 1, "takes no dilation"), (14, 1 - v[14], "inconsistent pooling")):
+                r = rtcall.record(c, prog.slot)
+                r.iv[i] = bad
+                if i == 14 and bad in (0, 1) and not flip_resizes:
+                    rtcall.check_record(r, c, A, P)    # the other ceil mode, the same sizes: the same windows
+                    continue
+                with pytest.raises(ProgramError, match=what):
+                    rtcall.check_record(r, c, A, P)
+    assert flips >= 2
+    assert {(e, ceil, excl) for e, ceil, excl in seen} >= {
+        ("port_avgpool2d_forward", 1, 1), ("port_avgpool2d_forward", 0, 1), ("port_avgpool2d_forward", 1, 0),
+        ("port_avgpool2d_backward_input", 1, 1), ("port_avgpool2d_backward_input", 0, 1)}
+    mp = _call_of(_trainer("normpool").program, "port_maxpool2d_forward")
+    prog = _trainer("normpool").program
+    r = rtcall.record(mp, prog.slot)
+    rtcall.check_record(r, mp, prog.arena_bytes, prog.persistent_bytes)
+    r.iv[15] = 1
+    with pytest.raises(ProgramError, match=r"iv\[15\].*takes no exclude_pad"):
+        rtcall.check_record(r, mp, prog.arena_bytes, prog.persistent_bytes)
 
 
 @pytest.fixture(scope="module", params=["zoo", "rng_attn"])

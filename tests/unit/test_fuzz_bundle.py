@@ -10,9 +10,10 @@ an integer or float parameter, the workspace, a zero range) to values at the edg
 arena_bytes - 1, arena_bytes, NaN, infinity. Before the call rule (kernels/runtime/rt_check.c) 2 in 300 random
 single-byte mutations crashed port-rt (SIGSEGV), others ran with their output written past the arena.
 
-Two corpora: the call-rule net's bundle, and a format-3 bundle of a model with two inputs (its extra-input table
-among the structure mutated). Bounded: PORT_FUZZ_BUNDLES mutants each (48 in the normal suite, ~10 s; `make
-test-asan` runs 300)."""
+Three corpora: the call-rule net's bundle, a format-3 bundle of a model with two inputs (its extra-input table
+among the structure mutated), and a small net of average pools with ceil mode and count_include_pad=False (issue
+52: their iv[14], iv[15] and output sizes among the fields edited). Bounded: PORT_FUZZ_BUNDLES mutants each (48 in
+the normal suite, ~10 s; `make test-asan` runs 300)."""
 from __future__ import annotations
 
 import collections
@@ -68,6 +69,20 @@ def corpus_inputs(tmp_path_factory):
     data, _ = build_bundle(tr)
     assert struct.unpack_from("<I", data, 8)[0] == 3
     write_data(d / "d.portdata", [ids.numpy(), mask.numpy()], y.numpy(), 10)
+    return bytes(data), d
+
+
+@pytest.fixture(scope="module")
+def corpus_avg_pools(tmp_path_factory):
+    """A bundle of nets54.AvgPools (average pools in ceil mode, with count_include_pad=False) and its data file."""
+    import port
+    from nets54 import AvgPools
+    d = tmp_path_factory.mktemp("fuzz_bundle_avg")
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4, 3, 9, 7, generator=g), torch.randint(0, 3, (4,), generator=g)
+    tr = port.Trainer(AvgPools(), x[:2], optimizer=port.optim.SGD(0.05))
+    data, _ = build_bundle(tr)
+    write_data(d / "d.portdata", x.numpy(), y.numpy(), 3)
     return bytes(data), d
 
 
@@ -132,7 +147,7 @@ def _loader(b: bytes) -> tuple[int, int]:
     return capi.raw.port_rt_bundle_check_why(buf, len(b), ctypes.byref(arena), ctypes.byref(why)), arena.value
 
 
-@pytest.mark.parametrize("which", ["corpus", "corpus_inputs"])
+@pytest.mark.parametrize("which", ["corpus", "corpus_inputs", "corpus_avg_pools"])
 def test_fuzz_bundles_never_crash_port_rt(port_rt, which, request):
     good, d = request.getfixturevalue(which)
     st, A0 = _loader(good)

@@ -319,7 +319,9 @@ def test_nonfinite_check_covers_every_gradient():
     from port.ir.types import ROLE_GRADIENT
     grads = [s for s in tr.program.slots if s.role == ROLE_GRADIENT and s.region == "persistent"]
     base = tr.arena.data_ptr()
-    runs = [(r.data_ptr() - base, r.numel() * r.element_size()) for r in tr._grads]
+    from port.exec.executor import grad_runs     # the runs Executor.nonfinite sums (Trainer.step's check)
+    runs = [(r.data_ptr() - base, r.numel() * r.element_size())
+            for r in grad_runs(tr.program, tr.arena, tr.executor.update_calls)]
     assert len(grads) > 10 and len(runs) < len(grads)
     for g in grads:
         assert any(o <= g.offset and g.offset + g.nbytes <= o + n for o, n in runs), g.name

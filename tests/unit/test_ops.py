@@ -19,6 +19,8 @@ from port.exec.backends.torch_backend import TorchEnv
 from port.ops.base import TAGS, CallShapeError
 from port.train.optim import SGD
 
+from nets54 import AvgPools
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -91,6 +93,28 @@ def test_torch_only_records_have_no_c_variants():
 # ---------------------------------------------------------------------------------------------
 def _rand(shape, gen):
     return torch.randn(shape, dtype=torch.float64, generator=gen)
+
+
+def test_softmax_torch_binding_equals_autograd_and_trains_on_the_torch_engine():
+    """softmax.grad_input's torch binding passed its output as out= (the overload's out argument is grad_input):
+    every plan with a softmax on the torch engine failed at its first backward (tv.swin_t's solved plan)."""
+    gen = torch.Generator().manual_seed(2)
+    r = ops.record("softmax")
+    x = _rand((3, 5, 7), gen)
+    y = torch.empty_like(x)
+    r.torch("softmax", {}, [x], [y], _env())()
+    torch.testing.assert_close(y, torch.softmax(x, -1), rtol=1e-13, atol=1e-13)
+    dy, dx = _rand(x.shape, gen), torch.empty_like(x)
+    r.torch("softmax.grad_input", {}, [dy, y], [dx], _env())()
+    xr = x.clone().requires_grad_(True)
+    want, = torch.autograd.grad(torch.softmax(xr, -1), xr, dy)
+    torch.testing.assert_close(dx, want, rtol=1e-13, atol=1e-13)
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(5, 7), nn.Softmax(-1), nn.Linear(7, 3))
+    xb, yb = torch.randn(4, 5), torch.tensor([0, 2, 1, 1])
+    ref = __import__("copy").deepcopy(m)
+    tr = port.Trainer(m, xb, backend="torch-cpu", optimizer=SGD(0.1))
+    _steps_like_eager(tr, ref, xb, yb, lr=0.1)
 
 
 @pytest.mark.parametrize("kind,ref,saves_output", [
@@ -336,6 +360,44 @@ def test_max_pool_ceil_mode_and_dilation_torch_bindings_and_c_kernels(attrs):
     ops.record("max_pool2d").torch("max_pool2d.grad_input", attrs, [dy, idx], [dx], _env())()
     xr = x.clone().requires_grad_(True)
     torch.testing.assert_close(dx, torch.autograd.grad(torch.nn.functional.max_pool2d(xr, **kw), xr, dy)[0])
+
+
+@pytest.mark.parametrize("attrs", [dict(kernel=(3, 3), stride=(2, 2), padding=(1, 1), ceil_mode=True),
+                                   dict(kernel=(3, 2), stride=(2, 2), padding=(1, 1), count_include_pad=False),
+                                   dict(kernel=(3, 3), stride=(2, 2), padding=(1, 0), ceil_mode=True,
+                                        count_include_pad=False)])
+def test_avg_pool_ceil_mode_and_count_include_pad_torch_bindings_and_c_kernels(attrs):
+    gen = torch.Generator().manual_seed(6)
+    x = _rand((2, 3, 9, 8), gen)
+    assert ops.has_c("avg_pool2d", attrs) and registry.known_kernel("avg_pool2d", "c", attrs)   # (issue 52)
+    kw = dict(kernel_size=attrs["kernel"], stride=attrs["stride"], padding=attrs["padding"],
+              ceil_mode=attrs.get("ceil_mode", False), count_include_pad=attrs.get("count_include_pad", True))
+    want = torch.nn.functional.avg_pool2d(x, **kw)
+    _, outs = registry.call_shapes("avg_pool2d", attrs, [x.shape], [None])
+    assert outs[0][0] == tuple(want.shape)
+    y = torch.empty(want.shape, dtype=torch.float64)
+    ops.record("avg_pool2d").torch("avg_pool2d", attrs, [x], [y], _env())()
+    torch.testing.assert_close(y, want, rtol=0, atol=0)
+    dy, dx = _rand(y.shape, gen), torch.empty_like(x)
+    ops.record("avg_pool2d").torch("avg_pool2d.grad_input", attrs, [dy], [dx], _env())()
+    xr = x.clone().requires_grad_(True)
+    torch.testing.assert_close(dx, torch.autograd.grad(torch.nn.functional.avg_pool2d(xr, **kw), xr, dy)[0])
+    with pytest.raises(CallShapeError):
+        registry.call_shapes("avg_pool2d", attrs | {"count_include_pad": True}, [x.shape], [None])
+    with pytest.raises(CallShapeError):
+        registry.call_shapes("avg_pool2d", attrs | {"dilation": (2, 2)}, [x.shape], [None])
+
+
+def test_avg_pool_ceil_mode_and_count_include_pad_capture_on_c_and_train_like_eager():
+    """Captured as avg_pool2d records (not torch_op), every op on C, three SGD steps like eager."""
+    x, y = torch.randn(4, 3, 9, 7), torch.tensor([0, 1, 2, 1])
+    tr = port.Trainer(AvgPools(), x, optimizer=SGD(0.05))
+    pools = [o for o in tr.graph.ops if o.kind == "avg_pool2d"]
+    assert len(pools) == 4 and not [o for o in tr.graph.ops if o.kind == "torch_op"]
+    assert sorted((o.attr("ceil_mode", False), o.attr("count_include_pad", True)) for o in pools) == \
+        [(False, False), (True, False), (True, True), (True, True)]
+    assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
+    _steps_like_eager(tr, AvgPools(), x, y, 0.05, 3)
 
 
 @pytest.mark.parametrize("dims,keep", [((1,), False), ((2,), True), ((0, 2), False), ((1, 2), True)])
