@@ -283,8 +283,9 @@ PORT_API port_status port_rotary_backward(float *dx, const float *dy, const floa
  * (what the backward reads; the pooled mean, act(h) and the gate are rebuilt).  The backward is two calls:
  * _weight accumulates dw1, db1, dw2, db2 and writes dh = d(loss)/dh [n, s] from dy, x, w2, h, z; _input writes
  * dx = dy gate + (W1^T dh) / hw from dy, z, w1, dh (dx may be dy).  Workspace: port_se_workspace_bytes(n, c, s,
- * kernel) with kernel 0 forward, 1 _weight, 2 _input (0 bytes).  Sums in double, rounded once: not the plain
- * chain's bits (its fcs are GEMMs), within float rounding of it. */
+ * kernel) with kernel 0 forward, 1 _weight, 2 _input.  Each step runs the plain member's kernel (the pool, the
+ * fcs as pointwise PORT_CONV_DIRECT convolutions, the activation kernels, the mul's gradient sums): the plain
+ * chain's bits at any thread count. */
 enum { PORT_SE_RELU = 0, PORT_SE_SILU = 1 };
 enum { PORT_SE_SIGMOID = 0, PORT_SE_HARDSIGMOID = 1 };
 PORT_API size_t port_se_workspace_bytes(int64_t n, int64_t c, int64_t s, int kernel);
@@ -302,7 +303,8 @@ PORT_API port_status port_se_backward_weight_overwrite(float *dw1, float *db1, f
                                                        int64_t s, int64_t hw, int act, int gate, void *ws,
                                                        size_t ws_bytes);
 PORT_API port_status port_se_backward_input(float *dx, const float *dy, const float *z, const float *w1,
-                                            const float *dh, int64_t n, int64_t c, int64_t s, int64_t hw, int gate);
+                                            const float *dh, int64_t n, int64_t c, int64_t s, int64_t hw, int gate,
+                                            void *ws, size_t ws_bytes);
 /* RMSNorm + linear fused (rmslinear.c): the norm's output y = x rstd gamma [n, in] never stored.  _stats writes
  * rstd [n] as port_rmsnorm_forward does; _linear_forward writes y_lin [n, out] = y W^T + b (wt: W stored [in, out],
  * y W + b) and _linear_backward_weight accumulates dw += dy^T y (wt: y^T dy), db += sum_n dy (db, b, gamma may be

@@ -659,7 +659,7 @@ static int rotary(ctx *x) {
 /* Squeeze-excitation fused (issue 54), iv: n, c, s, hw, act (0 relu, 1 silu), gate (0 sigmoid, 1 hardsigmoid).
  * forward (111): y [n c hw], h [n s], z [n c], x, w1 [s c], b1 [s], w2 [c s], b2 [c]; _weight (112, and 132: its
  * overwriting form): dw1, db1, dw2, db2, dh [n s], dy, x, w2, h, z; _input (113): dx, dy, z, w1, dh (dx may be dy).
- * Workspace: the kernel's. */
+ * Workspace: the kernel's query (port_se_workspace_bytes, asked only where its products fit in int64 with room). */
 static int se(ctx *x, int k) {
     const int64_t *v = x->c->iv;
     if (pos_range(x, 0, 3) || iv_in(x, 4, 0, 1, "SE activation (0 relu, 1 silu)") ||
@@ -671,14 +671,16 @@ static int se(ctx *x, int k) {
     int64_t n = v[0], c = v[1], s = v[2], big = smul3(n, c, v[3]), ns = smul(n, s), nc = smul(n, c), cs = smul(c, s);
     int wgt = k == PORT_RT_SE_BACKWARD_WEIGHT || k == PORT_RT_SE_BACKWARD_WEIGHT_OVERWRITE;
     args(x, k == PORT_RT_SE_FORWARD ? 8 : wgt ? 10 : 5, 6, 0);
+    /* the query's products (n (2c + s) floats, c s the fcs' weights) far inside int64, else no workspace fits */
+    int fits = smul3(n, 2 * c + s, 256) < INT64_MAX && smul(cs, 256) < INT64_MAX;
+    x->s->ws_bytes = fits ? (int64_t)port_se_workspace_bytes(n, c, s, k == PORT_RT_SE_FORWARD ? 0 : wgt ? 1 : 2)
+                          : INT64_MAX;
     if (k == PORT_RT_SE_FORWARD) {
         op(x, 0, big, 4, 1), op(x, 1, ns, 4, 1), op(x, 2, nc, 4, 1), op(x, 3, big, 4, 0);
         op(x, 4, cs, 4, 0), op(x, 5, s, 4, 0), op(x, 6, cs, 4, 0), op(x, 7, c, 4, 0);
-        x->s->ws_bytes = smul(smul(n, c + s), 4);
     } else if (wgt) {
         op(x, 0, cs, 4, 1), op(x, 1, s, 4, 1), op(x, 2, cs, 4, 1), op(x, 3, c, 4, 1), op(x, 4, ns, 4, 1);
         op(x, 5, big, 4, 0), op(x, 6, big, 4, 0), op(x, 7, cs, 4, 0), op(x, 8, ns, 4, 0), op(x, 9, nc, 4, 0);
-        x->s->ws_bytes = smul(smul(n, 2 * c + s), 4);
     } else {
         op(x, 0, big, 4, 1), op(x, 1, big, 4, 0), op(x, 2, nc, 4, 0), op(x, 3, cs, 4, 0), op(x, 4, ns, 4, 0);
         inplace(x, 0, 1);

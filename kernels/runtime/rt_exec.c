@@ -144,7 +144,8 @@ port_status port_rt_exec(const port_rt_call *c, void *const *ptrs, void *ws, con
         return port_se_backward_weight_overwrite(F(0), F(1), F(2), F(3), F(4), CF(5), CF(6), CF(7), CF(8), CF(9), v[0],
                                                  v[1], v[2], v[3], (int)v[4], (int)v[5], ws, wsb);
     case PORT_RT_SE_BACKWARD_INPUT:
-        return port_se_backward_input(F(0), CF(1), CF(2), CF(3), CF(4), v[0], v[1], v[2], v[3], (int)v[5]);
+        return port_se_backward_input(F(0), CF(1), CF(2), CF(3), CF(4), v[0], v[1], v[2], v[3], (int)v[5], ws,
+                                      wsb);
     case PORT_RT_SWIGLU_FORWARD: return port_swiglu_forward(F(0), CF(1), CF(2), v[0]);
     case PORT_RT_SWIGLU_BACKWARD:
         return port_swiglu_backward(F(0), F(1), CF(2), CF(3), CF(4), v[0]);

@@ -254,15 +254,16 @@ def _se_iv(k, a, IS, OS):
 
 
 def _se_workspace(kernel, variant, attrs, IS, OS) -> int:
-    if kernel not in ("se", "se.grad_weight"):
+    if kernel not in SE_KERNELS:
         return 0
     from port.exec import capi
     n, c, s = _se_iv(kernel, attrs, IS, OS)[:3]
-    return int(capi.raw.port_se_workspace_bytes(n, c, s, 0 if kernel == "se" else 1))
+    return int(capi.raw.port_se_workspace_bytes(n, c, s, tuple(SE_KERNELS).index(kernel)))
 
 
 def _se_torch(kind, a, I, O, env):
-    """PyTorch's float32 kernels for the SE calls (the same maths; not the C kernels' bits)."""
+    """PyTorch's float32 kernels for the SE calls (the same maths; not the C kernels' bits: those are the plain C
+    members')."""
     torch, F = env.torch, env.F
     act = {"relu": F.relu, "silu": F.silu}[a["act"]]
     gate = {"sigmoid": torch.sigmoid, "hardsigmoid": F.hardsigmoid}[a["gate"]]

@@ -334,3 +334,19 @@ def test_global_avgpool(K, shape):
     y_r, dx_r = _grad(lambda t: t.mean((2, 3)), x, dy)
     close(K.global_avgpool_forward(x), y_r, 1e-6, 1e-5)
     close(K.global_avgpool_backward_input(dy, x.shape), dx_r, 1e-6, 1e-5)
+
+
+@pytest.mark.parametrize("n,c,hw", [(1, 1, 1), (3, 5, 37), (2, 9, 3), (1, 8, 5), (19, 1, 11)])
+def test_global_avgpool_rows_side_by_side_keep_each_rows_order(n, c, hw):
+    """The rows summed eight side by side (full groups and the tail) give each row's float sum in index order divided
+    once: the bits of one row at a time (the fused squeeze-excitation's pooled mean is this one, se.c)."""
+    x = torch.randn(n, c, hw) * 3
+    y = torch.empty(n, c)
+    assert capi.raw.port_global_avgpool_forward(y.data_ptr(), x.data_ptr(), n, c, hw) == capi.PORT_OK
+    want = torch.empty(n * c)
+    for r, row in enumerate(x.reshape(n * c, hw)):
+        s = torch.zeros((), dtype=torch.float32)
+        for v in row:
+            s = s + v
+        want[r] = s / torch.tensor(float(hw))
+    assert torch.equal(y.flatten(), want)
