@@ -70,6 +70,7 @@ def solve(graph, profile, budget: int | str | None = None, solver: str = "highs"
 
 
 ARENA_FIT_SLOWER = 0.02     # a re-solved plan this much slower than the ILP's first plan is announced (a warning)
+FIT_TRIES = 3               # re-solves at most, each budget tightened by every gap the packings left so far
 
 
 class ArenaFitWarning(UserWarning):
@@ -78,7 +79,8 @@ class ArenaFitWarning(UserWarning):
 
 def fit_arena(graph, profile, plan: Plan, budget: int, run) -> Plan:
     """``plan`` (solved within ``budget``) if its arena (+ engines) fits the budget too, else ``run(tighter)``'s
-    plan, the budget tightened by the overshoot, once.
+    plan, the budget tightened by the overshoot; where that plan's packing leaves gaps over the budget too, tightened
+    again by them (FIT_TRIES re-solves at most).
 
     The plan's accounting is the arena's (port.plan.semantics: stored bytes), so its peak is the lowered
     program's live bound; the packer (port.lower.arena) reaches that bound on every zoo plan the tests solve, but
@@ -95,22 +97,32 @@ def fit_arena(graph, profile, plan: Plan, budget: int, run) -> Plan:
     over = held - budget
     why = (f"the plan solved within the budget of {format_size(budget)} ({budget} B) lowers to an arena (+ engines) "
            f"of {format_size(held)} ({held} B): the packing leaves {over} B of gaps above the plan's peak")
-    try:
-        fit = run(budget - over)
-    except InfeasibleBudgetError as e:
-        raise InfeasibleBudgetError(f"{why}, and no plan fits the budget tightened by them ({budget - over} B). Raise "
-                                    f"the budget to {format_size(held)} ({held} B) or more", budget, held,
-                                    e.peak_tensors) from None
-    again = arena_bytes(graph, profile, fit)
-    if fit.status == "infeasible" or (again is not None and again > budget):
-        raise InfeasibleBudgetError(f"{why}; the plan re-solved within {budget - over} B still lowers to "
+    cut, again = over, held
+    for _ in range(FIT_TRIES):     # each re-solve tightened by the gaps its predecessor's packing left as well
+        try:
+            fit = run(budget - cut)
+        except InfeasibleBudgetError as e:
+            raise InfeasibleBudgetError(f"{why}, and no plan fits the budget tightened by them ({budget - cut} B). "
+                                        f"Raise the budget to {format_size(held)} ({held} B) or more", budget, held,
+                                        e.peak_tensors) from None
+        again = arena_bytes(graph, profile, fit)
+        if fit.status != "infeasible" and (again is None or again <= budget):
+            break
+        if fit.status == "infeasible" or again is None:
+            again = held
+            break
+        cut += again - budget
+    else:
+        fit = None
+    if fit is None or fit.status == "infeasible" or (again is not None and again > budget):
+        raise InfeasibleBudgetError(f"{why}; the plan re-solved within {budget - cut} B still lowers to "
                                     f"{again} B. Raise the budget to {format_size(held)} ({held} B) or more",
                                     budget, held, ())
     if fit.predicted_step_ms > plan.predicted_step_ms * (1 + ARENA_FIT_SLOWER):
         import warnings
-        warnings.warn(f"{why}; re-solved within {budget - over} B, the plan that fits predicts "
+        warnings.warn(f"{why}; re-solved within {budget - cut} B, the plan that fits predicts "
                       f"{fit.predicted_step_ms:.3f} ms a step against {plan.predicted_step_ms:.3f} ms (raise the "
-                      f"budget by {over} B for the faster one)", ArenaFitWarning, stacklevel=2)
+                      f"budget by {held - budget} B for the faster one)", ArenaFitWarning, stacklevel=2)
     return dataclasses.replace(fit, budget_bytes=budget)
 
 

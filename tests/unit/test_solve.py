@@ -1046,8 +1046,9 @@ def test_highs_returns_the_plan_it_proves_optimal(mlp_graph):
 def test_fit_arena_is_a_last_resort_that_says_what_it_costs(monkeypatch):
     """A plan whose lowered arena (+ engines) is over the budget is solved once more with the budget tightened
     by the overshoot; the plan returned records the caller's budget, and one noticeably slower than the first
-    comes with an ArenaFitWarning naming both step times. A plan that fits is returned as it is; no plan at the
-    tighter budget, or one still over, is an InfeasibleBudgetError naming the arena as the budget to ask for."""
+    comes with an ArenaFitWarning naming both step times. A plan that fits is returned as it is; a re-solved plan
+    still over is solved again, tightened by its gaps too (FIT_TRIES at most); no plan at a tighter budget, or
+    every one still over, is an InfeasibleBudgetError naming the arena as the budget to ask for."""
     import warnings
     import port.solver as S
     base = Plan(graph_digest="", profile_digest="", budget_bytes=1000, ops=(), status="optimal",
@@ -1075,6 +1076,12 @@ def test_fit_arena_is_a_last_resort_that_says_what_it_costs(monkeypatch):
     with pytest.raises(InfeasibleBudgetError, match=r"gaps above the plan's peak, and no plan fits .*1320 B") as e:
         S.fit_arena(None, None, base, 1000, none_fits)
     assert e.value.min_feasible_bytes == 1320 and e.value.budget_bytes == 1000
-    del held[680]                           # the re-solved plan is still over (1010 B): refused, not returned
+    del held[680]                           # every re-solved plan still over (1010 B): refused, not returned
+    asked.clear()
     with pytest.raises(InfeasibleBudgetError, match="still lowers to 1010 B"):
         S.fit_arena(None, None, base, 1000, run)
+    assert asked == [680, 670, 660]         # FIT_TRIES re-solves, each tightened by the gaps left so far
+    held.update({680: 1010, 670: 995})      # the second re-solve packs within the budget: returned
+    asked.clear()
+    out = S.fit_arena(None, None, base, 1000, run)
+    assert asked == [680, 670] and out.budget_bytes == 1000
