@@ -172,7 +172,8 @@ def test_calls_by_kind_books_every_op_of_the_plan_once(published):
     from port.config import load_device
     from port.cost.roofline import modeled_profile
     from port.lower.lower import default_plan
-    m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, 3))
+    m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                      nn.Linear(4 * 36, 3))
     x, y = torch.randn(2, 3, 6, 6), torch.tensor([0, 2])
     g = port.trace(m, x, optimizer="sgd_momentum")
     prof, plan = modeled_profile(g, load_device("host")), default_plan(g, "c")
@@ -185,3 +186,16 @@ def test_calls_by_kind_books_every_op_of_the_plan_once(published):
     gaps = [r[5] - r[4] for r in rows]
     assert gaps == sorted(gaps, reverse=True)
     assert any(r[0] == "update" and r[5] > 0 for r in rows)
+    # a fused conv+bn+relu call's members book their share of it, as the profile prices them (not 0 and all)
+    import dataclasses
+    from port.plan import variants as V
+    from port.plan.types import OpDecision
+    ops = list(plan.ops)
+    for o in g.ops:
+        for i in V.fusion_chain(g, o) or ():
+            ops[i] = OpDecision(i, ops[i].accelerator, "fused")
+    fplan = dataclasses.replace(plan, ops=tuple(ops))
+    tr.close()
+    tr = port.Trainer(m, x, plan=fplan, optimizer=port.train.optim.SGD(1e-3, momentum=0.9))
+    fused = [r for r in published.calls_by_kind(tr, g, fplan, prof, x, y, steps=2) if r[2] == "fused"]
+    assert {r[0] for r in fused} >= {"conv2d", "batch_norm2d", "relu"} and all(r[5] > 0 for r in fused), fused
