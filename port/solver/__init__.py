@@ -97,30 +97,26 @@ def fit_arena(graph, profile, plan: Plan, budget: int, run) -> Plan:
     over = held - budget
     why = (f"the plan solved within the budget of {format_size(budget)} ({budget} B) lowers to an arena (+ engines) "
            f"of {format_size(held)} ({held} B): the packing leaves {over} B of gaps above the plan's peak")
-    cut, again = over, held
+    cut = over
     for _ in range(FIT_TRIES):     # each re-solve tightened by the gaps its predecessor's packing left as well
+        tried = budget - cut
         try:
-            fit = run(budget - cut)
+            fit = run(tried)
         except InfeasibleBudgetError as e:
-            raise InfeasibleBudgetError(f"{why}, and no plan fits the budget tightened by them ({budget - cut} B). "
+            raise InfeasibleBudgetError(f"{why}, and no plan fits the budget tightened by them ({tried} B). "
                                         f"Raise the budget to {format_size(held)} ({held} B) or more", budget, held,
                                         e.peak_tensors) from None
         again = arena_bytes(graph, profile, fit)
-        if fit.status != "infeasible" and (again is None or again <= budget):
-            break
-        if fit.status == "infeasible" or again is None:
-            again = held
+        if fit.status == "infeasible" or again is None or again <= budget:
             break
         cut += again - budget
-    else:
-        fit = None
-    if fit is None or fit.status == "infeasible" or (again is not None and again > budget):
-        raise InfeasibleBudgetError(f"{why}; the plan re-solved within {budget - cut} B still lowers to "
-                                    f"{again} B. Raise the budget to {format_size(held)} ({held} B) or more",
-                                    budget, held, ())
+    if fit.status == "infeasible" or (again is not None and again > budget):
+        raise InfeasibleBudgetError(f"{why}; the plan re-solved within {tried} B still lowers to "
+                                    f"{again if fit.status != 'infeasible' else held} B. Raise the budget to "
+                                    f"{format_size(held)} ({held} B) or more", budget, held, ())
     if fit.predicted_step_ms > plan.predicted_step_ms * (1 + ARENA_FIT_SLOWER):
         import warnings
-        warnings.warn(f"{why}; re-solved within {budget - cut} B, the plan that fits predicts "
+        warnings.warn(f"{why}; re-solved within {tried} B, the plan that fits predicts "
                       f"{fit.predicted_step_ms:.3f} ms a step against {plan.predicted_step_ms:.3f} ms (raise the "
                       f"budget by {held - budget} B for the faster one)", ArenaFitWarning, stacklevel=2)
     return dataclasses.replace(fit, budget_bytes=budget)
