@@ -617,19 +617,10 @@ def calls_by_kind(tr, graph, plan, prof, x, y, steps: int = 7) -> list:
     largest in-plan - priced gap first. The instrumented steps run on the per-op executor, with its timers."""
     import statistics
 
-    from port.plan import variants as V
+    from port.cost.measure import op_times
     per: dict[int, list[float]] = {o.id: [] for o in graph.ops}
     for _ in range(steps):
-        ms: dict[int, float] = {}
-        for r in tr.profile_step(x, y)["calls"]:
-            if r["op"] >= 0 and not r["recompute"]:
-                # a fused chain's call: each member it computes books its share (V.fused_share), as the profile
-                # prices members and as in_program_times books them
-                o = graph.ops[r["op"]]
-                ch = V.chain_of(graph, o) if plan.ops[o.id].variant == "fused" else None
-                for m in ([m for m in ch.ops if ch.call_of(m) == o.id] if ch is not None else [o.id]):
-                    share = V.fused_share(graph, graph.ops[m]) if ch is not None else 1.0
-                    ms[m] = ms.get(m, 0.0) + r["ms"] * share
+        ms = op_times(graph, plan, tr.profile_step(x, y)["calls"])   # fused calls booked by shares, as priced
         for o in graph.ops:
             per[o.id].append(ms.get(o.id, 0.0))
     out: dict[tuple, list] = {}

@@ -581,6 +581,12 @@ def in_program_times(graph: Graph, plan: Any, rows: list[dict]) -> dict[tuple[st
     step's call rows (``Executor.run(timing=True)["calls"]``: a fused chain's call is split over the members it
     computes by their shares, port.plan.variants.fused_share; re-runs are left out); identical layers share a
     signature, so the per-layer mean."""
+    return per_key_times(graph, plan, op_times(graph, plan, rows))
+
+
+def op_times(graph: Graph, plan: Any, rows: list[dict]) -> dict[int, float]:
+    """Op id -> in-program ms of one instrumented step's call rows: a fused chain's call split over the members it
+    computes by their shares (port.plan.variants.fused_share, as the profile prices them); re-runs left out."""
     per: dict[int, float] = {}
     for row in rows:
         if row["op"] < 0 or row["recompute"]:
@@ -589,7 +595,7 @@ def in_program_times(graph: Graph, plan: Any, rows: list[dict]) -> dict[tuple[st
         ch = V.chain_of(graph, o) if plan.ops[o.id].variant == "fused" else None
         for m in ([m for m in ch.ops if ch.call_of(m) == o.id] if ch is not None else [o.id]):
             per[m] = per.get(m, 0.0) + row["ms"] * (V.fused_share(graph, graph.ops[m]) if ch is not None else 1.0)
-    return per_key_times(graph, plan, per)
+    return per
 
 
 def per_key_times(graph: Graph, plan: Any, op_ms: dict[int, float]) -> dict[tuple[str, str, str], float]:
