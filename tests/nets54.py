@@ -184,3 +184,27 @@ class AvgPools(torch.nn.Module):
         b = F.avg_pool2d(h, (2, 3), 2, (1, 1), count_include_pad=False)                # [N, 4, 5, 4]
         c = F.avg_pool2d(F.avg_pool2d(h, 2, 2, ceil_mode=True), 3, 2, 1, ceil_mode=True)  # [N, 4, 3, 3]
         return self.fc(torch.cat([a.flatten(1), b.flatten(1), c.flatten(1)], 1))
+
+
+class WindowEinsumAttn(torch.nn.Module):
+    """Attention within windows as MaxViT writes it: q, k, v [B, G, H, P, D] from one projection, the scores by
+    einsum "B G H I D, B G H J D -> B G H I J" plus a relative-position bias picked from a table by an index
+    buffer, softmax, and einsum "B G H I J, B G H J D -> B G H I D" (issue 52: matmuls with permutes)."""
+
+    def __init__(self, d=6, heads=2, p=4):
+        super().__init__()
+        torch.manual_seed(0)
+        self.h, self.p = heads, p
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.table = torch.nn.Parameter(torch.randn(2 * p - 1, heads) * 0.1)
+        self.register_buffer("idx", (torch.arange(p)[:, None] - torch.arange(p)[None, :] + p - 1).reshape(-1))
+        self.merge = torch.nn.Linear(d, d)
+        self.fc = torch.nn.Linear(3 * p * d, 10)
+
+    def forward(self, x):                                   # [B, 3, 4, 6]: B, windows G, positions P, features
+        b, g, p, d = x.shape
+        q, k, v = (t.reshape(b, g, p, self.h, d // self.h).permute(0, 1, 3, 2, 4) for t in self.qkv(x).chunk(3, -1))
+        s = torch.einsum("B G H I D, B G H J D -> B G H I J", q, k * d ** -0.5)
+        s = s + self.table[self.idx].view(p, p, self.h).permute(2, 0, 1).unsqueeze(0)
+        o = torch.einsum("B G H I J, B G H J D -> B G H I D", s.softmax(-1), v)
+        return self.fc(self.merge(o.permute(0, 1, 3, 2, 4).reshape(b, g, p, d)).flatten(1))

@@ -10,7 +10,8 @@
     roll_pad.py    roll, constant pad along one dim (range copies); strided_slice (a capture rule: views + narrow)
     pooling.py     max_pool2d, avg_pool2d, global_avg_pool2d, mean_mid, adaptive_avg_pool2d, upsample;
                    reduce_mean, reduce_sum (torch engines only)
-    attention.py   matmul, attention (masks of any broadcastable shape, grouped-query, dropout)
+    attention.py   matmul, attention (masks of any broadcastable shape, grouped-query, dropout); einsum (a capture
+                   rule: permute, reshape and matmul ops)
     mask.py        input-dependent masks: casts, logic, compares, where, index rows, argmax rows
     embedding.py   embedding
     random.py      dropout, bernoulli (stochastic depth), all from PORT's one generator (Philox4x32-10)

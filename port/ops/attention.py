@@ -1,4 +1,6 @@
-"""Attention: ``matmul`` (batched [B.., M, K] @ [B.., K, N]; bmm, matmul) and ``attention``
+"""Attention: ``matmul`` (batched [B.., M, K] @ [B.., K, N]; bmm, matmul; and ``einsum``, a capture rule: a
+two-operand einsum that is a batched matrix product, such as MaxViT's, becomes permute, reshape and matmul ops)
+and ``attention``
 (scaled_dot_product_attention over q [N, H, Tq, d], k and v [N, Hkv, Tk, d]: causal (``is_causal`` with Tq == Tk;
 otherwise torch's mask aligns top left, the kernel's bottom right: left to torch) and/or with a boolean or
 additive ``attn_mask`` of any shape that broadcasts to [N, H, Tq, Tk] (attribute ``mask``: "bool" or "add",
@@ -13,10 +15,11 @@ from __future__ import annotations
 
 import ctypes
 import math
+from dataclasses import dataclass, replace
 
 from port.ir.types import ROLE_ACTIVATION, numel
 from port.ops import register
-from port.ops.base import F32, CallShapeError, Encoded, OpRecord, float32, fwd, public_attrs, rank, unit_float
+from port.ops.base import F32, CallShapeError, Encoded, OpRecord, arg, float32, fwd, public_attrs, rank, unit_float
 
 ATTN_ALGO = {"plain": 0, "tiled": 1}     # PORT_ATTN_PLAIN, PORT_ATTN_TILED
 ATTENTION_KERNELS = ("attention", "attention.grad_input")
@@ -88,6 +91,123 @@ def _mm_torch(kind, a, I, O, env):
     if a["operand"] == 0:
         return lambda: torch.matmul(gy, other.transpose(-1, -2), out=out)
     return lambda: torch.matmul(other.transpose(-1, -2), gy, out=out)
+
+
+# ---------------------------------------------------------------------------------------------
+# einsum: a capture rule only (permute, reshape and matmul ops)
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EinsumPlan:
+    """A two-operand einsum as one batched matmul: operand ``left`` permuted by ``perm_left`` and viewed as
+    ``mm_left`` [Bt, M, K] times operand 1 - ``left`` permuted by ``perm_right`` and viewed as ``mm_right``
+    [Bt, K, N]; the product [Bt, M, N] viewed as ``prod`` (its letters' extents) and permuted by ``perm_out`` into
+    the result. An identity permutation is no op."""
+    left: int
+    perm_left: tuple[int, ...]
+    mm_left: tuple[int, int, int]
+    perm_right: tuple[int, ...]
+    mm_right: tuple[int, int, int]
+    prod: tuple[int, ...]
+    perm_out: tuple[int, ...]
+
+
+def _parse_einsum(eq: str) -> tuple[str, str, str] | None:
+    """(a, b, out) subscripts of a two-operand equation of letters (implicit output: the letters used once, in
+    order), or None (ellipsis, another operand count, a letter repeated within a term)."""
+    eq = eq.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != 2 or not all(c.isascii() and c.isalpha() for c in "".join(terms) + out):
+        return None
+    a, b = terms
+    if not arrow:
+        out = "".join(sorted(c for c in set(a + b) if (a + b).count(c) == 1))
+    if any(len(set(t)) != len(t) for t in (a, b, out)):
+        return None
+    return a, b, out
+
+
+def einsum_plan(eq: str, sa: tuple[int, ...], sb: tuple[int, ...]) -> EinsumPlan | None:
+    """The matmul form of ``eq`` over operands of shapes ``sa`` and ``sb``, or None where the equation is not a
+    (batched) matrix product: a letter summed within one operand, a diagonal, extents that differ (broadcast),
+    an ellipsis. Of the two forms (A B, or the transposed product B^T A^T) the one that permutes fewer elements."""
+    terms = _parse_einsum(eq)
+    if terms is None:
+        return None
+    a, b, out = terms
+    if len(a) != len(sa) or len(b) != len(sb) or not set(out) <= set(a) | set(b) or \
+            not (set(a) ^ set(b)) <= set(out):
+        return None
+    size = dict(zip(a, sa))
+    if any(size.setdefault(c, e) != e for c, e in zip(b, sb)):
+        return None
+    batch = [c for c in out if c in a and c in b]
+    k = [c for c in a if c in b and c not in out]
+    best = None
+    for left, (x, y) in enumerate(((a, b), (b, a))):
+        m = [c for c in out if c in x and c not in y]
+        n = [c for c in out if c in y and c not in x]
+        ol, orr, prod = batch + m + k, batch + k + n, batch + m + n
+        plan = EinsumPlan(left, tuple(x.index(c) for c in ol), _mm3(size, batch, m, k),
+                          tuple(y.index(c) for c in orr), _mm3(size, batch, k, n),
+                          tuple(size[c] for c in prod), tuple(prod.index(c) for c in out))
+        moved = sum(numel(s) for s, p in ((sa if left == 0 else sb, plan.perm_left),
+                                          (sb if left == 0 else sa, plan.perm_right),
+                                          (plan.prod, plan.perm_out)) if list(p) != sorted(p))
+        if best is None or moved < best[0]:
+            best = (moved, plan)
+    return best[1]
+
+
+def _mm3(size: dict, batch: list, rows: list, cols: list) -> tuple[int, int, int]:
+    return tuple(numel(tuple(size[c] for c in g)) for g in (batch, rows, cols))
+
+
+def _einsum_capture(ctx):
+    """torch.einsum of two float32 operands that is a batched matrix product: permute ops (where the letters are
+    not in matmul order), reshape views, one matmul (runs on C and in port-rt); any other einsum declines (a
+    torch_op)."""
+    from port.ops.shape import view_fwd
+    n = ctx.node
+    eq, operands = arg(n, 0, "equation"), arg(n, 1, "tensors")
+    if not isinstance(eq, str) or not isinstance(operands, (list, tuple)) or len(operands) != 2:
+        return False
+    xs = tuple(ctx.t(o) for o in operands)
+    plan = einsum_plan(eq, ctx.shape(xs[0]), ctx.shape(xs[1]))
+    if plan is None or not float32(ctx, *xs) or max(len(ctx.shape(x)) for x in xs) > 6:
+        return False
+    made = []
+
+    def tensor(tag: str, shape) -> int:
+        return ctx.b.tensor(f"{ctx.opname}:{tag}", shape, F32, ROLE_ACTIVATION)
+
+    def permuted(x: int, perm: tuple[int, ...], tag: str, last: bool = False) -> int:
+        if list(perm) == sorted(perm):
+            return x
+        y = ctx.out() if last else tensor(tag, tuple(ctx.shape(x)[i] for i in perm))
+        made.append(replace(fwd(ctx, "permute", dict(perm=perm), (x,), (y,)), name=f"{ctx.opname}.{tag}"))
+        return y
+
+    def viewed(x: int, shape: tuple[int, ...], tag: str, last: bool = False) -> int:
+        if tuple(shape) == ctx.shape(x):
+            return x
+        y = ctx.out() if last else tensor(tag, shape)
+        made.append(view_fwd(ctx.b, f"{ctx.opname}.{tag}", ctx.scope, x, y))
+        return y
+
+    l = viewed(permuted(xs[plan.left], plan.perm_left, "left"), plan.mm_left, "left_mm")
+    r = viewed(permuted(xs[1 - plan.left], plan.perm_right, "right"), plan.mm_right, "right_mm")
+    (bt, m, k), nn = plan.mm_left, plan.mm_right[2]
+    tail = list(plan.perm_out) != sorted(plan.perm_out) or plan.prod != (bt, m, nn)
+    y = ctx.out() if not tail else tensor("mm", (bt, m, nn))
+    made.append(replace(fwd(ctx, "matmul", {}, (l, r), (y,), 2 * bt * m * nn * k), name=f"{ctx.opname}.mm"))
+    identity_out = list(plan.perm_out) == sorted(plan.perm_out)
+    permuted(viewed(y, plan.prod, "prod", last=identity_out), plan.perm_out, "out", last=True)
+    return made
+
+
+def _einsum_shapes(k, attrs, I, O, at):
+    raise CallShapeError("einsum is a capture rule only: it makes permute, reshape and matmul ops")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,4 +454,6 @@ _ATTENTION = OpRecord(kind="attention", family="attention",
                       saved=lambda f, gi, gw, w: _attn_reads(f), grad_input_reads=_attn_reads,
                       bwd_vector_flops=_attn_bwd_vf, backward=_attn_backward,
                       workspace=_attn_workspace, tags=frozenset({"tiled_variant"}), doc=__doc__)
-register(_MATMUL, _ATTENTION)
+_EINSUM = OpRecord(kind="einsum", family="attention", kernels={}, shapes=_einsum_shapes, aten=("einsum",),
+                   capture=_einsum_capture, doc=_einsum_capture.__doc__)
+register(_MATMUL, _ATTENTION, _EINSUM)

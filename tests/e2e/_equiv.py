@@ -59,7 +59,8 @@ def check_weights(sd: dict, rsd: dict, rtol: float = RTOL, tensor_rtol: float = 
     small tensor (a BN bias that started at 0) by ~1e-4..1e-3 relative in one step while the model as a whole
     stays within ~1e-6. A wrong kernel, a missed update or a wrong hyper-parameter moves the whole model by
     far more than 1e-4 (tests/e2e/test_trainer_equiv.py::test_comparator_catches_drift proves it)."""
-    sd = {k: v.cpu() for k, v in sd.items()}        # a CUDA trainer's tensors against a CPU reference
+    # a CUDA trainer's tensors against a CPU reference; integer buffers (index tables) do not train
+    sd = {k: v.cpu() for k, v in sd.items() if v.is_floating_point()}
     keys = [k for k in sd if not k.endswith(("running_mean", "running_var"))]
     num = sum(float((sd[k] - rsd[k]).pow(2).sum()) for k in keys) ** 0.5
     den = sum(float(rsd[k].pow(2).sum()) for k in keys) ** 0.5

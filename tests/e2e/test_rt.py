@@ -21,7 +21,8 @@ from port import models
 from port.exec import capi
 from port.exec.bundle import BundleError, check_bundle, write_bundle, write_data
 
-from nets54 import AvgPools, LastTokenPool, NormPool, PadEmb, PaddedAttn, TwoInputs, Views, WhereNet
+from nets54 import (AvgPools, LastTokenPool, NormPool, PadEmb, PaddedAttn, TwoInputs, Views, WhereNet,
+                    WindowEinsumAttn)
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 40
@@ -789,3 +790,16 @@ def test_port_rt_runs_last_token_pooling_bit_for_bit(port_rt, tmp_path):
         x[i, 7 - i % 5:] = 0                                 # 0..4 trailing pads (row 0: none)
     _trains_bit_for_bit(port_rt, tmp_path, LastTokenPool(), x, y,
                         {"mask_cast", "int_binary", "argmax_rows", "index2_rows", "index2_rows.grad_input"})
+
+
+def test_port_rt_runs_maxvit_einsum_attention_bit_for_bit(port_rt, tmp_path):
+    """MaxViT's window attention (einsum "B G H I D, B G H J D -> B G H I J" and the attn @ v one, a torch_op
+    before) captures as permute, reshape and matmul ops: every op on C, training like eager, and in port-rt bit
+    for bit like the Trainer."""
+    from _equiv import compare
+    x, y = torch.randn(N, 3, 4, 6), torch.randint(0, 10, (N,))
+    tr = port.Trainer(WindowEinsumAttn(), x[:8], optimizer=port.optim.SGD(0.05, momentum=0.9))
+    kinds = [o.kind for o in tr.graph.ops if o.phase == "forward"]
+    assert "torch_op" not in kinds and kinds.count("matmul") == 2, kinds
+    _trains_like_the_trainer(port_rt, tmp_path, tr, x, y, 8)
+    compare(WindowEinsumAttn(), [(x[:8], y[:8]), (x[8:16], y[8:16])] * 2)

@@ -913,3 +913,127 @@ def test_layer_norm_over_trailing_dims_is_a_record_equal_to_autograd():
     assert [o.attr("dims") for o in lns] == [3, 2] and "torch_op" not in {o.kind for o in tr.graph.ops}
     assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
     _steps_like_eager(tr, _LNTrailing(), x, y, 0.1, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# einsum: a capture rule making permute, reshape and matmul ops
+# ---------------------------------------------------------------------------------------------
+def _einsum_by_plan(plan, a, b, dy):
+    """The forward and both operand gradients of ``plan`` (port.ops.attention.EinsumPlan), run by the permute
+    and matmul records' torch bindings (forward and .grad_input calls), the reshapes as views."""
+    pm, mm = ops.record("permute"), ops.record("matmul")
+
+    def perm(kernel, x, p):
+        if list(p) == sorted(p):
+            return x
+        y = torch.empty([x.shape[i] for i in (p if kernel == "permute" else ops.shape.inverse_perm(p))],
+                        dtype=x.dtype)
+        pm.torch(kernel, {"perm": tuple(p)}, [x], [y], _env())()
+        return y
+    x = (a, b) if plan.left == 0 else (b, a)
+    lhs = perm("permute", x[0], plan.perm_left).reshape(plan.mm_left)
+    rhs = perm("permute", x[1], plan.perm_right).reshape(plan.mm_right)
+    p = torch.empty(plan.mm_left[:2] + plan.mm_right[2:], dtype=a.dtype)
+    mm.torch("matmul", {}, [lhs, rhs], [p], _env())()
+    y = perm("permute", p.reshape(plan.prod), plan.perm_out)
+    gp = perm("permute.grad_input", dy, plan.perm_out).reshape(p.shape)
+    g = []
+    for i, (other, mine) in enumerate(((rhs, lhs), (lhs, rhs))):
+        gi = torch.empty(mine.shape, dtype=a.dtype)
+        mm.torch("matmul.grad_input", {"operand": i}, [gp, other], [gi], _env())()
+        keep = (plan.perm_left, plan.perm_right)[i]
+        g.append(perm("permute.grad_input", gi.reshape([x[i].shape[j] for j in keep]), keep))
+    return y, (g if plan.left == 0 else g[::-1])
+
+
+@pytest.mark.parametrize("eq,sa,sb", [
+    ("B G H I D, B G H J D -> B G H I J", (2, 3, 2, 5, 7), (2, 3, 2, 6, 7)),     # MaxViT's scores
+    ("B G H I J, B G H J D -> B G H I D", (2, 3, 2, 5, 6), (2, 3, 2, 6, 7)),     # MaxViT's attn @ v
+    ("ij,jk->ik", (5, 7), (7, 3)), ("ij,kj->ik", (5, 7), (3, 7)), ("ji,jk->ik", (7, 5), (7, 3)),
+    ("ji,kj->ki", (7, 5), (3, 7)), ("bij,bjk", (3, 5, 7), (3, 7, 2)), ("ibj,bjk->bki", (5, 3, 7), (3, 7, 2)),
+    ("bij,jk->bik", (3, 5, 7), (7, 2)), ("xbiqr,bqjr->jxbi", (2, 3, 5, 7, 2), (3, 7, 4, 2)),
+    ("i,j->ij", (5,), (3,)), ("bi,bi->b", (3, 7), (3, 7)), ("bi,bj->bji", (3, 5), (3, 2))])
+def test_einsum_plan_equals_einsum_and_autograd_float64(eq, sa, sb):
+    """Batched matrix products with batch letters, several contracted and free letters, transposed operands,
+    an implicit output and an output in another order: the plan's permutes, views and matmul (the records' torch
+    bindings) equal torch.einsum and its gradients in float64 on odd sizes."""
+    from port.ops.attention import einsum_plan
+    gen = torch.Generator().manual_seed(5)
+    a, b = _rand(sa, gen), _rand(sb, gen)
+    plan = einsum_plan(eq, sa, sb)
+    assert plan is not None
+    ar, br = a.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    want = torch.einsum(eq, ar, br)
+    dy = _rand(want.shape, gen)
+    y, (ga, gb) = _einsum_by_plan(plan, a, b, dy)
+    torch.testing.assert_close(y, want.detach(), rtol=1e-13, atol=1e-13)
+    wa, wb = torch.autograd.grad(want, (ar, br), dy)
+    torch.testing.assert_close(ga, wa, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(gb, wb, rtol=1e-13, atol=1e-13)
+
+
+def test_einsum_plan_permutes_the_fewer_elements():
+    """MaxViT's scores permute k only (not q and the scores); its attn @ v is a plain batched matmul."""
+    from port.ops.attention import einsum_plan
+    p = einsum_plan("B G H I D, B G H J D -> B G H I J", (2, 3, 2, 5, 7), (2, 3, 2, 6, 7))
+    assert p.left == 0 and p.perm_left == (0, 1, 2, 3, 4) and p.perm_right == (0, 1, 2, 4, 3), p
+    assert p.perm_out == (0, 1, 2, 3, 4) and p.mm_left == (12, 5, 7) and p.mm_right == (12, 7, 6), p
+    p = einsum_plan("B G H I J, B G H J D -> B G H I D", (2, 3, 2, 5, 6), (2, 3, 2, 6, 7))
+    assert all(list(q) == sorted(q) for q in (p.perm_left, p.perm_right, p.perm_out)), p
+    p = einsum_plan("ij,kj->ki", (5, 7), (3, 7))          # (b a^T): b untouched, a transposed
+    assert p.left == 1 and p.perm_left == (0, 1) and p.perm_right == (1, 0), p
+
+
+@pytest.mark.parametrize("eq,sa,sb", [
+    ("ii,ij->j", (3, 3), (3, 4)),            # a diagonal
+    ("ij,j->", (2, 3), (3,)),                 # i summed within one operand
+    ("bij,bjk->bk", (2, 3, 4), (2, 4, 5)),   # i summed within one operand
+    ("...ij,...jk->...ik", (2, 3, 4), (2, 4, 5)),    # an ellipsis
+    ("bij,bjk->bik", (1, 3, 4), (2, 4, 5)),  # b broadcast
+    ("ij,jk,kl->il", (2, 3), (3, 4)),        # three operands
+    ("ij,jk->ikk", (2, 3), (3, 4))])         # a letter repeated in the output
+def test_einsum_plan_declines_what_is_not_a_matrix_product(eq, sa, sb):
+    from port.ops.attention import einsum_plan
+    assert einsum_plan(eq, sa, sb) is None
+
+
+class _Einsums(nn.Module):
+    """einsum(eq, tanh(a(x)), b): b a parameter of shape ``sb``, or (None) sigmoid(a(x))."""
+
+    def __init__(self, eq: str, sb: tuple[int, ...] | None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.eq = eq
+        self.a = nn.Linear(5, 6)
+        self.b = nn.Parameter(torch.randn(sb) * 0.3) if sb else None
+        self.fc = nn.LazyLinear(3)
+
+    def forward(self, x):                                    # [N, 4, 5]
+        h = self.a(x)
+        other = self.b if self.b is not None else torch.sigmoid(h)
+        return self.fc(torch.einsum(self.eq, torch.tanh(h), other).flatten(1))
+
+
+@pytest.mark.parametrize("eq,sb,kinds", [
+    ("nij,kj->nik", (3, 6), {"matmul": 1, "permute": 1}),    # b^T, b a parameter: b permuted
+    ("nij,kj->nki", (3, 6), {"matmul": 1, "permute": 2}),    # and the product permuted into the output
+    ("nij,nij->ni", None, {"matmul": 1, "permute": 0}),
+    ("nij,jk->nik", (6, 2), {"matmul": 1, "permute": 0}),
+    ("nij,kj->nk", (3, 6), None)])                               # i summed within a: not a matmul; a torch_op
+def test_einsum_captures_as_matmul_on_c_and_trains_like_eager(eq, sb, kinds):
+    """A two-operand einsum that is a matrix product is captured as permute, reshape and matmul ops (every op on
+    C, training like eager); another stays a torch_op."""
+    x, y = torch.randn(4, 4, 5), torch.tensor([0, 2, 1, 1])
+
+    def net():
+        m = _Einsums(eq, sb)
+        m(x)                                                 # LazyLinear's size
+        return m
+    tr = port.Trainer(net(), x, optimizer=SGD(0.1))
+    got = [o.kind for o in tr.graph.ops if o.phase == "forward"]
+    if kinds is None:
+        assert "torch_op" in got and "matmul" not in got, got
+        return
+    assert "torch_op" not in got and {k: got.count(k) for k in kinds} == kinds, got
+    assert all(d.accelerator == "cpu-c" for d in tr.plan.ops)
+    _steps_like_eager(tr, net(), x, y, 0.1, 3)
