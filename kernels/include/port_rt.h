@@ -96,128 +96,133 @@ extern "C" {
 #define PORT_RT_MAX_EXTRA_INPUTS 8
 #define PORT_RT_HEADER_BYTES 512
 
-/* id, NAME, the entry point it runs (what the profiler and the executor report) */
-#define PORT_RT_KERNELS(X)                                                        \
-    X(1, CONV2D_FORWARD, port_conv2d_forward)                                     \
-    X(2, CONV2D_BACKWARD_INPUT, port_conv2d_backward_input)                       \
-    X(3, CONV2D_BACKWARD_WEIGHT, port_conv2d_backward_weight)                     \
-    X(4, CONV2D_PATCH_FORWARD, port_conv2d_patch_forward)                         \
-    X(5, CONV2D_PATCH_BACKWARD_INPUT, port_conv2d_patch_backward_input)           \
-    X(6, CONV2D_PATCH_BACKWARD_WEIGHT, port_conv2d_patch_backward_weight)         \
-    X(7, CONV2D_BN_RELU_FORWARD_TRAIN, port_conv2d_bn_relu_forward_train)         \
-    X(8, BATCHNORM2D_FORWARD_TRAIN, port_batchnorm2d_forward_train)               \
-    X(9, BATCHNORM2D_FORWARD_EVAL, port_batchnorm2d_forward_eval)                 \
-    X(10, BATCHNORM2D_BACKWARD_INPUT, port_batchnorm2d_backward_input)            \
-    X(11, BATCHNORM2D_BACKWARD_WEIGHT, port_batchnorm2d_backward_weight)          \
-    X(12, BATCHNORM2D_BACKWARD_INPUT_FROM_OUTPUT, port_batchnorm2d_backward_input_from_output) \
-    X(13, BATCHNORM2D_BACKWARD_WEIGHT_FROM_OUTPUT, port_batchnorm2d_backward_weight_from_output) \
-    X(14, BATCHNORM2D_BACKWARD_INPUT_EVAL, port_batchnorm2d_backward_input_eval)  \
-    X(15, BATCHNORM2D_BACKWARD_WEIGHT_EVAL, port_batchnorm2d_backward_weight_eval) \
-    X(16, RELU_FORWARD, port_relu_forward)                                        \
-    X(17, RELU_BACKWARD, port_relu_backward)                                      \
-    X(18, RELU6_FORWARD, port_relu6_forward)                                      \
-    X(19, RELU6_BACKWARD, port_relu6_backward)                                    \
-    X(20, HARDSWISH_FORWARD, port_hardswish_forward)                              \
-    X(21, HARDSWISH_BACKWARD, port_hardswish_backward)                            \
-    X(22, ADD, port_add)                                                          \
-    X(23, DROPOUT_FORWARD, port_dropout_forward)                                  \
-    X(24, DROPOUT_BACKWARD, port_dropout_backward)                                \
-    X(25, MAXPOOL2D_FORWARD, port_maxpool2d_forward)                              \
-    X(26, MAXPOOL2D_BACKWARD_INPUT, port_maxpool2d_backward_input)                \
-    X(27, AVGPOOL2D_FORWARD, port_avgpool2d_forward)                              \
-    X(28, AVGPOOL2D_BACKWARD_INPUT, port_avgpool2d_backward_input)                \
-    X(29, GLOBAL_AVGPOOL_FORWARD, port_global_avgpool_forward)                    \
-    X(30, GLOBAL_AVGPOOL_BACKWARD_INPUT, port_global_avgpool_backward_input)      \
-    X(31, LINEAR_FORWARD, port_linear_forward)                                    \
-    X(32, LINEAR_BACKWARD_INPUT, port_linear_backward_input)                      \
-    X(33, LINEAR_BACKWARD_WEIGHT, port_linear_backward_weight)                    \
-    X(34, SOFTMAX_XENT_FORWARD, port_softmax_xent_forward)                        \
-    X(35, SOFTMAX_XENT_BACKWARD, port_softmax_xent_backward)                      \
-    X(36, SGD_STEP, port_sgd_step)                                                \
-    X(37, ADAMW_STEP, port_adamw_step)                                            \
-    X(38, BIAS_BACKWARD, port_bias_backward)                                      \
-    X(39, PAGE_OUT, port_rt_page_out)                                             \
-    X(40, PAGE_IN, port_rt_page_in)                                               \
-    X(41, EMBEDDING_FORWARD, port_embedding_forward)                              \
-    X(42, EMBEDDING_BACKWARD_WEIGHT, port_embedding_backward_weight)              \
-    X(43, LAYERNORM_FORWARD, port_layernorm_forward)                              \
-    X(44, LAYERNORM_BACKWARD_INPUT, port_layernorm_backward_input)                \
-    X(45, LAYERNORM_BACKWARD_WEIGHT, port_layernorm_backward_weight)              \
-    X(46, GELU_FORWARD, port_gelu_forward)                                        \
-    X(47, GELU_BACKWARD, port_gelu_backward)                                      \
-    X(48, TANH_FORWARD, port_tanh_forward)                                        \
-    X(49, TANH_BACKWARD, port_tanh_backward)                                      \
-    X(50, SCALE, port_scale)                                                      \
-    X(51, SOFTMAX_FORWARD, port_softmax_forward)                                  \
-    X(52, SOFTMAX_BACKWARD, port_softmax_backward)                                \
-    X(53, BMM, port_bmm)                                                          \
-    X(54, PERMUTE, port_permute)                                                  \
-    X(55, ADD_BROADCAST, port_add_broadcast)                                      \
-    X(56, SUM_ROWS, port_sum_rows)                                                \
-    X(57, MEAN_MID_FORWARD, port_mean_mid_forward)                                \
-    X(58, MEAN_MID_BACKWARD, port_mean_mid_backward)                              \
-    X(59, ARANGE_I64, port_arange_i64)                                            \
-    X(60, NE_SCALAR_I64, port_ne_scalar_i64)                                      \
-    X(61, ATTENTION_FORWARD, port_attention_forward)                              \
-    X(62, ATTENTION_BACKWARD, port_attention_backward)                            \
-    X(63, SOFTMAX_XENT_IGNORE_FORWARD, port_softmax_xent_ignore_forward)          \
-    X(64, SOFTMAX_XENT_IGNORE_BACKWARD, port_softmax_xent_ignore_backward)       \
-    X(65, CONV2D_BACKWARD_WEIGHT_OVERWRITE, port_conv2d_backward_weight_overwrite) \
-    X(66, SIGMOID_FORWARD, port_sigmoid_forward)                                  \
-    X(67, SIGMOID_BACKWARD, port_sigmoid_backward)                                \
-    X(68, HARDSIGMOID_FORWARD, port_hardsigmoid_forward)                          \
-    X(69, HARDSIGMOID_BACKWARD, port_hardsigmoid_backward)                        \
-    X(70, SILU_FORWARD, port_silu_forward)                                        \
-    X(71, SILU_BACKWARD, port_silu_backward)                                      \
-    X(72, BINARY_FORWARD, port_binary_forward)                                    \
-    X(73, BINARY_BACKWARD, port_binary_backward)                                  \
-    X(74, UNARY_FORWARD, port_unary_forward)                                      \
-    X(75, UNARY_BACKWARD, port_unary_backward)                                    \
-    X(76, SLICE_COPY, port_slice_copy)                                            \
-    X(77, EXPAND, port_expand)                                                    \
-    X(90, RMSNORM_FORWARD, port_rmsnorm_forward)                                  \
-    X(91, RMSNORM_BACKWARD_INPUT, port_rmsnorm_backward_input)                    \
-    X(92, RMSNORM_BACKWARD_WEIGHT, port_rmsnorm_backward_weight)                  \
-    X(93, GROUPNORM_FORWARD, port_groupnorm_forward)                              \
-    X(94, GROUPNORM_BACKWARD_INPUT, port_groupnorm_backward_input)                \
-    X(95, GROUPNORM_BACKWARD_WEIGHT, port_groupnorm_backward_weight)              \
-    X(96, UPSAMPLE2D_FORWARD, port_upsample2d_forward)                            \
-    X(97, UPSAMPLE2D_BACKWARD_INPUT, port_upsample2d_backward_input)              \
-    X(98, ADAPTIVE_AVGPOOL2D_FORWARD, port_adaptive_avgpool2d_forward)            \
-    X(99, ADAPTIVE_AVGPOOL2D_BACKWARD_INPUT, port_adaptive_avgpool2d_backward_input) \
-    X(110, BERNOULLI_FORWARD, port_bernoulli_forward)                              \
-    X(111, SE_FORWARD, port_se_forward)                                            \
-    X(112, SE_BACKWARD_WEIGHT, port_se_backward_weight)                            \
-    X(113, SE_BACKWARD_INPUT, port_se_backward_input)                              \
-    X(132, SE_BACKWARD_WEIGHT_OVERWRITE, port_se_backward_weight_overwrite)        \
-    X(121, MASKED_FILL, port_masked_fill)                                          \
-    X(122, MASK_CAST, port_mask_cast)                                              \
-    X(123, MASK_LOGIC, port_mask_logic)                                            \
-    X(124, EXPAND_MASK, port_expand_mask)                                          \
-    X(125, MASK_INDEX2, port_mask_index2)                                          \
-    X(126, MASK_COMPARE, port_mask_compare)                                        \
-    X(127, MASK_COMPARE_SCALAR, port_mask_compare_scalar)                          \
-    X(128, WHERE_FORWARD, port_where_forward)                                      \
-    X(129, WHERE_BACKWARD, port_where_backward)                                    \
-    X(120, EMBEDDING_BACKWARD_WEIGHT_PAD, port_embedding_backward_weight_pad)      \
-    X(135, SWIGLU_FORWARD, port_swiglu_forward)                                   \
-    X(136, SWIGLU_BACKWARD, port_swiglu_backward)                                 \
-    X(115, ROTARY_FORWARD, port_rotary_forward)                                   \
-    X(116, ROTARY_BACKWARD, port_rotary_backward)                                 \
-    X(114, RMSNORM_STATS, port_rmsnorm_stats)                                     \
-    X(117, RMSNORM_LINEAR_FORWARD, port_rmsnorm_linear_forward)                   \
-    X(118, RMSNORM_LINEAR_BACKWARD_WEIGHT, port_rmsnorm_linear_backward_weight)   \
-    X(119, RMSNORM_LINEARS_FORWARD, port_rmsnorm_linears_forward)                 \
-    X(131, RMSNORM_LINEARS_BACKWARD_WEIGHT, port_rmsnorm_linears_backward_weight) \
-    X(137, INT_BINARY, port_int_binary)                                            \
-    X(138, ARGMAX_ROWS, port_argmax_rows)                                          \
-    X(139, INDEX2_ROWS, port_index2_rows)                                          \
-    X(140, LINEAR_T_FORWARD, port_linear_t_forward)                               \
-    X(141, LINEAR_T_BACKWARD_INPUT, port_linear_t_backward_input)                 \
-    X(142, LINEAR_T_BACKWARD_WEIGHT, port_linear_t_backward_weight)
+/* The one list of runtime ops: id, NAME, the entry point it runs (what the profiler and the executor report), how
+ * port_rt_exec calls it (an argument-layout macro of rt_exec.c, RUN_*: several kernels share one) and its call rule
+ * (a function of rt_check.c: the operands its parameters imply, their ranges, what may alias).  The enum, the
+ * entry names, rt_exec.c's dispatch and rt_check.c's rule table are generated from it: a new runtime op is one row
+ * here (with a layout macro and a rule where no existing one fits); an id not here is refused by the call rule. */
+#define PORT_RT_KERNELS(X) \
+    X(1, CONV2D_FORWARD, port_conv2d_forward, RUN_CONV_FWD, conv)                                                      \
+    X(2, CONV2D_BACKWARD_INPUT, port_conv2d_backward_input, RUN_CONV_BWD_IN, conv)                                     \
+    X(3, CONV2D_BACKWARD_WEIGHT, port_conv2d_backward_weight, RUN_CONV_BWD_W, conv)                                    \
+    X(4, CONV2D_PATCH_FORWARD, port_conv2d_patch_forward, RUN_PATCH_FWD, conv)                                         \
+    X(5, CONV2D_PATCH_BACKWARD_INPUT, port_conv2d_patch_backward_input, RUN_PATCH_BWD_IN, conv)                        \
+    X(6, CONV2D_PATCH_BACKWARD_WEIGHT, port_conv2d_patch_backward_weight, RUN_PATCH_BWD_W, conv)                       \
+    X(7, CONV2D_BN_RELU_FORWARD_TRAIN, port_conv2d_bn_relu_forward_train, RUN_CONV_BN_RELU, conv)                      \
+    X(8, BATCHNORM2D_FORWARD_TRAIN, port_batchnorm2d_forward_train, RUN_BN_TRAIN, batchnorm)                           \
+    X(9, BATCHNORM2D_FORWARD_EVAL, port_batchnorm2d_forward_eval, RUN_BN_Y_5, batchnorm)                               \
+    X(10, BATCHNORM2D_BACKWARD_INPUT, port_batchnorm2d_backward_input, RUN_BN_Y_5, batchnorm)                          \
+    X(11, BATCHNORM2D_BACKWARD_WEIGHT, port_batchnorm2d_backward_weight, RUN_BN_DW_4, batchnorm)                       \
+    X(12, BATCHNORM2D_BACKWARD_INPUT_FROM_OUTPUT, port_batchnorm2d_backward_input_from_output, RUN_BN_Y_5, batchnorm)  \
+    X(13, BATCHNORM2D_BACKWARD_WEIGHT_FROM_OUTPUT, port_batchnorm2d_backward_weight_from_output, RUN_BN_DW_4,         \
+      batchnorm)                                                                                                     \
+    X(14, BATCHNORM2D_BACKWARD_INPUT_EVAL, port_batchnorm2d_backward_input_eval, RUN_BN_DX_EVAL, batchnorm)            \
+    X(15, BATCHNORM2D_BACKWARD_WEIGHT_EVAL, port_batchnorm2d_backward_weight_eval, RUN_BN_DW_4, batchnorm)             \
+    X(16, RELU_FORWARD, port_relu_forward, RUN_Y_X, ew_fwd)                                                            \
+    X(17, RELU_BACKWARD, port_relu_backward, RUN_Y_A_B, ew_bwd)                                                        \
+    X(18, RELU6_FORWARD, port_relu6_forward, RUN_Y_X, ew_fwd)                                                          \
+    X(19, RELU6_BACKWARD, port_relu6_backward, RUN_Y_A_B, ew_bwd)                                                      \
+    X(20, HARDSWISH_FORWARD, port_hardswish_forward, RUN_Y_X, ew_fwd_no_alias)                                         \
+    X(21, HARDSWISH_BACKWARD, port_hardswish_backward, RUN_Y_A_B, ew_bwd)                                              \
+    X(22, ADD, port_add, RUN_Y_A_B, add_rule)                                                                          \
+    X(23, DROPOUT_FORWARD, port_dropout_forward, RUN_DROPOUT_FWD, dropout_rule)                                        \
+    X(24, DROPOUT_BACKWARD, port_dropout_backward, RUN_DROPOUT_BWD, dropout_rule)                                      \
+    X(25, MAXPOOL2D_FORWARD, port_maxpool2d_forward, RUN_MAXPOOL_FWD, pooling)                                         \
+    X(26, MAXPOOL2D_BACKWARD_INPUT, port_maxpool2d_backward_input, RUN_MAXPOOL_BWD, pooling)                           \
+    X(27, AVGPOOL2D_FORWARD, port_avgpool2d_forward, RUN_AVGPOOL, pooling)                                             \
+    X(28, AVGPOOL2D_BACKWARD_INPUT, port_avgpool2d_backward_input, RUN_AVGPOOL, pooling)                               \
+    X(29, GLOBAL_AVGPOOL_FORWARD, port_global_avgpool_forward, RUN_Y_X_3, mean_rule)                                   \
+    X(30, GLOBAL_AVGPOOL_BACKWARD_INPUT, port_global_avgpool_backward_input, RUN_Y_X_3, mean_rule)                     \
+    X(31, LINEAR_FORWARD, port_linear_forward, RUN_LINEAR_FWD, linear_rule)                                            \
+    X(32, LINEAR_BACKWARD_INPUT, port_linear_backward_input, RUN_LINEAR_BWD_IN, linear_rule)                           \
+    X(33, LINEAR_BACKWARD_WEIGHT, port_linear_backward_weight, RUN_LINEAR_BWD_W, linear_rule)                          \
+    X(34, SOFTMAX_XENT_FORWARD, port_softmax_xent_forward, RUN_XENT_FWD, xent_rule)                                    \
+    X(35, SOFTMAX_XENT_BACKWARD, port_softmax_xent_backward, RUN_XENT_BWD, xent_rule)                                  \
+    X(36, SGD_STEP, port_sgd_step, RUN_SGD, optim_rule)                                                                \
+    X(37, ADAMW_STEP, port_adamw_step, RUN_ADAMW, optim_rule)                                                          \
+    X(38, BIAS_BACKWARD, port_bias_backward, RUN_Y_X_3, bias_rule)                                                     \
+    X(39, PAGE_OUT, port_rt_page_out, RUN_NONE, page_rule)                                                             \
+    X(40, PAGE_IN, port_rt_page_in, RUN_NONE, page_rule)                                                               \
+    X(41, EMBEDDING_FORWARD, port_embedding_forward, RUN_EMB_FWD, embedding_rule)                                      \
+    X(42, EMBEDDING_BACKWARD_WEIGHT, port_embedding_backward_weight, RUN_EMB_BWD_W, embedding_rule)                    \
+    X(43, LAYERNORM_FORWARD, port_layernorm_forward, RUN_LN_FWD, layernorm_rule)                                       \
+    X(44, LAYERNORM_BACKWARD_INPUT, port_layernorm_backward_input, RUN_LN_BWD_IN, layernorm_rule)                      \
+    X(45, LAYERNORM_BACKWARD_WEIGHT, port_layernorm_backward_weight, RUN_LN_BWD_W, layernorm_rule)                     \
+    X(46, GELU_FORWARD, port_gelu_forward, RUN_GELU_FWD, gelu_rule)                                                    \
+    X(47, GELU_BACKWARD, port_gelu_backward, RUN_GELU_BWD, gelu_rule)                                                  \
+    X(48, TANH_FORWARD, port_tanh_forward, RUN_Y_X, ew_fwd)                                                            \
+    X(49, TANH_BACKWARD, port_tanh_backward, RUN_Y_A_B, ew_bwd)                                                        \
+    X(50, SCALE, port_scale, RUN_SCALE, scale_rule)                                                                    \
+    X(51, SOFTMAX_FORWARD, port_softmax_forward, RUN_Y_X_2, softmax_rule)                                              \
+    X(52, SOFTMAX_BACKWARD, port_softmax_backward, RUN_Y_A_B_2, softmax_rule)                                          \
+    X(53, BMM, port_bmm, RUN_BMM, bmm_rule)                                                                            \
+    X(54, PERMUTE, port_permute, RUN_PERMUTE, permute)                                                                 \
+    X(55, ADD_BROADCAST, port_add_broadcast, RUN_Y_A_B_2, rows_rule)                                                   \
+    X(56, SUM_ROWS, port_sum_rows, RUN_Y_X_2, rows_rule)                                                               \
+    X(57, MEAN_MID_FORWARD, port_mean_mid_forward, RUN_Y_X_3, mean_rule)                                               \
+    X(58, MEAN_MID_BACKWARD, port_mean_mid_backward, RUN_Y_X_3, mean_rule)                                             \
+    X(59, ARANGE_I64, port_arange_i64, RUN_ARANGE, int_rule)                                                           \
+    X(60, NE_SCALAR_I64, port_ne_scalar_i64, RUN_NE_SCALAR, int_rule)                                                  \
+    X(61, ATTENTION_FORWARD, port_attention_forward, RUN_ATTN_FWD, attention)                                          \
+    X(62, ATTENTION_BACKWARD, port_attention_backward, RUN_ATTN_BWD, attention)                                        \
+    X(63, SOFTMAX_XENT_IGNORE_FORWARD, port_softmax_xent_ignore_forward, RUN_XENT_IGNORE_FWD, xent_rule)               \
+    X(64, SOFTMAX_XENT_IGNORE_BACKWARD, port_softmax_xent_ignore_backward, RUN_XENT_IGNORE_BWD, xent_rule)             \
+    X(65, CONV2D_BACKWARD_WEIGHT_OVERWRITE, port_conv2d_backward_weight_overwrite, RUN_CONV_BWD_W, conv)               \
+    X(66, SIGMOID_FORWARD, port_sigmoid_forward, RUN_Y_X, ew_fwd)                                                      \
+    X(67, SIGMOID_BACKWARD, port_sigmoid_backward, RUN_Y_A_B, ew_bwd)                                                  \
+    X(68, HARDSIGMOID_FORWARD, port_hardsigmoid_forward, RUN_Y_X, ew_fwd)                                              \
+    X(69, HARDSIGMOID_BACKWARD, port_hardsigmoid_backward, RUN_Y_A_B, ew_bwd)                                          \
+    X(70, SILU_FORWARD, port_silu_forward, RUN_Y_X, ew_fwd)                                                            \
+    X(71, SILU_BACKWARD, port_silu_backward, RUN_Y_A_B, ew_bwd)                                                        \
+    X(72, BINARY_FORWARD, port_binary_forward, RUN_BINARY_FWD, binary_rule)                                            \
+    X(73, BINARY_BACKWARD, port_binary_backward, RUN_BINARY_BWD, binary_rule)                                          \
+    X(74, UNARY_FORWARD, port_unary_forward, RUN_UNARY_FWD, unary_rule)                                                \
+    X(75, UNARY_BACKWARD, port_unary_backward, RUN_UNARY_BWD, unary_rule)                                              \
+    X(76, SLICE_COPY, port_slice_copy, RUN_SLICE_COPY, slice_copy)                                                     \
+    X(77, EXPAND, port_expand, RUN_EXPAND, expand)                                                                     \
+    X(90, RMSNORM_FORWARD, port_rmsnorm_forward, RUN_RMSNORM_FWD, norms)                                               \
+    X(91, RMSNORM_BACKWARD_INPUT, port_rmsnorm_backward_input, RUN_RMSNORM_BWD_IN, norms)                              \
+    X(92, RMSNORM_BACKWARD_WEIGHT, port_rmsnorm_backward_weight, RUN_RMSNORM_BWD_W, norms)                             \
+    X(93, GROUPNORM_FORWARD, port_groupnorm_forward, RUN_GN_FWD, norms)                                                \
+    X(94, GROUPNORM_BACKWARD_INPUT, port_groupnorm_backward_input, RUN_GN_BWD_IN, norms)                               \
+    X(95, GROUPNORM_BACKWARD_WEIGHT, port_groupnorm_backward_weight, RUN_GN_BWD_W, norms)                              \
+    X(96, UPSAMPLE2D_FORWARD, port_upsample2d_forward, RUN_UPSAMPLE, resize)                                           \
+    X(97, UPSAMPLE2D_BACKWARD_INPUT, port_upsample2d_backward_input, RUN_UPSAMPLE, resize)                             \
+    X(98, ADAPTIVE_AVGPOOL2D_FORWARD, port_adaptive_avgpool2d_forward, RUN_ADAPTIVE, resize)                           \
+    X(99, ADAPTIVE_AVGPOOL2D_BACKWARD_INPUT, port_adaptive_avgpool2d_backward_input, RUN_ADAPTIVE, resize)             \
+    X(110, BERNOULLI_FORWARD, port_bernoulli_forward, RUN_BERNOULLI, bernoulli_rule)                                   \
+    X(111, SE_FORWARD, port_se_forward, RUN_SE_FWD, se)                                                                \
+    X(112, SE_BACKWARD_WEIGHT, port_se_backward_weight, RUN_SE_BWD_W, se)                                              \
+    X(113, SE_BACKWARD_INPUT, port_se_backward_input, RUN_SE_BWD_IN, se)                                               \
+    X(132, SE_BACKWARD_WEIGHT_OVERWRITE, port_se_backward_weight_overwrite, RUN_SE_BWD_W, se)                          \
+    X(121, MASKED_FILL, port_masked_fill, RUN_MASKED_FILL, masked_fill)                                                \
+    X(122, MASK_CAST, port_mask_cast, RUN_MASK_CAST, masks)                                                            \
+    X(123, MASK_LOGIC, port_mask_logic, RUN_MASK_LOGIC, masks)                                                         \
+    X(124, EXPAND_MASK, port_expand_mask, RUN_EXPAND_MASK, masks)                                                      \
+    X(125, MASK_INDEX2, port_mask_index2, RUN_MASK_INDEX2, masks)                                                      \
+    X(126, MASK_COMPARE, port_mask_compare, RUN_MASK_COMPARE, masks)                                                   \
+    X(127, MASK_COMPARE_SCALAR, port_mask_compare_scalar, RUN_MASK_COMPARE_SCALAR, masks)                              \
+    X(128, WHERE_FORWARD, port_where_forward, RUN_WHERE_FWD, where_rule)                                               \
+    X(129, WHERE_BACKWARD, port_where_backward, RUN_WHERE_BWD, where_rule)                                             \
+    X(120, EMBEDDING_BACKWARD_WEIGHT_PAD, port_embedding_backward_weight_pad, RUN_EMB_BWD_W_PAD, embedding_rule)       \
+    X(135, SWIGLU_FORWARD, port_swiglu_forward, RUN_Y_A_B, swiglu_rule)                                                \
+    X(136, SWIGLU_BACKWARD, port_swiglu_backward, RUN_SWIGLU_BWD, swiglu_rule)                                         \
+    X(115, ROTARY_FORWARD, port_rotary_forward, RUN_ROTARY, rotary)                                                    \
+    X(116, ROTARY_BACKWARD, port_rotary_backward, RUN_ROTARY, rotary)                                                  \
+    X(114, RMSNORM_STATS, port_rmsnorm_stats, RUN_RMS_STATS, rmsnorm_linear)                                           \
+    X(117, RMSNORM_LINEAR_FORWARD, port_rmsnorm_linear_forward, RUN_RMSLIN_FWD, rmsnorm_linear)                        \
+    X(118, RMSNORM_LINEAR_BACKWARD_WEIGHT, port_rmsnorm_linear_backward_weight, RUN_RMSLIN_BWD_W, rmsnorm_linear)      \
+    X(119, RMSNORM_LINEARS_FORWARD, port_rmsnorm_linears_forward, RUN_RMSLINS, rmsnorm_linears)                        \
+    X(131, RMSNORM_LINEARS_BACKWARD_WEIGHT, port_rmsnorm_linears_backward_weight, RUN_RMSLINS, rmsnorm_linears)        \
+    X(137, INT_BINARY, port_int_binary, RUN_INT_BINARY, pooling_rows)                                                  \
+    X(138, ARGMAX_ROWS, port_argmax_rows, RUN_ARGMAX_ROWS, pooling_rows)                                               \
+    X(139, INDEX2_ROWS, port_index2_rows, RUN_INDEX2_ROWS, pooling_rows)                                               \
+    X(140, LINEAR_T_FORWARD, port_linear_t_forward, RUN_LINEAR_FWD, linear_rule)                                       \
+    X(141, LINEAR_T_BACKWARD_INPUT, port_linear_t_backward_input, RUN_LINEAR_BWD_IN, linear_rule)                      \
+    X(142, LINEAR_T_BACKWARD_WEIGHT, port_linear_t_backward_weight, RUN_LINEAR_BWD_W, linear_rule)
 
 typedef enum {
-#define PORT_RT_ENUM_(id, NAME, fn) PORT_RT_##NAME = id,
+#define PORT_RT_ENUM_(id, NAME, fn, run, rule) PORT_RT_##NAME = id,
     PORT_RT_KERNELS(PORT_RT_ENUM_)
 #undef PORT_RT_ENUM_
     PORT_RT_KERNEL_END

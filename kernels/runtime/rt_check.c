@@ -13,9 +13,8 @@
 #include <math.h>
 #include <string.h>
 
-/* A new kernel id needs its rule below (shape_of's switch) before it can be loaded: the build stops here so
- * that adding one to PORT_RT_KERNELS without a rule cannot pass unnoticed. */
-_Static_assert(PORT_RT_KERNEL_END <= 143, "a kernel id was added to PORT_RT_KERNELS: add its rule to rt_check.c");
+/* Every kernel id of PORT_RT_KERNELS (port_rt.h) names its rule here (the table RULES below): an id cannot be
+ * added without one (the build stops at the undefined name), and an id the list lacks is refused. */
 
 #define BAD PORT_RT_ERR_BUNDLE
 
@@ -308,7 +307,7 @@ static int attention(ctx *x, int k) {
 }
 
 /* ---------------------------------------------------------------- permute */
-static int permute(ctx *x) {
+static int permute(ctx *x, int k) {
     const int64_t *v = x->c->iv;
     if (iv_in(x, 0, 1, 6, "permute rank must lie in 1..6")) return BAD;
     int64_t r = v[0], total = 1;
@@ -446,7 +445,7 @@ static int unary(ctx *x, int backward) {
 
 /* slice copy (76: y [outer, ny, inner], x [outer, nx, inner]): iv outer, inner, ny, nx, len, y_start, x_start,
  * fill; the range inside both; y overlaps nothing */
-static int slice_copy(ctx *x) {
+static int slice_copy(ctx *x, int k) {
     const int64_t *v = x->c->iv;
     if (pos_range(x, 0, 4) || iv_in(x, 5, 0, v[2] - v[4], "y_start + len must not pass ny") ||
         iv_in(x, 6, 0, v[3] - v[4], "x_start + len must not pass nx") || iv_in(x, 7, 0, 1, "fill must be 0 or 1"))
@@ -476,7 +475,7 @@ static int mask_dims(ctx *x, int r, int d, int b0, int b1, int64_t *ny, int64_t 
 }
 
 /* expand (77: y, x): iv rank 1..6, x_bcast (bits below the rank), dims[6] (1 past the rank); y overlaps nothing */
-static int expand(ctx *x) {
+static int expand(ctx *x, int k) {
     int64_t ny, nx, unused;
     if (mask_dims(x, 0, 2, 1, -1, &ny, &nx, &unused)) return BAD;
     args(x, 2, 8, 0);
@@ -486,7 +485,7 @@ static int expand(ctx *x) {
 
 /* masked_fill (121: y, x, mask): iv rank 1..6, m_bcast (bits below the rank), dims[6] (1 past the rank); fv
  * value not NaN (infinite allowed: -inf masks a score); y may be x */
-static int masked_fill(ctx *x) {
+static int masked_fill(ctx *x, int k) {
     int64_t ny, nm, unused;
     if (mask_dims(x, 0, 2, 1, -1, &ny, &nm, &unused)) return BAD;
     if (isnan(x->c->fv[0]) || isnan((float)x->c->fv[0]))
@@ -644,7 +643,7 @@ static int swiglu(ctx *x, int bwd) {
 
 /* rotary embedding fused (issue 54): y|dx, x|dy [n, heads, seq, d]; cos, sin [table_n, seq, d]; iv: n, heads, seq,
  * d (even), table_n (1 or n); the output may be its input (in place) */
-static int rotary(ctx *x) {
+static int rotary(ctx *x, int k) {
     const int64_t *v = x->c->iv;
     if (pos_range(x, 0, 4)) return BAD;
     if (v[3] % 2) return fail(x->why, "iv[3]", "the rotary dim must be even", v[3], 0, 0);
@@ -759,267 +758,231 @@ static int rmsnorm_linears(ctx *x, int k) {
     return PORT_OK;
 }
 
-static int shape_of(ctx *x) {
-    const port_rt_call *c = x->c;
-    const int64_t *v = c->iv;
-    int k = c->kernel;
-    if (k < 1 || k >= PORT_RT_KERNEL_END)
-        return fail(x->why, "kernel", "unknown kernel id", k, 0, PORT_RT_KERNEL_END - 1);
-    switch (k) {
-    case 66: case 68: case 70:   /* sigmoid, hardsigmoid, silu forward (ids of a later PORT_RT_KERNELS): y may be x */
-        return eltwise(x, 2, 1);
-    case 67: case 69: case 71:   /* their backward: dx, dy, y|x; dx may be dy */
-        return eltwise(x, 3, 1);
-    case 72: case 73: return binary(x, k == 73);   /* port_binary_forward / _backward (a later PORT_RT_KERNELS) */
-    case PORT_RT_SWIGLU_FORWARD:
-    case PORT_RT_SWIGLU_BACKWARD: return swiglu(x, k == PORT_RT_SWIGLU_BACKWARD);
-    case PORT_RT_ROTARY_FORWARD:
-    case PORT_RT_ROTARY_BACKWARD: return rotary(x);
-    case PORT_RT_RMSNORM_STATS:
-    case PORT_RT_RMSNORM_LINEAR_FORWARD:
-    case PORT_RT_RMSNORM_LINEAR_BACKWARD_WEIGHT: return rmsnorm_linear(x, k);
-    case PORT_RT_RMSNORM_LINEARS_FORWARD:
-    case PORT_RT_RMSNORM_LINEARS_BACKWARD_WEIGHT: return rmsnorm_linears(x, k);
-    case PORT_RT_SE_FORWARD:
-    case PORT_RT_SE_BACKWARD_WEIGHT:
-    case PORT_RT_SE_BACKWARD_WEIGHT_OVERWRITE:
-    case PORT_RT_SE_BACKWARD_INPUT: return se(x, k);
-    case PORT_RT_RMSNORM_FORWARD:
-    case PORT_RT_RMSNORM_BACKWARD_INPUT:
-    case PORT_RT_RMSNORM_BACKWARD_WEIGHT:
-    case PORT_RT_GROUPNORM_FORWARD:
-    case PORT_RT_GROUPNORM_BACKWARD_INPUT:
-    case PORT_RT_GROUPNORM_BACKWARD_WEIGHT: return norms(x, k);
-    case PORT_RT_UPSAMPLE2D_FORWARD:
-    case PORT_RT_UPSAMPLE2D_BACKWARD_INPUT:
-    case PORT_RT_ADAPTIVE_AVGPOOL2D_FORWARD:
-    case PORT_RT_ADAPTIVE_AVGPOOL2D_BACKWARD_INPUT: return resize(x, k);
-    case PORT_RT_UNARY_FORWARD:
-    case PORT_RT_UNARY_BACKWARD: return unary(x, k == PORT_RT_UNARY_BACKWARD);
-    case PORT_RT_SLICE_COPY: return slice_copy(x);
-    case PORT_RT_EXPAND: return expand(x);
-    case PORT_RT_MASKED_FILL: return masked_fill(x);
-    case PORT_RT_MASK_CAST:
-    case PORT_RT_MASK_LOGIC:
-    case PORT_RT_EXPAND_MASK:
-    case PORT_RT_MASK_INDEX2:
-    case PORT_RT_MASK_COMPARE:
-    case PORT_RT_MASK_COMPARE_SCALAR: return masks(x, k);
-    case PORT_RT_WHERE_FORWARD: return where(x, 0);
-    case PORT_RT_WHERE_BACKWARD: return where(x, 1);
-    case PORT_RT_INT_BINARY:
-    case PORT_RT_ARGMAX_ROWS:
-    case PORT_RT_INDEX2_ROWS: return pooling_rows(x, k);
-    case PORT_RT_CONV2D_FORWARD:
-    case PORT_RT_CONV2D_BACKWARD_INPUT:
-    case PORT_RT_CONV2D_BACKWARD_WEIGHT:
-    case PORT_RT_CONV2D_BACKWARD_WEIGHT_OVERWRITE:
-    case PORT_RT_CONV2D_PATCH_FORWARD:
-    case PORT_RT_CONV2D_PATCH_BACKWARD_INPUT:
-    case PORT_RT_CONV2D_PATCH_BACKWARD_WEIGHT:
-    case PORT_RT_CONV2D_BN_RELU_FORWARD_TRAIN: return conv(x, k);
-    case PORT_RT_BATCHNORM2D_FORWARD_TRAIN:
-    case PORT_RT_BATCHNORM2D_FORWARD_EVAL:
-    case PORT_RT_BATCHNORM2D_BACKWARD_INPUT:
-    case PORT_RT_BATCHNORM2D_BACKWARD_WEIGHT:
-    case PORT_RT_BATCHNORM2D_BACKWARD_INPUT_FROM_OUTPUT:
-    case PORT_RT_BATCHNORM2D_BACKWARD_WEIGHT_FROM_OUTPUT:
-    case PORT_RT_BATCHNORM2D_BACKWARD_INPUT_EVAL:
-    case PORT_RT_BATCHNORM2D_BACKWARD_WEIGHT_EVAL: return batchnorm(x, k);
-    case PORT_RT_RELU_FORWARD:
-    case PORT_RT_RELU6_FORWARD:
-    case PORT_RT_TANH_FORWARD: return eltwise(x, 2, 1);     /* y, x: y may be x */
-    case PORT_RT_HARDSWISH_FORWARD: return eltwise(x, 2, -1);   /* y must not alias x (backward reads x) */
-    case PORT_RT_RELU_BACKWARD:
-    case PORT_RT_RELU6_BACKWARD:
-    case PORT_RT_HARDSWISH_BACKWARD:
-    case PORT_RT_TANH_BACKWARD: return eltwise(x, 3, 1);    /* dx, dy, y|x: dx may be dy */
-    case PORT_RT_ADD:
-        if (eltwise(x, 3, 1)) return BAD;   /* y may be a or b */
+/* ---------------------------------------------------------------- the rules named by PORT_RT_KERNELS */
+static int ew_fwd(ctx *x, int k) { return eltwise(x, 2, 1); }            /* y, x: y may be x */
+static int ew_fwd_no_alias(ctx *x, int k) { return eltwise(x, 2, -1); }  /* y must not alias x (backward reads x) */
+static int ew_bwd(ctx *x, int k) { return eltwise(x, 3, 1); }            /* dx, dy, y|x: dx may be dy */
+static int binary_rule(ctx *x, int k) { return binary(x, k == PORT_RT_BINARY_BACKWARD); }
+static int unary_rule(ctx *x, int k) { return unary(x, k == PORT_RT_UNARY_BACKWARD); }
+static int where_rule(ctx *x, int k) { return where(x, k == PORT_RT_WHERE_BACKWARD); }
+static int swiglu_rule(ctx *x, int k) { return swiglu(x, k == PORT_RT_SWIGLU_BACKWARD); }
+
+static int add_rule(ctx *x, int k) {
+    if (eltwise(x, 3, 1)) return BAD;   /* y may be a or b */
+    inplace(x, 0, 2);
+    return PORT_OK;
+}
+
+static int scale_rule(ctx *x, int k) {
+    if (eltwise(x, 2, 1) || fv_finite(x, 0)) return BAD;
+    args(x, 2, 1, 1);
+    return PORT_OK;
+}
+
+static int bernoulli_rule(ctx *x, int k) {   /* y [count]; prob in [0, 1] (issue 54) */
+    if (pos(x, 0) || fv_in(x, 0, 0.0, 1.0, 0, "bernoulli probability must lie in [0, 1]")) return BAD;
+    args(x, 1, 1, 1);
+    op(x, 0, x->c->iv[0], 4, 1);
+    return PORT_OK;
+}
+
+static int dropout_rule(ctx *x, int k) {   /* forward: y, mask, x; backward: dx, dy, mask */
+    const int64_t *v = x->c->iv;
+    if (pos(x, 0) || fv_in(x, 0, 0.0, 1.0, 1, "dropout p must lie in [0, 1)")) return BAD;
+    args(x, 3, 1, 1);
+    op(x, 0, v[0], 4, 1);
+    if (k == PORT_RT_DROPOUT_FORWARD) {
+        op(x, 1, v[0], 1, 1), op(x, 2, v[0], 4, 0);
         inplace(x, 0, 2);
-        return PORT_OK;
-    case PORT_RT_SCALE:
-        if (eltwise(x, 2, 1) || fv_finite(x, 0)) return BAD;
-        args(x, 2, 1, 1);
-        return PORT_OK;
-    case PORT_RT_BERNOULLI_FORWARD:   /* y [count]; prob in [0, 1] (issue 54) */
-        if (pos(x, 0) || fv_in(x, 0, 0.0, 1.0, 0, "bernoulli probability must lie in [0, 1]")) return BAD;
-        args(x, 1, 1, 1);
-        op(x, 0, v[0], 4, 1);
-        return PORT_OK;
-    case PORT_RT_DROPOUT_FORWARD:   /* y, mask, x */
-    case PORT_RT_DROPOUT_BACKWARD:  /* dx, dy, mask */
-        if (pos(x, 0) || fv_in(x, 0, 0.0, 1.0, 1, "dropout p must lie in [0, 1)")) return BAD;
-        args(x, 3, 1, 1);
-        op(x, 0, v[0], 4, 1);
-        if (k == PORT_RT_DROPOUT_FORWARD) {
-            op(x, 1, v[0], 1, 1), op(x, 2, v[0], 4, 0);
-            inplace(x, 0, 2);
-        } else {
-            op(x, 1, v[0], 4, 0), op(x, 2, v[0], 1, 0);
-            inplace(x, 0, 1);
-        }
-        return PORT_OK;
-    case PORT_RT_MAXPOOL2D_FORWARD:
-    case PORT_RT_MAXPOOL2D_BACKWARD_INPUT:
-    case PORT_RT_AVGPOOL2D_FORWARD:
-    case PORT_RT_AVGPOOL2D_BACKWARD_INPUT: return pooling(x, k);
-    case PORT_RT_GLOBAL_AVGPOOL_FORWARD:          /* y [n, c], x [n, c, hw] */
-    case PORT_RT_GLOBAL_AVGPOOL_BACKWARD_INPUT:   /* dx [n, c, hw], dy [n, c] */
-    case PORT_RT_MEAN_MID_FORWARD:                /* y [o, i], x [o, m, i] */
-    case PORT_RT_MEAN_MID_BACKWARD: {             /* dx [o, m, i], dy [o, i] */
-        if (pos_range(x, 0, 2)) return BAD;
-        int gap = k == PORT_RT_GLOBAL_AVGPOOL_FORWARD || k == PORT_RT_GLOBAL_AVGPOOL_BACKWARD_INPUT;
-        int fw = k == PORT_RT_GLOBAL_AVGPOOL_FORWARD || k == PORT_RT_MEAN_MID_FORWARD;
-        int64_t small = smul(v[0], v[gap ? 1 : 2]), big = smul3(v[0], v[1], v[2]);
-        args(x, 2, 3, 0);
-        op(x, 0, fw ? small : big, 4, 1), op(x, 1, fw ? big : small, 4, 0);
-        return PORT_OK;
-    }
-    case PORT_RT_LINEAR_FORWARD:          /* y [n, out], x [n, in], w [out, in], b [out] */
-    case PORT_RT_LINEAR_BACKWARD_INPUT:   /* dx [n, in], dy [n, out], w */
-    case PORT_RT_LINEAR_BACKWARD_WEIGHT:  /* dw, db, dy, x */
-    case PORT_RT_LINEAR_T_FORWARD:        /* the same with w (and dw) stored [in, out]: the same extents */
-    case PORT_RT_LINEAR_T_BACKWARD_INPUT:
-    case PORT_RT_LINEAR_T_BACKWARD_WEIGHT: {
-        if (pos_range(x, 0, 2)) return BAD;
-        int64_t xs = smul(v[0], v[1]), ys = smul(v[0], v[2]), ws = smul(v[2], v[1]);
-        if (k == PORT_RT_LINEAR_FORWARD || k == PORT_RT_LINEAR_T_FORWARD) {
-            args(x, 4, 3, 0);
-            op(x, 0, ys, 4, 1), op(x, 1, xs, 4, 0), op(x, 2, ws, 4, 0), op(x, 3, v[2], 4, 0);
-        } else if (k == PORT_RT_LINEAR_BACKWARD_INPUT || k == PORT_RT_LINEAR_T_BACKWARD_INPUT) {
-            args(x, 3, 3, 0);
-            op(x, 0, xs, 4, 1), op(x, 1, ys, 4, 0), op(x, 2, ws, 4, 0);
-        } else {
-            args(x, 4, 3, 0);
-            op(x, 0, ws, 4, 1), op(x, 1, v[2], 4, 1), op(x, 2, ys, 4, 0), op(x, 3, xs, 4, 0);
-        }
-        return PORT_OK;
-    }
-    case PORT_RT_SOFTMAX_XENT_FORWARD:           /* loss, probs [n, k], logits [n, k], labels [n] */
-    case PORT_RT_SOFTMAX_XENT_IGNORE_FORWARD:
-    case PORT_RT_SOFTMAX_XENT_BACKWARD:          /* dlogits [n, k], probs, labels, grad_loss [1] */
-    case PORT_RT_SOFTMAX_XENT_IGNORE_BACKWARD: {
-        int ign = k == PORT_RT_SOFTMAX_XENT_IGNORE_FORWARD || k == PORT_RT_SOFTMAX_XENT_IGNORE_BACKWARD;
-        if (pos_range(x, 0, 1) || fv_in(x, 0, 0.0, 1.0, 0, "label smoothing must lie in [0, 1]")) return BAD;
-        int64_t z = smul(v[0], v[1]);
-        args(x, 4, ign ? 3 : 2, 1);
-        if (k == PORT_RT_SOFTMAX_XENT_FORWARD || k == PORT_RT_SOFTMAX_XENT_IGNORE_FORWARD) {
-            op(x, 0, 1, 4, 1), op(x, 1, z, 4, 1), op(x, 2, z, 4, 0), op(x, 3, v[0], 8, 0);
-        } else {
-            op(x, 0, z, 4, 1), op(x, 1, z, 4, 0), op(x, 2, v[0], 8, 0), op(x, 3, 1, 4, 0);
-            inplace(x, 0, 1);
-        }
-        return PORT_OK;
-    }
-    case PORT_RT_SGD_STEP:     /* param, momentum buffer (NULL: no momentum), grad */
-    case PORT_RT_ADAMW_STEP: { /* param, exp_avg, exp_avg_sq, grad */
-        if (pos(x, 0)) return BAD;
-        int n = k == PORT_RT_SGD_STEP ? 3 : 4;
-        args(x, n, 1, 0);
-        for (int i = 0; i < n; i++) op(x, i, v[0], 4, i < n - 1);
-        return PORT_OK;
-    }
-    case PORT_RT_BIAS_BACKWARD:   /* db [c], dy [n, c, inner] */
-        if (pos_range(x, 0, 2)) return BAD;
-        args(x, 2, 3, 0);
-        op(x, 0, v[1], 4, 1), op(x, 1, smul3(v[0], v[1], v[2]), 4, 0);
-        return PORT_OK;
-    case PORT_RT_EMBEDDING_FORWARD:          /* y [n, d], idx [n], w [v, d] */
-    case PORT_RT_EMBEDDING_BACKWARD_WEIGHT:  /* dw [v, d], dy [n, d], idx [n] */
-    case PORT_RT_EMBEDDING_BACKWARD_WEIGHT_PAD:  /* the same, iv[3] = pad in [0, v) */
-        if (pos_range(x, 0, 2)) return BAD;
-        if (k == PORT_RT_EMBEDDING_BACKWARD_WEIGHT_PAD) {
-            if (iv_in(x, 3, 0, v[1] - 1, "embedding padding_idx must be in [0, v)")) return BAD;
-            args(x, 3, 4, 0);
-        } else {
-            args(x, 3, 3, 0);
-        }
-        if (k == PORT_RT_EMBEDDING_FORWARD)
-            op(x, 0, smul(v[0], v[2]), 4, 1), op(x, 1, v[0], 8, 0), op(x, 2, smul(v[1], v[2]), 4, 0);
-        else
-            op(x, 0, smul(v[1], v[2]), 4, 1), op(x, 1, smul(v[0], v[2]), 4, 0), op(x, 2, v[0], 8, 0);
-        return PORT_OK;
-    case PORT_RT_LAYERNORM_FORWARD:          /* y, stats [2 rows], x, gamma [d], beta [d] */
-    case PORT_RT_LAYERNORM_BACKWARD_INPUT:   /* dx, dy, x, stats, gamma */
-    case PORT_RT_LAYERNORM_BACKWARD_WEIGHT: { /* dgamma, dbeta, dy, x, stats */
-        if (pos_range(x, 0, 1)) return BAD;
-        int64_t t = smul(v[0], v[1]), st = smul(2, v[0]);
-        if (k == PORT_RT_LAYERNORM_FORWARD) {
-            if (fv_in(x, 0, 0.0, HUGE_VAL, 0, "layer-norm eps must be >= 0 and finite")) return BAD;
-            args(x, 5, 2, 1);
-            op(x, 0, t, 4, 1), op(x, 1, st, 4, 1), op(x, 2, t, 4, 0), op(x, 3, v[1], 4, 0), op(x, 4, v[1], 4, 0);
-        } else if (k == PORT_RT_LAYERNORM_BACKWARD_INPUT) {
-            args(x, 5, 2, 0);
-            op(x, 0, t, 4, 1), op(x, 1, t, 4, 0), op(x, 2, t, 4, 0), op(x, 3, st, 4, 0), op(x, 4, v[1], 4, 0);
-        } else {
-            args(x, 5, 2, 0);
-            op(x, 0, v[1], 4, 1), op(x, 1, v[1], 4, 1), op(x, 2, t, 4, 0), op(x, 3, t, 4, 0), op(x, 4, st, 4, 0);
-        }
-        return PORT_OK;
-    }
-    case PORT_RT_GELU_FORWARD:    /* y, x (no alias: the backward reads x) */
-    case PORT_RT_GELU_BACKWARD: { /* dx, dy, x */
-        int fw = k == PORT_RT_GELU_FORWARD;
-        if (eltwise(x, fw ? 2 : 3, fw ? -1 : 1) || iv_in(x, 1, 0, 1, "gelu approximation (0 erf, 1 tanh)")) return BAD;
-        args(x, fw ? 2 : 3, 2, 0);
-        return PORT_OK;
-    }
-    case PORT_RT_SOFTMAX_FORWARD:    /* y, x [rows, d] */
-    case PORT_RT_SOFTMAX_BACKWARD: { /* dx, dy, y */
-        if (pos_range(x, 0, 1)) return BAD;
-        int n = k == PORT_RT_SOFTMAX_FORWARD ? 2 : 3;
-        args(x, n, 2, 0);
-        for (int i = 0; i < n; i++) op(x, i, smul(v[0], v[1]), 4, i == 0);
+    } else {
+        op(x, 1, v[0], 4, 0), op(x, 2, v[0], 1, 0);
         inplace(x, 0, 1);
-        return PORT_OK;
     }
-    case PORT_RT_BMM: { /* c [b, m, n], a [b, m, k], b [b, k, n]: batch, m, n, k, trans_a, trans_b; alpha, beta */
-        if (pos_range(x, 0, 3) || iv_in(x, 4, 0, 1, "trans_a must be 0 or 1") ||
-            iv_in(x, 5, 0, 1, "trans_b must be 0 or 1") || fv_finite(x, 0) || fv_finite(x, 1))
-            return BAD;
-        for (int i = 1; i < 4; i++)
-            if (v[i] > INT_MAX) return fail(x->why, IV_NAMES[i], "a matrix dimension above INT_MAX", v[i], 0, INT_MAX);
-        args(x, 3, 6, 2);
-        op(x, 0, smul3(v[0], v[1], v[2]), 4, 1), op(x, 1, smul3(v[0], v[1], v[3]), 4, 0),
-            op(x, 2, smul3(v[0], v[3], v[2]), 4, 0);
-        return PORT_OK;
+    return PORT_OK;
+}
+
+/* global average pool: y [n, c], x [n, c, hw] (backward: dx, dy); mean_mid: y [o, i], x [o, m, i] (dx, dy) */
+static int mean_rule(ctx *x, int k) {
+    const int64_t *v = x->c->iv;
+    if (pos_range(x, 0, 2)) return BAD;
+    int gap = k == PORT_RT_GLOBAL_AVGPOOL_FORWARD || k == PORT_RT_GLOBAL_AVGPOOL_BACKWARD_INPUT;
+    int fw = k == PORT_RT_GLOBAL_AVGPOOL_FORWARD || k == PORT_RT_MEAN_MID_FORWARD;
+    int64_t small = smul(v[0], v[gap ? 1 : 2]), big = smul3(v[0], v[1], v[2]);
+    args(x, 2, 3, 0);
+    op(x, 0, fw ? small : big, 4, 1), op(x, 1, fw ? big : small, 4, 0);
+    return PORT_OK;
+}
+
+/* forward: y [n, out], x [n, in], w [out, in], b [out]; backward input: dx [n, in], dy [n, out], w; backward
+ * weight: dw, db, dy, x.  The _T kernels: w (and dw) stored [in, out], the same extents. */
+static int linear_rule(ctx *x, int k) {
+    const int64_t *v = x->c->iv;
+    if (pos_range(x, 0, 2)) return BAD;
+    int64_t xs = smul(v[0], v[1]), ys = smul(v[0], v[2]), ws = smul(v[2], v[1]);
+    if (k == PORT_RT_LINEAR_FORWARD || k == PORT_RT_LINEAR_T_FORWARD) {
+        args(x, 4, 3, 0);
+        op(x, 0, ys, 4, 1), op(x, 1, xs, 4, 0), op(x, 2, ws, 4, 0), op(x, 3, v[2], 4, 0);
+    } else if (k == PORT_RT_LINEAR_BACKWARD_INPUT || k == PORT_RT_LINEAR_T_BACKWARD_INPUT) {
+        args(x, 3, 3, 0);
+        op(x, 0, xs, 4, 1), op(x, 1, ys, 4, 0), op(x, 2, ws, 4, 0);
+    } else {
+        args(x, 4, 3, 0);
+        op(x, 0, ws, 4, 1), op(x, 1, v[2], 4, 1), op(x, 2, ys, 4, 0), op(x, 3, xs, 4, 0);
     }
-    case PORT_RT_PERMUTE: return permute(x);
-    case PORT_RT_ADD_BROADCAST: /* y [o, i], a [o, i], b [i] */
-    case PORT_RT_SUM_ROWS:      /* db [i], dy [o, i] */
-        if (pos_range(x, 0, 1)) return BAD;
-        if (k == PORT_RT_ADD_BROADCAST) {
-            args(x, 3, 2, 0);
-            op(x, 0, smul(v[0], v[1]), 4, 1), op(x, 1, smul(v[0], v[1]), 4, 0), op(x, 2, v[1], 4, 0);
-            inplace(x, 0, 1);
-        } else {
-            args(x, 2, 2, 0);
-            op(x, 0, v[1], 4, 1), op(x, 1, smul(v[0], v[1]), 4, 0);
-        }
-        return PORT_OK;
-    case PORT_RT_ARANGE_I64:    /* y int64 [count]; start */
-    case PORT_RT_NE_SCALAR_I64: /* y uint8 [count], x int64 [count]; value */
-        if (pos(x, 0)) return BAD;
-        if (k == PORT_RT_ARANGE_I64) {
-            args(x, 1, 2, 0);
-            op(x, 0, v[0], 8, 1);
-        } else {
-            args(x, 2, 2, 0);
-            op(x, 0, v[0], 1, 1), op(x, 1, v[0], 8, 0);
-        }
-        return PORT_OK;
-    case PORT_RT_ATTENTION_FORWARD:
-    case PORT_RT_ATTENTION_BACKWARD: return attention(x, k);
-    case PORT_RT_PAGE_OUT:   /* ptr[0]: the bytes; iv[0] their count, iv[1] the spill file offset */
-    case PORT_RT_PAGE_IN:
-        if (pos(x, 0) || iv_in(x, 1, 0, INT64_MAX, "the spill file offset must be >= 0")) return BAD;
-        if (c->ptr[0] == -1) return fail(x->why, "ptr[0]", "a page call needs its arena bytes", -1, 0, 0);
+    return PORT_OK;
+}
+
+/* forward: loss, probs [n, k], logits [n, k], labels [n]; backward: dlogits [n, k], probs, labels, grad_loss [1] */
+static int xent_rule(ctx *x, int k) {
+    const int64_t *v = x->c->iv;
+    int ign = k == PORT_RT_SOFTMAX_XENT_IGNORE_FORWARD || k == PORT_RT_SOFTMAX_XENT_IGNORE_BACKWARD;
+    if (pos_range(x, 0, 1) || fv_in(x, 0, 0.0, 1.0, 0, "label smoothing must lie in [0, 1]")) return BAD;
+    int64_t z = smul(v[0], v[1]);
+    args(x, 4, ign ? 3 : 2, 1);
+    if (k == PORT_RT_SOFTMAX_XENT_FORWARD || k == PORT_RT_SOFTMAX_XENT_IGNORE_FORWARD) {
+        op(x, 0, 1, 4, 1), op(x, 1, z, 4, 1), op(x, 2, z, 4, 0), op(x, 3, v[0], 8, 0);
+    } else {
+        op(x, 0, z, 4, 1), op(x, 1, z, 4, 0), op(x, 2, v[0], 8, 0), op(x, 3, 1, 4, 0);
+        inplace(x, 0, 1);
+    }
+    return PORT_OK;
+}
+
+/* sgd: param, momentum buffer (NULL: no momentum), grad; adamw: param, exp_avg, exp_avg_sq, grad */
+static int optim_rule(ctx *x, int k) {
+    if (pos(x, 0)) return BAD;
+    int n = k == PORT_RT_SGD_STEP ? 3 : 4;
+    args(x, n, 1, 0);
+    for (int i = 0; i < n; i++) op(x, i, x->c->iv[0], 4, i < n - 1);
+    return PORT_OK;
+}
+
+static int bias_rule(ctx *x, int k) {   /* db [c], dy [n, c, inner] */
+    const int64_t *v = x->c->iv;
+    if (pos_range(x, 0, 2)) return BAD;
+    args(x, 2, 3, 0);
+    op(x, 0, v[1], 4, 1), op(x, 1, smul3(v[0], v[1], v[2]), 4, 0);
+    return PORT_OK;
+}
+
+/* forward: y [n, d], idx [n], w [v, d]; backward weight: dw [v, d], dy [n, d], idx [n] (_PAD: iv[3] = pad in
+ * [0, v)) */
+static int embedding_rule(ctx *x, int k) {
+    const int64_t *v = x->c->iv;
+    if (pos_range(x, 0, 2)) return BAD;
+    if (k == PORT_RT_EMBEDDING_BACKWARD_WEIGHT_PAD) {
+        if (iv_in(x, 3, 0, v[1] - 1, "embedding padding_idx must be in [0, v)")) return BAD;
+        args(x, 3, 4, 0);
+    } else {
+        args(x, 3, 3, 0);
+    }
+    if (k == PORT_RT_EMBEDDING_FORWARD)
+        op(x, 0, smul(v[0], v[2]), 4, 1), op(x, 1, v[0], 8, 0), op(x, 2, smul(v[1], v[2]), 4, 0);
+    else
+        op(x, 0, smul(v[1], v[2]), 4, 1), op(x, 1, smul(v[0], v[2]), 4, 0), op(x, 2, v[0], 8, 0);
+    return PORT_OK;
+}
+
+/* forward: y, stats [2 rows], x, gamma [d], beta [d]; backward input: dx, dy, x, stats, gamma; backward weight:
+ * dgamma, dbeta, dy, x, stats */
+static int layernorm_rule(ctx *x, int k) {
+    const int64_t *v = x->c->iv;
+    if (pos_range(x, 0, 1)) return BAD;
+    int64_t t = smul(v[0], v[1]), st = smul(2, v[0]);
+    if (k == PORT_RT_LAYERNORM_FORWARD) {
+        if (fv_in(x, 0, 0.0, HUGE_VAL, 0, "layer-norm eps must be >= 0 and finite")) return BAD;
+        args(x, 5, 2, 1);
+        op(x, 0, t, 4, 1), op(x, 1, st, 4, 1), op(x, 2, t, 4, 0), op(x, 3, v[1], 4, 0), op(x, 4, v[1], 4, 0);
+    } else if (k == PORT_RT_LAYERNORM_BACKWARD_INPUT) {
+        args(x, 5, 2, 0);
+        op(x, 0, t, 4, 1), op(x, 1, t, 4, 0), op(x, 2, t, 4, 0), op(x, 3, st, 4, 0), op(x, 4, v[1], 4, 0);
+    } else {
+        args(x, 5, 2, 0);
+        op(x, 0, v[1], 4, 1), op(x, 1, v[1], 4, 1), op(x, 2, t, 4, 0), op(x, 3, t, 4, 0), op(x, 4, st, 4, 0);
+    }
+    return PORT_OK;
+}
+
+static int gelu_rule(ctx *x, int k) {   /* forward: y, x (no alias: the backward reads x); backward: dx, dy, x */
+    int fw = k == PORT_RT_GELU_FORWARD;
+    if (eltwise(x, fw ? 2 : 3, fw ? -1 : 1) || iv_in(x, 1, 0, 1, "gelu approximation (0 erf, 1 tanh)")) return BAD;
+    args(x, fw ? 2 : 3, 2, 0);
+    return PORT_OK;
+}
+
+static int softmax_rule(ctx *x, int k) {   /* forward: y, x [rows, d]; backward: dx, dy, y */
+    const int64_t *v = x->c->iv;
+    if (pos_range(x, 0, 1)) return BAD;
+    int n = k == PORT_RT_SOFTMAX_FORWARD ? 2 : 3;
+    args(x, n, 2, 0);
+    for (int i = 0; i < n; i++) op(x, i, smul(v[0], v[1]), 4, i == 0);
+    inplace(x, 0, 1);
+    return PORT_OK;
+}
+
+/* c [b, m, n], a [b, m, k], b [b, k, n]: batch, m, n, k, trans_a, trans_b; alpha, beta */
+static int bmm_rule(ctx *x, int k) {
+    const int64_t *v = x->c->iv;
+    if (pos_range(x, 0, 3) || iv_in(x, 4, 0, 1, "trans_a must be 0 or 1") ||
+        iv_in(x, 5, 0, 1, "trans_b must be 0 or 1") || fv_finite(x, 0) || fv_finite(x, 1))
+        return BAD;
+    for (int i = 1; i < 4; i++)
+        if (v[i] > INT_MAX) return fail(x->why, IV_NAMES[i], "a matrix dimension above INT_MAX", v[i], 0, INT_MAX);
+    args(x, 3, 6, 2);
+    op(x, 0, smul3(v[0], v[1], v[2]), 4, 1), op(x, 1, smul3(v[0], v[1], v[3]), 4, 0),
+        op(x, 2, smul3(v[0], v[3], v[2]), 4, 0);
+    return PORT_OK;
+}
+
+static int rows_rule(ctx *x, int k) {   /* add_broadcast: y [o, i], a [o, i], b [i]; sum_rows: db [i], dy [o, i] */
+    const int64_t *v = x->c->iv;
+    if (pos_range(x, 0, 1)) return BAD;
+    if (k == PORT_RT_ADD_BROADCAST) {
+        args(x, 3, 2, 0);
+        op(x, 0, smul(v[0], v[1]), 4, 1), op(x, 1, smul(v[0], v[1]), 4, 0), op(x, 2, v[1], 4, 0);
+        inplace(x, 0, 1);
+    } else {
+        args(x, 2, 2, 0);
+        op(x, 0, v[1], 4, 1), op(x, 1, smul(v[0], v[1]), 4, 0);
+    }
+    return PORT_OK;
+}
+
+/* arange: y int64 [count]; start.  ne_scalar: y uint8 [count], x int64 [count]; value */
+static int int_rule(ctx *x, int k) {
+    const int64_t *v = x->c->iv;
+    if (pos(x, 0)) return BAD;
+    if (k == PORT_RT_ARANGE_I64) {
         args(x, 1, 2, 0);
-        op(x, 0, v[0], 1, k == PORT_RT_PAGE_IN);
-        return PORT_OK;
-    default: return fail(x->why, "kernel", "unknown kernel id", k, 0, PORT_RT_KERNEL_END - 1);
+        op(x, 0, v[0], 8, 1);
+    } else {
+        args(x, 2, 2, 0);
+        op(x, 0, v[0], 1, 1), op(x, 1, v[0], 8, 0);
     }
+    return PORT_OK;
+}
+
+static int page_rule(ctx *x, int k) {   /* ptr[0]: the bytes; iv[0] their count, iv[1] the spill file offset */
+    if (pos(x, 0) || iv_in(x, 1, 0, INT64_MAX, "the spill file offset must be >= 0")) return BAD;
+    if (x->c->ptr[0] == -1) return fail(x->why, "ptr[0]", "a page call needs its arena bytes", -1, 0, 0);
+    args(x, 1, 2, 0);
+    op(x, 0, x->c->iv[0], 1, k == PORT_RT_PAGE_IN);
+    return PORT_OK;
+}
+
+/* The rule of each kernel id, from PORT_RT_KERNELS (the one list of runtime ops): an id the list lacks has none. */
+typedef int (*rule_fn)(ctx *, int);
+static const rule_fn RULES[PORT_RT_KERNEL_END] = {
+#define PORT_RT_RULE_(id, NAME, fn, run, rule) [id] = rule,
+    PORT_RT_KERNELS(PORT_RT_RULE_)
+#undef PORT_RT_RULE_
+};
+
+static int shape_of(ctx *x) {
+    int k = x->c->kernel;
+    if (k < 1 || k >= PORT_RT_KERNEL_END || !RULES[k])
+        return fail(x->why, "kernel", "unknown kernel id", k, 0, PORT_RT_KERNEL_END - 1);
+    return RULES[k](x, k);
 }
 
 int port_rt_call_shape_of(const port_rt_call *c, port_rt_call_shape *shape, port_rt_call_problem *why) {
