@@ -174,7 +174,7 @@ def _einsum_capture(ctx):
         return False
     xs = tuple(ctx.t(o) for o in operands)
     plan = einsum_plan(eq, ctx.shape(xs[0]), ctx.shape(xs[1]))
-    if plan is None or not float32(ctx, *xs) or max(len(ctx.shape(x)) for x in xs) > 6:
+    if plan is None or not float32(ctx, *xs) or max(len(ctx.shape(x)) for x in xs) > 6 or len(plan.prod) > 6:
         return False
     made = []
 

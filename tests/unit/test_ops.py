@@ -1019,7 +1019,8 @@ class _Einsums(nn.Module):
     ("nij,kj->nki", (3, 6), {"matmul": 1, "permute": 2}),    # and the product permuted into the output
     ("nij,nij->ni", None, {"matmul": 1, "permute": 0}),
     ("nij,jk->nik", (6, 2), {"matmul": 1, "permute": 0}),
-    ("nij,kj->nk", (3, 6), None)])                               # i summed within a: not a matmul; a torch_op
+    ("nij,kj->nk", (3, 6), None),                                # i summed within a: not a matmul; a torch_op
+    ("nij,abcd->nijabcd", (1, 2, 1, 2), None)])                  # a product of rank 7: past permute's 6 dims
 def test_einsum_captures_as_matmul_on_c_and_trains_like_eager(eq, sb, kinds):
     """A two-operand einsum that is a matrix product is captured as permute, reshape and matmul ops (every op on
     C, training like eager); another stays a torch_op."""
