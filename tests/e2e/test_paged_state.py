@@ -120,3 +120,24 @@ def test_paged_state_is_the_true_state_and_checkpoints_round_trip(tmp_path, monk
         assert torch.equal(v, c.optimizer_state()[k]), k
     with pytest.raises(BundleError, match="pages optimizer state"):
         b.compile(tmp_path / "b.portrt")
+
+
+def test_paged_state_across_engines_trains_equal(tmp_path, monkeypatch):
+    """Every other layer (its backward and update with it) on the opencl engine, every momentum paged, updates
+    early: the page calls wait for the queue that updates the state (rule 8), and training equals PyTorch."""
+    from port.exec import registry
+    ok, why = registry.available("opencl")
+    if not ok:
+        pytest.skip(f"opencl backend unavailable: {why}")
+    from port.ir.trace import trace_many
+    from test_opencl_cross import alternating
+    monkeypatch.setenv("PORT_SPILL_DIR", str(tmp_path))
+    model, bs = mlp(), batches()
+    g = trace_many([dict(model=mlp(), example_input=bs[0][0], optimizer="sgd_momentum", name="mlp4")])[0]
+    base = alternating(g)
+    plan = dataclasses.replace(base, paged=tuple(sorted(SEM.paged_state_updates(g))),
+                               early_updates=tuple(sorted(SEM.early_update_candidates(g))))
+    paged_ups = {SEM.paged_state_updates(g)[r] for r in plan.paged}
+    assert {plan.ops[u].accelerator for u in paged_ups} == {"opencl"}      # (the linears; relus on cpu-c)
+    assert {d.accelerator for d in plan.ops} == {"cpu-c", "opencl"}
+    compare(copy.deepcopy(model), bs, "sgd", lr=LR, plan=plan)
