@@ -142,9 +142,9 @@ def brute_force(graph, profile, budget, chain=True, early=True, peak=False):
                     except PlanError:
                         continue
                     # optimizer state: paging one never raises any step's memory and only adds time, so it is
-                    # tried only where the plan does not fit (the min peak: every state paged)
+                    # tried only where the plan does not fit and is faster than the best (min peak: all paged)
                     sims = [s]
-                    if states and (peak or s.peak_bytes > budget):
+                    if states and (peak or (s.peak_bytes > budget and (best is None or s.step_ms < best - 1e-12))):
                         every = simulate(dataclasses.replace(plan, paged=pag + tuple(states)), graph, profile)
                         subsets = [tuple(states)] if peak else (
                             [c for k in range(1, len(states) + 1) for c in itertools.combinations(states, k)]
