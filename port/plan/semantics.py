@@ -90,7 +90,8 @@ the batch norm does; recompute lists all owned outputs of recomputable forward o
 nor fused, and never reads an input a later in-place op overwrites; ``recompute_at`` lists (producer, step)
 pairs once each, sorted by (step, op id), at backward steps, every re-run read before the next re-run of the
 same op; paged tensors are unshared activation roots produced in the forward pass and read
-in backward, or optimizer-state roots (``paged_state_updates``); early updates are update ops whose parameter and gradient nobody reads after the gradient's last
+in backward, or optimizer-state roots (``paged_state_updates``);
+early updates are update ops whose parameter and gradient nobody reads after the gradient's last
 producer p_u, and no recompute reading the parameter runs after p_u.
 """
 from __future__ import annotations
