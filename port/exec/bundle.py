@@ -118,6 +118,11 @@ def compile_check(program: Any) -> None:
     """Refuse a program port-rt cannot run, naming the ops: only C-backend calls and page calls compile."""
     bad = [f"{c.name} ({c.backend}:{c.kernel})" for c in program.calls
            if not (c.backend == "c" or (c.backend == "host" and c.kernel in ("page_out", "page_in")))]
+    state = [c.name for c in program.calls if c.backend == "host" and c.attr("state")]
+    if state:
+        raise BundleError(f"the plan pages optimizer state ({', '.join(state[:4])}{' ...' if len(state) > 4 else ''}"
+                          f"), which port-rt does not run (its spill file holds no state between steps). Fix: "
+                          f"solve with a larger budget, or train with port.Trainer")
     if bad:
         raise BundleError(f"the plan runs {len(bad)} op(s) on an engine port-rt does not have: "
                           f"{', '.join(bad[:8])}{' ...' if len(bad) > 8 else ''}. Fix: solve a plan for the C kernels "

@@ -280,7 +280,8 @@ class Executor:
                 fn = _zero_own(ctx, c.backend, z, fn)
             elif z:
                 fn = _zero_first([self.view(t) for t in z], fn)
-            late_update = c.phase == PHASE_UPDATE and not c.attr("early")
+            # a late update, or a page call of a paged optimizer state around one (lowering marks it "late")
+            late_update = (c.phase == PHASE_UPDATE and not c.attr("early")) or bool(c.attr("late"))
             (self.updates if late_update else self.main).append(fn)
             (self.update_calls if late_update else self.main_calls).append(c)
         # asynchronous engines (opencl): waited for at hand-offs, before host-side calls whose bytes a queued
@@ -452,6 +453,33 @@ class Executor:
         """Close (and so delete) the spill file; safe to call twice. Also run when the executor is collected."""
         if self.spill is not None:
             self.spill.close()
+
+    def stored_state_keys(self) -> tuple[int, ...]:
+        """The page keys of the program's paged optimizer state (page calls marked ``state``): it lives in the
+        spill file between steps (zero, as a fresh state, until written)."""
+        return tuple(sorted({int(c.attr("key")) for c in self.program.calls
+                             if c.backend == "host" and c.kernel == "page_out" and c.attr("state")}))
+
+    def read_page(self, key: int):
+        """A copy of the bytes stored under page ``key`` (a tensor of the paged slot's dtype, flat, on the
+        arena's device)."""
+        import torch
+        c = next(c for c in self.program.calls if c.kernel == "page_out" and int(c.attr("key")) == key)
+        s = self.program.slot(c.inputs[0])
+        buf = torch.empty(s.nbytes, dtype=torch.uint8)
+        self.spill.read(key, memoryview(buf.numpy()))
+        return buf.view(torch_dtype(s.dtype)).to(self.arena.device)
+
+    def write_page(self, key: int, value) -> None:
+        """Store ``value`` (a tensor with the paged slot's element count and dtype) under page ``key``."""
+        c = next(c for c in self.program.calls if c.kernel == "page_out" and int(c.attr("key")) == key)
+        s = self.program.slot(c.inputs[0])
+        buf = value.detach().to("cpu", torch_dtype(s.dtype)).contiguous().reshape(-1).view(-1)
+        import torch
+        raw = buf.view(torch.uint8)
+        if raw.numel() != s.nbytes:
+            raise ProgramError(f"page key {key}: {raw.numel()} B given, the slot holds {s.nbytes} B")
+        self.spill.write(key, memoryview(raw.numpy()))
 
     def spill_counters(self) -> dict:
         """Bytes/calls written to and read from the spill file ({} when the program does not page)."""

@@ -307,6 +307,10 @@ def check_program(program: Program) -> None:
         if c.workspace_bytes and c.workspace_offset % ALIGN:
             raise ProgramError(f"call {i} ({c.name}): workspace offset {c.workspace_offset} is not {ALIGN}-byte "
                                "aligned (the kernels read floats from it)")
+    for k, v in pages.items():      # a paged optimizer state is paged out again each step, as it was paged in
+        if isinstance(k, tuple) and pages.get(k[1]) != v:
+            raise ProgramError(f"the optimizer state paged in under key {k[1]} ({list(v[0])} {v[1]}) is not paged "
+                               f"out again in the step (saved: {pages.get(k[1])})")
 
     _check_handoffs(program, slot_of)
     _check_memories(program, slot_of)
@@ -677,6 +681,8 @@ def _check_call(program: Program, c, slot_of: dict, pages: dict) -> None:
             raise ProgramError(f"{where}: attribute key={key!r}: expected an int")
         if c.kernel == "page_out":
             pages[key] = (ins[0].shape, ins[0].dtype)
+        elif a.get("state"):        # a paged optimizer state: storage holds it from the last step's page_out
+            pages.setdefault(("state", key), (outs[0].shape, outs[0].dtype))
         elif pages.get(key) != (outs[0].shape, outs[0].dtype):
             raise ProgramError(f"{where}: pages in key {key} as {list(outs[0].shape)} {outs[0].dtype}, but no "
                                f"earlier page_out saved that (saved: {pages.get(key)})")

@@ -227,16 +227,15 @@ def lower(graph: Graph, plan: Plan | None = None, phases: Sequence[str] = PHASES
             if share is None:
                 pending.append(Vr(r))
         n0 = len(drafts)
-        if ev.kind == "page_in":
+        if ev.kind in ("page_in", "page_out"):
             r = ev.roots[0]
-            drafts.append(dict(op=-1, name=f"{T[r].name}.page_in", kernel="page_in", backend="host",
-                               variant="plain", phase="page", outputs=(Vr(r),), inputs=(), attrs={"key": r},
-                               covers=()))
-        elif ev.kind == "page_out":
-            r = ev.roots[0]
-            drafts.append(dict(op=-1, name=f"{T[r].name}.page_out", kernel="page_out", backend="host",
-                               variant="plain", phase="page", outputs=(), inputs=(Vr(r),), attrs={"key": r},
-                               covers=()))
+            # a paged optimizer state's pages around a late update run with the late updates (once a step)
+            late = r in sch.paged_state and SEM.paged_state_updates(graph)[r] not in sch.early_at
+            io = ((Vr(r),), ()) if ev.kind == "page_in" else ((), (Vr(r),))
+            drafts.append(dict(op=-1, name=f"{T[r].name}.{ev.kind}", kernel=ev.kind, backend="host",
+                               variant="plain", phase="page", outputs=io[0], inputs=io[1],
+                               attrs={"key": r} | ({"state": True} if r in sch.paged_state else {})
+                               | ({"late": True} if late else {}), covers=()))
         else:
             o = graph.ops[ev.op]
             rec = ev.kind == "recompute"

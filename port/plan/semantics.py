@@ -33,7 +33,8 @@ A root is allocated when its producer runs and freed after the last op
 that reads it (or one of its aliases); a root nobody reads is freed right after its producer.
 
 At step t (op t in graph order) a plan runs, in this order (``schedule`` emits exactly these events):
-  1. ``page_in`` every paged root whose first backward reader is op t;
+  1. ``page_in`` every paged root whose first backward reader is op t, and every paged optimizer-state root
+     whose update runs at step t (op t, or an early update of step 4);
   2. ``recompute`` the re-run group of step t, in increasing op id, each on its forward op's accelerator and
      variant (batch norm re-runs in training mode but does not update its running statistics). The group is
      {P : (P, t) in plan.recompute_at} when ``recompute_at`` is given, else {P : tau(P) == t}; right after each
@@ -44,7 +45,8 @@ At step t (op t in graph order) a plan runs, in this order (``schedule`` emits e
   3. ``op`` t (unless t is an early update: it already ran, see 4);
   4. ``op`` u for the early updates u whose gradient's last producer is op t (increasing op id);
   4b. ``join`` queue a for every (a, t) in ``plan.joins``: the host waits for queue a (rule 8);
-  5. ``page_out`` every paged root whose last forward/loss reader was op t (or an early update of step 4);
+  5. ``page_out`` every paged root whose last forward/loss reader was op t (or an early update of step 4), and
+     every paged optimizer-state root whose update ran at step t;
   6. ``free`` every root whose last use was op t or an early update of step 4.
   7. (within 2-4) right before each op or re-run Q: a ``handoff`` of every tensor Q reads that an earlier op
      produced on another accelerator (one event per tensor, ``handoff_edges``; a re-run re-reads its inputs).
@@ -70,6 +72,13 @@ other re-runs). Each use is served by the newest copy allocated at or before it;
 last use before the next re-run. A paged root is written to storage after its last forward/loss reader and read
 back before its first backward reader (re-runs may read it only from then on).
 
+Paged optimizer state: an optimizer-state root in ``plan.paged`` (SGD's momentum, AdamW's m and v: each read
+and written by its parameter's update alone, ``paged_state_updates``) leaves static memory. It lives in storage
+between steps (its storage holds the true state: the executor's spill file, which the Trainer reads and writes
+for ``optimizer_state``/checkpoints) and in the arena only during the step its update runs at: paged in before
+that step's op (rule 1), paged out after the update (rule 5) and freed (rule 6). Each step pages it in and out
+once, priced like an activation's pages. Only where the update phase runs (``phases``); elsewhere it is static.
+
 tau(P), a function of the graph only (``recompute_times``): own(P) = the first backward reader of any owned
 output of P; for each output r of P that no backward op reads (a "pure intermediate") and each recomputable
 forward consumer Q of r: tau(P) = min(own(P), tau(Q)).
@@ -81,7 +90,8 @@ the batch norm does; recompute lists all owned outputs of recomputable forward o
 nor fused, and never reads an input a later in-place op overwrites; ``recompute_at`` lists (producer, step)
 pairs once each, sorted by (step, op id), at backward steps, every re-run read before the next re-run of the
 same op; paged tensors are unshared activation roots produced in the forward pass and read
-in backward; early updates are update ops whose parameter and gradient nobody reads after the gradient's last
+in backward, or optimizer-state roots (``paged_state_updates``);
+early updates are update ops whose parameter and gradient nobody reads after the gradient's last
 producer p_u, and no recompute reading the parameter runs after p_u.
 """
 from __future__ import annotations
@@ -304,6 +314,23 @@ def early_update_candidates(graph: Graph) -> dict[int, tuple[int, int, tuple[int
     return out
 
 
+def paged_state_updates(graph: Graph) -> dict[int, int]:
+    """Optimizer-state root -> its update op, for every optimizer-state tensor a plan may page (rule 1, 5): a
+    root (no view of it) that its parameter's update op alone reads and writes. Once per graph."""
+    def find() -> dict[int, int]:
+        readers = readers_by_root(graph)
+        out = {}
+        for t in graph.tensors:
+            if t.role != ROLE_OPTIMIZER_STATE or t.alias_of is not None:
+                continue
+            rd = readers.get(t.id, [])
+            if len(rd) == 1 and graph.ops[rd[0]].phase == PHASE_UPDATE and \
+                    not any(s.alias_of is not None and graph.storage_root(s.id) == t.id for s in graph.tensors):
+                out[t.id] = rd[0]
+        return out
+    return graph.memo("paged_state_updates", find)
+
+
 def handoff_edges(graph: Graph) -> dict[int, tuple[tuple[int, int], ...]]:
     """Reading op -> its (tensor, producer) edges a hand-off may cross (rule 7): every tensor an op reads, with
     the earlier op that produced it. The ILP prices the same edges (port.solver.instance). A view runs no kernel:
@@ -430,12 +457,14 @@ class Schedule:
     paged: tuple[int, ...]
     phases: tuple[str, ...]
     inplace_ok: frozenset = frozenset()   # (op, step) re-runs that may run in place (rule 2); the plan's are a subset
+    paged_state: frozenset = frozenset()  # the paged optimizer-state roots (also in ``paged``): not static
 
     def root_of(self, t: int) -> int:
         return self.root.get(t, t)
 
     def is_static(self, graph: Graph, t: int) -> bool:
-        return is_static(graph, t) and graph.storage_root(t) not in self.dynamic_grads
+        r = graph.storage_root(t)
+        return is_static(graph, t) and r not in self.dynamic_grads and r not in self.paged_state
 
     def root_bytes(self, graph: Graph, r: int) -> int:
         return 0 if r in self.nonmat else stored_bytes(graph.tensors[r])
@@ -499,8 +528,22 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
             early_param[u] = param
             dyn.update(groots)
 
+    # paged optimizer state: out of static memory, in the arena around its update only
+    pstate: dict[int, int] = {}            # state root -> the step its update runs at
+    if PHASE_UPDATE in phases:
+        cand_state = paged_state_updates(graph)
+        for t in sorted(set(plan.paged)):
+            if T[t].role != ROLE_OPTIMIZER_STATE:
+                continue
+            if t not in cand_state:
+                raise PlanError(f"optimizer state {T[t].name!r} cannot be paged (its update alone must read it, "
+                                f"and no view of it may exist)")
+            u = cand_state[t]
+            pstate[t] = early_at.get(u, u)
+    dyn_or_paged = dyn | set(pstate)
+
     def st(t: int) -> bool:
-        return is_static(graph, t) and graph.storage_root(t) not in dyn
+        return is_static(graph, t) and graph.storage_root(t) not in dyn_or_paged
 
     # storage roots: views, in-place outputs; fused chains
     dalias: dict[int, int] = {}
@@ -544,7 +587,7 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
     for o in ops:
         for t in o.outputs:
             r = root[t]
-            if r == t and not st(t) and r not in nonmat and t not in birth:
+            if r == t and not st(t) and r not in nonmat and t not in birth and t not in pstate:
                 birth[t] = where(o.id)
     death = {r: max([pos(c) for c in readers.get(r, [])] + [birth[r]]) for r in birth}
 
@@ -617,7 +660,7 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
                     if t > early_at[u] and any(graph.storage_root(x) == param for x in graph.ops[p].inputs):
                         raise PlanError(f"recompute of {graph.ops[p].name!r} at step {t} reads {T[param].name!r} "
                                         f"after its early update")
-        for t in sorted(set(plan.paged)):
+        for t in sorted(t for t in set(plan.paged) if T[t].role != ROLE_OPTIMIZER_STATE):
             if t not in birth or graph.ops[birth[t]].phase not in (PHASE_FORWARD, PHASE_LOSS) \
                     or T[t].role != ROLE_ACTIVATION:
                 raise PlanError(f"tensor {T[t].name!r} cannot be paged (not an activation root produced in the "
@@ -629,6 +672,7 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
             if prods[t] in rc:
                 raise PlanError(f"tensor {T[t].name!r} is both paged and recomputed")
             paged.append(t)
+    paged.extend(pstate)
     for t in plan.paged:
         if graph.storage_root(t) in nonmat:
             raise PlanError(f"tensor {T[t].name!r} is never materialised (fused chain): it cannot be paged")
@@ -688,6 +732,10 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
             free_copy(r, [c for c in uo if c >= bf], ur, bf)
         else:
             free_copy(r, uo, ur, b)
+    for r, at in pstate.items():          # rules 1, 5, 6: in the arena for the step its update runs at
+        page_in_at.setdefault(at, []).append(r)
+        page_out_after.setdefault(at, []).append(r)
+        free_after.setdefault(at, []).append(r)
     idle: set[tuple[int, int]] = set()   # re-runs nothing reads: a planning error, not a cost to pay silently
     for p, ts in when.items():
         for k, t in enumerate(ts):
@@ -758,10 +806,11 @@ def _schedule(graph: Graph, plan: Plan, phases: Sequence[str], check_digest: boo
         if fr:
             events.append(Event("free", -1, tuple(fr)))
     events = join_frees(graph, plan, events, root, early_at)
-    S = static_bytes(graph) - sum(stored_bytes(T[g]) for g in dyn)
+    S = static_bytes(graph) - sum(stored_bytes(T[g]) for g in dyn_or_paged)
     return Schedule(events=tuple(events), root=root, nonmat=frozenset(nonmat), static_bytes=S,
                     dynamic_grads=frozenset(dyn), recompute=rc, recompute_at=when, early_at=early_at,
-                    paged=tuple(paged), phases=phases, inplace_ok=frozenset(inplace_ok)), idle
+                    paged=tuple(paged), phases=phases, inplace_ok=frozenset(inplace_ok),
+                    paged_state=frozenset(pstate)), idle
 
 
 def queued_engines(plan: Plan) -> frozenset[str]:

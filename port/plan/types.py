@@ -32,7 +32,9 @@ class Plan:
       their first input's copy instead of a new buffer: a relu, relu6 or add whose first input is read by it
       alone and was re-made in the same recompute group, with that copy's last use this re-run
       (port.plan.semantics, rule 2; port.plan.variants.rerun_inplace_inputs).
-    paged: ids of saved activation tensors written to storage after the forward pass and read back before use.
+    paged: ids of saved activation tensors written to storage after the forward pass and read back before use,
+      and of optimizer-state tensors kept in storage between their updates (paged in for the step their update
+      runs at, out after it: port.plan.semantics, rules 1 and 5).
     early_updates: ids of update ops run as soon as their gradient is complete (in-place gradient update, as
       in the Tiny Training Engine) instead of after the whole backward pass; their gradient buffer then lives
       only between its producer and the update. Not legal with micro-batching (gradients must accumulate).

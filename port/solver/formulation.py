@@ -82,7 +82,11 @@ class Vars:
     # (update op, gradient root, candidate step c >= p_u) -> releq <= jn[a,c], sum_c releq <= eq[u,g]: a join after
     # every op that may touch the early gradient ends its hold (one queued engine a only)
     releq: dict[tuple[int, int, int], int] = field(default_factory=dict)
-    static_fixed: int = 0                                            # S minus early-able gradient bytes
+    ps: dict[int, int] = field(default_factory=dict)                 # optimizer-state root -> ps[r]: paged
+    # optimizer-state root whose update may run early -> pse[r] = ps[r] AND e[u] (continuous, exact at integer
+    # points): paged in and out around p_u instead of u
+    pse: dict[int, int] = field(default_factory=dict)
+    static_fixed: int = 0                          # S minus early-able gradient and pageable optimizer-state bytes
     eng: dict[str, int] = field(default_factory=dict)                # accelerator -> u[a]: its engine is used
     eng_bytes: dict[str, int] = field(default_factory=dict)          # accelerator -> its engine's footprint
     defs: dict[int, int] = field(default_factory=dict)               # L[t] / A[t,P] -> index of its defining row
@@ -202,8 +206,15 @@ def add_variables(m: Model, inst: Instance, budget_bytes: int | None, allow_earl
                     _add(terms, kk, -val)
                 m.row(f"ef[{u},{gr}]", terms, -1.0)
         _early_queue_vars(m, inst, v)
+    for r, (u, _ms) in sorted(inst.state_pages.items()):
+        j = v.ps[r] = m.var(f"ps[{_sanitize(g.tensors[r].name)}]")
+        if u in v.e:
+            w = v.pse[r] = m.var(f"pse[{_sanitize(g.tensors[r].name)}]", 0.0, 1.0, integer=False)
+            m.row(f"pse_lo[{r}]", {w: 1.0, j: -1.0, v.e[u]: -1.0}, lo=-1.0)
+            m.row(f"pse_ps[{r}]", {w: 1.0, j: -1.0}, hi=0.0)
+            m.row(f"pse_e[{r}]", {w: 1.0, v.e[u]: -1.0}, hi=0.0)
     _join_vars(m, inst, v)
-    v.static_fixed = inst.static_bytes - (inst.grad_bytes if allow_early else 0)
+    v.static_fixed = inst.static_bytes - (inst.grad_bytes if allow_early else 0) - inst.state_bytes
     for a in inst.accs:     # u[a] in [0, 1], pushed to 1 by any op placed on a (engine rows), in every memory row
         nb = inst.profile.engine_bytes_of(a)
         if nb > 0 and any(o.acc == a for opts in inst.options for o in opts):
@@ -521,6 +532,17 @@ def _memory_deltas(inst: Instance, v: Vars, unit: int):
             _add(dvar[q], kk, -b)
             _add(bvar[q], kk, -b)
             _add(dvar[end + 1], kk, b)
+    for r, j in v.ps.items():  # optimizer state: held from step 0 unless paged, then at its update's step only
+        u = inst.state_pages[r][0]
+        b = stored_bytes(g.tensors[r]) / unit
+        dcon[0] += b
+        _add(dvar[0], j, -b)
+        _add(dvar[u], j, b)
+        _add(dvar[u + 1], j, -b)
+        if r in v.pse:          # the update runs early: at p_u instead
+            pu = inst.early[u][1]
+            for at, sign in ((pu, 1.0), (pu + 1, -1.0), (u, -1.0), (u + 1, 1.0)):
+                _add(dvar[at], v.pse[r], sign * b)
     _queue_holds(inst, v, unit, dvar)
     return dvar, dcon, bvar, bcon, rcv
 
@@ -938,6 +960,8 @@ def objective(m: Model, inst: Instance, v: Vars, handoff_terms: dict[int, float]
         _add(obj, j, inst.options[p][k].ms)
     for r, j in v.pg.items():
         _add(obj, j, inst.page_ms[r])
+    for r, j in v.ps.items():
+        _add(obj, j, inst.state_pages[r][1])
     for j, c in handoff_terms.items():
         _add(obj, j, c)
     for j in v.e.values():
@@ -1041,10 +1065,10 @@ def c_makespan(m: Model, inst: Instance, v: Vars, handoff_terms: dict[int, float
     early_after: dict[int, list[int]] = {}
     for u in sorted(v.e):
         early_after.setdefault(inst.early[u][1], []).append(u)
-    def page(r: int, what: str) -> None:
-        """A page call of root r (gate pg[r]) on the host thread: it waits for every queue (a join of all lanes,
-        as ``_Timelines.page``), then takes its time: H' >= H + c pg, H' >= Q[a] + c - M(1 - pg) per queue."""
-        j, c = v.pg[r], inst.page_ms[r] / 2        # page_ms: out and in together
+    def page(j: int, c: float, what: str) -> None:
+        """A page call taking c ms (gate j: pg[r], or a paged optimizer state's) on the host thread: it waits for
+        every queue (a join of all lanes, as ``_Timelines.page``), then takes its time: H' >= H + c j,
+        H' >= Q[a] + c - M(1 - j) per queue."""
         n[0] += 1
         new = m.var(f"mkpg{what}[{n[0]}]", 0.0, inf, integer=False)
         m.row(f"mk_pg[{n[0]}]", {new: 1.0, j: -c} | ({clock[None]: -1.0} if clock[None] is not None else {}), lo=0.0)
@@ -1068,14 +1092,24 @@ def c_makespan(m: Model, inst: Instance, v: Vars, handoff_terms: dict[int, float
     joins_at: dict[int, list[str]] = {}
     for a, t in sorted(v.jn, key=lambda e: (e[1], e[0])):
         joins_at.setdefault(t, []).append(a)
-    page_in_at: dict[int, list[int]] = {}
-    page_out_after: dict[int, list[int]] = {}
-    for r in v.pg:
-        page_in_at.setdefault(inst.roots[r].bwd_first, []).append(r)
-        page_out_after.setdefault(inst.roots[r].fwd_last, []).append(r)
+    page_in_at: dict[int, list[tuple[int, int, float]]] = {}      # step -> (root, gate, ms) of its page calls
+    page_out_after: dict[int, list[tuple[int, int, float]]] = {}
+    for r, j in v.pg.items():
+        page_in_at.setdefault(inst.roots[r].bwd_first, []).append((r, j, inst.page_ms[r] / 2))
+        page_out_after.setdefault(inst.roots[r].fwd_last, []).append((r, j, inst.page_ms[r] / 2))
+    for r, j in v.ps.items():    # a paged optimizer state: around its update's step (p_u when early: gate pse)
+        u, ms = inst.state_pages[r]
+        gates = [(u, j)]
+        if r in v.pse:
+            late = m.var(f"psl[{_sanitize(inst.graph.tensors[r].name)}]", 0.0, 1.0, integer=False)
+            m.row(f"psl[{r}]", {late: 1.0, j: -1.0, v.pse[r]: 1.0}, 0.0, 0.0)
+            gates = [(u, late), (inst.early[u][1], v.pse[r])]
+        for at, gate in gates:
+            page_in_at.setdefault(at, []).append((r, gate, ms / 2))
+            page_out_after.setdefault(at, []).append((r, gate, ms / 2))
     for t in range(len(inst.options)):
-        for r in sorted(page_in_at.get(t, ())):
-            page(r, "in")
+        for _r, j, c in sorted(page_in_at.get(t, ())):
+            page(j, c, "in")
         for p in sorted(rc_at.get(t, ())):
             event(p, {v.rt[p, t]: 1.0, -1: 0.0}, "_rc")
         event(t, {v.e[t]: -1.0, -1: 1.0} if t in v.e else {}, "")
@@ -1083,9 +1117,9 @@ def c_makespan(m: Model, inst: Instance, v: Vars, handoff_terms: dict[int, float
             event(u, {v.e[u]: 1.0, -1: 0.0}, "")
         for a in joins_at.get(t, ()):
             join(a, t)
-        for r in sorted(page_out_after.get(t, ())):
-            page(r, "out")
-    paging = {j: inst.page_ms[r] for r, j in v.pg.items()}
+        for _r, j, c in sorted(page_out_after.get(t, ())):
+            page(j, c, "out")
+    paging = {j: inst.page_ms[r] for r, j in v.pg.items()} | {j: inst.state_pages[r][1] for r, j in v.ps.items()}
     mk = m.var("makespan", 0.0, inf, integer=False)
     for lane, end in clock.items():          # (paging is on the host lane's clock: page())
         m.row(f"mk_end[{_sanitize(str(lane))}]", {mk: 1.0} | ({end: -1.0} if end is not None else {}), lo=0.0)

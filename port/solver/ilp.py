@@ -65,7 +65,7 @@ def _warm_values(inst: Instance, m: Model, v: Vars, choice, rc, pg, at, early, j
                         if max(uses) not in inst.rc_ends[r]:
                             return None
                         fixed[v.en[r, max(uses)]] = 1.0
-    for r, j in v.pg.items():
+    for r, j in list(v.pg.items()) + list(v.ps.items()):
         fixed[j] = 1.0 if r in pg else 0.0
     for u, j in v.e.items():
         fixed[j] = 1.0 if u in early else 0.0
@@ -93,7 +93,7 @@ def _extract(inst: Instance, v: Vars, vals: list[float]):
         choice.append((opts[k].acc, opts[k].var))
     rc = {p for p in inst.rc_times if sum(vals[j] for j in v.rc_of.get(p, ())) > 0.5}
     at = {p: [t for t in inst.rc_times[p] if vals[v.rt[p, t]] > 0.5] for p in rc}
-    pg = {r for r, j in v.pg.items() if vals[j] > 0.5}
+    pg = {r for r, j in list(v.pg.items()) + list(v.ps.items()) if vals[j] > 0.5}    # activations, optimizer state
     early = {u for u, j in v.e.items() if vals[j] > 0.5}
     return choice, rc, pg, at, early
 
@@ -241,6 +241,8 @@ def _infeasible(inst: Instance, budget: int, solver: str, threads, allow_early: 
            f"{'' if proven else ' (best found, not proven minimal)'}; static memory (parameters, gradients, "
            f"optimizer state, input) alone is {format_size(inst.static_bytes)}"
            + (f" ({format_size(inst.static_bytes - inst.grad_bytes)} with early updates)" if allow_early else "")
+           + (f" ({format_size(inst.static_bytes - (inst.grad_bytes if allow_early else 0) - inst.state_bytes)} "
+              f"with the optimizer state paged)" if inst.state_bytes else "")
            + f". At that plan's peak "
            f"({kind} {inst.graph.ops[oid].name!r}) memory is held by: " + ", ".join(tens[:12])
            + (f" and {len(tens) - 12} more" if len(tens) > 12 else ""))
@@ -517,7 +519,7 @@ def solve_ilp(graph, profile, budget_bytes: int, time_limit_s: float = 30.0, gap
     inst = _with_objective(build_instance(graph, profile, window=window, nested=False, prune=True), objective)
     joins = inst.objective == "makespan" if joins is None else bool(joins)
     inst = dataclasses.replace(inst, joins=joins)
-    if budget < inst.static_bytes - (inst.grad_bytes if early_ok else 0):
+    if budget < inst.static_bytes - (inst.grad_bytes if early_ok else 0) - inst.state_bytes:
         raise _infeasible(inst, budget, backend, threads, early_ok, max_reruns)
     warm = _baseline_warm(inst, budget, time_limit_s, early_ok, backend, threads) if warm_start else []
     if inst.objective == "makespan" and warm_start:

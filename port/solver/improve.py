@@ -61,6 +61,10 @@ def anchors(inst: Instance, v: Vars) -> dict[int, tuple[int, ...]]:
         out[j] = pos[inst.roots[r].birth]
     for u, j in v.e.items():
         out[j] = pos[inst.early[u][1]]
+    for r, j in v.ps.items():           # a paged optimizer state: where its update's gradient is complete
+        u = inst.state_pages[r][0]
+        if u in inst.early:
+            out[j] = pos[inst.early[u][1]]
     return out
 
 

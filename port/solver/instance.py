@@ -58,9 +58,17 @@ class Instance:
     pruned: bool = False                        # built with prune=True (dominated accelerators' options dropped)
     ownmem: object = None                       # port.solver.ownmem.OwnMemory: the engine with its own memory
     objective: str = "serial"                   # "serial" (sum of event times) or "makespan" (engines overlapped)
+    # optimizer-state root that may be paged -> (its update op, page_ms: out and in, once a step)
+    # (port.plan.semantics.paged_state_updates; none where an engine has its own memory)
+    state_pages: dict[int, tuple[int, float]] = field(default_factory=dict)
     fused_inplace: dict[int, tuple[int, int]] = field(default_factory=dict)  # fused call op -> (root of the
     #   input, root of the output) it writes in place when its chain runs fused (port.plan.variants.fused_inplace)
     joins: bool = True                          # explicit joins of queued engines in the model (Plan.joins)
+
+    @property
+    def state_bytes(self) -> int:
+        """The stored bytes of the optimizer state a plan may page (state_pages)."""
+        return sum(SEM.stored_bytes(self.graph.tensors[r]) for r in self.state_pages)
 
     def inplace_items(self):
         """(op, input root, output root, the variant that shares them) of every in-place candidate: ordinary
@@ -320,6 +328,9 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW,
     grad_bytes = sum(SEM.stored_bytes(graph.tensors[g]) for (_p, _pu, gs) in early.values() for g in gs)
 
     page_roots, page_ms = [], {}
+    state_pages: dict[int, tuple[int, float]] = {}
+    from port.solver.ownmem import own_memory_of
+    ownmem = own_memory_of(graph, profile, accs)
     if profile.storage:
         st = dict(profile.storage)
         bw, lat = st.get("bandwidth_gbps", 0.0) * 1e6, st.get("latency_ms", 0.0)
@@ -328,6 +339,9 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW,
                     and R.bwd_first > R.fwd_last + 1 and bw > 0:
                 page_roots.append(r)
                 page_ms[r] = 2 * (lat + graph.tensors[r].bytes / bw)     # the data, as the simulator pages it
+        if bw > 0 and ownmem is None:
+            state_pages = {r: (u, 2 * (lat + graph.tensors[r].bytes / bw))
+                           for r, u in sorted(SEM.paged_state_updates(graph).items())}
 
     edges = [(t, u, w, graph.tensors[t].bytes)          # the plan semantics' hand-off edges (rule 7)
              for w, es in sorted(SEM.handoff_edges(graph).items()) for t, u in es]
@@ -337,8 +351,7 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW,
         accs_q = frozenset(o.acc for o in options[q] if o.var == "inplace")
         if q in rc_times and p in rc_times and x in roots and x in rc_outputs.get(p, ()) and accs_q:
             rc_inplace[q] = (x, p, accs_q)
-    from port.solver.ownmem import own_memory_of
     return Instance(graph, profile, options, S, roots, chains, nonmat, inplace_ops, tau, rc_outputs, rc_needs,
                     own, rc_times, rc_cover, rc_ends, rc_in, early, grad_bytes, window,
                     page_roots, page_ms, edges, accs, excluded, nested, rc_inplace, prune,
-                    own_memory_of(graph, profile, accs), fused_inplace=fused_inplace)
+                    ownmem, fused_inplace=fused_inplace, state_pages=state_pages)

@@ -293,7 +293,7 @@ def load_into_trainer(tr, path: str | Path) -> dict:
         v = tr._view(s)
         if t.dtype != v.dtype:
             raise CheckpointError(f"{path}: tensor {name!r} has dtype {t.dtype}, the model needs {v.dtype}; {_FIX}")
-        v.copy_(t)
+        tr._write(s, t)
     tr.state.step = int(hdr["step"])
     tr.state.seed = int(hdr["rng"]["seed"])
     tr.state.dropout_counter = int(hdr["rng"]["dropout_counter"])

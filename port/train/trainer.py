@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import mmap
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -263,11 +264,30 @@ class Trainer:
         return self.state.step
 
     def _named_slots(self, roles: Iterable[str]):
+        """The arena slots of the graph's own tensors of ``roles`` (not a re-run's or a page-in's version), and,
+        for optimizer state, the plan's paged optimizer state (StoredState: it lives in the spill file)."""
         roles = set(roles)
-        return [s for s in self.program.slots if s.tensor >= 0 and s.role in roles and s.root == s.tensor]
+        nt = len(self.graph.tensors)
+        out: list = [s for s in self.program.slots if 0 <= s.tensor < nt and s.role in roles and s.root == s.tensor]
+        if ROLE_OPTIMIZER_STATE in roles:
+            T = self.graph.tensors
+            out += [StoredState(T[k].name, tuple(T[k].shape), T[k].dtype, T[k].role, k)
+                    for k in self.executor.stored_state_keys()]
+        return out
 
     def _view(self, slot):
+        """The tensor of a slot: a view of the arena; a paged optimizer state's value read from storage (a
+        copy: write it back with _write)."""
+        if isinstance(slot, StoredState):
+            return self.executor.read_page(slot.key).view(slot.shape)
         return self.executor.view(slot.tensor)
+
+    def _write(self, slot, value: Any) -> None:
+        """Set a slot's tensor to ``value`` (a paged optimizer state: in storage)."""
+        if isinstance(slot, StoredState):
+            self.executor.write_page(slot.key, value)
+        else:
+            self.executor.view(slot.tensor).copy_(value)
 
     def _load_module(self, model: Any, bind: bool = False) -> None:
         """Copy the module's parameters and buffers into their arena slots; ``bind``: also make each a view of
@@ -736,6 +756,18 @@ class Trainer:
 # module -> weakref to the live Trainer whose arena holds its weights (every submodule too): a second Trainer
 # on the same module (or a part or a parent of it) would rebind the same parameters to its own arena
 _OWNERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class StoredState:
+    """A paged optimizer-state tensor (port.plan.semantics: it lives in storage between its updates), named like
+    a slot for Trainer._named_slots: ``key`` is its page key (the graph tensor id)."""
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: str
+    key: int
+    tensor: int = -1
 
 
 def _owner(model: Any) -> "Trainer | None":

@@ -86,7 +86,8 @@ def brute_force(graph, profile, budget, chain=True, early=True, peak=False):
     (accelerator, variant) of every op (port.verify.simulate refuses the illegal combinations through
     port.plan.semantics), recompute candidates from semantics.recompute_times, paging candidates from
     semantics.activation_roots (forward roots read in backward; one whose first backward reader directly
-    follows its last forward reader frees nothing and only costs time, so it is left out)."""
+    follows its last forward reader frees nothing and only costs time, so it is left out) and the optimizer state
+    semantics.paged_state_updates names."""
     from port.plan import semantics as SEM
     from port.plan.semantics import owned_activation_outputs
     assert all(e.workspace_bytes == 0 for o in graph.ops if o.phase == "update"
@@ -99,6 +100,7 @@ def brute_force(graph, profile, budget, chain=True, early=True, peak=False):
         pages = [r for r, ri in sorted(SEM.activation_roots(graph).items())
                  if ri.bwd_first is not None and graph.ops[ri.birth].phase in ("forward", "loss")
                  and ri.bwd_first > ri.fwd_last + 1]
+    states = sorted(SEM.paged_state_updates(graph)) if profile.storage else []
     if chain:
         rc_all = [[None] + [t for t in steps if own[p] is None or t <= own[p]] for p in cands]
     else:
@@ -139,11 +141,22 @@ def brute_force(graph, profile, budget, chain=True, early=True, peak=False):
                         s = simulate(plan, graph, profile)
                     except PlanError:
                         continue
-                    if peak:
-                        if best is None or s.peak_bytes < best:
-                            best = s.peak_bytes
-                    elif s.peak_bytes <= budget and (best is None or s.step_ms < best - 1e-12):
-                        best = s.step_ms
+                    # optimizer state: paging one never raises any step's memory and only adds time, so it is
+                    # tried only where the plan does not fit and is faster than the best (min peak: all paged)
+                    sims = [s]
+                    if states and (peak or (s.peak_bytes > budget and (best is None or s.step_ms < best - 1e-12))):
+                        every = simulate(dataclasses.replace(plan, paged=pag + tuple(states)), graph, profile)
+                        subsets = [tuple(states)] if peak else (
+                            [c for k in range(1, len(states) + 1) for c in itertools.combinations(states, k)]
+                            if every.peak_bytes <= budget else [])
+                        sims += [simulate(dataclasses.replace(plan, paged=tuple(sorted(pag + c))), graph, profile)
+                                 for c in subsets]
+                    for s in sims:
+                        if peak:
+                            if best is None or s.peak_bytes < best:
+                                best = s.peak_bytes
+                        elif s.peak_bytes <= budget and (best is None or s.step_ms < best - 1e-12):
+                            best = s.step_ms
     return best
 
 
