@@ -298,17 +298,14 @@ def test_per_call_figures_leave_a_preempted_call_out():
     assert n["i"] == 600
 
 
-def test_program_order_retiming_runs_the_models_masks(monkeypatch):
-    """Program-order re-timing runs the folded constants a step reads (a causal mask made in forward) as the
-    Trainer holds them and a further attention mask all 1 (nothing padded), not the zeroed arena's all-False
-    mask: with every key masked the attention kernel skips its softmax (issue 52: HF BERT / GPT-2 / LLaMA's
-    attention priced 0.025 ms, 0.059 in the model's steps). An embedding's further ids stay 0."""
+
+def _masked_graph():
+    """A model whose step reads a causal mask made in forward (a folded constant: ones / tril) and-ed with a
+    further attention-mask input, and a further token-type input an embedding looks up."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
-    from port.exec.executor import Executor
     from port.ir.trace import trace
-    from port.lower.lower import default_plan
 
     class Masked(nn.Module):
         def __init__(self):
@@ -323,12 +320,24 @@ def test_program_order_retiming_runs_the_models_masks(monkeypatch):
             causal = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril()
             keep = causal[None, None] & attention_mask[:, None, None, :].bool()
             return self.fc(F.scaled_dot_product_attention(q, k, v, attn_mask=keep).mean(2).reshape(b, 8))
-    ids = torch.randint(0, 20, (4, 7))
+    ids = torch.randint(0, 20, (4, 7), generator=torch.Generator().manual_seed(0))
     g = trace(Masked(), {"input_ids": ids, "attention_mask": torch.ones(4, 7, dtype=torch.long),
                          "token_type_ids": torch.zeros(4, 7, dtype=torch.long)}, optimizer="sgd_momentum")
     assert [k for k, _t in g.extra_inputs] == ["attention_mask", "token_type_ids"]
     masks = [t for t in g.tensors if t.dtype == "bool" and dict(g.constants).get(t.name)]
     assert masks, "the causal mask is a folded constant"
+    return g, masks
+
+
+def test_program_order_retiming_runs_the_models_masks(monkeypatch):
+    """Program-order re-timing runs the folded constants a step reads (a causal mask made in forward) as the
+    Trainer holds them and a further attention mask all 1 (nothing padded), not the zeroed arena's all-False
+    mask: with every key masked the attention kernel skips its softmax (issue 52: HF BERT / GPT-2 / LLaMA's
+    attention priced 0.025 ms, 0.059 in the model's steps). An embedding's further ids stay 0."""
+    import torch
+    from port.exec.executor import Executor
+    from port.lower.lower import default_plan
+    g, masks = _masked_graph()
     seen = []
     run_main = Executor.run_main
 
@@ -345,3 +354,18 @@ def test_program_order_retiming_runs_the_models_masks(monkeypatch):
     for consts, (mask, types) in seen:
         assert all(torch.equal(c.reshape(-1, 7, 7)[0], tril) for c in consts)
         assert bool((mask == 1).all()) and bool((types == 0).all())
+
+
+def test_isolated_timing_runs_the_models_masks():
+    """The isolated runner's buffers of a folded constant made from shapes alone hold its value (a causal mask as
+    the step reads it, one byte per element), not random 0/1 bytes; other bool tensors stay random."""
+    import torch
+    from port.cost.runners import get_runner
+    from port.ir.fold import shape_constants
+    g, masks = _masked_graph()
+    assert set(shape_constants(g.constants)) >= {t.name for t in masks}
+    r = get_runner("c", g, None, seed=0)
+    tril = torch.ones(7, 7, dtype=torch.uint8).tril()
+    for t in masks:
+        v = r._init(t.id)
+        assert v.dtype == torch.uint8 and torch.equal(v.reshape(-1, 7, 7)[0], tril), t.name
