@@ -771,8 +771,8 @@ def init_inputs_as_traced(graph: Graph, ex: Any) -> None:
     """Fill what a model's step reads besides its weights and batch as a Trainer's step has it, so that program-order
     re-timing takes the kernels' paths the model takes: the folded constants (port.ir.fold: causal masks, position
     ids) whose recipes read no model buffer, evaluated (a buffer-made one, a rotary table from ``inv_freq``, stays
-    0: the profile has no model), and the further inputs no embedding looks up (attention masks) all 1, nothing
-    padded (an embedding's ids stay 0, as the main input's). On a zeroed arena a boolean causal mask is all
+    0: the profile has no model), and the further integer inputs no embedding looks up (attention masks) all 1,
+    nothing padded (an embedding's ids stay 0, as the main input's). On a zeroed arena a boolean causal mask is all
     False: every attention row is fully masked and the kernel skips its softmax (HF BERT / GPT-2 / LLaMA, 16 tokens:
     the attention calls priced 0.025 ms, 0.059 in the model's steps; the whole step 18-23% over its prediction)."""
     from port.ir.fold import shape_constants
@@ -786,7 +786,7 @@ def init_inputs_as_traced(graph: Graph, ex: Any) -> None:
         v.copy_(value.reshape(v.shape).to(v.device))
     looked_up = {b.input for b in token_bounds(graph)}
     for k, v in enumerate(ex.extra_inputs):
-        if k + 1 not in looked_up:
+        if k + 1 not in looked_up and not v.dtype.is_floating_point:
             v.fill_(1)
 
 
