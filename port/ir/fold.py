@@ -269,7 +269,6 @@ def model_constants(constants: Any, model: Any, device: Any = "cpu") -> dict:
         return {name: evaluate(r, buffer, device) for name, r in constants}
 
 
-
 def shape_constants(constants: Any, device: Any = "cpu") -> dict:
     """{name: value} of those of a graph's folded constants (``Graph.constants``) whose recipes read no model
     buffer (causal masks, position ids: made from shapes alone), for a caller without the model (the profiler:
@@ -286,6 +285,7 @@ def shape_constants(constants: Any, device: Any = "cpu") -> dict:
             except FoldError:
                 continue
     return out
+
 
 # ---------------------------------------------------------------------------------------------
 # grouped-query attention: repeat_kv folded into the attention op
