@@ -21,8 +21,8 @@ from port.cost.types import HandoffCost, OpCost, Profile
 from port.cost.io import load_profile
 from port.cost.runners import Runner, backend_available, get_runner
 from port.cost.timing import TimingTask, summarize, time_block, time_issue, warm_up
-from port.verify.simulate import (CALL_DISPATCH_KEY, RT_ACCELERATORS_KEY, STATE_SYNC_KEY, STEP_OVERHEAD_KEY,
-                                  TIMED_CALL_KEY)
+from port.verify.simulate import (CALL_DISPATCH_KEY, RT_ACCELERATORS_KEY, RT_STEP_SAVING_KEY, STATE_SYNC_KEY,
+                                  STEP_OVERHEAD_KEY, TIMED_CALL_KEY)
 
 # defaults: 5 blocks of ~20 ms per entry; --quick: 3 blocks of ~5 ms
 DEFAULT_BLOCKS, DEFAULT_BLOCK_MS, DEFAULT_WARMUP_MS = 5, 20.0, 10.0
@@ -423,7 +423,7 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
     # per-step overhead above all: without it every plan's predicted step loses that time)
     kept = {k: v for k, v in cp.host
             if k.startswith((STEP_OVERHEAD_KEY, CALL_DISPATCH_KEY, STATE_SYNC_KEY, RT_ACCELERATORS_KEY,
-                             TIMED_CALL_KEY, "in_program."))} \
+                             TIMED_CALL_KEY, RT_STEP_SAVING_KEY, "in_program."))} \
         if same_graph and reuse_all else {}
     if kept:
         prof = replace(prof, host=tuple(sorted({**dict(prof.host), **kept}.items())), _index={})
@@ -479,7 +479,7 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                     prof = with_step_overhead(prof, float(notes[STEP_OVERHEAD_KEY]),
                                               "profile: untimed step wall - timed calls, default plan")
                     more = {k: notes[k] for k in (CALL_DISPATCH_KEY, STATE_SYNC_KEY, RT_ACCELERATORS_KEY,
-                                                  TIMED_CALL_KEY) if k in notes}
+                                                  TIMED_CALL_KEY, RT_STEP_SAVING_KEY) if k in notes}
                     prof = replace(prof, host=tuple(sorted({**dict(prof.host), **more}.items())), _index={})
                     rep.overhead_measured = True
                     rep.notes.append(f"{STEP_OVERHEAD_KEY}: {notes[STEP_OVERHEAD_KEY]}")
@@ -790,6 +790,17 @@ def init_inputs_as_traced(graph: Graph, ex: Any) -> None:
             v.fill_(1)
 
 
+def rt_engine_of(ex: Any, graph: Graph, plan: Any) -> Any:
+    """The whole-step C engine on executor ``ex``'s arena (port.exec.rtengine.for_executor), or None when it
+    cannot run the program (a further input of another dtype, paging, an old library)."""
+    from port.errors import PortError
+    from port.exec.rtengine import for_executor
+    try:
+        return for_executor(ex, graph, plan)
+    except (PortError, OSError, AttributeError):
+        return None
+
+
 LATER = "later"     # calibrate_in_program's book: entries no plan before booked
 
 
@@ -847,7 +858,10 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
     before: hf.llama_lm_mask's all-C plan, 0.4 ms a step, predicted 22% short): the median over these pairs of
     its wall time minus the timed step's calls is the executor's per-step overhead (recorded, see
     :func:`with_step_overhead`; paired, so that a change of load between the timed and the untimed steps does not
-    enter it). ``overhead_only``: only that (the first plan's program; no
+    enter it). When the whole-step C engine can run that program (an all-C plan: port.exec.rtengine.for_executor),
+    each pair also runs its untimed step on that engine, the two untimed steps in alternating order: the median of
+    their difference per timed call is what the engine saves (host ``executor.rt_step_saving_v1_us``, signed;
+    port.verify.simulate.rt_dispatch_saving_ms). ``overhead_only``: only that (the first plan's program; no
     entry re-timed: a cache of another graph whose entries were calibrated when measured). Returns the profile
     and notes for its host record. ``books`` (one per plan; None: every plan books every entry it runs):
     a set of accelerator ids books only their entries (the torch engine's in a mixed plan, :func:`mixed_plans`;
@@ -870,6 +884,7 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
     run_state = None
     gen = torch.Generator().manual_seed(seed)
     overhead = None
+    rt_diffs: list[float] = []       # the untimed per-op step less the untimed whole-step engine's, paired
     counts: dict[int, int] = {}
     books = list(books or [None] * len(plans))
     booked_before: set = set()
@@ -916,6 +931,20 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
                 ex.run_updates()
                 return (_time.perf_counter() - t0) * 1e3
 
+            rt = rt_engine_of(ex, graph, plan) if pi == 0 and backends == {"c"} else None
+            yl = y if y is not None else torch.zeros(0, dtype=torch.int64)
+
+            def rt_ms() -> float:          # the same step on the whole-step C engine, as Trainer.step runs it
+                t0 = _time.perf_counter()
+                if bounds:
+                    check_tokens(bounds, [x, *extras], names)
+                if y is not None:
+                    ex.check_labels(y)
+                loss = rt.forward_backward(x, yl, extras)
+                ex.nonfinite(loss)
+                rt.update()
+                return (_time.perf_counter() - t0) * 1e3
+
             diffs = []
             timed_ms, k = 0.0, -1
             while True:
@@ -933,7 +962,16 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
                         continue
                     mine.setdefault(key, []).append(ms)
                 if pi == 0:   # paired with the timed step just run: a load change between them cancels out
-                    diffs.append(untimed_ms() - r["total_ms"])
+                    if rt is None:
+                        diffs.append(untimed_ms() - r["total_ms"])
+                    else:      # the two untimed steps in alternating order, so neither always runs second
+                        if k % 2:
+                            a, b = untimed_ms(), rt_ms()
+                        else:
+                            b = rt_ms()
+                            a = untimed_ms()
+                        diffs.append(a - r["total_ms"])
+                        rt_diffs.append(a - b)
                     ncalls = len(r["calls"])
         except Exception as e:  # noqa: BLE001 - a mixed or LATER plan is an extra context; the others stand
             if not isinstance(book, frozenset) and book != LATER:
@@ -951,6 +989,9 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
         # the untimed step shorter than its timed calls: the timers' cost, per call (simulate's
         # timed_call_saving_ms takes it off the plans the per-op executor runs)
         notes[TIMED_CALL_KEY] = f"{max(0.0, -overhead) * 1e3 / max(1, ncalls):.4f}"
+    if rt_diffs:     # what the whole-step C engine saves per call over the untimed per-op step (simulate's
+        # rt_step_saving_ms); may be negative (the engine slower): recorded as measured
+        notes[RT_STEP_SAVING_KEY] = f"{st.median(rt_diffs) * 1e3 / max(1, ncalls):.4f}"
     c_accs = sorted({d.accelerator for p in plans for d in p.ops if d.accelerator in rt_accs})
     if c_accs:     # the whole-step C engine runs plans on these without the per-call dispatch timed above
         notes[CALL_DISPATCH_KEY] = f"{measure_call_dispatch_us():.4f}"
@@ -961,7 +1002,8 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
         notes[CALIBRATE_STEPS_KEY] = ",".join(str(counts[i]) for i in sorted(counts))
     if notes_skipped:
         notes["in_program.skipped"] = "; ".join(notes_skipped)
-    keys = (CALIBRATE_STEPS_KEY, CALL_DISPATCH_KEY, STATE_SYNC_KEY, RT_ACCELERATORS_KEY, TIMED_CALL_KEY)
+    keys = (CALIBRATE_STEPS_KEY, CALL_DISPATCH_KEY, STATE_SYNC_KEY, RT_ACCELERATORS_KEY, TIMED_CALL_KEY,
+            RT_STEP_SAVING_KEY)
     if any(k in notes for k in keys):
         host = {**dict(prof.host), **{k: notes[k] for k in keys if k in notes}}
         prof = replace(prof, host=tuple(sorted(host.items())), _index={})

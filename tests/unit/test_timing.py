@@ -125,9 +125,68 @@ def test_the_untimed_step_runs_the_trainers_checks(graph, monkeypatch):
     plan = default_plan(graph, "c")
     plan = replace(plan, ops=tuple(type(d)(d.op, "cpu-c", d.variant) for d in plan.ops))
     out, _notes = M.calibrate_in_program(graph, prof, [plan], steps=3, overhead_only=True, min_ms=0.0)
-    assert calls["nonfinite"] == 3                 # one per untimed step
+    assert calls["nonfinite"] == 3 * 2             # one per untimed step, on the per-op and the whole-step engine
     assert calls["check_labels"] >= 3 * 3          # per untimed step: the Trainer's and the pass's; per timed: one
     assert float(dict(out.host)[SIM.STEP_OVERHEAD_KEY]) >= 2.5
+
+
+def test_plans_the_rt_engine_runs_book_the_measured_saving_and_the_timers_cost(graph):
+    """A profile that records the whole-step engine's in-program saving (executor.rt_step_saving_v1_us, per call,
+    against the untimed per-op step) prices rt plans by it, not by the dispatch microbenchmark, and takes the
+    timers' cost (executor.timed_call_us: the step overhead came out negative, recorded 0) off them as off
+    per-op plans; before, rt plans kept that timer cost. A call saves at most its price; a negative saving (the
+    engine slower) is booked as measured. Plans with a torch op are not priced by it."""
+    from port.verify import simulate as SIM
+    host = {SIM.CALL_DISPATCH_KEY: "0.5", SIM.RT_ACCELERATORS_KEY: "cpu-c", SIM.TIMED_CALL_KEY: "3.0"}
+    prof, plan, old = _all_c(graph, **host)
+    _p, _q, new = _all_c(graph, **host, **{SIM.RT_STEP_SAVING_KEY: "2.0"})
+    base = SIM.simulate(plan, graph, prof)
+    costs = SIM._costs(graph, prof, plan)
+    priced = [costs[oid].latency_ms for _k, oid in base.steps if costs[oid].latency_ms > 0]
+    timers = sum(min(3.0e-3, ms) for ms in priced)
+    rt = sum(min(2.0e-3, max(0.0, ms - 3.0e-3)) for ms in priced)
+    assert timers > 0 and rt > 0
+    assert SIM.simulate(plan, graph, new).step_ms == pytest.approx(base.step_ms - timers - rt)
+    assert SIM.simulate(plan, graph, new).breakdown["overhead_ms"] == pytest.approx(1.25 - timers - rt)
+    dispatch = sum(min(0.5e-3, ms) for ms in priced)      # an old profile: the dispatch figure, no timer cost
+    assert SIM.simulate(plan, graph, old).step_ms == pytest.approx(base.step_ms - dispatch, rel=0.05)
+    _p, _q, slower = _all_c(graph, **host, **{SIM.RT_STEP_SAVING_KEY: "-1.0"})
+    assert SIM.simulate(plan, graph, slower).step_ms == pytest.approx(base.step_ms - timers + len(priced) * 1e-3)
+    last = plan.ops[-1]
+    mixed = replace(plan, ops=plan.ops[:-1] + (type(last)(last.op, "cpu-torch", "plain"),))
+    costs = SIM._costs(graph, prof, mixed)
+    m = SIM.simulate(mixed, graph, prof)
+    timers = sum(min(3.0e-3, costs[oid].latency_ms) for _k, oid in m.steps if costs[oid].latency_ms > 0)
+    assert SIM.simulate(mixed, graph, new).step_ms == pytest.approx(m.step_ms - timers)
+
+
+def test_program_order_retiming_measures_the_rt_engines_saving(graph, monkeypatch):
+    """port.profile's re-timing runs the default all-C plan's untimed step on the whole-step C engine too, paired
+    with the per-op untimed step, and records what it saves per call (executor.rt_step_saving_v1_us). Here the
+    engine's pass is made 4 ms slower: the recorded saving is that much negative over the step's calls; a plan
+    with a torch op records none."""
+    import time
+    from port.exec import rtengine
+    from port.exec.executor import Executor
+    from port.lower.lower import default_plan, lower
+    from port.verify import simulate as SIM
+    prof = modeled_profile(graph, load_device("host"))
+    plan = default_plan(graph, "c")
+    plan = replace(plan, ops=tuple(type(d)(d.op, "cpu-c", d.variant) for d in plan.ops))
+    fb = rtengine.RtEngine.forward_backward
+
+    def slow(self, x, y, extra=()):
+        time.sleep(4e-3)
+        return fb(self, x, y, extra)
+    monkeypatch.setattr(rtengine.RtEngine, "forward_backward", slow)
+    out, _notes = M.calibrate_in_program(graph, prof, [plan], steps=3, overhead_only=True, min_ms=0.0)
+    n = len(Executor(lower(graph, plan, check_digest=False)).main_calls)     # the calls the timed step times
+    us = float(dict(out.host)[SIM.RT_STEP_SAVING_KEY])
+    assert -4000.0 / n * 1.5 < us < -4000.0 / n * 0.7
+    last = plan.ops[-1]
+    mixed = replace(plan, ops=plan.ops[:-1] + (type(last)(last.op, "cpu-torch", "plain"),))
+    out, _notes = M.calibrate_in_program(graph, prof, [mixed], steps=3, overhead_only=True, min_ms=0.0)
+    assert SIM.RT_STEP_SAVING_KEY not in dict(out.host)
 
 
 def test_call_dispatch_is_measured_positive_and_small():
