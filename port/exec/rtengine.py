@@ -105,13 +105,11 @@ class _ProgramHost:
         self.executor, self.arena, self.state = ex, ex.arena, ex.state
         self.graph, self.plan, self.opt = graph, plan, ex.state.opt
 
-    def _named_slots(self, roles: Any) -> list:
-        from port.train.trainer import Trainer     # the Trainer's own rule (it reads only the program)
-        return Trainer._named_slots(self, roles)
+    def _named_slots(self, roles: Any) -> list:     # Trainer._named_slots (port.train imports this module)
+        return [s for s in self.program.slots if s.tensor >= 0 and s.role in set(roles) and s.root == s.tensor]
 
     def _view(self, slot: Any) -> Any:
-        from port.train.trainer import Trainer
-        return Trainer._view(self, slot)
+        return self.executor.view(slot.tensor)
 
 
 def for_executor(ex: Any, graph: Any, plan: Any) -> RtEngine:
