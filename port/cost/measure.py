@@ -21,8 +21,8 @@ from port.cost.types import HandoffCost, OpCost, Profile
 from port.cost.io import load_profile
 from port.cost.runners import Runner, backend_available, get_runner
 from port.cost.timing import TimingTask, summarize, time_block, time_issue, warm_up
-from port.verify.simulate import (CALL_DISPATCH_KEY, RT_ACCELERATORS_KEY, STATE_SYNC_KEY, STEP_OVERHEAD_KEY,
-                                  TIMED_CALL_KEY)
+from port.verify.simulate import (CALL_DISPATCH_KEY, RT_ACCELERATORS_KEY, RT_STEP_SAVING_KEY, STATE_SYNC_KEY,
+                                  STEP_OVERHEAD_KEY, TIMED_CALL_KEY)
 
 # defaults: 5 blocks of ~20 ms per entry; --quick: 3 blocks of ~5 ms
 DEFAULT_BLOCKS, DEFAULT_BLOCK_MS, DEFAULT_WARMUP_MS = 5, 20.0, 10.0
@@ -423,7 +423,7 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
     # per-step overhead above all: without it every plan's predicted step loses that time)
     kept = {k: v for k, v in cp.host
             if k.startswith((STEP_OVERHEAD_KEY, CALL_DISPATCH_KEY, STATE_SYNC_KEY, RT_ACCELERATORS_KEY,
-                             TIMED_CALL_KEY, "in_program."))} \
+                             TIMED_CALL_KEY, RT_STEP_SAVING_KEY, "in_program."))} \
         if same_graph and reuse_all else {}
     if kept:
         prof = replace(prof, host=tuple(sorted({**dict(prof.host), **kept}.items())), _index={})
@@ -479,7 +479,7 @@ def profile_with_report(graph: Graph, device: DeviceConfig | str | Path, *,
                     prof = with_step_overhead(prof, float(notes[STEP_OVERHEAD_KEY]),
                                               "profile: untimed step wall - timed calls, default plan")
                     more = {k: notes[k] for k in (CALL_DISPATCH_KEY, STATE_SYNC_KEY, RT_ACCELERATORS_KEY,
-                                                  TIMED_CALL_KEY) if k in notes}
+                                                  TIMED_CALL_KEY, RT_STEP_SAVING_KEY) if k in notes}
                     prof = replace(prof, host=tuple(sorted({**dict(prof.host), **more}.items())), _index={})
                     rep.overhead_measured = True
                     rep.notes.append(f"{STEP_OVERHEAD_KEY}: {notes[STEP_OVERHEAD_KEY]}")
@@ -767,6 +767,40 @@ def init_parameters(graph: Graph, ex: Any, gen: Any) -> None:
         v.copy_(r.to(v.device))
 
 
+def init_inputs_as_traced(graph: Graph, ex: Any) -> None:
+    """Fill what a model's step reads besides its weights and batch as a Trainer's step has it, so that program-order
+    re-timing takes the kernels' paths the model takes: the folded constants (port.ir.fold: causal masks, position
+    ids) whose recipes read no model buffer, evaluated (a buffer-made one, a rotary table from ``inv_freq``, stays
+    0: the profile has no model), and the further integer inputs no embedding looks up (attention masks) all 1,
+    nothing padded (an embedding's ids stay 0, as the main input's). On a zeroed arena a boolean causal mask is all
+    False: every attention row is fully masked and the kernel skips its softmax (HF BERT / GPT-2 / LLaMA, 16 tokens:
+    the attention calls priced 0.025 ms, 0.059 in the model's steps; the whole step 18-23% over its prediction)."""
+    from port.ir.fold import shape_constants
+    from port.ir.tokens import token_bounds
+    ids = {t.name: t.id for t in graph.tensors}
+    for name, value in shape_constants(graph.constants).items():
+        try:
+            v = ex.view(ids[name])
+        except Exception:  # noqa: BLE001 - a constant the program holds no slot for (folded away)
+            continue
+        v.copy_(value.reshape(v.shape).to(v.device))
+    looked_up = {b.input for b in token_bounds(graph)}
+    for k, v in enumerate(ex.extra_inputs):
+        if k + 1 not in looked_up and not v.dtype.is_floating_point:
+            v.fill_(1)
+
+
+def rt_engine_of(ex: Any, graph: Graph, plan: Any) -> Any:
+    """The whole-step C engine on executor ``ex``'s arena (port.exec.rtengine.for_executor), or None when it
+    cannot run the program (a further input of another dtype, paging, an old library)."""
+    from port.errors import PortError
+    from port.exec.rtengine import for_executor
+    try:
+        return for_executor(ex, graph, plan)
+    except (PortError, OSError, AttributeError):
+        return None
+
+
 LATER = "later"     # calibrate_in_program's book: entries no plan before booked
 
 
@@ -807,7 +841,8 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
                          min_ms: float = CALIBRATE_MIN_MS, max_steps: int = CALIBRATE_MAX_STEPS,
                          books: list | None = None) -> tuple[Profile, dict[str, str]]:
     """Re-time ``profile``'s measured entries in program order: run each plan's program (lowered exactly as
-    training runs it, on a zeroed arena with initialised parameters and a random batch) for ``steps`` instrumented steps after one warm-up
+    training runs it, on a zeroed arena with initialised parameters, the model's masks and a random batch:
+    :func:`init_parameters`, :func:`init_inputs_as_traced`) for ``steps`` instrumented steps after one warm-up
     step, and replace every entry a call exercised by the median of its in-program call times. Ops timed alone
     run on cache-hot inputs; in a step their inputs come from the op before, so memory-bound ops in particular
     run slower there. The parameters are initialised as a model's are (:func:`init_parameters`), not left 0: some
@@ -823,7 +858,10 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
     before: hf.llama_lm_mask's all-C plan, 0.4 ms a step, predicted 22% short): the median over these pairs of
     its wall time minus the timed step's calls is the executor's per-step overhead (recorded, see
     :func:`with_step_overhead`; paired, so that a change of load between the timed and the untimed steps does not
-    enter it). ``overhead_only``: only that (the first plan's program; no
+    enter it). When the whole-step C engine can run that program (an all-C plan: port.exec.rtengine.for_executor),
+    each pair also runs its untimed step on that engine, the two untimed steps in alternating order: the median of
+    their difference per timed call is what the engine saves (host ``executor.rt_step_saving_v1_us``, signed;
+    port.verify.simulate.rt_dispatch_saving_ms). ``overhead_only``: only that (the first plan's program; no
     entry re-timed: a cache of another graph whose entries were calibrated when measured). Returns the profile
     and notes for its host record. ``books`` (one per plan; None: every plan books every entry it runs):
     a set of accelerator ids books only their entries (the torch engine's in a mixed plan, :func:`mixed_plans`;
@@ -846,6 +884,7 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
     run_state = None
     gen = torch.Generator().manual_seed(seed)
     overhead = None
+    rt_diffs: list[float] = []       # the untimed per-op step less the untimed whole-step engine's, paired
     counts: dict[int, int] = {}
     books = list(books or [None] * len(plans))
     booked_before: set = set()
@@ -864,6 +903,7 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
             ex.state.opt, ex.state.step = runner.state.opt, runner.state.step
             run_state = run_state or ex.state
             init_parameters(graph, ex, gen)
+            init_inputs_as_traced(graph, ex)     # causal masks, attention masks: as a step has them
             x = torch.randn(ex.input.shape, generator=gen) if ex.input.dtype.is_floating_point \
                 else torch.zeros(ex.input.shape, dtype=ex.input.dtype)       # token ids: id 0
             ex.input.copy_(x)
@@ -891,6 +931,20 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
                 ex.run_updates()
                 return (_time.perf_counter() - t0) * 1e3
 
+            rt = rt_engine_of(ex, graph, plan) if pi == 0 and backends == {"c"} else None
+            yl = y if y is not None else torch.zeros(0, dtype=torch.int64)
+
+            def rt_ms() -> float:          # the same step on the whole-step C engine, as Trainer.step runs it
+                t0 = _time.perf_counter()
+                if bounds:
+                    check_tokens(bounds, [x, *extras], names)
+                if y is not None:
+                    ex.check_labels(y)
+                loss = rt.forward_backward(x, yl, extras)
+                ex.nonfinite(loss)
+                rt.update()
+                return (_time.perf_counter() - t0) * 1e3
+
             diffs = []
             timed_ms, k = 0.0, -1
             while True:
@@ -908,7 +962,16 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
                         continue
                     mine.setdefault(key, []).append(ms)
                 if pi == 0:   # paired with the timed step just run: a load change between them cancels out
-                    diffs.append(untimed_ms() - r["total_ms"])
+                    if rt is None:
+                        diffs.append(untimed_ms() - r["total_ms"])
+                    else:      # the two untimed steps in alternating order, so neither always runs second
+                        if k % 2:
+                            a, b = untimed_ms(), rt_ms()
+                        else:
+                            b = rt_ms()
+                            a = untimed_ms()
+                        diffs.append(a - r["total_ms"])
+                        rt_diffs.append(a - b)
                     ncalls = len(r["calls"])
         except Exception as e:  # noqa: BLE001 - a mixed or LATER plan is an extra context; the others stand
             if not isinstance(book, frozenset) and book != LATER:
@@ -926,6 +989,9 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
         # the untimed step shorter than its timed calls: the timers' cost, per call (simulate's
         # timed_call_saving_ms takes it off the plans the per-op executor runs)
         notes[TIMED_CALL_KEY] = f"{max(0.0, -overhead) * 1e3 / max(1, ncalls):.4f}"
+    if rt_diffs:     # what the whole-step C engine saves per call over the untimed per-op step (simulate's
+        # rt_step_saving_ms); may be negative (the engine slower): recorded as measured
+        notes[RT_STEP_SAVING_KEY] = f"{st.median(rt_diffs) * 1e3 / max(1, ncalls):.4f}"
     c_accs = sorted({d.accelerator for p in plans for d in p.ops if d.accelerator in rt_accs})
     if c_accs:     # the whole-step C engine runs plans on these without the per-call dispatch timed above
         notes[CALL_DISPATCH_KEY] = f"{measure_call_dispatch_us():.4f}"
@@ -936,7 +1002,8 @@ def calibrate_in_program(graph: Graph, profile: Profile, plans: list, steps: int
         notes[CALIBRATE_STEPS_KEY] = ",".join(str(counts[i]) for i in sorted(counts))
     if notes_skipped:
         notes["in_program.skipped"] = "; ".join(notes_skipped)
-    keys = (CALIBRATE_STEPS_KEY, CALL_DISPATCH_KEY, STATE_SYNC_KEY, RT_ACCELERATORS_KEY, TIMED_CALL_KEY)
+    keys = (CALIBRATE_STEPS_KEY, CALL_DISPATCH_KEY, STATE_SYNC_KEY, RT_ACCELERATORS_KEY, TIMED_CALL_KEY,
+            RT_STEP_SAVING_KEY)
     if any(k in notes for k in keys):
         host = {**dict(prof.host), **{k: notes[k] for k in keys if k in notes}}
         prof = replace(prof, host=tuple(sorted(host.items())), _index={})

@@ -90,6 +90,7 @@ class Runner:
                 torch.set_num_threads(int(threads))
         self.threads = torch.get_num_threads()
         self.gen = torch.Generator().manual_seed(seed)
+        self._shape_constants: dict | None = None     # the graph's folded constants made from shapes alone
         from port.exec.executor import RunState
         from port.train.optim import SGD, AdamW
         kw = dict(optimizer_kwargs or {})
@@ -116,6 +117,12 @@ class Runner:
             return torch.ones(1, device=self.device)
         s = g.tensors[tid]
         shape = tuple(int(v) for v in s.shape)
+        if self._shape_constants is None:     # causal masks, position ids: their values, as a step reads them
+            from port.ir.fold import shape_constants
+            self._shape_constants = shape_constants(g.constants)
+        if s.name in self._shape_constants:
+            v = self._shape_constants[s.name].reshape(shape)
+            return (v.to(torch.uint8) if s.dtype in ("uint8", "bool") else v.clone()).to(self.device)
         if s.dtype == "float32":
             t = torch.randn(shape, generator=self.gen)
             if s.role in ("buffer", "optimizer_state"):   # running and second-moment variances are positive

@@ -92,3 +92,27 @@ class RtEngine:
         where = f"call {c.index} ({c.name}, {c.kernel})" if c is not None else "port-rt step"
         capi.check(st, where)
         raise ProgramError(f"{where}: port-rt status {st}")
+
+
+class _ProgramHost:
+    """What RtEngine reads of a Trainer, taken from a bare executor of a training program (port profile's
+    program-order re-timing runs one, without a model): the training program stands for the inference one too
+    (the whole-step engine's training half step never runs it)."""
+
+    def __init__(self, ex: Any, graph: Any, plan: Any):
+        self.program = self.eval_program = ex.program
+        self.batch_size = self.micro_batch = ex.program.batch_size
+        self.executor, self.arena, self.state = ex, ex.arena, ex.state
+        self.graph, self.plan, self.opt = graph, plan, ex.state.opt
+
+    def _named_slots(self, roles: Any) -> list:     # Trainer._named_slots (port.train imports this module)
+        return [s for s in self.program.slots if s.tensor >= 0 and s.role in set(roles) and s.root == s.tensor]
+
+    def _view(self, slot: Any) -> Any:
+        return self.executor.view(slot.tensor)
+
+
+def for_executor(ex: Any, graph: Any, plan: Any) -> RtEngine:
+    """The whole-step engine on executor ``ex``'s arena (its training program, ``plan`` of ``graph``), as a
+    Trainer of that plan builds it; ProgramError when it cannot run it (eligible's rules)."""
+    return RtEngine(_ProgramHost(ex, graph, plan))

@@ -269,6 +269,24 @@ def model_constants(constants: Any, model: Any, device: Any = "cpu") -> dict:
         return {name: evaluate(r, buffer, device) for name, r in constants}
 
 
+def shape_constants(constants: Any, device: Any = "cpu") -> dict:
+    """{name: value} of those of a graph's folded constants (``Graph.constants``) whose recipes read no model
+    buffer (causal masks, position ids: made from shapes alone), for a caller without the model (the profiler:
+    its inputs look like a step's). One that reads a buffer (a rotary table from ``inv_freq``) is left out."""
+    import torch
+
+    def no_buffer(name: str):
+        raise FoldError(f"buffer {name!r}: no model here")
+    out = {}
+    with torch.no_grad():
+        for name, r in constants:
+            try:
+                out[name] = evaluate(r, no_buffer, device)
+            except FoldError:
+                continue
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # grouped-query attention: repeat_kv folded into the attention op
 # ---------------------------------------------------------------------------------------------

@@ -70,6 +70,9 @@ CALL_DISPATCH_KEY = "executor.call_dispatch_us"   # what its timed call adds to 
 STATE_SYNC_KEY = "executor.state_sync_us"   # what it adds on top to a call reading the run state (updates, dropout)
 RT_ACCELERATORS_KEY = "executor.rt_accelerators"  # accelerators whose ops the whole-step C engine runs
 TIMED_CALL_KEY = "executor.timed_call_us"   # what timing a call adds to it (the profile's prices are timed calls)
+# what the whole-step C engine's untimed step saves per call over the per-op executor's untimed step, measured in
+# program (v1: paired steps of the default all-C plan); profiles before it price the rt engine by CALL_DISPATCH_KEY
+RT_STEP_SAVING_KEY = "executor.rt_step_saving_v1_us"
 
 
 def _host_ms(profile: Profile, key: str) -> float:
@@ -79,6 +82,15 @@ def _host_ms(profile: Profile, key: str) -> float:
     except ValueError:
         return 0.0
     return x if x > 0 and x == x and x != float("inf") else 0.0
+
+
+def _signed_host(profile: Profile, key: str) -> float | None:
+    """A finite float host record of ``profile``, of either sign (None when absent or not one)."""
+    try:
+        x = float(dict(profile.host)[key])
+    except (KeyError, ValueError):
+        return None
+    return x if x == x and abs(x) != float("inf") else None
 
 
 def step_overhead_ms(profile: Profile) -> float:
@@ -101,12 +113,26 @@ def rt_dispatch_saving_ms(plan: Plan, graph: Graph, profile: Profile, call_ms: l
     state (its op kind's record tagged ``run_state``: optimizer updates, dropout draws) saves the state sync too
     (host ``executor.state_sync_us``): the per-op executor syncs the C run state before each such call, the
     whole-step engine once a half step (hf.bert_seqcls, 1 thread, CPU time: the per-op engine's timed calls
-    1.76 us a call over the rt engine's step, the dispatch figure 1.35; its 41 updates 1 us each)."""
+    1.76 us a call over the rt engine's step, the dispatch figure 1.35; its 41 updates 1 us each).
+    A profile that records ``executor.rt_step_saving_v1_us`` (port profile pairs the default all-C plan's untimed
+    per-op step with its untimed whole-step engine step, in program) prices the engine by that instead, per call
+    and of either sign, on top of :func:`timed_call_saving_ms` (what timing added), so that the timers' cost is
+    booked alike on both engines' plans (before, a profile whose step overhead came out negative, recorded 0,
+    left about n x timed_call_us of timer cost in every rt plan: hf.bert_seqcls predicted ~15% long); a call
+    saves at most its price less its timer cost. The dispatch figure is a tight-loop microbenchmark and
+    understated the in-program Python cost."""
     from port import ops as OPS
+    if not rt_runs(plan, graph, profile, paged):
+        return 0.0
+    measured = _signed_host(profile, RT_STEP_SAVING_KEY)
+    if measured is not None:     # per call, against the untimed per-op step (the timers' cost is booked apart)
+        timer = _host_ms(profile, TIMED_CALL_KEY)
+        return sum(measured / 1e3 if measured < 0 else min(measured, max(0.0, ms * 1e3 - timer)) / 1e3
+                   for _oid, ms in call_ms if ms > 0)
     us = _host_ms(profile, CALL_DISPATCH_KEY)
     sync = _host_ms(profile, STATE_SYNC_KEY)
     stateful = set(OPS.with_tag("run_state"))
-    if not us or not rt_runs(plan, graph, profile, paged):
+    if not us:
         return 0.0
     return sum(min((us + (sync if graph.ops[oid].kind in stateful else 0.0)) / 1e3, ms) for oid, ms in call_ms
                if ms > 0)
@@ -129,11 +155,12 @@ def timed_call_saving_ms(plan: Plan, graph: Graph, profile: Profile, call_ms: li
     Trainer's step): the profile's op times are timed calls, and where a step's timed calls add up to more than
     the same step run untimed (host ``executor.timed_call_us``, that difference per call of the default plan,
     measured with the step overhead: tv.squeezenet1_1, 1 thread, CPU time: 231 timed calls 6.10 ms, the step
-    untimed 5.78 ms), a plan's step is that much shorter per call. 0 on plans the whole-step C engine runs: its
-    saving (:func:`rt_dispatch_saving_ms`) is taken against the timed calls already. A call saves at most its own
-    price; ``call_ms``: (op id, price) per executed call."""
+    untimed 5.78 ms), a plan's step is that much shorter per call, on either engine. 0 on plans the whole-step C
+    engine runs when the profile predates ``executor.rt_step_saving_v1_us``: its saving
+    (:func:`rt_dispatch_saving_ms`) was taken against the timed calls then. A call saves at most its own price;
+    ``call_ms``: (op id, price) per executed call."""
     us = _host_ms(profile, TIMED_CALL_KEY)
-    if not us or rt_runs(plan, graph, profile, paged):
+    if not us or rt_runs(plan, graph, profile, paged) and _signed_host(profile, RT_STEP_SAVING_KEY) is None:
         return 0.0
     return sum(min(us / 1e3, ms) for _oid, ms in call_ms if ms > 0)
 

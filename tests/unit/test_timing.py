@@ -125,9 +125,68 @@ def test_the_untimed_step_runs_the_trainers_checks(graph, monkeypatch):
     plan = default_plan(graph, "c")
     plan = replace(plan, ops=tuple(type(d)(d.op, "cpu-c", d.variant) for d in plan.ops))
     out, _notes = M.calibrate_in_program(graph, prof, [plan], steps=3, overhead_only=True, min_ms=0.0)
-    assert calls["nonfinite"] == 3                 # one per untimed step
+    assert calls["nonfinite"] == 3 * 2             # one per untimed step, on the per-op and the whole-step engine
     assert calls["check_labels"] >= 3 * 3          # per untimed step: the Trainer's and the pass's; per timed: one
     assert float(dict(out.host)[SIM.STEP_OVERHEAD_KEY]) >= 2.5
+
+
+def test_plans_the_rt_engine_runs_book_the_measured_saving_and_the_timers_cost(graph):
+    """A profile that records the whole-step engine's in-program saving (executor.rt_step_saving_v1_us, per call,
+    against the untimed per-op step) prices rt plans by it, not by the dispatch microbenchmark, and takes the
+    timers' cost (executor.timed_call_us: the step overhead came out negative, recorded 0) off them as off
+    per-op plans; before, rt plans kept that timer cost. A call saves at most its price; a negative saving (the
+    engine slower) is booked as measured. Plans with a torch op are not priced by it."""
+    from port.verify import simulate as SIM
+    host = {SIM.CALL_DISPATCH_KEY: "0.5", SIM.RT_ACCELERATORS_KEY: "cpu-c", SIM.TIMED_CALL_KEY: "3.0"}
+    prof, plan, old = _all_c(graph, **host)
+    _p, _q, new = _all_c(graph, **host, **{SIM.RT_STEP_SAVING_KEY: "2.0"})
+    base = SIM.simulate(plan, graph, prof)
+    costs = SIM._costs(graph, prof, plan)
+    priced = [costs[oid].latency_ms for _k, oid in base.steps if costs[oid].latency_ms > 0]
+    timers = sum(min(3.0e-3, ms) for ms in priced)
+    rt = sum(min(2.0e-3, max(0.0, ms - 3.0e-3)) for ms in priced)
+    assert timers > 0 and rt > 0
+    assert SIM.simulate(plan, graph, new).step_ms == pytest.approx(base.step_ms - timers - rt)
+    assert SIM.simulate(plan, graph, new).breakdown["overhead_ms"] == pytest.approx(1.25 - timers - rt)
+    dispatch = sum(min(0.5e-3, ms) for ms in priced)      # an old profile: the dispatch figure, no timer cost
+    assert SIM.simulate(plan, graph, old).step_ms == pytest.approx(base.step_ms - dispatch, rel=0.05)
+    _p, _q, slower = _all_c(graph, **host, **{SIM.RT_STEP_SAVING_KEY: "-1.0"})
+    assert SIM.simulate(plan, graph, slower).step_ms == pytest.approx(base.step_ms - timers + len(priced) * 1e-3)
+    last = plan.ops[-1]
+    mixed = replace(plan, ops=plan.ops[:-1] + (type(last)(last.op, "cpu-torch", "plain"),))
+    costs = SIM._costs(graph, prof, mixed)
+    m = SIM.simulate(mixed, graph, prof)
+    timers = sum(min(3.0e-3, costs[oid].latency_ms) for _k, oid in m.steps if costs[oid].latency_ms > 0)
+    assert SIM.simulate(mixed, graph, new).step_ms == pytest.approx(m.step_ms - timers)
+
+
+def test_program_order_retiming_measures_the_rt_engines_saving(graph, monkeypatch):
+    """port.profile's re-timing runs the default all-C plan's untimed step on the whole-step C engine too, paired
+    with the per-op untimed step, and records what it saves per call (executor.rt_step_saving_v1_us). Here the
+    engine's pass is made 4 ms slower: the recorded saving is that much negative over the step's calls; a plan
+    with a torch op records none."""
+    import time
+    from port.exec import rtengine
+    from port.exec.executor import Executor
+    from port.lower.lower import default_plan, lower
+    from port.verify import simulate as SIM
+    prof = modeled_profile(graph, load_device("host"))
+    plan = default_plan(graph, "c")
+    plan = replace(plan, ops=tuple(type(d)(d.op, "cpu-c", d.variant) for d in plan.ops))
+    fb = rtengine.RtEngine.forward_backward
+
+    def slow(self, x, y, extra=()):
+        time.sleep(4e-3)
+        return fb(self, x, y, extra)
+    monkeypatch.setattr(rtengine.RtEngine, "forward_backward", slow)
+    out, _notes = M.calibrate_in_program(graph, prof, [plan], steps=3, overhead_only=True, min_ms=0.0)
+    n = len(Executor(lower(graph, plan, check_digest=False)).main_calls)     # the calls the timed step times
+    us = float(dict(out.host)[SIM.RT_STEP_SAVING_KEY])
+    assert -4000.0 / n * 1.5 < us < -4000.0 / n * 0.7
+    last = plan.ops[-1]
+    mixed = replace(plan, ops=plan.ops[:-1] + (type(last)(last.op, "cpu-torch", "plain"),))
+    out, _notes = M.calibrate_in_program(graph, prof, [mixed], steps=3, overhead_only=True, min_ms=0.0)
+    assert SIM.RT_STEP_SAVING_KEY not in dict(out.host)
 
 
 def test_call_dispatch_is_measured_positive_and_small():
@@ -296,3 +355,76 @@ def test_per_call_figures_leave_a_preempted_call_out():
     us = M._per_call_us(run, calls=200, blocks=3)
     assert 0 < us < 5.0, us
     assert n["i"] == 600
+
+
+
+def _masked_graph():
+    """A model whose step reads a causal mask made in forward (a folded constant: ones / tril) and-ed with a
+    further attention-mask input, and a further token-type input an embedding looks up."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from port.ir.trace import trace
+
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb, self.typ, self.qkv, self.fc = nn.Embedding(20, 8), nn.Embedding(2, 8), nn.Linear(8, 24), \
+                nn.Linear(8, 3)
+
+        def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+            b, t = input_ids.shape
+            q, k, v = self.qkv(self.emb(input_ids) + self.typ(token_type_ids)).reshape(b, 1, t, 24).split(8, -1)
+            causal = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril()
+            keep = causal[None, None] & attention_mask[:, None, None, :].bool()
+            return self.fc(F.scaled_dot_product_attention(q, k, v, attn_mask=keep).mean(2).reshape(b, 8))
+    ids = torch.randint(0, 20, (4, 7), generator=torch.Generator().manual_seed(0))
+    g = trace(Masked(), {"input_ids": ids, "attention_mask": torch.ones(4, 7, dtype=torch.long),
+                         "token_type_ids": torch.zeros(4, 7, dtype=torch.long)}, optimizer="sgd_momentum")
+    assert [k for k, _t in g.extra_inputs] == ["attention_mask", "token_type_ids"]
+    masks = [t for t in g.tensors if t.dtype == "bool" and dict(g.constants).get(t.name)]
+    assert masks, "the causal mask is a folded constant"
+    return g, masks
+
+
+def test_program_order_retiming_runs_the_models_masks(monkeypatch):
+    """Program-order re-timing runs the folded constants a step reads (a causal mask made in forward) as the
+    Trainer holds them and a further attention mask all 1 (nothing padded), not the zeroed arena's all-False
+    mask: with every key masked the attention kernel skips its softmax (issue 52: HF BERT / GPT-2 / LLaMA's
+    attention priced 0.025 ms, 0.059 in the model's steps). An embedding's further ids stay 0."""
+    import torch
+    from port.exec.executor import Executor
+    from port.lower.lower import default_plan
+    g, masks = _masked_graph()
+    seen = []
+    run_main = Executor.run_main
+
+    def spy(self):
+        seen.append(([self.view(t.id).clone() for t in masks], [v.clone() for v in self.extra_inputs]))
+        return run_main(self)
+    monkeypatch.setattr(Executor, "run_main", spy)
+    plan = default_plan(g, "c")
+    plan = replace(plan, ops=tuple(type(d)(d.op, "cpu-c", d.variant) for d in plan.ops))
+    M.calibrate_in_program(g, modeled_profile(g, load_device("host")), [plan], steps=3, overhead_only=True,
+                           min_ms=0.0)
+    assert seen
+    tril = torch.ones(7, 7, dtype=torch.bool).tril()
+    for consts, (mask, types) in seen:
+        assert all(torch.equal(c.reshape(-1, 7, 7)[0], tril) for c in consts)
+        assert bool((mask == 1).all()) and bool((types == 0).all())
+
+
+def test_isolated_timing_runs_the_models_masks():
+    """The isolated runner's buffers of a folded constant made from shapes alone hold its value (a causal mask as
+    the step reads it, one byte per element), not random 0/1 bytes; other bool tensors stay random."""
+    import torch
+    from port.cost.runners import get_runner
+    from port.ir.fold import shape_constants
+    g, masks = _masked_graph()
+    assert set(shape_constants(g.constants)) >= {t.name for t in masks}
+    r = get_runner("c", g, None, seed=0)
+    tril = torch.ones(7, 7, dtype=torch.uint8).tril()
+    for t in masks:
+        v = r._init(t.id)
+        assert v.dtype == torch.uint8 and torch.equal(v.reshape(-1, 7, 7)[0], tril), t.name
