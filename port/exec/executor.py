@@ -454,6 +454,12 @@ class Executor:
         if self.spill is not None:
             self.spill.close()
 
+    def own_slots(self, n_tensors: int, roles) -> list:
+        """The arena slots of a graph's own tensors (ids below ``n_tensors``: not a re-run's or a page-in's version,
+        not a view) of ``roles``: what the Trainer and the whole-step engine name as the model's state."""
+        roles = set(roles)
+        return [s for s in self.program.slots if 0 <= s.tensor < n_tensors and s.role in roles and s.root == s.tensor]
+
     def stored_state_keys(self) -> tuple[int, ...]:
         """The page keys of the program's paged optimizer state (page calls marked ``state``): it lives in the
         spill file between steps (zero, as a fresh state, until written)."""

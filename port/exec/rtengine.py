@@ -105,8 +105,8 @@ class _ProgramHost:
         self.executor, self.arena, self.state = ex, ex.arena, ex.state
         self.graph, self.plan, self.opt = graph, plan, ex.state.opt
 
-    def _named_slots(self, roles: Any) -> list:     # Trainer._named_slots (port.train imports this module)
-        return [s for s in self.program.slots if s.tensor >= 0 and s.role in set(roles) and s.root == s.tensor]
+    def _named_slots(self, roles: Any) -> list:     # as Trainer._named_slots (a profile pages no state)
+        return self.executor.own_slots(len(self.graph.tensors), roles)
 
     def _view(self, slot: Any) -> Any:
         return self.executor.view(slot.tensor)

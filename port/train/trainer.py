@@ -267,8 +267,7 @@ class Trainer:
         """The arena slots of the graph's own tensors of ``roles`` (not a re-run's or a page-in's version), and,
         for optimizer state, the plan's paged optimizer state (StoredState: it lives in the spill file)."""
         roles = set(roles)
-        nt = len(self.graph.tensors)
-        out: list = [s for s in self.program.slots if 0 <= s.tensor < nt and s.role in roles and s.root == s.tensor]
+        out: list = self.executor.own_slots(len(self.graph.tensors), roles)
         if ROLE_OPTIMIZER_STATE in roles:
             T = self.graph.tensors
             out += [StoredState(T[k].name, tuple(T[k].shape), T[k].dtype, T[k].role, k)
