@@ -22,8 +22,8 @@ reset; growth = the larger of the set-up's peak and the steps' peak (VmHWM reset
 baseline. It counts every resident page the training adds: PORT's arena, heap, stacks, and the code pages the
 steps touch (eager's first backward maps ~22 MiB of libtorch's code on MobileNetV3-small b8; a PORT plan with
 ops on cpu-torch maps them too, which the profile's engine footprint prices). Tables
-go to bench/RESULTS.md, one section per batch set (--all and --no-write: not written; --out also writes the
-table).
+go to bench/RESULTS.md, one section per batch set (--all: a section of its own, "every published model";
+--no-write: not written; --out also writes the table).
 
 Per (model, batch):
   1. PyTorch eager worker (fresh subprocess, torch.optim.SGD lr 0.01 momentum 0.9, 2 threads) runs
@@ -919,11 +919,12 @@ def speed_main(a, names: list[str], batches: list[int], fracs: list[float]) -> N
                   + (f"; growth at 50% {d['mem_ratio']:.2f}x eager" if "mem_ratio" in d else ""), flush=True)
             text = _speed_write(a, rows, recs, t0, load0, done=len(rows) == len(batches) * len(names))
     print()
-    if a.no_write or a.every:
+    if a.no_write:
         print(text)
         return
     from _results import publish      # one section per set of batches: a batch-32 run keeps the batch-8 one
-    publish(f"End to end: published models (batch {','.join(map(str, batches))})", text)
+    which = "every published model" if a.every else "published models"    # --all: its own section
+    publish(f"End to end: {which} (batch {','.join(map(str, batches))})", text)
 
 
 def _speed_write(a, rows: list[dict], recs: list[dict], t0: float, load0: float, done: bool) -> str:
