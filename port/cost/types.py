@@ -66,6 +66,10 @@ class HandoffCost:
         return self.latency_ms + nbytes / self.bytes_per_ms
 
 
+# the storage record's key that says whether a plan may page optimizer state there (absent: it may)
+STATE_PAGES_KEY = "state_pages"
+
+
 @dataclass(frozen=True)
 class Profile:
     """Costs for one device. ``entries`` sorted by (signature, accelerator, variant)."""
@@ -79,6 +83,8 @@ class Profile:
     memory_bytes: int = 0                         # device memory available to training
     accelerator_caps: tuple[tuple[str, int], ...] = ()  # (accelerator id, memory cap bytes)
     storage: tuple[tuple[str, float], ...] = ()   # (("bandwidth_gbps", x), ("latency_ms", y)) or ()
+    # (a (STATE_PAGES_KEY, 0.0) pair: the engine that runs the plan keeps no optimizer state in storage between
+    # steps, so no plan may page it: port-rt, see port.pipeline.compile.c_only_profile)
     # (accelerator id, bytes): what an execution engine keeps resident once a plan runs any op on it (code
     # pages it maps, caches it fills, heap it retains), beyond the arena and the ops' own temporaries;
     # measured by port.cost.footprint, paid once per accelerator a plan uses (port.plan.semantics.engine_bytes)

@@ -17,15 +17,19 @@ from port.pipeline.solve import plan_summary, solve_plan
 
 def c_only_profile(job: Job, profile: Any) -> Any:
     """``profile`` restricted to the accelerators the C kernels run on (what port-rt executes): backend ``c``
-    here, or a modeled CPU of a device that is not here (an MCU's core: port-rt's C kernels are what it runs)."""
+    here, or a modeled CPU of a device that is not here (an MCU's core: port-rt's C kernels are what it runs).
+    Its storage keeps no optimizer state between steps (port-rt's spill file holds a step's pages only), so the
+    solver offers no plan that pages it (activations may still be paged)."""
     import dataclasses
+    from port.cost.types import STATE_PAGES_KEY
     keep = {a.id for a in job.device.accelerators
             if a.backend == "c" or (a.backend == "modeled" and a.kind == "cpu")}
     if not keep:
         raise ConfigError(f"{job.where}device {job.device.name!r} has no CPU the C kernels run on: port-rt runs "
                           f"the C kernels only. Fix: compile for a device with a cpu-c accelerator (e.g. host)")
     ents = tuple(e for e in profile.entries if e.accelerator in keep)
-    return dataclasses.replace(profile, entries=ents, _index={})
+    storage = tuple(sorted({**dict(profile.storage), STATE_PAGES_KEY: 0.0}.items())) if profile.storage else ()
+    return dataclasses.replace(profile, entries=ents, storage=storage, _index={})
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from port.plan import semantics as SEM
 from port.plan import variants as V
 from port.plan.semantics import RootInfo as Root  # noqa: F401  (re-exported for the formulation)
 from port.ir.types import PHASE_FORWARD, PHASE_LOSS, Graph
-from port.cost.types import Profile
+from port.cost.types import STATE_PAGES_KEY, Profile
 DEFAULT_WINDOW = 12     # K: a dropped producer may be re-run at the own-time of up to K forward ops after it
 
 
@@ -59,7 +59,8 @@ class Instance:
     ownmem: object = None                       # port.solver.ownmem.OwnMemory: the engine with its own memory
     objective: str = "serial"                   # "serial" (sum of event times) or "makespan" (engines overlapped)
     # optimizer-state root that may be paged -> (its update op, page_ms: out and in, once a step)
-    # (port.plan.semantics.paged_state_updates; none where an engine has its own memory)
+    # (port.plan.semantics.paged_state_updates; none where an engine has its own memory, none where the profile's
+    # storage says so: STATE_PAGES_KEY)
     state_pages: dict[int, tuple[int, float]] = field(default_factory=dict)
     fused_inplace: dict[int, tuple[int, int]] = field(default_factory=dict)  # fused call op -> (root of the
     #   input, root of the output) it writes in place when its chain runs fused (port.plan.variants.fused_inplace)
@@ -339,7 +340,7 @@ def build_instance(graph: Graph, profile: Profile, window: int = DEFAULT_WINDOW,
                     and R.bwd_first > R.fwd_last + 1 and bw > 0:
                 page_roots.append(r)
                 page_ms[r] = 2 * (lat + graph.tensors[r].bytes / bw)     # the data, as the simulator pages it
-        if bw > 0 and ownmem is None:
+        if bw > 0 and ownmem is None and st.get(STATE_PAGES_KEY, 1.0):     # (port-rt's spill file keeps none)
             state_pages = {r: (u, 2 * (lat + graph.tensors[r].bytes / bw))
                            for r, u in sorted(SEM.paged_state_updates(graph).items())}
 

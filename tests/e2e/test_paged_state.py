@@ -87,6 +87,33 @@ def test_solver_pages_no_state_where_the_budget_does_not_bind():
     assert not state_roots(g, plan)
 
 
+def test_port_compile_solves_without_paged_state(tmp_path, monkeypatch):
+    """`port compile` solves on the C-only profile port-rt runs (port.pipeline.compile.c_only_profile): port-rt's
+    spill file keeps no optimizer state between steps, so that profile offers the solver no state pages (the
+    default config's compile at 75% once got a plan paging two momenta, which the bundle writer then refused).
+    The budget that needs paged state is infeasible there, naming a floor above it; at that floor the plan pages
+    no state and compiles."""
+    from types import SimpleNamespace
+
+    from port.errors import InfeasibleBudgetError
+    from port.pipeline.compile import c_only_profile
+    monkeypatch.setenv("PORT_SPILL_DIR", str(tmp_path))
+    model, bs, g, prof = setup("sgd_momentum")
+    params = sum(SEM.stored_bytes(t) for t in g.tensors if t.role == "parameter" and t.alias_of is None)
+    budget = params + sum(SEM.stored_bytes(g.tensors[r]) for r in SEM.paged_state_updates(g))
+    assert state_roots(g, port.solve(g, prof, budget=budget, time_limit_s=20))     # the full profile pages state
+    rt = c_only_profile(SimpleNamespace(device=load_device("host"), where=""), prof)
+    assert dict(rt.storage)["bandwidth_gbps"] == dict(prof.storage)["bandwidth_gbps"]   # activations still page
+    with pytest.raises(InfeasibleBudgetError) as e:
+        port.solve(g, rt, budget=budget, time_limit_s=20)
+    assert e.value.min_feasible_bytes > budget
+    plan = port.solve(g, rt, budget=e.value.min_feasible_bytes, time_limit_s=20)
+    assert not state_roots(g, plan) and plan.predicted_peak_bytes <= e.value.min_feasible_bytes
+    tr = Trainer(copy.deepcopy(model), bs[0][0], optimizer=port_opt("sgd", LR), plan=plan)
+    tr.compile(tmp_path / "b.portrt")
+    assert (tmp_path / "b.portrt").stat().st_size > 0
+
+
 def test_paged_state_is_the_true_state_and_checkpoints_round_trip(tmp_path, monkeypatch):
     """Every momentum paged (updates early and late): the trainer's optimizer_state() equals the resident plan's,
     a checkpoint of the paged trainer resumes into the same training, and port-rt refuses the plan."""
