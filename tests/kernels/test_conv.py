@@ -466,11 +466,16 @@ def test_patch_threaded_tiles_equal_torch(K, case):
 # of 128 tiles; 4 images of 7x6 tiles = 168 tiles: the second chunk starts mid-row in the fourth image).
 # Tiles that fit one chunk with more than PORT_WG_BLOCK (64) output rows run in blocks of 64 channels: 72 and
 # 66 output channels (a partial last block), 70 and 130 input channels (the backward input's rows), and
-# ResNet-18's last stage at batch 8 (512 x 512 on 4x4 maps: 8 blocks).
+# ResNet-18's last stage at batch 8 (512 x 512 on 4x4 maps: 8 blocks). The last three run the blocked passes
+# (c_in + c_out <= 256 and at least two blocks of tiles, each thread's blocks in its own slot): 64 + 64 channels
+# in blocks of 128 tiles, 550 tiles -> 5 blocks in 4 weight-gradient groups (one of two blocks), a partial last
+# block; 5 + 11 channels in blocks of 1024 tiles (2108 tiles, no padding); 40 + 24 channels with padding 2 (the
+# backward input's 540 input tiles, 3 blocks, and a 25 x 32 output).
 WINOGRAD_CASES = [(2, 5, 7, 9, 11, 3, 1, 1, 1), (1, 3, 4, 5, 5, 3, 1, 0, 1), (3, 6, 5, 7, 4, 3, 1, 2, 1),
                   (2, 16, 8, 1, 1, 3, 1, 1, 1), (1, 4, 4, 2, 3, 3, 1, 1, 1), (2, 33, 17, 13, 6, 3, 1, 1, 1),
                   (1, 2, 3, 3, 8, 3, 1, 0, 1), (4, 512, 512, 13, 11, 3, 1, 1, 1), (2, 70, 72, 5, 5, 3, 1, 1, 1),
-                  (1, 130, 66, 3, 4, 3, 1, 2, 1), (8, 512, 512, 4, 4, 3, 1, 1, 1)]
+                  (1, 130, 66, 3, 4, 3, 1, 2, 1), (8, 512, 512, 4, 4, 3, 1, 1, 1),
+                  (5, 64, 64, 19, 21, 3, 1, 1, 1), (2, 5, 11, 61, 67, 3, 1, 0, 1), (3, 40, 24, 23, 30, 3, 1, 2, 1)]
 
 
 @pytest.mark.parametrize("case", WINOGRAD_CASES, ids=_ids)
