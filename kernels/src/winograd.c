@@ -114,7 +114,8 @@ static int64_t wg_slot_floats(int64_t rows, int64_t cols, int grad_w) {
 /* floats of workspace of a forward-shaped pass (rows over cols) or the weight gradient's */
 static int64_t wg_conv_floats(int64_t rows, int64_t cols, int64_t T, int grad_w) {
     if (!wg_blocked(rows, cols, T)) return wg_pass_floats(rows, cols, T);
-    return (grad_w ? 0 : 16 * wg_ps(rows * cols)) + WG_SLOTS * wg_slot_floats(rows, cols, grad_w);
+    int64_t tb = wg_tb(rows, cols), slots = PORT_MIN((T + tb - 1) / tb, WG_SLOTS);  /* no more than the blocks */
+    return (grad_w ? 0 : 16 * wg_ps(rows * cols)) + slots * wg_slot_floats(rows, cols, grad_w);
 }
 static int wg_team(int64_t tasks) {
     return (int)PORT_MIN((int64_t)port_get_num_threads(), PORT_MIN(tasks, WG_SLOTS));
